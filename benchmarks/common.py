@@ -1,0 +1,142 @@
+"""Small helpers shared by the benchmark scripts: device description, git commit, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cpu_model() -> str:
+    """CPU model name from /proc/cpuinfo (falls back to platform.processor())."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_count() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def device_info() -> dict[str, Any]:
+    """What the benchmark ran on: CPU, cores, torch version and threads, GPU when present."""
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores": cpu_count(),
+        "python": platform.python_version(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
+    except ImportError:
+        info["torch"] = None
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def describe_device(info: dict[str, Any] | None = None) -> str:
+    """One line describing the device."""
+    info = info or device_info()
+    parts = [f"{info['cpu']}, {info['cores']} cores"]
+    if info.get("gpu"):
+        parts.append(f"GPU {info['gpu']} x{info.get('gpu_count', 1)}")
+    if info.get("torch"):
+        parts.append(f"torch {info['torch']} ({info.get('torch_threads')} threads)")
+    if info.get("transformers"):
+        parts.append(f"transformers {info['transformers']}")
+    return ", ".join(parts)
+
+
+def _cpu_busy_seconds() -> float | None:
+    """Busy CPU-seconds of the whole machine since boot (all cores), from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    v = [int(x) for x in fields[1:]]
+    # user nice system idle iowait irq softirq steal ...; steal is time the host took away
+    busy = v[0] + v[1] + v[2] + sum(v[5:8])
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """Average number of cores that *other* processes kept busy between start and stop().
+
+    Machine busy time (/proc/stat) minus this process's CPU time (os.times, all threads). A value
+    well above 0 means the figures were measured on a shared, contended CPU.
+    """
+
+    def __init__(self) -> None:
+        self._t0 = time.perf_counter()
+        self._busy0 = _cpu_busy_seconds()
+        t = os.times()
+        self._own0 = t.user + t.system
+
+    def stop(self) -> float | None:
+        busy1 = _cpu_busy_seconds()
+        if self._busy0 is None or busy1 is None:
+            return None
+        t = os.times()
+        own = t.user + t.system - self._own0
+        wall = time.perf_counter() - self._t0
+        return max(0.0, (busy1 - self._busy0 - own) / max(wall, 1e-9))
+
+
+def git_commit(short: bool = True) -> str:
+    """Current commit of the repository, with '+dirty' when the tree has changes."""
+    try:
+        args = ["git", "rev-parse", "--short" if short else "--verify", "HEAD"]
+        commit = subprocess.run(
+            args, cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        return commit + ("+dirty" if status else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def print_json_result(result: dict[str, Any], path: str | None = None) -> None:
+    """Print the result as one JSON line on stdout, and write it (indented) to `path` if given."""
+    line = json.dumps(result, sort_keys=False, default=str)
+    print("RESULT_JSON " + line)
+    sys.stdout.flush()
+    if path:
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+            f.write("\n")

@@ -1,0 +1,67 @@
+"""Attention backend interface: the KV cache layout, per-step metadata, and the per-layer impl."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step batch layout, built once per step and shared by every layer.
+
+    Token t of the flat batch belongs to request b with query_start_loc[b] <= t <
+    query_start_loc[b+1]; request b's context (cached + new) is seq_lens[b] tokens long.
+    """
+
+    num_tokens: int
+    num_reqs: int
+    query_start_loc: torch.Tensor  # int32 [B+1], device
+    seq_lens: torch.Tensor  # int32 [B], device
+    block_tables: torch.Tensor  # int32 [B, max_blocks], device
+    slot_mapping: torch.Tensor  # int64 [T], device; -1 = do not store
+    max_query_len: int
+    max_seq_len: int
+    # Host copies for backends that loop on the CPU side.
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionImpl:
+    """One attention layer's computation: store new K/V, attend over the paged cache."""
+
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D], kv_cache [2, num_blocks, block_size, Hkv, D]
+        -> [T, Hq, D]."""
+        raise NotImplementedError
+
+
+class AttentionBackend:
+    name: str = ""
+    impl_cls: type[AttentionImpl] = AttentionImpl
+
+    @staticmethod
+    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
+                       head_dim: int) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    @classmethod
+    def make_impl(cls, num_heads: int, head_dim: int, scale: float,
+                  num_kv_heads: int) -> AttentionImpl:
+        return cls.impl_cls(num_heads, head_dim, scale, num_kv_heads)
+
+    @staticmethod
+    def supports(device: torch.device) -> bool:
+        return True

@@ -1,0 +1,33 @@
+"""The Attention module models use: looks up its layer's KV cache in the step context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from octavo.attention.backend import AttentionMetadata
+
+
+@dataclass
+class ForwardContext:
+    """Explicit per-step state handed down the model: metadata and the per-layer KV caches."""
+
+    attn_metadata: AttentionMetadata
+    kv_caches: list[torch.Tensor]
+
+
+class Attention(nn.Module):
+    def __init__(self, layer_idx: int, num_heads: int, head_dim: int, scale: float,
+                 num_kv_heads: int, backend) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.impl = backend.make_impl(num_heads, head_dim, scale, num_kv_heads)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:
+        return self.impl.forward(q, k, v, ctx.kv_caches[self.layer_idx], ctx.attn_metadata)

@@ -1,0 +1,109 @@
+"""Engine configuration: frozen dataclasses, one per concern, validated once.
+
+Torch-free on purpose: the scheduler imports it. Dtypes are strings here; the worker maps them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32")
+_DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "float": "float32", "fp32": "float32",
+                  "bf16": "bfloat16"}
+
+
+def normalize_dtype(dtype: str) -> str:
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    return _DTYPE_ALIASES.get(dtype, dtype)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str  # folder, GGUF file, or the embedded default's path
+    tokenizer: str | None
+    hf_config: Any  # transformers.PretrainedConfig
+    dtype: str  # resolved: float32 / float16 / bfloat16
+    max_model_len: int
+    architecture: str
+    served_model_name: str
+    eos_token_ids: tuple[int, ...]
+    is_gguf: bool = False
+    load_format: str = "auto"
+    skip_tokenizer_init: bool = False
+    seed: int = 0
+    chat_template: str | None = None
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None  # bytes for the pool on CPU
+    swap_space: float = 0.0  # GiB
+    enable_prefix_caching: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size > 256:
+            raise ValueError(f"block_size must be in [1, 256], got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError(
+                f"num_gpu_blocks_override must be >= 1, got {self.num_gpu_blocks_override}")
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be >= 0, got {self.swap_space}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 2048
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_model_len ({self.max_model_len}) when chunked prefill is disabled")
+        if self.policy not in ("fcfs",):
+            raise ValueError(f"scheduling policy must be 'fcfs', got {self.policy!r}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet "
+                "(only 1)")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: str = "auto"  # auto / cpu / cuda
+    enforce_eager: bool = False
+    attention_backend: str | None = None  # None: chosen by device
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    device_config: DeviceConfig
+    quantization: str | None = None

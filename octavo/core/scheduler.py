@@ -1,0 +1,206 @@
+"""Continuous batching over a paged KV cache. Pure Python, deterministic.
+
+Every step each request's computed tokens catch up with its tokens under a token budget:
+prefill, chunked prefill, decode and resumption after preemption are one code path.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from octavo.config import CacheConfig, SchedulerConfig
+from octavo.core.kv_cache_manager import KVCacheManager
+from octavo.core.request import Request, RequestStatus
+from octavo.core.scheduler_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+
+
+class Scheduler:
+    def __init__(
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int
+    ) -> None:
+        self.config = scheduler_config
+        self.kv = KVCacheManager(num_blocks, cache_config.block_size)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        # Requests the worker must drop at the next step.
+        self._finished_ids: set[str] = set()
+        # Requests whose full state the worker needs (new, or resumed after preemption).
+        self._needs_full_state: set[str] = set()
+        self.num_preemptions = 0
+
+    # ----------------------------------------------------------------- requests in and out
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        if request.num_prompt_tokens >= self.config.max_model_len + 1:
+            raise ValueError(
+                f"prompt of request {request.request_id!r} has {request.num_prompt_tokens} "
+                f"tokens, more than max_model_len={self.config.max_model_len}")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        self._needs_full_state.add(request.request_id)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """Finish (stop string, abort ...) requests from outside; frees their blocks now."""
+        assert status.is_finished
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.is_finished:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            req.status = status
+            self._free(req)
+
+    def _free(self, req: Request) -> None:
+        self.kv.free(req)
+        del self.requests[req.request_id]
+        self._finished_ids.add(req.request_id)
+        self._needs_full_state.discard(req.request_id)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ----------------------------------------------------------------- the step
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        out = SchedulerOutput()
+        new_blocks: dict[str, list[int]] = {}
+        preempted_now = False
+
+        # 1. Running requests first, in arrival order; preempt from the back when out of blocks.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if n <= 0:
+                i += 1
+                continue
+            blocks = self.kv.allocate_slots(req, n)
+            while blocks is None:
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted_now = True
+                if victim is req:
+                    break
+                blocks = self.kv.allocate_slots(req, n)
+            if blocks is None:  # the request preempted itself
+                break
+            new_blocks[req.request_id] = blocks
+            out.num_scheduled_tokens[req.request_id] = n
+            budget -= n
+            i += 1
+
+        # 2. Waiting requests, unless this step already had to preempt.
+        while (
+            self.waiting
+            and not preempted_now
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            req = self.waiting[0]
+            n = req.num_tokens - req.num_computed_tokens
+            if n > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                n = budget
+            blocks = self.kv.allocate_slots(req, n)
+            if blocks is None:
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            new_blocks[req.request_id] = blocks
+            out.num_scheduled_tokens[req.request_id] = n
+            budget -= n
+
+        # 3. Describe the batch: full state for new / resumed requests, diffs for the rest.
+        for rid in out.num_scheduled_tokens:
+            req = self.requests[rid]
+            if rid in self._needs_full_state:
+                self._needs_full_state.discard(rid)
+                out.new_reqs.append(NewRequestData(
+                    req_id=rid,
+                    token_ids=list(req.all_token_ids),
+                    num_prompt_tokens=req.num_prompt_tokens,
+                    sampling_params=req.sampling_params,
+                    block_ids=self.kv.block_ids(rid),
+                    num_computed_tokens=req.num_computed_tokens,
+                ))
+            else:
+                out.cached_reqs.append(CachedRequestData(
+                    req_id=rid,
+                    new_block_ids=new_blocks[rid],
+                    num_computed_tokens=req.num_computed_tokens,
+                ))
+        out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
+        out.finished_req_ids = self._finished_ids
+        self._finished_ids = set()
+        return out
+
+    def _preempt(self, req: Request) -> None:
+        """Preempt by recompute: drop its blocks, put it back at the head of the queue."""
+        self.running.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self._finished_ids.add(req.request_id)  # the worker forgets it ...
+        self._needs_full_state.add(req.request_id)  # ... and gets it whole when it resumes
+
+    def update_from_output(
+        self, sched: SchedulerOutput, runner_out: ModelRunnerOutput
+    ) -> tuple[list[tuple[Request, int]], list[Request]]:
+        """Advance computed tokens, append sampled tokens, finish what stops.
+
+        Returns (request, new token) pairs and the requests that finished this step.
+        """
+        for rid, n in sched.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            if req is not None:
+                req.num_computed_tokens += n
+        new_tokens: list[tuple[Request, int]] = []
+        finished: list[Request] = []
+        for rid, token in zip(runner_out.req_ids, runner_out.sampled_token_ids):
+            req = self.requests.get(rid)
+            if req is None or req.is_finished:
+                continue
+            assert req.num_computed_tokens == req.num_tokens, req
+            req.append_output_token(token)
+            new_tokens.append((req, token))
+            status = self._check_stop(req, token)
+            if status is not None:
+                self.running.remove(req)
+                req.status = status
+                self._free(req)
+                finished.append(req)
+        return new_tokens, finished
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        params = req.sampling_params
+        if req.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in req.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if params.stop_token_ids and token in params.stop_token_ids:
+                req.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if req.num_output_tokens >= req.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        if req.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None

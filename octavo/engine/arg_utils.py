@@ -1,0 +1,199 @@
+"""EngineArgs: every user-facing engine option with vLLM's names, turned into an EngineConfig
+once, with validation that names the offending value."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+from octavo.config import (
+    CacheConfig,
+    DeviceConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    normalize_dtype,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory: int | None = None
+    swap_space: float = 0.0
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    quantization: str | None = None
+    tensor_parallel_size: int = 1
+    load_format: str = "auto"
+    device: str = "auto"
+    skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False
+    served_model_name: str | None = None
+    revision: str | None = None
+    attention_backend: str | None = None
+    scheduling_policy: str = "fcfs"
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    def create_engine_config(self) -> EngineConfig:
+        from octavo.worker.worker import resolve_device
+
+        device = resolve_device(self.device)
+        model_config = _model_config(self, device.type)
+        if self.enable_prefix_caching:
+            raise ValueError("enable_prefix_caching=True is not supported yet")
+        if self.swap_space:
+            logger.warning("swap_space=%s: swap preemption is not built yet; preempted "
+                           "requests are recomputed", self.swap_space)
+        cache = CacheConfig(
+            block_size=self.block_size,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory=self.kv_cache_memory,
+            swap_space=self.swap_space,
+            enable_prefix_caching=self.enable_prefix_caching,
+        )
+        max_batched = self.max_num_batched_tokens
+        if max_batched is None:
+            max_batched = 8192 if self.enable_chunked_prefill else max(
+                8192, model_config.max_model_len)
+        sched = SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=max_batched,
+            max_model_len=model_config.max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            policy=self.scheduling_policy,
+        )
+        if self.quantization is not None:
+            from octavo.quantization.base import get_linear_method
+
+            get_linear_method(self.quantization)  # ValueError for unknown methods
+        return EngineConfig(
+            model_config=model_config,
+            cache_config=cache,
+            scheduler_config=sched,
+            parallel_config=ParallelConfig(self.tensor_parallel_size),
+            device_config=DeviceConfig(device=str(device), enforce_eager=self.enforce_eager,
+                                       attention_backend=self.attention_backend),
+            quantization=self.quantization,
+        )
+
+
+def _model_config(args: EngineArgs, device_type: str) -> ModelConfig:
+    from octavo.default_model import DEFAULT_MODEL_NAME, default_model_path
+    from octavo.models.registry import resolve_architecture
+
+    path = args.model
+    served = args.served_model_name
+    if path is None:
+        path = default_model_path()
+        served = served or DEFAULT_MODEL_NAME
+    if args.load_format not in ("auto", "dummy", "safetensors", "gguf"):
+        raise ValueError(f"load_format must be auto, dummy, safetensors or gguf, "
+                         f"got {args.load_format!r}")
+    is_gguf = path.endswith(".gguf")
+    if is_gguf and not os.path.isfile(path):
+        raise ValueError(f"model={path!r}: GGUF file not found")
+    if not is_gguf and not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(
+            f"model={path!r} not found: expected a local folder with config.json or a .gguf "
+            "file (Octavo does not download from a model hub)")
+    chat_template = None
+    if is_gguf:
+        from transformers import AutoConfig
+
+        from octavo.model_loader.gguf_file import GGUFCheckpoint
+
+        ckpt = GGUFCheckpoint(path)
+        cfg_dict = dict(ckpt.hf_config)
+        hf_config = AutoConfig.for_model(cfg_dict.pop("model_type"), **cfg_dict)
+        eos = list(ckpt.eos_token_ids)
+        chat_template = ckpt.chat_template
+    else:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+        eos = _eos_from_folder(path, hf_config)
+    arch = resolve_architecture(getattr(hf_config, "architectures", None))
+    return ModelConfig(
+        model=path,
+        tokenizer=args.tokenizer,
+        hf_config=hf_config,
+        dtype=_resolve_dtype(args.dtype, hf_config, is_gguf, device_type),
+        max_model_len=_resolve_max_len(args.max_model_len, hf_config),
+        architecture=arch,
+        served_model_name=served or path,
+        eos_token_ids=tuple(eos),
+        is_gguf=is_gguf,
+        load_format=args.load_format,
+        skip_tokenizer_init=args.skip_tokenizer_init,
+        seed=args.seed,
+        chat_template=chat_template,
+        revision=args.revision,
+    )
+
+
+def _eos_from_folder(path: str, hf_config) -> list[int]:
+    gen_path = os.path.join(path, "generation_config.json")
+    eos = None
+    if os.path.isfile(gen_path):
+        with open(gen_path) as f:
+            eos = json.load(f).get("eos_token_id")
+    if eos is None:
+        eos = getattr(hf_config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def _resolve_dtype(dtype: str, hf_config, is_gguf: bool, device_type: str) -> str:
+    dtype = normalize_dtype(dtype)
+    if dtype != "auto":
+        if device_type == "cpu" and dtype == "float16":
+            logger.warning("float16 on CPU is slow in many torch paths; consider bfloat16")
+        return dtype
+    if is_gguf:
+        return "float32" if device_type == "cpu" else "bfloat16"
+    cfg = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    name = str(cfg).replace("torch.", "") if cfg is not None else "float32"
+    if name not in ("float32", "float16", "bfloat16"):
+        name = "float32"
+    if name == "float16" and device_type == "cpu":
+        name = "bfloat16"
+    return name
+
+
+def _resolve_max_len(requested: int | None, hf_config) -> int:
+    derived = getattr(hf_config, "max_position_embeddings", None) or 2048
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True) and window < derived:
+        # Without sliding-window attention, stay inside the window so outputs are exact.
+        derived = window
+    if requested is None:
+        return derived
+    if requested < 1:
+        raise ValueError(f"max_model_len must be >= 1, got {requested}")
+    if requested > derived:
+        raise ValueError(
+            f"max_model_len={requested} is larger than the model's limit {derived} "
+            "(max_position_embeddings / sliding window)")
+    return requested

@@ -1,0 +1,128 @@
+"""The synchronous engine: processor -> scheduler -> executor -> output processor, per step."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+from octavo.config import EngineConfig
+from octavo.core.request import RequestStatus
+from octavo.core.scheduler import Scheduler
+from octavo.engine.arg_utils import EngineArgs
+from octavo.engine.output_processor import RequestState
+from octavo.engine.processor import Processor, PromptType
+from octavo.engine.tokenizer import load_tokenizer
+from octavo.executor.uniproc import UniProcExecutor
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepStats:
+    num_running: int
+    num_waiting: int
+    num_scheduled_tokens: int
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    kv_cache_usage: float
+    num_free_blocks: int
+    step_seconds: float
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.tokenizer = load_tokenizer(config.model_config)
+        self.processor = Processor(config.model_config, self.tokenizer)
+        self.executor = UniProcExecutor(config)
+        self.num_blocks = self.executor.num_blocks
+        capacity = self.num_blocks * config.cache_config.block_size
+        if capacity < config.model_config.max_model_len:
+            raise ValueError(
+                f"max_model_len={config.model_config.max_model_len} is larger than the KV "
+                f"cache holds ({self.num_blocks} blocks = {capacity} tokens): lower "
+                "max_model_len or give the cache more memory")
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.num_blocks)
+        self.states: dict[str, RequestState] = {}
+        self._ids = itertools.count()
+        self.last_stats: StepStats | None = None
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args.create_engine_config())
+
+    # ------------------------------------------------------------------ requests
+    def next_request_id(self) -> str:
+        return str(next(self._ids))
+
+    def add_request(self, request_id: str, prompt: PromptType,
+                    params: SamplingParams | None = None, priority: int = 0,
+                    arrival_time: float | None = None) -> None:
+        if request_id in self.states:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        req, text = self.processor.process(request_id, prompt, params, priority, arrival_time)
+        self.scheduler.add_request(req)
+        self.states[request_id] = RequestState(req, text, self.tokenizer)
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        for rid in ids:
+            self.states.pop(rid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.num_unfinished
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        runner_out = self.executor.execute_model(sched)
+        new_tokens, finished = self.scheduler.update_from_output(sched, runner_out)
+        finished_ids = {r.request_id for r in finished}
+        lp = runner_out.logprobs or {}
+        outputs: list[RequestOutput] = []
+        stopped: list[str] = []
+        num_prompt = 0
+        for req, token in new_tokens:
+            state = self.states.get(req.request_id)
+            if state is None:
+                continue
+            if req.num_output_tokens == 1:
+                num_prompt += req.num_prompt_tokens
+            hit_stop = state.add_token(token, lp.get(req.request_id))
+            done = req.request_id in finished_ids
+            reason = req.status.finish_reason
+            if hit_stop and not done:
+                stopped.append(req.request_id)
+                done, reason = True, "stop"
+            stop_reason = state.detok.stop_reason if (
+                hit_stop and state.detok is not None) else req.stop_reason
+            out = state.make_output(done, reason, stop_reason)
+            if out is not None:
+                outputs.append(out)
+            if done:
+                del self.states[req.request_id]
+        if stopped:
+            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        self.last_stats = StepStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_scheduled_tokens=sched.total_num_scheduled_tokens,
+            num_prompt_tokens=num_prompt,
+            num_generation_tokens=len(new_tokens),
+            kv_cache_usage=self.scheduler.kv.usage,
+            num_free_blocks=self.scheduler.kv.num_free_blocks,
+            step_seconds=time.perf_counter() - t0,
+        )
+        return outputs

@@ -1,0 +1,71 @@
+"""Per-request output state: detokenization, stop strings, logprobs, RequestOutput building."""
+
+from __future__ import annotations
+
+from octavo.core.request import Request
+from octavo.engine.detokenizer import IncrementalDetokenizer
+from octavo.outputs import CompletionOutput, Logprob, RequestOutput
+from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+
+class RequestState:
+    def __init__(self, request: Request, prompt: str | None, tokenizer) -> None:
+        self.request_id = request.request_id
+        self.prompt = prompt
+        self.prompt_token_ids = request.prompt_token_ids
+        self.params: SamplingParams = request.sampling_params
+        self.detok = (IncrementalDetokenizer(tokenizer, request.prompt_token_ids, self.params)
+                      if tokenizer is not None and self.params.detokenize else None)
+        self.token_ids: list[int] = []
+        self.logprobs: list[dict[int, Logprob]] | None = (
+            [] if self.params.logprobs is not None else None)
+        self.cumulative_logprob: float | None = (
+            0.0 if self.params.logprobs is not None else None)
+        self.sent_tokens = 0
+        self.sent_text = 0
+        self.tokenizer = tokenizer
+
+    def add_token(self, token: int, logprob_info) -> bool:
+        """Record a token; True when a stop string ended the request."""
+        self.token_ids.append(token)
+        if logprob_info is not None and self.logprobs is not None:
+            lp, rank, tops = logprob_info
+            self.cumulative_logprob += lp
+            entry = {tid: Logprob(v, r + 1, self._tok(tid)) for r, (tid, v) in enumerate(tops)}
+            entry[token] = Logprob(lp, rank, self._tok(token))
+            self.logprobs.append(entry)
+        return self.detok.add_token(token) if self.detok is not None else False
+
+    def _tok(self, tid: int) -> str | None:
+        return self.tokenizer.convert_ids_to_tokens(tid) if self.tokenizer is not None else None
+
+    def make_output(self, finished: bool, finish_reason: str | None,
+                    stop_reason) -> RequestOutput | None:
+        kind = self.params.output_kind
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        if finished and self.detok is not None:
+            if stop_reason is None or isinstance(stop_reason, int):
+                self.detok.flush()
+        text = self.detok.text if self.detok is not None else ""
+        token_ids, logprobs = self.token_ids, self.logprobs
+        if kind == RequestOutputKind.DELTA:
+            # Hold back text that may turn out to start a stop string.
+            hold = 0 if finished else self.params.output_text_buffer_length
+            upto = max(self.sent_text, len(text) - hold)
+            text, self.sent_text = text[self.sent_text: upto], upto
+            token_ids = token_ids[self.sent_tokens:]
+            if logprobs is not None:
+                logprobs = logprobs[self.sent_tokens:]
+            self.sent_tokens = len(self.token_ids)
+            if not finished and not token_ids and not text:
+                return None
+        completion = CompletionOutput(
+            index=0, text=text, token_ids=list(token_ids),
+            cumulative_logprob=self.cumulative_logprob, logprobs=logprobs,
+            finish_reason=finish_reason if finished else None,
+            stop_reason=stop_reason if finished else None)
+        return RequestOutput(
+            request_id=self.request_id, prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids, prompt_logprobs=None,
+            outputs=[completion], finished=finished)

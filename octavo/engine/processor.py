@@ -1,0 +1,91 @@
+"""Validates prompts and sampling parameters at the boundary and builds Requests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from octavo.config import ModelConfig
+from octavo.core.request import Request
+from octavo.sampling_params import SamplingParams
+
+PromptType = str | list[int] | Mapping[str, Any]
+
+# Features a later milestone brings: rejected clearly instead of silently ignored.
+_UNSUPPORTED = (
+    ("n", lambda p: p.n != 1, "n > 1 (parallel samples)"),
+    ("best_of", lambda p: p.best_of not in (None, p.n), "best_of"),
+    ("use_beam_search", lambda p: p.use_beam_search, "beam search"),
+    ("presence_penalty", lambda p: p.presence_penalty != 0.0, "presence_penalty"),
+    ("frequency_penalty", lambda p: p.frequency_penalty != 0.0, "frequency_penalty"),
+    ("repetition_penalty", lambda p: p.repetition_penalty != 1.0, "repetition_penalty"),
+    ("logit_bias", lambda p: bool(p.logit_bias), "logit_bias"),
+    ("allowed_token_ids", lambda p: p.allowed_token_ids is not None, "allowed_token_ids"),
+    ("bad_words", lambda p: bool(p.bad_words), "bad_words"),
+    ("prompt_logprobs", lambda p: p.prompt_logprobs is not None, "prompt_logprobs"),
+)
+
+
+class Processor:
+    def __init__(self, model_config: ModelConfig, tokenizer) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.vocab_size = model_config.hf_config.vocab_size
+
+    def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None,
+                priority: int = 0, arrival_time: float | None = None
+                ) -> tuple[Request, str | None]:
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        for field, bad, what in _UNSUPPORTED:
+            if bad(params):
+                raise ValueError(f"{what} is not supported yet ({field}="
+                                 f"{getattr(params, field)!r})")
+        if params.stop and (self.tokenizer is None or not params.detokenize):
+            raise ValueError(f"stop={params.stop!r} needs detokenization (a tokenizer and "
+                             "detokenize=True)")
+        text, ids = self._tokenize(prompt)
+        max_len = self.model_config.max_model_len
+        if len(ids) > max_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, longer than max_model_len={max_len}")
+        if params.truncate_prompt_tokens not in (None, -1):
+            ids = ids[-params.truncate_prompt_tokens:]
+        room = max_len - len(ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, max(room, 1))
+        req = Request(request_id, ids, params,
+                      eos_token_ids=frozenset(self.model_config.eos_token_ids),
+                      arrival_time=arrival_time, priority=priority, max_tokens=max(max_tokens, 1))
+        return req, text
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer (skip_tokenizer_init=True was "
+                                 "set): pass {'prompt_token_ids': [...]}")
+            return prompt, list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                text = prompt.get("prompt")
+            elif "prompt" in prompt:
+                return self._tokenize(prompt["prompt"])
+            else:
+                raise ValueError(f"prompt dict needs 'prompt' or 'prompt_token_ids', got keys "
+                                 f"{sorted(prompt)}")
+        elif isinstance(prompt, list | tuple):
+            ids, text = prompt, None
+        else:
+            raise ValueError(f"prompt must be a string, a token id list or a dict, got "
+                             f"{type(prompt).__name__}")
+        ids = list(ids)
+        if not ids:
+            raise ValueError("prompt_token_ids is empty")
+        for t in ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
+                raise ValueError(f"prompt_token_ids holds {t!r}, not a token id in "
+                                 f"[0, {self.vocab_size})")
+        return text, ids

@@ -1,0 +1,18 @@
+"""Executor with the single worker in this process."""
+
+from __future__ import annotations
+
+from octavo.config import EngineConfig
+from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from octavo.worker.worker import Worker
+
+
+class UniProcExecutor:
+    def __init__(self, config: EngineConfig) -> None:
+        self.worker = Worker(config)
+        self.worker.load_model()
+        self.num_blocks = self.worker.determine_num_blocks()
+        self.worker.init_kv_cache(self.num_blocks)
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.worker.execute_model(sched)

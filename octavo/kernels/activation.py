@@ -1,0 +1,53 @@
+"""Gated activations for MLPs whose gate and up projections are fused into one matmul."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from octavo.kernels.triton_utils import require_triton, tl, triton
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    out_ptr,
+    x_ptr,
+    inter,
+    stride_x,
+    stride_o,
+    BLOCK: tl.constexpr,
+):
+    # Grid: (rows, column blocks); computes in fp32, rounds once on store.
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < inter
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[..., 2*I]`` -> ``silu(x[..., :I]) * x[..., I:]`` of shape ``[..., I]``."""
+    require_triton("silu_and_mul")
+    assert x.shape[-1] % 2 == 0, x.shape
+    inter = x.shape[-1] // 2
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((rows.shape[0], inter), dtype=x.dtype, device=x.device)
+    if rows.shape[0] > 0 and inter > 0:
+        grid = (rows.shape[0], triton.cdiv(inter, _BLOCK))
+        _silu_and_mul_kernel[grid](
+            out, rows, inter, rows.stride(0), out.stride(0), BLOCK=_BLOCK, num_warps=4
+        )
+    return out.view(*x.shape[:-1], inter)
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """Pure-torch reference of :func:`silu_and_mul` (fp32 math, one rounding)."""
+    inter = x.shape[-1] // 2
+    xf = x.float()
+    return (F.silu(xf[..., :inter]) * xf[..., inter:]).to(x.dtype)

@@ -1,0 +1,534 @@
+"""Paged attention over a flat, mixed batch of prefill chunks and decodes.
+
+Layout (fixed by the engine):
+
+* ``q``: ``[T, H, D]`` -- the step's new tokens of ``B`` requests, request after request.
+* ``key_cache``/``value_cache``: ``[num_blocks, block_size, Hkv, D]`` (the step's own K/V must
+  already be written, see :mod:`octavo.kernels.reshape_and_cache`).
+* ``query_start_loc`` int32 ``[B+1]``, ``seq_lens`` int32 ``[B]`` (context length *including* the
+  new tokens), ``block_tables`` int32 ``[B, max_blocks_per_seq]``.
+* Causal: query ``i`` of request ``b`` sits at position ``seq_lens[b] - q_len_b + i`` and attends
+  to keys ``0..position``.
+
+Kernel design (one kernel, launched at most twice per call: decodes, then prefill chunks):
+
+* A program owns one *query tile* of one request and one KV head. The rows of the tile are
+  ``BLOCK_Q`` query tokens x the ``GROUP`` query heads sharing that KV head (GQA packing), so
+  each K/V tile read from the cache feeds all heads of the group.
+* Decode launch: grid axis 0 is the request; requests with exactly one new token are handled
+  with ``BLOCK_Q = 1`` (memory bound: small tiles, long KV tiles), the rest exit at once.
+* Prefill launch: query tiles of all requests with more than one new token share grid axis 0.
+  Request ``b`` owns the tiles ``[qsl[b] // BLOCK_Q + b, qsl[b+1] // BLOCK_Q + b + 1)``, which
+  bounds the grid by ``T // BLOCK_Q + B`` -- known on the host without reading device memory
+  (no sync, CUDA-graph friendly). A program finds its request with one vectorised compare
+  over ``query_start_loc``.
+* K/V tiles of ``BLOCK_N`` tokens are gathered through the block table token by token, so
+  ``BLOCK_N`` is independent of the cache block size. Tiles entirely below the first query's
+  position need no causal mask; only the last few tiles of a query tile are masked.
+* Online softmax in fp32 with ``exp2`` (the scale is folded with ``log2(e)``).
+* Split-K ("flash decoding", decode launch only): for few sequences x long context the KV range
+  is cut into ``num_splits`` chunks handled by separate programs that write unnormalised
+  partial results (acc, running max, running sum) in fp32; a second kernel merges them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from octavo.kernels.triton_utils import (
+    next_power_of_2,
+    num_compute_units,
+    require_triton,
+    tl,
+    triton,
+)
+
+_LOG2E = 1.4426950408889634
+# Running max starts finite so fully masked tiles never produce (-inf) - (-inf) = NaN.
+_NEG_BIG = -1.0e30
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attn_kv_loop(
+    acc,
+    m_i,
+    l_i,
+    q,
+    k_base,
+    v_base,
+    bt_row_ptr,
+    lo,
+    hi,
+    pos,
+    stride_kb,
+    stride_kt,
+    stride_vb,
+    stride_vt,
+    qk_scale,
+    offs_d,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    """Accumulate keys ``[lo, hi)`` (lo a multiple of BLOCK_N) into (acc, m_i, l_i).
+
+    With ``CAUSAL=False`` the caller guarantees every key of every tile is visible to every row
+    and ``hi - lo`` is a multiple of BLOCK_N, so nothing is masked.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    for start in range(lo, hi, BLOCK_N):
+        n = start + offs_n
+        # Paged gather: token n lives in block bt[n // BLOCK_SIZE] at offset n % BLOCK_SIZE.
+        if CAUSAL:
+            n_ok = n < hi
+            blk = tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row_ptr + n // BLOCK_SIZE).to(tl.int64)
+        off = (n % BLOCK_SIZE).to(tl.int64)
+        k_tok = blk * stride_kb + off * stride_kt
+        v_tok = blk * stride_vb + off * stride_vt
+        k_ptrs = k_base + k_tok[None, :] + offs_d[:, None]  # K^T tile [D, BLOCK_N]
+        if CAUSAL:
+            k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+        elif HEAD_DIM_P != HEAD_DIM:
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        if CAUSAL:
+            s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_ptrs = v_base + v_tok[:, None] + offs_d[None, :]  # [BLOCK_N, D]
+        if CAUSAL:
+            v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        elif HEAD_DIM_P != HEAD_DIM:
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        if UPCAST_DOT:
+            # Same rounding of p as the low-precision MMA, but an fp32 dot.
+            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+# Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
+@triton.jit(do_not_specialize=["num_seqs", "split_tokens", "num_splits"])
+def _paged_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    qk_scale,
+    num_seqs,
+    split_tokens,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_bt,
+    num_heads,
+    num_splits,
+    DECODE: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_P: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    SEQS_P: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if DECODE:
+        # Grid axis 0 = request; only single-token requests (decodes) are handled here.
+        b = tl.program_id(0)
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
+        if q_len != 1:
+            return
+        q_first = 0
+    else:
+        # Grid axis 0 = query tile; request b owns tiles [qsl[b] // BLOCK_Q + b, ...). Find b
+        # by counting tile starts <= this tile (they increase with b). Decodes are skipped:
+        # the DECODE launch handles them with a tile shape that fits one query.
+        tile = tl.program_id(0)
+        offs_b = tl.arange(0, SEQS_P)
+        b_ok = offs_b <= num_seqs
+        starts = tl.load(qsl_ptr + offs_b, mask=b_ok, other=0) // BLOCK_Q + offs_b
+        b = tl.sum(((starts <= tile) & b_ok).to(tl.int32), 0) - 1
+        if b >= num_seqs:
+            return
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
+        q_first = (tile - (q_start // BLOCK_Q + b)) * BLOCK_Q
+        if q_len <= 1:
+            return
+        if q_first >= q_len:
+            return
+    seq_len = tl.load(seq_lens_ptr + b)
+    ctx_len = seq_len - q_len  # tokens cached before this step
+
+    # Rows = (query token, head of the GQA group); padding rows are clamped to valid
+    # coordinates so they compute harmless finite values and are simply not stored.
+    offs_m = tl.arange(0, BLOCK_M)
+    q_idx = q_first + offs_m // GROUP_P
+    g_idx = offs_m % GROUP_P
+    row_ok = (offs_m // GROUP_P < BLOCK_Q) & (q_idx < q_len) & (g_idx < GROUP)
+    q_idx = tl.minimum(q_idx, q_len - 1)
+    head = kv_head * GROUP + tl.minimum(g_idx, GROUP - 1)
+    tok = (q_start + q_idx).to(tl.int64)
+    pos = ctx_len + q_idx
+
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    d_ok = offs_d < HEAD_DIM
+    q_ptrs = q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    # Keys this tile needs: [0, last query position]. Tiles wholly below the first query's
+    # position + 1 are visible to every row and skip masking.
+    q_last = tl.minimum(q_first + BLOCK_Q, q_len) - 1
+    kv_end = ctx_len + q_last + 1
+    if SPLIT:
+        lo = split * split_tokens
+        hi = tl.minimum(lo + split_tokens, kv_end)
+    else:
+        lo = 0
+        hi = kv_end
+    full_end = (ctx_len + q_first + 1) // BLOCK_N * BLOCK_N
+    mid = tl.maximum(lo, tl.minimum(full_end, hi))
+
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attn_kv_loop(
+        acc, m_i, l_i, q, k_base, v_base, bt_row, lo, mid, pos,
+        stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False, DOT_PRECISION, UPCAST_DOT,
+    )  # fmt: skip
+    acc, m_i, l_i = _attn_kv_loop(
+        acc, m_i, l_i, q, k_base, v_base, bt_row, mid, hi, pos,
+        stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, DOT_PRECISION, UPCAST_DOT,
+    )  # fmt: skip
+
+    if SPLIT:
+        # Partials (DECODE only, one query per request): acc [B, H, S, HEAD_DIM_P] and
+        # (max, sum) pairs [B, H, S, 2], contiguous fp32.
+        p_idx = (b.to(tl.int64) * num_heads + head) * num_splits + split
+        p_acc = part_acc_ptr + p_idx[:, None] * HEAD_DIM_P + offs_d[None, :]
+        tl.store(p_acc, acc, mask=row_ok[:, None])
+        tl.store(part_ml_ptr + p_idx * 2, m_i, mask=row_ok)
+        tl.store(part_ml_ptr + p_idx * 2 + 1, l_i, mask=row_ok)
+    else:
+        out = acc / l_i[:, None]
+        o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _split_reduce_kernel(
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    qsl_ptr,
+    num_heads,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    SPLITS_P: tl.constexpr,
+):
+    # One program per (request, head): merge the per-split partial softmax states of a decode.
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    q_start = tl.load(qsl_ptr + b)
+    if tl.load(qsl_ptr + b + 1) - q_start != 1:
+        return
+    row = b.to(tl.int64) * num_heads + h
+    offs_s = tl.arange(0, SPLITS_P)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    s_ok = offs_s < num_splits
+    ml = part_ml_ptr + (row * num_splits + offs_s) * 2
+    m = tl.load(ml, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(ml + 1, mask=s_ok, other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))
+    denom = tl.sum(w * l_s, 0)
+    acc_ptrs = part_acc_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM_P + offs_d[None, :]
+    acc = tl.load(acc_ptrs, mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / denom
+    o_ptrs = out_ptr + q_start.to(tl.int64) * stride_ot + h * stride_oh + offs_d
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+# --------------------------------------------------------------------------------------------
+# Launch configuration
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Config:
+    block_q: int  # query tokens per program
+    block_m: int  # rows per program = max(16, block_q * group_p)
+    block_n: int  # keys per inner iteration
+    num_warps: int
+    num_stages: int
+
+
+# Split-K: each split covers at least this many keys, so the merge stays cheap.
+_MIN_SPLIT_TOKENS = 256
+_MAX_SPLITS = 64
+
+
+def _pick_config(
+    decode: bool, group_p: int, head_dim_p: int, elem_bytes: int, on_gpu: bool
+) -> _Config:
+    # GPU choices were measured on an H200 (bf16, block_size 16) with
+    # tests/kernels/bench_attention.py; fp32 and head_dim > 128 halve KV tiles to fit smem.
+    if not on_gpu:
+        # Interpreter (CPU tests): small tiles so tiny contexts still span several KV tiles.
+        block_q = 1 if decode else max(1, 32 // group_p)
+        return _Config(block_q, max(16, block_q * group_p), 16, 1, 1)
+    if decode:
+        # Memory bound: one query per program, the GQA group fills the MMA rows; long KV
+        # tiles keep many loads in flight.
+        row_bytes = head_dim_p * elem_bytes
+        block_n = 128 if row_bytes <= 256 else (64 if row_bytes <= 512 else 32)
+        return _Config(1, max(16, group_p), block_n, 4, 2)
+    if head_dim_p <= 64:
+        block_q = max(1, 64 // group_p)
+        return _Config(block_q, max(16, block_q * group_p), 64, 4, 3)
+    if head_dim_p <= 128:
+        block_q = max(1, 128 // group_p)
+        block_m = max(16, block_q * group_p)
+        return _Config(block_q, block_m, 64, 8 if block_m >= 128 else 4, 2)
+    block_q = max(1, 64 // group_p)
+    return _Config(block_q, max(16, block_q * group_p), 32, 4, 2)
+
+
+def _pick_num_splits(num_programs: int, max_seq_len: int, device: torch.device) -> int:
+    """Split the KV range when the grid alone cannot fill the GPU and contexts are long."""
+    if max_seq_len < 2 * _MIN_SPLIT_TOKENS:
+        return 1
+    target = 2 * num_compute_units(device)
+    if num_programs >= target:
+        return 1
+    splits = min(-(-target // num_programs), max_seq_len // _MIN_SPLIT_TOKENS, _MAX_SPLITS)
+    return max(1, splits)
+
+
+# --------------------------------------------------------------------------------------------
+# Python entry point
+# --------------------------------------------------------------------------------------------
+
+
+def paged_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    max_query_len: int | None = None,
+    *,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of ``q`` ``[T, H, D]`` over the paged cache; returns ``[T, H, D]``.
+
+    Two launches at most: decodes (requests with one new token) with a one-query tile, and
+    prefill chunks (more than one new token) with a large query tile. Which are needed is
+    decided from host-side facts only (never a device read, so CUDA-graph safe):
+    ``max_query_len == 1`` means decodes only (pass it for decode steps: it saves a launch);
+    a single request with ``T > 1`` means prefill only; otherwise both launches run and each
+    program skips the requests of the other kind. Requests with no new token are allowed.
+
+    ``max_seq_len`` (must be >= every ``seq_lens`` entry; default: block-table width x block
+    size) bounds the KV range cut by split-K; the heuristic splits decode-only batches only; ``num_splits`` forces the number of KV splits
+    of the decode launch, in any batch (1 disables split-K; ``None`` = heuristic).
+    """
+    require_triton("paged_attention")
+    num_tokens, num_heads, head_dim = q.shape
+    num_blocks, block_size, num_kv_heads, head_dim_c = key_cache.shape
+    assert head_dim_c == head_dim and value_cache.shape == key_cache.shape
+    assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+    assert key_cache.dtype == q.dtype and value_cache.dtype == q.dtype
+    assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1
+    num_seqs = seq_lens.shape[0]
+    assert query_start_loc.shape[0] == num_seqs + 1 and block_tables.shape[0] == num_seqs
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    assert out.shape == q.shape and out.stride(-1) == 1
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+
+    group = num_heads // num_kv_heads
+    group_p = next_power_of_2(group)
+    head_dim_p = max(16, next_power_of_2(head_dim))
+    on_gpu = q.device.type == "cuda"
+    decode_only = max_query_len is not None and max_query_len <= 1
+    prefill_only = not decode_only and num_seqs == 1 and num_tokens > 1
+    kv_upper = block_tables.shape[1] * block_size
+    if max_seq_len is not None:
+        kv_upper = min(kv_upper, max_seq_len)
+
+    common = dict(
+        GROUP=group,
+        GROUP_P=group_p,
+        BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P=head_dim_p,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        # Triton's CPU interpreter mis-computes bf16 tl.dot; do those dots in fp32 there.
+        UPCAST_DOT=not on_gpu and q.dtype == torch.bfloat16,
+    )
+    args = (
+        out, q, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
+    )  # fmt: skip
+    strides = (
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+    )  # fmt: skip
+    qk_scale = float(scale) * _LOG2E
+
+    if not prefill_only:
+        cfg = _pick_config(True, group_p, head_dim_p, q.element_size(), on_gpu)
+        splits = num_splits
+        if splits is None:
+            # Mixed batches are left unsplit: the prefill launch dominates them, and the
+            # number of decodes (hence of programs) is not known on the host.
+            splits = 1
+            if decode_only:
+                splits = _pick_num_splits(num_seqs * num_kv_heads, kv_upper, q.device)
+        splits = max(1, int(splits))
+        split_tokens = 0
+        if splits > 1:
+            split_tokens = -(-kv_upper // splits)
+            split_tokens = -(-split_tokens // cfg.block_n) * cfg.block_n
+            splits = -(-kv_upper // split_tokens)  # rounding may leave fewer splits
+        if splits > 1:
+            f32 = dict(dtype=torch.float32, device=q.device)
+            part_acc = torch.empty((num_seqs, num_heads, splits, head_dim_p), **f32)
+            part_ml = torch.empty((num_seqs, num_heads, splits, 2), **f32)
+        else:
+            part_acc = part_ml = out  # unused placeholders
+        _paged_attention_kernel[(num_seqs, num_kv_heads, splits)](
+            *args, part_acc, part_ml, qk_scale, num_seqs, split_tokens, *strides,
+            num_heads, splits,
+            DECODE=True, BLOCK_Q=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SEQS_P=1,
+            SPLIT=splits > 1, **common, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        if splits > 1:
+            _split_reduce_kernel[(num_seqs, num_heads)](
+                out, part_acc, part_ml, query_start_loc, num_heads, splits,
+                out.stride(0), out.stride(1),
+                HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, SPLITS_P=next_power_of_2(splits),
+                num_warps=4 if head_dim_p >= 128 else 2,
+            )  # fmt: skip
+
+    if not decode_only:
+        cfg = _pick_config(False, group_p, head_dim_p, q.element_size(), on_gpu)
+        num_tiles = num_tokens // cfg.block_q + num_seqs
+        _paged_attention_kernel[(num_tiles, num_kv_heads, 1)](
+            *args, out, out, qk_scale, num_seqs, 0, *strides, num_heads, 1,
+            DECODE=False, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            SEQS_P=next_power_of_2(num_seqs + 1), SPLIT=False, **common,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Reference
+# --------------------------------------------------------------------------------------------
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    max_query_len: int | None = None,
+) -> torch.Tensor:
+    """Pure-torch reference: per request, gather K/V through the block table, causal softmax
+    in fp32. Slow (a Python loop over requests); for tests and the CPU backend."""
+    del max_query_len  # only a hint for the Triton kernel
+    num_heads = q.shape[1]
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for b, seq_len in enumerate(lens):
+        start, end = qsl[b], qsl[b + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        n_blocks = -(-seq_len // block_size)
+        blocks = block_tables[b, :n_blocks].long()
+        k = key_cache[blocks].reshape(-1, num_kv_heads, key_cache.shape[-1])[:seq_len]
+        v = value_cache[blocks].reshape(-1, num_kv_heads, value_cache.shape[-1])[:seq_len]
+        k = k.float().repeat_interleave(group, dim=1)  # [S, H, D]
+        v = v.float().repeat_interleave(group, dim=1)
+        qb = q[start:end].float()  # [L, H, D]
+        scores = torch.einsum("lhd,shd->hls", qb, k) * scale
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        visible = k_pos[None, :] <= q_pos[:, None]  # [L, S]
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[start:end] = torch.einsum("hls,shd->lhd", probs, v).to(out.dtype)
+    return out

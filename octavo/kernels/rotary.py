@@ -1,0 +1,163 @@
+"""Rotary position embedding, applied in place to query and key.
+
+``cos_sin_cache`` is ``[max_position, rot_dim]``: cos in the first ``rot_dim // 2`` columns, sin
+in the second half. Only the first ``rot_dim`` features of each head are rotated (``rot_dim ==
+head_dim`` for Llama/Qwen; smaller for partial-rotary models).
+
+* NeoX style (``is_neox=True``, Llama/Qwen in Hugging Face): pairs ``(x[i], x[i + rot_dim/2])``.
+* GPT-J style (``is_neox=False``): pairs ``(x[2i], x[2i + 1])``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
+
+
+@triton.jit
+def _rotate_heads(
+    x_ptr,
+    token,
+    stride_t,
+    stride_h,
+    num_heads,
+    cos,
+    sin,
+    offs_h,
+    offs_r,
+    HALF: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+):
+    if IS_NEOX:
+        first = offs_r
+        second = offs_r + HALF
+    else:
+        first = offs_r * 2
+        second = offs_r * 2 + 1
+    mask = (offs_h[:, None] < num_heads) & (offs_r[None, :] < HALF)
+    base = x_ptr + token * stride_t + offs_h[:, None] * stride_h
+    x1 = tl.load(base + first[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + second[None, :], mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * cos[None, :] - x2 * sin[None, :]
+    y2 = x2 * cos[None, :] + x1 * sin[None, :]
+    tl.store(base + first[None, :], y1.to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(base + second[None, :], y2.to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr,
+    k_ptr,
+    pos_ptr,
+    cache_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cache,
+    num_q_heads,
+    num_k_heads,
+    HAS_K: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_P: tl.constexpr,
+    QH_P: tl.constexpr,
+    KH_P: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+):
+    # One program per token: every head of q (and k) shares the token's cos/sin row.
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_r = tl.arange(0, HALF_P)
+    r_ok = offs_r < HALF
+    cos = tl.load(cache_ptr + pos * stride_cache + offs_r, mask=r_ok, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_r, mask=r_ok, other=0.0)
+    sin = sin.to(tl.float32)
+    _rotate_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, cos, sin,
+                  tl.arange(0, QH_P), offs_r, HALF, IS_NEOX)  # fmt: skip
+    if HAS_K:
+        _rotate_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, cos, sin,
+                      tl.arange(0, KH_P), offs_r, HALF, IS_NEOX)  # fmt: skip
+
+
+def _heads_view(x: torch.Tensor, head_dim: int) -> tuple[int, int, int]:
+    """(num_heads, token stride, head stride) of ``[T, H*D]`` or ``[T, H, D]``."""
+    assert x.stride(-1) == 1, "rotary_embedding needs a contiguous last dimension"
+    if x.dim() == 2:
+        assert x.shape[1] % head_dim == 0, (x.shape, head_dim)
+        return x.shape[1] // head_dim, x.stride(0), head_dim
+    assert x.dim() == 3 and x.shape[2] == head_dim, (x.shape, head_dim)
+    return x.shape[1], x.stride(0), x.stride(1)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    head_dim: int,
+    is_neox: bool = True,
+) -> None:
+    """Rotate ``q`` (and ``k``) in place; ``q``/``k`` are ``[T, H*D]`` or ``[T, H, D]`` and may
+    be strided views (e.g. slices of a fused QKV output). ``positions`` is ``[T]``."""
+    require_triton("rotary_embedding")
+    rot_dim = cos_sin_cache.shape[-1]
+    assert rot_dim % 2 == 0 and rot_dim <= head_dim, (rot_dim, head_dim)
+    assert cos_sin_cache.stride(-1) == 1
+    num_tokens = positions.numel()
+    assert q.shape[0] == num_tokens, (q.shape, positions.shape)
+    if num_tokens == 0:
+        return
+    positions = positions.reshape(-1)
+    qh, sqt, sqh = _heads_view(q, head_dim)
+    if k is not None:
+        assert k.shape[0] == num_tokens
+        kh, skt, skh = _heads_view(k, head_dim)
+    else:
+        kh, skt, skh = 1, 0, 0
+    half = rot_dim // 2
+    half_p = next_power_of_2(half)
+    _rotary_kernel[(num_tokens,)](
+        q, k if k is not None else q, positions, cos_sin_cache,
+        sqt, sqh, skt, skh, cos_sin_cache.stride(0), qh, kh,
+        HAS_K=k is not None, HALF=half, HALF_P=half_p,
+        QH_P=next_power_of_2(qh), KH_P=next_power_of_2(kh), IS_NEOX=is_neox,
+        num_warps=4 if next_power_of_2(qh) * half_p >= 1024 else 1,
+    )  # fmt: skip
+
+
+def _rotate_ref(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, is_neox: bool
+) -> None:
+    shape = x.shape
+    xh = x.view(shape[0], -1, head_dim)
+    rot_dim = cos.shape[-1] * 2
+    rot = xh[..., :rot_dim].float()
+    if is_neox:
+        x1, x2 = rot[..., : rot_dim // 2], rot[..., rot_dim // 2 :]
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    y1 = x1 * cos - x2 * sin
+    y2 = x2 * cos + x1 * sin
+    if is_neox:
+        y = torch.cat([y1, y2], dim=-1)
+    else:
+        y = torch.stack([y1, y2], dim=-1).flatten(-2)
+    xh[..., :rot_dim] = y.to(x.dtype)
+
+
+def rotary_embedding_ref(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    head_dim: int,
+    is_neox: bool = True,
+) -> None:
+    """Pure-torch reference of :func:`rotary_embedding` (in place, fp32 math)."""
+    cs = cos_sin_cache[positions.reshape(-1).long()].float()  # [T, rot_dim]
+    half = cs.shape[-1] // 2
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    _rotate_ref(q, cos, sin, head_dim, is_neox)
+    if k is not None:
+        _rotate_ref(k, cos, sin, head_dim, is_neox)

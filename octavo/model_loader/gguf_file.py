@@ -1,0 +1,314 @@
+"""A GGUF file read as a Hugging Face-style checkpoint: an HF config dict, HF parameter names and
+shapes, dequantized weights, EOS ids and chat template from the metadata, and a tokenizer.
+
+Only the metadata is parsed up front (the file is memory-mapped by ``gguf.GGUFReader``); tensors
+are dequantized one at a time in :meth:`GGUFCheckpoint.iter_weights`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+GGUF_MAGIC = b"GGUF"
+
+# GGUF general.architecture -> (HF architectures entry, HF model_type)
+_ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+}
+
+# Default rope base when the metadata omits it (llama.cpp's default).
+_DEFAULT_ROPE_THETA = 10000.0
+
+# Tensors outside any block.
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+# Per-block tensors: GGUF suffix -> HF module path under model.layers.N.
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+# GGUF tensors with no HF parameter counterpart. `rope_freqs` holds Llama 3 rope scaling
+# factors, which HF expresses through config.rope_scaling instead.
+_SKIPPED_TENSORS = {"rope_freqs.weight"}
+
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias)$")
+
+_TORCH_DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+}
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    """HF parameter name of a GGUF tensor name; None when the name is unknown."""
+    m = _BLOCK_RE.match(name)
+    if m is not None:
+        layer, kind, param = m.groups()
+        module = _BLOCK_NAMES.get(kind)
+        return None if module is None else f"model.layers.{layer}.{module}.{param}"
+    m = _GLOBAL_RE.match(name)
+    if m is not None:
+        kind, param = m.groups()
+        module = _GLOBAL_NAMES.get(kind)
+        return None if module is None else f"{module}.{param}"
+    return None
+
+
+def unpermute_rope_rows(t: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's rotary row interleaving of a llama q/k projection (weight or bias).
+
+    llama.cpp's converter reorders, inside each head, the rows (i * half + j) of HF's
+    rotate-half layout to (j * 2 + i), i in {0, 1}, j < half, so rotary pairs are adjacent.
+    Here row (j * 2 + i) of each head goes back to (i * half + j).
+    """
+    rows = t.shape[0]
+    if rows % (2 * n_head) != 0:
+        raise ValueError(f"cannot unpermute {rows} rows into {n_head} heads of even size")
+    half = rows // n_head // 2
+    rest = tuple(t.shape[1:])
+    return t.reshape(n_head, half, 2, *rest).transpose(1, 2).reshape(t.shape).contiguous()
+
+
+class GGUFCheckpoint:
+    """A GGUF file read as a Hugging Face-style checkpoint."""
+
+    def __init__(self, path: str):
+        self.path = path
+        if not os.path.isfile(path):
+            raise ValueError(f"GGUF file not found: {path!r}")
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise ValueError(f"cannot read GGUF file {path!r}: {e}") from e
+        if magic != GGUF_MAGIC:
+            raise ValueError(f"not a GGUF file (magic {magic!r}, want {GGUF_MAGIC!r}): {path!r}")
+
+        import gguf  # deferred: only GGUF users need the package
+
+        try:
+            self._reader = gguf.GGUFReader(path, "r")
+        except Exception as e:  # the reader raises assorted errors on corrupt files
+            raise ValueError(f"cannot parse GGUF file {path!r}: {e}") from e
+
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        arch = self._meta("general.architecture")
+        if arch not in _ARCHITECTURES:
+            raise ValueError(
+                f"unsupported GGUF architecture {arch!r} in {path!r}; "
+                f"supported: {sorted(_ARCHITECTURES)}"
+            )
+        self.arch: str = arch
+
+        self.bos_token_id: int | None = self._meta_int("tokenizer.ggml.bos_token_id")
+        eos_ids: list[int] = []
+        for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+            tid = self._meta_int(f"tokenizer.ggml.{key}")
+            if tid is not None and tid not in eos_ids:
+                eos_ids.append(tid)
+        self.eos_token_ids: list[int] = eos_ids
+        self.chat_template: str | None = self._meta("tokenizer.chat_template")
+        self.hf_config: dict[str, Any] = self._build_hf_config()
+
+    # ------------------------------------------------------------------ metadata
+
+    def _meta(self, key: str, default: Any = None) -> Any:
+        field = self._reader.fields.get(key)
+        if field is None:
+            return default
+        value = field.contents()
+        if isinstance(value, np.generic):
+            value = value.item()
+        return value
+
+    def _meta_int(self, key: str) -> int | None:
+        value = self._meta(key)
+        return None if value is None else int(value)
+
+    def _arch_meta(self, key: str, default: Any = None) -> Any:
+        return self._meta(f"{self.arch}.{key}", default)
+
+    def _require(self, key: str) -> Any:
+        value = self._arch_meta(key)
+        if value is None:
+            raise ValueError(f"GGUF file {self.path!r} lacks metadata {self.arch}.{key}")
+        return value
+
+    def _rope_scaling(self) -> dict[str, Any] | None:
+        rtype = self._arch_meta("rope.scaling.type")
+        factor = self._arch_meta("rope.scaling.factor")
+        if rtype is None:
+            # older files: a bare linear factor
+            linear = self._arch_meta("rope.scale_linear")
+            if linear is None or float(linear) == 1.0:
+                return None
+            rtype, factor = "linear", linear
+        if rtype == "none" or factor is None:
+            return None
+        scaling: dict[str, Any] = {"rope_type": rtype, "type": rtype, "factor": float(factor)}
+        orig = self._arch_meta("rope.scaling.original_context_length")
+        if orig is not None:
+            scaling["original_max_position_embeddings"] = int(orig)
+        if rtype == "yarn":
+            # llama.cpp's attn_factor keys do not map one-to-one onto HF's attention_factor
+            # (HF derives it from the factor by default), so they are left out.
+            for gguf_key, hf_key in (
+                ("rope.scaling.yarn_beta_fast", "beta_fast"),
+                ("rope.scaling.yarn_beta_slow", "beta_slow"),
+            ):
+                value = self._arch_meta(gguf_key)
+                if value is not None:
+                    scaling[hf_key] = float(value)
+        return scaling
+
+    def _build_hf_config(self) -> dict[str, Any]:
+        hf_arch, model_type = _ARCHITECTURES[self.arch]
+        hidden = int(self._require("embedding_length"))
+        n_head = int(self._require("attention.head_count"))
+        n_kv = int(self._arch_meta("attention.head_count_kv", n_head))
+        # all supported families rotate the full head, so rope.dimension_count is a fallback
+        head_dim = self._arch_meta("attention.key_length", self._arch_meta("rope.dimension_count"))
+        head_dim = int(head_dim) if head_dim is not None else hidden // n_head
+
+        embd = self._tensors.get("token_embd.weight")
+        if embd is not None:
+            vocab = int(embd.shape[-1])  # GGUF dims are [hidden, vocab]
+        else:
+            vocab = self._arch_meta("vocab_size")
+            if vocab is None:
+                vocab = len(self._meta("tokenizer.ggml.tokens", []))
+            vocab = int(vocab)
+
+        cfg: dict[str, Any] = {
+            "architectures": [hf_arch],
+            "model_type": model_type,
+            "hidden_size": hidden,
+            "intermediate_size": int(self._require("feed_forward_length")),
+            "num_hidden_layers": int(self._require("block_count")),
+            "num_attention_heads": n_head,
+            "num_key_value_heads": n_kv,
+            "head_dim": head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": float(self._require("attention.layer_norm_rms_epsilon")),
+            "rope_theta": float(self._arch_meta("rope.freq_base", _DEFAULT_ROPE_THETA)),
+            "max_position_embeddings": int(self._require("context_length")),
+            "vocab_size": vocab,
+            "tie_word_embeddings": "output.weight" not in self._tensors,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_ids[0]
+            if len(self.eos_token_ids) == 1
+            else (list(self.eos_token_ids) or None),
+            "torch_dtype": "float32",
+        }
+        if self.arch == "llama":
+            cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
+            cfg["mlp_bias"] = False
+        elif self.arch == "qwen3":
+            cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
+        scaling = self._rope_scaling()
+        if scaling is not None:
+            cfg["rope_scaling"] = scaling
+        return cfg
+
+    # ------------------------------------------------------------------ weights
+
+    def weight_names(self) -> list[str]:
+        """HF names of the parameters iter_weights yields, in file order."""
+        names = []
+        for name in self._tensors:
+            if name in _SKIPPED_TENSORS:
+                continue
+            hf_name = gguf_to_hf_name(name)
+            if hf_name is None:
+                raise ValueError(f"unknown tensor {name!r} in GGUF file {self.path!r}")
+            names.append(hf_name)
+        return names
+
+    def _dequantize(self, tensor: Any, dtype: torch.dtype) -> torch.Tensor:
+        from gguf import GGMLQuantizationType as Q
+        from gguf.quants import dequantize
+
+        shape = tuple(reversed([int(d) for d in tensor.shape]))  # GGUF dims are reversed
+        qtype = tensor.tensor_type
+        data = tensor.data
+        if qtype in (Q.F32, Q.F16):
+            # memory-mapped and read-only: copy while converting
+            out = torch.from_numpy(np.array(data, copy=True)).to(dtype)
+        elif qtype == Q.BF16:
+            raw = np.array(data, copy=True).view(np.int16)
+            out = torch.from_numpy(raw).view(torch.bfloat16).to(dtype)
+        else:
+            try:
+                arr = dequantize(data, qtype)
+            except NotImplementedError as e:
+                raise ValueError(
+                    f"GGUF tensor {tensor.name!r} in {self.path!r} has unsupported type {qtype.name}"
+                ) from e
+            out = torch.from_numpy(arr).to(dtype)
+        return out.reshape(shape)
+
+    def iter_weights(
+        self, dtype: torch.dtype = torch.float32
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yields (HF parameter name, tensor) with every tensor dequantized to `dtype`, in HF shapes.
+
+        Tensors are dequantized one at a time. For arch llama, the q/k rows interleaved by
+        llama.cpp's converter are put back into HF's rotate-half order.
+        """
+        n_head = self.hf_config["num_attention_heads"]
+        n_kv = self.hf_config["num_key_value_heads"]
+        for name, tensor in self._tensors.items():
+            if name in _SKIPPED_TENSORS:
+                continue
+            hf_name = gguf_to_hf_name(name)
+            if hf_name is None:
+                raise ValueError(f"unknown tensor {name!r} in GGUF file {self.path!r}")
+            t = self._dequantize(tensor, dtype)
+            if self.arch == "llama":
+                if hf_name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
+                    t = unpermute_rope_rows(t, n_head)
+                elif hf_name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
+                    t = unpermute_rope_rows(t, n_kv)
+            yield hf_name, t
+
+    # ------------------------------------------------------------------ tokenizer
+
+    def load_tokenizer(self):
+        """A transformers fast tokenizer built from the GGUF metadata, with EOS from the metadata."""
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(
+            os.path.dirname(os.path.abspath(self.path)), gguf_file=os.path.basename(self.path)
+        )
+        if self.eos_token_ids and tok.eos_token_id != self.eos_token_ids[0]:
+            tok.eos_token = tok.convert_ids_to_tokens(self.eos_token_ids[0])
+        if self.chat_template and not getattr(tok, "chat_template", None):
+            tok.chat_template = self.chat_template
+        return tok
+
+    def __repr__(self) -> str:
+        return f"GGUFCheckpoint({self.path!r}, arch={self.arch!r})"

@@ -1,0 +1,42 @@
+"""Build a model for a ModelConfig on a device and load its weights."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from octavo.config import ModelConfig
+from octavo.model_loader.weights import fill_dummy_weights, iter_safetensors, load_weights
+from octavo.models.registry import get_model_class
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def load_model(model_config: ModelConfig, device: torch.device, backend,
+               linear_method_name: str | None = None) -> nn.Module:
+    from octavo.quantization.base import get_linear_method
+
+    dtype = TORCH_DTYPES[model_config.dtype]
+    cls = get_model_class(model_config.architecture)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(model_config.hf_config, backend,
+                        linear_method=get_linear_method(linear_method_name))
+    finally:
+        torch.set_default_dtype(old)
+    # Rotary caches are built in float32 above; keep them so.
+    if model_config.load_format == "dummy":
+        fill_dummy_weights(model, seed=model_config.seed)
+    elif model_config.is_gguf:
+        from octavo.model_loader.gguf_file import GGUFCheckpoint
+
+        load_weights(model, GGUFCheckpoint(model_config.model).iter_weights(dtype))
+    else:
+        load_weights(model, iter_safetensors(model_config.model))
+    for module in model.modules():
+        method = getattr(module, "linear_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+    return model.eval()

@@ -1,0 +1,97 @@
+"""Iterate checkpoint tensors and feed them to a model: one generic loop for every family.
+
+Checkpoint-specific renames live in ``NAME_REMAPS`` here, never in the models.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+# Checkpoint names we never load (buffers that we recompute).
+_SKIP_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+# Loader-level renames: (old fragment, new fragment).
+NAME_REMAPS: list[tuple[str, str]] = []
+
+
+def iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        bins = sorted(glob.glob(os.path.join(folder, "pytorch_model*.bin")))
+        if not bins:
+            raise ValueError(f"no *.safetensors or pytorch_model*.bin weights in {folder!r}")
+        for path in bins:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            yield from state.items()
+        return
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint "
+                         f"{tuple(loaded.shape)}")
+    param.data.copy_(loaded)
+
+
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy checkpoint tensors into ``model`` using each parameter's ``weight_loader`` and the
+    model's ``packed_modules_mapping``; errors name what is missing or unexpected."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    packed = getattr(model, "packed_modules_mapping", {})
+    tied = getattr(model, "tie_word_embeddings", False)
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if name.endswith(_SKIP_SUFFIXES) or (tied and name.startswith("lm_head.")):
+            continue
+        for old, new in NAME_REMAPS:
+            name = name.replace(old, new)
+        shard_id = None
+        target = name
+        for frag, (param_frag, sid) in packed.items():
+            if f".{frag}." in name:
+                target, shard_id = name.replace(f".{frag}.", f".{param_frag}."), sid
+                break
+        param = params.get(target)
+        if param is None:
+            raise ValueError(f"checkpoint tensor {name!r} has no matching parameter")
+        loader = getattr(param, "weight_loader", _default_loader)
+        tensor = tensor.to(param.dtype)
+        if shard_id is None:
+            loader(param, tensor)
+        else:
+            loader(param, tensor, shard_id)
+        loaded.add(target if shard_id is None else f"{target}#{shard_id}")
+    expected = set()
+    for pname in params:
+        if tied and pname.startswith("lm_head."):
+            continue
+        frags = [(f, sid) for f, (pf, sid) in packed.items() if f".{pf}." in pname]
+        if frags:
+            expected.update(f"{pname}#{sid}" for _, sid in frags)
+        else:
+            expected.add(pname)
+    missing = sorted(expected - loaded)
+    if missing:
+        raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:5]}")
+
+
+def fill_dummy_weights(model: nn.Module, seed: int = 0, low: float = -1e-3,
+                       high: float = 1e-3) -> None:
+    """Random weights at the config's shape (load_format="dummy"); norms stay at one."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.data.fill_(1.0)
+            continue
+        cpu = torch.empty(param.shape, dtype=torch.float32).uniform_(low, high, generator=gen)
+        param.data.copy_(cpu.to(param.dtype))

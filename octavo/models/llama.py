@@ -1,0 +1,146 @@
+"""The Llama family (Llama 2/3, Mistral without sliding window, SmolLM2), and the decoder that
+Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm, explicit head_dim) reuse."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from octavo.attention.layer import Attention, ForwardContext
+from octavo.layers.activation import SiluAndMul
+from octavo.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from octavo.layers.norm import RMSNorm
+from octavo.layers.rotary import RotaryEmbedding, rope_params_from_config
+from octavo.layers.vocab_embedding import LMHead, VocabEmbedding
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, linear_method=None) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2,
+                                                       linear_method=linear_method)
+        self.down_proj = RowParallelLinear(intermediate, hidden, linear_method=linear_method)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_idx: int, backend, qkv_bias: bool = False,
+                 qk_norm: bool = False, linear_method=None) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        total_heads = config.num_attention_heads
+        total_kv = getattr(config, "num_key_value_heads", None) or total_heads
+        head_dim = getattr(config, "head_dim", None) or hidden // total_heads
+        qkv_bias = qkv_bias or bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = QKVParallelLinear(hidden, head_dim, total_heads, total_kv,
+                                          bias=qkv_bias, linear_method=linear_method)
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.head_dim = head_dim
+        self.q_size = self.num_heads * head_dim
+        self.kv_size = self.num_kv_heads * head_dim
+        o_bias = bool(getattr(config, "attention_bias", False))
+        self.o_proj = RowParallelLinear(total_heads * head_dim, hidden, bias=o_bias,
+                                        linear_method=linear_method)
+        theta, scaling = rope_params_from_config(config)
+        self.rotary_emb = RotaryEmbedding(head_dim, config.max_position_embeddings, theta,
+                                          scaling)
+        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.attn = Attention(layer_idx, self.num_heads, head_dim, head_dim ** -0.5,
+                              self.num_kv_heads, backend)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        t = x.shape[0]
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        o = self.attn(q, k, v, ctx)
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int, backend, qkv_bias: bool = False,
+                 qk_norm: bool = False, linear_method=None) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, backend, qkv_bias, qk_norm,
+                                        linear_method)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, linear_method)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, x, residual, ctx):
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, ctx)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config, backend, qkv_bias: bool = False, qk_norm: bool = False,
+                 linear_method=None) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([
+            LlamaDecoderLayer(config, i, backend, qkv_bias, qk_norm, linear_method)
+            for i in range(config.num_hidden_layers)
+        ])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, ctx):
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, ctx)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint name fragment -> (our parameter fragment, shard id)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+    qkv_bias = False
+    qk_norm = False
+
+    def __init__(self, config, backend, linear_method=None) -> None:
+        super().__init__()
+        self.config = config
+        self.check_config(config)
+        self.model = LlamaModel(config, backend, self.qkv_bias, self.qk_norm, linear_method)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.tie(self.model.embed_tokens)
+
+    @staticmethod
+    def check_config(config) -> None:
+        act = getattr(config, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act={act!r} is not supported (only 'silu')")
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                ctx: ForwardContext) -> torch.Tensor:
+        """Hidden states of every token of the flat batch."""
+        return self.model(input_ids, positions, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

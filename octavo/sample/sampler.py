@@ -1,0 +1,84 @@
+"""Turns last-position logits into tokens: greedy, temperature, top-k, top-p, min-p, seeds.
+
+Random rows use the exponential-race trick: argmax(p / q) with q ~ Exp(1) draws from p. A seeded
+row draws its q from its own generator, so its tokens do not depend on the rest of the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from octavo.sample.metadata import SamplingMetadata
+
+
+@dataclass
+class SamplerOutput:
+    sampled: torch.Tensor  # [B] int64
+    # When logprobs were requested: logprob and rank of the sampled token, and the top-k.
+    sampled_logprobs: torch.Tensor | None = None
+    sampled_ranks: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    topk_logprobs: torch.Tensor | None = None
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        logits = logits.float()
+        raw = logits
+        if meta.all_greedy:
+            sampled = logits.argmax(dim=-1)
+        else:
+            sampled = self._sample(logits, meta)
+        out = SamplerOutput(sampled=sampled)
+        if meta.max_num_logprobs is not None:
+            self._logprobs(raw, sampled, meta.max_num_logprobs, out)
+        return out
+
+    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        greedy_tokens = logits.argmax(dim=-1)
+        temp = meta.temperature
+        greedy_rows = temp < 1e-5
+        logits = logits / torch.where(greedy_rows, torch.ones_like(temp), temp).unsqueeze(1)
+        if meta.top_k is not None or meta.top_p is not None:
+            logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+        probs = torch.softmax(logits, dim=-1)
+        if meta.min_p is not None:
+            top = probs.max(dim=-1, keepdim=True).values
+            probs = probs.masked_fill(probs < meta.min_p.unsqueeze(1) * top, 0.0)
+        q = torch.empty_like(probs)
+        if len(meta.generators) < probs.shape[0]:
+            q.exponential_(generator=meta.generator)
+        for row, gen in meta.generators.items():
+            q[row].exponential_(generator=gen)
+        sampled = probs.div_(q).argmax(dim=-1)
+        return torch.where(greedy_rows, greedy_tokens, sampled)
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, sampled: torch.Tensor, k: int, out: SamplerOutput) -> None:
+        logprobs = torch.log_softmax(raw, dim=-1)
+        token_lp = logprobs.gather(1, sampled.unsqueeze(1)).squeeze(1)
+        out.sampled_logprobs = token_lp
+        out.sampled_ranks = (logprobs > token_lp.unsqueeze(1)).sum(dim=-1) + 1
+        if k > 0:
+            vals, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+            out.topk_ids, out.topk_logprobs = ids, vals
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
+                      top_p: torch.Tensor | None) -> torch.Tensor:
+    """Mask logits outside each row's top-k and nucleus (top-p) to -inf."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+        sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
+    if top_p is not None:
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token when the mass strictly before it already reaches top_p.
+        before = probs.cumsum(dim=-1) - probs
+        drop = before >= top_p.unsqueeze(1)
+        drop[:, 0] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter_(1, order, sorted_logits)

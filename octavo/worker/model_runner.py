@@ -1,0 +1,211 @@
+"""Turns a SchedulerOutput into flat tensors, runs the model, samples.
+
+The batch is flat and unpadded: the tokens each request computes this step, back to back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from octavo.attention.backend import AttentionMetadata
+from octavo.attention.layer import ForwardContext
+from octavo.attention.registry import select_backend
+from octavo.config import EngineConfig
+from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from octavo.model_loader.loader import TORCH_DTYPES, load_model
+from octavo.sample.metadata import SamplingMetadata
+from octavo.sample.sampler import Sampler, SamplerOutput
+from octavo.sampling_params import SamplingType
+from octavo.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
+from octavo.worker.request_state import CachedRequestState
+
+_SEED_STRIDE = 0x9E3779B1  # spreads (seed, step) pairs over the generator's seed space
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+        mc = config.model_config
+        self.dtype = TORCH_DTYPES[mc.dtype]
+        self.block_size = config.cache_config.block_size
+        hf = mc.hf_config
+        self.num_layers = hf.num_hidden_layers
+        self.num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+        self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        self.backend = select_backend(device, config.device_config.attention_backend)
+        self.model = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.states: dict[str, CachedRequestState] = {}
+        self.sampler = Sampler()
+        self.generator = torch.Generator(device=device).manual_seed(mc.seed)
+        self._seed_gens: dict[str, torch.Generator] = {}
+
+    # ------------------------------------------------------------------ setup
+    def load_model(self) -> None:
+        self.model = load_model(self.config.model_config, self.device, self.backend,
+                                self.config.quantization)
+
+    def bytes_per_block(self) -> int:
+        return kv_bytes_per_block(self.num_layers, self.block_size, self.num_kv_heads,
+                                  self.head_dim, self.dtype)
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = allocate_kv_caches(self.backend, self.num_layers, num_blocks,
+                                            self.block_size, self.num_kv_heads, self.head_dim,
+                                            self.dtype, self.device)
+        self.num_blocks = num_blocks
+
+    @torch.inference_mode()
+    def profile_peak_memory(self) -> int:
+        """Run one forward at max_num_batched_tokens on CUDA; return peak bytes allocated."""
+        sc = self.config.scheduler_config
+        n = min(sc.max_num_batched_tokens, sc.max_num_seqs * sc.max_model_len)
+        blocks = -(-n // self.block_size) + 1
+        self.init_kv_cache(blocks)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        pos = torch.arange(n, device=self.device) % sc.max_model_len
+        meta = self._metadata_for_chunks([n], [0], [list(range(blocks))])
+        hidden = self.model(ids, pos, ForwardContext(meta, self.kv_caches))
+        self.model.compute_logits(hidden[-min(n, sc.max_num_seqs):])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        self.kv_caches = []
+        torch.cuda.empty_cache()
+        return peak
+
+    # ------------------------------------------------------------------ the step
+    def _update_states(self, sched: SchedulerOutput) -> None:
+        for rid in sched.finished_req_ids:
+            self.states.pop(rid, None)
+            self._seed_gens.pop(rid, None)
+        for new in sched.new_reqs:
+            self.states[new.req_id] = CachedRequestState(
+                new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling_params,
+                list(new.block_ids), new.num_computed_tokens)
+        for c in sched.cached_reqs:
+            st = self.states[c.req_id]
+            st.block_ids.extend(c.new_block_ids)
+            st.num_computed_tokens = c.num_computed_tokens
+
+    def _metadata_for_chunks(self, num_new: list[int], num_computed: list[int],
+                             block_ids: list[list[int]]) -> AttentionMetadata:
+        bs = self.block_size
+        b = len(num_new)
+        max_blocks = max(len(x) for x in block_ids)
+        table = np.zeros((b, max_blocks), dtype=np.int32)
+        for i, ids in enumerate(block_ids):
+            table[i, : len(ids)] = ids
+        q_lens = np.asarray(num_new, dtype=np.int64)
+        seq_lens = np.asarray(num_computed, dtype=np.int64) + q_lens
+        qsl = np.zeros(b + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=qsl[1:])
+        t = int(qsl[-1])
+        req_idx = np.repeat(np.arange(b), q_lens)
+        positions = np.arange(t) - np.repeat(qsl[:-1], q_lens) + np.repeat(num_computed, q_lens)
+        slots = table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
+        dev = self.device
+        self._positions_np = positions
+        return AttentionMetadata(
+            num_tokens=t,
+            num_reqs=b,
+            query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
+            block_tables=torch.from_numpy(table).to(dev),
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            max_query_len=int(q_lens.max()),
+            max_seq_len=int(seq_lens.max()),
+            query_start_loc_cpu=qsl.tolist(),
+            seq_lens_cpu=seq_lens.tolist(),
+        )
+
+    @torch.inference_mode()
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(sched)
+        if sched.is_empty:
+            return ModelRunnerOutput([], [])
+        req_ids = list(sched.num_scheduled_tokens)
+        states = [self.states[r] for r in req_ids]
+        num_new = [sched.num_scheduled_tokens[r] for r in req_ids]
+        num_computed = [st.num_computed_tokens for st in states]
+        input_ids = np.fromiter(
+            (tok for st, nc, n in zip(states, num_computed, num_new)
+             for tok in st.token_ids[nc: nc + n]), dtype=np.int64,
+            count=sum(num_new))
+        meta = self._metadata_for_chunks(num_new, num_computed, [st.block_ids for st in states])
+        positions = torch.from_numpy(self._positions_np).to(self.device)
+        ids_t = torch.from_numpy(input_ids).to(self.device)
+        hidden = self.model(ids_t, positions, ForwardContext(meta, self.kv_caches))
+
+        # Only requests whose tokens are all computed after this step produce a token.
+        rows = [i for i, (st, nc, n) in enumerate(zip(states, num_computed, num_new))
+                if nc + n == len(st.token_ids)]
+        if not rows:
+            return ModelRunnerOutput([], [])
+        last = [meta.query_start_loc_cpu[i + 1] - 1 for i in rows]
+        logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
+        sample_states = [states[i] for i in rows]
+        out = self.sampler(logits, self._sampling_metadata(sample_states))
+        sampled = out.sampled.tolist()
+        for st, tok in zip(sample_states, sampled):
+            st.token_ids.append(tok)
+        return ModelRunnerOutput(
+            req_ids=[st.req_id for st in sample_states],
+            sampled_token_ids=sampled,
+            logprobs=self._logprobs_dict(sample_states, out),
+        )
+
+    def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
+        params = [st.sampling_params for st in states]
+        types = [p.sampling_type for p in params]
+        want_lp = [p.logprobs for p in params if p.logprobs is not None]
+        max_lp = None
+        if want_lp:
+            vocab = self.config.model_config.hf_config.vocab_size
+            max_lp = max(vocab if k == -1 else k for k in want_lp)
+        if all(t == SamplingType.GREEDY for t in types):
+            return SamplingMetadata(True, None, None, None, None, {}, max_lp)
+        dev = self.device
+        temp = torch.tensor([0.0 if t == SamplingType.GREEDY else p.temperature
+                             for p, t in zip(params, types)], dtype=torch.float32, device=dev)
+        vocab = self.config.model_config.hf_config.vocab_size
+        top_k = top_p = min_p = None
+        if any(p.top_k_enabled for p in params):
+            top_k = torch.tensor([p.top_k if p.top_k_enabled else vocab for p in params],
+                                 dtype=torch.int64, device=dev)
+        if any(p.top_p < 1.0 for p in params):
+            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
+        if any(p.min_p > 0.0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev)
+        gens = {}
+        for row, (st, t) in enumerate(zip(states, types)):
+            if t == SamplingType.RANDOM_SEED:
+                gen = self._seed_gens.get(st.req_id)
+                if gen is None:
+                    gen = self._seed_gens[st.req_id] = torch.Generator(device=dev)
+                # Reseeded per output position: the same tokens whatever the batch, and
+                # after a preemption too.
+                seed = (st.sampling_params.seed * _SEED_STRIDE + st.num_output_tokens)
+                gen.manual_seed(seed % (2 ** 63))
+                gens[row] = gen
+        return SamplingMetadata(False, temp, top_k, top_p, min_p, gens, max_lp, self.generator)
+
+    @staticmethod
+    def _logprobs_dict(states, out: SamplerOutput):
+        if out.sampled_logprobs is None:
+            return None
+        lps = out.sampled_logprobs.tolist()
+        ranks = out.sampled_ranks.tolist()
+        top_ids = out.topk_ids.tolist() if out.topk_ids is not None else None
+        top_lps = out.topk_logprobs.tolist() if out.topk_logprobs is not None else None
+        result = {}
+        for i, st in enumerate(states):
+            k = st.sampling_params.logprobs
+            if k is None:
+                continue
+            k = len(top_ids[i]) if (k == -1 and top_ids) else k
+            tops = list(zip(top_ids[i][:k], top_lps[i][:k])) if (top_ids and k) else []
+            result[st.req_id] = (lps[i], ranks[i], tops)
+        return result

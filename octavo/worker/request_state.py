@@ -1,0 +1,21 @@
+"""What the worker remembers about a running request between steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from octavo.sampling_params import SamplingParams
+
+
+@dataclass
+class CachedRequestState:
+    req_id: str
+    token_ids: list[int]  # prompt + outputs; the worker appends what it samples
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens

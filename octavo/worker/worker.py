@@ -1,0 +1,73 @@
+"""One device: picks it, loads the model, sizes and allocates the KV cache, runs steps."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from octavo.config import EngineConfig
+from octavo.core.kv_cache_manager import cdiv
+from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from octavo.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_CACHE_BYTES = 4 << 30
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} requested but CUDA is not available")
+    return torch.device(name)
+
+
+class Worker:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device_config.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(config.model_config.seed)
+        self.runner = ModelRunner(config, self.device)
+
+    def load_model(self) -> None:
+        self.runner.load_model()
+
+    def determine_num_blocks(self) -> int:
+        cc, sc = self.config.cache_config, self.config.scheduler_config
+        per_block = self.runner.bytes_per_block()
+        # More blocks than every running sequence at full length can never be used.
+        useful = sc.max_num_seqs * cdiv(sc.max_model_len, cc.block_size) + 1
+        if cc.num_gpu_blocks_override is not None:
+            return cc.num_gpu_blocks_override
+        if self.device.type == "cuda":
+            peak = self.runner.profile_peak_memory()
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            free_for_kv = int(total * cc.gpu_memory_utilization) - peak
+            # Memory outside PyTorch's allocator (CUDA context, other processes) counts too.
+            free_now, _ = torch.cuda.mem_get_info(self.device)
+            non_torch = total - free_now - torch.cuda.memory_reserved(self.device)
+            free_for_kv -= max(0, non_torch)
+            if free_for_kv <= per_block:
+                raise ValueError(
+                    f"no memory left for the KV cache: gpu_memory_utilization="
+                    f"{cc.gpu_memory_utilization} of {total / 2**30:.1f} GiB, model peak "
+                    f"{peak / 2**30:.2f} GiB")
+            return min(free_for_kv // per_block, useful)
+        budget = cc.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
+        n = min(budget // per_block, useful)
+        if n < 1:
+            raise ValueError(f"kv_cache_memory={budget} bytes holds no {per_block}-byte block")
+        return n
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        self.runner.init_kv_cache(num_blocks)
+        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks,
+                    self.config.cache_config.block_size,
+                    num_blocks * self.runner.bytes_per_block() / 2**30)
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.runner.execute_model(sched)

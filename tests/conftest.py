@@ -1,0 +1,60 @@
+"""Shared fixtures: tiny random-weight checkpoints, and a leak check on every engine."""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+
+import pytest
+
+_ENGINES: weakref.WeakSet = weakref.WeakSet()
+
+
+def pytest_configure(config):
+    # Register engines as they are built, without touching torch when a test never needs it.
+    try:
+        from octavo.engine import llm_engine
+    except ImportError:  # torch not installed: torch-free tests still run
+        return
+    original = llm_engine.LLMEngine.__init__
+
+    def tracking_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _ENGINES.add(self)
+
+    llm_engine.LLMEngine.__init__ = tracking_init
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    if os.environ.get("OCTAVO_SKIP_SLOW") == "1":
+        skip = pytest.mark.skip(reason="slow test (OCTAVO_SKIP_SLOW=1)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def no_block_leaks():
+    """After every test, every live engine holds no request and every KV block is free."""
+    yield
+    gc.collect()
+    for engine in list(_ENGINES):
+        sched = engine.scheduler
+        assert not sched.has_unfinished_requests(), "requests left in the scheduler"
+        assert sched.kv.req_to_blocks == {}, "block tables left behind"
+        pool = sched.kv.pool
+        assert pool.num_free_blocks == pool.num_blocks, (
+            f"{pool.num_blocks - pool.num_free_blocks} KV blocks not returned to the pool")
+        assert not engine.states, "output states left behind"

@@ -1,0 +1,209 @@
+# ruff: noqa: B023, E731
+"""Micro-benchmark for paged_attention on a GPU (not collected by pytest).
+
+PYTHONPATH=. python tests/kernels/bench_attention.py [--tune] [--mixed]
+
+Decode rows report KV bytes read / GPU time (CUDA-graph replay, so no launch overhead);
+prefill rows report causal TFLOP/s next to torch SDPA on contiguous K/V. ``--tune`` also
+sweeps tile configurations (used to pick ``_pick_config``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from triton.testing import do_bench, do_bench_cudagraph
+
+import octavo.kernels.paged_attention as pa
+
+DEV = "cuda"
+
+
+def batch(q_lens, seq_lens, H, Hkv, D, bs=16, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    nblk = [-(-s // bs) for s in seq_lens]
+    total = sum(nblk) + 8
+    perm = torch.randperm(total, device=DEV, generator=g).to(torch.int32)
+    bt = torch.zeros(len(seq_lens), max(nblk), dtype=torch.int32, device=DEV)
+    u = 0
+    for b, n in enumerate(nblk):
+        bt[b, :n] = perm[u : u + n]
+        u += n
+    kc = torch.randn(total, bs, Hkv, D, device=DEV, dtype=dtype, generator=g)
+    vc = torch.randn_like(kc)
+    q = torch.randn(sum(q_lens), H, D, device=DEV, dtype=dtype, generator=g)
+    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32, device=DEV)
+    qsl[1:] = torch.tensor(q_lens, device=DEV).cumsum(0)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
+    return q, kc, vc, qsl, sl, bt
+
+
+def t_ms(fn):
+    return do_bench(fn, warmup=10, rep=40)
+
+
+def g_ms(fn):
+    """GPU time without Python launch overhead (CUDA graph replay)."""
+    return do_bench_cudagraph(fn, rep=40)
+
+
+def cpu_us(fn, n=200):
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def decode(tune):
+    H, Hkv, D = 32, 8, 128
+    print(
+        "decode (H=32, Hkv=8, D=128, bf16): B ctx | ms | GB/s  for splits=1 / heuristic(n) / forced"
+    )
+    for B in [1, 4, 16, 64, 256]:
+        for ctx in [512, 2048, 4096, 16384]:
+            if B * ctx > 256 * 4096:
+                continue
+            q, kc, vc, qsl, sl, bt = batch([1] * B, [ctx] * B, H, Hkv, D)
+            gb = B * ctx * Hkv * D * 2 * 2 / 1e9
+            row = []
+            for ns in [1, None, 4, 16]:
+                f = lambda: pa.paged_attention(
+                    q,
+                    kc,
+                    vc,
+                    qsl,
+                    sl,
+                    bt,
+                    0.1,
+                    max_query_len=1,  # noqa: E731
+                    max_seq_len=ctx,
+                    num_splits=ns,
+                )
+                ms = g_ms(f)
+                row.append(f"s={ns}:{ms * 1e3:7.1f}us {gb / ms * 1e3:6.0f}GB/s")
+            n = pa._pick_num_splits(B * Hkv, ctx, q.device)
+            if B == 1 and ctx == 512:
+                print(
+                    "host us/call split=1:",
+                    cpu_us(
+                        lambda: pa.paged_attention(
+                            q, kc, vc, qsl, sl, bt, 0.1, max_query_len=1, num_splits=1
+                        )
+                    ),
+                    "split=4:",
+                    cpu_us(
+                        lambda: pa.paged_attention(
+                            q, kc, vc, qsl, sl, bt, 0.1, max_query_len=1, num_splits=4
+                        )
+                    ),
+                )
+            print(f"B={B:4d} ctx={ctx:6d} heur={n:2d} | " + " | ".join(row), flush=True)
+    if tune:
+        orig = pa._pick_config
+        for cfg in [
+            (128, 4, 2),
+            (64, 4, 3),
+            (64, 4, 2),
+            (32, 4, 3),
+            (128, 4, 2),
+            (64, 8, 3),
+            (32, 2, 4),
+            (16, 2, 4),
+        ]:
+            pa._pick_config = lambda *a, c=cfg: pa._Config(1, 16, c[0], c[1], c[2])
+            row = []
+            for B, ctx in [(64, 4096), (256, 1024), (8, 4096)]:
+                q, kc, vc, qsl, sl, bt = batch([1] * B, [ctx] * B, H, Hkv, D)
+                gb = B * ctx * Hkv * D * 4 / 1e9
+                ms = g_ms(
+                    lambda: pa.paged_attention(
+                        q, kc, vc, qsl, sl, bt, 0.1, max_query_len=1, max_seq_len=ctx
+                    )
+                )
+                row.append(f"B={B},ctx={ctx}: {gb / ms * 1e3:6.0f}GB/s")
+            print("decode cfg BLOCK_N,warps,stages", cfg, " | ".join(row), flush=True)
+        pa._pick_config = orig
+
+
+def prefill(tune):
+    print("prefill (bf16, causal): TFLOP/s vs torch SDPA on contiguous K/V")
+    cases = [
+        ((16, 8, 128), [4096], [4096]),
+        ((32, 8, 128), [1024] * 4, [1024] * 4),
+        ((32, 8, 128), [512] * 4, [2048] * 4),
+        ((16, 8, 64), [2048] * 2, [2048] * 2),
+    ]
+    cfgs = [None]
+    if tune:
+        cfgs += [
+            (128, 64, 8, 2),
+            (128, 64, 4, 2),
+            (128, 64, 8, 3),
+            (128, 32, 4, 3),
+            (64, 64, 4, 3),
+            (128, 128, 8, 2),
+            (64, 32, 4, 2),
+            (64, 64, 4, 2),
+        ]
+    orig = pa._pick_config
+    for (H, Hkv, D), ql, sl_ in cases:
+        q, kc, vc, qsl, sl, bt = batch(ql, sl_, H, Hkv, D)
+        flops = sum(4 * H * D * (q_ * (s - q_) + q_ * (q_ + 1) / 2) for q_, s in zip(ql, sl_))
+        row = []
+        for cfg in cfgs:
+            if cfg is not None:
+                G = Hkv and H // Hkv
+                pa._pick_config = lambda *a, c=cfg, G=G: pa._Config(
+                    max(1, c[0] // G), max(16, c[0]), c[1], c[2], c[3]
+                )
+            ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1))
+            pa._pick_config = orig
+            row.append(f"{cfg}:{flops / ms / 1e9:5.0f}")
+        # SDPA reference on contiguous tensors (first request only)
+        L, S = ql[0], sl_[0]
+        qq = torch.randn(1, H, L, D, device=DEV, dtype=torch.bfloat16)
+        kk = torch.randn(1, Hkv, S, D, device=DEV, dtype=torch.bfloat16)
+        try:
+            if L == S:
+                ms = g_ms(
+                    lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: B023
+                        qq, kk, kk, is_causal=True, enable_gqa=True
+                    )
+                )
+                f1 = 4 * H * D * L * (L + 1) / 2
+                row.append(f"sdpa:{f1 / ms / 1e9:5.0f}")
+        except Exception as e:  # noqa: BLE001
+            row.append(f"sdpa err {e}")
+        print(f"H={H} Hkv={Hkv} D={D} q={ql} s={sl_} | " + " ".join(row), flush=True)
+
+
+def mixed():
+    H, Hkv, D = 32, 8, 128
+    ql = [2048] + [1] * 64
+    sl_ = [2048] + [2048] * 64
+    q, kc, vc, qsl, sl, bt = batch(ql, sl_, H, Hkv, D)
+    ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1))
+    ms_p = g_ms(lambda: pa.paged_attention(q[:2048], kc, vc, qsl[:2], sl[:1], bt[:1], 0.1))
+    q2, qsl2 = q[2048:], qsl[1:] - 2048
+    ms_d = g_ms(lambda: pa.paged_attention(q2, kc, vc, qsl2, sl[1:], bt[1:], 0.1, max_query_len=1))
+    print(
+        f"mixed 1x2048 prefill + 64 decodes @2048: {ms * 1e3:.0f}us (prefill alone {ms_p * 1e3:.0f}us,"
+        f" decodes alone {ms_d * 1e3:.0f}us)"
+    )
+
+
+if __name__ == "__main__":
+    tune = "--tune" in sys.argv
+    print(torch.cuda.get_device_name(), torch.__version__)
+    if "--mixed" not in sys.argv and "--prefill" not in sys.argv:
+        decode(tune)
+    if "--mixed" not in sys.argv:
+        prefill(tune)
+    mixed()

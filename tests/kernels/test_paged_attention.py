@@ -1,0 +1,354 @@
+"""paged_attention (Triton) against paged_attention_ref (pure torch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from octavo.kernels.paged_attention import paged_attention, paged_attention_ref  # noqa: E402
+from octavo.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+TOL = {
+    torch.float32: dict(atol=1e-4, rtol=1e-4),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
+
+
+def make_batch(
+    q_lens,
+    seq_lens,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    block_size,
+    dtype,
+    device,
+    spare_blocks=3,
+    seed=0,
+):
+    """Random q, caches and metadata; each request gets shuffled (non-contiguous) block ids."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + spare_blocks
+    max_blocks = max(blocks_per_seq) + 1  # one column of padding
+    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    block_tables = torch.zeros(len(seq_lens), max_blocks, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(blocks_per_seq):
+        block_tables[b, :n] = perm[used : used + n]
+        used += n
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.randn(shape, generator=gen).to(dtype)
+    value_cache = torch.randn(shape, generator=gen).to(dtype)
+    q = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen).to(dtype)
+    qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(q_lens).cumsum(0)
+    sl = torch.tensor(seq_lens, dtype=torch.int32)
+    to = dict(device=device)
+    return (
+        q.to(**to),
+        key_cache.to(**to),
+        value_cache.to(**to),
+        qsl.to(**to),
+        sl.to(**to),
+        block_tables.to(**to),
+    )
+
+
+def check(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device, **kwargs):
+    q, kc, vc, qsl, sl, bt = make_batch(
+        q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device
+    )
+    scale = head_dim**-0.5
+    out = paged_attention(q, kc, vc, qsl, sl, bt, scale, **kwargs)
+    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, scale)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
+
+
+# A prefill chunk with cached context, a fresh prefill, decodes at several lengths.
+MIXED = dict(q_lens=[9, 1, 17, 1, 1], seq_lens=[30, 13, 17, 1, 40])
+DECODE = dict(q_lens=[1, 1, 1], seq_lens=[45, 7, 64])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 2, 32), (4, 4, 16), (6, 2, 64)])  # H, Hkv, D
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_mixed_batch(dtype, heads, block_size, device):
+    check(
+        **MIXED,
+        num_heads=heads[0],
+        num_kv_heads=heads[1],
+        head_dim=heads[2],
+        block_size=block_size,
+        dtype=dtype,
+        device=device,
+    )
+
+
+@pytest.mark.parametrize("max_query_len", [None, 1])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_decode(max_query_len, num_splits, device):
+    check(
+        **DECODE,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=32,
+        block_size=4,
+        dtype=torch.float32,
+        device=device,
+        max_query_len=max_query_len,
+        num_splits=num_splits,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_k_mixed_batch(dtype, device):
+    # Split-K applies to the decodes of a mixed batch; prefill chunks are never split.
+    check(
+        **MIXED,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=32,
+        block_size=4,
+        dtype=dtype,
+        device=device,
+        num_splits=4,
+        max_query_len=17,
+    )
+
+
+def test_split_k_heuristic_on_long_context(device):
+    # One sequence with a long context: the heuristic splits by itself.
+    from octavo.kernels.paged_attention import _pick_num_splits
+
+    assert _pick_num_splits(2, 600, device) > 1
+    assert _pick_num_splits(10_000, 600, device) == 1
+    assert _pick_num_splits(2, 100, device) == 1
+    check(
+        q_lens=[1],
+        seq_lens=[600],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=16,
+        dtype=torch.float32,
+        device=device,
+    )
+
+
+@pytest.mark.parametrize("max_query_len", [3, None])
+def test_zero_length_requests(max_query_len, device):
+    # A request with no new token this step produces nothing and disturbs nothing.
+    check(
+        q_lens=[0, 3, 1, 0, 1],
+        seq_lens=[10, 20, 5, 7, 33],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=4,
+        dtype=torch.float32,
+        device=device,
+        max_query_len=max_query_len,
+    )
+
+
+def test_single_request_prefill_only_and_decode_only(device):
+    check(
+        q_lens=[12],
+        seq_lens=[40],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=4,
+        dtype=torch.float32,
+        device=device,
+    )
+    check(
+        q_lens=[1],
+        seq_lens=[40],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=4,
+        dtype=torch.float32,
+        device=device,
+    )
+
+
+@pytest.mark.parametrize("head_dim", [96, 24])
+def test_non_power_of_two_head_dim(head_dim, device):
+    check(
+        **MIXED,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=head_dim,
+        block_size=4,
+        dtype=torch.float32,
+        device=device,
+    )
+
+
+def test_gqa_group_not_power_of_two(device):
+    check(
+        **MIXED,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=4,
+        dtype=torch.float32,
+        device=device,
+    )
+    check(
+        **DECODE,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=4,
+        dtype=torch.float32,
+        device=device,
+        num_splits=2,
+    )
+
+
+def test_single_prefill_causal_matches_sdpa(device):
+    # Independent check of the reference itself against torch's SDPA.
+    q, kc, vc, qsl, sl, bt = make_batch([20], [20], 4, 2, 16, 4, torch.float32, device)
+    out = paged_attention(q, kc, vc, qsl, sl, bt, 0.25)
+    k = kc[bt[0, :5].long()].reshape(20, 2, 16).repeat_interleave(2, dim=1)
+    v = vc[bt[0, :5].long()].reshape(20, 2, 16).repeat_interleave(2, dim=1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=0.25
+    ).transpose(0, 1)
+    torch.testing.assert_close(out, sdpa, atol=1e-4, rtol=1e-4)
+
+
+def test_out_and_strided_query(device):
+    # q as a slice of a fused QKV tensor; results written into a caller-provided buffer.
+    q, kc, vc, qsl, sl, bt = make_batch(
+        **MIXED,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=4,
+        dtype=torch.float32,
+        device=device,
+    )
+    qkv = torch.randn(q.shape[0], 8, 16, device=device)
+    qkv[:, :4] = q
+    out = torch.full_like(q, float("nan"))
+    got = paged_attention(qkv[:, :4], kc, vc, qsl, sl, bt, 0.25, out=out)
+    assert got is out
+    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, 0.25)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_write_then_attend(device):
+    # End to end for one step: new K/V written through slot_mapping, then attended over.
+    q, kc, vc, qsl, sl, bt = make_batch(
+        **MIXED,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=4,
+        dtype=torch.float32,
+        device=device,
+    )
+    kc.zero_()
+    vc.zero_()
+    slots = []
+    for b, (start, end) in enumerate(zip(qsl[:-1].tolist(), qsl[1:].tolist())):
+        seq_len = int(sl[b])
+        for pos in range(seq_len - (end - start), seq_len):
+            slots.append(int(bt[b, pos // 4]) * 4 + pos % 4)
+    slot_mapping = torch.tensor(slots, dtype=torch.int64, device=device)
+    new_k = torch.randn(q.shape[0], 2, 16, device=device)
+    new_v = torch.randn(q.shape[0], 2, 16, device=device)
+    reshape_and_cache(new_k, new_v, kc, vc, slot_mapping)
+    out = paged_attention(q, kc, vc, qsl, sl, bt, 0.25)
+    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, 0.25)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- real shapes (GPU only)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("num_splits", [None, 1, 8])
+@pytest.mark.parametrize("ctx", [1, 100, 4096])
+def test_gpu_decode_batch64(ctx, num_splits):
+    gen = torch.Generator().manual_seed(ctx)
+    seq_lens = torch.randint(max(1, ctx // 2), ctx + 1, (64,), generator=gen).tolist()
+    seq_lens[0] = ctx
+    check(
+        q_lens=[1] * 64,
+        seq_lens=seq_lens,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device="cuda",
+        num_splits=num_splits,
+        max_query_len=1,
+    )
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("ctx", [4096, 3000])
+def test_gpu_decode_few_long_sequences(ctx):
+    check(
+        q_lens=[1, 1],
+        seq_lens=[ctx, ctx // 3],
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(
+    "heads", [(16, 8, 128), (32, 8, 128), (14, 2, 64), (8, 8, 96), (8, 1, 256)]
+)
+def test_gpu_mixed_prefill_and_decode(dtype, heads):
+    q_lens = [512, 1, 1, 2048, 1, 37] + [1] * 32
+    seq_lens = [1536, 700, 4096, 2048, 1, 37] + list(range(100, 3300, 100))
+    check(
+        q_lens=q_lens,
+        seq_lens=seq_lens,
+        num_heads=heads[0],
+        num_kv_heads=heads[1],
+        head_dim=heads[2],
+        block_size=16,
+        dtype=dtype,
+        device="cuda",
+    )
+
+
+@gpu
+@needs_cuda
+def test_gpu_long_prefill_4k():
+    check(
+        q_lens=[4096],
+        seq_lens=[4096],
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device="cuda",
+        max_query_len=4096,
+    )

@@ -1,0 +1,35 @@
+"""Tiny random-weight HF checkpoints of each claimed family, saved as safetensors folders."""
+
+from __future__ import annotations
+
+import os
+
+COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+              max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+              initializer_range=0.05, bos_token_id=1, eos_token_id=2)
+
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 10000.0}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1000000.0}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "rope_theta": 1000000.0,
+                                                  "tie_word_embeddings": True}),
+}
+
+
+def make_checkpoint(family: str, folder: str, seed: int = 0) -> str:
+    import torch
+    import transformers
+
+    cfg_name, model_name, extra = FAMILIES[family]
+    kwargs = {**COMMON, **extra}
+    config = getattr(transformers, cfg_name)(**kwargs)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).to(torch.float32).eval()
+    if family == "qwen2":  # make the q/k/v biases matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                torch.nn.init.normal_(proj.bias, std=0.05)
+    os.makedirs(folder, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
