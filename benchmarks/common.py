@@ -110,6 +110,20 @@ class OtherLoad:
         return max(0.0, (busy1 - self._busy0 - own) / max(wall, 1e-9))
 
 
+def wait_for_idle(max_wait_s: float, threshold: float = 0.1, window_s: float = 3.0) -> float | None:
+    """Wait (up to max_wait_s) until other processes keep < threshold cores busy over window_s.
+
+    Returns the last measured other-process load (cores), None when it cannot be measured.
+    """
+    deadline = time.perf_counter() + max_wait_s
+    while True:
+        probe = OtherLoad()
+        time.sleep(window_s)
+        load = probe.stop()
+        if load is None or load < threshold or time.perf_counter() >= deadline:
+            return load
+
+
 def git_commit(short: bool = True) -> str:
     """Current commit of the repository, with '+dirty' when the tree has changes."""
     try:

@@ -32,7 +32,14 @@ if REPO_ROOT not in sys.path:
 import torch  # noqa: E402
 
 try:  # run as a script (benchmarks/ on sys.path) or as `python -m benchmarks.cpu_small`
-    from common import OtherLoad, describe_device, device_info, git_commit, print_json_result
+    from common import (
+        OtherLoad,
+        describe_device,
+        device_info,
+        git_commit,
+        print_json_result,
+        wait_for_idle,
+    )
 except ImportError:  # pragma: no cover
     from benchmarks.common import (
         OtherLoad,
@@ -40,6 +47,7 @@ except ImportError:  # pragma: no cover
         device_info,
         git_commit,
         print_json_result,
+        wait_for_idle,
     )
 
 WORKLOAD = "W6 cpu-small"
@@ -292,6 +300,14 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds per GEMM shape for the fp32 rate measurement (0 to skip)",
     )
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before the GEMM measurement and each engine, wait up to S seconds for other "
+        "processes to leave the CPU idle (the machine is shared)",
+    )
     ap.add_argument("--json-out", default=None, metavar="PATH")
     args = ap.parse_args(argv)
 
@@ -350,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             ),
             "1536x1536x1536": (1536, 1536, 1536),
         }
+        if args.wait_idle > 0:
+            wait_for_idle(args.wait_idle)
         other = OtherLoad()
         for name, (mm, kk, nn) in shapes.items():
             gemm[name] = measure_gemm(mm, kk, nn, args.gemm_seconds, torch.float32)
@@ -360,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
     for engine in engines:
+        if args.wait_idle > 0:
+            load = wait_for_idle(args.wait_idle)
+            if load is not None and load >= 0.1:
+                print(f"(still {load:.2f} other cores busy after --wait-idle {args.wait_idle:g})")
         print(f"running {engine} ...", flush=True)
         try:
             if engine == "transformers":

@@ -8,6 +8,20 @@ import weakref
 
 import pytest
 
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+# Triton picks interpreter mode when a kernel module is imported: set it before anything does.
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 _ENGINES: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -27,13 +41,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    try:
-        import torch
-
-        has_cuda = torch.cuda.is_available()
-    except ImportError:
-        has_cuda = False
-    if not has_cuda:
+    if not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:
             if "gpu" in item.keywords:

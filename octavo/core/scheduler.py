@@ -33,6 +33,8 @@ class Scheduler:
         self._finished_ids: set[str] = set()
         # Requests whose full state the worker needs (new, or resumed after preemption).
         self._needs_full_state: set[str] = set()
+        # Requests preempted during the current schedule() call (reported in its output).
+        self._preempted_ids: set[str] = set()
         self.num_preemptions = 0
 
     # ----------------------------------------------------------------- requests in and out
@@ -149,6 +151,8 @@ class Scheduler:
         out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         out.finished_req_ids = self._finished_ids
         self._finished_ids = set()
+        out.preempted_req_ids = self._preempted_ids
+        self._preempted_ids = set()
         return out
 
     def _preempt(self, req: Request) -> None:
@@ -160,6 +164,7 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
+        self._preempted_ids.add(req.request_id)
         self._finished_ids.add(req.request_id)  # the worker forgets it ...
         self._needs_full_state.add(req.request_id)  # ... and gets it whole when it resumes
 
@@ -199,7 +204,7 @@ class Scheduler:
             if params.stop_token_ids and token in params.stop_token_ids:
                 req.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-        if req.num_output_tokens >= req.max_tokens:
+        if req.max_tokens is not None and req.num_output_tokens >= req.max_tokens:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         if req.num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED

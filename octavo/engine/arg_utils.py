@@ -121,9 +121,9 @@ def _model_config(args: EngineArgs, device_type: str) -> ModelConfig:
     if is_gguf:
         from transformers import AutoConfig
 
-        from octavo.model_loader.gguf_file import GGUFCheckpoint
+        from octavo.model_loader.gguf_file import open_gguf
 
-        ckpt = GGUFCheckpoint(path)
+        ckpt = open_gguf(path)
         cfg_dict = dict(ckpt.hf_config)
         hf_config = AutoConfig.for_model(cfg_dict.pop("model_type"), **cfg_dict)
         eos = list(ckpt.eos_token_ids)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
 from octavo.engine.processor import PromptType
+from octavo.entrypoints.chat_utils import Conversation, apply_chat_template
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
@@ -75,6 +76,27 @@ class LLM:
         except BaseException:
             engine.abort_request(ids)
             raise
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of conversations (lists of
+        {"role", "content"} dicts), formatted with the model's chat template."""
+        if messages and isinstance(messages[0], Mapping):
+            messages = [messages]  # type: ignore[list-item]
+        tokenizer = self.get_tokenizer()
+        template = chat_template or self.llm_engine.config.model_config.chat_template
+        prompts = [apply_chat_template(tokenizer, conv, template, add_generation_prompt)
+                   for conv in messages]
+        # The template already holds the BOS/special tokens: do not add them again.
+        ids = [{"prompt": p, "prompt_token_ids": tokenizer.encode(p, add_special_tokens=False)}
+               for p in prompts]
+        return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

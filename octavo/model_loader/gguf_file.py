@@ -7,6 +7,7 @@ are dequantized one at a time in :meth:`GGUFCheckpoint.iter_weights`.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator
@@ -312,3 +313,10 @@ class GGUFCheckpoint:
 
     def __repr__(self) -> str:
         return f"GGUFCheckpoint({self.path!r}, arch={self.arch!r})"
+
+
+@functools.lru_cache(maxsize=2)
+def open_gguf(path: str) -> GGUFCheckpoint:
+    """One parsed reader per file: config, tokenizer and weights all read the same file, and
+    parsing the vocabulary costs seconds."""
+    return GGUFCheckpoint(path)

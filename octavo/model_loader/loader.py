@@ -30,9 +30,9 @@ def load_model(model_config: ModelConfig, device: torch.device, backend,
     if model_config.load_format == "dummy":
         fill_dummy_weights(model, seed=model_config.seed)
     elif model_config.is_gguf:
-        from octavo.model_loader.gguf_file import GGUFCheckpoint
+        from octavo.model_loader.gguf_file import open_gguf
 
-        load_weights(model, GGUFCheckpoint(model_config.model).iter_weights(dtype))
+        load_weights(model, open_gguf(model_config.model).iter_weights(dtype))
     else:
         load_weights(model, iter_safetensors(model_config.model))
     for module in model.modules():

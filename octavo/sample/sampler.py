@@ -27,6 +27,10 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
         raw = logits
+        if meta.banned:
+            logits = logits.clone()
+            for row, ids in meta.banned.items():
+                logits[row, ids] = float("-inf")
         if meta.all_greedy:
             sampled = logits.argmax(dim=-1)
         else:

@@ -165,8 +165,17 @@ class ModelRunner:
         if want_lp:
             vocab = self.config.model_config.hf_config.vocab_size
             max_lp = max(vocab if k == -1 else k for k in want_lp)
+        banned = {}
+        for row, st in enumerate(states):
+            p = st.sampling_params
+            if st.num_output_tokens < p.min_tokens:
+                ids = set(p.stop_token_ids or ())
+                if not p.ignore_eos:
+                    ids.update(self.config.model_config.eos_token_ids)
+                if ids:
+                    banned[row] = sorted(ids)
         if all(t == SamplingType.GREEDY for t in types):
-            return SamplingMetadata(True, None, None, None, None, {}, max_lp)
+            return SamplingMetadata(True, None, None, None, None, {}, max_lp, banned)
         dev = self.device
         temp = torch.tensor([0.0 if t == SamplingType.GREEDY else p.temperature
                              for p, t in zip(params, types)], dtype=torch.float32, device=dev)
@@ -190,7 +199,8 @@ class ModelRunner:
                 seed = (st.sampling_params.seed * _SEED_STRIDE + st.num_output_tokens)
                 gen.manual_seed(seed % (2 ** 63))
                 gens[row] = gen
-        return SamplingMetadata(False, temp, top_k, top_p, min_p, gens, max_lp, self.generator)
+        return SamplingMetadata(False, temp, top_k, top_p, min_p, gens, max_lp, banned,
+                                self.generator)
 
     @staticmethod
     def _logprobs_dict(states, out: SamplerOutput):

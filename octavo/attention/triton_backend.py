@@ -1,0 +1,72 @@
+"""Triton attention backend: ``reshape_and_cache`` + ``paged_attention`` (the GPU default).
+
+Per layer and step: the new K/V go into the paged cache with one kernel, then one or two
+attention launches (decodes / prefill chunks) read them back through the block tables.
+
+CUDA-graph safety (decode-only batches): nothing here reads a device tensor on the host or
+synchronises; every launch and allocation size comes from tensor shapes and the host-side
+integers of the metadata (``num_tokens``, ``max_query_len``, ``max_seq_len``). Two things the
+graph runner must keep in mind:
+
+* ``meta.slot_mapping`` may be longer than the batch (padded with -1): it is cut to
+  ``q.shape[0]``; tokens with slot -1 are not stored. Token rows past the last request
+  (``query_start_loc[-1] <= t < q.shape[0]``) belong to no request: their output rows are
+  zeroed, never attended.
+* Split-K for decode-only batches is sized from ``meta.max_seq_len`` (and the block-table
+  width) at launch time, and a captured graph freezes it. The metadata used for capture must
+  therefore carry a ``max_seq_len`` at least as large as any context it will be replayed with
+  (e.g. ``max_model_len``) -- a too-small value would silently drop keys beyond it.
+
+Importing this module without Triton raises ImportError, so ``select_backend`` falls back to
+the torch backend. Triton reads ``TRITON_INTERPRET`` when the kernels are defined, so this
+module is imported lazily (through the registry), never at engine import time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from octavo.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
+from octavo.kernels.triton_utils import HAS_TRITON
+
+if not HAS_TRITON:  # pragma: no cover - only where triton is absent
+    raise ImportError("the triton attention backend needs Triton (pip install triton)")
+
+from octavo.kernels.paged_attention import paged_attention  # noqa: E402
+from octavo.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
+
+
+class TritonAttentionImpl(AttentionImpl):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = q.shape[0]
+        key_cache, value_cache = kv_cache[0], kv_cache[1]
+
+        # Store this step's K/V. The slot mapping may be padded past the batch (graph
+        # capture); any row beyond it has nothing to store.
+        slots = meta.slot_mapping[:num_tokens]
+        n = slots.shape[0]
+        if n < num_tokens:
+            k, v = k[:n], v[:n]
+        reshape_and_cache(k, v, key_cache, value_cache, slots)
+
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        if meta.num_tokens < num_tokens:
+            # Padding rows belong to no request, so the kernel never writes them; zero them
+            # (before attention: a replayed graph may have more real rows than at capture)
+            # so no uninitialised memory (NaN/inf) flows into the following layers.
+            out[meta.num_tokens:].zero_()
+        return paged_attention(
+            q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens,
+            meta.block_tables, self.scale, out=out, max_query_len=meta.max_query_len,
+            max_seq_len=meta.max_seq_len,
+        )  # fmt: skip
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+    impl_cls = TritonAttentionImpl
+
+    @staticmethod
+    def supports(device: torch.device) -> bool:
+        return device.type == "cuda"
