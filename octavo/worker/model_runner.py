@@ -5,6 +5,8 @@ The batch is flat and unpadded: the tokens each request computes this step, back
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
@@ -17,8 +19,12 @@ from octavo.model_loader.loader import TORCH_DTYPES, load_model
 from octavo.sample.metadata import SamplingMetadata
 from octavo.sample.sampler import Sampler, SamplerOutput
 from octavo.sampling_params import SamplingType
+from octavo.worker.cuda_graphs import CudaGraphRunner
+from octavo.worker.input_buffers import InputBuffers
 from octavo.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
 from octavo.worker.request_state import CachedRequestState
+
+logger = logging.getLogger(__name__)
 
 _SEED_STRIDE = 0x9E3779B1  # spreads (seed, step) pairs over the generator's seed space
 
@@ -38,6 +44,13 @@ class ModelRunner:
         self.model = None
         self.kv_caches: list[torch.Tensor] = []
         self.states: dict[str, CachedRequestState] = {}
+        sc = config.scheduler_config
+        self.buf = InputBuffers(
+            max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs, 1),
+            max_reqs=sc.max_num_seqs,
+            max_blocks=-(-sc.max_model_len // self.block_size),
+            device=device)
+        self.graph_runner: CudaGraphRunner | None = None
         self.sampler = Sampler()
         self.generator = torch.Generator(device=device).manual_seed(mc.seed)
         self._seed_gens: dict[str, torch.Generator] = {}
@@ -62,19 +75,37 @@ class ModelRunner:
         """Run one forward at max_num_batched_tokens on CUDA; return peak bytes allocated."""
         sc = self.config.scheduler_config
         n = min(sc.max_num_batched_tokens, sc.max_num_seqs * sc.max_model_len)
-        blocks = -(-n // self.block_size) + 1
+        per_req = min(n, sc.max_model_len)
+        num_reqs = -(-n // per_req)
+        blocks = num_reqs * (-(-per_req // self.block_size))
         self.init_kv_cache(blocks)
         torch.cuda.reset_peak_memory_stats(self.device)
-        ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        pos = torch.arange(n, device=self.device) % sc.max_model_len
-        meta = self._metadata_for_chunks([n], [0], [list(range(blocks))])
-        hidden = self.model(ids, pos, ForwardContext(meta, self.kv_caches))
-        self.model.compute_logits(hidden[-min(n, sc.max_num_seqs):])
+        states, lens = [], []
+        for i in range(num_reqs):
+            L = min(per_req, n - i * per_req)
+            first = i * (-(-per_req // self.block_size))
+            ids = list(range(first, first + -(-L // self.block_size)))
+            states.append(CachedRequestState(f"profile-{i}", [0] * L, L, None, ids, 0))
+            lens.append(L)
+        hidden, _ = self._forward(states, lens, [0] * num_reqs)
+        self.model.compute_logits(hidden[: min(n, sc.max_num_seqs)])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         self.kv_caches = []
         torch.cuda.empty_cache()
         return peak
+
+    def capture_cuda_graphs(self) -> None:
+        cfg = self.config
+        if self.device.type != "cuda" or cfg.device_config.enforce_eager:
+            return
+        if self.backend.name != "triton":
+            logger.info("CUDA graphs need the triton backend; running eagerly")
+            return
+        max_bs = min(cfg.scheduler_config.max_num_seqs, 512)
+        self.graph_runner = CudaGraphRunner(self.model, self.buf, self.kv_caches, max_bs,
+                                            cfg.scheduler_config.max_model_len)
+        self.graph_runner.capture()
 
     # ------------------------------------------------------------------ the step
     def _update_states(self, sched: SchedulerOutput) -> None:
@@ -90,36 +121,62 @@ class ModelRunner:
             st.block_ids.extend(c.new_block_ids)
             st.num_computed_tokens = c.num_computed_tokens
 
-    def _metadata_for_chunks(self, num_new: list[int], num_computed: list[int],
-                             block_ids: list[list[int]]) -> AttentionMetadata:
-        bs = self.block_size
-        b = len(num_new)
-        max_blocks = max(len(x) for x in block_ids)
-        table = np.zeros((b, max_blocks), dtype=np.int32)
-        for i, ids in enumerate(block_ids):
-            table[i, : len(ids)] = ids
+    def _prepare(self, states: list[CachedRequestState], num_new: list[int],
+                 num_computed: list[int]) -> tuple[int, np.ndarray]:
+        """Fill the host side of the input buffers; returns (num tokens, query start locs)."""
+        buf, bs = self.buf, self.block_size
+        b = len(states)
         q_lens = np.asarray(num_new, dtype=np.int64)
-        seq_lens = np.asarray(num_computed, dtype=np.int64) + q_lens
-        qsl = np.zeros(b + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=qsl[1:])
-        t = int(qsl[-1])
-        req_idx = np.repeat(np.arange(b), q_lens)
-        positions = np.arange(t) - np.repeat(qsl[:-1], q_lens) + np.repeat(num_computed, q_lens)
-        slots = table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs
-        dev = self.device
-        self._positions_np = positions
+        nc = np.asarray(num_computed, dtype=np.int64)
+        qsl = buf.query_start_loc.np
+        qsl[0] = 0
+        np.cumsum(q_lens, out=qsl[1: b + 1])
+        t = int(qsl[b])
+        buf.seq_lens.np[:b] = nc + q_lens
+        table = buf.block_tables.np
+        ids_np = buf.input_ids.np
+        off = 0
+        for i, (st, c, n) in enumerate(zip(states, num_computed, num_new)):
+            table[i, : len(st.block_ids)] = st.block_ids
+            ids_np[off: off + n] = st.token_ids[c: c + n]
+            off += n
+        if t == b:  # decode-only: one token per request
+            positions = nc
+            req_idx = np.arange(b)
+        else:
+            req_idx = np.repeat(np.arange(b), q_lens)
+            positions = np.arange(t) - np.repeat(qsl[:b], q_lens) + np.repeat(nc, q_lens)
+        buf.positions.np[:t] = positions
+        buf.slot_mapping.np[:t] = table[req_idx, positions // bs] * bs + positions % bs
+        return t, qsl[: b + 1]
+
+    def _eager_metadata(self, b: int, t: int, qsl: np.ndarray) -> AttentionMetadata:
+        buf = self.buf
+        seq = buf.seq_lens.np[:b]
+        q_lens = np.diff(qsl)
         return AttentionMetadata(
             num_tokens=t,
             num_reqs=b,
-            query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
-            block_tables=torch.from_numpy(table).to(dev),
-            slot_mapping=torch.from_numpy(slots).to(dev),
+            query_start_loc=buf.query_start_loc.upload(b + 1),
+            seq_lens=buf.seq_lens.upload(b),
+            block_tables=buf.block_tables.upload(b),
+            slot_mapping=buf.slot_mapping.upload(t),
             max_query_len=int(q_lens.max()),
-            max_seq_len=int(seq_lens.max()),
+            max_seq_len=int(seq.max()),
             query_start_loc_cpu=qsl.tolist(),
-            seq_lens_cpu=seq_lens.tolist(),
+            seq_lens_cpu=seq.tolist(),
         )
+
+    def _forward(self, states, num_new, num_computed) -> tuple[torch.Tensor, np.ndarray]:
+        b = len(states)
+        t, qsl = self._prepare(states, num_new, num_computed)
+        graphs = self.graph_runner
+        if graphs is not None and t == b and graphs.padded_size(b) is not None:
+            return graphs.run(b), qsl
+        meta = self._eager_metadata(b, t, qsl)
+        ids = self.buf.input_ids.upload(t)
+        pos = self.buf.positions.upload(t)
+        return self.model(ids, pos, ForwardContext(meta, self.kv_caches)), qsl
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -130,22 +187,20 @@ class ModelRunner:
         states = [self.states[r] for r in req_ids]
         num_new = [sched.num_scheduled_tokens[r] for r in req_ids]
         num_computed = [st.num_computed_tokens for st in states]
-        input_ids = np.fromiter(
-            (tok for st, nc, n in zip(states, num_computed, num_new)
-             for tok in st.token_ids[nc: nc + n]), dtype=np.int64,
-            count=sum(num_new))
-        meta = self._metadata_for_chunks(num_new, num_computed, [st.block_ids for st in states])
-        positions = torch.from_numpy(self._positions_np).to(self.device)
-        ids_t = torch.from_numpy(input_ids).to(self.device)
-        hidden = self.model(ids_t, positions, ForwardContext(meta, self.kv_caches))
+        hidden, qsl = self._forward(states, num_new, num_computed)
 
         # Only requests whose tokens are all computed after this step produce a token.
         rows = [i for i, (st, nc, n) in enumerate(zip(states, num_computed, num_new))
                 if nc + n == len(st.token_ids)]
         if not rows:
             return ModelRunnerOutput([], [])
-        last = [meta.query_start_loc_cpu[i + 1] - 1 for i in rows]
-        logits = self.model.compute_logits(hidden[torch.tensor(last, device=self.device)])
+        if len(rows) == hidden.shape[0]:
+            last_hidden = hidden
+        else:
+            idx = self.buf.logits_indices
+            idx.np[: len(rows)] = qsl[1:][rows] - 1
+            last_hidden = hidden[idx.upload(len(rows))]
+        logits = self.model.compute_logits(last_hidden)
         sample_states = [states[i] for i in rows]
         out = self.sampler(logits, self._sampling_metadata(sample_states))
         sampled = out.sampled.tolist()

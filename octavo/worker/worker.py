@@ -65,6 +65,7 @@ class Worker:
 
     def init_kv_cache(self, num_blocks: int) -> None:
         self.runner.init_kv_cache(num_blocks)
+        self.runner.capture_cuda_graphs()
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks,
                     self.config.cache_config.block_size,
                     num_blocks * self.runner.bytes_per_block() / 2**30)
