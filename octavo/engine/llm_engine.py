@@ -15,6 +15,7 @@ from octavo.engine.output_processor import RequestState
 from octavo.engine.processor import Processor, PromptType
 from octavo.engine.tokenizer import load_tokenizer
 from octavo.executor.uniproc import UniProcExecutor
+from octavo.metrics.step_timings import StepTimings
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -50,6 +51,7 @@ class LLMEngine:
         self.states: dict[str, RequestState] = {}
         self._ids = itertools.count()
         self.last_stats: StepStats | None = None
+        self.timings = StepTimings()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -87,7 +89,9 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
+        t1 = time.perf_counter()
         runner_out = self.executor.execute_model(sched)
+        t2 = time.perf_counter()
         new_tokens, finished = self.scheduler.update_from_output(sched, runner_out)
         finished_ids = {r.request_id for r in finished}
         lp = runner_out.logprobs or {}
@@ -115,6 +119,16 @@ class LLMEngine:
                 del self.states[req.request_id]
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        t3 = time.perf_counter()
+        tm = self.timings
+        tm.steps += 1
+        tm.decode_steps += sched.total_num_scheduled_tokens == len(sched.num_scheduled_tokens)
+        tm.schedule_s += t1 - t0
+        tm.execute_s += t2 - t1
+        tm.output_s += t3 - t2
+        tm.wall_s += t3 - t0
+        tm.prepare_s += self.executor.worker.runner.last_prepare_s
+        tm.tokens += sched.total_num_scheduled_tokens
         self.last_stats = StepStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),

@@ -87,11 +87,14 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
 
 def fill_dummy_weights(model: nn.Module, seed: int = 0, low: float = -1e-3,
                        high: float = 1e-3) -> None:
-    """Random weights at the config's shape (load_format="dummy"); norms stay at one."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Random weights at the config's shape (load_format="dummy"); norms stay at one.
+    Drawn on the parameters' own device: an 8B model drawn on the CPU takes minutes."""
+    gens: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if "norm" in name:
             param.data.fill_(1.0)
             continue
-        cpu = torch.empty(param.shape, dtype=torch.float32).uniform_(low, high, generator=gen)
-        param.data.copy_(cpu.to(param.dtype))
+        dev = param.device
+        if dev not in gens:
+            gens[dev] = torch.Generator(device=dev).manual_seed(seed)
+        param.data.uniform_(low, high, generator=gens[dev])

@@ -6,6 +6,7 @@ The batch is flat and unpadded: the tokens each request computes this step, back
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 import torch
@@ -51,6 +52,7 @@ class ModelRunner:
             max_blocks=-(-sc.max_model_len // self.block_size),
             device=device)
         self.graph_runner: CudaGraphRunner | None = None
+        self.last_prepare_s = 0.0
         self.sampler = Sampler()
         self.generator = torch.Generator(device=device).manual_seed(mc.seed)
         self._seed_gens: dict[str, torch.Generator] = {}
@@ -169,7 +171,9 @@ class ModelRunner:
 
     def _forward(self, states, num_new, num_computed) -> tuple[torch.Tensor, np.ndarray]:
         b = len(states)
+        t0 = time.perf_counter()
         t, qsl = self._prepare(states, num_new, num_computed)
+        self.last_prepare_s = time.perf_counter() - t0
         graphs = self.graph_runner
         if graphs is not None and t == b and graphs.padded_size(b) is not None:
             return graphs.run(b), qsl
@@ -180,6 +184,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        self.last_prepare_s = 0.0
         self._update_states(sched)
         if sched.is_empty:
             return ModelRunnerOutput([], [])

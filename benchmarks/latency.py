@@ -1,0 +1,76 @@
+"""W4 batch scaling (../shared/BENCHMARKS.md): fixed 128-token prompts, 256 output tokens, batch
+sizes 1..256; output tok/s and mean time per output token per batch size.
+
+    python benchmarks/latency.py [--shape qwen3-0.6b] [--batch-sizes 1,2,4,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.workloads import write_config  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3-0.6b")
+    ap.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    from benchmarks.common import device_info, git_commit
+    from octavo import LLM, SamplingParams
+
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    llm = LLM(model=write_config(args.shape), load_format="dummy", dtype="bfloat16",
+              skip_tokenizer_init=True, max_model_len=1024, max_num_seqs=max(sizes),
+              enforce_eager=args.enforce_eager)
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
+    warm = [{"prompt_token_ids": [rng.randrange(10000) for _ in range(args.prompt_len)]}]
+    llm.generate(warm, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
+    rows = []
+    print(f"W4 batch scaling ({args.shape}, bf16, prompt {args.prompt_len}, output "
+          f"{args.output_len}) commit {git_commit()}")
+    for bs in sizes:
+        prompts = [{"prompt_token_ids": [rng.randrange(10000) for _ in range(args.prompt_len)]}
+                   for _ in range(bs)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        n = sum(len(o.outputs[0].token_ids) for o in outs)
+        row = {"batch": bs, "output_tok_s": n / wall,
+               "ms_per_output_token": 1e3 * wall / args.output_len}
+        rows.append(row)
+        print(f"batch {bs:4d}: {row['output_tok_s']:10,.0f} tok/s, "
+              f"{row['ms_per_output_token']:.3f} ms per output token (per sequence)")
+    base = rows[0]
+    for r in rows:
+        r["throughput_x_vs_batch1"] = r["output_tok_s"] / base["output_tok_s"]
+        r["tpot_growth_vs_batch1"] = r["ms_per_output_token"] / base["ms_per_output_token"] - 1
+    b32 = next((r for r in rows if r["batch"] == 32), None)
+    if b32:
+        print(f"batch 1 -> 32: {b32['throughput_x_vs_batch1']:.1f}x throughput, time per "
+              f"output token {b32['tpot_growth_vs_batch1']:+.0%}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"workload": "W4", "device": device_info(), "commit": git_commit(),
+                       "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

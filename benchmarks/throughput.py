@@ -1,0 +1,122 @@
+"""W1 / W2 offline throughput (../shared/BENCHMARKS.md): Octavo, and optionally the
+transformers static-batching peer, in the same call.
+
+    python benchmarks/throughput.py --workload W1            # Qwen3-0.6B shape
+    python benchmarks/throughput.py --workload W2            # Llama-3.1-8B shape
+    python benchmarks/throughput.py --workload W1 --peers    # + HF generate (slow: minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.workloads import (  # noqa: E402
+    decode_bound_seconds,
+    device_limits,
+    shape_cost,
+    w1_requests,
+    write_config,
+)
+
+WORKLOAD_SHAPE = {"W1": "qwen3-0.6b", "W2": "llama-3.1-8b"}
+
+
+def run_octavo(folder: str, prompts, max_tokens, args) -> dict:
+    from octavo import LLM, SamplingParams
+
+    llm = LLM(model=folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+              max_model_len=4096, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              enforce_eager=args.enforce_eager, gpu_memory_utilization=0.9)
+    engine = llm.llm_engine
+    llm.generate([{"prompt_token_ids": prompts[0][:64]}],
+                 SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
+    engine.timings.reset()
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"engine": "octavo", "wall_s": wall, "output_tokens": n_out,
+            "output_tok_s": n_out / wall, "num_blocks": engine.num_blocks,
+            "step_profile": engine.timings.summary()}
+
+
+def run_hf_static(folder: str, prompts, max_tokens, batch: int = 64) -> dict:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).cuda().eval()
+    n_out = 0
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        ps, ms = prompts[i:i + batch], max_tokens[i:i + batch]
+        width = max(len(p) for p in ps)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in ps], device="cuda")
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ps], device="cuda")
+        with torch.no_grad():
+            model.generate(ids, attention_mask=mask, do_sample=True, temperature=0.6,
+                           max_new_tokens=max(ms), min_new_tokens=max(ms), pad_token_id=0)
+        n_out += sum(ms)  # tokens past a request's own max_tokens are not counted
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    return {"engine": "transformers-static-64", "wall_s": wall, "output_tokens": n_out,
+            "output_tok_s": n_out / wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", choices=sorted(WORKLOAD_SHAPE), default="W1")
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--peers", action="store_true", help="also run HF static generate")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args()
+
+    from benchmarks.common import device_info, git_commit
+
+    shape = WORKLOAD_SHAPE[args.workload]
+    folder = write_config(shape)
+    prompts, max_tokens = w1_requests()
+    assert sum(max_tokens) == 133966, sum(max_tokens)
+    bw, flops, source = device_limits()
+    bound_s = decode_bound_seconds([len(p) for p in prompts], max_tokens, shape_cost(shape),
+                                   bw, flops)
+    bound = sum(max_tokens) / bound_s
+    result = {"workload": f"{args.workload} offline-256 ({shape}, bf16, dummy weights)",
+              "device": device_info(), "commit": git_commit(), "limits": source,
+              "bound_output_tok_s": bound, "date": time.strftime("%Y-%m-%d"), "runs": []}
+    print(f"{result['workload']} on {source}; commit {result['commit']}")
+    print(f"memory-bandwidth bound: {bound:,.0f} output tok/s")
+    octavo = run_octavo(folder, prompts, max_tokens, args)
+    octavo["fraction_of_bound"] = octavo["output_tok_s"] / bound
+    result["runs"].append(octavo)
+    print(f"octavo: {octavo['output_tokens']} tokens in {octavo['wall_s']:.2f} s = "
+          f"{octavo['output_tok_s']:,.0f} output tok/s ({octavo['fraction_of_bound']:.1%} of "
+          f"bound)")
+    print("step profile:", json.dumps(octavo["step_profile"]))
+    if args.peers:
+        peer = run_hf_static(folder, prompts, max_tokens)
+        result["runs"].append(peer)
+        print(f"{peer['engine']}: {peer['output_tok_s']:,.0f} output tok/s; octavo is "
+              f"{octavo['output_tok_s'] / peer['output_tok_s']:.1f}x")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Workload definitions from ../shared/BENCHMARKS.md (W1, W2, W4) and their physical bounds."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+
+SHAPES = {
+    # Qwen3-0.6B
+    "qwen3-0.6b": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=3072, vocab_size=151936,
+                       tie_word_embeddings=True, max_position_embeddings=40960,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, torch_dtype="bfloat16",
+                       hidden_act="silu", attention_bias=False),
+    # Llama-3.1-8B
+    "llama-3.1-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama",
+                         hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=128, intermediate_size=14336,
+                         vocab_size=128256, tie_word_embeddings=False,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5,
+                         rope_theta=500000.0, torch_dtype="bfloat16", hidden_act="silu",
+                         rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 8192}),
+}
+
+
+def write_config(shape: str) -> str:
+    """A folder holding only config.json, for load_format="dummy"."""
+    folder = tempfile.mkdtemp(prefix=f"octavo-{shape}-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(SHAPES[shape], f)
+    return folder
+
+
+def w1_requests(seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """256 random prompts (100-1024 tokens), then 256 max_tokens (100-1024): 133,966 out."""
+    random.seed(seed)
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))]
+               for _ in range(256)]
+    max_tokens = [random.randint(100, 1024) for _ in range(256)]
+    return prompts, max_tokens
+
+
+@dataclass
+class ShapeCost:
+    weight_bytes: int  # read once per decode step
+    kv_bytes_per_token: int
+    flops_per_token: float
+
+
+def shape_cost(shape: str, dtype_bytes: int = 2) -> ShapeCost:
+    c = SHAPES[shape]
+    h, n_layers, inter = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"]
+    hd = c.get("head_dim") or h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
+    lm_head = c["vocab_size"] * h
+    params = n_layers * per_layer + lm_head  # the embedding lookup reads a few rows only
+    return ShapeCost(weight_bytes=params * dtype_bytes,
+                     kv_bytes_per_token=2 * n_layers * kv * dtype_bytes,
+                     flops_per_token=2.0 * params)
+
+
+def decode_bound_seconds(prompt_lens: list[int], out_lens: list[int], cost: ShapeCost,
+                         bandwidth: float, flops: float, max_batch: int = 256) -> float:
+    """Lower bound on wall time: every decode step reads the weights once and every K/V byte
+    of the running contexts; prefill costs its FLOPs. Requests run all at once (max_batch)."""
+    assert len(prompt_lens) <= max_batch
+    steps = max(out_lens)
+    kv_reads = sum(o * p + o * (o + 1) // 2 for p, o in zip(prompt_lens, out_lens))
+    mem = steps * cost.weight_bytes + kv_reads * cost.kv_bytes_per_token
+    prefill = sum(prompt_lens) * cost.flops_per_token
+    return mem / bandwidth + prefill / flops
+
+
+# Published figures for the H200 (HBM3e bandwidth, dense bf16 tensor-core rate).
+H200_BANDWIDTH = 4.8e12
+H200_BF16_FLOPS = 989e12
+
+
+def device_limits() -> tuple[float, float, str]:
+    """(bytes/s, FLOP/s, source) for the current CUDA device: the H200's published figures,
+    else a measured copy bandwidth and a nominal FLOP rate."""
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    if "H200" in name:
+        return H200_BANDWIDTH, H200_BF16_FLOPS, f"{name}: published 4.8 TB/s, 989 TFLOP/s bf16"
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    y.copy_(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        y.copy_(x)
+    end.record()
+    torch.cuda.synchronize()
+    bw = 2 * 10 * x.numel() / (start.elapsed_time(end) / 1e3)
+    return bw, 500e12, f"{name}: measured copy {bw / 1e12:.2f} TB/s, nominal 500 TFLOP/s"
