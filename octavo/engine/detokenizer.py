@@ -24,6 +24,7 @@ class IncrementalDetokenizer:
         self.text = ""
         self.stop_reason: str | None = None
         self.max_stop_len = max((len(s) for s in params.stop), default=0)
+        self.num_output_tokens = 0
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(
@@ -33,6 +34,7 @@ class IncrementalDetokenizer:
     def add_token(self, token_id: int) -> bool:
         """Append one token; return True when a stop string finished the request."""
         self.ids.append(token_id)
+        self.num_output_tokens += 1
         prefix = self._decode(self.ids[self.prefix_offset: self.read_offset])
         full = self._decode(self.ids[self.prefix_offset:])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
@@ -41,6 +43,8 @@ class IncrementalDetokenizer:
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
         self.text += delta
+        if self.num_output_tokens <= self.params.min_tokens:
+            return False  # as in vLLM, stop strings count only once min_tokens tokens are out
         return self._check_stop(len(delta))
 
     def flush(self) -> None:

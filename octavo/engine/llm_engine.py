@@ -104,11 +104,17 @@ class LLMEngine:
                 continue
             if req.num_output_tokens == 1:
                 num_prompt += req.num_prompt_tokens
-            hit_stop = state.add_token(token, lp.get(req.request_id))
             done = req.request_id in finished_ids
             reason = req.status.finish_reason
-            if hit_stop and not done:
-                stopped.append(req.request_id)
+            # As in vLLM, the EOS / stop token that ended a request is not part of its text.
+            stop_token_end = (done and req.status == RequestStatus.FINISHED_STOPPED
+                              and not state.params.include_stop_str_in_output)
+            hit_stop = state.add_token(token, lp.get(req.request_id),
+                                       detokenize=not stop_token_end)
+            if hit_stop:
+                # A stop string wins over a length cap reached on the same token.
+                if not done:
+                    stopped.append(req.request_id)
                 done, reason = True, "stop"
             stop_reason = state.detok.stop_reason if (
                 hit_stop and state.detok is not None) else req.stop_reason

@@ -25,8 +25,9 @@ class RequestState:
         self.sent_text = 0
         self.tokenizer = tokenizer
 
-    def add_token(self, token: int, logprob_info) -> bool:
-        """Record a token; True when a stop string ended the request."""
+    def add_token(self, token: int, logprob_info, detokenize: bool = True) -> bool:
+        """Record a token; True when a stop string ended the request. ``detokenize=False``
+        keeps the token out of the text (the EOS / stop token that ended the request)."""
         self.token_ids.append(token)
         if logprob_info is not None and self.logprobs is not None:
             lp, rank, tops = logprob_info
@@ -34,7 +35,7 @@ class RequestState:
             entry = {tid: Logprob(v, r + 1, self._tok(tid)) for r, (tid, v) in enumerate(tops)}
             entry[token] = Logprob(lp, rank, self._tok(token))
             self.logprobs.append(entry)
-        return self.detok.add_token(token) if self.detok is not None else False
+        return self.detok.add_token(token) if self.detok is not None and detokenize else False
 
     def _tok(self, tid: int) -> str | None:
         return self.tokenizer.convert_ids_to_tokens(tid) if self.tokenizer is not None else None

@@ -11,5 +11,12 @@ class SiluAndMul(nn.Module):
     """x = [gate | up] along the last dim -> silu(gate) * up."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from octavo.kernels.triton_utils import HAS_TRITON
+
+            if HAS_TRITON:
+                from octavo.kernels.activation import silu_and_mul
+
+                return silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]

@@ -78,10 +78,22 @@ class RotaryEmbedding(nn.Module):
         # Kept in float32 and cast per call: matches HF, which computes cos/sin in float32.
         self.register_buffer("cos_cache", emb.cos(), persistent=False)
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
+        half = head_dim // 2
+        # [max_pos, head_dim]: cos of each frequency, then sin, for the fused kernel.
+        self.register_buffer("cos_sin_cache", torch.cat(
+            (emb.cos()[:, :half], emb.sin()[:, :half]), dim=-1).contiguous(), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated copies."""
+        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated (in place on CUDA with Triton)."""
+        if q.is_cuda:
+            from octavo.kernels.triton_utils import HAS_TRITON
+
+            if HAS_TRITON:
+                from octavo.kernels.rotary import rotary_embedding
+
+                rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim)
+                return q, k
         cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)
         sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
         return _apply(q, cos, sin), _apply(k, cos, sin)
