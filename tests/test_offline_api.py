@@ -150,6 +150,21 @@ def test_prompt_at_max_model_len_gets_one_token(tiny):
     assert out.outputs[0].finish_reason == "length"
 
 
+def test_truncate_prompt_tokens(tiny):
+    long = _rand_prompt(MAX_LEN + 6, seed=1)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    expected = _ids(tiny.generate([long[-20:]], params, use_tqdm=False))[0]
+    out = tiny.generate([long], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True,
+                                               truncate_prompt_tokens=20), use_tqdm=False)[0]
+    assert list(out.prompt_token_ids) == long[-20:]
+    assert list(out.outputs[0].token_ids) == expected
+    out = tiny.generate([long], SamplingParams(max_tokens=4, truncate_prompt_tokens=-1),
+                        use_tqdm=False)[0]
+    assert list(out.prompt_token_ids) == long[-MAX_LEN:]
+    with pytest.raises(ValueError, match=rf"truncate_prompt_tokens=100.*max_model_len={MAX_LEN}"):
+        tiny.generate([long], SamplingParams(truncate_prompt_tokens=100), use_tqdm=False)
+
+
 def test_generation_capped_at_max_model_len(tiny):
     prompt = _rand_prompt(MAX_LEN - 5, seed=4)
     out = tiny.generate([prompt], SamplingParams(max_tokens=50, ignore_eos=True),
@@ -268,8 +283,7 @@ def test_seed_is_batch_invariant_and_reproducible(tiny):
     params = other_params[:4] + [_seeded(123)] + other_params[4:]
     in_batch = _ids(tiny.generate(prompts, params, use_tqdm=False))
     assert in_batch[4] == alone
-    # The same holds when the batch is prefilled in small chunks next to running decodes.
-    assert len({tuple(t) for t in in_batch}) == len(in_batch)
+    assert len({tuple(t) for t in in_batch}) == len(in_batch)  # the others really sampled
 
     other_seed = _ids(tiny.generate([SEED_PROMPT], _seeded(124), use_tqdm=False))[0]
     assert other_seed != alone
@@ -278,6 +292,7 @@ def test_seed_is_batch_invariant_and_reproducible(tiny):
 
 
 def test_seed_invariant_under_chunked_prefill(tiny_dir, tiny):
+    """The same holds when the batch is prefilled in small chunks next to running decodes."""
     expected = _ids(tiny.generate([SEED_PROMPT], _seeded(7), use_tqdm=False))[0]
     small = LLM(model=tiny_dir, dtype="float32", skip_tokenizer_init=True,
                 max_model_len=MAX_LEN, max_num_batched_tokens=8, max_num_seqs=3)
@@ -445,6 +460,10 @@ VARIANTS = {
     "stop_str_across_tokens": dict(stop=["ance is"], include_stop_str_in_output=True),
     "stop_str_earliest": dict(stop=["zzz", "Paris", "of"]),
     "min_tokens": dict(min_tokens=10),
+    # "of" ends token 2, inside min_tokens: only the later "is" may stop the request.
+    "stop_str_min_tokens": dict(stop=["of", "is"], min_tokens=3),
+    # " Paris" is token 5: the stop string and max_tokens end the request on the same token.
+    "stop_str_on_last_token": dict(stop=["Paris"], max_tokens=6),
 }
 
 
@@ -454,7 +473,8 @@ def smol_variants(smol, chat_prompt, smol_base):
     base = list(smol_base[0].outputs[0].token_ids)
     variants = dict(VARIANTS, stop_token=dict(stop_token_ids=[base[STOP_WORD_TOKEN]]))
     names = sorted(variants)
-    params = [SamplingParams(temperature=0.0, max_tokens=N, **variants[n]) for n in names]
+    params = [SamplingParams(**{"temperature": 0.0, "max_tokens": N, **variants[n]})
+              for n in names]
     outs = smol.generate([chat_prompt] * len(names), params, use_tqdm=False)
     return dict(zip(names, outs))
 
@@ -523,6 +543,24 @@ def test_stop_strings(smol, smol_base, smol_variants, name, stop, include):
     assert c.finish_reason == "stop"
     assert c.stop_reason == stop
     assert list(c.token_ids) == tokens
+
+
+def test_stop_strings_wait_for_min_tokens(smol, smol_base, smol_variants):
+    tokens, text = _stop_expectations(smol, smol_base, "is", False)
+    c = smol_variants["stop_str_min_tokens"].outputs[0]
+    assert text == "The capital of France "
+    assert c.text == text
+    assert c.stop_reason == "is" and c.finish_reason == "stop"
+    assert list(c.token_ids) == tokens
+
+
+def test_stop_string_wins_over_length_on_the_same_token(smol, smol_base, smol_variants):
+    tokens, text = _stop_expectations(smol, smol_base, "Paris", False)
+    assert len(tokens) == VARIANTS["stop_str_on_last_token"]["max_tokens"]
+    c = smol_variants["stop_str_on_last_token"].outputs[0]
+    assert list(c.token_ids) == tokens
+    assert c.text == text
+    assert c.finish_reason == "stop" and c.stop_reason == "Paris"
 
 
 def test_stop_token_id_text(smol, smol_base, smol_variants):

@@ -47,11 +47,19 @@ class Processor:
                              "detokenize=True)")
         text, ids = self._tokenize(prompt)
         max_len = self.model_config.max_model_len
+        keep = params.truncate_prompt_tokens
+        if keep is not None:
+            # As in vLLM: truncation (keep the last tokens; -1 = max_model_len) comes before
+            # the length check, so it can rescue an overlong prompt.
+            if keep == -1:
+                keep = max_len
+            elif keep > max_len:
+                raise ValueError(f"truncate_prompt_tokens={keep} is larger than "
+                                 f"max_model_len={max_len}")
+            ids = ids[-keep:]
         if len(ids) > max_len:
             raise ValueError(
                 f"prompt has {len(ids)} tokens, longer than max_model_len={max_len}")
-        if params.truncate_prompt_tokens not in (None, -1):
-            ids = ids[-params.truncate_prompt_tokens:]
         room = max_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, max(room, 1))
         req = Request(request_id, ids, params,
