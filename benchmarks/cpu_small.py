@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover
 
 WORKLOAD = "W6 cpu-small"
 PROMPTS_FILE = os.path.join(REPO_ROOT, "benchmarks", "prompts", "chat_prompts.json")
-ENGINES = ("octavo", "transformers")
+ENGINES = ("octavo", "transformers", "octavo-bf16")
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -221,11 +221,12 @@ def run_transformers(
     return result  # the model is freed with this frame (main() runs gc.collect())
 
 
-def run_octavo(model_path: str, token_ids: list[list[int]], max_tokens: int) -> dict[str, Any]:
+def run_octavo(model_path: str, token_ids: list[list[int]], max_tokens: int,
+               dtype: str = "float32") -> dict[str, Any]:
     from octavo import LLM, SamplingParams
 
     t_load = time.perf_counter()
-    llm = LLM(model=model_path, dtype="float32")
+    llm = LLM(model=model_path, dtype=dtype)
     load_s = time.perf_counter() - t_load
 
     llm.generate(
@@ -244,8 +245,8 @@ def run_octavo(model_path: str, token_ids: list[list[int]], max_tokens: int) -> 
     del llm
     gc.collect()
     return {
-        "engine": "octavo",
-        "label": "octavo LLM.generate (one call, all prompts)",
+        "engine": "octavo" if dtype == "float32" else f"octavo-{dtype}",
+        "label": f"octavo LLM.generate (one call, all prompts, {dtype})",
         "output_tokens": n_out,
         "wall_s": wall,
         "tok_s": n_out / wall,
@@ -394,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                     pad_id,
                     args.hf_batch_1,
                 )
+            elif engine == "octavo-bf16":
+                results[engine] = run_octavo(model_path, token_ids, args.max_tokens, "bfloat16")
             else:
                 results[engine] = run_octavo(model_path, token_ids, args.max_tokens)
         except Exception as exc:  # report and go on with the other engine
@@ -438,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     if "octavo" in results and "transformers" in results:
         ratio = results["octavo"]["tok_s"] / results["transformers"]["tok_s"]
         print(f"ratio octavo/transformers: {ratio:.2f}x")
+    if "octavo-bf16" in results and "transformers" in results:
+        r16 = results["octavo-bf16"]["tok_s"] / results["transformers"]["tok_s"]
+        print(f"ratio octavo-bf16/transformers (fp32): {r16:.2f}x (not the W6 dtype)")
 
     print()
     fpt = flops["flops_per_token"]

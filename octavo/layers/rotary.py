@@ -78,6 +78,8 @@ class RotaryEmbedding(nn.Module):
         # Kept in float32 and cast per call: matches HF, which computes cos/sin in float32.
         self.register_buffer("cos_cache", emb.cos(), persistent=False)
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
+        self._step_positions: torch.Tensor | None = None
+        self._step_cos = self._step_sin = self.cos_cache[:0]
         half = head_dim // 2
         # [max_pos, head_dim]: cos of each frequency, then sin, for the fused kernel.
         self.register_buffer("cos_sin_cache", torch.cat(
@@ -85,7 +87,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated (in place on CUDA with Triton)."""
+        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated (in place on CUDA with Triton).
+
+        One instance serves every layer (see ``get_rope``); cos/sin of a step's positions are
+        gathered once and reused by the following layers."""
         if q.is_cuda:
             from octavo.kernels.triton_utils import HAS_TRITON
 
@@ -94,8 +99,11 @@ class RotaryEmbedding(nn.Module):
 
                 rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim)
                 return q, k
-        cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
+        if self._step_positions is not positions or self._step_cos.dtype != q.dtype:
+            self._step_positions = positions
+            self._step_cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)
+            self._step_sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
+        cos, sin = self._step_cos, self._step_sin
         return _apply(q, cos, sin), _apply(k, cos, sin)
 
 
@@ -103,3 +111,13 @@ def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def get_rope(head_dim: int, max_position: int, base: float, rope_scaling: dict | None,
+             cache: dict) -> RotaryEmbedding:
+    """One RotaryEmbedding per distinct configuration within a model (``cache`` is owned by the
+    model), so 30 layers share one table instead of holding 30 copies."""
+    key = (head_dim, max_position, base, repr(sorted((rope_scaling or {}).items())))
+    if key not in cache:
+        cache[key] = RotaryEmbedding(head_dim, max_position, base, rope_scaling)
+    return cache[key]

@@ -10,7 +10,7 @@ from octavo.attention.layer import Attention, ForwardContext
 from octavo.layers.activation import SiluAndMul
 from octavo.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from octavo.layers.norm import RMSNorm
-from octavo.layers.rotary import RotaryEmbedding, rope_params_from_config
+from octavo.layers.rotary import get_rope, rope_params_from_config
 from octavo.layers.vocab_embedding import LMHead, VocabEmbedding
 
 
@@ -28,8 +28,10 @@ class LlamaMLP(nn.Module):
 
 class LlamaAttention(nn.Module):
     def __init__(self, config, layer_idx: int, backend, qkv_bias: bool = False,
-                 qk_norm: bool = False, linear_method=None) -> None:
+                 qk_norm: bool = False, linear_method=None, rope_cache: dict | None = None
+                 ) -> None:
         super().__init__()
+        rope_cache = {} if rope_cache is None else rope_cache
         hidden = config.hidden_size
         total_heads = config.num_attention_heads
         total_kv = getattr(config, "num_key_value_heads", None) or total_heads
@@ -46,8 +48,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(total_heads * head_dim, hidden, bias=o_bias,
                                         linear_method=linear_method)
         theta, scaling = rope_params_from_config(config)
-        self.rotary_emb = RotaryEmbedding(head_dim, config.max_position_embeddings, theta,
-                                          scaling)
+        self.rotary_emb = get_rope(head_dim, config.max_position_embeddings, theta, scaling,
+                                   rope_cache)
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
         self.attn = Attention(layer_idx, self.num_heads, head_dim, head_dim ** -0.5,
@@ -70,10 +72,11 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config, layer_idx: int, backend, qkv_bias: bool = False,
-                 qk_norm: bool = False, linear_method=None) -> None:
+                 qk_norm: bool = False, linear_method=None, rope_cache: dict | None = None
+                 ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, backend, qkv_bias, qk_norm,
-                                        linear_method)
+                                        linear_method, rope_cache)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, linear_method)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -94,8 +97,9 @@ class LlamaModel(nn.Module):
                  linear_method=None) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        rope_cache: dict = {}
         self.layers = nn.ModuleList([
-            LlamaDecoderLayer(config, i, backend, qkv_bias, qk_norm, linear_method)
+            LlamaDecoderLayer(config, i, backend, qkv_bias, qk_norm, linear_method, rope_cache)
             for i in range(config.num_hidden_layers)
         ])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
 from octavo.config import EngineConfig
 from octavo.core.kv_cache_manager import cdiv
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from octavo.worker.cpu_tuning import keep_heap_pages
 from octavo.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,8 @@ class Worker:
         self.device = resolve_device(config.device_config.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        elif os.environ.get("OCTAVO_CPU_KEEP_HEAP", "1") != "0":
+            keep_heap_pages()
         torch.manual_seed(config.model_config.seed)
         self.runner = ModelRunner(config, self.device)
 

@@ -51,8 +51,8 @@ def make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, d
     def rnd(*shape):
         return torch.randn(*shape, generator=gen).to(dtype).to(device)
 
-    kv_cache = rnd(*TorchAttentionBackend.kv_cache_shape(num_blocks, block_size, num_kv_heads,
-                                                         head_dim))
+    kv_cache = rnd(*TritonAttentionBackend.kv_cache_shape(num_blocks, block_size, num_kv_heads,
+                                                          head_dim))
     q, k, v = rnd(t, num_heads, head_dim), rnd(t, num_kv_heads, head_dim), rnd(
         t, num_kv_heads, head_dim)
     meta = AttentionMetadata(
@@ -70,13 +70,22 @@ def make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, d
     return q, k, v, kv_cache, meta
 
 
+def to_torch_layout(cache: torch.Tensor) -> torch.Tensor:
+    """[2, blocks, block_size, H, D] (triton) -> [2, blocks, H, block_size, D] (torch)."""
+    return cache.transpose(2, 3).contiguous()
+
+
+def from_torch_layout(cache: torch.Tensor) -> torch.Tensor:
+    return cache.transpose(2, 3)
+
+
 def run_both(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, device,
              dtype=torch.float32, pad_tokens=0, seed=0):
     q, k, v, cache, meta = make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim,
                                      block_size, dtype, device, pad_tokens, seed)
     scale = head_dim ** -0.5
     args = (num_heads, head_dim, scale, num_kv_heads)
-    ref_cache, tri_cache = cache.clone(), cache.clone()
+    ref_cache, tri_cache = to_torch_layout(cache), cache.clone()
     n = meta.num_tokens
     # The torch impl indexes the cache with the unpadded slots only; give it the real rows.
     ref = TorchAttentionBackend.make_impl(*args).forward(q[:n], k[:n], v[:n], ref_cache, meta)
@@ -85,7 +94,7 @@ def run_both(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, de
     got = impl.forward(q, k, v, tri_cache, meta)
     assert got.shape == q.shape and got.dtype == q.dtype
     torch.testing.assert_close(got[:n], ref, **TOL[dtype])
-    torch.testing.assert_close(tri_cache, ref_cache, atol=0, rtol=0)
+    torch.testing.assert_close(tri_cache, from_torch_layout(ref_cache), atol=0, rtol=0)
     return got, meta
 
 
@@ -128,14 +137,14 @@ def test_bf16_mixed(device):
 def test_slot_mapping_longer_than_batch(device):
     """meta.slot_mapping padded past q.shape[0] (graph capture at a larger size)."""
     q, k, v, cache, meta = make_step([1, 1], [6, 9], 4, 2, 32, 4, torch.float32, device, seed=6)
-    ref_cache, tri_cache = cache.clone(), cache.clone()
+    ref_cache, tri_cache = to_torch_layout(cache), cache.clone()
     args = (4, 32, 32 ** -0.5, 2)
     ref = TorchAttentionBackend.make_impl(*args).forward(q, k, v, ref_cache, meta)
     meta.slot_mapping = torch.cat([meta.slot_mapping,
                                    torch.full((6,), -1, dtype=torch.int64, device=device)])
     got = TritonAttentionBackend.make_impl(*args).forward(q, k, v, tri_cache, meta)
     torch.testing.assert_close(got, ref, **TOL[torch.float32])
-    torch.testing.assert_close(tri_cache, ref_cache, atol=0, rtol=0)
+    torch.testing.assert_close(tri_cache, from_torch_layout(ref_cache), atol=0, rtol=0)
 
 
 def test_registry():
