@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.layers.cpu_gemm import pack_weight, packed_linear
+
 
 class VocabEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
@@ -20,8 +22,16 @@ class VocabEmbedding(nn.Module):
 class LMHead(VocabEmbedding):
     """Projects hidden states of the sampled positions onto the vocabulary."""
 
+    _packed_weight: torch.Tensor | None = None
+
     def tie(self, embedding: VocabEmbedding) -> None:
         self.weight = embedding.weight
 
+    def process_weights_after_loading(self) -> None:
+        self._packed_weight = pack_weight(self.weight)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        packed = self._packed_weight
+        if packed is not None and hidden.device.type == "cpu" and hidden.dtype == packed.dtype:
+            return packed_linear(hidden, packed, None)
         return F.linear(hidden, self.weight)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from octavo.config import ModelConfig
+from octavo.layers.vocab_embedding import LMHead
 from octavo.model_loader.weights import fill_dummy_weights, iter_safetensors, load_weights
 from octavo.models.registry import get_model_class
 
@@ -39,4 +40,6 @@ def load_model(model_config: ModelConfig, device: torch.device, backend,
         method = getattr(module, "linear_method", None)
         if method is not None:
             method.process_weights_after_loading(module)
+        elif isinstance(module, LMHead):
+            module.process_weights_after_loading()
     return model.eval()

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.layers.cpu_gemm import pack_weight, packed_linear
+
 
 class LinearMethod:
     """How a linear layer stores and applies its weight."""
@@ -29,7 +31,13 @@ class UnquantizedLinearMethod(LinearMethod):
         layer.register_parameter("weight", weight)
 
     def apply(self, layer, x, bias):
+        packed = getattr(layer, "_packed_weight", None)
+        if packed is not None and x.device.type == "cpu" and x.dtype == packed.dtype:
+            return packed_linear(x, packed, bias)
         return F.linear(x, layer.weight, bias)
+
+    def process_weights_after_loading(self, layer):
+        layer._packed_weight = pack_weight(layer.weight)
 
 
 _REGISTRY: dict[str | None, type[LinearMethod]] = {None: UnquantizedLinearMethod}
