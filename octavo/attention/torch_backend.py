@@ -14,6 +14,9 @@ import torch.nn.functional as F
 
 from octavo.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
 
+# Gather buffers shared by every layer (layers run one after another), per device and dtype.
+_SCRATCH: dict[tuple, list] = {}
+
 
 def _row_index(block_ids: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """Rows of the [num_blocks * H, block_size, D] view holding each (block, head)."""
@@ -48,14 +51,26 @@ class TorchAttentionImpl(AttentionImpl):
                 out[s:e] = self._prefill(q[s:e], kv_cache, meta.block_tables[b], lens[b])
         return out
 
+    def _scratch(self, which: int, rows: int, kv_cache: torch.Tensor) -> torch.Tensor:
+        bufs = _SCRATCH.setdefault((kv_cache.device, kv_cache.dtype), [None, None])
+        buf = bufs[which]
+        bs, d = kv_cache.shape[3], kv_cache.shape[4]
+        if buf is None or buf.shape[0] < rows or buf.shape[1:] != (bs, d):
+            buf = bufs[which] = torch.empty((max(rows, 64), bs, d), dtype=kv_cache.dtype,
+                                            device=kv_cache.device)
+        return buf[:rows]
+
     def _gather(self, kv_cache, block_ids):
         """K, V of the given blocks as [..., H, nb * block_size, D]."""
         _, num_blocks, n_kv, bs, d = kv_cache.shape
         rows = _row_index(block_ids, n_kv)
         flat = rows.reshape(-1)
-        # index_select copies whole rows; advanced indexing is several times slower on CPU.
-        k = kv_cache[0].view(num_blocks * n_kv, bs, d).index_select(0, flat)
-        v = kv_cache[1].view(num_blocks * n_kv, bs, d).index_select(0, flat)
+        # index_select copies whole rows (advanced indexing is several times slower on CPU),
+        # into buffers reused across steps and layers: fresh multi-MB outputs page-fault.
+        k = torch.index_select(kv_cache[0].view(num_blocks * n_kv, bs, d), 0, flat,
+                               out=self._scratch(0, flat.numel(), kv_cache))
+        v = torch.index_select(kv_cache[1].view(num_blocks * n_kv, bs, d), 0, flat,
+                               out=self._scratch(1, flat.numel(), kv_cache))
         shape = (*rows.shape[:-1], rows.shape[-1] * bs, d)
         return k.view(shape), v.view(shape)
 
