@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,9 @@ class AttentionMetadata:
     # Host copies for backends that loop on the CPU side.
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    # Tensors a backend derives from the above once per step and reuses in every layer
+    # (slot rows, gather indices, masks). Lives and dies with this step's metadata.
+    derived: dict = field(default_factory=dict)
 
     @property
     def is_decode_only(self) -> bool:

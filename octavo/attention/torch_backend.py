@@ -24,31 +24,47 @@ def _row_index(block_ids: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return block_ids.unsqueeze(-2) * num_kv_heads + heads.unsqueeze(-1)  # [..., H, nb]
 
 
+def slot_rows(slot_mapping: torch.Tensor, num_kv_heads: int, block_size: int) -> torch.Tensor:
+    """Rows of the [num_blocks * H * block_size, D] view that each (token, head) writes."""
+    block, offset = slot_mapping // block_size, slot_mapping % block_size
+    heads = torch.arange(num_kv_heads, device=slot_mapping.device)
+    return ((block.unsqueeze(1) * num_kv_heads + heads) * block_size
+            + offset.unsqueeze(1)).reshape(-1)
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store K/V [T, H, D] at their slots (slot = block * block_size + offset)."""
-    _, num_blocks, n_kv, bs, d = kv_cache.shape
-    block, offset = slot_mapping // bs, slot_mapping % bs
-    heads = torch.arange(n_kv, device=k.device)
-    rows = ((block.unsqueeze(1) * n_kv + heads) * bs + offset.unsqueeze(1)).reshape(-1)
+             rows: torch.Tensor) -> None:
+    """Store K/V [T, H, D] at ``rows`` (from ``slot_rows``)."""
+    d = kv_cache.shape[-1]
     kv_cache[0].view(-1, d).index_copy_(0, rows, k.reshape(-1, d))
     kv_cache[1].view(-1, d).index_copy_(0, rows, v.reshape(-1, d))
 
 
+def _derived(meta: AttentionMetadata, key: tuple, make):
+    """Per-step value shared by all layers (computed by the first layer that asks)."""
+    value = meta.derived.get(key)
+    if value is None:
+        value = meta.derived[key] = make()
+    return value
+
+
 class TorchAttentionImpl(AttentionImpl):
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata):
-        write_kv(k, v, kv_cache, meta.slot_mapping[: meta.num_tokens])
+        n_kv, bs = kv_cache.shape[2], kv_cache.shape[3]
+        rows = _derived(meta, ("slot_rows", n_kv, bs), lambda: slot_rows(
+            meta.slot_mapping[: meta.num_tokens], n_kv, bs))
+        write_kv(k, v, kv_cache, rows)
         qsl, lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
         if meta.max_query_len == 1:
             n = meta.num_tokens
-            out = self._decode(q[:n], kv_cache, meta.block_tables[: meta.num_reqs],
-                               meta.seq_lens[: meta.num_reqs], meta.max_seq_len)
+            out = self._decode(q[:n], kv_cache, meta)
             return out if n == q.shape[0] else torch.cat((out, torch.zeros_like(q[n:])))
         out = torch.zeros_like(q)
         for b in range(meta.num_reqs):
             s, e = qsl[b], qsl[b + 1]
             if e > s:
-                out[s:e] = self._prefill(q[s:e], kv_cache, meta.block_tables[b], lens[b])
+                ids = meta.block_tables[b][: -(-lens[b] // bs)]
+                out[s:e] = self._prefill(q[s:e], kv_cache, ids, lens[b], meta, b)
         return out
 
     def _scratch(self, which: int, rows: int, kv_cache: torch.Tensor) -> torch.Tensor:
@@ -60,10 +76,10 @@ class TorchAttentionImpl(AttentionImpl):
                                             device=kv_cache.device)
         return buf[:rows]
 
-    def _gather(self, kv_cache, block_ids):
+    def _gather(self, kv_cache, block_ids, meta, key):
         """K, V of the given blocks as [..., H, nb * block_size, D]."""
         _, num_blocks, n_kv, bs, d = kv_cache.shape
-        rows = _row_index(block_ids, n_kv)
+        rows = _derived(meta, ("gather", key, n_kv), lambda: _row_index(block_ids, n_kv))
         flat = rows.reshape(-1)
         # index_select copies whole rows (advanced indexing is several times slower on CPU),
         # into buffers reused across steps and layers: fresh multi-MB outputs page-fault.
@@ -74,32 +90,37 @@ class TorchAttentionImpl(AttentionImpl):
         shape = (*rows.shape[:-1], rows.shape[-1] * bs, d)
         return k.view(shape), v.view(shape)
 
-    def _prefill(self, q, kv_cache, block_table, seq_len):
+    def _prefill(self, q, kv_cache, block_ids, seq_len, meta, b):
         n = q.shape[0]
-        bs = kv_cache.shape[3]
-        k, v = self._gather(kv_cache, block_table[: -(-seq_len // bs)])
+        k, v = self._gather(kv_cache, block_ids, meta, b)
         k, v = k[:, :seq_len], v[:, :seq_len]
         group = self.num_heads // self.num_kv_heads
         if group > 1:
             k = k.repeat_interleave(group, dim=0)
             v = v.repeat_interleave(group, dim=0)
         # Query i sits at position seq_len - n + i and sees keys 0..that position.
-        qpos = torch.arange(seq_len - n, seq_len, device=q.device)
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= qpos[:, None]
+        def causal():
+            qpos = torch.arange(seq_len - n, seq_len, device=q.device)
+            return torch.arange(seq_len, device=q.device)[None, :] <= qpos[:, None]
+
+        mask = _derived(meta, ("causal", b), causal)
         o = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask,
                                            scale=self.scale)
         return o.transpose(0, 1)
 
-    def _decode(self, q, kv_cache, block_tables, seq_lens, max_seq_len):
+    def _decode(self, q, kv_cache, meta: AttentionMetadata):
         bsz = q.shape[0]
         bs = kv_cache.shape[3]
-        nb = -(-max_seq_len // bs)
-        k, v = self._gather(kv_cache, block_tables[:, :nb])  # [B, H, L, D]
+        nb = -(-meta.max_seq_len // bs)
+        block_tables = meta.block_tables[: meta.num_reqs, :nb]
+        k, v = self._gather(kv_cache, block_tables, meta, "decode")  # [B, H, L, D]
         group = self.num_heads // self.num_kv_heads
         qg = q.view(bsz, self.num_kv_heads, group, self.head_dim)
         scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(self.scale)  # [B, H, g, L]
-        valid = torch.arange(nb * bs, device=q.device)[None, :] < seq_lens[:, None]
-        scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
+        invalid = _derived(meta, ("invalid", nb * bs), lambda: (
+            torch.arange(nb * bs, device=q.device)[None, :]
+            >= meta.seq_lens[: meta.num_reqs, None])[:, None, None, :])
+        scores.masked_fill_(invalid, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
         o = torch.matmul(probs, v)  # [B, H, g, D]
         return o.reshape(bsz, self.num_heads, self.head_dim)

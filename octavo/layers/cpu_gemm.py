@@ -8,13 +8,13 @@ Set OCTAVO_CPU_PACKED_GEMM=0 to turn it off.
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from octavo import envs
 
 
 def packing_enabled() -> bool:
-    return (os.environ.get("OCTAVO_CPU_PACKED_GEMM", "1") != "0"
+    return (envs.cpu_packed_gemm()
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))

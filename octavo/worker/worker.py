@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from octavo import envs
 from octavo.config import EngineConfig
 from octavo.core.kv_cache_manager import cdiv
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
@@ -35,7 +35,7 @@ class Worker:
         self.device = resolve_device(config.device_config.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        elif os.environ.get("OCTAVO_CPU_KEEP_HEAP", "1") != "0":
+        elif envs.cpu_keep_heap():
             keep_heap_pages()
         torch.manual_seed(config.model_config.seed)
         self.runner = ModelRunner(config, self.device)

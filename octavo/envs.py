@@ -1,0 +1,22 @@
+"""Every environment variable Octavo reads, in one place."""
+
+from __future__ import annotations
+
+import os
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+def cpu_packed_gemm() -> bool:
+    """OCTAVO_CPU_PACKED_GEMM (default on): oneDNN-packed weights for CPU linear layers."""
+    return _flag("OCTAVO_CPU_PACKED_GEMM", True)
+
+
+def cpu_keep_heap() -> bool:
+    """OCTAVO_CPU_KEEP_HEAP (default on): raise glibc's mmap/trim thresholds on CPU."""
+    return _flag("OCTAVO_CPU_KEEP_HEAP", True)
