@@ -67,6 +67,8 @@ class Request:
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
+        # bad_words as token sequences (tokenized by the processor).
+        self.bad_words_token_ids: list[list[int]] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -141,6 +141,7 @@ class Scheduler:
                     sampling_params=req.sampling_params,
                     block_ids=self.kv.block_ids(rid),
                     num_computed_tokens=req.num_computed_tokens,
+                    bad_words_token_ids=req.bad_words_token_ids,
                 ))
             else:
                 out.cached_reqs.append(CachedRequestData(

@@ -18,6 +18,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    bad_words_token_ids: list[list[int]] | None = None
 
 
 @dataclass

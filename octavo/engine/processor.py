@@ -16,12 +16,6 @@ _UNSUPPORTED = (
     ("n", lambda p: p.n != 1, "n > 1 (parallel samples)"),
     ("best_of", lambda p: p.best_of not in (None, p.n), "best_of"),
     ("use_beam_search", lambda p: p.use_beam_search, "beam search"),
-    ("presence_penalty", lambda p: p.presence_penalty != 0.0, "presence_penalty"),
-    ("frequency_penalty", lambda p: p.frequency_penalty != 0.0, "frequency_penalty"),
-    ("repetition_penalty", lambda p: p.repetition_penalty != 1.0, "repetition_penalty"),
-    ("logit_bias", lambda p: bool(p.logit_bias), "logit_bias"),
-    ("allowed_token_ids", lambda p: p.allowed_token_ids is not None, "allowed_token_ids"),
-    ("bad_words", lambda p: bool(p.bad_words), "bad_words"),
     ("prompt_logprobs", lambda p: p.prompt_logprobs is not None, "prompt_logprobs"),
 )
 
@@ -62,10 +56,33 @@ class Processor:
                 f"prompt has {len(ids)} tokens, longer than max_model_len={max_len}")
         room = max_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, max(room, 1))
+        self._check_token_ids(params)
         req = Request(request_id, ids, params,
                       eos_token_ids=frozenset(self.model_config.eos_token_ids),
                       arrival_time=arrival_time, priority=priority, max_tokens=max(max_tokens, 1))
+        if params.bad_words:
+            req.bad_words_token_ids = self._bad_words(params.bad_words)
         return req, text
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        for field in ("allowed_token_ids", "logit_bias"):
+            ids = getattr(params, field)
+            for t in ids or ():
+                if not 0 <= int(t) < self.vocab_size:
+                    raise ValueError(f"{field} holds token id {t}, outside the vocabulary "
+                                     f"[0, {self.vocab_size})")
+
+    def _bad_words(self, words: list[str]) -> list[list[int]]:
+        if self.tokenizer is None:
+            raise ValueError(f"bad_words={words!r} needs a tokenizer")
+        seqs: list[list[int]] = []
+        for word in words:
+            # The word alone and after a space tokenize differently in most vocabularies.
+            for text in (word, " " + word.lstrip()):
+                ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+                if ids and ids not in seqs:
+                    seqs.append(ids)
+        return seqs
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

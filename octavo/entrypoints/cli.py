@@ -1,4 +1,4 @@
-"""The `octavo` command: `octavo generate PROMPT`, `octavo chat`, `octavo serve` (later)."""
+"""The `octavo` command: `octavo generate PROMPT`, `octavo chat`, `octavo serve [MODEL]`."""
 
 from __future__ import annotations
 
@@ -90,6 +90,15 @@ def cmd_chat(args) -> int:
         print(reply, flush=True)
 
 
+def cmd_serve(args) -> int:
+    try:
+        from octavo.entrypoints.openai.api_server import run_server
+    except ImportError as e:
+        print(f"octavo: error: `octavo serve` needs fastapi and uvicorn ({e})", file=sys.stderr)
+        return 2
+    return run_server(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="octavo", description="Octavo LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -104,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_flags(chat)
     _sampling_flags(chat)
     chat.set_defaults(func=cmd_chat)
+    serve = sub.add_parser("serve", help="start the OpenAI-compatible HTTP server")
+    serve.set_defaults(func=cmd_serve)
+    try:
+        from octavo.entrypoints.openai.api_server import make_arg_parser
+    except ImportError:  # fastapi / uvicorn missing: explain when `serve` is used
+        serve.add_argument("rest", nargs=argparse.REMAINDER)
+    else:
+        make_arg_parser(serve, model_positional=True)
     return parser
 
 

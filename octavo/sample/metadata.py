@@ -17,7 +17,7 @@ class SamplingMetadata:
     # Row -> generator for seeded rows (deterministic whatever the batch).
     generators: dict[int, torch.Generator]
     max_num_logprobs: int | None  # None: no row wants logprobs
-    # Rows still short of min_tokens: token ids (EOS, stop tokens) that must not be sampled.
-    banned: dict[int, list[int]] | None = None
+    # Rows whose logits need processing (penalties, biases, bans) before sampling.
+    row_contexts: list | None = None
     # Generator for unseeded rows (the engine's seed).
     generator: torch.Generator | None = None

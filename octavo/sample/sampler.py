@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from octavo.sample.logits_processors import apply_logits_processors
 from octavo.sample.metadata import SamplingMetadata
 
 
@@ -27,10 +28,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
         raw = logits
-        if meta.banned:
-            logits = logits.clone()
-            for row, ids in meta.banned.items():
-                logits[row, ids] = float("-inf")
+        if meta.row_contexts:
+            logits = apply_logits_processors(logits.clone(), meta.row_contexts)
         if meta.all_greedy:
             sampled = logits.argmax(dim=-1)
         else:

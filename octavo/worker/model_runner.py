@@ -17,6 +17,7 @@ from octavo.attention.registry import select_backend
 from octavo.config import EngineConfig
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.model_loader.loader import TORCH_DTYPES, load_model
+from octavo.sample.logits_processors import RowContext, needs_processing
 from octavo.sample.metadata import SamplingMetadata
 from octavo.sample.sampler import Sampler, SamplerOutput
 from octavo.sampling_params import SamplingType
@@ -117,7 +118,7 @@ class ModelRunner:
         for new in sched.new_reqs:
             self.states[new.req_id] = CachedRequestState(
                 new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling_params,
-                list(new.block_ids), new.num_computed_tokens)
+                list(new.block_ids), new.num_computed_tokens, new.bad_words_token_ids)
         for c in sched.cached_reqs:
             st = self.states[c.req_id]
             st.block_ids.extend(c.new_block_ids)
@@ -225,17 +226,21 @@ class ModelRunner:
         if want_lp:
             vocab = self.config.model_config.hf_config.vocab_size
             max_lp = max(vocab if k == -1 else k for k in want_lp)
-        banned = {}
+        contexts = []
         for row, st in enumerate(states):
             p = st.sampling_params
+            banned = None
             if st.num_output_tokens < p.min_tokens:
                 ids = set(p.stop_token_ids or ())
                 if not p.ignore_eos:
                     ids.update(self.config.model_config.eos_token_ids)
-                if ids:
-                    banned[row] = sorted(ids)
+                banned = sorted(ids) or None
+            if banned or needs_processing(p):
+                n = st.num_prompt_tokens
+                contexts.append(RowContext(row, p, st.token_ids[:n], st.token_ids[n:],
+                                           st.bad_words_token_ids, banned))
         if all(t == SamplingType.GREEDY for t in types):
-            return SamplingMetadata(True, None, None, None, None, {}, max_lp, banned)
+            return SamplingMetadata(True, None, None, None, None, {}, max_lp, contexts)
         dev = self.device
         temp = torch.tensor([0.0 if t == SamplingType.GREEDY else p.temperature
                              for p, t in zip(params, types)], dtype=torch.float32, device=dev)
@@ -259,7 +264,7 @@ class ModelRunner:
                 seed = (st.sampling_params.seed * _SEED_STRIDE + st.num_output_tokens)
                 gen.manual_seed(seed % (2 ** 63))
                 gens[row] = gen
-        return SamplingMetadata(False, temp, top_k, top_p, min_p, gens, max_lp, banned,
+        return SamplingMetadata(False, temp, top_k, top_p, min_p, gens, max_lp, contexts,
                                 self.generator)
 
     @staticmethod

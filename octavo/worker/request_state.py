@@ -15,6 +15,7 @@ class CachedRequestState:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    bad_words_token_ids: list[list[int]] | None = None
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,0 +1,279 @@
+"""AsyncLLM: an LLMEngine stepped by a background thread, with one async output stream per
+request.
+
+Only the engine thread touches the engine. Everything else reaches it through a command queue
+(`run_in_engine`), drained before every step, so adds and aborts never wait on a lock held by a
+long step and never race the scheduler. Outputs travel back to each request's own event loop
+with `call_soon_threadsafe`, so servers on several loops may share one AsyncLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from octavo.engine.arg_utils import EngineArgs
+from octavo.engine.llm_engine import LLMEngine, StepStats
+from octavo.engine.processor import PromptType
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped (an exception in a step, or shutdown); no request can run."""
+
+
+@dataclass
+class FinishedRequestStats:
+    finish_reason: str
+    e2e_seconds: float
+    ttft_seconds: float | None
+
+
+class StatLogger(Protocol):
+    """Receives engine statistics on the engine thread after every step."""
+
+    def record(self, stats: StepStats, num_new_preemptions: int,
+               finished: list[FinishedRequestStats]) -> None: ...
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+
+
+class AsyncLLM:
+    def __init__(self, engine: LLMEngine, stat_loggers: list[StatLogger] | None = None) -> None:
+        self.engine = engine
+        self.stat_loggers: list[StatLogger] = list(stat_loggers or [])
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}  # engine thread only
+        self._dead: BaseException | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._preemptions_seen = engine.scheduler.num_preemptions
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> AsyncLLM:
+        return cls(LLMEngine.from_engine_args(args))
+
+    # ------------------------------------------------------------------ state
+    @property
+    def errored(self) -> bool:
+        return self._dead is not None
+
+    @property
+    def dead_error(self) -> BaseException | None:
+        return self._dead
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self.errored
+
+    def get_tokenizer(self):
+        return self.engine.get_tokenizer()
+
+    @property
+    def model_config(self):
+        return self.engine.config.model_config
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine is dead: {self._dead!r}")
+
+    def _ensure_started(self) -> None:
+        self._check_alive()
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="octavo-engine",
+                                                daemon=True)
+                self._thread.start()
+
+    # ------------------------------------------------------------------ commands
+    def _submit(self, fn: Callable[[LLMEngine], Any]) -> concurrent.futures.Future:
+        self._ensure_started()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put((fn, fut))
+        self._wake.set()
+        if self._dead is not None:  # died between the check and the put
+            self._fail_commands()
+        return fut
+
+    async def run_in_engine(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run ``fn(engine)`` on the engine thread between steps; its result or exception."""
+        return await asyncio.wrap_future(self._submit(fn))
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request: its KV blocks are freed before the next engine step. Idempotent;
+        safe from any thread, and a no-op once the engine is dead."""
+        if self._dead is not None or self._thread is None:
+            return
+        self._submit(lambda engine: self._abort_now(request_id))
+
+    def _abort_now(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None or request_id in self.engine.states:
+            self.engine.abort_request(request_id)
+
+    # ------------------------------------------------------------------ requests
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
+                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Stream the outputs of one request (DELTA or CUMULATIVE per ``output_kind``).
+
+        Invalid prompts or parameters raise ValueError before anything is yielded. If the
+        consumer stops iterating early (closes the generator, or is cancelled), the request is
+        aborted and its KV blocks return to the pool.
+        """
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        delta = sampling_params.output_kind == RequestOutputKind.DELTA
+
+        def add(engine: LLMEngine) -> None:
+            if request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            engine.add_request(request_id, prompt, sampling_params, priority=priority)
+            self._streams[request_id] = stream
+
+        try:
+            await self.run_in_engine(add)
+        except asyncio.CancelledError:
+            self.abort(request_id)  # queued after the add: it cannot be orphaned
+            raise
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                # A consumer that fell behind gets everything so far in one output.
+                while not isinstance(item, BaseException) and not stream.queue.empty():
+                    nxt = stream.queue.get_nowait()
+                    if isinstance(nxt, BaseException):
+                        stream.queue.put_nowait(nxt)
+                        break
+                    item.add(nxt, aggregate=delta)
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        engine = self.engine
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                self._drain_commands()
+                if self._stopping:
+                    break
+                if not engine.has_unfinished_requests():
+                    self._wake.wait()
+                    continue
+                outputs = engine.step()
+                self._dispatch(outputs)
+        except BaseException as e:  # noqa: BLE001 - a dead engine must fail every waiter
+            logger.exception("engine loop died")
+            self._die(e)
+            return
+        ids = list(engine.states)
+        if ids:  # shutdown: nothing may keep KV blocks
+            engine.abort_request(ids)
+        self._die(EngineDeadError("the engine was shut down"))
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                fn, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(self.engine))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(e)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        now = time.monotonic()
+        finished: list[FinishedRequestStats] = []
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if stream.first_token is None and any(c.token_ids for c in out.outputs):
+                stream.first_token = now
+            if out.finished:
+                del self._streams[out.request_id]
+                comp = out.outputs[0]
+                finished.append(FinishedRequestStats(
+                    finish_reason=comp.finish_reason or "stop",
+                    e2e_seconds=now - stream.arrival,
+                    ttft_seconds=(None if stream.first_token is None
+                                  else stream.first_token - stream.arrival)))
+            self._put(stream, out)
+        stats = self.engine.last_stats
+        preempt = self.engine.scheduler.num_preemptions
+        new_preempt, self._preemptions_seen = preempt - self._preemptions_seen, preempt
+        for sl in self.stat_loggers:
+            try:
+                sl.record(stats, new_preempt, finished)
+            except Exception:  # a metrics bug must not kill serving
+                logger.exception("stat logger %r failed", sl)
+
+    @staticmethod
+    def _put(stream: _Stream, item: Any) -> None:
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # that event loop is closed: nobody is listening
+            pass
+
+    def _die(self, error: BaseException) -> None:
+        if self._dead is None:
+            self._dead = error
+        dead = EngineDeadError(f"the engine is dead: {error!r}")
+        for stream in self._streams.values():
+            self._put(stream, dead)
+        self._streams.clear()
+        self._fail_commands()
+
+    def _fail_commands(self) -> None:
+        while True:
+            try:
+                _, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(EngineDeadError(f"the engine is dead: {self._dead!r}"))
+
+    def mark_dead(self, error: BaseException) -> None:
+        """Declare the engine dead (an external health check failed); later requests see it."""
+        self._dead = error
+        self._stopping = True
+        self._wake.set()
+        if self._thread is None:
+            self._die(error)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine loop: running requests are aborted and their streams fail."""
+        self._stopping = True
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)

@@ -1,0 +1,278 @@
+"""The OpenAI-compatible HTTP server:
+``python -m octavo.entrypoints.openai.api_server --model ... --port ...`` or ``octavo serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import octavo
+from octavo.engine.arg_utils import EngineArgs
+from octavo.engine.async_llm import AsyncLLM, EngineDeadError
+from octavo.entrypoints.openai.middleware import AuthRateLimitMiddleware, BodyLimitMiddleware
+from octavo.entrypoints.openai.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_body,
+)
+from octavo.entrypoints.openai.serving_chat import OpenAIServingChat
+from octavo.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from octavo.metrics.prometheus import PrometheusStatLogger
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+
+
+@dataclass
+class ServerSettings:
+    served_model_names: Sequence[str] | None = None
+    api_key: str | None = None
+    rate_limit: int | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    chat_template: str | None = None
+    shutdown_engine: bool = True  # stop the engine loop when the app stops
+
+
+def _error(status: int, message: str, param: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastAPI:
+    """A FastAPI app serving ``engine``. Several apps may share one AsyncLLM."""
+    s = settings or ServerSettings()
+    mc = engine.model_config
+    names = list(s.served_model_names or [mc.served_model_name])
+    completions = OpenAIServingCompletion(engine, names)
+    chat = OpenAIServingChat(engine, names, s.chat_template)
+    metrics = PrometheusStatLogger(engine.engine, names[0])
+    engine.stat_loggers.append(metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        if metrics in engine.stat_loggers:
+            engine.stat_loggers.remove(metrics)
+        if s.shutdown_engine:
+            engine.shutdown()
+
+    app = FastAPI(title="Octavo OpenAI-compatible server", version=octavo.__version__,
+                  lifespan=lifespan)
+    app.state.engine = engine
+    app.state.metrics = metrics
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return _error(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: "
+                        f"{e.get('msg')}" for e in errs)
+        return _error(400, msg or "invalid request", ".".join(loc) or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(request: Request, exc: EngineDeadError):
+        return _error(503, str(exc))
+
+    @app.exception_handler(ValueError)
+    async def _value(request: Request, exc: ValueError):
+        return _error(400, str(exc))
+
+    @app.get("/health")
+    async def health():
+        if engine.errored:
+            return _error(503, f"the engine is dead: {engine.dead_error!r}")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version():
+        return {"version": octavo.__version__}
+
+    @app.get("/metrics")
+    async def get_metrics():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [
+            {"id": n, "object": "model", "created": 0, "owned_by": "octavo", "root": mc.model,
+             "parent": None, "max_model_len": mc.max_model_len} for n in names]}
+
+    @app.post("/v1/completions")
+    async def create_completion(req: CompletionRequest):
+        return await completions.create(req)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(req: ChatCompletionRequest):
+        return await chat.create(req)
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        completions.check_model(req.model)
+        tokenizer = engine.get_tokenizer()
+        if tokenizer is None:
+            raise APIError(400, "this server has no tokenizer")
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "send exactly one of prompt or messages", param="prompt")
+        if req.messages is not None:
+            ids = chat.render(req.messages, None, req.add_generation_prompt)["prompt_token_ids"]
+        else:
+            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        return {"count": len(ids), "max_model_len": mc.max_model_len, "tokens": list(ids)}
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        completions.check_model(req.model)
+        tokenizer = engine.get_tokenizer()
+        if tokenizer is None:
+            raise APIError(400, "this server has no tokenizer")
+        vocab = mc.hf_config.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"tokens holds {bad[0]}, not a token id in [0, {vocab})",
+                           param="tokens")
+        return {"prompt": tokenizer.decode(req.tokens)}
+
+    # Outermost first: size limit, then key and rate limit.
+    app.add_middleware(AuthRateLimitMiddleware, api_key=s.api_key, rate_limit=s.rate_limit)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_body_bytes)
+    return app
+
+
+# ---------------------------------------------------------------------- command line
+def make_arg_parser(parser: argparse.ArgumentParser | None = None,
+                    model_positional: bool = False) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(
+        prog="python -m octavo.entrypoints.openai.api_server",
+        description="Octavo OpenAI-compatible server")
+    if model_positional:
+        p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                       help="local HF folder or .gguf file (default: embedded SmolLM2)")
+    p.add_argument("--host", default=None, help="bind address (default: all interfaces)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--uvicorn-log-level", default="info",
+                   choices=["debug", "info", "warning", "error", "critical", "trace"])
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--rate-limit", type=int, default=None,
+                   help="requests per minute per API key or client address")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help="largest request body accepted (413 above)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="names the API accepts (the first is reported)")
+    p.add_argument("--model", default=None,
+                   help="local HF folder or .gguf file (default: embedded SmolLM2)")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                   default=True)
+    # Accepted for vLLM compatibility; rejected at startup until they are built.
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--quantization", "-q", default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=False)
+    p.add_argument("--swap-space", type=float, default=0.0)
+    return p
+
+
+def unsupported_flags(args: argparse.Namespace) -> list[str]:
+    problems = []
+    if args.tensor_parallel_size != 1:
+        problems.append(f"--tensor-parallel-size {args.tensor_parallel_size}: tensor "
+                        "parallelism is not built yet (only 1)")
+    if args.quantization is not None:
+        problems.append(f"--quantization {args.quantization}: quantized serving is not "
+                        "built yet")
+    if args.enable_prefix_caching:
+        problems.append("--enable-prefix-caching: prefix caching is not built yet")
+    if args.swap_space:
+        problems.append(f"--swap-space {args.swap_space}: swapping to CPU is not built yet "
+                        "(use 0)")
+    if args.rate_limit is not None and args.rate_limit < 1:
+        problems.append(f"--rate-limit must be >= 1, got {args.rate_limit}")
+    if args.max_body_bytes < 1:
+        problems.append(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    return problems
+
+
+def engine_args_from(args: argparse.Namespace) -> EngineArgs:
+    model = getattr(args, "model_tag", None) or args.model
+    return EngineArgs(
+        model=model, tokenizer=args.tokenizer, dtype=args.dtype, seed=args.seed,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
+        device=args.device, enable_chunked_prefill=args.enable_chunked_prefill,
+        served_model_name=args.served_model_name[0] if args.served_model_name else None)
+
+
+def _read_template(value: str | None) -> str | None:
+    if value is None:
+        return None
+    import os
+
+    if os.path.isfile(value):
+        with open(value) as f:
+            return f.read()
+    return value
+
+
+def run_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    problems = unsupported_flags(args)
+    if problems:
+        for msg in problems:
+            print(f"octavo: error: {msg}", file=sys.stderr)
+        return 2
+    try:
+        engine = AsyncLLM.from_engine_args(engine_args_from(args))
+    except ValueError as e:
+        print(f"octavo: error: {e}", file=sys.stderr)
+        return 2
+    settings = ServerSettings(
+        served_model_names=args.served_model_name, api_key=args.api_key,
+        rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
+        chat_template=_read_template(args.chat_template))
+    app = build_app(engine, settings)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO)
+    return run_server(make_arg_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from octavo.engine.processor import PromptType
+from octavo.entrypoints.openai.protocol import APIError, CompletionRequest
+from octavo.entrypoints.openai.serving_engine import (
+    OpenAIServing,
+    engine_error_chunk,
+    now,
+    random_id,
+    sse,
+)
+from octavo.outputs import CompletionOutput, RequestOutput
+
+
+def _prompts(prompt: Any) -> list[PromptType]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "prompt is empty", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    return [p if isinstance(p, str) else list(p) for p in prompt]
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create(self, req: CompletionRequest):
+        model = self.check_model(req.model)
+        self.check_alive()
+        req.check_n()
+        if req.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        if req.echo and req.logprobs is not None:
+            raise APIError(400, "echo with logprobs needs prompt logprobs, not supported yet",
+                           param="echo")
+        prompts = _prompts(req.prompt)
+        params = req.sampling_params(req.max_tokens, req.logprobs, req.stream)
+        await self.validate(prompts, params)
+        request_id = random_id("cmpl")
+        created = now()
+        tokenizer = self.engine.get_tokenizer()
+        results = self.generate_all(prompts, params, request_id)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                self._stream(results, req, model, request_id, created, tokenizer,
+                             len(prompts), include_usage),
+                media_type="text/event-stream")
+        finals: dict[int, RequestOutput] = {}
+        try:
+            async for i, out in results:
+                finals[i] = out
+        finally:
+            await results.aclose()  # type: ignore[attr-defined]
+        choices, prompt_tokens, completion_tokens = [], 0, 0
+        for i in range(len(prompts)):
+            out = finals[i]
+            comp = out.outputs[0]
+            text = comp.text
+            if req.echo:
+                text = _prompt_text(out, tokenizer) + text
+            choices.append(_choice(i, text, comp, tokenizer, req.logprobs))
+            prompt_tokens += len(out.prompt_token_ids or [])
+            completion_tokens += len(comp.token_ids)
+        return JSONResponse({
+            "id": request_id, "object": "text_completion", "created": created, "model": model,
+            "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}})
+
+    async def _stream(self, results: AsyncIterator[tuple[int, RequestOutput]],
+                      req: CompletionRequest, model: str, request_id: str, created: int,
+                      tokenizer, num_prompts: int, include_usage: bool) -> AsyncIterator[str]:
+        prompt_tokens = [0] * num_prompts
+        completion_tokens = [0] * num_prompts
+        offsets = [0] * num_prompts
+        echoed = [False] * num_prompts
+        try:
+            async for i, out in results:
+                comp = out.outputs[0]
+                text = comp.text
+                if req.echo and not echoed[i]:
+                    text = _prompt_text(out, tokenizer) + text
+                    echoed[i] = True
+                prompt_tokens[i] = len(out.prompt_token_ids or [])
+                completion_tokens[i] += len(comp.token_ids)
+                choice = _choice(i, text, comp, tokenizer, req.logprobs, offsets[i])
+                offsets[i] += len(text)
+                yield sse({"id": request_id, "object": "text_completion", "created": created,
+                           "model": model, "choices": [choice]})
+            if include_usage:
+                p, c = sum(prompt_tokens), sum(completion_tokens)
+                yield sse({"id": request_id, "object": "text_completion", "created": created,
+                           "model": model, "choices": [],
+                           "usage": {"prompt_tokens": p, "completion_tokens": c,
+                                     "total_tokens": p + c}})
+        except Exception as e:  # noqa: BLE001 - the status is sent already: report in-band
+            yield engine_error_chunk(e)
+        finally:
+            await results.aclose()  # type: ignore[attr-defined]
+        yield sse("[DONE]")
+
+
+def _prompt_text(out: RequestOutput, tokenizer) -> str:
+    if out.prompt is not None:
+        return out.prompt
+    return tokenizer.decode(out.prompt_token_ids or []) if tokenizer is not None else ""
+
+
+def _choice(index: int, text: str, comp: CompletionOutput, tokenizer, num_logprobs: int | None,
+            text_offset: int = 0) -> dict[str, Any]:
+    return {"index": index, "text": text,
+            "logprobs": (_logprobs(comp, tokenizer, text_offset)
+                         if num_logprobs is not None else None),
+            "finish_reason": comp.finish_reason, "stop_reason": comp.stop_reason}
+
+
+def _logprobs(comp: CompletionOutput, tokenizer, offset: int) -> dict[str, Any]:
+    tokens, token_logprobs, top, offsets = [], [], [], []
+
+    def tok(tid: int) -> str:
+        return tokenizer.decode([tid]) if tokenizer is not None else str(tid)
+
+    for tid, entry in zip(comp.token_ids, comp.logprobs or []):
+        t = tok(tid)
+        tokens.append(t)
+        token_logprobs.append(entry[tid].logprob if tid in entry else None)
+        top.append({tok(k): v.logprob for k, v in entry.items()})
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
+            "text_offset": offsets}

@@ -1,0 +1,64 @@
+"""Prometheus exporter: vLLM's metric names under an `octavo:` prefix, labelled by model_name.
+
+Each exporter owns its CollectorRegistry, so several servers can live in one process (tests).
+Counters and histograms are fed on the engine thread (AsyncLLM's StatLogger hook); gauges are
+read from the scheduler at scrape time, so they are fresh even when the engine is idle.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from octavo.engine.llm_engine import LLMEngine, StepStats
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+
+
+class PrometheusStatLogger:
+    def __init__(self, engine: LLMEngine, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        reg = self.registry
+        sched = engine.scheduler
+
+        def gauge(name: str, doc: str, fn) -> None:
+            g = Gauge(f"octavo:{name}", doc, labels, registry=reg)
+            g.labels(model_name).set_function(fn)
+
+        gauge("num_requests_running", "Requests in the running batch.",
+              lambda: len(sched.running))
+        gauge("num_requests_waiting", "Requests waiting to be scheduled.",
+              lambda: len(sched.waiting))
+        gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = 100%).",
+              lambda: sched.kv.usage)
+        self.prompt_tokens = Counter("octavo:prompt_tokens", "Prefill tokens processed.",
+                                     labels, registry=reg).labels(model_name)
+        self.generation_tokens = Counter("octavo:generation_tokens", "Tokens generated.",
+                                         labels, registry=reg).labels(model_name)
+        self.num_preemptions = Counter("octavo:num_preemptions", "Request preemptions.",
+                                       labels, registry=reg).labels(model_name)
+        self.request_success = Counter("octavo:request_success", "Requests that finished.",
+                                       labels + ["finished_reason"], registry=reg)
+        self.e2e = Histogram("octavo:e2e_request_latency_seconds",
+                             "Request latency from arrival to the last token.", labels,
+                             buckets=_LATENCY_BUCKETS, registry=reg).labels(model_name)
+        self.ttft = Histogram("octavo:time_to_first_token_seconds",
+                              "Time from arrival to the first generated token.", labels,
+                              buckets=_LATENCY_BUCKETS, registry=reg).labels(model_name)
+        self.model_name = model_name
+
+    def record(self, stats: StepStats | None, num_new_preemptions: int, finished) -> None:
+        if stats is not None:
+            self.prompt_tokens.inc(stats.num_prompt_tokens)
+            self.generation_tokens.inc(stats.num_generation_tokens)
+        if num_new_preemptions:
+            self.num_preemptions.inc(num_new_preemptions)
+        for f in finished:
+            self.request_success.labels(self.model_name, f.finish_reason).inc()
+            self.e2e.observe(f.e2e_seconds)
+            if f.ttft_seconds is not None:
+                self.ttft.observe(f.ttft_seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,90 @@
+"""Per-request logits processing before sampling: repetition / frequency / presence
+penalties, logit_bias, allowed_token_ids, bad_words and min_tokens bans.
+
+Applied to the raw logits (before temperature), in that order, only to the rows that ask for
+it; the other rows cost nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from octavo.sampling_params import SamplingParams
+
+
+@dataclass
+class RowContext:
+    row: int
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    bad_words_token_ids: list[list[int]] | None = None
+    banned: list[int] | None = None  # e.g. EOS while short of min_tokens
+
+
+def needs_processing(params: SamplingParams) -> bool:
+    return (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
+            or params.presence_penalty != 0.0 or bool(params.logit_bias)
+            or params.allowed_token_ids is not None or bool(params.bad_words))
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor,
+                             penalty: float) -> torch.Tensor:
+    """transformers' rule over prompt + output tokens: positive logits divided by the penalty,
+    negative ones multiplied."""
+    picked = logits[seen]
+    logits[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits
+
+
+def apply_frequency_presence(logits: torch.Tensor, counts: torch.Tensor, frequency: float,
+                             presence: float) -> torch.Tensor:
+    """OpenAI's rule over generated tokens: logit -= count * frequency + (count > 0) * presence."""
+    return logits - counts * frequency - (counts > 0).to(logits.dtype) * presence
+
+
+def _bad_word_bans(output: list[int], bad_words: list[list[int]]) -> list[int]:
+    """Last tokens of bad words whose prefix the output currently ends with."""
+    bans = []
+    for word in bad_words:
+        prefix = word[:-1]
+        if not prefix or output[-len(prefix):] == prefix:
+            bans.append(word[-1])
+    return bans
+
+
+def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext]) -> torch.Tensor:
+    """logits [B, V] (float32) -> processed logits; rows not listed are left as they are."""
+    vocab = logits.shape[-1]
+    dev = logits.device
+    for ctx in rows:
+        p = ctx.params
+        row = logits[ctx.row]
+        if p.repetition_penalty != 1.0:
+            seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
+            ids = ctx.prompt_token_ids + ctx.output_token_ids
+            seen[torch.tensor(ids, dtype=torch.long, device=dev)] = True
+            row = apply_repetition_penalty(row, seen, p.repetition_penalty)
+        if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and ctx.output_token_ids:
+            counts = torch.bincount(torch.tensor(ctx.output_token_ids, device=dev),
+                                    minlength=vocab)[:vocab].to(row.dtype)
+            row = apply_frequency_presence(row, counts, p.frequency_penalty, p.presence_penalty)
+        if p.logit_bias:
+            ids = torch.tensor([t for t in p.logit_bias if t < vocab], device=dev)
+            bias = torch.tensor([v for t, v in p.logit_bias.items() if t < vocab],
+                                dtype=row.dtype, device=dev)
+            row = row.index_add(0, ids, bias) if ids.numel() else row
+        if p.allowed_token_ids is not None:
+            keep = torch.full((vocab,), float("-inf"), dtype=row.dtype, device=dev)
+            allowed = torch.tensor(p.allowed_token_ids, device=dev)
+            keep[allowed] = 0.0
+            row = row + keep
+        bans = list(ctx.banned or [])
+        if ctx.bad_words_token_ids:
+            bans += _bad_word_bans(ctx.output_token_ids, ctx.bad_words_token_ids)
+        if bans:
+            row = row.index_fill(0, torch.tensor(bans, device=dev), float("-inf"))
+        logits[ctx.row] = row
+    return logits
