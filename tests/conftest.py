@@ -66,3 +66,4 @@ def no_block_leaks():
         assert pool.num_free_blocks == pool.num_blocks, (
             f"{pool.num_blocks - pool.num_free_blocks} KV blocks not returned to the pool")
         assert not engine.states, "output states left behind"
+        assert not engine.parents, "n > 1 parents left behind"

@@ -47,6 +47,25 @@ class KVCacheManager:
         self.req_to_blocks.setdefault(request.request_id, []).extend(new_blocks)
         return [b.block_id for b in new_blocks]
 
+    def fork(self, child: Request, leader: Request, num_tokens: int) -> tuple[int, int] | None:
+        """Give ``child`` the leader's KV for its first ``num_tokens`` tokens: full blocks are
+        shared by reference count, a trailing partial block is copied into a fresh block.
+        Returns the (source, destination) copy to perform, if any. Needs one free block when
+        there is a partial block; the caller checks."""
+        assert child.request_id not in self.req_to_blocks
+        full, rest = divmod(num_tokens, self.block_size)
+        leader_blocks = self.req_to_blocks[leader.request_id]
+        shared = leader_blocks[:full]
+        self.pool.incref(shared)
+        table = list(shared)
+        copy = None
+        if rest:
+            (block,) = self.pool.allocate(1)
+            table.append(block)
+            copy = (leader_blocks[full].block_id, block.block_id)
+        self.req_to_blocks[child.request_id] = table
+        return copy
+
     def free(self, request: Request) -> None:
         """Release every block of the request, tail first so that the tail is evicted first."""
         blocks = self.req_to_blocks.pop(request.request_id, None)

@@ -69,6 +69,8 @@ class Request:
         self.stop_reason: int | str | None = None
         # bad_words as token sequences (tokenized by the processor).
         self.bad_words_token_ids: list[list[int]] | None = None
+        # Parallel sample (n > 1) that shares its prompt's KV blocks with this leader.
+        self.fork_of: Request | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -114,6 +114,10 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             req = self.waiting[0]
+            if req.fork_of is not None and req.num_computed_tokens == 0:
+                ready = self._try_fork(req, out)
+                if ready is None:
+                    break  # the leader has not computed the prompt yet: keep FCFS order
             n = req.num_tokens - req.num_computed_tokens
             if n > budget:
                 if not self.config.enable_chunked_prefill:
@@ -155,6 +159,23 @@ class Scheduler:
         out.preempted_req_ids = self._preempted_ids
         self._preempted_ids = set()
         return out
+
+    def _try_fork(self, req: Request, out: SchedulerOutput) -> bool | None:
+        """Share the leader's prompt KV with a parallel sample. True: forked; False: the
+        request computes its prompt itself; None: wait (the leader is mid-prefill)."""
+        leader = req.fork_of
+        shared = req.num_prompt_tokens - 1  # the last prompt token is recomputed for logits
+        if (shared < 1 or leader.status != RequestStatus.RUNNING
+                or leader.request_id not in self.kv.req_to_blocks):
+            req.fork_of = None  # nothing to share: compute the prompt like any request
+            return False
+        if leader.num_computed_tokens < shared or self.kv.num_free_blocks < 1:
+            return None
+        copy = self.kv.fork(req, leader, shared)
+        if copy is not None:
+            out.block_copies.append(copy)
+        req.num_computed_tokens = shared
+        return True
 
     def _preempt(self, req: Request) -> None:
         """Preempt by recompute: drop its blocks, put it back at the head of the queue."""

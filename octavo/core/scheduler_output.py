@@ -38,6 +38,9 @@ class SchedulerOutput:
     # Requests the worker must forget (finished, aborted or preempted since the last step).
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # (source block, destination block) copies to make before the forward pass: the
+    # copy-on-write of a shared partial block when a parallel sample forks.
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -12,6 +12,7 @@ from octavo.core.request import RequestStatus
 from octavo.core.scheduler import Scheduler
 from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.output_processor import RequestState
+from octavo.engine.parallel_sampling import ParentRequest, child_params
 from octavo.engine.processor import Processor, PromptType
 from octavo.engine.tokenizer import load_tokenizer
 from octavo.executor.uniproc import UniProcExecutor
@@ -49,6 +50,8 @@ class LLMEngine:
                 "max_model_len or give the cache more memory")
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.num_blocks)
         self.states: dict[str, RequestState] = {}
+        self.parents: dict[str, ParentRequest] = {}  # n > 1 requests, by user request id
+        self._child_parent: dict[str, tuple[ParentRequest, int]] = {}
         self._ids = itertools.count()
         self.last_stats: StepStats | None = None
         self.timings = StepTimings()
@@ -64,17 +67,40 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: PromptType,
                     params: SamplingParams | None = None, priority: int = 0,
                     arrival_time: float | None = None) -> None:
-        if request_id in self.states:
+        if request_id in self.states or request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        params = SamplingParams() if params is None else params
+        if isinstance(params, SamplingParams) and params.n > 1:
+            self._add_parallel(request_id, prompt, params, priority, arrival_time)
+            return
         req, text = self.processor.process(request_id, prompt, params, priority, arrival_time)
         self.scheduler.add_request(req)
         self.states[request_id] = RequestState(req, text, self.tokenizer)
 
+    def _add_parallel(self, request_id, prompt, params, priority, arrival_time) -> None:
+        parent = ParentRequest(request_id, params.n, params.output_kind)
+        made = [self.processor.process(cid, prompt, child_params(params, i), priority,
+                                       arrival_time)
+                for i, cid in enumerate(parent.child_ids)]  # validate all before queueing
+        leader = made[0][0]
+        for i, (req, text) in enumerate(made):
+            if i:
+                req.fork_of = leader
+            self.scheduler.add_request(req)
+            self.states[req.request_id] = RequestState(req, text, self.tokenizer)
+            self._child_parent[req.request_id] = (parent, i)
+        self.parents[request_id] = parent
+
     def abort_request(self, request_ids: str | list[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        for rid in list(ids):
+            parent = self.parents.pop(rid, None)
+            if parent is not None:
+                ids.extend(parent.child_ids)
         self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
         for rid in ids:
             self.states.pop(rid, None)
+            self._child_parent.pop(rid, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -119,10 +145,16 @@ class LLMEngine:
             stop_reason = state.detok.stop_reason if (
                 hit_stop and state.detok is not None) else req.stop_reason
             out = state.make_output(done, reason, stop_reason)
+            if out is not None and req.request_id in self._child_parent:
+                parent, index = self._child_parent[req.request_id]
+                out = parent.add(index, out)
+                if parent.done:
+                    self.parents.pop(parent.request_id, None)
             if out is not None:
                 outputs.append(out)
             if done:
                 del self.states[req.request_id]
+                self._child_parent.pop(req.request_id, None)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         t3 = time.perf_counter()

@@ -13,7 +13,6 @@ PromptType = str | list[int] | Mapping[str, Any]
 
 # Features a later milestone brings: rejected clearly instead of silently ignored.
 _UNSUPPORTED = (
-    ("n", lambda p: p.n != 1, "n > 1 (parallel samples)"),
     ("best_of", lambda p: p.best_of not in (None, p.n), "best_of"),
     ("use_beam_search", lambda p: p.use_beam_search, "beam search"),
     ("prompt_logprobs", lambda p: p.prompt_logprobs is not None, "prompt_logprobs"),

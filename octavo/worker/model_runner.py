@@ -187,6 +187,8 @@ class ModelRunner:
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self.last_prepare_s = 0.0
         self._update_states(sched)
+        if sched.block_copies:
+            self._copy_blocks(sched.block_copies)
         if sched.is_empty:
             return ModelRunnerOutput([], [])
         req_ids = list(sched.num_scheduled_tokens)
@@ -217,6 +219,14 @@ class ModelRunner:
             sampled_token_ids=sampled,
             logprobs=self._logprobs_dict(sample_states, out),
         )
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks (every layer); dim 1 is the block dim in every backend's
+        layout."""
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        for cache in self.kv_caches:
+            cache[:, dst] = cache[:, src]
 
     def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
         params = [st.sampling_params for st in states]

@@ -121,12 +121,12 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
              "parent": None, "max_model_len": mc.max_model_len} for n in names]}
 
     @app.post("/v1/completions")
-    async def create_completion(req: CompletionRequest):
-        return await completions.create(req)
+    async def create_completion(req: CompletionRequest, raw_request: Request):
+        return await completions.create(req, raw_request)
 
     @app.post("/v1/chat/completions")
-    async def create_chat_completion(req: ChatCompletionRequest):
-        return await chat.create(req)
+    async def create_chat_completion(req: ChatCompletionRequest, raw_request: Request):
+        return await chat.create(req, raw_request)
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from octavo.engine.async_llm import AsyncLLM
 from octavo.entrypoints.chat_utils import apply_chat_template
 from octavo.entrypoints.openai.protocol import APIError, ChatCompletionRequest, message_dicts
 from octavo.entrypoints.openai.serving_engine import (
+    CLIENT_GONE_STATUS,
     OpenAIServing,
     engine_error_chunk,
     now,
@@ -41,7 +42,7 @@ class OpenAIServingChat(OpenAIServing):
         return {"prompt": text,
                 "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
 
-    async def create(self, req: ChatCompletionRequest):
+    async def create(self, req: ChatCompletionRequest, raw_request: Any | None = None):
         model = self.check_model(req.model)
         self.check_alive()
         req.check_n()
@@ -62,13 +63,10 @@ class OpenAIServingChat(OpenAIServing):
                 self._stream(results, model, request_id, created, tokenizer,
                              num_logprobs is not None, top, include_usage),
                 media_type="text/event-stream")
-        final: RequestOutput | None = None
-        try:
-            async for _, out in results:
-                final = out
-        finally:
-            await results.aclose()  # type: ignore[attr-defined]
-        assert final is not None and final.finished
+        finals = await self.collect(results, raw_request)
+        if finals is None:
+            return Response(status_code=CLIENT_GONE_STATUS)
+        final = finals[0]
         comp = final.outputs[0]
         p, c = len(final.prompt_token_ids or []), len(comp.token_ids)
         return JSONResponse({

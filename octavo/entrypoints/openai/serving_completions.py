@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.openai.protocol import APIError, CompletionRequest
 from octavo.entrypoints.openai.serving_engine import (
+    CLIENT_GONE_STATUS,
     OpenAIServing,
     engine_error_chunk,
     now,
@@ -30,7 +31,7 @@ def _prompts(prompt: Any) -> list[PromptType]:
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    async def create(self, req: CompletionRequest):
+    async def create(self, req: CompletionRequest, raw_request: Any | None = None):
         model = self.check_model(req.model)
         self.check_alive()
         req.check_n()
@@ -52,12 +53,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 self._stream(results, req, model, request_id, created, tokenizer,
                              len(prompts), include_usage),
                 media_type="text/event-stream")
-        finals: dict[int, RequestOutput] = {}
-        try:
-            async for i, out in results:
-                finals[i] = out
-        finally:
-            await results.aclose()  # type: ignore[attr-defined]
+        finals = await self.collect(results, raw_request)
+        if finals is None:
+            return Response(status_code=CLIENT_GONE_STATUS)
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for i in range(len(prompts)):
             out = finals[i]

@@ -70,6 +70,32 @@ class OpenAIServing:
                 for i, p in enumerate(prompts)]
         return merge_async_iterators(gens)
 
+    async def collect(self, results: AsyncIterator[tuple[int, RequestOutput]],
+                      raw_request: Any | None,
+                      poll_s: float = 0.5) -> dict[int, RequestOutput] | None:
+        """The last output of each prompt, or None when the client went away first (the
+        requests are then aborted, so their KV blocks return to the pool)."""
+        finals: dict[int, RequestOutput] = {}
+
+        async def consume() -> None:
+            async for i, out in results:
+                finals[i] = out
+
+        task = asyncio.ensure_future(consume())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=poll_s)
+                if done:
+                    task.result()
+                    return finals
+                if raw_request is not None and await raw_request.is_disconnected():
+                    return None
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            await results.aclose()  # type: ignore[attr-defined]
+
 
 async def merge_async_iterators(
         iterators: Sequence[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
@@ -119,6 +145,9 @@ def engine_error_chunk(e: BaseException) -> str:
         return sse(e.body())
     status = 503 if isinstance(e, EngineDeadError) else 400 if isinstance(e, ValueError) else 500
     return sse(error_body(status, str(e)))
+
+
+CLIENT_GONE_STATUS = 499  # nginx's "client closed request": nobody reads it
 
 
 def now() -> int:
