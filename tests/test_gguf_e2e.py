@@ -99,3 +99,20 @@ def test_haiku_stops_at_im_end(llm, octavo_runs):
     assert 5 < len(c.token_ids) < 256
     assert c.text.strip() and "<|im_end|>" not in c.text
     assert c.text == llm.get_tokenizer().decode(c.token_ids[:-1], skip_special_tokens=True)
+
+
+def test_seed_tuning_snippet_runs(llm, caplog):
+    """The seed's tuning advice, as written, on the default model: penalties and min_p apply,
+    length_penalty is accepted with a one-time warning."""
+    from octavo import SamplingParams
+
+    params = SamplingParams(temperature=0.7, top_p=0.9, frequency_penalty=0.5,
+                            presence_penalty=0.3, min_p=0.05, length_penalty=1.2,
+                            max_tokens=24, seed=0)
+    with caplog.at_level("WARNING"):
+        outs = llm.chat([[{"role": "user", "content": "Name three uses of a paged KV cache."}],
+                         [{"role": "user", "content": "Write a haiku about paging."}]],
+                        params, use_tqdm=False)
+    assert all(o.outputs[0].token_ids and o.outputs[0].text for o in outs)
+    warnings = [r for r in caplog.records if "length_penalty" in r.getMessage()]
+    assert len(warnings) == 1

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from octavo.config import ModelConfig
 from octavo.core.request import Request
 from octavo.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 PromptType = str | list[int] | Mapping[str, Any]
 
@@ -24,6 +27,7 @@ class Processor:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.vocab_size = model_config.hf_config.vocab_size
+        self._warned: set[str] = set()
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None,
                 priority: int = 0, arrival_time: float | None = None
@@ -31,6 +35,9 @@ class Processor:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        if params.length_penalty != 1.0 and not params.use_beam_search:
+            self._warn_once("length_penalty", f"length_penalty={params.length_penalty} has no "
+                            "effect without beam search (or best_of > n); it is ignored")
         for field, bad, what in _UNSUPPORTED:
             if bad(params):
                 raise ValueError(f"{what} is not supported yet ({field}="
@@ -62,6 +69,11 @@ class Processor:
         if params.bad_words:
             req.bad_words_token_ids = self._bad_words(params.bad_words)
         return req, text
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         for field in ("allowed_token_ids", "logit_bias"):
