@@ -126,3 +126,28 @@ def test_logprobs_match_transformers(tiny):
             assert entry[t].logprob == pytest.approx(v, abs=1e-4)
         cumulative += row[tok].item()
     assert out.cumulative_logprob == pytest.approx(cumulative, abs=1e-3)
+
+
+@pytest.mark.parametrize("chunk", [None, 8])
+def test_prompt_logprobs_match_transformers(tiny, chunk):
+    """prompt_logprobs, also when the prompt is prefilled in 8-token chunks."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {} if chunk is None else dict(max_num_batched_tokens=chunk)
+    llm = LLM(model=tiny, dtype="float32", skip_tokenizer_init=True, **kwargs)
+    rng = random.Random(6)
+    prompt = [rng.randrange(3, 512) for _ in range(21)]
+    out = llm.generate({"prompt_token_ids": prompt},
+                       SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True,
+                                      prompt_logprobs=3), use_tqdm=False)[0]
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    plp = out.prompt_logprobs
+    assert len(plp) == len(prompt) and plp[0] is None
+    for j in range(1, len(prompt)):
+        row, tok = ref[j - 1], prompt[j]
+        assert plp[j][tok].logprob == pytest.approx(row[tok].item(), abs=1e-4)
+        assert plp[j][tok].rank == int((row > row[tok]).sum()) + 1
+        for v, t in zip(*row.topk(3)):
+            assert plp[j][int(t)].logprob == pytest.approx(v.item(), abs=1e-4)

@@ -55,3 +55,5 @@ class ModelRunnerOutput:
     sampled_token_ids: list[int]
     # Optional per-request extras (logprobs of the sampled token etc.), keyed by request id.
     logprobs: dict[str, object] | None = None
+    # Prompt logprobs of this step's prefill chunk, for requests that asked, by request id.
+    prompt_logprobs: dict[str, object] | None = None

@@ -119,6 +119,10 @@ class LLMEngine:
         runner_out = self.executor.execute_model(sched)
         t2 = time.perf_counter()
         new_tokens, finished = self.scheduler.update_from_output(sched, runner_out)
+        for rid, chunk in (runner_out.prompt_logprobs or {}).items():
+            state = self.states.get(rid)
+            if state is not None and state.prompt_logprobs is not None:
+                state.add_prompt_logprobs(chunk)
         finished_ids = {r.request_id for r in finished}
         lp = runner_out.logprobs or {}
         outputs: list[RequestOutput] = []

@@ -21,6 +21,9 @@ class RequestState:
             [] if self.params.logprobs is not None else None)
         self.cumulative_logprob: float | None = (
             0.0 if self.params.logprobs is not None else None)
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            [None] if self.params.prompt_logprobs is not None else None)
+        self.sent_prompt_logprobs = False
         self.sent_tokens = 0
         self.sent_text = 0
         self.tokenizer = tokenizer
@@ -36,6 +39,20 @@ class RequestState:
             entry[token] = Logprob(lp, rank, self._tok(token))
             self.logprobs.append(entry)
         return self.detok.add_token(token) if self.detok is not None and detokenize else False
+
+    def add_prompt_logprobs(self, chunk) -> None:
+        """Entries for prompt tokens start+1 .. (a recomputed chunk after a preemption
+        repeats positions already recorded; those are skipped)."""
+        start, targets, lps, ranks, top_ids, top_lps = chunk
+        for j, (tok, lp, rank) in enumerate(zip(targets, lps, ranks)):
+            if len(self.prompt_logprobs) != start + j + 1:
+                continue
+            entry = {}
+            if top_ids is not None:
+                entry = {t: Logprob(v, r + 1, self._tok(t))
+                         for r, (t, v) in enumerate(zip(top_ids[j], top_lps[j]))}
+            entry[tok] = Logprob(lp, rank, self._tok(tok))
+            self.prompt_logprobs.append(entry)
 
     def _tok(self, tid: int) -> str | None:
         return self.tokenizer.convert_ids_to_tokens(tid) if self.tokenizer is not None else None
@@ -61,6 +78,10 @@ class RequestState:
             self.sent_tokens = len(self.token_ids)
             if not finished and not token_ids and not text:
                 return None
+        prompt_lp = self.prompt_logprobs
+        if kind == RequestOutputKind.DELTA:
+            prompt_lp, self.sent_prompt_logprobs = (
+                None if self.sent_prompt_logprobs else prompt_lp), True
         completion = CompletionOutput(
             index=0, text=text, token_ids=list(token_ids),
             cumulative_logprob=self.cumulative_logprob, logprobs=logprobs,
@@ -68,5 +89,5 @@ class RequestState:
             stop_reason=stop_reason if finished else None)
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids, prompt_logprobs=None,
+            prompt_token_ids=self.prompt_token_ids, prompt_logprobs=prompt_lp,
             outputs=[completion], finished=finished)

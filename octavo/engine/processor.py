@@ -18,7 +18,8 @@ PromptType = str | list[int] | Mapping[str, Any]
 _UNSUPPORTED = (
     ("best_of", lambda p: p.best_of not in (None, p.n), "best_of"),
     ("use_beam_search", lambda p: p.use_beam_search, "beam search"),
-    ("prompt_logprobs", lambda p: p.prompt_logprobs is not None, "prompt_logprobs"),
+    ("prompt_logprobs", lambda p: p.prompt_logprobs is not None and p.n > 1,
+     "prompt_logprobs with n > 1"),
 )
 
 

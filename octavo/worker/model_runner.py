@@ -196,12 +196,13 @@ class ModelRunner:
         num_new = [sched.num_scheduled_tokens[r] for r in req_ids]
         num_computed = [st.num_computed_tokens for st in states]
         hidden, qsl = self._forward(states, num_new, num_computed)
+        prompt_lp = self._prompt_logprobs(states, num_new, num_computed, hidden, qsl)
 
         # Only requests whose tokens are all computed after this step produce a token.
         rows = [i for i, (st, nc, n) in enumerate(zip(states, num_computed, num_new))
                 if nc + n == len(st.token_ids)]
         if not rows:
-            return ModelRunnerOutput([], [])
+            return ModelRunnerOutput([], [], prompt_logprobs=prompt_lp)
         if len(rows) == hidden.shape[0]:
             last_hidden = hidden
         else:
@@ -218,7 +219,37 @@ class ModelRunner:
             req_ids=[st.req_id for st in sample_states],
             sampled_token_ids=sampled,
             logprobs=self._logprobs_dict(sample_states, out),
+            prompt_logprobs=prompt_lp,
         )
+
+    def _prompt_logprobs(self, states, num_new, num_computed, hidden, qsl):
+        """For requests asking prompt_logprobs: the logprob (and rank, and top-k) of each
+        prompt token given the tokens before it, over this step's prefill chunk."""
+        result = None
+        vocab = self.config.model_config.hf_config.vocab_size
+        for i, st in enumerate(states):
+            k = st.sampling_params.prompt_logprobs
+            if k is None:
+                continue
+            nc = num_computed[i]
+            end = min(nc + num_new[i], st.num_prompt_tokens - 1)  # position p predicts p+1
+            if end <= nc:
+                continue
+            start = int(qsl[i])
+            lp = torch.log_softmax(
+                self.model.compute_logits(hidden[start: start + end - nc]).float(), dim=-1)
+            targets = st.token_ids[nc + 1: end + 1]
+            tgt = torch.tensor(targets, device=lp.device).unsqueeze(1)
+            tok_lp = lp.gather(1, tgt)
+            ranks = (lp > tok_lp).sum(dim=-1) + 1
+            k = vocab if k == -1 else k
+            tops = lp.topk(k, dim=-1) if k > 0 else None
+            result = result or {}
+            result[st.req_id] = (
+                nc, targets, tok_lp.squeeze(1).tolist(), ranks.tolist(),
+                tops.indices.tolist() if tops is not None else None,
+                tops.values.tolist() if tops is not None else None)
+        return result
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks (every layer); dim 1 is the block dim in every backend's

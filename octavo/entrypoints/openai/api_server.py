@@ -265,7 +265,8 @@ def run_server(args: argparse.Namespace) -> int:
         rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
         chat_template=_read_template(args.chat_template))
     app = build_app(engine, settings)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
+    uvicorn.run(app, host=args.host or "0.0.0.0", port=args.port,
+                log_level=args.uvicorn_log_level)
     return 0
 
 
