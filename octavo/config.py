@@ -44,7 +44,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None  # bytes for the pool on CPU
     swap_space: float = 0.0  # GiB
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 256:

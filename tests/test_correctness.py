@@ -77,3 +77,21 @@ def test_greedy_matches_with_small_chunks(checkpoint, reference):
     prompts, expected = reference
     _, got = _octavo(folder, prompts, max_num_batched_tokens=8, max_num_seqs=4)
     assert got == expected
+
+
+def test_greedy_matches_with_prefix_cache_hits_and_off(checkpoint, reference):
+    """Second pass over the same prompts reads their full blocks from the prefix cache; the
+    tokens stay those of transformers, and so they do with caching off."""
+    _, folder = checkpoint
+    prompts, expected = reference
+    llm = LLM(model=folder, dtype="float32", skip_tokenizer_init=True, block_size=4)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    first = llm.generate(batch, params, use_tqdm=False)
+    second = llm.generate(batch, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in first] == expected
+    assert [o.outputs[0].token_ids for o in second] == expected
+    assert [o.num_cached_tokens for o in second] == [(len(p) - 1) // 4 * 4 for p in prompts]
+    assert llm.llm_engine.scheduler.kv.prefix_hits > 0
+    _, off = _octavo(folder, prompts, enable_prefix_caching=False)
+    assert off == expected

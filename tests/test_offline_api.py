@@ -107,7 +107,7 @@ BAD_REQUESTS = {
     "token_id_not_int": (lambda: [[5, "x"]], None, r"'x'"),
     "dict_without_ids": (lambda: {"tokens": [1, 2]}, None, r"prompt_token_ids.*tokens"),
     "text_without_tokenizer": (lambda: "hello", None, r"tokenizer"),
-    "unsupported_n": (lambda: [[5, 6]], SamplingParams(n=2), r"n=2"),
+    "unsupported_best_of": (lambda: [[5, 6]], SamplingParams(n=2, best_of=3), r"best_of=3"),
     "stop_without_tokenizer": (lambda: [[5, 6]], SamplingParams(stop=["x"]), r"stop"),
     "params_count": (lambda: [[5], [6], [7]], [SamplingParams()] * 2,
                      r"2 sampling_params for 3 prompts"),
@@ -136,8 +136,8 @@ def test_one_bad_prompt_fails_the_whole_batch(tiny, baseline, bad_index):
 
 
 def test_one_bad_sampling_params_fails_the_whole_batch(tiny, baseline):
-    params = [GREEDY, GREEDY, SamplingParams(n=3), GREEDY]
-    with pytest.raises(ValueError, match=r"prompt 2:.*n=3"):
+    params = [GREEDY, GREEDY, SamplingParams(n=2, best_of=3), GREEDY]
+    with pytest.raises(ValueError, match=r"prompt 2:.*best_of=3"):
         tiny.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     assert not tiny.llm_engine.has_unfinished_requests()
     _still_works(tiny, baseline)
@@ -231,7 +231,8 @@ def test_request_output_fields(tiny, baseline):
         assert list(out.prompt_token_ids) == prompt
         assert out.prompt_logprobs is None
         assert out.finished is True
-        assert out.num_cached_tokens == 0
+        # Earlier tests ran the same prompts: their full blocks may come from the prefix cache.
+        assert out.num_cached_tokens % 16 == 0 and out.num_cached_tokens < len(prompt)
         assert len(out.outputs) == 1
         c = out.outputs[0]
         assert c.index == 0

@@ -30,6 +30,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        # Prefix cache: hash of a full block -> the block holding it (in use or free).
+        self.cached: dict[int, KVBlock] = {}
+        self.num_evictions = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -44,17 +47,31 @@ class BlockPool:
         return self.num_used_blocks / self.num_blocks
 
     def allocate(self, n: int) -> list[KVBlock]:
-        """Take ``n`` blocks (ref count 1 each); ValueError if fewer are free."""
+        """Take ``n`` blocks (ref count 1 each); ValueError if fewer are free. Free blocks
+        still holding a cached prefix are evicted in least-recently-freed order."""
         if n > len(self._free):
             raise ValueError(f"cannot allocate {n} blocks: only {len(self._free)} free")
         out = []
         for _ in range(n):
             _, block = self._free.popitem(last=False)
             assert block.ref_cnt == 0, block
+            if block.block_hash is not None:  # evict the least recently freed cached block
+                if self.cached.get(block.block_hash) is block:
+                    del self.cached[block.block_hash]
+                self.num_evictions += 1
             block.ref_cnt = 1
             block.block_hash = None
             out.append(block)
         return out
+
+    def cache_block(self, block: KVBlock, block_hash: int) -> None:
+        """Register a full, computed block under its prefix hash (first holder wins)."""
+        if block.block_hash is None and block_hash not in self.cached:
+            block.block_hash = block_hash
+            self.cached[block_hash] = block
+
+    def lookup(self, block_hash: int) -> KVBlock | None:
+        return self.cached.get(block_hash)
 
     def incref(self, blocks: list[KVBlock]) -> None:
         """Share blocks: a block with ref count 0 leaves the free queue."""

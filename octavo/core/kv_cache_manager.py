@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from octavo.core.block_pool import BlockPool, KVBlock
+from octavo.core.prefix_hash import ROOT_HASH, hash_full_blocks
 from octavo.core.request import Request
 
 
@@ -11,12 +12,17 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int,
+                 enable_prefix_caching: bool = False) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        self.enable_prefix_caching = enable_prefix_caching
+        # Prefix-cache statistics, in tokens (vLLM's prefix_cache_queries / hits).
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -65,6 +71,50 @@ class KVCacheManager:
             copy = (leader_blocks[full].block_id, block.block_id)
         self.req_to_blocks[child.request_id] = table
         return copy
+
+    def get_computed_blocks(self, request: Request) -> list[KVBlock]:
+        """Cached blocks holding a prefix of the request's tokens. At least one token is left
+        to compute: the model must run on the last one to produce logits."""
+        if not self.enable_prefix_caching:
+            return []
+        hashes = self._hashes(request)
+        usable = (request.num_tokens - 1) // self.block_size
+        hits = []
+        for h in hashes[:usable]:
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def take_computed_blocks(self, request: Request, blocks: list[KVBlock]) -> None:
+        """Start the request's table with cached blocks (shared by reference count)."""
+        assert request.request_id not in self.req_to_blocks
+        self.pool.incref(blocks)
+        self.req_to_blocks[request.request_id] = list(blocks)
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the request's newly full, computed blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return
+        hashes = self._hashes(request)
+        full = min(request.num_computed_tokens // self.block_size, len(hashes), len(blocks))
+        for i in range(request.num_cached_blocks, full):
+            self.pool.cache_block(blocks[i], hashes[i])
+        request.num_cached_blocks = max(request.num_cached_blocks, full)
+
+    def _hashes(self, request: Request) -> list[int]:
+        """Chained hashes of the request's full blocks, extended incrementally."""
+        hashes = request.block_hashes
+        n_full = request.num_tokens // self.block_size
+        if len(hashes) < n_full:
+            parent = hashes[-1] if hashes else ROOT_HASH
+            hashes.extend(hash_full_blocks(request.all_token_ids, self.block_size,
+                                           len(hashes), parent))
+        return hashes
 
     def free(self, request: Request) -> None:
         """Release every block of the request, tail first so that the tail is evicted first."""

@@ -71,6 +71,11 @@ class Request:
         self.bad_words_token_ids: list[list[int]] | None = None
         # Parallel sample (n > 1) that shares its prompt's KV blocks with this leader.
         self.fork_of: Request | None = None
+        # Prefix caching: chained hashes of full blocks, blocks registered so far, and how
+        # many prompt tokens came from the cache at admission.
+        self.block_hashes: list[int] = []
+        self.num_cached_blocks = 0
+        self.num_cached_tokens = 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -25,7 +25,8 @@ class Scheduler:
         self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int
     ) -> None:
         self.config = scheduler_config
-        self.kv = KVCacheManager(num_blocks, cache_config.block_size)
+        self.kv = KVCacheManager(num_blocks, cache_config.block_size,
+                                 cache_config.enable_prefix_caching)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -114,10 +115,17 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             req = self.waiting[0]
+            forked = False
             if req.fork_of is not None and req.num_computed_tokens == 0:
-                ready = self._try_fork(req, out)
-                if ready is None:
+                forked = self._try_fork(req, out)
+                if forked is None:
                     break  # the leader has not computed the prompt yet: keep FCFS order
+            hits = []
+            if not forked and req.num_computed_tokens == 0:
+                hits = self.kv.get_computed_blocks(req)
+                if hits:
+                    self.kv.take_computed_blocks(req, hits)
+                    req.num_computed_tokens = len(hits) * self.kv.block_size
             n = req.num_tokens - req.num_computed_tokens
             if n > budget:
                 if not self.config.enable_chunked_prefill:
@@ -125,7 +133,15 @@ class Scheduler:
                 n = budget
             blocks = self.kv.allocate_slots(req, n)
             if blocks is None:
+                if hits:  # give the cached blocks back; they stay cached
+                    self.kv.free(req)
+                    req.num_computed_tokens = 0
                 break
+            if self.kv.enable_prefix_caching and not forked:
+                self.kv.prefix_queries += req.num_tokens
+                self.kv.prefix_hits += len(hits) * self.kv.block_size
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = len(hits) * self.kv.block_size
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -183,6 +199,7 @@ class Scheduler:
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.num_cached_blocks = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -201,6 +218,7 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is not None:
                 req.num_computed_tokens += n
+                self.kv.cache_full_blocks(req)
         new_tokens: list[tuple[Request, int]] = []
         finished: list[Request] = []
         for rid, token in zip(runner_out.req_ids, runner_out.sampled_token_ids):

@@ -38,7 +38,7 @@ class EngineArgs:
     kv_cache_memory: int | None = None
     swap_space: float = 0.0
     enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
     quantization: str | None = None
     tensor_parallel_size: int = 1
     load_format: str = "auto"
@@ -59,8 +59,6 @@ class EngineArgs:
 
         device = resolve_device(self.device)
         model_config = _model_config(self, device.type)
-        if self.enable_prefix_caching:
-            raise ValueError("enable_prefix_caching=True is not supported yet")
         if self.swap_space:
             logger.warning("swap_space=%s: swap preemption is not built yet; preempted "
                            "requests are recomputed", self.swap_space)

@@ -134,6 +134,7 @@ class LLMEngine:
                 continue
             if req.num_output_tokens == 1:
                 num_prompt += req.num_prompt_tokens
+                state.num_cached_tokens = req.num_cached_tokens
             done = req.request_id in finished_ids
             reason = req.status.finish_reason
             # As in vLLM, the EOS / stop token that ended a request is not part of its text.

@@ -24,6 +24,7 @@ class RequestState:
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
             [None] if self.params.prompt_logprobs is not None else None)
         self.sent_prompt_logprobs = False
+        self.num_cached_tokens = 0
         self.sent_tokens = 0
         self.sent_text = 0
         self.tokenizer = tokenizer
@@ -90,4 +91,4 @@ class RequestState:
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids, prompt_logprobs=prompt_lp,
-            outputs=[completion], finished=finished)
+            outputs=[completion], finished=finished, num_cached_tokens=self.num_cached_tokens)

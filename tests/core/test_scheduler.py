@@ -30,13 +30,14 @@ TOKEN = 7
 
 def make_sched(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 16,
                max_num_batched_tokens: int = 64, max_model_len: int = 64,
-               enable_chunked_prefill: bool = True) -> Scheduler:
+               enable_chunked_prefill: bool = True,
+               enable_prefix_caching: bool = False) -> Scheduler:
     return Scheduler(
         SchedulerConfig(max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens,
                         max_model_len=max_model_len,
                         enable_chunked_prefill=enable_chunked_prefill),
-        CacheConfig(block_size=block_size),
+        CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching),
         num_blocks,
     )
 

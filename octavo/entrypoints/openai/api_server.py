@@ -200,7 +200,7 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--quantization", "-q", default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                   default=False)
+                   default=None, help="automatic prefix caching (default: on)")
     p.add_argument("--swap-space", type=float, default=0.0)
     return p
 
@@ -213,8 +213,6 @@ def unsupported_flags(args: argparse.Namespace) -> list[str]:
     if args.quantization is not None:
         problems.append(f"--quantization {args.quantization}: quantized serving is not "
                         "built yet")
-    if args.enable_prefix_caching:
-        problems.append("--enable-prefix-caching: prefix caching is not built yet")
     if args.swap_space:
         problems.append(f"--swap-space {args.swap_space}: swapping to CPU is not built yet "
                         "(use 0)")
@@ -233,6 +231,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
         device=args.device, enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching is not False,
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
 
 

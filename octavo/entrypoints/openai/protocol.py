@@ -61,10 +61,6 @@ class _SamplingRequest(BaseModel):
     include_stop_str_in_output: bool = False
     user: str | None = None
 
-    def check_n(self) -> None:
-        if self.n != 1:
-            raise APIError(400, f"n={self.n} is not supported yet: only n=1", param="n")
-
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         stream: bool) -> SamplingParams:
         """SamplingParams for this request; APIError 400 naming the field when invalid."""
@@ -83,7 +79,7 @@ class _SamplingRequest(BaseModel):
             if value is not None:
                 kwargs[name] = value
         return SamplingParams(
-            **kwargs, max_tokens=max_tokens, seed=self.seed, stop=self.stop,
+            **kwargs, n=self.n, max_tokens=max_tokens, seed=self.seed, stop=self.stop,
             stop_token_ids=self.stop_token_ids, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, ignore_eos=self.ignore_eos,

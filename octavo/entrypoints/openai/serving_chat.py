@@ -45,7 +45,6 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, req: ChatCompletionRequest, raw_request: Any | None = None):
         model = self.check_model(req.model)
         self.check_alive()
-        req.check_n()
         prompt = self.render(req.messages, req.chat_template, req.add_generation_prompt)
         max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
                       else req.max_tokens)
@@ -61,45 +60,49 @@ class OpenAIServingChat(OpenAIServing):
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
                 self._stream(results, model, request_id, created, tokenizer,
-                             num_logprobs is not None, top, include_usage),
+                             num_logprobs is not None, top, include_usage, req.n),
                 media_type="text/event-stream")
         finals = await self.collect(results, raw_request)
         if finals is None:
             return Response(status_code=CLIENT_GONE_STATUS)
         final = finals[0]
-        comp = final.outputs[0]
-        p, c = len(final.prompt_token_ids or []), len(comp.token_ids)
+        comps = sorted(final.outputs, key=lambda c: c.index)
+        p = len(final.prompt_token_ids or [])
+        c = sum(len(comp.token_ids) for comp in comps)
         return JSONResponse({
             "id": request_id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{
-                "index": 0, "message": {"role": "assistant", "content": comp.text},
+                "index": comp.index, "message": {"role": "assistant", "content": comp.text},
                 "logprobs": (_logprobs(comp, tokenizer, top)
                              if num_logprobs is not None else None),
-                "finish_reason": comp.finish_reason, "stop_reason": comp.stop_reason}],
+                "finish_reason": comp.finish_reason, "stop_reason": comp.stop_reason}
+                for comp in comps],
             "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})
 
     async def _stream(self, results: AsyncIterator[tuple[int, RequestOutput]], model: str,
                       request_id: str, created: int, tokenizer, want_logprobs: bool,
-                      top: int, include_usage: bool) -> AsyncIterator[str]:
-        def chunk(delta: dict[str, Any], finish: str | None = None,
+                      top: int, include_usage: bool, n: int = 1) -> AsyncIterator[str]:
+        def chunk(index: int, delta: dict[str, Any], finish: str | None = None,
                   logprobs: Any = None, stop_reason: Any = None) -> str:
             return sse({"id": request_id, "object": "chat.completion.chunk",
                         "created": created, "model": model,
-                        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                        "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
                                      "finish_reason": finish, "stop_reason": stop_reason}]})
 
         prompt_tokens = completion_tokens = 0
         try:
-            yield chunk({"role": "assistant", "content": ""})
+            for index in range(n):
+                yield chunk(index, {"role": "assistant", "content": ""})
             async for _, out in results:
-                comp = out.outputs[0]
                 prompt_tokens = len(out.prompt_token_ids or [])
-                completion_tokens += len(comp.token_ids)
-                lp = _logprobs(comp, tokenizer, top) if want_logprobs else None
-                if comp.text or lp:
-                    yield chunk({"content": comp.text}, logprobs=lp)
-                if comp.finish_reason is not None:
-                    yield chunk({}, comp.finish_reason, stop_reason=comp.stop_reason)
+                for comp in out.outputs:
+                    completion_tokens += len(comp.token_ids)
+                    lp = _logprobs(comp, tokenizer, top) if want_logprobs else None
+                    if comp.text or lp:
+                        yield chunk(comp.index, {"content": comp.text}, logprobs=lp)
+                    if comp.finish_reason is not None:
+                        yield chunk(comp.index, {}, comp.finish_reason,
+                                    stop_reason=comp.stop_reason)
             if include_usage:
                 yield sse({"id": request_id, "object": "chat.completion.chunk",
                            "created": created, "model": model, "choices": [],

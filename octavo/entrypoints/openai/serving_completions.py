@@ -34,7 +34,6 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create(self, req: CompletionRequest, raw_request: Any | None = None):
         model = self.check_model(req.model)
         self.check_alive()
-        req.check_n()
         if req.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
         if req.echo and req.logprobs is not None:
@@ -51,7 +50,7 @@ class OpenAIServingCompletion(OpenAIServing):
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
                 self._stream(results, req, model, request_id, created, tokenizer,
-                             len(prompts), include_usage),
+                             req.n, include_usage),
                 media_type="text/event-stream")
         finals = await self.collect(results, raw_request)
         if finals is None:
@@ -59,13 +58,14 @@ class OpenAIServingCompletion(OpenAIServing):
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for i in range(len(prompts)):
             out = finals[i]
-            comp = out.outputs[0]
-            text = comp.text
-            if req.echo:
-                text = _prompt_text(out, tokenizer) + text
-            choices.append(_choice(i, text, comp, tokenizer, req.logprobs))
+            for comp in sorted(out.outputs, key=lambda c: c.index):
+                text = comp.text
+                if req.echo:
+                    text = _prompt_text(out, tokenizer) + text
+                choices.append(_choice(i * req.n + comp.index, text, comp, tokenizer,
+                                       req.logprobs))
+                completion_tokens += len(comp.token_ids)
             prompt_tokens += len(out.prompt_token_ids or [])
-            completion_tokens += len(comp.token_ids)
         return JSONResponse({
             "id": request_id, "object": "text_completion", "created": created, "model": model,
             "choices": choices,
@@ -74,26 +74,30 @@ class OpenAIServingCompletion(OpenAIServing):
 
     async def _stream(self, results: AsyncIterator[tuple[int, RequestOutput]],
                       req: CompletionRequest, model: str, request_id: str, created: int,
-                      tokenizer, num_prompts: int, include_usage: bool) -> AsyncIterator[str]:
-        prompt_tokens = [0] * num_prompts
-        completion_tokens = [0] * num_prompts
-        offsets = [0] * num_prompts
-        echoed = [False] * num_prompts
+                      tokenizer, n: int, include_usage: bool) -> AsyncIterator[str]:
+        """One chunk per sample per output; choice index = prompt index * n + sample index.
+        Prompt tokens count once per prompt, completion tokens over every sample."""
+        prompt_tokens: dict[int, int] = {}
+        completion_tokens = 0
+        offsets: dict[int, int] = {}
+        echoed: set[int] = set()
         try:
             async for i, out in results:
-                comp = out.outputs[0]
-                text = comp.text
-                if req.echo and not echoed[i]:
-                    text = _prompt_text(out, tokenizer) + text
-                    echoed[i] = True
                 prompt_tokens[i] = len(out.prompt_token_ids or [])
-                completion_tokens[i] += len(comp.token_ids)
-                choice = _choice(i, text, comp, tokenizer, req.logprobs, offsets[i])
-                offsets[i] += len(text)
-                yield sse({"id": request_id, "object": "text_completion", "created": created,
-                           "model": model, "choices": [choice]})
+                for comp in out.outputs:
+                    index = i * n + comp.index
+                    text = comp.text
+                    if req.echo and index not in echoed:
+                        text = _prompt_text(out, tokenizer) + text
+                        echoed.add(index)
+                    completion_tokens += len(comp.token_ids)
+                    offset = offsets.get(index, 0)
+                    choice = _choice(index, text, comp, tokenizer, req.logprobs, offset)
+                    offsets[index] = offset + len(text)
+                    yield sse({"id": request_id, "object": "text_completion",
+                               "created": created, "model": model, "choices": [choice]})
             if include_usage:
-                p, c = sum(prompt_tokens), sum(completion_tokens)
+                p, c = sum(prompt_tokens.values()), completion_tokens
                 yield sse({"id": request_id, "object": "text_completion", "created": created,
                            "model": model, "choices": [],
                            "usage": {"prompt_tokens": p, "completion_tokens": c,

@@ -1,0 +1,207 @@
+"""W3 serving: load an OpenAI-compatible server with streaming /v1/completions requests.
+
+Random token-id prompts of --input-len tokens, --output-len tokens each with ignore_eos,
+--num-prompts requests arriving as a Poisson process at --request-rate (``inf``: all at once),
+at most --max-concurrency in flight. Figures as `vllm bench serve` defines them: TTFT (send to
+first streamed token chunk), TPOT = (latency - TTFT) / (output tokens - 1) per request, ITL
+(gaps between streamed chunks, all requests pooled), E2E latency; mean, median, p99 each;
+request throughput and output tok/s over the wall time of the run.
+
+    python benchmarks/serving.py --base-url http://127.0.0.1:8000 --request-rate 1 inf
+
+Works against any server speaking the OpenAI completions API with token-id prompts and the
+vLLM extension ``ignore_eos`` (Octavo, vLLM, SGLang).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import git_commit, print_json_result  # noqa: E402
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    error: str = ""
+    ttft: float = 0.0
+    latency: float = 0.0
+    output_tokens: int = 0
+    itl: list[float] = field(default_factory=list)
+
+
+def make_prompts(num: int, input_len: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(input_len)] for _ in range(num)]
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+                      output_len: int) -> RequestResult:
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    res = RequestResult()
+    start = time.perf_counter()
+    last = start
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                res.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return res
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    res.error = str(chunk["error"])
+                    return res
+                if chunk.get("choices"):
+                    now = time.perf_counter()
+                    if res.ttft == 0.0:
+                        res.ttft = now - start
+                    else:
+                        res.itl.append(now - last)
+                    last = now
+                elif chunk.get("usage"):
+                    res.output_tokens = chunk["usage"]["completion_tokens"]
+        res.latency = time.perf_counter() - start
+        res.ok = res.ttft > 0.0
+        if not res.ok:
+            res.error = "no token arrived"
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+    return res
+
+
+def _stats(values: list[float], scale: float = 1000.0) -> dict[str, float]:
+    if not values:
+        return {"mean": math.nan, "median": math.nan, "p99": math.nan}
+    ordered = sorted(values)
+    # p99 by linear interpolation between closest ranks (numpy's default percentile).
+    pos = 0.99 * (len(ordered) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    p99 = ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return {"mean": statistics.fmean(values) * scale,
+            "median": statistics.median(values) * scale, "p99": p99 * scale}
+
+
+async def run_rate(base_url: str, model: str, prompts: list[list[int]], output_len: int,
+                   rate: float, max_concurrency: int | None, seed: int) -> dict[str, Any]:
+    url = base_url.rstrip("/") + "/v1/completions"
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    rng = random.Random(seed)
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        async def limited(prompt: list[int]) -> RequestResult:
+            if sem is None:
+                return await one_request(client, url, model, prompt, output_len)
+            async with sem:
+                return await one_request(client, url, model, prompt, output_len)
+
+        tasks = []
+        start = time.perf_counter()
+        for i, prompt in enumerate(prompts):
+            tasks.append(asyncio.create_task(limited(prompt)))
+            if math.isfinite(rate) and i + 1 < len(prompts):
+                await asyncio.sleep(rng.expovariate(rate))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    done = [r for r in results if r.ok]
+    total_out = sum(r.output_tokens for r in done)
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    return {
+        "request_rate": "inf" if math.isinf(rate) else rate,
+        "max_concurrency": max_concurrency,
+        "completed": len(done), "failed": len(results) - len(done),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "duration_s": duration,
+        "total_input_tokens": sum(len(p) for p, r in zip(prompts, results) if r.ok),
+        "total_output_tokens": total_out,
+        "request_throughput": len(done) / duration,
+        "output_throughput": total_out / duration,
+        "ttft_ms": _stats([r.ttft for r in done]),
+        "tpot_ms": _stats(tpots),
+        "itl_ms": _stats([x for r in done for x in r.itl]),
+        "e2el_ms": _stats([r.latency for r in done]),
+    }
+
+
+def print_table(r: dict[str, Any]) -> None:
+    print(f"---- request rate {r['request_rate']} (max concurrency {r['max_concurrency']}) ----")
+    print(f"completed {r['completed']}, failed {r['failed']}, duration {r['duration_s']:.2f} s")
+    if r["errors"]:
+        print(f"errors: {r['errors']}")
+    print(f"request throughput {r['request_throughput']:.3f} req/s, "
+          f"output {r['output_throughput']:.2f} tok/s")
+    for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"),
+                      ("e2el_ms", "E2E")):
+        s = r[key]
+        print(f"{name:5s} ms  mean {s['mean']:9.2f}  median {s['median']:9.2f}  "
+              f"p99 {s['p99']:9.2f}")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="default: the first of /v1/models")
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--request-rate", type=float, nargs="+", default=[math.inf],
+                   help="requests per second, Poisson arrivals; inf sends all at once; "
+                        "several values run one after another")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--vocab-size", type=int, default=10000,
+                   help="prompt token ids are drawn from [0, vocab-size)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--output-json", default=None)
+    args = p.parse_args(argv)
+
+    model = args.model
+    if model is None:
+        model = httpx.get(args.base_url.rstrip("/") + "/v1/models",
+                          timeout=30).json()["data"][0]["id"]
+    prompts = make_prompts(args.num_prompts, args.input_len, args.vocab_size, args.seed)
+    print(f"W3 serving: {args.base_url} model={model} input_len={args.input_len} "
+          f"output_len={args.output_len} num_prompts={args.num_prompts} "
+          f"rates={args.request_rate} max_concurrency={args.max_concurrency} "
+          f"commit={git_commit()}")
+    if not args.no_warmup:
+        warm = asyncio.run(run_rate(args.base_url, model, prompts[:1], 4, math.inf, None,
+                                    args.seed))
+        if warm["failed"]:
+            print(f"warm-up failed: {warm['errors']}", file=sys.stderr)
+            return 1
+    runs = []
+    for rate in args.request_rate:
+        r = asyncio.run(run_rate(args.base_url, model, prompts, args.output_len, rate,
+                                 args.max_concurrency, args.seed))
+        print_table(r)
+        runs.append(r)
+    print_json_result({"workload": "W3", "base_url": args.base_url, "model": model,
+                       "input_len": args.input_len, "output_len": args.output_len,
+                       "num_prompts": args.num_prompts, "commit": git_commit(), "runs": runs},
+                      args.output_json)
+    return 0 if all(r["failed"] == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

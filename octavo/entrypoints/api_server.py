@@ -1,0 +1,183 @@
+"""The simple demo server, in vLLM's legacy format:
+``python -m octavo.entrypoints.api_server --model ... --port ...``.
+
+POST /generate with JSON ``{"prompt": str, "stream": bool, ...SamplingParams fields}`` answers
+``{"text": [prompt + completion, one per sample]}``; with ``"stream": true`` it sends one such
+JSON object per line (newline-delimited), each with the cumulative text so far.
+GET /health answers 200 while the engine lives. For anything beyond a demo use the
+OpenAI-compatible server (``octavo.entrypoints.openai.api_server``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+import octavo
+from octavo.engine.async_llm import AsyncLLM, EngineDeadError
+from octavo.entrypoints.openai.api_server import (
+    DEFAULT_MAX_BODY_BYTES,
+    engine_args_from,
+    make_arg_parser,
+    unsupported_flags,
+)
+from octavo.entrypoints.openai.middleware import AuthRateLimitMiddleware, BodyLimitMiddleware
+from octavo.entrypoints.openai.protocol import APIError, error_body
+from octavo.entrypoints.openai.serving_engine import (
+    CLIENT_GONE_STATUS,
+    OpenAIServing,
+    random_id,
+)
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# SamplingParams fields a client may set (output_kind is the server's business).
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams)
+                            if f.init and f.name != "output_kind")
+
+
+def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status)
+
+
+def parse_generate_request(body: bytes) -> tuple[str, bool, SamplingParams]:
+    """The prompt, the stream flag and the sampling parameters of a /generate body;
+    APIError 400 naming the problem otherwise."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"the request body must be a JSON object, got "
+                       f"{type(data).__name__}")
+    data = dict(data)
+    if "prompt" not in data:
+        raise APIError(400, "prompt is required", param="prompt")
+    prompt = data.pop("prompt")
+    if not isinstance(prompt, str):
+        raise APIError(400, f"prompt must be a string, got {type(prompt).__name__}",
+                       param="prompt")
+    stream = data.pop("stream", False)
+    if not isinstance(stream, bool):
+        raise APIError(400, f"stream must be true or false, got {stream!r}", param="stream")
+    unknown = sorted(set(data) - SAMPLING_FIELDS)
+    if unknown:
+        raise APIError(400, f"unknown field(s) {unknown}; accepted: prompt, stream, and the "
+                       f"SamplingParams fields {sorted(SAMPLING_FIELDS)}", param=unknown[0])
+    try:
+        params = SamplingParams(**data, output_kind=RequestOutputKind.CUMULATIVE)
+    except (ValueError, TypeError) as e:
+        first = str(e).split(" ", 1)[0].split("=", 1)[0]
+        raise APIError(400, str(e), param=first if first in SAMPLING_FIELDS else None) from None
+    return prompt, stream, params
+
+
+def _texts(prompt: str, out: RequestOutput) -> list[str]:
+    return [prompt + c.text for c in sorted(out.outputs, key=lambda c: c.index)]
+
+
+def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
+              api_key: str | None = None, rate_limit: int | None = None,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              shutdown_engine: bool = True) -> FastAPI:
+    names = list(served_model_names or [engine.model_config.served_model_name])
+    serving = OpenAIServing(engine, names)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        if shutdown_engine:
+            engine.shutdown()
+
+    app = FastAPI(title="Octavo simple API server", version=octavo.__version__,
+                  lifespan=lifespan)
+    app.state.engine = engine
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return _error(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(request: Request, exc: EngineDeadError):
+        return _error(503, str(exc))
+
+    @app.get("/health")
+    async def health():
+        if engine.errored:
+            return _error(503, f"the engine is dead: {engine.dead_error!r}")
+        return Response(status_code=200)
+
+    @app.post("/generate")
+    async def generate(raw_request: Request):
+        prompt, stream, params = parse_generate_request(await raw_request.body())
+        serving.check_alive()
+        await serving.validate([prompt], params)
+        results = serving.generate_all([prompt], params, random_id("generate"))
+        if stream:
+            return StreamingResponse(_stream(prompt, results),
+                                     media_type="application/x-ndjson")
+        finals = await serving.collect(results, raw_request)
+        if finals is None:
+            return Response(status_code=CLIENT_GONE_STATUS)
+        return JSONResponse({"text": _texts(prompt, finals[0])})
+
+    app.add_middleware(AuthRateLimitMiddleware, api_key=api_key, rate_limit=rate_limit)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    return app
+
+
+async def _stream(prompt: str,
+                  results: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[bytes]:
+    try:
+        async for _, out in results:
+            yield (json.dumps({"text": _texts(prompt, out)}) + "\n").encode()
+    except Exception as e:  # noqa: BLE001 - the status is sent already: report in-band
+        status = 503 if isinstance(e, EngineDeadError) else 500
+        yield (json.dumps(error_body(status, str(e))) + "\n").encode()
+    finally:
+        await results.aclose()  # type: ignore[attr-defined]
+
+
+def make_parser() -> argparse.ArgumentParser:
+    return make_arg_parser(argparse.ArgumentParser(
+        prog="python -m octavo.entrypoints.api_server",
+        description="Octavo simple API server (vLLM's legacy /generate)"))
+
+
+def run_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    problems = unsupported_flags(args)
+    if problems:
+        for msg in problems:
+            print(f"octavo: error: {msg}", file=sys.stderr)
+        return 2
+    try:
+        engine = AsyncLLM.from_engine_args(engine_args_from(args))
+    except ValueError as e:
+        print(f"octavo: error: {e}", file=sys.stderr)
+        return 2
+    app = build_app(engine, args.served_model_name, api_key=args.api_key,
+                    rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes)
+    uvicorn.run(app, host=args.host or "0.0.0.0", port=args.port,
+                log_level=args.uvicorn_log_level)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO)
+    return run_server(make_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
