@@ -106,6 +106,10 @@ class KVCacheManager:
             self.pool.cache_block(blocks[i], hashes[i])
         request.num_cached_blocks = max(request.num_cached_blocks, full)
 
+    def block_hashes(self, request: Request) -> list[int]:
+        """Chained hashes of the request's full blocks (computed or not)."""
+        return self._hashes(request)
+
     def _hashes(self, request: Request) -> list[int]:
         """Chained hashes of the request's full blocks, extended incrementally."""
         hashes = request.block_hashes

@@ -84,6 +84,11 @@ class Scheduler:
         new_blocks: dict[str, list[int]] = {}
         preempted_now = False
 
+        # Prefix blocks this step will fill: a waiting request whose next uncached block is
+        # among them waits one step and then reads it from the cache instead of recomputing.
+        pending: set[int] = set()
+        caching = self.kv.enable_prefix_caching
+
         # 1. Running requests first, in arrival order; preempt from the back when out of blocks.
         i = 0
         while i < len(self.running) and budget > 0:
@@ -105,6 +110,8 @@ class Scheduler:
             new_blocks[req.request_id] = blocks
             out.num_scheduled_tokens[req.request_id] = n
             budget -= n
+            if caching:
+                self._note_pending(req, n, pending)
             i += 1
 
         # 2. Waiting requests, unless this step already had to preempt.
@@ -123,6 +130,10 @@ class Scheduler:
             hits = []
             if not forked and req.num_computed_tokens == 0:
                 hits = self.kv.get_computed_blocks(req)
+                if caching and pending:
+                    hashes = self.kv.block_hashes(req)
+                    if len(hits) < len(hashes) and hashes[len(hits)] in pending:
+                        break  # its prefix is being computed right now: reuse it next step
                 if hits:
                     self.kv.take_computed_blocks(req, hits)
                     req.num_computed_tokens = len(hits) * self.kv.block_size
@@ -148,6 +159,8 @@ class Scheduler:
             new_blocks[req.request_id] = blocks
             out.num_scheduled_tokens[req.request_id] = n
             budget -= n
+            if caching:
+                self._note_pending(req, n, pending)
 
         # 3. Describe the batch: full state for new / resumed requests, diffs for the rest.
         for rid in out.num_scheduled_tokens:
@@ -175,6 +188,13 @@ class Scheduler:
         out.preempted_req_ids = self._preempted_ids
         self._preempted_ids = set()
         return out
+
+    def _note_pending(self, req: Request, n: int, pending: set[int]) -> None:
+        """Record the hashes of the full blocks ``req`` computes in this step."""
+        bs = self.kv.block_size
+        first, last = req.num_computed_tokens // bs, (req.num_computed_tokens + n) // bs
+        if last > first:
+            pending.update(self.kv.block_hashes(req)[first:last])
 
     def _try_fork(self, req: Request, out: SchedulerOutput) -> bool | None:
         """Share the leader's prompt KV with a parallel sample. True: forked; False: the

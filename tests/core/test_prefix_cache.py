@@ -163,3 +163,19 @@ def test_random_stress_with_shared_prefixes(seed):
         assert steps < 10_000
     assert sched.kv.prefix_hits > 0
     assert sched.kv.pool.num_free_blocks == 40
+
+
+def test_simultaneous_arrivals_wait_for_the_shared_prefix():
+    """Requests arriving together with one prefix: the first computes it, the rest wait one
+    step and read it from the cache instead of computing it again in parallel."""
+    sched = make_sched()
+    prefix = list(range(500, 532))  # 8 blocks
+    for i in range(3):
+        sched.add_request(req(f"r{i}", prefix + [i, i + 1]))
+    first = step(sched)
+    assert list(first.num_scheduled_tokens) == ["r0"]
+    second = step(sched)
+    assert second.num_scheduled_tokens == {"r0": 1, "r1": 2, "r2": 2}
+    assert sched.requests["r1"].num_cached_tokens == 32
+    run(sched)
+    assert sched.kv.pool.num_free_blocks == sched.kv.pool.num_blocks
