@@ -408,6 +408,14 @@ def test_metrics_move(client, server):
     assert delta("octavo:e2e_request_latency_seconds_count") == 1
     assert delta("octavo:time_to_first_token_seconds_count") == 1
     assert ("octavo:num_preemptions_total", m) in after
+    assert delta("octavo:prefix_cache_queries_total") == n_prompt
+    hits = delta("octavo:prefix_cache_hits_total")
+    assert hits % 16 == 0 and hits < n_prompt
+    if n_prompt > 16:  # the same prompt again: its full blocks come from the cache
+        client.completions.create(model="smol", prompt=PROMPT, max_tokens=1, temperature=0)
+        again = _metrics(server.base_url)
+        assert again[("octavo:prefix_cache_hits_total", m)] > after.get(
+            ("octavo:prefix_cache_hits_total", m), 0.0)
     assert after[("octavo:kv_cache_usage_perc", m)] == 0.0
 
 

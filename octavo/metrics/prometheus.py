@@ -8,11 +8,31 @@ read from the scheduler at scrape time, so they are fresh even when the engine i
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from octavo.engine.llm_engine import LLMEngine, StepStats
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                     5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+
+
+class _PrefixCacheCollector:
+    """prefix_cache_queries / prefix_cache_hits (tokens), read from the KV cache manager's
+    running totals at scrape time."""
+
+    def __init__(self, kv, model_name: str) -> None:
+        self.kv = kv
+        self.model_name = model_name
+
+    def collect(self):
+        for name, doc, value in (
+                ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                 self.kv.prefix_queries),
+                ("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                 self.kv.prefix_hits)):
+            fam = CounterMetricFamily(f"octavo:{name}", doc, labels=["model_name"])
+            fam.add_metric([self.model_name], value)
+            yield fam
 
 
 class PrometheusStatLogger:
@@ -47,6 +67,7 @@ class PrometheusStatLogger:
                               "Time from arrival to the first generated token.", labels,
                               buckets=_LATENCY_BUCKETS, registry=reg).labels(model_name)
         self.model_name = model_name
+        reg.register(_PrefixCacheCollector(sched.kv, model_name))
 
     def record(self, stats: StepStats | None, num_new_preemptions: int, finished) -> None:
         if stats is not None:
