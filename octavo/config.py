@@ -77,8 +77,9 @@ class SchedulerConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
                 f"max_model_len ({self.max_model_len}) when chunked prefill is disabled")
-        if self.policy not in ("fcfs",):
-            raise ValueError(f"scheduling policy must be 'fcfs', got {self.policy!r}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {self.policy!r}")
 
 
 @dataclass(frozen=True)

@@ -95,3 +95,17 @@ def test_greedy_matches_with_prefix_cache_hits_and_off(checkpoint, reference):
     assert llm.llm_engine.scheduler.kv.prefix_hits > 0
     _, off = _octavo(folder, prompts, enable_prefix_caching=False)
     assert off == expected
+
+
+def test_priority_policy_outputs_unchanged(checkpoint, reference):
+    """scheduling_policy="priority" with a tiny pool and max_num_seqs=3: high-priority
+    prompts preempt low ones, and every output is still transformers' greedy output."""
+    _, folder = checkpoint
+    prompts, expected = reference
+    llm = LLM(model=folder, dtype="float32", skip_tokenizer_init=True, block_size=4,
+              num_gpu_blocks_override=40, max_model_len=160, max_num_seqs=3,
+              scheduling_policy="priority", enable_prefix_caching=False)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
+                        priority=[len(prompts) - i for i in range(len(prompts))])
+    assert [o.outputs[0].token_ids for o in outs] == expected

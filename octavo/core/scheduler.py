@@ -47,7 +47,7 @@ class Scheduler:
                 f"prompt of request {request.request_id!r} has {request.num_prompt_tokens} "
                 f"tokens, more than max_model_len={self.config.max_model_len}")
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self._enqueue(request)
         self._needs_full_state.add(request.request_id)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
@@ -99,7 +99,7 @@ class Scheduler:
                 continue
             blocks = self.kv.allocate_slots(req, n)
             while blocks is None:
-                victim = self.running[-1]
+                victim = self._victim(self.running[i:])
                 self._preempt(victim)
                 preempted_now = True
                 if victim is req:
@@ -114,14 +114,18 @@ class Scheduler:
                 self._note_pending(req, n, pending)
             i += 1
 
-        # 2. Waiting requests, unless this step already had to preempt.
-        while (
-            self.waiting
-            and not preempted_now
-            and budget > 0
-            and len(self.running) < self.config.max_num_seqs
-        ):
+        # 2. Waiting requests, unless this step already had to preempt. Under the priority
+        # policy a waiting request may preempt a running one of lower priority instead.
+        priority = self.config.policy == "priority"
+        while self.waiting and budget > 0:
             req = self.waiting[0]
+            full = len(self.running) >= self.config.max_num_seqs
+            if full or (preempted_now and not priority):
+                if priority and self._preempt_for(req, out, new_blocks):
+                    budget = self.config.max_num_batched_tokens - sum(
+                        out.num_scheduled_tokens.values())
+                    continue
+                break
             forked = False
             if req.fork_of is not None and req.num_computed_tokens == 0:
                 forked = self._try_fork(req, out)
@@ -144,9 +148,13 @@ class Scheduler:
                 n = budget
             blocks = self.kv.allocate_slots(req, n)
             if blocks is None:
-                if hits:  # give the cached blocks back; they stay cached
+                if hits or forked:  # give shared blocks back (cached ones stay cached)
                     self.kv.free(req)
                     req.num_computed_tokens = 0
+                if priority and self._preempt_for(req, out, new_blocks):
+                    budget = self.config.max_num_batched_tokens - sum(
+                        out.num_scheduled_tokens.values())
+                    continue
                 break
             if self.kv.enable_prefix_caching and not forked:
                 self.kv.prefix_queries += req.num_tokens
@@ -213,6 +221,43 @@ class Scheduler:
         req.num_computed_tokens = shared
         return True
 
+    @staticmethod
+    def _key(req: Request) -> tuple:
+        """Scheduling order: lower priority value first, then earlier arrival."""
+        return (req.priority, req.arrival_time)
+
+    def _enqueue(self, req: Request, front: bool = False) -> None:
+        if self.config.policy == "priority":
+            key = self._key(req)
+            idx = next((j for j, w in enumerate(self.waiting) if self._key(w) > key),
+                       len(self.waiting))
+            self.waiting.insert(idx, req)
+        elif front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+
+    def _victim(self, candidates: list[Request]) -> Request:
+        """Whom to preempt: the latest arrival (FCFS), or the lowest priority, latest
+        arrival among them (priority)."""
+        if self.config.policy == "priority":
+            return max(candidates, key=self._key)
+        return candidates[-1]
+
+    def _preempt_for(self, req: Request, out: SchedulerOutput,
+                     new_blocks: dict[str, list[int]]) -> bool:
+        """Priority policy: preempt the worst running request if ``req`` outranks it, taking
+        it out of this step's batch. Returns whether one was preempted."""
+        if not self.running:
+            return False
+        victim = self._victim(self.running)
+        if self._key(victim) <= self._key(req):
+            return False
+        out.num_scheduled_tokens.pop(victim.request_id, None)
+        new_blocks.pop(victim.request_id, None)
+        self._preempt(victim)
+        return True
+
     def _preempt(self, req: Request) -> None:
         """Preempt by recompute: drop its blocks, put it back at the head of the queue."""
         self.running.remove(req)
@@ -222,7 +267,7 @@ class Scheduler:
         req.num_cached_blocks = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        self._enqueue(req, front=True)
         self._preempted_ids.add(req.request_id)
         self._finished_ids.add(req.request_id)  # the worker forgets it ...
         self._needs_full_state.add(req.request_id)  # ... and gets it whole when it resumes
