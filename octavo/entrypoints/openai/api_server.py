@@ -188,6 +188,7 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -232,6 +233,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
         device=args.device, enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching is not False,
+        scheduling_policy=args.scheduling_policy,
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
 
 

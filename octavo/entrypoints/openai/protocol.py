@@ -48,6 +48,8 @@ class _SamplingRequest(BaseModel):
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
+    # vLLM's extension: lower values are served first under --scheduling-policy priority.
+    priority: int = 0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     stream: bool = False

@@ -53,7 +53,7 @@ class OpenAIServingChat(OpenAIServing):
         await self.validate([prompt], params)
         request_id = random_id("chatcmpl")
         created = now()
-        results = self.generate_all([prompt], params, request_id)
+        results = self.generate_all([prompt], params, request_id, req.priority)
         tokenizer = self.engine.get_tokenizer()
         top = req.top_logprobs or 0
         if req.stream:

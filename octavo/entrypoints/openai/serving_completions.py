@@ -45,7 +45,7 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id = random_id("cmpl")
         created = now()
         tokenizer = self.engine.get_tokenizer()
-        results = self.generate_all(prompts, params, request_id)
+        results = self.generate_all(prompts, params, request_id, req.priority)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(

@@ -64,9 +64,10 @@ class OpenAIServing:
             raise APIError(503, str(e)) from None
 
     def generate_all(self, prompts: Sequence[PromptType], params: SamplingParams,
-                     request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
+                     request_id: str, priority: int = 0
+                     ) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Outputs of every prompt, tagged with the prompt index, as they come."""
-        gens = [self.engine.generate(p, params, f"{request_id}-{i}")
+        gens = [self.engine.generate(p, params, f"{request_id}-{i}", priority=priority)
                 for i, p in enumerate(prompts)]
         return merge_async_iterators(gens)
 
