@@ -407,6 +407,9 @@ def test_metrics_move(client, server):
                  (("finished_reason", "length"), ("model_name", "smol"))) == 1
     assert delta("octavo:e2e_request_latency_seconds_count") == 1
     assert delta("octavo:time_to_first_token_seconds_count") == 1
+    assert delta("octavo:time_per_output_token_seconds_count") == 1
+    assert delta("octavo:time_per_output_token_seconds_sum") > 0
+    assert delta("octavo:request_queue_time_seconds_count") == 1
     assert ("octavo:num_preemptions_total", m) in after
     assert delta("octavo:prefix_cache_queries_total") == n_prompt
     hits = delta("octavo:prefix_cache_hits_total")
@@ -445,3 +448,5 @@ def test_unbuilt_flags_are_rejected():
         ["serve", "m", "--served-model-name", "a", "b", "--api-key", "k", "--rate-limit", "5"])
     assert ok.model_tag == "m" and ok.served_model_name == ["a", "b"]
     assert unsupported_flags(ok) == []
+    metrics_port = make_arg_parser().parse_args(["--metrics-port", "9100"])
+    assert metrics_port.metrics_port == 9100

@@ -76,6 +76,8 @@ class Request:
         self.block_hashes: list[int] = []
         self.num_cached_blocks = 0
         self.num_cached_tokens = 0
+        self.first_scheduled_time: float | None = None  # for the queue-time metric
+        self.first_token_time: float | None = None  # for time-to-first-token
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -6,6 +6,7 @@ prefill, chunked prefill, decode and resumption after preemption are one code pa
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -162,6 +163,8 @@ class Scheduler:
             if req.num_preemptions == 0:
                 req.num_cached_tokens = len(hits) * self.kv.block_size
             self.waiting.popleft()
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             new_blocks[req.request_id] = blocks
@@ -291,6 +294,8 @@ class Scheduler:
             if req is None or req.is_finished:
                 continue
             assert req.num_computed_tokens == req.num_tokens, req
+            if req.first_token_time is None:
+                req.first_token_time = time.monotonic()
             req.append_output_token(token)
             new_tokens.append((req, token))
             status = self._check_stop(req, token)

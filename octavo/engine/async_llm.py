@@ -39,6 +39,8 @@ class FinishedRequestStats:
     finish_reason: str
     e2e_seconds: float
     ttft_seconds: float | None
+    num_output_tokens: int = 0
+    queue_seconds: float | None = None
 
 
 class StatLogger(Protocol):
@@ -54,6 +56,8 @@ class _Stream:
     queue: asyncio.Queue
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
+    delta: bool = False
+    tokens: dict = field(default_factory=dict)  # completion index -> tokens so far
 
 
 class AsyncLLM:
@@ -141,6 +145,7 @@ class AsyncLLM:
         """
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         delta = sampling_params.output_kind == RequestOutputKind.DELTA
+        stream.delta = delta
 
         def add(engine: LLMEngine) -> None:
             if request_id in self._streams:
@@ -219,14 +224,23 @@ class AsyncLLM:
                 continue
             if stream.first_token is None and any(c.token_ids for c in out.outputs):
                 stream.first_token = now
+            for c in out.outputs:
+                n = len(c.token_ids)
+                stream.tokens[c.index] = stream.tokens.get(c.index, 0) + n if stream.delta else n
             if out.finished:
                 del self._streams[out.request_id]
                 comp = out.outputs[0]
+                times = out.metrics
+                # Engine-side stamp of the first token when there is one: a non-streamed
+                # request sees its only output at the end.
+                first = getattr(times, "first_token_time", None) or stream.first_token
+                first = None if first is None else max(first, stream.arrival)
                 finished.append(FinishedRequestStats(
                     finish_reason=comp.finish_reason or "stop",
                     e2e_seconds=now - stream.arrival,
-                    ttft_seconds=(None if stream.first_token is None
-                                  else stream.first_token - stream.arrival)))
+                    ttft_seconds=None if first is None else first - stream.arrival,
+                    num_output_tokens=max(stream.tokens.values(), default=0),
+                    queue_seconds=getattr(times, "queue_seconds", None)))
             self._put(stream, out)
         stats = self.engine.last_stats
         preempt = self.engine.scheduler.num_preemptions

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from octavo.core.request import Request
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.outputs import CompletionOutput, Logprob, RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+
+@dataclass
+class RequestTimes:
+    """time.monotonic() stamps of a request: arrival and first admission to the batch."""
+
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None = None
+
+    @property
+    def queue_seconds(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
 
 
 class RequestState:
@@ -25,6 +42,7 @@ class RequestState:
             [None] if self.params.prompt_logprobs is not None else None)
         self.sent_prompt_logprobs = False
         self.num_cached_tokens = 0
+        self.request = request  # for timing metrics (arrival, first scheduled)
         self.sent_tokens = 0
         self.sent_text = 0
         self.tokenizer = tokenizer
@@ -91,4 +109,6 @@ class RequestState:
         return RequestOutput(
             request_id=self.request_id, prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids, prompt_logprobs=prompt_lp,
-            outputs=[completion], finished=finished, num_cached_tokens=self.num_cached_tokens)
+            outputs=[completion], finished=finished, num_cached_tokens=self.num_cached_tokens,
+            metrics=RequestTimes(self.request.arrival_time, self.request.first_scheduled_time,
+                                 self.request.first_token_time))

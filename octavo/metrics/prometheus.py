@@ -16,6 +16,10 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7
                     5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 
 
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+                 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+
 class _PrefixCacheCollector:
     """prefix_cache_queries / prefix_cache_hits (tokens), read from the KV cache manager's
     running totals at scrape time."""
@@ -66,6 +70,12 @@ class PrometheusStatLogger:
         self.ttft = Histogram("octavo:time_to_first_token_seconds",
                               "Time from arrival to the first generated token.", labels,
                               buckets=_LATENCY_BUCKETS, registry=reg).labels(model_name)
+        self.tpot = Histogram("octavo:time_per_output_token_seconds",
+                              "Mean time per output token after the first, per request.",
+                              labels, buckets=_TPOT_BUCKETS, registry=reg).labels(model_name)
+        self.queue = Histogram("octavo:request_queue_time_seconds",
+                               "Time from arrival to first admission into the batch.", labels,
+                               buckets=_LATENCY_BUCKETS, registry=reg).labels(model_name)
         self.model_name = model_name
         reg.register(_PrefixCacheCollector(sched.kv, model_name))
 
@@ -80,6 +90,11 @@ class PrometheusStatLogger:
             self.e2e.observe(f.e2e_seconds)
             if f.ttft_seconds is not None:
                 self.ttft.observe(f.ttft_seconds)
+                if f.num_output_tokens > 1:
+                    self.tpot.observe((f.e2e_seconds - f.ttft_seconds)
+                                      / (f.num_output_tokens - 1))
+            if f.queue_seconds is not None:
+                self.queue.observe(f.queue_seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

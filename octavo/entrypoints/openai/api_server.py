@@ -189,6 +189,8 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="also serve Prometheus /metrics on this port")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -266,6 +268,12 @@ def run_server(args: argparse.Namespace) -> int:
         rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
         chat_template=_read_template(args.chat_template))
     app = build_app(engine, settings)
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        # /metrics on its own port as well (it stays on the main port too).
+        start_http_server(args.metrics_port, addr=args.host or "0.0.0.0",
+                          registry=app.state.metrics.registry)
     uvicorn.run(app, host=args.host or "0.0.0.0", port=args.port,
                 log_level=args.uvicorn_log_level)
     return 0
