@@ -25,9 +25,8 @@ import octavo
 from octavo.engine.async_llm import AsyncLLM, EngineDeadError
 from octavo.entrypoints.openai.api_server import (
     DEFAULT_MAX_BODY_BYTES,
-    engine_args_from,
     make_arg_parser,
-    unsupported_flags,
+    start_engine,
 )
 from octavo.entrypoints.openai.middleware import AuthRateLimitMiddleware, BodyLimitMiddleware
 from octavo.entrypoints.openai.protocol import APIError, error_body
@@ -157,15 +156,8 @@ def make_parser() -> argparse.ArgumentParser:
 def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
-    problems = unsupported_flags(args)
-    if problems:
-        for msg in problems:
-            print(f"octavo: error: {msg}", file=sys.stderr)
-        return 2
-    try:
-        engine = AsyncLLM.from_engine_args(engine_args_from(args))
-    except ValueError as e:
-        print(f"octavo: error: {e}", file=sys.stderr)
+    engine = start_engine(args)
+    if engine is None:
         return 2
     app = build_app(engine, args.served_model_name, api_key=args.api_key,
                     rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes)

@@ -9,6 +9,7 @@ Set OCTAVO_CPU_PACKED_GEMM=0 to turn it off.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from octavo import envs
 
@@ -38,3 +39,11 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor,
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), packed, bias, "none",
                                            [], "")
     return y.view(*shape[:-1], y.shape[-1])
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T + b, on the packed weight when there is one for this device and dtype."""
+    if packed is not None and x.device.type == "cpu" and x.dtype == packed.dtype:
+        return packed_linear(x, packed, bias)
+    return F.linear(x, weight, bias)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octavo.layers.cpu_gemm import pack_weight, packed_linear
+from octavo.layers import cpu_gemm
 
 
 class VocabEmbedding(nn.Module):
@@ -28,10 +28,7 @@ class LMHead(VocabEmbedding):
         self.weight = embedding.weight
 
     def process_weights_after_loading(self) -> None:
-        self._packed_weight = pack_weight(self.weight)
+        self._packed_weight = cpu_gemm.pack_weight(self.weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        packed = self._packed_weight
-        if packed is not None and hidden.device.type == "cpu" and hidden.dtype == packed.dtype:
-            return packed_linear(hidden, packed, None)
-        return F.linear(hidden, self.weight)
+        return cpu_gemm.linear(hidden, self.weight, self._packed_weight)

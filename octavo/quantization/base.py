@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from octavo.layers.cpu_gemm import pack_weight, packed_linear
+from octavo.layers import cpu_gemm
 
 
 class LinearMethod:
@@ -31,13 +30,10 @@ class UnquantizedLinearMethod(LinearMethod):
         layer.register_parameter("weight", weight)
 
     def apply(self, layer, x, bias):
-        packed = getattr(layer, "_packed_weight", None)
-        if packed is not None and x.device.type == "cpu" and x.dtype == packed.dtype:
-            return packed_linear(x, packed, bias)
-        return F.linear(x, layer.weight, bias)
+        return cpu_gemm.linear(x, layer.weight, getattr(layer, "_packed_weight", None), bias)
 
     def process_weights_after_loading(self, layer):
-        layer._packed_weight = pack_weight(layer.weight)
+        layer._packed_weight = cpu_gemm.pack_weight(layer.weight)
 
 
 _REGISTRY: dict[str | None, type[LinearMethod]] = {None: UnquantizedLinearMethod}

@@ -250,18 +250,26 @@ def _read_template(value: str | None) -> str | None:
     return value
 
 
+def start_engine(args: argparse.Namespace) -> AsyncLLM | None:
+    """The engine for parsed server flags; None (reasons printed) when flags are refused or
+    the engine cannot start. Shared by this server and the simple /generate one."""
+    problems = unsupported_flags(args)
+    for msg in problems:
+        print(f"octavo: error: {msg}", file=sys.stderr)
+    if problems:
+        return None
+    try:
+        return AsyncLLM.from_engine_args(engine_args_from(args))
+    except ValueError as e:
+        print(f"octavo: error: {e}", file=sys.stderr)
+        return None
+
+
 def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
-    problems = unsupported_flags(args)
-    if problems:
-        for msg in problems:
-            print(f"octavo: error: {msg}", file=sys.stderr)
-        return 2
-    try:
-        engine = AsyncLLM.from_engine_args(engine_args_from(args))
-    except ValueError as e:
-        print(f"octavo: error: {e}", file=sys.stderr)
+    engine = start_engine(args)
+    if engine is None:
         return 2
     settings = ServerSettings(
         served_model_names=args.served_model_name, api_key=args.api_key,
