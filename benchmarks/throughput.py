@@ -38,18 +38,43 @@ def run_octavo(folder: str, prompts, max_tokens, args) -> dict:
     llm.generate([{"prompt_token_ids": prompts[0][:64]}],
                  SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
-    engine.timings.reset()
     import torch
 
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"engine": "octavo", "wall_s": wall, "output_tokens": n_out,
-            "output_tok_s": n_out / wall, "num_blocks": engine.num_blocks,
-            "step_profile": engine.timings.summary()}
+    runs = []
+    for _ in range(args.runs):
+        engine.timings.trace = []
+        engine.timings.reset()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+        tm = engine.timings
+        cfg = engine.config
+        runs.append({"wall_s": wall, "output_tokens": n_out, "output_tok_s": n_out / wall,
+                     "step_profile": tm.summary(),
+                     "step_breakdown": step_breakdown(tm.trace),
+                     "w5_kv_utilization": tm.kv_utilization(
+                         cfg.scheduler_config.max_model_len, cfg.cache_config.block_size)})
+    first = runs[0]
+    return {"engine": "octavo", **first, "num_blocks": engine.num_blocks,
+            "repeat_runs": runs[1:]}
+
+
+def step_breakdown(trace) -> dict:
+    """Where the wall time went: steps with prefill work vs decode-only steps, and the
+    slowest steps (a JIT compile or an allocator stall shows up there)."""
+    prefill = [r for r in trace if r.num_scheduled_tokens > r.num_scheduled_reqs]
+    decode = [r for r in trace if r.num_scheduled_tokens == r.num_scheduled_reqs]
+    slow = sorted(trace, key=lambda r: -r.wall_s)[:5]
+    return {
+        "prefill_steps": len(prefill), "prefill_s": sum(r.wall_s for r in prefill),
+        "decode_steps": len(decode), "decode_s": sum(r.wall_s for r in decode),
+        "mean_decode_batch": sum(r.num_scheduled_reqs for r in decode) / max(len(decode), 1),
+        "slowest_steps": [{"tokens": r.num_scheduled_tokens, "reqs": r.num_scheduled_reqs,
+                           "ms": round(1e3 * r.wall_s, 2)} for r in slow],
+    }
 
 
 def run_hf_static(folder: str, prompts, max_tokens, batch: int = 64) -> dict:
@@ -82,6 +107,8 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="timed generate calls in one process (the first is the figure)")
     ap.add_argument("--peers", action="store_true", help="also run HF static generate")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
@@ -108,6 +135,15 @@ def main() -> None:
           f"{octavo['output_tok_s']:,.0f} output tok/s ({octavo['fraction_of_bound']:.1%} of "
           f"bound)")
     print("step profile:", json.dumps(octavo["step_profile"]))
+    print("step breakdown:", json.dumps(octavo["step_breakdown"]))
+    w5 = octavo["w5_kv_utilization"]
+    if w5:
+        print(f"W5 KV utilization: paged {w5['paged_time_avg']:.1%} time-averaged "
+              f"(min {w5['paged_min']:.1%}); contiguous preallocation to max_model_len "
+              f"{w5['contiguous_time_avg']:.1%} (min {w5['contiguous_min']:.1%})")
+    for i, r in enumerate(octavo["repeat_runs"], 2):
+        print(f"octavo run {i}: {r['output_tok_s']:,.0f} output tok/s; "
+              f"{json.dumps(r['step_breakdown'])}")
     if args.peers:
         peer = run_hf_static(folder, prompts, max_tokens)
         result["runs"].append(peer)

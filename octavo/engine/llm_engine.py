@@ -16,7 +16,7 @@ from octavo.engine.parallel_sampling import ParentRequest, child_params
 from octavo.engine.processor import Processor, PromptType
 from octavo.engine.tokenizer import load_tokenizer
 from octavo.executor.uniproc import UniProcExecutor
-from octavo.metrics.step_timings import StepTimings
+from octavo.metrics.step_timings import StepTimings, StepTrace
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -172,6 +172,13 @@ class LLMEngine:
         tm.wall_s += t3 - t0
         tm.prepare_s += self.executor.worker.runner.last_prepare_s
         tm.tokens += sched.total_num_scheduled_tokens
+        if tm.trace is not None:
+            running = self.scheduler.running
+            tm.trace.append(StepTrace(
+                len(running), len(sched.num_scheduled_tokens),
+                sched.total_num_scheduled_tokens, t3 - t0,
+                sum(r.num_computed_tokens for r in running),
+                self.scheduler.kv.pool.num_used_blocks))
         self.last_stats = StepStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),

@@ -133,7 +133,7 @@ def _attn_kv_loop(
 
 
 # Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
-@triton.jit(do_not_specialize=["num_seqs", "split_tokens", "num_splits"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _paged_attention_kernel(
     out_ptr,
     q_ptr,
@@ -146,7 +146,6 @@ def _paged_attention_kernel(
     part_ml_ptr,
     qk_scale,
     num_seqs,
-    split_tokens,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -169,7 +168,6 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
-    SEQS_P: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
@@ -189,10 +187,17 @@ def _paged_attention_kernel(
         # by counting tile starts <= this tile (they increase with b). Decodes are skipped:
         # the DECODE launch handles them with a tile shape that fits one query.
         tile = tl.program_id(0)
-        offs_b = tl.arange(0, SEQS_P)
-        b_ok = offs_b <= num_seqs
-        starts = tl.load(qsl_ptr + offs_b, mask=b_ok, other=0) // BLOCK_Q + offs_b
-        b = tl.sum(((starts <= tile) & b_ok).to(tl.int32), 0) - 1
+        # Binary search for the last request whose first tile is <= this tile (tile starts
+        # increase with b; request 0 starts at tile 0). A loop, not a vector compare, so one
+        # compiled kernel serves every batch size.
+        lo = tile * 0
+        hi = lo + num_seqs
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            start = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+            lo = tl.where(start <= tile, mid, lo)
+            hi = tl.where(start <= tile, hi, mid - 1)
+        b = lo
         if b >= num_seqs:
             return
         q_start = tl.load(qsl_ptr + b)
@@ -228,6 +233,9 @@ def _paged_attention_kernel(
     q_last = tl.minimum(q_first + BLOCK_Q, q_len) - 1
     kv_end = ctx_len + q_last + 1
     if SPLIT:
+        # Each request cuts its own context into num_splits even, BLOCK_N-aligned parts, so
+        # a launch sized for the longest context (a CUDA graph) still balances short ones.
+        split_tokens = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
         lo = split * split_tokens
         hi = tl.minimum(lo + split_tokens, kv_end)
     else:
@@ -449,11 +457,6 @@ def paged_attention(
             if decode_only:
                 splits = _pick_num_splits(num_seqs * num_kv_heads, kv_upper, q.device)
         splits = max(1, int(splits))
-        split_tokens = 0
-        if splits > 1:
-            split_tokens = -(-kv_upper // splits)
-            split_tokens = -(-split_tokens // cfg.block_n) * cfg.block_n
-            splits = -(-kv_upper // split_tokens)  # rounding may leave fewer splits
         if splits > 1:
             f32 = dict(dtype=torch.float32, device=q.device)
             part_acc = torch.empty((num_seqs, num_heads, splits, head_dim_p), **f32)
@@ -461,9 +464,9 @@ def paged_attention(
         else:
             part_acc = part_ml = out  # unused placeholders
         _paged_attention_kernel[(num_seqs, num_kv_heads, splits)](
-            *args, part_acc, part_ml, qk_scale, num_seqs, split_tokens, *strides,
+            *args, part_acc, part_ml, qk_scale, num_seqs, *strides,
             num_heads, splits,
-            DECODE=True, BLOCK_Q=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SEQS_P=1,
+            DECODE=True, BLOCK_Q=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             SPLIT=splits > 1, **common, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         if splits > 1:
@@ -478,9 +481,9 @@ def paged_attention(
         cfg = _pick_config(False, group_p, head_dim_p, q.element_size(), on_gpu)
         num_tiles = num_tokens // cfg.block_q + num_seqs
         _paged_attention_kernel[(num_tiles, num_kv_heads, 1)](
-            *args, out, out, qk_scale, num_seqs, 0, *strides, num_heads, 1,
+            *args, out, out, qk_scale, num_seqs, *strides, num_heads, 1,
             DECODE=False, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SEQS_P=next_power_of_2(num_seqs + 1), SPLIT=False, **common,
+            SPLIT=False, **common,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     return out

@@ -6,6 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class StepTrace:
+    num_running: int  # after the step (finished requests gone)
+    num_scheduled_reqs: int
+    num_scheduled_tokens: int
+    wall_s: float
+    stored_tokens: int  # KV entries written for running requests (sum of computed tokens)
+    used_blocks: int  # blocks referenced by some request
+
+
 @dataclass
 class StepTimings:
     steps: int = 0
@@ -17,9 +27,33 @@ class StepTimings:
     wall_s: float = 0.0
     tokens: int = 0
     _extra: dict = field(default_factory=dict)
+    # When a list: one StepTrace per step (benchmarks turn it on; off by default).
+    trace: list | None = None
 
     def reset(self) -> None:
+        tracing = self.trace is not None
         self.__init__()
+        if tracing:
+            self.trace = []
+
+    def kv_utilization(self, max_model_len: int, block_size: int) -> dict:
+        """W5 figures from the trace: KV slots holding real tokens over slots allocated,
+        time-averaged (weighted by step wall time) and the minimum over steps with
+        requests running; beside it, the same ratio had every running request been given
+        a contiguous region of max_model_len slots up front."""
+        rows = [r for r in self.trace or () if r.num_running and r.used_blocks]
+        if not rows:
+            return {}
+        wall = sum(r.wall_s for r in rows)
+        paged = [r.stored_tokens / (r.used_blocks * block_size) for r in rows]
+        contiguous = [r.stored_tokens / (r.num_running * max_model_len) for r in rows]
+        return {
+            "steps_sampled": len(rows),
+            "paged_time_avg": sum(u * r.wall_s for u, r in zip(paged, rows)) / wall,
+            "paged_min": min(paged),
+            "contiguous_time_avg": sum(u * r.wall_s for u, r in zip(contiguous, rows)) / wall,
+            "contiguous_min": min(contiguous),
+        }
 
     def summary(self) -> dict:
         n = max(self.steps, 1)

@@ -53,10 +53,10 @@ class CudaGraphRunner:
         b.slot_mapping.np[:n] = -1
         b.input_ids.np[:n] = 0
         b.positions.np[:n] = 0
-        b.block_tables.np[:n] = 0
+        b.table_slots.np[:n] = b.pad_slot
         for buf in (b.query_start_loc, b.seq_lens, b.slot_mapping, b.input_ids, b.positions):
             buf.upload(buf.np.shape[0] if buf is b.query_start_loc else n)
-        b.block_tables.upload(n)
+        b.gather_block_tables(n)
         torch.cuda.synchronize()
         for bs in reversed(self.sizes):
             ctx = ForwardContext(self._meta(bs), self.kv_caches)
@@ -91,12 +91,12 @@ class CudaGraphRunner:
             b.slot_mapping.np[num_reqs:bs] = -1
             b.input_ids.np[num_reqs:bs] = 0
             b.positions.np[num_reqs:bs] = 0
-            b.block_tables.np[num_reqs:bs] = 0
+            b.table_slots.np[num_reqs:bs] = b.pad_slot
         b.input_ids.upload(bs)
         b.positions.upload(bs)
         b.slot_mapping.upload(bs)
         b.query_start_loc.upload(bs + 1)
         b.seq_lens.upload(bs)
-        b.block_tables.upload(bs)
+        b.gather_block_tables(bs)
         self.graphs[bs].replay()
         return self.outputs[bs][:num_reqs]

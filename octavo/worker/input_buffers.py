@@ -30,8 +30,38 @@ class InputBuffers:
         self.slot_mapping = _Buffer((max_tokens,), torch.int64, device, fill=-1)
         self.query_start_loc = _Buffer((max_reqs + 1,), torch.int32, device)
         self.seq_lens = _Buffer((max_reqs,), torch.int32, device)
+        # Per-step block tables, one row per batch row: gathered on the device from
+        # req_tables, a persistent table with one row ("slot") per live request that the
+        # host only appends new block ids to. Row max_reqs stays zero (padding rows).
         self.block_tables = _Buffer((max_reqs, max_blocks), torch.int32, device)
+        self.req_tables = _Buffer((max_reqs + 1, max_blocks), torch.int32, device)
+        self.table_slots = _Buffer((max_reqs,), torch.int64, device)
         self.logits_indices = _Buffer((max_reqs,), torch.int64, device)
         self.max_tokens = max_tokens
         self.max_reqs = max_reqs
         self.max_blocks = max_blocks
+        self.pad_slot = max_reqs
+        self._free_slots = list(range(max_reqs - 1, -1, -1))
+        self._dirty_slots = 0  # rows [0, _dirty_slots) of req_tables are uploaded per step
+
+    def take_slot(self) -> int:
+        if not self._free_slots:
+            raise RuntimeError(f"more than max_num_seqs={self.max_reqs} live requests in "
+                               "the worker")
+        slot = self._free_slots.pop()
+        self.req_tables.np[slot] = 0
+        self._dirty_slots = max(self._dirty_slots, slot + 1)
+        return slot
+
+    def release_slot(self, slot: int) -> None:
+        if slot >= 0:
+            self._free_slots.append(slot)
+
+    def gather_block_tables(self, b: int) -> torch.Tensor:
+        """Upload the persistent table and the batch's slots (rows [0, b) of table_slots,
+        filled by the host), and gather the batch's block tables on the device."""
+        self.req_tables.upload(self._dirty_slots)
+        slots = self.table_slots.upload(b)
+        out = self.block_tables.gpu[:b]
+        torch.index_select(self.req_tables.gpu, 0, slots, out=out)
+        return out

@@ -88,9 +88,12 @@ class ModelRunner:
             L = min(per_req, n - i * per_req)
             first = i * (-(-per_req // self.block_size))
             ids = list(range(first, first + -(-L // self.block_size)))
-            states.append(CachedRequestState(f"profile-{i}", [0] * L, L, None, ids, 0))
+            states.append(CachedRequestState(f"profile-{i}", [0] * L, L, None, ids, 0,
+                                             slot=self.buf.take_slot()))
             lens.append(L)
         hidden, _ = self._forward(states, lens, [0] * num_reqs)
+        for st in states:
+            self.buf.release_slot(st.slot)
         self.model.compute_logits(hidden[: min(n, sc.max_num_seqs)])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
@@ -113,16 +116,25 @@ class ModelRunner:
     # ------------------------------------------------------------------ the step
     def _update_states(self, sched: SchedulerOutput) -> None:
         for rid in sched.finished_req_ids:
-            self.states.pop(rid, None)
+            self._drop(rid)
             self._seed_gens.pop(rid, None)
+        for rid in sched.preempted_req_ids:  # they come back as new requests
+            self._drop(rid)
         for new in sched.new_reqs:
+            self._drop(new.req_id)
             self.states[new.req_id] = CachedRequestState(
                 new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling_params,
-                list(new.block_ids), new.num_computed_tokens, new.bad_words_token_ids)
+                list(new.block_ids), new.num_computed_tokens, new.bad_words_token_ids,
+                slot=self.buf.take_slot())
         for c in sched.cached_reqs:
             st = self.states[c.req_id]
             st.block_ids.extend(c.new_block_ids)
             st.num_computed_tokens = c.num_computed_tokens
+
+    def _drop(self, req_id: str) -> None:
+        st = self.states.pop(req_id, None)
+        if st is not None:
+            self.buf.release_slot(st.slot)
 
     def _prepare(self, states: list[CachedRequestState], num_new: list[int],
                  num_computed: list[int]) -> tuple[int, np.ndarray]:
@@ -136,21 +148,31 @@ class ModelRunner:
         np.cumsum(q_lens, out=qsl[1: b + 1])
         t = int(qsl[b])
         buf.seq_lens.np[:b] = nc + q_lens
-        table = buf.block_tables.np
+        table = buf.req_tables.np
+        slots = buf.table_slots.np
         ids_np = buf.input_ids.np
-        off = 0
-        for i, (st, c, n) in enumerate(zip(states, num_computed, num_new)):
-            table[i, : len(st.block_ids)] = st.block_ids
-            ids_np[off: off + n] = st.token_ids[c: c + n]
-            off += n
         if t == b:  # decode-only: one token per request
+            for i, (st, c) in enumerate(zip(states, num_computed)):
+                slots[i] = st.slot
+                if st.table_len < len(st.block_ids):
+                    table[st.slot, st.table_len: len(st.block_ids)] = st.block_ids[st.table_len:]
+                    st.table_len = len(st.block_ids)
+                ids_np[i] = st.token_ids[c]
             positions = nc
-            req_idx = np.arange(b)
+            row_slots = slots[:b]
         else:
-            req_idx = np.repeat(np.arange(b), q_lens)
+            off = 0
+            for i, (st, c, n) in enumerate(zip(states, num_computed, num_new)):
+                slots[i] = st.slot
+                if st.table_len < len(st.block_ids):
+                    table[st.slot, st.table_len: len(st.block_ids)] = st.block_ids[st.table_len:]
+                    st.table_len = len(st.block_ids)
+                ids_np[off: off + n] = st.token_ids[c: c + n]
+                off += n
+            row_slots = np.repeat(slots[:b], q_lens)
             positions = np.arange(t) - np.repeat(qsl[:b], q_lens) + np.repeat(nc, q_lens)
         buf.positions.np[:t] = positions
-        buf.slot_mapping.np[:t] = table[req_idx, positions // bs] * bs + positions % bs
+        buf.slot_mapping.np[:t] = table[row_slots, positions // bs] * bs + positions % bs
         return t, qsl[: b + 1]
 
     def _eager_metadata(self, b: int, t: int, qsl: np.ndarray) -> AttentionMetadata:
@@ -162,7 +184,7 @@ class ModelRunner:
             num_reqs=b,
             query_start_loc=buf.query_start_loc.upload(b + 1),
             seq_lens=buf.seq_lens.upload(b),
-            block_tables=buf.block_tables.upload(b),
+            block_tables=buf.gather_block_tables(b),
             slot_mapping=buf.slot_mapping.upload(t),
             max_query_len=int(q_lens.max()),
             max_seq_len=int(seq.max()),

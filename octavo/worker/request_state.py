@@ -16,6 +16,8 @@ class CachedRequestState:
     block_ids: list[int]
     num_computed_tokens: int
     bad_words_token_ids: list[list[int]] | None = None
+    slot: int = -1  # row of the persistent block table (InputBuffers.req_tables)
+    table_len: int = 0  # how many of block_ids that row holds already
 
     @property
     def num_output_tokens(self) -> int:
