@@ -107,7 +107,11 @@ BAD_REQUESTS = {
     "token_id_not_int": (lambda: [[5, "x"]], None, r"'x'"),
     "dict_without_ids": (lambda: {"tokens": [1, 2]}, None, r"prompt_token_ids.*tokens"),
     "text_without_tokenizer": (lambda: "hello", None, r"tokenizer"),
-    "unsupported_best_of": (lambda: [[5, 6]], SamplingParams(n=2, best_of=3), r"best_of=3"),
+    "unsupported_prompt_logprobs_n": (lambda: [[5, 6]], SamplingParams(n=2, prompt_logprobs=1),
+                                      r"prompt_logprobs with n > 1"),
+    "unsupported_beam_option": (lambda: [[5, 6]], SamplingParams(
+        use_beam_search=True, temperature=0.0, presence_penalty=0.5),
+        r"presence_penalty=0.5 is not supported with use_beam_search"),
     "stop_without_tokenizer": (lambda: [[5, 6]], SamplingParams(stop=["x"]), r"stop"),
     "params_count": (lambda: [[5], [6], [7]], [SamplingParams()] * 2,
                      r"2 sampling_params for 3 prompts"),
@@ -136,8 +140,8 @@ def test_one_bad_prompt_fails_the_whole_batch(tiny, baseline, bad_index):
 
 
 def test_one_bad_sampling_params_fails_the_whole_batch(tiny, baseline):
-    params = [GREEDY, GREEDY, SamplingParams(n=2, best_of=3), GREEDY]
-    with pytest.raises(ValueError, match=r"prompt 2:.*best_of=3"):
+    params = [GREEDY, GREEDY, SamplingParams(n=2, prompt_logprobs=1), GREEDY]
+    with pytest.raises(ValueError, match=r"prompt 2:.*prompt_logprobs=1"):
         tiny.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     assert not tiny.llm_engine.has_unfinished_requests()
     _still_works(tiny, baseline)

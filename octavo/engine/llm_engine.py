@@ -12,7 +12,7 @@ from octavo.core.request import RequestStatus
 from octavo.core.scheduler import Scheduler
 from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.output_processor import RequestState
-from octavo.engine.parallel_sampling import ParentRequest, child_params
+from octavo.engine.parallel_sampling import ParentRequest, child_params, num_samples
 from octavo.engine.processor import Processor, PromptType
 from octavo.engine.tokenizer import load_tokenizer
 from octavo.executor.uniproc import UniProcExecutor
@@ -50,7 +50,7 @@ class LLMEngine:
                 "max_model_len or give the cache more memory")
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.num_blocks)
         self.states: dict[str, RequestState] = {}
-        self.parents: dict[str, ParentRequest] = {}  # n > 1 requests, by user request id
+        self.parents: dict[str, ParentRequest] = {}  # n or best_of > 1, by user request id
         self._child_parent: dict[str, tuple[ParentRequest, int]] = {}
         self._ids = itertools.count()
         self.last_stats: StepStats | None = None
@@ -70,7 +70,7 @@ class LLMEngine:
         if request_id in self.states or request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = SamplingParams() if params is None else params
-        if isinstance(params, SamplingParams) and params.n > 1:
+        if isinstance(params, SamplingParams) and num_samples(params) > 1:
             self._add_parallel(request_id, prompt, params, priority, arrival_time)
             return
         req, text = self.processor.process(request_id, prompt, params, priority, arrival_time)
@@ -78,7 +78,8 @@ class LLMEngine:
         self.states[request_id] = RequestState(req, text, self.tokenizer)
 
     def _add_parallel(self, request_id, prompt, params, priority, arrival_time) -> None:
-        parent = ParentRequest(request_id, params.n, params.output_kind)
+        self.processor.check_params(params)  # the children's params hide n and best_of
+        parent = ParentRequest(request_id, params)
         made = [self.processor.process(cid, prompt, child_params(params, i), priority,
                                        arrival_time)
                 for i, cid in enumerate(parent.child_ids)]  # validate all before queueing

@@ -16,10 +16,12 @@ PromptType = str | list[int] | Mapping[str, Any]
 
 # Features a later milestone brings: rejected clearly instead of silently ignored.
 _UNSUPPORTED = (
-    ("best_of", lambda p: p.best_of not in (None, p.n), "best_of"),
-    ("use_beam_search", lambda p: p.use_beam_search, "beam search"),
-    ("prompt_logprobs", lambda p: p.prompt_logprobs is not None and p.n > 1,
-     "prompt_logprobs with n > 1"),
+    # Beam search runs above the engine (octavo/engine/beam_runner.py): LLM.generate and
+    # LLM.beam_search route it there; a request reaching the processor is not.
+    ("use_beam_search", lambda p: p.use_beam_search,
+     "beam search outside LLM.generate / LLM.beam_search"),
+    ("prompt_logprobs", lambda p: p.prompt_logprobs is not None and (p.best_of or p.n) > 1,
+     "prompt_logprobs with n > 1 or best_of > 1"),
 )
 
 
@@ -34,18 +36,7 @@ class Processor:
                 priority: int = 0, arrival_time: float | None = None
                 ) -> tuple[Request, str | None]:
         params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
-        if params.length_penalty != 1.0 and not params.use_beam_search:
-            self._warn_once("length_penalty", f"length_penalty={params.length_penalty} has no "
-                            "effect without beam search (or best_of > n); it is ignored")
-        for field, bad, what in _UNSUPPORTED:
-            if bad(params):
-                raise ValueError(f"{what} is not supported yet ({field}="
-                                 f"{getattr(params, field)!r})")
-        if params.stop and (self.tokenizer is None or not params.detokenize):
-            raise ValueError(f"stop={params.stop!r} needs detokenization (a tokenizer and "
-                             "detokenize=True)")
+        self.check_params(params)
         text, ids = self._tokenize(prompt)
         max_len = self.model_config.max_model_len
         keep = params.truncate_prompt_tokens
@@ -63,13 +54,29 @@ class Processor:
                 f"prompt has {len(ids)} tokens, longer than max_model_len={max_len}")
         room = max_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, max(room, 1))
-        self._check_token_ids(params)
         req = Request(request_id, ids, params,
                       eos_token_ids=frozenset(self.model_config.eos_token_ids),
                       arrival_time=arrival_time, priority=priority, max_tokens=max(max_tokens, 1))
         if params.bad_words:
             req.bad_words_token_ids = self._bad_words(params.bad_words)
         return req, text
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The prompt-independent checks (a parent of parallel samples runs them once)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        ranks = params.use_beam_search or (params.best_of or params.n) > params.n
+        if params.length_penalty != 1.0 and not ranks:
+            self._warn_once("length_penalty", f"length_penalty={params.length_penalty} has no "
+                            "effect without beam search (or best_of > n); it is ignored")
+        for field, bad, what in _UNSUPPORTED:
+            if bad(params):
+                raise ValueError(f"{what} is not supported yet ({field}="
+                                 f"{getattr(params, field)!r})")
+        if params.stop and (self.tokenizer is None or not params.detokenize):
+            raise ValueError(f"stop={params.stop!r} needs detokenization (a tokenizer and "
+                             "detokenize=True)")
+        self._check_token_ids(params)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

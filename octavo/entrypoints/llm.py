@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from octavo.beam_search import BeamSearchOutput
 from octavo.engine.arg_utils import EngineArgs
+from octavo.engine.beam_runner import (
+    BeamJob,
+    BeamSearchRunner,
+    beam_search_output,
+    request_output,
+)
 from octavo.engine.llm_engine import LLMEngine
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.chat_utils import Conversation, apply_chat_template
 from octavo.outputs import RequestOutput
-from octavo.sampling_params import RequestOutputKind, SamplingParams
+from octavo.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -57,25 +64,72 @@ class LLM:
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
         engine = self.llm_engine
+        beams = BeamSearchRunner(engine)
+        jobs: dict[int, BeamJob] = {}
         # Validate everything before queueing anything, so a bad prompt leaves no orphans.
         for i, (p, sp) in enumerate(zip(prompts, params)):
             try:
-                engine.processor.process("validate", p, sp)
+                if isinstance(sp, SamplingParams) and sp.use_beam_search:
+                    # Beam search runs as rounds of one-token requests (beam_runner.py).
+                    jobs[i] = beams.job_for_sampling("", p, sp, priority[i] if priority else 0)
+                else:
+                    engine.processor.process("validate", p, sp)
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
         ids = []
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
                 rid = engine.next_request_id()
+                ids.append(rid)
+                if i in jobs:
+                    jobs[i].request_id = rid
+                    beams.start(jobs[i])
+                    continue
                 if sp.output_kind != RequestOutputKind.FINAL_ONLY:
                     sp = sp.clone()
                     sp.output_kind = RequestOutputKind.FINAL_ONLY
                 engine.add_request(rid, p, sp, priority=priority[i] if priority else 0)
-                ids.append(rid)
-            return self._run(ids, use_tqdm)
+            return self._run(ids, use_tqdm, beams)
         except BaseException:
+            beams.abort()
             engine.abort_request(ids)
             raise
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        use_tqdm: bool = False,
+    ) -> list[BeamSearchOutput]:
+        """Beam search for every prompt (strings or ``{"prompt_token_ids": [...]}`` dicts), as
+        vLLM's ``LLM.beam_search``; returns one BeamSearchOutput per prompt, in order, each
+        with its ``beam_width`` best beams, best first. Scores and stopping follow Hugging Face
+        transformers' beam search (``early_stopping=False``); ``temperature`` is accepted for
+        vLLM compatibility and, as there, does not change the (raw) logprobs beams are ranked
+        by."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}")
+        if isinstance(prompts, str | dict) or (
+                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        engine = self.llm_engine
+        beams = BeamSearchRunner(engine)
+        jobs = []
+        for i, p in enumerate(prompts):
+            try:
+                jobs.append(beams.job_for_beam_params(engine.next_request_id(), p, params))
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from None
+        try:
+            for job in jobs:
+                beams.start(job)
+            outs = self._run([job.request_id for job in jobs], use_tqdm, beams,
+                             lambda job: beam_search_output(job, self.get_tokenizer()))
+        except BaseException:
+            beams.abort()
+            raise
+        return outs  # type: ignore[return-value]
 
     def chat(
         self,
@@ -98,10 +152,17 @@ class LLM:
                for p in prompts]
         return self.generate(ids, sampling_params, use_tqdm=use_tqdm)
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, ids: list[str], use_tqdm: bool, beams: BeamSearchRunner | None = None,
+             beam_output: Callable[[BeamJob], Any] | None = None) -> list[Any]:
+        """Step the engine until every request in ``ids`` is done. Outputs of beam-search
+        rounds go to ``beams``; a finished search becomes ``beam_output(job)`` (by default a
+        RequestOutput with the request's n best beams)."""
         engine = self.llm_engine
         order = {rid: i for i, rid in enumerate(ids)}
-        results: list[RequestOutput | None] = [None] * len(ids)
+        results: list[Any] = [None] * len(ids)
+        if beam_output is None:
+            def beam_output(job: BeamJob) -> RequestOutput:
+                return request_output(job, self.get_tokenizer())
         bar = None
         if use_tqdm:
             from tqdm.auto import tqdm
@@ -112,15 +173,26 @@ class LLM:
         in_toks = out_toks = 0
         while engine.has_unfinished_requests():
             for out in engine.step():
-                if out.finished and out.request_id in order:
+                if beams is not None and beams.owns(out.request_id):
+                    job = beams.consume(out)
+                    if job is None:
+                        continue
+                    results[order[job.request_id]] = beam_output(job)
+                    num_in = len(job.prompt_token_ids)
+                    num_out = sum(len(beam.tokens) for beam in job.search.finished)
+                elif out.finished and out.request_id in order:
                     results[order[out.request_id]] = out
-                    if bar is not None:
-                        in_toks += len(out.prompt_token_ids)
-                        out_toks += sum(len(c.token_ids) for c in out.outputs)
-                        dt = time.perf_counter() - t0
-                        bar.postfix = (f"est. speed input: {in_toks / dt:.2f} toks/s, "
-                                       f"output: {out_toks / dt:.2f} toks/s")
-                        bar.update(1)
+                    num_in = len(out.prompt_token_ids)
+                    num_out = sum(len(c.token_ids) for c in out.outputs)
+                else:
+                    continue
+                if bar is not None:
+                    in_toks += num_in
+                    out_toks += num_out
+                    dt = time.perf_counter() - t0
+                    bar.postfix = (f"est. speed input: {in_toks / dt:.2f} toks/s, "
+                                   f"output: {out_toks / dt:.2f} toks/s")
+                    bar.update(1)
         if bar is not None:
             bar.close()
         missing = [ids[i] for i, r in enumerate(results) if r is None]
