@@ -43,7 +43,9 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None  # bytes for the pool on CPU
-    swap_space: float = 0.0  # GiB
+    # GiB of CPU memory for the KV blocks of requests preempted by swap (vLLM's default);
+    # reserved only when preemption_mode="swap".
+    swap_space: float = 4.0
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
@@ -66,6 +68,12 @@ class SchedulerConfig:
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"
+    # How a preempted request gives up its KV blocks: "recompute" (dropped, recomputed on
+    # resume) or "swap" (copied to CPU swap space and back; recompute when it is full).
+    preemption_mode: str = "recompute"
+    # Schedule step N+1 while step N runs on the device (outputs lag one step). Resolved
+    # by EngineArgs: on for CUDA unless set.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -80,6 +88,9 @@ class SchedulerConfig:
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(
                 f"scheduling_policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', "
+                             f"got {self.preemption_mode!r}")
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def no_block_leaks():
-    """After every test, every live engine holds no request and every KV block is free."""
+    """After every test, every live engine holds no request and every KV block is free, in
+    the GPU pool and in the CPU swap pool: no block leaks in either pool."""
     yield
     gc.collect()
     for engine in list(_ENGINES):
@@ -65,5 +66,9 @@ def no_block_leaks():
         pool = sched.kv.pool
         assert pool.num_free_blocks == pool.num_blocks, (
             f"{pool.num_blocks - pool.num_free_blocks} KV blocks not returned to the pool")
+        swap = sched.swap
+        assert swap.req_to_cpu_blocks == {}, "CPU swap block tables left behind"
+        assert swap.num_free_blocks == swap.num_blocks, (
+            f"{swap.num_used_blocks} CPU swap blocks not returned to the pool")
         assert not engine.states, "output states left behind"
         assert not engine.parents, "n > 1 parents left behind"

@@ -29,6 +29,7 @@ from octavo.engine.async_llm import AsyncLLM  # noqa: E402
 from octavo.entrypoints.openai.api_server import (  # noqa: E402
     ServerSettings,
     build_app,
+    engine_args_from,
     make_arg_parser,
     unsupported_flags,
 )
@@ -411,6 +412,9 @@ def test_metrics_move(client, server):
     assert delta("octavo:time_per_output_token_seconds_sum") > 0
     assert delta("octavo:request_queue_time_seconds_count") == 1
     assert ("octavo:num_preemptions_total", m) in after
+    for mode in ("recompute", "swap"):
+        assert ("octavo:num_preemptions_by_mode_total",
+                (("mode", mode), ("model_name", "smol"))) in after
     assert delta("octavo:prefix_cache_queries_total") == n_prompt
     hits = delta("octavo:prefix_cache_hits_total")
     assert hits % 16 == 0 and hits < n_prompt
@@ -439,11 +443,17 @@ def test_unbuilt_flags_are_rejected():
 
     args = make_arg_parser().parse_args(
         ["--tensor-parallel-size", "2", "--quantization", "awq", "--enable-prefix-caching",
-         "--swap-space", "4"])
-    problems = unsupported_flags(args)  # prefix caching is built: only three are refused
-    assert len(problems) == 3 and any("tensor" in p for p in problems)
-    assert not any("prefix" in p for p in problems)
-    assert cli.main(["serve", "some-model", "--swap-space", "1"]) == 2
+         "--swap-space", "1", "--preemption-mode", "swap"])
+    problems = unsupported_flags(args)  # prefix caching and swap are built: two refused
+    assert len(problems) == 2 and any("tensor" in p for p in problems)
+    assert not any("prefix" in p or "swap" in p for p in problems)
+    swap = engine_args_from(args)
+    assert (swap.preemption_mode, swap.swap_space) == ("swap", 1.0)
+    default = engine_args_from(make_arg_parser().parse_args([]))
+    assert (default.preemption_mode, default.swap_space) == ("recompute", 4.0)
+    with pytest.raises(SystemExit):  # argparse names the bad choice
+        make_arg_parser().parse_args(["--preemption-mode", "discard"])
+    assert cli.main(["serve", "some-model", "--tensor-parallel-size", "2"]) == 2
     ok = cli.build_parser().parse_args(
         ["serve", "m", "--served-model-name", "a", "b", "--api-key", "k", "--rate-limit", "5"])
     assert ok.model_tag == "m" and ok.served_model_name == ["a", "b"]

@@ -17,12 +17,13 @@ FAMILIES = {
 }
 
 
-def make_checkpoint(family: str, folder: str, seed: int = 0) -> str:
+def make_checkpoint(family: str, folder: str, seed: int = 0, **overrides) -> str:
+    """``overrides``: config fields on top of the family's (e.g. ``rope_scaling``)."""
     import torch
     import transformers
 
     cfg_name, model_name, extra = FAMILIES[family]
-    kwargs = {**COMMON, **extra}
+    kwargs = {**COMMON, **extra, **overrides}
     config = getattr(transformers, cfg_name)(**kwargs)
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).to(torch.float32).eval()

@@ -63,7 +63,12 @@ class Request:
         self.extra = extra
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
+        # Tokens whose KV is written or scheduled to be (advanced when a step is scheduled).
         self.num_computed_tokens = 0
+        # Output tokens sampled by scheduled steps but not yet known here. With asynchronous
+        # scheduling the next step is scheduled before the last one's token arrives; the
+        # worker feeds that token to the model straight from the device.
+        self.num_pending = 0
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None

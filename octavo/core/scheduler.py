@@ -19,11 +19,13 @@ from octavo.core.scheduler_output import (
     NewRequestData,
     SchedulerOutput,
 )
+from octavo.core.swap_space import SwapSpace
 
 
 class Scheduler:
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_blocks: int,
+        num_cpu_blocks: int = 0,
     ) -> None:
         self.config = scheduler_config
         self.kv = KVCacheManager(num_blocks, cache_config.block_size,
@@ -38,6 +40,10 @@ class Scheduler:
         # Requests preempted during the current schedule() call (reported in its output).
         self._preempted_ids: set[str] = set()
         self.num_preemptions = 0
+        # Preemption by swap (octavo/core/swap_space.py): CPU blocks for victims' KV.
+        self.swap = SwapSpace(self.kv, num_cpu_blocks,
+                              scheduler_config.preemption_mode == "swap")
+        self.preemptions_by_mode = {"recompute": 0, "swap": 0}
 
     # ----------------------------------------------------------------- requests in and out
     def add_request(self, request: Request) -> None:
@@ -67,6 +73,7 @@ class Scheduler:
 
     def _free(self, req: Request) -> None:
         self.kv.free(req)
+        self.swap.free(req)
         del self.requests[req.request_id]
         self._finished_ids.add(req.request_id)
         self._needs_full_state.discard(req.request_id)
@@ -94,8 +101,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if n <= 0:
+            n = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)
+            if n <= 0 or (req.num_pending and not self._may_extend(req)):
                 i += 1
                 continue
             blocks = self.kv.allocate_slots(req, n)
@@ -120,6 +127,8 @@ class Scheduler:
         priority = self.config.policy == "priority"
         while self.waiting and budget > 0:
             req = self.waiting[0]
+            if req.num_pending:
+                break  # preempted with a token in flight: resume once it has arrived
             full = len(self.running) >= self.config.max_num_seqs
             if full or (preempted_now and not priority):
                 if priority and self._preempt_for(req, out, new_blocks):
@@ -147,7 +156,8 @@ class Scheduler:
                 if not self.config.enable_chunked_prefill:
                     break
                 n = budget
-            blocks = self.kv.allocate_slots(req, n)
+            blocks = (self.kv.allocate_slots(req, n) if self.swap.try_swap_in(req, n)
+                      else None)  # a swapped request first gets its blocks back
             if blocks is None:
                 if hits or forked:  # give shared blocks back (cached ones stay cached)
                     self.kv.free(req)
@@ -173,32 +183,50 @@ class Scheduler:
             if caching:
                 self._note_pending(req, n, pending)
 
-        # 3. Describe the batch: full state for new / resumed requests, diffs for the rest.
-        for rid in out.num_scheduled_tokens:
+        # 3. Describe the batch: full state for new / resumed requests, diffs for the rest;
+        # then count the scheduled tokens as computed, and the tokens they will sample.
+        for rid, n in out.num_scheduled_tokens.items():
             req = self.requests[rid]
-            if rid in self._needs_full_state:
-                self._needs_full_state.discard(rid)
-                out.new_reqs.append(NewRequestData(
-                    req_id=rid,
-                    token_ids=list(req.all_token_ids),
-                    num_prompt_tokens=req.num_prompt_tokens,
-                    sampling_params=req.sampling_params,
-                    block_ids=self.kv.block_ids(rid),
-                    num_computed_tokens=req.num_computed_tokens,
-                    bad_words_token_ids=req.bad_words_token_ids,
-                ))
-            else:
-                out.cached_reqs.append(CachedRequestData(
-                    req_id=rid,
-                    new_block_ids=new_blocks[rid],
-                    num_computed_tokens=req.num_computed_tokens,
-                ))
+            self._describe(req, out, new_blocks)
+            req.num_computed_tokens += n
+            if req.num_computed_tokens == req.num_tokens + req.num_pending:
+                req.num_pending += 1
         out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         out.finished_req_ids = self._finished_ids
         self._finished_ids = set()
         out.preempted_req_ids = self._preempted_ids
         self._preempted_ids = set()
+        out.blocks_to_swap_out, out.blocks_to_swap_in = self.swap.take_step_copies()
         return out
+
+    def _may_extend(self, req: Request) -> bool:
+        """Whether a request with tokens in flight may compute one more (those tokens have
+        not been stop-checked yet; length limits are known in advance)."""
+        after = req.num_output_tokens + req.num_pending
+        if req.max_tokens is not None and after >= req.max_tokens:
+            return False
+        return req.num_tokens + req.num_pending < self.config.max_model_len
+
+    def _describe(self, req: Request, out: SchedulerOutput,
+                  new_blocks: dict[str, list[int]]) -> None:
+        rid = req.request_id
+        if rid in self._needs_full_state:
+            self._needs_full_state.discard(rid)
+            out.new_reqs.append(NewRequestData(
+                req_id=rid,
+                token_ids=list(req.all_token_ids),
+                num_prompt_tokens=req.num_prompt_tokens,
+                sampling_params=req.sampling_params,
+                block_ids=self.kv.block_ids(rid),
+                num_computed_tokens=req.num_computed_tokens,
+                bad_words_token_ids=req.bad_words_token_ids,
+            ))
+        else:
+            out.cached_reqs.append(CachedRequestData(
+                req_id=rid,
+                new_block_ids=new_blocks[rid],
+                num_computed_tokens=req.num_computed_tokens,
+            ))
 
     def _note_pending(self, req: Request, n: int, pending: set[int]) -> None:
         """Record the hashes of the full blocks ``req`` computes in this step."""
@@ -262,14 +290,19 @@ class Scheduler:
         return True
 
     def _preempt(self, req: Request) -> None:
-        """Preempt by recompute: drop its blocks, put it back at the head of the queue."""
+        """Preempt by swap (preemption_mode="swap" and room in the CPU pool: its KV waits
+        there, its computed tokens stay) or else by recompute (its KV is dropped); either
+        way its GPU blocks are freed and it goes back to the head of the queue."""
         self.running.remove(req)
+        swapped = self.swap.swap_out(req)
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
+        if not swapped:
+            req.num_computed_tokens = 0
         req.num_cached_blocks = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
+        self.preemptions_by_mode["swap" if swapped else "recompute"] += 1
         self._enqueue(req, front=True)
         self._preempted_ids.add(req.request_id)
         self._finished_ids.add(req.request_id)  # the worker forgets it ...
@@ -278,29 +311,34 @@ class Scheduler:
     def update_from_output(
         self, sched: SchedulerOutput, runner_out: ModelRunnerOutput
     ) -> tuple[list[tuple[Request, int]], list[Request]]:
-        """Advance computed tokens, append sampled tokens, finish what stops.
+        """Append sampled tokens, finish what stops, register newly full blocks in the
+        prefix cache. ``sched`` may be older than the latest schedule() (asynchronous
+        scheduling): requests finished or preempted since are handled.
 
         Returns (request, new token) pairs and the requests that finished this step.
         """
-        for rid, n in sched.num_scheduled_tokens.items():
+        for rid in sched.num_scheduled_tokens:  # before finishing: freed blocks stay cached
             req = self.requests.get(rid)
             if req is not None:
-                req.num_computed_tokens += n
                 self.kv.cache_full_blocks(req)
         new_tokens: list[tuple[Request, int]] = []
         finished: list[Request] = []
         for rid, token in zip(runner_out.req_ids, runner_out.sampled_token_ids):
             req = self.requests.get(rid)
             if req is None or req.is_finished:
-                continue
-            assert req.num_computed_tokens == req.num_tokens, req
+                continue  # finished (stop, abort) while this step was in flight
+            assert req.num_pending > 0, req
+            req.num_pending -= 1
             if req.first_token_time is None:
                 req.first_token_time = time.monotonic()
             req.append_output_token(token)
             new_tokens.append((req, token))
             status = self._check_stop(req, token)
             if status is not None:
-                self.running.remove(req)
+                if req.status == RequestStatus.RUNNING:
+                    self.running.remove(req)
+                else:  # preempted while its token was in flight
+                    self.waiting.remove(req)
                 req.status = status
                 self._free(req)
                 finished.append(req)

@@ -41,6 +41,10 @@ class SchedulerOutput:
     # (source block, destination block) copies to make before the forward pass: the
     # copy-on-write of a shared partial block when a parallel sample forks.
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Preemption by swap, whole blocks of every layer, made before block_copies and the
+    # forward pass, swap-outs first: (GPU block, CPU block) and (CPU block, GPU block).
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -36,7 +36,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     kv_cache_memory: int | None = None
-    swap_space: float = 0.0
+    swap_space: float = 4.0  # GiB of CPU swap space, used when preemption_mode="swap"
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     quantization: str | None = None
@@ -49,6 +49,9 @@ class EngineArgs:
     revision: str | None = None
     attention_backend: str | None = None
     scheduling_policy: str = "fcfs"
+    preemption_mode: str = "recompute"
+    # None: on when the device is CUDA (the CPU gains nothing from overlapping with itself).
+    async_scheduling: bool | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -59,9 +62,9 @@ class EngineArgs:
 
         device = resolve_device(self.device)
         model_config = _model_config(self, device.type)
-        if self.swap_space:
-            logger.warning("swap_space=%s: swap preemption is not built yet; preempted "
-                           "requests are recomputed", self.swap_space)
+        if self.preemption_mode == "swap" and not self.swap_space:
+            logger.warning("preemption_mode='swap' with swap_space=0: no CPU swap space, "
+                           "preempted requests are recomputed")
         cache = CacheConfig(
             block_size=self.block_size,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
@@ -80,6 +83,9 @@ class EngineArgs:
             max_model_len=model_config.max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
+            preemption_mode=self.preemption_mode,
+            async_scheduling=(device.type == "cuda" if self.async_scheduling is None
+                              else bool(self.async_scheduling)),
         )
         if self.quantization is not None:
             from octavo.quantization.base import get_linear_method
@@ -181,7 +187,9 @@ def _resolve_dtype(dtype: str, hf_config, is_gguf: bool, device_type: str) -> st
 
 
 def _resolve_max_len(requested: int | None, hf_config) -> int:
-    derived = getattr(hf_config, "max_position_embeddings", None) or 2048
+    from octavo.layers.rope_params import model_max_position
+
+    derived = model_max_position(hf_config)  # max_position_embeddings, extended by RoPE scaling
     window = getattr(hf_config, "sliding_window", None)
     if window and getattr(hf_config, "use_sliding_window", True) and window < derived:
         # Without sliding-window attention, stay inside the window so outputs are exact.
@@ -193,5 +201,5 @@ def _resolve_max_len(requested: int | None, hf_config) -> int:
     if requested > derived:
         raise ValueError(
             f"max_model_len={requested} is larger than the model's limit {derived} "
-            "(max_position_embeddings / sliding window)")
+            "(max_position_embeddings with RoPE scaling / sliding window)")
     return requested

@@ -48,12 +48,16 @@ class LLMEngine:
                 f"max_model_len={config.model_config.max_model_len} is larger than the KV "
                 f"cache holds ({self.num_blocks} blocks = {capacity} tokens): lower "
                 "max_model_len or give the cache more memory")
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.num_blocks)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.num_blocks,
+                                   self.executor.num_cpu_blocks)
         self.states: dict[str, RequestState] = {}
         self.parents: dict[str, ParentRequest] = {}  # n or best_of > 1, by user request id
         self._child_parent: dict[str, tuple[ParentRequest, int]] = {}
         self._ids = itertools.count()
         self.last_stats: StepStats | None = None
+        # Asynchronous scheduling: the launched step whose outputs are not processed yet.
+        self._inflight: tuple | None = None
+        self._wait_s = 0.0
         self.timings = StepTimings()
 
     @classmethod
@@ -104,7 +108,7 @@ class LLMEngine:
             self._child_parent.pop(rid, None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._inflight is not None
 
     def get_num_unfinished_requests(self) -> int:
         return self.scheduler.num_unfinished
@@ -114,11 +118,45 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
+        """Schedule and launch one step; return the outputs of the step before it (with
+        asynchronous scheduling, whose host work then overlaps the device) or of this one."""
         t0 = time.perf_counter()
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and not self._can_overlap():
+            # Some request needs its latest token on the host before its next step
+            # (penalties, logprobs ...): finish the step in flight first.
+            outputs, num_prompt, num_gen = self._process(*inflight)
+            self._account(inflight[0], t0, t0, t0, num_prompt, num_gen)
+            return outputs
         sched = self.scheduler.schedule()
         t1 = time.perf_counter()
-        runner_out = self.executor.execute_model(sched)
+        handle = self.executor.execute_model_async(sched)
         t2 = time.perf_counter()
+        if self.config.scheduler_config.async_scheduling and not sched.is_empty:
+            self._inflight = (sched, handle)
+            if inflight is None:
+                self._account(sched, t0, t1, t2, 0, 0)
+                return []
+            outputs, num_prompt, num_gen = self._process(*inflight)
+        else:
+            outputs, num_prompt, num_gen = [], 0, 0
+            if inflight is not None:
+                outputs, num_prompt, num_gen = self._process(*inflight)
+            more, p2, g2 = self._process(sched, handle)
+            outputs += more
+            num_prompt, num_gen = num_prompt + p2, num_gen + g2
+        self._account(sched, t0, t1, t2, num_prompt, num_gen)
+        return outputs
+
+    def _can_overlap(self) -> bool:
+        return (self.config.scheduler_config.async_scheduling
+                and not any(st.needs_sync for st in self.states.values()))
+
+    def _process(self, sched, handle) -> tuple[list[RequestOutput], int, int]:
+        """Wait for a launched step's tokens and turn them into outputs."""
+        tw = time.perf_counter()
+        runner_out = handle.result()
+        self._wait_s += time.perf_counter() - tw
         new_tokens, finished = self.scheduler.update_from_output(sched, runner_out)
         for rid, chunk in (runner_out.prompt_logprobs or {}).items():
             state = self.states.get(rid)
@@ -163,13 +201,18 @@ class LLMEngine:
                 self._child_parent.pop(req.request_id, None)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        return outputs, num_prompt, len(new_tokens)
+
+    def _account(self, sched, t0: float, t1: float, t2: float, num_prompt: int,
+                 num_gen: int) -> None:
         t3 = time.perf_counter()
+        wait, self._wait_s = self._wait_s, 0.0
         tm = self.timings
         tm.steps += 1
         tm.decode_steps += sched.total_num_scheduled_tokens == len(sched.num_scheduled_tokens)
         tm.schedule_s += t1 - t0
-        tm.execute_s += t2 - t1
-        tm.output_s += t3 - t2
+        tm.execute_s += t2 - t1 + wait
+        tm.output_s += t3 - t2 - wait
         tm.wall_s += t3 - t0
         tm.prepare_s += self.executor.worker.runner.last_prepare_s
         tm.tokens += sched.total_num_scheduled_tokens
@@ -185,9 +228,8 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             num_scheduled_tokens=sched.total_num_scheduled_tokens,
             num_prompt_tokens=num_prompt,
-            num_generation_tokens=len(new_tokens),
+            num_generation_tokens=num_gen,
             kv_cache_usage=self.scheduler.kv.usage,
             num_free_blocks=self.scheduler.kv.num_free_blocks,
-            step_seconds=time.perf_counter() - t0,
+            step_seconds=t3 - t0,
         )
-        return outputs

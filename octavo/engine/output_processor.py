@@ -7,7 +7,16 @@ from dataclasses import dataclass
 from octavo.core.request import Request
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.outputs import CompletionOutput, Logprob, RequestOutput
+from octavo.sample.logits_processors import needs_processing
 from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+
+def needs_host_history(params: SamplingParams) -> bool:
+    """Whether building a request's next step reads its latest sampled token on the host
+    (logits processors over the history, min_tokens) or its step's results are read back
+    beyond the token (logprobs): such requests are not overlapped with the next step."""
+    return (needs_processing(params) or params.min_tokens > 0
+            or params.logprobs is not None or params.prompt_logprobs is not None)
 
 
 @dataclass
@@ -31,6 +40,8 @@ class RequestState:
         self.prompt = prompt
         self.prompt_token_ids = request.prompt_token_ids
         self.params: SamplingParams = request.sampling_params
+        # The next step needs this request's latest token on the host (no overlap).
+        self.needs_sync = needs_host_history(self.params)
         self.detok = (IncrementalDetokenizer(tokenizer, request.prompt_token_ids, self.params)
                       if tokenizer is not None and self.params.detokenize else None)
         self.token_ids: list[int] = []

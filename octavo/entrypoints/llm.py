@@ -26,8 +26,8 @@ class LLM:
 
     Accepts vLLM's constructor arguments (model, tokenizer, dtype, seed, max_model_len,
     max_num_seqs, max_num_batched_tokens, block_size, gpu_memory_utilization, swap_space,
-    enforce_eager, quantization, tensor_parallel_size, ...). ``model=None`` runs the embedded
-    default, SmolLM2-135M-Instruct.
+    preemption_mode, enforce_eager, quantization, tensor_parallel_size, ...). ``model=None``
+    runs the embedded default, SmolLM2-135M-Instruct.
     """
 
     def __init__(self, model: str | None = None, tokenizer: str | None = None,

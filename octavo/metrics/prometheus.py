@@ -39,6 +39,23 @@ class _PrefixCacheCollector:
             yield fam
 
 
+class _PreemptionModeCollector:
+    """num_preemptions_by_mode{mode="recompute"|"swap"}: the scheduler's running counts by
+    kind, read at scrape time (their sum is num_preemptions)."""
+
+    def __init__(self, sched, model_name: str) -> None:
+        self.sched = sched
+        self.model_name = model_name
+
+    def collect(self):
+        fam = CounterMetricFamily("octavo:num_preemptions_by_mode",
+                                  "Request preemptions, by recompute or swap.",
+                                  labels=["model_name", "mode"])
+        for mode, value in sorted(self.sched.preemptions_by_mode.items()):
+            fam.add_metric([self.model_name, mode], value)
+        yield fam
+
+
 class PrometheusStatLogger:
     def __init__(self, engine: LLMEngine, model_name: str) -> None:
         self.registry = CollectorRegistry()
@@ -78,6 +95,7 @@ class PrometheusStatLogger:
                                buckets=_LATENCY_BUCKETS, registry=reg).labels(model_name)
         self.model_name = model_name
         reg.register(_PrefixCacheCollector(sched.kv, model_name))
+        reg.register(_PreemptionModeCollector(sched, model_name))
 
     def record(self, stats: StepStats | None, num_new_preemptions: int, finished) -> None:
         if stats is not None:

@@ -10,7 +10,8 @@ from octavo.attention.layer import Attention, ForwardContext
 from octavo.layers.activation import SiluAndMul
 from octavo.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from octavo.layers.norm import RMSNorm
-from octavo.layers.rotary import get_rope, rope_params_from_config
+from octavo.layers.rope_params import rope_params_from_config
+from octavo.layers.rotary import get_rope
 from octavo.layers.vocab_embedding import LMHead, VocabEmbedding
 
 

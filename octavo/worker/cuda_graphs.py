@@ -22,6 +22,17 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sorted({s for s in sizes if s <= max_bs} | {max_bs})
 
 
+# Mixed batches (prefill chunks + decodes) of up to this many tokens replay a graph too;
+# larger steps are compute bound, so launching them eagerly costs little.
+MAX_MIXED_GRAPH_TOKENS = 2048
+
+
+def mixed_token_sizes(max_tokens: int) -> list[int]:
+    sizes = [64, 128, 256, 384, 512, 768, 1024, 1536, 2048]
+    cap = min(max_tokens, MAX_MIXED_GRAPH_TOKENS)
+    return sorted({s for s in sizes if s <= cap} | ({cap} if cap >= 64 else set()))
+
+
 class CudaGraphRunner:
     def __init__(self, model, buffers: InputBuffers, kv_caches: list[torch.Tensor],
                  max_bs: int, max_model_len: int) -> None:
@@ -32,6 +43,11 @@ class CudaGraphRunner:
         self.sizes = graph_batch_sizes(max_bs)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        # Mixed batches: graphs per padded token count, every one over all max_reqs request
+        # rows (padding rows have no tokens), so the attention grids are fixed.
+        self.mixed_sizes = mixed_token_sizes(buffers.max_tokens)
+        self.mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.mixed_outputs: dict[int, torch.Tensor] = {}
         self.pool = None
 
     def _meta(self, bs: int) -> AttentionMetadata:
@@ -72,7 +88,76 @@ class CudaGraphRunner:
             self.graphs[bs] = graph
             self.outputs[bs] = out
         torch.cuda.synchronize()
-        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+        self._capture_mixed()
+        logger.info("captured CUDA graphs for decode batch sizes %s and mixed batches of up "
+                    "to %s tokens", self.sizes, self.mixed_sizes)
+
+    def _mixed_meta(self, t: int) -> AttentionMetadata:
+        b, r = self.buf, self.buf.max_reqs
+        # num_tokens=0: the backend zeroes every output row before attention, so padding
+        # rows (past the last request's tokens) stay finite whatever the real count is.
+        return AttentionMetadata(
+            num_tokens=0, num_reqs=r,
+            query_start_loc=b.query_start_loc.gpu[: r + 1], seq_lens=b.seq_lens.gpu[:r],
+            block_tables=b.block_tables.gpu[:r], slot_mapping=b.slot_mapping.gpu[:t],
+            max_query_len=t, max_seq_len=self.max_model_len,
+            query_start_loc_cpu=[], seq_lens_cpu=[])
+
+    def _capture_mixed(self) -> None:
+        b, r = self.buf, self.buf.max_reqs
+        if r < 2 or not self.mixed_sizes:
+            return
+        for t in reversed(self.mixed_sizes):
+            # Dummy: request 0 holds all t tokens (a prefill over block 0, nothing stored).
+            b.query_start_loc.np[0] = 0
+            b.query_start_loc.np[1: r + 1] = t
+            b.seq_lens.np[:r] = 0
+            b.seq_lens.np[0] = t
+            b.slot_mapping.np[:t] = -1
+            b.input_ids.np[:t] = 0
+            b.positions.np[:t] = 0
+            b.table_slots.np[:r] = b.pad_slot
+            for buf, n in ((b.query_start_loc, r + 1), (b.seq_lens, r), (b.slot_mapping, t),
+                           (b.input_ids, t), (b.positions, t)):
+                buf.upload(n)
+            b.gather_block_tables(r)
+            ctx = ForwardContext(self._mixed_meta(t), self.kv_caches)
+            ids, pos = b.input_ids.gpu[:t], b.positions.gpu[:t]
+            for _ in range(2):
+                self.model(ids, pos, ctx)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.model(ids, pos, ctx)
+            self.mixed_graphs[t] = graph
+            self.mixed_outputs[t] = out
+        torch.cuda.synchronize()
+
+    def mixed_size(self, num_tokens: int) -> int | None:
+        for s in self.mixed_sizes:
+            if s >= num_tokens and s in self.mixed_graphs:
+                return s
+        return None
+
+    def stage_mixed(self, num_tokens: int, num_reqs: int) -> int:
+        """Pad a mixed batch (host rows filled for num_tokens / num_reqs) to its graph and
+        upload the inputs; returns the graph's token count."""
+        t, b, r = self.mixed_size(num_tokens), self.buf, self.buf.max_reqs
+        b.input_ids.np[num_tokens:t] = 0
+        b.positions.np[num_tokens:t] = 0
+        b.slot_mapping.np[num_tokens:t] = -1
+        b.query_start_loc.np[num_reqs + 1: r + 1] = num_tokens
+        b.seq_lens.np[num_reqs:r] = 0
+        b.table_slots.np[num_reqs:r] = b.pad_slot
+        for buf, n in ((b.input_ids, t), (b.positions, t), (b.slot_mapping, t),
+                       (b.query_start_loc, r + 1), (b.seq_lens, r)):
+            buf.upload(n)
+        b.gather_block_tables(r)
+        return t
+
+    def replay_mixed(self, t: int, num_tokens: int) -> torch.Tensor:
+        self.mixed_graphs[t].replay()
+        return self.mixed_outputs[t][:num_tokens]
 
     def padded_size(self, num_reqs: int) -> int | None:
         for s in self.sizes:
@@ -83,6 +168,14 @@ class CudaGraphRunner:
     def run(self, num_reqs: int) -> torch.Tensor:
         """Replay for a decode batch whose first num_reqs rows are filled (host side) and
         padded here; returns the hidden states of the real rows."""
+        return self.replay(self.stage(num_reqs), num_reqs)
+
+    def replay(self, bs: int, num_reqs: int) -> torch.Tensor:
+        self.graphs[bs].replay()
+        return self.outputs[bs][:num_reqs]
+
+    def stage(self, num_reqs: int) -> int:
+        """Pad the host rows past num_reqs and upload the inputs; returns the graph size."""
         bs = self.padded_size(num_reqs)
         b = self.buf
         if bs > num_reqs:
@@ -98,5 +191,4 @@ class CudaGraphRunner:
         b.query_start_loc.upload(bs + 1)
         b.seq_lens.upload(bs)
         b.gather_block_tables(bs)
-        self.graphs[bs].replay()
-        return self.outputs[bs][:num_reqs]
+        return bs

@@ -15,6 +15,13 @@ class _Buffer:
         self.gpu = self.cpu if device.type == "cpu" else torch.full(
             shape, fill, dtype=dtype, device=device)
 
+    def put(self, values) -> torch.Tensor:
+        """Fill the first len(values) rows from a sequence and upload them (asynchronously
+        from pinned memory: no wait for the device)."""
+        n = len(values)
+        self.np[:n] = values
+        return self.upload(n)
+
     def upload(self, n: int) -> torch.Tensor:
         """Copy the first n rows to the device; returns that device slice."""
         if self.gpu is not self.cpu:
@@ -37,6 +44,15 @@ class InputBuffers:
         self.req_tables = _Buffer((max_reqs + 1, max_blocks), torch.int32, device)
         self.table_slots = _Buffer((max_reqs,), torch.int64, device)
         self.logits_indices = _Buffer((max_reqs,), torch.int64, device)
+        # Per-row sampling parameters (filled only on steps that need them).
+        self.temperature = _Buffer((max_reqs,), torch.float32, device)
+        self.top_k = _Buffer((max_reqs,), torch.int64, device)
+        self.top_p = _Buffer((max_reqs,), torch.float32, device)
+        self.min_p = _Buffer((max_reqs,), torch.float32, device)
+        # Inputs that are the previous step's samples (asynchronous scheduling): batch
+        # positions, and rows of the previous step's sampled-token tensor.
+        self.fix_dst = _Buffer((max_reqs,), torch.int64, device)
+        self.fix_src = _Buffer((max_reqs,), torch.int64, device)
         self.max_tokens = max_tokens
         self.max_reqs = max_reqs
         self.max_blocks = max_blocks

@@ -25,6 +25,7 @@ from octavo.worker.cuda_graphs import CudaGraphRunner
 from octavo.worker.input_buffers import InputBuffers
 from octavo.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
 from octavo.worker.request_state import CachedRequestState
+from octavo.worker.step_handle import StepHandle
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class ModelRunner:
         self.backend = select_backend(device, config.device_config.attention_backend)
         self.model = None
         self.kv_caches: list[torch.Tensor] = []
+        self.swap_cache = None  # a SwapCache when there is swap space (Worker.init_kv_cache)
         self.states: dict[str, CachedRequestState] = {}
         sc = config.scheduler_config
         self.buf = InputBuffers(
@@ -55,6 +57,18 @@ class ModelRunner:
         self.graph_runner: CudaGraphRunner | None = None
         self.last_prepare_s = 0.0
         self.sampler = Sampler()
+        # Asynchronous scheduling: the last step's sampled tokens stay on the device for
+        # the next step's inputs; host staging buffers are rewritten only once the device
+        # has read them (event); sampled tokens come back through two pinned buffers.
+        self._prev_sampled: torch.Tensor | None = None
+        self._prev_rows: dict[str, int] = {}
+        self._fix: list[tuple[int, int]] = []
+        self.num_tokens_fed_on_device = 0  # inputs taken from a step still in flight
+        self._inputs_sent = None
+        on_cuda = device.type == "cuda"
+        self._sampled_host = [torch.empty(max(sc.max_num_seqs, 1), dtype=torch.int64,
+                                          pin_memory=True) for _ in range(2)] if on_cuda else []
+        self._flip = 0
         self.generator = torch.Generator(device=device).manual_seed(mc.seed)
         self._seed_gens: dict[str, torch.Generator] = {}
 
@@ -157,7 +171,10 @@ class ModelRunner:
                 if st.table_len < len(st.block_ids):
                     table[st.slot, st.table_len: len(st.block_ids)] = st.block_ids[st.table_len:]
                     st.table_len = len(st.block_ids)
-                ids_np[i] = st.token_ids[c]
+                if c < len(st.token_ids):
+                    ids_np[i] = st.token_ids[c]
+                else:  # sampled by the step still in flight
+                    self._fix.append((i, self._prev_rows[st.req_id]))
             positions = nc
             row_slots = slots[:b]
         else:
@@ -167,7 +184,10 @@ class ModelRunner:
                 if st.table_len < len(st.block_ids):
                     table[st.slot, st.table_len: len(st.block_ids)] = st.block_ids[st.table_len:]
                     st.table_len = len(st.block_ids)
-                ids_np[off: off + n] = st.token_ids[c: c + n]
+                toks = st.token_ids[c: c + n]
+                ids_np[off: off + len(toks)] = toks
+                if len(toks) < n:  # the last one was sampled by the step still in flight
+                    self._fix.append((off + n - 1, self._prev_rows[st.req_id]))
                 off += n
             row_slots = np.repeat(slots[:b], q_lens)
             positions = np.arange(t) - np.repeat(qsl[:b], q_lens) + np.repeat(nc, q_lens)
@@ -192,57 +212,114 @@ class ModelRunner:
             seq_lens_cpu=seq.tolist(),
         )
 
-    def _forward(self, states, num_new, num_computed) -> tuple[torch.Tensor, np.ndarray]:
+    def _forward(self, states, num_new, num_computed,
+                 before_launch=None) -> tuple[torch.Tensor, np.ndarray]:
+        """Fill and upload the inputs, then launch the model. ``before_launch(t, qsl)``
+        stages more host data (sampling parameters) while the staging buffers are ours."""
         b = len(states)
         t0 = time.perf_counter()
+        if self._inputs_sent is not None:  # the device has read the last step's staging
+            self._inputs_sent.synchronize()
+            self._inputs_sent = None
+        self._fix = []
         t, qsl = self._prepare(states, num_new, num_computed)
+        if before_launch is not None:
+            before_launch(t, qsl)
         self.last_prepare_s = time.perf_counter() - t0
         graphs = self.graph_runner
         if graphs is not None and t == b and graphs.padded_size(b) is not None:
-            return graphs.run(b), qsl
+            bs = graphs.stage(b)
+            self._feed_in_flight_tokens()
+            return graphs.replay(bs, b), qsl
+        if graphs is not None and t != b and graphs.mixed_size(t) is not None:
+            padded = graphs.stage_mixed(t, b)
+            self._feed_in_flight_tokens()
+            return graphs.replay_mixed(padded, t), qsl
         meta = self._eager_metadata(b, t, qsl)
         ids = self.buf.input_ids.upload(t)
         pos = self.buf.positions.upload(t)
+        self._feed_in_flight_tokens()
         return self.model(ids, pos, ForwardContext(meta, self.kv_caches)), qsl
 
-    @torch.inference_mode()
+    def _feed_in_flight_tokens(self) -> None:
+        """Copy the previous step's samples into the input positions that wait for them
+        (on the device, in stream order), and mark the staging buffers as sent."""
+        buf = self.buf
+        if self._fix:
+            self.num_tokens_fed_on_device += len(self._fix)
+            dst = buf.fix_dst.put([d for d, _ in self._fix])
+            src = buf.fix_src.put([r for _, r in self._fix])
+            buf.input_ids.gpu.index_copy_(0, dst, self._prev_sampled.index_select(0, src))
+        if self.device.type == "cuda":
+            self._inputs_sent = torch.cuda.Event()
+            self._inputs_sent.record()
+
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_model_async(sched).result()
+
+    @torch.inference_mode()
+    def execute_model_async(self, sched: SchedulerOutput) -> StepHandle:
+        """Launch the step; the handle's result() waits for its sampled tokens. Steps must
+        be launched in schedule order; a step may be launched before the previous one's
+        result() (its in-flight tokens are then read on the device)."""
         self.last_prepare_s = 0.0
         self._update_states(sched)
+        if sched.blocks_to_swap_out or sched.blocks_to_swap_in:  # before copies and forward
+            self.swap_cache.swap(sched.blocks_to_swap_out, sched.blocks_to_swap_in)
         if sched.block_copies:
             self._copy_blocks(sched.block_copies)
         if sched.is_empty:
-            return ModelRunnerOutput([], [])
+            return StepHandle.done(ModelRunnerOutput([], []))
         req_ids = list(sched.num_scheduled_tokens)
         states = [self.states[r] for r in req_ids]
         num_new = [sched.num_scheduled_tokens[r] for r in req_ids]
         num_computed = [st.num_computed_tokens for st in states]
-        hidden, qsl = self._forward(states, num_new, num_computed)
-        prompt_lp = self._prompt_logprobs(states, num_new, num_computed, hidden, qsl)
-
-        # Only requests whose tokens are all computed after this step produce a token.
+        # Requests whose tokens are all computed after this step produce a token (the last
+        # one may itself be in flight).
         rows = [i for i, (st, nc, n) in enumerate(zip(states, num_computed, num_new))
-                if nc + n == len(st.token_ids)]
-        if not rows:
-            return ModelRunnerOutput([], [], prompt_logprobs=prompt_lp)
-        if len(rows) == hidden.shape[0]:
-            last_hidden = hidden
-        else:
-            idx = self.buf.logits_indices
-            idx.np[: len(rows)] = qsl[1:][rows] - 1
-            last_hidden = hidden[idx.upload(len(rows))]
-        logits = self.model.compute_logits(last_hidden)
+                if nc + n >= len(st.token_ids)]
         sample_states = [states[i] for i in rows]
-        out = self.sampler(logits, self._sampling_metadata(sample_states))
-        sampled = out.sampled.tolist()
-        for st, tok in zip(sample_states, sampled):
-            st.token_ids.append(tok)
-        return ModelRunnerOutput(
-            req_ids=[st.req_id for st in sample_states],
-            sampled_token_ids=sampled,
-            logprobs=self._logprobs_dict(sample_states, out),
-            prompt_logprobs=prompt_lp,
-        )
+        staged: dict = {}
+
+        def before_launch(t: int, qsl: np.ndarray) -> None:
+            if not rows:
+                return
+            ends = [num_computed[i] + num_new[i] for i in rows]
+            staged["meta"] = self._sampling_metadata(sample_states, ends)
+            if len(rows) != t:
+                staged["idx"] = self.buf.logits_indices.put(qsl[1:][rows] - 1)
+
+        hidden, qsl = self._forward(states, num_new, num_computed, before_launch)
+        prompt_lp = self._prompt_logprobs(states, num_new, num_computed, hidden, qsl)
+        if not rows:
+            return StepHandle.done(ModelRunnerOutput([], [], prompt_logprobs=prompt_lp))
+        last_hidden = hidden[staged["idx"]] if "idx" in staged else hidden
+        logits = self.model.compute_logits(last_hidden)
+        out = self.sampler(logits, staged["meta"])
+        self._prev_sampled = out.sampled
+        self._prev_rows = {st.req_id: i for i, st in enumerate(sample_states)}
+        ready = None
+        if self._sampled_host:
+            host = self._sampled_host[self._flip][: len(rows)]
+            self._flip ^= 1
+            host.copy_(out.sampled, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            host = out.sampled
+
+        def finish(tokens: list[int]) -> ModelRunnerOutput:
+            for st, tok in zip(sample_states, tokens):
+                if self.states.get(st.req_id) is st:  # not finished / preempted meanwhile
+                    st.token_ids.append(tok)
+            return ModelRunnerOutput(
+                req_ids=[st.req_id for st in sample_states],
+                sampled_token_ids=tokens,
+                logprobs=self._logprobs_dict(sample_states, out),
+                prompt_logprobs=prompt_lp,
+            )
+
+        return StepHandle(finish, host, ready)
 
     def _prompt_logprobs(self, states, num_new, num_computed, hidden, qsl):
         """For requests asking prompt_logprobs: the logprob (and rank, and top-k) of each
@@ -281,7 +358,10 @@ class ModelRunner:
         for cache in self.kv_caches:
             cache[:, dst] = cache[:, src]
 
-    def _sampling_metadata(self, states: list[CachedRequestState]) -> SamplingMetadata:
+    def _sampling_metadata(self, states: list[CachedRequestState],
+                           ends: list[int]) -> SamplingMetadata:
+        """``ends``: each row's token count once this step is computed; the token sampled
+        now is output number ``end - num_prompt_tokens`` (counting from 0)."""
         params = [st.sampling_params for st in states]
         types = [p.sampling_type for p in params]
         want_lp = [p.logprobs for p in params if p.logprobs is not None]
@@ -290,10 +370,10 @@ class ModelRunner:
             vocab = self.config.model_config.hf_config.vocab_size
             max_lp = max(vocab if k == -1 else k for k in want_lp)
         contexts = []
-        for row, st in enumerate(states):
+        for row, (st, end) in enumerate(zip(states, ends)):
             p = st.sampling_params
             banned = None
-            if st.num_output_tokens < p.min_tokens:
+            if end - st.num_prompt_tokens < p.min_tokens:
                 ids = set(p.stop_token_ids or ())
                 if not p.ignore_eos:
                     ids.update(self.config.model_config.eos_token_ids)
@@ -305,26 +385,26 @@ class ModelRunner:
         if all(t == SamplingType.GREEDY for t in types):
             return SamplingMetadata(True, None, None, None, None, {}, max_lp, contexts)
         dev = self.device
-        temp = torch.tensor([0.0 if t == SamplingType.GREEDY else p.temperature
-                             for p, t in zip(params, types)], dtype=torch.float32, device=dev)
+        buf = self.buf
+        temp = buf.temperature.put([0.0 if t == SamplingType.GREEDY else p.temperature
+                                    for p, t in zip(params, types)])
         vocab = self.config.model_config.hf_config.vocab_size
         top_k = top_p = min_p = None
         if any(p.top_k_enabled for p in params):
-            top_k = torch.tensor([p.top_k if p.top_k_enabled else vocab for p in params],
-                                 dtype=torch.int64, device=dev)
+            top_k = buf.top_k.put([p.top_k if p.top_k_enabled else vocab for p in params])
         if any(p.top_p < 1.0 for p in params):
-            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
+            top_p = buf.top_p.put([p.top_p for p in params])
         if any(p.min_p > 0.0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev)
+            min_p = buf.min_p.put([p.min_p for p in params])
         gens = {}
-        for row, (st, t) in enumerate(zip(states, types)):
+        for row, (st, t, end) in enumerate(zip(states, types, ends)):
             if t == SamplingType.RANDOM_SEED:
                 gen = self._seed_gens.get(st.req_id)
                 if gen is None:
                     gen = self._seed_gens[st.req_id] = torch.Generator(device=dev)
                 # Reseeded per output position: the same tokens whatever the batch, and
                 # after a preemption too.
-                seed = (st.sampling_params.seed * _SEED_STRIDE + st.num_output_tokens)
+                seed = st.sampling_params.seed * _SEED_STRIDE + end - st.num_prompt_tokens
                 gen.manual_seed(seed % (2 ** 63))
                 gens[row] = gen
         return SamplingMetadata(False, temp, top_k, top_p, min_p, gens, max_lp, contexts,

@@ -12,6 +12,8 @@ from octavo.core.kv_cache_manager import cdiv
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.worker.cpu_tuning import keep_heap_pages
 from octavo.worker.model_runner import ModelRunner
+from octavo.worker.step_handle import StepHandle
+from octavo.worker.swap_cache import SwapCache, num_swap_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +72,28 @@ class Worker:
             raise ValueError(f"kv_cache_memory={budget} bytes holds no {per_block}-byte block")
         return n
 
-    def init_kv_cache(self, num_blocks: int) -> None:
+    def determine_num_cpu_blocks(self) -> int:
+        """Blocks of CPU swap space: swap_space GiB over the bytes of one block (every
+        layer); 0, no swap space, unless preemption_mode is "swap"."""
+        if self.config.scheduler_config.preemption_mode != "swap":
+            return 0
+        return num_swap_blocks(self.config.cache_config.swap_space,
+                               self.runner.bytes_per_block())
+
+    def init_kv_cache(self, num_blocks: int, num_cpu_blocks: int = 0) -> None:
         self.runner.init_kv_cache(num_blocks)
+        self.runner.swap_cache = (SwapCache(self.runner.kv_caches, num_cpu_blocks)
+                                  if num_cpu_blocks else None)
         self.runner.capture_cuda_graphs()
         logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", num_blocks,
                     self.config.cache_config.block_size,
                     num_blocks * self.runner.bytes_per_block() / 2**30)
+        if num_cpu_blocks:
+            logger.info("CPU swap space: %d blocks (%.2f GiB)", num_cpu_blocks,
+                        num_cpu_blocks * self.runner.bytes_per_block() / 2**30)
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(sched)
+
+    def execute_model_async(self, sched: SchedulerOutput) -> StepHandle:
+        return self.runner.execute_model_async(sched)

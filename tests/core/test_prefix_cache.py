@@ -30,8 +30,7 @@ def req(rid, prompt, max_tokens=4):
 
 def step(sched):
     out = sched.schedule()
-    done = [r for r, n in out.num_scheduled_tokens.items()
-            if sched.requests[r].num_computed_tokens + n == sched.requests[r].num_tokens]
+    done = [r for r in out.num_scheduled_tokens if sched.requests[r].num_pending]
     sched.update_from_output(out, ModelRunnerOutput(done, [7] * len(done)))
     return out
 

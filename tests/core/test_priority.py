@@ -31,8 +31,7 @@ def rid_hash(rid: str) -> int:
 
 def step(sched):
     out = sched.schedule()
-    done = [r for r, n in out.num_scheduled_tokens.items()
-            if sched.requests[r].num_computed_tokens + n == sched.requests[r].num_tokens]
+    done = [r for r in out.num_scheduled_tokens if sched.requests[r].num_pending]
     _, finished = sched.update_from_output(out, ModelRunnerOutput(done, [7] * len(done)))
     return out, finished
 

@@ -91,7 +91,7 @@ class FakeWorker:
             req = sched.requests[rid]
             st = self.states[rid]
             assert n > 0
-            assert st.num_computed == req.num_computed_tokens
+            assert st.num_computed + n == req.num_computed_tokens  # advanced by schedule()
             assert st.token_ids == req.all_token_ids
             assert st.block_ids == sched.kv.block_ids(rid)
             assert len(st.block_ids) == cdiv(st.num_computed + n, bs)

@@ -189,6 +189,10 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
+                   help="swap: preempted requests keep their KV in CPU swap space")
+    p.add_argument("--swap-space", type=float, default=4.0,
+                   help="GiB of CPU memory for swapped KV blocks (with --preemption-mode swap)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="also serve Prometheus /metrics on this port")
     p.add_argument("--max-model-len", type=int, default=None)
@@ -204,7 +208,6 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--quantization", "-q", default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None, help="automatic prefix caching (default: on)")
-    p.add_argument("--swap-space", type=float, default=0.0)
     return p
 
 
@@ -216,9 +219,6 @@ def unsupported_flags(args: argparse.Namespace) -> list[str]:
     if args.quantization is not None:
         problems.append(f"--quantization {args.quantization}: quantized serving is not "
                         "built yet")
-    if args.swap_space:
-        problems.append(f"--swap-space {args.swap_space}: swapping to CPU is not built yet "
-                        "(use 0)")
     if args.rate_limit is not None and args.rate_limit < 1:
         problems.append(f"--rate-limit must be >= 1, got {args.rate_limit}")
     if args.max_body_bytes < 1:
@@ -236,6 +236,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         device=args.device, enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching is not False,
         scheduling_policy=args.scheduling_policy,
+        preemption_mode=args.preemption_mode, swap_space=args.swap_space,
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
 
 

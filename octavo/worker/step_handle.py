@@ -1,0 +1,37 @@
+"""A launched step whose sampled tokens may still be on their way from the device.
+
+``ModelRunner.execute_model_async`` enqueues a step and returns one of these at once; the
+engine calls ``result()`` when it needs the tokens -- after it has already launched the next
+step, so the host's bookkeeping overlaps the device's work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from octavo.core.scheduler_output import ModelRunnerOutput
+
+
+class StepHandle:
+    def __init__(self, finish: Callable[[list[int]], ModelRunnerOutput],
+                 sampled_host: torch.Tensor | None, ready: torch.cuda.Event | None) -> None:
+        self._finish = finish
+        self._host = sampled_host  # pinned host copy (CUDA) or the tokens themselves (CPU)
+        self._ready = ready  # recorded after the device-to-host copy
+        self._out: ModelRunnerOutput | None = None
+
+    @classmethod
+    def done(cls, out: ModelRunnerOutput) -> StepHandle:
+        handle = cls(lambda _: out, None, None)
+        handle._out = out
+        return handle
+
+    def result(self) -> ModelRunnerOutput:
+        if self._out is None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            tokens = self._host.tolist() if self._host is not None else []
+            self._out = self._finish(tokens)
+        return self._out
