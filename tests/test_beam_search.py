@@ -9,7 +9,6 @@ the prefix cache, a mixed batch, logprobs, validation, aborts and text prompts.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -21,7 +20,7 @@ import torch
 from octavo import LLM, BeamSearchParams, SamplingParams
 from octavo.engine.beam_search import BeamSearch, BeamSearchConfig
 from octavo.outputs import Logprob
-from tests.tiny_models import COMMON, make_checkpoint
+from tests.tiny_models import COMMON, copy_with_eos, make_checkpoint
 
 W = 3  # beam width
 T = 10  # max new tokens
@@ -147,17 +146,8 @@ def eos_token(no_eos_runs) -> int:
 @pytest.fixture(scope="module")
 def eos_llm(tiny_dir, eos_token, tmp_path_factory) -> LLM:
     """The tiny checkpoint with ``eos_token`` as its EOS id."""
-    folder = str(tmp_path_factory.mktemp("llama_beams_eos"))
-    for name in os.listdir(tiny_dir):
-        shutil.copy(os.path.join(tiny_dir, name), folder)
-    for name in ("config.json", "generation_config.json"):
-        path = os.path.join(folder, name)
-        if os.path.exists(path):
-            with open(path) as f:
-                cfg = json.load(f)
-            cfg["eos_token_id"] = eos_token
-            with open(path, "w") as f:
-                json.dump(cfg, f)
+    folder = copy_with_eos(tiny_dir, str(tmp_path_factory.mktemp("llama_beams_eos")),
+                           eos_token)
     llm = LLM(model=folder, dtype="float32", skip_tokenizer_init=True, max_model_len=MAX_LEN)
     assert llm.llm_engine.config.model_config.eos_token_ids == (eos_token,)
     return llm

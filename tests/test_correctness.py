@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from octavo import LLM, SamplingParams
-from tests.tiny_models import FAMILIES, make_checkpoint
+from tests.tiny_models import FAMILIES, hf_greedy, make_checkpoint
 
 NEW_TOKENS = 32
 
@@ -30,14 +30,7 @@ def _hf_greedy(folder: str, prompts: list[list[int]]) -> list[list[int]]:
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # like ignore_eos=True: EOS is a plain token
-    outs = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=NEW_TOKENS, pad_token_id=0)
-            outs.append(gen[0, len(p):].tolist())
-    return outs
+    return hf_greedy(model, prompts, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,12 @@ costs a good fraction of a second.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import shutil
 
 import pytest
 
 from octavo import LLM, SamplingParams
-from tests.tiny_models import COMMON, make_checkpoint
+from tests.tiny_models import COMMON, copy_with_eos, make_checkpoint
 
 VOCAB = COMMON["vocab_size"]
 MAX_LEN = 64
@@ -361,17 +358,7 @@ def eos_setup(tiny_dir, baseline, tmp_path_factory):
     """A copy of the tiny checkpoint whose EOS id is a token greedy decoding reaches at k."""
     full = baseline[0]
     k = _first_new_token(full)
-    folder = str(tmp_path_factory.mktemp("llama_eos"))
-    for name in os.listdir(tiny_dir):
-        shutil.copy(os.path.join(tiny_dir, name), folder)
-    for name in ("config.json", "generation_config.json"):
-        path = os.path.join(folder, name)
-        if os.path.exists(path):
-            with open(path) as f:
-                cfg = json.load(f)
-            cfg["eos_token_id"] = full[k]
-            with open(path, "w") as f:
-                json.dump(cfg, f)
+    folder = copy_with_eos(tiny_dir, str(tmp_path_factory.mktemp("llama_eos")), full[k])
     llm = LLM(model=folder, dtype="float32", skip_tokenizer_init=True, max_model_len=MAX_LEN)
     assert llm.llm_engine.config.model_config.eos_token_ids == (full[k],)
     return llm, full, k

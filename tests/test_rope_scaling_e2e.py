@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from octavo import LLM, SamplingParams  # noqa: E402
 from octavo.layers.rope_params import rope_params_from_config  # noqa: E402
 from octavo.layers.rope_scaling import dynamic_ntk_seq_len, rope_inv_freq  # noqa: E402
-from tests.tiny_models import make_checkpoint  # noqa: E402
+from tests.tiny_models import hf_greedy, make_checkpoint  # noqa: E402
 
 NEW_TOKENS = 24
 LENGTHS = (5, 70, 130, 200)  # + 24 new tokens: up to 224 of the 256 positions
@@ -46,14 +46,7 @@ def _hf_greedy(folder: str, prompts, pin_dynamic: bool = False) -> list[list[int
         rotary.original_inv_freq.copy_(inv_freq)
         rotary.max_seq_len_cached = 10 ** 9  # never "grow" (recompute for the current length)
         rotary.original_max_seq_len = 0  # never "reset" to plain RoPE either
-    outs = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=NEW_TOKENS, pad_token_id=0)
-            outs.append(gen[0, len(p):].tolist())
-    return outs
+    return hf_greedy(model, prompts, NEW_TOKENS)
 
 
 def _octavo(folder: str, prompts, **kwargs) -> tuple[LLM, list[list[int]]]:

@@ -34,3 +34,37 @@ def make_checkpoint(family: str, folder: str, seed: int = 0, **overrides) -> str
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def copy_with_eos(src: str, dst: str, eos_token_id: int) -> str:
+    """A copy of checkpoint ``src`` in ``dst`` whose config / generation config name
+    ``eos_token_id`` as the EOS id."""
+    import json
+    import shutil
+
+    os.makedirs(dst, exist_ok=True)
+    for name in os.listdir(src):
+        shutil.copy(os.path.join(src, name), dst)
+    for name in ("config.json", "generation_config.json"):
+        path = os.path.join(dst, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                cfg = json.load(f)
+            cfg["eos_token_id"] = eos_token_id
+            with open(path, "w") as f:
+                json.dump(cfg, f)
+    return dst
+
+
+def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, one at a time (no padding)."""
+    import torch
+
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=max_new_tokens, pad_token_id=0)
+            outs.append(gen[0, len(p):].tolist())
+    return outs
