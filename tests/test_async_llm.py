@@ -21,13 +21,16 @@ def tiny_dir(tmp_path_factory) -> str:
     return make_checkpoint("llama", str(tmp_path_factory.mktemp("llama_async")))
 
 
-def _args(path: str) -> EngineArgs:
-    return EngineArgs(model=path, dtype="float32", skip_tokenizer_init=True, max_model_len=256)
+def _args(path: str, async_scheduling: bool | None = None) -> EngineArgs:
+    return EngineArgs(model=path, dtype="float32", skip_tokenizer_init=True, max_model_len=256,
+                      async_scheduling=async_scheduling)
 
 
-@pytest.fixture(scope="module")
-def allm(tiny_dir):
-    engine = AsyncLLM.from_engine_args(_args(tiny_dir))
+# Asynchronous scheduling (the CUDA default) forced on as well: a step is always in flight
+# when a stream ends early or a request is aborted.
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async_sched"])
+def allm(tiny_dir, request):
+    engine = AsyncLLM.from_engine_args(_args(tiny_dir, request.param))
     yield engine
     engine.shutdown()
 
