@@ -175,6 +175,23 @@ def test_chat_and_stream(client):
     assert finish == [whole.choices[0].finish_reason]
 
 
+def test_chat_logprobs_and_top_logprobs(client):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    resp = client.chat.completions.create(model="smol", messages=messages, temperature=0,
+                                          max_tokens=5, logprobs=True, top_logprobs=3)
+    content = resp.choices[0].logprobs.content
+    assert len(content) == resp.usage.completion_tokens
+    for pos in content:
+        tops = [t.logprob for t in pos.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and tops[0] <= 0
+        # Greedy: the chosen token is the most likely one.
+        assert pos.logprob == tops[0] and pos.token == pos.top_logprobs[0].token
+    plain = client.chat.completions.create(model="smol", messages=messages, temperature=0,
+                                           max_tokens=5)
+    assert plain.choices[0].logprobs is None
+    assert "".join(p.token for p in content) == plain.choices[0].message.content
+
+
 def test_n_samples_completions(client, server):
     # Greedy: every sample is the same text; usage counts all of them, the prompt once.
     one = client.completions.create(model="smol", prompt=PROMPT, max_tokens=6, temperature=0,
