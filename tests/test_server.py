@@ -468,6 +468,11 @@ def test_unbuilt_flags_are_rejected():
     assert (swap.preemption_mode, swap.swap_space) == ("swap", 1.0)
     default = engine_args_from(make_arg_parser().parse_args([]))
     assert (default.preemption_mode, default.swap_space) == ("recompute", 4.0)
+    assert (default.enforce_eager, default.async_scheduling) == (False, None)  # None: auto
+    tuned = engine_args_from(make_arg_parser().parse_args(
+        ["--enforce-eager", "--no-async-scheduling"]))
+    assert (tuned.enforce_eager, tuned.async_scheduling) == (True, False)
+    assert not tuned.create_engine_config().scheduler_config.async_scheduling
     with pytest.raises(SystemExit):  # argparse names the bad choice
         make_arg_parser().parse_args(["--preemption-mode", "discard"])
     assert cli.main(["serve", "some-model", "--tensor-parallel-size", "2"]) == 2

@@ -203,6 +203,11 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--device", default="auto")
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                    default=True)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs (every step launched eagerly)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule the next step while the device runs this one (default: "
+                   "on for CUDA)")
     # Accepted for vLLM compatibility; rejected at startup until they are built.
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--quantization", "-q", default=None)
@@ -237,6 +242,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         enable_prefix_caching=args.enable_prefix_caching is not False,
         scheduling_policy=args.scheduling_policy,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
+        enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
 
 
