@@ -18,6 +18,10 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--device", default="auto")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    p.add_argument("--swap-space", type=float, default=4.0,
+                   help="GiB of CPU memory for swapped KV blocks (with --preemption-mode swap)")
 
 
 def _sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -35,7 +39,9 @@ def _make_llm(args):
 
     return LLM(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, seed=args.seed,
                max_model_len=args.max_model_len, block_size=args.block_size,
-               max_num_seqs=args.max_num_seqs, device=args.device)
+               max_num_seqs=args.max_num_seqs, device=args.device,
+               enforce_eager=args.enforce_eager, preemption_mode=args.preemption_mode,
+               swap_space=args.swap_space)
 
 
 def _params(args) -> SamplingParams:
