@@ -79,7 +79,11 @@ def test_requests_needing_host_history_mixed_in(folder):
                              max_tokens=4 if i % 2 or i % 3 == 0 else 16,
                              repetition_penalty=1.5 if i % 2 else 1.0,
                              logprobs=2 if i % 3 == 0 else None) for i in range(10)]
-    _both(folder, _prompts(), params)
+    llm, _ = _both(folder, _prompts(), params)
+    # Steps that only finished the one in flight launch nothing and are not counted: the
+    # engine computed each prompt and every output token but the last, once.
+    want = sum(len(p) for p in _prompts()) + sum(p.max_tokens - 1 for p in params)
+    assert llm.llm_engine.timings.tokens == want
 
 
 def test_abort_while_a_step_is_in_flight(folder):

@@ -126,7 +126,7 @@ class LLMEngine:
             # Some request needs its latest token on the host before its next step
             # (penalties, logprobs ...): finish the step in flight first.
             outputs, num_prompt, num_gen = self._process(*inflight)
-            self._account(inflight[0], t0, t0, t0, num_prompt, num_gen)
+            self._account(None, t0, t0, t0, num_prompt, num_gen)  # launched nothing
             return outputs
         sched = self.scheduler.schedule()
         t1 = time.perf_counter()
@@ -205,18 +205,22 @@ class LLMEngine:
 
     def _account(self, sched, t0: float, t1: float, t2: float, num_prompt: int,
                  num_gen: int) -> None:
+        """Timings, trace and stats of one step() call; ``sched`` is the step it launched
+        (None when it only finished the step in flight)."""
         t3 = time.perf_counter()
         wait, self._wait_s = self._wait_s, 0.0
         tm = self.timings
-        tm.steps += 1
-        tm.decode_steps += sched.total_num_scheduled_tokens == len(sched.num_scheduled_tokens)
         tm.schedule_s += t1 - t0
         tm.execute_s += t2 - t1 + wait
         tm.output_s += t3 - t2 - wait
         tm.wall_s += t3 - t0
-        tm.prepare_s += self.executor.worker.runner.last_prepare_s
-        tm.tokens += sched.total_num_scheduled_tokens
-        if tm.trace is not None:
+        num_tokens = 0 if sched is None else sched.total_num_scheduled_tokens
+        if sched is not None:
+            tm.steps += 1
+            tm.decode_steps += num_tokens == len(sched.num_scheduled_tokens)
+            tm.prepare_s += self.executor.worker.runner.last_prepare_s
+            tm.tokens += num_tokens
+        if tm.trace is not None and sched is not None:
             running = self.scheduler.running
             tm.trace.append(StepTrace(
                 len(running), len(sched.num_scheduled_tokens),
@@ -226,7 +230,7 @@ class LLMEngine:
         self.last_stats = StepStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
-            num_scheduled_tokens=sched.total_num_scheduled_tokens,
+            num_scheduled_tokens=num_tokens,
             num_prompt_tokens=num_prompt,
             num_generation_tokens=num_gen,
             kv_cache_usage=self.scheduler.kv.usage,
