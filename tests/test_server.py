@@ -8,8 +8,6 @@ share its AsyncLLM through in-process ASGI transports.
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 
 import pytest
@@ -21,7 +19,6 @@ openai = pytest.importorskip("openai")
 
 import importlib  # noqa: E402
 
-import uvicorn  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from octavo.engine.arg_utils import EngineArgs  # noqa: E402
@@ -33,6 +30,7 @@ from octavo.entrypoints.openai.api_server import (  # noqa: E402
     make_arg_parser,
     unsupported_flags,
 )
+from tests.running_server import RunningServer  # noqa: E402
 
 # The HTTP library the openai client is built on (httpx, or httpx2 in newer releases): its
 # transports and clients are the ones the client accepts.
@@ -42,26 +40,6 @@ httpx = importlib.import_module(
 MAX_LEN = 512
 BODY_LIMIT = 64 * 1024
 PROMPT = "The capital of France is"
-
-
-class RunningServer:
-    def __init__(self, app) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
