@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from octavo.config import EngineConfig
-from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from octavo.core.scheduler_output import SchedulerOutput
 from octavo.worker.step_handle import StepHandle
 from octavo.worker.worker import Worker
 
@@ -15,9 +15,6 @@ class UniProcExecutor:
         self.num_blocks = self.worker.determine_num_blocks()
         self.num_cpu_blocks = self.worker.determine_num_cpu_blocks()  # swap space
         self.worker.init_kv_cache(self.num_blocks, self.num_cpu_blocks)
-
-    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self.worker.execute_model(sched)
 
     def execute_model_async(self, sched: SchedulerOutput) -> StepHandle:
         return self.worker.execute_model_async(sched)

@@ -117,10 +117,7 @@ class CudaGraphRunner:
             b.input_ids.np[:t] = 0
             b.positions.np[:t] = 0
             b.table_slots.np[:r] = b.pad_slot
-            for buf, n in ((b.query_start_loc, r + 1), (b.seq_lens, r), (b.slot_mapping, t),
-                           (b.input_ids, t), (b.positions, t)):
-                buf.upload(n)
-            b.gather_block_tables(r)
+            self._upload_mixed(t)
             ctx = ForwardContext(self._mixed_meta(t), self.kv_caches)
             ids, pos = b.input_ids.gpu[:t], b.positions.gpu[:t]
             for _ in range(2):
@@ -149,11 +146,16 @@ class CudaGraphRunner:
         b.query_start_loc.np[num_reqs + 1: r + 1] = num_tokens
         b.seq_lens.np[num_reqs:r] = 0
         b.table_slots.np[num_reqs:r] = b.pad_slot
+        self._upload_mixed(t)
+        return t
+
+    def _upload_mixed(self, t: int) -> None:
+        """Upload a mixed graph's inputs: t token rows, every request row."""
+        b, r = self.buf, self.buf.max_reqs
         for buf, n in ((b.input_ids, t), (b.positions, t), (b.slot_mapping, t),
                        (b.query_start_loc, r + 1), (b.seq_lens, r)):
             buf.upload(n)
         b.gather_block_tables(r)
-        return t
 
     def replay_mixed(self, t: int, num_tokens: int) -> torch.Tensor:
         self.mixed_graphs[t].replay()
@@ -165,12 +167,9 @@ class CudaGraphRunner:
                 return s
         return None
 
-    def run(self, num_reqs: int) -> torch.Tensor:
-        """Replay for a decode batch whose first num_reqs rows are filled (host side) and
-        padded here; returns the hidden states of the real rows."""
-        return self.replay(self.stage(num_reqs), num_reqs)
-
     def replay(self, bs: int, num_reqs: int) -> torch.Tensor:
+        """Replay the graph of size bs (staged by stage()); the hidden states of the real
+        rows."""
         self.graphs[bs].replay()
         return self.outputs[bs][:num_reqs]
 

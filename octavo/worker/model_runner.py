@@ -150,6 +150,12 @@ class ModelRunner:
         if st is not None:
             self.buf.release_slot(st.slot)
 
+    def _append_table(self, st: CachedRequestState) -> None:
+        """Write the request's block ids not yet in its row of the persistent table."""
+        self.buf.req_tables.np[st.slot, st.table_len: len(st.block_ids)] = (
+            st.block_ids[st.table_len:])
+        st.table_len = len(st.block_ids)
+
     def _prepare(self, states: list[CachedRequestState], num_new: list[int],
                  num_computed: list[int]) -> tuple[int, np.ndarray]:
         """Fill the host side of the input buffers; returns (num tokens, query start locs)."""
@@ -169,8 +175,7 @@ class ModelRunner:
             for i, (st, c) in enumerate(zip(states, num_computed)):
                 slots[i] = st.slot
                 if st.table_len < len(st.block_ids):
-                    table[st.slot, st.table_len: len(st.block_ids)] = st.block_ids[st.table_len:]
-                    st.table_len = len(st.block_ids)
+                    self._append_table(st)
                 if c < len(st.token_ids):
                     ids_np[i] = st.token_ids[c]
                 else:  # sampled by the step still in flight
@@ -182,8 +187,7 @@ class ModelRunner:
             for i, (st, c, n) in enumerate(zip(states, num_computed, num_new)):
                 slots[i] = st.slot
                 if st.table_len < len(st.block_ids):
-                    table[st.slot, st.table_len: len(st.block_ids)] = st.block_ids[st.table_len:]
-                    st.table_len = len(st.block_ids)
+                    self._append_table(st)
                 toks = st.token_ids[c: c + n]
                 ids_np[off: off + len(toks)] = toks
                 if len(toks) < n:  # the last one was sampled by the step still in flight
@@ -253,9 +257,6 @@ class ModelRunner:
         if self.device.type == "cuda":
             self._inputs_sent = torch.cuda.Event()
             self._inputs_sent.record()
-
-    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self.execute_model_async(sched).result()
 
     @torch.inference_mode()
     def execute_model_async(self, sched: SchedulerOutput) -> StepHandle:

@@ -9,7 +9,7 @@ import torch
 from octavo import envs
 from octavo.config import EngineConfig
 from octavo.core.kv_cache_manager import cdiv
-from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from octavo.core.scheduler_output import SchedulerOutput
 from octavo.worker.cpu_tuning import keep_heap_pages
 from octavo.worker.model_runner import ModelRunner
 from octavo.worker.step_handle import StepHandle
@@ -91,9 +91,6 @@ class Worker:
         if num_cpu_blocks:
             logger.info("CPU swap space: %d blocks (%.2f GiB)", num_cpu_blocks,
                         num_cpu_blocks * self.runner.bytes_per_block() / 2**30)
-
-    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self.runner.execute_model(sched)
 
     def execute_model_async(self, sched: SchedulerOutput) -> StepHandle:
         return self.runner.execute_model_async(sched)
