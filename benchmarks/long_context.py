@@ -76,10 +76,23 @@ def run(args, chunked: bool) -> dict:
     long_req = engine.scheduler.requests["long"]
     before = [r.num_output_tokens for r in running]
     during = []
+    engine.timings.reset()
+    prof = None
+    if args.profile and chunked:
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]).__enter__()
     while long_req.num_output_tokens == 0:
         during.append(_timed_step(engine))
         assert engine.last_stats.num_scheduled_tokens <= budget
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        sort = "cuda_time_total" if args.device != "cpu" else "cpu_time_total"
+        print(f"profile of the {len(during)} steps while the prompt prefills (timings below "
+              "include the profiler's overhead):")
+        print(prof.key_averages().table(sort_by=sort, row_limit=16, max_name_column_width=70))
     per_request = [r.num_output_tokens - b for r, b in zip(running, before)]
+    host = {k: v for k, v in engine.timings.summary().items() if k.endswith("_ms_per_step")}
     engine.abort_request(ids)
     del llm, engine
     gc.collect()
@@ -92,7 +105,7 @@ def run(args, chunked: bool) -> dict:
             "steady_ms_per_token": steady_ms, "during_prefill_ms_per_token": during_ms,
             "ratio": during_ms / steady_ms, "worst_step_ms": 1000 * max(during),
             "prefill_steps": len(during), "tokens_per_running_request": min(per_request),
-            "long_prompt_ttft_s": sum(during)}
+            "long_prompt_ttft_s": sum(during), "host_during_prefill": host}
 
 
 def main() -> None:
@@ -110,6 +123,8 @@ def main() -> None:
     ap.add_argument("--modes", default="on,off", help="chunked prefill: on, off or both")
     ap.add_argument("--wait-idle", type=float, default=60.0,
                     help="wait up to this many seconds for other load to settle (0: no)")
+    ap.add_argument("--profile", action="store_true",
+                    help="print a torch.profiler table of the chunked run's prefill steps")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
 
@@ -145,6 +160,9 @@ def main() -> None:
               f"({r['ratio']:.2f}x), worst step {r['worst_step_ms']:.0f} ms, "
               f"{r['prefill_steps']} prefill steps, long prompt TTFT "
               f"{r['long_prompt_ttft_s']:.2f} s")
+        print("  host work per step while it prefills: " + ", ".join(
+            f"{k.removesuffix('_ms_per_step')} {v:.2f} ms"
+            for k, v in r["host_during_prefill"].items()))
     if other is not None:
         print(f"other processes kept {other:.2f} cores busy on average")
     print_json_result({"benchmark": "long_context", "device": device_info(),

@@ -20,15 +20,17 @@ Kernel design (one kernel, launched at most twice per call: decodes, then prefil
 * Prefill launch: query tiles of all requests with more than one new token share grid axis 0.
   Request ``b`` owns the tiles ``[qsl[b] // BLOCK_Q + b, qsl[b+1] // BLOCK_Q + b + 1)``, which
   bounds the grid by ``T // BLOCK_Q + B`` -- known on the host without reading device memory
-  (no sync, CUDA-graph friendly). A program finds its request with one vectorised compare
-  over ``query_start_loc``.
+  (no sync, CUDA-graph friendly). A program finds its request by binary search over
+  ``query_start_loc``.
 * K/V tiles of ``BLOCK_N`` tokens are gathered through the block table token by token, so
   ``BLOCK_N`` is independent of the cache block size. Tiles entirely below the first query's
   position need no causal mask; only the last few tiles of a query tile are masked.
 * Online softmax in fp32 with ``exp2`` (the scale is folded with ``log2(e)``).
-* Split-K ("flash decoding", decode launch only): for few sequences x long context the KV range
-  is cut into ``num_splits`` chunks handled by separate programs that write unnormalised
-  partial results (acc, running max, running sum) in fp32; a second kernel merges them.
+* Split-K ("flash decoding"): for few sequences x long context the KV range is cut into
+  ``num_splits`` chunks handled by separate programs that write unnormalised partial results
+  (acc, running max, running sum) per query token in fp32; a second kernel merges them. The
+  prefill launch splits the same way when its query tiles are few and the context long (a
+  chunk of a long prompt under chunked prefill).
 """
 
 from __future__ import annotations
@@ -161,7 +163,6 @@ def _paged_attention_kernel(
     num_splits,
     DECODE: tl.constexpr,
     GROUP: tl.constexpr,
-    GROUP_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -213,9 +214,11 @@ def _paged_attention_kernel(
     # Rows = (query token, head of the GQA group); padding rows are clamped to valid
     # coordinates so they compute harmless finite values and are simply not stored.
     offs_m = tl.arange(0, BLOCK_M)
-    q_idx = q_first + offs_m // GROUP_P
-    g_idx = offs_m % GROUP_P
-    row_ok = (offs_m // GROUP_P < BLOCK_Q) & (q_idx < q_len) & (g_idx < GROUP)
+    # Rows are packed densely (row m = query m // GROUP, head m % GROUP), so a group of 3
+    # fills 63 of 64 rows rather than 48 with a power-of-two stride.
+    q_idx = q_first + offs_m // GROUP
+    g_idx = offs_m % GROUP
+    row_ok = (offs_m // GROUP < BLOCK_Q) & (q_idx < q_len)
     q_idx = tl.minimum(q_idx, q_len - 1)
     head = kv_head * GROUP + tl.minimum(g_idx, GROUP - 1)
     tok = (q_start + q_idx).to(tl.int64)
@@ -262,9 +265,9 @@ def _paged_attention_kernel(
     )  # fmt: skip
 
     if SPLIT:
-        # Partials (DECODE only, one query per request): acc [B, H, S, HEAD_DIM_P] and
-        # (max, sum) pairs [B, H, S, 2], contiguous fp32.
-        p_idx = (b.to(tl.int64) * num_heads + head) * num_splits + split
+        # Partials per query token: acc [T, H, S, HEAD_DIM_P] and (max, sum) pairs
+        # [T, H, S, 2], contiguous fp32.
+        p_idx = (tok * num_heads + head) * num_splits + split
         p_acc = part_acc_ptr + p_idx[:, None] * HEAD_DIM_P + offs_d[None, :]
         tl.store(p_acc, acc, mask=row_ok[:, None])
         tl.store(part_ml_ptr + p_idx * 2, m_i, mask=row_ok)
@@ -292,10 +295,10 @@ def _split_reduce_kernel(
     # One program per (request, head): merge the per-split partial softmax states of a decode.
     b = tl.program_id(0)
     h = tl.program_id(1)
-    q_start = tl.load(qsl_ptr + b)
-    if tl.load(qsl_ptr + b + 1) - q_start != 1:
+    tok = tl.load(qsl_ptr + b)
+    if tl.load(qsl_ptr + b + 1) - tok != 1:
         return
-    row = b.to(tl.int64) * num_heads + h
+    row = tok.to(tl.int64) * num_heads + h
     offs_s = tl.arange(0, SPLITS_P)
     offs_d = tl.arange(0, HEAD_DIM_P)
     s_ok = offs_s < num_splits
@@ -307,8 +310,61 @@ def _split_reduce_kernel(
     acc_ptrs = part_acc_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM_P + offs_d[None, :]
     acc = tl.load(acc_ptrs, mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     out = tl.sum(acc * w[:, None], 0) / denom
-    o_ptrs = out_ptr + q_start.to(tl.int64) * stride_ot + h * stride_oh + offs_d
+    o_ptrs = out_ptr + tok.to(tl.int64) * stride_ot + h * stride_oh + offs_d
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
+def _split_reduce_tokens_kernel(
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    qsl_ptr,
+    num_seqs,
+    num_heads,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    SPLITS_P: tl.constexpr,
+):
+    # Prefill launch's merge: one program per (token, HEADS heads), all splits of all its
+    # heads loaded at once (a chain of dependent loads per head would cost more than the
+    # arithmetic). Only tokens of requests with more than one new token have partials.
+    t = tl.program_id(0)
+    # The last request starting at or before t owns it (empty requests before it start at
+    # the same place; a padding token finds b == num_seqs).
+    lo = t * 0
+    hi = lo + num_seqs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        ok = tl.load(qsl_ptr + mid) <= t
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    if lo >= num_seqs:
+        return
+    if tl.load(qsl_ptr + lo + 1) - tl.load(qsl_ptr + lo) <= 1:
+        return
+    offs_h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    offs_s = tl.arange(0, SPLITS_P)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    h_ok = offs_h < num_heads
+    ok = h_ok[:, None] & (offs_s < num_splits)[None, :]  # [HEADS, SPLITS_P]
+    part = ((t.to(tl.int64) * num_heads + offs_h) * num_splits)[:, None] + offs_s[None, :]
+    # Absent splits weigh exp2(-1e30 - max) = 0; absent heads are never stored.
+    m = tl.load(part_ml_ptr + part * 2, mask=ok, other=-1.0e30)
+    l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=ok, other=0.0)
+    w = tl.exp2(m - tl.max(m, 1)[:, None])
+    denom = tl.sum(w * l_s, 1)
+    d_ok = offs_d < HEAD_DIM
+    acc = tl.load(part_acc_ptr + part[:, :, None] * HEAD_DIM_P + offs_d[None, None, :],
+                  mask=ok[:, :, None] & d_ok[None, None, :], other=0.0)
+    out = tl.sum(acc * w[:, :, None], 1) / tl.maximum(denom, 1.0e-30)[:, None]
+    o_ptrs = (out_ptr + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh
+              + offs_d[None, :])
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,7 +375,7 @@ def _split_reduce_kernel(
 @dataclass(frozen=True)
 class _Config:
     block_q: int  # query tokens per program
-    block_m: int  # rows per program = max(16, block_q * group_p)
+    block_m: int  # rows per program: block_q * group, rounded up to a power of two >= 16
     block_n: int  # keys per inner iteration
     num_warps: int
     num_stages: int
@@ -328,32 +384,39 @@ class _Config:
 # Split-K: each split covers at least this many keys, so the merge stays cheap.
 _MIN_SPLIT_TOKENS = 256
 _MAX_SPLITS = 64
+# Prefill chunks over a long cached context (chunked prefill of a long prompt): a 512-token
+# chunk is only ~100 query tiles, each walking the whole context. Split their KV range too.
+_MIN_PREFILL_SPLIT_TOKENS = 1024
+# Query-tile rows of a split prefill launch (0: keep the unsplit tile).
+_SPLIT_PREFILL_ROWS = 128
+
+
+def _rows(rows: int, group: int) -> tuple[int, int]:
+    """(query tokens, rows) of a tile of about ``rows`` rows for a GQA group of ``group``."""
+    block_q = max(1, rows // group)
+    return block_q, max(16, next_power_of_2(block_q * group))
 
 
 def _pick_config(
-    decode: bool, group_p: int, head_dim_p: int, elem_bytes: int, on_gpu: bool
+    decode: bool, group: int, head_dim_p: int, elem_bytes: int, on_gpu: bool
 ) -> _Config:
     # GPU choices were measured on an H200 (bf16, block_size 16) with
     # tests/kernels/bench_attention.py; fp32 and head_dim > 128 halve KV tiles to fit smem.
     if not on_gpu:
         # Interpreter (CPU tests): small tiles so tiny contexts still span several KV tiles.
-        block_q = 1 if decode else max(1, 32 // group_p)
-        return _Config(block_q, max(16, block_q * group_p), 16, 1, 1)
+        return _Config(*_rows(1 if decode else 32, group), 16, 1, 1)
     if decode:
         # Memory bound: one query per program, the GQA group fills the MMA rows; long KV
         # tiles keep many loads in flight.
         row_bytes = head_dim_p * elem_bytes
         block_n = 128 if row_bytes <= 256 else (64 if row_bytes <= 512 else 32)
-        return _Config(1, max(16, group_p), block_n, 4, 2)
+        return _Config(*_rows(1, group), block_n, 4, 2)
     if head_dim_p <= 64:
-        block_q = max(1, 64 // group_p)
-        return _Config(block_q, max(16, block_q * group_p), 64, 4, 3)
+        return _Config(*_rows(64, group), 64, 4, 3)
     if head_dim_p <= 128:
-        block_q = max(1, 128 // group_p)
-        block_m = max(16, block_q * group_p)
+        block_q, block_m = _rows(128, group)
         return _Config(block_q, block_m, 64, 8 if block_m >= 128 else 4, 2)
-    block_q = max(1, 64 // group_p)
-    return _Config(block_q, max(16, block_q * group_p), 32, 4, 2)
+    return _Config(*_rows(64, group), 32, 4, 2)
 
 
 def _pick_num_splits(num_programs: int, max_seq_len: int, device: torch.device) -> int:
@@ -364,6 +427,17 @@ def _pick_num_splits(num_programs: int, max_seq_len: int, device: torch.device) 
     if num_programs >= target:
         return 1
     splits = min(-(-target // num_programs), max_seq_len // _MIN_SPLIT_TOKENS, _MAX_SPLITS)
+    return max(1, splits)
+
+
+def _pick_prefill_splits(num_programs: int, max_seq_len: int, device: torch.device) -> int:
+    """Splits for the prefill launch: about two programs per SM, rounded down so no partial
+    wave trails (on the H200, 87 tiles x 3 splits = 261 programs took 62 us over an 8k
+    context; x 4 = 348 took 87 us)."""
+    if max_seq_len < 2 * _MIN_PREFILL_SPLIT_TOKENS:
+        return 1
+    splits = min(2 * num_compute_units(device) // num_programs,
+                 max_seq_len // _MIN_PREFILL_SPLIT_TOKENS, _MAX_SPLITS)
     return max(1, splits)
 
 
@@ -385,6 +459,7 @@ def paged_attention(
     *,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    prefill_splits: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q`` ``[T, H, D]`` over the paged cache; returns ``[T, H, D]``.
 
@@ -397,7 +472,9 @@ def paged_attention(
 
     ``max_seq_len`` (must be >= every ``seq_lens`` entry; default: block-table width x block
     size) bounds the KV range cut by split-K; the heuristic splits decode-only batches only; ``num_splits`` forces the number of KV splits
-    of the decode launch, in any batch (1 disables split-K; ``None`` = heuristic).
+    of the decode launch, in any batch (1 disables split-K; ``None`` = heuristic);
+    ``prefill_splits`` does the same for the prefill launch (the heuristic splits it on the
+    GPU when its query tiles cannot fill the device and ``max_seq_len`` is long).
     """
     require_triton("paged_attention")
     num_tokens, num_heads, head_dim = q.shape
@@ -417,7 +494,6 @@ def paged_attention(
         q = q.contiguous()
 
     group = num_heads // num_kv_heads
-    group_p = next_power_of_2(group)
     head_dim_p = max(16, next_power_of_2(head_dim))
     on_gpu = q.device.type == "cuda"
     decode_only = max_query_len is not None and max_query_len <= 1
@@ -428,7 +504,6 @@ def paged_attention(
 
     common = dict(
         GROUP=group,
-        GROUP_P=group_p,
         BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim,
         HEAD_DIM_P=head_dim_p,
@@ -447,8 +522,37 @@ def paged_attention(
     )  # fmt: skip
     qk_scale = float(scale) * _LOG2E
 
+    def launch(decode: bool, grid0: int, cfg: _Config, splits: int) -> None:
+        if splits > 1:
+            f32 = dict(dtype=torch.float32, device=q.device)
+            part_acc = torch.empty((num_tokens, num_heads, splits, head_dim_p), **f32)
+            part_ml = torch.empty((num_tokens, num_heads, splits, 2), **f32)
+        else:
+            part_acc = part_ml = out  # unused placeholders
+        _paged_attention_kernel[(grid0, num_kv_heads, splits)](
+            *args, part_acc, part_ml, qk_scale, num_seqs, *strides, num_heads, splits,
+            DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            SPLIT=splits > 1, **common, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        splits_p = next_power_of_2(splits)
+        if splits > 1 and decode:
+            _split_reduce_kernel[(num_seqs, num_heads)](
+                out, part_acc, part_ml, query_start_loc, num_heads, splits,
+                out.stride(0), out.stride(1),
+                HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, SPLITS_P=splits_p,
+                num_warps=4 if head_dim_p >= 128 else 2,
+            )  # fmt: skip
+        elif splits > 1:
+            # Heads per program: as many as keep a program's partials within 8K floats.
+            heads = min(next_power_of_2(num_heads), max(1, 8192 // (splits_p * head_dim_p)))
+            _split_reduce_tokens_kernel[(num_tokens, triton.cdiv(num_heads, heads))](
+                out, part_acc, part_ml, query_start_loc, num_seqs, num_heads, splits,
+                out.stride(0), out.stride(1), HEADS=heads,
+                HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, SPLITS_P=splits_p, num_warps=4,
+            )  # fmt: skip
+
     if not prefill_only:
-        cfg = _pick_config(True, group_p, head_dim_p, q.element_size(), on_gpu)
+        cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu)
         splits = num_splits
         if splits is None:
             # Mixed batches are left unsplit: the prefill launch dominates them, and the
@@ -456,36 +560,25 @@ def paged_attention(
             splits = 1
             if decode_only:
                 splits = _pick_num_splits(num_seqs * num_kv_heads, kv_upper, q.device)
-        splits = max(1, int(splits))
-        if splits > 1:
-            f32 = dict(dtype=torch.float32, device=q.device)
-            part_acc = torch.empty((num_seqs, num_heads, splits, head_dim_p), **f32)
-            part_ml = torch.empty((num_seqs, num_heads, splits, 2), **f32)
-        else:
-            part_acc = part_ml = out  # unused placeholders
-        _paged_attention_kernel[(num_seqs, num_kv_heads, splits)](
-            *args, part_acc, part_ml, qk_scale, num_seqs, *strides,
-            num_heads, splits,
-            DECODE=True, BLOCK_Q=1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT=splits > 1, **common, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
-        if splits > 1:
-            _split_reduce_kernel[(num_seqs, num_heads)](
-                out, part_acc, part_ml, query_start_loc, num_heads, splits,
-                out.stride(0), out.stride(1),
-                HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, SPLITS_P=next_power_of_2(splits),
-                num_warps=4 if head_dim_p >= 128 else 2,
-            )  # fmt: skip
+        launch(True, num_seqs, cfg, max(1, int(splits)))
 
     if not decode_only:
-        cfg = _pick_config(False, group_p, head_dim_p, q.element_size(), on_gpu)
+        cfg = _pick_config(False, group, head_dim_p, q.element_size(), on_gpu)
         num_tiles = num_tokens // cfg.block_q + num_seqs
-        _paged_attention_kernel[(num_tiles, num_kv_heads, 1)](
-            *args, out, out, qk_scale, num_seqs, *strides, num_heads, 1,
-            DECODE=False, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT=False, **common,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
+        splits = prefill_splits
+        if splits is None:
+            splits = 1
+            if on_gpu:
+                splits = _pick_prefill_splits(num_tiles * num_kv_heads, kv_upper, q.device)
+                if splits > 1 and _SPLIT_PREFILL_ROWS > cfg.block_m:
+                    # Splitting anyway: taller query tiles read each K/V tile for more rows,
+                    # and the splits give back the parallelism.
+                    block_q, block_m = _rows(_SPLIT_PREFILL_ROWS, group)
+                    cfg = _Config(block_q, block_m, cfg.block_n, 4, 2)
+                    num_tiles = num_tokens // cfg.block_q + num_seqs
+                    splits = _pick_prefill_splits(num_tiles * num_kv_heads, kv_upper,
+                                                  q.device)
+        launch(False, num_tiles, cfg, max(1, int(splits)))
     return out
 
 

@@ -117,7 +117,7 @@ def decode(tune):
             (32, 2, 4),
             (16, 2, 4),
         ]:
-            pa._pick_config = lambda *a, c=cfg: pa._Config(1, 16, c[0], c[1], c[2])
+            pa._pick_config = lambda *a, c=cfg: pa._Config(1, 16, *c)
             row = []
             for B, ctx in [(64, 4096), (256, 1024), (8, 4096)]:
                 q, kc, vc, qsl, sl, bt = batch([1] * B, [ctx] * B, H, Hkv, D)
@@ -160,9 +160,7 @@ def prefill(tune):
         for cfg in cfgs:
             if cfg is not None:
                 G = Hkv and H // Hkv
-                pa._pick_config = lambda *a, c=cfg, G=G: pa._Config(
-                    max(1, c[0] // G), max(16, c[0]), c[1], c[2], c[3]
-                )
+                pa._pick_config = lambda *a, c=cfg, G=G: pa._Config(*pa._rows(c[0], G), *c[1:])
             ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1))
             pa._pick_config = orig
             row.append(f"{cfg}:{flops / ms / 1e9:5.0f}")
@@ -199,7 +197,37 @@ def mixed():
     )
 
 
+def chunk(tune):
+    """Chunked prefill of a long prompt: one 508-token chunk at the end of a long context
+    beside 4 decodes (benchmarks/long_context.py's step, SmolLM2-135M heads), per split."""
+    H, Hkv, D = 9, 3, 64
+    print("chunk (H=9, Hkv=3, D=64, bf16): ctx | us per prefill_splits (TFLOP/s)")
+    cfgs = [None] + ([(64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 4, 2), (128, 64, 4, 3),
+                      (128, 32, 4, 3), (128, 128, 8, 2)] if tune else [])
+    orig = pa._pick_config
+    for ctx in [2048, 4096, 8192]:
+        ql, sl_ = [1] * 4 + [508], [70, 90, 65, 100, ctx]
+        q, kc, vc, qsl, sl, bt = batch(ql, sl_, H, Hkv, D)
+        flops = 4 * H * D * 508 * (ctx - 508 / 2)
+        for cfg in cfgs:
+            if cfg is not None:
+                pa._pick_config = lambda dec, *a, c=cfg: (
+                    orig(dec, *a) if dec else pa._Config(*pa._rows(c[0], 3), *c[1:]))
+            row = []
+            for ns in [1, 2, 3, 4, 5, 6, 7, 8, 12, None]:
+                ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1,
+                                                     max_query_len=508, max_seq_len=8256,
+                                                     prefill_splits=ns))
+                row.append(f"{ns}:{ms * 1e3:5.0f}us({flops / ms / 1e9:3.0f})")
+            pa._pick_config = orig
+            print(f"ctx={ctx:5d} cfg={cfg} | " + " ".join(row), flush=True)
+
+
 if __name__ == "__main__":
+    if "--chunk" in sys.argv:
+        print(torch.cuda.get_device_name(), torch.__version__)
+        chunk("--tune" in sys.argv)
+        sys.exit(0)
     tune = "--tune" in sys.argv
     print(torch.cuda.get_device_name(), torch.__version__)
     if "--mixed" not in sys.argv and "--prefill" not in sys.argv:

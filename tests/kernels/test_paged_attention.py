@@ -124,6 +124,51 @@ def test_split_k_mixed_batch(dtype, device):
     )
 
 
+@pytest.mark.parametrize("prefill_splits", [2, 5, 64])  # 64: heads merged in two blocks
+def test_split_k_prefill_chunks(prefill_splits, device):
+    # Prefill chunks with cached context split their KV range too (chunked prefill of a long
+    # prompt); some splits of short contexts hold no key at all. Decodes and empty requests
+    # in the same batch are left to the decode launch.
+    check(
+        q_lens=[9, 0, 1, 17, 1, 40],
+        seq_lens=[70, 5, 13, 17, 40, 100],
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=32,
+        block_size=4,
+        dtype=torch.float32,
+        device=device,
+        prefill_splits=prefill_splits,
+        num_splits=3,
+    )
+
+
+def test_split_k_prefill_padding_rows(device):
+    # Rows past the last request (a padded CUDA-graph batch) belong to no request: the merge
+    # must not write them.
+    q, kc, vc, qsl, sl, bt = make_batch([5, 1, 8], [40, 9, 30], 4, 2, 16, 4,
+                                        torch.float32, device)
+    pad = torch.full((3, 4, 16), 7.0, device=device)
+    q_pad = torch.cat((q, pad))
+    out = torch.full_like(q_pad, 7.0)
+    paged_attention(q_pad, kc, vc, qsl, sl, bt, 0.25, out=out, prefill_splits=3)
+    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, 0.25)
+    torch.testing.assert_close(out[:14], ref, **TOL[torch.float32])
+    assert torch.equal(out[14:], pad)
+
+
+def test_prefill_split_heuristic(monkeypatch):
+    # About two programs per SM, rounded down; none for short contexts or full grids.
+    import octavo.kernels.paged_attention as pa
+
+    monkeypatch.setattr(pa, "num_compute_units", lambda device: 132)
+    assert pa._pick_prefill_splits(87, 8256, "cuda") == 3
+    assert pa._pick_prefill_splits(51, 8256, "cuda") == 5
+    assert pa._pick_prefill_splits(87, 1500, "cuda") == 1
+    assert pa._pick_prefill_splits(300, 8256, "cuda") == 1
+    assert pa._pick_prefill_splits(2, 4096, "cuda") == 4  # bounded by 1024 keys per split
+
+
 def test_split_k_heuristic_on_long_context(device):
     # One sequence with a long context: the heuristic splits by itself.
     from octavo.kernels.paged_attention import _pick_num_splits
@@ -335,6 +380,26 @@ def test_gpu_mixed_prefill_and_decode(dtype, heads):
         block_size=16,
         dtype=dtype,
         device="cuda",
+    )
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("prefill_splits", [None, 1, 4])
+def test_gpu_chunk_of_long_prompt(prefill_splits):
+    # Chunked prefill of an 8k prompt: a 512-token chunk at the end of the context, beside
+    # running decodes (the long-context benchmark's step); the heuristic splits it.
+    check(
+        q_lens=[1, 1, 1, 1, 508],
+        seq_lens=[70, 90, 65, 100, 8192],
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device="cuda",
+        prefill_splits=prefill_splits,
+        max_query_len=508,
     )
 
 
