@@ -20,3 +20,9 @@ def cpu_packed_gemm() -> bool:
 def cpu_keep_heap() -> bool:
     """OCTAVO_CPU_KEEP_HEAP (default on): raise glibc's mmap/trim thresholds on CPU."""
     return _flag("OCTAVO_CPU_KEEP_HEAP", True)
+
+
+def cpu_kernels() -> bool:
+    """OCTAVO_CPU_KERNELS (default on): fused C++ CPU ops (norm, rotary, attention, ...),
+    compiled on first use; off, or without a compiler, the torch ops run instead."""
+    return _flag("OCTAVO_CPU_KERNELS", True)

@@ -5,6 +5,10 @@ through the block table yields each request's K/V as [heads, context, head_dim] 
 further copy: on the CPU the copies around attention cost as much as the attention itself.
 Decodes (query length 1) are attended in one batched pass; prefill chunks go one request at a
 time with a causal mask offset by the cached context.
+
+On the CPU, with the C++ kernels built (``octavo.kernels.cpu``), K/V stores and the
+attention of decodes and of short prefill chunks go through them: attention reads the blocks
+in place instead of gathering them. The torch code stays the fallback and the reference.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from octavo.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
+from octavo.kernels import cpu as cpu_kernels
 
 # Gather buffers shared by every layer (layers run one after another), per device and dtype.
 _SCRATCH: dict[tuple, list] = {}
@@ -48,8 +53,37 @@ def _derived(meta: AttentionMetadata, key: tuple, make):
     return value
 
 
+# Prefill chunks whose context is at most this long go through the decode kernel too, one
+# query token per row (token i of the chunk sees the context up to its own position): for
+# short prompts that costs less than a gather plus a fused-attention call per request.
+KERNEL_PREFILL_MAX_LEN = 192
+
+
+def _kernel_rows(meta: AttentionMetadata, device):
+    """The query tokens that the decode kernel attends in a mixed batch: every one-token
+    request and every prefill chunk with a short context. Returns their token indices, block
+    tables and context lengths (each token's own position + 1), or None."""
+    qsl, lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
+    toks, reqs, ctx = [], [], []
+    for b in range(meta.num_reqs):
+        s, e = qsl[b], qsl[b + 1]
+        if e - s == 1 or (e > s and lens[b] <= KERNEL_PREFILL_MAX_LEN):
+            toks.extend(range(s, e))
+            reqs.extend([b] * (e - s))
+            ctx.extend(range(lens[b] - (e - s) + 1, lens[b] + 1))
+    if not toks:
+        return None
+    rows = torch.tensor(reqs, dtype=torch.int64, device=device)
+    return (torch.tensor(toks, dtype=torch.int64, device=device),
+            meta.block_tables.index_select(0, rows),
+            torch.tensor(ctx, dtype=torch.int32, device=device))
+
+
 class TorchAttentionImpl(AttentionImpl):
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata):
+        ops = cpu_kernels.ops_for(kv_cache)
+        if ops is not None and q.dtype == kv_cache.dtype:
+            return self._forward_kernels(ops, q, k, v, kv_cache, meta)
         n_kv, bs = kv_cache.shape[2], kv_cache.shape[3]
         rows = _derived(meta, ("slot_rows", n_kv, bs), lambda: slot_rows(
             meta.slot_mapping[: meta.num_tokens], n_kv, bs))
@@ -63,6 +97,37 @@ class TorchAttentionImpl(AttentionImpl):
         for b in range(meta.num_reqs):
             s, e = qsl[b], qsl[b + 1]
             if e > s:
+                ids = meta.block_tables[b][: -(-lens[b] // bs)]
+                out[s:e] = self._prefill(q[s:e], kv_cache, ids, lens[b], meta, b)
+        return out
+
+    def _forward_kernels(self, ops, q, k, v, kv_cache, meta: AttentionMetadata):
+        """The CPU path through the C++ kernels (see the module docstring)."""
+        n, r = meta.num_tokens, meta.num_reqs
+        slots, tables, seq_lens = _derived(meta, ("kernel_args",), lambda: (
+            meta.slot_mapping[:n], meta.block_tables[:r], meta.seq_lens[:r]))
+        if meta.max_query_len == 1 and n == r:
+            if n == q.shape[0]:
+                return ops.paged_decode_attention(q, k, v, kv_cache, slots, tables, seq_lens,
+                                                  self.scale)
+            out = ops.paged_decode_attention(q[:n], k[:n], v[:n], kv_cache, slots, tables,
+                                             seq_lens, self.scale)
+            return torch.cat((out, torch.zeros_like(q[n:])))
+        ops.reshape_and_cache(k[:n], v[:n], kv_cache, slots)
+        rows = _derived(meta, ("kernel_rows",), lambda: _kernel_rows(meta, q.device) or ())
+        if rows and rows[0].numel() == n:  # every token: rows in token order
+            out = ops.paged_decode_attention(q[:n], None, None, kv_cache, None, rows[1],
+                                             rows[2], self.scale)
+            return out if n == q.shape[0] else torch.cat((out, torch.zeros_like(q[n:])))
+        out = torch.zeros_like(q)
+        if rows:
+            toks, tables1, lens1 = rows
+            out[toks] = ops.paged_decode_attention(q.index_select(0, toks), None, None,
+                                                   kv_cache, None, tables1, lens1, self.scale)
+        qsl, lens, bs = meta.query_start_loc_cpu, meta.seq_lens_cpu, kv_cache.shape[3]
+        for b in range(r):
+            s, e = qsl[b], qsl[b + 1]
+            if e - s > 1 and lens[b] > KERNEL_PREFILL_MAX_LEN:
                 ids = meta.block_tables[b][: -(-lens[b] // bs)]
                 out[s:e] = self._prefill(q[s:e], kv_cache, ids, lens[b], meta, b)
         return out

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.kernels import cpu as cpu_kernels
+
 
 class SiluAndMul(nn.Module):
     """x = [gate | up] along the last dim -> silu(gate) * up."""
@@ -18,5 +20,8 @@ class SiluAndMul(nn.Module):
                 from octavo.kernels.activation import silu_and_mul
 
                 return silu_and_mul(x)
+        ops = cpu_kernels.ops_for(x)
+        if ops is not None and x.is_contiguous():
+            return ops.silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from octavo.kernels import cpu as cpu_kernels
+
 
 def _fused_ok() -> bool:
     """Fused Triton kernels on CUDA: a torch RMSNorm is eight small kernels, and at decode
@@ -29,13 +31,23 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Without ``residual``: norm(x). With it: (norm(x + residual), x + residual)."""
+        """Without ``residual``: norm(x). With it: (norm(x + residual), x + residual); on the
+        CPU the C++ kernel computes these in place, into ``x`` and ``residual``."""
         if x.is_cuda and _fused_ok():
             from octavo.kernels.rms_norm import fused_add_rms_norm, rms_norm
 
             if residual is None:
                 return rms_norm(x, self.weight, self.eps)
             return fused_add_rms_norm(x, residual, self.weight, self.eps)
+        ops = cpu_kernels.ops_for(x)
+        if ops is not None and self.weight.dtype == x.dtype:
+            if residual is None:
+                if x.stride(-1) == 1:
+                    return ops.rms_norm(x, self.weight, self.eps)
+            elif (residual.dtype == x.dtype and x.is_contiguous()
+                  and residual.is_contiguous()):
+                ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+                return x, residual
         if residual is None:
             return self._norm(x)
         x = x + residual

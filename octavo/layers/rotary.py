@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from octavo.kernels import cpu as cpu_kernels
 from octavo.layers.rope_params import rope_max_position
 from octavo.layers.rope_scaling import rope_inv_freq
 
@@ -36,7 +37,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated (in place on CUDA with Triton).
+        """q: [T, Hq, D], k: [T, Hkv, D] -> rotated (in place with Triton on CUDA and with the
+        C++ kernels on the CPU).
 
         One instance serves every layer (see ``get_rope``); cos/sin of a step's positions are
         gathered once and reused by the following layers."""
@@ -48,6 +50,13 @@ class RotaryEmbedding(nn.Module):
 
                 rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim)
                 return q, k
+        ops = cpu_kernels.ops_for(q)
+        if (ops is not None and q.dim() == 3 and k.dim() == 3 and q.stride(-1) == 1
+                and k.stride(-1) == 1 and k.dtype == q.dtype
+                and positions.dtype == torch.int64 and positions.is_contiguous()
+                and self.cos_sin_cache.dtype == torch.float32):
+            ops.rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim)
+            return q, k
         if self._step_positions is not positions or self._step_cos.dtype != q.dtype:
             self._step_positions = positions
             cos, sin = self.cos_sin_cache[positions].to(q.dtype).chunk(2, dim=-1)

@@ -1,0 +1,16 @@
+// Python bindings of Octavo's CPU ops (built by octavo/kernels/cpu/__init__.py).
+#include <torch/extension.h>
+
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace octavo_cpu;
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dim (returns a new tensor)");
+  m.def("fused_add_rms_norm", &fused_add_rms_norm,
+        "In place: residual += x; x = rms_norm(residual)");
+  m.def("silu_and_mul", &silu_and_mul, "silu(x[..., :d]) * x[..., d:]");
+  m.def("rotary_embedding", &rotary_embedding, "NeoX rotary embedding, in place on q and k");
+  m.def("reshape_and_cache", &reshape_and_cache, "Store K/V rows at slots (-1: skip)");
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "One-token-per-request attention over the paged cache; stores k/v first if given");
+}

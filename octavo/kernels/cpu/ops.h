@@ -1,0 +1,65 @@
+// Declarations of the CPU ops bound in bindings.cpp, and the paged-cache store they share.
+#pragma once
+
+#include <optional>
+
+#include "common.h"
+
+namespace octavo_cpu {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight,
+                        double eps);
+at::Tensor silu_and_mul(const at::Tensor& x);
+void rotary_embedding(const at::Tensor& positions, at::Tensor& q, at::Tensor& k,
+                      const at::Tensor& cos_sin_cache, int64_t head_dim);
+void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& kv_cache,
+                       const at::Tensor& slot_mapping);
+at::Tensor paged_decode_attention(const at::Tensor& q, const std::optional<at::Tensor>& k,
+                                  const std::optional<at::Tensor>& v, at::Tensor& kv_cache,
+                                  const std::optional<at::Tensor>& slot_mapping,
+                                  const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                  double scale);
+
+void check_kv_cache(const at::Tensor& kv_cache);
+void check_new_kv(const at::Tensor& x, const at::Tensor& kv_cache, int64_t tokens,
+                  const char* what);
+
+// Writes new K/V rows [tokens, heads, head_dim] (strided views) into the paged cache.
+template <typename T>
+struct KVWriter {
+  const T* k;
+  const T* v;
+  int64_t k_stride_t, k_stride_h, v_stride_t, v_stride_h;
+  T* cache_k;
+  T* cache_v;
+  int64_t heads, block_size, head_dim;
+
+  KVWriter(const at::Tensor& k_, const at::Tensor& v_, at::Tensor& kv_cache)
+      : k(k_.data_ptr<T>()), v(v_.data_ptr<T>()),
+        k_stride_t(k_.stride(0)), k_stride_h(k_.stride(1)),
+        v_stride_t(v_.stride(0)), v_stride_h(v_.stride(1)),
+        cache_k(kv_cache.data_ptr<T>()), cache_v(cache_k + kv_cache.stride(0)),
+        heads(kv_cache.size(2)), block_size(kv_cache.size(3)), head_dim(kv_cache.size(4)) {}
+
+  // Head h of token t to cache slot `slot` (negative: nothing).
+  void store(int64_t t, int64_t h, int64_t slot) const {
+    if (slot < 0) return;
+    const int64_t row = ((slot / block_size) * heads + h) * block_size + slot % block_size;
+    std::memcpy(cache_k + row * head_dim, k + t * k_stride_t + h * k_stride_h,
+                head_dim * sizeof(T));
+    std::memcpy(cache_v + row * head_dim, v + t * v_stride_t + h * v_stride_h,
+                head_dim * sizeof(T));
+  }
+
+  // Tokens [0, tokens) at `slots`, in parallel for prefills.
+  void store_all(const int64_t* slots, int64_t tokens) const {
+    at::parallel_for(0, tokens, row_grain(2 * heads * head_dim), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        for (int64_t h = 0; h < heads; ++h) store(t, h, slots[t]);
+      }
+    });
+  }
+};
+
+}  // namespace octavo_cpu
