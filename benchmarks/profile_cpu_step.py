@@ -1,0 +1,59 @@
+"""Where a CPU decode step's time goes: W6's shape (the embedded SmolLM2-135M, float32, 32
+requests) decoding at a given context, ms per step and a torch.profiler table of a few steps.
+
+    python benchmarks/profile_cpu_step.py [--context 100] [--batch 32] [--steps 10]
+
+Run it with OCTAVO_CPU_KERNELS=0 for the torch ops the C++ kernels replace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--context", type=int, default=100, help="prompt tokens per request")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=10, help="decode steps timed")
+    ap.add_argument("--profile-steps", type=int, default=5)
+    args = ap.parse_args()
+    from torch.profiler import ProfilerActivity, profile
+
+    from octavo import LLM, SamplingParams
+    from octavo.default_model import default_model_path
+
+    llm = LLM(model=default_model_path(), dtype="float32", max_num_seqs=args.batch)
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, ignore_eos=True,
+                            max_tokens=args.steps + args.profile_steps + 8)
+    for i in range(args.batch):
+        prompt = [(i * 7 + j) % 40000 + 10 for j in range(args.context)]
+        engine.add_request(str(i), {"prompt_token_ids": prompt}, params)
+    while engine.timings.decode_steps < 4:  # prefill, then a few decodes to warm up
+        engine.step()
+    engine.timings.reset()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        engine.step()
+    wall = time.perf_counter() - t0
+    print(f"batch {args.batch}, context ~{args.context}: {1e3 * wall / args.steps:.1f} ms per "
+          f"decode step")
+    print(json.dumps(engine.timings.summary()))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.profile_steps):
+            engine.step()
+    print(f"profile of {args.profile_steps} steps (totals over all of them):")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20,
+                                    max_name_column_width=50))
+    engine.abort_request([str(i) for i in range(args.batch)])
+
+
+if __name__ == "__main__":
+    main()
