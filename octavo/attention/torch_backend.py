@@ -79,6 +79,12 @@ def _kernel_rows(meta: AttentionMetadata, device):
             torch.tensor(ctx, dtype=torch.int32, device=device))
 
 
+def _pad_rows(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``out`` for the batch's first rows, with zero rows for q's padding rows after them."""
+    n = out.shape[0]
+    return out if n == q.shape[0] else torch.cat((out, torch.zeros_like(q[n:])))
+
+
 class TorchAttentionImpl(AttentionImpl):
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata):
         ops = cpu_kernels.ops_for(kv_cache)
@@ -88,17 +94,10 @@ class TorchAttentionImpl(AttentionImpl):
         rows = _derived(meta, ("slot_rows", n_kv, bs), lambda: slot_rows(
             meta.slot_mapping[: meta.num_tokens], n_kv, bs))
         write_kv(k, v, kv_cache, rows)
-        qsl, lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
         if meta.max_query_len == 1:
-            n = meta.num_tokens
-            out = self._decode(q[:n], kv_cache, meta)
-            return out if n == q.shape[0] else torch.cat((out, torch.zeros_like(q[n:])))
+            return _pad_rows(self._decode(q[: meta.num_tokens], kv_cache, meta), q)
         out = torch.zeros_like(q)
-        for b in range(meta.num_reqs):
-            s, e = qsl[b], qsl[b + 1]
-            if e > s:
-                ids = meta.block_tables[b][: -(-lens[b] // bs)]
-                out[s:e] = self._prefill(q[s:e], kv_cache, ids, lens[b], meta, b)
+        self._prefill_requests(q, kv_cache, meta, out, lambda q_len, seq_len: q_len > 0)
         return out
 
     def _forward_kernels(self, ops, q, k, v, kv_cache, meta: AttentionMetadata):
@@ -107,30 +106,32 @@ class TorchAttentionImpl(AttentionImpl):
         slots, tables, seq_lens = _derived(meta, ("kernel_args",), lambda: (
             meta.slot_mapping[:n], meta.block_tables[:r], meta.seq_lens[:r]))
         if meta.max_query_len == 1 and n == r:
-            if n == q.shape[0]:
-                return ops.paged_decode_attention(q, k, v, kv_cache, slots, tables, seq_lens,
-                                                  self.scale)
-            out = ops.paged_decode_attention(q[:n], k[:n], v[:n], kv_cache, slots, tables,
-                                             seq_lens, self.scale)
-            return torch.cat((out, torch.zeros_like(q[n:])))
+            return _pad_rows(ops.paged_decode_attention(q[:n], k[:n], v[:n], kv_cache, slots,
+                                                        tables, seq_lens, self.scale), q)
         ops.reshape_and_cache(k[:n], v[:n], kv_cache, slots)
         rows = _derived(meta, ("kernel_rows",), lambda: _kernel_rows(meta, q.device) or ())
         if rows and rows[0].numel() == n:  # every token: rows in token order
-            out = ops.paged_decode_attention(q[:n], None, None, kv_cache, None, rows[1],
-                                             rows[2], self.scale)
-            return out if n == q.shape[0] else torch.cat((out, torch.zeros_like(q[n:])))
+            return _pad_rows(ops.paged_decode_attention(q[:n], None, None, kv_cache, None,
+                                                        rows[1], rows[2], self.scale), q)
         out = torch.zeros_like(q)
         if rows:
             toks, tables1, lens1 = rows
             out[toks] = ops.paged_decode_attention(q.index_select(0, toks), None, None,
                                                    kv_cache, None, tables1, lens1, self.scale)
+        # The rest: prefill chunks the kernel rows left out (see _kernel_rows).
+        self._prefill_requests(q, kv_cache, meta, out, lambda q_len, seq_len: (
+            q_len > 1 and seq_len > KERNEL_PREFILL_MAX_LEN))
+        return out
+
+    def _prefill_requests(self, q, kv_cache, meta: AttentionMetadata, out, wanted) -> None:
+        """Attends, one request at a time, every request b with wanted(new tokens, context
+        length), into its rows of ``out``."""
         qsl, lens, bs = meta.query_start_loc_cpu, meta.seq_lens_cpu, kv_cache.shape[3]
-        for b in range(r):
+        for b in range(meta.num_reqs):
             s, e = qsl[b], qsl[b + 1]
-            if e - s > 1 and lens[b] > KERNEL_PREFILL_MAX_LEN:
+            if wanted(e - s, lens[b]):
                 ids = meta.block_tables[b][: -(-lens[b] // bs)]
                 out[s:e] = self._prefill(q[s:e], kv_cache, ids, lens[b], meta, b)
-        return out
 
     def _scratch(self, which: int, rows: int, kv_cache: torch.Tensor) -> torch.Tensor:
         bufs = _SCRATCH.setdefault((kv_cache.device, kv_cache.dtype), [None, None])
