@@ -159,7 +159,7 @@ def test_split_k_prefill_padding_rows(device):
 
 def test_prefill_split_heuristic(monkeypatch):
     # About two programs per SM, rounded down; none for short contexts or full grids.
-    import octavo.kernels.paged_attention as pa
+    import octavo.kernels.paged_attention_config as pa
 
     monkeypatch.setattr(pa, "num_compute_units", lambda device: 132)
     assert pa._pick_prefill_splits(87, 8256, "cuda") == 3

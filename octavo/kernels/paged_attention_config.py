@@ -1,0 +1,79 @@
+"""Launch configuration of :mod:`octavo.kernels.paged_attention`: tile shapes and split-K
+counts, decided on the host from shapes alone (so CUDA graphs can freeze them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from octavo.kernels.triton_utils import next_power_of_2, num_compute_units
+
+
+@dataclass(frozen=True)
+class _Config:
+    block_q: int  # query tokens per program
+    block_m: int  # rows per program: block_q * group, rounded up to a power of two >= 16
+    block_n: int  # keys per inner iteration
+    num_warps: int
+    num_stages: int
+
+
+# Split-K: each split covers at least this many keys, so the merge stays cheap.
+_MIN_SPLIT_TOKENS = 256
+_MAX_SPLITS = 64
+# Prefill chunks over a long cached context (chunked prefill of a long prompt): a 512-token
+# chunk is only ~100 query tiles, each walking the whole context. Split their KV range too.
+_MIN_PREFILL_SPLIT_TOKENS = 1024
+# Query-tile rows of a split prefill launch (0: keep the unsplit tile).
+_SPLIT_PREFILL_ROWS = 128
+
+
+def _rows(rows: int, group: int) -> tuple[int, int]:
+    """(query tokens, rows) of a tile of about ``rows`` rows for a GQA group of ``group``."""
+    block_q = max(1, rows // group)
+    return block_q, max(16, next_power_of_2(block_q * group))
+
+
+def _pick_config(
+    decode: bool, group: int, head_dim_p: int, elem_bytes: int, on_gpu: bool
+) -> _Config:
+    # GPU choices were measured on an H200 (bf16, block_size 16) with
+    # tests/kernels/bench_attention.py; fp32 and head_dim > 128 halve KV tiles to fit smem.
+    if not on_gpu:
+        # Interpreter (CPU tests): small tiles so tiny contexts still span several KV tiles.
+        return _Config(*_rows(1 if decode else 32, group), 16, 1, 1)
+    if decode:
+        # Memory bound: one query per program, the GQA group fills the MMA rows; long KV
+        # tiles keep many loads in flight.
+        row_bytes = head_dim_p * elem_bytes
+        block_n = 128 if row_bytes <= 256 else (64 if row_bytes <= 512 else 32)
+        return _Config(*_rows(1, group), block_n, 4, 2)
+    if head_dim_p <= 64:
+        return _Config(*_rows(64, group), 64, 4, 3)
+    if head_dim_p <= 128:
+        block_q, block_m = _rows(128, group)
+        return _Config(block_q, block_m, 64, 8 if block_m >= 128 else 4, 2)
+    return _Config(*_rows(64, group), 32, 4, 2)
+
+
+def _pick_num_splits(num_programs: int, max_seq_len: int, device: torch.device) -> int:
+    """Split the KV range when the grid alone cannot fill the GPU and contexts are long."""
+    if max_seq_len < 2 * _MIN_SPLIT_TOKENS:
+        return 1
+    target = 2 * num_compute_units(device)
+    if num_programs >= target:
+        return 1
+    splits = min(-(-target // num_programs), max_seq_len // _MIN_SPLIT_TOKENS, _MAX_SPLITS)
+    return max(1, splits)
+
+
+def _pick_prefill_splits(num_programs: int, max_seq_len: int, device: torch.device) -> int:
+    """Splits for the prefill launch: about two programs per SM, rounded down so no partial
+    wave trails (on the H200, 87 tiles x 3 splits = 261 programs took 62 us over an 8k
+    context; x 4 = 348 took 87 us)."""
+    if max_seq_len < 2 * _MIN_PREFILL_SPLIT_TOKENS:
+        return 1
+    splits = min(2 * num_compute_units(device) // num_programs,
+                 max_seq_len // _MIN_PREFILL_SPLIT_TOKENS, _MAX_SPLITS)
+    return max(1, splits)
