@@ -12,6 +12,7 @@ Runs on CUDA when it is available (``--device``), on the CPU otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -45,6 +46,8 @@ def _timed_step(engine) -> float:
 
 def run(args, chunked: bool) -> dict:
     """One engine; the running requests' ms per output token before and during the prefill."""
+    import torch
+
     from octavo import LLM, SamplingParams
 
     max_len = args.prompt_len + 64
@@ -77,20 +80,23 @@ def run(args, chunked: bool) -> dict:
     before = [r.num_output_tokens for r in running]
     during = []
     engine.timings.reset()
-    prof = None
+    on_cuda = args.device != "cpu" and torch.cuda.is_available()  # as main() decides
+    profiler = contextlib.nullcontext()
     if args.profile and chunked:
         from torch.profiler import ProfilerActivity, profile
 
-        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]).__enter__()
-    while long_req.num_output_tokens == 0:
-        during.append(_timed_step(engine))
-        assert engine.last_stats.num_scheduled_tokens <= budget
+        profiler = profile(activities=[ProfilerActivity.CPU]
+                           + ([ProfilerActivity.CUDA] if on_cuda else []))
+    with profiler as prof:
+        while long_req.num_output_tokens == 0:
+            during.append(_timed_step(engine))
+            assert engine.last_stats.num_scheduled_tokens <= budget
     if prof is not None:
-        prof.__exit__(None, None, None)
-        sort = "cuda_time_total" if args.device != "cpu" else "cpu_time_total"
         print(f"profile of the {len(during)} steps while the prompt prefills (timings below "
               "include the profiler's overhead):")
-        print(prof.key_averages().table(sort_by=sort, row_limit=16, max_name_column_width=70))
+        print(prof.key_averages().table(sort_by="cuda_time_total" if on_cuda else
+                                        "cpu_time_total", row_limit=16,
+                                        max_name_column_width=70))
     per_request = [r.num_output_tokens - b for r, b in zip(running, before)]
     host = {k: v for k, v in engine.timings.summary().items() if k.endswith("_ms_per_step")}
     engine.abort_request(ids)
