@@ -35,6 +35,9 @@ class ModelConfig:
     seed: int = 0
     chat_template: str | None = None
     revision: str | None = None
+    # The most logprobs (per position) a request may ask for, as vLLM's engine argument;
+    # -1 lifts the cap (a full-vocabulary answer is then allowed).
+    max_logprobs: int = 20
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,16 @@ class SchedulerConfig:
     # Schedule step N+1 while step N runs on the device (outputs lag one step). Resolved
     # by EngineArgs: on for CUDA unless set.
     async_scheduling: bool = False
+    # The most samples (n, best_of) one request may ask for; None: max_num_seqs. Never
+    # more than max_num_seqs: one request must not be able to hold the whole batch.
+    max_n: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_n is not None and not 1 <= self.max_n <= self.max_num_seqs:
+            raise ValueError(f"max_n must be in [1, max_num_seqs={self.max_num_seqs}], got "
+                             f"{self.max_n}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
@@ -91,6 +100,17 @@ class SchedulerConfig:
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', "
                              f"got {self.preemption_mode!r}")
+
+    @property
+    def sample_cap(self) -> int:
+        """The most samples one request may ask for (max_n, else max_num_seqs)."""
+        return self.max_n if self.max_n is not None else self.max_num_seqs
+
+    @property
+    def group_share(self) -> int:
+        """The most running sequences one request's samples hold while other requests wait
+        (half the batch): a huge n or best_of cannot starve everyone else."""
+        return max(1, self.max_num_seqs // 2)
 
 
 @dataclass(frozen=True)

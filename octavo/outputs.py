@@ -69,6 +69,8 @@ class RequestOutput:
     finished: bool
     metrics: Any | None = None
     num_cached_tokens: int | None = 0
+    # Set when a fault traced to this request ended it (finish_reason "error"): the reason.
+    error: str | None = None
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output for the same request into this one.
@@ -79,6 +81,7 @@ class RequestOutput:
         self.finished |= next_output.finished
         self.metrics = next_output.metrics
         self.num_cached_tokens = next_output.num_cached_tokens
+        self.error = next_output.error or self.error
         by_index = {c.index: i for i, c in enumerate(self.outputs)}
         for nxt in next_output.outputs:
             i = by_index.get(nxt.index)
@@ -107,5 +110,6 @@ class RequestOutput:
             f"outputs={self.outputs}, "
             f"finished={self.finished}, "
             f"metrics={self.metrics}, "
-            f"num_cached_tokens={self.num_cached_tokens})"
+            f"num_cached_tokens={self.num_cached_tokens}"
+            + (f", error={self.error!r})" if self.error else ")")
         )

@@ -13,8 +13,16 @@ from dataclasses import dataclass, field, fields
 from enum import Enum, IntEnum
 from typing import Any
 
+from octavo.errors import InvalidRequestError
+
 # Temperatures below this are treated as greedy decoding.
 _SAMPLING_EPS = 1e-5
+# The widest integer a request may carry: every count, id and seed ends up in an int64
+# tensor or a C long somewhere, so anything wider is refused here, not overflowed later.
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+# top_k travels as an int32 on some kernels; a larger value means "the whole vocabulary".
+TOP_K_MAX = 2**31 - 1
 
 
 class SamplingType(IntEnum):
@@ -44,49 +52,77 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _fail(name: str, message: str) -> InvalidRequestError:
+    return InvalidRequestError(name, message)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """repr() of a client's value, cut short: an error must not echo megabytes back."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "...(truncated)"
+
+
 def _as_float(name: str, value: Any) -> float:
-    """Return `value` as a finite float or raise a ValueError naming the field."""
+    """Return `value` as a finite float or raise an error naming the field."""
     if not _is_number(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    value = float(value)
+        raise _fail(name, f"{name} must be a number, got {_short(value)}")
+    try:
+        value = float(value)
+    except OverflowError:  # an int too large for a double
+        raise _fail(name, f"{name} is out of range, got {_short(value)}") from None
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise _fail(name, f"{name} must be finite, got {value!r}")
     return value
 
 
-def _check_int(name: str, value: Any) -> int:
+def _check_int(name: str, value: Any, lo: int = INT64_MIN, hi: int = INT64_MAX) -> int:
     if not _is_int(value):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise _fail(name, f"{name} must be an integer, got {_short(value)}")
+    if not lo <= value <= hi:
+        raise _fail(name, f"{name} must be in [{lo}, {hi}], got {_short(value)}")
     return value
 
 
 def _check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
+        raise _fail(name, f"{name} must be a bool, got {_short(value)}")
     return value
 
 
+def check_text(name: str, text: str) -> str:
+    """Text must be encodable as UTF-8: a lone surrogate ("\\ud800") cannot be tokenized,
+    matched or sent back, so it is refused at the boundary."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _fail(name, f"{name} holds text that is not valid Unicode (a lone surrogate "
+                    f"{text[e.start]!r} at index {e.start})") from None
+    return text
+
+
 def _token_id_list(name: str, value: Any) -> list[int]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ValueError(f"{name} must be a list of token ids, got {value!r}")
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise _fail(name, f"{name} must be a list of token ids, got {_short(value)}")
     out = list(value)
     for tok in out:
-        if not _is_int(tok) or tok < 0:
-            raise ValueError(f"{name} must contain non-negative integer token ids, got {tok!r}")
+        if not _is_int(tok) or not 0 <= tok <= INT64_MAX:
+            raise _fail(name, f"{name} must contain non-negative integer token ids, got "
+                        f"{_short(tok)}")
     return out
 
 
 def _str_list(name: str, value: Any) -> list[str]:
     if isinstance(value, str):
         value = [value]
-    if not isinstance(value, Iterable) or isinstance(value, bytes):
-        raise ValueError(f"{name} must be a string or a list of strings, got {value!r}")
+    if not isinstance(value, Iterable) or isinstance(value, (bytes, Mapping)):
+        raise _fail(name, f"{name} must be a string or a list of strings, got {_short(value)}")
     out = list(value)
     for s in out:
         if not isinstance(s, str):
-            raise ValueError(f"{name} must contain only strings, got {s!r}")
+            raise _fail(name, f"{name} must contain only strings, got {_short(s)}")
         if s == "":
-            raise ValueError(f"{name} cannot contain an empty string, got {out!r}")
+            raise _fail(name, f"{name} cannot contain an empty string, got {_short(out)}")
+        check_text(name, s)
     return out
 
 
@@ -135,6 +171,11 @@ class SamplingParams:
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    # Offline only: callables ``(output_token_ids, logits) -> logits`` or
+    # ``(prompt_token_ids, output_token_ids, logits) -> logits`` applied to this request's
+    # row (a 1-D float32 tensor of the vocabulary's logits) before sampling. One that raises
+    # ends its own request with an error; the rest of the batch goes on.
+    logits_processors: list[Any] | None = None
 
     # Filled by update_from_generation_config(); not constructor arguments.
     eos_token_id: int | None = field(default=None, init=False, repr=False, compare=False)
@@ -151,47 +192,51 @@ class SamplingParams:
     def _verify(self) -> None:
         """Validate and normalise every field; raise ValueError naming field and value."""
         # -- counts
+        # (Upper bounds on n, best_of and logprobs depend on the engine: the processor.)
         _check_int("n", self.n)
         if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}")
+            raise _fail("n", f"n must be at least 1, got {self.n}")
         if self.best_of is not None:
             _check_int("best_of", self.best_of)
             if self.best_of < self.n:
-                raise ValueError(
-                    f"best_of must be greater than or equal to n, got n={self.n} and "
-                    f"best_of={self.best_of}"
-                )
+                raise _fail("best_of", f"best_of must be greater than or equal to n, got "
+                            f"n={self.n} and best_of={self.best_of}")
 
         # -- penalties
         self.presence_penalty = _as_float("presence_penalty", self.presence_penalty)
         if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+            raise _fail("presence_penalty",
+                        f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         self.frequency_penalty = _as_float("frequency_penalty", self.frequency_penalty)
         if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+            raise _fail("frequency_penalty",
+                        f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         self.repetition_penalty = _as_float("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0.0:
-            raise ValueError(
+            raise _fail("repetition_penalty",
                 f"repetition_penalty must be greater than zero, got {self.repetition_penalty}"
             )
 
         # -- distribution shaping
         self.temperature = _as_float("temperature", self.temperature)
         if self.temperature < 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+            raise _fail("temperature",
+                        f"temperature must be non-negative, got {self.temperature}")
         self.top_p = _as_float("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        _check_int("top_k", self.top_k)
+            raise _fail("top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        _check_int("top_k", self.top_k, hi=TOP_K_MAX)
         if self.top_k < -1:
-            raise ValueError(f"top_k must be -1 or 0 (disabled) or at least 1, got {self.top_k}")
+            raise _fail("top_k",
+                        f"top_k must be -1 or 0 (disabled) or at least 1, got {self.top_k}")
         if self.top_k == -1:
             self.top_k = 0
         self.min_p = _as_float("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise _fail("min_p", f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None:
-            _check_int("seed", self.seed)
+            # vLLM's range: any 64-bit seed, signed or not.
+            _check_int("seed", self.seed, hi=2**64 - 1)
 
         # -- stopping
         self.stop = [] if self.stop is None else _str_list("stop", self.stop)
@@ -205,17 +250,15 @@ class SamplingParams:
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens)
             if self.max_tokens < 1:
-                raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+                raise _fail("max_tokens",
+                            f"max_tokens must be at least 1, got {self.max_tokens}")
         _check_int("min_tokens", self.min_tokens)
         if self.min_tokens < 0:
-            raise ValueError(
-                f"min_tokens must be greater than or equal to 0, got {self.min_tokens}"
-            )
+            raise _fail("min_tokens",
+                        f"min_tokens must be greater than or equal to 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
-                f"got {self.min_tokens}"
-            )
+            raise _fail("min_tokens", f"min_tokens must be less than or equal to "
+                        f"max_tokens={self.max_tokens}, got {self.min_tokens}")
 
         # -- logprobs
         for name in ("logprobs", "prompt_logprobs"):
@@ -224,9 +267,8 @@ class SamplingParams:
                 continue
             _check_int(name, value)
             if value < -1:
-                raise ValueError(
-                    f"{name} must be non-negative (or -1 for the full vocabulary), got {value}"
-                )
+                raise _fail(name, f"{name} must be non-negative (or -1 for the full "
+                            f"vocabulary), got {value}")
 
         # -- detokenization flags
         for name in (
@@ -238,46 +280,50 @@ class SamplingParams:
         ):
             _check_bool(name, getattr(self, name))
         if self.stop and not self.detokenize:
-            raise ValueError(
-                f"stop strings need detokenize=True, got stop={self.stop!r} with detokenize=False"
-            )
+            raise _fail("stop", f"stop strings need detokenize=True, got stop="
+                        f"{_short(self.stop)} with detokenize=False")
 
         # -- logits restrictions
         if self.logit_bias is not None:
             self.logit_bias = self._normalise_logit_bias(self.logit_bias)
+        if self.logits_processors is not None:
+            if isinstance(self.logits_processors, (str, bytes, Mapping)) or not isinstance(
+                    self.logits_processors, Iterable):
+                raise _fail("logits_processors", "logits_processors must be a list of "
+                            f"callables, got {_short(self.logits_processors)}")
+            self.logits_processors = list(self.logits_processors)
+            for fn in self.logits_processors:
+                if not callable(fn):
+                    raise _fail("logits_processors", "logits_processors must contain "
+                                f"callables, got {_short(fn)}")
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _token_id_list("allowed_token_ids", self.allowed_token_ids)
             if not self.allowed_token_ids:
-                raise ValueError(
-                    f"allowed_token_ids must not be empty, got {self.allowed_token_ids!r}"
-                )
+                raise _fail("allowed_token_ids", f"allowed_token_ids must not be empty, got "
+                            f"{self.allowed_token_ids!r}")
 
         # -- output / prompt handling
         if not isinstance(self.output_kind, RequestOutputKind):
             try:
                 self.output_kind = RequestOutputKind(self.output_kind)
             except (ValueError, TypeError):
-                raise ValueError(
-                    f"output_kind must be a RequestOutputKind (0, 1 or 2), got {self.output_kind!r}"
-                ) from None
+                raise _fail("output_kind", f"output_kind must be a RequestOutputKind (0, 1 or "
+                            f"2), got {_short(self.output_kind)}") from None
         if self.truncate_prompt_tokens is not None:
             _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens)
             if self.truncate_prompt_tokens < 1 and self.truncate_prompt_tokens != -1:
-                raise ValueError(
-                    "truncate_prompt_tokens must be at least 1 (or -1 for the model's maximum "
-                    f"length), got {self.truncate_prompt_tokens}"
-                )
+                raise _fail("truncate_prompt_tokens", "truncate_prompt_tokens must be at "
+                            "least 1 (or -1 for the model's maximum length), got "
+                            f"{self.truncate_prompt_tokens}")
 
         # -- beam search knobs
         self.length_penalty = _as_float("length_penalty", self.length_penalty)
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
-            raise ValueError(
-                f"early_stopping must be True, False or 'never', got {self.early_stopping!r}"
-            )
+            raise _fail("early_stopping", f"early_stopping must be True, False or 'never', "
+                        f"got {_short(self.early_stopping)}")
         if self.use_beam_search and self.temperature >= _SAMPLING_EPS:
-            raise ValueError(
-                f"temperature must be 0 when use_beam_search=True, got {self.temperature}"
-            )
+            raise _fail("temperature", f"temperature must be 0 when use_beam_search=True, "
+                        f"got {self.temperature}")
 
         # -- greedy: the shaping knobs are meaningless, make them neutral
         if self.temperature < _SAMPLING_EPS:
@@ -288,18 +334,23 @@ class SamplingParams:
     @staticmethod
     def _normalise_logit_bias(bias: Any) -> dict[int, float]:
         if not isinstance(bias, Mapping):
-            raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
+            raise _fail("logit_bias",
+                        f"logit_bias must be a dict of token id -> bias, got {_short(bias)}")
         out: dict[int, float] = {}
         for key, value in bias.items():
             tok = key
             if isinstance(key, str):
                 try:
                     tok = int(key)
-                except ValueError:
+                except ValueError:  # not a number, or too many digits to parse
                     tok = None
-            if not _is_int(tok) or tok < 0:
-                raise ValueError(f"logit_bias keys must be non-negative token ids, got {key!r}")
-            out[tok] = _as_float(f"logit_bias[{key!r}]", value)
+            if not _is_int(tok) or not 0 <= tok <= INT64_MAX:
+                raise _fail("logit_bias", f"logit_bias keys must be non-negative token ids, "
+                            f"got {_short(key)}")
+            if not _is_number(value):
+                raise _fail("logit_bias", f"logit_bias[{_short(key)}] must be a number, got "
+                            f"{_short(value)}")
+            out[tok] = _as_float("logit_bias", value)
         return out
 
     # ------------------------------------------------------------------ derived
@@ -358,8 +409,13 @@ class SamplingParams:
             )
 
     def clone(self) -> SamplingParams:
-        """Deep copy (lists, dicts and the stop-id set are independent)."""
-        return copy.deepcopy(self)
+        """Deep copy (lists, dicts and the stop-id set are independent); logits processors
+        are shared, not copied (they may hold state or resources deepcopy cannot clone)."""
+        procs = self.logits_processors
+        memo = {id(procs): None} if procs is not None else {}
+        clone = copy.deepcopy(self, memo)
+        clone.logits_processors = None if procs is None else list(procs)
+        return clone
 
     def __repr__(self) -> str:
         parts = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.repr]
@@ -386,13 +442,13 @@ class BeamSearchParams:
     def _verify(self) -> None:
         _check_int("beam_width", self.beam_width)
         if self.beam_width < 1:
-            raise ValueError(f"beam_width must be at least 1, got {self.beam_width}")
+            raise _fail("beam_width", f"beam_width must be at least 1, got {self.beam_width}")
         _check_int("max_tokens", self.max_tokens)
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise _fail("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
         _check_bool("ignore_eos", self.ignore_eos)
         self.temperature = _as_float("temperature", self.temperature)
         if self.temperature < 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+            raise _fail("temperature", f"temperature must be non-negative, got {self.temperature}")
         self.length_penalty = _as_float("length_penalty", self.length_penalty)
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)

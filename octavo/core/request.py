@@ -18,6 +18,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 10
     FINISHED_LENGTH_CAPPED = 11
     FINISHED_ABORTED = 12
+    FINISHED_ERROR = 13  # a fault traced to this request ended it (see octavo/errors.py)
 
     @property
     def is_finished(self) -> bool:
@@ -32,6 +33,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -61,6 +63,9 @@ class Request:
         self.priority = priority
         self.max_tokens = sampling_params.max_tokens if max_tokens is None else max_tokens
         self.extra = extra
+        # The user request this sequence belongs to (a parallel sample's parent id): the
+        # scheduler bounds one group's share of the batch while others wait.
+        self.group_id = request_id
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         # Tokens whose KV is written or scheduled to be (advanced when a step is scheduled).

@@ -7,7 +7,7 @@ prefill, chunked prefill, decode and resumption after preemption are one code pa
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 
 from octavo.config import CacheConfig, SchedulerConfig
@@ -125,15 +125,22 @@ class Scheduler:
         # 2. Waiting requests, unless this step already had to preempt. Under the priority
         # policy a waiting request may preempt a running one of lower priority instead.
         priority = self.config.policy == "priority"
+        share = self.config.group_share
+        groups = Counter(r.group_id for r in self.running) if self.waiting else Counter()
         while self.waiting and budget > 0:
+            if groups[self.waiting[0].group_id] >= share:
+                self._promote_other_groups(groups, share)
             req = self.waiting[0]
             if req.num_pending:
                 break  # preempted with a token in flight: resume once it has arrived
             full = len(self.running) >= self.config.max_num_seqs
             if full or (preempted_now and not priority):
-                if priority and self._preempt_for(req, out, new_blocks):
+                if ((priority and self._preempt_for(req, out, new_blocks))
+                        or (full and self._preempt_over_share(req, groups, share, out,
+                                                              new_blocks))):
                     budget = self.config.max_num_batched_tokens - sum(
                         out.num_scheduled_tokens.values())
+                    groups = Counter(r.group_id for r in self.running)
                     continue
                 break
             forked = False
@@ -177,6 +184,7 @@ class Scheduler:
                 req.first_scheduled_time = time.monotonic()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            groups[req.group_id] += 1
             new_blocks[req.request_id] = blocks
             out.num_scheduled_tokens[req.request_id] = n
             budget -= n
@@ -287,6 +295,42 @@ class Scheduler:
         out.num_scheduled_tokens.pop(victim.request_id, None)
         new_blocks.pop(victim.request_id, None)
         self._preempt(victim)
+        return True
+
+    def _promote_other_groups(self, groups: Counter, share: int) -> None:
+        """The head of the queue belongs to a request whose samples already hold their share
+        of the batch (a huge n / best_of): move waiting requests of other groups ahead of
+        it, keeping each group's order. Under the priority policy only within the head's
+        priority level, so the queue stays sorted by priority."""
+        head = self.waiting[0]
+        same_level = (lambda r: r.priority == head.priority) if (
+            self.config.policy == "priority") else (lambda r: True)
+        level = [r for r in self.waiting if same_level(r)] if (
+            self.config.policy == "priority") else list(self.waiting)
+        ahead = [r for r in level if groups[r.group_id] < share]
+        if not ahead:
+            return
+        behind = [r for r in level if groups[r.group_id] >= share]
+        rest = list(self.waiting)[len(level):]
+        self.waiting = deque(ahead + behind + rest)
+
+    def _preempt_over_share(self, req: Request, groups: Counter, share: int,
+                            out: SchedulerOutput, new_blocks: dict[str, list[int]]) -> bool:
+        """The batch is full and ``req`` waits while another request's samples hold more
+        than their share: preempt that request's latest sample to make room."""
+        if groups[req.group_id] >= share:
+            return False
+        for victim in reversed(self.running):
+            if groups[victim.group_id] > share:
+                break
+        else:
+            return False
+        out.num_scheduled_tokens.pop(victim.request_id, None)
+        new_blocks.pop(victim.request_id, None)
+        self._preempt(victim)
+        # It went to the head of the queue; the request it made room for goes first.
+        self.waiting.remove(req)
+        self.waiting.appendleft(req)
         return True
 
     def _preempt(self, req: Request) -> None:

@@ -61,3 +61,6 @@ class ModelRunnerOutput:
     logprobs: dict[str, object] | None = None
     # Prompt logprobs of this step's prefill chunk, for requests that asked, by request id.
     prompt_logprobs: dict[str, object] | None = None
+    # Requests whose step work failed for a reason of their own (a logits processor that
+    # raised): request id -> the error's text. Their sampled token is not to be used.
+    failed: dict[str, str] | None = None

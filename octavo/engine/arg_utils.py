@@ -52,6 +52,9 @@ class EngineArgs:
     preemption_mode: str = "recompute"
     # None: on when the device is CUDA (the CPU gains nothing from overlapping with itself).
     async_scheduling: bool | None = None
+    # Request limits (vLLM's max_logprobs; max_n caps n and best_of, default max_num_seqs).
+    max_logprobs: int = 20
+    max_n: int | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -86,11 +89,15 @@ class EngineArgs:
             preemption_mode=self.preemption_mode,
             async_scheduling=(device.type == "cuda" if self.async_scheduling is None
                               else bool(self.async_scheduling)),
+            max_n=self.max_n,
         )
-        if self.quantization is not None:
-            from octavo.quantization.base import get_linear_method
+        from octavo.quantization.resolve import resolve_quantization
 
-            get_linear_method(self.quantization)  # ValueError for unknown methods
+        # The scheme asked for, checked against the one the checkpoint declares (ValueErrors
+        # name both); None: full precision.
+        quantization = resolve_quantization(
+            self.quantization, model_config.hf_config,
+            None if model_config.is_gguf else model_config.model)
         return EngineConfig(
             model_config=model_config,
             cache_config=cache,
@@ -98,7 +105,7 @@ class EngineArgs:
             parallel_config=ParallelConfig(self.tensor_parallel_size),
             device_config=DeviceConfig(device=str(device), enforce_eager=self.enforce_eager,
                                        attention_backend=self.attention_backend),
-            quantization=self.quantization,
+            quantization=quantization,
         )
 
 
@@ -153,7 +160,15 @@ def _model_config(args: EngineArgs, device_type: str) -> ModelConfig:
         seed=args.seed,
         chat_template=chat_template,
         revision=args.revision,
+        max_logprobs=_check_max_logprobs(args.max_logprobs),
     )
+
+
+def _check_max_logprobs(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ValueError(f"max_logprobs must be -1 (no cap) or a non-negative integer, got "
+                         f"{value!r}")
+    return value
 
 
 def _eos_from_folder(path: str, hf_config) -> list[int]:

@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.llm_engine import LLMEngine, StepStats
 from octavo.engine.processor import PromptType
+from octavo.errors import RequestFailedError
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
@@ -31,7 +32,15 @@ T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
-    """The engine loop stopped (an exception in a step, or shutdown); no request can run."""
+    """The engine loop stopped (a fault it could not recover from, or shutdown); no request
+    can run."""
+
+
+# A step fault that no request explains restarts the engine (every in-flight request fails,
+# then a health check). More than this many restarts within the window means the fault is
+# not transient: the engine dies and the fatal callbacks (the server's exit) run.
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
 
 
 @dataclass
@@ -72,6 +81,12 @@ class AsyncLLM:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._preemptions_seen = engine.scheduler.num_preemptions
+        # Called (on the engine thread) when the engine dies of a fault, not of shutdown():
+        # a server registers its exit here, so a dead engine never outlives as a live
+        # process that answers 503 forever.
+        self.fatal_callbacks: list[Callable[[BaseException], None]] = []
+        self._restarts: list[float] = []
+        self.num_restarts = 0
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> AsyncLLM:
@@ -191,16 +206,48 @@ class AsyncLLM:
                 if not engine.has_unfinished_requests():
                     self._wake.wait()
                     continue
-                outputs = engine.step()
+                try:
+                    outputs = engine.step()
+                except Exception as e:  # noqa: BLE001 - unattributable: restart
+                    self._restart(e)
+                    continue
                 self._dispatch(outputs)
         except BaseException as e:  # noqa: BLE001 - a dead engine must fail every waiter
             logger.exception("engine loop died")
             self._die(e)
+            self._run_fatal_callbacks(e)
             return
         ids = list(engine.states)
         if ids:  # shutdown: nothing may keep KV blocks
             engine.abort_request(ids)
         self._die(EngineDeadError("the engine was shut down"))
+
+    def _restart(self, error: BaseException) -> None:
+        """A step failed and no single request explains it: the engine has dropped every
+        request; fail their streams, then check the device still serves. Raises (killing
+        the loop) when the check fails or faults repeat."""
+        self.num_restarts += 1
+        failure = RequestFailedError(
+            "", f"the engine restarted after an internal error ({error}); this request was "
+            "lost, retry it")
+        for stream in self._streams.values():
+            self._put(stream, failure)
+        self._streams.clear()
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
+        if len(self._restarts) > MAX_RESTARTS:
+            raise RuntimeError(f"{len(self._restarts)} engine restarts within "
+                               f"{RESTART_WINDOW_S:.0f} s; last: {error}") from error
+        logger.warning("engine restarted after a step fault (%s); checking health", error)
+        self.engine.check_health()
+        self._preemptions_seen = self.engine.scheduler.num_preemptions
+
+    def _run_fatal_callbacks(self, error: BaseException) -> None:
+        for fn in list(self.fatal_callbacks):
+            try:
+                fn(error)
+            except Exception:  # noqa: BLE001 - every callback gets its chance
+                logger.exception("fatal callback %r failed", fn)
 
     def _drain_commands(self) -> None:
         while True:
@@ -227,6 +274,11 @@ class AsyncLLM:
             for c in out.outputs:
                 n = len(c.token_ids)
                 stream.tokens[c.index] = stream.tokens.get(c.index, 0) + n if stream.delta else n
+            if out.error is not None:  # a fault of this request's own: it alone fails
+                del self._streams[out.request_id]
+                finished.append(FinishedRequestStats("error", now - stream.arrival, None))
+                self._put(stream, RequestFailedError(out.request_id, out.error))
+                continue
             if out.finished:
                 del self._streams[out.request_id]
                 comp = out.outputs[0]
@@ -277,12 +329,14 @@ class AsyncLLM:
                 fut.set_exception(EngineDeadError(f"the engine is dead: {self._dead!r}"))
 
     def mark_dead(self, error: BaseException) -> None:
-        """Declare the engine dead (an external health check failed); later requests see it."""
+        """Declare the engine dead (an external health check failed); later requests see it
+        and the fatal callbacks run."""
         self._dead = error
         self._stopping = True
         self._wake.set()
         if self._thread is None:
             self._die(error)
+        self._run_fatal_callbacks(error)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine loop: running requests are aborted and their streams fail."""

@@ -15,12 +15,19 @@ from octavo.engine.output_processor import RequestState
 from octavo.engine.parallel_sampling import ParentRequest, child_params, num_samples
 from octavo.engine.processor import Processor, PromptType
 from octavo.engine.tokenizer import load_tokenizer
+from octavo.errors import RequestFailedError
 from octavo.executor.uniproc import UniProcExecutor
 from octavo.metrics.step_timings import StepTimings, StepTrace
-from octavo.outputs import RequestOutput
+from octavo.outputs import CompletionOutput, RequestOutput
 from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+
+class EngineStepError(RuntimeError):
+    """A step failed for a reason no single request explains. The engine has dropped every
+    request (their KV blocks are back in the pool) and can serve again; see
+    ``LLMEngine.check_health`` for whether the device still works."""
 
 
 @dataclass
@@ -39,7 +46,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config.model_config)
-        self.processor = Processor(config.model_config, self.tokenizer)
+        self.processor = Processor(config.model_config, self.tokenizer,
+                                   max_n=config.scheduler_config.sample_cap)
         self.executor = UniProcExecutor(config)
         self.num_blocks = self.executor.num_blocks
         capacity = self.num_blocks * config.cache_config.block_size
@@ -48,8 +56,7 @@ class LLMEngine:
                 f"max_model_len={config.model_config.max_model_len} is larger than the KV "
                 f"cache holds ({self.num_blocks} blocks = {capacity} tokens): lower "
                 "max_model_len or give the cache more memory")
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config, self.num_blocks,
-                                   self.executor.num_cpu_blocks)
+        self.scheduler = self._new_scheduler()
         self.states: dict[str, RequestState] = {}
         self.parents: dict[str, ParentRequest] = {}  # n or best_of > 1, by user request id
         self._child_parent: dict[str, tuple[ParentRequest, int]] = {}
@@ -59,6 +66,11 @@ class LLMEngine:
         self._inflight: tuple | None = None
         self._wait_s = 0.0
         self.timings = StepTimings()
+
+    def _new_scheduler(self) -> Scheduler:
+        c = self.config
+        return Scheduler(c.scheduler_config, c.cache_config, self.num_blocks,
+                         self.executor.num_cpu_blocks)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -84,11 +96,18 @@ class LLMEngine:
     def _add_parallel(self, request_id, prompt, params, priority, arrival_time) -> None:
         self.processor.check_params(params)  # the children's params hide n and best_of
         parent = ParentRequest(request_id, params)
-        made = [self.processor.process(cid, prompt, child_params(params, i), priority,
-                                       arrival_time)
-                for i, cid in enumerate(parent.child_ids)]  # validate all before queueing
+        # The prompt is tokenized and checked once; the other samples reuse its token ids.
+        first, text = self.processor.process(parent.child_ids[0], prompt,
+                                             child_params(params, 0), priority, arrival_time)
+        same = {"prompt": text, "prompt_token_ids": first.prompt_token_ids} if text else {
+            "prompt_token_ids": first.prompt_token_ids}
+        made = [(first, text)] + [
+            self.processor.process(cid, same, child_params(params, i), priority,
+                                   first.arrival_time)
+            for i, cid in enumerate(parent.child_ids) if i]  # all valid before queueing
         leader = made[0][0]
         for i, (req, text) in enumerate(made):
+            req.group_id = request_id
             if i:
                 req.fork_of = leader
             self.scheduler.add_request(req)
@@ -119,7 +138,44 @@ class LLMEngine:
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
         """Schedule and launch one step; return the outputs of the step before it (with
-        asynchronous scheduling, whose host work then overlaps the device) or of this one."""
+        asynchronous scheduling, whose host work then overlaps the device) or of this one.
+
+        A fault traced to one request ends that request (finish_reason "error") and the step
+        goes on. Any other exception drops every request, resets the worker and raises
+        EngineStepError: the engine itself stays usable."""
+        try:
+            return self._step()
+        except Exception as e:
+            logger.exception("engine step failed; dropping every request")
+            self.reset()
+            raise EngineStepError(f"an engine step failed: {type(e).__name__}: {e}") from e
+
+    def reset(self) -> None:
+        """Drop every request and start over: a fresh scheduler (every KV block free, the
+        prefix cache emptied), the worker's per-request state cleared."""
+        self._inflight = None
+        self.states.clear()
+        self.parents.clear()
+        self._child_parent.clear()
+        self.scheduler = self._new_scheduler()
+        self.executor.reset()
+
+    def check_health(self, timeout_s: float = 60.0) -> None:
+        """Run one tiny greedy request end to end; raises if the device cannot serve."""
+        rid = f"__health_check_{next(self._ids)}"
+        self.add_request(rid, {"prompt_token_ids": [0]},
+                         SamplingParams(max_tokens=1, temperature=0.0, detokenize=False))
+        deadline = time.monotonic() + timeout_s
+        try:
+            while rid in self.states or self._inflight is not None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"health check did not finish in {timeout_s} s")
+                self._step()
+        except BaseException:
+            self.reset()
+            raise
+
+    def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         inflight, self._inflight = self._inflight, None
         if inflight is not None and not self._can_overlap():
@@ -157,6 +213,11 @@ class LLMEngine:
         tw = time.perf_counter()
         runner_out = handle.result()
         self._wait_s += time.perf_counter() - tw
+        failed = dict(runner_out.failed or {})
+        if failed:  # their sampled tokens are not used
+            keep = [i for i, rid in enumerate(runner_out.req_ids) if rid not in failed]
+            runner_out.req_ids = [runner_out.req_ids[i] for i in keep]
+            runner_out.sampled_token_ids = [runner_out.sampled_token_ids[i] for i in keep]
         new_tokens, finished = self.scheduler.update_from_output(sched, runner_out)
         for rid, chunk in (runner_out.prompt_logprobs or {}).items():
             state = self.states.get(rid)
@@ -174,26 +235,13 @@ class LLMEngine:
             if req.num_output_tokens == 1:
                 num_prompt += req.num_prompt_tokens
                 state.num_cached_tokens = req.num_cached_tokens
-            done = req.request_id in finished_ids
-            reason = req.status.finish_reason
-            # As in vLLM, the EOS / stop token that ended a request is not part of its text.
-            stop_token_end = (done and req.status == RequestStatus.FINISHED_STOPPED
-                              and not state.params.include_stop_str_in_output)
-            hit_stop = state.add_token(token, lp.get(req.request_id),
-                                       detokenize=not stop_token_end)
-            if hit_stop:
-                # A stop string wins over a length cap reached on the same token.
-                if not done:
-                    stopped.append(req.request_id)
-                done, reason = True, "stop"
-            stop_reason = state.detok.stop_reason if (
-                hit_stop and state.detok is not None) else req.stop_reason
-            out = state.make_output(done, reason, stop_reason)
-            if out is not None and req.request_id in self._child_parent:
-                parent, index = self._child_parent[req.request_id]
-                out = parent.add(index, out)
-                if parent.done:
-                    self.parents.pop(parent.request_id, None)
+            try:
+                out, done = self._output_for(req, state, token, finished_ids, lp, stopped)
+            except Exception as e:  # noqa: BLE001 - detokenization etc. of this request only
+                logger.exception("request %s failed while its output was built",
+                                 req.request_id)
+                failed[req.request_id] = f"{type(e).__name__}: {e}"
+                continue
             if out is not None:
                 outputs.append(out)
             if done:
@@ -201,7 +249,63 @@ class LLMEngine:
                 self._child_parent.pop(req.request_id, None)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        if failed:
+            outputs += self._fail_requests(failed)
         return outputs, num_prompt, len(new_tokens)
+
+    def _output_for(self, req, state: RequestState, token: int, finished_ids: set[str],
+                    lp: dict, stopped: list[str]) -> tuple[RequestOutput | None, bool]:
+        """Fold one new token into its request's output state; (output to emit, done)."""
+        done = req.request_id in finished_ids
+        reason = req.status.finish_reason
+        # As in vLLM, the EOS / stop token that ended a request is not part of its text.
+        stop_token_end = (done and req.status == RequestStatus.FINISHED_STOPPED
+                          and not state.params.include_stop_str_in_output)
+        hit_stop = state.add_token(token, lp.get(req.request_id),
+                                   detokenize=not stop_token_end)
+        if hit_stop:
+            # A stop string wins over a length cap reached on the same token.
+            if not done:
+                stopped.append(req.request_id)
+            done, reason = True, "stop"
+        stop_reason = state.detok.stop_reason if (
+            hit_stop and state.detok is not None) else req.stop_reason
+        out = state.make_output(done, reason, stop_reason)
+        if out is not None and req.request_id in self._child_parent:
+            parent, index = self._child_parent[req.request_id]
+            out = parent.add(index, out)
+            if parent.done:
+                self.parents.pop(parent.request_id, None)
+        return out, done
+
+    def _fail_requests(self, failed: dict[str, str]) -> list[RequestOutput]:
+        """End requests whose own step work failed: their blocks go back to the pool now and
+        each user request gets one final output carrying the error. A failed sample fails its
+        whole parent (its siblings are aborted)."""
+        outputs: list[RequestOutput] = []
+        done_parents: set[str] = set()
+        for rid, message in failed.items():
+            state = self.states.pop(rid, None)
+            link = self._child_parent.pop(rid, None)
+            self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ERROR)
+            user_id = link[0].request_id if link is not None else rid
+            if user_id in done_parents:
+                continue
+            if link is not None:
+                done_parents.add(user_id)
+                parent = self.parents.get(user_id)
+                if parent is not None:
+                    self.abort_request(user_id)  # the siblings
+            out = RequestOutput(
+                request_id=user_id, prompt=state.prompt if state else None,
+                prompt_token_ids=state.prompt_token_ids if state else None,
+                prompt_logprobs=None,
+                outputs=[CompletionOutput(index=0, text="", token_ids=[],
+                                          cumulative_logprob=None, logprobs=None,
+                                          finish_reason="error")],
+                finished=True, error=str(RequestFailedError(user_id, message)))
+            outputs.append(out)
+        return outputs
 
     def _account(self, sched, t0: float, t1: float, t2: float, num_prompt: int,
                  num_gen: int) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 from octavo.config import ModelConfig
 from octavo.core.request import Request
-from octavo.sampling_params import SamplingParams
+from octavo.errors import InvalidRequestError
+from octavo.sampling_params import INT64_MAX, INT64_MIN, SamplingParams, check_text
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +26,29 @@ _UNSUPPORTED = (
 )
 
 
+def check_context_length(num_prompt_tokens: int, max_tokens: int | None,
+                         max_model_len: int) -> None:
+    """The servers' rule, as vLLM's: a prompt plus max_tokens beyond the context is refused
+    (400), never silently cut short. (Offline generation clamps max_tokens instead.)"""
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+        raise InvalidRequestError(
+            "max_tokens", f"This model's maximum context length is {max_model_len} tokens. "
+            f"However, you requested {num_prompt_tokens + max_tokens} tokens "
+            f"({num_prompt_tokens} in the prompt, {max_tokens} in the completion). Please "
+            "reduce the length of the prompt or of max_tokens.")
+
+
 class Processor:
-    def __init__(self, model_config: ModelConfig, tokenizer) -> None:
+    """Checks a request against the model before it is queued, so that nothing reaching the
+    scheduler can make a step raise. Stateless apart from warn-once bookkeeping: servers may
+    call it from a worker thread while the engine thread steps."""
+
+    def __init__(self, model_config: ModelConfig, tokenizer, max_n: int | None = None) -> None:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.vocab_size = model_config.hf_config.vocab_size
+        self.max_logprobs = getattr(model_config, "max_logprobs", 20)
+        self.max_n = max_n  # None: no cap on n / best_of
         self._warned: set[str] = set()
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None,
@@ -37,6 +56,10 @@ class Processor:
                 ) -> tuple[Request, str | None]:
         params = SamplingParams() if params is None else params
         self.check_params(params)
+        if isinstance(priority, bool) or not isinstance(priority, int) or not (
+                INT64_MIN <= priority <= INT64_MAX):
+            raise InvalidRequestError("priority", f"priority must be a 64-bit integer, got "
+                                      f"{str(priority)[:40]!r}")
         text, ids = self._tokenize(prompt)
         max_len = self.model_config.max_model_len
         keep = params.truncate_prompt_tokens
@@ -46,12 +69,13 @@ class Processor:
             if keep == -1:
                 keep = max_len
             elif keep > max_len:
-                raise ValueError(f"truncate_prompt_tokens={keep} is larger than "
-                                 f"max_model_len={max_len}")
+                raise InvalidRequestError(
+                    "truncate_prompt_tokens", f"truncate_prompt_tokens={keep} is larger than "
+                    f"max_model_len={max_len}")
             ids = ids[-keep:]
         if len(ids) > max_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens, longer than max_model_len={max_len}")
+            raise InvalidRequestError(
+                "prompt", f"prompt has {len(ids)} tokens, longer than max_model_len={max_len}")
         room = max_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, max(room, 1))
         req = Request(request_id, ids, params,
@@ -64,19 +88,44 @@ class Processor:
     def check_params(self, params: SamplingParams) -> None:
         """The prompt-independent checks (a parent of parallel samples runs them once)."""
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
+            raise InvalidRequestError(
+                "sampling_params",
+                f"sampling_params must be SamplingParams, got {type(params).__name__}")
+        self._check_limits(params)
         ranks = params.use_beam_search or (params.best_of or params.n) > params.n
         if params.length_penalty != 1.0 and not ranks:
             self._warn_once("length_penalty", f"length_penalty={params.length_penalty} has no "
                             "effect without beam search (or best_of > n); it is ignored")
         for field, bad, what in _UNSUPPORTED:
             if bad(params):
-                raise ValueError(f"{what} is not supported yet ({field}="
-                                 f"{getattr(params, field)!r})")
+                raise InvalidRequestError(field, f"{what} is not supported yet ({field}="
+                                          f"{getattr(params, field)!r})")
         if params.stop and (self.tokenizer is None or not params.detokenize):
-            raise ValueError(f"stop={params.stop!r} needs detokenization (a tokenizer and "
-                             "detokenize=True)")
+            raise InvalidRequestError("stop", f"stop={params.stop!r} needs detokenization "
+                                      "(a tokenizer and detokenize=True)")
         self._check_token_ids(params)
+
+    def _check_limits(self, params: SamplingParams) -> None:
+        """Counts bounded by the engine: a request must not be able to ask for work or output
+        out of proportion to everyone else's."""
+        cap = self.max_n
+        if cap is not None:
+            for field in ("n", "best_of"):
+                value = getattr(params, field)
+                if value is not None and value > cap:
+                    raise InvalidRequestError(
+                        field, f"{field}={value} is larger than this server's limit of {cap} "
+                        "samples per request (max_n, at most max_num_seqs)")
+        limit = self.max_logprobs
+        for field in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, field)
+            if value is None or limit == -1:
+                continue
+            asked = self.vocab_size if value == -1 else value
+            if asked > limit:
+                raise InvalidRequestError(
+                    field, f"{field}={value} is larger than max_logprobs={limit} (the most "
+                    "logprobs per position this engine returns)")
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -84,16 +133,17 @@ class Processor:
             logger.warning(message)
 
     def _check_token_ids(self, params: SamplingParams) -> None:
-        for field in ("allowed_token_ids", "logit_bias"):
+        for field in ("stop_token_ids", "allowed_token_ids", "logit_bias"):
             ids = getattr(params, field)
             for t in ids or ():
                 if not 0 <= int(t) < self.vocab_size:
-                    raise ValueError(f"{field} holds token id {t}, outside the vocabulary "
-                                     f"[0, {self.vocab_size})")
+                    raise InvalidRequestError(
+                        field, f"{field} holds token id {t}, outside the vocabulary "
+                        f"[0, {self.vocab_size})")
 
     def _bad_words(self, words: list[str]) -> list[list[int]]:
         if self.tokenizer is None:
-            raise ValueError(f"bad_words={words!r} needs a tokenizer")
+            raise InvalidRequestError("bad_words", f"bad_words={words!r} needs a tokenizer")
         seqs: list[list[int]] = []
         for word in words:
             # The word alone and after a space tokenize differently in most vocabularies.
@@ -106,30 +156,43 @@ class Processor:
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError("prompt is empty")
+                raise InvalidRequestError("prompt", "prompt is empty")
+            check_text("prompt", prompt)
             if self.tokenizer is None:
-                raise ValueError("text prompts need a tokenizer (skip_tokenizer_init=True was "
-                                 "set): pass {'prompt_token_ids': [...]}")
+                raise InvalidRequestError(
+                    "prompt", "text prompts need a tokenizer (skip_tokenizer_init=True was "
+                    "set): pass {'prompt_token_ids': [...]}")
             return prompt, list(self.tokenizer.encode(prompt))
         if isinstance(prompt, Mapping):
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
                 text = prompt.get("prompt")
+                if text is not None:
+                    if not isinstance(text, str):
+                        raise InvalidRequestError("prompt", f"prompt must be a string, got "
+                                                  f"{type(text).__name__}")
+                    check_text("prompt", text)
             elif "prompt" in prompt:
                 return self._tokenize(prompt["prompt"])
             else:
-                raise ValueError(f"prompt dict needs 'prompt' or 'prompt_token_ids', got keys "
-                                 f"{sorted(prompt)}")
+                raise InvalidRequestError(
+                    "prompt", f"prompt dict needs 'prompt' or 'prompt_token_ids', got keys "
+                    f"{sorted(map(str, prompt))[:10]}")
         elif isinstance(prompt, list | tuple):
             ids, text = prompt, None
         else:
-            raise ValueError(f"prompt must be a string, a token id list or a dict, got "
-                             f"{type(prompt).__name__}")
+            raise InvalidRequestError("prompt", f"prompt must be a string, a token id list or "
+                                      f"a dict, got {type(prompt).__name__}")
+        if isinstance(ids, str | bytes | Mapping) or not hasattr(ids, "__iter__"):
+            raise InvalidRequestError("prompt_token_ids", "prompt_token_ids must be a list of "
+                                      f"token ids, got {type(ids).__name__}")
         ids = list(ids)
         if not ids:
-            raise ValueError("prompt_token_ids is empty")
+            raise InvalidRequestError("prompt_token_ids", "prompt_token_ids is empty")
         for t in ids:
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
-                raise ValueError(f"prompt_token_ids holds {t!r}, not a token id in "
-                                 f"[0, {self.vocab_size})")
+                shown = repr(t) if len(repr(t)) <= 40 else repr(t)[:40] + "..."
+                raise InvalidRequestError(
+                    "prompt_token_ids", f"prompt_token_ids holds {shown}, not a token id in "
+                    f"[0, {self.vocab_size})")
         return text, ids

@@ -16,5 +16,9 @@ class UniProcExecutor:
         self.num_cpu_blocks = self.worker.determine_num_cpu_blocks()  # swap space
         self.worker.init_kv_cache(self.num_blocks, self.num_cpu_blocks)
 
+    def reset(self) -> None:
+        """Drop every request's worker state (the engine restarts after a fault)."""
+        self.worker.reset()
+
     def execute_model_async(self, sched: SchedulerOutput) -> StepHandle:
         return self.worker.execute_model_async(sched)

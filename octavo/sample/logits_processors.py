@@ -7,6 +7,7 @@ it; the other rows cost nothing.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +28,8 @@ class RowContext:
 def needs_processing(params: SamplingParams) -> bool:
     return (params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0
             or params.presence_penalty != 0.0 or bool(params.logit_bias)
-            or params.allowed_token_ids is not None or bool(params.bad_words))
+            or params.allowed_token_ids is not None or bool(params.bad_words)
+            or bool(params.logits_processors))
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor,
@@ -55,36 +57,67 @@ def _bad_word_bans(output: list[int], bad_words: list[list[int]]) -> list[int]:
     return bans
 
 
-def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext]) -> torch.Tensor:
-    """logits [B, V] (float32) -> processed logits; rows not listed are left as they are."""
-    vocab = logits.shape[-1]
-    dev = logits.device
+def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],
+                            failed: dict[int, BaseException] | None = None) -> torch.Tensor:
+    """logits [B, V] (float32) -> processed logits; rows not listed are left as they are.
+
+    With ``failed``, an exception while processing one row (a user's logits processor, say)
+    is recorded there under the row and that row keeps its raw logits, so one request's fault
+    never stops the batch; without it, the exception propagates."""
     for ctx in rows:
-        p = ctx.params
-        row = logits[ctx.row]
-        if p.repetition_penalty != 1.0:
-            seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
-            ids = ctx.prompt_token_ids + ctx.output_token_ids
-            seen[torch.tensor(ids, dtype=torch.long, device=dev)] = True
-            row = apply_repetition_penalty(row, seen, p.repetition_penalty)
-        if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and ctx.output_token_ids:
-            counts = torch.bincount(torch.tensor(ctx.output_token_ids, device=dev),
-                                    minlength=vocab)[:vocab].to(row.dtype)
-            row = apply_frequency_presence(row, counts, p.frequency_penalty, p.presence_penalty)
-        if p.logit_bias:
-            ids = torch.tensor([t for t in p.logit_bias if t < vocab], device=dev)
-            bias = torch.tensor([v for t, v in p.logit_bias.items() if t < vocab],
-                                dtype=row.dtype, device=dev)
-            row = row.index_add(0, ids, bias) if ids.numel() else row
-        if p.allowed_token_ids is not None:
-            keep = torch.full((vocab,), float("-inf"), dtype=row.dtype, device=dev)
-            allowed = torch.tensor(p.allowed_token_ids, device=dev)
-            keep[allowed] = 0.0
-            row = row + keep
-        bans = list(ctx.banned or [])
-        if ctx.bad_words_token_ids:
-            bans += _bad_word_bans(ctx.output_token_ids, ctx.bad_words_token_ids)
-        if bans:
-            row = row.index_fill(0, torch.tensor(bans, device=dev), float("-inf"))
-        logits[ctx.row] = row
+        if failed is None:
+            logits[ctx.row] = _process_row(logits[ctx.row], ctx)
+            continue
+        try:
+            logits[ctx.row] = _process_row(logits[ctx.row], ctx)
+        except Exception as e:  # noqa: BLE001 - attributed to this row's request
+            failed[ctx.row] = e
     return logits
+
+
+def _process_row(row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
+    vocab = row.shape[-1]
+    dev = row.device
+    p = ctx.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
+        ids = ctx.prompt_token_ids + ctx.output_token_ids
+        seen[torch.tensor(ids, dtype=torch.long, device=dev)] = True
+        row = apply_repetition_penalty(row, seen, p.repetition_penalty)
+    if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and ctx.output_token_ids:
+        counts = torch.bincount(torch.tensor(ctx.output_token_ids, device=dev),
+                                minlength=vocab)[:vocab].to(row.dtype)
+        row = apply_frequency_presence(row, counts, p.frequency_penalty, p.presence_penalty)
+    if p.logit_bias:
+        ids = torch.tensor([t for t in p.logit_bias if t < vocab], device=dev)
+        bias = torch.tensor([v for t, v in p.logit_bias.items() if t < vocab],
+                            dtype=row.dtype, device=dev)
+        row = row.index_add(0, ids, bias) if ids.numel() else row
+    if p.allowed_token_ids is not None:
+        keep = torch.full((vocab,), float("-inf"), dtype=row.dtype, device=dev)
+        allowed = torch.tensor(p.allowed_token_ids, device=dev)
+        keep[allowed] = 0.0
+        row = row + keep
+    for fn in p.logits_processors or ():
+        row = _user_processor(fn, ctx, row)
+    bans = list(ctx.banned or [])
+    if ctx.bad_words_token_ids:
+        bans += _bad_word_bans(ctx.output_token_ids, ctx.bad_words_token_ids)
+    if bans:
+        row = row.index_fill(0, torch.tensor(bans, device=dev), float("-inf"))
+    return row
+
+
+def _user_processor(fn, ctx: RowContext, row: torch.Tensor) -> torch.Tensor:
+    """vLLM's two signatures: (output_ids, logits) or (prompt_ids, output_ids, logits)."""
+    try:
+        three = len(inspect.signature(fn).parameters) == 3
+    except (TypeError, ValueError):  # builtins without a signature: the common form
+        three = False
+    out = (fn(list(ctx.prompt_token_ids), list(ctx.output_token_ids), row) if three
+           else fn(list(ctx.output_token_ids), row))
+    if not isinstance(out, torch.Tensor) or out.shape != row.shape:
+        raise ValueError(f"logits processor {fn!r} must return a tensor of shape "
+                         f"{tuple(row.shape)}, got {type(out).__name__}"
+                         f"{tuple(out.shape) if isinstance(out, torch.Tensor) else ''}")
+    return out.to(row.dtype)

@@ -22,19 +22,22 @@ class SamplerOutput:
     sampled_ranks: torch.Tensor | None = None
     topk_ids: torch.Tensor | None = None
     topk_logprobs: torch.Tensor | None = None
+    # Rows whose logits processing raised (their request is ended with the error).
+    failed_rows: dict[int, BaseException] | None = None
 
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
         raw = logits
+        failed: dict[int, BaseException] = {}
         if meta.row_contexts:
-            logits = apply_logits_processors(logits.clone(), meta.row_contexts)
+            logits = apply_logits_processors(logits.clone(), meta.row_contexts, failed)
         if meta.all_greedy:
             sampled = logits.argmax(dim=-1)
         else:
             sampled = self._sample(logits, meta)
-        out = SamplerOutput(sampled=sampled)
+        out = SamplerOutput(sampled=sampled, failed_rows=failed or None)
         if meta.max_num_logprobs is not None:
             self._logprobs(raw, sampled, meta.max_num_logprobs, out)
         return out

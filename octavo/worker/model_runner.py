@@ -145,6 +145,17 @@ class ModelRunner:
             st.block_ids.extend(c.new_block_ids)
             st.num_computed_tokens = c.num_computed_tokens
 
+    def reset(self) -> None:
+        """Forget every request (after a step fault the engine starts over): slots, seeded
+        generators and the in-flight tokens of asynchronous scheduling."""
+        for rid in list(self.states):
+            self._drop(rid)
+        self._seed_gens.clear()
+        self._prev_sampled = None
+        self._prev_rows = {}
+        self._fix = []
+        self._inputs_sent = None
+
     def _drop(self, req_id: str) -> None:
         st = self.states.pop(req_id, None)
         if st is not None:
@@ -318,6 +329,8 @@ class ModelRunner:
                 sampled_token_ids=tokens,
                 logprobs=self._logprobs_dict(sample_states, out),
                 prompt_logprobs=prompt_lp,
+                failed=({sample_states[r].req_id: f"{type(e).__name__}: {e}"
+                         for r, e in out.failed_rows.items()} if out.failed_rows else None),
             )
 
         return StepHandle(finish, host, ready)

@@ -92,5 +92,10 @@ class Worker:
             logger.info("CPU swap space: %d blocks (%.2f GiB)", num_cpu_blocks,
                         num_cpu_blocks * self.runner.bytes_per_block() / 2**30)
 
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # a sticky device error surfaces here
+        self.runner.reset()
+
     def execute_model_async(self, sched: SchedulerOutput) -> StepHandle:
         return self.runner.execute_model_async(sched)
