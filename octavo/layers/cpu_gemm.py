@@ -33,6 +33,11 @@ def pack_weight(weight: torch.Tensor, batch_hint: int = 32) -> torch.Tensor | No
         return None
 
 
+def usable(x: torch.Tensor, packed: torch.Tensor | None) -> bool:
+    """Whether ``packed`` can multiply ``x`` (a CPU tensor of the packed dtype)."""
+    return packed is not None and x.device.type == "cpu" and x.dtype == packed.dtype
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor,
                   bias: torch.Tensor | None) -> torch.Tensor:
     shape = x.shape
@@ -44,6 +49,6 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor,
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T + b, on the packed weight when there is one for this device and dtype."""
-    if packed is not None and x.device.type == "cpu" and x.dtype == packed.dtype:
+    if usable(x, packed):
         return packed_linear(x, packed, bias)
     return F.linear(x, weight, bias)

@@ -1,7 +1,9 @@
-"""Linear layers that own their tensor-parallel sharding and a quantization strategy.
+"""Linear layers that own their tensor-parallel sharding and hold a quantization method.
 
-Each parameter carries ``weight_loader(param, loaded, shard_id=None)`` so the model loader is one
-generic loop over checkpoint tensors.
+Each layer asks the quantization config for its method with its ``prefix``
+("model.layers.0.self_attn.qkv_proj"), so schemes can choose per layer. Every parameter carries
+``weight_loader(param, loaded, shard_id=None)`` and its layout, so the model loader is one
+generic loop over checkpoint tensors and ``weight_loader.load_linear_param`` does the narrowing.
 """
 
 from __future__ import annotations
@@ -10,33 +12,46 @@ import torch
 from torch import nn
 
 from octavo.distributed.parallel_state import get_tp_group
-from octavo.quantization.base import LinearMethod, UnquantizedLinearMethod
+from octavo.layers import cpu_gemm
+from octavo.layers.weight_loader import COLUMN, ROW, ShardPlacement, load_linear_param
+from octavo.quantization.base import LinearMethod, QuantizationConfig
+from octavo.quantization.param_layout import set_param_layout
+from octavo.quantization.unquantized import UnquantizedLinearMethod
 
 
-def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-    assert param.shape == loaded.shape, (param.shape, loaded.shape)
-    param.data.copy_(loaded)
+def choose_method(quant_config: QuantizationConfig | None, layer: nn.Module,
+                  prefix: str) -> LinearMethod:
+    method = None if quant_config is None else quant_config.get_quant_method(layer, prefix)
+    return method if method is not None else UnquantizedLinearMethod()
 
 
 class LinearBase(nn.Module):
-    """y = x W^T + b with W of shape [output_size_per_partition, input_size_per_partition]."""
+    """y = x W^T + b, W held by the quantization method as [output, input] per partition."""
+
+    split: str | None = None  # COLUMN, ROW, or None (replicated)
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False,
-                 linear_method: LinearMethod | None = None) -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         self.tp = get_tp_group()
         self.input_size = input_size
         self.output_size = output_size
-        self.linear_method = linear_method or UnquantizedLinearMethod()
+        self.prefix = prefix
+        self.quant_method = choose_method(quant_config, self, prefix)
         dtype = torch.get_default_dtype()
-        self.linear_method.create_weights(self, self.input_size_per_partition,
-                                          self.output_size_per_partition, dtype)
+        self.quant_method.create_weights(self, self.input_size_per_partition,
+                                         self.output_partition_sizes, dtype)
         if bias:
-            self.bias = nn.Parameter(torch.empty(self.output_size_per_partition, dtype=dtype),
-                                     requires_grad=False)
-            self.bias.weight_loader = self.weight_loader
+            b = nn.Parameter(torch.empty(self.output_size_per_partition, dtype=dtype),
+                             requires_grad=False)
+            self.register_parameter("bias", set_param_layout(b, output_dim=0))
         else:
             self.register_parameter("bias", None)
+        for param in self.parameters(recurse=False):
+            if not hasattr(param, "weight_loader"):
+                param.weight_loader = self.weight_loader
+        # The CPU's oneDNN copy of a dense weight (process_weights_after_loading).
+        self._packed_weight: torch.Tensor | None = None
 
     @property
     def input_size_per_partition(self) -> int:
@@ -46,11 +61,34 @@ class LinearBase(nn.Module):
     def output_size_per_partition(self) -> int:
         return self.output_size
 
-    def weight_loader(self, param, loaded, shard_id=None) -> None:
-        _default_loader(param, loaded)
+    @property
+    def output_partition_sizes(self) -> list[int]:
+        """This rank's output features of each merged part (one entry when not merged)."""
+        return [self.output_size_per_partition]
+
+    def shard_placement(self, shard_id) -> ShardPlacement:
+        raise ValueError(f"{self.prefix or type(self).__name__} has no merged part {shard_id!r}")
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        shard = None if shard_id is None else self.shard_placement(shard_id)
+        if shard is None and len(self.output_partition_sizes) > 1 and self.tp.size > 1:
+            raise ValueError(f"{self.prefix}: a fused checkpoint tensor cannot be split across "
+                             "ranks; its parts must come separately")
+        load_linear_param(param, loaded, tp_rank=self.tp.rank, tp_size=self.tp.size,
+                          split=self.split, shard=shard)
+
+    def process_weights_after_loading(self) -> None:
+        self.quant_method.process_weights_after_loading(self)
+        dense = self.quant_method.dense_weight(self)
+        self._packed_weight = None if dense is None else cpu_gemm.pack_weight(dense)
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if cpu_gemm.usable(x, self._packed_weight):
+            return cpu_gemm.packed_linear(x, self._packed_weight, bias)
+        return self.quant_method.apply(self, x, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_method.apply(self, x, self.bias)
+        return self._matmul(x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -60,34 +98,30 @@ class ReplicatedLinear(LinearBase):
 class ColumnParallelLinear(LinearBase):
     """Output features split across ranks; no communication in forward."""
 
+    split = COLUMN
+
     @property
     def output_size_per_partition(self) -> int:
         return self.output_size // self.tp.size
-
-    def _narrow_output(self, loaded: torch.Tensor, start: int, size: int) -> torch.Tensor:
-        return loaded.narrow(0, start, size)
-
-    def weight_loader(self, param, loaded, shard_id=None) -> None:
-        size = param.shape[0]
-        _default_loader(param, self._narrow_output(loaded, self.tp.rank * size, size))
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections stacked in one weight (gate and up projections)."""
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
-                 linear_method: LinearMethod | None = None) -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias, linear_method)
+        super().__init__(input_size, sum(output_sizes), bias, quant_config, prefix)
 
-    def weight_loader(self, param, loaded, shard_id=None) -> None:
-        if shard_id is None:
-            return super().weight_loader(param, loaded)
-        tp = self.tp.size
-        offset = sum(self.output_sizes[:shard_id]) // tp
-        size = self.output_sizes[shard_id] // tp
-        shard = loaded.narrow(0, self.tp.rank * size, size)
-        _default_loader(param.data.narrow(0, offset, size), shard)
+    @property
+    def output_partition_sizes(self) -> list[int]:
+        return [s // self.tp.size for s in self.output_sizes]
+
+    def shard_placement(self, shard_id) -> ShardPlacement:
+        sizes = self.output_partition_sizes
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(sizes):
+            return super().shard_placement(shard_id)
+        return ShardPlacement(sum(sizes[:shard_id]), sizes[shard_id], self.tp.rank)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -95,46 +129,45 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def __init__(self, hidden_size: int, head_dim: int, total_num_heads: int,
                  total_num_kv_heads: int, bias: bool = False,
-                 linear_method: LinearMethod | None = None) -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         tp = get_tp_group().size
         self.head_dim = head_dim
         self.num_heads = total_num_heads // tp
         self.num_kv_heads = max(1, total_num_kv_heads // tp)
         self.kv_replicas = max(1, tp // total_num_kv_heads)
-        self._out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
-        super().__init__(hidden_size, self._out, bias, linear_method)
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim * tp
+        super().__init__(hidden_size, out, bias, quant_config, prefix)
 
     @property
     def output_size_per_partition(self) -> int:
         return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
 
-    def weight_loader(self, param, loaded, shard_id=None) -> None:
-        if shard_id is None:
-            return super().weight_loader(param, loaded)
-        d = self.head_dim
-        q, kv = self.num_heads * d, self.num_kv_heads * d
-        offset, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]
-        rank = self.tp.rank if shard_id == "q" else self.tp.rank // self.kv_replicas
-        shard = loaded.narrow(0, rank * size, size)
-        _default_loader(param.data.narrow(0, offset, size), shard)
+    @property
+    def output_partition_sizes(self) -> list[int]:
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return [q, kv, kv]
+
+    def shard_placement(self, shard_id) -> ShardPlacement:
+        if shard_id not in ("q", "k", "v"):
+            return super().shard_placement(shard_id)
+        q, kv, _ = self.output_partition_sizes
+        if shard_id == "q":
+            return ShardPlacement(0, q, self.tp.rank)
+        offset = q if shard_id == "k" else q + kv
+        return ShardPlacement(offset, kv, self.tp.rank // self.kv_replicas)
 
 
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial outputs summed with an all-reduce."""
 
+    split = ROW
+
     @property
     def input_size_per_partition(self) -> int:
-        return self.input_size // get_tp_group().size
-
-    def weight_loader(self, param, loaded, shard_id=None) -> None:
-        if param.dim() == 1:  # bias: added once, after the reduction
-            return _default_loader(param, loaded)
-        size = param.shape[1]
-        _default_loader(param, loaded.narrow(1, self.tp.rank * size, size))
+        return self.input_size // self.tp.size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.linear_method.apply(self, x, None)
-        y = self.tp.all_reduce(y)
-        if self.bias is not None:
+        y = self.tp.all_reduce(self._matmul(x, None))
+        if self.bias is not None:  # added once, after the reduction
             y = y + self.bias
         return y

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from octavo.layers import cpu_gemm
+from octavo.quantization.base import QuantizationConfig
 
 
 class VocabEmbedding(nn.Module):
@@ -23,6 +24,16 @@ class LMHead(VocabEmbedding):
     """Projects hidden states of the sampled positions onto the vocabulary."""
 
     _packed_weight: torch.Tensor | None = None
+
+    def __init__(self, vocab_size: int, hidden_size: int,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "lm_head"
+                 ) -> None:
+        super().__init__(vocab_size, hidden_size)
+        # Schemes keep the LM head in full precision unless their checkpoint quantized it,
+        # which no scheme here loads yet: say so rather than load it wrongly.
+        if quant_config is not None and quant_config.get_quant_method(self, prefix) is not None:
+            raise ValueError(f"{prefix}: a quantized LM head ({quant_config.name}) is not "
+                             "supported yet")
 
     def tie(self, embedding: VocabEmbedding) -> None:
         self.weight = embedding.weight

@@ -6,25 +6,26 @@ import torch
 from torch import nn
 
 from octavo.config import ModelConfig
-from octavo.layers.vocab_embedding import LMHead
 from octavo.model_loader.weights import fill_dummy_weights, iter_safetensors, load_weights
 from octavo.models.registry import get_model_class
+from octavo.quantization.resolve import build_quant_config
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def load_model(model_config: ModelConfig, device: torch.device, backend,
-               linear_method_name: str | None = None) -> nn.Module:
-    from octavo.quantization.base import get_linear_method
-
+               quantization: str | None = None) -> nn.Module:
+    """``quantization``: the scheme asked for (None: whatever the checkpoint declares)."""
     dtype = TORCH_DTYPES[model_config.dtype]
     cls = get_model_class(model_config.architecture)
+    quant_config = build_quant_config(quantization, model_config.hf_config,
+                                      None if model_config.is_gguf else model_config.model)
+    quant_config.packed_modules_mapping = getattr(cls, "packed_modules_mapping", {})
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = cls(model_config.hf_config, backend,
-                        linear_method=get_linear_method(linear_method_name))
+            model = cls(model_config.hf_config, backend, quant_config=quant_config)
     finally:
         torch.set_default_dtype(old)
     # Rotary caches are built in float32 above; keep them so.
@@ -37,9 +38,7 @@ def load_model(model_config: ModelConfig, device: torch.device, backend,
     else:
         load_weights(model, iter_safetensors(model_config.model))
     for module in model.modules():
-        method = getattr(module, "linear_method", None)
-        if method is not None:
-            method.process_weights_after_loading(module)
-        elif isinstance(module, LMHead):
-            module.process_weights_after_loading()
+        after_loading = getattr(module, "process_weights_after_loading", None)
+        if after_loading is not None:
+            after_loading()
     return model.eval()

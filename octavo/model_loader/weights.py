@@ -43,6 +43,17 @@ def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) ->
     param.data.copy_(loaded)
 
 
+def _as_param_dtype(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """Float tensors take the parameter's float dtype; integer (packed, quantized) tensors
+    must already be what the parameter holds: converting them would corrupt the packing."""
+    if tensor.dtype == param.dtype:
+        return tensor
+    if tensor.is_floating_point() and param.is_floating_point():
+        return tensor.to(param.dtype)
+    raise ValueError(f"checkpoint dtype {tensor.dtype} does not fit the parameter's "
+                     f"{param.dtype}: do the checkpoint's quantization and the one in use agree?")
+
+
 def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy checkpoint tensors into ``model`` using each parameter's ``weight_loader`` and the
     model's ``packed_modules_mapping``; errors name what is missing or unexpected."""
@@ -65,11 +76,14 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
         if param is None:
             raise ValueError(f"checkpoint tensor {name!r} has no matching parameter")
         loader = getattr(param, "weight_loader", _default_loader)
-        tensor = tensor.to(param.dtype)
-        if shard_id is None:
-            loader(param, tensor)
-        else:
-            loader(param, tensor, shard_id)
+        try:
+            tensor = _as_param_dtype(tensor, param)
+            if shard_id is None:
+                loader(param, tensor)
+            else:
+                loader(param, tensor, shard_id)
+        except ValueError as e:
+            raise ValueError(f"checkpoint tensor {name!r} -> {target!r}: {e}") from e
         loaded.add(target if shard_id is None else f"{target}#{shard_id}")
     expected = set()
     for pname in params:
@@ -97,4 +111,7 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0, low: float = -1e-3,
         dev = param.device
         if dev not in gens:
             gens[dev] = torch.Generator(device=dev).manual_seed(seed)
-        param.data.uniform_(low, high, generator=gens[dev])
+        if param.is_floating_point():
+            param.data.uniform_(low, high, generator=gens[dev])
+        else:  # packed quantized integers: any bit pattern is a valid weight
+            param.data.random_(generator=gens[dev])

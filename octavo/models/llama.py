@@ -13,14 +13,18 @@ from octavo.layers.norm import RMSNorm
 from octavo.layers.rope_params import rope_params_from_config
 from octavo.layers.rotary import get_rope
 from octavo.layers.vocab_embedding import LMHead, VocabEmbedding
+from octavo.quantization.base import QuantizationConfig
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, linear_method=None) -> None:
+    def __init__(self, hidden: int, intermediate: int,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2,
-                                                       linear_method=linear_method)
-        self.down_proj = RowParallelLinear(intermediate, hidden, linear_method=linear_method)
+                                                       quant_config=quant_config,
+                                                       prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(intermediate, hidden, quant_config=quant_config,
+                                           prefix=f"{prefix}.down_proj")
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -29,8 +33,8 @@ class LlamaMLP(nn.Module):
 
 class LlamaAttention(nn.Module):
     def __init__(self, config, layer_idx: int, backend, qkv_bias: bool = False,
-                 qk_norm: bool = False, linear_method=None, rope_cache: dict | None = None
-                 ) -> None:
+                 qk_norm: bool = False, quant_config: QuantizationConfig | None = None,
+                 rope_cache: dict | None = None, prefix: str = "") -> None:
         super().__init__()
         rope_cache = {} if rope_cache is None else rope_cache
         hidden = config.hidden_size
@@ -39,7 +43,8 @@ class LlamaAttention(nn.Module):
         head_dim = getattr(config, "head_dim", None) or hidden // total_heads
         qkv_bias = qkv_bias or bool(getattr(config, "attention_bias", False))
         self.qkv_proj = QKVParallelLinear(hidden, head_dim, total_heads, total_kv,
-                                          bias=qkv_bias, linear_method=linear_method)
+                                          bias=qkv_bias, quant_config=quant_config,
+                                          prefix=f"{prefix}.qkv_proj")
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
@@ -47,7 +52,7 @@ class LlamaAttention(nn.Module):
         self.kv_size = self.num_kv_heads * head_dim
         o_bias = bool(getattr(config, "attention_bias", False))
         self.o_proj = RowParallelLinear(total_heads * head_dim, hidden, bias=o_bias,
-                                        linear_method=linear_method)
+                                        quant_config=quant_config, prefix=f"{prefix}.o_proj")
         theta, scaling = rope_params_from_config(config)
         self.rotary_emb = get_rope(head_dim, config.max_position_embeddings, theta, scaling,
                                    rope_cache)
@@ -73,12 +78,13 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config, layer_idx: int, backend, qkv_bias: bool = False,
-                 qk_norm: bool = False, linear_method=None, rope_cache: dict | None = None
-                 ) -> None:
+                 qk_norm: bool = False, quant_config: QuantizationConfig | None = None,
+                 rope_cache: dict | None = None, prefix: str = "") -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, backend, qkv_bias, qk_norm,
-                                        linear_method, rope_cache)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, linear_method)
+                                        quant_config, rope_cache, prefix=f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, quant_config,
+                            prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -95,12 +101,14 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config, backend, qkv_bias: bool = False, qk_norm: bool = False,
-                 linear_method=None) -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "model"
+                 ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         rope_cache: dict = {}
         self.layers = nn.ModuleList([
-            LlamaDecoderLayer(config, i, backend, qkv_bias, qk_norm, linear_method, rope_cache)
+            LlamaDecoderLayer(config, i, backend, qkv_bias, qk_norm, quant_config, rope_cache,
+                              prefix=f"{prefix}.layers.{i}")
             for i in range(config.num_hidden_layers)
         ])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -126,12 +134,14 @@ class LlamaForCausalLM(nn.Module):
     qkv_bias = False
     qk_norm = False
 
-    def __init__(self, config, backend, linear_method=None) -> None:
+    def __init__(self, config, backend, quant_config: QuantizationConfig | None = None
+                 ) -> None:
         super().__init__()
         self.config = config
         self.check_config(config)
-        self.model = LlamaModel(config, backend, self.qkv_bias, self.qk_norm, linear_method)
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size)
+        self.model = LlamaModel(config, backend, self.qkv_bias, self.qk_norm, quant_config,
+                                prefix="model")
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, quant_config, "lm_head")
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)

@@ -1,53 +1,96 @@
-"""Quantization strategies for linear layers, and their registry."""
+"""The two interfaces of quantization: a method (how one linear layer stores and applies its
+weight) and a config (one per quantization scheme, choosing a method for each layer).
+
+This package never imports ``octavo.layers``: layers hold a method, not the other way round.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from octavo.layers import cpu_gemm
+from octavo.quantization.module_match import is_ignored
 
 
 class LinearMethod:
-    """How a linear layer stores and applies its weight."""
+    """How a linear layer stores and applies its weight; one instance per layer."""
 
-    def create_weights(self, layer: nn.Module, input_size: int, output_size: int,
-                       params_dtype: torch.dtype) -> None:
+    def create_weights(self, layer: nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], params_dtype: torch.dtype) -> None:
+        """Register the layer's parameters, each with its layout (``set_param_layout``).
+        ``output_partition_sizes``: this rank's output features of each merged part (q, k, v;
+        gate, up), one entry for a plain layer. The layer attaches its ``weight_loader`` to
+        every parameter that does not bring its own."""
         raise NotImplementedError
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        pass
+        """Repack or convert what the checkpoint gave (once, after every tensor is loaded)."""
+
+    def dense_weight(self, layer: nn.Module) -> torch.Tensor | None:
+        """The float [out, in] weight when ``apply`` is exactly ``x W^T + b``, else None; the
+        layer may keep a device-specific copy of it (oneDNN packing on the CPU)."""
+        return None
 
 
-class UnquantizedLinearMethod(LinearMethod):
-    def create_weights(self, layer, input_size, output_size, params_dtype):
-        weight = nn.Parameter(torch.empty(output_size, input_size, dtype=params_dtype),
-                              requires_grad=False)
-        weight.weight_loader = layer.weight_loader
-        layer.register_parameter("weight", weight)
-
-    def apply(self, layer, x, bias):
-        return cpu_gemm.linear(x, layer.weight, getattr(layer, "_packed_weight", None), bias)
-
-    def process_weights_after_loading(self, layer):
-        layer._packed_weight = cpu_gemm.pack_weight(layer.weight)
+def ignored_modules(config: Mapping[str, Any]) -> list[str]:
+    """The modules a checkpoint leaves unquantized, under either usual key."""
+    out: list[str] = []
+    for key in ("modules_to_not_convert", "ignore"):
+        out.extend(config.get(key) or [])
+    return out
 
 
-_REGISTRY: dict[str | None, type[LinearMethod]] = {None: UnquantizedLinearMethod}
+def is_lm_head(prefix: str) -> bool:
+    return prefix == "lm_head" or prefix.endswith(".lm_head")
 
 
-def register_quantization(name: str):
-    def deco(cls: type[LinearMethod]) -> type[LinearMethod]:
-        _REGISTRY[name] = cls
-        return cls
-    return deco
+class QuantizationConfig:
+    """One quantization scheme's settings, read from the checkpoint or given as
+    ``quantization=``; subclasses live one per file and are registered by ``name``.
 
+    ``get_quant_method(layer, prefix)`` chooses per layer, so a scheme can leave the LM head and
+    ignored modules in full precision, or give each tensor its own type (GGUF: a config holding
+    prefix -> tensor type, returning a method per type).
+    """
 
-def get_linear_method(name: str | None) -> LinearMethod:
-    if name not in _REGISTRY:
-        known = sorted(k for k in _REGISTRY if k)
-        raise ValueError(f"quantization={name!r} is not supported (known: {known or 'none yet'})")
-    return _REGISTRY[name]()
+    name: ClassVar[str] = ""
+    # quant_method values of checkpoints this config can read; empty: just ``name``.
+    checkpoint_methods: ClassVar[tuple[str, ...]] = ()
+    # The LM head keeps full precision unless a scheme's checkpoint says otherwise.
+    quantize_lm_head: bool = False
+
+    def __init__(self, ignore: Iterable[str] = ()) -> None:
+        self.ignore = tuple(ignore)
+        # The model's {checkpoint fragment: (our fragment, shard id)}, set before the model is
+        # built so that ignore lists naming q_proj apply to our qkv_proj.
+        self.packed_modules_mapping: Mapping = {}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> QuantizationConfig:
+        """Build from a checkpoint's quantization config (``{}`` when the user asked for this
+        scheme on a checkpoint that declares none)."""
+        return cls(ignore=ignored_modules(config))
+
+    @classmethod
+    def reads_checkpoint(cls, quant_method: str) -> bool:
+        return quant_method in (cls.checkpoint_methods or (cls.name,))
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
+        """The method for the layer at ``prefix`` ("model.layers.0.self_attn.qkv_proj"), or
+        None to keep it in full precision."""
+        if is_lm_head(prefix) and not self.quantize_lm_head:
+            return None
+        if is_ignored(prefix, self.ignore, self.packed_modules_mapping):
+            return None
+        return self.get_linear_method(layer, prefix)
+
+    def get_linear_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
+        """The scheme's method for a layer it quantizes."""
+        raise NotImplementedError

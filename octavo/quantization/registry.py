@@ -1,0 +1,40 @@
+"""Quantization scheme names -> QuantizationConfig classes.
+
+A scheme is one file with one config class; built-in ones are listed here as import paths
+(imported only when asked for), others register themselves with
+``register_quantization_config``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from octavo.quantization.base import QuantizationConfig
+
+_BUILTIN = {
+    "unquantized": "octavo.quantization.unquantized:UnquantizedConfig",
+}
+_CLASSES: dict[str, type[QuantizationConfig]] = {}
+
+
+def register_quantization_config(name: str):
+    """Class decorator: make ``quantization=name`` (and checkpoints declaring it) use ``cls``."""
+    def deco(cls: type[QuantizationConfig]) -> type[QuantizationConfig]:
+        cls.name = name
+        _CLASSES[name] = cls
+        return cls
+    return deco
+
+
+def known_methods() -> list[str]:
+    return sorted(set(_BUILTIN) | set(_CLASSES))
+
+
+def get_quantization_config_class(name: str) -> type[QuantizationConfig]:
+    """The config class registered as ``name``; ValueError naming the known ones otherwise."""
+    if name in _CLASSES:
+        return _CLASSES[name]
+    if name not in _BUILTIN:
+        raise ValueError(f"quantization={name!r} is not supported (known: {known_methods()})")
+    module, cls_name = _BUILTIN[name].split(":")
+    return getattr(importlib.import_module(module), cls_name)
