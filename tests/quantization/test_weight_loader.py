@@ -172,3 +172,12 @@ def test_integer_tensor_of_another_width_is_an_error_naming_it():
     plain = _OneLayer()
     with pytest.raises(ValueError, match="proj.weight.*torch.int8"):
         load_weights(plain, [("proj.weight", torch.zeros(4, 8, dtype=torch.int8))])
+
+
+def test_dummy_weights_fill_integer_params_with_integers():
+    from octavo.model_loader.weights import fill_dummy_weights
+
+    model = _OneLayer(FakeInt8Config())
+    fill_dummy_weights(model, seed=0)
+    assert model.proj.qweight.dtype == torch.int8 and model.proj.qweight.abs().sum() > 0
+    assert model.proj.scales.dtype == torch.float32
