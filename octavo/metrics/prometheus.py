@@ -7,6 +7,8 @@ read from the scheduler at scrape time, so they are fresh even when the engine i
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
@@ -56,9 +58,19 @@ class _PreemptionModeCollector:
         yield fam
 
 
+def metrics_model_name(name: str, model_path: str) -> str:
+    """The ``model_name`` label for a served name. With no --served-model-name the served name
+    defaults to the model's path; a label would then publish the server's filesystem layout
+    (user names, mount points) to every scraper, so it becomes the folder or file name."""
+    if name == model_path:
+        return os.path.basename(os.path.normpath(name)) or name
+    return name
+
+
 class PrometheusStatLogger:
     def __init__(self, engine: LLMEngine, model_name: str) -> None:
         self.registry = CollectorRegistry()
+        model_name = metrics_model_name(model_name, engine.config.model_config.model)
         labels = ["model_name"]
         reg = self.registry
         sched = engine.scheduler

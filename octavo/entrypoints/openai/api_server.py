@@ -19,7 +19,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import octavo
 from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.async_llm import AsyncLLM, EngineDeadError
-from octavo.entrypoints.openai.middleware import AuthRateLimitMiddleware, BodyLimitMiddleware
+from octavo.entrypoints.launcher import DEFAULT_SHUTDOWN_TIMEOUT, serve
+from octavo.entrypoints.openai.middleware import (
+    AuthRateLimitMiddleware,
+    BodyLimitMiddleware,
+    TrustedHosts,
+)
 from octavo.entrypoints.openai.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -176,7 +181,15 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
                    choices=["debug", "info", "warning", "error", "critical", "trace"])
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     p.add_argument("--rate-limit", type=int, default=None,
-                   help="requests per minute per API key or client address")
+                   help="requests per minute per client address")
+    p.add_argument("--forwarded-allow-ips", default=None,
+                   help="comma-separated proxy IPs or networks whose X-Forwarded-For names "
+                   "the client: the right-most address not itself listed (default: none, the "
+                   "header is ignored; '*' trusts every hop, so only behind a proxy that "
+                   "overwrites the header)")
+    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT,
+                   help="on SIGTERM, seconds to let in-flight requests finish before ending "
+                   "them with an error")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="largest request body accepted (413 above)")
     p.add_argument("--chat-template", default=None,
@@ -228,6 +241,12 @@ def unsupported_flags(args: argparse.Namespace) -> list[str]:
         problems.append(f"--rate-limit must be >= 1, got {args.rate_limit}")
     if args.max_body_bytes < 1:
         problems.append(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    if not args.shutdown_timeout >= 0:
+        problems.append(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    if args.forwarded_allow_ips is not None:
+        bad = TrustedHosts.problem(args.forwarded_allow_ips)
+        if bad:
+            problems.append(f"--forwarded-allow-ips {args.forwarded_allow_ips!r}: {bad}")
     return problems
 
 
@@ -273,8 +292,6 @@ def start_engine(args: argparse.Namespace) -> AsyncLLM | None:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    import uvicorn
-
     engine = start_engine(args)
     if engine is None:
         return 2
@@ -289,9 +306,9 @@ def run_server(args: argparse.Namespace) -> int:
         # /metrics on its own port as well (it stays on the main port too).
         start_http_server(args.metrics_port, addr=args.host or "0.0.0.0",
                           registry=app.state.metrics.registry)
-    uvicorn.run(app, host=args.host or "0.0.0.0", port=args.port,
-                log_level=args.uvicorn_log_level)
-    return 0
+    return serve(app, engine, host=args.host or "0.0.0.0", port=args.port,
+                 log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
+                 forwarded_allow_ips=args.forwarded_allow_ips)
 
 
 def main(argv: list[str] | None = None) -> int:

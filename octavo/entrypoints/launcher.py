@@ -1,0 +1,109 @@
+"""The serving loop of both API servers: uvicorn with a bounded, graceful shutdown.
+
+On SIGTERM or SIGINT the server stops listening (new connections are refused), answers 503 to
+any request that still arrives on an open connection, and lets in-flight requests finish for
+at most ``shutdown_timeout`` seconds. Then it shuts the engine down, which aborts what is left
+and fails each request's stream with EngineDeadError: the servers' streaming generators turn
+that into an in-band error (an OpenAI error event and ``data: [DONE]``, or an NDJSON error
+line), so every client sees its stream end cleanly. The process exits 0. A second signal
+skips the rest of the drain and ends the remaining streams the same way at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import uvicorn
+
+from octavo.engine.async_llm import AsyncLLM
+from octavo.entrypoints.openai.middleware import ForwardedForMiddleware
+from octavo.entrypoints.openai.protocol import error_body
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+# After the engine is shut down the streams need only to send their last event; past this the
+# leftover request tasks are cancelled (only a stuck client or engine thread gets there).
+_FINISH_TIMEOUT = 5.0
+_POLL = 0.05
+
+
+class DrainGate:
+    """503 (and ``Connection: close``) for every HTTP request once ``draining`` is set; the
+    listening socket is closed by then, so only a kept-alive connection can still bring one."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.draining = False
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.draining:
+            body = json.dumps(error_body(503, "the server is shutting down")).encode()
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+            return None
+        return await self.app(scope, receive, send)
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn.Server whose shutdown drains in-flight requests (bounded) and then ends them
+    through the engine, instead of cancelling their tasks mid-stream."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLM, gate: DrainGate,
+                 shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.gate = gate
+        self.shutdown_timeout = shutdown_timeout
+        self.forced = False
+
+    def handle_exit(self, sig, frame) -> None:
+        # Runs as a signal handler: set flags only; main_loop and the drain poll them. Unlike
+        # uvicorn's, the signal is not re-raised after shutdown, so the process exits 0.
+        if self.should_exit:
+            self.forced = True
+        self.should_exit = True
+        self.gate.draining = True
+
+    async def shutdown(self, sockets=None) -> None:
+        self.gate.draining = True
+        for server in getattr(self, "servers", []):
+            server.close()  # stop listening: new connections are refused from here on
+        for conn in list(self.server_state.connections):
+            conn.shutdown()  # idle keep-alive connections close; busy ones after the response
+        tasks = self.server_state.tasks
+        if tasks and not self.forced:
+            logger.info("draining %d request(s) for up to %.0f s (signal again to stop now)",
+                        len(tasks), self.shutdown_timeout)
+        deadline = time.monotonic() + self.shutdown_timeout
+        while tasks and not self.forced and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL)
+        if tasks:
+            logger.warning("ending %d unfinished request(s)", len(tasks))
+        # Also when nothing is in flight: later lifespan shutdown then finds the engine stopped.
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.shutdown)
+        deadline = time.monotonic() + _FINISH_TIMEOUT
+        while tasks and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL)
+        for task in list(tasks):
+            task.cancel()
+        await super().shutdown(sockets)
+
+
+def serve(app, engine: AsyncLLM, *, host: str, port: int, log_level: str = "info",
+          shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+          forwarded_allow_ips: str | None = None) -> int:
+    """Serve ``app`` (whose requests run on ``engine``) until a signal; 0 after a clean
+    shutdown."""
+    gate = DrainGate(ForwardedForMiddleware(app, forwarded_allow_ips))
+    # proxy_headers off: X-Forwarded-For is honoured only from --forwarded-allow-ips, by
+    # ForwardedForMiddleware (uvicorn's own default would trust 127.0.0.1).
+    config = uvicorn.Config(gate, host=host, port=port, log_level=log_level,
+                            proxy_headers=False, timeout_graceful_shutdown=_FINISH_TIMEOUT)
+    GracefulServer(config, engine, gate, shutdown_timeout).run()
+    return 0
