@@ -17,8 +17,17 @@ from octavo.engine.beam_runner import (
 from octavo.engine.llm_engine import LLMEngine
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.chat_utils import Conversation, apply_chat_template
+from octavo.errors import InvalidRequestError
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+
+
+def _with_prompt_index(error: ValueError, index: int) -> ValueError:
+    """The same error, its message prefixed with the prompt's index (the field it names is
+    kept, so callers can still tell which parameter was at fault)."""
+    if isinstance(error, InvalidRequestError):
+        return InvalidRequestError(error.param, f"prompt {index}: {error}")
+    return ValueError(f"prompt {index}: {error}")
 
 
 class LLM:
@@ -75,7 +84,7 @@ class LLM:
                 else:
                     engine.processor.process("validate", p, sp)
             except ValueError as e:
-                raise ValueError(f"prompt {i}: {e}") from None
+                raise _with_prompt_index(e, i) from None
         ids = []
         try:
             for i, (p, sp) in enumerate(zip(prompts, params)):
@@ -120,7 +129,7 @@ class LLM:
             try:
                 jobs.append(beams.job_for_beam_params(engine.next_request_id(), p, params))
             except ValueError as e:
-                raise ValueError(f"prompt {i}: {e}") from None
+                raise _with_prompt_index(e, i) from None
         try:
             for job in jobs:
                 beams.start(job)
