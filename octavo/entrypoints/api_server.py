@@ -28,6 +28,11 @@ from octavo.entrypoints.openai.api_server import (
     make_arg_parser,
     start_engine,
 )
+from octavo.entrypoints.openai.error_schema import (
+    dataclass_body_schema,
+    document_errors,
+    json_request_body,
+)
 from octavo.entrypoints.openai.middleware import AuthRateLimitMiddleware, BodyLimitMiddleware
 from octavo.entrypoints.openai.protocol import APIError, error_body
 from octavo.entrypoints.openai.serving_engine import (
@@ -101,6 +106,7 @@ def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
     app = FastAPI(title="Octavo simple API server", version=octavo.__version__,
                   lifespan=lifespan)
     app.state.engine = engine
+    document_errors(app, api_key=api_key is not None, rate_limit=rate_limit is not None)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -116,7 +122,8 @@ def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
             return _error(503, f"the engine is dead: {engine.dead_error!r}")
         return Response(status_code=200)
 
-    @app.post("/generate")
+    @app.post("/generate", openapi_extra=json_request_body(dataclass_body_schema(
+        SamplingParams, SAMPLING_FIELDS, {"prompt": (str, ...), "stream": (bool, False)})))
     async def generate(raw_request: Request):
         prompt, stream, params = parse_generate_request(await raw_request.body())
         serving.check_alive()
