@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import octavo
 from octavo.engine.async_llm import AsyncLLM, EngineDeadError
@@ -28,26 +29,26 @@ from octavo.entrypoints.openai.api_server import (
     make_arg_parser,
     start_engine,
 )
-from octavo.entrypoints.openai.error_schema import (
-    dataclass_body_schema,
-    document_errors,
-    json_request_body,
-)
 from octavo.entrypoints.openai.middleware import AuthRateLimitMiddleware, BodyLimitMiddleware
-from octavo.entrypoints.openai.protocol import APIError, error_body
+from octavo.entrypoints.openai.protocol import APIError, error_body, error_param
 from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,
+    ErrorGuardMiddleware,
     OpenAIServing,
     random_id,
+    stream_error,
 )
+from octavo.errors import RequestFailedError
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# SamplingParams fields a client may set (output_kind is the server's business).
+# SamplingParams fields a client may set: output_kind is the server's business, and
+# logits_processors are Python callables (offline LLM only).
+_SERVER_ONLY = frozenset({"output_kind", "logits_processors"})
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams)
-                            if f.init and f.name != "output_kind")
+                            if f.init and f.name not in _SERVER_ONLY)
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
@@ -59,8 +60,10 @@ def parse_generate_request(body: bytes) -> tuple[str, bool, SamplingParams]:
     APIError 400 naming the problem otherwise."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:  # ValueError: also an int of 5000 digits
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got "
                        f"{type(data).__name__}")
@@ -71,18 +74,26 @@ def parse_generate_request(body: bytes) -> tuple[str, bool, SamplingParams]:
     if not isinstance(prompt, str):
         raise APIError(400, f"prompt must be a string, got {type(prompt).__name__}",
                        param="prompt")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"prompt holds text that is not valid Unicode (a lone surrogate "
+                       f"at index {e.start})", param="prompt") from None
     stream = data.pop("stream", False)
     if not isinstance(stream, bool):
-        raise APIError(400, f"stream must be true or false, got {stream!r}", param="stream")
+        raise APIError(400, f"stream must be true or false, got {str(stream)[:40]!r}",
+                       param="stream")
     unknown = sorted(set(data) - SAMPLING_FIELDS)
     if unknown:
-        raise APIError(400, f"unknown field(s) {unknown}; accepted: prompt, stream, and the "
-                       f"SamplingParams fields {sorted(SAMPLING_FIELDS)}", param=unknown[0])
+        raise APIError(400, f"unknown field(s) {[u[:40] for u in unknown[:5]]}; accepted: "
+                       f"prompt, stream, and the SamplingParams fields "
+                       f"{sorted(SAMPLING_FIELDS)}", param=unknown[0][:40])
     try:
         params = SamplingParams(**data, output_kind=RequestOutputKind.CUMULATIVE)
-    except (ValueError, TypeError) as e:
-        first = str(e).split(" ", 1)[0].split("=", 1)[0]
-        raise APIError(400, str(e), param=first if first in SAMPLING_FIELDS else None) from None
+    except (ValueError, TypeError, OverflowError) as e:
+        param = error_param(e)
+        raise APIError(400, str(e), param=param if param in SAMPLING_FIELDS else None
+                       ) from None
     return prompt, stream, params
 
 
@@ -106,7 +117,6 @@ def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
     app = FastAPI(title="Octavo simple API server", version=octavo.__version__,
                   lifespan=lifespan)
     app.state.engine = engine
-    document_errors(app, api_key=api_key is not None, rate_limit=rate_limit is not None)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -116,29 +126,45 @@ def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
     async def _dead(request: Request, exc: EngineDeadError):
         return _error(503, str(exc))
 
+    @app.exception_handler(ValueError)
+    async def _value(request: Request, exc: ValueError):
+        return _error(400, str(exc), error_param(exc))
+
+    @app.exception_handler(RequestFailedError)
+    async def _failed(request: Request, exc: RequestFailedError):
+        return _error(500, f"the request failed in the engine: {exc}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return _error(exc.status_code, str(exc.detail))
+
     @app.get("/health")
     async def health():
         if engine.errored:
             return _error(503, f"the engine is dead: {engine.dead_error!r}")
         return Response(status_code=200)
 
-    @app.post("/generate", openapi_extra=json_request_body(dataclass_body_schema(
-        SamplingParams, SAMPLING_FIELDS, {"prompt": (str, ...), "stream": (bool, False)})))
+    @app.post("/generate")
     async def generate(raw_request: Request):
-        prompt, stream, params = parse_generate_request(await raw_request.body())
+        # Off the event loop: a big body's parameters, then tokenization and the engine's
+        # checks (the engine then receives token ids and never tokenizes).
+        body = await raw_request.body()
+        prompt, stream, params = await serving.offload.run(parse_generate_request, body)
         serving.check_alive()
-        await serving.validate([prompt], params)
-        results = serving.generate_all([prompt], params, random_id("generate"))
+        ready = await serving.prepare([prompt], params)
+        results = serving.generate_all(ready, params, random_id("generate"))
         if stream:
             return StreamingResponse(_stream(prompt, results),
                                      media_type="application/x-ndjson")
         finals = await serving.collect(results, raw_request)
         if finals is None:
             return Response(status_code=CLIENT_GONE_STATUS)
-        return JSONResponse({"text": _texts(prompt, finals[0])})
+        return await serving.json_response(lambda: {"text": _texts(prompt, finals[0])})
 
     app.add_middleware(AuthRateLimitMiddleware, api_key=api_key, rate_limit=rate_limit)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    # Outside everything: whatever escapes is a JSON 500, logged.
+    app.add_middleware(ErrorGuardMiddleware)
     return app
 
 
@@ -148,8 +174,7 @@ async def _stream(prompt: str,
         async for _, out in results:
             yield (json.dumps({"text": _texts(prompt, out)}) + "\n").encode()
     except Exception as e:  # noqa: BLE001 - the status is sent already: report in-band
-        status = 503 if isinstance(e, EngineDeadError) else 500
-        yield (json.dumps(error_body(status, str(e))) + "\n").encode()
+        yield (json.dumps(stream_error(e)) + "\n").encode()
     finally:
         await results.aclose()  # type: ignore[attr-defined]
 

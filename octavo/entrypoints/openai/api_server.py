@@ -20,7 +20,6 @@ import octavo
 from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.async_llm import AsyncLLM, EngineDeadError
 from octavo.entrypoints.launcher import DEFAULT_SHUTDOWN_TIMEOUT, serve
-from octavo.entrypoints.openai.error_schema import document_errors
 from octavo.entrypoints.openai.middleware import (
     AuthRateLimitMiddleware,
     BodyLimitMiddleware,
@@ -33,9 +32,16 @@ from octavo.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
     error_body,
+    error_param,
+    validation_error,
 )
 from octavo.entrypoints.openai.serving_chat import OpenAIServingChat
 from octavo.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from octavo.entrypoints.openai.serving_engine import (
+    DEFAULT_RENDER_TIMEOUT_S,
+    ErrorGuardMiddleware,
+)
+from octavo.errors import RequestFailedError
 from octavo.metrics.prometheus import PrometheusStatLogger
 
 logger = logging.getLogger(__name__)
@@ -51,6 +57,8 @@ class ServerSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     chat_template: str | None = None
     shutdown_engine: bool = True  # stop the engine loop when the app stops
+    # A chat template (the server's or a request's) must render within this many seconds.
+    chat_template_timeout: float = DEFAULT_RENDER_TIMEOUT_S
 
 
 def _error(status: int, message: str, param: str | None = None,
@@ -64,7 +72,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
     mc = engine.model_config
     names = list(s.served_model_names or [mc.served_model_name])
     completions = OpenAIServingCompletion(engine, names)
-    chat = OpenAIServingChat(engine, names, s.chat_template)
+    chat = OpenAIServingChat(engine, names, s.chat_template,
+                             render_timeout=s.chat_template_timeout)
     metrics = PrometheusStatLogger(engine.engine, names[0])
     engine.stat_loggers.append(metrics)
 
@@ -80,7 +89,6 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
                   lifespan=lifespan)
     app.state.engine = engine
     app.state.metrics = metrics
-    document_errors(app, api_key=s.api_key is not None, rate_limit=s.rate_limit is not None)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -88,12 +96,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        errs = exc.errors()
-        first = errs[0] if errs else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: "
-                        f"{e.get('msg')}" for e in errs)
-        return _error(400, msg or "invalid request", ".".join(loc) or None)
+        # OpenAI answers 400 (FastAPI would say 422), naming the top-level field.
+        return _error(400, *validation_error(list(exc.errors())))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -105,7 +109,11 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
 
     @app.exception_handler(ValueError)
     async def _value(request: Request, exc: ValueError):
-        return _error(400, str(exc))
+        return _error(400, str(exc), error_param(exc))
+
+    @app.exception_handler(RequestFailedError)
+    async def _failed(request: Request, exc: RequestFailedError):
+        return _error(500, f"the request failed in the engine: {exc}")
 
     @app.get("/health")
     async def health():
@@ -144,10 +152,14 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "send exactly one of prompt or messages", param="prompt")
         if req.messages is not None:
-            ids = chat.render(req.messages, None, req.add_generation_prompt)["prompt_token_ids"]
-        else:
-            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        return {"count": len(ids), "max_model_len": mc.max_model_len, "tokens": list(ids)}
+            ids = (await chat.render(req.messages, None, req.add_generation_prompt)
+                   )["prompt_token_ids"]
+        else:  # a large prompt tokenizes for seconds: on a worker, not the event loop
+            prompt, special = req.prompt, req.add_special_tokens
+            ids = await completions.offload.run(
+                lambda: tokenizer.encode(prompt, add_special_tokens=special))
+        return await completions.json_response(lambda: {
+            "count": len(ids), "max_model_len": mc.max_model_len, "tokens": list(ids)})
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
@@ -156,15 +168,22 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
         if tokenizer is None:
             raise APIError(400, "this server has no tokenizer")
         vocab = mc.hf_config.vocab_size
-        bad = [t for t in req.tokens if not 0 <= t < vocab]
-        if bad:
-            raise APIError(400, f"tokens holds {bad[0]}, not a token id in [0, {vocab})",
-                           param="tokens")
-        return {"prompt": tokenizer.decode(req.tokens)}
+        tokens = req.tokens
+
+        def decode() -> dict[str, str]:
+            bad = next((t for t in tokens if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise APIError(400, f"tokens holds {bad}, not a token id in [0, {vocab})",
+                               param="tokens")
+            return {"prompt": tokenizer.decode(tokens)}
+
+        return await completions.json_response(decode)
 
     # Outermost first: size limit, then key and rate limit.
     app.add_middleware(AuthRateLimitMiddleware, api_key=s.api_key, rate_limit=s.rate_limit)
     app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_body_bytes)
+    # Outside everything: whatever escapes is a JSON 500, logged.
+    app.add_middleware(ErrorGuardMiddleware)
     return app
 
 

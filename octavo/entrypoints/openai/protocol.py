@@ -1,19 +1,43 @@
-"""Request bodies of the OpenAI-compatible API (pydantic), and the OpenAI error shape."""
+"""Request bodies of the OpenAI-compatible API (pydantic), and the OpenAI error shape.
+
+Every field is strict: a boolean is not an integer or a token id, ``"yes"`` is not ``true``,
+``1.5`` is not an integer and ``"0.5"`` is not a number (float fields still take JSON
+integers). Integers are bounded here, so the OpenAPI schema says so and a 2**63 is a 400
+naming its field instead of an overflow deep in the engine; limits that depend on the model
+(vocabulary, ``max_logprobs``, ``max_n``, the context) are the engine processor's. Text
+must be encodable as UTF-8: a lone surrogate such as ``"\\ud800"`` is refused by name.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    field_validator,
+    model_validator,
+)
 
 from octavo.sampling_params import RequestOutputKind, SamplingParams
+
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Longest error message sent back: a message must never echo a megabyte prompt.
+MAX_ERROR_CHARS = 2000
 
 
 class APIError(Exception):
     """An error returned to the client as {"error": {message, type, param, code}}."""
 
     TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-             413: "RequestEntityTooLarge", 429: "RateLimitError", 503: "ServiceUnavailableError"}
+             413: "RequestEntityTooLarge", 429: "RateLimitError", 500: "InternalServerError",
+             503: "ServiceUnavailableError"}
 
     def __init__(self, status: int, message: str, param: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -27,13 +51,73 @@ class APIError(Exception):
         return error_body(self.status, self.message, self.param)
 
 
+def printable(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` safe to put in a response: lone surrogates (which UTF-8 cannot encode, so
+    they would make the response itself fail) become ``\\udXXX`` escapes, and it is cut to
+    ``limit`` characters."""
+    if len(text) > limit:
+        text = text[:limit] + "...(truncated)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": APIError.TYPES.get(status, "APIError"),
-                      "param": param, "code": status}}
+    return {"error": {"message": printable(str(message)),
+                      "type": APIError.TYPES.get(status, "APIError"),
+                      "param": None if param is None else printable(str(param), 200),
+                      "code": status}}
+
+
+def error_param(e: BaseException) -> str | None:
+    """The field an engine error names: ``InvalidRequestError.param`` (any ValueError that
+    carries a ``param``), else the leading ``field=...`` / ``field ...`` word of the message
+    when it is a SamplingParams field (the engine's older messages)."""
+    param = getattr(e, "param", None)
+    if isinstance(param, str):
+        return param
+    first = str(e).split(" ", 1)[0].split("=", 1)[0]
+    return first if first in SAMPLING_FIELD_NAMES else None
+
+
+SAMPLING_FIELD_NAMES = frozenset(SamplingParams.__dataclass_fields__)
+
+
+# ------------------------------------------------------------------ strict field types
+def _encodable(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text that is not valid Unicode (a lone surrogate at index "
+                         f"{e.start})") from None
+    return text
+
+
+def _all_encodable(value: Any, depth: int = 0) -> Any:
+    """Every string in a JSON value (keys too) encodable; for free-form parts of a message."""
+    if isinstance(value, str):
+        _encodable(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _all_encodable(k, depth + 1)
+            _all_encodable(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _all_encodable(v, depth + 1)
+    return value
+
+
+Text = Annotated[str, Strict(), AfterValidator(_encodable)]
+# JSON integers are welcome in float fields; booleans, strings, NaN and infinities are not.
+Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+Count = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
+NonNegInt = Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]
+# Ids are bounded by the vocabulary at the engine; int32 here keeps huge ones out.
+TokenId = Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]
+Int64 = Annotated[int, Strict(), Field(ge=INT64_MIN, le=INT64_MAX)]
+_DIGITS = re.compile(r"[0-9]{1,10}")
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _SamplingRequest(BaseModel):
@@ -41,36 +125,59 @@ class _SamplingRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = None
-    n: int = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
+    model: Text | None = None
+    n: Count = 1
+    # vLLM's extension: sample best_of, return the n most likely.
+    best_of: Count | None = None
+    temperature: Annotated[Float, Field(ge=0)] | None = None
+    top_p: Annotated[Float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Strict(), Field(ge=-1, le=INT32_MAX)] | None = None
+    min_p: Annotated[Float, Field(ge=0, le=1)] | None = None
+    # Any 64-bit seed, signed or not (vLLM's range).
+    seed: Annotated[int, Strict(), Field(ge=INT64_MIN, le=2**64 - 1)] | None = None
     # vLLM's extension: lower values are served first under --scheduling-policy priority.
-    priority: int = 0
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    stream: bool = False
+    priority: Int64 = 0
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    user: str | None = None
+    presence_penalty: Annotated[Float, Field(ge=-2, le=2)] = 0.0
+    frequency_penalty: Annotated[Float, Field(ge=-2, le=2)] = 0.0
+    repetition_penalty: Annotated[Float, Field(gt=0)] = 1.0
+    ignore_eos: StrictBool = False
+    min_tokens: NonNegInt = 0
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+    user: Text | None = None
+    # OpenAI's field: token id (a string of digits, JSON keys being strings) -> bias.
+    logit_bias: dict[Text, Annotated[Float, Field(ge=-100, le=100)]] | None = None
+    allowed_token_ids: list[TokenId] | None = None
+    bad_words: list[Text] | None = None
+    # Keep only the last k prompt tokens (-1: the model's maximum length).
+    truncate_prompt_tokens: Annotated[int, Strict(), Field(ge=-1, le=INT32_MAX)] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, bias: dict[str, float] | None) -> dict[int, float] | None:
+        if bias is None:
+            return None
+        out: dict[int, float] = {}
+        for key, value in bias.items():
+            if not _DIGITS.fullmatch(key):
+                raise ValueError(f"keys must be token ids written in decimal digits, got "
+                                 f"{key[:20]!r}")
+            out[int(key)] = value
+        return out
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         stream: bool) -> SamplingParams:
         """SamplingParams for this request; APIError 400 naming the field when invalid."""
         try:
             return self._sampling_params(max_tokens, logprobs, stream)
-        except ValueError as e:
-            first = str(e).split(" ", 1)[0].split("=", 1)[0]
-            param = first if first in type(self).model_fields else None
+        except (ValueError, TypeError, OverflowError) as e:
+            param = error_param(e)
+            if param is not None and param not in type(self).model_fields:
+                param = None
             raise APIError(400, str(e), param=param) from None
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
@@ -81,52 +188,62 @@ class _SamplingRequest(BaseModel):
             if value is not None:
                 kwargs[name] = value
         return SamplingParams(
-            **kwargs, n=self.n, max_tokens=max_tokens, seed=self.seed, stop=self.stop,
-            stop_token_ids=self.stop_token_ids, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
+            **kwargs, n=self.n, best_of=self.best_of, max_tokens=max_tokens, seed=self.seed,
+            stop=self.stop, stop_token_ids=self.stop_token_ids,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty, ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words, truncate_prompt_tokens=self.truncate_prompt_tokens,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0)
-    suffix: str | None = None
+    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    max_tokens: Count | None = 16
+    echo: StrictBool = False
+    logprobs: NonNegInt | None = None
+    suffix: Text | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    role: Text
+    content: Text | list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _encodable_parts(self) -> ChatMessage:
+        # Content parts and extra keys (name, tool_calls, ...) reach the chat template.
+        if isinstance(self.content, list):
+            _all_encodable(self.content)
+        _all_encodable(self.model_extra or {})
+        return self
 
 
 class ChatCompletionRequest(_SamplingRequest):
-    messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0)
-    chat_template: str | None = None
-    add_generation_prompt: bool = True
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
+    logprobs: StrictBool = False
+    top_logprobs: NonNegInt | None = None
+    chat_template: Text | None = None
+    add_generation_prompt: StrictBool = True
 
 
 class TokenizeRequest(BaseModel):
-    model: str | None = None
-    prompt: str | None = None
+    model: Text | None = None
+    prompt: Text | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool = True
 
 
 class DetokenizeRequest(BaseModel):
-    model: str | None = None
-    tokens: list[int]
+    model: Text | None = None
+    tokens: list[TokenId]
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -137,10 +254,52 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         if isinstance(content, list):
             texts = []
             for part in content:
-                if part.get("type") != "text":
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                     raise APIError(400, f"messages[{i}]: only text content parts are supported, "
-                                   f"got type={part.get('type')!r}", param="messages")
-                texts.append(str(part.get("text", "")))
+                                   f"got type={str(kind)[:40]!r}", param="messages")
+                text = part.get("text", "")
+                if not isinstance(text, str):
+                    raise APIError(400, f"messages[{i}]: a text part's text must be a string, "
+                                   f"got {type(text).__name__}", param="messages")
+                texts.append(text)
             content = "\n".join(texts)
         out.append({**(m.model_extra or {}), "role": m.role, "content": content or ""})
     return out
+
+
+# pydantic's names for the members of a union, in an error's location: not the client's.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[(]")
+
+
+def validation_error(errors: list[dict[str, Any]], shown: int = 5) -> tuple[str, str | None]:
+    """(message, param) for request validation errors: param is the top-level field of the
+    first error (what OpenAI's ``param`` names), the message lists the first few in full."""
+    parts: list[str] = []
+    param: str | None = None
+    seen: set[str] = set()
+    for e in errors:
+        loc = [p for p in e.get("loc", ()) if not (isinstance(p, str) and _UNION_TAG.search(p))]
+        if loc and loc[0] == "body":
+            loc = loc[1:]
+        if e.get("type") == "json_invalid":
+            parts.append(f"the request body is not valid JSON: {e.get('msg')}")
+            continue
+        if param is None and loc:
+            param = str(loc[0])
+        where = ".".join(str(p) for p in loc) or "body"
+        # A union reports every member that failed; its first member says enough.
+        if where in seen:
+            continue
+        seen.add(where)
+        if len(seen) > shown:
+            parts.append("and more")
+            break
+        got = e.get("input")
+        shown_input = ""
+        if isinstance(got, bool | int | float | str) and str(e.get("type", "")).endswith(
+                ("_type", "than", "than_equal", "finite_number", "parsing")):
+            text = repr(got)
+            shown_input = f", got {text if len(text) <= 40 else text[:40] + '...'}"
+        parts.append(f"{where}: {e.get('msg')}{shown_input}")
+    return "; ".join(parts) or "invalid request", param

@@ -5,15 +5,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from octavo.engine.async_llm import AsyncLLM
 from octavo.entrypoints.chat_utils import apply_chat_template
 from octavo.entrypoints.openai.protocol import APIError, ChatCompletionRequest, message_dicts
 from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,
+    DEFAULT_RENDER_TIMEOUT_S,
+    Offload,
     OpenAIServing,
+    RendersBusy,
     engine_error_chunk,
+    finite_logprob,
     now,
     random_id,
     sse,
@@ -22,35 +26,59 @@ from octavo.outputs import CompletionOutput, RequestOutput
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, served_model_names: list[str],
-                 chat_template: str | None = None) -> None:
-        super().__init__(engine, served_model_names)
-        self.chat_template = chat_template or engine.model_config.chat_template
+    prompt_field = "messages"
 
-    def render(self, messages, chat_template: str | None = None,
-               add_generation_prompt: bool = True) -> dict[str, Any]:
-        """Messages -> {"prompt", "prompt_token_ids"}; the template holds the special tokens."""
+    def __init__(self, engine: AsyncLLM, served_model_names: list[str],
+                 chat_template: str | None = None, offload: Offload | None = None,
+                 render_timeout: float = DEFAULT_RENDER_TIMEOUT_S) -> None:
+        super().__init__(engine, served_model_names, offload)
+        self.chat_template = chat_template or engine.model_config.chat_template
+        self.render_timeout = render_timeout
+
+    async def render(self, messages, chat_template: str | None = None,
+                     add_generation_prompt: bool = True) -> dict[str, Any]:
+        """Messages -> {"prompt", "prompt_token_ids"}; the template holds the special tokens.
+        The template renders on its own thread within ``render_timeout`` seconds (a template
+        is code, and a request may bring its own); the text is tokenized on a worker."""
         tokenizer = self.engine.get_tokenizer()
-        try:
-            text = apply_chat_template(tokenizer, message_dicts(messages),
+        # A template the request brought is at fault for its own errors; else the messages.
+        param = "chat_template" if chat_template else "messages"
+
+        def render_text() -> str:
+            return apply_chat_template(tokenizer, message_dicts(messages),
                                        chat_template or self.chat_template,
                                        add_generation_prompt)
+
+        try:
+            text = await self.offload.run_bounded(render_text, self.render_timeout)
+        except APIError:
+            raise
+        except TimeoutError:
+            raise APIError(400, f"the chat template did not render within "
+                           f"{self.render_timeout:g} s", param=param) from None
+        except RendersBusy:
+            raise APIError(503, "the server is busy rendering chat templates; retry later"
+                           ) from None
         except ValueError as e:
             raise APIError(400, str(e), param="messages") from None
         except Exception as e:  # noqa: BLE001 - template errors are the client's input
-            raise APIError(400, f"chat template failed: {e}", param="messages") from None
-        return {"prompt": text,
-                "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+            raise APIError(400, f"chat template failed: {e}", param=param) from None
+        ids = await self.offload.run(lambda: tokenizer.encode(text, add_special_tokens=False))
+        return {"prompt": text, "prompt_token_ids": list(ids)}
 
     async def create(self, req: ChatCompletionRequest, raw_request: Any | None = None):
         model = self.check_model(req.model)
         self.check_alive()
-        prompt = self.render(req.messages, req.chat_template, req.add_generation_prompt)
+        prompt = await self.render(req.messages, req.chat_template, req.add_generation_prompt)
         max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
                       else req.max_tokens)
         num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = req.sampling_params(max_tokens, num_logprobs, req.stream)
-        await self.validate([prompt], params)
+        # Engine fields under the names this request used for them.
+        aliases = {"logprobs": "top_logprobs"}
+        if req.max_completion_tokens is not None:
+            aliases["max_tokens"] = "max_completion_tokens"
+        prompt, = await self.prepare([prompt], params, aliases)
         request_id = random_id("chatcmpl")
         created = now()
         results = self.generate_all([prompt], params, request_id, req.priority)
@@ -65,19 +93,25 @@ class OpenAIServingChat(OpenAIServing):
         finals = await self.collect(results, raw_request)
         if finals is None:
             return Response(status_code=CLIENT_GONE_STATUS)
-        final = finals[0]
-        comps = sorted(final.outputs, key=lambda c: c.index)
-        p = len(final.prompt_token_ids or [])
-        c = sum(len(comp.token_ids) for comp in comps)
-        return JSONResponse({
-            "id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{
-                "index": comp.index, "message": {"role": "assistant", "content": comp.text},
-                "logprobs": (_logprobs(comp, tokenizer, top)
-                             if num_logprobs is not None else None),
-                "finish_reason": comp.finish_reason, "stop_reason": comp.stop_reason}
-                for comp in comps],
-            "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}})
+
+        def build() -> dict[str, Any]:
+            final = finals[0]
+            comps = sorted(final.outputs, key=lambda c: c.index)
+            p = len(final.prompt_token_ids or [])
+            c = sum(len(comp.token_ids) for comp in comps)
+            return {
+                "id": request_id, "object": "chat.completion", "created": created,
+                "model": model,
+                "choices": [{
+                    "index": comp.index,
+                    "message": {"role": "assistant", "content": comp.text},
+                    "logprobs": (_logprobs(comp, tokenizer, top)
+                                 if num_logprobs is not None else None),
+                    "finish_reason": comp.finish_reason, "stop_reason": comp.stop_reason}
+                    for comp in comps],
+                "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}
+
+        return await self.json_response(build)
 
     async def _stream(self, results: AsyncIterator[tuple[int, RequestOutput]], model: str,
                       request_id: str, created: int, tokenizer, want_logprobs: bool,
@@ -97,7 +131,9 @@ class OpenAIServingChat(OpenAIServing):
                 prompt_tokens = len(out.prompt_token_ids or [])
                 for comp in out.outputs:
                     completion_tokens += len(comp.token_ids)
-                    lp = _logprobs(comp, tokenizer, top) if want_logprobs else None
+                    # Decoding every top token: off the event loop.
+                    lp = (await self.offload.run(_logprobs, comp, tokenizer, top)
+                          if want_logprobs else None)
                     if comp.text or lp:
                         yield chunk(comp.index, {"content": comp.text}, logprobs=lp)
                     if comp.finish_reason is not None:
@@ -119,7 +155,8 @@ class OpenAIServingChat(OpenAIServing):
 def _logprobs(comp: CompletionOutput, tokenizer, top: int) -> dict[str, Any]:
     def entry(tid: int, logprob: float) -> dict[str, Any]:
         text = tokenizer.decode([tid]) if tokenizer is not None else str(tid)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return {"token": text, "logprob": finite_logprob(logprob),
+                "bytes": list(text.encode("utf-8", "backslashreplace"))}
 
     content = []
     for tid, pos in zip(comp.token_ids, comp.logprobs or []):

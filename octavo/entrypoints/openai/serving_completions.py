@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.openai.protocol import APIError, CompletionRequest
@@ -13,6 +13,7 @@ from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,
     OpenAIServing,
     engine_error_chunk,
+    finite_logprob,
     now,
     random_id,
     sse,
@@ -41,7 +42,7 @@ class OpenAIServingCompletion(OpenAIServing):
                            param="echo")
         prompts = _prompts(req.prompt)
         params = req.sampling_params(req.max_tokens, req.logprobs, req.stream)
-        await self.validate(prompts, params)
+        prompts = await self.prepare(prompts, params)
         request_id = random_id("cmpl")
         created = now()
         tokenizer = self.engine.get_tokenizer()
@@ -55,22 +56,26 @@ class OpenAIServingCompletion(OpenAIServing):
         finals = await self.collect(results, raw_request)
         if finals is None:
             return Response(status_code=CLIENT_GONE_STATUS)
-        choices, prompt_tokens, completion_tokens = [], 0, 0
-        for i in range(len(prompts)):
-            out = finals[i]
-            for comp in sorted(out.outputs, key=lambda c: c.index):
-                text = comp.text
-                if req.echo:
-                    text = _prompt_text(out, tokenizer) + text
-                choices.append(_choice(i * req.n + comp.index, text, comp, tokenizer,
-                                       req.logprobs))
-                completion_tokens += len(comp.token_ids)
-            prompt_tokens += len(out.prompt_token_ids or [])
-        return JSONResponse({
-            "id": request_id, "object": "text_completion", "created": created, "model": model,
-            "choices": choices,
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}})
+
+        def build() -> dict[str, Any]:
+            choices, prompt_tokens, completion_tokens = [], 0, 0
+            for i in range(len(prompts)):
+                out = finals[i]
+                for comp in sorted(out.outputs, key=lambda c: c.index):
+                    text = comp.text
+                    if req.echo:
+                        text = _prompt_text(out, tokenizer) + text
+                    choices.append(_choice(i * req.n + comp.index, text, comp, tokenizer,
+                                           req.logprobs))
+                    completion_tokens += len(comp.token_ids)
+                prompt_tokens += len(out.prompt_token_ids or [])
+            return {
+                "id": request_id, "object": "text_completion", "created": created,
+                "model": model, "choices": choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "total_tokens": prompt_tokens + completion_tokens}}
+
+        return await self.json_response(build)
 
     async def _stream(self, results: AsyncIterator[tuple[int, RequestOutput]],
                       req: CompletionRequest, model: str, request_id: str, created: int,
@@ -92,7 +97,11 @@ class OpenAIServingCompletion(OpenAIServing):
                         echoed.add(index)
                     completion_tokens += len(comp.token_ids)
                     offset = offsets.get(index, 0)
-                    choice = _choice(index, text, comp, tokenizer, req.logprobs, offset)
+                    if req.logprobs is None:
+                        choice = _choice(index, text, comp, tokenizer, None, offset)
+                    else:  # decoding every top token: off the event loop
+                        choice = await self.offload.run(_choice, index, text, comp, tokenizer,
+                                                        req.logprobs, offset)
                     offsets[index] = offset + len(text)
                     yield sse({"id": request_id, "object": "text_completion",
                                "created": created, "model": model, "choices": [choice]})
@@ -132,8 +141,8 @@ def _logprobs(comp: CompletionOutput, tokenizer, offset: int) -> dict[str, Any]:
     for tid, entry in zip(comp.token_ids, comp.logprobs or []):
         t = tok(tid)
         tokens.append(t)
-        token_logprobs.append(entry[tid].logprob if tid in entry else None)
-        top.append({tok(k): v.logprob for k, v in entry.items()})
+        token_logprobs.append(finite_logprob(entry[tid].logprob) if tid in entry else None)
+        top.append({tok(k): finite_logprob(v.logprob) for k, v in entry.items()})
         offsets.append(offset)
         offset += len(t)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
