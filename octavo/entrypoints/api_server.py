@@ -29,6 +29,11 @@ from octavo.entrypoints.openai.api_server import (
     make_arg_parser,
     start_engine,
 )
+from octavo.entrypoints.openai.error_schema import (
+    dataclass_body_schema,
+    document_errors,
+    json_request_body,
+)
 from octavo.entrypoints.openai.middleware import AuthRateLimitMiddleware, BodyLimitMiddleware
 from octavo.entrypoints.openai.protocol import APIError, error_body, error_param
 from octavo.entrypoints.openai.serving_engine import (
@@ -117,6 +122,7 @@ def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
     app = FastAPI(title="Octavo simple API server", version=octavo.__version__,
                   lifespan=lifespan)
     app.state.engine = engine
+    document_errors(app, api_key=api_key is not None, rate_limit=rate_limit is not None)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -144,7 +150,8 @@ def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
             return _error(503, f"the engine is dead: {engine.dead_error!r}")
         return Response(status_code=200)
 
-    @app.post("/generate")
+    @app.post("/generate", openapi_extra=json_request_body(dataclass_body_schema(
+        SamplingParams, SAMPLING_FIELDS, {"prompt": (str, ...), "stream": (bool, False)})))
     async def generate(raw_request: Request):
         # Off the event loop: a big body's parameters, then tokenization and the engine's
         # checks (the engine then receives token ids and never tokenizes).

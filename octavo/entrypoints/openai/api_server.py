@@ -20,6 +20,7 @@ import octavo
 from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.async_llm import AsyncLLM, EngineDeadError
 from octavo.entrypoints.launcher import DEFAULT_SHUTDOWN_TIMEOUT, serve
+from octavo.entrypoints.openai.error_schema import document_errors
 from octavo.entrypoints.openai.middleware import (
     AuthRateLimitMiddleware,
     BodyLimitMiddleware,
@@ -89,6 +90,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
                   lifespan=lifespan)
     app.state.engine = engine
     app.state.metrics = metrics
+    document_errors(app, api_key=s.api_key is not None, rate_limit=s.rate_limit is not None)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
