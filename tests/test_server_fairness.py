@@ -45,7 +45,10 @@ def test_one_token_request_is_served_while_n_5000_runs(server):
     scheduler = lambda: engine.engine.scheduler  # noqa: E731 - replaced on a restart
 
     async def main() -> tuple[float, dict]:
-        async with httpx.AsyncClient(base_url=srv.base_url, timeout=300) as client:
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=600) as client:
+            # Warm up first (a first step may build the CPU kernels): not part of the test.
+            warm = await client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 1})
+            assert warm.status_code == 200, warm.text
             big = asyncio.ensure_future(client.post("/v1/completions", json={
                 "prompt": [1, 7, 9, 11], "n": N, "max_tokens": 16, "ignore_eos": True,
                 "temperature": 1.0}))
