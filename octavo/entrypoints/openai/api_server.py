@@ -233,6 +233,12 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
                    help="also serve Prometheus /metrics on this port")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-logprobs", type=int, default=20,
+                   help="most logprobs / top_logprobs / prompt_logprobs per position a request "
+                   "may ask for (vLLM's flag; -1: no cap)")
+    p.add_argument("--max-n", type=int, default=None,
+                   help="most samples (n, best_of) per request; default and upper bound: "
+                   "--max-num-seqs")
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--block-size", type=int, default=16)
@@ -285,6 +291,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         scheduling_policy=args.scheduling_policy,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
+        max_logprobs=args.max_logprobs, max_n=args.max_n,
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
 
 
