@@ -7,6 +7,10 @@ and fails each request's stream with EngineDeadError: the servers' streaming gen
 that into an in-band error (an OpenAI error event and ``data: [DONE]``, or an NDJSON error
 line), so every client sees its stream end cleanly. The process exits 0. A second signal
 skips the rest of the drain and ends the remaining streams the same way at once.
+
+If the engine dies of a fault it cannot recover from (see AsyncLLM's restarts), the server
+shuts down the same way and the process exits 1, so a supervisor restarts it: never a live
+process in front of a dead engine.
 """
 
 from __future__ import annotations
@@ -61,6 +65,16 @@ class GracefulServer(uvicorn.Server):
         self.gate = gate
         self.shutdown_timeout = shutdown_timeout
         self.forced = False
+        self.fatal: BaseException | None = None
+        engine.fatal_callbacks.append(self.on_engine_fatal)
+
+    def on_engine_fatal(self, error: BaseException) -> None:
+        """The engine died (called on its thread): stop serving, at once, with exit code 1."""
+        logger.critical("the engine died (%s); shutting the server down", error)
+        self.fatal = error
+        self.forced = True  # nothing in flight can finish on a dead engine
+        self.should_exit = True
+        self.gate.draining = True
 
     def handle_exit(self, sig, frame) -> None:
         # Runs as a signal handler: set flags only; main_loop and the drain poll them. Unlike
@@ -98,12 +112,13 @@ class GracefulServer(uvicorn.Server):
 def serve(app, engine: AsyncLLM, *, host: str, port: int, log_level: str = "info",
           shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
           forwarded_allow_ips: str | None = None) -> int:
-    """Serve ``app`` (whose requests run on ``engine``) until a signal; 0 after a clean
-    shutdown."""
+    """Serve ``app`` (whose requests run on ``engine``) until a signal (returns 0 after a
+    clean shutdown) or the engine's death (returns 1)."""
     gate = DrainGate(ForwardedForMiddleware(app, forwarded_allow_ips))
     # proxy_headers off: X-Forwarded-For is honoured only from --forwarded-allow-ips, by
     # ForwardedForMiddleware (uvicorn's own default would trust 127.0.0.1).
     config = uvicorn.Config(gate, host=host, port=port, log_level=log_level,
                             proxy_headers=False, timeout_graceful_shutdown=_FINISH_TIMEOUT)
-    GracefulServer(config, engine, gate, shutdown_timeout).run()
-    return 0
+    server = GracefulServer(config, engine, gate, shutdown_timeout)
+    server.run()
+    return 1 if server.fatal is not None else 0

@@ -10,6 +10,7 @@ caller keeps its torch code.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -19,6 +20,11 @@ import time
 from types import ModuleType
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: torch's file lock alone
+    fcntl = None
 
 from octavo import envs
 
@@ -58,6 +64,29 @@ def build_name() -> str:
     return "octavo_cpu_ops_" + digest.hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def _build_lock(build_dir: str | None):
+    """Serialize builds with an OS lock that dies with its holder. torch's own lock is a
+    file that a killed builder leaves behind, and every later process then waits on it
+    forever; holding this lock proves no live Octavo process is building, so such a file is
+    stale and removed."""
+    if build_dir is None or fcntl is None:
+        yield
+        return
+    os.makedirs(build_dir, exist_ok=True)
+    with open(os.path.join(build_dir, "octavo_build.flock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            stale = os.path.join(build_dir, "lock")
+            if os.path.exists(stale):
+                logger.warning("removing a stale kernel build lock left by a killed process: "
+                               "%s", stale)
+                os.remove(stale)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _build() -> ModuleType:
     from torch.utils import cpp_extension
 
@@ -71,14 +100,15 @@ def _build() -> ModuleType:
         logger.info("compiling Octavo's CPU kernels (once per source version, about a "
                     "minute) into %s", build_dir or "torch's extensions cache")
     start = time.perf_counter()
-    module = cpp_extension.load(
-        name=name,
-        sources=[os.path.join(_DIR, s) for s in SOURCES],
-        extra_cflags=list(CFLAGS),
-        extra_ldflags=list(LDFLAGS),
-        build_directory=build_dir,
-        verbose=False,
-    )
+    with _build_lock(build_dir):
+        module = cpp_extension.load(
+            name=name,
+            sources=[os.path.join(_DIR, s) for s in SOURCES],
+            extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
+            build_directory=build_dir,
+            verbose=False,
+        )
     if fresh:
         logger.debug("CPU kernels built in %.1f s", time.perf_counter() - start)
     return module
