@@ -42,11 +42,8 @@ ERROR_DESCRIPTIONS = {
     429: "Too many requests (--rate-limit) or failed authentications from this address; "
          "the Retry-After header says when to retry",
     500: "An internal error",
-    503: "The engine is dead or the server is shutting down",
+    503: "The engine is dead, the server is busy, or it is shutting down (draining)",
 }
-
-# Routes that reach the engine's state and answer 503 when it is gone.
-ENGINE_PATHS = frozenset({"/health", "/v1/completions", "/v1/chat/completions", "/generate"})
 
 # One server-sent event (OpenAPI 3.1: the event-stream ``schema`` describes each event).
 _SSE_EVENT = {"schema": {
@@ -74,7 +71,9 @@ _REF = "#/components/schemas/"
 def error_statuses(method: str, path: str, operation: dict[str, Any], schema: dict[str, Any],
                    api_key: bool, rate_limit: bool) -> list[int]:
     """The error statuses one operation can answer with this server's settings."""
-    statuses = [500]
+    # 500: the error guard's JSON answer to anything unhandled. 503: a dead engine, a busy
+    # chat-template pool, or (any route) a server draining after SIGTERM (launcher.py).
+    statuses = [500, 503]
     has_body = "requestBody" in operation
     if has_body:
         statuses.append(400)
@@ -87,8 +86,6 @@ def error_statuses(method: str, path: str, operation: dict[str, Any], schema: di
             statuses.append(429)
     if has_body and "model" in _body_properties(operation, schema):
         statuses.append(404)
-    if path in ENGINE_PATHS:
-        statuses.append(503)
     return sorted(statuses)
 
 
