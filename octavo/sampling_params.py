@@ -14,6 +14,14 @@ from enum import Enum, IntEnum
 from typing import Any
 
 from octavo.errors import InvalidRequestError
+from octavo.structured_output.params import (
+    GuidedDecodingParams,
+    StructuredOutputsParams,
+    as_structured_outputs,
+)
+
+__all__ = ["BeamSearchParams", "GuidedDecodingParams", "RequestOutputKind", "SamplingParams",
+           "SamplingType", "StructuredOutputsParams"]
 
 # Temperatures below this are treated as greedy decoding.
 _SAMPLING_EPS = 1e-5
@@ -21,6 +29,9 @@ _SAMPLING_EPS = 1e-5
 # tensor or a C long somewhere, so anything wider is refused here, not overflowed later.
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
+# Values that travel in float32 tensors (temperature, logit_bias) must fit one: past this
+# they would become inf there.
+FLOAT32_MAX = 3.4e38
 # top_k travels as an int32 on some kernels; a larger value means "the whole vocabulary".
 TOP_K_MAX = 2**31 - 1
 
@@ -62,8 +73,9 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "...(truncated)"
 
 
-def _as_float(name: str, value: Any) -> float:
-    """Return `value` as a finite float or raise an error naming the field."""
+def _as_float(name: str, value: Any, limit: float | None = None) -> float:
+    """Return `value` as a finite float (of magnitude at most ``limit``) or raise an error
+    naming the field."""
     if not _is_number(value):
         raise _fail(name, f"{name} must be a number, got {_short(value)}")
     try:
@@ -72,6 +84,8 @@ def _as_float(name: str, value: Any) -> float:
         raise _fail(name, f"{name} is out of range, got {_short(value)}") from None
     if not math.isfinite(value):
         raise _fail(name, f"{name} must be finite, got {value!r}")
+    if limit is not None and abs(value) > limit:
+        raise _fail(name, f"{name} must be within [-{limit:g}, {limit:g}], got {value!r}")
     return value
 
 
@@ -176,6 +190,10 @@ class SamplingParams:
     # row (a 1-D float32 tensor of the vocabulary's logits) before sampling. One that raises
     # ends its own request with an error; the rest of the batch goes on.
     logits_processors: list[Any] | None = None
+    # Constrain the output to a JSON schema / regex / choice / grammar (octavo.structured_output).
+    # vLLM's newer name and its older one; either may be given, both then hold the same object.
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: GuidedDecodingParams | None = None
 
     # Filled by update_from_generation_config(); not constructor arguments.
     eos_token_id: int | None = field(default=None, init=False, repr=False, compare=False)
@@ -211,14 +229,15 @@ class SamplingParams:
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise _fail("frequency_penalty",
                         f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        self.repetition_penalty = _as_float("repetition_penalty", self.repetition_penalty)
+        self.repetition_penalty = _as_float("repetition_penalty", self.repetition_penalty,
+                                            FLOAT32_MAX)
         if self.repetition_penalty <= 0.0:
             raise _fail("repetition_penalty",
                 f"repetition_penalty must be greater than zero, got {self.repetition_penalty}"
             )
 
         # -- distribution shaping
-        self.temperature = _as_float("temperature", self.temperature)
+        self.temperature = _as_float("temperature", self.temperature, FLOAT32_MAX)
         if self.temperature < 0.0:
             raise _fail("temperature",
                         f"temperature must be non-negative, got {self.temperature}")
@@ -325,11 +344,29 @@ class SamplingParams:
             raise _fail("temperature", f"temperature must be 0 when use_beam_search=True, "
                         f"got {self.temperature}")
 
+        # -- structured outputs
+        self._verify_structured_outputs()
+
         # -- greedy: the shaping knobs are meaningless, make them neutral
         if self.temperature < _SAMPLING_EPS:
             self.top_p = 1.0
             self.top_k = 0
             self.min_p = 0.0
+
+    def _verify_structured_outputs(self) -> None:
+        so, gd = self.structured_outputs, self.guided_decoding
+        if so is not None:
+            so = as_structured_outputs("structured_outputs", so)
+        if gd is not None:
+            gd = as_structured_outputs("guided_decoding", gd)
+        if so is not None and gd is not None and so is not gd and so != gd:
+            raise _fail("structured_outputs", "give structured_outputs or guided_decoding "
+                        "(its older name), not both")
+        so = so if so is not None else gd
+        self.structured_outputs = self.guided_decoding = so
+        if so is not None and self.use_beam_search:
+            raise _fail("structured_outputs", "structured outputs are not supported with "
+                        "use_beam_search=True")
 
     @staticmethod
     def _normalise_logit_bias(bias: Any) -> dict[int, float]:
@@ -350,7 +387,7 @@ class SamplingParams:
             if not _is_number(value):
                 raise _fail("logit_bias", f"logit_bias[{_short(key)}] must be a number, got "
                             f"{_short(value)}")
-            out[tok] = _as_float("logit_bias", value)
+            out[tok] = _as_float("logit_bias", value, FLOAT32_MAX)
         return out
 
     # ------------------------------------------------------------------ derived

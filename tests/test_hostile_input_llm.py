@@ -75,6 +75,15 @@ def test_logit_bias_values(llm):
     _refused(llm, "logit_bias", logit_bias={5: float("inf")})
     _refused(llm, "logit_bias", logit_bias={5: "high"})
     _refused(llm, "logit_bias", logit_bias={5: 10**400})
+    _refused(llm, "logit_bias", logit_bias={5: 1e39})
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", 1e300), ("temperature", 10**400), ("repetition_penalty", 1e300),
+    ("top_p", 10**400), ("length_penalty", float("nan")), ("min_p", -1e300)])
+def test_out_of_range_floats(llm, field, value):
+    # 1e300 would become inf in the float32 sampling buffers mid-step.
+    _refused(llm, field, **{field: value})
 
 
 def test_out_of_vocabulary_ids_in_every_id_field(llm, vocab):
