@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from octavo.engine.arg_utils import EngineArgs
+from octavo.engine.beam_runner import BeamSearchRunner, request_output
 from octavo.engine.llm_engine import LLMEngine, StepStats
 from octavo.engine.processor import PromptType
 from octavo.errors import RequestFailedError
@@ -76,6 +77,9 @@ class AsyncLLM:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}  # engine thread only
+        # use_beam_search requests: rounds of one-token requests (beam_runner.py) that the
+        # engine thread submits as each round ends; engine thread only.
+        self._beams = BeamSearchRunner(engine)
         self._dead: BaseException | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -146,7 +150,11 @@ class AsyncLLM:
         self._submit(lambda engine: self._abort_now(request_id))
 
     def _abort_now(self, request_id: str) -> None:
-        if self._streams.pop(request_id, None) is not None or request_id in self.engine.states:
+        if self._beams.has_job(request_id):
+            self._streams.pop(request_id, None)
+            self._beams.abort_job(request_id)
+        elif self._streams.pop(request_id, None) is not None or \
+                request_id in self.engine.states:
             self.engine.abort_request(request_id)
 
     # ------------------------------------------------------------------ requests
@@ -157,6 +165,11 @@ class AsyncLLM:
         Invalid prompts or parameters raise ValueError before anything is yielded. If the
         consumer stops iterating early (closes the generator, or is cancelled), the request is
         aborted and its KV blocks return to the pool.
+
+        ``use_beam_search=True`` runs a beam search (width ``best_of or n``) on the engine
+        thread, as rounds of one-token requests interleaved with everyone else's; its one
+        output is the final RequestOutput with the ``n`` best beams, best first, whatever
+        the ``output_kind``.
         """
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         delta = sampling_params.output_kind == RequestOutputKind.DELTA
@@ -165,7 +178,12 @@ class AsyncLLM:
         def add(engine: LLMEngine) -> None:
             if request_id in self._streams:
                 raise ValueError(f"request_id {request_id!r} is already in use")
-            engine.add_request(request_id, prompt, sampling_params, priority=priority)
+            if sampling_params.use_beam_search:
+                job = self._beams.job_for_sampling(request_id, prompt, sampling_params,
+                                                   priority)
+                self._beams.start(job)
+            else:
+                engine.add_request(request_id, prompt, sampling_params, priority=priority)
             self._streams[request_id] = stream
 
         try:
@@ -218,6 +236,7 @@ class AsyncLLM:
             self._run_fatal_callbacks(e)
             return
         ids = list(engine.states)
+        self._beams.forget()  # their rounds are among ids
         if ids:  # shutdown: nothing may keep KV blocks
             engine.abort_request(ids)
         self._die(EngineDeadError("the engine was shut down"))
@@ -233,6 +252,7 @@ class AsyncLLM:
         for stream in self._streams.values():
             self._put(stream, failure)
         self._streams.clear()
+        self._beams.forget()  # the engine dropped their rounds
         now = time.monotonic()
         self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
         if len(self._restarts) > MAX_RESTARTS:
@@ -266,6 +286,9 @@ class AsyncLLM:
         now = time.monotonic()
         finished: list[FinishedRequestStats] = []
         for out in outputs:
+            if self._beams.owns(out.request_id):
+                self._beam_round(out, now, finished)
+                continue
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
@@ -302,6 +325,36 @@ class AsyncLLM:
                 sl.record(stats, new_preempt, finished)
             except Exception:  # a metrics bug must not kill serving
                 logger.exception("stat logger %r failed", sl)
+
+    def _beam_round(self, out: RequestOutput, now: float,
+                    finished: list[FinishedRequestStats]) -> None:
+        """One round request of a beam search answered: the search advances (its next round
+        is queued) or ends, and then its stream gets the final output."""
+        job_id = self._beams.job_of(out.request_id).request_id
+        try:
+            if out.error is not None:
+                raise RequestFailedError(job_id, out.error)
+            job = self._beams.consume(out)
+            if job is None:
+                return
+            result = request_output(job, self.engine.get_tokenizer())
+        except Exception as e:  # noqa: BLE001 - this search alone fails
+            self._beams.abort_job(job_id)
+            stream = self._streams.pop(job_id, None)
+            if stream is not None:
+                finished.append(FinishedRequestStats("error", now - stream.arrival, None))
+                self._put(stream, e if isinstance(e, RequestFailedError)
+                          else RequestFailedError(job_id, f"beam search failed: {e}"))
+            return
+        stream = self._streams.pop(job_id, None)
+        if stream is None:  # aborted meanwhile
+            return
+        # The client sees no token before the end: no time to first token to report.
+        finished.append(FinishedRequestStats(
+            finish_reason=result.outputs[0].finish_reason or "stop",
+            e2e_seconds=now - stream.arrival, ttft_seconds=None,
+            num_output_tokens=max((len(c.token_ids) for c in result.outputs), default=0)))
+        self._put(stream, result)
 
     @staticmethod
     def _put(stream: _Stream, item: Any) -> None:

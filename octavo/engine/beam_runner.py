@@ -26,6 +26,7 @@ from octavo.beam_search import BeamSearchOutput, BeamSearchSequence
 from octavo.engine.beam_search import Beam, BeamSearch, BeamSearchConfig
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.engine.processor import PromptType
+from octavo.errors import InvalidRequestError
 from octavo.outputs import CompletionOutput, Logprob, RequestOutput
 from octavo.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -57,31 +58,76 @@ class BeamJob:
     num_cached_tokens: int | None = None  # prompt tokens the first round found cached
 
 
+def check_beam_params(params: SamplingParams) -> None:
+    """The SamplingParams fields a ``use_beam_search=True`` request may not set
+    (InvalidRequestError naming the first one set)."""
+    for name, unused in _UNSUPPORTED_WITH_BEAMS:
+        if getattr(params, name) != unused:
+            raise InvalidRequestError(name, f"{name}={getattr(params, name)!r} is not "
+                                      "supported with use_beam_search=True")
+
+
+def _sampling_config(params: SamplingParams, max_tokens: int,
+                     eos_token_ids: tuple[int, ...]) -> BeamSearchConfig:
+    eos = frozenset() if params.ignore_eos else frozenset(eos_token_ids)
+    stop_ids = frozenset(params.stop_token_ids) - eos
+    return BeamSearchConfig(
+        width=params.best_of or params.n, max_tokens=max_tokens,
+        length_penalty=params.length_penalty, early_stopping=params.early_stopping,
+        finish_token_ids=eos | stop_ids, stop_token_ids=stop_ids)
+
+
+def _check_candidates(engine: LLMEngine, config: BeamSearchConfig, width_field: str) -> None:
+    """Each round asks the engine for ``num_candidates`` logprobs per beam: refuse up front
+    (naming the width) a search whose rounds the processor's max_logprobs cap would refuse
+    midway."""
+    processor = engine.processor
+    limit = processor.max_logprobs
+    need = min(config.num_candidates, processor.vocab_size)
+    if limit != -1 and need > limit:
+        raise InvalidRequestError(
+            width_field, f"{width_field}={config.width} needs the {need} most likely next "
+            f"tokens of every beam per step, more than max_logprobs={limit} (raise "
+            "max_logprobs or narrow the beam)")
+
+
+def validation_params(engine: LLMEngine, params: SamplingParams) -> SamplingParams:
+    """What ``engine``'s processor should check for a request: for beam search, its own
+    refusals raised here (InvalidRequestError naming the field) and the search flag cleared
+    (the processor refuses beam search, which runs above it), so a server can validate a
+    beam request on a worker thread before queueing anything. Other requests' params are
+    returned as they are. Reads only immutable engine state: safe off the engine thread."""
+    if not params.use_beam_search:
+        return params
+    check_beam_params(params)
+    _check_candidates(engine, _sampling_config(params, 1, engine.config.model_config
+                                               .eos_token_ids),
+                      "best_of" if params.best_of else "n")
+    checked = params.clone()
+    checked.use_beam_search = False
+    return checked
+
+
 class BeamSearchRunner:
     """Submits each job's rounds to the engine and folds the answers back in. Drive it by
     passing every output of ``engine.step()`` whose id it `owns` to `consume`."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._owner: dict[str, BeamJob] = {}
+        self._owner: dict[str, BeamJob] = {}  # round request id -> its job
+        self._jobs: dict[str, BeamJob] = {}  # live jobs by request id
 
     # ------------------------------------------------------------------ building jobs
     def job_for_sampling(self, request_id: str, prompt: PromptType, params: SamplingParams,
                          priority: int = 0) -> BeamJob:
         """Validate a ``use_beam_search=True`` request (ValueError naming the field) and build
         its job; nothing is submitted yet."""
-        for name, unused in _UNSUPPORTED_WITH_BEAMS:
-            if getattr(params, name) != unused:
-                raise ValueError(f"{name}={getattr(params, name)!r} is not supported with "
-                                 "use_beam_search=True")
+        check_beam_params(params)
         ids, text, room = self._prompt(prompt, params.truncate_prompt_tokens)
-        eos = set() if params.ignore_eos else set(self._eos_ids())
-        stop_ids = frozenset(params.stop_token_ids) - eos
-        config = BeamSearchConfig(
-            width=params.best_of or params.n,
-            max_tokens=room if params.max_tokens is None else min(params.max_tokens, room),
-            length_penalty=params.length_penalty, early_stopping=params.early_stopping,
-            finish_token_ids=frozenset(eos) | stop_ids, stop_token_ids=stop_ids)
+        config = _sampling_config(
+            params, room if params.max_tokens is None else min(params.max_tokens, room),
+            self._eos_ids())
+        _check_candidates(self.engine, config, "best_of" if params.best_of else "n")
         return self._job(request_id, ids, text, config, params.logprobs or 0, params,
                          params, priority)
 
@@ -92,6 +138,7 @@ class BeamSearchRunner:
             width=params.beam_width, max_tokens=min(params.max_tokens, room),
             length_penalty=params.length_penalty,
             finish_token_ids=frozenset() if params.ignore_eos else frozenset(self._eos_ids()))
+        _check_candidates(self.engine, config, "beam_width")
         text_params = SamplingParams(
             include_stop_str_in_output=params.include_stop_str_in_output)
         return self._job(request_id, ids, text, config, 0, text_params, params, 0)
@@ -116,9 +163,34 @@ class BeamSearchRunner:
     # ------------------------------------------------------------------ running
     def start(self, job: BeamJob) -> None:
         self._submit(job)
+        self._jobs[job.request_id] = job
 
     def owns(self, request_id: str) -> bool:
         return request_id in self._owner
+
+    def job_of(self, round_id: str) -> BeamJob:
+        """The job a round request (one that `owns` is true for) belongs to."""
+        return self._owner[round_id]
+
+    def has_job(self, request_id: str) -> bool:
+        return request_id in self._jobs
+
+    def abort_job(self, request_id: str) -> None:
+        """End one search: its round requests leave the engine (their KV blocks are freed).
+        A no-op for an unknown or finished job."""
+        job = self._jobs.pop(request_id, None)
+        if job is None:
+            return
+        for rid in job.pending:
+            self._owner.pop(rid, None)
+        ids, job.pending = list(job.pending), {}
+        self.engine.abort_request(ids)
+
+    def forget(self) -> None:
+        """Drop every job without touching the engine (it has dropped their requests
+        already, as after a restart or at shutdown)."""
+        self._owner.clear()
+        self._jobs.clear()
 
     @property
     def num_pending(self) -> int:
@@ -139,13 +211,14 @@ class BeamSearchRunner:
             return None
         job.search.advance(job.steps)  # type: ignore[arg-type]
         if job.search.done:
+            self._jobs.pop(job.request_id, None)
             return job
         self._submit(job)
         return None
 
     def abort(self) -> None:
         ids = list(self._owner)
-        self._owner.clear()
+        self.forget()
         self.engine.abort_request(ids)
 
     def _submit(self, job: BeamJob) -> None:

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import octavo
 from octavo.engine.async_llm import AsyncLLM, EngineDeadError
+from octavo.engine.beam_runner import validation_params
 from octavo.entrypoints.openai.api_server import (
     DEFAULT_MAX_BODY_BYTES,
     make_arg_parser,
@@ -158,7 +159,8 @@ def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
         body = await raw_request.body()
         prompt, stream, params = await serving.offload.run(parse_generate_request, body)
         serving.check_alive()
-        ready = await serving.prepare([prompt], params)
+        # Beam search runs above the engine: the processor checks the rest of it.
+        ready = await serving.prepare([prompt], validation_params(serving.engine.engine, params))
         results = serving.generate_all(ready, params, random_id("generate"))
         if stream:
             return StreamingResponse(_stream(prompt, results),

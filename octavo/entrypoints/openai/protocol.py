@@ -10,8 +10,9 @@ must be encodable as UTF-8: a lone surrogate such as ``"\\ud800"`` is refused by
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -206,6 +207,21 @@ class CompletionRequest(_SamplingRequest):
     echo: StrictBool = False
     logprobs: NonNegInt | None = None
     suffix: Text | None = None
+    # vLLM's beam search extras: a search of width best_of (default n) returning the n best
+    # beams. Beams are ranked by the raw logprobs, so temperature and the other sampling
+    # knobs are ignored (as in vLLM); streamed, the beams arrive in one final chunk.
+    use_beam_search: StrictBool = False
+    length_penalty: Float = 1.0
+    early_stopping: StrictBool | Literal["never"] = False
+
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                         stream: bool) -> SamplingParams:
+        params = super()._sampling_params(max_tokens, logprobs, stream)
+        beam: dict[str, Any] = {"temperature": 0.0} if self.use_beam_search else {}
+        # replace() validates again, with the beam fields this time.
+        return dataclasses.replace(params, **beam, use_beam_search=self.use_beam_search,
+                                   length_penalty=self.length_penalty,
+                                   early_stopping=self.early_stopping)
 
 
 class ChatMessage(BaseModel):

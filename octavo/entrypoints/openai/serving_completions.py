@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
 
+from octavo.engine.beam_runner import validation_params
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.openai.protocol import APIError, CompletionRequest
 from octavo.entrypoints.openai.serving_engine import (
@@ -42,7 +43,8 @@ class OpenAIServingCompletion(OpenAIServing):
                            param="echo")
         prompts = _prompts(req.prompt)
         params = req.sampling_params(req.max_tokens, req.logprobs, req.stream)
-        prompts = await self.prepare(prompts, params)
+        # Beam search runs above the engine: the processor checks the rest of it.
+        prompts = await self.prepare(prompts, validation_params(self.engine.engine, params))
         request_id = random_id("cmpl")
         created = now()
         tokenizer = self.engine.get_tokenizer()
