@@ -45,10 +45,12 @@ def load_linear_param(param: torch.Tensor, loaded: torch.Tensor, *, tp_rank: int
     """
     layout = param_layout(param)
     target = param.data
+    if shard is not None and layout.output_dim is None:
+        # A tensor without output features (GPTQ's g_idx) is one for all merged parts: each
+        # part's checkpoint copy is the whole of it.
+        shard = None
     if shard is not None:
         dim = layout.output_dim
-        if dim is None:
-            raise ValueError("a merged part needs a parameter with an output dim")
         offset = layout.stored(dim, shard.offset, "output features (offset)")
         size = layout.stored(dim, shard.size, "output features")
         if loaded.shape[dim] < (shard.rank + 1) * size:

@@ -13,6 +13,8 @@ from octavo.quantization.base import QuantizationConfig
 
 _BUILTIN = {
     "unquantized": "octavo.quantization.unquantized:UnquantizedConfig",
+    "gptq": "octavo.quantization.gptq:GPTQConfig",
+    "awq": "octavo.quantization.awq:AWQConfig",
 }
 _CLASSES: dict[str, type[QuantizationConfig]] = {}
 

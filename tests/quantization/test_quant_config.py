@@ -95,8 +95,8 @@ def test_checkpoint_method_is_detected(fake_int8):
 
 
 def test_unsupported_checkpoint_method_is_an_error_naming_it():
-    with pytest.raises(ValueError, match=r"quant_method='awq'.*config.json.*known"):
-        resolve_quantization(None, _ckpt("awq", bits=4), None)
+    with pytest.raises(ValueError, match=r"quant_method='hqq'.*config.json.*known"):
+        resolve_quantization(None, _ckpt("hqq", bits=4), None)
 
 
 def test_method_not_matching_checkpoint_is_an_error(fake_int8):
@@ -110,5 +110,7 @@ def test_method_not_matching_checkpoint_is_an_error(fake_int8):
 def test_quantize_config_json_declares_gptq(tmp_path):
     with open(os.path.join(tmp_path, "quantize_config.json"), "w") as f:
         json.dump({"bits": 4, "group_size": 128, "desc_act": False}, f)
-    with pytest.raises(ValueError, match=r"quant_method='gptq'.*quantize_config.json"):
-        resolve_quantization(None, PLAIN, str(tmp_path))
+    assert resolve_quantization(None, PLAIN, str(tmp_path)) == "gptq"
+    with pytest.raises(ValueError, match=r"quantization='awq' does not match.*'gptq'.*"
+                                         r"quantize_config.json"):
+        resolve_quantization("awq", PLAIN, str(tmp_path))

@@ -1,0 +1,185 @@
+"""Weight-only integer GEMM: ``y = x @ dequant(W)`` for 4-bit (W4A16) and 8-bit (W8A16) weights
+with per-group scales and zero points, dequantized inside the main loop.
+
+One packed layout serves every checkpoint format (GPTQ, AWQ, ...): the quantization methods
+repack into it once at load. The layout:
+
+- ``qweight`` int32 [K / pack, N], ``pack = 32 // bits`` values per int32 packed along K in
+  natural order: input row ``k`` sits in ``qweight[k // pack, n]`` at bits
+  ``(k % pack) * bits``. Packing along K keeps the N dimension contiguous, so a tile's loads are
+  coalesced along N like a plain row-major [K, N] weight.
+- ``scales`` and ``zeros`` float [K / group, N]: ``W[k, n] = (q[k, n] - zeros[g, n]) *
+  scales[g, n]`` with ``g = k // group``. Zeros are kept as floats holding integers (exact) so
+  that GPTQ's "zeros minus one" convention can store 16 for a 4-bit weight.
+
+Act-order (GPTQ desc_act) is not handled here: the method permutes the rows of K at load so
+that groups are contiguous, and permutes the activations' columns through a stored index.
+
+``w4a16_gemm_ref`` (dequantize, then matmul) is the reference the kernel is tested against and
+the path used where Triton cannot run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
+
+SUPPORTED_BITS = (4, 8)
+
+
+def pack_factor(bits: int) -> int:
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"the integer GEMM holds {SUPPORTED_BITS}-bit weights, not {bits}")
+    return 32 // bits
+
+
+def pack_along_k(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Integer values [K, N] (0 <= q < 2**bits) -> the kernel's int32 [K / pack, N]."""
+    pack = pack_factor(bits)
+    k, n = q.shape
+    if k % pack:
+        raise ValueError(f"K={k} is not divisible by the pack factor {pack}")
+    q = q.to(torch.int64).reshape(k // pack, pack, n)
+    shifts = (torch.arange(pack, device=q.device, dtype=torch.int64) * bits).view(1, pack, 1)
+    packed = (q << shifts).sum(dim=1)  # disjoint bit ranges: the sum is the bitwise or
+    # Values >= 2**31 wrap to negative int32: the bit pattern is what matters.
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def unpack_along_k(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """The kernel's int32 [K / pack, N] -> integer values [K, N] (int32)."""
+    pack = pack_factor(bits)
+    shifts = (torch.arange(pack, device=packed.device, dtype=torch.int32) * bits).view(1, pack, 1)
+    q = (packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)
+    return q.reshape(-1, packed.shape[1])
+
+
+def dequantize_ref(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                   group_size: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """The float weight [K, N] (computed in float32, rounded once to ``dtype``)."""
+    q = unpack_along_k(qweight, bits).to(torch.float32)
+    s = scales.to(torch.float32).repeat_interleave(group_size, dim=0)
+    z = zeros.to(torch.float32).repeat_interleave(group_size, dim=0)
+    return ((q - z) * s).to(dtype)
+
+
+def w4a16_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                   zeros: torch.Tensor, group_size: int, bits: int = 4) -> torch.Tensor:
+    """``x [.., K] @ dequant(W) [K, N]``: dequantize to x's dtype, then matmul."""
+    w = dequantize_ref(qweight, scales, zeros, group_size, bits, x.dtype)
+    return x @ w
+
+
+@triton.jit
+def _int_weight_gemm_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr,
+    M, N, K, K_PER_SPLIT,
+    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn,
+    stride_zg, stride_zn, stride_os, stride_om, stride_on,
+    GROUP: tl.constexpr, BITS: tl.constexpr, FP32_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # Grid (M tiles, N tiles, K splits). BLOCK_K divides GROUP, so one K tile lies in one group
+    # and needs one row of scales and zeros.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    PACK: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                    mask=m_mask[:, None], other=0.0)
+        # Each int32 serves PACK consecutive rows of the tile (the repeats hit the cache).
+        packed = tl.load(qw_ptr + (offs_k[:, None] // PACK) * stride_qk
+                         + offs_n[None, :] * stride_qn, mask=n_mask[None, :], other=0)
+        # >> is arithmetic on int32: the mask drops the sign bits of the top value.
+        q = (packed >> ((offs_k[:, None] % PACK) * BITS)) & MASK
+        g = k0 // GROUP
+        s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask, other=0.0)
+        z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=n_mask, other=0.0)
+        w = (q.to(tl.float32) - z.to(tl.float32)[None, :]) * s.to(tl.float32)[None, :]
+        if FP32_DOT:
+            acc += tl.dot(a, w, input_precision="ieee")
+        else:
+            acc += tl.dot(a, w.to(a.dtype))
+    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def _block_k(group_size: int, k: int) -> int:
+    """The largest K tile that divides both the group and K (a tile must not straddle groups)."""
+    for bk in (128, 64, 32, 16):
+        if group_size % bk == 0 and k % bk == 0:
+            return bk
+    raise ValueError(f"the integer GEMM needs group_size ({group_size}) and K ({k}) divisible "
+                     "by 16")
+
+
+def kernel_supports(k: int, group_size: int, bits: int) -> bool:
+    """Whether ``w4a16_gemm`` can run this shape (else use the reference)."""
+    return bits in SUPPORTED_BITS and group_size % 16 == 0 and k % 16 == 0 \
+        and k % group_size == 0
+
+
+def _split_k(m_tiles: int, n_tiles: int, k_tiles: int, device: torch.device) -> int:
+    """Enough K splits that small-M launches still fill the GPU (two waves of programs)."""
+    want = 2 * num_compute_units(device)
+    return max(1, min(k_tiles, want // max(1, m_tiles * n_tiles), 16))
+
+
+def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+               zeros: torch.Tensor, group_size: int, bits: int = 4,
+               split_k: int | None = None) -> torch.Tensor:
+    """``x [.., K] @ dequant(W) [K, N]`` in x's dtype (float32 accumulation).
+
+    ``group_size``: K for one group per column. ``split_k``: K splits (None: chosen here; more
+    than one for decode-sized M, whose few output tiles would leave most of the GPU idle).
+    """
+    require_triton("w4a16_gemm")
+    shape = x.shape
+    k = shape[-1]
+    n = qweight.shape[1]
+    pack = pack_factor(bits)
+    assert qweight.shape[0] * pack == k, (qweight.shape, k, bits)
+    assert scales.shape == zeros.shape == (k // group_size, n), (scales.shape, zeros.shape)
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if m == 0:
+        return x.new_empty(*shape[:-1], n)
+    block_k = _block_k(group_size, k)
+    small = m <= 16
+    block_m = 16 if small else (32 if m <= 32 else 64)
+    block_n = 64 if small else 128
+    m_tiles, n_tiles, k_tiles = triton.cdiv(m, block_m), triton.cdiv(n, block_n), k // block_k
+    if split_k is None:
+        split_k = _split_k(m_tiles, n_tiles, k_tiles, x.device) if small else 1
+    split_k = max(1, min(split_k, k_tiles))
+    k_per_split = triton.cdiv(k_tiles, split_k) * block_k
+    split_k = triton.cdiv(k, k_per_split)  # no empty splits
+    if split_k == 1:
+        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+        partial = out.unsqueeze(0)
+    else:
+        # Partial sums in float32, reduced below: deterministic, unlike atomic adds.
+        partial = torch.empty(split_k, m, n, device=x.device, dtype=torch.float32)
+    _int_weight_gemm_kernel[(m_tiles, n_tiles, split_k)](
+        x2, qweight, scales, zeros, partial,
+        m, n, k, k_per_split,
+        x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1),
+        scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        GROUP=group_size, BITS=bits, FP32_DOT=x.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4, num_stages=3 if small else 2,
+    )  # fmt: skip
+    out = partial[0] if split_k == 1 else partial.sum(dim=0).to(x.dtype)
+    return out.view(*shape[:-1], n)

@@ -1,0 +1,136 @@
+"""What the integer weight-only formats (GPTQ, AWQ) share once their own packing is undone:
+integer weights [in, out], integer zeros and float scales per group, maybe an act-order
+group index, turned at load into what runs.
+
+- On CUDA (with Triton, 4 or 8 bits): the fused kernel's layout (``octavo.kernels.w4a16_gemm``),
+  act-order rows sorted once so that groups are contiguous, the activations permuted through a
+  stored index at each call.
+- Elsewhere: the float weight [out, in], dequantized once with the group index, which the layer
+  may pack for oneDNN (``dense_weight``). Correct, not small: the CPU issue makes it lean.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octavo.kernels import w4a16_gemm as kern
+from octavo.kernels.triton_utils import HAS_TRITON
+from octavo.quantization.base import LinearMethod
+
+logger = logging.getLogger(__name__)
+
+
+def unpack_int32(packed: torch.Tensor, bits: int, dim: int,
+                 order: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Values of ``packed`` (int32, ``32 // bits`` per entry along ``dim``) as int32, the
+    unpacked dim ``pack`` times longer. Value ``i`` of an entry sits at bits ``i * bits``;
+    ``order[i]`` says which of the entry's ``pack`` features it is (natural order if None)."""
+    pack = 32 // bits
+    moved = packed.movedim(dim, -1)
+    shifts = torch.arange(pack, device=packed.device, dtype=torch.int32) * bits
+    vals = (moved.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., entries, pack]
+    if order is not None:
+        # vals[..., i] is feature order[i] of its entry: place it there.
+        inverse = torch.empty(pack, dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(pack)
+        vals = vals[..., inverse.to(packed.device)]
+    return vals.flatten(-2).movedim(-1, dim)
+
+
+def check_divisible(prefix: str, what: str, value: int, by: int, why: str) -> None:
+    if value % by:
+        raise ValueError(f"layer {prefix!r}: {what} = {value} is not divisible by {why} "
+                         f"({by}); this quantization cannot hold the layer")
+
+
+def use_kernel(device: torch.device, k: int, group_size: int, bits: int) -> bool:
+    return (device.type == "cuda" and HAS_TRITON
+            and kern.kernel_supports(k, group_size, bits))
+
+
+class IntWeightLinearMethod(LinearMethod):
+    """Base of the GPTQ and AWQ methods: subclasses create the checkpoint's parameters and
+    implement ``unpack(layer)``; this class turns the result into what ``apply`` runs."""
+
+    def __init__(self, bits: int, group_size: int) -> None:
+        self.bits = bits
+        self.group_size = group_size  # -1: one group over all input features
+
+    def unpack(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                 torch.Tensor | None]:
+        """(q int [in, out], zeros int [groups, out], scales float [groups, out], group index
+        int [in] or None when row k is in group k // group_size)."""
+        raise NotImplementedError
+
+    def checkpoint_params(self) -> tuple[str, ...]:
+        """The parameters ``create_weights`` registered, dropped once repacked."""
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        q, zeros, scales, g_idx = self.unpack(layer)
+        k = q.shape[0]
+        group = self.group_size if self.group_size != -1 else k
+        if g_idx is not None:
+            g_idx = g_idx.to(torch.long)
+            if g_idx.numel() and (g_idx.min() < 0 or g_idx.max() >= scales.shape[0]):
+                raise ValueError(f"layer {layer.prefix!r}: g_idx holds groups outside "
+                                 f"0..{scales.shape[0] - 1}")
+        for name in self.checkpoint_params():
+            delattr(layer, name)
+        layer.kernel_group = None
+        if use_kernel(q.device, k, group, self.bits):
+            kernel = self._kernel_layout(q, zeros, scales, g_idx, group)
+            if kernel is not None:
+                for name, t in zip(("qweight_kernel", "scales_kernel", "zeros_kernel",
+                                    "act_perm"), kernel):
+                    layer.register_buffer(name, t, persistent=False)
+                layer.kernel_group = group
+                return
+            logger.warning("layer %r: act-order groups are not contiguous blocks of %d rows "
+                           "after sorting; it runs on a dequantized float weight", layer.prefix,
+                           group)
+        if g_idx is None:
+            g_idx = torch.arange(k, device=q.device) // group
+        w = (q.to(torch.float32) - zeros.to(torch.float32)[g_idx]) * \
+            scales.to(torch.float32)[g_idx]
+        layer.register_buffer("dequantized_weight", w.t().contiguous().to(self.params_dtype),
+                              persistent=False)
+
+    def _kernel_layout(self, q, zeros, scales, g_idx, group):
+        """(qweight, scales, zeros, act permutation or None) in the kernel's layout, or None
+        when act-order groups cannot be made contiguous."""
+        perm = None
+        if g_idx is not None:
+            trivial = torch.arange(q.shape[0], device=q.device) // group
+            if not torch.equal(g_idx, trivial):
+                # Sort rows by group once; the activations follow through ``perm`` per call.
+                perm = torch.argsort(g_idx, stable=True)
+                q, g_idx = q[perm], g_idx[perm]
+                if torch.equal(perm, torch.arange(len(perm), device=perm.device)):
+                    perm = None  # already in order (a tensor-parallel shard's global groups)
+                blocks = g_idx.view(-1, group)
+                if not bool((blocks == blocks[:, :1]).all()):
+                    return None
+            # A tensor-parallel shard's g_idx names global groups: keep its groups only.
+            rows = g_idx[::group]
+            zeros, scales = zeros[rows], scales[rows]
+        # Zeros become floats (exact integers): the kernel subtracts them in float32.
+        return (kern.pack_along_k(q, self.bits), scales.contiguous(),
+                zeros.to(scales.dtype).contiguous(), perm)
+
+    def apply(self, layer, x, bias):
+        if layer.kernel_group is None:
+            w = layer.dequantized_weight
+            return F.linear(x, w if w.dtype == x.dtype else w.to(x.dtype), bias)
+        if layer.act_perm is not None:
+            x = x.index_select(-1, layer.act_perm)
+        y = kern.w4a16_gemm(x, layer.qweight_kernel, layer.scales_kernel, layer.zeros_kernel,
+                            layer.kernel_group, self.bits)
+        return y if bias is None else y + bias
+
+    def dense_weight(self, layer):
+        return getattr(layer, "dequantized_weight", None)
