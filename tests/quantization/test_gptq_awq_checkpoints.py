@@ -1,0 +1,132 @@
+"""Tiny random Llama / Qwen2 checkpoints quantized to GPTQ and AWQ by the test packer load in
+Octavo with the method detected from the checkpoint, and generate the same greedy tokens as the
+same model with the dequantized float weights loaded unquantized (float32, token-exact)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zlib
+
+import pytest
+import torch
+
+from octavo import LLM, SamplingParams
+from tests.quantization.packers import awq_tensors, gptq_tensors, quantize
+from tests.tiny_models import COMMON, make_checkpoint
+
+_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Projections reading the same input share GPTQ's act order (it comes from their inputs).
+_SAME_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+PROMPTS = [{"prompt_token_ids": [(7 * i + 3 * n) % COMMON["vocab_size"] for i in range(n)]}
+           for n in (1, 6, 13)]
+
+CASES = {
+    # name: family, quantization_config, where it is declared
+    "gptq4-v1-actorder-qwen2": ("qwen2", {
+        "quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True, "sym": False,
+        "checkpoint_format": "gptq", "lm_head": False}, "config.json"),
+    "gptq8-v2-llama": ("llama", {
+        "bits": 8, "group_size": 64, "desc_act": False, "sym": True,
+        "checkpoint_format": "gptq_v2"}, "quantize_config.json"),
+    "awq-g32-qwen2": ("qwen2", {
+        "quant_method": "awq", "version": "gemm", "bits": 4, "group_size": 32,
+        "zero_point": True, "modules_to_not_convert": None}, "config.json"),
+}
+
+
+def _quantize_state(state: dict, qcfg: dict) -> tuple[dict, dict]:
+    """(dense state with the dequantized weights, quantized state)."""
+    dense, quant = {}, {}
+    awq = qcfg.get("quant_method") == "awq"
+    for name, t in state.items():
+        module = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
+        if module not in _LINEARS:
+            dense[name] = quant[name] = t
+            continue
+        stem = name[: -len("weight")]
+        seed_name = stem.replace(module, _SAME_INPUT.get(module, module))
+        qz = quantize(t, qcfg["bits"], qcfg["group_size"], qcfg["sym"] if not awq else False,
+                      act_order=qcfg.get("desc_act", False), seed=zlib.crc32(seed_name.encode()))
+        if qcfg.get("checkpoint_format", "gptq") == "gptq" and not awq:
+            assert (qz.zeros > 0).all(), "GPTQ v1 cannot store a zero of 0"
+        dense[name] = qz.dequantize()
+        tensors = awq_tensors(qz) if awq else gptq_tensors(qz, qcfg["bits"],
+                                                             qcfg["checkpoint_format"])
+        for suffix, value in tensors.items():
+            quant[stem + suffix] = value
+    return dense, quant
+
+
+def _write_pair(src: str, root: str, qcfg: dict, declared_in: str) -> tuple[str, str]:
+    from safetensors.torch import load_file, save_file
+
+    state = {}
+    for name in os.listdir(src):
+        if name.endswith(".safetensors"):
+            state.update(load_file(os.path.join(src, name)))
+    torch.manual_seed(0)
+    dense, quant = _quantize_state(state, qcfg)
+    out = []
+    for sub, tensors in (("dense", dense), ("quant", quant)):
+        folder = os.path.join(root, sub)
+        os.makedirs(folder)
+        for name in os.listdir(src):
+            if not name.endswith(".safetensors"):
+                shutil.copy(os.path.join(src, name), folder)
+        save_file(tensors, os.path.join(folder, "model.safetensors"))
+        out.append(folder)
+    if declared_in == "config.json":
+        path = os.path.join(out[1], "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["quantization_config"] = qcfg
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+    else:
+        with open(os.path.join(out[1], "quantize_config.json"), "w") as f:
+            json.dump(qcfg, f)
+    return out[0], out[1]
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, tmp_path_factory):
+    family, qcfg, declared_in = CASES[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    src = make_checkpoint(family, str(root / "src"))
+    return request.param, *_write_pair(src, str(root), qcfg, declared_in)
+
+
+def _llm(model: str, **kwargs) -> LLM:
+    return LLM(model=model, dtype="float32", skip_tokenizer_init=True, max_model_len=64,
+               **kwargs)
+
+
+def _greedy(llm: LLM) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+def _methods(llm: LLM) -> set[str]:
+    model = llm.llm_engine.executor.worker.runner.model
+    return {type(m.quant_method).__name__ for m in model.modules() if hasattr(m, "quant_method")}
+
+
+def test_checkpoint_loads_detected_and_matches_dequantized_twin(pair):
+    name, dense, quant = pair
+    expect = _greedy(_llm(dense))
+    llm = _llm(quant)
+    assert _methods(llm) == {"AWQLinearMethod" if name.startswith("awq")
+                             else "GPTQLinearMethod"}
+    assert _greedy(llm) == expect
+
+
+def test_wrong_quantization_for_the_checkpoint_is_an_error(pair):
+    name, dense, quant = pair
+    declared, wrong = ("awq", "gptq") if name.startswith("awq") else ("gptq", "awq")
+    with pytest.raises(ValueError, match=rf"quantization='{wrong}' does not match the "
+                                         rf"checkpoint, which declares quant_method='{declared}'"):
+        _llm(quant, quantization=wrong)
+    with pytest.raises(ValueError, match=rf"quantization='{wrong}' needs an? "):
+        _llm(dense, quantization=wrong)
