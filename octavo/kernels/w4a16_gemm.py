@@ -94,15 +94,19 @@ def _int_weight_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    shifts = tl.arange(0, PACK) * BITS
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                     mask=m_mask[:, None], other=0.0)
-        # Each int32 serves PACK consecutive rows of the tile (the repeats hit the cache).
-        packed = tl.load(qw_ptr + (offs_k[:, None] // PACK) * stride_qk
-                         + offs_n[None, :] * stride_qn, mask=n_mask[None, :], other=0)
+        # Each packed int32 is loaded once and spread over its PACK rows: row r * PACK + j
+        # of the tile is value j of packed row r, so [rows, PACK, N] reshapes to [K, N].
+        offs_p = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+        packed = tl.load(qw_ptr + offs_p[:, None] * stride_qk + offs_n[None, :] * stride_qn,
+                         mask=n_mask[None, :], other=0)
         # >> is arithmetic on int32: the mask drops the sign bits of the top value.
-        q = (packed >> ((offs_k[:, None] % PACK) * BITS)) & MASK
+        q = (packed[:, None, :] >> shifts[None, :, None]) & MASK
+        q = tl.reshape(q, (BLOCK_K, BLOCK_N))
         g = k0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask, other=0.0)
         z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=n_mask, other=0.0)

@@ -1,0 +1,142 @@
+"""The Triton weight-only integer GEMM (W4A16 / W8A16) against its dequantize-then-matmul
+reference: small shapes through the interpreter on the CPU, real shapes on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from octavo.kernels.w4a16_gemm import (  # noqa: E402
+    dequantize_ref,
+    pack_along_k,
+    unpack_along_k,
+    w4a16_gemm,
+    w4a16_gemm_ref,
+)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _weights(k: int, n: int, group: int, bits: int, device=DEVICE, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 2**bits, (k, n), generator=g)
+    groups = k // group
+    scales = (torch.rand(groups, n, generator=g) * 0.02 + 0.001).half()
+    # Zeros up to 2**bits: GPTQ v1 checkpoints can hold one past the largest value.
+    zeros = torch.randint(0, 2**bits + 1, (groups, n), generator=g).half()
+    return (pack_along_k(q, bits).to(device), scales.to(device), zeros.to(device), q)
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_round_trip(bits):
+    q = torch.randint(0, 2**bits, (64, 5))
+    packed = pack_along_k(q, bits)
+    assert packed.dtype == torch.int32 and packed.shape == (64 * bits // 32, 5)
+    assert torch.equal(unpack_along_k(packed, bits), q.to(torch.int32))
+
+
+def test_reference_dequantizes_per_group():
+    q = torch.tensor([[3], [5], [7], [9]] * 8)  # K = 32, N = 1, two groups of 16
+    scales = torch.tensor([[0.5], [2.0]]).half()
+    zeros = torch.tensor([[4.0], [8.0]]).half()
+    w = dequantize_ref(pack_along_k(q, 4), scales, zeros, 16, 4, torch.float32)
+    expect = torch.cat([(q[:16] - 4) * 0.5, (q[16:] - 8) * 2.0]).float()
+    assert torch.equal(w, expect)
+
+
+SMALL = [  # m, k, n, group, bits
+    (1, 64, 32, 32, 4),
+    (3, 128, 64, 64, 4),
+    (17, 256, 128, 32, 4),
+    (3, 128, 32, 128, 4),  # one group over all of K (group_size -1)
+    (1, 128, 64, 32, 8),
+    (17, 64, 32, 64, 8),
+]
+
+
+@pytest.mark.parametrize("m,k,n,group,bits", SMALL)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernel_matches_reference(m, k, n, group, bits, dtype):
+    qweight, scales, zeros, _ = _weights(k, n, group, bits)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    out = w4a16_gemm(x, qweight, scales, zeros, group, bits)
+    ref = w4a16_gemm_ref(x, qweight, scales, zeros, group, bits)
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert _rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 3, 8])
+def test_split_k_matches(split_k):
+    qweight, scales, zeros, _ = _weights(256, 64, 32, 4)
+    x = torch.randn(3, 256, device=DEVICE)
+    out = w4a16_gemm(x, qweight, scales, zeros, 32, 4, split_k=split_k)
+    ref = w4a16_gemm_ref(x, qweight, scales, zeros, 32, 4)
+    assert _rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_leading_dims(dtype):
+    if dtype == torch.bfloat16 and DEVICE.type == "cpu":
+        # Triton 3.9's interpreter gets bf16 tl.dot wrong (a plain 16x16 bf16 dot is off by
+        # ~1e10 here): bf16 is checked on the GPU only.
+        pytest.skip("bf16 tl.dot is wrong in Triton's CPU interpreter")
+    qweight, scales, zeros, _ = _weights(64, 32, 32, 4)
+    x = torch.randn(2, 3, 64, device=DEVICE).to(dtype)
+    out = w4a16_gemm(x, qweight, scales, zeros, 32, 4)
+    assert out.shape == (2, 3, 32) and out.dtype == dtype
+    assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, 32, 4)) < 2e-2
+
+
+def test_empty_batch():
+    qweight, scales, zeros, _ = _weights(64, 32, 32, 4)
+    out = w4a16_gemm(torch.empty(0, 64, device=DEVICE), qweight, scales, zeros, 32, 4)
+    assert out.shape == (0, 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 16, 256])
+def test_kernel_real_shapes_gpu(m, dtype, bits):
+    k = n = 4096
+    qweight, scales, zeros, _ = _weights(k, n, 128, bits, device=torch.device("cuda"))
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    out = w4a16_gemm(x, qweight, scales, zeros, 128, bits)
+    ref = w4a16_gemm_ref(x, qweight, scales, zeros, 128, bits)
+    assert _rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+def test_kernel_speed_gpu(bits):
+    """Not a target check: prints the kernel's time against a bf16 cuBLAS GEMM at Llama-8B's
+    square projection (run with -s to see it)."""
+    k = n = 4096
+    qweight, scales, zeros, _ = _weights(k, n, 128, bits, device=torch.device("cuda"))
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+
+    def bench(fn, iters=50):
+        for _ in range(5):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / iters * 1e3  # microseconds
+
+    for m in (1, 16, 64, 256):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        t_q = bench(lambda x=x: w4a16_gemm(x, qweight, scales, zeros, 128, bits))
+        t_d = bench(lambda x=x: x @ w)
+        print(f"W{bits}A16 g128 M={m} K=N=4096: {t_q:.1f} us vs bf16 {t_d:.1f} us "
+              f"({t_d / t_q:.2f}x)")
