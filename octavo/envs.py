@@ -22,6 +22,13 @@ def cpu_keep_heap() -> bool:
     return _flag("OCTAVO_CPU_KEEP_HEAP", True)
 
 
+def sample_kernel() -> bool:
+    """OCTAVO_SAMPLE_KERNEL (default on): on CUDA, temperature sampling in one Triton pass
+    over the logits (octavo/kernels/sample_race.py) when no row needs top-k / top-p / min-p,
+    logprobs or logits processing; off, the torch sampler runs every step."""
+    return _flag("OCTAVO_SAMPLE_KERNEL", True)
+
+
 def cpu_kernels() -> bool:
     """OCTAVO_CPU_KERNELS (default on): fused C++ CPU ops (norm, rotary, attention, ...),
     compiled on first use; off, or without a compiler, the torch ops run instead."""

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
+from octavo import envs
+from octavo.kernels.sample_race import race_sample
+from octavo.kernels.triton_utils import HAS_TRITON
 from octavo.sample.logits_processors import apply_logits_processors
 from octavo.sample.metadata import SamplingMetadata
 
@@ -28,6 +31,8 @@ class SamplerOutput:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        if self._races(logits, meta):  # one pass over the raw logits, no float32 copy
+            return SamplerOutput(sampled=self._race(logits, meta))
         logits = logits.float()
         raw = logits
         failed: dict[int, BaseException] = {}
@@ -41,6 +46,30 @@ class Sampler:
         if meta.max_num_logprobs is not None:
             self._logprobs(raw, sampled, meta.max_num_logprobs, out)
         return out
+
+    @staticmethod
+    def _races(logits: torch.Tensor, meta: SamplingMetadata) -> bool:
+        """The common case on CUDA (temperature and greedy rows only, no logprobs, no logits
+        processing) runs as one kernel: octavo/kernels/sample_race.py."""
+        return (logits.is_cuda and HAS_TRITON and not meta.all_greedy
+                and meta.top_k is None and meta.top_p is None and meta.min_p is None
+                and not meta.row_contexts and meta.max_num_logprobs is None
+                and getattr(meta, "grammar", None) is None and envs.sample_kernel())
+
+    @staticmethod
+    def _race(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        # The step's base seed is drawn on the device from the engine's generator: no host
+        # round trip, so asynchronous scheduling keeps overlapping. Seeded rows bring their
+        # own per-position seed (set by the model runner), copied from pinned memory.
+        base = torch.randint(0, 2**62, (1,), device=logits.device, generator=meta.generator)
+        row_seeds = None
+        if meta.generators:
+            seeds = [-1] * logits.shape[0]
+            for row, gen in meta.generators.items():
+                seeds[row] = gen.initial_seed()
+            row_seeds = torch.tensor(seeds, dtype=torch.int64).pin_memory().to(
+                logits.device, non_blocking=True)
+        return race_sample(logits, meta.temperature, base, row_seeds)
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         greedy_tokens = logits.argmax(dim=-1)
