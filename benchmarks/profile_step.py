@@ -1,59 +1,176 @@
-"""Where a decode step's time goes on the GPU: torch.profiler over a few decode steps of a
-W1-like batch, with and without CUDA graphs.
+"""Where a decode step's time goes on the GPU, per kernel class, against the device's limits.
 
-    python benchmarks/profile_step.py [--batch 256] [--context 1000] [--eager]
+A W1-like decode batch (Qwen3-0.6B shape by default, bf16, dummy weights) runs a few decode
+steps under torch.profiler. Every GPU kernel is put in a class (attention, GEMMs, norms /
+rotary / activation, KV-cache writes, sampling, copies and other elementwise work); for each
+class the script prints its time per step and what that time achieves: for the GEMMs the
+weight bytes read (every weight once per step) and the FLOPs, for attention the K/V bytes of
+the batch's contexts, both as fractions of the device's HBM bandwidth / tensor-core rate. The
+step time itself is measured without the profiler, with CUDA events, and so is the step's
+bandwidth bound (weights + K/V bytes at full HBM bandwidth).
+
+    python benchmarks/profile_step.py [--shape qwen3-0.6b] [--batch 128] [--context 1000]
+                                      [--steps 16] [--eager] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import re
 import sys
-import time
+from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.workloads import write_config  # noqa: E402
+from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.workloads import SHAPES, device_limits, shape_cost, write_config  # noqa: E402
+
+# Kernel name patterns, first match wins (Triton kernels keep their Python names; cuBLAS /
+# CUTLASS GEMMs carry gemm / xmma / nvjet / cutlass in theirs).
+CLASSES = [
+    ("attention", r"paged_attention|split_reduce|attn|flash"),
+    ("kv_cache_write", r"reshape_and_cache"),
+    ("gemm", r"gemm|xmma|nvjet|cutlass|cublas|sm90_|splitk|s16816|wgmma"),
+    ("norm_rotary_act", r"rms_norm|rotary|silu|act_and_mul|layer_norm|_norm"),
+    ("sampling", r"sort|topk|softmax|argmax|exponential|distribution|philox|cumsum|radix|"
+                 r"bitonic|max_kernel|reduce_kernel|multinomial"),
+    ("copies_elementwise", r"copy|memcpy|memset|fill|index|gather|scatter|cat|elementwise|"
+                           r"vectorized|unrolled|where"),
+]
+
+
+def classify(name: str) -> str:
+    low = name.lower()
+    for cls, pattern in CLASSES:
+        if re.search(pattern, low):
+            return cls
+    return "other"
+
+
+def kernel_times(prof) -> dict[str, float]:
+    """Kernel name -> total device microseconds, from the profiler's GPU events."""
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    out: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if getattr(ev, "device_type", None) != cuda:
+            continue
+        us = getattr(ev, "device_time", None)
+        if us is None:
+            us = getattr(ev, "cuda_time", 0.0)
+        out[ev.name] += float(us)
+    return dict(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--context", type=int, default=1000)
-    ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--context", type=int, default=1000,
+                    help="prompt tokens per request (W1's decode contexts run 500-2000)")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from octavo import LLM, SamplingParams
 
-    llm = LLM(model=write_config("qwen3-0.6b"), load_format="dummy", dtype="bfloat16",
-              skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=args.batch,
-              enforce_eager=args.eager)
+    llm = LLM(model=write_config(args.shape), load_format="dummy", dtype="bfloat16",
+              skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=max(args.batch, 1),
+              max_num_batched_tokens=16384, enforce_eager=args.eager)
     engine = llm.llm_engine
-    runner = engine.executor.worker.runner
-    print("graphs:", None if runner.graph_runner is None else runner.graph_runner.sizes)
-    params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=args.steps + 8)
+    total_steps = 3 * args.steps + 16
+    params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=total_steps)
     for i in range(args.batch):
         engine.add_request(str(i), {"prompt_token_ids": [i % 1000 + 1] * args.context}, params)
     while engine.timings.decode_steps < 4:  # prefill, then a few decodes to warm up
         engine.step()
-    engine.timings.reset()
+
+    # The step time without the profiler (CUDA events around whole steps).
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    start.record()
+    for _ in range(args.steps):
+        engine.step()
+    end.record()
+    torch.cuda.synchronize()
+    step_ms = start.elapsed_time(end) / args.steps
+    mean_context = args.context + engine.timings.decode_steps + args.steps // 2
+
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(args.steps):
             engine.step()
         torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    print(f"batch {args.batch} context {args.context} eager={args.eager}: "
-          f"{1e3 * wall / args.steps:.2f} ms/step (profiled)")
-    print(json.dumps(engine.timings.summary()))
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
     while engine.has_unfinished_requests():
         engine.step()
+
+    per_kernel = kernel_times(prof)
+    by_class: dict[str, float] = defaultdict(float)
+    launches: dict[str, int] = defaultdict(int)
+    for name, us in per_kernel.items():
+        by_class[classify(name)] += us / args.steps
+    for ev in prof.events():
+        if getattr(ev, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            launches[classify(ev.name)] += 1
+    gpu_us = sum(by_class.values())
+
+    bandwidth, flops, limits = device_limits()
+    cost = shape_cost(args.shape)
+    weight_bytes = cost.weight_bytes
+    kv_bytes = args.batch * mean_context * cost.kv_bytes_per_token
+    gemm_flops = args.batch * cost.flops_per_token
+    bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
+
+    def frac_bw(nbytes: float, us: float) -> float | None:
+        return None if us <= 0 else nbytes / (us * 1e-6) / bandwidth
+
+    rows = []
+    for cls in [c for c, _ in CLASSES] + ["other"]:
+        us = by_class.get(cls, 0.0)
+        row = {"class": cls, "us_per_step": round(us, 1),
+               "share_of_gpu_time": round(us / gpu_us, 3) if gpu_us else None,
+               "launches_per_step": round(launches.get(cls, 0) / args.steps, 1)}
+        if cls == "gemm":
+            row["bytes_per_step"] = weight_bytes
+            row["hbm_fraction"] = frac_bw(weight_bytes, us)
+            row["tensor_fraction"] = None if us <= 0 else gemm_flops / (us * 1e-6) / flops
+        elif cls == "attention":
+            row["bytes_per_step"] = kv_bytes
+            row["hbm_fraction"] = frac_bw(kv_bytes, us)
+        rows.append(row)
+
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
+    result = {
+        "benchmark": "profile_step", "shape": args.shape, "batch": args.batch,
+        "context": args.context, "mean_context": mean_context, "eager": args.eager,
+        "device": device_info(), "limits": limits, "commit": git_commit(),
+        "step_ms": round(step_ms, 3), "gpu_busy_ms_per_step": round(gpu_us / 1e3, 3),
+        "bound_ms": round(bound_ms, 3), "fraction_of_bound": round(bound_ms / step_ms, 3),
+        "kernel_launches_per_step": round(sum(launches.values()) / args.steps, 1),
+        "classes": rows,
+        "top_kernels": [{"name": n[:90], "class": classify(n),
+                         "us_per_step": round(us / args.steps, 1)} for n, us in top],
+    }
+    print(f"{args.shape} batch {args.batch} context ~{mean_context} "
+          f"({'eager' if args.eager else 'CUDA graphs'}) on {limits}")
+    print(f"step {step_ms:.3f} ms (no profiler); GPU busy {gpu_us / 1e3:.3f} ms; "
+          f"bandwidth bound {bound_ms:.3f} ms = {bound_ms / step_ms:.1%} of the step; "
+          f"{result['kernel_launches_per_step']} kernels per step")
+    print(f"{'class':<20}{'us/step':>10}{'share':>8}{'launch':>8}{'HBM':>8}{'tensor':>8}")
+    for r in rows:
+        hbm = r.get("hbm_fraction")
+        ten = r.get("tensor_fraction")
+        print(f"{r['class']:<20}{r['us_per_step']:>10.1f}"
+              f"{(r['share_of_gpu_time'] or 0):>8.1%}{r['launches_per_step']:>8.1f}"
+              f"{'' if hbm is None else f'{hbm:.1%}':>8}{'' if ten is None else f'{ten:.1%}':>8}")
+    print("top kernels:")
+    for k in result["top_kernels"]:
+        print(f"  {k['us_per_step']:>8.1f} us  {k['class']:<18} {k['name']}")
+    print_json_result(result, args.json)
 
 
 if __name__ == "__main__":
