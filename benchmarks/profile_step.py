@@ -33,7 +33,7 @@ CLASSES = [
     ("kv_cache_write", r"reshape_and_cache"),
     ("gemm", r"gemm|xmma|nvjet|cutlass|cublas|sm90_|splitk|s16816|wgmma"),
     ("norm_rotary_act", r"rms_norm|rotary|silu|act_and_mul|layer_norm|_norm"),
-    ("sampling", r"sort|topk|softmax|argmax|exponential|distribution|philox|cumsum|radix|"
+    ("sampling", r"race|sort|topk|softmax|argmax|exponential|distribution|philox|cumsum|radix|"
                  r"bitonic|max_kernel|reduce_kernel|multinomial"),
     ("copies_elementwise", r"copy|memcpy|memset|fill|index|gather|scatter|cat|elementwise|"
                            r"vectorized|unrolled|where"),
