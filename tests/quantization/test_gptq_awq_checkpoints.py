@@ -130,3 +130,20 @@ def test_wrong_quantization_for_the_checkpoint_is_an_error(pair):
         _llm(quant, quantization=wrong)
     with pytest.raises(ValueError, match=rf"quantization='{wrong}' needs an? "):
         _llm(dense, quantization=wrong)
+
+
+def test_gpu_layout_through_the_interpreter_matches(pair, monkeypatch):
+    """The CUDA path (repack into the kernel layout, act order sorted at load, Triton kernel)
+    forced on the CPU, where the kernel runs in Triton's interpreter: same greedy tokens."""
+    pytest.importorskip("triton")
+    from octavo.quantization import int_weight
+
+    name, dense, quant = pair
+    if not name.startswith("gptq4"):
+        pytest.skip("one case is enough in the interpreter (slow)")
+    expect = _greedy(_llm(dense))
+    monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
+    llm = _llm(quant)
+    model = llm.llm_engine.executor.worker.runner.model
+    assert any(getattr(m, "act_perm", None) is not None for m in model.modules())
+    assert _greedy(llm) == expect
