@@ -26,6 +26,10 @@ from octavo.entrypoints.openai.middleware import (
     BodyLimitMiddleware,
     TrustedHosts,
 )
+
+# Re-exported for apps built around the server, as the seed's guide writes it:
+# app.add_middleware(RateLimitMiddleware, requests_per_minute=100) (the server's own limiter).
+from octavo.entrypoints.openai.middleware import RateLimitMiddleware as RateLimitMiddleware
 from octavo.entrypoints.openai.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -43,6 +47,7 @@ from octavo.entrypoints.openai.serving_engine import (
     ErrorGuardMiddleware,
 )
 from octavo.errors import RequestFailedError
+from octavo.metrics.log_stats import DEFAULT_INTERVAL_S, LoggingStatLogger
 from octavo.metrics.prometheus import PrometheusStatLogger
 
 logger = logging.getLogger(__name__)
@@ -230,7 +235,13 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--swap-space", type=float, default=4.0,
                    help="GiB of CPU memory for swapped KV blocks (with --preemption-mode swap)")
     p.add_argument("--metrics-port", type=int, default=None,
-                   help="also serve Prometheus /metrics on this port")
+                   help="also serve Prometheus /metrics on this port (the main port's "
+                   "/metrics stays)")
+    p.add_argument("--metric-interval", type=float, default=DEFAULT_INTERVAL_S,
+                   help="seconds between the logged stats lines (throughput, running and "
+                   "waiting requests, KV cache usage, prefix-cache hit rate)")
+    p.add_argument("--disable-log-stats", action="store_true",
+                   help="do not log the periodic stats line")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-logprobs", type=int, default=20,
@@ -268,6 +279,12 @@ def unsupported_flags(args: argparse.Namespace) -> list[str]:
                         "built yet")
     if args.rate_limit is not None and args.rate_limit < 1:
         problems.append(f"--rate-limit must be >= 1, got {args.rate_limit}")
+    if not args.metric_interval > 0:
+        problems.append(f"--metric-interval must be > 0 seconds, got {args.metric_interval}")
+    if args.metrics_port is not None and not (
+            1 <= args.metrics_port <= 65535 and args.metrics_port != args.port):
+        problems.append(f"--metrics-port must be a port number (1-65535) other than --port "
+                        f"{args.port}, got {args.metrics_port}")
     if args.max_body_bytes < 1:
         problems.append(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     if not args.shutdown_timeout >= 0:
@@ -315,10 +332,24 @@ def start_engine(args: argparse.Namespace) -> AsyncLLM | None:
     if problems:
         return None
     try:
-        return AsyncLLM.from_engine_args(engine_args_from(args))
+        engine = AsyncLLM.from_engine_args(engine_args_from(args))
     except ValueError as e:
         print(f"octavo: error: {e}", file=sys.stderr)
         return None
+    if not args.disable_log_stats:
+        engine.stat_loggers.append(LoggingStatLogger(engine.engine, args.metric_interval))
+    return engine
+
+
+def start_metrics_server(app: FastAPI, host: str | None, port: int):
+    """Serve the app's Prometheus registry (what its own /metrics renders) on ``port`` too,
+    from a daemon thread; returns the server (``shutdown()`` then ``server_close()`` stop it
+    and free the port). OSError when the port cannot be bound."""
+    from prometheus_client import start_http_server
+
+    server, _ = start_http_server(port, addr=host or "0.0.0.0",
+                                  registry=app.state.metrics.registry)
+    return server
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -330,15 +361,22 @@ def run_server(args: argparse.Namespace) -> int:
         rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
         chat_template=_read_template(args.chat_template))
     app = build_app(engine, settings)
-    if args.metrics_port:
-        from prometheus_client import start_http_server
-
-        # /metrics on its own port as well (it stays on the main port too).
-        start_http_server(args.metrics_port, addr=args.host or "0.0.0.0",
-                          registry=app.state.metrics.registry)
-    return serve(app, engine, host=args.host or "0.0.0.0", port=args.port,
-                 log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
-                 forwarded_allow_ips=args.forwarded_allow_ips)
+    metrics_server = None
+    if args.metrics_port is not None:
+        try:
+            metrics_server = start_metrics_server(app, args.host, args.metrics_port)
+        except OSError as e:  # a port in use: say so instead of a traceback
+            print(f"octavo: error: --metrics-port {args.metrics_port}: {e}", file=sys.stderr)
+            engine.shutdown()
+            return 2
+    try:
+        return serve(app, engine, host=args.host or "0.0.0.0", port=args.port,
+                     log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
+                     forwarded_allow_ips=args.forwarded_allow_ips)
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
 
 
 def main(argv: list[str] | None = None) -> int:
