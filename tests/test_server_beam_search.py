@@ -198,6 +198,29 @@ def test_async_llm_search_fault_fails_only_that_search(allm, monkeypatch):
     assert not allm._beams.has_job("faulty")
 
 
+def test_validation_params_for_the_processor(allm, caplog):
+    """What a server checks before queueing a beam request: the beam refusals by name, then
+    the processor's own checks on the rest, without its "length_penalty is ignored" warning
+    (the beam search does use it)."""
+    from octavo.engine.beam_runner import validation_params
+
+    engine = allm.engine
+    plain = SamplingParams(temperature=0, max_tokens=4)
+    assert validation_params(engine, plain) is plain
+    params = _beam_params(n=2, best_of=3, max_tokens=4, length_penalty=0.5,
+                          early_stopping="never")
+    checked = validation_params(engine, params)
+    assert params.use_beam_search and params.length_penalty == 0.5  # not modified
+    assert not checked.use_beam_search and (checked.n, checked.best_of) == (2, 3)
+    engine.processor._warned.discard("length_penalty")
+    with caplog.at_level("WARNING", logger="octavo.engine.processor"):
+        engine.processor.process("validate", TOKEN_PROMPT, checked)
+    assert not caplog.records
+    with pytest.raises(InvalidRequestError) as info:
+        validation_params(engine, _beam_params(max_tokens=4, bad_words=["x"]))
+    assert info.value.param == "bad_words"
+
+
 @pytest.mark.parametrize("kwargs, param", [
     (dict(presence_penalty=0.5), "presence_penalty"),
     (dict(min_tokens=2), "min_tokens"),

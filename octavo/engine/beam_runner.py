@@ -104,7 +104,10 @@ def validation_params(engine: LLMEngine, params: SamplingParams) -> SamplingPara
                                                .eos_token_ids),
                       "best_of" if params.best_of else "n")
     checked = params.clone()
+    # Beam-only knobs (SamplingParams validated them) reset too: the processor would warn
+    # that a length_penalty without beam search is ignored.
     checked.use_beam_search = False
+    checked.length_penalty, checked.early_stopping = 1.0, False
     return checked
 
 
