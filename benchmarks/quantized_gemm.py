@@ -1,0 +1,101 @@
+"""Weight-only integer GEMM (octavo/kernels/w4a16_gemm.py) against a bf16 cuBLAS GEMM at the
+Llama-3.1-8B decode shapes, on the GPU, in one call.
+
+Each layer's weights are replicated over enough copies that one sweep over them is several
+times the L2 (so each call reads its weight from HBM, as in a real decode step where every
+layer's weight is read once); times are CUDA-event means over sweeps. Prints per shape and
+M: microseconds, speedup over bf16, and the weight bytes / time as a fraction of the HBM
+bandwidth.
+
+    python benchmarks/quantized_gemm.py [--bits 4 8] [--group 128] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.workloads import device_limits  # noqa: E402
+
+# Llama-3.1-8B projections as (K, N): q/k/v merged, o, gate/up merged, down.
+SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
+          "down": (14336, 4096)}
+L2_FLUSH_BYTES = 400 << 20  # a sweep over the copies reads at least this much
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bits", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import torch
+
+    from octavo.kernels.w4a16_gemm import pack_along_k, w4a16_gemm
+
+    bandwidth, _, limits = device_limits()
+    dev = torch.device("cuda")
+
+    def timed(fns) -> float:
+        """Mean microseconds per call over sweeps of ``fns`` (one call per weight copy)."""
+        for fn in fns:
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        sweeps = 5
+        for _ in range(sweeps):
+            for fn in fns:
+                fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 / (sweeps * len(fns))
+
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
+        dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        for m in args.m:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
+            row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 1),
+                   "bf16_hbm_fraction": round(k * n * 2 / (t_bf16 * 1e-6) / bandwidth, 3)}
+            for bits in args.bits:
+                groups = k // args.group
+                qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
+                packed = [(pack_along_k(torch.randint(0, 2**bits, (k, n), device=dev), bits),
+                           (torch.rand(groups, n, device=dev) * 0.01).to(torch.bfloat16),
+                           torch.full((groups, n), 2 ** (bits - 1), device=dev,
+                                      dtype=torch.bfloat16)) for _ in range(qcopies)]
+                t_q = timed([lambda p=p, x=x, b=bits: w4a16_gemm(x, p[0], p[1], p[2], args.group, b)
+                             for p in packed])
+                nbytes = k * n * bits / 8 + 2 * groups * n * 2
+                row[f"w{bits}_us"] = round(t_q, 1)
+                row[f"w{bits}_speedup"] = round(t_bf16 / t_q, 2)
+                row[f"w{bits}_hbm_fraction"] = round(nbytes / (t_q * 1e-6) / bandwidth, 3)
+                del packed
+            rows.append(row)
+            print(" ".join(f"{key}={val}" for key, val in row.items()), flush=True)
+        del dense
+        torch.cuda.empty_cache()
+    totals = {}
+    for m in args.m:
+        sel = [r for r in rows if r["M"] == m]
+        totals[m] = {"bf16_us": round(sum(r["bf16_us"] for r in sel), 1)}
+        for bits in args.bits:
+            tq = sum(r[f"w{bits}_us"] for r in sel)
+            totals[m][f"w{bits}_us"] = round(tq, 1)
+            totals[m][f"w{bits}_speedup"] = round(totals[m]["bf16_us"] / tq, 2)
+        print(f"one Llama-8B layer's GEMMs at M={m}: {totals[m]}")
+    print_json_result({"benchmark": "quantized_gemm", "device": device_info(), "limits": limits,
+                       "commit": git_commit(), "group": args.group, "rows": rows,
+                       "per_layer": totals}, args.json)
+
+
+if __name__ == "__main__":
+    main()
