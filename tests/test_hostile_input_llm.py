@@ -157,3 +157,16 @@ def test_bad_prompt_in_a_batch_queues_nothing(llm):
         llm.generate(["fine", "\ud800", "fine too"], SamplingParams(max_tokens=2),
                      use_tqdm=False)
     _still_serves(llm)
+
+
+def test_requests_of_one_group_share_a_group_id(llm):
+    """A server's list of prompts is one group for the scheduler's share of the batch."""
+    engine = llm.llm_engine
+    engine.add_request("g-0", "hi", SamplingParams(max_tokens=1), group_id="g")
+    engine.add_request("g-1", "hi", SamplingParams(max_tokens=1, n=2), group_id="g")
+    engine.add_request("solo", "hi", SamplingParams(max_tokens=1))
+    groups = {rid: r.group_id for rid, r in engine.scheduler.requests.items()}
+    engine.abort_request(["g-0", "g-1", "solo"])
+    assert groups["g-0"] == "g" and groups["solo"] == "solo"
+    assert {g for rid, g in groups.items() if rid.startswith("g-1")} == {"g"}
+    _still_serves(llm)

@@ -159,7 +159,8 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------ requests
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
-                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       request_id: str, priority: int = 0,
+                       group_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream the outputs of one request (DELTA or CUMULATIVE per ``output_kind``).
 
         Invalid prompts or parameters raise ValueError before anything is yielded. If the
@@ -183,7 +184,8 @@ class AsyncLLM:
                                                    priority)
                 self._beams.start(job)
             else:
-                engine.add_request(request_id, prompt, sampling_params, priority=priority)
+                engine.add_request(request_id, prompt, sampling_params, priority=priority,
+                               group_id=group_id)
             self._streams[request_id] = stream
 
         try:

@@ -82,18 +82,24 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: PromptType,
                     params: SamplingParams | None = None, priority: int = 0,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, group_id: str | None = None) -> None:
+        """Queue a request. ``group_id``: the user request it belongs to when one user request
+        fans out into several engine requests (a server's list of prompts): the scheduler
+        bounds a group's share of the batch while others wait. Default: its own id."""
         if request_id in self.states or request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = SamplingParams() if params is None else params
         if isinstance(params, SamplingParams) and num_samples(params) > 1:
-            self._add_parallel(request_id, prompt, params, priority, arrival_time)
+            self._add_parallel(request_id, prompt, params, priority, arrival_time,
+                               group_id or request_id)
             return
         req, text = self.processor.process(request_id, prompt, params, priority, arrival_time)
+        req.group_id = group_id or request_id
         self.scheduler.add_request(req)
         self.states[request_id] = RequestState(req, text, self.tokenizer)
 
-    def _add_parallel(self, request_id, prompt, params, priority, arrival_time) -> None:
+    def _add_parallel(self, request_id, prompt, params, priority, arrival_time,
+                      group_id: str) -> None:
         self.processor.check_params(params)  # the children's params hide n and best_of
         parent = ParentRequest(request_id, params)
         # The prompt is tokenized and checked once; the other samples reuse its token ids.
@@ -107,7 +113,7 @@ class LLMEngine:
             for i, cid in enumerate(parent.child_ids) if i]  # all valid before queueing
         leader = made[0][0]
         for i, (req, text) in enumerate(made):
-            req.group_id = request_id
+            req.group_id = group_id
             if i:
                 req.fork_of = leader
             self.scheduler.add_request(req)

@@ -222,8 +222,11 @@ class OpenAIServing:
     def generate_all(self, prompts: Sequence[PromptType], params: SamplingParams,
                      request_id: str, priority: int = 0
                      ) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Outputs of every prompt, tagged with the prompt index, as they come."""
-        gens = [self.engine.generate(p, params, f"{request_id}-{i}", priority=priority)
+        """Outputs of every prompt, tagged with the prompt index, as they come. The prompts
+        of one HTTP request form one group: together they hold at most the scheduler's share
+        of the batch while other requests wait."""
+        gens = [self.engine.generate(p, params, f"{request_id}-{i}", priority=priority,
+                                     group_id=request_id)
                 for i, p in enumerate(prompts)]
         return merge_async_iterators(gens)
 
