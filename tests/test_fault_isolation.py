@@ -235,3 +235,19 @@ def test_async_logits_processor_fault_fails_its_stream_only(tiny_dir):
         assert _pool_is_full(allm.engine)
     finally:
         allm.shutdown()
+
+
+def test_metrics_follow_the_engine_across_a_restart(tiny_dir):
+    pytest.importorskip("prometheus_client")
+    from octavo.metrics.prometheus import PrometheusStatLogger
+
+    allm = AsyncLLM.from_engine_args(_args(tiny_dir))
+    metrics = PrometheusStatLogger(allm.engine, "tiny")
+    old = allm.engine.scheduler
+    allm.engine.reset()  # what a step fault does
+    assert allm.engine.scheduler is not old
+    allm.engine.add_request("r", {"prompt_token_ids": PROMPTS[0]}, SamplingParams())
+    text = metrics.render().decode()
+    assert 'octavo:num_requests_waiting{model_name="tiny"} 1.0' in text
+    allm.engine.abort_request("r")
+    allm.shutdown()

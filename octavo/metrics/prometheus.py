@@ -26,16 +26,17 @@ class _PrefixCacheCollector:
     """prefix_cache_queries / prefix_cache_hits (tokens), read from the KV cache manager's
     running totals at scrape time."""
 
-    def __init__(self, kv, model_name: str) -> None:
-        self.kv = kv
+    def __init__(self, engine, model_name: str) -> None:
+        self.engine = engine  # its scheduler (and KV manager) is replaced on a restart
         self.model_name = model_name
 
     def collect(self):
+        kv = self.engine.scheduler.kv
         for name, doc, value in (
                 ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                 self.kv.prefix_queries),
+                 kv.prefix_queries),
                 ("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                 self.kv.prefix_hits)):
+                 kv.prefix_hits)):
             fam = CounterMetricFamily(f"octavo:{name}", doc, labels=["model_name"])
             fam.add_metric([self.model_name], value)
             yield fam
@@ -45,15 +46,15 @@ class _PreemptionModeCollector:
     """num_preemptions_by_mode{mode="recompute"|"swap"}: the scheduler's running counts by
     kind, read at scrape time (their sum is num_preemptions)."""
 
-    def __init__(self, sched, model_name: str) -> None:
-        self.sched = sched
+    def __init__(self, engine, model_name: str) -> None:
+        self.engine = engine  # its scheduler is replaced when the engine restarts
         self.model_name = model_name
 
     def collect(self):
         fam = CounterMetricFamily("octavo:num_preemptions_by_mode",
                                   "Request preemptions, by recompute or swap.",
                                   labels=["model_name", "mode"])
-        for mode, value in sorted(self.sched.preemptions_by_mode.items()):
+        for mode, value in sorted(self.engine.scheduler.preemptions_by_mode.items()):
             fam.add_metric([self.model_name, mode], value)
         yield fam
 
@@ -73,18 +74,18 @@ class PrometheusStatLogger:
         model_name = metrics_model_name(model_name, engine.config.model_config.model)
         labels = ["model_name"]
         reg = self.registry
-        sched = engine.scheduler
+        # Read engine.scheduler at scrape time: a restart after a step fault replaces it.
 
         def gauge(name: str, doc: str, fn) -> None:
             g = Gauge(f"octavo:{name}", doc, labels, registry=reg)
             g.labels(model_name).set_function(fn)
 
         gauge("num_requests_running", "Requests in the running batch.",
-              lambda: len(sched.running))
+              lambda: len(engine.scheduler.running))
         gauge("num_requests_waiting", "Requests waiting to be scheduled.",
-              lambda: len(sched.waiting))
+              lambda: len(engine.scheduler.waiting))
         gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = 100%).",
-              lambda: sched.kv.usage)
+              lambda: engine.scheduler.kv.usage)
         self.prompt_tokens = Counter("octavo:prompt_tokens", "Prefill tokens processed.",
                                      labels, registry=reg).labels(model_name)
         self.generation_tokens = Counter("octavo:generation_tokens", "Tokens generated.",
@@ -106,8 +107,8 @@ class PrometheusStatLogger:
                                "Time from arrival to first admission into the batch.", labels,
                                buckets=_LATENCY_BUCKETS, registry=reg).labels(model_name)
         self.model_name = model_name
-        reg.register(_PrefixCacheCollector(sched.kv, model_name))
-        reg.register(_PreemptionModeCollector(sched, model_name))
+        reg.register(_PrefixCacheCollector(engine, model_name))
+        reg.register(_PreemptionModeCollector(engine, model_name))
 
     def record(self, stats: StepStats | None, num_new_preemptions: int, finished) -> None:
         if stats is not None:
