@@ -228,6 +228,9 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
                    help="local HF folder or .gguf file (default: embedded SmolLM2)")
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--load-format", default="auto",
+                   choices=["auto", "safetensors", "gguf", "dummy"],
+                   help="dummy: random weights from config.json alone (benchmarks)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
@@ -308,7 +311,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         scheduling_policy=args.scheduling_policy,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
-        max_logprobs=args.max_logprobs, max_n=args.max_n,
+        max_logprobs=args.max_logprobs, max_n=args.max_n, load_format=args.load_format,
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
 
 
