@@ -91,6 +91,7 @@ class AsyncLLM:
         self.fatal_callbacks: list[Callable[[BaseException], None]] = []
         self._restarts: list[float] = []
         self.num_restarts = 0
+        self._pending: dict | None = None  # per-loop deliveries while _dispatch runs
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> AsyncLLM:
@@ -285,6 +286,21 @@ class AsyncLLM:
                 fut.set_exception(e)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        # One wake-up per event loop per step, not one per stream: with hundreds of streams
+        # on one loop, a call_soon_threadsafe each (a pipe write, a loop iteration, GIL
+        # hand-offs with this thread) cost more than the step itself.
+        self._pending = {}
+        try:
+            self._dispatch_outputs(outputs)
+        finally:
+            pending, self._pending = self._pending, None
+            for loop, items in pending.items():
+                try:
+                    loop.call_soon_threadsafe(_deliver, items)
+                except RuntimeError:  # that event loop is closed: nobody is listening
+                    pass
+
+    def _dispatch_outputs(self, outputs: list[RequestOutput]) -> None:
         now = time.monotonic()
         finished: list[FinishedRequestStats] = []
         for out in outputs:
@@ -358,8 +374,11 @@ class AsyncLLM:
             num_output_tokens=max((len(c.token_ids) for c in result.outputs), default=0)))
         self._put(stream, result)
 
-    @staticmethod
-    def _put(stream: _Stream, item: Any) -> None:
+    def _put(self, stream: _Stream, item: Any) -> None:
+        pending = self._pending
+        if pending is not None:  # inside _dispatch: delivered in one batch per loop
+            pending.setdefault(stream.loop, []).append((stream.queue, item))
+            return
         try:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
         except RuntimeError:  # that event loop is closed: nobody is listening
@@ -400,3 +419,9 @@ class AsyncLLM:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+
+def _deliver(items: list) -> None:
+    """On the event loop: hand a step's outputs to their streams' queues."""
+    for queue_, item in items:
+        queue_.put_nowait(item)
