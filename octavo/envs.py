@@ -33,3 +33,13 @@ def cpu_kernels() -> bool:
     """OCTAVO_CPU_KERNELS (default on): fused C++ CPU ops (norm, rotary, attention, ...),
     compiled on first use; off, or without a compiler, the torch ops run instead."""
     return _flag("OCTAVO_CPU_KERNELS", True)
+
+
+def cpu_quant_isa() -> str:
+    """OCTAVO_CPU_QUANT_ISA (default "auto"): the instruction set of the quantized CPU
+    kernels; "avx2" or "scalar" force a portable path ("avx512": VNNI, where built)."""
+    value = os.environ.get("OCTAVO_CPU_QUANT_ISA", "auto").strip().lower() or "auto"
+    if value not in ("auto", "avx512", "avx2", "scalar"):
+        raise ValueError(f"OCTAVO_CPU_QUANT_ISA must be auto, avx512, avx2 or scalar, got "
+                         f"{value!r}")
+    return value

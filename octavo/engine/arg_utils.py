@@ -40,6 +40,9 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     quantization: str | None = None
+    # GGUF files on the CPU keep their block formats (quantization="gguf") unless this is set
+    # or a dtype is given: then every tensor is dequantized at load.
+    gguf_dequantize: bool = False
     tensor_parallel_size: int = 1
     load_format: str = "auto"
     device: str = "auto"
@@ -91,12 +94,17 @@ class EngineArgs:
                               else bool(self.async_scheduling)),
             max_n=self.max_n,
         )
+        from octavo.quantization.gguf import default_quantization
         from octavo.quantization.resolve import resolve_quantization
 
-        # The scheme asked for, checked against the one the checkpoint declares (ValueErrors
-        # name both); None: full precision.
+        # The scheme asked for (GGUF on the CPU: "gguf" by default), checked against the one
+        # the checkpoint declares (ValueErrors name both); None: full precision.
+        requested = default_quantization(
+            self.quantization, is_gguf=model_config.is_gguf, device_type=device.type,
+            dtype=normalize_dtype(self.dtype), dequantize=self.gguf_dequantize,
+            load_format=self.load_format)
         quantization = resolve_quantization(
-            self.quantization, model_config.hf_config,
+            requested, model_config.hf_config,
             None if model_config.is_gguf else model_config.model)
         return EngineConfig(
             model_config=model_config,

@@ -11,13 +11,47 @@ from octavo.quantization.base import QuantizationConfig
 
 
 class VocabEmbedding(nn.Module):
+    # GGUF block format kept at load (quantization="gguf"), None for a float weight.
+    gguf_format: str | None = None
+
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
         self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
 
+    def keep_gguf_quantized(self, fmt: str) -> None:
+        """Load the GGUF file's raw rows of block format ``fmt`` instead of floats; they are
+        repacked after loading and rows are dequantized on lookup."""
+        from octavo.quantization import gguf_blocks
+
+        raw = torch.empty(self.vocab_size, gguf_blocks.row_bytes(fmt, self.hidden_size),
+                          dtype=torch.uint8, device=self.weight.device)
+        self.out_dtype = self.weight.dtype  # the model's dtype: rows are dequantized to it
+        self.weight = nn.Parameter(raw, requires_grad=False)
+        self.gguf_format = fmt
+
+    def process_weights_after_loading(self) -> None:
+        if self.gguf_format is None or self.weight is None:
+            return
+        from octavo.quantization import gguf_blocks
+
+        q, scales, mins = gguf_blocks.repack(self.weight.data, self.gguf_format,
+                                             self.hidden_size)
+        self.weight = None
+        self.qweight = nn.Parameter(q, requires_grad=False)
+        self.gguf_scales = nn.Parameter(scales, requires_grad=False)
+        self.gguf_mins = nn.Parameter(mins, requires_grad=False)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
+        if self.gguf_format is None:
+            return F.embedding(input_ids, self.weight)
+        from octavo.quantization import gguf_blocks
+
+        ids = input_ids.reshape(-1)
+        rows = gguf_blocks.dequantize(self.qweight[ids], self.gguf_scales[ids],
+                                      self.gguf_mins[ids], self.hidden_size, self.out_dtype)
+        return rows.view(*input_ids.shape, self.hidden_size)
 
 
 class LMHead(VocabEmbedding):
@@ -37,9 +71,26 @@ class LMHead(VocabEmbedding):
 
     def tie(self, embedding: VocabEmbedding) -> None:
         self.weight = embedding.weight
+        # Not a submodule (no second path to its parameters): kept for a quantized embedding.
+        self.__dict__["tied_to"] = embedding
+
+    def _source(self) -> VocabEmbedding:
+        return self.__dict__.get("tied_to") or self
 
     def process_weights_after_loading(self) -> None:
+        src = self._source()
+        if src.gguf_format is not None:  # the LM head multiplies by the quantized rows
+            src.process_weights_after_loading()
+            self.weight = None
+            self._packed_weight = None
+            return
         self._packed_weight = cpu_gemm.pack_weight(self.weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        src = self._source()
+        if src.gguf_format is not None:
+            from octavo.quantization.gguf import gguf_matmul
+
+            return gguf_matmul(hidden, src.qweight, src.gguf_scales, src.gguf_mins,
+                               src.hidden_size)
         return cpu_gemm.linear(hidden, self.weight, self._packed_weight)

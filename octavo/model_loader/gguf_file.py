@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import Any
 
 import numpy as np
@@ -249,6 +249,16 @@ class GGUFCheckpoint:
             names.append(hf_name)
         return names
 
+    def tensor_types(self) -> dict[str, int]:
+        """GGML type id of each weight tensor, by HF module prefix ("lm_head",
+        "model.layers.0.mlp.gate_proj"), for quantization="gguf"."""
+        out = {}
+        for name, tensor in self._tensors.items():
+            hf_name = gguf_to_hf_name(name)
+            if hf_name is not None and hf_name.endswith(".weight"):
+                out[hf_name[: -len(".weight")]] = int(tensor.tensor_type)
+        return out
+
     def _dequantize(self, tensor: Any, dtype: torch.dtype) -> torch.Tensor:
         from gguf import GGMLQuantizationType as Q
         from gguf.quants import dequantize
@@ -273,9 +283,10 @@ class GGUFCheckpoint:
         return out.reshape(shape)
 
     def iter_weights(
-        self, dtype: torch.dtype = torch.float32
+        self, dtype: torch.dtype = torch.float32, raw: Container[str] = ()
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yields (HF parameter name, tensor) with every tensor dequantized to `dtype`, in HF shapes.
+        """Yields (HF parameter name, tensor) with every tensor dequantized to `dtype`, in HF shapes,
+        except the HF names in `raw`: those come as the file's block rows, uint8 [out, row bytes].
 
         Tensors are dequantized one at a time. For arch llama, the q/k rows interleaved by
         llama.cpp's converter are put back into HF's rotate-half order.
@@ -288,7 +299,10 @@ class GGUFCheckpoint:
             hf_name = gguf_to_hf_name(name)
             if hf_name is None:
                 raise ValueError(f"unknown tensor {name!r} in GGUF file {self.path!r}")
-            t = self._dequantize(tensor, dtype)
+            if hf_name in raw:  # rows of blocks: the row permutation below applies as is
+                t = torch.from_numpy(np.array(tensor.data, copy=True))
+            else:
+                t = self._dequantize(tensor, dtype)
             if self.arch == "llama":
                 if hf_name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
                     t = unpermute_rope_rows(t, n_head)

@@ -21,6 +21,11 @@ def load_model(model_config: ModelConfig, device: torch.device, backend,
     quant_config = build_quant_config(quantization, model_config.hf_config,
                                       None if model_config.is_gguf else model_config.model)
     quant_config.packed_modules_mapping = getattr(cls, "packed_modules_mapping", {})
+    gguf_quantized = model_config.is_gguf and quant_config.name == "gguf"
+    if gguf_quantized:  # each GGUF tensor has its own block type, read from the file
+        from octavo.model_loader.gguf_file import open_gguf
+
+        quant_config.bind(open_gguf(model_config.model).tensor_types())
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -28,13 +33,16 @@ def load_model(model_config: ModelConfig, device: torch.device, backend,
             model = cls(model_config.hf_config, backend, quant_config=quant_config)
     finally:
         torch.set_default_dtype(old)
+    if gguf_quantized:
+        quant_config.keep_embeddings_quantized(model)
     # Rotary caches are built in float32 above; keep them so.
     if model_config.load_format == "dummy":
         fill_dummy_weights(model, seed=model_config.seed)
     elif model_config.is_gguf:
         from octavo.model_loader.gguf_file import open_gguf
 
-        load_weights(model, open_gguf(model_config.model).iter_weights(dtype))
+        raw = quant_config.kept if gguf_quantized else ()
+        load_weights(model, open_gguf(model_config.model).iter_weights(dtype, raw=raw))
     else:
         load_weights(model, iter_safetensors(model_config.model))
     for module in model.modules():

@@ -13,6 +13,7 @@ from octavo.quantization.base import QuantizationConfig
 
 _BUILTIN = {
     "unquantized": "octavo.quantization.unquantized:UnquantizedConfig",
+    "gguf": "octavo.quantization.gguf:GGUFConfig",
     "gptq": "octavo.quantization.gptq:GPTQConfig",
     "awq": "octavo.quantization.awq:AWQConfig",
 }

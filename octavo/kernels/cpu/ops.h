@@ -2,6 +2,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "common.h"
 
@@ -20,6 +21,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const std::optional<at::T
                                   const std::optional<at::Tensor>& slot_mapping,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                   double scale);
+
+// Quantized linear (quant_gemm.cpp): weights w = d * u + m per 32-block, int8 activations.
+// isa: 0 best built, 1 scalar, 2 AVX2, 3 AVX-512 VNNI.
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                       const at::Tensor& mins, int64_t in_features, int64_t isa);
+at::Tensor gguf_dequantize(const at::Tensor& qweight, const at::Tensor& scales,
+                           const at::Tensor& mins, int64_t in_features);
+std::vector<int64_t> quant_isas();
 
 void check_kv_cache(const at::Tensor& kv_cache);
 void check_new_kv(const at::Tensor& x, const at::Tensor& kv_cache, int64_t tokens,

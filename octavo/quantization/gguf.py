@@ -1,0 +1,170 @@
+"""quantization="gguf": linear layers (and token embeddings) keep a GGUF file's block formats.
+
+Each tensor of a GGUF file has its own type, so the config maps every layer prefix to the type
+of its checkpoint tensor(s) (``bind``, from the loader). A layer whose tensor type has no
+kernel layout (Q6_K, IQ*, F16 ...), or a merged layer (qkv, gate_up) whose parts differ, is
+dequantized at load and runs in full precision; this is logged once per type.
+
+Weights arrive as the file's raw rows (uint8 [out, row_bytes]) through the linear layers'
+generic loader (rows are whole, so q/k/v and gate/up land at their output offsets unchanged),
+and are repacked after loading (``gguf_blocks``). ``apply`` runs the C++ kernel when it is built
+(int8 activations per 32-block, int8 dot products), else dequantize-then-matmul in torch.
+
+It is the default for ``.gguf`` files on the CPU when ``dtype`` is left at "auto";
+``gguf_dequantize=True`` (EngineArgs) or an explicit ``dtype`` dequantizes everything at load.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octavo import envs
+from octavo.quantization import gguf_blocks
+from octavo.quantization.base import LinearMethod, QuantizationConfig
+from octavo.quantization.module_match import checkpoint_modules
+from octavo.quantization.param_layout import set_param_layout
+
+logger = logging.getLogger(__name__)
+
+# OCTAVO_CPU_QUANT_ISA -> the kernels' isa argument.
+ISA_CODES = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+# From this many rows on, dequantizing the weight once and running a float GEMM beats the
+# int8 kernel (measured on the 2-core AVX-512 VNNI CI machine; see the tests' benchmark note).
+DEQUANT_GEMM_MIN_ROWS = 128
+
+
+def _kernels(x: torch.Tensor):
+    if x.device.type != "cpu":
+        return None
+    from octavo.kernels import cpu as cpu_kernels
+
+    ops = cpu_kernels.ops_for(x)
+    return ops if ops is not None and hasattr(ops, "gguf_linear") else None
+
+
+def gguf_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                mins: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x [..., K] times the repacked weight's transpose: [..., N] in x's dtype."""
+    shape = x.shape
+    x2 = x.reshape(-1, in_features)
+    ops = _kernels(x2)
+    if ops is not None and x2.shape[0] < DEQUANT_GEMM_MIN_ROWS:
+        y = ops.gguf_linear(x2.contiguous(), qweight, scales, mins, in_features,
+                            ISA_CODES[envs.cpu_quant_isa()])
+    elif ops is not None:
+        w = ops.gguf_dequantize(qweight, scales, mins, in_features)
+        y = F.linear(x2, w.to(x.dtype))
+    else:
+        y = F.linear(x2, gguf_blocks.dequantize(qweight, scales, mins, in_features, x.dtype))
+    return y.view(*shape[:-1], y.shape[-1])
+
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
+class GGUFLinearMethod(LinearMethod):
+    """One GGUF block format: raw rows while loading, the kernels' layout after."""
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
+                       params_dtype):
+        self.in_features = input_size_per_partition
+        raw = torch.empty(sum(output_partition_sizes),
+                          gguf_blocks.row_bytes(self.fmt, input_size_per_partition),
+                          dtype=torch.uint8)
+        layer.register_parameter("weight", set_param_layout(_frozen(raw), output_dim=0))
+
+    def process_weights_after_loading(self, layer):
+        qweight, scales, mins = gguf_blocks.repack(layer.weight.data, self.fmt,
+                                                   self.in_features)
+        layer.weight = None
+        layer.qweight, layer.gguf_scales, layer.gguf_mins = (
+            _frozen(qweight), _frozen(scales), _frozen(mins))
+
+    def apply(self, layer, x, bias):
+        y = gguf_matmul(x, layer.qweight, layer.gguf_scales, layer.gguf_mins,
+                        self.in_features)
+        return y if bias is None else y + bias
+
+
+class GGUFConfig(QuantizationConfig):
+    name = "gguf"
+
+    def __init__(self, ignore=()) -> None:
+        super().__init__(ignore)
+        self.tensor_types: dict[str, int] | None = None  # module prefix -> GGML type id
+        self.kept: set[str] = set()  # checkpoint tensor names loaded as raw GGUF rows
+        self._told: set[str] = set()
+
+    def bind(self, tensor_types: Mapping[str, int]) -> None:
+        """The file's tensor types, by HF module prefix ("model.layers.0.self_attn.q_proj")."""
+        self.tensor_types = dict(tensor_types)
+
+    def _tell(self, key: str, msg: str, *args) -> None:
+        if key not in self._told:
+            self._told.add(key)
+            logger.info(msg, *args)
+
+    def _formats(self, prefixes: list[str]) -> list[str | None]:
+        if self.tensor_types is None:
+            raise ValueError("quantization='gguf' reads the tensor types of a .gguf model "
+                             "file; this model is not one")
+        types = [self.tensor_types.get(p) for p in prefixes]
+        return [None if t is None else gguf_blocks.format_name(t) for t in types]
+
+    def get_linear_method(self, layer, prefix):
+        tp = getattr(layer, "tp", None)
+        if tp is not None and tp.size > 1:
+            self._tell("tp", "GGUF layers are dequantized with tensor parallelism (GGUF "
+                       "blocks are not split across ranks)")
+            return None
+        parts = checkpoint_modules(prefix, self.packed_modules_mapping)
+        formats = self._formats(parts)
+        if None in formats:
+            types = sorted({str(self.tensor_types.get(p)) for p in parts})
+            self._tell(f"type{types}", "GGUF tensor type(s) %s have no quantized kernel: "
+                       "such layers (e.g. %s) are dequantized at load", types, prefix)
+            return None
+        if len(set(formats)) > 1:
+            self._tell(f"mixed{sorted(set(formats))}", "GGUF layer %s merges parts of types "
+                       "%s: merged layers of mixed types are dequantized at load", prefix,
+                       formats)
+            return None
+        self.kept.update(f"{p}.weight" for p in parts)
+        return GGUFLinearMethod(formats[0])
+
+    def keep_embeddings_quantized(self, model: nn.Module) -> None:
+        """Token embeddings (and an untied LM head) whose GGUF type has a layout keep it:
+        modules offering ``keep_gguf_quantized(fmt)`` take the raw rows."""
+        for name, module in model.named_modules():
+            keep = getattr(module, "keep_gguf_quantized", None)
+            if keep is None or getattr(module, "tied_to", None) is not None:
+                continue
+            fmt = self._formats([name])[0]
+            if fmt is not None:
+                keep(fmt)
+                self.kept.add(f"{name}.weight")
+
+
+def default_quantization(requested: str | None, *, is_gguf: bool, device_type: str,
+                         dtype: str, dequantize: bool, load_format: str) -> str | None:
+    """The scheme a model runs with once GGUF's default is applied: ``gguf`` for a .gguf file
+    on the CPU unless the user gave a dtype, asked for dequantized weights or dummy ones."""
+    if requested == "gguf" and not is_gguf:
+        raise ValueError("quantization='gguf' needs a .gguf model file")
+    if dequantize:
+        if requested == "gguf":
+            raise ValueError("gguf_dequantize=True contradicts quantization='gguf'")
+        return requested
+    if (requested is None and is_gguf and device_type == "cpu" and dtype == "auto"
+            and load_format != "dummy"):
+        return "gguf"
+    return requested

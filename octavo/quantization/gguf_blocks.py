@@ -1,0 +1,161 @@
+"""GGUF block formats, repacked into the one layout Octavo's quantized kernels read.
+
+Every supported format is, per block of 32 weights along the input, ``w = d * u + m`` with a
+small unsigned integer ``u`` and float ``d`` (scale) and ``m`` (offset):
+
+- Q8_0: u = q + 128, m = -128 d        - Q4_0: u = q, m = -8 d      - Q4_1: u = q, m = min
+- Q5_0: u = q (5 bits), m = -16 d      - Q5_1: u = q, m = min
+- Q4_K / Q5_K: each 32-weight sub-block of a 256 super-block has d = d_super * scale6 and
+  m = -dmin_super * min6, so they become Q4_1 / Q5_1 blocks exactly.
+
+The repacked layer holds ``qweight`` uint8 ``[N, K/2]`` when u < 16 (two per byte) or ``[N, K]``,
+and ``scales`` / ``mins`` float32 ``[N, K/32]``. Nibbles are packed per 64 weights: byte j of a
+64-chunk holds u[j] (low) and u[j + 32] (high), so one 32-byte load unpacks to two whole blocks;
+a trailing lone block (K % 64 == 32) holds u[j] and u[j + 16].
+
+Q6_K (scales per 16 weights) and the other K/IQ formats are not in this layout: layers holding
+them are dequantized at load instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+BLOCK = 32  # weights per scale in the repacked layout (and per activation scale in kernels)
+
+# GGMLQuantizationType values (gguf.GGMLQuantizationType), kept here so this module needs only
+# numpy: name -> (id, weights per block, bytes per block).
+FORMATS = {
+    "Q4_0": (2, 32, 18),
+    "Q4_1": (3, 32, 20),
+    "Q5_0": (6, 32, 22),
+    "Q5_1": (7, 32, 24),
+    "Q8_0": (8, 32, 34),
+    "Q4_K": (12, 256, 144),
+    "Q5_K": (13, 256, 176),
+}
+_BY_ID = {v[0]: name for name, v in FORMATS.items()}
+FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
+
+
+def format_name(qtype: int) -> str | None:
+    """The supported format name of a GGML type id, None when it cannot be kept quantized."""
+    return _BY_ID.get(int(qtype))
+
+
+def row_bytes(name: str, in_features: int) -> int:
+    _, per_block, nbytes = FORMATS[name]
+    if in_features % per_block:
+        raise ValueError(f"{name}: {in_features} input features are not a multiple of "
+                         f"{per_block}")
+    return in_features // per_block * nbytes
+
+
+def bits(name: str) -> int:
+    return 4 if name in FOUR_BIT else 8
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)[..., 0]
+
+
+def _nibbles16(qs: np.ndarray) -> np.ndarray:
+    """16 bytes -> 32 values: low nibbles are values 0..15, high nibbles 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _high_bits(qh: np.ndarray) -> np.ndarray:
+    """4 bytes (uint32 little endian) -> 32 bits, bit j for value j, as 0/16."""
+    bits_ = np.unpackbits(qh, axis=-1, bitorder="little")
+    return bits_.astype(np.uint8) << 4
+
+
+def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 12 packed bytes of a K super-block -> 8 six-bit scales and 8 six-bit mins."""
+    s = s.astype(np.uint8)
+    lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([lo & 63, (hi & 0x0F) | ((lo >> 6) << 4)], axis=-1)
+    mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=-1)
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def unpack_blocks(raw: np.ndarray, name: str, in_features: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GGUF rows ``raw`` uint8 [N, row_bytes] -> (u uint8 [N, K], d, m float32 [N, K/32])."""
+    _, per_block, nbytes = FORMATS[name]
+    n = raw.shape[0]
+    blocks = raw.reshape(n * in_features // per_block, nbytes)
+    if name == "Q8_0":
+        d = _f16(blocks[:, 0:2])
+        u = blocks[:, 2:] ^ np.uint8(0x80)  # int8 q -> q + 128
+        m = -128.0 * d
+    elif name in ("Q4_0", "Q4_1"):
+        d = _f16(blocks[:, 0:2])
+        off = 2 if name == "Q4_0" else 4
+        m = -8.0 * d if name == "Q4_0" else _f16(blocks[:, 2:4])
+        u = _nibbles16(blocks[:, off:off + 16])
+    elif name in ("Q5_0", "Q5_1"):
+        d = _f16(blocks[:, 0:2])
+        off = 2 if name == "Q5_0" else 4
+        m = -16.0 * d if name == "Q5_0" else _f16(blocks[:, 2:4])
+        u = _nibbles16(blocks[:, off + 4:off + 20]) | _high_bits(blocks[:, off:off + 4])
+    else:  # Q4_K, Q5_K: 8 sub-blocks of 32 per super-block
+        dd = _f16(blocks[:, 0:2])[:, None]
+        dmin = _f16(blocks[:, 2:4])[:, None]
+        sc, mn = _k_scales(blocks[:, 4:16])
+        d, m = (dd * sc).reshape(-1), (-dmin * mn).reshape(-1)
+        qs = blocks[:, -128:].reshape(-1, 4, 32)  # chunk c: sub-blocks 2c (low), 2c+1 (high)
+        u = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32)
+        if name == "Q5_K":
+            qh = blocks[:, 16:48]  # bit i of byte l: value l of sub-block i
+            hb = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+            u = u | (hb << 4)
+    u = np.ascontiguousarray(u, dtype=np.uint8).reshape(n, in_features)
+    nb = in_features // BLOCK
+    return (u, np.asarray(d, np.float32).reshape(n, nb), np.asarray(m, np.float32).reshape(n, nb))
+
+
+def pack_nibbles(u: torch.Tensor) -> torch.Tensor:
+    """u uint8 [N, K] with values < 16 -> [N, K/2] in the kernels' nibble order."""
+    n, k = u.shape
+    full = k // 64 * 64
+    main = u[:, :full].reshape(n, -1, 2, 32)
+    parts = [(main[:, :, 0] | (main[:, :, 1] << 4)).reshape(n, -1)]
+    if k > full:
+        tail = u[:, full:].reshape(n, 2, 16)
+        parts.append(tail[:, 0] | (tail[:, 1] << 4))
+    return torch.cat(parts, dim=1).contiguous()
+
+
+def unpack_nibbles(packed: torch.Tensor, in_features: int) -> torch.Tensor:
+    """Inverse of :func:`pack_nibbles`."""
+    n = packed.shape[0]
+    full = in_features // 64 * 64
+    main = packed[:, :full // 2].reshape(n, -1, 32)
+    parts = [torch.stack([main & 0x0F, main >> 4], dim=2).reshape(n, -1)]
+    if in_features > full:
+        tail = packed[:, full // 2:]
+        parts.append(torch.cat([tail & 0x0F, tail >> 4], dim=1))
+    return torch.cat(parts, dim=1)
+
+
+def repack(raw: torch.Tensor, name: str, in_features: int
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GGUF rows (uint8 [N, row_bytes]) -> (qweight, scales, mins) of the kernels' layout."""
+    u, d, m = unpack_blocks(raw.cpu().numpy(), name, in_features)
+    qweight = torch.from_numpy(u)
+    if bits(name) == 4:
+        qweight = pack_nibbles(qweight)
+    dev = raw.device
+    return qweight.to(dev), torch.from_numpy(d).to(dev), torch.from_numpy(m).to(dev)
+
+
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+               in_features: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The float weight [N, K] of a repacked layer (the reference every kernel is tested
+    against)."""
+    n = qweight.shape[0]
+    u = qweight if qweight.shape[1] == in_features else unpack_nibbles(qweight, in_features)
+    w = u.view(n, -1, BLOCK).float() * scales.unsqueeze(-1) + mins.unsqueeze(-1)
+    return w.reshape(n, in_features).to(dtype)

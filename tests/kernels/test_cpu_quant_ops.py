@@ -1,0 +1,85 @@
+"""Quantized CPU linear kernels (quant_gemm.cpp) against dequantize-then-matmul in torch: every
+GGUF block format with a kernel layout, odd shapes, each instruction set built on this CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo.kernels import cpu as cpu_kernels
+from octavo.quantization import gguf_blocks
+from octavo.quantization.gguf import ISA_CODES
+from tests.quantization.test_gguf_blocks import random_rows
+
+ops = cpu_kernels.load()
+pytestmark = pytest.mark.skipif(ops is None or not hasattr(ops, "gguf_linear"),
+                                reason="CPU kernels not built")
+ISA_NAMES = {v: k for k, v in ISA_CODES.items()}
+ISAS = ops.quant_isas() if ops is not None else []
+
+
+def weights(name: str, n: int, k: int, seed: int = 0):
+    raw = torch.from_numpy(random_rows(name, n, k, seed))
+    return gguf_blocks.repack(raw, name, k)
+
+
+def quantized_acts(x: torch.Tensor) -> torch.Tensor:
+    """x after the kernels' int8 rounding per 32-block (amax / 127 scales, ties to even)."""
+    xb = x.double().view(x.shape[0], -1, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, torch.round(xb / torch.where(d > 0, d, 1)), 0)
+    return (q * d).view(x.shape)
+
+
+def k_values(name: str) -> list[int]:
+    per_block = gguf_blocks.FORMATS[name][1]
+    return [256, 768] if per_block == 256 else [32, 96, 160, 576]
+
+
+CASES = [(name, k) for name in sorted(gguf_blocks.FORMATS) for k in k_values(name)]
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: ISA_NAMES[i])
+@pytest.mark.parametrize("name,k", CASES)
+@pytest.mark.parametrize("m", [1, 3, 17, 64])
+def test_gguf_linear_matches_reference(isa, name, k, m):
+    n = 37
+    qweight, scales, mins = weights(name, n, k, seed=k + m)
+    w = gguf_blocks.dequantize(qweight, scales, mins, k).double()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    y = ops.gguf_linear(x, qweight, scales, mins, k, isa)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    # Exact up to float summation order against the same int8 activations ...
+    ref = quantized_acts(x) @ w.T
+    scale = (x.double().abs() @ w.abs().T).clamp_min(1e-6)
+    assert ((y.double() - ref).abs() / scale).max() < 1e-5
+    # ... and close to the float product (int8 activations: ~1/254 of each block's max).
+    exact = x.double() @ w.T
+    assert ((y.double() - exact).abs() / scale).max() < 2e-2
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0"])
+def test_bf16_activations(name):
+    k, n = 160, 19
+    qweight, scales, mins = weights(name, n, k)
+    x = torch.randn(5, k).to(torch.bfloat16)
+    y = ops.gguf_linear(x, qweight, scales, mins, k, 0)
+    assert y.dtype == torch.bfloat16
+    ref = ops.gguf_linear(x.float(), qweight, scales, mins, k, 0)
+    torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("name,k", [("Q4_0", 96), ("Q4_K", 256), ("Q8_0", 32)])
+def test_dequantize_kernel(name, k):
+    qweight, scales, mins = weights(name, 11, k)
+    torch.testing.assert_close(ops.gguf_dequantize(qweight, scales, mins, k),
+                               gguf_blocks.dequantize(qweight, scales, mins, k),
+                               rtol=0, atol=0)
+
+
+def test_rejects_bad_shapes():
+    qweight, scales, mins = weights("Q4_1", 4, 64)
+    with pytest.raises(RuntimeError, match="x must be"):
+        ops.gguf_linear(torch.randn(2, 96), qweight, scales, mins, 64, 0)
+    with pytest.raises(RuntimeError, match="scales and mins"):
+        ops.gguf_linear(torch.randn(2, 64), qweight, scales[:, :1].contiguous(), mins, 64, 0)

@@ -1,0 +1,49 @@
+"""GGUF block formats repacked into the kernels' layout: exact against gguf-py's dequantizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from octavo.quantization import gguf_blocks
+
+gguf = pytest.importorskip("gguf")
+
+
+def random_rows(name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random GGUF rows of format ``name`` whose fp16 scales are finite."""
+    _, per_block, nbytes = gguf_blocks.FORMATS[name]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(n, k // per_block * nbytes), dtype=np.uint8)
+    blocks = raw.reshape(-1, nbytes)
+    n_f16 = 1 if name in ("Q4_0", "Q5_0", "Q8_0") else 2  # d (and min / dmin) lead the block
+    scales = (rng.normal(size=(blocks.shape[0], n_f16)) * 0.01).astype(np.float16)
+    blocks[:, :2 * n_f16] = scales.view(np.uint8)
+    return raw
+
+
+@pytest.mark.parametrize("name", sorted(gguf_blocks.FORMATS))
+@pytest.mark.parametrize("k_blocks", [1, 3])
+def test_repack_is_exact(name, k_blocks):
+    per_block = gguf_blocks.FORMATS[name][1]
+    k = k_blocks * per_block
+    raw = random_rows(name, 5, k)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(gguf_blocks.FORMATS[name][0]))
+    qweight, scales, mins = gguf_blocks.repack(torch.from_numpy(raw), name, k)
+    assert qweight.shape == (5, k // 2 if gguf_blocks.bits(name) == 4 else k)
+    assert scales.shape == mins.shape == (5, k // 32)
+    w = gguf_blocks.dequantize(qweight, scales, mins, k)
+    np.testing.assert_array_equal(w.numpy(), ref.reshape(5, k).astype(np.float32))
+
+
+@pytest.mark.parametrize("k", [32, 64, 96, 160])
+def test_nibble_packing_round_trips(k):
+    u = torch.randint(0, 16, (3, k), dtype=torch.uint8)
+    assert torch.equal(gguf_blocks.unpack_nibbles(gguf_blocks.pack_nibbles(u), k), u)
+
+
+def test_unsupported_types_have_no_format():
+    assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.Q6_K)) is None
+    assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.F32)) is None
+    assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.Q4_1)) == "Q4_1"
