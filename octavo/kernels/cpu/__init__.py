@@ -61,6 +61,9 @@ def build_name() -> str:
         with open(os.path.join(_DIR, name), "rb") as f:
             digest.update(name.encode() + b"\0" + f.read())
     digest.update(repr((CFLAGS, LDFLAGS, torch.__version__, _cpu_signature())).encode())
+    # The build files record absolute source paths: two checkouts sharing torch's extension
+    # cache would otherwise rebuild over each other's build on every switch (minutes each).
+    digest.update(os.path.realpath(_DIR).encode())
     return "octavo_cpu_ops_" + digest.hexdigest()[:16]
 
 
