@@ -36,7 +36,11 @@ def _scheme(**kw) -> str | None:
     return EngineArgs(device="cpu", **kw).create_engine_config().quantization
 
 
-def test_default_scheme_on_cpu(gguf_path):
+def test_default_scheme_on_cpu(gguf_path, monkeypatch):
+    from octavo.quantization import gguf
+
+    assert _scheme() == ("gguf" if gguf.DEFAULT_ON_CPU else None)
+    monkeypatch.setattr(gguf, "DEFAULT_ON_CPU", True)
     assert _scheme() == "gguf"
     assert _scheme(dtype="float32") is None  # an explicit dtype: dequantized, as before
     assert _scheme(gguf_dequantize=True) is None
@@ -102,7 +106,7 @@ def test_quantized_layers_match_dequantized(models):
 def test_greedy_close_to_dequantized(gguf_path):
     greedy = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     runs = []
-    for kw in ({}, {"dtype": "float32"}):
+    for kw in ({"quantization": "gguf"}, {"dtype": "float32"}):
         llm = LLM(max_model_len=512, kv_cache_memory=64 << 20, **kw)
         tok = llm.get_tokenizer()
         prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,

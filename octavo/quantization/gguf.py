@@ -10,8 +10,9 @@ generic loader (rows are whole, so q/k/v and gate/up land at their output offset
 and are repacked after loading (``gguf_blocks``). ``apply`` runs the C++ kernel when it is built
 (int8 activations per 32-block, int8 dot products), else dequantize-then-matmul in torch.
 
-It is the default for ``.gguf`` files on the CPU when ``dtype`` is left at "auto";
-``gguf_dequantize=True`` (EngineArgs) or an explicit ``dtype`` dequantizes everything at load.
+``quantization="gguf"`` asks for it; it is meant to become the default for ``.gguf`` files on the
+CPU when ``dtype`` is left at "auto" (``DEFAULT_ON_CPU``, off for now: see there), with
+``gguf_dequantize=True`` (EngineArgs) or an explicit ``dtype`` dequantizing everything at load.
 """
 
 from __future__ import annotations
@@ -154,6 +155,13 @@ class GGUFConfig(QuantizationConfig):
                 self.kept.add(f"{name}.weight")
 
 
+# Off until activations keep more precision: with int8 activations per 32-block the default
+# model's greedy answers drift from the float32 path (2 of 8 chat prompts identical over 32
+# tokens; "What is the capital of France?" no longer answers Paris), which tests of LLM()
+# rely on. quantization="gguf" opts in.
+DEFAULT_ON_CPU = False
+
+
 def default_quantization(requested: str | None, *, is_gguf: bool, device_type: str,
                          dtype: str, dequantize: bool, load_format: str) -> str | None:
     """The scheme a model runs with once GGUF's default is applied: ``gguf`` for a .gguf file
@@ -164,7 +172,7 @@ def default_quantization(requested: str | None, *, is_gguf: bool, device_type: s
         if requested == "gguf":
             raise ValueError("gguf_dequantize=True contradicts quantization='gguf'")
         return requested
-    if (requested is None and is_gguf and device_type == "cpu" and dtype == "auto"
-            and load_format != "dummy"):
+    if (DEFAULT_ON_CPU and requested is None and is_gguf and device_type == "cpu"
+            and dtype == "auto" and load_format != "dummy"):
         return "gguf"
     return requested
