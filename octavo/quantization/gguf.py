@@ -34,8 +34,8 @@ logger = logging.getLogger(__name__)
 
 # OCTAVO_CPU_QUANT_ISA -> the kernels' isa argument.
 ISA_CODES = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
-# From this many rows on, dequantizing the weight once and running a float GEMM beats the
-# int8 kernel (measured on the 2-core AVX-512 VNNI CI machine; see the tests' benchmark note).
+# From this many rows on, dequantize the weight once and run a float GEMM instead of the int8
+# kernel. A guess, not yet measured: prefill rows amortize the dequantization.
 DEQUANT_GEMM_MIN_ROWS = 128
 
 
