@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from octavo.outputs import CompletionOutput, Logprob, RequestOutput
-from octavo.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from octavo.sampling_params import (
+    BeamSearchParams,
+    GuidedDecodingParams,
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 
 __version__ = "0.1.0"
 
@@ -19,6 +25,8 @@ __all__ = [
     "CompletionOutput",
     "Logprob",
     "RequestOutputKind",
+    "StructuredOutputsParams",
+    "GuidedDecodingParams",
 ]
 
 if TYPE_CHECKING:

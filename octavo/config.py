@@ -132,6 +132,19 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """vLLM's structured_outputs_config: the grammar backend constrained requests use
+    ("auto" = xgrammar); checked against the registry when the engine starts."""
+
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.backend, str) or not self.backend:
+            raise ValueError(f"structured outputs backend must be a backend name, got "
+                             f"{self.backend!r}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
@@ -139,3 +152,4 @@ class EngineConfig:
     parallel_config: ParallelConfig
     device_config: DeviceConfig
     quantization: str | None = None
+    structured_outputs_config: StructuredOutputsConfig = StructuredOutputsConfig()

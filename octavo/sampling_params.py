@@ -14,6 +14,14 @@ from enum import Enum, IntEnum
 from typing import Any
 
 from octavo.errors import InvalidRequestError
+from octavo.structured_output.params import (
+    GuidedDecodingParams,
+    StructuredOutputsParams,
+    as_structured_outputs,
+)
+
+__all__ = ["BeamSearchParams", "GuidedDecodingParams", "RequestOutputKind", "SamplingParams",
+           "SamplingType", "StructuredOutputsParams"]
 
 # Temperatures below this are treated as greedy decoding.
 _SAMPLING_EPS = 1e-5
@@ -182,6 +190,10 @@ class SamplingParams:
     # row (a 1-D float32 tensor of the vocabulary's logits) before sampling. One that raises
     # ends its own request with an error; the rest of the batch goes on.
     logits_processors: list[Any] | None = None
+    # Constrain the output to a JSON schema / regex / choice / grammar (octavo.structured_output).
+    # vLLM's newer name and its older one; either may be given, both then hold the same object.
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: GuidedDecodingParams | None = None
 
     # Filled by update_from_generation_config(); not constructor arguments.
     eos_token_id: int | None = field(default=None, init=False, repr=False, compare=False)
@@ -332,11 +344,29 @@ class SamplingParams:
             raise _fail("temperature", f"temperature must be 0 when use_beam_search=True, "
                         f"got {self.temperature}")
 
+        # -- structured outputs
+        self._verify_structured_outputs()
+
         # -- greedy: the shaping knobs are meaningless, make them neutral
         if self.temperature < _SAMPLING_EPS:
             self.top_p = 1.0
             self.top_k = 0
             self.min_p = 0.0
+
+    def _verify_structured_outputs(self) -> None:
+        so, gd = self.structured_outputs, self.guided_decoding
+        if so is not None:
+            so = as_structured_outputs("structured_outputs", so)
+        if gd is not None:
+            gd = as_structured_outputs("guided_decoding", gd)
+        if so is not None and gd is not None and so is not gd and so != gd:
+            raise _fail("structured_outputs", "give structured_outputs or guided_decoding "
+                        "(its older name), not both")
+        so = so if so is not None else gd
+        self.structured_outputs = self.guided_decoding = so
+        if so is not None and self.use_beam_search:
+            raise _fail("structured_outputs", "structured outputs are not supported with "
+                        "use_beam_search=True")
 
     @staticmethod
     def _normalise_logit_bias(bias: Any) -> dict[int, float]:

@@ -4,7 +4,7 @@ diffs (new block ids and how far they have been computed)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from octavo.sampling_params import SamplingParams
@@ -45,6 +45,10 @@ class SchedulerOutput:
     # forward pass, swap-outs first: (GPU block, CPU block) and (CPU block, GPU block).
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Structured outputs: the allowed next tokens of the guided requests that sample this
+    # step (an octavo.structured_output.bitmask.GrammarBitmask, filled by the engine after
+    # schedule()); None when no guided request samples.
+    grammar_bitmask: Any = None
 
     @property
     def is_empty(self) -> bool:

@@ -16,6 +16,7 @@ from octavo.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    StructuredOutputsConfig,
     normalize_dtype,
 )
 
@@ -58,6 +59,10 @@ class EngineArgs:
     # Request limits (vLLM's max_logprobs; max_n caps n and best_of, default max_num_seqs).
     max_logprobs: int = 20
     max_n: int | None = None
+    # Structured outputs: vLLM's config (a StructuredOutputsConfig or a dict such as
+    # {"backend": "xgrammar"}) or its older flag; None: "auto" (xgrammar).
+    structured_outputs_config: StructuredOutputsConfig | dict | None = None
+    guided_decoding_backend: str | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -114,7 +119,25 @@ class EngineArgs:
             device_config=DeviceConfig(device=str(device), enforce_eager=self.enforce_eager,
                                        attention_backend=self.attention_backend),
             quantization=quantization,
+            structured_outputs_config=self._structured_outputs_config(),
         )
+
+    def _structured_outputs_config(self) -> StructuredOutputsConfig:
+        from octavo.structured_output.backend import resolve_backend_name
+
+        cfg = self.structured_outputs_config
+        if isinstance(cfg, dict):
+            unknown = sorted(set(cfg) - {"backend"})
+            if unknown:
+                raise ValueError(f"structured_outputs_config has unknown keys {unknown}")
+            cfg = StructuredOutputsConfig(**cfg)
+        elif cfg is None:
+            cfg = StructuredOutputsConfig(self.guided_decoding_backend or "auto")
+        elif not isinstance(cfg, StructuredOutputsConfig):
+            raise ValueError(f"structured_outputs_config must be a dict or "
+                             f"StructuredOutputsConfig, got {cfg!r}")
+        resolve_backend_name(cfg.backend)  # an unknown name fails at startup, by name
+        return cfg
 
 
 def _model_config(args: EngineArgs, device_type: str) -> ModelConfig:

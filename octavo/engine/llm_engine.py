@@ -46,8 +46,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config.model_config)
-        self.processor = Processor(config.model_config, self.tokenizer,
-                                   max_n=config.scheduler_config.sample_cap)
+        self.processor = Processor(
+            config.model_config, self.tokenizer, max_n=config.scheduler_config.sample_cap,
+            structured_outputs_backend=config.structured_outputs_config.backend)
         self.executor = UniProcExecutor(config)
         self.num_blocks = self.executor.num_blocks
         capacity = self.num_blocks * config.cache_config.block_size
@@ -66,6 +67,8 @@ class LLMEngine:
         self._inflight: tuple | None = None
         self._wait_s = 0.0
         self.timings = StepTimings()
+        # Requests with structured outputs still in the engine (pruned as they finish).
+        self._guided: set[str] = set()
 
     def _new_scheduler(self) -> Scheduler:
         c = self.config
@@ -96,7 +99,17 @@ class LLMEngine:
         req, text = self.processor.process(request_id, prompt, params, priority, arrival_time)
         req.group_id = group_id or request_id
         self.scheduler.add_request(req)
-        self.states[request_id] = RequestState(req, text, self.tokenizer)
+        self.states[request_id] = self._new_state(req, text)
+
+    def _new_state(self, req, text: str | None) -> RequestState:
+        state = RequestState(req, text, self.tokenizer)
+        if req.sampling_params.structured_outputs is not None:
+            # Its own matcher (each sample of n > 1 too), from the grammar the processor
+            # compiled and cached.
+            state.grammar = self.processor.structured.new_state(
+                req.sampling_params.structured_outputs)
+            self._guided.add(req.request_id)
+        return state
 
     def _add_parallel(self, request_id, prompt, params, priority, arrival_time,
                       group_id: str) -> None:
@@ -117,7 +130,7 @@ class LLMEngine:
             if i:
                 req.fork_of = leader
             self.scheduler.add_request(req)
-            self.states[req.request_id] = RequestState(req, text, self.tokenizer)
+            self.states[req.request_id] = self._new_state(req, text)
             self._child_parent[req.request_id] = (parent, i)
         self.parents[request_id] = parent
 
@@ -160,6 +173,7 @@ class LLMEngine:
         """Drop every request and start over: a fresh scheduler (every KV block free, the
         prefix cache emptied), the worker's per-request state cleared."""
         self._inflight = None
+        self._guided.clear()
         self.states.clear()
         self.parents.clear()
         self._child_parent.clear()
@@ -191,6 +205,8 @@ class LLMEngine:
             self._account(None, t0, t0, t0, num_prompt, num_gen)  # launched nothing
             return outputs
         sched = self.scheduler.schedule()
+        if self._guided:
+            sched.grammar_bitmask = self._grammar_bitmask(sched)
         t1 = time.perf_counter()
         handle = self.executor.execute_model_async(sched)
         t2 = time.perf_counter()
@@ -209,6 +225,18 @@ class LLMEngine:
             num_prompt, num_gen = num_prompt + p2, num_gen + g2
         self._account(sched, t0, t1, t2, num_prompt, num_gen)
         return outputs
+
+    def _grammar_bitmask(self, sched):
+        """The allowed next tokens of the guided requests that sample in ``sched``."""
+        grammars = {}
+        for rid in list(self._guided):
+            state = self.states.get(rid)
+            if state is None or state.grammar is None:  # finished, aborted, failed
+                self._guided.discard(rid)
+            else:
+                grammars[rid] = state.grammar
+        return self.processor.structured.step_bitmask(
+            sched.num_scheduled_tokens, self.scheduler.requests, grammars, grammars.keys())
 
     def _can_overlap(self) -> bool:
         return (self.config.scheduler_config.async_scheduling
@@ -241,6 +269,13 @@ class LLMEngine:
             if req.num_output_tokens == 1:
                 num_prompt += req.num_prompt_tokens
                 state.num_cached_tokens = req.num_cached_tokens
+            if state.grammar is not None and not state.grammar.accept(token):
+                # Only when other constraints (min_tokens, allowed_token_ids, logit_bias)
+                # left no token the grammar allows: end this request, not the batch.
+                failed[req.request_id] = (f"the sampled token {token} is not allowed by the "
+                                          "request's structured output grammar (its other "
+                                          "sampling constraints left no allowed token)")
+                continue
             try:
                 out, done = self._output_for(req, state, token, finished_ids, lp, stopped)
             except Exception as e:  # noqa: BLE001 - detokenization etc. of this request only

@@ -14,9 +14,15 @@ from octavo.sampling_params import RequestOutputKind, SamplingParams
 def needs_host_history(params: SamplingParams) -> bool:
     """Whether building a request's next step reads its latest sampled token on the host
     (logits processors over the history, min_tokens) or its step's results are read back
-    beyond the token (logprobs): such requests are not overlapped with the next step."""
+    beyond the token (logprobs): such requests are not overlapped with the next step.
+
+    Structured outputs are among them: the next step's token bitmask comes from the matcher
+    after it accepted the latest token, so with asynchronous scheduling the engine finishes
+    the step in flight before it schedules a guided request again (free requests overlap as
+    before when no guided one is in the engine)."""
     return (needs_processing(params) or params.min_tokens > 0
-            or params.logprobs is not None or params.prompt_logprobs is not None)
+            or params.logprobs is not None or params.prompt_logprobs is not None
+            or params.structured_outputs is not None)
 
 
 @dataclass
@@ -42,6 +48,8 @@ class RequestState:
         self.params: SamplingParams = request.sampling_params
         # The next step needs this request's latest token on the host (no overlap).
         self.needs_sync = needs_host_history(self.params)
+        # The request's grammar matcher (structured outputs), set by the engine.
+        self.grammar = None
         self.detok = (IncrementalDetokenizer(tokenizer, request.prompt_token_ids, self.params)
                       if tokenizer is not None and self.params.detokenize else None)
         self.token_ids: list[int] = []

@@ -10,6 +10,7 @@ from octavo.config import ModelConfig
 from octavo.core.request import Request
 from octavo.errors import InvalidRequestError
 from octavo.sampling_params import INT64_MAX, INT64_MIN, SamplingParams, check_text
+from octavo.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +44,16 @@ class Processor:
     scheduler can make a step raise. Stateless apart from warn-once bookkeeping: servers may
     call it from a worker thread while the engine thread steps."""
 
-    def __init__(self, model_config: ModelConfig, tokenizer, max_n: int | None = None) -> None:
+    def __init__(self, model_config: ModelConfig, tokenizer, max_n: int | None = None,
+                 structured_outputs_backend: str | None = None) -> None:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.vocab_size = model_config.hf_config.vocab_size
+        # Compiles (and caches) constrained requests' grammars here, before they are queued:
+        # a grammar that does not compile is the request's 400, never a step's fault.
+        self.structured = StructuredOutputManager(
+            tokenizer, self.vocab_size, tuple(model_config.eos_token_ids),
+            structured_outputs_backend)
         self.max_logprobs = getattr(model_config, "max_logprobs", 20)
         self.max_n = max_n  # None: no cap on n / best_of
         self._warned: set[str] = set()
@@ -104,6 +111,8 @@ class Processor:
             raise InvalidRequestError("stop", f"stop={params.stop!r} needs detokenization "
                                       "(a tokenizer and detokenize=True)")
         self._check_token_ids(params)
+        if params.structured_outputs is not None:
+            self.structured.compile(params.structured_outputs)
 
     def _check_limits(self, params: SamplingParams) -> None:
         """Counts bounded by the engine: a request must not be able to ask for work or output

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from octavo.sample.grammar_mask import GrammarMask
+
 
 @dataclass
 class SamplingMetadata:
@@ -21,3 +23,5 @@ class SamplingMetadata:
     row_contexts: list | None = None
     # Generator for unseeded rows (the engine's seed).
     generator: torch.Generator | None = None
+    # Structured outputs: the guided rows' token bitmask (octavo.sample.grammar_mask).
+    grammar: GrammarMask | None = None

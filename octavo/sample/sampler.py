@@ -13,6 +13,7 @@ import torch
 from octavo import envs
 from octavo.kernels.sample_race import race_sample
 from octavo.kernels.triton_utils import HAS_TRITON
+from octavo.sample.grammar_mask import apply_token_bitmask
 from octavo.sample.logits_processors import apply_logits_processors
 from octavo.sample.metadata import SamplingMetadata
 
@@ -34,6 +35,10 @@ class Sampler:
         if self._races(logits, meta):  # one pass over the raw logits, no float32 copy
             return SamplerOutput(sampled=self._race(logits, meta))
         logits = logits.float()
+        if meta.grammar is not None:
+            # Before everything else, as vLLM: logprobs are those of the constrained
+            # distribution, and penalties / biases never revive a disallowed token.
+            logits = apply_token_bitmask(logits, meta.grammar)
         raw = logits
         failed: dict[int, BaseException] = {}
         if meta.row_contexts:

@@ -17,10 +17,12 @@ from octavo.attention.registry import select_backend
 from octavo.config import EngineConfig
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.model_loader.loader import TORCH_DTYPES, load_model
+from octavo.sample.grammar_mask import GrammarMask
 from octavo.sample.logits_processors import RowContext, needs_processing
 from octavo.sample.metadata import SamplingMetadata
 from octavo.sample.sampler import Sampler, SamplerOutput
 from octavo.sampling_params import SamplingType
+from octavo.structured_output.bitmask import GrammarBitmask
 from octavo.worker.cuda_graphs import CudaGraphRunner
 from octavo.worker.input_buffers import InputBuffers
 from octavo.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
@@ -297,7 +299,8 @@ class ModelRunner:
             if not rows:
                 return
             ends = [num_computed[i] + num_new[i] for i in rows]
-            staged["meta"] = self._sampling_metadata(sample_states, ends)
+            staged["meta"] = self._sampling_metadata(sample_states, ends,
+                                                     sched.grammar_bitmask)
             if len(rows) != t:
                 staged["idx"] = self.buf.logits_indices.put(qsl[1:][rows] - 1)
 
@@ -372,10 +375,12 @@ class ModelRunner:
         for cache in self.kv_caches:
             cache[:, dst] = cache[:, src]
 
-    def _sampling_metadata(self, states: list[CachedRequestState],
-                           ends: list[int]) -> SamplingMetadata:
+    def _sampling_metadata(self, states: list[CachedRequestState], ends: list[int],
+                           grammar: GrammarBitmask | None = None) -> SamplingMetadata:
         """``ends``: each row's token count once this step is computed; the token sampled
-        now is output number ``end - num_prompt_tokens`` (counting from 0)."""
+        now is output number ``end - num_prompt_tokens`` (counting from 0). ``grammar``: the
+        step's token bitmask of the guided requests (structured outputs)."""
+        mask = self._grammar_mask(states, grammar) if grammar is not None else None
         params = [st.sampling_params for st in states]
         types = [p.sampling_type for p in params]
         want_lp = [p.logprobs for p in params if p.logprobs is not None]
@@ -397,7 +402,8 @@ class ModelRunner:
                 contexts.append(RowContext(row, p, st.token_ids[:n], st.token_ids[n:],
                                            st.bad_words_token_ids, banned))
         if all(t == SamplingType.GREEDY for t in types):
-            return SamplingMetadata(True, None, None, None, None, {}, max_lp, contexts)
+            return SamplingMetadata(True, None, None, None, None, {}, max_lp, contexts,
+                                    grammar=mask)
         dev = self.device
         buf = self.buf
         temp = buf.temperature.put([0.0 if t == SamplingType.GREEDY else p.temperature
@@ -422,7 +428,24 @@ class ModelRunner:
                 gen.manual_seed(seed % (2 ** 63))
                 gens[row] = gen
         return SamplingMetadata(False, temp, top_k, top_p, min_p, gens, max_lp, contexts,
-                                self.generator)
+                                self.generator, grammar=mask)
+
+    def _grammar_mask(self, states: list[CachedRequestState],
+                      grammar: GrammarBitmask) -> GrammarMask | None:
+        """The bitmask rows of the guided requests among this step's sampling rows, on the
+        device, with the logits rows they constrain."""
+        index = {rid: i for i, rid in enumerate(grammar.req_ids)}
+        rows = [r for r, st in enumerate(states) if st.req_id in index]
+        if not rows:
+            return None
+        src = [index[states[r].req_id] for r in rows]
+        bitmask = grammar.bitmask
+        if src != list(range(bitmask.shape[0])):
+            bitmask = bitmask[torch.tensor(src)]
+        bitmask = bitmask.to(self.device, non_blocking=True)
+        if rows == list(range(len(rows))):
+            return GrammarMask(bitmask, None)
+        return GrammarMask(bitmask, torch.tensor(rows, device=self.device))
 
     @staticmethod
     def _logprobs_dict(states, out: SamplerOutput):

@@ -1,0 +1,117 @@
+"""The xgrammar backend (vLLM's default): compiles JSON schemas, regexes, EBNF / Lark grammars
+and choices into token-level automata and fills bitmasks of the allowed next tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from octavo.structured_output.backend import BackendUnavailableError, GrammarCompileError
+from octavo.structured_output.params import StructuredOutputsParams
+
+# Bitmask rows filled on xgrammar's thread pool from this many on; fewer are filled inline
+# (a thread hand-off costs more than a small grammar's fill).
+_BATCH_FILL_MIN = 8
+# "[12:31:45] /project/cpp/regex_converter.cc:94: " in front of xgrammar's messages.
+_CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+
+
+def import_xgrammar():
+    try:
+        import xgrammar
+    except ImportError as e:
+        raise BackendUnavailableError(
+            "structured outputs need the xgrammar package: pip install 'octavo[structured]' "
+            f"(or pip install xgrammar) ({e})") from None
+    return xgrammar
+
+
+def _message(e: BaseException) -> str:
+    text = _CPP_PREFIX.sub("", str(e).strip())
+    return text if len(text) <= 500 else text[:500] + "...(truncated)"
+
+
+def choice_grammar(choices: Sequence[str]) -> str:
+    """EBNF whose language is exactly ``choices``: JSON string escapes are EBNF's too."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+class XgrammarBackend:
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
+                 max_threads: int | None = None) -> None:
+        xgr = import_xgrammar()
+        if max_threads is None:  # more threads than cores only warns and contends
+            max_threads = max(1, min(4, os.cpu_count() or 1))
+        self._xgr = xgr
+        if tokenizer is None:
+            raise BackendUnavailableError("structured outputs need a tokenizer "
+                                          "(skip_tokenizer_init=True was set)")
+        # vocab_size is the model's logits width: xgrammar masks the ids past the tokenizer.
+        self.vocab_size = vocab_size
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None)
+        # Our GrammarCache (bounded, remembers failures) is the one cache: xgrammar's own
+        # is unbounded by default, which a server seeing many distinct schemas cannot afford.
+        self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
+        self._batch = xgr.BatchGrammarMatcher(max_threads=max_threads)
+
+    # ------------------------------------------------------------------ compile
+    def compile(self, params: StructuredOutputsParams) -> Any:
+        kind, spec = params.kind, params.spec
+        c = self.compiler
+        try:
+            if kind == "json":
+                if spec is True:
+                    return c.compile_builtin_json_grammar()
+                if spec is False:
+                    raise GrammarCompileError("the JSON schema `false` accepts no output")
+                return c.compile_json_schema(
+                    json.dumps(spec), any_whitespace=not params.disable_any_whitespace,
+                    strict_mode=True)
+            if kind == "json_object":  # any JSON object, with whatever properties
+                return c.compile_json_schema(
+                    '{"type": "object"}', any_whitespace=not params.disable_any_whitespace,
+                    strict_mode=False)
+            if kind == "regex":
+                return c.compile_regex(spec)
+            if kind == "choice":
+                return c.compile_grammar(choice_grammar(spec))
+            if kind == "grammar":
+                return self._compile_grammar(spec)
+            if kind == "structural_tag":
+                return c.compile_structural_tag(spec)
+        except GrammarCompileError:
+            raise
+        except Exception as e:  # noqa: BLE001 - xgrammar's RuntimeErrors: the input's fault
+            raise GrammarCompileError(f"invalid {kind}: {_message(e)}") from None
+        raise GrammarCompileError(f"unsupported constraint kind {kind!r}")
+
+    def _compile_grammar(self, text: str) -> Any:
+        """EBNF (GBNF, xgrammar's dialect) first; Lark (what vLLM's guidance backend and
+        OpenAI's tools take) when that fails to parse."""
+        try:
+            return self.compiler.compile_grammar(text)
+        except Exception as ebnf_error:  # noqa: BLE001
+            try:
+                return self.compiler.compile_grammar(self._xgr.Grammar.from_lark(text))
+            except Exception:  # noqa: BLE001 - report the EBNF parser's complaint
+                raise ebnf_error from None
+
+    # ------------------------------------------------------------------ matching
+    def new_matcher(self, compiled: Any) -> Any:
+        return self._xgr.GrammarMatcher(compiled)
+
+    def allocate_bitmask(self, rows: int) -> Any:
+        return self._xgr.allocate_token_bitmask(rows, self.vocab_size)
+
+    def fill_bitmask(self, matchers: Sequence[Any], bitmask: Any) -> None:
+        if len(matchers) >= _BATCH_FILL_MIN:
+            self._batch.batch_fill_next_token_bitmask(list(matchers), bitmask)
+            return
+        for i, m in enumerate(matchers):
+            m.fill_next_token_bitmask(bitmask, i)

@@ -1,0 +1,341 @@
+"""Structured outputs (xgrammar): parameter validation, the bitmask op, the grammar cache, and
+end to end on the embedded SmolLM2: JSON schema / regex / choice / grammar / json_object,
+mixed guided and free batches, n > 1, stop strings, preemption and async scheduling."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+from octavo import GuidedDecodingParams, SamplingParams, StructuredOutputsParams
+from octavo.errors import InvalidRequestError
+from octavo.sample.grammar_mask import GrammarMask, apply_token_bitmask, unpack_bitmask
+from octavo.structured_output.backend import GrammarCompileError
+from octavo.structured_output.grammar_cache import GrammarCache
+
+xgr = pytest.importorskip("xgrammar")
+jsonschema = pytest.importorskip("jsonschema")
+
+PERSON = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 20},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+          "required": ["name", "age"]}
+REGEX = r"[0-9]{3}-[a-z]{2,5}"
+CHOICES = ["positive", "negative", "neutral"]
+GRAMMAR = 'root ::= "yes" | "no" | ("maybe " [0-9] [0-9]?)'
+
+
+# ------------------------------------------------------------------ parameters
+def test_params_accept_each_kind_and_both_names():
+    p = SamplingParams(guided_decoding=GuidedDecodingParams(json=json.dumps(PERSON)))
+    assert p.structured_outputs is p.guided_decoding
+    assert p.structured_outputs.json == PERSON  # JSON text parsed
+    assert p.structured_outputs.kind == "json"
+    q = SamplingParams(structured_outputs={"regex": REGEX})
+    assert isinstance(q.structured_outputs, StructuredOutputsParams)
+    assert q.guided_decoding is q.structured_outputs
+    assert q.clone().structured_outputs == q.structured_outputs
+    assert StructuredOutputsParams(choice=("a", "b")).choice == ["a", "b"]
+    assert StructuredOutputsParams(json_object=True).kind == "json_object"
+    assert StructuredOutputsParams.from_optional(json=None, regex=None) is None
+
+
+def test_params_take_a_pydantic_model():
+    pydantic = pytest.importorskip("pydantic")
+
+    class Person(pydantic.BaseModel):
+        name: str
+        age: int
+
+    p = StructuredOutputsParams(json=Person)
+    assert p.json["properties"].keys() == {"name", "age"}
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({}, "structured_outputs"),
+    ({"json": PERSON, "regex": "a"}, "structured_outputs"),
+    ({"json_object": False}, "structured_outputs"),
+    ({"regex": ""}, "structured_outputs.regex"),
+    ({"regex": 5}, "structured_outputs.regex"),
+    ({"choice": "ab"}, "structured_outputs.choice"),
+    ({"choice": []}, "structured_outputs.choice"),
+    ({"choice": ["a", 1]}, "structured_outputs.choice"),
+    ({"grammar": "  "}, "structured_outputs.grammar"),
+    ({"json": "{not json"}, "structured_outputs.json"),
+    ({"json": 3}, "structured_outputs.json"),
+    ({"json_object": "yes"}, "structured_outputs.json_object"),
+    ({"json": PERSON, "disable_any_whitespace": 1}, "structured_outputs.disable_any_whitespace"),
+    ({"json": PERSON, "whitespace_pattern": r"\s"}, "structured_outputs.whitespace_pattern"),
+])
+def test_params_refuse_bad_values_by_field(kwargs, param):
+    with pytest.raises(InvalidRequestError) as e:
+        StructuredOutputsParams(**kwargs)
+    assert e.value.param == param
+
+
+def test_sampling_params_refuse_conflicts_and_wrong_types():
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(structured_outputs=StructuredOutputsParams(regex="a"),
+                       guided_decoding=GuidedDecodingParams(regex="b"))
+    assert e.value.param == "structured_outputs"
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(guided_decoding="json")
+    assert e.value.param == "guided_decoding"
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(guided_decoding={"jsn": {}})
+    assert e.value.param == "guided_decoding"
+    with pytest.raises(InvalidRequestError) as e:
+        GuidedDecodingParams(regex="")
+    assert e.value.param == "guided_decoding.regex"
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(use_beam_search=True, temperature=0.0,
+                       structured_outputs=StructuredOutputsParams(regex="a"))
+
+
+def test_sampling_params_module_stays_torch_free():
+    import subprocess
+
+    code = ("import sys; import octavo.sampling_params, octavo.structured_output; "
+            "assert 'torch' not in sys.modules and 'xgrammar' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------ the bitmask op
+@pytest.mark.parametrize("vocab, words", [(100, 4), (128, 4), (70, 2), (96, 2)])
+def test_bitmask_op_matches_xgrammar(vocab, words):
+    g = torch.Generator().manual_seed(vocab)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (3, words), dtype=torch.int32, generator=g)
+    logits = torch.randn(5, vocab, generator=g)
+    rows = [4, 0, 2]
+    ours = apply_token_bitmask(logits.clone(), GrammarMask(bitmask, torch.tensor(rows)))
+    ref = logits.clone()
+    full = torch.zeros(5, words, dtype=torch.int32)
+    full[rows] = bitmask
+    xgr.apply_token_bitmask_inplace(ref, full, indices=rows)
+    if vocab > words * 32:  # ids past the bitmask: disallowed here (xgrammar leaves them)
+        ref[rows, words * 32:] = float("-inf")
+    assert torch.equal(ours, ref)
+    untouched = [1, 3]
+    assert torch.equal(ours[untouched], logits[untouched])
+
+
+def test_bitmask_op_leading_rows_and_unpack_order():
+    bitmask = torch.tensor([[0b101, 0]], dtype=torch.int32)
+    assert unpack_bitmask(bitmask, 40)[0].nonzero().flatten().tolist() == [0, 2]
+    logits = torch.zeros(2, 40)
+    apply_token_bitmask(logits, GrammarMask(bitmask, None))
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [0, 2]
+    assert torch.isfinite(logits[1]).all()
+
+
+def test_grammar_cache_hits_and_remembers_failures():
+    cache = GrammarCache(capacity=2)
+    calls = []
+
+    def compile_ok():
+        calls.append(1)
+        return object()
+
+    a = cache.get_or_compile("a", compile_ok)
+    assert cache.get_or_compile("a", compile_ok) is a and len(calls) == 1
+
+    def compile_bad():
+        calls.append(2)
+        raise GrammarCompileError("bad")
+
+    for _ in range(2):
+        with pytest.raises(GrammarCompileError):
+            cache.get_or_compile("b", compile_bad)
+    assert calls.count(2) == 1
+    cache.get_or_compile("c", compile_ok)
+    assert len(cache) == 2  # LRU: "a" evicted
+
+
+def test_missing_library_is_a_clear_error(monkeypatch):
+    from octavo.structured_output.manager import StructuredOutputManager
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)
+    manager = StructuredOutputManager(object(), 100, (0,))
+    with pytest.raises(InvalidRequestError, match="pip install") as e:
+        manager.compile(StructuredOutputsParams(regex="a"))
+    assert e.value.param == "structured_outputs"
+
+
+# ------------------------------------------------------------------ end to end
+@pytest.fixture(scope="module")
+def llm():
+    from octavo import LLM
+
+    # dtype given: the dequantized float path, whose greedy tokens do not depend on the
+    # batch (the GGUF-quantized CPU default switches kernels with the number of rows).
+    return LLM(max_model_len=512, dtype="float32")
+
+
+def _chat(llm, text: str) -> str:
+    return llm.get_tokenizer().apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+
+
+def _guided(max_tokens: int = 40, **kwargs) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                          structured_outputs=StructuredOutputsParams(**kwargs))
+
+
+def _check(kind: str, text: str) -> None:
+    if kind == "json":
+        jsonschema.validate(json.loads(text), PERSON)
+    elif kind == "regex":
+        assert re.fullmatch(REGEX, text), text
+    elif kind == "choice":
+        assert text in CHOICES, text
+    elif kind == "grammar":
+        assert re.fullmatch(r"yes|no|maybe [0-9]{1,2}", text), text
+    elif kind == "json_object":
+        assert isinstance(json.loads(text), dict), text
+
+
+def _batch(llm):
+    """A batch mixing guided and free requests: (prompts, params, kinds)."""
+    guided = [
+        ("json", _chat(llm, "Describe a person as JSON."),
+         _guided(48, json=PERSON, disable_any_whitespace=True)),
+        ("regex", _chat(llm, "Give me a ticket code."), _guided(16, regex=REGEX)),
+        ("choice", _chat(llm, "I love it! Sentiment?"), _guided(8, choice=CHOICES)),
+        ("grammar", _chat(llm, "Will it rain?"), _guided(8, grammar=GRAMMAR)),
+        ("json_object", _chat(llm, "A cat as a JSON object with two keys."),
+         _guided(48, json_object=True, disable_any_whitespace=True)),
+    ]
+    free = [(None, _chat(llm, q), SamplingParams(temperature=0.0, max_tokens=12))
+            for q in ("Hello!", "What is 2+2?", "Name a color.")]
+    rows = [guided[0], free[0], guided[1], guided[2], free[1], guided[3], free[2], guided[4]]
+    return [r[1] for r in rows], [r[2] for r in rows], [r[0] for r in rows]
+
+
+def _texts(outs):
+    return [o.outputs[0].text for o in outs]
+
+
+@pytest.fixture(scope="module")
+def mixed(llm):
+    prompts, params, kinds = _batch(llm)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return prompts, params, kinds, outs
+
+
+def test_every_guided_output_satisfies_its_constraint(mixed):
+    _, _, kinds, outs = mixed
+    for kind, out in zip(kinds, outs):
+        comp = out.outputs[0]
+        if kind is None:
+            continue
+        # JSON may hit max_tokens only if the model rambles; these are short enough.
+        assert comp.finish_reason == "stop", (kind, comp.text)
+        _check(kind, comp.text)
+
+
+def test_free_requests_are_unchanged_by_guided_neighbours(llm, mixed):
+    prompts, params, kinds, outs = mixed
+    free = [i for i, k in enumerate(kinds) if k is None]
+    alone = llm.generate([prompts[i] for i in free], [params[i] for i in free],
+                         use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in alone] == [outs[i].outputs[0].token_ids
+                                                       for i in free]
+
+
+def test_guided_requests_alone_equal_in_a_batch(llm, mixed):
+    prompts, params, kinds, outs = mixed
+    i = kinds.index("regex")
+    alone = llm.generate(prompts[i], params[i], use_tqdm=False)
+    assert alone[0].outputs[0].token_ids == outs[i].outputs[0].token_ids
+
+
+def test_n_samples_each_follow_the_grammar(llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=16,
+                            structured_outputs=StructuredOutputsParams(regex=REGEX))
+    out = llm.generate(_chat(llm, "Give me three ticket codes."), params, use_tqdm=False)[0]
+    assert len(out.outputs) == 3
+    for comp in out.outputs:
+        _check("regex", comp.text)
+    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=8,
+                            structured_outputs=StructuredOutputsParams(choice=CHOICES))
+    out = llm.generate(_chat(llm, "Sentiment of 'ok'?"), params, use_tqdm=False)[0]
+    assert all(c.text in CHOICES for c in out.outputs)
+
+
+def test_stop_strings_cut_guided_output(llm):
+    params = _guided(48, json=PERSON, disable_any_whitespace=True)
+    params.stop = [","]
+    full = llm.generate(_chat(llm, "Describe a person as JSON."), _guided(
+        48, json=PERSON, disable_any_whitespace=True), use_tqdm=False)[0].outputs[0]
+    cut = llm.generate(_chat(llm, "Describe a person as JSON."), params,
+                       use_tqdm=False)[0].outputs[0]
+    assert "," in full.text
+    assert cut.text == full.text.split(",")[0]
+    assert cut.finish_reason == "stop" and cut.stop_reason == ","
+
+
+def test_grammar_ends_with_eos_and_length_cap_truncates(llm):
+    out = llm.generate(_chat(llm, "Will it rain?"), _guided(8, grammar=GRAMMAR),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop"  # the grammar ended, then only EOS was allowed
+    tok = llm.get_tokenizer()
+    assert out.token_ids[-1] == tok.eos_token_id
+    capped = llm.generate(_chat(llm, "Describe a person as JSON."), _guided(
+        3, json=PERSON), use_tqdm=False)[0].outputs[0]
+    assert capped.finish_reason == "length" and capped.text.startswith("{")
+
+
+def test_logprobs_and_penalties_stay_inside_the_grammar(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2,
+                            repetition_penalty=1.3, logit_bias={0: 5.0},
+                            structured_outputs=StructuredOutputsParams(choice=CHOICES))
+    comp = llm.generate(_chat(llm, "Sentiment?"), params, use_tqdm=False)[0].outputs[0]
+    assert comp.text in CHOICES
+    for tid, pos in zip(comp.token_ids, comp.logprobs):
+        assert pos[tid].logprob > float("-inf")
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"regex": "("}, "structured_outputs.regex"),
+    ({"grammar": 'root ::= "a" |'}, "structured_outputs.grammar"),
+    ({"json": {"type": "frobnicate"}}, "structured_outputs.json"),
+    ({"regex": "a", "backend": "nope"}, "structured_outputs.backend"),
+])
+def test_grammars_that_do_not_compile_are_refused_by_field(llm, kwargs, param):
+    params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(**kwargs))
+    with pytest.raises(InvalidRequestError) as e:
+        llm.generate(["ok", "fine"], [SamplingParams(max_tokens=2), params], use_tqdm=False)
+    assert e.value.param == param
+    assert "/project/cpp" not in str(e.value)  # xgrammar's source location is trimmed
+
+
+def test_compiled_grammars_are_cached(llm):
+    cache = llm.llm_engine.processor.structured.cache
+    before = cache.misses
+    schema = {"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}
+    for _ in range(3):
+        llm.generate("x", _guided(12, json=schema, disable_any_whitespace=True),
+                     use_tqdm=False)
+    assert cache.misses == before + 1
+
+
+def test_preemption_and_async_scheduling_keep_guided_outputs(mixed):
+    """Recompute preemption (a tiny KV pool, no prefix sharing) with asynchronous scheduling:
+    each matcher follows its request's accepted tokens (never advanced twice by a recompute),
+    so every guided output still satisfies its constraint and none is rejected."""
+    from octavo import LLM
+
+    prompts, params, kinds, _ = mixed
+    small = LLM(max_model_len=160, num_gpu_blocks_override=40, block_size=4, dtype="float32",
+                async_scheduling=True, max_num_batched_tokens=64, enable_prefix_caching=False)
+    got = small.generate(prompts, params, use_tqdm=False)
+    assert small.llm_engine.scheduler.num_preemptions > 0
+    for kind, out in zip(kinds, got):
+        comp = out.outputs[0]
+        assert comp.finish_reason in ("stop", "length"), (kind, comp.text)
+        if kind is not None and comp.finish_reason == "stop":
+            _check(kind, comp.text)
