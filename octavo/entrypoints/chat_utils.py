@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 Conversation = Sequence[Mapping[str, str]]
 
@@ -15,14 +17,38 @@ def validate_conversation(messages: Conversation) -> None:
             raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
 
 
+def _template_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as chat templates expect it: OpenAI sends a tool call's arguments as JSON
+    text, while templates (Qwen's, Hermes') render them as a mapping with ``tojson``."""
+    out = dict(message)
+    calls = out.get("tool_calls")
+    if isinstance(calls, list):
+        fixed = []
+        for call in calls:
+            fn = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
+                try:
+                    args = json.loads(fn["arguments"])
+                except ValueError:
+                    args = None
+                if isinstance(args, dict):
+                    call = {**call, "function": {**fn, "arguments": args}}
+            fixed.append(call)
+        out["tool_calls"] = fixed
+    return out
+
+
 def apply_chat_template(tokenizer, messages: Conversation, chat_template: str | None = None,
-                        add_generation_prompt: bool = True) -> str:
+                        add_generation_prompt: bool = True,
+                        tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """``tools``: OpenAI tool definitions, handed to the template (as transformers does)."""
     if tokenizer is None:
         raise ValueError("chat needs a tokenizer (skip_tokenizer_init=True was set)")
     validate_conversation(messages)
     template = chat_template or getattr(tokenizer, "chat_template", None)
     if not template:
         raise ValueError("the tokenizer has no chat template: pass chat_template=...")
+    extra = {"tools": [dict(t) for t in tools]} if tools else {}
     return tokenizer.apply_chat_template(
-        [dict(m) for m in messages], chat_template=template, tokenize=False,
-        add_generation_prompt=add_generation_prompt)
+        [_template_message(m) for m in messages], chat_template=template, tokenize=False,
+        add_generation_prompt=add_generation_prompt, **extra)

@@ -65,6 +65,8 @@ class ServerSettings:
     shutdown_engine: bool = True  # stop the engine loop when the app stops
     # A chat template (the server's or a request's) must render within this many seconds.
     chat_template_timeout: float = DEFAULT_RENDER_TIMEOUT_S
+    # tool_choice "auto" reads tool calls out of the model's text with this parser.
+    tool_call_parser: str | None = None
 
 
 def _error(status: int, message: str, param: str | None = None,
@@ -79,7 +81,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
     names = list(s.served_model_names or [mc.served_model_name])
     completions = OpenAIServingCompletion(engine, names)
     chat = OpenAIServingChat(engine, names, s.chat_template,
-                             render_timeout=s.chat_template_timeout)
+                             render_timeout=s.chat_template_timeout,
+                             tool_call_parser=s.tool_call_parser)
     metrics = PrometheusStatLogger(engine.engine, names[0])
     engine.stat_loggers.append(metrics)
 
@@ -222,6 +225,14 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
                    help="largest request body accepted (413 above)")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one")
+    p.add_argument("--guided-decoding-backend", default="xgrammar",
+                   help="grammar backend for structured outputs (response_format, guided_*, "
+                   "forced tool calls): xgrammar or auto")
+    p.add_argument("--tool-call-parser", default=None,
+                   help="parser for tool_choice 'auto' (hermes: the <tool_call> format of "
+                   "Qwen2.5 / Qwen3 chat templates); without it 'auto' is refused")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="vLLM's flag: tool_choice 'auto' (needs --tool-call-parser)")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="names the API accepts (the first is reported)")
     p.add_argument("--model", default=None,
@@ -296,6 +307,24 @@ def unsupported_flags(args: argparse.Namespace) -> list[str]:
         bad = TrustedHosts.problem(args.forwarded_allow_ips)
         if bad:
             problems.append(f"--forwarded-allow-ips {args.forwarded_allow_ips!r}: {bad}")
+    problems += _tool_flag_problems(args)
+    return problems
+
+
+def _tool_flag_problems(args: argparse.Namespace) -> list[str]:
+    from octavo.entrypoints.openai.tool_parsers import tool_parser_names
+    from octavo.structured_output.backend import resolve_backend_name
+
+    problems = []
+    parser = getattr(args, "tool_call_parser", None)
+    if parser is not None and parser not in tool_parser_names():
+        problems.append(f"--tool-call-parser {parser!r}: choose one of {tool_parser_names()}")
+    if getattr(args, "enable_auto_tool_choice", False) and parser is None:
+        problems.append("--enable-auto-tool-choice needs --tool-call-parser")
+    try:
+        resolve_backend_name(getattr(args, "guided_decoding_backend", None))
+    except ValueError as e:
+        problems.append(f"--guided-decoding-backend: {e}")
     return problems
 
 
@@ -312,6 +341,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
         max_logprobs=args.max_logprobs, max_n=args.max_n, load_format=args.load_format,
+        guided_decoding_backend=getattr(args, "guided_decoding_backend", None),
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
 
 
@@ -362,7 +392,8 @@ def run_server(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         served_model_names=args.served_model_name, api_key=args.api_key,
         rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
-        chat_template=_read_template(args.chat_template))
+        chat_template=_read_template(args.chat_template),
+        tool_call_parser=getattr(args, "tool_call_parser", None))
     app = build_app(engine, settings)
     metrics_server = None
     if args.metrics_port is not None:

@@ -25,7 +25,10 @@ from pydantic import (
     model_validator,
 )
 
-from octavo.sampling_params import RequestOutputKind, SamplingParams
+from octavo.errors import InvalidRequestError
+from octavo.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from octavo.structured_output.params import KINDS as STRUCTURED_KINDS
+from octavo.structured_output.params import as_structured_outputs
 
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -121,6 +124,28 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema. The schema is always enforced: ``strict`` is
+    accepted for compatibility (structured outputs never produce off-schema JSON)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: Text | None = None
+    description: Text | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+# Request fields that constrain the output, each a way to say the same thing.
+STRUCTURED_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                     "guided_choice", "guided_grammar")
+
+
 class _SamplingRequest(BaseModel):
     """Sampling fields shared by completions and chat (OpenAI's plus vLLM's extras)."""
 
@@ -156,6 +181,16 @@ class _SamplingRequest(BaseModel):
     bad_words: list[Text] | None = None
     # Keep only the last k prompt tokens (-1: the model's maximum length).
     truncate_prompt_tokens: Annotated[int, Strict(), Field(ge=-1, le=INT32_MAX)] | None = None
+    # Structured outputs: OpenAI's response_format, vLLM's structured_outputs (the fields of
+    # StructuredOutputsParams) and its older guided_* fields. At most one of them.
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Text | dict[str, Any] | None = None
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
+    guided_grammar: Text | None = None
+    guided_decoding_backend: Text | None = None
+    guided_whitespace_pattern: Text | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -198,7 +233,54 @@ class _SamplingRequest(BaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words, truncate_prompt_tokens=self.truncate_prompt_tokens,
-            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=self.structured_outputs_params())
+
+    def structured_source(self) -> str | None:
+        """The request field that constrains the output (None: free text). 400 when a
+        request uses several."""
+        given = [f for f in STRUCTURED_FIELDS if getattr(self, f) is not None
+                 and not (f == "response_format" and self.response_format.type == "text")]
+        if len(given) > 1:
+            raise APIError(400, f"use one of {', '.join(given)} to constrain the output, "
+                           "not several", param=given[1])
+        return given[0] if given else None
+
+    def structured_aliases(self) -> dict[str, str]:
+        """Engine error fields (a grammar that does not compile: "structured_outputs.json")
+        -> the request field that brought the constraint."""
+        source = self.structured_source()
+        if source is None:
+            return {}
+        names = ("", *(f".{k}" for k in STRUCTURED_KINDS), ".backend")
+        return {f"structured_outputs{n}": source for n in names}
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The output constraint this request asks for, errors named by its own field."""
+        source = self.structured_source()
+        if source is None:
+            return None
+        extra: dict[str, Any] = {}
+        if self.guided_decoding_backend is not None:
+            extra["backend"] = self.guided_decoding_backend
+        if self.guided_whitespace_pattern is not None:
+            extra["whitespace_pattern"] = self.guided_whitespace_pattern
+        try:
+            if source == "response_format":
+                fmt = self.response_format
+                if fmt.type == "json_object":
+                    return StructuredOutputsParams(json_object=True, **extra)
+                if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+                    raise APIError(400, "response_format of type json_schema needs "
+                                   "json_schema.schema", param="response_format")
+                return StructuredOutputsParams(json=fmt.json_schema.json_schema, **extra)
+            if source == "structured_outputs":
+                return as_structured_outputs("structured_outputs",
+                                             {**extra, **self.structured_outputs})
+            kind = source.removeprefix("guided_")
+            return StructuredOutputsParams(**{kind: getattr(self, source)}, **extra)
+        except InvalidRequestError as e:
+            raise APIError(400, str(e), param=source) from None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -239,14 +321,108 @@ class ChatMessage(BaseModel):
         return self
 
 
+class FunctionDefinition(BaseModel):
+    name: Annotated[Text, Field(min_length=1, max_length=256)]
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _encodable_schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _all_encodable(value)
+
+
+class ChatTool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    # Tool calls: the tools reach the chat template; tool_choice "required" and a named
+    # function are enforced with structured outputs, "auto" is parsed (--tool-call-parser).
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
     max_tokens: Count | None = None
     max_completion_tokens: Count | None = None
     logprobs: StrictBool = False
     top_logprobs: NonNegInt | None = None
     chat_template: Text | None = None
     add_generation_prompt: StrictBool = True
+
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        """OpenAI's default: "auto" when tools are given, else "none"."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template takes them (OpenAI's shape)."""
+        if not self.tools:
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def check_tools(self, auto_parser: bool) -> None:
+        """400 naming tool_choice when it cannot be served."""
+        choice = self.effective_tool_choice()
+        if choice == "none" or (choice == "auto" and not self.tools):
+            return
+        if not self.tools:
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        if isinstance(choice, NamedToolChoice):
+            names = [t.function.name for t in self.tools]
+            if choice.function.name not in names:
+                raise APIError(400, f"tool_choice names the function "
+                               f"{choice.function.name[:80]!r}, which is not among the "
+                               f"tools {names[:20]}", param="tool_choice")
+        elif choice == "auto" and not auto_parser:
+            raise APIError(400, '"auto" tool choice needs the server to run with '
+                           "--tool-call-parser (e.g. hermes); use tool_choice \"required\" "
+                           "or a named function otherwise", param="tool_choice")
+
+    def _forced_tools(self) -> StructuredOutputsParams | None:
+        from octavo.entrypoints.openai.tool_parsers.tool_choice import (
+            named_tool_constraint,
+            required_tools_constraint,
+        )
+
+        choice = self.effective_tool_choice()
+        if not self.tools or choice in ("none", "auto"):
+            return None
+        functions = [t.function.model_dump(exclude_none=True) for t in self.tools]
+        try:
+            if isinstance(choice, NamedToolChoice):
+                fn = next(f for f in functions if f["name"] == choice.function.name)
+                return named_tool_constraint(fn)
+            return required_tools_constraint(functions, self.parallel_tool_calls is not False)
+        except (InvalidRequestError, StopIteration) as e:
+            raise APIError(400, f"tools: {e}", param="tools") from None
+
+    def structured_source(self) -> str | None:
+        source = super().structured_source()
+        if self.tools and (self.effective_tool_choice() == "required"
+                           or isinstance(self.tool_choice, NamedToolChoice)):
+            if source is not None:
+                raise APIError(400, f"tool_choice {self.effective_tool_choice()!r} cannot be "
+                               f"combined with {source}", param=source)
+            return "tool_choice"
+        return source
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        if self.structured_source() == "tool_choice":
+            return self._forced_tools()
+        return super().structured_outputs_params()
 
 
 class TokenizeRequest(BaseModel):

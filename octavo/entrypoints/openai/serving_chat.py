@@ -9,7 +9,12 @@ from fastapi.responses import Response, StreamingResponse
 
 from octavo.engine.async_llm import AsyncLLM
 from octavo.entrypoints.chat_utils import apply_chat_template
-from octavo.entrypoints.openai.protocol import APIError, ChatCompletionRequest, message_dicts
+from octavo.entrypoints.openai.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    NamedToolChoice,
+    message_dicts,
+)
 from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,
     DEFAULT_RENDER_TIMEOUT_S,
@@ -22,6 +27,8 @@ from octavo.entrypoints.openai.serving_engine import (
     random_id,
     sse,
 )
+from octavo.entrypoints.openai.tool_parsers import get_tool_parser
+from octavo.entrypoints.openai.tool_parsers.tool_choice import ToolCallHandler
 from octavo.outputs import CompletionOutput, RequestOutput
 
 
@@ -30,13 +37,18 @@ class OpenAIServingChat(OpenAIServing):
 
     def __init__(self, engine: AsyncLLM, served_model_names: list[str],
                  chat_template: str | None = None, offload: Offload | None = None,
-                 render_timeout: float = DEFAULT_RENDER_TIMEOUT_S) -> None:
+                 render_timeout: float = DEFAULT_RENDER_TIMEOUT_S,
+                 tool_call_parser: str | None = None) -> None:
         super().__init__(engine, served_model_names, offload)
         self.chat_template = chat_template or engine.model_config.chat_template
         self.render_timeout = render_timeout
+        # tool_choice "auto": the parser that reads the model's tool-call text.
+        self.tool_parser = (get_tool_parser(tool_call_parser) if tool_call_parser is not None
+                            else None)
 
     async def render(self, messages, chat_template: str | None = None,
-                     add_generation_prompt: bool = True) -> dict[str, Any]:
+                     add_generation_prompt: bool = True,
+                     tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Messages -> {"prompt", "prompt_token_ids"}; the template holds the special tokens.
         The template renders on its own thread within ``render_timeout`` seconds (a template
         is code, and a request may bring its own); the text is tokenized on a worker."""
@@ -47,7 +59,7 @@ class OpenAIServingChat(OpenAIServing):
         def render_text() -> str:
             return apply_chat_template(tokenizer, message_dicts(messages),
                                        chat_template or self.chat_template,
-                                       add_generation_prompt)
+                                       add_generation_prompt, tools=tools)
 
         try:
             text = await self.offload.run_bounded(render_text, self.render_timeout)
@@ -69,13 +81,16 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, req: ChatCompletionRequest, raw_request: Any | None = None):
         model = self.check_model(req.model)
         self.check_alive()
-        prompt = await self.render(req.messages, req.chat_template, req.add_generation_prompt)
+        req.check_tools(self.tool_parser is not None)
+        prompt = await self.render(req.messages, req.chat_template, req.add_generation_prompt,
+                                   req.tool_dicts())
+        tools = self._tool_handler(req)
         max_tokens = (req.max_completion_tokens if req.max_completion_tokens is not None
                       else req.max_tokens)
         num_logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = req.sampling_params(max_tokens, num_logprobs, req.stream)
         # Engine fields under the names this request used for them.
-        aliases = {"logprobs": "top_logprobs"}
+        aliases = {"logprobs": "top_logprobs", **req.structured_aliases()}
         if req.max_completion_tokens is not None:
             aliases["max_tokens"] = "max_completion_tokens"
         prompt, = await self.prepare([prompt], params, aliases)
@@ -88,7 +103,7 @@ class OpenAIServingChat(OpenAIServing):
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
                 self._stream(results, model, request_id, created, tokenizer,
-                             num_logprobs is not None, top, include_usage, req.n),
+                             num_logprobs is not None, top, include_usage, req.n, tools),
                 media_type="text/event-stream")
         finals = await self.collect(results, raw_request)
         if finals is None:
@@ -104,18 +119,31 @@ class OpenAIServingChat(OpenAIServing):
                 "model": model,
                 "choices": [{
                     "index": comp.index,
-                    "message": {"role": "assistant", "content": comp.text},
+                    **_message(comp, tools),
                     "logprobs": (_logprobs(comp, tokenizer, top)
                                  if num_logprobs is not None else None),
-                    "finish_reason": comp.finish_reason, "stop_reason": comp.stop_reason}
+                    "stop_reason": comp.stop_reason}
                     for comp in comps],
                 "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}
 
         return await self.json_response(build)
 
+    def _tool_handler(self, req: ChatCompletionRequest) -> ToolCallHandler | None:
+        """How this request's output becomes tool calls (None: plain content)."""
+        choice = req.effective_tool_choice()
+        if not req.tools or choice == "none":
+            return None
+        if isinstance(choice, NamedToolChoice):
+            return ToolCallHandler("named", name=choice.function.name)
+        if choice == "required":
+            return ToolCallHandler("required")
+        tokenizer = self.engine.get_tokenizer()
+        return ToolCallHandler("auto", parser_factory=lambda: self.tool_parser(tokenizer))
+
     async def _stream(self, results: AsyncIterator[tuple[int, RequestOutput]], model: str,
                       request_id: str, created: int, tokenizer, want_logprobs: bool,
-                      top: int, include_usage: bool, n: int = 1) -> AsyncIterator[str]:
+                      top: int, include_usage: bool, n: int = 1,
+                      tools: ToolCallHandler | None = None) -> AsyncIterator[str]:
         def chunk(index: int, delta: dict[str, Any], finish: str | None = None,
                   logprobs: Any = None, stop_reason: Any = None) -> str:
             return sse({"id": request_id, "object": "chat.completion.chunk",
@@ -134,6 +162,16 @@ class OpenAIServingChat(OpenAIServing):
                     # Decoding every top token: off the event loop.
                     lp = (await self.offload.run(_logprobs, comp, tokenizer, top)
                           if want_logprobs else None)
+                    if tools is not None:  # tool calls: deltas in OpenAI's shape
+                        for delta in tools.stream(comp.index, comp.text):
+                            yield chunk(comp.index, delta, logprobs=lp)
+                            lp = None
+                        if comp.finish_reason is not None:
+                            last, reason = tools.finish(comp.index, comp.finish_reason)
+                            for delta in last:
+                                yield chunk(comp.index, delta)
+                            yield chunk(comp.index, {}, reason, stop_reason=comp.stop_reason)
+                        continue
                     if comp.text or lp:
                         yield chunk(comp.index, {"content": comp.text}, logprobs=lp)
                     if comp.finish_reason is not None:
@@ -150,6 +188,15 @@ class OpenAIServingChat(OpenAIServing):
         finally:
             await results.aclose()  # type: ignore[attr-defined]
         yield sse("[DONE]")
+
+
+def _message(comp: CompletionOutput, tools: ToolCallHandler | None) -> dict[str, Any]:
+    """A finished choice's message and finish reason."""
+    if tools is None:
+        return {"message": {"role": "assistant", "content": comp.text},
+                "finish_reason": comp.finish_reason}
+    message, reason = tools.message(comp.text, comp.finish_reason)
+    return {"message": message, "finish_reason": reason}
 
 
 def _logprobs(comp: CompletionOutput, tokenizer, top: int) -> dict[str, Any]:

@@ -44,7 +44,8 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = _prompts(req.prompt)
         params = req.sampling_params(req.max_tokens, req.logprobs, req.stream)
         # Beam search runs above the engine: the processor checks the rest of it.
-        prompts = await self.prepare(prompts, validation_params(self.engine.engine, params))
+        prompts = await self.prepare(prompts, validation_params(self.engine.engine, params),
+                                     req.structured_aliases())
         request_id = random_id("cmpl")
         created = now()
         tokenizer = self.engine.get_tokenizer()
