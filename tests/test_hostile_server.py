@@ -336,7 +336,7 @@ def test_malformed_bodies(engine, apps):
 ])
 def test_request_failed_in_engine(engine, apps, monkeypatch, app_name, path, body,
                                   stream_tail):
-    async def failing(prompt, params, request_id, priority=0):
+    async def failing(prompt, params, request_id, priority=0, group_id=None):
         raise RequestFailedError(request_id, "its logits processor raised")
         yield  # an async generator, as AsyncLLM.generate
 
