@@ -242,6 +242,9 @@ def test_drain_ends_as_soon_as_in_flight_requests_finish():
     class FakeEngine:
         shutdowns = 0
 
+        def __init__(self) -> None:
+            self.fatal_callbacks = []  # the server registers its exit-on-engine-death here
+
         def shutdown(self) -> None:
             self.shutdowns += 1
 
