@@ -16,6 +16,7 @@ _BUILTIN = {
     "gguf": "octavo.quantization.gguf:GGUFConfig",
     "gptq": "octavo.quantization.gptq:GPTQConfig",
     "awq": "octavo.quantization.awq:AWQConfig",
+    "compressed-tensors": "octavo.quantization.compressed_tensors:CompressedTensorsConfig",
 }
 _CLASSES: dict[str, type[QuantizationConfig]] = {}
 
