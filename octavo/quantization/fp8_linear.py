@@ -117,6 +117,7 @@ class Fp8LinearMethod(LinearMethod):
         k, n = weight.shape[1], weight.shape[0]
         layer.fp8_mm = (self.activations is not None and scaled_mm_usable(weight.device)
                         and k % 16 == 0 and n % 16 == 0)
+        layer.fp8_out_dtype = None
         if layer.fp8_mm:
             # _scaled_mm wants the second operand column-major: [n, k] row-major, transposed.
             layer.register_buffer("fp8_weight", weight, persistent=False)
@@ -158,11 +159,20 @@ class Fp8LinearMethod(LinearMethod):
         m = x2.shape[0]
         x_scale = self._input_scale(layer, x2.float()).expand(m, 1).contiguous()
         x_fp8 = quantize_fp8(x2.float(), x_scale)
-        # Row-wise scaling is implemented for bfloat16 output on the widest range of builds.
-        out_dtype = torch.bfloat16 if x2.dtype == torch.float32 else x2.dtype
-        y = torch._scaled_mm(x_fp8, layer.fp8_weight.t(), scale_a=x_scale,
-                             scale_b=layer.fp8_weight_scale, out_dtype=out_dtype)
-        return y.to(x2.dtype)
+        # Row-wise scales come with bfloat16 output on every build that has them; the input's
+        # own dtype where the build allows it (remembered per layer).
+        out_dtypes = [layer.fp8_out_dtype] if layer.fp8_out_dtype else [x2.dtype, torch.bfloat16]
+        for i, out_dtype in enumerate(out_dtypes):
+            try:
+                y = torch._scaled_mm(x_fp8, layer.fp8_weight.t(), scale_a=x_scale,
+                                     scale_b=layer.fp8_weight_scale, out_dtype=out_dtype)
+            except RuntimeError:
+                if i + 1 == len(out_dtypes):
+                    raise
+                continue
+            layer.fp8_out_dtype = out_dtype
+            return y.to(x2.dtype)
+        raise AssertionError("unreachable")
 
     def dense_weight(self, layer):
         # With quantized activations the layer is not ``x W^T``: no oneDNN shortcut.
