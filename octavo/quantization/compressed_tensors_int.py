@@ -61,6 +61,12 @@ class CompressedTensorsIntMethod(IntWeightLinearMethod):
         pack = 32 // s.bits
         if s.group_size == -1:
             groups, group_in_dim = 1, None
+        elif s.g_idx and k != layer.input_size:
+            # Act order scatters a row-parallel shard's inputs over all groups: every rank
+            # keeps every group's scales and zero points, and weight_g_idx says which.
+            check_divisible(prefix, "input features", layer.input_size, s.group_size,
+                            "group_size")
+            groups, group_in_dim = layer.input_size // s.group_size, None
         else:
             check_divisible(prefix, "input features", k, s.group_size, "group_size")
             groups, group_in_dim = k // s.group_size, 1

@@ -180,9 +180,7 @@ def test_w8a16_channel_symmetric_layer_matches_dequantized():
     torch.manual_seed(0)
     v = torch.randint(-128, 128, (16, 32))
     scale = torch.rand(16, 1) / 10
-    u = (v + 128).to(torch.int64).view(16, 8, 4)
-    words = (u << (torch.arange(4) * 8)).sum(-1)
-    packed = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    packed = _pack_inputs(v, 8)
     cfg = CompressedTensorsConfig.from_config({
         "quant_method": "compressed-tensors", "format": "pack-quantized",
         "config_groups": {"g": {"targets": ["Linear"], "weights": {
@@ -193,6 +191,61 @@ def test_w8a16_channel_symmetric_layer_matches_dequantized():
         getattr(layer, pname).weight_loader(getattr(layer, pname), t)
     layer.process_weights_after_loading()
     torch.testing.assert_close(layer.dequantized_weight, v.float() * scale, atol=0, rtol=0)
+
+
+def _pack_inputs(v: torch.Tensor, bits: int) -> torch.Tensor:
+    """Signed values [out, in] -> pack-quantized int32 [out, in * bits / 32] (v + offset,
+    input i at bits (i % pack) * bits), written from the format's definition."""
+    pack = 32 // bits
+    u = (v + (1 << (bits - 1))).to(torch.int64).view(v.shape[0], -1, pack)
+    words = (u << (torch.arange(pack) * bits)).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def test_naive_quantized_asymmetric_group_layer():
+    """naive-quantized keeps one int8 per value and int8 zero points, both signed."""
+    torch.manual_seed(2)
+    v = torch.randint(-128, 128, (16, 64), dtype=torch.int8)
+    zp = torch.randint(-20, 20, (16, 2), dtype=torch.int8)
+    scale = torch.rand(16, 2) / 10
+    cfg = CompressedTensorsConfig.from_config({"config_groups": {"g": {
+        "targets": ["Linear"], "format": "naive-quantized",
+        "weights": {"num_bits": 8, "type": "int", "symmetric": False, "strategy": "group",
+                    "group_size": 32}}}})
+    layer = ReplicatedLinear(64, 16, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+    for pname, t in (("weight", v), ("weight_scale", scale), ("weight_zero_point", zp),
+                     ("weight_shape", torch.tensor([16, 64]))):
+        getattr(layer, pname).weight_loader(getattr(layer, pname), t)
+    layer.process_weights_after_loading()
+    want = (v.float() - zp.float().repeat_interleave(32, 1)) * scale.repeat_interleave(32, 1)
+    torch.testing.assert_close(layer.dequantized_weight, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("path", ["cpu", "kernel"])
+def test_actorder_group_g_idx_layer(path, monkeypatch):
+    """actorder "group" stores weight_g_idx, the group of each input; on the GPU path the
+    inputs are sorted by group once at load."""
+    if path == "kernel":
+        pytest.importorskip("triton")
+        if torch.cuda.is_available():
+            pytest.skip("the forced kernel path on CPU tensors needs Triton's interpreter")
+        monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
+    torch.manual_seed(3)
+    v = torch.randint(-8, 8, (32, 64))
+    scale = torch.rand(32, 4) / 10 + 0.01
+    g_idx = (torch.randperm(64) // 16).to(torch.int32)
+    cfg = CompressedTensorsConfig.from_config({"config_groups": {"g": {
+        **W4_GROUP, "weights": {**W4_GROUP["weights"], "group_size": 16,
+                                "actorder": "group"}}}})
+    layer = RowParallelLinear(64, 32, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+    for pname, t in (("weight_packed", _pack_inputs(v, 4)), ("weight_scale", scale),
+                     ("weight_g_idx", g_idx), ("weight_shape", torch.tensor([32, 64]))):
+        getattr(layer, pname).weight_loader(getattr(layer, pname), t)
+    layer.process_weights_after_loading()
+    want = v.float() * scale[:, g_idx.long()]
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(layer(x), F.linear(x, want), atol=1e-4, rtol=1e-4)
+    assert (layer.kernel_group is not None) == (path == "kernel")
 
 
 # --- FP8 -------------------------------------------------------------------------------------
