@@ -132,7 +132,7 @@ class Fp8LinearMethod(LinearMethod):
 
     def _input_scale(self, layer, x2: torch.Tensor) -> torch.Tensor:
         if self.activations == "static-tensor":
-            return layer.act_scale.to(x2.dtype)
+            return layer.act_scale  # float32, as stored
         return activation_scale(x2, per_token=self.activations == "dynamic-token")
 
     def apply(self, layer, x, bias):

@@ -66,6 +66,10 @@ CASES = {
         "group_0": _group(_int_weights(8, "channel", True))}, ["lm_head"]),
     "qwen2-w8a16-channel-asym": ("qwen2", "rtn", {
         "group_0": _group(_int_weights(8, "channel", False))}, ["lm_head"]),
+    # One int8 per value (format forced; llm-compressor picks pack-quantized by itself).
+    "llama-w8a16-naive-g32-asym": ("llama", "rtn", {
+        "group_0": {**_group(_int_weights(8, "group", False, 32)),
+                    "format": "naive-quantized"}}, ["lm_head"]),
     "llama-fp8-dynamic": ("llama", "rtn", {
         "group_0": _group({"num_bits": 8, "type": "float", "symmetric": True,
                            "strategy": "channel"}, input_activations=FP8_DYNAMIC_ACT)},
