@@ -9,7 +9,7 @@ Per layer (``in`` input features, ``out`` output features, ``pack = 32 // bits``
 - ``weight_scale`` float [out, groups] (``groups`` = in / group_size; 1 for "channel").
 - ``weight_zero_point`` (asymmetric only; symmetric means zero 0): pack-quantized packs it along
   the *output* the same way, int32 [out / pack, groups]; naive keeps int8 [out, groups].
-- ``weight_shape`` int64 [2]: the float weight's [out, in].
+- ``weight_shape`` int64 [2] (pack-quantized only): the float weight's [out, in].
 - ``weight_g_idx`` int32 [in] when ``actorder`` is "group": the group of each input.
 - ``W[o, i] = (v[o, i] - zero[o, g]) * scale[o, g]``, ``g = i // group_size`` (or g_idx[i]).
 
@@ -45,8 +45,8 @@ class CompressedTensorsIntMethod(IntWeightLinearMethod):
         self.scheme = scheme
 
     def checkpoint_params(self):
-        names = ["weight_packed" if self.scheme.packed else "weight", "weight_scale",
-                 "weight_shape"]
+        names = ["weight_packed", "weight_shape"] if self.scheme.packed else ["weight"]
+        names.append("weight_scale")
         if not self.scheme.symmetric:
             names.append("weight_zero_point")
         if self.scheme.g_idx:
@@ -93,8 +93,9 @@ class CompressedTensorsIntMethod(IntWeightLinearMethod):
             else:
                 param("weight_zero_point", (n, groups), torch.int8, input_dim=group_in_dim,
                       output_dim=0)
-        shape = param("weight_shape", (2,), torch.int64)
-        shape.weight_loader = _weight_shape_loader(layer)
+        if s.packed:  # naive-quantized stores no shape: nothing is padded
+            shape = param("weight_shape", (2,), torch.int64)
+            shape.weight_loader = _weight_shape_loader(layer)
         if s.g_idx:
             g_idx = param("weight_g_idx", (k,), torch.int32, input_dim=0)
             g_idx.weight_loader = _shared_g_idx_loader(layer)
