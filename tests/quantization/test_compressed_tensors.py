@@ -248,6 +248,65 @@ def test_actorder_group_g_idx_layer(path, monkeypatch):
     assert (layer.kernel_group is not None) == (path == "kernel")
 
 
+def _int_tensors(v: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor | None,
+                 g_idx: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    t = {"weight_packed": _pack_inputs(v, 4), "weight_scale": scale,
+         "weight_shape": torch.tensor(list(v.shape))}
+    if zp is not None:  # packed along the output, like the weight along the input
+        t["weight_zero_point"] = _pack_inputs(zp.t().contiguous(), 4).t().contiguous()
+    if g_idx is not None:
+        t["weight_g_idx"] = g_idx
+    return t
+
+
+def _dequantize(v, scale, zp, g_idx):
+    z = torch.zeros_like(scale) if zp is None else zp.float()
+    return (v.float() - z[:, g_idx.long()]) * scale[:, g_idx.long()]
+
+
+@pytest.mark.parametrize("actorder", [False, True])
+def test_tensor_parallel_shards_rebuild_the_layer(actorder, monkeypatch):
+    """Ranks 0 and 1 of 2 each load the whole checkpoint tensors and keep their slice: merged
+    gate/up (column-parallel: packed zero points narrowed along the output) and down
+    (row-parallel: packed weight narrowed along the input; with act order every rank keeps
+    every group)."""
+    from octavo.distributed import parallel_state
+    from octavo.layers.linear import MergedColumnParallelLinear
+
+    torch.manual_seed(4)
+    weights = {**W4_GROUP["weights"], "group_size": 16, "symmetric": False}
+    if actorder:
+        weights["actorder"] = "group"
+    cfg = CompressedTensorsConfig.from_config({"config_groups": {"g": {**W4_GROUP,
+                                                                       "weights": weights}}})
+
+    def make(out_f, in_f):
+        v = torch.randint(-8, 8, (out_f, in_f))
+        g = (torch.randperm(in_f) if actorder else torch.arange(in_f)) // 16
+        return v, torch.rand(out_f, in_f // 16) + 0.1, torch.randint(-8, 8, (out_f, in_f // 16)), g
+
+    gate, up, down = make(16, 64), make(16, 64), make(64, 32)
+    up = (*up[:3], gate[3])  # one input, one act order: a merged layer holds one g_idx
+    for rank in (0, 1):
+        monkeypatch.setattr(parallel_state, "_TP", parallel_state.TPGroup(rank=rank, size=2))
+        col = MergedColumnParallelLinear(64, [16, 16], quant_config=cfg,
+                                         prefix="model.layers.0.mlp.gate_up_proj")
+        row = RowParallelLinear(32, 64, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+        for sid, part in ((0, gate), (1, up)):
+            for pname, t in _int_tensors(*part[:3], part[3] if actorder else None).items():
+                getattr(col, pname).weight_loader(getattr(col, pname), t, sid)
+        for pname, t in _int_tensors(*down[:3], down[3] if actorder else None).items():
+            getattr(row, pname).weight_loader(getattr(row, pname), t)
+        col.process_weights_after_loading()
+        row.process_weights_after_loading()
+        rows = slice(8 * rank, 8 * rank + 8)
+        want_col = torch.cat([_dequantize(*gate)[rows], _dequantize(*up)[rows]])
+        torch.testing.assert_close(col.dequantized_weight, want_col, atol=0, rtol=0)
+        cols = slice(16 * rank, 16 * rank + 16)
+        torch.testing.assert_close(row.dequantized_weight, _dequantize(*down)[:, cols],
+                                   atol=0, rtol=0)
+
+
 # --- FP8 -------------------------------------------------------------------------------------
 
 class _OneMethod(QuantizationConfig):
