@@ -130,8 +130,8 @@ def quantize(src: str, out: str, modifier: str, config_groups: dict, ignore: lis
 
 
 def reference(folder: str, prompts: list[list[int]], max_new: int) -> dict:
-    """transformers' greedy continuation of each prompt (one at a time) and the logprobs of
-    the top tokens at the last step."""
+    """transformers' greedy continuation of each prompt (one at a time, EOS not stopping it)
+    and the logprobs of the top tokens at the last step."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -139,8 +139,9 @@ def reference(folder: str, prompts: list[list[int]], max_new: int) -> dict:
     with torch.no_grad():
         for p in prompts:
             ids = torch.tensor([p])
+            # eos_token_id=None: never stop early, like Octavo's ignore_eos=True.
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=max_new, pad_token_id=0,
+                                 max_new_tokens=max_new, pad_token_id=0, eos_token_id=None,
                                  output_scores=True, return_dict_in_generate=True)
             tokens = gen.sequences[0, len(p):].tolist()
             # Logits of the last step, from a full forward pass over prompt + all but last.
