@@ -116,13 +116,14 @@ def main() -> None:
 
 def _candidates(m: int) -> list[dict]:
     """Tile configurations to try at batch ``m`` (4-bit, group 128)."""
-    if m <= 8:
-        out = [{"path": "gemv"}, {"path": "gemv", "magic_cvt": False}]
-        out += [{"path": "gemv", "block_n": bn, "num_warps": w}
-                for bn in (64, 128, 256) for w in (2, 4, 8)]
-        out += [{"path": "gemv", "split_k": sk} for sk in (1, 2, 4, 8, 16)]
-        out += [{"path": "gemv", "block_p": bp} for bp in (1, 2, 4, 8, 16) if bp * m <= 32]
-        out += [{"path": "gemm"}, {"path": "gemm", "reload": False}]
+    if m <= 4:
+        out = [{"path": "gemv"}]
+        out += [{"path": "gemv", "block_n": bn, "block_p": bp, "num_warps": w}
+                for bn in (128, 256, 512) for bp in (4, 8, 16) for w in (1, 2, 4, 8)
+                if 32 <= bn // w <= 256]
+        out += [{"path": "gemv", "split_k": sk} for sk in (4, 8, 16, 32, 64)]
+        out += [{"path": "gemv", "num_stages": st} for st in (1, 2, 4)]
+        out += [{"path": "gemm", "reload": False}]
         return out
     out = [{"path": "gemm"}, {"path": "gemm", "reload": False}, {"path": "dequant"}]
     for bm, bn, bk in ((16, 64, 128), (16, 128, 128), (32, 128, 128), (64, 128, 64),

@@ -1,17 +1,18 @@
-"""Weight-only integer GEMV for decode batches (M = 1..8): ``y = x @ dequant(W)`` on CUDA cores,
+"""Weight-only integer GEMV for decode batches (M = 1..4): ``y = x @ dequant(W)`` on CUDA cores,
 for the packed layout of ``octavo.kernels.w4a16_gemm`` (int32 [K / pack, N] packed along K,
 float scales and zeros [K / group, N]).
 
 At batch 1 a decode step reads each weight once, so the kernel must run at memory speed; the
-work per weight value is what limits it, not the multiply. So:
+instructions spent per weight value are what limit it, not the multiply. So:
 
 - No tensor cores: ``tl.dot`` would pad M to 16 and convert every dequantized value to bf16.
-- No int -> float conversion instruction (a quarter-rate or slower op on NVIDIA GPUs): each
-  unpacked value is OR-ed into the mantissa of 2**23 and 2**23 subtracted back (exact).
+- Three instructions per weight: a shift and a mask-or place the value ``q`` in the top
+  mantissa bits of 1.0, giving the float ``v = 1 + q / 2**BITS`` with no conversion
+  instruction, and one FMA adds ``x * v``. Per group, ``sum x q = 2**BITS (sum x v - sum x)``.
 - Scales and zeros applied per group, not per value: inside one group
   ``sum_k x[k] (q[k,n] - z[n]) s[n] = s[n] (sum_k x[k] q[k,n] - z[n] sum_k x[k])``.
-- Partial sums are kept per packed row and reduced once at the end, not across threads at
-  every step.
+- Only 2-D tiles [packed rows, N], one pass per value position in the int32 (no 3-D reshape),
+  per-row partial sums reduced once at the end, not across threads at every step.
 - Split-K when the output alone has too few tiles to fill the GPU; the float32 partial sums
   are then added by a second small launch (deterministic, unlike atomics).
 """
@@ -22,7 +23,27 @@ import torch
 
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
-MAX_M = 8  # larger batches go to the tensor-core kernel
+MAX_M = 4  # larger batches go to the tensor-core kernel
+
+
+@triton.jit
+def _group_dot(packed, x_ptr, offs_p, stride_xk, PACK: tl.constexpr, BITS: tl.constexpr):
+    """sum over the PACK values of each packed row of x[k] * (1 + q[k, n] / 2**BITS): [P, N];
+    and sum of x over the same rows: [P]."""
+    MASK: tl.constexpr = ((1 << BITS) - 1) << (23 - BITS)
+    acc = tl.zeros(packed.shape, dtype=tl.float32)
+    xsum = tl.zeros((packed.shape[0],), dtype=tl.float32)
+    for j in tl.static_range(PACK):
+        SHIFT: tl.constexpr = 23 - BITS - j * BITS
+        if SHIFT >= 0:
+            t = packed << SHIFT
+        else:
+            t = packed >> (-SHIFT)
+        v = ((t & MASK) | 0x3F800000).to(tl.float32, bitcast=True)
+        xj = tl.load(x_ptr + (offs_p * PACK + j) * stride_xk).to(tl.float32)
+        acc += xj[:, None] * v
+        xsum += xj
+    return acc, xsum
 
 
 @triton.jit
@@ -32,47 +53,59 @@ def _int_weight_gemv_kernel(
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn,
     stride_zg, stride_zn, stride_os, stride_om, stride_on,
     GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, MAGIC_CVT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). A step covers BLOCK_P packed rows (BLOCK_P * PACK input rows),
-    # which lie in one group: GROUP is a multiple of BLOCK_P * PACK.
+    # which lie in one group: GROUP is a multiple of BLOCK_P * PACK. BLOCK_M is 1, 2 or 4,
+    # one accumulator per row of x (rows past M read row 0 and are not stored).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     PACK: tl.constexpr = 32 // BITS
-    MASK: tl.constexpr = (1 << BITS) - 1
+    SCALE: tl.constexpr = 1 << BITS
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    offs_j = tl.arange(0, PACK)
-    offs_m = tl.arange(0, BLOCK_M)
-    m_mask = offs_m < M
-    shifts = offs_j * BITS
-    # acc[m, p, n]: row p's share of output (m, n), summed over groups; reduced over p last.
-    acc = tl.zeros((BLOCK_M, BLOCK_P, BLOCK_N), dtype=tl.float32)
+    x1 = x_ptr + tl.minimum(1, M - 1) * stride_xm
+    x2 = x_ptr + tl.minimum(2, M - 1) * stride_xm
+    x3 = x_ptr + tl.minimum(3, M - 1) * stride_xm
+    # acc*[p, n]: packed row p's share of output (m, n), summed over groups.
+    acc0 = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     for k0 in range(k_start, k_end, BLOCK_P * PACK):
         offs_p = k0 // PACK + tl.arange(0, BLOCK_P)
         packed = tl.load(qw_ptr + offs_p[:, None] * stride_qk + offs_n[None, :] * stride_qn,
                          mask=n_mask[None, :], other=0)
-        bits = (packed[:, None, :] >> shifts[None, :, None]) & MASK  # [P, PACK, N]
-        if MAGIC_CVT:
-            q = (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        else:
-            q = bits.to(tl.float32)
-        rows = offs_p[:, None] * PACK + offs_j[None, :]  # [P, PACK]
-        x = tl.load(x_ptr + offs_m[:, None, None] * stride_xm + rows[None, :, :] * stride_xk,
-                    mask=m_mask[:, None, None], other=0.0).to(tl.float32)  # [M, P, PACK]
-        dot = tl.sum(x[:, :, :, None] * q[None, :, :, :], axis=2)  # [M, P, N]
-        xsum = tl.sum(x, axis=2)  # [M, P]
         g = k0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask,
                     other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=n_mask,
                     other=0.0).to(tl.float32)
-        acc += s[None, None, :] * (dot - xsum[:, :, None] * z[None, None, :])
-    out = tl.sum(acc, axis=1)  # [M, N]
-    ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(ptrs, out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+        # s (sum x q - z sum x) with sum x q = SCALE (sum x v - sum x):
+        # = (s SCALE) sum x v - s (SCALE + z) sum x
+        sv = (s * SCALE)[None, :]
+        sx = (s * (SCALE + z))[None, :]
+        d, xs = _group_dot(packed, x_ptr, offs_p, stride_xk, PACK, BITS)
+        acc0 += sv * d - sx * xs[:, None]
+        if BLOCK_M > 1:
+            d, xs = _group_dot(packed, x1, offs_p, stride_xk, PACK, BITS)
+            acc1 += sv * d - sx * xs[:, None]
+        if BLOCK_M > 2:
+            d, xs = _group_dot(packed, x2, offs_p, stride_xk, PACK, BITS)
+            acc2 += sv * d - sx * xs[:, None]
+            d, xs = _group_dot(packed, x3, offs_p, stride_xk, PACK, BITS)
+            acc3 += sv * d - sx * xs[:, None]
+    out = out_ptr + pid_k * stride_os + offs_n * stride_on
+    ty = out_ptr.dtype.element_ty
+    rows = M + offs_n * 0  # M as a vector, so that row masks combine with n_mask
+    tl.store(out, tl.sum(acc0, axis=0).to(ty), mask=n_mask)
+    if BLOCK_M > 1:
+        tl.store(out + stride_om, tl.sum(acc1, axis=0).to(ty), mask=n_mask & (rows > 1))
+    if BLOCK_M > 2:
+        tl.store(out + 2 * stride_om, tl.sum(acc2, axis=0).to(ty), mask=n_mask & (rows > 2))
+        tl.store(out + 3 * stride_om, tl.sum(acc3, axis=0).to(ty), mask=n_mask & (rows > 3))
 
 
 def supports(m: int, k: int, group_size: int, bits: int) -> bool:
@@ -80,9 +113,8 @@ def supports(m: int, k: int, group_size: int, bits: int) -> bool:
     return 1 <= m <= MAX_M and group_size % pack == 0 and k % group_size == 0
 
 
-def _block_p(group_size: int, pack: int, block_m: int) -> int:
-    """Packed rows per step: the most that fit one group, fewer as M grows (registers)."""
-    want = max(1, 4 // block_m)
+def _block_p(group_size: int, pack: int, want: int) -> int:
+    """Packed rows per step: up to ``want``, dividing one group's packed rows."""
     rows_per_group = group_size // pack
     bp = 1
     while bp * 2 <= want and rows_per_group % (bp * 2) == 0:
@@ -93,26 +125,25 @@ def _block_p(group_size: int, pack: int, block_m: int) -> int:
 def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int, split_k: int | None = None,
                block_n: int | None = None, block_p: int | None = None,
-               num_warps: int = 4, magic_cvt: bool = True) -> torch.Tensor:
+               num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` for M <= MAX_M, in x2's dtype. The tuning arguments
     (None: chosen here) exist for the benchmark's sweeps."""
     require_triton("w4a16_gemv")
     m, k = x2.shape
     n = qweight.shape[1]
     pack = 32 // bits
-    block_m = triton.next_power_of_2(m)
-    if block_p is None:
-        block_p = _block_p(group_size, pack, block_m)
-    if block_n is None:
-        block_n = 128 if block_m <= 2 else 64
+    block_m = 1 if m == 1 else (2 if m == 2 else 4)
+    block_p = _block_p(group_size, pack, block_p or 8)
+    block_n = block_n or 256
+    num_warps = num_warps or max(1, min(8, block_n // 128))
     step = block_p * pack
     assert group_size % step == 0 and k % group_size == 0, (group_size, step, k)
     n_tiles = triton.cdiv(n, block_n)
     k_steps = k // step
     if split_k is None:
-        # Two waves of programs over the GPU; each split still several steps long.
-        want = 2 * num_compute_units(x2.device)
-        split_k = max(1, min(want // n_tiles, k_steps // 4, 32))
+        # Enough programs for several per SM; each split still a few steps long.
+        want = 4 * num_compute_units(x2.device)
+        split_k = max(1, min(triton.cdiv(want, n_tiles), k_steps // 2, 64))
     split_k = max(1, min(split_k, k_steps))
     k_per_split = triton.cdiv(k_steps, split_k) * step
     split_k = triton.cdiv(k, k_per_split)
@@ -127,7 +158,7 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_P=block_p,
-        MAGIC_CVT=magic_cvt, num_warps=num_warps,
+        num_warps=num_warps, num_stages=num_stages or 3,
     )  # fmt: skip
     if split_k == 1:
         return partial[0]
