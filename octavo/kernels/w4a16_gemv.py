@@ -34,11 +34,11 @@ def _group_dot(packed, x_ptr, offs_p, stride_xk, PACK: tl.constexpr, BITS: tl.co
     acc = tl.zeros(packed.shape, dtype=tl.float32)
     xsum = tl.zeros((packed.shape[0],), dtype=tl.float32)
     for j in tl.static_range(PACK):
-        SHIFT: tl.constexpr = 23 - BITS - j * BITS
-        if SHIFT >= 0:
-            t = packed << SHIFT
+        shift = 23 - BITS - j * BITS  # a compile-time constant (j comes from static_range)
+        if shift >= 0:
+            t = packed << shift
         else:
-            t = packed >> (-SHIFT)
+            t = packed >> (-shift)
         v = ((t & MASK) | 0x3F800000).to(tl.float32, bitcast=True)
         xj = tl.load(x_ptr + (offs_p * PACK + j) * stride_xk).to(tl.float32)
         acc += xj[:, None] * v
