@@ -27,6 +27,7 @@ from octavo.kernels import w4a16_gemv as gemv
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
 SUPPORTED_BITS = (4, 8)
+FUSED_MAX_M = 16  # larger batches dequantize, then multiply with cuBLAS
 
 
 def pack_factor(bits: int) -> int:
@@ -160,9 +161,11 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
     ``group_size``: K for one group per column. ``split_k``: K splits (None: chosen here; more
     than one for decode-sized M, whose few output tiles would leave most of the GPU idle).
-    Decode batches (M <= ``w4a16_gemv.MAX_M``) run the CUDA-core GEMV kernel, larger ones the
-    tensor-core kernel. ``tuning``: tile overrides for the benchmark's sweeps (``path``:
-    "gemv" / "gemm" / "dequant" forces a path).
+    Decode batches (M <= ``w4a16_gemv.MAX_M``) run the CUDA-core GEMV kernel, M up to
+    ``FUSED_MAX_M`` the tensor-core kernel, larger ones dequantize into a temporary and use
+    cuBLAS (measured 2-4x faster than this tensor-core kernel there, still about half of bf16:
+    a faster large-M kernel is open work). ``tuning``: tile overrides for the benchmark's
+    sweeps (``path``: "gemv" / "gemm" / "dequant" forces a path).
     """
     require_triton("w4a16_gemm")
     shape = x.shape
@@ -177,7 +180,10 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return x.new_empty(*shape[:-1], n)
     path = tuning.pop("path", None)
     if path is None:
-        path = "gemv" if gemv.supports(m, k, group_size, bits) else "gemm"
+        if gemv.supports(m, k, group_size, bits):
+            path = "gemv"
+        else:
+            path = "gemm" if m <= FUSED_MAX_M else "dequant"
     if path == "gemv":
         out = gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, bits, split_k=split_k,
                               **tuning)
@@ -189,7 +195,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
 
 def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=None,
-          block_n=None, block_k=None, num_warps=None, num_stages=None, reload=True):
+          block_n=None, block_k=None, num_warps=None, num_stages=None, reload=False):
     m, k = x2.shape
     n = qweight.shape[1]
     block_k = block_k or _block_k(group_size, k)

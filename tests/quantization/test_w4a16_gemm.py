@@ -75,7 +75,7 @@ def test_kernel_matches_reference(m, k, n, group, bits, dtype):
 
 PATHS = [  # forced path and tile overrides, each against the reference
     {"path": "gemv"}, {"path": "gemv", "block_p": 1}, {"path": "gemv", "split_k": 1},
-    {"path": "gemv", "block_n": 32, "num_warps": 2}, {"path": "gemm", "reload": False},
+    {"path": "gemv", "block_n": 32, "num_warps": 2}, {"path": "gemm", "reload": True},
     {"path": "gemm", "block_m": 32, "block_n": 32, "block_k": 32}, {"path": "dequant"},
 ]
 
