@@ -125,14 +125,15 @@ def _candidates(m: int) -> list[dict]:
         out += [{"path": "gemv", "num_stages": st} for st in (1, 2, 4)]
         out += [{"path": "gemm", "reload": False}]
         return out
-    out = [{"path": "gemm"}, {"path": "gemm", "reload": False}, {"path": "dequant"}]
-    for bm, bn, bk in ((16, 64, 128), (16, 128, 128), (32, 128, 128), (64, 128, 64),
-                       (64, 128, 128), (128, 128, 64), (128, 256, 64)):
+    out = [{"path": "gemm"}, {"path": "dequant"}]
+    for bm, bn, bk in ((16, 64, 128), (32, 64, 128), (64, 64, 128), (64, 128, 64),
+                       (64, 128, 128), (128, 128, 64)):
         if bm > 2 * m and bm > 16:
             continue
-        for w, st in ((4, 2), (4, 3), (8, 3), (8, 4)):
+        for w, st in ((4, 3), (8, 3)):
             out.append({"path": "gemm", "block_m": bm, "block_n": bn, "block_k": bk,
                         "num_warps": w, "num_stages": st})
+    out += [{"path": "gemm", "split_k": sk} for sk in (1, 2, 4, 8)]
     return out
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 
 from octavo.kernels import w4a16_gemv as gemv
+from octavo.kernels.split_k import counters as split_k_counters
+from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
 SUPPORTED_BITS = (4, 8)
@@ -75,10 +77,10 @@ def w4a16_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
 @triton.jit
 def _int_weight_gemm_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr,
-    M, N, K, K_PER_SPLIT,
+    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
+    M, N, K, K_PER_SPLIT, NUM_SPLITS,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn,
-    stride_zg, stride_zn, stride_os, stride_om, stride_on,
+    stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, BITS: tl.constexpr, FP32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     RELOAD: tl.constexpr,
@@ -129,8 +131,9 @@ def _int_weight_gemm_kernel(
             acc += tl.dot(a, w, input_precision="ieee")
         else:
             acc += tl.dot(a, w.to(a.dtype))
-    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    store_or_reduce(acc, offs_m, offs_n, m_mask[:, None] & n_mask[None, :], out_ptr,
+                    stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
+                    pid_m * tl.num_programs(1) + pid_n, pid_k, NUM_SPLITS)
 
 
 def _block_k(group_size: int, k: int) -> int:
@@ -204,27 +207,26 @@ def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=No
     block_n = block_n or (64 if small else 128)
     m_tiles, n_tiles, k_tiles = triton.cdiv(m, block_m), triton.cdiv(n, block_n), k // block_k
     if split_k is None:
-        split_k = _split_k(m_tiles, n_tiles, k_tiles, x2.device) if small else 1
+        split_k = _split_k(m_tiles, n_tiles, k_tiles, x2.device)
     split_k = max(1, min(split_k, k_tiles))
     k_per_split = triton.cdiv(k_tiles, split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty splits
-    if split_k == 1:
-        out = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
-        partial = out.unsqueeze(0)
-    else:
-        # Partial sums in float32, reduced below: deterministic, unlike atomic adds.
-        partial = torch.empty(split_k, m, n, device=x2.device, dtype=torch.float32)
+    out = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
+    # Float32 partial sums, added by the last program of each tile (octavo.kernels.split_k).
+    partial = out.unsqueeze(0) if split_k == 1 else torch.empty(
+        split_k, m, n, device=x2.device, dtype=torch.float32)
     _int_weight_gemm_kernel[(m_tiles, n_tiles, split_k)](
-        x2, qweight, scales, zeros, partial,
-        m, n, k, k_per_split,
+        x2, qweight, scales, zeros, out, partial,
+        split_k_counters(x2.device, m_tiles * n_tiles),
+        m, n, k, k_per_split, split_k,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1),
         scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
-        partial.stride(0), partial.stride(1), partial.stride(2),
+        out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, BITS=bits, FP32_DOT=x2.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, RELOAD=bool(reload),
         num_warps=num_warps or 4, num_stages=num_stages or (3 if small else 2),
     )  # fmt: skip
-    return partial[0] if split_k == 1 else partial.sum(dim=0).to(x2.dtype)
+    return out
 
 
 @triton.jit

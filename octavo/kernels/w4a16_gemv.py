@@ -13,14 +13,16 @@ instructions spent per weight value are what limit it, not the multiply. So:
   ``sum_k x[k] (q[k,n] - z[n]) s[n] = s[n] (sum_k x[k] q[k,n] - z[n] sum_k x[k])``.
 - Only 2-D tiles [packed rows, N], one pass per value position in the int32 (no 3-D reshape),
   per-row partial sums reduced once at the end, not across threads at every step.
-- Split-K when the output alone has too few tiles to fill the GPU; the float32 partial sums
-  are then added by a second small launch (deterministic, unlike atomics).
+- Split-K when the output alone has too few tiles to fill the GPU; the last program of each
+  tile adds the float32 partial sums (``octavo.kernels.split_k``: no second launch).
 """
 
 from __future__ import annotations
 
 import torch
 
+from octavo.kernels.split_k import counters as split_k_counters
+from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
 MAX_M = 4  # larger batches go to the tensor-core kernel
@@ -48,10 +50,10 @@ def _group_dot(packed, x_ptr, offs_p, stride_xk, PACK: tl.constexpr, BITS: tl.co
 
 @triton.jit
 def _int_weight_gemv_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr,
-    M, N, K, K_PER_SPLIT,
+    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
+    M, N, K, K_PER_SPLIT, NUM_SPLITS,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn,
-    stride_zg, stride_zn, stride_os, stride_om, stride_on,
+    stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
@@ -97,15 +99,16 @@ def _int_weight_gemv_kernel(
             acc2 += sv * d - sx * xs[:, None]
             d, xs = _group_dot(packed, x3, offs_p, stride_xk, PACK, BITS)
             acc3 += sv * d - sx * xs[:, None]
-    out = out_ptr + pid_k * stride_os + offs_n * stride_on
-    ty = out_ptr.dtype.element_ty
-    rows = M + offs_n * 0  # M as a vector, so that row masks combine with n_mask
-    tl.store(out, tl.sum(acc0, axis=0).to(ty), mask=n_mask)
+    offs_m = tl.arange(0, BLOCK_M)
+    res = tl.where(offs_m[:, None] == 0, tl.sum(acc0, axis=0)[None, :], 0.0)
     if BLOCK_M > 1:
-        tl.store(out + stride_om, tl.sum(acc1, axis=0).to(ty), mask=n_mask & (rows > 1))
+        res = tl.where(offs_m[:, None] == 1, tl.sum(acc1, axis=0)[None, :], res)
     if BLOCK_M > 2:
-        tl.store(out + 2 * stride_om, tl.sum(acc2, axis=0).to(ty), mask=n_mask & (rows > 2))
-        tl.store(out + 3 * stride_om, tl.sum(acc3, axis=0).to(ty), mask=n_mask & (rows > 3))
+        res = tl.where(offs_m[:, None] == 2, tl.sum(acc2, axis=0)[None, :], res)
+        res = tl.where(offs_m[:, None] == 3, tl.sum(acc3, axis=0)[None, :], res)
+    store_or_reduce(res, offs_m, offs_n, (offs_m[:, None] < M) & n_mask[None, :], out_ptr,
+                    stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
+                    pid_n, pid_k, NUM_SPLITS)
 
 
 def supports(m: int, k: int, group_size: int, bits: int) -> bool:
@@ -149,19 +152,16 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     split_k = max(1, min(split_k, k_steps))
     k_per_split = triton.cdiv(k_steps, split_k) * step
     split_k = triton.cdiv(k, k_per_split)
-    if split_k == 1:
-        partial = torch.empty(1, m, n, device=x2.device, dtype=x2.dtype)
-    else:
-        partial = torch.empty(split_k, m, n, device=x2.device, dtype=torch.float32)
+    out = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
+    partial = out.unsqueeze(0) if split_k == 1 else torch.empty(
+        split_k, m, n, device=x2.device, dtype=torch.float32)
     _int_weight_gemv_kernel[(n_tiles, split_k)](
-        x2, qweight, scales, zeros, partial,
-        m, n, k, k_per_split,
+        x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, n_tiles),
+        m, n, k, k_per_split, split_k,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1),
         scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
-        partial.stride(0), partial.stride(1), partial.stride(2),
+        out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_P=block_p,
         num_warps=num_warps, num_stages=num_stages or 3,
     )  # fmt: skip
-    if split_k == 1:
-        return partial[0]
-    return partial.sum(dim=0).to(x2.dtype)
+    return out

@@ -91,6 +91,22 @@ def test_every_path_matches_reference(tuning, m, k, n, group, bits):
     assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, group, bits)) < 1e-5
 
 
+@pytest.mark.parametrize("path", ["gemv", "gemm"])
+def test_split_k_leaves_its_counters_zeroed_and_is_deterministic(path):
+    from octavo.kernels import split_k
+
+    qweight, scales, zeros, _ = _weights(256, 96, 32, 4)
+    x = torch.randn(2, 256, device=DEVICE)
+    kw = {"path": path, "split_k": 4}
+    if path == "gemm":
+        kw.update(block_m=16, block_n=32, block_k=32)
+    first = w4a16_gemm(x, qweight, scales, zeros, 32, 4, **kw)
+    again = w4a16_gemm(x, qweight, scales, zeros, 32, 4, **kw)
+    assert torch.equal(first, again)  # partials added in split order, not as they finish
+    assert not split_k.counters(DEVICE, 1).any()
+    assert _rel_err(first, w4a16_gemm_ref(x, qweight, scales, zeros, 32, 4)) < 1e-5
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_dequantize_kernel_is_exact(bits):
     qweight, scales, zeros, _ = _weights(128, 48, 32, bits)
@@ -139,3 +155,25 @@ def test_kernel_real_shapes_gpu(m, dtype, bits, path):
     out = w4a16_gemm(x, qweight, scales, zeros, 128, bits, path=path)
     ref = w4a16_gemm_ref(x, qweight, scales, zeros, 128, bits)
     assert _rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 16, 64])
+def test_split_k_inside_a_cuda_graph_gpu(m):
+    """The engine replays decode steps as CUDA graphs: the split-K counters must come back to
+    zero inside the graph, replay after replay."""
+    from octavo.kernels import split_k
+
+    k, n = 4096, 1024
+    qweight, scales, zeros, _ = _weights(k, n, 128, 4, device=torch.device("cuda"))
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w4a16_gemm(x, qweight, scales, zeros, 128, 4)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = w4a16_gemm(x, qweight, scales, zeros, 128, 4)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, 128, 4)) < 1e-2
+        assert not split_k.counters(x.device, 1).any()
