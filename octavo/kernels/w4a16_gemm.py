@@ -29,7 +29,11 @@ from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
 SUPPORTED_BITS = (4, 8)
-FUSED_MAX_M = 16  # larger batches dequantize, then multiply with cuBLAS
+# Which path runs which batch size, from benchmarks/quantized_gemm.py --sweep on an H200
+# (Llama-8B projections, g128): the GEMV up to GEMV_MAX_M rows, the tensor-core kernel up to
+# FUSED_MAX_M, dequantize-then-cuBLAS above.
+GEMV_MAX_M = 2
+FUSED_MAX_M = 128
 
 
 def pack_factor(bits: int) -> int:
@@ -151,9 +155,10 @@ def kernel_supports(k: int, group_size: int, bits: int) -> bool:
         and k % group_size == 0
 
 
-def _split_k(m_tiles: int, n_tiles: int, k_tiles: int, device: torch.device) -> int:
-    """Enough K splits that small-M launches still fill the GPU (two waves of programs)."""
-    want = 2 * num_compute_units(device)
+def _split_k(m_tiles: int, n_tiles: int, k_tiles: int, device: torch.device,
+             waves: int = 2) -> int:
+    """Enough K splits that small-M launches still fill the GPU (``waves`` programs per SM)."""
+    want = waves * num_compute_units(device)
     return max(1, min(k_tiles, want // max(1, m_tiles * n_tiles), 16))
 
 
@@ -164,7 +169,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
     ``group_size``: K for one group per column. ``split_k``: K splits (None: chosen here; more
     than one for decode-sized M, whose few output tiles would leave most of the GPU idle).
-    Decode batches (M <= ``w4a16_gemv.MAX_M``) run the CUDA-core GEMV kernel, M up to
+    Decode batches (M <= ``GEMV_MAX_M``) run the CUDA-core GEMV kernel, M up to
     ``FUSED_MAX_M`` the tensor-core kernel, larger ones dequantize into a temporary and use
     cuBLAS (measured 2-4x faster than this tensor-core kernel there, still about half of bf16:
     a faster large-M kernel is open work). ``tuning``: tile overrides for the benchmark's
@@ -183,7 +188,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return x.new_empty(*shape[:-1], n)
     path = tuning.pop("path", None)
     if path is None:
-        if gemv.supports(m, k, group_size, bits):
+        if m <= GEMV_MAX_M and gemv.supports(m, k, group_size, bits):
             path = "gemv"
         else:
             path = "gemm" if m <= FUSED_MAX_M else "dequant"
@@ -203,11 +208,11 @@ def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=No
     n = qweight.shape[1]
     block_k = block_k or _block_k(group_size, k)
     small = m <= 16
-    block_m = block_m or (16 if small else (32 if m <= 32 else 64))
+    block_m = block_m or (16 if small else 64)
     block_n = block_n or (64 if small else 128)
     m_tiles, n_tiles, k_tiles = triton.cdiv(m, block_m), triton.cdiv(n, block_n), k // block_k
     if split_k is None:
-        split_k = _split_k(m_tiles, n_tiles, k_tiles, x2.device)
+        split_k = _split_k(m_tiles, n_tiles, k_tiles, x2.device, waves=4 if small else 2)
     split_k = max(1, min(split_k, k_tiles))
     k_per_split = triton.cdiv(k_tiles, split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty splits
@@ -224,7 +229,7 @@ def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=No
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, BITS=bits, FP32_DOT=x2.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, RELOAD=bool(reload),
-        num_warps=num_warps or 4, num_stages=num_stages or (3 if small else 2),
+        num_warps=num_warps or 4, num_stages=num_stages or 3,
     )  # fmt: skip
     return out
 
