@@ -15,6 +15,9 @@ embeddings, all with GQA) it writes under tests/fixtures/bitsandbytes/:
 - ``<family>-<variant>/``: that checkpoint loaded by transformers with a ``BitsAndBytesConfig``
   (8-bit; 4-bit NF4 with and without double quantization; 4-bit FP4 for Llama) on the CPU, then
   saved with ``save_pretrained``: bitsandbytes' own serialized tensors and quantization_config;
+- ``bnb_direct.safetensors``: bitsandbytes' quantizers applied directly to two Llama weights
+  (int8 + SCB; NF4, NF4 double-quantized, FP4 packed weights and absmax), what quantizing at
+  load must reproduce;
 - ``reference.json``: per variant, transformers' greedy tokens and their logprobs (float32
   compute) from the model quantized at load ("online"), from the saved checkpoint reloaded
   ("saved"), and from the online model with every bitsandbytes layer replaced by a float
@@ -71,28 +74,75 @@ def greedy(model) -> dict:
     return {"tokens": tokens, "logprobs": logprobs}
 
 
-def dequantized_twin(model):
-    """``model`` with each bitsandbytes layer replaced by a float Linear holding the weight
-    bitsandbytes dequantizes it to (``int8_vectorwise_dequant``, ``dequantize_4bit``): the
-    weight-only numerics in plain float32 matmuls."""
+def dense_in_memory(name: str, module) -> torch.Tensor:
+    """The weight bitsandbytes dequantizes a quantized layer of a live model to."""
+    import bitsandbytes as bnb
+
+    w = module.weight
+    if isinstance(module, bnb.nn.Linear8bitLt):
+        scb = w.SCB if w.SCB is not None else module.state.SCB
+        return torch.ops.bitsandbytes.int8_vectorwise_dequant.default(w.data, scb)
+    return bnb.functional.dequantize_4bit(w.data, w.quant_state)
+
+
+def dense_from_file(folder: str):
+    """The weight bitsandbytes dequantizes a layer's saved tensors to, read from the file
+    (a 2-D float absmax, transformers 5's [in / blocksize, out], put back in block order)."""
+    import bitsandbytes.functional as bf
+    from safetensors.torch import load_file
+
+    state = load_file(os.path.join(folder, "model.safetensors"))
+
+    def dense(name: str, module) -> torch.Tensor:
+        key = name + ".weight"
+        if name + ".SCB" in state:
+            return torch.ops.bitsandbytes.int8_vectorwise_dequant.default(state[key],
+                                                                          state[name + ".SCB"])
+        qs = {k[len(key) + 1:]: v for k, v in state.items() if k.startswith(key + ".")}
+        if qs["absmax"].dim() == 2:
+            qs["absmax"] = qs["absmax"].t().reshape(-1).float()
+        return bf.dequantize_4bit(state[key], bf.QuantState.from_dict(qs, device="cpu"))
+    return dense
+
+
+def dequantized_twin(model, dense_of):
+    """``model`` with each bitsandbytes layer replaced by a float Linear holding
+    ``dense_of(name, layer)``: the weight-only numerics in plain float32 matmuls."""
     import bitsandbytes as bnb
 
     for name, module in list(model.named_modules()):
         if isinstance(module, (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit)):
-            w = module.weight
-            if isinstance(module, bnb.nn.Linear8bitLt):
-                scb = w.SCB if w.SCB is not None else module.state.SCB
-                dense = torch.ops.bitsandbytes.int8_vectorwise_dequant.default(w.data, scb)
-            else:
-                dense = bnb.functional.dequantize_4bit(w.data, w.quant_state)
             lin = torch.nn.Linear(module.in_features, module.out_features,
                                   bias=module.bias is not None)
-            lin.weight.data = dense.float()
+            lin.weight.data = dense_of(name, module).float()
             if module.bias is not None:
                 lin.bias.data = module.bias.data.float()
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, lin)
     return model
+
+
+def direct_quantization(src: str) -> dict[str, torch.Tensor]:
+    """bitsandbytes' own quantizers applied to two float32 weights of the Llama source (q_proj:
+    one 64-block a row; down_proj: two), what its modules compute when quantizing at load."""
+    import bitsandbytes.functional as bf
+    from safetensors.torch import load_file
+
+    state = load_file(os.path.join(src, "model.safetensors"))
+    out = {}
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight"):
+        w = state[name].float()
+        q, scb, _ = torch.ops.bitsandbytes.int8_vectorwise_quant.default(w)
+        out[f"int8/{name}"], out[f"int8/{name}.SCB"] = q, scb
+        for variant, quant_type, nested in (("nf4", "nf4", False), ("nf4-dq", "nf4", True),
+                                            ("fp4", "fp4", False)):
+            packed, qs = bf.quantize_4bit(w, blocksize=64, quant_type=quant_type,
+                                          compress_statistics=nested)
+            out[f"{variant}/{name}"], out[f"{variant}/{name}.absmax"] = packed, qs.absmax
+            if nested:
+                out[f"{variant}/{name}.nested_absmax"] = qs.state2.absmax
+                out[f"{variant}/{name}.nested_offset"] = qs.offset.reshape(1)
+    return out
 
 
 def shrink(path: str) -> None:
@@ -129,21 +179,27 @@ def main() -> None:
         shutil.rmtree(tmp)
         float_model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
         ref["cases"][f"{family}-bf16"] = {"float": greedy(float_model)}
+        if family == "llama":
+            from safetensors.torch import save_file
+
+            save_file(direct_quantization(src), os.path.join(OUT, "bnb_direct.safetensors"))
         for variant in variants:
             quantized = functools.partial(
                 AutoModelForCausalLM.from_pretrained, src, dtype=torch.float32,
                 device_map="cpu", quantization_config=BitsAndBytesConfig(**VARIANTS[variant]))
             model = quantized()
             case = {"online": greedy(model),
-                    # A fresh model: save_pretrained below rewrites a float absmax in place.
-                    "weight_only": greedy(dequantized_twin(quantized()))}
+                    # A fresh model: save_pretrained below changes this one's quant state.
+                    "weight_only": greedy(dequantized_twin(quantized(), dense_in_memory))}
             folder = os.path.join(OUT, f"{family}-{variant}")
             model.save_pretrained(folder, safe_serialization=True)
             reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                             device_map="cpu")
-            # transformers 5 saves a non-nested 4-bit absmax as [in / blocksize, out] and
-            # reads it back flat: its reloaded model then differs from the one it saved.
+            # transformers 5 writes 4-bit weights requantized from the source dtype, and a
+            # non-nested absmax as [in / blocksize, out], which its own reload reads flat.
             case["saved"] = greedy(reloaded)
+            case["saved_weight_only"] = greedy(dequantized_twin(reloaded,
+                                                                dense_from_file(folder)))
             ref["cases"][f"{family}-{variant}"] = case
             print(family, variant, {k: v["tokens"] for k, v in case.items()}, flush=True)
     for folder in os.listdir(OUT):  # tokenizer-free fixtures: keep what Octavo reads
