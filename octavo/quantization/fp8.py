@@ -156,20 +156,15 @@ class Fp8LinearMethod(LinearMethod):
         for name in names:
             delattr(layer, name)
         n, k = layer.output_size_per_partition, layer.input_size_per_partition
-        if not parts:  # load_format="dummy"
-            w = torch.empty(n, k, device=device).uniform_(-1e-3, 1e-3)
-            q, s = quantize_fp8(w, self.per_channel)
-            parts = {None: {"weight": q, "weight_scale": s}}
-            prequantized, self.prequantized = self.prequantized, False
-            try:
-                decoded = [(None, self._part(layer, None, parts[None]))]
-            finally:
-                self.prequantized = prequantized
+        if not parts:  # load_format="dummy": random weights, quantized as at load
+            q, s = quantize_fp8(torch.empty(n, k, device=device).uniform_(-1e-3, 1e-3),
+                                self.per_channel)
+            decoded = [(None, (q, s.expand(n) if s.dim() == 0 else s))]
         else:
             decoded = [(sid, self._part(layer, sid, parts[sid]))
                        for sid in part_order(layer, parts)]
         input_scale = None
-        if self.static_input:  # one activation scale for the layer: the largest part's
+        if self.static_input and parts:  # one activation scale for the layer: the largest part's
             input_scale = torch.stack([parts[sid]["input_scale"].float().reshape(())
                                        for sid, _ in decoded]).max()
         weight = torch.empty(n, k, device=device, dtype=decoded[0][1][0].dtype)
