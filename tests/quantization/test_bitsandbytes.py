@@ -36,6 +36,8 @@ ONLINE_NAMES = {"int8": "bitsandbytes", "nf4-dq": "bitsandbytes-nf4", "fp4": "bi
 
 
 def _llm(case: str, **kwargs) -> LLM:
+    """On the CPU unless ``device`` says otherwise (the GPU cases ask for CUDA)."""
+    kwargs.setdefault("device", "cpu")
     return LLM(model=os.path.join(FIXTURES, case), dtype="float32", skip_tokenizer_init=True,
                max_model_len=64, **kwargs)
 

@@ -29,6 +29,8 @@ def float_ckpt(tmp_path_factory):
 
 
 def _llm(model: str, **kwargs) -> LLM:
+    """On the CPU unless ``device`` says otherwise (the GPU cases ask for CUDA)."""
+    kwargs.setdefault("device", "cpu")
     return LLM(model=model, dtype="float32", skip_tokenizer_init=True, max_model_len=64,
                **kwargs)
 
@@ -45,6 +47,18 @@ def _first_step(llm: LLM) -> list[dict[int, float]]:
 
 def _model(llm: LLM):
     return llm.llm_engine.executor.worker.runner.model
+
+
+def _force_scaled_mm(monkeypatch) -> None:
+    """Send fp8 layers through torch._scaled_mm on the CPU (skip where torch has no CPU
+    kernel for it)."""
+    a = torch.ones(16, 16).to(fp8.FP8)
+    try:
+        torch._scaled_mm(a, a.t(), torch.ones(16, 1), torch.ones(1, 16),
+                         out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"no CPU torch._scaled_mm here: {e}")
+    monkeypatch.setattr(fp8, "use_scaled_mm", lambda device: True)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
@@ -88,7 +102,7 @@ def test_online_fp8_close_to_float(float_ckpt, name, scaled_mm, monkeypatch):
     (``torch._scaled_mm`` with per-token activation scales) forced on the CPU."""
     expect = _first_step(_llm(float_ckpt))
     if scaled_mm:
-        monkeypatch.setattr(fp8, "use_scaled_mm", lambda device: True)
+        _force_scaled_mm(monkeypatch)
     llm = _llm(float_ckpt, quantization=name)
     buffers = {n.rsplit(".", 1)[-1] for n, _ in _model(llm).named_buffers()}
     assert ("weight_fp8" in buffers) == scaled_mm
@@ -179,7 +193,7 @@ def test_prequantized_per_tensor_static_scaled_mm(float_ckpt, tmp_path, monkeypa
     qcfg = {"quant_method": "fp8", "activation_scheme": "static"}
     quant = _write_fp8_checkpoint(float_ckpt, str(tmp_path / "q"), qcfg)
     expect = _first_step(_llm(_dequantized_twin(quant, str(tmp_path / "twin"))))
-    monkeypatch.setattr(fp8, "use_scaled_mm", lambda device: True)
+    _force_scaled_mm(monkeypatch)
     llm = _llm(quant)
     scales = {m.fp8_input_scale.item() for m in _model(llm).modules()
               if getattr(m, "fp8_input_scale", None) is not None}
@@ -191,14 +205,17 @@ def test_block_checkpoint_matches_transformers(float_ckpt, tmp_path):
     """transformers' block-scaled FP8 layout (weight_scale_inv per 32x32 block): Octavo's
     dequantized weights equal transformers' own dequantizing load, and so do the tokens."""
     pytest.importorskip("accelerate")
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
     from tests.tiny_models import hf_greedy
 
     qcfg = {"quant_method": "fp8", "activation_scheme": "dynamic",
             "weight_block_size": [32, 32], "fmt": "e4m3"}
     quant = _write_fp8_checkpoint(float_ckpt, str(tmp_path / "q"), qcfg, block=(32, 32))
-    hf = AutoModelForCausalLM.from_pretrained(quant, dtype=torch.float32, device_map="cpu")
+    # dequantize=True: what transformers does without an fp8 GPU, asked for everywhere.
+    hf = AutoModelForCausalLM.from_pretrained(
+        quant, dtype=torch.float32, device_map="cpu",
+        quantization_config=FineGrainedFP8Config(weight_block_size=(32, 32), dequantize=True))
     llm = _llm(quant)
     ours = _model(llm).model.layers[0]
     attn = hf.model.layers[0].self_attn
