@@ -20,7 +20,9 @@ products) to the compute dtype, then matmul.
 - CPU: each layer's weight is dequantized once at load to the model dtype (oneDNN packs it).
 - CUDA: 8-bit stays int8, through the W8A16 Triton GEMM (``w4a16_gemm``, one group over K,
   zero point 128) where it runs, else ``(x @ q^T) * scale``; 4-bit stays packed and is
-  dequantized per call by a torch lookup, then matmul (no fused NF4 kernel yet).
+  dequantized per call (one gather per byte from a 256-entry table of code pairs, times the
+  block's absmax, in float32), then matmul: a memory saving, not a speedup (no fused NF4
+  kernel yet).
 
 Checkpoint tensor names ``<layer>.weight.absmax`` (etc.) become parameters ``weight_absmax``
 through ``checkpoint_tensors``; each merged part (q/k/v, gate/up) is decoded on its own, as
@@ -45,6 +47,7 @@ from octavo.quantization.bnb_weight import (
     Dense,
     Int8Rows,
     blocks_or_dense,
+    byte_table,
     concat,
     dequantize_packed,
 )
@@ -201,7 +204,7 @@ class BitsAndBytesLinearMethod(LinearMethod):
         if keeps_quantized(device) and isinstance(weight, Blocks4bit):
             layer.register_buffer("qweight", weight.packed.contiguous(), persistent=False)
             layer.register_buffer("absmax", weight.absmax.contiguous(), persistent=False)
-            layer.register_buffer("code", weight.code, persistent=False)
+            layer.register_buffer("code_pairs", byte_table(weight.code), persistent=False)
             layer.bnb_blocksize = weight.blocksize
             layer.bnb_kind = "4bit"
             return
@@ -222,8 +225,8 @@ class BitsAndBytesLinearMethod(LinearMethod):
             # The scale is per output row: apply it after the matmul (ints are exact in bf16).
             y = F.linear(x, layer.qweight.to(x.dtype)) * layer.weight_scale.to(x.dtype)
         else:
-            w = dequantize_packed(layer.qweight, layer.absmax, layer.code, layer.bnb_blocksize,
-                                  x.dtype)
+            w = dequantize_packed(layer.qweight, layer.absmax, None, layer.bnb_blocksize,
+                                  x.dtype, table=layer.code_pairs)
             return F.linear(x, w, bias)
         return y if bias is None else y + bias
 
