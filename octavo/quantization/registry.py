@@ -21,6 +21,7 @@ _BUILTIN = {
     "bitsandbytes-fp4": "octavo.quantization.bitsandbytes:BitsAndBytesFP4Config",
     "fp8": "octavo.quantization.fp8:Fp8Config",
     "fp8-per-channel": "octavo.quantization.fp8:Fp8PerChannelConfig",
+    "compressed-tensors": "octavo.quantization.compressed_tensors:CompressedTensorsConfig",
 }
 _CLASSES: dict[str, type[QuantizationConfig]] = {}
 

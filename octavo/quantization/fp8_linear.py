@@ -1,0 +1,179 @@
+"""FP8 (e4m3) checkpoint weights of one linear layer, W8A8 or weight-only.
+
+Checkpoint tensors (compressed-tensors ``float-quantized``):
+
+- ``weight`` float8_e4m3fn [out, in]; ``weight_scale`` float32, [out, 1] per channel or one
+  number per tensor, ``W = weight * scale``. A merged layer (q/k/v) has one per-tensor scale
+  per part: each part's rows keep their own.
+- ``input_scale`` float32, one number (static activations only).
+
+Activations (when quantized) go to FP8 the way compressed-tensors does it: the scale is
+``amax(|x|) / 448`` per token or per tensor (dynamic) or the stored ``input_scale`` (static),
+``x_q = fp8(clamp(x / scale, -448, 448))``.
+
+- On CUDA with FP8 tensor cores (compute capability 8.9+), W8A8 runs ``torch._scaled_mm`` with
+  row-wise scales (per token x per output channel); a failure there (an older torch) falls back
+  to the path below, once, with a warning.
+- Elsewhere: the weight is dequantized once at load; the activations are quantized and
+  dequantized in the model's dtype (exactly what the reference implementation computes), then
+  a plain matmul.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octavo.quantization.base import LinearMethod
+from octavo.quantization.param_layout import set_param_layout
+
+logger = logging.getLogger(__name__)
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448
+_SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
+
+
+def activation_scale(x: torch.Tensor, per_token: bool) -> torch.Tensor:
+    """Dynamic FP8 scale of ``x`` [m, k]: [m, 1] per token, else [1, 1]."""
+    amax = x.abs().amax(dim=-1, keepdim=True) if per_token else x.abs().amax().reshape(1, 1)
+    scale = amax / FP8_MAX
+    # An all-zero row would divide by zero: any positive scale quantizes it to zeros.
+    return torch.where(scale > 0, scale, torch.finfo(x.dtype).eps)
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def qdq_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded through FP8 with ``scale``, back in x's dtype."""
+    return quantize_fp8(x, scale).to(x.dtype) * scale.to(x.dtype)
+
+
+def scaled_mm_usable(device: torch.device) -> bool:
+    return (device.type == "cuda" and hasattr(torch, "_scaled_mm")
+            and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
+def _per_part_loader(layer: nn.Module):
+    """One scalar per merged part (q, k, v / gate, up), placed at the part's index."""
+    def load(param, loaded, shard_id=None):
+        if loaded.numel() != 1:
+            raise ValueError(f"layer {layer.prefix!r}: expected one per-tensor scale, got "
+                             f"shape {tuple(loaded.shape)}")
+        index = 0 if shard_id is None else _SHARD_INDEX.get(shard_id, shard_id)
+        param.data[index] = loaded.reshape(())
+    return load
+
+
+class Fp8LinearMethod(LinearMethod):
+    """``weight_strategy``: "tensor" | "channel"; ``activations``: None (weight-only),
+    "dynamic-token", "dynamic-tensor" or "static-tensor"."""
+
+    def __init__(self, weight_strategy: str, activations: str | None) -> None:
+        self.weight_strategy = weight_strategy
+        self.activations = activations
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
+                       params_dtype):
+        self.params_dtype = params_dtype
+        self.partition_sizes = list(output_partition_sizes)
+        k, n = input_size_per_partition, sum(output_partition_sizes)
+        parts = len(output_partition_sizes)
+
+        def param(name, shape, dtype, **layout):
+            p = nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False)
+            layer.register_parameter(name, set_param_layout(p, **layout))
+            return p
+
+        param("weight", (n, k), FP8, input_dim=1, output_dim=0)
+        if self.weight_strategy == "channel":
+            param("weight_scale", (n, 1), torch.float32, output_dim=0)
+        else:
+            param("weight_scale", (parts,), torch.float32).weight_loader = \
+                _per_part_loader(layer)
+        if self.activations == "static-tensor":
+            # Every part reads the same input: calibration gives each the same scale.
+            param("input_scale", (parts,), torch.float32).weight_loader = \
+                _per_part_loader(layer)
+
+    def process_weights_after_loading(self, layer):
+        weight = layer.weight.data
+        scale = layer.weight_scale.data
+        if self.weight_strategy == "tensor":  # one per part -> one per output row
+            scale = torch.repeat_interleave(
+                scale, torch.tensor(self.partition_sizes, device=scale.device))
+        scale = scale.reshape(-1, 1).to(torch.float32)
+        input_scale = None
+        if self.activations == "static-tensor":
+            input_scale = layer.input_scale.data.amax().reshape(1, 1)
+            del layer.input_scale
+        del layer.weight, layer.weight_scale
+        layer.register_buffer("act_scale", input_scale, persistent=False)
+        k, n = weight.shape[1], weight.shape[0]
+        layer.fp8_mm = (self.activations is not None and scaled_mm_usable(weight.device)
+                        and k % 16 == 0 and n % 16 == 0)
+        layer.fp8_out_dtype = None
+        if layer.fp8_mm:
+            # _scaled_mm wants the second operand column-major: [n, k] row-major, transposed.
+            layer.register_buffer("fp8_weight", weight, persistent=False)
+            layer.register_buffer("fp8_weight_scale", scale.reshape(1, -1).contiguous(),
+                                  persistent=False)
+            return
+        self._dequantize(layer, weight, scale)
+
+    def _dequantize(self, layer, weight, scale) -> None:
+        w = (weight.to(torch.float32) * scale).to(self.params_dtype)
+        layer.register_buffer("dequantized_weight", w, persistent=False)
+
+    def _input_scale(self, layer, x2: torch.Tensor) -> torch.Tensor:
+        if self.activations == "static-tensor":
+            return layer.act_scale  # float32, as stored
+        return activation_scale(x2, per_token=self.activations == "dynamic-token")
+
+    def apply(self, layer, x, bias):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if layer.fp8_mm:
+            try:
+                y = self._scaled_mm(layer, x2)
+                y = y if bias is None else y + bias
+                return y.view(*shape[:-1], y.shape[-1])
+            except RuntimeError as e:  # e.g. row-wise scales unsupported by this build
+                logger.warning("layer %r: torch._scaled_mm failed (%s); using dequantized "
+                               "FP8 weights", layer.prefix, e)
+                layer.fp8_mm = False
+                self._dequantize(layer, layer.fp8_weight, layer.fp8_weight_scale.reshape(-1, 1))
+                del layer.fp8_weight, layer.fp8_weight_scale
+        if self.activations is not None:
+            x2 = qdq_fp8(x2, self._input_scale(layer, x2))
+        w = layer.dequantized_weight
+        y = F.linear(x2, w if w.dtype == x2.dtype else w.to(x2.dtype), bias)
+        return y.view(*shape[:-1], y.shape[-1])
+
+    def _scaled_mm(self, layer, x2: torch.Tensor) -> torch.Tensor:
+        m = x2.shape[0]
+        x_scale = self._input_scale(layer, x2.float()).expand(m, 1).contiguous()
+        x_fp8 = quantize_fp8(x2.float(), x_scale)
+        # Row-wise scales come with bfloat16 output on every build that has them; the input's
+        # own dtype where the build allows it (remembered per layer).
+        out_dtypes = [layer.fp8_out_dtype] if layer.fp8_out_dtype else [x2.dtype, torch.bfloat16]
+        for i, out_dtype in enumerate(out_dtypes):
+            try:
+                y = torch._scaled_mm(x_fp8, layer.fp8_weight.t(), scale_a=x_scale,
+                                     scale_b=layer.fp8_weight_scale, out_dtype=out_dtype)
+            except RuntimeError:
+                if i + 1 == len(out_dtypes):
+                    raise
+                continue
+            layer.fp8_out_dtype = out_dtype
+            return y.to(x2.dtype)
+        raise AssertionError("unreachable")
+
+    def dense_weight(self, layer):
+        # With quantized activations the layer is not ``x W^T``: no oneDNN shortcut.
+        return getattr(layer, "dequantized_weight", None) if self.activations is None else None

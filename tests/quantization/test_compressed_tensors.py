@@ -1,0 +1,420 @@
+"""compressed-tensors checkpoints written by llm-compressor itself
+(scripts/quant_fixtures/make_compressed_tensors.py): Octavo detects the method, and its greedy
+tokens and last-step logprobs equal transformers' on the same checkpoint (float32). Plus the
+format's bit layout worked by hand, the ignore list, and the errors for what it cannot run.
+Needs only Octavo: the fixtures and transformers' outputs are committed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from octavo import LLM, SamplingParams
+from octavo.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+from octavo.models.llama import LlamaForCausalLM
+from octavo.quantization import build_quant_config, int_weight
+from octavo.quantization.base import QuantizationConfig
+from octavo.quantization.compressed_tensors import CompressedTensorsConfig, matches_target
+from octavo.quantization.compressed_tensors_int import CompressedTensorsIntMethod
+from octavo.quantization.fp8_linear import Fp8LinearMethod
+from octavo.quantization.unquantized import UnquantizedLinearMethod
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "compressed_tensors")
+FIXTURES = sorted(os.listdir(ROOT))
+W4_GROUP = {"targets": ["Linear"], "format": "pack-quantized",
+            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                        "group_size": 32}}
+
+
+def _signed(u: int) -> int:
+    return u - 2**32 if u >= 2**31 else u
+
+
+def _reference(name: str) -> dict:
+    with open(os.path.join(ROOT, name, "reference.json")) as f:
+        return json.load(f)
+
+
+def _run(model: str, ref: dict, **kwargs):
+    llm = LLM(model=model, dtype="float32", max_model_len=64, **kwargs)
+    runs = ref["transformers_runs"]
+    params = SamplingParams(temperature=0.0, max_tokens=ref["max_new_tokens"], ignore_eos=True,
+                            logprobs=5)
+    outs = llm.generate([{"prompt_token_ids": r["prompt_token_ids"]} for r in runs], params,
+                        use_tqdm=False)
+    return llm, [o.outputs[0] for o in outs]
+
+
+def _methods(llm: LLM) -> dict[str, str]:
+    model = llm.llm_engine.executor.worker.runner.model
+    return {name: type(m.quant_method).__name__ for name, m in model.named_modules()
+            if hasattr(m, "quant_method")}
+
+
+def _check_against_transformers(outs, ref) -> None:
+    for out, run in zip(outs, ref["transformers_runs"]):
+        assert list(out.token_ids) == run["token_ids"], run["prompt_token_ids"]
+        last = out.logprobs[-1]
+        for tok, lp in run["last_top_logprobs"].items():
+            assert int(tok) in last, (tok, sorted(last))
+            assert last[int(tok)].logprob == pytest.approx(lp, abs=1e-4)
+
+
+# --- checkpoints made by llm-compressor ------------------------------------------------------
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_fixture_matches_transformers(name):
+    ref = _reference(name)
+    llm, outs = _run(os.path.join(ROOT, name), ref)
+    _check_against_transformers(outs, ref)
+    methods = _methods(llm)
+    want = "Fp8LinearMethod" if "fp8" in name else "CompressedTensorsIntMethod"
+    assert methods["model.layers.0.self_attn.qkv_proj"] == want
+    assert methods["model.layers.0.mlp.down_proj"] == want
+
+
+def test_ignored_layers_stay_float_with_regex_ignore(tmp_path):
+    """The asymmetric fixture leaves layer 1's MLP in float (llm-compressor wrote the names);
+    the same checkpoint with the ignore list as a ``re:`` regex loads the same way."""
+    name = "qwen2-w4a16-g32-asym"
+    ref = _reference(name)
+    folder = tmp_path / name
+    shutil.copytree(os.path.join(ROOT, name), folder)
+    with open(folder / "config.json") as f:
+        cfg = json.load(f)
+    assert "model.layers.1.mlp.down_proj" in cfg["quantization_config"]["ignore"]
+    cfg["quantization_config"]["ignore"] = ["lm_head", "re:.*layers\\.1\\.mlp\\."]
+    with open(folder / "config.json", "w") as f:
+        json.dump(cfg, f)
+    llm, outs = _run(str(folder), ref)
+    _check_against_transformers(outs, ref)
+    methods = _methods(llm)
+    assert methods["model.layers.1.mlp.gate_up_proj"] == "UnquantizedLinearMethod"
+    assert methods["model.layers.1.mlp.down_proj"] == "UnquantizedLinearMethod"
+    assert methods["model.layers.1.self_attn.qkv_proj"] == "CompressedTensorsIntMethod"
+    assert methods["model.layers.0.mlp.gate_up_proj"] == "CompressedTensorsIntMethod"
+    model = llm.llm_engine.executor.worker.runner.model
+    assert model.model.layers[1].mlp.down_proj.weight.dtype == torch.float32
+
+
+def test_gpu_layout_through_the_interpreter_matches(monkeypatch):
+    """The CUDA path (repack into the Triton kernel's layout) forced on the CPU, where the
+    kernel runs in Triton's interpreter: still transformers' tokens."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the forced kernel path on CPU tensors needs Triton's interpreter")
+    monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
+    name = "qwen2-w4a16-g32-asym"
+    ref = _reference(name)
+    ref["transformers_runs"] = ref["transformers_runs"][:1]
+    llm, outs = _run(os.path.join(ROOT, name), ref)
+    model = llm.llm_engine.executor.worker.runner.model
+    assert model.model.layers[0].mlp.down_proj.kernel_group == 32
+    _check_against_transformers(outs, ref)
+
+
+def test_wrong_quantization_for_the_checkpoint_is_an_error():
+    model = os.path.join(ROOT, "llama-w4a16-g32-sym")
+    for wrong in ("gptq", "awq"):
+        with pytest.raises(ValueError, match=rf"quantization='{wrong}' does not match the "
+                                             r"checkpoint, which declares "
+                                             r"quant_method='compressed-tensors'"):
+            LLM(model=model, dtype="float32", max_model_len=64, quantization=wrong)
+
+
+# --- the format by hand ----------------------------------------------------------------------
+
+def test_pack_quantized_layer_hand_worked():
+    """W4A16, group 8, asymmetric, one layer of 8 outputs x 8 inputs. Each value ``v`` is
+    stored as ``v + 8``, eight per int32, input ``i`` at bits 4i; the zero points the same way
+    along the *output*. Row 0 holds v = -8..-1 (0x76543210), row 1 v = 0..7 (0xFEDCBA98),
+    the rest v = 0 (0x88888888). Zero points (outputs 0..7) 0, 1, -1, 2, 0, 0, 0, 0 ->
+    stored 8, 9, 7, 10, 8, 8, 8, 8 -> 0x8888A798. Scale of output o: (o + 1) / 4."""
+    packed = torch.tensor([[_signed(0x76543210)], [_signed(0xFEDCBA98)]]
+                          + [[_signed(0x88888888)]] * 6, dtype=torch.int32)
+    zero_point = torch.tensor([[_signed(0x8888A798)]], dtype=torch.int32)
+    scale = (torch.arange(8, dtype=torch.float32) + 1).view(8, 1) / 4
+    cfg = CompressedTensorsConfig.from_config({
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"g": {**W4_GROUP, "weights": {**W4_GROUP["weights"],
+                                                          "group_size": 8,
+                                                          "symmetric": False}}}})
+    layer = ReplicatedLinear(8, 8, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+    assert isinstance(layer.quant_method, CompressedTensorsIntMethod)
+    for pname, t in (("weight_packed", packed), ("weight_scale", scale),
+                     ("weight_zero_point", zero_point),
+                     ("weight_shape", torch.tensor([8, 8]))):
+        param = getattr(layer, pname)
+        param.weight_loader(param, t)
+    layer.process_weights_after_loading()
+    v = torch.zeros(8, 8)
+    v[0] = torch.arange(-8, 0)
+    v[1] = torch.arange(0, 8)
+    zeros = torch.tensor([0, 1, -1, 2, 0, 0, 0, 0], dtype=torch.float32).view(8, 1)
+    want = (v - zeros) * scale
+    assert want[1].tolist() == [-0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]
+    assert want[2].tolist() == [0.75] * 8
+    torch.testing.assert_close(layer.dequantized_weight, want, atol=0, rtol=0)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(layer(x), F.linear(x, want))
+
+
+def test_hand_worked_example_agrees_with_compressed_tensors():
+    """The same words through compressed-tensors' own unpacking, where it is installed."""
+    helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+    packed = torch.tensor([[_signed(0x76543210)], [_signed(0xFEDCBA98)]], dtype=torch.int32)
+    theirs = helpers.unpack_from_int32(packed, 4, torch.Size([2, 8]))
+    assert theirs.tolist() == [list(range(-8, 0)), list(range(0, 8))]
+    zp = helpers.unpack_from_int32(torch.tensor([[_signed(0x8888A798)]], dtype=torch.int32), 4,
+                                   torch.Size([8, 1]), packed_dim=0)
+    assert zp.view(-1).tolist() == [0, 1, -1, 2, 0, 0, 0, 0]
+
+
+def test_w8a16_channel_symmetric_layer_matches_dequantized():
+    """8-bit, one scale per output channel, symmetric: v + 128 in each byte, four per int32."""
+    torch.manual_seed(0)
+    v = torch.randint(-128, 128, (16, 32))
+    scale = torch.rand(16, 1) / 10
+    packed = _pack_inputs(v, 8)
+    cfg = CompressedTensorsConfig.from_config({
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {
+            "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}}}})
+    layer = RowParallelLinear(32, 16, quant_config=cfg, prefix="model.layers.0.self_attn.o_proj")
+    for pname, t in (("weight_packed", packed), ("weight_scale", scale),
+                     ("weight_shape", torch.tensor([16, 32]))):
+        getattr(layer, pname).weight_loader(getattr(layer, pname), t)
+    layer.process_weights_after_loading()
+    torch.testing.assert_close(layer.dequantized_weight, v.float() * scale, atol=0, rtol=0)
+
+
+def _pack_inputs(v: torch.Tensor, bits: int) -> torch.Tensor:
+    """Signed values [out, in] -> pack-quantized int32 [out, in * bits / 32] (v + offset,
+    input i at bits (i % pack) * bits), written from the format's definition."""
+    pack = 32 // bits
+    u = (v + (1 << (bits - 1))).to(torch.int64).view(v.shape[0], -1, pack)
+    words = (u << (torch.arange(pack) * bits)).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def test_naive_quantized_asymmetric_group_layer():
+    """naive-quantized keeps one int8 per value and int8 zero points, both signed."""
+    torch.manual_seed(2)
+    v = torch.randint(-128, 128, (16, 64), dtype=torch.int8)
+    zp = torch.randint(-20, 20, (16, 2), dtype=torch.int8)
+    scale = torch.rand(16, 2) / 10
+    cfg = CompressedTensorsConfig.from_config({"config_groups": {"g": {
+        "targets": ["Linear"], "format": "naive-quantized",
+        "weights": {"num_bits": 8, "type": "int", "symmetric": False, "strategy": "group",
+                    "group_size": 32}}}})
+    layer = ReplicatedLinear(64, 16, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+    assert not hasattr(layer, "weight_shape")
+    for pname, t in (("weight", v), ("weight_scale", scale), ("weight_zero_point", zp)):
+        getattr(layer, pname).weight_loader(getattr(layer, pname), t)
+    layer.process_weights_after_loading()
+    want = (v.float() - zp.float().repeat_interleave(32, 1)) * scale.repeat_interleave(32, 1)
+    torch.testing.assert_close(layer.dequantized_weight, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("path", ["cpu", "kernel"])
+def test_actorder_group_g_idx_layer(path, monkeypatch):
+    """actorder "group" stores weight_g_idx, the group of each input; on the GPU path the
+    inputs are sorted by group once at load."""
+    if path == "kernel":
+        pytest.importorskip("triton")
+        if torch.cuda.is_available():
+            pytest.skip("the forced kernel path on CPU tensors needs Triton's interpreter")
+        monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
+    torch.manual_seed(3)
+    v = torch.randint(-8, 8, (32, 64))
+    scale = torch.rand(32, 4) / 10 + 0.01
+    g_idx = (torch.randperm(64) // 16).to(torch.int32)
+    cfg = CompressedTensorsConfig.from_config({"config_groups": {"g": {
+        **W4_GROUP, "weights": {**W4_GROUP["weights"], "group_size": 16,
+                                "actorder": "group"}}}})
+    layer = RowParallelLinear(64, 32, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+    for pname, t in (("weight_packed", _pack_inputs(v, 4)), ("weight_scale", scale),
+                     ("weight_g_idx", g_idx), ("weight_shape", torch.tensor([32, 64]))):
+        getattr(layer, pname).weight_loader(getattr(layer, pname), t)
+    layer.process_weights_after_loading()
+    want = v.float() * scale[:, g_idx.long()]
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(layer(x), F.linear(x, want), atol=1e-4, rtol=1e-4)
+    assert (layer.kernel_group is not None) == (path == "kernel")
+
+
+# --- FP8 -------------------------------------------------------------------------------------
+
+class _OneMethod(QuantizationConfig):
+    def __init__(self, method) -> None:
+        super().__init__()
+        self.method = method
+
+    def get_quant_method(self, layer, prefix):
+        return self.method
+
+
+def _fp8_qkv(weight_strategy: str, activations: str | None):
+    torch.manual_seed(0)
+    layer = QKVParallelLinear(32, 16, 2, 1, prefix="model.layers.0.self_attn.qkv_proj",
+                              quant_config=_OneMethod(Fp8LinearMethod(weight_strategy,
+                                                                      activations)))
+    want = []
+    for sid, n in (("q", 32), ("k", 16), ("v", 16)):
+        w = torch.randn(n, 32).to(torch.float8_e4m3fn)
+        s = torch.rand(n, 1) + 0.5 if weight_strategy == "channel" else torch.rand(1) + 0.5
+        layer.weight.weight_loader(layer.weight, w, sid)
+        layer.weight_scale.weight_loader(layer.weight_scale, s, sid)
+        if activations == "static-tensor":
+            layer.input_scale.weight_loader(layer.input_scale, torch.tensor([0.02]), sid)
+        want.append(w.float() * s.reshape(-1, 1))
+    return layer, torch.cat(want)
+
+
+@pytest.mark.parametrize("weight_strategy", ["tensor", "channel"])
+@pytest.mark.parametrize("activations", [None, "dynamic-token", "static-tensor"])
+def test_fp8_merged_layer(weight_strategy, activations):
+    """Each merged part keeps its own per-tensor scale; activations go through FP8 as
+    compressed-tensors computes it (scale amax / 448 per token, or the stored scale)."""
+    layer, w = _fp8_qkv(weight_strategy, activations)
+    layer.process_weights_after_loading()
+    torch.testing.assert_close(layer.dequantized_weight, w, atol=0, rtol=0)
+    x = torch.randn(5, 32)
+    xq = x
+    if activations == "dynamic-token":
+        s = x.abs().amax(-1, keepdim=True) / 448
+        xq = (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s
+    elif activations == "static-tensor":
+        xq = (x / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn).float() * 0.02
+    torch.testing.assert_close(layer(x), F.linear(xq, w), atol=1e-5, rtol=1e-5)
+    if activations is not None:  # the activations really are rounded
+        assert not torch.allclose(layer(x), F.linear(x, w), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("activations", ["dynamic-token", "static-tensor"])
+def test_fp8_scaled_mm_path_matches_dequantized(activations, monkeypatch):
+    """The CUDA path (``torch._scaled_mm`` with row-wise scales) forced where this torch runs
+    it on the CPU: the FP8 GEMM agrees with dequantize-then-matmul."""
+    from octavo.quantization import fp8_linear
+
+    x = torch.randn(7, 32)
+    ref_layer, _ = _fp8_qkv("tensor", activations)
+    ref_layer.process_weights_after_loading()
+    want = ref_layer(x)
+    monkeypatch.setattr(fp8_linear, "scaled_mm_usable", lambda device: True)
+    layer, _ = _fp8_qkv("tensor", activations)
+    layer.process_weights_after_loading()
+    assert layer.fp8_mm
+    try:
+        got = layer(x)
+    except RuntimeError as e:  # pragma: no cover - depends on the torch build
+        pytest.skip(f"torch._scaled_mm does not run on this CPU build: {e}")
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-2)
+
+
+# --- configs and errors ----------------------------------------------------------------------
+
+def _cfg(**extra) -> CompressedTensorsConfig:
+    cfg = CompressedTensorsConfig.from_config({"quant_method": "compressed-tensors",
+                                               "config_groups": {"group_0": W4_GROUP},
+                                               **extra})
+    cfg.packed_modules_mapping = LlamaForCausalLM.packed_modules_mapping
+    return cfg
+
+
+def test_target_and_ignore_matching():
+    assert matches_target("model.layers.0.mlp.down_proj", "Linear")
+    assert matches_target("model.layers.10.mlp.down_proj", "re:model.layers.1")  # from the start
+    assert not matches_target("model.layers.0.mlp.down_proj", "re:mlp")
+    assert matches_target("lm_head", "lm_head")
+    assert not matches_target("model.lm_head_x", "lm_head")
+    cfg = _cfg(ignore=["lm_head", "re:.*layers\\.1\\.self_attn\\.[qkv]_proj$",
+                       "model.layers.0.mlp.down_proj"])
+    assert cfg.get_quant_method(None, "model.layers.1.self_attn.qkv_proj") is None
+    assert cfg.get_quant_method(None, "model.layers.0.mlp.down_proj") is None
+    assert cfg.get_quant_method(None, "lm_head") is None
+    assert isinstance(cfg.get_quant_method(None, "model.layers.0.self_attn.qkv_proj"),
+                      CompressedTensorsIntMethod)
+
+
+def test_groups_choose_per_module():
+    fp8 = {"targets": ["re:.*mlp\\..*"], "format": "float-quantized",
+           "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+           "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                 "dynamic": True}}
+    w4 = {**W4_GROUP, "targets": ["re:.*self_attn\\..*"]}
+    cfg = CompressedTensorsConfig.from_config({"config_groups": {"a": fp8, "b": w4},
+                                               "ignore": ["lm_head"]})
+    cfg.packed_modules_mapping = LlamaForCausalLM.packed_modules_mapping
+    assert isinstance(cfg.get_quant_method(None, "model.layers.0.mlp.gate_up_proj"),
+                      Fp8LinearMethod)
+    assert isinstance(cfg.get_quant_method(None, "model.layers.0.self_attn.o_proj"),
+                      CompressedTensorsIntMethod)
+    # A merged layer whose parts the checkpoint treats differently cannot be held.
+    split = _cfg(ignore=["model.layers.0.self_attn.k_proj"])
+    with pytest.raises(ValueError, match=r"qkv_proj' merges .*differently"):
+        split.get_quant_method(None, "model.layers.0.self_attn.qkv_proj")
+
+
+def test_detected_from_config_json():
+    hf = type("C", (), {"quantization_config": {"quant_method": "compressed-tensors",
+                                                "config_groups": {"g": W4_GROUP}}})()
+    assert isinstance(build_quant_config(None, hf, None), CompressedTensorsConfig)
+
+
+@pytest.mark.parametrize("group,extra,match", [
+    ({**W4_GROUP, "format": "int-quantized",
+      "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+      "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}},
+     {}, r"config group 'group_0' \(weights int 8-bit channel, input activations int 8-bit "
+         r"token dynamic\): integer weights with quantized activations"),
+    (W4_GROUP, {"sparsity_config": {"format": "sparse-24-bitmask",
+                                     "sparsity_structure": "2:4"}},
+     r"sparsity \(format 'sparse-24-bitmask', structure '2:4'\) is not supported"),
+    ({**W4_GROUP, "format": "nvfp4-pack-quantized",
+      "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
+                  "group_size": 16}}, {}, r"4-bit float weights \(NVFP4"),
+    ({**W4_GROUP, "format": "float-quantized",
+      "weights": {"num_bits": 8, "type": "float", "strategy": "block",
+                  "block_structure": [128, 128]}}, {}, r"FP8 weight strategy 'block'"),
+    ({**W4_GROUP, "weights": {**W4_GROUP["weights"], "num_bits": 3}}, {},
+     r"3-bit integer weights are not supported"),
+    (W4_GROUP, {"kv_cache_scheme": {"num_bits": 8, "type": "float"}}, r"kv_cache_scheme"),
+])
+def test_unsupported_schemes_are_clear_errors(group, extra, match):
+    with pytest.raises(ValueError, match=match):
+        CompressedTensorsConfig.from_config({"config_groups": {"group_0": group}, **extra})
+
+
+def test_layer_shapes_the_scheme_cannot_hold_name_the_layer():
+    cfg = _cfg()
+    with pytest.raises(ValueError, match=r"layer 'model.layers.0.mlp.down_proj': input "
+                                         r"features = 48 is not divisible by group_size"):
+        RowParallelLinear(48, 16, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+    asym = CompressedTensorsConfig.from_config({"config_groups": {"g": {
+        **W4_GROUP, "weights": {**W4_GROUP["weights"], "symmetric": False}}}})
+    with pytest.raises(ValueError, match=r"layer 'o': output features = 12 is not divisible "
+                                         r"by the 4-bit pack factor of weight_zero_point"):
+        ReplicatedLinear(32, 12, quant_config=asym, prefix="o")
+
+
+def test_quantized_lm_head_is_refused():
+    """A group targeting Linear covers the LM head unless the checkpoint ignores it."""
+    cfg = _cfg()
+    assert isinstance(cfg.get_quant_method(None, "lm_head"), CompressedTensorsIntMethod)
+    from octavo.layers.vocab_embedding import LMHead
+
+    with pytest.raises(ValueError, match="quantized LM head"):
+        LMHead(64, 32, cfg, "lm_head")
+
+
+def test_unquantized_layers_in_a_mixed_checkpoint():
+    cfg = _cfg(ignore=["lm_head", "model.layers.0.mlp.down_proj"])
+    layer = RowParallelLinear(64, 32, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+    assert isinstance(layer.quant_method, UnquantizedLinearMethod)
+    assert layer.weight.dtype == torch.get_default_dtype()
