@@ -3,11 +3,13 @@ Llama-3.1-8B decode shapes, on the GPU, in one call.
 
 Each layer's weights are replicated over enough copies that one sweep over them is several
 times the L2 (so each call reads its weight from HBM, as in a real decode step where every
-layer's weight is read once); times are CUDA-event means over sweeps. Prints per shape and
-M: microseconds, speedup over bf16, and the weight bytes / time as a fraction of the HBM
-bandwidth.
+layer's weight is read once); a sweep is captured in a CUDA graph (as the engine's decode
+steps are, so host launch time does not count) and times are CUDA-event means over replays.
+Prints per shape and M: microseconds, speedup over bf16, and the weight bytes / time as a
+fraction of the HBM bandwidth.
 
     python benchmarks/quantized_gemm.py [--bits 4 8] [--group 128] [--json out.json]
+    python benchmarks/quantized_gemm.py --sweep   # tile configurations per shape and M
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--m", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sweep", action="store_true",
+                    help="time every candidate tile configuration (4-bit) and report the best")
     args = ap.parse_args()
     import torch
 
@@ -42,19 +46,32 @@ def main() -> None:
     dev = torch.device("cuda")
 
     def timed(fns) -> float:
-        """Mean microseconds per call over sweeps of ``fns`` (one call per weight copy)."""
-        for fn in fns:
-            fn()
+        """Mean microseconds per call over replays of a CUDA graph of one sweep of ``fns``
+        (one call per weight copy)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for fn in fns:  # compile and warm up outside the capture
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for fn in fns:
+                fn()
+        graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         start.record()
         sweeps = 5
         for _ in range(sweeps):
-            for fn in fns:
-                fn()
+            graph.replay()
         end.record()
         torch.cuda.synchronize()
+        del graph
         return start.elapsed_time(end) * 1e3 / (sweeps * len(fns))
+
+    if args.sweep:
+        return sweep(args, timed, bandwidth, limits)
 
     rows = []
     for name, (k, n) in SHAPES.items():
@@ -95,6 +112,79 @@ def main() -> None:
     print_json_result({"benchmark": "quantized_gemm", "device": device_info(), "limits": limits,
                        "commit": git_commit(), "group": args.group, "rows": rows,
                        "per_layer": totals}, args.json)
+
+
+def _candidates(m: int) -> list[dict]:
+    """Tile configurations to try at batch ``m`` (4-bit, group 128)."""
+    if m <= 4:
+        out = [{"path": "gemv"}]
+        out += [{"path": "gemv", "block_n": bn, "block_p": bp, "num_warps": w}
+                for bn in (128, 256, 512) for bp in (4, 8, 16) for w in (1, 2, 4, 8)
+                if 32 <= bn // w <= 256]
+        out += [{"path": "gemv", "split_k": sk} for sk in (4, 8, 16, 32, 64)]
+        out += [{"path": "gemv", "num_stages": st} for st in (1, 2, 4)]
+        out += [{"path": "gemm", "reload": False}]
+        return out
+    out = [{"path": "gemm"}, {"path": "dequant"}]
+    for bm, bn, bk in ((16, 64, 128), (32, 64, 128), (64, 64, 128), (64, 128, 64),
+                       (64, 128, 128), (128, 128, 64)):
+        if bm > 2 * m and bm > 16:
+            continue
+        for w, st in ((4, 3), (8, 3)):
+            out.append({"path": "gemm", "block_m": bm, "block_n": bn, "block_k": bk,
+                        "num_warps": w, "num_stages": st})
+    out += [{"path": "gemm", "split_k": sk} for sk in (1, 2, 4, 8)]
+    return out
+
+
+def sweep(args, timed, bandwidth, limits) -> None:
+    import torch
+
+    from octavo.kernels.w4a16_gemm import pack_along_k, w4a16_gemm
+
+    dev = torch.device("cuda")
+    bits, group = 4, args.group
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
+        dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
+        groups = k // group
+        packed = [(pack_along_k(torch.randint(0, 2**bits, (k, n), device=dev), bits),
+                   (torch.rand(groups, n, device=dev) * 0.01).to(torch.bfloat16),
+                   torch.full((groups, n), 8, device=dev, dtype=torch.bfloat16))
+                  for _ in range(qcopies)]
+        for m in args.m:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
+            results = []
+            for cfg in _candidates(m):
+                try:
+                    t = timed([lambda p=p, x=x, c=cfg: w4a16_gemm(x, p[0], p[1], p[2], group,
+                                                                  bits, **dict(c))
+                               for p in packed])
+                except Exception as e:  # a configuration the compiler refuses
+                    results.append({"cfg": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
+                    continue
+                results.append({"cfg": cfg, "us": round(t, 2)})
+            ok = [r for r in results if "us" in r]
+            best = min(ok, key=lambda r: r["us"])
+            nbytes = k * n * bits / 8 + 2 * groups * n * 2
+            row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 2),
+                   "default_us": ok[0]["us"] if ok and ok[0]["cfg"] == _candidates(m)[0]
+                   else None, "best": best,
+                   "best_speedup": round(t_bf16 / best["us"], 2),
+                   "best_hbm_fraction": round(nbytes / (best["us"] * 1e-6) / bandwidth, 3),
+                   "all": results}
+            rows.append(row)
+            print(f"{name} M={m} bf16={t_bf16:.1f}us default={row['default_us']}us "
+                  f"best={best['us']}us {best['cfg']} x{row['best_speedup']} "
+                  f"hbm={row['best_hbm_fraction']}", flush=True)
+        del dense, packed
+        torch.cuda.empty_cache()
+    print_json_result({"benchmark": "quantized_gemm_sweep", "device": device_info(),
+                       "limits": limits, "commit": git_commit(), "group": group, "rows": rows},
+                      args.json)
 
 
 if __name__ == "__main__":

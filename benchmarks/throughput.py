@@ -27,13 +27,14 @@ from benchmarks.workloads import (  # noqa: E402
 WORKLOAD_SHAPE = {"W1": "qwen3-0.6b", "W2": "llama-3.1-8b"}
 
 
-def run_octavo(folder: str, prompts, max_tokens, args) -> dict:
+def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> dict:
     from octavo import LLM, SamplingParams
 
     llm = LLM(model=folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
               max_model_len=4096, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
-              enforce_eager=args.enforce_eager, gpu_memory_utilization=0.9)
+              enforce_eager=args.enforce_eager, gpu_memory_utilization=0.9,
+              distributed_executor_backend=backend)
     engine = llm.llm_engine
     llm.generate([{"prompt_token_ids": prompts[0][:64]}],
                  SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
@@ -58,8 +59,9 @@ def run_octavo(folder: str, prompts, max_tokens, args) -> dict:
                      "w5_kv_utilization": tm.kv_utilization(
                          cfg.scheduler_config.max_model_len, cfg.cache_config.block_size)})
     first = runs[0]
-    return {"engine": "octavo", **first, "num_blocks": engine.num_blocks,
-            "repeat_runs": runs[1:]}
+    engine.shutdown()
+    return {"engine": "octavo" if backend == "uni" else f"octavo ({backend} executor)",
+            **first, "num_blocks": engine.num_blocks, "repeat_runs": runs[1:]}
 
 
 def step_breakdown(trace) -> dict:
@@ -110,6 +112,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1,
                     help="timed generate calls in one process (the first is the figure)")
     ap.add_argument("--peers", action="store_true", help="also run HF static generate")
+    ap.add_argument("--executors", default="uni",
+                    help="comma-separated executor backends to run in turn (uni,mp): the "
+                    "mp executor's per-step overhead against uni in the same call")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
 
@@ -128,7 +133,7 @@ def main() -> None:
               "bound_output_tok_s": bound, "date": time.strftime("%Y-%m-%d"), "runs": []}
     print(f"{result['workload']} on {source}; commit {result['commit']}")
     print(f"memory-bandwidth bound: {bound:,.0f} output tok/s")
-    octavo = run_octavo(folder, prompts, max_tokens, args)
+    octavo = run_octavo(folder, prompts, max_tokens, args, args.executors.split(",")[0])
     octavo["fraction_of_bound"] = octavo["output_tok_s"] / bound
     result["runs"].append(octavo)
     print(f"octavo: {octavo['output_tokens']} tokens in {octavo['wall_s']:.2f} s = "
@@ -144,6 +149,18 @@ def main() -> None:
     for i, r in enumerate(octavo["repeat_runs"], 2):
         print(f"octavo run {i}: {r['output_tok_s']:,.0f} output tok/s; "
               f"{json.dumps(r['step_breakdown'])}")
+    for backend in args.executors.split(",")[1:]:
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()  # the first engine's KV cache, before another takes 90%
+        other = run_octavo(folder, prompts, max_tokens, args, backend)
+        other["vs_first_executor"] = other["output_tok_s"] / octavo["output_tok_s"]
+        result["runs"].append(other)
+        print(f"{other['engine']}: {other['output_tok_s']:,.0f} output tok/s = "
+              f"{other['vs_first_executor']:.3f}x the {args.executors.split(',')[0]} executor")
     if args.peers:
         peer = run_hf_static(folder, prompts, max_tokens)
         result["runs"].append(peer)

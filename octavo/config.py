@@ -116,12 +116,26 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
+    # The executor (octavo.executor.registry): "uni" (the worker in this process) or "mp"
+    # (one worker process per rank); None: "uni" for one rank.
+    distributed_executor_backend: str | None = None
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size != 1:
             raise ValueError(
                 f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet "
                 "(only 1)")
+        if self.distributed_executor_backend is not None:
+            from octavo.executor.registry import known_backends
+
+            if self.distributed_executor_backend not in known_backends():
+                raise ValueError(
+                    f"distributed_executor_backend={self.distributed_executor_backend!r} is "
+                    f"not supported (known: {known_backends()})")
+
+    @property
+    def executor_backend(self) -> str:
+        return self.distributed_executor_backend or "uni"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 from octavo import LLM, BeamSearchParams, SamplingParams
 from octavo.engine.beam_search import BeamSearch, BeamSearchConfig
 from octavo.outputs import Logprob
-from tests.tiny_models import COMMON, copy_with_eos, make_checkpoint
+from tests.tiny_models import COMMON, add_word_tokenizer, copy_with_eos, make_checkpoint
 
 W = 3  # beam width
 T = 10  # max new tokens
@@ -368,26 +368,12 @@ def test_interrupted_search_frees_everything(llm, no_eos_runs, monkeypatch):
 
 # ------------------------------------------------------------------------- text prompts
 
-def _add_word_tokenizer(folder: str) -> None:
-    """A whitespace word-level tokenizer over the tiny vocabulary: "w17" is token 17."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    vocab.update({f"w{i}": i for i in range(len(specials), COMMON["vocab_size"])})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(folder)
-
-
 @pytest.fixture(scope="module")
 def text_llm(tiny_dir, tmp_path_factory) -> LLM:
     folder = str(tmp_path_factory.mktemp("llama_beams_text"))
     for name in os.listdir(tiny_dir):
         shutil.copy(os.path.join(tiny_dir, name), folder)
-    _add_word_tokenizer(folder)
+    add_word_tokenizer(folder)
     return LLM(model=folder, dtype="float32", max_model_len=MAX_LEN)
 
 

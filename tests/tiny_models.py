@@ -68,3 +68,17 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
                                  max_new_tokens=max_new_tokens, pad_token_id=0)
             outs.append(gen[0, len(p):].tolist())
     return outs
+
+
+def add_word_tokenizer(folder: str) -> None:
+    """A whitespace word-level tokenizer over the tiny vocabulary: "w17" is token 17."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    vocab.update({f"w{i}": i for i in range(len(specials), COMMON["vocab_size"])})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(folder)

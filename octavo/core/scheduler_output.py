@@ -68,3 +68,5 @@ class ModelRunnerOutput:
     # Requests whose step work failed for a reason of their own (a logits processor that
     # raised): request id -> the error's text. Their sampled token is not to be used.
     failed: dict[str, str] | None = None
+    # Host seconds the worker spent turning the step into input tensors (profiling).
+    prepare_s: float = 0.0

@@ -45,6 +45,7 @@ class EngineArgs:
     # or a dtype is given: then every tensor is dequantized at load.
     gguf_dequantize: bool = False
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # "uni" / "mp"; None: "uni"
     load_format: str = "auto"
     device: str = "auto"
     skip_tokenizer_init: bool = False
@@ -115,7 +116,8 @@ class EngineArgs:
             model_config=model_config,
             cache_config=cache,
             scheduler_config=sched,
-            parallel_config=ParallelConfig(self.tensor_parallel_size),
+            parallel_config=ParallelConfig(self.tensor_parallel_size,
+                                           self.distributed_executor_backend),
             device_config=DeviceConfig(device=str(device), enforce_eager=self.enforce_eager,
                                        attention_backend=self.attention_backend),
             quantization=quantization,

@@ -419,6 +419,8 @@ class AsyncLLM:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        if thread is None or not thread.is_alive():
+            self.engine.shutdown()  # worker processes, under the "mp" executor
 
 
 def _deliver(items: list) -> None:

@@ -16,7 +16,8 @@ from octavo.engine.parallel_sampling import ParentRequest, child_params, num_sam
 from octavo.engine.processor import Processor, PromptType
 from octavo.engine.tokenizer import load_tokenizer
 from octavo.errors import RequestFailedError
-from octavo.executor.uniproc import UniProcExecutor
+from octavo.executor.base import check_picklable
+from octavo.executor.registry import get_executor_class
 from octavo.metrics.step_timings import StepTimings, StepTrace
 from octavo.outputs import CompletionOutput, RequestOutput
 from octavo.sampling_params import SamplingParams
@@ -49,7 +50,7 @@ class LLMEngine:
         self.processor = Processor(
             config.model_config, self.tokenizer, max_n=config.scheduler_config.sample_cap,
             structured_outputs_backend=config.structured_outputs_config.backend)
-        self.executor = UniProcExecutor(config)
+        self.executor = get_executor_class(config.parallel_config.executor_backend)(config)
         self.num_blocks = self.executor.num_blocks
         capacity = self.num_blocks * config.cache_config.block_size
         if capacity < config.model_config.max_model_len:
@@ -92,6 +93,8 @@ class LLMEngine:
         if request_id in self.states or request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = SamplingParams() if params is None else params
+        if self.executor.crosses_processes and isinstance(params, SamplingParams):
+            check_picklable(params)
         if isinstance(params, SamplingParams) and num_samples(params) > 1:
             self._add_parallel(request_id, prompt, params, priority, arrival_time,
                                group_id or request_id)
@@ -180,6 +183,10 @@ class LLMEngine:
         self.scheduler = self._new_scheduler()
         self.executor.reset()
 
+    def shutdown(self) -> None:
+        """Release the executor's workers (processes, devices)."""
+        self.executor.shutdown()
+
     def check_health(self, timeout_s: float = 60.0) -> None:
         """Run one tiny greedy request end to end; raises if the device cannot serve."""
         rid = f"__health_check_{next(self._ids)}"
@@ -247,6 +254,7 @@ class LLMEngine:
         tw = time.perf_counter()
         runner_out = handle.result()
         self._wait_s += time.perf_counter() - tw
+        self.timings.prepare_s += runner_out.prepare_s
         failed = dict(runner_out.failed or {})
         if failed:  # their sampled tokens are not used
             keep = [i for i, rid in enumerate(runner_out.req_ids) if rid not in failed]
@@ -363,7 +371,6 @@ class LLMEngine:
         if sched is not None:
             tm.steps += 1
             tm.decode_steps += num_tokens == len(sched.num_scheduled_tokens)
-            tm.prepare_s += self.executor.worker.runner.last_prepare_s
             tm.tokens += num_tokens
         if tm.trace is not None and sched is not None:
             running = self.scheduler.running

@@ -13,6 +13,10 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
                    help="local HF folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", "-q", default=None,
+                   help="weight quantization (default: what the checkpoint declares)")
+    p.add_argument("--distributed-executor-backend", default=None,
+                   help="uni (default) or mp (the model in a worker process)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=16)
@@ -41,7 +45,8 @@ def _make_llm(args):
                max_model_len=args.max_model_len, block_size=args.block_size,
                max_num_seqs=args.max_num_seqs, device=args.device,
                enforce_eager=args.enforce_eager, preemption_mode=args.preemption_mode,
-               swap_space=args.swap_space)
+               swap_space=args.swap_space, quantization=args.quantization,
+               distributed_executor_backend=args.distributed_executor_backend)
 
 
 def _params(args) -> SamplingParams:

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 from octavo.config import EngineConfig
 from octavo.core.scheduler_output import SchedulerOutput
+from octavo.executor.base import Executor
 from octavo.worker.step_handle import StepHandle
 from octavo.worker.worker import Worker
 
 
-class UniProcExecutor:
+class UniProcExecutor(Executor):
     def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        # Tests and benchmarks may look at the model through ``worker``; the engine does not.
         self.worker = Worker(config)
-        self.worker.load_model()
-        self.num_blocks = self.worker.determine_num_blocks()
-        self.num_cpu_blocks = self.worker.determine_num_cpu_blocks()  # swap space
-        self.worker.init_kv_cache(self.num_blocks, self.num_cpu_blocks)
+        self.num_blocks, self.num_cpu_blocks = self.worker.setup()
 
     def reset(self) -> None:
-        """Drop every request's worker state (the engine restarts after a fault)."""
         self.worker.reset()
 
     def execute_model_async(self, sched: SchedulerOutput) -> StepHandle:

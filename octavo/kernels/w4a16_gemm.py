@@ -23,9 +23,17 @@ from __future__ import annotations
 
 import torch
 
+from octavo.kernels import w4a16_gemv as gemv
+from octavo.kernels.split_k import counters as split_k_counters
+from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
 SUPPORTED_BITS = (4, 8)
+# Which path runs which batch size, from benchmarks/quantized_gemm.py --sweep on an H200
+# (Llama-8B projections, g128): the GEMV up to GEMV_MAX_M rows, the tensor-core kernel up to
+# FUSED_MAX_M, dequantize-then-cuBLAS above.
+GEMV_MAX_M = 2
+FUSED_MAX_M = 128
 
 
 def pack_factor(bits: int) -> int:
@@ -73,12 +81,13 @@ def w4a16_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
 @triton.jit
 def _int_weight_gemm_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr,
-    M, N, K, K_PER_SPLIT,
+    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
+    M, N, K, K_PER_SPLIT, NUM_SPLITS,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn,
-    stride_zg, stride_zn, stride_os, stride_om, stride_on,
+    stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, BITS: tl.constexpr, FP32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    RELOAD: tl.constexpr,
 ):  # fmt: skip
     # Grid (M tiles, N tiles, K splits). BLOCK_K divides GROUP, so one K tile lies in one group
     # and needs one row of scales and zeros.
@@ -94,29 +103,41 @@ def _int_weight_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
-    shifts = tl.arange(0, PACK) * BITS
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                     mask=m_mask[:, None], other=0.0)
-        # Each packed int32 is loaded once and spread over its PACK rows: row r * PACK + j
-        # of the tile is value j of packed row r, so [rows, PACK, N] reshapes to [K, N].
-        offs_p = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
-        packed = tl.load(qw_ptr + offs_p[:, None] * stride_qk + offs_n[None, :] * stride_qn,
-                         mask=n_mask[None, :], other=0)
-        # >> is arithmetic on int32: the mask drops the sign bits of the top value.
-        q = (packed[:, None, :] >> shifts[None, :, None]) & MASK
-        q = tl.reshape(q, (BLOCK_K, BLOCK_N))
+        if RELOAD:
+            # Row k reads its packed int32 itself (PACK rows share one, served from L1) and
+            # shifts its own value out: no reshape of the tile.
+            packed = tl.load(qw_ptr + (offs_k // PACK)[:, None] * stride_qk
+                             + offs_n[None, :] * stride_qn, mask=n_mask[None, :], other=0)
+            bits = (packed >> ((offs_k % PACK) * BITS)[:, None]) & MASK
+        else:
+            # Each packed int32 is loaded once and spread over its PACK rows: row r * PACK + j
+            # of the tile is value j of packed row r, so [rows, PACK, N] reshapes to [K, N].
+            offs_p = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+            packed = tl.load(qw_ptr + offs_p[:, None] * stride_qk + offs_n[None, :] * stride_qn,
+                             mask=n_mask[None, :], other=0)
+            shifts = tl.arange(0, PACK) * BITS
+            bits = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & MASK,
+                              (BLOCK_K, BLOCK_N))
+        # Int -> float through the mantissa of 2**23 (no slow conversion instruction); >> is
+        # arithmetic on int32, the mask drops the sign bits of the top value.
+        q = (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
         g = k0 // GROUP
-        s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask, other=0.0)
-        z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=n_mask, other=0.0)
-        w = (q.to(tl.float32) - z.to(tl.float32)[None, :]) * s.to(tl.float32)[None, :]
+        s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask,
+                    other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=n_mask,
+                    other=0.0).to(tl.float32)
+        w = q * s[None, :] - (z * s)[None, :]
         if FP32_DOT:
             acc += tl.dot(a, w, input_precision="ieee")
         else:
             acc += tl.dot(a, w.to(a.dtype))
-    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    store_or_reduce(acc, offs_m, offs_n, m_mask[:, None] & n_mask[None, :], out_ptr,
+                    stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
+                    pid_m * tl.num_programs(1) + pid_n, pid_k, NUM_SPLITS)
 
 
 def _block_k(group_size: int, k: int) -> int:
@@ -134,19 +155,25 @@ def kernel_supports(k: int, group_size: int, bits: int) -> bool:
         and k % group_size == 0
 
 
-def _split_k(m_tiles: int, n_tiles: int, k_tiles: int, device: torch.device) -> int:
-    """Enough K splits that small-M launches still fill the GPU (two waves of programs)."""
-    want = 2 * num_compute_units(device)
+def _split_k(m_tiles: int, n_tiles: int, k_tiles: int, device: torch.device,
+             waves: int = 2) -> int:
+    """Enough K splits that small-M launches still fill the GPU (``waves`` programs per SM)."""
+    want = waves * num_compute_units(device)
     return max(1, min(k_tiles, want // max(1, m_tiles * n_tiles), 16))
 
 
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
-               split_k: int | None = None) -> torch.Tensor:
+               split_k: int | None = None, **tuning) -> torch.Tensor:
     """``x [.., K] @ dequant(W) [K, N]`` in x's dtype (float32 accumulation).
 
     ``group_size``: K for one group per column. ``split_k``: K splits (None: chosen here; more
     than one for decode-sized M, whose few output tiles would leave most of the GPU idle).
+    Decode batches (M <= ``GEMV_MAX_M``) run the CUDA-core GEMV kernel, M up to
+    ``FUSED_MAX_M`` the tensor-core kernel, larger ones dequantize into a temporary and use
+    cuBLAS (measured 2-4x faster than this tensor-core kernel there, still about half of bf16:
+    a faster large-M kernel is open work). ``tuning``: tile overrides for the benchmark's
+    sweeps (``path``: "gemv" / "gemm" / "dequant" forces a path).
     """
     require_triton("w4a16_gemm")
     shape = x.shape
@@ -159,31 +186,93 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*shape[:-1], n)
-    block_k = _block_k(group_size, k)
+    path = tuning.pop("path", None)
+    if path is None:
+        if m <= GEMV_MAX_M and gemv.supports(m, k, group_size, bits):
+            path = "gemv"
+        else:
+            path = "gemm" if m <= FUSED_MAX_M else "dequant"
+    if path == "gemv":
+        out = gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, bits, split_k=split_k,
+                              **tuning)
+    elif path == "dequant":
+        out = x2 @ dequantize(qweight, scales, zeros, group_size, bits, x.dtype)
+    else:
+        out = _gemm(x2, qweight, scales, zeros, group_size, bits, split_k, **tuning)
+    return out.view(*shape[:-1], n)
+
+
+def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=None,
+          block_n=None, block_k=None, num_warps=None, num_stages=None, reload=False):
+    m, k = x2.shape
+    n = qweight.shape[1]
+    block_k = block_k or _block_k(group_size, k)
     small = m <= 16
-    block_m = 16 if small else (32 if m <= 32 else 64)
-    block_n = 64 if small else 128
+    block_m = block_m or (16 if small else 64)
+    block_n = block_n or (64 if small else 128)
     m_tiles, n_tiles, k_tiles = triton.cdiv(m, block_m), triton.cdiv(n, block_n), k // block_k
     if split_k is None:
-        split_k = _split_k(m_tiles, n_tiles, k_tiles, x.device) if small else 1
+        split_k = _split_k(m_tiles, n_tiles, k_tiles, x2.device, waves=4 if small else 2)
     split_k = max(1, min(split_k, k_tiles))
     k_per_split = triton.cdiv(k_tiles, split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # no empty splits
-    if split_k == 1:
-        out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-        partial = out.unsqueeze(0)
-    else:
-        # Partial sums in float32, reduced below: deterministic, unlike atomic adds.
-        partial = torch.empty(split_k, m, n, device=x.device, dtype=torch.float32)
+    out = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
+    # Float32 partial sums, added by the last program of each tile (octavo.kernels.split_k).
+    partial = out.unsqueeze(0) if split_k == 1 else torch.empty(
+        split_k, m, n, device=x2.device, dtype=torch.float32)
     _int_weight_gemm_kernel[(m_tiles, n_tiles, split_k)](
-        x2, qweight, scales, zeros, partial,
-        m, n, k, k_per_split,
+        x2, qweight, scales, zeros, out, partial,
+        split_k_counters(x2.device, m_tiles * n_tiles),
+        m, n, k, k_per_split, split_k,
         x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1),
         scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
-        partial.stride(0), partial.stride(1), partial.stride(2),
-        GROUP=group_size, BITS=bits, FP32_DOT=x.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4, num_stages=3 if small else 2,
+        out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
+        GROUP=group_size, BITS=bits, FP32_DOT=x2.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, RELOAD=bool(reload),
+        num_warps=num_warps or 4, num_stages=num_stages or 3,
     )  # fmt: skip
-    out = partial[0] if split_k == 1 else partial.sum(dim=0).to(x.dtype)
-    return out.view(*shape[:-1], n)
+    return out
+
+
+@triton.jit
+def _dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, stride_qk, stride_qn, stride_sg,
+                       stride_sn, stride_zg, stride_zn, stride_wk, stride_wn,
+                       GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_P: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    # Grid (K / (BLOCK_P * PACK), N tiles); one program writes BLOCK_P * PACK rows of W.
+    PACK: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    packed = tl.load(qw_ptr + offs_p[:, None] * stride_qk + offs_n[None, :] * stride_qn,
+                     mask=n_mask[None, :], other=0)
+    offs_j = tl.arange(0, PACK)
+    bits = (packed[:, None, :] >> (offs_j * BITS)[None, :, None]) & MASK  # [P, PACK, N]
+    q = (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+    g = (offs_p[:, None] * PACK + offs_j[None, :]) // GROUP  # [P, PACK]
+    s = tl.load(s_ptr + g[:, :, None] * stride_sg + offs_n[None, None, :] * stride_sn,
+                mask=n_mask[None, None, :], other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + g[:, :, None] * stride_zg + offs_n[None, None, :] * stride_zn,
+                mask=n_mask[None, None, :], other=0.0).to(tl.float32)
+    rows = offs_p[:, None] * PACK + offs_j[None, :]
+    tl.store(w_ptr + rows[:, :, None] * stride_wk + offs_n[None, None, :] * stride_wn,
+             ((q - z) * s).to(w_ptr.dtype.element_ty), mask=n_mask[None, None, :])
+
+
+def dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+               group_size: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """The float weight [K, N] in ``dtype``, by a Triton kernel (``dequantize_ref``'s result):
+    for large batches, dequantize-then-cuBLAS can beat the fused kernel."""
+    require_triton("dequantize")
+    pack = pack_factor(bits)
+    kp, n = qweight.shape
+    w = torch.empty(kp * pack, n, device=qweight.device, dtype=dtype)
+    block_p, block_n = 4, 128
+    assert kp % block_p == 0 or kp < block_p, kp
+    block_p = min(block_p, kp)
+    _dequantize_kernel[(triton.cdiv(kp, block_p), triton.cdiv(n, block_n))](
+        qweight, scales, zeros, w, n, qweight.stride(0), qweight.stride(1), scales.stride(0),
+        scales.stride(1), zeros.stride(0), zeros.stride(1), w.stride(0), w.stride(1),
+        GROUP=group_size, BITS=bits, BLOCK_P=block_p, BLOCK_N=block_n)
+    return w

@@ -44,7 +44,7 @@ def load_model(model_config: ModelConfig, device: torch.device, backend,
         raw = quant_config.kept if gguf_quantized else ()
         load_weights(model, open_gguf(model_config.model).iter_weights(dtype, raw=raw))
     else:
-        load_weights(model, iter_safetensors(model_config.model))
+        load_weights(model, quant_config.checkpoint_tensors(iter_safetensors(model_config.model)))
     for module in model.modules():
         after_loading = getattr(module, "process_weights_after_loading", None)
         if after_loading is not None:

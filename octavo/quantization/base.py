@@ -6,7 +6,7 @@ This package never imports ``octavo.layers``: layers hold a method, not the othe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -81,6 +81,13 @@ class QuantizationConfig:
     @classmethod
     def reads_checkpoint(cls, quant_method: str) -> bool:
         return quant_method in (cls.checkpoint_methods or (cls.name,))
+
+    def checkpoint_tensors(self, weights: Iterable[tuple[str, torch.Tensor]]
+                           ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The checkpoint's (name, tensor) pairs as this scheme's parameters are named: a
+        scheme whose format names tensors no parameter can carry (bitsandbytes'
+        ``weight.absmax``) renames or drops them here, at the loader, not in the models."""
+        return iter(weights)
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
         """The method for the layer at ``prefix`` ("model.layers.0.self_attn.qkv_proj"), or

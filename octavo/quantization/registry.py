@@ -16,6 +16,11 @@ _BUILTIN = {
     "gguf": "octavo.quantization.gguf:GGUFConfig",
     "gptq": "octavo.quantization.gptq:GPTQConfig",
     "awq": "octavo.quantization.awq:AWQConfig",
+    "bitsandbytes": "octavo.quantization.bitsandbytes:BitsAndBytesConfig",
+    "bitsandbytes-nf4": "octavo.quantization.bitsandbytes:BitsAndBytesNF4Config",
+    "bitsandbytes-fp4": "octavo.quantization.bitsandbytes:BitsAndBytesFP4Config",
+    "fp8": "octavo.quantization.fp8:Fp8Config",
+    "fp8-per-channel": "octavo.quantization.fp8:Fp8PerChannelConfig",
     "compressed-tensors": "octavo.quantization.compressed_tensors:CompressedTensorsConfig",
 }
 _CLASSES: dict[str, type[QuantizationConfig]] = {}

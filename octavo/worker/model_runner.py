@@ -305,9 +305,11 @@ class ModelRunner:
                 staged["idx"] = self.buf.logits_indices.put(qsl[1:][rows] - 1)
 
         hidden, qsl = self._forward(states, num_new, num_computed, before_launch)
+        prepare_s = self.last_prepare_s
         prompt_lp = self._prompt_logprobs(states, num_new, num_computed, hidden, qsl)
         if not rows:
-            return StepHandle.done(ModelRunnerOutput([], [], prompt_logprobs=prompt_lp))
+            return StepHandle.done(ModelRunnerOutput([], [], prompt_logprobs=prompt_lp,
+                                                     prepare_s=prepare_s))
         last_hidden = hidden[staged["idx"]] if "idx" in staged else hidden
         logits = self.model.compute_logits(last_hidden)
         out = self.sampler(logits, staged["meta"])
@@ -334,6 +336,7 @@ class ModelRunner:
                 prompt_logprobs=prompt_lp,
                 failed=({sample_states[r].req_id: f"{type(e).__name__}: {e}"
                          for r, e in out.failed_rows.items()} if out.failed_rows else None),
+                prepare_s=prepare_s,
             )
 
         return StepHandle(finish, host, ready)

@@ -28,6 +28,10 @@ class StepHandle:
         handle._out = out
         return handle
 
+    def is_ready(self) -> bool:
+        """Whether result() would return without waiting for the device."""
+        return self._out is not None or self._ready is None or self._ready.query()
+
     def result(self) -> ModelRunnerOutput:
         if self._out is None:
             if self._ready is not None:

@@ -45,6 +45,15 @@ class Worker:
     def load_model(self) -> None:
         self.runner.load_model()
 
+    def setup(self) -> tuple[int, int]:
+        """Load the model, size and allocate the KV cache (device and swap space), capture
+        CUDA graphs; returns (device blocks, CPU swap blocks)."""
+        self.load_model()
+        num_blocks = self.determine_num_blocks()
+        num_cpu_blocks = self.determine_num_cpu_blocks()
+        self.init_kv_cache(num_blocks, num_cpu_blocks)
+        return num_blocks, num_cpu_blocks
+
     def determine_num_blocks(self) -> int:
         cc, sc = self.config.cache_config, self.config.scheduler_config
         per_block = self.runner.bytes_per_block()

@@ -275,9 +275,14 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule the next step while the device runs this one (default: "
                    "on for CUDA)")
-    # Accepted for vLLM compatibility; rejected at startup until they are built.
+    p.add_argument("--quantization", "-q", default=None,
+                   help="weight quantization: awq, gptq, compressed-tensors, bitsandbytes, "
+                   "fp8, gguf, ... (default: what the checkpoint declares, else none)")
+    p.add_argument("--distributed-executor-backend", default=None,
+                   help="uni (the model in the server's process) or mp (in a worker process, "
+                   "off the server's GIL); default uni")
+    # Accepted for vLLM compatibility; rejected at startup until it is built.
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    p.add_argument("--quantization", "-q", default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None, help="automatic prefix caching (default: on)")
     return p
@@ -288,9 +293,19 @@ def unsupported_flags(args: argparse.Namespace) -> list[str]:
     if args.tensor_parallel_size != 1:
         problems.append(f"--tensor-parallel-size {args.tensor_parallel_size}: tensor "
                         "parallelism is not built yet (only 1)")
+    backend = getattr(args, "distributed_executor_backend", None)
+    if backend is not None:
+        from octavo.executor.registry import known_backends
+
+        if backend not in known_backends():
+            problems.append(f"--distributed-executor-backend {backend!r} is not supported "
+                            f"(known: {known_backends()})")
     if args.quantization is not None:
-        problems.append(f"--quantization {args.quantization}: quantized serving is not "
-                        "built yet")
+        from octavo.quantization.registry import known_methods
+
+        if args.quantization not in known_methods():
+            problems.append(f"--quantization {args.quantization!r} is not supported (known: "
+                            f"{known_methods()})")
     if args.rate_limit is not None and args.rate_limit < 1:
         problems.append(f"--rate-limit must be >= 1, got {args.rate_limit}")
     if not args.metric_interval > 0:
@@ -341,6 +356,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
         max_logprobs=args.max_logprobs, max_n=args.max_n, load_format=args.load_format,
+        quantization=args.quantization,
+        distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
         guided_decoding_backend=getattr(args, "guided_decoding_backend", None),
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
 

@@ -1,0 +1,151 @@
+"""W8 quantized decode (../shared/BENCHMARKS.md): the Llama-3.1-8B shape with bf16, W8A16 and
+W4A16 (GPTQ layout, group 128) and fp8 weights, random (dummy) weights, one engine setting.
+
+For each method: the weight memory, then for batch 1, 16, 64 and 256 (prompt 128, output 256)
+the time per output token (decode only: a run to 257 tokens minus a run to 1 token, over the
+256 steps between) and output tok/s; then W2's 256-request workload. Speedups are against
+bf16 measured in the same call.
+
+    python benchmarks/quantized.py [--methods bf16,w8a16,w4a16,fp8] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.workloads import w1_requests, write_config  # noqa: E402
+
+SHAPE = "llama-3.1-8b"
+# method: (quantization_config written into config.json, quantization=)
+METHODS = {
+    "bf16": (None, None),
+    "w8a16": ({"quant_method": "gptq", "bits": 8, "group_size": 128, "desc_act": False,
+               "sym": True, "checkpoint_format": "gptq_v2"}, None),
+    "w4a16": ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+               "sym": True, "checkpoint_format": "gptq_v2"}, None),
+    "fp8": (None, "fp8"),
+}
+
+
+def model_folder(method: str) -> str:
+    folder = write_config(SHAPE)
+    qcfg = METHODS[method][0]
+    if qcfg is not None:
+        path = os.path.join(folder, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["quantization_config"] = qcfg
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+    return folder
+
+
+def weight_bytes(model) -> int:
+    """Bytes of every parameter and buffer except the rotary tables."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for name, b in model.named_buffers():
+        if not any(s in name for s in ("cos", "sin", "rotary", "inv_freq")):
+            total += b.numel() * b.element_size()
+    return total
+
+
+def run_method(method: str, args) -> dict:
+    import torch
+
+    from octavo import LLM, SamplingParams
+
+    llm = LLM(model=model_folder(method), quantization=METHODS[method][1], load_format="dummy",
+              dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048,
+              max_num_seqs=256, gpu_memory_utilization=0.9)
+    model = llm.llm_engine.executor.worker.runner.model
+    out = {"method": method, "weight_bytes": weight_bytes(model), "batches": []}
+    rng = random.Random(0)
+
+    def timed(prompts, max_tokens):
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    for bs in args.batches:
+        prompts = [{"prompt_token_ids": [rng.randrange(10000) for _ in range(args.prompt_len)]}
+                   for _ in range(bs)]
+        timed(prompts, 4)  # warm-up: compiles, captures this batch size's graph
+        t_first = min(timed(prompts, 1) for _ in range(2))
+        t_all = timed(prompts, args.output_len + 1)
+        tpot = (t_all - t_first) / args.output_len
+        out["batches"].append({"batch": bs, "tpot_ms": round(tpot * 1e3, 3),
+                               "output_tok_s": round(bs / tpot, 1)})
+        print(f"{method} batch {bs}: {tpot * 1e3:.3f} ms per output token, "
+              f"{bs / tpot:,.0f} tok/s", flush=True)
+    if not args.skip_w2:
+        prompts, max_tokens = w1_requests()
+        params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m)
+                  for m in max_tokens]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        n = sum(len(o.outputs[0].token_ids) for o in outs)
+        out["w2"] = {"wall_s": round(wall, 2), "output_tokens": n,
+                     "output_tok_s": round(n / wall, 1)}
+        print(f"{method} W2: {n / wall:,.0f} output tok/s ({wall:.1f} s)", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--methods", default="bf16,w8a16,w4a16,fp8")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--skip-w2", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from octavo.quantization.registry import known_methods
+
+    results = []
+    for method in args.methods.split(","):
+        wanted = METHODS[method][1]
+        if wanted is not None and wanted not in known_methods():
+            print(f"{method}: quantization={wanted!r} is not registered; skipped")
+            continue
+        results.append(run_method(method, args))
+        gc.collect()  # the engine (and its KV cache) is gone before the next one loads
+        import torch
+
+        torch.cuda.empty_cache()
+    base = next((r for r in results if r["method"] == "bf16"), None)
+    if base is not None:
+        for r in results:
+            r["weight_fraction_of_bf16"] = round(r["weight_bytes"] / base["weight_bytes"], 3)
+            for row, ref in zip(r["batches"], base["batches"]):
+                row["speedup_vs_bf16"] = round(ref["tpot_ms"] / row["tpot_ms"], 2)
+            if "w2" in r and "w2" in base:
+                r["w2"]["vs_bf16"] = round(r["w2"]["output_tok_s"]
+                                           / base["w2"]["output_tok_s"], 2)
+    for r in results:
+        print(f"{r['method']}: weights {r['weight_bytes'] / 2**30:.2f} GiB "
+              f"({r.get('weight_fraction_of_bf16', '-')} of bf16); " + ", ".join(
+                  f"b{row['batch']} {row['tpot_ms']} ms x{row.get('speedup_vs_bf16', '-')}"
+                  for row in r["batches"])
+              + (f"; W2 {r['w2']['output_tok_s']} tok/s x{r['w2'].get('vs_bf16', '-')}"
+                 if "w2" in r else ""))
+    print_json_result({"benchmark": "quantized (W8)", "shape": SHAPE, "device": device_info(),
+                       "commit": git_commit(), "results": results}, args.json)
+
+
+if __name__ == "__main__":
+    main()

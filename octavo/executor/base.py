@@ -1,0 +1,68 @@
+"""The boundary between the engine and the workers that run the model.
+
+The engine hands an executor one ``SchedulerOutput`` per step and gets back a future of the
+step's ``ModelRunnerOutput``; both are plain, picklable dataclasses (new requests in full,
+running ones as diffs), so a step can cross a process boundary as it is. The engine reaches
+nothing else of an executor: not its workers, runners or models.
+
+Executors are chosen by ``distributed_executor_backend`` from ``octavo.executor.registry``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Protocol
+
+from octavo.config import EngineConfig
+from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from octavo.errors import InvalidRequestError
+from octavo.sampling_params import SamplingParams
+
+
+class StepFuture(Protocol):
+    """A launched step; ``result()`` waits for its sampled tokens. Futures are resolved in
+    launch order (a later step's result may be asked for only after an earlier one's)."""
+
+    def result(self) -> ModelRunnerOutput: ...
+
+
+class Executor:
+    """Loads the model on its worker(s), sizes the KV cache and runs steps."""
+
+    # KV blocks on the device(s) (the minimum over ranks) and in CPU swap space.
+    num_blocks: int
+    num_cpu_blocks: int
+    # Whether steps are pickled to other processes (requests must then pickle too).
+    crosses_processes: bool = False
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+
+    def execute_model_async(self, sched: SchedulerOutput) -> StepFuture:
+        """Launch one step. Steps are launched in schedule order; the next may be launched
+        before the previous one's result() (asynchronous scheduling)."""
+        raise NotImplementedError
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_model_async(sched).result()
+
+    def reset(self) -> None:
+        """Drop every request's worker state (the engine restarts after a fault)."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        """Release the workers (processes, devices); idempotent."""
+
+
+def check_picklable(params: SamplingParams) -> None:
+    """Refuse, before it is queued, a request whose per-request code (logits processors)
+    cannot travel to a worker process; anything else in SamplingParams is plain data."""
+    for i, proc in enumerate(params.logits_processors or ()):
+        try:
+            pickle.dumps(proc)
+        except Exception as e:
+            raise InvalidRequestError(
+                "logits_processors", f"logits_processors[{i}] ({proc!r}) cannot be pickled "
+                f"to the worker process ({type(e).__name__}: {e}); with "
+                "distributed_executor_backend='mp' use a module-level function or class"
+            ) from None

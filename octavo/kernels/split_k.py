@@ -1,0 +1,50 @@
+"""Split-K without a second launch: each program of a K-split GEMM writes its float32 partial
+tile, takes a ticket from a per-tile counter, and the program that takes the last ticket adds
+the partials in split order (deterministic) and writes the output, then resets the counter.
+
+Under CUDA graphs a separate reduction (sum, then cast) costs two more launches per linear
+layer, several microseconds each: as much as a decode-sized GEMV itself. The counters live in
+one persistent, zeroed int32 buffer per device that every call leaves zeroed again, so the
+kernels capture into graphs as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from octavo.kernels.triton_utils import tl, triton
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """A zeroed int32 buffer of at least ``tiles`` counters, kept zeroed by the kernels."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
+
+
+@triton.jit
+def store_or_reduce(acc, offs_m, offs_n, mask, out_ptr, stride_om, stride_on, part_ptr,
+                    stride_ps, stride_pm, stride_pn, cnt_ptr, tile, pid_k, num_splits):
+    """Store ``acc`` (this program's [BLOCK_M, BLOCK_N] share) as the output when K is not
+    split; otherwise as partial ``pid_k``, and if this program finishes the tile last, sum
+    every partial into the output. ``tile``: this output tile's counter index."""
+    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    if num_splits == 1:
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        part = part_ptr + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn
+        tl.store(part + pid_k * stride_ps, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if ticket == num_splits - 1:
+            total = tl.zeros(acc.shape, dtype=tl.float32)
+            for k in range(0, num_splits):
+                # .cg: read from L2, where other SMs' partials are (not a stale L1 line).
+                total += tl.load(part + k * stride_ps, mask=mask, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0)

@@ -1,0 +1,243 @@
+"""FP8 (float8_e4m3fn) weights: vLLM's online quantization of a float checkpoint
+(``quantization="fp8"``), and checkpoints that declare ``quant_method: "fp8"``.
+
+- ``"fp8"``: each checkpoint weight (each of q/k/v, gate/up on its own) gets one float32 scale,
+  ``amax / 448``, and ``round(w / scale)`` in e4m3 (saturated at +-448).
+- ``"fp8-per-channel"``: one scale per output row instead.
+- Pre-quantized: ``weight`` float8_e4m3fn with ``weight_scale`` (one per tensor, or per
+  output row) or ``weight_scale_inv`` (blocks of ``weight_block_size``, DeepSeek-style);
+  ``input_scale`` (``activation_scheme: "static"``) is used as the activations' scale.
+
+Every layer ends with an fp8 weight [out, in] and a float32 scale per output row (a
+per-tensor scale repeated: merged parts keep their own scales exactly, nothing is
+requantized). Block-scaled checkpoints are dequantized at load to the model dtype.
+
+Compute:
+
+- CUDA with compute capability >= 8.9 (Ada, Hopper): ``torch._scaled_mm`` with row-wise
+  scales: the activations quantized to fp8 per token (dynamic, ``amax / 448`` per row) or with
+  the checkpoint's static scale, the weight's per-row scale; output in bfloat16 (row-wise
+  scaling's output type), cast to the model dtype. Needs in/out features divisible by 16.
+- Elsewhere: the weight dequantized once at load (``fp8 * scale``) to the model dtype,
+  activations unquantized: the weight's rounding is kept, the matmul is a float one.
+
+``torch._scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+use_fast_accum=False)`` has this schema in torch 2.11 and 2.13; scales are tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octavo.quantization.base import LinearMethod, QuantizationConfig, ignored_modules
+from octavo.quantization.merged_parts import part_order, part_rows, rank_box
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448
+_MIN_SCALE = 1e-12
+
+
+def quantize_fp8(w: torch.Tensor, per_channel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 [out, in], float32 scale [out] or []) with ``w ~= q * scale``."""
+    w = w.float()
+    amax = w.abs().amax(dim=1) if per_channel else w.abs().amax()
+    scale = (amax / FP8_MAX).clamp(min=_MIN_SCALE)
+    q = (w / (scale[:, None] if per_channel else scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
+
+
+def dequantize_fp8(q: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * row_scale.float()[:, None]
+
+
+def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor,
+                      block: tuple[int, int]) -> torch.Tensor:
+    """A block-scaled fp8 weight [out, in] -> float32 (``scale_inv`` [ceil(out / bo),
+    ceil(in / bi)] multiplies each block, as DeepSeek-V3 and vLLM read it)."""
+    bo, bi = block
+    rows, cols = q.shape
+    s = scale_inv.float().repeat_interleave(bo, 0)[:rows].repeat_interleave(bi, 1)[:, :cols]
+    return q.float() * s
+
+
+def use_scaled_mm(device: torch.device) -> bool:
+    """FP8 tensor cores: CUDA devices of compute capability 8.9 and above."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Tensor,
+                     input_scale: torch.Tensor | None) -> torch.Tensor:
+    """``x @ (weight * row_scale)^T`` through ``torch._scaled_mm``: x quantized per token
+    (``input_scale`` None) or with the static scale; float32 scales, bfloat16 output."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if input_scale is None:
+        x_scale = (x2.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
+    else:
+        x_scale = input_scale.float().reshape(1, 1).expand(x2.shape[0], 1).contiguous()
+    xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    y = torch._scaled_mm(xq, weight.t(), x_scale, row_scale.view(1, -1),
+                         out_dtype=torch.bfloat16)
+    return y.to(x.dtype).view(*shape[:-1], weight.shape[0])
+
+
+class Fp8LinearMethod(LinearMethod):
+    def __init__(self, per_channel: bool, prequantized: bool,
+                 block: tuple[int, int] | None, static_input: bool) -> None:
+        self.per_channel = per_channel
+        self.prequantized = prequantized
+        self.block = block
+        self.static_input = static_input
+
+    def checkpoint_params(self) -> dict[str, torch.dtype | None]:
+        if not self.prequantized:
+            return {"weight": None}
+        names = {"weight": FP8}
+        names["weight_scale_inv" if self.block else "weight_scale"] = torch.float32
+        if self.static_input:
+            names["input_scale"] = torch.float32
+        return names
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
+                       params_dtype):
+        self.params_dtype = params_dtype
+        layer.fp8_parts = {}
+        for name, dtype in self.checkpoint_params().items():
+            # Placeholders: each part is quantized (or kept) whole as it arrives.
+            p = nn.Parameter(torch.empty(0, dtype=dtype or params_dtype), requires_grad=False)
+            p.weight_loader = functools.partial(self._receive, layer, name)
+            layer.register_parameter(name, p)
+
+    def _receive(self, layer, name, param, loaded, shard_id=None) -> None:
+        part = layer.fp8_parts.setdefault(shard_id, {})
+        if name in part:
+            raise ValueError(f"layer {layer.prefix!r}: {name} of part {shard_id!r} loaded twice")
+        loaded = loaded.to(param.device)
+        if name != "weight":
+            part[name] = loaded
+            return
+        r0, rows, c0, cols = rank_box(layer, shard_id, *loaded.shape)
+        if self.prequantized:  # narrowed once its scales are known (blocks need the offsets)
+            part["weight"] = loaded
+            part["box"] = (r0, rows, c0, cols)
+        else:
+            part["weight"], part["weight_scale"] = quantize_fp8(
+                loaded[r0:r0 + rows, c0:c0 + cols], self.per_channel)
+
+    def _part(self, layer, sid, part) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fp8 or float weight [rows, cols] for this rank, float32 scale per row)."""
+        missing = [n for n in self.checkpoint_params() if n not in part]
+        if missing:
+            raise ValueError(f"layer {layer.prefix!r}: part {sid!r} lacks {missing}")
+        w = part["weight"]
+        if not self.prequantized:
+            s = part["weight_scale"]
+            return w, s if s.dim() else s.expand(w.shape[0])
+        r0, rows, c0, cols = part["box"]
+        if self.block:
+            dense = dequantize_blocks(w, part["weight_scale_inv"], self.block)
+            return dense[r0:r0 + rows, c0:c0 + cols], torch.ones(rows, device=w.device)
+        s = part["weight_scale"].float().reshape(-1)
+        if s.numel() not in (1, w.shape[0]):
+            raise ValueError(f"layer {layer.prefix!r}: weight_scale has {s.numel()} values for "
+                             f"{w.shape[0]} output rows (one, or one per row)")
+        s = s.expand(w.shape[0]) if s.numel() == 1 else s
+        return w[r0:r0 + rows, c0:c0 + cols], s[r0:r0 + rows]
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        parts = layer.fp8_parts
+        del layer.fp8_parts
+        names = list(self.checkpoint_params())
+        device = getattr(layer, names[0]).device
+        for name in names:
+            delattr(layer, name)
+        n, k = layer.output_size_per_partition, layer.input_size_per_partition
+        if not parts:  # load_format="dummy": random weights, quantized as at load
+            q, s = quantize_fp8(torch.empty(n, k, device=device).uniform_(-1e-3, 1e-3),
+                                self.per_channel)
+            decoded = [(None, (q, s.expand(n) if s.dim() == 0 else s))]
+        else:
+            decoded = [(sid, self._part(layer, sid, parts[sid]))
+                       for sid in part_order(layer, parts)]
+        input_scale = None
+        if self.static_input and parts:  # one activation scale for the layer: the largest part's
+            input_scale = torch.stack([parts[sid]["input_scale"].float().reshape(())
+                                       for sid, _ in decoded]).max()
+        weight = torch.empty(n, k, device=device, dtype=decoded[0][1][0].dtype)
+        row_scale = torch.empty(n, device=device, dtype=torch.float32)
+        for sid, (w, s) in decoded:
+            offset, rows = part_rows(layer, sid)
+            if tuple(w.shape) != (rows, k):
+                raise ValueError(f"layer {layer.prefix!r}: part {sid!r} is {tuple(w.shape)}, "
+                                 f"the layer holds {(rows, k)}")
+            weight[offset:offset + rows] = w
+            row_scale[offset:offset + rows] = s
+        layer.fp8_input_scale = input_scale
+        if weight.dtype == FP8 and use_scaled_mm(device) and n % 16 == 0 and k % 16 == 0:
+            layer.register_buffer("weight_fp8", weight, persistent=False)
+            layer.register_buffer("weight_scale", row_scale, persistent=False)
+            return
+        dense = weight.float() if weight.dtype != FP8 else dequantize_fp8(weight, row_scale)
+        layer.register_buffer("dequantized_weight", dense.to(self.params_dtype),
+                              persistent=False)
+
+    def apply(self, layer, x, bias):
+        w = getattr(layer, "dequantized_weight", None)
+        if w is not None:
+            return F.linear(x, w if w.dtype == x.dtype else w.to(x.dtype), bias)
+        y = scaled_mm_linear(x, layer.weight_fp8, layer.weight_scale, layer.fp8_input_scale)
+        return y if bias is None else y + bias
+
+    def dense_weight(self, layer):
+        return getattr(layer, "dequantized_weight", None)
+
+
+class Fp8Config(QuantizationConfig):
+    """``quantization_config``: quant_method "fp8", activation_scheme ("dynamic" or
+    "static"), weight_block_size ([128, 128] or absent), ignored_layers /
+    modules_to_not_convert; ``{}`` (quantize at load) uses the name's granularity."""
+
+    name = "fp8"
+    per_channel = False
+
+    def __init__(self, prequantized: bool = False, block: tuple[int, int] | None = None,
+                 static_input: bool = False, ignore=()) -> None:
+        super().__init__(ignore)
+        self.prequantized, self.block, self.static_input = prequantized, block, static_input
+
+    @classmethod
+    def reads_checkpoint(cls, quant_method: str) -> bool:
+        return quant_method == "fp8"
+
+    @classmethod
+    def from_config(cls, config):
+        if not config:
+            return cls()
+        scheme = str(config.get("activation_scheme", "dynamic")).lower()
+        if scheme not in ("dynamic", "static"):
+            raise ValueError(f"fp8 activation_scheme={scheme!r} is not supported "
+                             "(dynamic, static)")
+        block = config.get("weight_block_size")
+        if block is not None:
+            if len(block) != 2 or any(int(b) <= 0 for b in block):
+                raise ValueError(f"fp8 weight_block_size={block!r} must be two positive ints")
+            block = (int(block[0]), int(block[1]))
+        fmt = str(config.get("fmt", "e4m3")).lower()
+        if fmt != "e4m3":
+            raise ValueError(f"fp8 fmt={fmt!r} is not supported (e4m3)")
+        ignore = list(config.get("ignored_layers") or []) + ignored_modules(config)
+        return cls(prequantized=True, block=block, static_input=scheme == "static",
+                   ignore=ignore)
+
+    def get_linear_method(self, layer, prefix):
+        return Fp8LinearMethod(self.per_channel, self.prequantized, self.block,
+                               self.static_input)
+
+
+class Fp8PerChannelConfig(Fp8Config):
+    name = "fp8-per-channel"
+    per_channel = True

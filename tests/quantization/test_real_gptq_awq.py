@@ -1,0 +1,97 @@
+"""Format truth against the real quantizer: checkpoints that GPTQModel wrote (GPTQ 4/8-bit,
+act-order, asymmetric, group -1, both zero-point conventions; AWQ GEMM) on tiny random Llama /
+Qwen2 / Qwen3 models load in Octavo with the method detected from the checkpoint and give the
+greedy tokens, and logprobs, that transformers gives through GPTQModel's own dequantization
+(float32, CPU). The fixtures and their references come from
+scripts/quant_fixtures/make_gptq_awq.py; this test needs only Octavo."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from octavo import LLM, SamplingParams
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "gptq_awq")
+NAMES = sorted(n for n in os.listdir(FIXTURES)
+               if os.path.isfile(os.path.join(FIXTURES, n, "reference.json"))) \
+    if os.path.isdir(FIXTURES) else []
+# A reference step whose best two logprobs are closer than this is a tie that float rounding
+# may break either way: the exact comparison stops there. (The references differ from Octavo
+# by about 2e-6 in logprob; the smallest margin in the committed fixtures is far above this.)
+TIE = 1e-4
+LOGPROB_ATOL = 1e-4
+
+
+def _reference(name: str) -> dict:
+    with open(os.path.join(FIXTURES, name, "reference.json")) as f:
+        return json.load(f)
+
+
+def _llm(name: str, **kwargs) -> LLM:
+    return LLM(model=os.path.join(FIXTURES, name), dtype="float32", skip_tokenizer_init=True,
+               max_model_len=64, **kwargs)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def loaded(request):
+    return request.param, _reference(request.param), _llm(request.param)
+
+
+def test_fixtures_present():
+    assert len(NAMES) >= 10, f"expected the GPTQModel fixtures under {FIXTURES}, found {NAMES}"
+
+
+def test_method_detected_from_checkpoint(loaded):
+    name, ref, llm = loaded
+    model = llm.llm_engine.executor.worker.runner.model
+    methods = {type(m.quant_method).__name__ for m in model.modules()
+               if hasattr(m, "quant_method")}
+    want = "AWQLinearMethod" if ref["method"] == "awq" else "GPTQLinearMethod"
+    assert want in methods, methods
+
+
+def test_greedy_tokens_and_logprobs_match_transformers(loaded):
+    name, ref, llm = loaded
+    steps = len(ref["tokens"][0])
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in ref["prompts"]], params,
+                        use_tqdm=False)
+    compared = 0
+    for out, tokens, logprobs, margins in zip(outs, ref["tokens"], ref["logprobs"],
+                                              ref["margins"]):
+        got = list(out.outputs[0].token_ids)
+        got_lp = [step[t].logprob for step, t in zip(out.outputs[0].logprobs, got)]
+        n = next((i for i, m in enumerate(margins) if m < TIE), steps)
+        assert got[:n] == tokens[:n], f"{name}: prompt {out.prompt_token_ids}"
+        assert got_lp[:n] == pytest.approx(logprobs[:n], abs=LOGPROB_ATOL), name
+        compared += n
+    assert compared >= steps * len(ref["prompts"]) // 2, f"{name}: too many ties to compare"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_wrong_quantization_is_a_clear_error(name):
+    ref = _reference(name)
+    declared, wrong = ("awq", "gptq") if ref["method"] == "awq" else ("gptq", "awq")
+    with pytest.raises(ValueError, match=rf"quantization='{wrong}' does not match the "
+                                         rf"checkpoint, which declares quant_method='{declared}'"):
+        _llm(name, quantization=wrong)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("qwen2-gptq4")])
+def test_gpu_layout_through_the_interpreter(name, monkeypatch):
+    """The CUDA path (repack into the fused kernel's layout, act order sorted at load) forced on
+    the CPU, the kernel in Triton's interpreter: same tokens on GPTQModel's act-order g_idx."""
+    pytest.importorskip("triton")
+    from octavo.quantization import int_weight
+
+    ref = _reference(name)
+    monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
+    llm = _llm(name)
+    model = llm.llm_engine.executor.worker.runner.model
+    assert any(getattr(m, "act_perm", None) is not None for m in model.modules())
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": ref["prompts"][1]}], params, use_tqdm=False)
+    assert list(out[0].outputs[0].token_ids) == ref["tokens"][1][:4]
