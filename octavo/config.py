@@ -121,10 +121,13 @@ class ParallelConfig:
     distributed_executor_backend: str | None = None
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size != 1:
-            raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet "
-                "(only 1)")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got "
+                             f"{self.tensor_parallel_size!r}")
+        if self.tensor_parallel_size > 1 and self.distributed_executor_backend == "uni":
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs one "
+                             "process per rank: distributed_executor_backend='mp' (the "
+                             "default for several ranks), not 'uni'")
         if self.distributed_executor_backend is not None:
             from octavo.executor.registry import known_backends
 
@@ -135,7 +138,8 @@ class ParallelConfig:
 
     @property
     def executor_backend(self) -> str:
-        return self.distributed_executor_backend or "uni"
+        default = "uni" if self.tensor_parallel_size == 1 else "mp"
+        return self.distributed_executor_backend or default
 
 
 @dataclass(frozen=True)

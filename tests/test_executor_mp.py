@@ -114,7 +114,7 @@ def test_dead_worker_is_an_error_not_a_hang(tiny):
     executor = llm.llm_engine.executor
     os.kill(executor._proc.pid, signal.SIGKILL)
     executor._proc.join(10)
-    with pytest.raises(Exception, match="worker process died"):
+    with pytest.raises(Exception, match="worker process of rank 0 died"):
         llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
     llm.llm_engine.shutdown()
 

@@ -439,10 +439,11 @@ def test_unbuilt_flags_are_rejected():
     args = make_arg_parser().parse_args(
         ["--tensor-parallel-size", "2", "--quantization", "awq", "--enable-prefix-caching",
          "--swap-space", "1", "--preemption-mode", "swap"])
-    # prefix caching, swap and quantization are built: only tensor parallelism is refused
-    problems = unsupported_flags(args)
-    assert len(problems) == 1 and "tensor" in problems[0]
-    assert not any("prefix" in p or "swap" in p for p in problems)
+    # prefix caching, swap, quantization and tensor parallelism are built: none refused
+    assert unsupported_flags(args) == []
+    assert engine_args_from(args).tensor_parallel_size == 2
+    bad = unsupported_flags(make_arg_parser().parse_args(["--tensor-parallel-size", "0"]))
+    assert len(bad) == 1 and "--tensor-parallel-size must be >= 1" in bad[0]
     swap = engine_args_from(args)
     assert (swap.preemption_mode, swap.swap_space) == ("swap", 1.0)
     default = engine_args_from(make_arg_parser().parse_args([]))
@@ -454,7 +455,7 @@ def test_unbuilt_flags_are_rejected():
     assert not tuned.create_engine_config().scheduler_config.async_scheduling
     with pytest.raises(SystemExit):  # argparse names the bad choice
         make_arg_parser().parse_args(["--preemption-mode", "discard"])
-    assert cli.main(["serve", "some-model", "--tensor-parallel-size", "2"]) == 2
+    assert cli.main(["serve", "some-model", "--tensor-parallel-size", "0"]) == 2
     ok = cli.build_parser().parse_args(
         ["serve", "m", "--served-model-name", "a", "b", "--api-key", "k", "--rate-limit", "5"])
     assert ok.model_tag == "m" and ok.served_model_name == ["a", "b"]

@@ -112,6 +112,9 @@ class EngineArgs:
         quantization = resolve_quantization(
             requested, model_config.hf_config,
             None if model_config.is_gguf else model_config.model)
+        from octavo.distributed.shape_checks import check_tensor_parallel
+
+        check_tensor_parallel(model_config.hf_config, self.tensor_parallel_size, device.type)
         return EngineConfig(
             model_config=model_config,
             cache_config=cache,

@@ -17,6 +17,7 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
                    help="weight quantization (default: what the checkpoint declares)")
     p.add_argument("--distributed-executor-backend", default=None,
                    help="uni (default) or mp (the model in a worker process)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, default=16)
@@ -46,7 +47,8 @@ def _make_llm(args):
                max_num_seqs=args.max_num_seqs, device=args.device,
                enforce_eager=args.enforce_eager, preemption_mode=args.preemption_mode,
                swap_space=args.swap_space, quantization=args.quantization,
-               distributed_executor_backend=args.distributed_executor_backend)
+               distributed_executor_backend=args.distributed_executor_backend,
+               tensor_parallel_size=args.tensor_parallel_size)
 
 
 def _params(args) -> SamplingParams:

@@ -1,8 +1,11 @@
 """The loop of a worker process (``MultiprocExecutor``): messages in, results out, in order.
 
-Messages: ("step", SchedulerOutput), ("reset", None), ("shutdown", None). Replies: ("ready",
-(num_blocks, num_cpu_blocks)) once set up, then per step ("out", ModelRunnerOutput) or
-("error", text), and ("ok", None) per reset.
+Setup: the worker joins its tensor-parallel group, loads its shard of the model and replies
+("sized", (num_blocks, num_cpu_blocks)); the executor answers ("init", the minimum over
+ranks), the worker allocates its KV cache and replies ("ready", None).
+Then messages: ("step", SchedulerOutput), ("reset", None), ("shutdown", None). Replies: per
+step ("out", ModelRunnerOutput) or ("error", text) from rank 0 only (every rank computes the
+same tokens: see ``MultiprocExecutor``), and ("ok", None) per reset from every rank.
 
 A step is launched as soon as it arrives; while steps are in flight the loop takes the next
 message if one is waiting (so the engine's next step is launched before this one's tokens are
@@ -22,19 +25,40 @@ def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def worker_main(conn, config) -> None:
-    from octavo.worker.worker import Worker
+def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
+    import torch
 
+    from octavo.distributed.parallel_state import init_tensor_parallel
+    from octavo.worker.worker import Worker, resolve_device
+
+    tp = config.parallel_config.tensor_parallel_size
     try:
+        device = resolve_device(config.device_config.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(rank)  # one GPU per rank
+        init_tensor_parallel(rank, tp, port, device.type)
         worker = Worker(config)
-        conn.send(("ready", worker.setup()))
+        conn.send(("sized", worker.load_and_size()))
+        kind, sizes = conn.recv()
+        if kind != "init":
+            return
+        worker.init_kv_cache(*sizes)
+        conn.send(("ready", None))
     except BaseException as e:  # the parent raises with this text
         conn.send(("error", _error_text(e) + "\n" + traceback.format_exc()))
         return
+    replies = rank == 0
     pending: deque = deque()  # StepHandle, or the error text of a step that failed to launch
 
     def send_oldest() -> None:
         item = pending.popleft()
+        if not replies:  # other ranks only keep their state in step
+            if not isinstance(item, str):
+                try:
+                    item.result()
+                except Exception:
+                    pass
+            return
         if isinstance(item, str):
             conn.send(("error", item))
             return

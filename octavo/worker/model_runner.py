@@ -43,6 +43,8 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         hf = mc.hf_config
         self.num_layers = hf.num_hidden_layers
+        # This rank's KV heads: from hf_config until the model is loaded, then from its
+        # attention layers (a tensor-parallel rank holds its share, or one replica).
         self.num_kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
         self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         self.backend = select_backend(device, config.device_config.attention_backend)
@@ -78,6 +80,11 @@ class ModelRunner:
     def load_model(self) -> None:
         self.model = load_model(self.config.model_config, self.device, self.backend,
                                 self.config.quantization)
+        from octavo.attention.layer import Attention
+
+        heads = {m.num_kv_heads for m in self.model.modules() if isinstance(m, Attention)}
+        if len(heads) == 1:
+            self.num_kv_heads = heads.pop()
 
     def bytes_per_block(self) -> int:
         return kv_bytes_per_block(self.num_layers, self.block_size, self.num_kv_heads,

@@ -48,11 +48,15 @@ class Worker:
     def setup(self) -> tuple[int, int]:
         """Load the model, size and allocate the KV cache (device and swap space), capture
         CUDA graphs; returns (device blocks, CPU swap blocks)."""
-        self.load_model()
-        num_blocks = self.determine_num_blocks()
-        num_cpu_blocks = self.determine_num_cpu_blocks()
+        num_blocks, num_cpu_blocks = self.load_and_size()
         self.init_kv_cache(num_blocks, num_cpu_blocks)
         return num_blocks, num_cpu_blocks
+
+    def load_and_size(self) -> tuple[int, int]:
+        """Load the model; the KV blocks (device, CPU swap) this rank could hold. With
+        several ranks the executor takes the minimum over them before ``init_kv_cache``."""
+        self.load_model()
+        return self.determine_num_blocks(), self.determine_num_cpu_blocks()
 
     def determine_num_blocks(self) -> int:
         cc, sc = self.config.cache_config, self.config.scheduler_config

@@ -281,8 +281,8 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--distributed-executor-backend", default=None,
                    help="uni (the model in the server's process) or mp (in a worker process, "
                    "off the server's GIL); default uni")
-    # Accepted for vLLM compatibility; rejected at startup until it is built.
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="ranks to split the model over, one worker process each (mp)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None, help="automatic prefix caching (default: on)")
     return p
@@ -290,9 +290,8 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
 
 def unsupported_flags(args: argparse.Namespace) -> list[str]:
     problems = []
-    if args.tensor_parallel_size != 1:
-        problems.append(f"--tensor-parallel-size {args.tensor_parallel_size}: tensor "
-                        "parallelism is not built yet (only 1)")
+    if args.tensor_parallel_size < 1:
+        problems.append(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
     backend = getattr(args, "distributed_executor_backend", None)
     if backend is not None:
         from octavo.executor.registry import known_backends
@@ -356,7 +355,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
         max_logprobs=args.max_logprobs, max_n=args.max_n, load_format=args.load_format,
-        quantization=args.quantization,
+        quantization=args.quantization, tensor_parallel_size=args.tensor_parallel_size,
         distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
         guided_decoding_backend=getattr(args, "guided_decoding_backend", None),
         served_model_name=args.served_model_name[0] if args.served_model_name else None)
