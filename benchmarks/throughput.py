@@ -34,7 +34,8 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
               max_model_len=4096, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
               enforce_eager=args.enforce_eager, gpu_memory_utilization=0.9,
-              distributed_executor_backend=backend)
+              distributed_executor_backend=backend,
+              tensor_parallel_size=args.tensor_parallel_size)
     engine = llm.llm_engine
     llm.generate([{"prompt_token_ids": prompts[0][:64]}],
                  SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
@@ -112,6 +113,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1,
                     help="timed generate calls in one process (the first is the figure)")
     ap.add_argument("--peers", action="store_true", help="also run HF static generate")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--executors", default="uni",
                     help="comma-separated executor backends to run in turn (uni,mp): the "
                     "mp executor's per-step overhead against uni in the same call")
