@@ -34,8 +34,14 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
     tp = config.parallel_config.tensor_parallel_size
     try:
         device = resolve_device(config.device_config.device)
-        if device.type == "cuda":
-            torch.cuda.set_device(rank)  # one GPU per rank
+        if device.type == "cuda" and tp > 1:
+            # One GPU per rank: the engine resolved "auto" to its own device; rank r takes
+            # GPU r (NCCL refuses two ranks on one device).
+            import dataclasses
+
+            torch.cuda.set_device(rank)
+            config = dataclasses.replace(config, device_config=dataclasses.replace(
+                config.device_config, device=f"cuda:{rank}"))
         init_tensor_parallel(rank, tp, port, device.type)
         worker = Worker(config)
         conn.send(("sized", worker.load_and_size()))
