@@ -130,16 +130,14 @@ def test_server_flag(tiny, tmp_path):
     """--distributed-executor-backend on the OpenAI server (and so on the simple server and
     `octavo serve`, which share its flags): mp serves; an unknown name is refused first."""
     pytest.importorskip("fastapi")
-    import asyncio
     import shutil
 
     from octavo.entrypoints.openai.api_server import (
-        build_app,
         make_arg_parser,
         start_engine,
         unsupported_flags,
     )
-    from tests.test_server_ops_flags import _asgi
+    from tests.server_checks import assert_completes
     from tests.tiny_models import add_word_tokenizer
 
     folder = str(tmp_path / "with_tokenizer")
@@ -156,11 +154,7 @@ def test_server_flag(tiny, tmp_path):
     assert engine is not None
     try:
         assert engine.engine.executor.crosses_processes
-        r = asyncio.run(_asgi(build_app(engine), "POST", "/v1/completions", json={
-            "model": folder, "prompt": "w5 w17 w300", "max_tokens": 4, "temperature": 0,
-            "ignore_eos": True}))
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 4
+        assert_completes(engine, folder)
     finally:
         engine.shutdown()
     assert not engine.engine.executor._proc.is_alive()  # shutdown stops the worker process

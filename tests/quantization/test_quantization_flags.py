@@ -66,21 +66,14 @@ def test_method_the_checkpoint_does_not_declare_is_a_startup_error(gptq_dir, cap
 
 
 def test_server_with_quantization_generates(gptq_dir):
-    import asyncio
-
-    from octavo.entrypoints.openai.api_server import build_app
-    from tests.test_server_ops_flags import _asgi
+    from tests.server_checks import assert_completes
 
     engine = start_engine(_server_args(gptq_dir, "--quantization", "gptq"))
     assert engine is not None
     try:
         layer = engine.engine.executor.worker.runner.model.model.layers[0]
         assert type(layer.self_attn.qkv_proj.quant_method).__name__ == "GPTQLinearMethod"
-        r = asyncio.run(_asgi(build_app(engine), "POST", "/v1/completions", json={
-            "model": gptq_dir, "prompt": "w5 w17 w300", "max_tokens": 4, "temperature": 0,
-            "ignore_eos": True}))
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 4
+        assert_completes(engine, gptq_dir)
     finally:
         engine.shutdown()
 
