@@ -62,3 +62,11 @@ def test_shapes_that_do_not_divide_are_refused_first(tmp_path):
             distributed_executor_backend="uni")
     with pytest.raises(ValueError, match="tensor_parallel_size must be (an integer )?>= 1"):
         LLM(model=path, dtype="float32", skip_tokenizer_init=True, tensor_parallel_size=0)
+
+
+def test_quantized_gguf_is_refused_under_tp():
+    from octavo.default_model import default_model_path
+
+    with pytest.raises(ValueError, match="quantization='gguf' .* tensor_parallel_size > 1"):
+        LLM(model=default_model_path(), quantization="gguf", device="cpu",
+            tensor_parallel_size=3)

@@ -115,6 +115,9 @@ class EngineArgs:
         from octavo.distributed.shape_checks import check_tensor_parallel
 
         check_tensor_parallel(model_config.hf_config, self.tensor_parallel_size, device.type)
+        if self.tensor_parallel_size > 1 and quantization == "gguf":
+            raise ValueError("quantization='gguf' keeps GGUF blocks whole and cannot be split "
+                             "over tensor_parallel_size > 1 yet; pass dtype= to dequantize")
         return EngineConfig(
             model_config=model_config,
             cache_config=cache,
