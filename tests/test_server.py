@@ -153,6 +153,12 @@ def test_chat_logprobs_and_top_logprobs(client):
                                            max_tokens=5)
     assert plain.choices[0].logprobs is None
     assert "".join(p.token for p in content) == plain.choices[0].message.content
+    # Past max_logprobs (20): the error names the field the client sent, not the engine's.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=messages, max_tokens=1,
+                                       logprobs=True, top_logprobs=21)
+    assert e.value.body["param"] == "top_logprobs"
+    assert e.value.body["message"].startswith("top_logprobs=21 is larger than max_logprobs=20")
 
 
 def test_n_samples_completions(client, server):
