@@ -339,3 +339,20 @@ def test_preemption_and_async_scheduling_keep_guided_outputs(mixed):
         assert comp.finish_reason in ("stop", "length"), (kind, comp.text)
         if kind is not None and comp.finish_reason == "stop":
             _check(kind, comp.text)
+
+
+def test_async_scheduling_overlaps_guided_steps(llm, mixed):
+    """With asynchronous scheduling a guided step's forward pass is launched while the step
+    before is still in flight (its tokens fed to the model on the device); only the sampling
+    waits for the bitmask, filled once that step's tokens have advanced the matchers. The
+    greedy outputs are the synchronous engine's."""
+    from octavo import LLM
+
+    prompts, params, kinds, outs = mixed
+    guided = [i for i, k in enumerate(kinds) if k is not None]
+    asyn = LLM(max_model_len=512, dtype="float32", async_scheduling=True)
+    got = asyn.generate([prompts[i] for i in guided], [params[i] for i in guided],
+                        use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [outs[i].outputs[0].token_ids
+                                                     for i in guided]
+    assert asyn.llm_engine.executor.worker.runner.num_tokens_fed_on_device > 0
