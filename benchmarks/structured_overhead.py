@@ -15,6 +15,11 @@ then (prefill excluded); end-to-end tok/s is also reported.
     python benchmarks/structured_overhead.py                   # CPU, the embedded SmolLM2
     python benchmarks/structured_overhead.py --device cuda --model /path/to/hf-folder \\
         --load-format dummy --dtype bfloat16
+    python benchmarks/structured_overhead.py --device cuda --shape qwen3-0.6b
+
+``--shape``: a model shape from ``benchmarks/workloads.py`` with dummy weights and the embedded
+SmolLM2's tokenizer (a machine with no checkpoint; the ids past the tokenizer's vocabulary are
+never allowed by the grammar).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from benchmarks.common import (  # noqa: E402
     print_json_result,
 )
 from benchmarks.cpu_small import build_token_ids, load_prompts  # noqa: E402
+from benchmarks.workloads import SHAPES, write_config  # noqa: E402
 from octavo import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from octavo.sampling_params import RequestOutputKind  # noqa: E402
 
@@ -114,6 +120,8 @@ def decode_run(llm: LLM, prompts: list[list[int]], params: SamplingParams, tag: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="default: the embedded SmolLM2")
+    ap.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                    help="instead of --model: this shape, dummy weights, SmolLM2's tokenizer")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None, help="default: float32 on CPU, auto otherwise")
     ap.add_argument("--load-format", default="auto", choices=["auto", "dummy"],
@@ -134,8 +142,15 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = args.dtype or ("float32" if device == "cpu" else "auto")
     async_sched = {"auto": None, "on": True, "off": False}[args.async_scheduling]
-    llm = LLM(model=args.model, device=device, dtype=dtype, max_model_len=1024,
-              load_format=args.load_format, async_scheduling=async_sched,
+    model, load_format = args.model, args.load_format
+    if args.shape:
+        from octavo.default_model import default_model_path
+        from octavo.model_loader.gguf_file import open_gguf
+
+        model, load_format = write_config(args.shape), "dummy"
+        open_gguf(default_model_path()).load_tokenizer().save_pretrained(model)
+    llm = LLM(model=model, device=device, dtype=dtype, max_model_len=1024,
+              load_format=load_format, async_scheduling=async_sched,
               max_num_seqs=max(args.num_prompts, 1))
     engine = llm.llm_engine
     prompts = build_token_ids(llm.get_tokenizer(), load_prompts(args.num_prompts))
@@ -180,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "workload": "structured outputs overhead (W6-style decode, JSON schema vs none)",
         "date": datetime.date.today().isoformat(), "commit": git_commit(),
-        "device": device, "device_info": info, "model": args.model or "embedded SmolLM2",
-        "dtype": dtype, "load_format": args.load_format,
+        "device": device, "device_info": info,
+        "model": args.shape or args.model or "embedded SmolLM2",
+        "dtype": dtype, "load_format": load_format,
         "async_scheduling": engine.config.scheduler_config.async_scheduling,
         "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
         "repeats": args.repeats, "schema": SCHEMA,

@@ -13,6 +13,7 @@ import torch
 
 from octavo import GuidedDecodingParams, SamplingParams, StructuredOutputsParams
 from octavo.errors import InvalidRequestError
+from octavo.sample import grammar_mask
 from octavo.sample.grammar_mask import GrammarMask, apply_token_bitmask, unpack_bitmask
 from octavo.structured_output.backend import GrammarCompileError
 from octavo.structured_output.grammar_cache import GrammarCache
@@ -105,8 +106,19 @@ def test_sampling_params_module_stays_torch_free():
 
 
 # ------------------------------------------------------------------ the bitmask op
+@pytest.fixture(params=["xgrammar_cpu_kernel", "torch"])
+def mask_path(request, monkeypatch):
+    """Both ways of applying a bitmask: xgrammar's CPU kernel, and plain torch (the GPU's,
+    and the CPU's without xgrammar)."""
+    if request.param == "torch":
+        monkeypatch.setattr(grammar_mask, "_cpu_kernel", lambda: None)
+    else:
+        assert grammar_mask._cpu_kernel() is not None
+    return request.param
+
+
 @pytest.mark.parametrize("vocab, words", [(100, 4), (128, 4), (70, 2), (96, 2)])
-def test_bitmask_op_matches_xgrammar(vocab, words):
+def test_bitmask_op_matches_xgrammar(vocab, words, mask_path):
     g = torch.Generator().manual_seed(vocab)
     bitmask = torch.randint(-2**31, 2**31 - 1, (3, words), dtype=torch.int32, generator=g)
     logits = torch.randn(5, vocab, generator=g)
@@ -123,7 +135,7 @@ def test_bitmask_op_matches_xgrammar(vocab, words):
     assert torch.equal(ours[untouched], logits[untouched])
 
 
-def test_bitmask_op_leading_rows_and_unpack_order():
+def test_bitmask_op_leading_rows_and_unpack_order(mask_path):
     bitmask = torch.tensor([[0b101, 0]], dtype=torch.int32)
     assert unpack_bitmask(bitmask, 40)[0].nonzero().flatten().tolist() == [0, 2]
     logits = torch.zeros(2, 40)
