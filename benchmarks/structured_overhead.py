@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
           f"by CPU time per token {cpu_ratio:.1%}"
           + (f"; other processes kept {other:.2f} cores busy" if other is not None else ""))
 
+    if other is not None and other > 0.25:
+        print(f"WARNING: other processes kept {other:.2f} cores busy: on a CPU this shared "
+              "the ratios measure the contention, not the grammar")
     result = {
         "workload": "structured outputs overhead (W6-style decode, JSON schema vs none)",
         "date": datetime.date.today().isoformat(), "commit": git_commit(),
