@@ -4,9 +4,13 @@
 request is queued; ``param`` names the offending field so servers can answer OpenAI's
 ``{"error": {..., "param": ...}}``. ``RequestFailedError`` ends one request whose step work
 failed (its logits processor, its detokenization) while the engine goes on serving the rest.
+Also the two helpers every validator's messages share (quoting a client's value, refusing
+text that is not valid Unicode).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class InvalidRequestError(ValueError):
@@ -23,3 +27,20 @@ class RequestFailedError(RuntimeError):
     def __init__(self, request_id: str, message: str) -> None:
         super().__init__(message)
         self.request_id = request_id
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """repr() of a client's value, cut short: an error must not echo megabytes back."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "...(truncated)"
+
+
+def check_text(name: str, text: str) -> str:
+    """Text must be encodable as UTF-8: a lone surrogate ("\\ud800") cannot be tokenized,
+    matched or sent back, so it is refused at the boundary."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(name, f"{name} holds text that is not valid Unicode (a lone "
+                                  f"surrogate {text[e.start]!r} at index {e.start})") from None
+    return text

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, fields
 from enum import Enum, IntEnum
 from typing import Any
 
-from octavo.errors import InvalidRequestError
+from octavo.errors import InvalidRequestError, check_text
+from octavo.errors import short_repr as _short
 from octavo.structured_output.params import (
     GuidedDecodingParams,
     StructuredOutputsParams,
@@ -67,12 +68,6 @@ def _fail(name: str, message: str) -> InvalidRequestError:
     return InvalidRequestError(name, message)
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    """repr() of a client's value, cut short: an error must not echo megabytes back."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "...(truncated)"
-
-
 def _as_float(name: str, value: Any, limit: float | None = None) -> float:
     """Return `value` as a finite float (of magnitude at most ``limit``) or raise an error
     naming the field."""
@@ -101,17 +96,6 @@ def _check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise _fail(name, f"{name} must be a bool, got {_short(value)}")
     return value
-
-
-def check_text(name: str, text: str) -> str:
-    """Text must be encodable as UTF-8: a lone surrogate ("\\ud800") cannot be tokenized,
-    matched or sent back, so it is refused at the boundary."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise _fail(name, f"{name} holds text that is not valid Unicode (a lone surrogate "
-                    f"{text[e.start]!r} at index {e.start})") from None
-    return text
 
 
 def _token_id_list(name: str, value: Any) -> list[int]:

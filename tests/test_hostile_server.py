@@ -31,7 +31,7 @@ from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # no
 from octavo.entrypoints.openai.protocol import error_body  # noqa: E402
 from octavo.entrypoints.openai.serving_engine import default_offload  # noqa: E402
 from octavo.errors import RequestFailedError  # noqa: E402
-from tests.running_server import RunningServer  # noqa: E402
+from tests.running_server import RunningServer, wait_idle  # noqa: E402
 
 MAX_LEN = 512
 VOCAB = 49152  # the embedded default model's vocabulary
@@ -58,16 +58,6 @@ def engine():
 def apps(engine):
     return {"openai": build_app(engine, ServerSettings(shutdown_engine=False)),
             "simple": simple_server.build_app(engine, shutdown_engine=False)}
-
-
-def wait_idle(engine: AsyncLLM, timeout: float = 20.0) -> None:
-    core = engine.engine
-    pool = core.scheduler.kv.pool
-    deadline = time.monotonic() + timeout
-    while core.has_unfinished_requests() or core.states or \
-            pool.num_free_blocks != pool.num_blocks:
-        assert time.monotonic() < deadline, "the engine did not go idle"
-        time.sleep(0.02)
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ share its AsyncLLM through in-process ASGI transports.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -30,7 +29,7 @@ from octavo.entrypoints.openai.api_server import (  # noqa: E402
     make_arg_parser,
     unsupported_flags,
 )
-from tests.running_server import RunningServer  # noqa: E402
+from tests.running_server import RunningServer, wait_idle  # noqa: E402
 
 # The HTTP library the openai client is built on (httpx, or httpx2 in newer releases): its
 # transports and clients are the ones the client accepts.
@@ -61,20 +60,6 @@ def server(engine):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-
-
-def _idle(engine: AsyncLLM) -> bool:
-    core = engine.engine
-    pool = core.scheduler.kv.pool
-    return (not core.has_unfinished_requests() and not core.states
-            and pool.num_free_blocks == pool.num_blocks)
-
-
-def wait_idle(engine: AsyncLLM, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not _idle(engine):
-        assert time.monotonic() < deadline, "the engine did not go idle"
-        time.sleep(0.02)
 
 
 @pytest.fixture(autouse=True)
@@ -168,6 +153,12 @@ def test_chat_logprobs_and_top_logprobs(client):
                                            max_tokens=5)
     assert plain.choices[0].logprobs is None
     assert "".join(p.token for p in content) == plain.choices[0].message.content
+    # Past max_logprobs (20): the error names the field the client sent, not the engine's.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=messages, max_tokens=1,
+                                       logprobs=True, top_logprobs=21)
+    assert e.value.body["param"] == "top_logprobs"
+    assert e.value.body["message"].startswith("top_logprobs=21 is larger than max_logprobs=20")
 
 
 def test_n_samples_completions(client, server):

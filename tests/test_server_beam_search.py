@@ -21,6 +21,7 @@ from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.async_llm import AsyncLLM
 from octavo.errors import InvalidRequestError
 from octavo.sampling_params import RequestOutputKind
+from tests.running_server import wait_idle
 from tests.tiny_models import make_checkpoint
 
 TOKEN_PROMPT = [1, 5, 9, 23, 77, 101, 7, 3]
@@ -30,16 +31,6 @@ TEXT_PROMPT = "The capital of France is"
 def _beams(out):
     return [(list(c.token_ids), c.text, c.finish_reason, round(c.cumulative_logprob, 4))
             for c in out.outputs]
-
-
-def _wait_idle(allm: AsyncLLM, timeout: float = 20.0) -> None:
-    core = allm.engine
-    pool = core.scheduler.kv.pool
-    deadline = time.monotonic() + timeout
-    while (core.has_unfinished_requests() or core.states
-           or pool.num_free_blocks != pool.num_blocks or allm._beams.num_pending):
-        assert time.monotonic() < deadline, "the engine did not go idle"
-        time.sleep(0.02)
 
 
 # =========================================================================== AsyncLLM
@@ -85,7 +76,7 @@ def allm(tiny_dir, tiny_offline):
 def _settle(request):
     yield
     if "allm" in request.fixturenames:
-        _wait_idle(request.getfixturevalue("allm"))
+        wait_idle(request.getfixturevalue("allm"))
 
 
 async def _final(allm: AsyncLLM, params: SamplingParams, rid: str, prompt=TOKEN_PROMPT):
@@ -144,7 +135,7 @@ def test_async_llm_abort_frees_blocks(allm):
             await task
 
     asyncio.run(main())
-    _wait_idle(allm)
+    wait_idle(allm)
     assert not allm._beams.has_job("to-abort")
     # The request id is free again, and a later search runs normally.
     out = asyncio.run(_final(allm, _beam_params(n=2, max_tokens=4, ignore_eos=True), "to-abort"))
@@ -166,7 +157,7 @@ def test_async_llm_abort_by_id(allm):
         task.cancel()
 
     asyncio.run(main())
-    _wait_idle(allm)
+    wait_idle(allm)
 
 
 def test_async_llm_search_fault_fails_only_that_search(allm, monkeypatch):
@@ -194,7 +185,7 @@ def test_async_llm_search_fault_fails_only_that_search(allm, monkeypatch):
     beam, plain = asyncio.run(main())
     assert isinstance(beam, RequestFailedError) and "simulated fault" in str(beam)
     assert plain.finished and len(plain.outputs[0].token_ids) == 10
-    _wait_idle(allm)
+    wait_idle(allm)
     assert not allm._beams.has_job("faulty")
 
 
@@ -293,7 +284,7 @@ def simple_http(smol_engine):
 @pytest.fixture
 def idle_after(smol_engine):
     yield
-    _wait_idle(smol_engine)
+    wait_idle(smol_engine)
 
 
 def _expected_choices(out):
@@ -375,14 +366,14 @@ def test_completions_client_gone_frees_blocks(openai_http, smol_engine, idle_aft
             "ignore_eos": True}
     with pytest.raises(httpx.TimeoutException):
         openai_http.post("/v1/completions", json=body, timeout=1.0)
-    _wait_idle(smol_engine)
+    wait_idle(smol_engine)
     with openai_http.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
         assert resp.status_code == 200
         deadline = time.monotonic() + 20
         while not smol_engine.engine.get_num_unfinished_requests():
             assert time.monotonic() < deadline
             time.sleep(0.01)
-    _wait_idle(smol_engine)
+    wait_idle(smol_engine)
 
 
 def test_simple_server_equals_offline(simple_http, smol_offline, idle_after):

@@ -5,9 +5,7 @@ supervisor restarts it). Also: a killed kernel build leaves no lock that hangs l
 from __future__ import annotations
 
 import os
-import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -20,13 +18,8 @@ from octavo.engine.arg_utils import EngineArgs  # noqa: E402
 from octavo.engine.async_llm import AsyncLLM  # noqa: E402
 from octavo.entrypoints.launcher import serve  # noqa: E402
 from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # noqa: E402
+from tests.running_server import free_port, wait_until_healthy  # noqa: E402
 from tests.tiny_models import make_checkpoint  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(port: int, body: bytes) -> tuple[int, bytes]:
@@ -44,21 +37,12 @@ def test_engine_death_stops_the_server_with_exit_code_1(tmp_path):
     engine = AsyncLLM.from_engine_args(EngineArgs(
         model=path, dtype="float32", skip_tokenizer_init=True, max_model_len=64))
     app = build_app(engine, ServerSettings())
-    port = _free_port()
+    port = free_port()
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(
         serve(app, engine, host="127.0.0.1", port=port, log_level="warning")), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.1)
+    assert wait_until_healthy(port, 60), "the server did not start"
     status, _ = _post(port, b'{"prompt": [1, 2, 3], "max_tokens": 2}')
     assert status == 200
 

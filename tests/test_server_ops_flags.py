@@ -25,6 +25,7 @@ from octavo.engine.arg_utils import EngineArgs  # noqa: E402
 from octavo.engine.async_llm import AsyncLLM  # noqa: E402
 from octavo.entrypoints.openai import api_server  # noqa: E402
 from octavo.metrics.log_stats import LoggingStatLogger  # noqa: E402
+from tests.running_server import free_port  # noqa: E402
 from tests.tiny_models import make_checkpoint  # noqa: E402
 
 # The HTTP library the openai client is built on (httpx, or httpx2 in newer releases).
@@ -39,12 +40,6 @@ def allm(tmp_path_factory):
                                                   skip_tokenizer_init=True, max_model_len=128))
     yield engine
     engine.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,41 +26,27 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+from tests.running_server import free_port, wait_until_healthy  # noqa: E402
+
 NUM_STREAMS = 100
 PROMPT = "Once upon a time"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
     """``python -m <module> --port <free> ...`` with its output in a temporary file."""
 
     def __init__(self, module: str, *flags: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port),
              "--max-model-len", "256", "--max-num-seqs", "128", "--uvicorn-log-level",
              "warning", *flags],
             stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ))
-        deadline = time.monotonic() + 180
-        while not self._healthy():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                pytest.fail(f"the server did not start:\n{self.output()}")
-            time.sleep(0.2)
-
-    def _healthy(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
-                s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
-                return s.recv(64).startswith(b"HTTP/1.1 200")
-        except OSError:
-            return False
+        if not wait_until_healthy(self.port, 180, alive=lambda: self.proc.poll() is None,
+                                  interval=0.2):
+            self.kill()
+            pytest.fail(f"the server did not start:\n{self.output()}")
 
     def output(self) -> str:
         self.log.seek(0)

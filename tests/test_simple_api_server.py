@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -18,7 +17,7 @@ except ImportError:  # newer openai releases ship the same client as httpx2
 from octavo.engine.arg_utils import EngineArgs  # noqa: E402
 from octavo.engine.async_llm import AsyncLLM  # noqa: E402
 from octavo.entrypoints.api_server import build_app, make_parser  # noqa: E402
-from tests.running_server import RunningServer  # noqa: E402
+from tests.running_server import RunningServer, wait_idle  # noqa: E402
 
 PROMPT = "The capital of France is"
 
@@ -36,16 +35,6 @@ def http(engine):
     with httpx.Client(base_url=srv.base_url, timeout=60) as client:
         yield client
     srv.stop()
-
-
-def wait_idle(engine: AsyncLLM, timeout: float = 20.0) -> None:
-    core = engine.engine
-    pool = core.scheduler.kv.pool
-    deadline = time.monotonic() + timeout
-    while core.has_unfinished_requests() or core.states or \
-            pool.num_free_blocks != pool.num_blocks:
-        assert time.monotonic() < deadline, "the engine did not go idle"
-        time.sleep(0.02)
 
 
 @pytest.fixture(autouse=True)

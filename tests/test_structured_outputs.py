@@ -13,6 +13,7 @@ import torch
 
 from octavo import GuidedDecodingParams, SamplingParams, StructuredOutputsParams
 from octavo.errors import InvalidRequestError
+from octavo.sample import grammar_mask
 from octavo.sample.grammar_mask import GrammarMask, apply_token_bitmask, unpack_bitmask
 from octavo.structured_output.backend import GrammarCompileError
 from octavo.structured_output.grammar_cache import GrammarCache
@@ -105,8 +106,19 @@ def test_sampling_params_module_stays_torch_free():
 
 
 # ------------------------------------------------------------------ the bitmask op
+@pytest.fixture(params=["xgrammar_cpu_kernel", "torch"])
+def mask_path(request, monkeypatch):
+    """Both ways of applying a bitmask: xgrammar's CPU kernel, and plain torch (the GPU's,
+    and the CPU's without xgrammar)."""
+    if request.param == "torch":
+        monkeypatch.setattr(grammar_mask, "_cpu_kernel", lambda: None)
+    else:
+        assert grammar_mask._cpu_kernel() is not None
+    return request.param
+
+
 @pytest.mark.parametrize("vocab, words", [(100, 4), (128, 4), (70, 2), (96, 2)])
-def test_bitmask_op_matches_xgrammar(vocab, words):
+def test_bitmask_op_matches_xgrammar(vocab, words, mask_path):
     g = torch.Generator().manual_seed(vocab)
     bitmask = torch.randint(-2**31, 2**31 - 1, (3, words), dtype=torch.int32, generator=g)
     logits = torch.randn(5, vocab, generator=g)
@@ -123,7 +135,7 @@ def test_bitmask_op_matches_xgrammar(vocab, words):
     assert torch.equal(ours[untouched], logits[untouched])
 
 
-def test_bitmask_op_leading_rows_and_unpack_order():
+def test_bitmask_op_leading_rows_and_unpack_order(mask_path):
     bitmask = torch.tensor([[0b101, 0]], dtype=torch.int32)
     assert unpack_bitmask(bitmask, 40)[0].nonzero().flatten().tolist() == [0, 2]
     logits = torch.zeros(2, 40)
@@ -339,3 +351,43 @@ def test_preemption_and_async_scheduling_keep_guided_outputs(mixed):
         assert comp.finish_reason in ("stop", "length"), (kind, comp.text)
         if kind is not None and comp.finish_reason == "stop":
             _check(kind, comp.text)
+
+
+def test_async_scheduling_overlaps_guided_steps(llm, mixed):
+    """With asynchronous scheduling a guided step's forward pass is launched while the step
+    before is still in flight (its tokens fed to the model on the device); only the sampling
+    waits for the bitmask, filled once that step's tokens have advanced the matchers. The
+    greedy outputs are the synchronous engine's."""
+    from octavo import LLM
+
+    prompts, params, kinds, outs = mixed
+    guided = [i for i, k in enumerate(kinds) if k is not None]
+    # A small KV pool: this machine's memory is shared with the module's other engines.
+    asyn = LLM(max_model_len=512, dtype="float32", async_scheduling=True, max_num_seqs=8,
+               num_gpu_blocks_override=128)
+    got = asyn.generate([prompts[i] for i in guided], [params[i] for i in guided],
+                        use_tqdm=False)
+    fed = asyn.llm_engine.executor.worker.runner.num_tokens_fed_on_device
+    del asyn
+    assert [o.outputs[0].token_ids for o in got] == [outs[i].outputs[0].token_ids
+                                                     for i in guided]
+    assert fed > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_guided_through_the_mp_executor_matches(mixed, async_scheduling):
+    """A guided step crosses the process boundary in two messages (the forward pass, then
+    sample_tokens with the bitmask): the worker process gives the in-process tokens."""
+    from octavo import LLM
+
+    prompts, params, kinds, outs = mixed
+    guided = [i for i, k in enumerate(kinds) if k is not None][:4]
+    llm = LLM(max_model_len=512, dtype="float32", async_scheduling=async_scheduling,
+              max_num_seqs=8, num_gpu_blocks_override=128, distributed_executor_backend="mp")
+    try:
+        got = llm.generate([prompts[i] for i in guided], [params[i] for i in guided],
+                           use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    assert [o.outputs[0].token_ids for o in got] == [outs[i].outputs[0].token_ids
+                                                     for i in guided]

@@ -128,6 +128,34 @@ def test_preemptions_by_mode_are_exported_to_prometheus(folder):
     assert samples["swap"] > 0
 
 
+def test_swapped_requests_gauge(folder):
+    """octavo:num_requests_swapped counts the requests whose KV waits in CPU blocks."""
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from octavo.metrics.prometheus import PrometheusStatLogger
+
+    llm = LLM(model=folder, dtype="float32", skip_tokenizer_init=True,
+              preemption_mode="swap", swap_space=0.01, **TINY_POOL)
+    engine = llm.llm_engine
+    metrics = PrometheusStatLogger(engine, "tiny")
+
+    def gauge() -> float:
+        return next(s.value for fam in text_string_to_metric_families(metrics.render().decode())
+                    if fam.name == "octavo:num_requests_swapped" for s in fam.samples)
+
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    for i, p in enumerate(_prompts()):
+        engine.add_request(str(i), {"prompt_token_ids": p}, params)
+    seen = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        swapped = len(engine.scheduler.swap.req_to_cpu_blocks)
+        assert gauge() == swapped
+        seen.append(swapped)
+    assert max(seen) > 0 and gauge() == 0
+
+
 def test_unknown_preemption_mode_is_refused(folder):
     with pytest.raises(ValueError, match="preemption_mode must be 'recompute' or 'swap', "
                                          "got 'drop'"):

@@ -26,6 +26,7 @@ from octavo.entrypoints.openai.tool_parsers.tool_choice import (  # noqa: E402
 )
 from octavo.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from octavo.sampling_params import RequestOutputKind  # noqa: E402
+from tests.running_server import wait_idle  # noqa: E402
 
 httpx = importlib.import_module(
     openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
@@ -197,8 +198,6 @@ def client(engine):
 def _settle(request):
     yield
     if "engine" in request.fixturenames:
-        from tests.test_server import wait_idle
-
         wait_idle(request.getfixturevalue("engine"))
 
 

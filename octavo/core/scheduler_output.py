@@ -4,7 +4,7 @@ diffs (new block ids and how far they have been computed)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from octavo.sampling_params import SamplingParams
@@ -45,10 +45,11 @@ class SchedulerOutput:
     # forward pass, swap-outs first: (GPU block, CPU block) and (CPU block, GPU block).
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
-    # Structured outputs: the allowed next tokens of the guided requests that sample this
-    # step (an octavo.structured_output.bitmask.GrammarBitmask, filled by the engine after
-    # schedule()); None when no guided request samples.
-    grammar_bitmask: Any = None
+    # Structured outputs: a guided request samples this step. The worker launches the
+    # forward pass and waits for sample_tokens(bitmask): the engine fills the guided rows'
+    # bitmask on the host meanwhile (after the step before has been processed, under
+    # asynchronous scheduling), so the grammar's host work overlaps the device's.
+    defer_sampling: bool = False
 
     @property
     def is_empty(self) -> bool:

@@ -212,19 +212,24 @@ class LLMEngine:
             self._account(None, t0, t0, t0, num_prompt, num_gen)  # launched nothing
             return outputs
         sched = self.scheduler.schedule()
-        if self._guided:
-            sched.grammar_bitmask = self._grammar_bitmask(sched)
+        guided = self._guided_samplers(sched) if self._guided else []
+        sched.defer_sampling = bool(guided)
         t1 = time.perf_counter()
         handle = self.executor.execute_model_async(sched)
+        outputs, num_prompt, num_gen = [], 0, 0
+        if guided:
+            # The forward pass runs while the host finishes the step before (whose tokens
+            # advance the matchers) and fills the guided rows' bitmask; then they sample.
+            if inflight is not None:
+                outputs, num_prompt, num_gen = self._process(*inflight)
+                inflight = None
+            handle = self.executor.sample_tokens(self._grammar_bitmask(guided))
         t2 = time.perf_counter()
         if self.config.scheduler_config.async_scheduling and not sched.is_empty:
             self._inflight = (sched, handle)
-            if inflight is None:
-                self._account(sched, t0, t1, t2, 0, 0)
-                return []
-            outputs, num_prompt, num_gen = self._process(*inflight)
+            if inflight is not None:
+                outputs, num_prompt, num_gen = self._process(*inflight)
         else:
-            outputs, num_prompt, num_gen = [], 0, 0
             if inflight is not None:
                 outputs, num_prompt, num_gen = self._process(*inflight)
             more, p2, g2 = self._process(sched, handle)
@@ -233,17 +238,25 @@ class LLMEngine:
         self._account(sched, t0, t1, t2, num_prompt, num_gen)
         return outputs
 
-    def _grammar_bitmask(self, sched):
-        """The allowed next tokens of the guided requests that sample in ``sched``."""
+    def _guided_samplers(self, sched) -> list[str]:
+        """The guided requests that sample a token in ``sched``, in batch order."""
+        for rid in [r for r in self._guided if r not in self.states]:
+            self._guided.discard(rid)  # finished, aborted, failed
+        requests = self.scheduler.requests
+        # A scheduled request samples when its tokens reach its end: schedule() then
+        # counted the token it will sample as pending.
+        return [rid for rid in sched.num_scheduled_tokens
+                if rid in self._guided and requests[rid].num_pending]
+
+    def _grammar_bitmask(self, guided: list[str]):
+        """The allowed next tokens of ``guided`` (requests that ended meanwhile, with the
+        step before, are left out: their tokens are dropped)."""
         grammars = {}
-        for rid in list(self._guided):
+        for rid in guided:
             state = self.states.get(rid)
-            if state is None or state.grammar is None:  # finished, aborted, failed
-                self._guided.discard(rid)
-            else:
+            if state is not None and state.grammar is not None:
                 grammars[rid] = state.grammar
-        return self.processor.structured.step_bitmask(
-            sched.num_scheduled_tokens, self.scheduler.requests, grammars, grammars.keys())
+        return self.processor.structured.step_bitmask(grammars)
 
     def _can_overlap(self) -> bool:
         return (self.config.scheduler_config.async_scheduling

@@ -16,13 +16,13 @@ def needs_host_history(params: SamplingParams) -> bool:
     (logits processors over the history, min_tokens) or its step's results are read back
     beyond the token (logprobs): such requests are not overlapped with the next step.
 
-    Structured outputs are among them: the next step's token bitmask comes from the matcher
-    after it accepted the latest token, so with asynchronous scheduling the engine finishes
-    the step in flight before it schedules a guided request again (free requests overlap as
-    before when no guided one is in the engine)."""
+    Structured outputs are not among them: their next token's bitmask comes from the matcher
+    after it accepted the latest token, but only the sampling waits for it. With
+    asynchronous scheduling the engine launches a guided step's forward pass while the step
+    before is in flight, then processes that step (advancing the matchers), fills the
+    bitmask and samples (``LLMEngine._step``)."""
     return (needs_processing(params) or params.min_tokens > 0
-            or params.logprobs is not None or params.prompt_logprobs is not None
-            or params.structured_outputs is not None)
+            or params.logprobs is not None or params.prompt_logprobs is not None)
 
 
 @dataclass

@@ -8,8 +8,8 @@ from typing import Any
 
 from octavo.config import ModelConfig
 from octavo.core.request import Request
-from octavo.errors import InvalidRequestError
-from octavo.sampling_params import INT64_MAX, INT64_MIN, SamplingParams, check_text
+from octavo.errors import InvalidRequestError, check_text
+from octavo.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 from octavo.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)

@@ -19,24 +19,24 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import Response, StreamingResponse
 
 import octavo
-from octavo.engine.async_llm import AsyncLLM, EngineDeadError
+from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.beam_runner import validation_params
 from octavo.entrypoints.openai.api_server import (
     DEFAULT_MAX_BODY_BYTES,
     make_arg_parser,
     start_engine,
 )
+from octavo.entrypoints.openai.error_handlers import error_response, install_error_handlers
 from octavo.entrypoints.openai.error_schema import (
     dataclass_body_schema,
     document_errors,
     json_request_body,
 )
 from octavo.entrypoints.openai.middleware import AuthRateLimitMiddleware, BodyLimitMiddleware
-from octavo.entrypoints.openai.protocol import APIError, error_body, error_param
+from octavo.entrypoints.openai.protocol import APIError, error_param
 from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,
     ErrorGuardMiddleware,
@@ -44,7 +44,6 @@ from octavo.entrypoints.openai.serving_engine import (
     random_id,
     stream_error,
 )
-from octavo.errors import RequestFailedError
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
@@ -55,10 +54,6 @@ logger = logging.getLogger(__name__)
 _SERVER_ONLY = frozenset({"output_kind", "logits_processors"})
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams)
                             if f.init and f.name not in _SERVER_ONLY)
-
-
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status)
 
 
 def parse_generate_request(body: bytes) -> tuple[str, bool, SamplingParams]:
@@ -125,30 +120,12 @@ def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
     app.state.engine = engine
     document_errors(app, api_key=api_key is not None, rate_limit=rate_limit is not None)
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError):
-        return _error(exc.status, exc.message, exc.param)
-
-    @app.exception_handler(EngineDeadError)
-    async def _dead(request: Request, exc: EngineDeadError):
-        return _error(503, str(exc))
-
-    @app.exception_handler(ValueError)
-    async def _value(request: Request, exc: ValueError):
-        return _error(400, str(exc), error_param(exc))
-
-    @app.exception_handler(RequestFailedError)
-    async def _failed(request: Request, exc: RequestFailedError):
-        return _error(500, f"the request failed in the engine: {exc}")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):
-        return _error(exc.status_code, str(exc.detail))
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health():
         if engine.errored:
-            return _error(503, f"the engine is dead: {engine.dead_error!r}")
+            return error_response(503, f"the engine is dead: {engine.dead_error!r}")
         return Response(status_code=200)
 
     @app.post("/generate", openapi_extra=json_request_body(dataclass_body_schema(

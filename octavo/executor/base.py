@@ -38,13 +38,23 @@ class Executor:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
 
-    def execute_model_async(self, sched: SchedulerOutput) -> StepFuture:
+    def execute_model_async(self, sched: SchedulerOutput) -> StepFuture | None:
         """Launch one step. Steps are launched in schedule order; the next may be launched
-        before the previous one's result() (asynchronous scheduling)."""
+        before the previous one's result() (asynchronous scheduling). With
+        ``sched.defer_sampling`` only the forward pass is launched and None returned: the
+        step's future comes from ``sample_tokens``, called before the next step is launched.
+        """
+        raise NotImplementedError
+
+    def sample_tokens(self, grammar) -> StepFuture:
+        """Sample the step launched with ``defer_sampling``; ``grammar``: the guided rows'
+        token bitmask (an octavo.structured_output.bitmask.GrammarBitmask, plain data) or
+        None."""
         raise NotImplementedError
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        return self.execute_model_async(sched).result()
+        future = self.execute_model_async(sched)
+        return (future if future is not None else self.sample_tokens(None)).result()
 
     def reset(self) -> None:
         """Drop every request's worker state (the engine restarts after a fault)."""

@@ -114,8 +114,17 @@ class MultiprocExecutor(Executor):
                 head._error = payload
 
     # ------------------------------------------------------------------ Executor
-    def execute_model_async(self, sched: SchedulerOutput) -> _Future:
+    def execute_model_async(self, sched: SchedulerOutput) -> _Future | None:
         self._send(("step", sched))
+        if sched.defer_sampling:
+            return None  # its result comes after ("sample", bitmask)
+        return self._expect_result()
+
+    def sample_tokens(self, grammar) -> _Future:
+        self._send(("sample", grammar))
+        return self._expect_result()
+
+    def _expect_result(self) -> _Future:
         future = _Future(self)
         self._pending.append(future)
         return future

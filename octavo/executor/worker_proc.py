@@ -3,9 +3,10 @@
 Setup: the worker joins its tensor-parallel group, loads its shard of the model and replies
 ("sized", (num_blocks, num_cpu_blocks)); the executor answers ("init", the minimum over
 ranks), the worker allocates its KV cache and replies ("ready", None).
-Then messages: ("step", SchedulerOutput), ("reset", None), ("shutdown", None). Replies: per
-step ("out", ModelRunnerOutput) or ("error", text) from rank 0 only (every rank computes the
-same tokens: see ``MultiprocExecutor``), and ("ok", None) per reset from every rank.
+Then messages: ("step", SchedulerOutput), ("sample", bitmask) after a step launched with
+``defer_sampling``, ("reset", None), ("shutdown", None). Replies: per sampled step ("out",
+ModelRunnerOutput) or ("error", text) from rank 0 only (every rank computes the same tokens:
+see ``MultiprocExecutor``), and ("ok", None) per reset from every rank.
 
 A step is launched as soon as it arrives; while steps are in flight the loop takes the next
 message if one is waiting (so the engine's next step is launched before this one's tokens are
@@ -54,6 +55,7 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
         conn.send(("error", _error_text(e) + "\n" + traceback.format_exc()))
         return
     replies = rank == 0
+    failed_launch: str | None = None  # a deferred step's launch error, sent at its sample
     pending: deque = deque()  # StepHandle, or the error text of a step that failed to launch
 
     def send_oldest() -> None:
@@ -87,9 +89,24 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
             return
         if kind == "step":
             try:
-                pending.append(worker.execute_model_async(payload))
+                handle = worker.execute_model_async(payload)
+                if handle is not None:  # else its handle comes with ("sample", bitmask)
+                    pending.append(handle)
+            except Exception as e:
+                # A deferred step that failed to launch still answers once, at its sample.
+                if payload.defer_sampling:
+                    failed_launch = _error_text(e)
+                else:
+                    pending.append(_error_text(e))
+        elif kind == "sample":
+            try:
+                if failed_launch is not None:
+                    pending.append(failed_launch)
+                else:
+                    pending.append(worker.sample_tokens(payload))
             except Exception as e:
                 pending.append(_error_text(e))
+            failed_launch = None
         elif kind == "reset":
             while pending:
                 send_oldest()

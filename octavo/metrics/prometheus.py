@@ -84,6 +84,10 @@ class PrometheusStatLogger:
               lambda: len(engine.scheduler.running))
         gauge("num_requests_waiting", "Requests waiting to be scheduled.",
               lambda: len(engine.scheduler.waiting))
+        gauge("num_requests_swapped",
+              "Requests preempted by swap, waiting with their KV in CPU blocks (counted in "
+              "num_requests_waiting too).",
+              lambda: len(engine.scheduler.swap.req_to_cpu_blocks))
         gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (1 = 100%).",
               lambda: engine.scheduler.kv.usage)
         self.prompt_tokens = Counter("octavo:prompt_tokens", "Prefill tokens processed.",

@@ -59,7 +59,7 @@ class Sampler:
         return (logits.is_cuda and HAS_TRITON and not meta.all_greedy
                 and meta.top_k is None and meta.top_p is None and meta.min_p is None
                 and not meta.row_contexts and meta.max_num_logprobs is None
-                and getattr(meta, "grammar", None) is None and envs.sample_kernel())
+                and meta.grammar is None and envs.sample_kernel())
 
     @staticmethod
     def _race(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

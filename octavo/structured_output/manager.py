@@ -10,7 +10,7 @@ constrained request arrives, so engines that never see one pay nothing.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Set
+from collections.abc import Mapping
 from typing import Any
 
 from octavo.errors import InvalidRequestError
@@ -74,27 +74,16 @@ class StructuredOutputManager:
         return GrammarState(backend, backend.new_matcher(compiled))
 
     # ------------------------------------------------------------------ the step
-    def step_bitmask(self, num_scheduled: Mapping[str, int], requests: Mapping[str, Any],
-                     grammars: Mapping[str, GrammarState], guided_ids: Set[str]
-                     ) -> GrammarBitmask | None:
-        """The bitmask for the guided requests (``guided_ids``) that sample this step, or
-        None. ``requests``: the scheduler's, after schedule(): a request samples when its
-        scheduled tokens reach its end (``num_pending``). Guided requests are never
-        overlapped with the step before (see ``needs_host_history``), so each matcher has
-        seen every token up to this one."""
-        ids: list[str] = []
-        states: list[GrammarState] = []
-        for rid in guided_ids:
-            if rid not in num_scheduled:
-                continue
-            req = requests.get(rid)
-            state = grammars.get(rid)
-            if req is None or state is None or not req.num_pending or state.is_terminated:
-                continue
-            ids.append(rid)
-            states.append(state)
-        if not ids:
+    def step_bitmask(self, grammars: Mapping[str, GrammarState]) -> GrammarBitmask | None:
+        """The bitmask of the guided requests that sample this step, one row each in the
+        order given (the batch's: the worker then needs no reordering), or None. Each
+        matcher has seen every token before the one sampled now; a grammar that has ended
+        constrains nothing (its request goes on only with ignore_eos)."""
+        live = {rid: st for rid, st in grammars.items() if not st.is_terminated}
+        if not live:
             return None
+        ids = list(live)
+        states = list(live.values())
         by_backend: dict[int, list[int]] = {}
         for i, st in enumerate(states):
             by_backend.setdefault(id(st.backend), []).append(i)

@@ -13,24 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from octavo.errors import InvalidRequestError
+from octavo.errors import InvalidRequestError, check_text
+from octavo.errors import short_repr as _short
 
 # The constraint kinds, exactly one of which a request sets.
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "...(truncated)"
-
-
-def _check_text(name: str, value: str) -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InvalidRequestError(name, f"{name} holds text that is not valid Unicode (a lone "
-                                  f"surrogate at index {e.start})") from None
-    return value
 
 
 @dataclass(eq=True)
@@ -74,7 +61,7 @@ class StructuredOutputsParams:
             if not isinstance(self.regex, str) or not self.regex:
                 raise InvalidRequestError(p("regex"), f"{p('regex')} must be a non-empty "
                                           f"string, got {_short(self.regex)}")
-            _check_text(p("regex"), self.regex)
+            check_text(p("regex"), self.regex)
         if self.choice is not None:
             value = self.choice
             if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
@@ -87,7 +74,7 @@ class StructuredOutputsParams:
                 if not isinstance(c, str) or not c:
                     raise InvalidRequestError(p("choice"), f"{p('choice')} must hold "
                                               f"non-empty strings, got {_short(c)}")
-                _check_text(p("choice"), c)
+                check_text(p("choice"), c)
             self.choice = value
         for name in ("grammar", "structural_tag"):
             value = getattr(self, name)
@@ -98,7 +85,7 @@ class StructuredOutputsParams:
             if not isinstance(value, str) or not value.strip():
                 raise InvalidRequestError(p(name), f"{p(name)} must be a non-empty string, "
                                           f"got {_short(value)}")
-            _check_text(p(name), value)
+            check_text(p(name), value)
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise InvalidRequestError(p("json_object"), f"{p('json_object')} must be a bool, "
                                       f"got {_short(self.json_object)}")
@@ -130,7 +117,7 @@ class StructuredOutputsParams:
         if hasattr(value, "model_json_schema") and callable(value.model_json_schema):
             value = value.model_json_schema()
         if isinstance(value, str):
-            _check_text(name, value)
+            check_text(name, value)
             try:
                 value = json.loads(value)
             except ValueError as e:

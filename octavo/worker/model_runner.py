@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -65,6 +66,8 @@ class ModelRunner:
         # the next step's inputs; host staging buffers are rewritten only once the device
         # has read them (event); sampled tokens come back through two pinned buffers.
         self._prev_sampled: torch.Tensor | None = None
+        # A step launched with defer_sampling, waiting for sample_tokens(bitmask).
+        self._deferred: Callable[[GrammarBitmask | None], StepHandle] | None = None
         self._prev_rows: dict[str, int] = {}
         self._fix: list[tuple[int, int]] = []
         self.num_tokens_fed_on_device = 0  # inputs taken from a step still in flight
@@ -164,6 +167,7 @@ class ModelRunner:
         self._prev_rows = {}
         self._fix = []
         self._inputs_sent = None
+        self._deferred = None
 
     def _drop(self, req_id: str) -> None:
         st = self.states.pop(req_id, None)
@@ -279,10 +283,34 @@ class ModelRunner:
             self._inputs_sent.record()
 
     @torch.inference_mode()
-    def execute_model_async(self, sched: SchedulerOutput) -> StepHandle:
+    def execute_model_async(self, sched: SchedulerOutput) -> StepHandle | None:
         """Launch the step; the handle's result() waits for its sampled tokens. Steps must
         be launched in schedule order; a step may be launched before the previous one's
-        result() (its in-flight tokens are then read on the device)."""
+        result() (its in-flight tokens are then read on the device).
+
+        With ``sched.defer_sampling`` only the forward pass (and the logits) is launched and
+        None returned: ``sample_tokens`` then samples with the guided rows' bitmask and
+        returns the handle, before the next step is launched."""
+        sample = self._launch(sched)
+        if sched.defer_sampling:
+            self._deferred = sample
+            return None
+        return sample(None)
+
+    @torch.inference_mode()
+    def sample_tokens(self, grammar: GrammarBitmask | None) -> StepHandle:
+        """Sample the step launched with ``defer_sampling``; ``grammar``: the token bitmask
+        of its guided requests that sample (None: none does)."""
+        sample, self._deferred = self._deferred, None
+        if sample is None:
+            raise RuntimeError("sample_tokens() without a step launched with defer_sampling")
+        return sample(grammar)
+
+    def _launch(self, sched: SchedulerOutput
+                ) -> Callable[[GrammarBitmask | None], StepHandle]:
+        """Run the step up to its logits; returns the function that samples them."""
+        if self._deferred is not None:
+            raise RuntimeError("a step was launched before the one before it was sampled")
         self.last_prepare_s = 0.0
         self._update_states(sched)
         if sched.blocks_to_swap_out or sched.blocks_to_swap_in:  # before copies and forward
@@ -290,7 +318,7 @@ class ModelRunner:
         if sched.block_copies:
             self._copy_blocks(sched.block_copies)
         if sched.is_empty:
-            return StepHandle.done(ModelRunnerOutput([], []))
+            return lambda _: StepHandle.done(ModelRunnerOutput([], []))
         req_ids = list(sched.num_scheduled_tokens)
         states = [self.states[r] for r in req_ids]
         num_new = [sched.num_scheduled_tokens[r] for r in req_ids]
@@ -306,8 +334,7 @@ class ModelRunner:
             if not rows:
                 return
             ends = [num_computed[i] + num_new[i] for i in rows]
-            staged["meta"] = self._sampling_metadata(sample_states, ends,
-                                                     sched.grammar_bitmask)
+            staged["meta"] = self._sampling_metadata(sample_states, ends)
             if len(rows) != t:
                 staged["idx"] = self.buf.logits_indices.put(qsl[1:][rows] - 1)
 
@@ -315,16 +342,25 @@ class ModelRunner:
         prepare_s = self.last_prepare_s
         prompt_lp = self._prompt_logprobs(states, num_new, num_computed, hidden, qsl)
         if not rows:
-            return StepHandle.done(ModelRunnerOutput([], [], prompt_logprobs=prompt_lp,
-                                                     prepare_s=prepare_s))
+            return lambda _: StepHandle.done(
+                ModelRunnerOutput([], [], prompt_logprobs=prompt_lp, prepare_s=prepare_s))
         last_hidden = hidden[staged["idx"]] if "idx" in staged else hidden
         logits = self.model.compute_logits(last_hidden)
-        out = self.sampler(logits, staged["meta"])
+        meta = staged["meta"]
+        return lambda grammar: self._sample(logits, meta, grammar, sample_states, prompt_lp,
+                                            prepare_s)
+
+    def _sample(self, logits: torch.Tensor, meta: SamplingMetadata,
+                grammar: GrammarBitmask | None, sample_states: list[CachedRequestState],
+                prompt_lp, prepare_s: float) -> StepHandle:
+        if grammar is not None:
+            meta.grammar = self._grammar_mask(sample_states, grammar)
+        out = self.sampler(logits, meta)
         self._prev_sampled = out.sampled
         self._prev_rows = {st.req_id: i for i, st in enumerate(sample_states)}
         ready = None
         if self._sampled_host:
-            host = self._sampled_host[self._flip][: len(rows)]
+            host = self._sampled_host[self._flip][: len(sample_states)]
             self._flip ^= 1
             host.copy_(out.sampled, non_blocking=True)
             ready = torch.cuda.Event()
@@ -385,12 +421,11 @@ class ModelRunner:
         for cache in self.kv_caches:
             cache[:, dst] = cache[:, src]
 
-    def _sampling_metadata(self, states: list[CachedRequestState], ends: list[int],
-                           grammar: GrammarBitmask | None = None) -> SamplingMetadata:
+    def _sampling_metadata(self, states: list[CachedRequestState],
+                           ends: list[int]) -> SamplingMetadata:
         """``ends``: each row's token count once this step is computed; the token sampled
-        now is output number ``end - num_prompt_tokens`` (counting from 0). ``grammar``: the
-        step's token bitmask of the guided requests (structured outputs)."""
-        mask = self._grammar_mask(states, grammar) if grammar is not None else None
+        now is output number ``end - num_prompt_tokens`` (counting from 0). The guided
+        rows' mask is set at sampling time (``_sample``)."""
         params = [st.sampling_params for st in states]
         types = [p.sampling_type for p in params]
         want_lp = [p.logprobs for p in params if p.logprobs is not None]
@@ -412,8 +447,7 @@ class ModelRunner:
                 contexts.append(RowContext(row, p, st.token_ids[:n], st.token_ids[n:],
                                            st.bad_words_token_ids, banned))
         if all(t == SamplingType.GREEDY for t in types):
-            return SamplingMetadata(True, None, None, None, None, {}, max_lp, contexts,
-                                    grammar=mask)
+            return SamplingMetadata(True, None, None, None, None, {}, max_lp, contexts)
         dev = self.device
         buf = self.buf
         temp = buf.temperature.put([0.0 if t == SamplingType.GREEDY else p.temperature
@@ -438,7 +472,7 @@ class ModelRunner:
                 gen.manual_seed(seed % (2 ** 63))
                 gens[row] = gen
         return SamplingMetadata(False, temp, top_k, top_p, min_p, gens, max_lp, contexts,
-                                self.generator, grammar=mask)
+                                self.generator)
 
     def _grammar_mask(self, states: list[CachedRequestState],
                       grammar: GrammarBitmask) -> GrammarMask | None:

@@ -10,6 +10,7 @@ from octavo import envs
 from octavo.config import EngineConfig
 from octavo.core.kv_cache_manager import cdiv
 from octavo.core.scheduler_output import SchedulerOutput
+from octavo.structured_output.bitmask import GrammarBitmask
 from octavo.worker.cpu_tuning import keep_heap_pages
 from octavo.worker.model_runner import ModelRunner
 from octavo.worker.step_handle import StepHandle
@@ -110,5 +111,8 @@ class Worker:
             torch.cuda.synchronize(self.device)  # a sticky device error surfaces here
         self.runner.reset()
 
-    def execute_model_async(self, sched: SchedulerOutput) -> StepHandle:
+    def execute_model_async(self, sched: SchedulerOutput) -> StepHandle | None:
         return self.runner.execute_model_async(sched)
+
+    def sample_tokens(self, grammar: GrammarBitmask | None) -> StepHandle:
+        return self.runner.sample_tokens(grammar)

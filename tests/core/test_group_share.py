@@ -7,8 +7,8 @@ from __future__ import annotations
 from octavo.config import CacheConfig, SchedulerConfig
 from octavo.core.request import Request
 from octavo.core.scheduler import Scheduler
-from octavo.core.scheduler_output import ModelRunnerOutput
 from octavo.sampling_params import SamplingParams
+from tests.core.helpers import step
 
 
 def make(max_num_seqs=8, policy="fcfs", num_blocks=256):
@@ -26,13 +26,6 @@ def req(rid, group=None, max_tokens=20, prio=0):
                 arrival_time=float(next(_t)), priority=prio)
     r.group_id = group or rid
     return r
-
-
-def step(sched):
-    out = sched.schedule()
-    done = [r for r in out.num_scheduled_tokens if sched.requests[r].num_pending]
-    sched.update_from_output(out, ModelRunnerOutput(done, [7] * len(done)))
-    return out
 
 
 def running_groups(sched):
@@ -56,7 +49,7 @@ def test_newcomer_is_admitted_next_step_into_a_batch_one_group_fills():
         sched.add_request(req(f"big#{i}", "big"))
     step(sched)
     sched.add_request(req("small", max_tokens=1))
-    out = step(sched)
+    out, _ = step(sched)
     assert "small" in out.num_scheduled_tokens  # a big sample was preempted for it
     assert "small" not in sched.requests  # one token: done already
     assert running_groups(sched) == {"big": 7}

@@ -13,6 +13,7 @@ from octavo.core.request import Request
 from octavo.core.scheduler import Scheduler
 from octavo.core.scheduler_output import ModelRunnerOutput
 from octavo.sampling_params import SamplingParams
+from tests.core.helpers import step
 
 BS = 4
 
@@ -26,13 +27,6 @@ def make_sched(num_blocks=64, caching=True, max_num_batched_tokens=64, max_model
 
 def req(rid, prompt, max_tokens=4):
     return Request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-
-
-def step(sched):
-    out = sched.schedule()
-    done = [r for r in out.num_scheduled_tokens if sched.requests[r].num_pending]
-    sched.update_from_output(out, ModelRunnerOutput(done, [7] * len(done)))
-    return out
 
 
 def run(sched):
@@ -152,7 +146,7 @@ def test_random_stress_with_shared_prefixes(seed):
         sched.add_request(req(f"r{i}", prompt, max_tokens=rng.randrange(1, 12)))
     steps = 0
     while sched.has_unfinished_requests():
-        out = step(sched)
+        out, _ = step(sched)
         assert out.total_num_scheduled_tokens <= 32
         check_refcounts(sched)
         if rng.random() < 0.05 and sched.running:
@@ -171,9 +165,9 @@ def test_simultaneous_arrivals_wait_for_the_shared_prefix():
     prefix = list(range(500, 532))  # 8 blocks
     for i in range(3):
         sched.add_request(req(f"r{i}", prefix + [i, i + 1]))
-    first = step(sched)
+    first, _ = step(sched)
     assert list(first.num_scheduled_tokens) == ["r0"]
-    second = step(sched)
+    second, _ = step(sched)
     assert second.num_scheduled_tokens == {"r0": 1, "r1": 2, "r2": 2}
     assert sched.requests["r1"].num_cached_tokens == 32
     run(sched)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from octavo.config import CacheConfig, SchedulerConfig
 from octavo.core.request import Request
 from octavo.core.scheduler import Scheduler
-from octavo.core.scheduler_output import ModelRunnerOutput
 from octavo.sampling_params import SamplingParams
+from tests.core.helpers import step
 
 
 def make(num_blocks=64, max_num_seqs=4, policy="priority"):
@@ -27,13 +27,6 @@ def req(rid, prio, n_prompt=4, max_tokens=8):
 
 def rid_hash(rid: str) -> int:
     return 10 + 50 * (sum(map(ord, rid)) % 20)
-
-
-def step(sched):
-    out = sched.schedule()
-    done = [r for r in out.num_scheduled_tokens if sched.requests[r].num_pending]
-    _, finished = sched.update_from_output(out, ModelRunnerOutput(done, [7] * len(done)))
-    return out, finished
 
 
 def test_waiting_order_is_priority_then_arrival():

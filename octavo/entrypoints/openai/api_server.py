@@ -12,14 +12,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import Response
 
 import octavo
 from octavo.engine.arg_utils import EngineArgs
-from octavo.engine.async_llm import AsyncLLM, EngineDeadError
+from octavo.engine.async_llm import AsyncLLM
 from octavo.entrypoints.launcher import DEFAULT_SHUTDOWN_TIMEOUT, serve
+from octavo.entrypoints.openai.error_handlers import error_response, install_error_handlers
 from octavo.entrypoints.openai.error_schema import document_errors
 from octavo.entrypoints.openai.middleware import (
     AuthRateLimitMiddleware,
@@ -36,9 +35,6 @@ from octavo.entrypoints.openai.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    error_body,
-    error_param,
-    validation_error,
 )
 from octavo.entrypoints.openai.serving_chat import OpenAIServingChat
 from octavo.entrypoints.openai.serving_completions import OpenAIServingCompletion
@@ -46,7 +42,6 @@ from octavo.entrypoints.openai.serving_engine import (
     DEFAULT_RENDER_TIMEOUT_S,
     ErrorGuardMiddleware,
 )
-from octavo.errors import RequestFailedError
 from octavo.metrics.log_stats import DEFAULT_INTERVAL_S, LoggingStatLogger
 from octavo.metrics.prometheus import PrometheusStatLogger
 
@@ -67,11 +62,6 @@ class ServerSettings:
     chat_template_timeout: float = DEFAULT_RENDER_TIMEOUT_S
     # tool_choice "auto" reads tool calls out of the model's text with this parser.
     tool_call_parser: str | None = None
-
-
-def _error(status: int, message: str, param: str | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
 def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastAPI:
@@ -100,35 +90,12 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
     app.state.metrics = metrics
     document_errors(app, api_key=s.api_key is not None, rate_limit=s.rate_limit is not None)
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError):
-        return _error(exc.status, exc.message, exc.param, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        # OpenAI answers 400 (FastAPI would say 422), naming the top-level field.
-        return _error(400, *validation_error(list(exc.errors())))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException):
-        return _error(exc.status_code, str(exc.detail))
-
-    @app.exception_handler(EngineDeadError)
-    async def _dead(request: Request, exc: EngineDeadError):
-        return _error(503, str(exc))
-
-    @app.exception_handler(ValueError)
-    async def _value(request: Request, exc: ValueError):
-        return _error(400, str(exc), error_param(exc))
-
-    @app.exception_handler(RequestFailedError)
-    async def _failed(request: Request, exc: RequestFailedError):
-        return _error(500, f"the request failed in the engine: {exc}")
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health():
         if engine.errored:
-            return _error(503, f"the engine is dead: {engine.dead_error!r}")
+            return error_response(503, f"the engine is dead: {engine.dead_error!r}")
         return Response(status_code=200)
 
     @app.get("/version")

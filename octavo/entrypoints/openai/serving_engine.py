@@ -133,6 +133,14 @@ def default_offload() -> Offload:
         return _default_offload
 
 
+def _renamed(message: str, param: str | None, field: str | None) -> str:
+    """An engine message that opens with ``param=value`` ("logprobs=30 is larger than ...")
+    under the name the client sent it by (chat's top_logprobs)."""
+    if param and field and field != param and message.startswith(f"{param}="):
+        return field + message[len(param):]
+    return message
+
+
 class OpenAIServing:
     # The request field a prompt error is reported under (chat: "messages").
     prompt_field = "prompt"
@@ -178,7 +186,9 @@ class OpenAIServing:
                 except (ValueError, TypeError, OverflowError) as e:
                     prefix = f"prompt {i}: " if len(prompts) > 1 else ""
                     param = error_param(e)
-                    raise APIError(400, f"{prefix}{e}", rename.get(param, param)) from None
+                    field = rename.get(param, param)
+                    raise APIError(400, prefix + _renamed(str(e), param, field),
+                                   field) from None
             return ready
 
         try:

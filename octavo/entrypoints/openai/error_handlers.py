@@ -1,0 +1,50 @@
+"""The exception handlers both servers install (the OpenAI one and the simple /generate one):
+every error leaves as OpenAI's JSON error body, with the status its cause deserves."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from octavo.engine.async_llm import EngineDeadError
+from octavo.entrypoints.openai.protocol import (
+    APIError,
+    error_body,
+    error_param,
+    validation_error,
+)
+from octavo.errors import RequestFailedError
+
+
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return error_response(exc.status, exc.message, exc.param, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        # OpenAI answers 400 (FastAPI would say 422), naming the top-level field.
+        return error_response(400, *validation_error(list(exc.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(request: Request, exc: EngineDeadError):
+        return error_response(503, str(exc))
+
+    @app.exception_handler(ValueError)
+    async def _value(request: Request, exc: ValueError):
+        return error_response(400, str(exc), error_param(exc))
+
+    @app.exception_handler(RequestFailedError)
+    async def _failed(request: Request, exc: RequestFailedError):
+        return error_response(500, f"the request failed in the engine: {exc}")
