@@ -15,35 +15,16 @@ has it.
 
 from __future__ import annotations
 
-import traceback
 from collections import deque
+
+from octavo.executor.worker_rank import WorkerRank, error_text
 
 POLL_S = 0.0002  # while the device runs a step: how long to wait for a message per round
 
 
-def _error_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"
-
-
 def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
-    import torch
-
-    from octavo.distributed.parallel_state import init_tensor_parallel
-    from octavo.worker.worker import Worker, resolve_device
-
-    tp = config.parallel_config.tensor_parallel_size
+    worker = WorkerRank(config, rank, port)
     try:
-        device = resolve_device(config.device_config.device)
-        if device.type == "cuda" and tp > 1:
-            # One GPU per rank: the engine resolved "auto" to its own device; rank r takes
-            # GPU r (NCCL refuses two ranks on one device).
-            import dataclasses
-
-            torch.cuda.set_device(rank)
-            config = dataclasses.replace(config, device_config=dataclasses.replace(
-                config.device_config, device=f"cuda:{rank}"))
-        init_tensor_parallel(rank, tp, port, device.type)
-        worker = Worker(config)
         conn.send(("sized", worker.load_and_size()))
         kind, sizes = conn.recv()
         if kind != "init":
@@ -51,9 +32,9 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
         worker.init_kv_cache(*sizes)
         conn.send(("ready", None))
     except BaseException as e:  # the parent raises with this text
-        conn.send(("error", _error_text(e) + "\n" + traceback.format_exc()))
+        conn.send(("error", error_text(e, with_traceback=True)))
         return
-    replies = rank == 0
+    replies = worker.replies
     pending: deque = deque()  # StepHandle, or the error text of a step that failed to launch
 
     def send_oldest() -> None:
@@ -71,7 +52,7 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
         try:
             conn.send(("out", item.result()))
         except Exception as e:
-            conn.send(("error", _error_text(e)))
+            conn.send(("error", error_text(e)))
 
     while True:
         if pending:
@@ -89,7 +70,7 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
             try:
                 pending.append(worker.execute_model_async(payload))
             except Exception as e:
-                pending.append(_error_text(e))
+                pending.append(error_text(e))
         elif kind == "reset":
             while pending:
                 send_oldest()
@@ -97,7 +78,7 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
                 worker.reset()
                 conn.send(("ok", None))
             except Exception as e:
-                conn.send(("error", _error_text(e)))
+                conn.send(("error", error_text(e)))
         elif kind == "shutdown":
             while pending:
                 send_oldest()
