@@ -52,6 +52,17 @@ def test_ray_not_installed_is_refused_first(llama, monkeypatch):
         _llm(llama, "ray")
 
 
+def test_server_flag_without_ray_is_refused_first(llama, monkeypatch):
+    pytest.importorskip("fastapi")
+    from octavo.entrypoints.openai.api_server import make_arg_parser, unsupported_flags
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    args = make_arg_parser().parse_args(["--model", llama, "--distributed-executor-backend",
+                                         "ray", "--tensor-parallel-size", "2"])
+    bad = unsupported_flags(args)
+    assert len(bad) == 1 and "pip install octavo[distributed]" in bad[0]
+
+
 @needs_ray
 def test_no_cluster_at_address_is_refused_first(llama, monkeypatch):
     import ray
@@ -74,8 +85,7 @@ def test_no_cluster_at_address_is_refused_first(llama, monkeypatch):
 def ray_cluster():
     ray = pytest.importorskip("ray", reason="ray is not installed")
     start = time.monotonic()
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     print(f"local Ray cluster started in {time.monotonic() - start:.1f} s")
     yield ray
     ray.shutdown()

@@ -3,7 +3,10 @@
 Ray is found the way Ray finds it: the cluster this process is already connected to, else
 the one ``RAY_ADDRESS`` names (an error if nothing answers there), else one started with
 ``ray start`` on this machine (``address="auto"``), else a local one started here (no
-dashboard, on loopback). The actors are placed by a placement group, one bundle per rank
+dashboard). Ray's own servers (GCS, raylet, object manager, actors) are Ray's to bind: Ray
+2.60 turns a loopback node address into the machine's IP and listens on all interfaces,
+behind its token authentication (on by default); what Octavo itself opens, the
+torch.distributed rendezvous, listens on 127.0.0.1. The actors are placed by a placement group, one bundle per rank
 (``num_cpus=1`` on the CPU, ``num_gpus=1`` on CUDA), ``STRICT_PACK`` on one node: the
 torch.distributed rendezvous is a free port on this machine's loopback.
 
@@ -46,7 +49,7 @@ def connect(ray) -> None:
         return
     address = os.environ.get("RAY_ADDRESS") or _started_cluster()
     if address is None:
-        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+        ray.init(include_dashboard=False, log_to_driver=False)
         return
     # ray.init waits for a cluster that is not there for minutes: ask the port first.
     problem = _unreachable(address)
