@@ -1,14 +1,16 @@
 """Executor with one Ray actor per tensor-parallel rank (``distributed_executor_backend="ray"``).
 
 Ray is found the way Ray finds it: the cluster this process is already connected to, else
-the one ``RAY_ADDRESS`` names (an error if nothing answers there), else one started with
-``ray start`` on this machine (``address="auto"``), else a local one started here (no
-dashboard). Ray's own servers (GCS, raylet, object manager, actors) are Ray's to bind: Ray
-2.60 turns a loopback node address into the machine's IP and listens on all interfaces,
-behind its token authentication (on by default); what Octavo itself opens, the
-torch.distributed rendezvous, listens on 127.0.0.1. The actors are placed by a placement group, one bundle per rank
+the one ``RAY_ADDRESS`` names (an error if nothing answers there), else the one last started
+with ``ray start`` on this machine (as ``address="auto"`` finds it), else a local one started
+here (no dashboard). The actors are placed by a placement group, one bundle per rank
 (``num_cpus=1`` on the CPU, ``num_gpus=1`` on CUDA), ``STRICT_PACK`` on one node: the
 torch.distributed rendezvous is a free port on this machine's loopback.
+
+Listening: what Octavo opens itself (the rendezvous) is on 127.0.0.1. Ray's own servers (GCS,
+raylet, object manager, actors) are Ray's to bind: Ray 2.60 turns a loopback node address
+into the machine's IP and listens on all interfaces, behind its token authentication (on by
+default).
 
 Each actor holds a ``WorkerRank`` (the same worker logic as the ``mp`` processes). A step is
 put in Ray's object store once and every rank's ``step`` is called on it; rank 0's
@@ -47,7 +49,11 @@ def connect(ray) -> None:
     a local one."""
     if ray.is_initialized():
         return
-    address = os.environ.get("RAY_ADDRESS") or _started_cluster()
+    address = os.environ.get("RAY_ADDRESS")
+    if not address:
+        address = _started_cluster()
+        if address is not None and _unreachable(address) is not None:
+            address = None  # the record of a cluster since gone (stopped without `ray stop`)
     if address is None:
         ray.init(include_dashboard=False, log_to_driver=False)
         return
@@ -60,19 +66,20 @@ def connect(ray) -> None:
         except (ConnectionError, RuntimeError, TimeoutError) as e:
             problem = f"{type(e).__name__}: {e}"
     where = (f"RAY_ADDRESS={address!r}" if os.environ.get("RAY_ADDRESS")
-             else f"{address!r} (found by address='auto')")
+             else f"{address!r} (the cluster `ray start` recorded)")
     raise ConnectionError(f"no Ray cluster answers at {where} ({problem}); start one with "
                           "`ray start --head`, or unset RAY_ADDRESS to start a local one")
 
 
 def _started_cluster() -> str | None:
-    """The address of a cluster started on this machine with ``ray start`` (Ray's own
-    ``address="auto"`` lookup), or None."""
+    """The address of the cluster last started on this machine with ``ray start`` (Ray's
+    record of it, which ``address="auto"`` reads first), or None. Unlike Ray's "auto", a
+    cluster that another program started privately with ``ray.init()`` is not joined."""
     try:
-        from ray._private.services import canonicalize_bootstrap_address_or_die
+        from ray._private.services import find_bootstrap_address
 
-        return canonicalize_bootstrap_address_or_die("auto")
-    except Exception:  # none running (or a Ray whose private lookup moved: start locally)
+        return find_bootstrap_address(None)
+    except Exception:  # a Ray whose private lookup moved: start a local cluster
         return None
 
 
