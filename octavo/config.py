@@ -116,8 +116,9 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
-    # The executor (octavo.executor.registry): "uni" (the worker in this process) or "mp"
-    # (one worker process per rank); None: "uni" for one rank.
+    # The executor (octavo.executor.registry): "uni" (the worker in this process), "mp"
+    # (one worker process per rank) or "ray" (one Ray actor per rank); None: "uni" for one
+    # rank, "mp" for several.
     distributed_executor_backend: str | None = None
 
     def __post_init__(self) -> None:
@@ -135,6 +136,10 @@ class ParallelConfig:
                 raise ValueError(
                     f"distributed_executor_backend={self.distributed_executor_backend!r} is "
                     f"not supported (known: {known_backends()})")
+        if self.distributed_executor_backend == "ray":
+            from octavo.executor.ray_executor import import_ray
+
+            import_ray()  # not installed: an error naming the extra, before anything starts
 
     @property
     def executor_backend(self) -> str:

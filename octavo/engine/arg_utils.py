@@ -45,7 +45,7 @@ class EngineArgs:
     # or a dtype is given: then every tensor is dequantized at load.
     gguf_dequantize: bool = False
     tensor_parallel_size: int = 1
-    distributed_executor_backend: str | None = None  # "uni" / "mp"; None: "uni"
+    distributed_executor_backend: str | None = None  # "uni" / "mp" / "ray"; None: "uni"
     load_format: str = "auto"
     device: str = "auto"
     skip_tokenizer_init: bool = False

@@ -9,6 +9,7 @@ from octavo.executor.base import Executor
 _BUILTIN = {
     "uni": "octavo.executor.uniproc:UniProcExecutor",
     "mp": "octavo.executor.multiproc:MultiprocExecutor",
+    "ray": "octavo.executor.ray_executor:RayExecutor",
 }
 _CLASSES: dict[str, type[Executor]] = {}
 

@@ -16,35 +16,16 @@ has it.
 
 from __future__ import annotations
 
-import traceback
 from collections import deque
+
+from octavo.executor.worker_rank import WorkerRank, error_text
 
 POLL_S = 0.0002  # while the device runs a step: how long to wait for a message per round
 
 
-def _error_text(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"
-
-
 def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
-    import torch
-
-    from octavo.distributed.parallel_state import init_tensor_parallel
-    from octavo.worker.worker import Worker, resolve_device
-
-    tp = config.parallel_config.tensor_parallel_size
+    worker = WorkerRank(config, rank, port)
     try:
-        device = resolve_device(config.device_config.device)
-        if device.type == "cuda" and tp > 1:
-            # One GPU per rank: the engine resolved "auto" to its own device; rank r takes
-            # GPU r (NCCL refuses two ranks on one device).
-            import dataclasses
-
-            torch.cuda.set_device(rank)
-            config = dataclasses.replace(config, device_config=dataclasses.replace(
-                config.device_config, device=f"cuda:{rank}"))
-        init_tensor_parallel(rank, tp, port, device.type)
-        worker = Worker(config)
         conn.send(("sized", worker.load_and_size()))
         kind, sizes = conn.recv()
         if kind != "init":
@@ -52,9 +33,9 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
         worker.init_kv_cache(*sizes)
         conn.send(("ready", None))
     except BaseException as e:  # the parent raises with this text
-        conn.send(("error", _error_text(e) + "\n" + traceback.format_exc()))
+        conn.send(("error", error_text(e, with_traceback=True)))
         return
-    replies = rank == 0
+    replies = worker.replies
     failed_launch: str | None = None  # a deferred step's launch error, sent at its sample
     pending: deque = deque()  # StepHandle, or the error text of a step that failed to launch
 
@@ -73,7 +54,7 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
         try:
             conn.send(("out", item.result()))
         except Exception as e:
-            conn.send(("error", _error_text(e)))
+            conn.send(("error", error_text(e)))
 
     while True:
         if pending:
@@ -95,9 +76,9 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
             except Exception as e:
                 # A deferred step that failed to launch still answers once, at its sample.
                 if payload.defer_sampling:
-                    failed_launch = _error_text(e)
+                    failed_launch = error_text(e)
                 else:
-                    pending.append(_error_text(e))
+                    pending.append(error_text(e))
         elif kind == "sample":
             try:
                 if failed_launch is not None:
@@ -105,7 +86,7 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
                 else:
                     pending.append(worker.sample_tokens(payload))
             except Exception as e:
-                pending.append(_error_text(e))
+                pending.append(error_text(e))
             failed_launch = None
         elif kind == "reset":
             while pending:
@@ -114,7 +95,7 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
                 worker.reset()
                 conn.send(("ok", None))
             except Exception as e:
-                conn.send(("error", _error_text(e)))
+                conn.send(("error", error_text(e)))
         elif kind == "shutdown":
             while pending:
                 send_oldest()

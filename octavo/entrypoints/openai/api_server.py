@@ -246,10 +246,12 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
                    help="weight quantization: awq, gptq, compressed-tensors, bitsandbytes, "
                    "fp8, gguf, ... (default: what the checkpoint declares, else none)")
     p.add_argument("--distributed-executor-backend", default=None,
-                   help="uni (the model in the server's process) or mp (in a worker process, "
-                   "off the server's GIL); default uni")
+                   help="uni (the model in the server's process), mp (one worker process per "
+                   "rank, off the server's GIL) or ray (one Ray actor per rank); default uni "
+                   "(mp for several ranks)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="ranks to split the model over, one worker process each (mp)")
+                   help="ranks to split the model over, one worker process (mp) or Ray actor "
+                   "(ray) each")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None, help="automatic prefix caching (default: on)")
     return p
@@ -266,6 +268,13 @@ def unsupported_flags(args: argparse.Namespace) -> list[str]:
         if backend not in known_backends():
             problems.append(f"--distributed-executor-backend {backend!r} is not supported "
                             f"(known: {known_backends()})")
+        elif backend == "ray":
+            from octavo.executor.ray_executor import import_ray
+
+            try:
+                import_ray()
+            except ImportError as e:
+                problems.append(f"--distributed-executor-backend ray: {e}")
     if args.quantization is not None:
         from octavo.quantization.registry import known_methods
 
