@@ -374,16 +374,19 @@ def test_async_scheduling_overlaps_guided_steps(llm, mixed):
     assert fed > 0
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_guided_through_the_mp_executor_matches(mixed, async_scheduling):
+@pytest.mark.parametrize("backend,async_scheduling", [("mp", False), ("mp", True),
+                                                       ("ray", True)])
+def test_guided_through_the_mp_executor_matches(mixed, backend, async_scheduling):
     """A guided step crosses the process boundary in two messages (the forward pass, then
     sample_tokens with the bitmask): the worker process gives the in-process tokens."""
     from octavo import LLM
 
+    if backend == "ray":
+        pytest.importorskip("ray", reason="ray is not installed (pip install octavo[distributed])")
     prompts, params, kinds, outs = mixed
     guided = [i for i, k in enumerate(kinds) if k is not None][:4]
     llm = LLM(max_model_len=512, dtype="float32", async_scheduling=async_scheduling,
-              max_num_seqs=8, num_gpu_blocks_override=128, distributed_executor_backend="mp")
+              max_num_seqs=8, num_gpu_blocks_override=128, distributed_executor_backend=backend)
     try:
         got = llm.generate([prompts[i] for i in guided], [params[i] for i in guided],
                            use_tqdm=False)
