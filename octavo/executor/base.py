@@ -26,6 +26,25 @@ class StepFuture(Protocol):
     def result(self) -> ModelRunnerOutput: ...
 
 
+class QueuedStep:
+    """A step sent to workers in other processes, resolved in launch order: ``result()``
+    asks the executor to receive results up to this one's (``executor._resolve``), which
+    fills ``_out`` or ``_error``. ``refs``: whatever the executor tracks the step by."""
+
+    def __init__(self, executor, refs=None) -> None:
+        self._executor = executor
+        self._refs = refs
+        self._out: ModelRunnerOutput | None = None
+        self._error: str | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._out is None and self._error is None:
+            self._executor._resolve(self)
+        if self._error is not None:
+            raise RuntimeError(f"the worker failed this step: {self._error}")
+        return self._out
+
+
 class Executor:
     """Loads the model on its worker(s), sizes the KV cache and runs steps."""
 

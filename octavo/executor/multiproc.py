@@ -22,27 +22,13 @@ import multiprocessing as mp
 from collections import deque
 
 from octavo.config import EngineConfig
-from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from octavo.executor.base import Executor
+from octavo.core.scheduler_output import SchedulerOutput
+from octavo.executor.base import Executor, QueuedStep
 from octavo.executor.worker_proc import worker_main
 
 
 class WorkerDiedError(RuntimeError):
     pass
-
-
-class _Future:
-    def __init__(self, executor: MultiprocExecutor) -> None:
-        self._executor = executor
-        self._out: ModelRunnerOutput | None = None
-        self._error: str | None = None
-
-    def result(self) -> ModelRunnerOutput:
-        if self._out is None and self._error is None:
-            self._executor._resolve(self)
-        if self._error is not None:
-            raise RuntimeError(f"the worker process failed this step: {self._error}")
-        return self._out
 
 
 class MultiprocExecutor(Executor):
@@ -63,7 +49,7 @@ class MultiprocExecutor(Executor):
             self._conns.append(conn)
             self._procs.append(proc)
         self._conn, self._proc = self._conns[0], self._procs[0]  # rank 0 answers steps
-        self._pending: deque[_Future] = deque()
+        self._pending: deque[QueuedStep] = deque()
         try:
             sizes = [self._expect(r, "sized") for r in range(tp)]
             # The pool is what every rank can hold.
@@ -103,7 +89,7 @@ class MultiprocExecutor(Executor):
         return WorkerDiedError(f"the worker process of rank {rank} died (exit code "
                                f"{proc.exitcode})")
 
-    def _resolve(self, future: _Future) -> None:
+    def _resolve(self, future: QueuedStep) -> None:
         """Receive step results in launch order up to ``future``'s."""
         while future._out is None and future._error is None:
             head = self._pending.popleft()
@@ -114,18 +100,18 @@ class MultiprocExecutor(Executor):
                 head._error = payload
 
     # ------------------------------------------------------------------ Executor
-    def execute_model_async(self, sched: SchedulerOutput) -> _Future | None:
+    def execute_model_async(self, sched: SchedulerOutput) -> QueuedStep | None:
         self._send(("step", sched))
         if sched.defer_sampling:
             return None  # its result comes after ("sample", bitmask)
         return self._expect_result()
 
-    def sample_tokens(self, grammar) -> _Future:
+    def sample_tokens(self, grammar) -> QueuedStep:
         self._send(("sample", grammar))
         return self._expect_result()
 
-    def _expect_result(self) -> _Future:
-        future = _Future(self)
+    def _expect_result(self) -> QueuedStep:
+        future = QueuedStep(self)
         self._pending.append(future)
         return future
 

@@ -26,8 +26,8 @@ import os
 from collections import deque
 
 from octavo.config import EngineConfig
-from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from octavo.executor.base import Executor
+from octavo.core.scheduler_output import SchedulerOutput
+from octavo.executor.base import Executor, QueuedStep
 from octavo.executor.multiproc import WorkerDiedError, _free_port
 from octavo.executor.worker_rank import WorkerRank, error_text
 
@@ -149,21 +149,6 @@ class RankActor:
         self.rank.reset()
 
 
-class _Future:
-    def __init__(self, executor: RayExecutor, refs: list) -> None:
-        self._executor = executor
-        self._refs = refs  # every rank's step; refs[0] answers
-        self._out: ModelRunnerOutput | None = None
-        self._error: str | None = None
-
-    def result(self) -> ModelRunnerOutput:
-        if self._out is None and self._error is None:
-            self._executor._resolve(self)
-        if self._error is not None:
-            raise RuntimeError(f"the worker actor failed this step: {self._error}")
-        return self._out
-
-
 class RayExecutor(Executor):
     crosses_processes = True
 
@@ -187,7 +172,7 @@ class RayExecutor(Executor):
         self._pg = placement_group([dict(bundle) for _ in range(tp)], strategy="STRICT_PACK")
         self._remove_pg = remove_placement_group
         self.actors: list = []
-        self._pending: deque[_Future] = deque()
+        self._pending: deque[QueuedStep] = deque()
         try:
             ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
             if not ready:
@@ -230,7 +215,7 @@ class RayExecutor(Executor):
                                    f"{_cause_text(e)}") from None
         return [values[r] for r in range(len(refs))]
 
-    def _resolve(self, future: _Future) -> None:
+    def _resolve(self, future: QueuedStep) -> None:
         """Collect step results in launch order up to ``future``'s."""
         while future._out is None and future._error is None:
             head = self._pending.popleft()
@@ -241,19 +226,19 @@ class RayExecutor(Executor):
                 head._error = payload
 
     # ------------------------------------------------------------------ Executor
-    def execute_model_async(self, sched: SchedulerOutput) -> _Future | None:
+    def execute_model_async(self, sched: SchedulerOutput) -> QueuedStep | None:
         ref = self._ray.put(sched) if len(self.actors) > 1 else sched  # pickled once
         refs = [a.step.remote(ref) for a in self.actors]
         if sched.defer_sampling:  # an actor runs its calls in order: sample comes next
             return None
         return self._track(refs)
 
-    def sample_tokens(self, grammar) -> _Future:
+    def sample_tokens(self, grammar) -> QueuedStep:
         ref = self._ray.put(grammar) if len(self.actors) > 1 else grammar
         return self._track([a.sample.remote(ref) for a in self.actors])
 
-    def _track(self, refs: list) -> _Future:
-        future = _Future(self, refs)
+    def _track(self, refs: list) -> QueuedStep:
+        future = QueuedStep(self, refs)
         self._pending.append(future)
         return future
 
