@@ -197,6 +197,22 @@ def checkpoint_bytes(model: str) -> int:
                if f.endswith((".safetensors", ".bin", ".gguf")))
 
 
+def decoder_layer_bytes(model: str) -> int | None:
+    """Bytes of the decoder layers' tensors in a safetensors checkpoint (the quantized part;
+    embeddings and the LM head stay in full precision), read from the file headers."""
+    if not os.path.isdir(model):
+        return None
+    total = 0
+    for name in os.listdir(model):
+        if not name.endswith(".safetensors"):
+            continue
+        with open(os.path.join(model, name), "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items()
+                     if k != "__metadata__" and ".layers." in k)
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None,
@@ -215,6 +231,7 @@ def main() -> None:
     ap.add_argument("--peer-kernels", action="store_true",
                     help="GPTQ/AWQ peer: GPTQModel's kernels as they are (float16 math)")
     ap.add_argument("--save", default=None, help="write this engine's raw scores (JSON)")
+    ap.add_argument("--load", default=None, help="this engine's scores from a --save")
     ap.add_argument("--json", default=None, help="write the result (JSON)")
     args = ap.parse_args()
     if args.model is None:
@@ -225,7 +242,11 @@ def main() -> None:
         ids = tokenize(args.model, args.tokenizer, f.read())
     if args.max_tokens:
         ids = ids[: args.max_tokens]
-    run = (octavo_run if args.engine == "octavo" else transformers_run)(args, ids)
+    if args.load:
+        with open(args.load) as f:
+            run = json.load(f)
+    else:
+        run = (octavo_run if args.engine == "octavo" else transformers_run)(args, ids)
     run["ids_head"] = ids[:16]
     if args.save:
         with open(args.save, "w") as f:
@@ -238,6 +259,7 @@ def main() -> None:
         "stride": args.stride, "scored_tokens": len(run["logprobs"]),
         "perplexity": round(perplexity(run["logprobs"]), 4),
         "checkpoint_bytes": checkpoint_bytes(args.model),
+        "decoder_layer_bytes": decoder_layer_bytes(args.model),
         **{k: run[k] for k in ("resident_weight_bytes", "load_s", "score_s") if k in run},
     }
     peer = None

@@ -20,6 +20,9 @@ def load_reference_model(folder: str, method: str):
     kernels (GPTQ "torch", AWQ "torch_awq"), which dequantize and then multiply."""
     from transformers import AutoModelForCausalLM, AwqConfig, GPTQConfig
 
+    # GPTQModel torch.compiles its dequantization; on a 30-layer model that recompiles past
+    # dynamo's limit and crawls. The reference runs eagerly.
+    torch._dynamo.config.disable = True
     with open(os.path.join(folder, "config.json")) as f:
         bits = json.load(f)["quantization_config"]["bits"]
     qcfg = (AwqConfig(bits=bits, backend="torch_awq") if method == "awq"
@@ -30,16 +33,21 @@ def load_reference_model(folder: str, method: str):
 
 
 def _float32_forward(module, method: str):
-    """The layer's forward: GPTQModel's own dequantization in float32, a float32 matmul."""
+    """The layer's forward: GPTQModel's own dequantization in float32 (once: the weights do
+    not change), a float32 matmul."""
     from gptqmodel.quantization.awq.utils.packing_utils import dequantize_gemm
 
+    cache: list[torch.Tensor] = []
+
     def forward(x):
-        if method == "awq":
-            w = dequantize_gemm(module.qweight, module.qzeros, module.scales.float(),
-                                module.bits, module.group_size)
-        else:
-            w = module.dequantize_weight()  # [in, out], in the scales' dtype
-        y = x.reshape(-1, x.shape[-1]).float() @ w.float()
+        if not cache:
+            if method == "awq":
+                w = dequantize_gemm(module.qweight, module.qzeros, module.scales.float(),
+                                    module.bits, module.group_size)
+            else:
+                w = module.dequantize_weight()  # [in, out], in the scales' dtype
+            cache.append(w.float())
+        y = x.reshape(-1, x.shape[-1]).float() @ cache[0]
         if module.bias is not None:
             y = y + module.bias.float()
         return y.reshape(*x.shape[:-1], -1)
