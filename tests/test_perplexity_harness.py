@@ -9,7 +9,7 @@ import argparse
 import pytest
 
 from benchmarks import perplexity as ppl
-from tests.tiny_models import COMMON, make_checkpoint
+from tests.tiny_models import add_word_tokenizer, make_checkpoint
 
 
 @pytest.mark.parametrize("n,window,stride", [(2500, 1024, 512), (10, 4, 2), (9, 4, 3),
@@ -30,22 +30,9 @@ def test_bad_stride_is_an_error():
             ppl.windows(100, 4, stride)
 
 
-def _word_tokenizer(folder: str) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    vocab.update({f"w{i}": i for i in range(len(specials), COMMON["vocab_size"])})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(folder)
-
-
 def test_octavo_matches_transformers_on_a_tiny_model(tmp_path):
     folder = make_checkpoint("llama", str(tmp_path / "llama"))
-    _word_tokenizer(folder)
+    add_word_tokenizer(folder)
     text = " ".join(f"w{(13 * i * i + 7 * i) % 500 + 3}" for i in range(150))
     ids = ppl.tokenize(folder, None, text)
     assert len(ids) == 150
