@@ -249,7 +249,8 @@ def test_metrics_label_is_not_a_filesystem_path():
     assert metrics_model_name("meta-llama/Llama-3-8B", "/srv/models/llama-3-8b") == \
         "meta-llama/Llama-3-8B"
     sched = SimpleNamespace(running=[], waiting=[], kv=SimpleNamespace(
-        usage=0.0, prefix_queries=0, prefix_hits=0), preemptions_by_mode={"recompute": 0})
+        usage=0.0, prefix_queries=0, prefix_hits=0), preemptions_by_mode={"recompute": 0},
+        swap=SimpleNamespace(req_to_cpu_blocks={}))
     fake = SimpleNamespace(scheduler=sched, config=SimpleNamespace(
         model_config=SimpleNamespace(model="/home/alice/models/smol")))
     text = PrometheusStatLogger(fake, "/home/alice/models/smol").render().decode()
