@@ -78,7 +78,7 @@ def test_mp_with_async_scheduling_matches(tiny):
 def test_engine_reaches_nothing_behind_the_executor(mp_llm):
     executor = mp_llm.llm_engine.executor
     assert not hasattr(executor, "worker")  # the model lives in the other process
-    assert executor.num_blocks > 0 and executor._proc.pid != os.getpid()
+    assert executor.num_blocks > 0 and executor._procs[0].pid != os.getpid()
     assert mp_llm.llm_engine.timings.prepare_s >= 0.0
 
 
@@ -112,8 +112,8 @@ def test_unpicklable_logits_processor_is_refused_clearly(mp_llm):
 def test_dead_worker_is_an_error_not_a_hang(tiny):
     llm = _llm(tiny, "mp")
     executor = llm.llm_engine.executor
-    os.kill(executor._proc.pid, signal.SIGKILL)
-    executor._proc.join(10)
+    os.kill(executor._procs[0].pid, signal.SIGKILL)
+    executor._procs[0].join(10)
     with pytest.raises(Exception, match="worker process of rank 0 died"):
         llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
     llm.llm_engine.shutdown()
@@ -157,4 +157,4 @@ def test_server_flag(tiny, tmp_path):
         assert_completes(engine, folder)
     finally:
         engine.shutdown()
-    assert not engine.engine.executor._proc.is_alive()  # shutdown stops the worker process
+    assert not engine.engine.executor._procs[0].is_alive()  # shutdown stops the worker process

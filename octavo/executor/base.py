@@ -11,6 +11,7 @@ Executors are chosen by ``distributed_executor_backend`` from ``octavo.executor.
 from __future__ import annotations
 
 import pickle
+from collections import deque
 from typing import Protocol
 
 from octavo.config import EngineConfig
@@ -81,6 +82,42 @@ class Executor:
 
     def shutdown(self) -> None:
         """Release the workers (processes, devices); idempotent."""
+
+
+class RemoteExecutor(Executor):
+    """Base of the executors whose workers run in other processes (``mp``, ``ray``): each
+    sampled step is a QueuedStep, answered by rank 0 in launch order."""
+
+    crosses_processes = True
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self._pending: deque[QueuedStep] = deque()
+
+    def _next_answer(self, head: QueuedStep) -> tuple[str, object]:
+        """Rank 0's answer to ``head``, the oldest step in flight: ("out",
+        ModelRunnerOutput) or ("error", text)."""
+        raise NotImplementedError
+
+    def _track(self, refs=None) -> QueuedStep:
+        future = QueuedStep(self, refs)
+        self._pending.append(future)
+        return future
+
+    def _resolve(self, future: QueuedStep) -> None:
+        """Take answers in launch order up to ``future``'s."""
+        while future._out is None and future._error is None:
+            head = self._pending.popleft()
+            kind, payload = self._next_answer(head)
+            if kind == "out":
+                head._out = payload
+            else:
+                head._error = payload
+
+    def _drain(self) -> None:
+        """Wait out the steps still in flight (their results are dropped): before a reset."""
+        if self._pending:
+            self._resolve(self._pending[-1])
 
 
 def check_picklable(params: SamplingParams) -> None:

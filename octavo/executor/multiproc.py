@@ -19,11 +19,10 @@ with this backend needs the usual ``if __name__ == "__main__":`` guard.
 from __future__ import annotations
 
 import multiprocessing as mp
-from collections import deque
 
 from octavo.config import EngineConfig
 from octavo.core.scheduler_output import SchedulerOutput
-from octavo.executor.base import Executor, QueuedStep
+from octavo.executor.base import QueuedStep, RemoteExecutor
 from octavo.executor.worker_proc import worker_main
 
 
@@ -31,9 +30,7 @@ class WorkerDiedError(RuntimeError):
     pass
 
 
-class MultiprocExecutor(Executor):
-    crosses_processes = True
-
+class MultiprocExecutor(RemoteExecutor):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         ctx = mp.get_context("spawn")
@@ -48,8 +45,6 @@ class MultiprocExecutor(Executor):
             child.close()
             self._conns.append(conn)
             self._procs.append(proc)
-        self._conn, self._proc = self._conns[0], self._procs[0]  # rank 0 answers steps
-        self._pending: deque[QueuedStep] = deque()
         try:
             sizes = [self._expect(r, "sized") for r in range(tp)]
             # The pool is what every rank can hold.
@@ -70,7 +65,7 @@ class MultiprocExecutor(Executor):
         return payload
 
     # ------------------------------------------------------------------ transport
-    def _recv(self, rank: int = 0):
+    def _recv(self, rank: int):
         try:
             return self._conns[rank].recv()
         except (EOFError, OSError):
@@ -89,35 +84,22 @@ class MultiprocExecutor(Executor):
         return WorkerDiedError(f"the worker process of rank {rank} died (exit code "
                                f"{proc.exitcode})")
 
-    def _resolve(self, future: QueuedStep) -> None:
-        """Receive step results in launch order up to ``future``'s."""
-        while future._out is None and future._error is None:
-            head = self._pending.popleft()
-            kind, payload = self._recv()
-            if kind == "out":
-                head._out = payload
-            else:
-                head._error = payload
+    def _next_answer(self, head: QueuedStep) -> tuple[str, object]:
+        return self._recv(0)  # rank 0 answers steps, in the order they were sent
 
     # ------------------------------------------------------------------ Executor
     def execute_model_async(self, sched: SchedulerOutput) -> QueuedStep | None:
         self._send(("step", sched))
         if sched.defer_sampling:
             return None  # its result comes after ("sample", bitmask)
-        return self._expect_result()
+        return self._track()
 
     def sample_tokens(self, grammar) -> QueuedStep:
         self._send(("sample", grammar))
-        return self._expect_result()
-
-    def _expect_result(self) -> QueuedStep:
-        future = QueuedStep(self)
-        self._pending.append(future)
-        return future
+        return self._track()
 
     def reset(self) -> None:
-        if self._pending:  # results of abandoned steps still come, in order
-            self._resolve(self._pending[-1])
+        self._drain()  # results of abandoned steps still come, in order
         self._send(("reset", None))
         for r in range(len(self._conns)):
             kind, payload = self._recv(r)

@@ -27,7 +27,7 @@ from collections import deque
 
 from octavo.config import EngineConfig
 from octavo.core.scheduler_output import SchedulerOutput
-from octavo.executor.base import Executor, QueuedStep
+from octavo.executor.base import QueuedStep, RemoteExecutor
 from octavo.executor.multiproc import WorkerDiedError, _free_port
 from octavo.executor.worker_rank import WorkerRank, error_text
 
@@ -119,39 +119,20 @@ class RankActor:
         self.rank.init_kv_cache(num_blocks, num_cpu_blocks)
 
     def step(self, sched: SchedulerOutput):
-        """("out", ModelRunnerOutput) or ("error", text) on rank 0; None on the others,
-        which only keep their state in step. A step launched with ``defer_sampling`` answers
-        at ``sample`` (its launch error too)."""
-        self._launch_error = None
-        try:
-            handle = self.rank.execute_model_async(sched)
-            if handle is None:
-                return None
-            out = handle.result()
-        except Exception as e:
-            if sched.defer_sampling:
-                self._launch_error = error_text(e)
-                return None
-            return ("error", error_text(e)) if self.rank.replies else None
-        return ("out", out) if self.rank.replies else None
+        """The rank's answer (``WorkerRank.answer``); None for a step launched with
+        ``defer_sampling``, which answers at ``sample``."""
+        item = self.rank.launch(sched)
+        return None if item is None else self.rank.answer(item)
 
     def sample(self, grammar):
         """Sample the step launched with ``defer_sampling``; answers as ``step`` does."""
-        try:
-            if getattr(self, "_launch_error", None) is not None:
-                raise RuntimeError(self._launch_error)
-            out = self.rank.sample_tokens(grammar).result()
-        except Exception as e:
-            return ("error", error_text(e)) if self.rank.replies else None
-        return ("out", out) if self.rank.replies else None
+        return self.rank.answer(self.rank.sample(grammar))
 
     def reset(self) -> None:
         self.rank.reset()
 
 
-class RayExecutor(Executor):
-    crosses_processes = True
-
+class RayExecutor(RemoteExecutor):
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
         ray = self._ray = import_ray()
@@ -172,7 +153,6 @@ class RayExecutor(Executor):
         self._pg = placement_group([dict(bundle) for _ in range(tp)], strategy="STRICT_PACK")
         self._remove_pg = remove_placement_group
         self.actors: list = []
-        self._pending: deque[QueuedStep] = deque()
         try:
             ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
             if not ready:
@@ -215,15 +195,8 @@ class RayExecutor(Executor):
                                    f"{_cause_text(e)}") from None
         return [values[r] for r in range(len(refs))]
 
-    def _resolve(self, future: QueuedStep) -> None:
-        """Collect step results in launch order up to ``future``'s."""
-        while future._out is None and future._error is None:
-            head = self._pending.popleft()
-            kind, payload = self._get(head._refs, "run a step")[0]
-            if kind == "out":
-                head._out = payload
-            else:
-                head._error = payload
+    def _next_answer(self, head: QueuedStep) -> tuple[str, object]:
+        return self._get(head._refs, "run a step")[0]
 
     # ------------------------------------------------------------------ Executor
     def execute_model_async(self, sched: SchedulerOutput) -> QueuedStep | None:
@@ -237,14 +210,8 @@ class RayExecutor(Executor):
         ref = self._ray.put(grammar) if len(self.actors) > 1 else grammar
         return self._track([a.sample.remote(ref) for a in self.actors])
 
-    def _track(self, refs: list) -> QueuedStep:
-        future = QueuedStep(self, refs)
-        self._pending.append(future)
-        return future
-
     def reset(self) -> None:
-        if self._pending:  # abandoned steps still run, in order, before the reset
-            self._resolve(self._pending[-1])
+        self._drain()  # abandoned steps still run, in order, before the reset
         self._get([a.reset.remote() for a in self.actors], "reset")
 
     def shutdown(self) -> None:

@@ -35,26 +35,12 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
     except BaseException as e:  # the parent raises with this text
         conn.send(("error", error_text(e, with_traceback=True)))
         return
-    replies = worker.replies
-    failed_launch: str | None = None  # a deferred step's launch error, sent at its sample
-    pending: deque = deque()  # StepHandle, or the error text of a step that failed to launch
+    pending: deque = deque()  # launched steps not yet answered (WorkerRank.launch)
 
     def send_oldest() -> None:
-        item = pending.popleft()
-        if not replies:  # other ranks only keep their state in step
-            if not isinstance(item, str):
-                try:
-                    item.result()
-                except Exception:
-                    pass
-            return
-        if isinstance(item, str):
-            conn.send(("error", item))
-            return
-        try:
-            conn.send(("out", item.result()))
-        except Exception as e:
-            conn.send(("error", error_text(e)))
+        reply = worker.answer(pending.popleft())
+        if reply is not None:
+            conn.send(reply)
 
     while True:
         if pending:
@@ -69,25 +55,11 @@ def worker_main(conn, config, rank: int = 0, port: int = 0) -> None:
         except EOFError:  # the engine's process is gone
             return
         if kind == "step":
-            try:
-                handle = worker.execute_model_async(payload)
-                if handle is not None:  # else its handle comes with ("sample", bitmask)
-                    pending.append(handle)
-            except Exception as e:
-                # A deferred step that failed to launch still answers once, at its sample.
-                if payload.defer_sampling:
-                    failed_launch = error_text(e)
-                else:
-                    pending.append(error_text(e))
+            item = worker.launch(payload)
+            if item is not None:  # else it comes with ("sample", bitmask)
+                pending.append(item)
         elif kind == "sample":
-            try:
-                if failed_launch is not None:
-                    pending.append(failed_launch)
-                else:
-                    pending.append(worker.sample_tokens(payload))
-            except Exception as e:
-                pending.append(error_text(e))
-            failed_launch = None
+            pending.append(worker.sample(payload))
         elif kind == "reset":
             while pending:
                 send_oldest()

@@ -34,6 +34,7 @@ class WorkerRank:
         self.port = port
         self.cuda_index = rank if cuda_index is None else cuda_index
         self.worker = None
+        self._launch_error: str | None = None
 
     @property
     def replies(self) -> bool:
@@ -63,12 +64,40 @@ class WorkerRank:
     def init_kv_cache(self, num_blocks: int, num_cpu_blocks: int) -> None:
         self.worker.init_kv_cache(num_blocks, num_cpu_blocks)
 
-    def execute_model_async(self, sched: SchedulerOutput) -> StepHandle | None:
-        """None for a step launched with ``defer_sampling`` (its handle: sample_tokens)."""
-        return self.worker.execute_model_async(sched)
+    # A launched step, as both executors keep it until it is answered: its StepHandle, or
+    # the error text of a launch that failed.
+    def launch(self, sched: SchedulerOutput) -> StepHandle | str | None:
+        """Launch a step; None for one launched with ``defer_sampling``, whose handle (or
+        launch error) comes from ``sample``."""
+        self._launch_error = None
+        try:
+            return self.worker.execute_model_async(sched)
+        except Exception as e:
+            if sched.defer_sampling:  # still answered once, at its sample
+                self._launch_error = error_text(e)
+                return None
+            return error_text(e)
 
-    def sample_tokens(self, grammar) -> StepHandle:
-        return self.worker.sample_tokens(grammar)
+    def sample(self, grammar) -> StepHandle | str:
+        """Sample the step launched with ``defer_sampling`` (its launch error, if any)."""
+        failed, self._launch_error = self._launch_error, None
+        if failed is not None:
+            return failed
+        try:
+            return self.worker.sample_tokens(grammar)
+        except Exception as e:
+            return error_text(e)
+
+    def answer(self, item: StepHandle | str) -> tuple[str, object] | None:
+        """Wait for a launched step: ("out", ModelRunnerOutput) or ("error", text) on rank
+        0; None on the other ranks, which only keep their state in step."""
+        if isinstance(item, str):
+            return ("error", item) if self.replies else None
+        try:
+            out = item.result()
+        except Exception as e:
+            return ("error", error_text(e)) if self.replies else None
+        return ("out", out) if self.replies else None
 
     def reset(self) -> None:
         self.worker.reset()
