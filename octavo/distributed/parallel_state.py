@@ -55,13 +55,3 @@ def init_tensor_parallel(rank: int, size: int, port: int, device_type: str) -> N
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=size)
     _TP = TPGroup(rank, size)
-
-
-def destroy_tensor_parallel() -> None:
-    global _TP
-    if _TP.size > 1:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    _TP = TPGroup()

@@ -8,8 +8,7 @@ from typing import Any
 
 
 def check_tensor_parallel(hf_config: Any, tp: int, device_type: str) -> None:
-    if tp < 1:
-        raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
+    """``tp``: a size ParallelConfig has already accepted (an integer >= 1)."""
     if tp == 1:
         return
     heads = hf_config.num_attention_heads

@@ -114,6 +114,7 @@ class EngineArgs:
             None if model_config.is_gguf else model_config.model)
         from octavo.distributed.shape_checks import check_tensor_parallel
 
+        parallel = ParallelConfig(self.tensor_parallel_size, self.distributed_executor_backend)
         check_tensor_parallel(model_config.hf_config, self.tensor_parallel_size, device.type)
         if self.tensor_parallel_size > 1 and quantization == "gguf":
             raise ValueError("quantization='gguf' keeps GGUF blocks whole and cannot be split "
@@ -122,8 +123,7 @@ class EngineArgs:
             model_config=model_config,
             cache_config=cache,
             scheduler_config=sched,
-            parallel_config=ParallelConfig(self.tensor_parallel_size,
-                                           self.distributed_executor_backend),
+            parallel_config=parallel,
             device_config=DeviceConfig(device=str(device), enforce_eager=self.enforce_eager,
                                        attention_backend=self.attention_backend),
             quantization=quantization,
