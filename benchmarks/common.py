@@ -1,4 +1,5 @@
-"""Small helpers shared by the benchmark scripts: device description, git commit, JSON output."""
+"""Small helpers shared by the benchmark scripts: device description, git commit, JSON output,
+a timed generate call."""
 
 from __future__ import annotations
 
@@ -154,3 +155,16 @@ def print_json_result(result: dict[str, Any], path: str | None = None) -> None:
         with open(path, "w") as f:
             json.dump(result, f, indent=2, default=str)
             f.write("\n")
+
+
+def timed_generate(llm, prompts: list, params) -> tuple[float, list]:
+    """(wall seconds, outputs) of one ``llm.generate`` call, the device synchronized before
+    and after (a CUDA device's queued work is not left out or counted twice)."""
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    sync()
+    return time.perf_counter() - t0, outs

@@ -17,11 +17,15 @@ import json
 import os
 import random
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    device_info,
+    git_commit,
+    print_json_result,
+    timed_generate,
+)
 from benchmarks.workloads import w1_requests, write_config  # noqa: E402
 
 SHAPE = "llama-3.1-8b"
@@ -59,8 +63,6 @@ def weight_bytes(model) -> int:
 
 
 def run_method(method: str, args) -> dict:
-    import torch
-
     from octavo import LLM, SamplingParams
 
     llm = LLM(model=model_folder(method), quantization=METHODS[method][1], load_format="dummy",
@@ -72,11 +74,7 @@ def run_method(method: str, args) -> dict:
 
     def timed(prompts, max_tokens):
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return timed_generate(llm, prompts, params)[0]
 
     for bs in args.batches:
         prompts = [{"prompt_token_ids": [rng.randrange(10000) for _ in range(args.prompt_len)]}
@@ -93,11 +91,7 @@ def run_method(method: str, args) -> dict:
         prompts, max_tokens = w1_requests()
         params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m)
                   for m in max_tokens]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+        wall, outs = timed_generate(llm, [{"prompt_token_ids": p} for p in prompts], params)
         n = sum(len(o.outputs[0].token_ids) for o in outs)
         out["w2"] = {"wall_s": round(wall, 2), "output_tokens": n,
                      "output_tok_s": round(n / wall, 1)}

@@ -28,6 +28,7 @@ WORKLOAD_SHAPE = {"W1": "qwen3-0.6b", "W2": "llama-3.1-8b"}
 
 
 def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> dict:
+    from benchmarks.common import timed_generate
     from octavo import LLM, SamplingParams
 
     llm = LLM(model=folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
@@ -40,17 +41,12 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
     llm.generate([{"prompt_token_ids": prompts[0][:64]}],
                  SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
-    import torch
 
     runs = []
     for _ in range(args.runs):
         engine.timings.trace = []
         engine.timings.reset()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+        wall, outs = timed_generate(llm, [{"prompt_token_ids": p} for p in prompts], params)
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
         tm = engine.timings
         cfg = engine.config
