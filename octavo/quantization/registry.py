@@ -7,8 +7,7 @@ A scheme is one file with one config class; built-in ones are listed here as imp
 
 from __future__ import annotations
 
-import importlib
-
+from octavo.lazy_registry import LazyRegistry
 from octavo.quantization.base import QuantizationConfig
 
 _BUILTIN = {
@@ -23,27 +22,22 @@ _BUILTIN = {
     "fp8-per-channel": "octavo.quantization.fp8:Fp8PerChannelConfig",
     "compressed-tensors": "octavo.quantization.compressed_tensors:CompressedTensorsConfig",
 }
-_CLASSES: dict[str, type[QuantizationConfig]] = {}
+_REGISTRY = LazyRegistry("quantization", _BUILTIN)
+_CLASSES: dict[str, type[QuantizationConfig]] = _REGISTRY.classes
 
 
 def register_quantization_config(name: str):
     """Class decorator: make ``quantization=name`` (and checkpoints declaring it) use ``cls``."""
     def deco(cls: type[QuantizationConfig]) -> type[QuantizationConfig]:
         cls.name = name
-        _CLASSES[name] = cls
-        return cls
+        return _REGISTRY.register(name, cls)
     return deco
 
 
 def known_methods() -> list[str]:
-    return sorted(set(_BUILTIN) | set(_CLASSES))
+    return _REGISTRY.names()
 
 
 def get_quantization_config_class(name: str) -> type[QuantizationConfig]:
     """The config class registered as ``name``; ValueError naming the known ones otherwise."""
-    if name in _CLASSES:
-        return _CLASSES[name]
-    if name not in _BUILTIN:
-        raise ValueError(f"quantization={name!r} is not supported (known: {known_methods()})")
-    module, cls_name = _BUILTIN[name].split(":")
-    return getattr(importlib.import_module(module), cls_name)
+    return _REGISTRY.get(name)
