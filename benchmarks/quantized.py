@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import random
 import sys
@@ -41,16 +40,8 @@ METHODS = {
 
 
 def model_folder(method: str) -> str:
-    folder = write_config(SHAPE)
     qcfg = METHODS[method][0]
-    if qcfg is not None:
-        path = os.path.join(folder, "config.json")
-        with open(path) as f:
-            cfg = json.load(f)
-        cfg["quantization_config"] = qcfg
-        with open(path, "w") as f:
-            json.dump(cfg, f)
-    return folder
+    return write_config(SHAPE, **({} if qcfg is None else {"quantization_config": qcfg}))
 
 
 def weight_bytes(model) -> int:

@@ -29,11 +29,12 @@ SHAPES = {
 }
 
 
-def write_config(shape: str) -> str:
-    """A folder holding only config.json, for load_format="dummy"."""
+def write_config(shape: str, **extra) -> str:
+    """A folder holding only config.json, for load_format="dummy"; ``extra``: more config
+    fields (a ``quantization_config``)."""
     folder = tempfile.mkdtemp(prefix=f"octavo-{shape}-")
     with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(SHAPES[shape], f)
+        json.dump({**SHAPES[shape], **extra}, f)
     return folder
 
 
