@@ -17,6 +17,25 @@ from octavo.kernels.triton_utils import tl, triton
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
+def plan(k: int, step: int, splits: int) -> tuple[int, int]:
+    """(splits, K per split) for K in steps of ``step`` (K a multiple of it): at most
+    ``splits``, each a whole number of steps, none empty."""
+    steps = k // step
+    splits = max(1, min(splits, steps))
+    per_split = triton.cdiv(steps, splits) * step
+    return triton.cdiv(k, per_split), per_split
+
+
+def buffers(m: int, n: int, splits: int, like: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [m, n] in ``like``'s dtype, float32 partials [splits, m, n]); with one split
+    the partials are the output itself (never written as such)."""
+    out = torch.empty(m, n, device=like.device, dtype=like.dtype)
+    partial = out.unsqueeze(0) if splits == 1 else torch.empty(
+        splits, m, n, device=like.device, dtype=torch.float32)
+    return out, partial
+
+
 def counters(device: torch.device, tiles: int) -> torch.Tensor:
     """A zeroed int32 buffer of at least ``tiles`` counters, kept zeroed by the kernels."""
     buf = _COUNTERS.get(device)

@@ -24,7 +24,9 @@ from __future__ import annotations
 import torch
 
 from octavo.kernels import w4a16_gemv as gemv
+from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
+from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
@@ -213,13 +215,9 @@ def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=No
     m_tiles, n_tiles, k_tiles = triton.cdiv(m, block_m), triton.cdiv(n, block_n), k // block_k
     if split_k is None:
         split_k = _split_k(m_tiles, n_tiles, k_tiles, x2.device, waves=4 if small else 2)
-    split_k = max(1, min(split_k, k_tiles))
-    k_per_split = triton.cdiv(k_tiles, split_k) * block_k
-    split_k = triton.cdiv(k, k_per_split)  # no empty splits
-    out = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
+    split_k, k_per_split = split_k_plan(k, block_k, split_k)
     # Float32 partial sums, added by the last program of each tile (octavo.kernels.split_k).
-    partial = out.unsqueeze(0) if split_k == 1 else torch.empty(
-        split_k, m, n, device=x2.device, dtype=torch.float32)
+    out, partial = split_k_buffers(m, n, split_k, x2)
     _int_weight_gemm_kernel[(m_tiles, n_tiles, split_k)](
         x2, qweight, scales, zeros, out, partial,
         split_k_counters(x2.device, m_tiles * n_tiles),

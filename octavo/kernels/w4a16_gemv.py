@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import torch
 
+from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
+from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
@@ -149,12 +151,8 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # Several programs per SM (memory latency needs many loads in flight).
         want = 8 * num_compute_units(x2.device)
         split_k = max(1, min(triton.cdiv(want, n_tiles), k_steps, 64))
-    split_k = max(1, min(split_k, k_steps))
-    k_per_split = triton.cdiv(k_steps, split_k) * step
-    split_k = triton.cdiv(k, k_per_split)
-    out = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
-    partial = out.unsqueeze(0) if split_k == 1 else torch.empty(
-        split_k, m, n, device=x2.device, dtype=torch.float32)
+    split_k, k_per_split = split_k_plan(k, step, split_k)
+    out, partial = split_k_buffers(m, n, split_k, x2)
     _int_weight_gemv_kernel[(n_tiles, split_k)](
         x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, n_tiles),
         m, n, k, k_per_split, split_k,
