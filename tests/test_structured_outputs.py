@@ -394,3 +394,61 @@ def test_guided_through_the_mp_executor_matches(mixed, backend, async_scheduling
         llm.llm_engine.shutdown()
     assert [o.outputs[0].token_ids for o in got] == [outs[i].outputs[0].token_ids
                                                      for i in guided]
+
+
+# ------------------------------------------------------------------ logits wider than the tokenizer
+def _word_tokenizer(n_words: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, **{f"w{i}": i + 1 for i in range(n_words - 1)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def test_bitmask_covers_the_tokenizer_not_the_padded_logits():
+    """A model whose logits are wider than its tokenizer (Qwen pads to 151,936): the bitmask
+    holds the tokenizer's 70 ids (3 words, not 8), its tail bits are clear, and the sampler
+    disallows every id past it. xgrammar given the padded width rejects each padding id one
+    by one on every fill (25x slower at Qwen3's width with a 49k tokenizer)."""
+    from octavo.structured_output.xgrammar_backend import XgrammarBackend
+
+    backend = XgrammarBackend(_word_tokenizer(70), vocab_size=256, stop_token_ids=[0])
+    assert backend.vocab_size == 70
+    compiled = backend.compile(StructuredOutputsParams(regex=r"(w\d+)*"))
+    matchers = [backend.new_matcher(compiled) for _ in range(9)]  # batch fill from 8 rows
+    for rows in (matchers[:1], matchers):
+        bitmask = backend.allocate_bitmask(len(rows))
+        assert tuple(bitmask.shape) == (len(rows), 3)
+        backend.fill_bitmask(rows, bitmask)
+        allowed = unpack_bitmask(bitmask, 256)
+        assert allowed[:, 1:70].all() and not allowed[:, 70:].any()
+    logits = torch.zeros(9, 256)
+    apply_token_bitmask(logits, GrammarMask(bitmask, None))
+    assert torch.isfinite(logits[:, 1:70]).all() and torch.isinf(logits[:, 70:]).all()
+
+
+def test_guided_generation_on_logits_wider_than_the_tokenizer(tmp_path):
+    """End to end on a tiny random model with SmolLM2's tokenizer and 77 padding logits: the
+    output matches its regex and never samples a padding id."""
+    from octavo import LLM
+    from octavo.default_model import default_model_path
+    from octavo.model_loader.gguf_file import open_gguf
+
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 49152 + 77, "max_position_embeddings": 256,
+           "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "float32"}
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    open_gguf(default_model_path()).load_tokenizer().save_pretrained(str(folder))
+    llm = LLM(model=str(folder), load_format="dummy", dtype="float32", max_model_len=128,
+              seed=0)
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=12,
+                            structured_outputs=StructuredOutputsParams(regex=r"[a-z ]+"))
+    outs = llm.generate(["hello"] * 4, params, use_tqdm=False)
+    for out in outs:
+        assert all(t < 49152 for t in out.outputs[0].token_ids)
+        assert re.fullmatch(r"[a-z ]+", out.outputs[0].text), out.outputs[0].text

@@ -34,7 +34,8 @@ class StructuredOutputBackend(Protocol):
     """Compiles constraints for one tokenizer / vocabulary and fills token bitmasks."""
 
     name: str
-    # Width of the model's logits the bitmask covers (may exceed the tokenizer's vocabulary).
+    # The token ids the bitmask covers: at most the model's logits width, often less (the
+    # tokenizer's vocabulary); the sampler disallows the ids past it.
     vocab_size: int
 
     def compile(self, params: StructuredOutputsParams) -> Any:

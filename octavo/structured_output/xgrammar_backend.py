@@ -39,6 +39,16 @@ def choice_grammar(choices: Sequence[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
+def grammar_vocab_size(tokenizer: Any, logits_width: int, stop_token_ids: Sequence[int]) -> int:
+    """The ids a grammar can allow: the tokenizer's (added tokens and stop ids included),
+    never more than the model's logits width."""
+    try:
+        size = len(tokenizer)
+    except TypeError:
+        return logits_width
+    return min(logits_width, max([size, *(t + 1 for t in stop_token_ids)]))
+
+
 class XgrammarBackend:
     name = "xgrammar"
 
@@ -51,10 +61,17 @@ class XgrammarBackend:
         if tokenizer is None:
             raise BackendUnavailableError("structured outputs need a tokenizer "
                                           "(skip_tokenizer_init=True was set)")
-        # vocab_size is the model's logits width: xgrammar masks the ids past the tokenizer.
-        self.vocab_size = vocab_size
+        # The bitmask covers the tokenizer's ids only, not the model's logits width: the
+        # sampler disallows the ids past it. Handed the padded width (Qwen3's 151,936 logits
+        # for a 49k tokenizer), xgrammar treats every padding id as a special token to reject
+        # one by one: 2.5 ms instead of 0.1 ms for 32 rows of a JSON schema.
+        self.vocab_size = grammar_vocab_size(tokenizer, vocab_size, stop_token_ids)
+        # Bits past the vocabulary in the last word, which xgrammar leaves set.
+        tail = self.vocab_size % 32
+        self._last_word = None if tail == 0 else (1 << tail) - 1
         info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) or None)
+            tokenizer, vocab_size=self.vocab_size,
+            stop_token_ids=list(stop_token_ids) or None)
         # Our GrammarCache (bounded, remembers failures) is the one cache: xgrammar's own
         # is unbounded by default, which a server seeing many distinct schemas cannot afford.
         self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
@@ -112,6 +129,8 @@ class XgrammarBackend:
     def fill_bitmask(self, matchers: Sequence[Any], bitmask: Any) -> None:
         if len(matchers) >= _BATCH_FILL_MIN:
             self._batch.batch_fill_next_token_bitmask(list(matchers), bitmask)
-            return
-        for i, m in enumerate(matchers):
-            m.fill_next_token_bitmask(bitmask, i)
+        else:
+            for i, m in enumerate(matchers):
+                m.fill_next_token_bitmask(bitmask, i)
+        if self._last_word is not None:
+            bitmask[:, -1] &= self._last_word
