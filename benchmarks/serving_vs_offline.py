@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--executor", default="uni", choices=["uni", "mp"],
+                    help="the server's --distributed-executor-backend (mp: the model runner "
+                    "in its own process, off the server's GIL); offline runs uni")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from benchmarks import serving
@@ -63,7 +66,8 @@ def main() -> None:
     folder = write_config(args.shape)
     engine_flags = ["--model", folder, "--load-format", "dummy", "--dtype", "bfloat16",
                     "--max-model-len", "2048", "--max-num-seqs", str(args.max_num_seqs),
-                    "--max-num-batched-tokens", "16384", "--disable-log-stats"]
+                    "--max-num-batched-tokens", "16384", "--disable-log-stats",
+                    "--distributed-executor-backend", args.executor]
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "octavo.entrypoints.openai.api_server",
                              "--host", "127.0.0.1", "--port", str(port),
@@ -107,7 +111,8 @@ def main() -> None:
     share = "n/a" if ratio is None else f"{ratio:.1%}"
     print(f"offline LLM.generate on the same {args.num_prompts} requests: {offline:,.0f} "
           f"output tok/s; server at rate inf: {served} tok/s ({share} of offline)")
-    print_json_result({"benchmark": "W3", "shape": args.shape, "device": device_info(),
+    print_json_result({"benchmark": "W3", "shape": args.shape, "executor": args.executor,
+                       "device": device_info(),
                        "commit": git_commit(), "runs": runs, "offline_output_tok_s": offline,
                        "server_inf_vs_offline": ratio}, args.json)
 
