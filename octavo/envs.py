@@ -43,3 +43,15 @@ def cpu_quant_isa() -> str:
         raise ValueError(f"OCTAVO_CPU_QUANT_ISA must be auto, avx512, avx2 or scalar, got "
                          f"{value!r}")
     return value
+
+
+def grammar_fill_threads() -> int | None:
+    """OCTAVO_GRAMMAR_FILL_THREADS (default: unset, Octavo chooses): threads xgrammar fills a
+    step's bitmask rows with; 1 fills them inline on the engine thread."""
+    value = os.environ.get("OCTAVO_GRAMMAR_FILL_THREADS")
+    if value is None or not value.strip():
+        return None
+    threads = int(value)
+    if threads < 1:
+        raise ValueError(f"OCTAVO_GRAMMAR_FILL_THREADS must be >= 1, got {value!r}")
+    return threads

@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from octavo import envs
 from octavo.structured_output.backend import BackendUnavailableError, GrammarCompileError
 from octavo.structured_output.params import StructuredOutputsParams
 
@@ -55,8 +56,11 @@ class XgrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
                  max_threads: int | None = None) -> None:
         xgr = import_xgrammar()
+        if max_threads is None:
+            max_threads = envs.grammar_fill_threads()
         if max_threads is None:  # more threads than cores only warns and contends
             max_threads = max(1, min(4, os.cpu_count() or 1))
+        self._inline = max_threads == 1
         self._xgr = xgr
         if tokenizer is None:
             raise BackendUnavailableError("structured outputs need a tokenizer "
@@ -127,7 +131,7 @@ class XgrammarBackend:
         return self._xgr.allocate_token_bitmask(rows, self.vocab_size)
 
     def fill_bitmask(self, matchers: Sequence[Any], bitmask: Any) -> None:
-        if len(matchers) >= _BATCH_FILL_MIN:
+        if len(matchers) >= _BATCH_FILL_MIN and not self._inline:
             self._batch.batch_fill_next_token_bitmask(list(matchers), bitmask)
         else:
             for i, m in enumerate(matchers):
