@@ -32,7 +32,7 @@ def load_tokenizer(folder: str | None):
     if folder:
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(folder)
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
     from octavo.default_model import default_model_path
     from octavo.model_loader.gguf_file import open_gguf
 
