@@ -46,8 +46,8 @@ def cpu_quant_isa() -> str:
 
 
 def grammar_fill_threads() -> int | None:
-    """OCTAVO_GRAMMAR_FILL_THREADS (default: unset, Octavo chooses): threads xgrammar fills a
-    step's bitmask rows with; 1 fills them inline on the engine thread."""
+    """OCTAVO_GRAMMAR_FILL_THREADS (default 1: inline on the engine thread): threads xgrammar
+    fills a step's bitmask rows with (its pool pays off only for costly grammars)."""
     value = os.environ.get("OCTAVO_GRAMMAR_FILL_THREADS")
     if value is None or not value.strip():
         return None

@@ -407,17 +407,19 @@ def _word_tokenizer(n_words: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
-def test_bitmask_covers_the_tokenizer_not_the_padded_logits():
+@pytest.mark.parametrize("threads", [1, 2])  # inline, and xgrammar's pool (8+ rows)
+def test_bitmask_covers_the_tokenizer_not_the_padded_logits(threads):
     """A model whose logits are wider than its tokenizer (Qwen pads to 151,936): the bitmask
     holds the tokenizer's 70 ids (3 words, not 8), its tail bits are clear, and the sampler
     disallows every id past it. xgrammar given the padded width rejects each padding id one
     by one on every fill (25x slower at Qwen3's width with a 49k tokenizer)."""
     from octavo.structured_output.xgrammar_backend import XgrammarBackend
 
-    backend = XgrammarBackend(_word_tokenizer(70), vocab_size=256, stop_token_ids=[0])
+    backend = XgrammarBackend(_word_tokenizer(70), vocab_size=256, stop_token_ids=[0],
+                              max_threads=threads)
     assert backend.vocab_size == 70
     compiled = backend.compile(StructuredOutputsParams(regex=r"(w\d+)*"))
-    matchers = [backend.new_matcher(compiled) for _ in range(9)]  # batch fill from 8 rows
+    matchers = [backend.new_matcher(compiled) for _ in range(9)]
     for rows in (matchers[:1], matchers):
         bitmask = backend.allocate_bitmask(len(rows))
         assert tuple(bitmask.shape) == (len(rows), 3)

@@ -1,7 +1,8 @@
 """Structured outputs in the sampler: the guided rows' token bitmask applied to the logits.
 
 One batched op over the guided rows of the step (a batch mixing guided and free requests pays
-for the guided rows only). On a GPU in plain torch, so it runs on any device and torch
+for the guided rows only). On CUDA with Triton, one kernel launch
+(octavo/kernels/grammar_mask.py). Elsewhere in plain torch, so it runs on any device and torch
 version: the int32 words are unpacked to a [G, V] boolean on the device, and the disallowed
 logits become -inf with one masked fill (a few small kernels). On the CPU that unpacking
 is most of the cost of a guided step (~40 ms for 32 rows of a 49k vocabulary on this 2-core
@@ -15,6 +16,9 @@ import functools
 from dataclasses import dataclass
 
 import torch
+
+from octavo.kernels.grammar_mask import apply_bitmask_inplace
+from octavo.kernels.triton_utils import HAS_TRITON
 
 
 @dataclass
@@ -72,6 +76,8 @@ def apply_token_bitmask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor
     if (logits.device.type == "cpu" and logits.dtype == torch.float32
             and logits.is_contiguous() and _cpu_kernel() is not None):
         return _apply_on_cpu(_cpu_kernel(), logits, mask)
+    if logits.is_cuda and HAS_TRITON and logits.stride(-1) == 1:  # one launch
+        return apply_bitmask_inplace(logits, mask.bitmask.contiguous(), mask.rows)
     allowed = unpack_bitmask(mask.bitmask, logits.shape[-1])
     if mask.rows is None:
         guided = logits[: allowed.shape[0]]

@@ -13,8 +13,8 @@ from octavo import envs
 from octavo.structured_output.backend import BackendUnavailableError, GrammarCompileError
 from octavo.structured_output.params import StructuredOutputsParams
 
-# Bitmask rows filled on xgrammar's thread pool from this many on; fewer are filled inline
-# (a thread hand-off costs more than a small grammar's fill).
+# With fill threads (OCTAVO_GRAMMAR_FILL_THREADS > 1), the rows go to xgrammar's thread pool
+# from this many on; fewer are filled inline.
 _BATCH_FILL_MIN = 8
 # "[12:31:45] /project/cpp/regex_converter.cc:94: " in front of xgrammar's messages.
 _CPP_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
@@ -56,10 +56,12 @@ class XgrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
                  max_threads: int | None = None) -> None:
         xgr = import_xgrammar()
+        # Compiling uses a few threads. Filling a step's rows is inline by default: for 32
+        # rows of a JSON schema one thread takes 0.2 ms on the H200's host, and xgrammar's
+        # 4-thread pool 2 ms (its hand-off costs more than the fills; benchmarks/bitmask_fill.py).
+        compile_threads = max(1, min(4, os.cpu_count() or 1))
         if max_threads is None:
-            max_threads = envs.grammar_fill_threads()
-        if max_threads is None:  # more threads than cores only warns and contends
-            max_threads = max(1, min(4, os.cpu_count() or 1))
+            max_threads = envs.grammar_fill_threads() or 1
         self._inline = max_threads == 1
         self._xgr = xgr
         if tokenizer is None:
@@ -78,8 +80,9 @@ class XgrammarBackend:
             stop_token_ids=list(stop_token_ids) or None)
         # Our GrammarCache (bounded, remembers failures) is the one cache: xgrammar's own
         # is unbounded by default, which a server seeing many distinct schemas cannot afford.
-        self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
-        self._batch = xgr.BatchGrammarMatcher(max_threads=max_threads)
+        self.compiler = xgr.GrammarCompiler(info, max_threads=compile_threads,
+                                             cache_enabled=False)
+        self._batch = None if self._inline else xgr.BatchGrammarMatcher(max_threads=max_threads)
 
     # ------------------------------------------------------------------ compile
     def compile(self, params: StructuredOutputsParams) -> Any:
