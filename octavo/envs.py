@@ -29,6 +29,12 @@ def sample_kernel() -> bool:
     return _flag("OCTAVO_SAMPLE_KERNEL", True)
 
 
+def grammar_mask_kernel() -> bool:
+    """OCTAVO_GRAMMAR_MASK_KERNEL (default on): on CUDA, a guided step's token bitmask applied
+    to the logits in one Triton launch (octavo/kernels/grammar_mask.py); off, the torch ops."""
+    return _flag("OCTAVO_GRAMMAR_MASK_KERNEL", True)
+
+
 def cpu_kernels() -> bool:
     """OCTAVO_CPU_KERNELS (default on): fused C++ CPU ops (norm, rotary, attention, ...),
     compiled on first use; off, or without a compiler, the torch ops run instead."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from octavo import envs
 from octavo.kernels.grammar_mask import apply_bitmask_inplace
 from octavo.kernels.triton_utils import HAS_TRITON
 
@@ -76,7 +77,7 @@ def apply_token_bitmask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor
     if (logits.device.type == "cpu" and logits.dtype == torch.float32
             and logits.is_contiguous() and _cpu_kernel() is not None):
         return _apply_on_cpu(_cpu_kernel(), logits, mask)
-    if logits.is_cuda and HAS_TRITON and logits.stride(-1) == 1:  # one launch
+    if logits.is_cuda and HAS_TRITON and logits.stride(-1) == 1 and envs.grammar_mask_kernel():
         return apply_bitmask_inplace(logits, mask.bitmask.contiguous(), mask.rows)
     allowed = unpack_bitmask(mask.bitmask, logits.shape[-1])
     if mask.rows is None:
