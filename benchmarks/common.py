@@ -126,7 +126,13 @@ def wait_for_idle(max_wait_s: float, threshold: float = 0.1, window_s: float = 3
 
 
 def git_commit(short: bool = True) -> str:
-    """Current commit of the repository, with '+dirty' when the tree has changes."""
+    """Current commit of the repository, with '+dirty' when the tree has changes. A tree
+    exported without .git (``git archive`` to a GPU machine) names its commit in a file
+    COMMIT at its root; without it, git would report an enclosing checkout's commit."""
+    stamp = os.path.join(REPO_ROOT, "COMMIT")
+    if not os.path.isdir(os.path.join(REPO_ROOT, ".git")) and os.path.isfile(stamp):
+        with open(stamp) as f:
+            return f.read().strip() + "+snapshot"
     try:
         args = ["git", "rev-parse", "--short" if short else "--verify", "HEAD"]
         commit = subprocess.run(
