@@ -1,6 +1,7 @@
 """Tensor parallelism on this CPU (issue 14 item 2): two worker processes joined by gloo give
 the same greedy tokens as one rank, in float32, for each family, with fewer KV heads than ranks
-(replicated), and for a GPTQ checkpoint sharded by the same loader; shapes that do not divide
+(replicated), with a vocabulary that does not split evenly (vocab-parallel embedding and LM
+head, tied and not), and for a GPTQ checkpoint sharded by the same loader; shapes that do not divide
 are refused before anything starts, naming them."""
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ def _tokens(path, tp, **kw):
     ("llama", {}),
     ("qwen2", {}),  # q/k/v biases, split with their rows
     ("qwen3", {"num_key_value_heads": 1}),  # one KV head for two ranks: replicated
+    # A vocabulary that does not split evenly: the last rank's table ends in a zero padding
+    # row, sliced off the gathered logits (tied: the LM head shares the embedding's shard).
+    ("llama", {"vocab_size": 501}),
+    ("qwen3", {"vocab_size": 501}),
 ])
 def test_tp2_equals_tp1(tmp_path, family, overrides):
     path = make_checkpoint(family, str(tmp_path / family), **overrides)
@@ -70,3 +75,35 @@ def test_quantized_gguf_is_refused_under_tp():
     with pytest.raises(ValueError, match="quantization='gguf' .* tensor_parallel_size > 1"):
         LLM(model=default_model_path(), quantization="gguf", device="cpu",
             tensor_parallel_size=3)
+
+
+def test_vocab_parallel_rows_and_logits_in_one_process(monkeypatch):
+    """The vocab-parallel table split by hand: each rank's rows (padding zero), lookups that
+    sum to the full table's, LM head logits that concatenate to the full product."""
+    import torch
+
+    from octavo.distributed import parallel_state
+    from octavo.layers.vocab_embedding import LMHead, VocabEmbedding
+
+    full = torch.randn(501, 8)
+    ids = torch.tensor([0, 250, 251, 500, 7])
+    hidden = torch.randn(3, 8)
+    lookups, logits = [], []
+    for rank in range(2):
+        monkeypatch.setattr(parallel_state, "_TP", parallel_state.TPGroup(rank, 2))
+        monkeypatch.setattr(parallel_state.TPGroup, "all_reduce", lambda self, x: x)
+        monkeypatch.setattr(parallel_state.TPGroup, "all_gather", lambda self, x, dim=-1: x)
+        emb = VocabEmbedding(501, 8)
+        emb.weight.weight_loader(emb.weight, full)
+        assert emb.weight.shape == (251, 8)
+        if rank == 1:
+            assert torch.equal(emb.weight[:250], full[251:]) and not emb.weight[250].any()
+        lookups.append(emb(ids))
+        head = LMHead(501, 8)
+        head.tie(emb)
+        head.process_weights_after_loading()
+        logits.append(head.forward(hidden))
+    assert torch.equal(lookups[0] + lookups[1], full[ids])
+    torch.testing.assert_close(torch.cat(logits, dim=-1)[:, :501], hidden @ full.T)
+    with pytest.raises(ValueError, match=r"vocabulary table \(500, 8\), expected \(501, 8\)"):
+        emb.weight.weight_loader(emb.weight, full[:500])
