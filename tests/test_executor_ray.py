@@ -95,7 +95,9 @@ def ray_cluster():
 @pytest.mark.parametrize("family,overrides,tp", [
     ("llama", {}, 1),
     ("llama", {}, 2),
+    ("qwen2", {}, 2),  # q/k/v biases, split with their rows
     ("qwen3", {"num_key_value_heads": 1}, 2),  # one KV head for two ranks: replicated
+    ("llama", {"vocab_size": 501}, 2),  # vocab-parallel table with a padding row
 ])
 def test_ray_equals_uni(ray_cluster, tmp_path, family, overrides, tp):
     path = make_checkpoint(family, str(tmp_path / family), **overrides)
@@ -105,6 +107,18 @@ def test_ray_equals_uni(ray_cluster, tmp_path, family, overrides, tp):
     while ray_cluster.available_resources().get("CPU", 0) < 2:
         assert time.monotonic() < deadline, ray_cluster.available_resources()
         time.sleep(0.2)
+
+
+@needs_ray
+def test_ray_tp2_gptq_checkpoint(ray_cluster, tmp_path):
+    """Packed GPTQ tensors narrowed per rank inside the Ray actors, as in the mp workers."""
+    from tests.quantization.test_gptq_awq_checkpoints import _write_pair
+
+    qcfg = {"bits": 4, "group_size": 32, "desc_act": False, "sym": True,
+            "checkpoint_format": "gptq_v2"}
+    src = make_checkpoint("llama", str(tmp_path / "src"))
+    _, quant = _write_pair(src, str(tmp_path / "g32"), qcfg, "quantize_config.json")
+    assert _run(quant, "ray", 2) == _run(quant, "uni")
 
 
 @needs_ray
