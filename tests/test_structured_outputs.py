@@ -374,6 +374,45 @@ def test_async_scheduling_overlaps_guided_steps(llm, mixed):
     assert fed > 0
 
 
+def test_guided_sampling_enqueued_after_the_next_steps_preparation(mixed):
+    """The CUDA ordering, forced on the CPU: a guided step's sampling is held until the next
+    step's host preparation (or until its tokens are asked for), with seeded random rows and
+    free neighbours in the batch. Every token equals sampling at once."""
+    from octavo import LLM
+
+    prompts, params, kinds, _ = mixed
+    seeded = [p.clone() for p in params]
+    for i, p in enumerate(seeded):
+        if i % 2:
+            p.temperature, p.seed = 0.8, 100 + i
+    runs = []
+    for deferred in (False, True):
+        llm = LLM(max_model_len=512, dtype="float32", async_scheduling=True, max_num_seqs=8,
+                  num_gpu_blocks_override=128)
+        runner = llm.llm_engine.executor.worker.runner
+        runner.defer_guided_sampling = deferred
+        flushes = []
+        inner = runner.flush_pending_sample
+
+        def counting_flush(inner=inner, runner=runner, flushes=flushes):
+            flushes.append(runner._pending is not None)
+            inner()
+
+        runner.flush_pending_sample = counting_flush
+        outs = llm.generate(prompts, seeded, use_tqdm=False)
+        runs.append([o.outputs[0].token_ids for o in outs])
+        if deferred:  # held, then enqueued by the next step's preparation
+            assert sum(flushes) > 10
+        else:
+            assert not any(flushes)
+        del llm
+    assert runs[0] == runs[1]
+    greedy = [o.outputs[0].token_ids for o in mixed[3]]
+    assert any(runs[1][i] != greedy[i] for i in range(1, len(greedy), 2))  # really sampled
+    for tokens, out_params in zip(runs[1], seeded):
+        assert tokens and len(tokens) <= out_params.max_tokens
+
+
 @pytest.mark.parametrize("backend,async_scheduling", [("mp", False), ("mp", True),
                                                        ("ray", True)])
 def test_guided_through_the_mp_executor_matches(mixed, backend, async_scheduling):

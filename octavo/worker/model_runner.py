@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,11 +29,22 @@ from octavo.worker.cuda_graphs import CudaGraphRunner
 from octavo.worker.input_buffers import InputBuffers
 from octavo.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
 from octavo.worker.request_state import CachedRequestState
-from octavo.worker.step_handle import StepHandle
+from octavo.worker.step_handle import PendingSample, StepHandle
 
 logger = logging.getLogger(__name__)
 
 _SEED_STRIDE = 0x9E3779B1  # spreads (seed, step) pairs over the generator's seed space
+
+
+@dataclass
+class _Sample:
+    """A launched step's sampling: call it with the guided rows' bitmask (or None)."""
+
+    run: Callable[[GrammarBitmask | None], StepHandle]
+    req_ids: list[str]  # the requests whose tokens it samples, in row order
+
+    def __call__(self, grammar: GrammarBitmask | None) -> StepHandle:
+        return self.run(grammar)
 
 
 class ModelRunner:
@@ -67,8 +79,12 @@ class ModelRunner:
         # has read them (event); sampled tokens come back through two pinned buffers.
         self._prev_sampled: torch.Tensor | None = None
         # A step launched with defer_sampling, waiting for sample_tokens(bitmask).
-        self._deferred: Callable[[GrammarBitmask | None], StepHandle] | None = None
+        self._deferred: _Sample | None = None
         self._prev_rows: dict[str, int] = {}
+        # A guided step's sampling waiting for the next step's host preparation; on CUDA
+        # (on the CPU every op runs as it is called: nothing to overlap).
+        self._pending: PendingSample | None = None
+        self.defer_guided_sampling = self.device.type == "cuda"
         self._fix: list[tuple[int, int]] = []
         self.num_tokens_fed_on_device = 0  # inputs taken from a step still in flight
         self._inputs_sent = None
@@ -168,6 +184,7 @@ class ModelRunner:
         self._fix = []
         self._inputs_sent = None
         self._deferred = None
+        self._pending = None
 
     def _drop(self, req_id: str) -> None:
         st = self.states.pop(req_id, None)
@@ -251,6 +268,9 @@ class ModelRunner:
             self._inputs_sent = None
         self._fix = []
         t, qsl = self._prepare(states, num_new, num_computed)
+        # The step before's deferred sampling goes first on the device: after this step's
+        # host preparation, before its sampling parameters, uploads and in-flight tokens.
+        self.flush_pending_sample()
         if before_launch is not None:
             before_launch(t, qsl)
         self.last_prepare_s = time.perf_counter() - t0
@@ -298,16 +318,33 @@ class ModelRunner:
         return sample(None)
 
     @torch.inference_mode()
-    def sample_tokens(self, grammar: GrammarBitmask | None) -> StepHandle:
+    def sample_tokens(self, grammar: GrammarBitmask | None) -> StepHandle | PendingSample:
         """Sample the step launched with ``defer_sampling``; ``grammar``: the token bitmask
-        of its guided requests that sample (None: none does)."""
+        of its guided requests that sample (None: none does).
+
+        On CUDA the sampling is enqueued later, once the next step's host preparation is
+        done (``PendingSample``): a guided step's sampling waits for its bitmask, so enqueued
+        at once it would leave the device idle through the next step's schedule and
+        preparation. The rows of its tokens are known now, and the next step's preparation
+        reads them."""
         sample, self._deferred = self._deferred, None
         if sample is None:
             raise RuntimeError("sample_tokens() without a step launched with defer_sampling")
-        return sample(grammar)
+        self.flush_pending_sample()
+        if not self.defer_guided_sampling or not sample.req_ids:
+            return sample(grammar)
+        self._prev_rows = {rid: i for i, rid in enumerate(sample.req_ids)}
+        self._pending = PendingSample(lambda: sample(grammar))
+        return self._pending
 
-    def _launch(self, sched: SchedulerOutput
-                ) -> Callable[[GrammarBitmask | None], StepHandle]:
+    def flush_pending_sample(self) -> None:
+        """Enqueue the deferred sampling that waits for the next step, if any."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            with torch.inference_mode():
+                pending.enqueue()
+
+    def _launch(self, sched: SchedulerOutput) -> _Sample:
         """Run the step up to its logits; returns the function that samples them."""
         if self._deferred is not None:
             raise RuntimeError("a step was launched before the one before it was sampled")
@@ -318,7 +355,7 @@ class ModelRunner:
         if sched.block_copies:
             self._copy_blocks(sched.block_copies)
         if sched.is_empty:
-            return lambda _: StepHandle.done(ModelRunnerOutput([], []))
+            return _Sample(lambda _: StepHandle.done(ModelRunnerOutput([], [])), [])
         req_ids = list(sched.num_scheduled_tokens)
         states = [self.states[r] for r in req_ids]
         num_new = [sched.num_scheduled_tokens[r] for r in req_ids]
@@ -342,13 +379,14 @@ class ModelRunner:
         prepare_s = self.last_prepare_s
         prompt_lp = self._prompt_logprobs(states, num_new, num_computed, hidden, qsl)
         if not rows:
-            return lambda _: StepHandle.done(
-                ModelRunnerOutput([], [], prompt_logprobs=prompt_lp, prepare_s=prepare_s))
+            return _Sample(lambda _: StepHandle.done(
+                ModelRunnerOutput([], [], prompt_logprobs=prompt_lp, prepare_s=prepare_s)), [])
         last_hidden = hidden[staged["idx"]] if "idx" in staged else hidden
         logits = self.model.compute_logits(last_hidden)
         meta = staged["meta"]
-        return lambda grammar: self._sample(logits, meta, grammar, sample_states, prompt_lp,
-                                            prepare_s)
+        return _Sample(lambda grammar: self._sample(logits, meta, grammar, sample_states,
+                                                    prompt_lp, prepare_s),
+                       [st.req_id for st in sample_states])
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata,
                 grammar: GrammarBitmask | None, sample_states: list[CachedRequestState],

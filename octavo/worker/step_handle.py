@@ -39,3 +39,29 @@ class StepHandle:
             tokens = self._host.tolist() if self._host is not None else []
             self._out = self._finish(tokens)
         return self._out
+
+
+class PendingSample:
+    """A deferred step's sampling, called for (its bitmask given) but not yet enqueued.
+
+    On CUDA the runner enqueues it once the next step's host preparation is done, just
+    before that step's device work: the device goes from this sampling straight to the next
+    forward pass instead of idling while the host prepares it. Whoever needs the tokens first
+    (``result()``, ``is_ready()``) enqueues it themselves.
+    """
+
+    def __init__(self, enqueue: Callable[[], StepHandle]) -> None:
+        self._enqueue: Callable[[], StepHandle] | None = enqueue
+        self._handle: StepHandle | None = None
+
+    def enqueue(self) -> StepHandle:
+        if self._handle is None:
+            enqueue, self._enqueue = self._enqueue, None
+            self._handle = enqueue()
+        return self._handle
+
+    def is_ready(self) -> bool:
+        return self.enqueue().is_ready()
+
+    def result(self) -> ModelRunnerOutput:
+        return self.enqueue().result()
