@@ -8,7 +8,9 @@ dequantized at load and runs in full precision; this is logged once per type.
 Weights arrive as the file's raw rows (uint8 [out, row_bytes]) through the linear layers'
 generic loader (rows are whole, so q/k/v and gate/up land at their output offsets unchanged),
 and are repacked after loading (``gguf_blocks``). ``apply`` runs the C++ kernel when it is built
-(int16 activations per 32-block, integer dot products), else dequantize-then-matmul in torch.
+(int16 activations per 32-block, integer dot products; from DEQUANT_GEMM_MIN_ROWS rows on,
+float32 through the weight dequantized in L2-sized chunks), else dequantize-then-matmul in
+torch.
 
 It is the default for ``.gguf`` files on the CPU when ``dtype`` is left at "auto"
 (``DEFAULT_ON_CPU``); ``gguf_dequantize=True`` (EngineArgs, ``--gguf-dequantize``) or an explicit
@@ -34,9 +36,11 @@ logger = logging.getLogger(__name__)
 
 # OCTAVO_CPU_QUANT_ISA -> the kernels' isa argument.
 ISA_CODES = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
-# From this many rows on, dequantize the weight once and run a float GEMM instead of the int8
-# kernel. A guess, not yet measured: prefill rows amortize the dequantization.
-DEQUANT_GEMM_MIN_ROWS = 128
+# From this many rows on, the float32 product through the weight dequantized 64 rows at a time
+# (gguf_linear_dense: exact, BLAS-fast) beats the integer kernel, whose per-block float work
+# grows with the rows. Measured on the 2-core EPYC, one thread (2026-11-30): 576x3072 Q4_1 at
+# M = 4 0.49 ms integer / 0.87 dense, M = 8 0.79 / 0.79, M = 32 3.19 / 1.68.
+DEQUANT_GEMM_MIN_ROWS = 8
 
 
 def _kernels(x: torch.Tensor):
@@ -58,8 +62,7 @@ def gguf_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         y = ops.gguf_linear(x2.contiguous(), qweight, scales, mins, in_features,
                             ISA_CODES[envs.cpu_quant_isa()])
     elif ops is not None:
-        w = ops.gguf_dequantize(qweight, scales, mins, in_features)
-        y = F.linear(x2, w.to(x.dtype))
+        y = ops.gguf_linear_dense(x2.contiguous(), qweight, scales, mins, in_features)
     else:
         y = F.linear(x2, gguf_blocks.dequantize(qweight, scales, mins, in_features, x.dtype))
     return y.view(*shape[:-1], y.shape[-1])

@@ -67,6 +67,24 @@ def test_gguf_linear_matches_reference(isa, name, k, m):
     assert ((y.double() - exact).abs() / scale).max() < 1e-4
 
 
+@pytest.mark.parametrize("name,k", [("Q4_1", 96), ("Q8_0", 160), ("Q6_K", 256), ("Q5_K", 512)])
+@pytest.mark.parametrize("m", [1, 8, 17, 64])
+def test_dense_path_matches_float_product(name, k, m):
+    """gguf_linear_dense (64 weight rows dequantized at a time, then BLAS): float32-exact."""
+    n = 150  # three chunks, the last one partial
+    qweight, scales, mins = weights(name, n, k, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    w = gguf_blocks.dequantize(qweight, scales, mins, k).double()
+    y = ops.gguf_linear_dense(x, qweight, scales, mins, k)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    scale = (x.double().abs() @ w.abs().T).clamp_min(1e-6)
+    assert ((y.double() - x.double() @ w.T).abs() / scale).max() < 1e-6
+    yb = ops.gguf_linear_dense(x.to(torch.bfloat16), qweight, scales, mins, k)
+    assert yb.dtype == torch.bfloat16
+    with torch.inference_mode():  # as the engine runs it: chunks on the pool's other threads
+        torch.testing.assert_close(ops.gguf_linear_dense(x, qweight, scales, mins, k), y)
+
+
 @pytest.mark.parametrize("name", ["Q4_1", "Q8_0"])
 def test_bf16_activations(name):
     k, n = 160, 19

@@ -321,6 +321,37 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
+namespace {
+
+// Row j of the weight as float32 into dst[K]: d * u + m per group.
+void dequant_row(const Weights& w, int64_t j, float* dst) {
+  const uint8_t* wq = w.q + j * w.row_bytes;
+  const float* wd = w.d + j * w.ng;
+  const float* wm = w.m + j * w.ng;
+#if defined(__AVX512F__) && defined(__AVX2__)
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const __m256i u8 = block_u8(wq, w.bits, w.k, b);
+    const bool one = w.group == kBlock;
+    const int64_t g0 = one ? b : 2 * b, g1 = one ? b : 2 * b + 1;
+    const __m512 u0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(u8)));
+    const __m512 u1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(u8, 1)));
+    _mm512_storeu_ps(dst + b * kBlock,
+                     _mm512_fmadd_ps(u0, _mm512_set1_ps(wd[g0]), _mm512_set1_ps(wm[g0])));
+    _mm512_storeu_ps(dst + b * kBlock + 16,
+                     _mm512_fmadd_ps(u1, _mm512_set1_ps(wd[g1]), _mm512_set1_ps(wm[g1])));
+  }
+#else
+  for (int64_t kk = 0; kk < w.k; ++kk) {
+    const int64_t g = kk / w.group;
+    dst[kk] = wd[g] * static_cast<float>(weight_u(wq, w.bits, w.k, kk)) + wm[g];
+  }
+#endif
+}
+
+constexpr int64_t kDenseChunk = 64;  // weight rows dequantized at a time (stays in L2)
+
+}  // namespace
+
 at::Tensor gguf_dequantize(const at::Tensor& qweight, const at::Tensor& scales,
                            const at::Tensor& mins, int64_t in_features) {
   const Weights w = check_weights(qweight, scales, mins, in_features);
@@ -328,16 +359,41 @@ at::Tensor gguf_dequantize(const at::Tensor& qweight, const at::Tensor& scales,
   at::Tensor out = at::empty({n, k}, scales.options());
   float* op = out.data_ptr<float>();
   at::parallel_for(0, n, row_grain(k), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      const uint8_t* wq = w.q + j * w.row_bytes;
-      for (int64_t kk = 0; kk < k; ++kk) {
-        const int64_t g = kk / w.group;
-        op[j * k + kk] = w.d[j * w.ng + g] * static_cast<float>(weight_u(wq, w.bits, k, kk)) +
-                         w.m[j * w.ng + g];
+    for (int64_t j = begin; j < end; ++j) dequant_row(w, j, op + j * k);
+  });
+  return out;
+}
+
+at::Tensor gguf_linear_dense(const at::Tensor& x, const at::Tensor& qweight,
+                             const at::Tensor& scales, const at::Tensor& mins,
+                             int64_t in_features) {
+  check_cpu(x, "x");
+  const Weights w = check_weights(qweight, scales, mins, in_features);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == in_features && x.is_contiguous(),
+              "x must be a contiguous [M, ", in_features, "]");
+  const int64_t m = x.size(0), n = qweight.size(0), k = in_features;
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  at::Tensor out = at::empty({m, n}, xf.options());
+  if (m == 0 || n == 0) return out.to(x.scalar_type());
+  const int64_t chunks = (n + kDenseChunk - 1) / kDenseChunk;
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(kDenseChunk * k);
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t n0 = c * kDenseChunk, rows = std::min(kDenseChunk, n - n0);
+      for (int64_t r = 0; r < rows; ++r) dequant_row(w, n0 + r, buf.data() + r * k);
+      const at::Tensor wt = at::from_blob(buf.data(), {rows, k}, xf.options());
+      // Inside the pool's threads the BLAS call runs on this thread alone. Its result is
+      // copied with plain stores: `out` may be an inference tensor, and InferenceMode is not
+      // set on the pool's threads, so an ATen in-place copy into it would raise.
+      const at::Tensor yc = at::mm(xf, wt.t()).contiguous();
+      const float* yp = yc.data_ptr<float>();
+      float* op = out.data_ptr<float>();
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(op + i * n + n0, yp + i * rows, rows * sizeof(float));
       }
     }
   });
-  return out;
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
 }  // namespace octavo_cpu
