@@ -36,6 +36,15 @@ TTFT_TOKENS = 512
 
 
 def _peak_rss_mib() -> float:
+    """This process's peak RSS. VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve, so
+    a child started by a big parent would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
@@ -52,7 +61,8 @@ def child_octavo(model: str, chat: list[list[int]], long: list[int], max_tokens:
     from octavo import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(model=model, dtype=dtype, max_model_len=2048)
+    # No prefix caching: the repeats of one prompt would otherwise hit it (llama.cpp is reset).
+    llm = LLM(model=model, dtype=dtype, max_model_len=2048, enable_prefix_caching=False)
     load_s = time.perf_counter() - t0
 
     def timed(prompts: list[list[int]], n: int) -> float:
