@@ -38,9 +38,9 @@ logger = logging.getLogger(__name__)
 ISA_CODES = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 # From this many rows on, the float32 product through the weight dequantized 64 rows at a time
 # (gguf_linear_dense: exact, BLAS-fast) beats the integer kernel, whose per-block float work
-# grows with the rows. Measured on the 2-core EPYC, one thread (2026-11-30): 576x3072 Q4_1 at
-# M = 4 0.49 ms integer / 0.87 dense, M = 8 0.79 / 0.79, M = 32 3.19 / 1.68.
-DEQUANT_GEMM_MIN_ROWS = 8
+# grows with the rows. Measured on the 2-core EPYC, one thread (2026-11-30, vpdpbusd path):
+# 576x3072 Q4_1 at M = 4 0.28 ms integer / 0.49 dense, M = 8 0.53 / 0.63, M = 16 1.08 / 0.92.
+DEQUANT_GEMM_MIN_ROWS = 12
 
 
 def _kernels(x: torch.Tensor):

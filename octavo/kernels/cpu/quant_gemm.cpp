@@ -6,12 +6,15 @@
 //
 // int16, not int8, activations: with int8 per 32-block (llama.cpp's Q8_0 activations) the
 // default model's greedy tokens agree with the float32 path on 1 of 32 W6 prompts over 128
-// tokens; int16 keeps ~15 bits per block and agrees on 31 (emulated in torch, 2026-11-30).
+// tokens; int16 keeps ~15 bits per block and agrees on 30 (2026-11-30).
 //
-// Paths: AVX-512 VNNI (vpdpwssd: a 32-block is one zmm of u16 weights times one of s16
-// activations; its lanes 0-7 cover inputs 0-15 and 8-15 inputs 16-31, so per-16 weight
-// scales cost nothing extra), AVX2 (vpmaddwd), and a scalar reference. Output rows are split
-// over threads; up to kTile activation rows share one pass over a weight row.
+// Paths: AVX-512 VNNI. For 32-input weight groups, q is split exactly into int8 halves
+// (q = 256 hi + lo) and each 64 weights take two vpdpbusd (u8 weights x s8 halves, no widening
+// of the weights: twice as fast as widening them to int16 for vpdpwssd at one row). For 16-input
+// groups (Q6_K), vpdpwssd: a 32-block is one zmm of u16 weights times one of s16 activations,
+// lanes 0-7 covering inputs 0-15 and 8-15 inputs 16-31, so per-16 scales cost nothing extra.
+// AVX2 (vpmaddwd) and a scalar reference use q as int16. Output rows are split over threads;
+// up to kTile activation rows share one pass over a weight row.
 #include "common.h"
 #include "ops.h"
 
@@ -30,7 +33,9 @@ namespace {
 
 constexpr int64_t kBlock = 32;  // activation values per int16 scale
 constexpr int kTile = 8;        // activation rows sharing one pass over a weight row
-constexpr float kQMax = 32767.0f;
+// 127 * 256 + 127: every q splits exactly into int8 halves q = 256 hi + lo (hi in [-127, 127],
+// lo in [-128, 127]) for the VNNI path's vpdpbusd.
+constexpr float kQMax = 32639.0f;
 
 enum Isa : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
 
@@ -38,12 +43,13 @@ enum Isa : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
 // float sum of x over each weight group (for the m-terms).
 struct QuantActs {
   std::vector<int16_t> q;
+  std::vector<int8_t> hi, lo;  // q = 256 hi + lo, filled for the VNNI path only
   std::vector<float> d, s;
   int64_t k, nb, ng;
 };
 
 template <typename T>
-QuantActs quantize_acts(const T* x, int64_t m, int64_t k, int64_t group) {
+QuantActs quantize_acts(const T* x, int64_t m, int64_t k, int64_t group, bool split) {
   QuantActs a;
   a.k = k;
   a.nb = k / kBlock;
@@ -51,6 +57,10 @@ QuantActs quantize_acts(const T* x, int64_t m, int64_t k, int64_t group) {
   a.q.resize(m * k);
   a.d.resize(m * a.nb);
   a.s.resize(m * a.ng);
+  if (split) {
+    a.hi.resize(m * k);
+    a.lo.resize(m * k);
+  }
   const int64_t per = kBlock / group;  // weight groups per activation block (1 or 2)
   at::parallel_for(0, m * a.nb, row_grain(kBlock * 8), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -66,6 +76,13 @@ QuantActs quantize_acts(const T* x, int64_t m, int64_t k, int64_t group) {
       for (int j = 0; j < kBlock; ++j) {
         const float r = std::nearbyint(v[j] * id);
         q[j] = static_cast<int16_t>(std::max(-kQMax, std::min(kQMax, r)));
+      }
+      if (split) {
+        for (int j = 0; j < kBlock; ++j) {
+          const int h = (static_cast<int>(q[j]) + 128) >> 8;  // arithmetic shift: floor
+          a.hi[i * kBlock + j] = static_cast<int8_t>(h);
+          a.lo[i * kBlock + j] = static_cast<int8_t>(q[j] - 256 * h);
+        }
       }
       a.d[i] = amax / kQMax;
       for (int64_t g = 0; g < per; ++g) {
@@ -186,6 +203,57 @@ void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, floa
 #endif
 
 #if defined(OCTAVO_QUANT_VNNI)
+// 32-input weight groups: u8 weights times the int8 halves of the activations (vpdpbusd, four
+// products per lane, no widening of the weights), two blocks per 64-byte vector: lanes 0-7
+// hold block 2c, lanes 8-15 block 2c+1, and 256 * dot(hi) + dot(lo) is dot(q) exactly.
+template <int MT>
+void rows_vnni8(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT]) {
+  const uint8_t* wq = w.q + n * w.row_bytes;
+  const float* wd = w.d + n * w.ng;
+  const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __m512 acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t full = w.k / 64;
+  for (int64_t c = 0; c < full; ++c) {
+    __m512i u;
+    if (w.bits == 4) {
+      const __m256i low4 = _mm256_set1_epi8(0x0F);
+      const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + c * 32));
+      u = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(p, low4)),
+                             _mm256_and_si256(_mm256_srli_epi16(p, 4), low4), 1);
+    } else {
+      u = _mm512_loadu_si512(wq + c * 64);
+    }
+    const __m128 wd2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(wd + 2 * c)));
+    for (int r = 0; r < MT; ++r) {
+      const int64_t row = m0 + r;
+      const int64_t off = row * w.k + c * 64;
+      const __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
+                                             _mm512_loadu_si512(a.hi.data() + off));
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_slli_epi32(dh, 8), u,
+                                              _mm512_loadu_si512(a.lo.data() + off));
+      const __m128 xd2 = _mm_castpd_ps(
+          _mm_load_sd(reinterpret_cast<const double*>(a.d.data() + row * w.nb + 2 * c)));
+      const __m512 scale =
+          _mm512_permutexvar_ps(pair_idx, _mm512_castps128_ps512(_mm_mul_ps(wd2, xd2)));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) {
+    const int64_t row = m0 + r;
+    float y = _mm512_reduce_add_ps(acc[r]);
+    if (2 * full < w.nb) {  // the lone trailing block
+      const int64_t b = 2 * full;
+      const __m512i u = _mm512_cvtepu8_epi16(block_u8(wq, w.bits, w.k, b));
+      const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), u,
+                                              _mm512_loadu_si512(a.q.data() + row * w.k +
+                                                                 b * kBlock));
+      y += wd[b] * a.d[row * w.nb + b] * static_cast<float>(_mm512_reduce_add_epi32(dot));
+    }
+    out[r][n] = y + mins_dot(w.m + n * w.ng, a.s.data() + row * w.ng, w.ng);
+  }
+}
+
 template <int MT>
 void rows_vnni(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT]) {
   const uint8_t* wq = w.q + n * w.row_bytes;
@@ -231,7 +299,10 @@ template <int MT>
 void rows(int64_t isa, const Weights& w, int64_t n, const QuantActs& a, int64_t m0,
           float* out[MT]) {
 #if defined(OCTAVO_QUANT_VNNI)
-  if (isa == kAvx512) return rows_vnni<MT>(w, n, a, m0, out);
+  if (isa == kAvx512) {
+    if (w.group == kBlock) return rows_vnni8<MT>(w, n, a, m0, out);
+    return rows_vnni<MT>(w, n, a, m0, out);
+  }
 #endif
 #if defined(__AVX2__)
   if (isa == kAvx2) return rows_avx2<MT>(w, n, a, m0, out);
@@ -297,7 +368,8 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
   at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return out.to(x.scalar_type());
   QuantActs a = OCTAVO_DISPATCH(x.scalar_type(), "gguf_linear", [&] {
-    return quantize_acts(x.data_ptr<scalar_t>(), m, in_features, w.group);
+    return quantize_acts(x.data_ptr<scalar_t>(), m, in_features, w.group,
+                         isa == kAvx512 && w.group == kBlock);
   });
   float* op = out.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, 32768 / (in_features * std::min<int64_t>(m, kTile)));
