@@ -7,6 +7,12 @@ tokens per prompt with EOS ignored. Both engines get the same prompt token ids i
     python benchmarks/cpu_small.py                          # both engines
     python benchmarks/cpu_small.py --engines transformers --hf-batch-1
     python benchmarks/cpu_small.py --json-out /tmp/w6.json
+    python benchmarks/cpu_small.py --engines octavo,octavo-gguf --gemm-seconds 0
+    python benchmarks/cpu_small.py --engines octavo-gguf --llamacpp /work/venvs/llamacpp-site
+
+``octavo-gguf`` keeps the GGUF weights quantized (the CPU default, dtype "auto"); ``octavo`` and
+``octavo-bf16`` dequantize them. ``--llamacpp SITE`` adds W9 (benchmarks/cpu_peer.py): llama.cpp
+through llama-cpp-python installed in SITE against Octavo, each in its own process.
 
 Figures: output tokens, wall seconds (generate calls only; model load and warm-up excluded) and
 output tok/s per engine, the ratio octavo/transformers, a compute-bound ceiling from this CPU's
@@ -52,7 +58,7 @@ except ImportError:  # pragma: no cover
 
 WORKLOAD = "W6 cpu-small"
 PROMPTS_FILE = os.path.join(REPO_ROOT, "benchmarks", "prompts", "chat_prompts.json")
-ENGINES = ("octavo", "transformers", "octavo-bf16")
+ENGINES = ("octavo", "transformers", "octavo-bf16", "octavo-gguf")
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -226,7 +232,7 @@ def run_octavo(model_path: str, token_ids: list[list[int]], max_tokens: int,
     from octavo import LLM, SamplingParams
 
     t_load = time.perf_counter()
-    llm = LLM(model=model_path, dtype=dtype)
+    llm = LLM(model=model_path, dtype=dtype)  # "auto": a .gguf file stays quantized on the CPU
     load_s = time.perf_counter() - t_load
 
     llm.generate(
@@ -245,8 +251,9 @@ def run_octavo(model_path: str, token_ids: list[list[int]], max_tokens: int,
     del llm
     gc.collect()
     return {
-        "engine": "octavo" if dtype == "float32" else f"octavo-{dtype}",
-        "label": f"octavo LLM.generate (one call, all prompts, {dtype})",
+        "engine": {"float32": "octavo", "auto": "octavo-gguf"}.get(dtype, f"octavo-{dtype}"),
+        "label": f"octavo LLM.generate (one call, all prompts, "
+                 f"{'GGUF blocks kept' if dtype == 'auto' else dtype})",
         "output_tokens": n_out,
         "wall_s": wall,
         "tok_s": n_out / wall,
@@ -310,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         "processes to leave the CPU idle (the machine is shared)",
     )
     ap.add_argument("--json-out", default=None, metavar="PATH")
+    ap.add_argument("--llamacpp", default=None, metavar="SITE",
+                    help="also run W9 against llama.cpp: llama-cpp-python installed in SITE "
+                    "(pip install --target SITE llama-cpp-python)")
     args = ap.parse_args(argv)
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -397,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             elif engine == "octavo-bf16":
                 results[engine] = run_octavo(model_path, token_ids, args.max_tokens, "bfloat16")
+            elif engine == "octavo-gguf":
+                results[engine] = run_octavo(model_path, token_ids, args.max_tokens, "auto")
             else:
                 results[engine] = run_octavo(model_path, token_ids, args.max_tokens)
         except Exception as exc:  # report and go on with the other engine
@@ -501,6 +513,35 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
 
+    if "octavo" in results and "octavo-gguf" in results:
+        quant_agreement = compare_outputs(
+            results["octavo-gguf"]["token_ids"], results["octavo"]["token_ids"]
+        )
+        print(
+            f"quantized vs dequantized float32: {quant_agreement['identical']}/"
+            f"{quant_agreement['prompts']} prompts identical"
+            + (
+                f" (others diverge at positions {quant_agreement['first_divergence_positions']})"
+                if quant_agreement["first_divergence_positions"]
+                else ""
+            )
+        )
+    else:
+        quant_agreement = None
+
+    peers = None
+    if args.llamacpp:
+        try:
+            from cpu_peer import TTFT_TOKENS, print_peers, run_peers
+        except ImportError:  # pragma: no cover
+            from benchmarks.cpu_peer import TTFT_TOKENS, print_peers, run_peers
+
+        with open(os.path.join(REPO_ROOT, "benchmarks", "data", "perplexity_text.txt")) as f:
+            long = tokenizer(f.read(), add_special_tokens=False)["input_ids"][:TTFT_TOKENS]
+        peers = run_peers(model_path, token_ids, long, args.max_tokens, args.llamacpp,
+                          threads=args.threads or 2)
+        print_peers(peers)
+
     result = {
         "workload": WORKLOAD,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -525,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg_start": load_start,
         "load_avg_end": load_end,
         "agreement": agreement,
+        "agreement_quantized_vs_float32": quant_agreement,
+        "w9_llamacpp": peers,
     }
     print()
     print_json_result(result, args.json_out)

@@ -1,5 +1,5 @@
-"""Where a CPU decode step's time goes: W6's shape (the embedded SmolLM2-135M, float32, 32
-requests) decoding at a given context, ms per step and a torch.profiler table of a few steps.
+"""Where a CPU decode step's time goes: W6's shape (the embedded SmolLM2-135M, float32 or with
+``--dtype auto`` quantized, 32 requests) decoding at a given context, ms per step and a torch.profiler table of a few steps.
 
     python benchmarks/profile_cpu_step.py [--context 100] [--batch 32] [--steps 10]
 
@@ -23,13 +23,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=10, help="decode steps timed")
     ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--dtype", default="float32",
+                    help='"auto": the GGUF weights kept quantized (the CPU default)')
     args = ap.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
     from octavo import LLM, SamplingParams
     from octavo.default_model import default_model_path
 
-    llm = LLM(model=default_model_path(), dtype="float32", max_num_seqs=args.batch)
+    llm = LLM(model=default_model_path(), dtype=args.dtype, max_num_seqs=args.batch)
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, ignore_eos=True,
                             max_tokens=args.steps + args.profile_steps + 8)

@@ -33,7 +33,8 @@ def _gguf_path() -> str:
 @pytest.fixture(scope="module")
 def llm() -> LLM:
     _gguf_path()
-    # On the CPU this is also exactly what LLM() builds (GGUF -> float32 by default).
+    # An explicit dtype: the GGUF weights dequantized to float32 (the quantized path is the
+    # default only with dtype="auto").
     return LLM(dtype="float32")
 
 

@@ -14,7 +14,10 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--quantization", "-q", default=None,
-                   help="weight quantization (default: what the checkpoint declares)")
+                   help="weight quantization (default: what the checkpoint declares; a .gguf "
+                   "file on the CPU keeps its quantized blocks)")
+    p.add_argument("--gguf-dequantize", action="store_true",
+                   help="dequantize a .gguf file's weights at load (the float path)")
     p.add_argument("--distributed-executor-backend", default=None,
                    help="uni (default) or mp (the model in a worker process)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
@@ -47,6 +50,7 @@ def _make_llm(args):
                max_num_seqs=args.max_num_seqs, device=args.device,
                enforce_eager=args.enforce_eager, preemption_mode=args.preemption_mode,
                swap_space=args.swap_space, quantization=args.quantization,
+               gguf_dequantize=args.gguf_dequantize,
                distributed_executor_backend=args.distributed_executor_backend,
                tensor_parallel_size=args.tensor_parallel_size)
 

@@ -111,7 +111,9 @@ class LMHead(VocabEmbedding):
     def process_weights_after_loading(self) -> None:
         src = self._source()
         if src.gguf_format is not None:  # the LM head multiplies by the quantized rows
-            src.process_weights_after_loading()
+            # The embedding's repack (untied: this head's own rows; calling
+            # src.process_weights_after_loading() here would recurse into this method).
+            VocabEmbedding.process_weights_after_loading(src)
             self.weight = None
             self._packed_weight = None
             return

@@ -2,17 +2,19 @@
 
 Each tensor of a GGUF file has its own type, so the config maps every layer prefix to the type
 of its checkpoint tensor(s) (``bind``, from the loader). A layer whose tensor type has no
-kernel layout (Q6_K, IQ*, F16 ...), or a merged layer (qkv, gate_up) whose parts differ, is
+kernel layout (Q2_K, Q3_K, IQ*, F16 ...), or a merged layer (qkv, gate_up) whose parts differ, is
 dequantized at load and runs in full precision; this is logged once per type.
 
 Weights arrive as the file's raw rows (uint8 [out, row_bytes]) through the linear layers'
 generic loader (rows are whole, so q/k/v and gate/up land at their output offsets unchanged),
 and are repacked after loading (``gguf_blocks``). ``apply`` runs the C++ kernel when it is built
-(int8 activations per 32-block, int8 dot products), else dequantize-then-matmul in torch.
+(int16 activations per 32-block, integer dot products; from DEQUANT_GEMM_MIN_ROWS rows on,
+float32 through the weight dequantized in L2-sized chunks), else dequantize-then-matmul in
+torch.
 
-``quantization="gguf"`` asks for it; it is meant to become the default for ``.gguf`` files on the
-CPU when ``dtype`` is left at "auto" (``DEFAULT_ON_CPU``, off for now: see there), with
-``gguf_dequantize=True`` (EngineArgs) or an explicit ``dtype`` dequantizing everything at load.
+It is the default for ``.gguf`` files on the CPU when ``dtype`` is left at "auto"
+(``DEFAULT_ON_CPU``); ``gguf_dequantize=True`` (EngineArgs, ``--gguf-dequantize``) or an explicit
+``dtype`` dequantizes everything at load, as before.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ logger = logging.getLogger(__name__)
 
 # OCTAVO_CPU_QUANT_ISA -> the kernels' isa argument.
 ISA_CODES = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
-# From this many rows on, dequantize the weight once and run a float GEMM instead of the int8
-# kernel. A guess, not yet measured: prefill rows amortize the dequantization.
-DEQUANT_GEMM_MIN_ROWS = 128
+# From this many rows on, the float32 product through the weight dequantized 64 rows at a time
+# (gguf_linear_dense: exact, BLAS-fast) beats the integer kernel, whose per-block float work
+# grows with the rows. Measured on the 2-core EPYC, one thread (2026-11-30, vpdpbusd path):
+# 576x3072 Q4_1 at M = 4 0.28 ms integer / 0.49 dense, M = 8 0.53 / 0.63, M = 16 1.08 / 0.92.
+DEQUANT_GEMM_MIN_ROWS = 12
 
 
 def _kernels(x: torch.Tensor):
@@ -58,8 +62,7 @@ def gguf_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         y = ops.gguf_linear(x2.contiguous(), qweight, scales, mins, in_features,
                             ISA_CODES[envs.cpu_quant_isa()])
     elif ops is not None:
-        w = ops.gguf_dequantize(qweight, scales, mins, in_features)
-        y = F.linear(x2, w.to(x.dtype))
+        y = ops.gguf_linear_dense(x2.contiguous(), qweight, scales, mins, in_features)
     else:
         y = F.linear(x2, gguf_blocks.dequantize(qweight, scales, mins, in_features, x.dtype))
     return y.view(*shape[:-1], y.shape[-1])
@@ -155,11 +158,11 @@ class GGUFConfig(QuantizationConfig):
                 self.kept.add(f"{name}.weight")
 
 
-# Off until activations keep more precision: with int8 activations per 32-block the default
-# model's greedy answers drift from the float32 path (2 of 8 chat prompts identical over 32
-# tokens; "What is the capital of France?" no longer answers Paris), which tests of LLM()
-# rely on. quantization="gguf" opts in.
-DEFAULT_ON_CPU = False
+# On since the kernels' activations are int16 per 32-block: the default model's greedy tokens
+# match the dequantized float32 path on 30 of the 32 W6 prompts over 128 tokens and perplexity
+# on benchmarks/data/perplexity_text.txt within 0.01% (2026-11-30). With int8 activations they
+# matched on 1 of 32 (SmolLM2's activations have outlier channels; near-tied logits flip).
+DEFAULT_ON_CPU = True
 
 
 def default_quantization(requested: str | None, *, is_gguf: bool, device_type: str,

@@ -7,14 +7,16 @@ small unsigned integer ``u`` and float ``d`` (scale) and ``m`` (offset):
 - Q5_0: u = q (5 bits), m = -16 d      - Q5_1: u = q, m = min
 - Q4_K / Q5_K: each 32-weight sub-block of a 256 super-block has d = d_super * scale6 and
   m = -dmin_super * min6, so they become Q4_1 / Q5_1 blocks exactly.
+- Q6_K: 16-weight sub-blocks, w = d_super * scale8 * (q - 32), so u = q (6 bits, held in a
+  byte), d = d_super * scale8 and m = -32 d per group of 16 (the only format with G = 16).
 
 The repacked layer holds ``qweight`` uint8 ``[N, K/2]`` when u < 16 (two per byte) or ``[N, K]``,
-and ``scales`` / ``mins`` float32 ``[N, K/32]``. Nibbles are packed per 64 weights: byte j of a
+and ``scales`` / ``mins`` float32 ``[N, K/G]``, G = 32 inputs per group (16 for Q6_K). Nibbles are packed per 64 weights: byte j of a
 64-chunk holds u[j] (low) and u[j + 32] (high), so one 32-byte load unpacks to two whole blocks;
 a trailing lone block (K % 64 == 32) holds u[j] and u[j + 16].
 
-Q6_K (scales per 16 weights) and the other K/IQ formats are not in this layout: layers holding
-them are dequantized at load instead.
+Q2_K, Q3_K and the IQ formats are not in this layout: layers holding them are dequantized at
+load instead.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 
 BLOCK = 32  # weights per scale in the repacked layout (and per activation scale in kernels)
+GROUP = {"Q6_K": 16}  # formats whose repacked scales cover fewer weights than BLOCK
 
 # GGMLQuantizationType values (gguf.GGMLQuantizationType), kept here so this module needs only
 # numpy: name -> (id, weights per block, bytes per block).
@@ -34,6 +37,7 @@ FORMATS = {
     "Q8_0": (8, 32, 34),
     "Q4_K": (12, 256, 144),
     "Q5_K": (13, 256, 176),
+    "Q6_K": (14, 256, 210),
 }
 _BY_ID = {v[0]: name for name, v in FORMATS.items()}
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
@@ -54,6 +58,11 @@ def row_bytes(name: str, in_features: int) -> int:
 
 def bits(name: str) -> int:
     return 4 if name in FOUR_BIT else 8
+
+
+def group_size(name: str) -> int:
+    """Inputs per scale / min of the repacked layout."""
+    return GROUP.get(name, BLOCK)
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -82,7 +91,7 @@ def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def unpack_blocks(raw: np.ndarray, name: str, in_features: int
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """GGUF rows ``raw`` uint8 [N, row_bytes] -> (u uint8 [N, K], d, m float32 [N, K/32])."""
+    """GGUF rows ``raw`` uint8 [N, row_bytes] -> (u uint8 [N, K], d, m float32 [N, K/G])."""
     _, per_block, nbytes = FORMATS[name]
     n = raw.shape[0]
     blocks = raw.reshape(n * in_features // per_block, nbytes)
@@ -100,6 +109,15 @@ def unpack_blocks(raw: np.ndarray, name: str, in_features: int
         off = 2 if name == "Q5_0" else 4
         m = -16.0 * d if name == "Q5_0" else _f16(blocks[:, 2:4])
         u = _nibbles16(blocks[:, off + 4:off + 20]) | _high_bits(blocks[:, off:off + 4])
+    elif name == "Q6_K":  # ql [128], qh [64], 16 int8 scales, d; two halves of 128 weights
+        ql = blocks[:, :128].reshape(-1, 2, 2, 32)  # [half, low / high 32 bytes, 32]
+        qh = blocks[:, 128:192].reshape(-1, 2, 1, 32)
+        lo = np.concatenate([ql & 0x0F, ql >> 4], axis=2)  # [half, 4 quarters, 32]
+        shifts = np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]
+        u = lo | (((qh >> shifts) & 3) << 4)
+        sc = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).astype(np.float32)
+        d = (_f16(blocks[:, 208:210])[:, None] * sc).reshape(-1)
+        m = -32.0 * d
     else:  # Q4_K, Q5_K: 8 sub-blocks of 32 per super-block
         dd = _f16(blocks[:, 0:2])[:, None]
         dmin = _f16(blocks[:, 2:4])[:, None]
@@ -112,7 +130,7 @@ def unpack_blocks(raw: np.ndarray, name: str, in_features: int
             hb = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
             u = u | (hb << 4)
     u = np.ascontiguousarray(u, dtype=np.uint8).reshape(n, in_features)
-    nb = in_features // BLOCK
+    nb = in_features // group_size(name)
     return (u, np.asarray(d, np.float32).reshape(n, nb), np.asarray(m, np.float32).reshape(n, nb))
 
 
@@ -157,5 +175,6 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
     against)."""
     n = qweight.shape[0]
     u = qweight if qweight.shape[1] == in_features else unpack_nibbles(qweight, in_features)
-    w = u.view(n, -1, BLOCK).float() * scales.unsqueeze(-1) + mins.unsqueeze(-1)
+    group = in_features // scales.shape[1]
+    w = u.view(n, -1, group).float() * scales.unsqueeze(-1) + mins.unsqueeze(-1)
     return w.reshape(n, in_features).to(dtype)

@@ -24,11 +24,20 @@ def weights(name: str, n: int, k: int, seed: int = 0):
 
 
 def quantized_acts(x: torch.Tensor) -> torch.Tensor:
-    """x after the kernels' int8 rounding per 32-block (amax / 127 scales, ties to even)."""
+    """x after the kernels' int16 rounding per 32-block (amax / 32639 scales, ties to even)."""
     xb = x.double().view(x.shape[0], -1, 32)
-    d = xb.abs().amax(-1, keepdim=True) / 127
+    d = xb.abs().amax(-1, keepdim=True) / 32639
     q = torch.where(d > 0, torch.round(xb / torch.where(d > 0, d, 1)), 0)
     return (q * d).view(x.shape)
+
+
+def reference(x: torch.Tensor, qweight, scales, mins, k: int) -> torch.Tensor:
+    """The kernels' arithmetic in float64: the d * u part of the weight times the rounded
+    activations, plus the m part times the exact ones."""
+    du = gguf_blocks.dequantize(qweight, scales, torch.zeros_like(mins), k).double()
+    m = gguf_blocks.dequantize(torch.zeros_like(qweight), torch.zeros_like(scales), mins,
+                               k).double()
+    return quantized_acts(x) @ du.T + x.double() @ m.T
 
 
 def k_values(name: str) -> list[int]:
@@ -49,13 +58,31 @@ def test_gguf_linear_matches_reference(isa, name, k, m):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     y = ops.gguf_linear(x, qweight, scales, mins, k, isa)
     assert y.shape == (m, n) and y.dtype == torch.float32
-    # Exact up to float summation order against the same int8 activations ...
-    ref = quantized_acts(x) @ w.T
+    # Exact up to float summation order against the same int16 activations ...
+    ref = reference(x, qweight, scales, mins, k)
     scale = (x.double().abs() @ w.abs().T).clamp_min(1e-6)
     assert ((y.double() - ref).abs() / scale).max() < 1e-5
-    # ... and close to the float product (int8 activations: ~1/254 of each block's max).
+    # ... and close to the float product (int16 activations: ~1/65534 of each block's max).
     exact = x.double() @ w.T
-    assert ((y.double() - exact).abs() / scale).max() < 2e-2
+    assert ((y.double() - exact).abs() / scale).max() < 1e-4
+
+
+@pytest.mark.parametrize("name,k", [("Q4_1", 96), ("Q8_0", 160), ("Q6_K", 256), ("Q5_K", 512)])
+@pytest.mark.parametrize("m", [1, 8, 17, 64])
+def test_dense_path_matches_float_product(name, k, m):
+    """gguf_linear_dense (64 weight rows dequantized at a time, then BLAS): float32-exact."""
+    n = 150  # three chunks, the last one partial
+    qweight, scales, mins = weights(name, n, k, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    w = gguf_blocks.dequantize(qweight, scales, mins, k).double()
+    y = ops.gguf_linear_dense(x, qweight, scales, mins, k)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    scale = (x.double().abs() @ w.abs().T).clamp_min(1e-6)
+    assert ((y.double() - x.double() @ w.T).abs() / scale).max() < 1e-6
+    yb = ops.gguf_linear_dense(x.to(torch.bfloat16), qweight, scales, mins, k)
+    assert yb.dtype == torch.bfloat16
+    with torch.inference_mode():  # as the engine runs it: chunks on the pool's other threads
+        torch.testing.assert_close(ops.gguf_linear_dense(x, qweight, scales, mins, k), y)
 
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q8_0"])
@@ -69,7 +96,26 @@ def test_bf16_activations(name):
     torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("name,k", [("Q4_0", 96), ("Q4_K", 256), ("Q8_0", 32)])
+@pytest.mark.parametrize("isa_name", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("name", ["Q6_K", "Q4_1"])
+def test_isa_env_switch(isa_name, name, monkeypatch):
+    """OCTAVO_CPU_QUANT_ISA picks the path the layers run (the portable ones on any CPU)."""
+    if ISA_CODES[isa_name] not in ISAS:
+        pytest.skip(f"{isa_name} not built on this CPU")
+    from octavo.quantization import gguf
+
+    k = 256
+    qweight, scales, mins = weights(name, 9, k)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setenv("OCTAVO_CPU_QUANT_ISA", isa_name)
+    y = gguf.gguf_matmul(x, qweight, scales, mins, k)
+    assert torch.equal(y, ops.gguf_linear(x, qweight, scales, mins, k, ISA_CODES[isa_name]))
+    w = gguf_blocks.dequantize(qweight, scales, mins, k).double()
+    scale = (x.double().abs() @ w.abs().T).clamp_min(1e-6)
+    assert ((y.double() - reference(x, qweight, scales, mins, k)).abs() / scale).max() < 1e-5
+
+
+@pytest.mark.parametrize("name,k", [("Q4_0", 96), ("Q4_K", 256), ("Q8_0", 32), ("Q6_K", 256)])
 def test_dequantize_kernel(name, k):
     qweight, scales, mins = weights(name, 11, k)
     torch.testing.assert_close(ops.gguf_dequantize(qweight, scales, mins, k),

@@ -17,9 +17,12 @@ def random_rows(name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(n, k // per_block * nbytes), dtype=np.uint8)
     blocks = raw.reshape(-1, nbytes)
-    n_f16 = 1 if name in ("Q4_0", "Q5_0", "Q8_0") else 2  # d (and min / dmin) lead the block
+    n_f16 = 1 if name in ("Q4_0", "Q5_0", "Q8_0", "Q6_K") else 2  # d (and min / dmin)
     scales = (rng.normal(size=(blocks.shape[0], n_f16)) * 0.01).astype(np.float16)
-    blocks[:, :2 * n_f16] = scales.view(np.uint8)
+    if name == "Q6_K":  # d ends the block
+        blocks[:, -2:] = scales.view(np.uint8)
+    else:  # d (and min / dmin) lead it
+        blocks[:, :2 * n_f16] = scales.view(np.uint8)
     return raw
 
 
@@ -32,9 +35,12 @@ def test_repack_is_exact(name, k_blocks):
     ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(gguf_blocks.FORMATS[name][0]))
     qweight, scales, mins = gguf_blocks.repack(torch.from_numpy(raw), name, k)
     assert qweight.shape == (5, k // 2 if gguf_blocks.bits(name) == 4 else k)
-    assert scales.shape == mins.shape == (5, k // 32)
+    assert scales.shape == mins.shape == (5, k // gguf_blocks.group_size(name))
     w = gguf_blocks.dequantize(qweight, scales, mins, k)
-    np.testing.assert_array_equal(w.numpy(), ref.reshape(5, k).astype(np.float32))
+    if name == "Q6_K":  # d * u + m in float32 against d * (q - 32): may differ in the last bit
+        np.testing.assert_allclose(w.numpy(), ref.reshape(5, k), rtol=1e-6, atol=1e-12)
+    else:
+        np.testing.assert_array_equal(w.numpy(), ref.reshape(5, k).astype(np.float32))
 
 
 @pytest.mark.parametrize("k", [32, 64, 96, 160])
@@ -44,6 +50,7 @@ def test_nibble_packing_round_trips(k):
 
 
 def test_unsupported_types_have_no_format():
-    assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.Q6_K)) is None
+    assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.Q3_K)) is None
+    assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.Q6_K)) == "Q6_K"
     assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.F32)) is None
     assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.Q4_1)) == "Q4_1"

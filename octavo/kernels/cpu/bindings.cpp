@@ -14,7 +14,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "One-token-per-request attention over the paged cache; stores k/v first if given");
   m.def("gguf_linear", &gguf_linear,
-        "x [M, K] @ dequant(qweight)^T with int8 activations per 32-block -> [M, N]");
+        "x [M, K] @ dequant(qweight)^T with int16 activations per 32-block -> [M, N]");
+  m.def("gguf_linear_dense", &gguf_linear_dense,
+        "x [M, K] @ dequant(qweight)^T in float32, the weight dequantized 64 rows at a time");
   m.def("gguf_dequantize", &gguf_dequantize, "The float32 [N, K] of a quantized weight");
   m.def("quant_isas", &quant_isas, "Instruction sets of gguf_linear built here (1 scalar, "
         "2 AVX2, 3 AVX-512 VNNI)");
