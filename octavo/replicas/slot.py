@@ -31,6 +31,7 @@ class ReplicaSlot:
     num_restarts: int = 0
     deaths: list[float] = field(default_factory=list)
     last_error: str | None = None
+    kill_reason: str | None = None  # why the supervisor killed the live replica, if it did
 
     def record_death(self, now: float) -> bool:
         """Count a death; whether the slot may start a replacement."""

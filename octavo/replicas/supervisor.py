@@ -77,6 +77,7 @@ class Supervisor:
         handle = self._make_handle(slot.index)
         with self._lock:
             slot.handle, slot.state, slot.pid, slot.stats = handle, "starting", None, None
+            slot.kill_reason = None
             slot.started_at = slot.last_seen = time.monotonic()
         handle.start(lambda batch: self._batch(slot, handle, batch),
                      lambda why: self._exited(slot, handle, why))
@@ -103,7 +104,10 @@ class Supervisor:
                 return
             was = slot.state
             slot.state, slot.stats = "dead", None
-            if was != "starting" or slot.last_error is None:
+            if slot.kill_reason is not None:
+                slot.last_error = f"replica {slot.index} {slot.kill_reason}, so it was " \
+                    f"killed ({why})"
+            elif was != "starting" or slot.last_error is None:
                 slot.last_error = f"replica {slot.index} died: {why}"
             self._on_death(slot, handle, slot.last_error)
         if not self._stopping:
@@ -129,15 +133,17 @@ class Supervisor:
                             logger.error("replica %d died %d times within %.0f s; not "
                                          "restarting it", slot.index, len(slot.deaths),
                                          now - slot.deaths[0])
+                    elif slot.kill_reason is not None:
+                        continue  # killed already: its reader reports the death
                     elif slot.state == "starting" and \
                             now - slot.started_at > self.startup_timeout_s:
-                        slot.last_error = (f"replica {slot.index} was not ready within "
-                                           f"{self.startup_timeout_s:.0f} s")
+                        slot.kill_reason = (f"was not ready within "
+                                            f"{self.startup_timeout_s:.0f} s")
                         to_kill.append(slot.handle)
                     elif slot.state == "ready" and now - slot.last_seen > self.stall_timeout_s:
-                        slot.last_error = (f"replica {slot.index} sent nothing for "
-                                           f"{now - slot.last_seen:.0f} s")
-                        logger.error("%s; killing it", slot.last_error)
+                        slot.kill_reason = f"sent nothing for {now - slot.last_seen:.0f} s"
+                        logger.error("replica %d %s; killing it", slot.index,
+                                     slot.kill_reason)
                         to_kill.append(slot.handle)
                 all_failed = all(s.state == "failed" for s in self.slots)
             for handle in to_kill:  # its reader reports the death
