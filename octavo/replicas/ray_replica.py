@@ -90,7 +90,8 @@ class RayReplica:
                     batch = ray.get(actor.poll.remote(POLL_TIMEOUT_S))
                 except ray.exceptions.RayActorError as e:
                     cause = getattr(e, "cause", None) or e
-                    why = f"its actor died ({str(cause).splitlines()[0][:300]})"
+                    why = (f"its actor (pid {self.pid}) died: "
+                           f"{str(cause).splitlines()[0][:300]}")
                     break
                 except ray.exceptions.RayTaskError as e:  # the constructor raised
                     why = f"its actor failed ({str(e).splitlines()[0][:300]})"
