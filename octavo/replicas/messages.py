@@ -37,6 +37,9 @@ class ReplicaSpec:
     log_stats_interval: float | None = None  # None: no periodic stats line
     log_level: int = logging.INFO
     cuda_visible_devices: str | None = None  # a process replica's GPUs on CUDA
+    # On the CPU, a process replica's share of the cores (OMP_NUM_THREADS for it and its
+    # ranks): N replicas that each start one thread per core would oversubscribe them.
+    cpu_threads: int | None = None
 
 
 class Outbox:

@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 def replica_process_main(conn, spec: ReplicaSpec) -> None:
     if spec.cuda_visible_devices is not None:  # before anything initializes CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
+    if spec.cpu_threads is not None:  # before torch starts its thread pool
+        os.environ["OMP_NUM_THREADS"] = str(spec.cpu_threads)
     logging.basicConfig(level=spec.log_level,
                         format=f"%(levelname)s replica {spec.index} %(name)s: %(message)s")
     # Ctrl-C in a terminal reaches the whole process group: the router stops replicas itself.

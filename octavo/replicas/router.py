@@ -97,11 +97,13 @@ class ReplicaRouter:
         inner = dataclasses.replace(args, distributed_executor_backend=(
             None if tp == 1 else args.distributed_executor_backend))
         name = model_name or config.model_config.served_model_name
-        devices = _device_groups(num_replicas, tp) if on_gpu and self.backend != "ray" else None
+        process_replicas = self.backend != "ray"  # Ray gives each actor its own share
+        devices = _device_groups(num_replicas, tp) if on_gpu and process_replicas else None
+        threads = _cpu_share(num_replicas * tp) if not on_gpu and process_replicas else None
 
         def make_handle(index: int):
             spec = ReplicaSpec(inner, index, name, log_stats_interval, log_level,
-                               devices[index] if devices else None)
+                               devices[index] if devices else None, threads)
             if self.backend == "ray":
                 from octavo.replicas.ray_replica import RayReplica
 
@@ -331,6 +333,18 @@ def _device_groups(num_replicas: int, tp: int) -> list[str]:
         raise ValueError(f"num_replicas={num_replicas} x tensor_parallel_size={tp} needs "
                          f"{num_replicas * tp} GPUs; {len(ids)} are visible")
     return [",".join(ids[i * tp:(i + 1) * tp]) for i in range(num_replicas)]
+
+
+def _cpu_share(num_processes: int) -> int | None:
+    """Threads per engine process so that together they use this process's cores once;
+    None when the user set OMP_NUM_THREADS (theirs to choose)."""
+    import os
+
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    return max(1, cores // num_processes)
 
 
 def _deliver_all(deliveries: list[tuple[_Stream, Any]]) -> None:
