@@ -297,6 +297,43 @@ def test_a_stalled_replica_is_killed_and_replaced(router, server):
     assert "sent nothing for" in router.health_report()[1][0]["last_error"]
 
 
+class SleepAfter:
+    """A logits processor that wedges the engine thread once 3 tokens are out (module level:
+    it pickles by name into the replica)."""
+
+    def __call__(self, token_ids, logits):
+        if len(token_ids) == 3:
+            time.sleep(20)
+        return logits
+
+
+def test_a_stuck_engine_is_killed_and_its_request_fails_clearly(router):
+    from octavo.sampling_params import RequestOutputKind
+
+    supervisor = router._supervisor
+    supervisor.step_timeout_s = 2.0
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
+                            logits_processors=[SleepAfter()],
+                            output_kind=RequestOutputKind.DELTA)
+
+    async def run():
+        tokens = []
+        async for out in router.generate({"prompt_token_ids": [5, 6]}, params, "stuck"):
+            tokens += out.outputs[0].token_ids
+        return tokens
+
+    start = time.monotonic()
+    try:
+        with pytest.raises(Exception, match="finished no engine step for [23] s, so it was "
+                                            "killed") as info:
+            asyncio.run(asyncio.wait_for(run(), BOUND_S))
+    finally:
+        supervisor.step_timeout_s = 300.0
+    took = time.monotonic() - start
+    print(f"stuck engine: the request failed after {took:.1f} s: {info.value}")
+    assert took < 10
+
+
 def test_data_parallel_llm_equals_one_engine(model):
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     prompts = [{"prompt_token_ids": [(7 * i + 3 * n) % 500 for i in range(n)]}

@@ -10,8 +10,10 @@ Replica -> router (a list of these per send):
     ("out", request_id, RequestOutput)
     ("fail", request_id, kind, text) kind: "invalid" (ValueError), "failed" (the request
                                      failed in the engine), "dead" (the engine died)
-    ("stats", snapshot)              every STATS_INTERVAL_S: the replica's Prometheus
-                                     snapshot (``metrics.snapshot``); doubles as a heartbeat
+    ("stats", snapshot, stuck_s)     every STATS_INTERVAL_S: the replica's Prometheus
+                                     snapshot (``metrics.snapshot``) and the seconds its
+                                     engine has had requests without finishing a step;
+                                     doubles as a heartbeat
 """
 
 from __future__ import annotations

@@ -3,9 +3,12 @@ loop of its own, commands in, outputs and stats out through an ``Outbox``.
 
 ``handle`` takes the router's messages from any thread; each added request becomes a task on
 the replica's loop that iterates ``AsyncLLM.generate`` and puts every output in the outbox
-(an abort cancels the task, which aborts the request). ``take`` hands the transport the next
-batch, with a stats snapshot (the heartbeat) every ``STATS_INTERVAL_S``. If the engine dies
-for good, the replica exits (``on_fatal``) and the router restarts it.
+(an abort cancels the task, which aborts the request; an abort that overtakes its add, as
+calls to a threaded Ray actor may, is remembered). ``take`` hands the transport the next
+batch, with a stats snapshot (the heartbeat) every ``STATS_INTERVAL_S``; the heartbeat also
+says for how long the engine has had requests without finishing a step, so the router can
+tell a stuck engine from a busy one. If the engine dies for good, the replica exits
+(``on_fatal``) and the router restarts it.
 """
 
 from __future__ import annotations
@@ -15,12 +18,25 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from octavo.replicas.messages import STATS_INTERVAL_S, Outbox, ReplicaSpec, fail_message
 from octavo.replicas.metrics import snapshot
 
 logger = logging.getLogger(__name__)
+
+_MAX_EARLY_ABORTS = 10_000
+
+
+class _StepClock:
+    """A StatLogger that only notes when the engine last finished a step."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def record(self, stats, num_new_preemptions: int, finished) -> None:
+        self.last = time.monotonic()
 
 
 class ReplicaCore:
@@ -31,6 +47,8 @@ class ReplicaCore:
         self.outbox = Outbox()
         self.llm = AsyncLLM.from_engine_args(spec.engine_args)
         self.llm.fatal_callbacks.append(on_fatal)
+        self._clock = _StepClock()
+        self.llm.stat_loggers.append(self._clock)
         self.registry = None
         try:
             from octavo.metrics.prometheus import PrometheusStatLogger
@@ -48,6 +66,7 @@ class ReplicaCore:
                 log=logging.getLogger(f"octavo.replica{spec.index}")))
         self.loop = asyncio.new_event_loop()
         self._tasks: dict[str, asyncio.Task] = {}
+        self._early_aborts: OrderedDict[str, None] = OrderedDict()
         self._thread = threading.Thread(target=self.loop.run_forever,
                                         name="octavo-replica-loop", daemon=True)
         self._thread.start()
@@ -66,6 +85,11 @@ class ReplicaCore:
             raise ValueError(f"unknown replica message {kind!r}")
 
     def _start(self, request_id, prompt, params, priority, group_id) -> None:
+        if request_id in self._early_aborts:
+            del self._early_aborts[request_id]
+            return
+        if not self._tasks:  # busy from now: the step clock runs from here
+            self._clock.last = time.monotonic()
         if request_id in self._tasks:
             self.outbox.put(("fail", request_id, "invalid",
                              f"request_id {request_id!r} is already in use"))
@@ -77,6 +101,11 @@ class ReplicaCore:
         task = self._tasks.get(request_id)
         if task is not None:
             task.cancel()
+            return
+        # Not started (its add comes later) or finished already; remember it briefly.
+        self._early_aborts[request_id] = None
+        while len(self._early_aborts) > _MAX_EARLY_ABORTS:
+            self._early_aborts.popitem(last=False)
 
     async def _run(self, request_id, prompt, params, priority, group_id) -> None:
         try:
@@ -99,11 +128,14 @@ class ReplicaCore:
         now = time.monotonic()
         if now >= self._next_stats:
             self._next_stats = now + STATS_INTERVAL_S
+            # Seconds the engine has had requests without finishing a step (0 when idle).
+            stuck = now - self._clock.last if self._tasks else 0.0
             try:
-                batch.append(("stats", snapshot(self.registry) if self.registry else []))
+                batch.append(("stats", snapshot(self.registry) if self.registry else [],
+                              stuck))
             except Exception:  # noqa: BLE001 - a metrics bug must not stop the heartbeat
                 logger.exception("replica stats snapshot failed")
-                batch.append(("stats", []))
+                batch.append(("stats", [], stuck))
         return batch
 
     def shutdown(self) -> None:

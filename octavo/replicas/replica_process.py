@@ -5,7 +5,8 @@ replica's batches out.
 In the child, the main thread reads messages (EOF: the router's process is gone, so the
 replica ends too) and a sender thread sends the outbox's batches. In the router, a reader
 thread receives batches and reports the pipe's end (the child died, or was stopped) once.
-The child is not a daemon: a tensor-parallel replica starts worker processes of its own.
+The child is a daemon unless it is tensor-parallel (it then starts worker processes of its
+own, which a daemon may not); the router stops its replicas at exit either way.
 """
 
 from __future__ import annotations
@@ -74,8 +75,10 @@ class ProcessReplica:
         self._send_lock = threading.Lock()
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
+        # A daemon ends with this process; one with TP workers of its own cannot be one.
+        daemon = spec.engine_args.tensor_parallel_size == 1
         self._proc = ctx.Process(target=replica_process_main, args=(child, spec),
-                                 name=f"octavo-replica-{spec.index}", daemon=False)
+                                 name=f"octavo-replica-{spec.index}", daemon=daemon)
         self._child = child
 
     def start(self, on_batch: Callable[[list], None], on_exit: Callable[[str], None]) -> None:

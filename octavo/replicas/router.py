@@ -6,9 +6,10 @@ in-flight requests that has received no output yet is sent again to another repl
 ``MAX_ATTEMPTS`` times in all); one that had output already fails with a RequestFailedError
 naming the replica and why it died, since its client has seen part of an answer. Non-streamed
 server requests (``FINAL_ONLY``) see no output before they finish, so they are always retried.
-A request never waits forever: a replica that stops answering is killed by the supervisor
-after ``stall_timeout_s`` (its requests then fail or retry), and a request that finds no ready
-replica for ``ready_wait_s`` fails.
+A request never waits forever: a replica that stops answering (``stall_timeout_s``) or whose
+engine stops stepping while it has requests (``step_timeout_s``) is killed by the supervisor
+(its requests then fail or retry), and a request that finds no ready replica for
+``ready_wait_s`` fails.
 
 Health, as ``/health`` reports it: the router is healthy while at least one replica is ready
 (the endpoint can serve; a replica being restarted is shown in the report, not as a 503 that
@@ -19,10 +20,12 @@ its restart budget; then the fatal callbacks run (the server exits 1, as with on
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import logging
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +42,7 @@ from octavo.replicas.slot import ReplicaSlot
 from octavo.replicas.supervisor import (
     DEFAULT_STALL_TIMEOUT_S,
     DEFAULT_STARTUP_TIMEOUT_S,
+    DEFAULT_STEP_TIMEOUT_S,
     Supervisor,
 )
 from octavo.sampling_params import RequestOutputKind, SamplingParams
@@ -77,6 +81,7 @@ class ReplicaRouter:
                  log_stats_interval: float | None = None, log_level: int = logging.INFO,
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
                  stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+                 step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
                  ready_wait_s: float = DEFAULT_READY_WAIT_S) -> None:
         check_num_replicas(num_replicas)
         config = args.create_engine_config()  # every engine check, before anything starts
@@ -119,9 +124,14 @@ class ReplicaRouter:
         self._supervisor = Supervisor(
             num_replicas, make_handle, self._lock, self._on_batch, self._on_death,
             self._on_all_failed, startup_timeout_s=startup_timeout_s,
-            stall_timeout_s=stall_timeout_s)
+            stall_timeout_s=stall_timeout_s, step_timeout_s=step_timeout_s)
         t0 = time.monotonic()
         self._supervisor.start_all()
+        # A script that never calls shutdown() must still exit: stop the replicas first
+        # (multiprocessing would wait at exit for a replica with TP workers, not a daemon).
+        ref = weakref.ref(self)
+        self._at_exit = lambda: (r := ref()) is not None and r.shutdown(5.0)
+        atexit.register(self._at_exit)
         logger.info("%d replicas ready in %.1f s", num_replicas, time.monotonic() - t0)
 
     # ------------------------------------------------------------------ AsyncLLM's face
@@ -312,6 +322,9 @@ class ReplicaRouter:
         """Stop every replica: running requests fail with EngineDeadError. Idempotent."""
         self._fail_everything(EngineDeadError("the engine was shut down"))
         self._supervisor.stop_all(timeout)
+        at_exit = getattr(self, "_at_exit", None)
+        if at_exit is not None:
+            atexit.unregister(at_exit)
 
 
 def check_num_replicas(num_replicas: Any, name: str = "num_replicas") -> None:

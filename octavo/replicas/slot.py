@@ -28,6 +28,7 @@ class ReplicaSlot:
     pid: int | None = None
     started_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
+    stuck_s: float = 0.0  # the engine's time with requests and no finished step
     num_restarts: int = 0
     deaths: list[float] = field(default_factory=list)
     last_error: str | None = None

@@ -1,6 +1,7 @@
 """Keeps the replicas running: starts them, notices a death (the process ended, the actor
-died) or a stall (no heartbeat for ``stall_timeout_s``, or not ready within
-``startup_timeout_s``), and starts a replacement in the same slot within the restart budget
+died) or a stall (no heartbeat for ``stall_timeout_s``: the process is stopped or wedged;
+requests but no finished engine step for ``step_timeout_s``: the engine is stuck; or not ready
+within ``startup_timeout_s``), kills it, and starts a replacement in the same slot within the restart budget
 (``slot.MAX_RESTARTS`` per ``slot.RESTART_WINDOW_S``).
 
 The supervisor owns the slots' lifecycle; what a death means for requests is the router's
@@ -21,6 +22,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_STARTUP_TIMEOUT_S = 900.0  # loading a large checkpoint takes minutes
 DEFAULT_STALL_TIMEOUT_S = 30.0  # a replica sends stats every 0.5 s, even mid-step
+# One engine step, a chunk of prefill included, takes well under this even on a CPU; an
+# engine restart's health check is bounded by 60 s.
+DEFAULT_STEP_TIMEOUT_S = 300.0
 _TICK_S = 0.1
 
 
@@ -31,7 +35,8 @@ class Supervisor:
                  on_death: Callable[[ReplicaSlot, object, str], None],
                  on_all_failed: Callable[[str], None],
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+                 step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S) -> None:
         self.slots = [ReplicaSlot(i) for i in range(num_replicas)]
         self._make_handle = make_handle
         self._lock = lock
@@ -40,6 +45,7 @@ class Supervisor:
         self._on_all_failed = on_all_failed
         self.startup_timeout_s = startup_timeout_s
         self.stall_timeout_s = stall_timeout_s
+        self.step_timeout_s = step_timeout_s
         self._stopping = False
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -77,6 +83,7 @@ class Supervisor:
         handle = self._make_handle(slot.index)
         with self._lock:
             slot.handle, slot.state, slot.pid, slot.stats = handle, "starting", None, None
+            slot.stuck_s = 0.0
             slot.kill_reason = None
             slot.started_at = slot.last_seen = time.monotonic()
         handle.start(lambda batch: self._batch(slot, handle, batch),
@@ -95,7 +102,7 @@ class Supervisor:
                 elif msg[0] == "start_error":
                     slot.last_error = msg[1]
                 elif msg[0] == "stats":
-                    slot.stats = msg[1]
+                    slot.stats, slot.stuck_s = msg[1], msg[2]
             self._on_batch(slot, handle, batch)
 
     def _exited(self, slot: ReplicaSlot, handle, why: str) -> None:
@@ -142,6 +149,12 @@ class Supervisor:
                         to_kill.append(slot.handle)
                     elif slot.state == "ready" and now - slot.last_seen > self.stall_timeout_s:
                         slot.kill_reason = f"sent nothing for {now - slot.last_seen:.0f} s"
+                        logger.error("replica %d %s; killing it", slot.index,
+                                     slot.kill_reason)
+                        to_kill.append(slot.handle)
+                    elif slot.state == "ready" and slot.stuck_s > self.step_timeout_s:
+                        slot.kill_reason = (f"had requests but finished no engine step for "
+                                            f"{slot.stuck_s:.0f} s")
                         logger.error("replica %d %s; killing it", slot.index,
                                      slot.kill_reason)
                         to_kill.append(slot.handle)
