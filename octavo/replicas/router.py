@@ -75,14 +75,15 @@ class ReplicaRouter:
     """Start ``num_replicas`` replicas of ``args`` (processes, or Ray actors when
     ``args.distributed_executor_backend == "ray"``) and wait until all are ready.
     ValueError for a bad configuration (before anything starts), RuntimeError when a
-    replica cannot start."""
+    replica cannot start. ``make_handle(spec)``: another kind of replica handle (tests)."""
 
     def __init__(self, args: EngineArgs, num_replicas: int, model_name: str | None = None,
                  log_stats_interval: float | None = None, log_level: int = logging.INFO,
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
                  stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
                  step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
-                 ready_wait_s: float = DEFAULT_READY_WAIT_S) -> None:
+                 ready_wait_s: float = DEFAULT_READY_WAIT_S,
+                 make_handle: Callable[[ReplicaSpec], Any] | None = None) -> None:
         check_num_replicas(num_replicas)
         config = args.create_engine_config()  # every engine check, before anything starts
         self.engine = RouterFront(config, self.shutdown)
@@ -106,9 +107,11 @@ class ReplicaRouter:
         devices = _device_groups(num_replicas, tp) if on_gpu and process_replicas else None
         threads = _cpu_share(num_replicas * tp) if not on_gpu and process_replicas else None
 
-        def make_handle(index: int):
+        def new_handle(index: int):
             spec = ReplicaSpec(inner, index, name, log_stats_interval, log_level,
                                devices[index] if devices else None, threads)
+            if make_handle is not None:
+                return make_handle(spec)
             if self.backend == "ray":
                 from octavo.replicas.ray_replica import RayReplica
 
@@ -117,12 +120,12 @@ class ReplicaRouter:
 
             return ProcessReplica(spec)
 
-        if self.backend == "ray":
+        if self.backend == "ray" and make_handle is None:
             from octavo.replicas.ray_replica import check_cluster
 
             check_cluster(num_replicas, tp, on_gpu)
         self._supervisor = Supervisor(
-            num_replicas, make_handle, self._lock, self._on_batch, self._on_death,
+            num_replicas, new_handle, self._lock, self._on_batch, self._on_death,
             self._on_all_failed, startup_timeout_s=startup_timeout_s,
             stall_timeout_s=stall_timeout_s, step_timeout_s=step_timeout_s)
         t0 = time.monotonic()

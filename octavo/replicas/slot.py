@@ -33,6 +33,7 @@ class ReplicaSlot:
     deaths: list[float] = field(default_factory=list)
     last_error: str | None = None
     kill_reason: str | None = None  # why the supervisor killed the live replica, if it did
+    start_error: str | None = None  # what the replica starting now reported, if it failed
 
     def record_death(self, now: float) -> bool:
         """Count a death; whether the slot may start a replacement."""

@@ -62,8 +62,7 @@ class Supervisor:
                     states = [s.state for s in self.slots]
                     bad = next((s for s in self.slots if s.state == "dead"), None)
                 if bad is not None:
-                    raise RuntimeError(f"replica {bad.index} could not start: "
-                                       f"{bad.last_error}")
+                    raise RuntimeError(bad.last_error)
                 if all(s == "ready" for s in states):
                     break
                 if time.monotonic() - min(s.started_at for s in self.slots) > \
@@ -84,7 +83,7 @@ class Supervisor:
         with self._lock:
             slot.handle, slot.state, slot.pid, slot.stats = handle, "starting", None, None
             slot.stuck_s = 0.0
-            slot.kill_reason = None
+            slot.kill_reason = slot.start_error = None
             slot.started_at = slot.last_seen = time.monotonic()
         handle.start(lambda batch: self._batch(slot, handle, batch),
                      lambda why: self._exited(slot, handle, why))
@@ -100,7 +99,7 @@ class Supervisor:
                     slot.state, slot.pid = "ready", msg[1]["pid"]
                     logger.info("replica %d ready (pid %s)", slot.index, slot.pid)
                 elif msg[0] == "start_error":
-                    slot.last_error = msg[1]
+                    slot.start_error = msg[1]
                 elif msg[0] == "stats":
                     slot.stats, slot.stuck_s = msg[1], msg[2]
             self._on_batch(slot, handle, batch)
@@ -114,7 +113,10 @@ class Supervisor:
             if slot.kill_reason is not None:
                 slot.last_error = f"replica {slot.index} {slot.kill_reason}, so it was " \
                     f"killed ({why})"
-            elif was != "starting" or slot.last_error is None:
+            elif was == "starting":
+                slot.last_error = (f"replica {slot.index} could not start: "
+                                   f"{slot.start_error or why}")
+            else:
                 slot.last_error = f"replica {slot.index} died: {why}"
             self._on_death(slot, handle, slot.last_error)
         if not self._stopping:
