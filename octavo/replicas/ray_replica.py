@@ -102,7 +102,11 @@ class RayReplica:
                 for msg in batch:
                     if msg[0] == "ready":
                         self.pid = msg[1]["pid"]
-                on_batch(batch)
+                try:
+                    on_batch(batch)
+                except Exception:  # noqa: BLE001 - a router bug must not stop the reader
+                    logger.exception("replica %d: a batch could not be handled",
+                                     self.spec.index)
             on_exit(why)
 
         threading.Thread(target=read, name=f"octavo-replica-{self.spec.index}-reader",

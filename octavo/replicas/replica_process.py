@@ -94,7 +94,11 @@ class ProcessReplica:
                     batch = self._conn.recv()
                 except (EOFError, OSError):
                     break
-                on_batch(batch)
+                try:
+                    on_batch(batch)
+                except Exception:  # noqa: BLE001 - a router bug must not stop the reader
+                    logger.exception("replica %d: a batch could not be handled",
+                                     self.spec.index)
             self._proc.join(5)
             code = self._proc.exitcode
             why = (f"killed by signal {-code}" if code is not None and code < 0
