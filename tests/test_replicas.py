@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import os
 import shutil
 import signal
@@ -213,6 +214,30 @@ def test_health_and_metrics_cover_every_replica(router, server):
         assert samples[("octavo:replica_up", r, None)] == 1.0
         assert ("octavo:kv_cache_usage_perc", r, None) in samples
         assert samples[("octavo:generation_tokens_total", r, None)] >= 3
+
+
+def test_the_simple_server_serves_through_replicas(router):
+    from octavo.entrypoints.api_server import build_app as build_simple_app
+
+    app = build_simple_app(router, ["tiny"], shutdown_engine=False)
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            whole = await c.post("/generate", json={"prompt": "w5 w6", "max_tokens": 4,
+                                                    "temperature": 0, "ignore_eos": True})
+            streamed = await c.post("/generate", json={
+                "prompt": "w5 w6", "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+                "stream": True})
+            health = await c.get("/health")
+        return whole, streamed, health
+
+    whole, streamed, health = asyncio.run(run())
+    assert whole.status_code == 200, whole.text
+    lines = [line for line in streamed.text.splitlines() if line]
+    assert whole.json()["text"] == json.loads(lines[-1])["text"]
+    assert len(whole.json()["text"][0].split()) == 6
+    assert health.status_code == 200 and len(health.json()["replicas"]) == 2
 
 
 def _kill_mid_load(router, server, sig: int, n: int = 40) -> tuple[list, float]:
