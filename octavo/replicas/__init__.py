@@ -15,6 +15,21 @@ in-flight requests. ``metrics`` turns each replica's Prometheus snapshot into th
 ``/metrics`` with a ``replica`` label.
 """
 
-from octavo.replicas.router import ReplicaRouter
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from octavo.replicas.router import ReplicaRouter
 
 __all__ = ["ReplicaRouter"]
+
+
+def __getattr__(name: str):
+    # Lazy: a replica process imports this package before it picks its GPUs
+    # (CUDA_VISIBLE_DEVICES), so the package itself must not pull in the engine.
+    if name == "ReplicaRouter":
+        from octavo.replicas.router import ReplicaRouter
+
+        return ReplicaRouter
+    raise AttributeError(f"module 'octavo.replicas' has no attribute {name!r}")
