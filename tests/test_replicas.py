@@ -169,7 +169,7 @@ def test_outputs_equal_one_engine_and_load_is_balanced(router, server, model):
         aclient = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x",
                                      max_retries=0)
         tasks = [asyncio.ensure_future(aclient.completions.create(
-            prompt=PROMPTS[i % 4], **_greedy(300))) for i in range(20)]
+            prompt=PROMPTS[i % 4], **_greedy(480))) for i in range(20)]
         deadline = time.monotonic() + 30
         while sum(s.in_flight for s in router.slots) < 20:
             assert time.monotonic() < deadline
@@ -181,7 +181,7 @@ def test_outputs_equal_one_engine_and_load_is_balanced(router, server, model):
 
     loads, outs = asyncio.run(load())
     assert loads == [10, 10]
-    assert all(o.usage.completion_tokens == 300 for o in outs)
+    assert all(o.usage.completion_tokens == 480 for o in outs)
 
 
 def test_health_and_metrics_cover_every_replica(router, server):
