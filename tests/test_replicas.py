@@ -130,6 +130,8 @@ def test_bad_configurations_are_refused_before_anything_starts(model, monkeypatc
 def test_num_replicas_is_in_help():
     text = make_arg_parser().format_help()
     assert "--num-replicas" in text and "least loaded" in text
+    for flag in ("--data-parallel-size", "-dp"):  # vLLM's name
+        assert make_arg_parser().parse_args([flag, "3"]).num_replicas == 3
 
 
 # ---------------------------------------------------------------------- routing policy

@@ -60,12 +60,13 @@ def health_response(engine: EngineClient) -> Response:
 
 
 def add_replica_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-replicas", type=int, default=1,
+    p.add_argument("--num-replicas", "--data-parallel-size", "-dp", dest="num_replicas",
+                   type=int, default=1,
                    help="engine replicas behind this one endpoint, each a process of its own "
                    "(a Ray actor under --distributed-executor-backend ray) and each "
                    "--tensor-parallel-size ranks; a request goes to the least loaded; a "
                    "replica that dies is restarted (default 1: the engine in the server's "
-                   "process)")
+                   "process). --data-parallel-size / -dp: vLLM's name for it")
 
 
 def replica_flag_problems(args: argparse.Namespace) -> list[str]:
