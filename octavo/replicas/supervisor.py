@@ -1,8 +1,8 @@
 """Keeps the replicas running: starts them, notices a death (the process ended, the actor
 died) or a stall (no heartbeat for ``stall_timeout_s``: the process is stopped or wedged;
-requests but no finished engine step for ``step_timeout_s``: the engine is stuck; or not ready
-within ``startup_timeout_s``), kills it, and starts a replacement in the same slot within the restart budget
-(``slot.MAX_RESTARTS`` per ``slot.RESTART_WINDOW_S``).
+requests but no finished engine step for ``step_timeout_s``: the engine is stuck; not ready
+within ``startup_timeout_s``) and kills the stalled one, and starts a replacement in the same
+slot within the restart budget (``slot.MAX_RESTARTS`` per ``slot.RESTART_WINDOW_S``).
 
 The supervisor owns the slots' lifecycle; what a death means for requests is the router's
 (``on_death``), called under the shared lock the moment the death is seen, so that no request
@@ -54,9 +54,9 @@ class Supervisor:
     def start_all(self) -> None:
         """Start every replica and wait until all are ready; RuntimeError naming the first
         that could not start (the others are stopped)."""
-        for slot in self.slots:
-            self._launch(slot)
         try:
+            for slot in self.slots:
+                self._launch(slot)
             while True:
                 with self._lock:
                     states = [s.state for s in self.slots]
