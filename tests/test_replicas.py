@@ -389,3 +389,26 @@ def test_a_replica_that_cannot_start_is_a_clear_error(model, tmp_path):
     with pytest.raises(RuntimeError, match="replica 0 could not start: .*safetensors"):
         ReplicaRouter(EngineArgs(model=broken, dtype="float32", max_model_len=64), 1)
     assert time.monotonic() - start < 60
+
+
+def test_the_server_command_with_replicas_stops_them_on_sigterm(model):
+    """``python -m octavo.entrypoints.openai.api_server --num-replicas 2``: serves, and on
+    SIGTERM exits 0 with its replica processes gone."""
+    from tests.test_server_shutdown import Server
+
+    server = Server("octavo.entrypoints.openai.api_server", "--model", model, "--dtype",
+                    "float32", "--num-replicas", "2", "--served-model-name", "tiny",
+                    "--disable-log-stats")
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        pids = [r["pid"] for r in httpx.get(url + "/health").json()["replicas"]]
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        out = client.completions.create(prompt="w5 w6", **_greedy(4))
+        assert out.usage.completion_tokens == 4
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(60) == 0, server.output()
+    finally:
+        server.kill()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
