@@ -65,6 +65,10 @@ def served(tmp_path_factory):
     yield router, srv
     srv.stop()
     router.shutdown()
+    deadline = time.monotonic() + 20  # the actors and their CPUs are given back
+    while ray.available_resources().get("CPU", 0) < 2:
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.1)
     ray.shutdown()
 
 
