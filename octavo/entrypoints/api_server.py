@@ -4,7 +4,8 @@
 POST /generate with JSON ``{"prompt": str, "stream": bool, ...SamplingParams fields}`` answers
 ``{"text": [prompt + completion, one per sample]}``; with ``"stream": true`` it sends one such
 JSON object per line (newline-delimited), each with the cumulative text so far.
-GET /health answers 200 while the engine lives. For anything beyond a demo use the
+GET /health answers 200 while the engine lives (with ``--num-replicas N``: while a replica
+is ready, listing every replica). For anything beyond a demo use the
 OpenAI-compatible server (``octavo.entrypoints.openai.api_server``).
 """
 
@@ -22,14 +23,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 import octavo
-from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.beam_runner import validation_params
+from octavo.entrypoints.engine_client import EngineClient, health_response
 from octavo.entrypoints.openai.api_server import (
     DEFAULT_MAX_BODY_BYTES,
     make_arg_parser,
     start_engine,
 )
-from octavo.entrypoints.openai.error_handlers import error_response, install_error_handlers
+from octavo.entrypoints.openai.error_handlers import install_error_handlers
 from octavo.entrypoints.openai.error_schema import (
     dataclass_body_schema,
     document_errors,
@@ -102,7 +103,7 @@ def _texts(prompt: str, out: RequestOutput) -> list[str]:
     return [prompt + c.text for c in sorted(out.outputs, key=lambda c: c.index)]
 
 
-def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
+def build_app(engine: EngineClient, served_model_names: Sequence[str] | None = None,
               api_key: str | None = None, rate_limit: int | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               shutdown_engine: bool = True) -> FastAPI:
@@ -124,9 +125,7 @@ def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
 
     @app.get("/health")
     async def health():
-        if engine.errored:
-            return error_response(503, f"the engine is dead: {engine.dead_error!r}")
-        return Response(status_code=200)
+        return health_response(engine)
 
     @app.post("/generate", openapi_extra=json_request_body(dataclass_body_schema(
         SamplingParams, SAMPLING_FIELDS, {"prompt": (str, ...), "stream": (bool, False)})))
@@ -135,6 +134,8 @@ def build_app(engine: AsyncLLM, served_model_names: Sequence[str] | None = None,
         # checks (the engine then receives token ids and never tokenizes).
         body = await raw_request.body()
         prompt, stream, params = await serving.offload.run(parse_generate_request, body)
+        if not stream:  # one answer at the end: a request lost with a replica can be retried
+            params.output_kind = RequestOutputKind.FINAL_ONLY
         serving.check_alive()
         # Beam search runs above the engine: the processor checks the rest of it.
         ready = await serving.prepare([prompt], validation_params(serving.engine.engine, params))

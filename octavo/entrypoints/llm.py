@@ -37,15 +37,33 @@ class LLM:
     max_num_seqs, max_num_batched_tokens, block_size, gpu_memory_utilization, swap_space,
     preemption_mode, enforce_eager, quantization, tensor_parallel_size, ...). ``model=None``
     runs the embedded default, SmolLM2-135M-Instruct.
+
+    ``data_parallel_size=N`` (N > 1) runs N engine processes (Ray actors under
+    ``distributed_executor_backend="ray"``), each ``tensor_parallel_size`` ranks, and spreads
+    every ``generate`` over them, least loaded first; outputs stay in input order. Scripts
+    then need the ``if __name__ == "__main__":`` guard (the processes are spawned);
+    ``llm.llm_engine.shutdown()`` stops them. ``beam_search`` needs one engine.
     """
 
     def __init__(self, model: str | None = None, tokenizer: str | None = None,
-                 dtype: str = "auto", seed: int = 0, **kwargs: Any) -> None:
+                 dtype: str = "auto", seed: int = 0, data_parallel_size: int = 1,
+                 **kwargs: Any) -> None:
         unknown = set(kwargs) - EngineArgs.field_names()
         if unknown:
             raise ValueError(f"unknown LLM arguments: {sorted(unknown)}")
+        from octavo.replicas.router import check_num_replicas
+
+        check_num_replicas(data_parallel_size, "data_parallel_size")
         args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, **kwargs)
-        self.llm_engine = LLMEngine.from_engine_args(args)
+        self._replicas = None
+        if data_parallel_size > 1:
+            from octavo.replicas.offline import OfflineReplicas
+
+            self._replicas = OfflineReplicas(args, data_parallel_size)
+            # Config, tokenizer and processor, no model: what generate validates with.
+            self.llm_engine = self._replicas.front
+        else:
+            self.llm_engine = LLMEngine.from_engine_args(args)
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
@@ -73,6 +91,8 @@ class LLM:
         if priority is not None and len(priority) != len(prompts):
             raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
         engine = self.llm_engine
+        if self._replicas is not None:
+            return self._generate_on_replicas(prompts, params, priority, use_tqdm)
         beams = BeamSearchRunner(engine)
         jobs: dict[int, BeamJob] = {}
         # Validate everything before queueing anything, so a bad prompt leaves no orphans.
@@ -104,6 +124,24 @@ class LLM:
             engine.abort_request(ids)
             raise
 
+    def _generate_on_replicas(self, prompts: list[PromptType], params: list[SamplingParams],
+                              priority: list[int] | None, use_tqdm: bool
+                              ) -> list[RequestOutput]:
+        """``generate`` over data-parallel replicas: everything validated here first (a bad
+        prompt queues nothing), then each prompt is a request to the least-loaded replica,
+        whose engine runs beam search (``use_beam_search``) itself."""
+        from octavo.engine.beam_runner import validation_params
+        from octavo.executor.base import check_picklable
+
+        engine = self.llm_engine
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            try:
+                check_picklable(sp)
+                engine.processor.process("validate", p, validation_params(engine, sp))
+            except ValueError as e:
+                raise _with_prompt_index(e, i) from None
+        return self._replicas.generate(prompts, params, priority, use_tqdm)
+
     def beam_search(
         self,
         prompts: PromptType | Sequence[PromptType],
@@ -123,6 +161,10 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         engine = self.llm_engine
+        if self._replicas is not None:
+            raise ValueError("LLM.beam_search runs on one engine, not over "
+                             "data_parallel_size > 1 replicas yet; use generate() with "
+                             "SamplingParams(use_beam_search=True), which they run")
         beams = BeamSearchRunner(engine)
         jobs = []
         for i, p in enumerate(prompts):

@@ -16,9 +16,16 @@ from fastapi.responses import Response
 
 import octavo
 from octavo.engine.arg_utils import EngineArgs
-from octavo.engine.async_llm import AsyncLLM
+from octavo.entrypoints.engine_client import (
+    EngineClient,
+    add_replica_flag,
+    health_response,
+    make_engine,
+    metrics_exporter,
+    replica_flag_problems,
+)
 from octavo.entrypoints.launcher import DEFAULT_SHUTDOWN_TIMEOUT, serve
-from octavo.entrypoints.openai.error_handlers import error_response, install_error_handlers
+from octavo.entrypoints.openai.error_handlers import install_error_handlers
 from octavo.entrypoints.openai.error_schema import document_errors
 from octavo.entrypoints.openai.middleware import (
     AuthRateLimitMiddleware,
@@ -43,7 +50,6 @@ from octavo.entrypoints.openai.serving_engine import (
     ErrorGuardMiddleware,
 )
 from octavo.metrics.log_stats import DEFAULT_INTERVAL_S, LoggingStatLogger
-from octavo.metrics.prometheus import PrometheusStatLogger
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +70,9 @@ class ServerSettings:
     tool_call_parser: str | None = None
 
 
-def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastAPI:
-    """A FastAPI app serving ``engine``. Several apps may share one AsyncLLM."""
+def build_app(engine: EngineClient, settings: ServerSettings | None = None) -> FastAPI:
+    """A FastAPI app serving ``engine`` (an AsyncLLM, or a ReplicaRouter over engine
+    processes). Several apps may share one engine."""
     s = settings or ServerSettings()
     mc = engine.model_config
     names = list(s.served_model_names or [mc.served_model_name])
@@ -73,7 +80,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
     chat = OpenAIServingChat(engine, names, s.chat_template,
                              render_timeout=s.chat_template_timeout,
                              tool_call_parser=s.tool_call_parser)
-    metrics = PrometheusStatLogger(engine.engine, names[0])
+    metrics = metrics_exporter(engine, names[0])
     engine.stat_loggers.append(metrics)
 
     @asynccontextmanager
@@ -94,9 +101,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings | None = None) -> FastA
 
     @app.get("/health")
     async def health():
-        if engine.errored:
-            return error_response(503, f"the engine is dead: {engine.dead_error!r}")
-        return Response(status_code=200)
+        return health_response(engine)
 
     @app.get("/version")
     async def version():
@@ -254,6 +259,7 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
                    "(ray) each")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=None, help="automatic prefix caching (default: on)")
+    add_replica_flag(p)
     return p
 
 
@@ -298,6 +304,7 @@ def unsupported_flags(args: argparse.Namespace) -> list[str]:
         if bad:
             problems.append(f"--forwarded-allow-ips {args.forwarded_allow_ips!r}: {bad}")
     problems += _tool_flag_problems(args)
+    problems += replica_flag_problems(args)
     return problems
 
 
@@ -348,21 +355,29 @@ def _read_template(value: str | None) -> str | None:
     return value
 
 
-def start_engine(args: argparse.Namespace) -> AsyncLLM | None:
-    """The engine for parsed server flags; None (reasons printed) when flags are refused or
-    the engine cannot start. Shared by this server and the simple /generate one."""
+def start_engine(args: argparse.Namespace) -> EngineClient | None:
+    """The engine for parsed server flags (a ReplicaRouter with --num-replicas > 1); None
+    (reasons printed) when flags are refused or the engine cannot start. Shared by this
+    server and the simple /generate one."""
     problems = unsupported_flags(args)
     for msg in problems:
         print(f"octavo: error: {msg}", file=sys.stderr)
     if problems:
         return None
+    num_replicas = getattr(args, "num_replicas", 1)
+    interval = None if args.disable_log_stats else args.metric_interval
     try:
-        engine = AsyncLLM.from_engine_args(engine_args_from(args))
-    except ValueError as e:
+        engine = make_engine(engine_args_from(args), num_replicas,
+                             args.served_model_name[0] if args.served_model_name else None,
+                             log_stats_interval=interval)
+    except (ValueError, ImportError, ConnectionError) as e:
         print(f"octavo: error: {e}", file=sys.stderr)
         return None
-    if not args.disable_log_stats:
-        engine.stat_loggers.append(LoggingStatLogger(engine.engine, args.metric_interval))
+    except RuntimeError as e:  # a replica could not start
+        print(f"octavo: error: {e}", file=sys.stderr)
+        return None
+    if interval is not None and num_replicas == 1:  # replicas log their own
+        engine.stat_loggers.append(LoggingStatLogger(engine.engine, interval))
     return engine
 
 
