@@ -61,6 +61,30 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
             **first, "num_blocks": engine.num_blocks, "repeat_runs": runs[1:]}
 
 
+def run_octavo_replicas(folder: str, prompts, max_tokens, args) -> dict:
+    """The same requests over ``--data-parallel-size`` engine processes (one GPU each at
+    TP=1), behind the replica router: ``LLM(data_parallel_size=N)``."""
+    from octavo import LLM, SamplingParams
+
+    n = args.data_parallel_size
+    llm = LLM(model=folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+              max_model_len=4096, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              enforce_eager=args.enforce_eager, gpu_memory_utilization=0.9,
+              tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=n)
+    # Warm every replica (least-loaded routing spreads 2n concurrent requests over all).
+    llm.generate([{"prompt_token_ids": prompts[i][:64]} for i in range(2 * n)],
+                 SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
+    t0 = time.perf_counter()  # generate returns once every replica's tokens are back
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    llm.llm_engine.shutdown()
+    return {"engine": f"octavo ({n} replicas)", "wall_s": wall, "output_tokens": n_out,
+            "output_tok_s": n_out / wall}
+
+
 def step_breakdown(trace) -> dict:
     """Where the wall time went: steps with prefill work vs decode-only steps, and the
     slowest steps (a JIT compile or an allocator stall shows up there)."""
@@ -113,6 +137,9 @@ def main() -> None:
     ap.add_argument("--executors", default="uni",
                     help="comma-separated executor backends to run in turn (uni,mp): the "
                     "mp executor's per-step overhead against uni in the same call")
+    ap.add_argument("--data-parallel-size", type=int, default=1,
+                    help="N > 1: after the single engine, the same requests over N replicas "
+                    "(LLM(data_parallel_size=N)) in the same call, and their ratio")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
 
@@ -159,6 +186,18 @@ def main() -> None:
         result["runs"].append(other)
         print(f"{other['engine']}: {other['output_tok_s']:,.0f} output tok/s = "
               f"{other['vs_first_executor']:.3f}x the {args.executors.split(',')[0]} executor")
+    if args.data_parallel_size > 1:
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        dp = run_octavo_replicas(folder, prompts, max_tokens, args)
+        dp["vs_one_engine"] = dp["output_tok_s"] / octavo["output_tok_s"]
+        result["runs"].append(dp)
+        print(f"{dp['engine']}: {dp['output_tok_s']:,.0f} output tok/s = "
+              f"{dp['vs_one_engine']:.2f}x one engine")
     if args.peers:
         peer = run_hf_static(folder, prompts, max_tokens)
         result["runs"].append(peer)

@@ -61,3 +61,23 @@ def grammar_fill_threads() -> int | None:
     if threads < 1:
         raise ValueError(f"OCTAVO_GRAMMAR_FILL_THREADS must be >= 1, got {value!r}")
     return threads
+
+
+def profile_steps() -> tuple[int, int] | None:
+    """OCTAVO_PROFILE_STEPS="START:STOP" (default unset): each worker (every rank) runs
+    torch.profiler over its steps START..STOP-1 and writes a per-kernel summary to
+    OCTAVO_PROFILE_DIR (default "."), for finding where a step's device time goes."""
+    value = os.environ.get("OCTAVO_PROFILE_STEPS", "").strip()
+    if not value:
+        return None
+    try:
+        start, stop = (int(v) for v in value.split(":"))
+    except ValueError:
+        raise ValueError(f"OCTAVO_PROFILE_STEPS must be START:STOP, got {value!r}") from None
+    if not 0 <= start < stop:
+        raise ValueError(f"OCTAVO_PROFILE_STEPS needs 0 <= START < STOP, got {value!r}")
+    return start, stop
+
+
+def profile_dir() -> str:
+    return os.environ.get("OCTAVO_PROFILE_DIR", ".")

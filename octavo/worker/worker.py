@@ -14,6 +14,7 @@ from octavo.structured_output.bitmask import GrammarBitmask
 from octavo.worker.cpu_tuning import keep_heap_pages
 from octavo.worker.model_runner import ModelRunner
 from octavo.worker.step_handle import StepHandle
+from octavo.worker.step_profiler import StepProfiler
 from octavo.worker.swap_cache import SwapCache, num_swap_blocks
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ class Worker:
             keep_heap_pages()
         torch.manual_seed(config.model_config.seed)
         self.runner = ModelRunner(config, self.device)
+        from octavo.distributed.parallel_state import get_tp_group
+
+        self.profiler = StepProfiler(get_tp_group().rank, self.device)
 
     def load_model(self) -> None:
         self.runner.load_model()
@@ -112,6 +116,7 @@ class Worker:
         self.runner.reset()
 
     def execute_model_async(self, sched: SchedulerOutput) -> StepHandle | None:
+        self.profiler.before_step()
         return self.runner.execute_model_async(sched)
 
     def sample_tokens(self, grammar: GrammarBitmask | None) -> StepHandle:

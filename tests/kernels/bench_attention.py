@@ -223,7 +223,45 @@ def chunk(tune):
             print(f"ctx={ctx:5d} cfg={cfg} | " + " ".join(row), flush=True)
 
 
+def w1(tune):
+    """W1's decode attention (Qwen3-0.6B heads: H=16, Hkv=8, D=128) at batch 128 and 256
+    with W1-like mixed contexts (uniform 100..2048), per tile config and forced split."""
+    import random
+
+    H, Hkv, D = 16, 8, 128
+    cfgs = [None]
+    if tune:
+        cfgs += [(bn, w, s) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4)
+                 if not (bn == 128 and s == 4)]
+    orig = pa._pick_config
+    print("w1 decode (H=16, Hkv=8, D=128, bf16): GB/s per (BLOCK_N, warps, stages) and split")
+    for B in (128, 256):
+        rng = random.Random(B)
+        ctx = [rng.randint(100, 2048) for _ in range(B)]
+        q, kc, vc, qsl, sl, bt = batch([1] * B, ctx, H, Hkv, D)
+        gb = sum(ctx) * Hkv * D * 2 * 2 / 1e9
+        for cfg in cfgs:
+            if cfg is not None:
+                pa._pick_config = lambda dec, *a, c=cfg: (
+                    pa._Config(1, 16, *c) if dec else orig(dec, *a))
+            row = []
+            for ns in (None, 1, 2, 4):
+                try:
+                    ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1,
+                                                         max_query_len=1, max_seq_len=2048,
+                                                         num_splits=ns))
+                    row.append(f"s={ns}:{gb / ms * 1e3:5.0f}")
+                except Exception as e:  # noqa: BLE001 - a config that does not fit
+                    row.append(f"s={ns}:err {type(e).__name__}")
+            pa._pick_config = orig
+            print(f"B={B} cfg={cfg} | " + " ".join(row), flush=True)
+
+
 if __name__ == "__main__":
+    if "--w1" in sys.argv:
+        print(torch.cuda.get_device_name(), torch.__version__)
+        w1("--tune" in sys.argv)
+        sys.exit(0)
     if "--chunk" in sys.argv:
         print(torch.cuda.get_device_name(), torch.__version__)
         chunk("--tune" in sys.argv)
