@@ -35,6 +35,19 @@ def grammar_mask_kernel() -> bool:
     return _flag("OCTAVO_GRAMMAR_MASK_KERNEL", True)
 
 
+def fused_qk_norm_rope() -> bool:
+    """OCTAVO_FUSED_QK_NORM_ROPE (default on): on CUDA, Qwen3's per-head q/k RMSNorm and the
+    rotary embedding in one in-place Triton launch (octavo/kernels/qk_norm_rope.py); off,
+    two norms (each copying its strided input) and a rotary kernel."""
+    return _flag("OCTAVO_FUSED_QK_NORM_ROPE", True)
+
+
+def skinny_gemm() -> bool:
+    """OCTAVO_SKINNY_GEMM (default on): on CUDA, float linears of decode batches (<= 16 rows,
+    bf16 / fp16) through one Triton launch (octavo/kernels/skinny_gemm.py); off, cuBLAS."""
+    return _flag("OCTAVO_SKINNY_GEMM", True)
+
+
 def cpu_kernels() -> bool:
     """OCTAVO_CPU_KERNELS (default on): fused C++ CPU ops (norm, rotary, attention, ...),
     compiled on first use; off, or without a compiler, the torch ops run instead."""

@@ -51,4 +51,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
     """x W^T + b, on the packed weight when there is one for this device and dtype."""
     if usable(x, packed):
         return packed_linear(x, packed, bias)
+    if x.is_cuda:
+        from octavo.kernels.skinny_gemm import linear as cuda_linear
+
+        return cuda_linear(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from octavo import envs
 from octavo.attention.layer import Attention, ForwardContext
 from octavo.layers.activation import SiluAndMul
 from octavo.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -61,6 +62,15 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(layer_idx, self.num_heads, head_dim, head_dim ** -0.5,
                               self.num_kv_heads, backend)
 
+    def _fused_qk_norm_rope(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """On CUDA, Qwen3's q/k norms and the rotation in one in-place launch."""
+        if not (q.is_cuda and envs.fused_qk_norm_rope()):
+            return False
+        from octavo.kernels.qk_norm_rope import supports
+        from octavo.kernels.triton_utils import HAS_TRITON
+
+        return HAS_TRITON and supports(q, k, self.rotary_emb.cos_sin_cache, self.head_dim)
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:
         qkv = self.qkv_proj(x)
@@ -70,8 +80,17 @@ class LlamaAttention(nn.Module):
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
+            if self._fused_qk_norm_rope(q, k):
+                from octavo.kernels.qk_norm_rope import qk_norm_rope
+
+                qk_norm_rope(positions, q, k, self.q_norm.weight, self.k_norm.weight,
+                             self.q_norm.eps, self.rotary_emb.cos_sin_cache)
+                return self._attend(q, k, v, ctx, t)
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
+        return self._attend(q, k, v, ctx, t)
+
+    def _attend(self, q, k, v, ctx: ForwardContext, t: int) -> torch.Tensor:
         o = self.attn(q, k, v, ctx)
         return self.o_proj(o.reshape(t, self.q_size))
 

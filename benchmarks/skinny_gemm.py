@@ -1,0 +1,125 @@
+"""Decode-batch float GEMMs: octavo/kernels/skinny_gemm.py against cuBLAS (``F.linear``) at
+the Qwen3-0.6B and Llama-3.1-8B projection shapes, bf16, M = 1..16, on the GPU, in one call.
+
+Weights are replicated so one sweep reads several times the L2 (each call reads its weight
+from HBM, as a decode step does); a sweep is captured in a CUDA graph (as the engine's decode
+steps are) and timed by CUDA events over replays. Prints microseconds per call, the speedup
+over cuBLAS and the fraction of HBM bandwidth; ``--sweep`` times tile configurations.
+
+    python benchmarks/skinny_gemm.py [--m 1 4 16] [--sweep] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.workloads import device_limits  # noqa: E402
+
+# (N, K) of each projection (nn.Linear weight layout).
+SHAPES = {
+    "qwen3-0.6b": {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024),
+                   "down": (1024, 3072), "lm_head": (151936, 1024)},
+    "llama-3.1-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+                     "down": (4096, 14336)},
+}
+L2_FLUSH_BYTES = 400 << 20
+
+
+def timed(fns) -> float:
+    """Mean microseconds per call over replays of a CUDA graph of one sweep of ``fns``."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    reps = 5
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    del graph
+    return start.elapsed_time(end) * 1e3 / (reps * len(fns))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+
+    from octavo.kernels.skinny_gemm import skinny_gemm
+
+    bandwidth, _, limits = device_limits()
+    dev = torch.device("cuda")
+    rows = []
+    cfgs = ([None] + [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
+                      for bn, bk, w, s in itertools.product((16, 32, 64), (64, 128, 256),
+                                                            (4,), (3, 4, 6))]
+            if args.sweep else [None])
+    for model, shapes in SHAPES.items():
+        for name, (n, k) in shapes.items():
+            copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
+            ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / 32 for _ in range(copies)]
+            for m in args.m:
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                t_ref = timed([lambda w=w, x=x: F.linear(x, w) for w in ws])
+                best = None
+                for cfg in cfgs:
+                    kw = cfg or {}
+                    try:
+                        t = timed([lambda w=w, x=x, kw=kw: skinny_gemm(x, w, **kw) for w in ws])
+                    except Exception as e:  # noqa: BLE001 - a config that does not fit
+                        print(f"  {cfg}: {type(e).__name__}", flush=True)
+                        continue
+                    if cfg is None:
+                        default = t
+                    if best is None or t < best[0]:
+                        best = (t, cfg)
+                err = (skinny_gemm(x, ws[0]).float() - F.linear(x, ws[0]).float()).abs().max()
+                row = {"model": model, "shape": name, "N": n, "K": k, "M": m,
+                       "cublas_us": round(t_ref, 2), "skinny_us": round(default, 2),
+                       "speedup": round(t_ref / default, 2),
+                       "skinny_hbm_fraction": round(n * k * 2 / (default * 1e-6) / bandwidth, 3),
+                       "cublas_hbm_fraction": round(n * k * 2 / (t_ref * 1e-6) / bandwidth, 3),
+                       "max_abs_diff": float(err)}
+                if args.sweep:
+                    row["best_us"], row["best_cfg"] = round(best[0], 2), best[1]
+                rows.append(row)
+                print(" ".join(f"{a}={b}" for a, b in row.items()), flush=True)
+            del ws
+            torch.cuda.empty_cache()
+    per_layer = {}
+    for model in SHAPES:
+        for m in args.m:
+            sel = [r for r in rows if r["model"] == model and r["M"] == m
+                   and r["shape"] != "lm_head"]
+            c, s = sum(r["cublas_us"] for r in sel), sum(r["skinny_us"] for r in sel)
+            per_layer[f"{model} M={m}"] = {"cublas_us": round(c, 1), "skinny_us": round(s, 1),
+                                           "speedup": round(c / s, 2)}
+            print(f"one {model} layer's GEMMs at M={m}: {per_layer[f'{model} M={m}']}")
+    print_json_result({"benchmark": "skinny_gemm", "device": device_info(), "limits": limits,
+                       "commit": git_commit(), "rows": rows, "per_layer": per_layer}, args.json)
+
+
+if __name__ == "__main__":
+    main()

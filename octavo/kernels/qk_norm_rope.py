@@ -1,0 +1,99 @@
+"""Qwen3's per-head RMSNorm of q and k followed by rotary embedding, in one launch, in place.
+
+Unfused, a layer pays five launches here: q and k are strided slices of the fused QKV output,
+so each RMSNorm first copies its input contiguous, then normalises, and a third kernel
+rotates both. At decode batch sizes each launch costs more than the bytes it moves, so one
+program per token now normalises every head of q and k (fp32 statistics), rounds as the
+separate kernels do (normalised value to the dtype, times the weight, to the dtype), rotates
+(NeoX pairs, fp32 math) and writes back into the QKV output: the values of ``rms_norm`` then
+``rotary_embedding`` (up to the order of the variance's sum), with no copies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from octavo.kernels.rms_norm import rms_norm_ref
+from octavo.kernels.rotary import rotary_embedding_ref
+from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
+
+
+@triton.jit
+def _norm_rotate_heads(x_ptr, token, stride_t, stride_h, num_heads, w1, w2, cos, sin, eps,
+                       offs_h, offs_r, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+    mask = (offs_h[:, None] < num_heads) & (offs_r[None, :] < HALF)
+    base = x_ptr + token * stride_t + offs_h[:, None] * stride_h
+    dt = x_ptr.dtype.element_ty
+    x1 = tl.load(base + offs_r[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF + offs_r[None, :], mask=mask, other=0.0).to(tl.float32)
+    var = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM
+    rstd = (1.0 / tl.sqrt(var + eps))[:, None]
+    y1 = ((x1 * rstd).to(dt).to(tl.float32) * w1[None, :]).to(dt).to(tl.float32)
+    y2 = ((x2 * rstd).to(dt).to(tl.float32) * w2[None, :]).to(dt).to(tl.float32)
+    tl.store(base + offs_r[None, :], (y1 * cos[None, :] - y2 * sin[None, :]).to(dt), mask=mask)
+    tl.store(base + HALF + offs_r[None, :], (y2 * cos[None, :] + y1 * sin[None, :]).to(dt),
+             mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_ptr, k_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
+    num_q_heads, num_k_heads, eps,
+    HALF: tl.constexpr, HALF_P: tl.constexpr, QH_P: tl.constexpr, KH_P: tl.constexpr,
+):  # fmt: skip
+    # One program per token: every head shares the token's cos / sin row and the weights.
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_r = tl.arange(0, HALF_P)
+    r_ok = offs_r < HALF
+    cos = tl.load(cache_ptr + pos * stride_cache + offs_r, mask=r_ok, other=0.0).to(tl.float32)
+    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_r, mask=r_ok, other=0.0)
+    sin = sin.to(tl.float32)
+    qw1 = tl.load(qw_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32)
+    qw2 = tl.load(qw_ptr + HALF + offs_r, mask=r_ok, other=0.0).to(tl.float32)
+    kw1 = tl.load(kw_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32)
+    kw2 = tl.load(kw_ptr + HALF + offs_r, mask=r_ok, other=0.0).to(tl.float32)
+    _norm_rotate_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, qw1, qw2, cos, sin, eps,
+                       tl.arange(0, QH_P), offs_r, HALF, 2 * HALF)
+    _norm_rotate_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, kw1, kw2, cos, sin, eps,
+                       tl.arange(0, KH_P), offs_r, HALF, 2 * HALF)
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
+             head_dim: int) -> bool:
+    """NeoX rotation of the whole head ([T, H, D] views with a contiguous last dim)."""
+    return (q.dim() == 3 and k.dim() == 3 and q.stride(-1) == 1 and k.stride(-1) == 1
+            and q.shape[-1] == head_dim and k.shape[-1] == head_dim
+            and cos_sin_cache.shape[-1] == head_dim and head_dim % 2 == 0
+            and k.dtype == q.dtype)
+
+
+def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                 q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                 cos_sin_cache: torch.Tensor) -> None:
+    """In place: ``q = rope(rms_norm(q, q_weight))``, the same for ``k``; ``q`` [T, Hq, D] and
+    ``k`` [T, Hkv, D] may be strided views of a fused QKV output."""
+    require_triton("qk_norm_rope")
+    num_tokens = q.shape[0]
+    if num_tokens == 0:
+        return
+    head_dim = q.shape[-1]
+    assert supports(q, k, cos_sin_cache, head_dim), (q.shape, k.shape, cos_sin_cache.shape)
+    half = head_dim // 2
+    qh, kh = q.shape[1], k.shape[1]
+    half_p = next_power_of_2(half)
+    _qk_norm_rope_kernel[(num_tokens,)](
+        q, k, positions.reshape(-1), cos_sin_cache, q_weight, k_weight,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
+        qh, kh, float(eps),
+        HALF=half, HALF_P=half_p, QH_P=next_power_of_2(qh), KH_P=next_power_of_2(kh),
+        num_warps=4 if next_power_of_2(qh) * half_p >= 1024 else 1,
+    )  # fmt: skip
+
+
+def qk_norm_rope_ref(positions, q, k, q_weight, k_weight, eps, cos_sin_cache) -> None:
+    """The unfused torch reference (in place)."""
+    q.copy_(rms_norm_ref(q, q_weight, eps))
+    k.copy_(rms_norm_ref(k, k_weight, eps))
+    rotary_embedding_ref(positions, q, k, cos_sin_cache, q.shape[-1])

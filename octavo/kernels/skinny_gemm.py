@@ -1,0 +1,105 @@
+"""``y = x @ W.T (+ b)`` for decode batches (M <= 16) with a float weight [N, K]: one launch,
+split-K reduced in place.
+
+At batch 1-16 a decode step's GEMMs read every weight once and do little else, so they should
+run at memory speed; for the small projections of a 0.6B-class model (1-12 MB each) cuBLAS
+picks kernels of 6-10 us each and sometimes a split-K with a second reduction launch, about a
+quarter of the HBM bandwidth. Here each program streams a [BLOCK_N, BLOCK_K] tile of W per
+step (K contiguous, so loads coalesce) through the tensor cores against x padded to 16 rows
+(the MMA is free in a memory-bound loop), with enough programs (split K) to keep every SM's
+loads in flight; the last program of each output tile adds the float32 partial sums in split
+order (``octavo.kernels.split_k``: deterministic, no second launch, capturable in graphs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from octavo import envs
+from octavo.kernels.split_k import buffers as split_k_buffers
+from octavo.kernels.split_k import counters as split_k_counters
+from octavo.kernels.split_k import plan as split_k_plan
+from octavo.kernels.split_k import store_or_reduce
+from octavo.kernels.triton_utils import HAS_TRITON, num_compute_units, require_triton, tl, triton
+
+MAX_M = 16
+
+
+@triton.jit
+def _skinny_gemm_kernel(
+    x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr,
+    M, N, K, K_PER_SPLIT, NUM_SPLITS,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
+    stride_ps, stride_pm, stride_pn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < k_end
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+    store_or_reduce(acc, offs_m, offs_n, m_ok[:, None] & n_ok[None, :], out_ptr,
+                    stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
+                    pid_n, pid_k, NUM_SPLITS)
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """A CUDA half-precision batch of at most MAX_M rows against a [N, K] weight of its dtype."""
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and weight.dim() == 2 and x.shape[-1] == weight.shape[1]
+            and 1 <= x.numel() // x.shape[-1] <= MAX_M and weight.shape[1] % 16 == 0)
+
+
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                block_n: int | None = None, block_k: int | None = None,
+                split_k: int | None = None, num_warps: int | None = None,
+                num_stages: int | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for at most MAX_M rows. The tuning arguments (None:
+    chosen here) exist for the benchmark's sweeps."""
+    require_triton("skinny_gemm")
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    m, k = x2.shape
+    n = weight.shape[0]
+    block_n = block_n or 64
+    block_k = block_k or 128
+    n_tiles = triton.cdiv(n, block_n)
+    if split_k is None:
+        # About four programs per SM: every SM streams several tiles at once.
+        want = 4 * num_compute_units(x.device)
+        split_k = max(1, min(triton.cdiv(want, n_tiles), triton.cdiv(k, block_k), 32))
+    split_k, k_per_split = split_k_plan(triton.cdiv(k, block_k) * block_k, block_k, split_k)
+    out, partial = split_k_buffers(m, n, split_k, x2)
+    _skinny_gemm_kernel[(n_tiles, split_k)](
+        x2, weight, out, partial, split_k_counters(x.device, n_tiles),
+        m, n, k, k_per_split, split_k,
+        x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+        out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps or 4, num_stages=num_stages or 4,
+    )  # fmt: skip
+    if bias is not None:
+        out += bias
+    return out.reshape(*shape[:-1], n)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """``F.linear``, through :func:`skinny_gemm` for CUDA decode batches it supports
+    (OCTAVO_SKINNY_GEMM, default on)."""
+    if x.is_cuda and HAS_TRITON and envs.skinny_gemm() and supports(x, weight):
+        return skinny_gemm(x, weight, bias)
+    return F.linear(x, weight, bias)

@@ -1,0 +1,45 @@
+"""skinny_gemm (decode-batch float GEMM, split-K reduced in place) against F.linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from octavo.kernels.skinny_gemm import skinny_gemm, supports  # noqa: E402
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("nk", [(40, 32), (96, 160), (64, 48)])
+@pytest.mark.parametrize("split_k", [1, 3, None])
+def test_matches_linear(m, nk, split_k, device):
+    n, k = nk
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).to(device, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(device, dtype)
+    b = torch.randn(n, generator=g).to(device, dtype)
+    got = skinny_gemm(x, w, b, block_n=32, block_k=16, split_k=split_k)
+    ref = F.linear(x.float(), w.float(), b.float())
+    torch.testing.assert_close(got.float(), ref, atol=3e-2, rtol=3e-2)
+    assert got.dtype == dtype and got.shape == (m, n)
+
+
+def test_a_3d_input_keeps_its_leading_dims(device):
+    x = torch.randn(2, 3, 32).to(device, torch.float16)
+    w = torch.randn(24, 32).to(device, torch.float16)
+    got = skinny_gemm(x, w, block_n=16, block_k=16)
+    assert got.shape == (2, 3, 24)
+    torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), atol=5e-2, rtol=2e-2)
+
+
+def test_supports_only_decode_batches_in_half_precision():
+    w = torch.empty(8, 32, dtype=torch.bfloat16)
+    assert not supports(torch.empty(1, 32, dtype=torch.bfloat16), w)  # not CUDA
+    if torch.cuda.is_available():
+        wc = w.cuda()
+        assert supports(torch.empty(16, 32, dtype=torch.bfloat16, device="cuda"), wc)
+        assert not supports(torch.empty(17, 32, dtype=torch.bfloat16, device="cuda"), wc)
+        assert not supports(torch.empty(1, 32, device="cuda"), wc)  # float32 stays cuBLAS
