@@ -105,7 +105,9 @@ def main() -> None:
                 if args.sweep:
                     row["best_us"], row["best_cfg"] = round(best[0], 2), best[1]
                 rows.append(row)
-                print(" ".join(f"{a}={b}" for a, b in row.items()), flush=True)
+                print(" ".join(f"{a}={b}" for a, b in row.items() if a not in
+                               ("N", "K", "skinny_hbm_fraction", "cublas_hbm_fraction")),
+                      flush=True)
             del ws
             torch.cuda.empty_cache()
     per_layer = {}
@@ -117,8 +119,15 @@ def main() -> None:
             per_layer[f"{model} M={m}"] = {"cublas_us": round(c, 1), "skinny_us": round(s, 1),
                                            "speedup": round(c / s, 2)}
             print(f"one {model} layer's GEMMs at M={m}: {per_layer[f'{model} M={m}']}")
-    print_json_result({"benchmark": "skinny_gemm", "device": device_info(), "limits": limits,
-                       "commit": git_commit(), "rows": rows, "per_layer": per_layer}, args.json)
+    result = {"benchmark": "skinny_gemm", "device": device_info(), "limits": limits,
+              "commit": git_commit(), "rows": rows, "per_layer": per_layer}
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    else:
+        print_json_result(result)
 
 
 if __name__ == "__main__":
