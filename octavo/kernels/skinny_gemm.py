@@ -2,9 +2,9 @@
 split-K reduced in place.
 
 At batch 1-16 a decode step's GEMMs read every weight once and do little else, so they should
-run at memory speed; for the small projections of a 0.6B-class model (1-12 MB each) cuBLAS
-picks kernels of 6-10 us each and sometimes a split-K with a second reduction launch, about a
-quarter of the HBM bandwidth. Here each program streams a [BLOCK_N, BLOCK_K] tile of W per
+run at memory speed; for the tall-K projections of a 0.6B-class model (o_proj, down_proj)
+cuBLAS picks a split-K with a second reduction launch, 7-13 us for 4-6 MB (7-18% of the HBM
+bandwidth); :func:`linear` sends only those shapes here (:func:`preferred`). Here each program streams a [BLOCK_N, BLOCK_K] tile of W per
 step (K contiguous, so loads coalesce) through the tensor cores against x padded to 16 rows
 (the MMA is free in a memory-bound loop), with enough programs (split K) to keep every SM's
 loads in flight; the last program of each output tile adds the float32 partial sums in split
@@ -63,6 +63,16 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and 1 <= x.numel() // x.shape[-1] <= MAX_M and weight.shape[1] % 16 == 0)
 
 
+def preferred(weight: torch.Tensor) -> bool:
+    """Whether this kernel beats cuBLAS for the weight's shape: measured on an H200
+    (benchmarks/skinny_gemm.py --sweep, M = 1..16) only for tall-K projections (K >= 2N, e.g.
+    o_proj and down_proj of a 0.6B model: 5.5 vs 12.5 us and 6.3 vs 7.4 us at M = 1, where
+    cuBLAS picks a split-K with a second launch); for wide ones (qkv, gate_up, LM head)
+    cuBLAS is as fast or faster."""
+    n, k = weight.shape
+    return k >= 2 * n
+
+
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 block_n: int | None = None, block_k: int | None = None,
                 split_k: int | None = None, num_warps: int | None = None,
@@ -74,8 +84,9 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     x2 = x.reshape(-1, shape[-1])
     m, k = x2.shape
     n = weight.shape[0]
-    block_n = block_n or 64
-    block_k = block_k or 128
+    # Sweep winners on the H200: 32-row weight tiles; 256-wide K steps up to K = 2048.
+    block_n = block_n or 32
+    block_k = block_k or (256 if k <= 2048 else 128)
     n_tiles = triton.cdiv(n, block_n)
     if split_k is None:
         # About four programs per SM: every SM streams several tiles at once.
@@ -98,8 +109,9 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
-    """``F.linear``, through :func:`skinny_gemm` for CUDA decode batches it supports
-    (OCTAVO_SKINNY_GEMM, default on)."""
-    if x.is_cuda and HAS_TRITON and envs.skinny_gemm() and supports(x, weight):
+    """``F.linear``, through :func:`skinny_gemm` for CUDA decode batches of the shapes where
+    it is faster (OCTAVO_SKINNY_GEMM, default on)."""
+    if (x.is_cuda and HAS_TRITON and envs.skinny_gemm() and supports(x, weight)
+            and preferred(weight)):
         return skinny_gemm(x, weight, bias)
     return F.linear(x, weight, bias)

@@ -43,3 +43,10 @@ def test_supports_only_decode_batches_in_half_precision():
         assert supports(torch.empty(16, 32, dtype=torch.bfloat16, device="cuda"), wc)
         assert not supports(torch.empty(17, 32, dtype=torch.bfloat16, device="cuda"), wc)
         assert not supports(torch.empty(1, 32, device="cuda"), wc)  # float32 stays cuBLAS
+
+
+def test_only_tall_k_weights_are_preferred():
+    from octavo.kernels.skinny_gemm import preferred
+
+    assert preferred(torch.empty(1024, 2048)) and preferred(torch.empty(1024, 3072))
+    assert not preferred(torch.empty(4096, 1024)) and not preferred(torch.empty(4096, 4096))
