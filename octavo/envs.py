@@ -48,6 +48,13 @@ def skinny_gemm() -> bool:
     return _flag("OCTAVO_SKINNY_GEMM", True)
 
 
+def custom_all_reduce() -> bool:
+    """OCTAVO_CUSTOM_ALL_REDUCE (default on): tensor-parallel all-reduces of small CUDA tensors
+    in one launch over peer-mapped GPU memory (octavo/distributed/custom_all_reduce.py) where
+    every GPU can reach the others; off, NCCL for every all-reduce."""
+    return _flag("OCTAVO_CUSTOM_ALL_REDUCE", True)
+
+
 def cpu_kernels() -> bool:
     """OCTAVO_CPU_KERNELS (default on): fused C++ CPU ops (norm, rotary, attention, ...),
     compiled on first use; off, or without a compiler, the torch ops run instead."""

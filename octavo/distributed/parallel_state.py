@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from octavo import envs
+
 
 @dataclass(frozen=True)
 class TPGroup:
@@ -24,6 +26,8 @@ class TPGroup:
         import torch.distributed as dist
 
         x = x.contiguous()
+        if _CUSTOM is not None and _CUSTOM.eligible(x):
+            return _CUSTOM.all_reduce(x)
         dist.all_reduce(x)
         return x
 
@@ -39,6 +43,7 @@ class TPGroup:
 
 
 _TP = TPGroup()
+_CUSTOM = None  # octavo.distributed.custom_all_reduce.CustomAllReduce, on CUDA with peer access
 
 
 def get_tp_group() -> TPGroup:
@@ -47,11 +52,15 @@ def get_tp_group() -> TPGroup:
 
 def init_tensor_parallel(rank: int, size: int, port: int, device_type: str) -> None:
     """Join the group of ``size`` ranks on this machine (loopback, ``port``) as ``rank``."""
-    global _TP
+    global _TP, _CUSTOM
     if size > 1:
         import torch.distributed as dist
 
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
                                 init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=size)
+        if device_type == "cuda" and envs.custom_all_reduce():
+            from octavo.distributed.custom_all_reduce import create
+
+            _CUSTOM = create(rank, size, torch.device("cuda", torch.cuda.current_device()))
     _TP = TPGroup(rank, size)
