@@ -41,6 +41,12 @@ class CustomAllReduce:
             if r == rank:
                 addrs.append(self.region.data_ptr())
                 continue
+            # Open the handle on this rank's own device: CUDA then maps the peer's memory
+            # for access from here (peer access enabled lazily), and this process creates
+            # no context on the peer's GPU. (On the peer's device index, as the handle says,
+            # the mapping belongs to that device and this GPU's kernels fault on it.)
+            args = list(args)
+            args[6] = device.index  # rebuild_cuda_tensor's storage_device
             peer = rebuild(*args)
             self._peers.append(peer)
             addrs.append(peer.data_ptr())
