@@ -24,7 +24,10 @@ import torch
 
 from octavo.kernels.triton_utils import tl, triton
 
-GRID = 64  # programs, all resident at once (the spin-wait needs every peer program running)
+# Programs, all resident at once (the spin-wait needs every peer program running): one per SM
+# of an H200 short of a few, each moving 4,096 values per iteration, so a 2 MB tensor takes
+# two iterations (each pays a full NVLink round trip; at 64 x 1,024 it took 16, and 25 us).
+GRID = 128
 FLAG_BYTES = 4096  # the flags region at the start of each rank's shared allocation
 
 
@@ -71,6 +74,6 @@ def one_shot_all_reduce(x: torch.Tensor, bases: torch.Tensor, epochs: torch.Tens
     n = x.numel()
     _one_shot_all_reduce_kernel[(GRID,)](
         x, out, bases, epochs, n, rank, cap_bytes,
-        WORLD=world, GRID_SIZE=GRID, BLOCK=1024, FLAGS=FLAG_BYTES, num_warps=4,
+        WORLD=world, GRID_SIZE=GRID, BLOCK=4096, FLAGS=FLAG_BYTES, num_warps=8,
     )  # fmt: skip
     return out
