@@ -11,7 +11,10 @@ small unsigned integer ``u`` and float ``d`` (scale) and ``m`` (offset):
   byte), d = d_super * scale8 and m = -32 d per group of 16 (the only format with G = 16).
 
 The repacked layer holds ``qweight`` uint8 ``[N, K/2]`` when u < 16 (two per byte) or ``[N, K]``,
-and ``scales`` / ``mins`` float32 ``[N, K/G]``, G = 32 inputs per group (16 for Q6_K). Nibbles are packed per 64 weights: byte j of a
+and ``scales`` / ``mins`` ``[N, K/G]``, G = 32 inputs per group (16 for Q6_K): float16 when every
+value is exactly a float16 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 hold the file's own fp16 d and m, so a
+4-bit layer reads 5 bits per weight, as llama.cpp does), else float32 (K-quants' d = d_super *
+scale6 needs up to 17 significant bits). Nibbles are packed per 64 weights: byte j of a
 64-chunk holds u[j] (low) and u[j + 32] (high), so one 32-byte load unpacks to two whole blocks;
 a trailing lone block (K % 64 == 32) holds u[j] and u[j + 16].
 
@@ -158,10 +161,20 @@ def unpack_nibbles(packed: torch.Tensor, in_features: int) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
+def _narrow_scales(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float16 copies of d and m when both are exactly float16, else the float32 ones."""
+    with np.errstate(over="ignore"):
+        d16, m16 = d.astype(np.float16), m.astype(np.float16)
+    if np.array_equal(d16.astype(np.float32), d) and np.array_equal(m16.astype(np.float32), m):
+        return d16, m16
+    return d, m
+
+
 def repack(raw: torch.Tensor, name: str, in_features: int
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GGUF rows (uint8 [N, row_bytes]) -> (qweight, scales, mins) of the kernels' layout."""
     u, d, m = unpack_blocks(raw.cpu().numpy(), name, in_features)
+    d, m = _narrow_scales(d, m)
     qweight = torch.from_numpy(u)
     if bits(name) == 4:
         qweight = pack_nibbles(qweight)
@@ -176,5 +189,5 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
     n = qweight.shape[0]
     u = qweight if qweight.shape[1] == in_features else unpack_nibbles(qweight, in_features)
     group = in_features // scales.shape[1]
-    w = u.view(n, -1, group).float() * scales.unsqueeze(-1) + mins.unsqueeze(-1)
+    w = u.view(n, -1, group).float() * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)
     return w.reshape(n, in_features).to(dtype)

@@ -129,3 +129,21 @@ def test_rejects_bad_shapes():
         ops.gguf_linear(torch.randn(2, 96), qweight, scales, mins, 64, 0)
     with pytest.raises(RuntimeError, match="scales and mins"):
         ops.gguf_linear(torch.randn(2, 64), qweight, scales[:, :1].contiguous(), mins, 64, 0)
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: ISA_NAMES[i])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_1", "Q8_0"])
+def test_float16_scales_match_float32(isa, name):
+    """Formats whose d and m are the file's fp16 keep them as float16 (fewer bytes per step);
+    the product is the same as through their float32 copies, bit for bit."""
+    k = 576
+    qweight, scales, mins = weights(name, 21, k)
+    assert scales.dtype == mins.dtype == torch.float16
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(2))
+    y = ops.gguf_linear(x, qweight, scales, mins, k, isa)
+    assert torch.equal(y, ops.gguf_linear(x, qweight, scales.float(), mins.float(), k, isa))
+    assert torch.equal(ops.gguf_dequantize(qweight, scales, mins, k),
+                       gguf_blocks.dequantize(qweight, scales.float(), mins.float(), k))
+    torch.testing.assert_close(ops.gguf_linear_dense(x, qweight, scales, mins, k),
+                               ops.gguf_linear_dense(x, qweight, scales.float(), mins.float(),
+                                                     k), rtol=0, atol=0)

@@ -109,22 +109,69 @@ inline int weight_u(const uint8_t* w, int64_t bits, int64_t k, int64_t kk) {
 
 // The m-terms: sum over groups of m * sum(x).
 inline float mins_dot(const float* wm, const float* xs, int64_t ng) {
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  int64_t g = 0;
+  for (; g + 16 <= ng; g += 16) {
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(wm + g), _mm512_loadu_ps(xs + g), acc);
+  }
+  if (g < ng) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (ng - g)) - 1);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, wm + g), _mm512_maskz_loadu_ps(tail, xs + g),
+                          acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+#else
   float acc = 0.0f;
   for (int64_t g = 0; g < ng; ++g) acc += wm[g] * xs[g];
   return acc;
+#endif
 }
 
+// Scales and mins are float32, or float16 where the file's values are exactly float16 (Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0: their d and m are the file's own fp16): 5 bits per weight of a 4-bit
+// format instead of 6, the bytes llama.cpp reads.
 struct Weights {
   const uint8_t* q;
-  const float* d;
-  const float* m;
+  const void* d;
+  const void* m;
+  bool half;
   int64_t bits, k, nb, group, ng, row_bytes;
 };
 
+inline void half_to_float(const c10::Half* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// Row n's scales and mins as float32: pointers into the weights, or (float16 weights) converted
+// into buf [2 * ng].
+struct RowScales {
+  const float* d;
+  const float* m;
+};
+
+inline RowScales row_scales(const Weights& w, int64_t n, float* buf) {
+  if (!w.half) {
+    return {static_cast<const float*>(w.d) + n * w.ng, static_cast<const float*>(w.m) + n * w.ng};
+  }
+  half_to_float(static_cast<const c10::Half*>(w.d) + n * w.ng, buf, w.ng);
+  half_to_float(static_cast<const c10::Half*>(w.m) + n * w.ng, buf + w.ng, w.ng);
+  return {buf, buf + w.ng};
+}
+
 template <int MT>
-void rows_scalar(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT]) {
+void rows_scalar(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
+                 float* buf) {
   const uint8_t* wq = w.q + n * w.row_bytes;
-  const float* wd = w.d + n * w.ng;
+  const RowScales rs = row_scales(w, n, buf);
+  const float* wd = rs.d;
   for (int r = 0; r < MT; ++r) {
     const int64_t row = m0 + r;
     float acc = 0.0f;
@@ -140,7 +187,7 @@ void rows_scalar(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, fl
                  : xd * (wd[2 * b] * static_cast<float>(dot[0]) +
                          wd[2 * b + 1] * static_cast<float>(dot[1]));
     }
-    out[r][n] = acc + mins_dot(w.m + n * w.ng, a.s.data() + row * w.ng, w.ng);
+    out[r][n] = acc + mins_dot(rs.m, a.s.data() + row * w.ng, w.ng);
   }
 }
 
@@ -167,9 +214,11 @@ inline __m256i block_u8(const uint8_t* wq, int64_t bits, int64_t k, int64_t b) {
 }
 
 template <int MT>
-void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT]) {
+void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
+               float* buf) {
   const uint8_t* wq = w.q + n * w.row_bytes;
-  const float* wd = w.d + n * w.ng;
+  const RowScales rs = row_scales(w, n, buf);
+  const float* wd = rs.d;
   __m256 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < w.nb; ++b) {
@@ -197,7 +246,7 @@ void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, floa
   }
   for (int r = 0; r < MT; ++r) {
     const int64_t row = m0 + r;
-    out[r][n] = hsum256(acc[r]) + mins_dot(w.m + n * w.ng, a.s.data() + row * w.ng, w.ng);
+    out[r][n] = hsum256(acc[r]) + mins_dot(rs.m, a.s.data() + row * w.ng, w.ng);
   }
 }
 #endif
@@ -207,9 +256,11 @@ void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, floa
 // products per lane, no widening of the weights), two blocks per 64-byte vector: lanes 0-7
 // hold block 2c, lanes 8-15 block 2c+1, and 256 * dot(hi) + dot(lo) is dot(q) exactly.
 template <int MT>
-void rows_vnni8(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT]) {
+void rows_vnni8(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
+                float* buf) {
   const uint8_t* wq = w.q + n * w.row_bytes;
-  const float* wd = w.d + n * w.ng;
+  const RowScales rs = row_scales(w, n, buf);
+  const float* wd = rs.d;
   const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   __m512 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
@@ -250,14 +301,16 @@ void rows_vnni8(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, flo
                                                                  b * kBlock));
       y += wd[b] * a.d[row * w.nb + b] * static_cast<float>(_mm512_reduce_add_epi32(dot));
     }
-    out[r][n] = y + mins_dot(w.m + n * w.ng, a.s.data() + row * w.ng, w.ng);
+    out[r][n] = y + mins_dot(rs.m, a.s.data() + row * w.ng, w.ng);
   }
 }
 
 template <int MT>
-void rows_vnni(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT]) {
+void rows_vnni(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
+               float* buf) {
   const uint8_t* wq = w.q + n * w.row_bytes;
-  const float* wd = w.d + n * w.ng;
+  const RowScales rs = row_scales(w, n, buf);
+  const float* wd = rs.d;
   // Lanes 0-7 of a block's dot hold inputs 0-15, lanes 8-15 inputs 16-31: with per-16 weight
   // scales, spread the pair so.
   const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -280,7 +333,7 @@ void rows_vnni(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, floa
   for (int r = 0; r < MT; ++r) {
     const int64_t row = m0 + r;
     out[r][n] = _mm512_reduce_add_ps(acc[r]) +
-                mins_dot(w.m + n * w.ng, a.s.data() + row * w.ng, w.ng);
+                mins_dot(rs.m, a.s.data() + row * w.ng, w.ng);
   }
 }
 #endif
@@ -297,17 +350,17 @@ int64_t best_isa() {
 
 template <int MT>
 void rows(int64_t isa, const Weights& w, int64_t n, const QuantActs& a, int64_t m0,
-          float* out[MT]) {
+          float* out[MT], float* buf) {
 #if defined(OCTAVO_QUANT_VNNI)
   if (isa == kAvx512) {
-    if (w.group == kBlock) return rows_vnni8<MT>(w, n, a, m0, out);
-    return rows_vnni<MT>(w, n, a, m0, out);
+    if (w.group == kBlock) return rows_vnni8<MT>(w, n, a, m0, out, buf);
+    return rows_vnni<MT>(w, n, a, m0, out, buf);
   }
 #endif
 #if defined(__AVX2__)
-  if (isa == kAvx2) return rows_avx2<MT>(w, n, a, m0, out);
+  if (isa == kAvx2) return rows_avx2<MT>(w, n, a, m0, out, buf);
 #endif
-  rows_scalar<MT>(w, n, a, m0, out);
+  rows_scalar<MT>(w, n, a, m0, out, buf);
 }
 
 Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
@@ -325,20 +378,21 @@ Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
               "scales and mins must be contiguous float32 [N, K/32] or [N, K/16] for N=", n,
               ", K=", k);
   const int64_t ng = scales.size(1);
+  const auto st = scales.scalar_type();
   for (const at::Tensor* t : {&scales, &mins}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 &&
-                    t->size(0) == n && t->size(1) == ng,
-                "scales and mins must be contiguous float32 [N, K/32] or [N, K/16] = [", n,
-                ", ", ng, "]");
+    TORCH_CHECK((st == at::kFloat || st == at::kHalf) && t->scalar_type() == st &&
+                    t->is_contiguous() && t->dim() == 2 && t->size(0) == n && t->size(1) == ng,
+                "scales and mins must be contiguous float32 or float16 (both the same) [N, K/32] "
+                "or [N, K/16] = [", n, ", ", ng, "]");
   }
-  return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr<float>(), mins.data_ptr<float>(),
-                 bits, k, k / kBlock, k / ng, ng, qweight.size(1)};
+  return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr(), mins.data_ptr(),
+                 st == at::kHalf, bits, k, k / kBlock, k / ng, ng, qweight.size(1)};
 }
 
 template <int MT>
 void tile(int64_t isa, const Weights& w, const QuantActs& a, int64_t m0, int64_t begin,
-          int64_t end, float* out[MT]) {
-  for (int64_t j = begin; j < end; ++j) rows<MT>(isa, w, j, a, m0, out);
+          int64_t end, float* out[MT], float* buf) {
+  for (int64_t j = begin; j < end; ++j) rows<MT>(isa, w, j, a, m0, out, buf);
 }
 
 }  // namespace
@@ -374,19 +428,20 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
   float* op = out.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, 32768 / (in_features * std::min<int64_t>(m, kTile)));
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(2 * w.ng);  // a float16 row's scales and mins as float32
     for (int64_t m0 = 0; m0 < m; m0 += kTile) {
       const int mt = static_cast<int>(std::min<int64_t>(kTile, m - m0));
       float* rows_out[kTile];
       for (int r = 0; r < mt; ++r) rows_out[r] = op + (m0 + r) * n;
       switch (mt) {
-        case 8: tile<8>(isa, w, a, m0, begin, end, rows_out); break;
-        case 7: tile<7>(isa, w, a, m0, begin, end, rows_out); break;
-        case 6: tile<6>(isa, w, a, m0, begin, end, rows_out); break;
-        case 5: tile<5>(isa, w, a, m0, begin, end, rows_out); break;
-        case 4: tile<4>(isa, w, a, m0, begin, end, rows_out); break;
-        case 3: tile<3>(isa, w, a, m0, begin, end, rows_out); break;
-        case 2: tile<2>(isa, w, a, m0, begin, end, rows_out); break;
-        default: tile<1>(isa, w, a, m0, begin, end, rows_out); break;
+        case 8: tile<8>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
+        case 7: tile<7>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
+        case 6: tile<6>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
+        case 5: tile<5>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
+        case 4: tile<4>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
+        case 3: tile<3>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
+        case 2: tile<2>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
+        default: tile<1>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
       }
     }
   });
@@ -396,10 +451,11 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
 namespace {
 
 // Row j of the weight as float32 into dst[K]: d * u + m per group.
-void dequant_row(const Weights& w, int64_t j, float* dst) {
+void dequant_row(const Weights& w, int64_t j, float* dst, float* buf) {
   const uint8_t* wq = w.q + j * w.row_bytes;
-  const float* wd = w.d + j * w.ng;
-  const float* wm = w.m + j * w.ng;
+  const RowScales rs = row_scales(w, j, buf);
+  const float* wd = rs.d;
+  const float* wm = rs.m;
 #if defined(__AVX512F__) && defined(__AVX2__)
   for (int64_t b = 0; b < w.nb; ++b) {
     const __m256i u8 = block_u8(wq, w.bits, w.k, b);
@@ -428,10 +484,11 @@ at::Tensor gguf_dequantize(const at::Tensor& qweight, const at::Tensor& scales,
                            const at::Tensor& mins, int64_t in_features) {
   const Weights w = check_weights(qweight, scales, mins, in_features);
   const int64_t n = qweight.size(0), k = in_features;
-  at::Tensor out = at::empty({n, k}, scales.options());
+  at::Tensor out = at::empty({n, k}, scales.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   at::parallel_for(0, n, row_grain(k), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) dequant_row(w, j, op + j * k);
+    std::vector<float> sbuf(2 * w.ng);
+    for (int64_t j = begin; j < end; ++j) dequant_row(w, j, op + j * k, sbuf.data());
   });
   return out;
 }
@@ -449,10 +506,10 @@ at::Tensor gguf_linear_dense(const at::Tensor& x, const at::Tensor& qweight,
   if (m == 0 || n == 0) return out.to(x.scalar_type());
   const int64_t chunks = (n + kDenseChunk - 1) / kDenseChunk;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(kDenseChunk * k);
+    std::vector<float> buf(kDenseChunk * k), sbuf(2 * w.ng);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * kDenseChunk, rows = std::min(kDenseChunk, n - n0);
-      for (int64_t r = 0; r < rows; ++r) dequant_row(w, n0 + r, buf.data() + r * k);
+      for (int64_t r = 0; r < rows; ++r) dequant_row(w, n0 + r, buf.data() + r * k, sbuf.data());
       const at::Tensor wt = at::from_blob(buf.data(), {rows, k}, xf.options());
       // Inside the pool's threads the BLAS call runs on this thread alone. Its result is
       // copied with plain stores: `out` may be an inference tensor, and InferenceMode is not
