@@ -53,14 +53,16 @@ def _kernels(x: torch.Tensor):
 
 
 def gguf_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                mins: torch.Tensor, in_features: int) -> torch.Tensor:
-    """x [..., K] times the repacked weight's transpose: [..., N] in x's dtype."""
+                mins: torch.Tensor, in_features: int, isa: int | None = None) -> torch.Tensor:
+    """x [..., K] times the repacked weight's transpose: [..., N] in x's dtype. ``isa``: the
+    kernels' instruction set code, read from OCTAVO_CPU_QUANT_ISA when None."""
     shape = x.shape
     x2 = x.reshape(-1, in_features)
     ops = _kernels(x2)
     if ops is not None and x2.shape[0] < DEQUANT_GEMM_MIN_ROWS:
-        y = ops.gguf_linear(x2.contiguous(), qweight, scales, mins, in_features,
-                            ISA_CODES[envs.cpu_quant_isa()])
+        if isa is None:
+            isa = ISA_CODES[envs.cpu_quant_isa()]
+        y = ops.gguf_linear(x2.contiguous(), qweight, scales, mins, in_features, isa)
     elif ops is not None:
         y = ops.gguf_linear_dense(x2.contiguous(), qweight, scales, mins, in_features)
     else:
@@ -77,6 +79,7 @@ class GGUFLinearMethod(LinearMethod):
 
     def __init__(self, fmt: str) -> None:
         self.fmt = fmt
+        self.isa = ISA_CODES[envs.cpu_quant_isa()]  # read once: os.environ costs per call
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        params_dtype):
@@ -95,7 +98,7 @@ class GGUFLinearMethod(LinearMethod):
 
     def apply(self, layer, x, bias):
         y = gguf_matmul(x, layer.qweight, layer.gguf_scales, layer.gguf_mins,
-                        self.in_features)
+                        self.in_features, self.isa)
         return y if bias is None else y + bias
 
 
