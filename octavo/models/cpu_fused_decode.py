@@ -21,7 +21,7 @@ class FusedGGUFDecode:
     """Built by :func:`build` for a model that qualifies; call it on decode-only steps."""
 
     def __init__(self, ops, layers: nn.ModuleList) -> None:
-        from octavo.quantization.gguf import DEQUANT_GEMM_MIN_ROWS, ISA_CODES
+        from octavo.quantization.gguf import ISA_CODES, dense_min_rows
 
         self.ops = ops
         first = layers[0].self_attn
@@ -31,7 +31,6 @@ class FusedGGUFDecode:
         self.eps = layers[0].input_layernorm.eps
         self.cos_sin_cache = first.rotary_emb.cos_sin_cache
         self.isa = ISA_CODES[envs.cpu_quant_isa()]
-        self.dense_min_rows = DEQUANT_GEMM_MIN_ROWS
         self.params: list[torch.Tensor] = []
         self.in_features: list[int] = []
         for layer in layers:
@@ -44,6 +43,10 @@ class FusedGGUFDecode:
                 self.params += [lin.qweight, lin.gguf_scales, lin.gguf_mins]
             self.in_features += [lin.quant_method.in_features for lin in (
                 attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        # The kernel picks one path per step for every layer: the integer one at every row
+        # count only when every weight is interleaved.
+        self.dense_min_rows = min(dense_min_rows(q, self.isa) for q in self.params[1::14] +
+                                  self.params[4::14] + self.params[8::14] + self.params[11::14])
 
     def applies(self, x: torch.Tensor, ctx: ForwardContext) -> bool:
         meta = ctx.attn_metadata

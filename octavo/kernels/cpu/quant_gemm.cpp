@@ -131,13 +131,38 @@ inline float mins_dot(const float* wm, const float* xs, int64_t ng) {
 // Scales and mins are float32, or float16 where the file's values are exactly float16 (Q4_0,
 // Q4_1, Q5_0, Q5_1, Q8_0: their d and m are the file's own fp16): 5 bits per weight of a 4-bit
 // format instead of 6, the bytes llama.cpp reads.
+//
+// Layouts: row-major (qweight [N, row_bytes], scales [N, K/G]), or interleaved by 16 rows
+// (qweight [N/16, row_bytes/4, 64]: each 64 bytes are one 4-byte run of each of 16 rows, so
+// lane r of a vpdpbusd is row r's dot over 4 inputs; scales [N/16, K/G, 16]): the VNNI path
+// then makes 16 outputs per pass with the activations broadcast, about a third of the
+// instructions of the row-major kernel per weight. Other paths read interleaved weights
+// through a de-interleaved copy of each row.
+constexpr int64_t kRows = 16;
+
 struct Weights {
   const uint8_t* q;
   const void* d;
   const void* m;
   bool half;
+  bool inter;  // interleaved by kRows rows
   int64_t bits, k, nb, group, ng, row_bytes;
 };
+
+// Per-thread scratch for one row of interleaved or float16 weights in row-major float32 form.
+struct RowBuf {
+  std::vector<float> s;
+  std::vector<uint8_t> q;
+  explicit RowBuf(const Weights& w) : s(2 * w.ng), q(w.inter ? w.row_bytes : 0) {}
+};
+
+// Row n's bytes, row-major: a pointer into the weights, or de-interleaved into buf.q.
+inline const uint8_t* row_q(const Weights& w, int64_t n, RowBuf& buf) {
+  if (!w.inter) return w.q + n * w.row_bytes;
+  const uint8_t* g = w.q + (n / kRows) * kRows * w.row_bytes + (n % kRows) * 4;
+  for (int64_t j = 0; j < w.row_bytes / 4; ++j) std::memcpy(buf.q.data() + 4 * j, g + j * 64, 4);
+  return buf.q.data();
+}
 
 inline void half_to_float(const c10::Half* src, float* dst, int64_t n) {
   int64_t i = 0;
@@ -157,7 +182,24 @@ struct RowScales {
   const float* m;
 };
 
-inline RowScales row_scales(const Weights& w, int64_t n, float* buf) {
+template <typename S>
+void gather_scales(const S* src, int64_t n, int64_t ng, float* dst) {
+  const S* g = src + (n / kRows) * ng * kRows + n % kRows;
+  for (int64_t i = 0; i < ng; ++i) dst[i] = static_cast<float>(g[i * kRows]);
+}
+
+inline RowScales row_scales(const Weights& w, int64_t n, RowBuf& rb) {
+  float* buf = rb.s.data();
+  if (w.inter) {
+    if (w.half) {
+      gather_scales(static_cast<const c10::Half*>(w.d), n, w.ng, buf);
+      gather_scales(static_cast<const c10::Half*>(w.m), n, w.ng, buf + w.ng);
+    } else {
+      gather_scales(static_cast<const float*>(w.d), n, w.ng, buf);
+      gather_scales(static_cast<const float*>(w.m), n, w.ng, buf + w.ng);
+    }
+    return {buf, buf + w.ng};
+  }
   if (!w.half) {
     return {static_cast<const float*>(w.d) + n * w.ng, static_cast<const float*>(w.m) + n * w.ng};
   }
@@ -168,8 +210,8 @@ inline RowScales row_scales(const Weights& w, int64_t n, float* buf) {
 
 template <int MT>
 void rows_scalar(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
-                 float* buf) {
-  const uint8_t* wq = w.q + n * w.row_bytes;
+                 RowBuf& buf) {
+  const uint8_t* wq = row_q(w, n, buf);
   const RowScales rs = row_scales(w, n, buf);
   const float* wd = rs.d;
   for (int r = 0; r < MT; ++r) {
@@ -215,8 +257,8 @@ inline __m256i block_u8(const uint8_t* wq, int64_t bits, int64_t k, int64_t b) {
 
 template <int MT>
 void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
-               float* buf) {
-  const uint8_t* wq = w.q + n * w.row_bytes;
+               RowBuf& buf) {
+  const uint8_t* wq = row_q(w, n, buf);
   const RowScales rs = row_scales(w, n, buf);
   const float* wd = rs.d;
   __m256 acc[MT];
@@ -257,8 +299,8 @@ void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, floa
 // hold block 2c, lanes 8-15 block 2c+1, and 256 * dot(hi) + dot(lo) is dot(q) exactly.
 template <int MT>
 void rows_vnni8(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
-                float* buf) {
-  const uint8_t* wq = w.q + n * w.row_bytes;
+                RowBuf& buf) {
+  const uint8_t* wq = row_q(w, n, buf);
   const RowScales rs = row_scales(w, n, buf);
   const float* wd = rs.d;
   const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -307,8 +349,8 @@ void rows_vnni8(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, flo
 
 template <int MT>
 void rows_vnni(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
-               float* buf) {
-  const uint8_t* wq = w.q + n * w.row_bytes;
+               RowBuf& buf) {
+  const uint8_t* wq = row_q(w, n, buf);
   const RowScales rs = row_scales(w, n, buf);
   const float* wd = rs.d;
   // Lanes 0-7 of a block's dot hold inputs 0-15, lanes 8-15 inputs 16-31: with per-16 weight
@@ -338,6 +380,120 @@ void rows_vnni(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, floa
 }
 #endif
 
+#if defined(OCTAVO_QUANT_VNNI)
+inline __m512 scales16(const Weights& w, const void* base, int64_t idx) {
+  if (w.half) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(static_cast<const c10::Half*>(base) + idx)));
+  }
+  return _mm512_loadu_ps(static_cast<const float*>(base) + idx);
+}
+
+// One group of 16 interleaved weight rows against MT activation rows: lane r of every vector is
+// weight row 16 grp + r; 4-byte runs of the activations' int8 halves are broadcast.
+template <int MT>
+void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, float* out[MT]) {
+  const uint8_t* gq = w.q + grp * kRows * w.row_bytes;
+  const int64_t sbase = grp * w.ng * kRows;
+  const int64_t k = w.k;
+  __m512 acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
+  if (w.bits == 4) {
+    // 64-input chunk c: 8 runs of 16 rows x 4 bytes; low nibbles are block 2c, high 2c+1.
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int64_t c = 0; c < k / 64; ++c) {
+      __m512i h0[MT], l0[MT], h1[MT], l1[MT];
+      for (int r = 0; r < MT; ++r) {
+        h0[r] = l0[r] = h1[r] = l1[r] = _mm512_setzero_si512();
+      }
+      for (int j = 0; j < 8; ++j) {
+        const __m512i p = _mm512_loadu_si512(gq + (c * 8 + j) * 64);
+        const __m512i u0 = _mm512_and_si512(p, low4);
+        const __m512i u1 = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+        for (int r = 0; r < MT; ++r) {
+          const int64_t off = (m0 + r) * k + c * 64 + 4 * j;
+          int32_t xh0, xl0, xh1, xl1;
+          std::memcpy(&xh0, a.hi.data() + off, 4);
+          std::memcpy(&xl0, a.lo.data() + off, 4);
+          std::memcpy(&xh1, a.hi.data() + off + 32, 4);
+          std::memcpy(&xl1, a.lo.data() + off + 32, 4);
+          h0[r] = _mm512_dpbusd_epi32(h0[r], u0, _mm512_set1_epi32(xh0));
+          l0[r] = _mm512_dpbusd_epi32(l0[r], u0, _mm512_set1_epi32(xl0));
+          h1[r] = _mm512_dpbusd_epi32(h1[r], u1, _mm512_set1_epi32(xh1));
+          l1[r] = _mm512_dpbusd_epi32(l1[r], u1, _mm512_set1_epi32(xl1));
+        }
+      }
+      const __m512 d0 = scales16(w, w.d, sbase + (2 * c) * kRows);
+      const __m512 d1 = scales16(w, w.d, sbase + (2 * c + 1) * kRows);
+      for (int r = 0; r < MT; ++r) {
+        const float* xd = a.d.data() + (m0 + r) * w.nb + 2 * c;
+        const __m512i dot0 = _mm512_add_epi32(_mm512_slli_epi32(h0[r], 8), l0[r]);
+        const __m512i dot1 = _mm512_add_epi32(_mm512_slli_epi32(h1[r], 8), l1[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0),
+                                 _mm512_mul_ps(d0, _mm512_set1_ps(xd[0])), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1),
+                                 _mm512_mul_ps(d1, _mm512_set1_ps(xd[1])), acc[r]);
+      }
+    }
+  } else {
+    // A byte per weight: group g is runs g * G/4 ... of 4 inputs each.
+    const int64_t runs = w.group / 4;
+    for (int64_t g = 0; g < w.ng; ++g) {
+      __m512i h[MT], l[MT];
+      for (int r = 0; r < MT; ++r) h[r] = l[r] = _mm512_setzero_si512();
+      for (int64_t j = 0; j < runs; ++j) {
+        const __m512i u = _mm512_loadu_si512(gq + (g * runs + j) * 64);
+        for (int r = 0; r < MT; ++r) {
+          const int64_t off = (m0 + r) * k + g * w.group + 4 * j;
+          int32_t xh, xl;
+          std::memcpy(&xh, a.hi.data() + off, 4);
+          std::memcpy(&xl, a.lo.data() + off, 4);
+          h[r] = _mm512_dpbusd_epi32(h[r], u, _mm512_set1_epi32(xh));
+          l[r] = _mm512_dpbusd_epi32(l[r], u, _mm512_set1_epi32(xl));
+        }
+      }
+      const __m512 d = scales16(w, w.d, sbase + g * kRows);
+      for (int r = 0; r < MT; ++r) {
+        const float xd = a.d[(m0 + r) * w.nb + g * w.group / kBlock];
+        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(h[r], 8), l[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(xd)),
+                                 acc[r]);
+      }
+    }
+  }
+  for (int64_t g = 0; g < w.ng; ++g) {  // the m-terms
+    const __m512 mv = scales16(w, w.m, sbase + g * kRows);
+    for (int r = 0; r < MT; ++r) {
+      acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.s[(m0 + r) * w.ng + g]), acc[r]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) _mm512_storeu_ps(out[r] + grp * kRows, acc[r]);
+}
+
+constexpr int kGroupTile = 4;  // activation rows per pass over a group (registers: 5 per row)
+
+void linear_groups_vnni(const Weights& w, const QuantActs& a, int64_t m, int64_t n, float* op) {
+  const int64_t groups = n / kRows;
+  const int64_t grain =
+      std::max<int64_t>(1, 32768 / (kRows * w.k * std::min<int64_t>(m, kGroupTile)));
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      for (int64_t m0 = 0; m0 < m; m0 += kGroupTile) {
+        const int mt = static_cast<int>(std::min<int64_t>(kGroupTile, m - m0));
+        float* rows_out[kGroupTile];
+        for (int r = 0; r < mt; ++r) rows_out[r] = op + (m0 + r) * n;
+        switch (mt) {
+          case 4: group_vnni<4>(w, g, a, m0, rows_out); break;
+          case 3: group_vnni<3>(w, g, a, m0, rows_out); break;
+          case 2: group_vnni<2>(w, g, a, m0, rows_out); break;
+          default: group_vnni<1>(w, g, a, m0, rows_out); break;
+        }
+      }
+    }
+  });
+}
+#endif
+
 int64_t best_isa() {
 #if defined(OCTAVO_QUANT_VNNI)
   return kAvx512;
@@ -350,7 +506,7 @@ int64_t best_isa() {
 
 template <int MT>
 void rows(int64_t isa, const Weights& w, int64_t n, const QuantActs& a, int64_t m0,
-          float* out[MT], float* buf) {
+          float* out[MT], RowBuf& buf) {
 #if defined(OCTAVO_QUANT_VNNI)
   if (isa == kAvx512) {
     if (w.group == kBlock) return rows_vnni8<MT>(w, n, a, m0, out, buf);
@@ -367,31 +523,44 @@ Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
                       const at::Tensor& mins, int64_t k) {
   check_cpu(qweight, "qweight");
   TORCH_CHECK(k > 0 && k % kBlock == 0, "in_features must be a positive multiple of 32, got ", k);
-  TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 2 &&
-                  qweight.is_contiguous(), "qweight must be a contiguous uint8 [N, K or K/2]");
-  const int64_t bits = qweight.size(1) == k ? 8 : 4;
-  TORCH_CHECK(bits == 8 || qweight.size(1) * 2 == k, "qweight has ", qweight.size(1),
-              " bytes per row: neither K nor K/2 for K=", k);
-  const int64_t n = qweight.size(0);
-  TORCH_CHECK(scales.dim() == 2 && scales.size(1) > 0 &&
+  const bool inter = qweight.dim() == 3;
+  TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.is_contiguous() &&
+                  (qweight.dim() == 2 || (inter && qweight.size(2) == kRows * 4)),
+              "qweight must be a contiguous uint8 [N, K or K/2] or, interleaved, "
+              "[N/16, (K or K/2)/4, 64]");
+  const int64_t n = inter ? qweight.size(0) * kRows : qweight.size(0);
+  const int64_t rb = inter ? qweight.size(1) * 4 : qweight.size(1);
+  const int64_t bits = rb == k ? 8 : 4;
+  TORCH_CHECK(bits == 8 || rb * 2 == k, "qweight has ", rb, " bytes per row: neither K nor K/2 "
+              "for K=", k);
+  TORCH_CHECK(!inter || k % 64 == 0, "interleaved weights need in_features % 64 == 0");
+  const int64_t sd = inter ? 3 : 2;
+  TORCH_CHECK(scales.dim() == sd && scales.size(1) > 0 &&
                   (scales.size(1) * 32 == k || scales.size(1) * 16 == k),
-              "scales and mins must be contiguous float32 [N, K/32] or [N, K/16] for N=", n,
-              ", K=", k);
+              "scales and mins must be contiguous float32 or float16 [N, K/32] or [N, K/16] "
+              "(interleaved: [N/16, K/G, 16]) for N=", n, ", K=", k);
   const int64_t ng = scales.size(1);
   const auto st = scales.scalar_type();
   for (const at::Tensor* t : {&scales, &mins}) {
+    const bool shape_ok = inter ? (t->dim() == 3 && t->size(0) * kRows == n &&
+                                   t->size(1) == ng && t->size(2) == kRows)
+                                : (t->dim() == 2 && t->size(0) == n && t->size(1) == ng);
     TORCH_CHECK((st == at::kFloat || st == at::kHalf) && t->scalar_type() == st &&
-                    t->is_contiguous() && t->dim() == 2 && t->size(0) == n && t->size(1) == ng,
+                    t->is_contiguous() && shape_ok,
                 "scales and mins must be contiguous float32 or float16 (both the same) [N, K/32] "
-                "or [N, K/16] = [", n, ", ", ng, "]");
+                "or [N, K/16] (interleaved: [N/16, K/G, 16]) with N=", n, ", K/G=", ng);
   }
   return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr(), mins.data_ptr(),
-                 st == at::kHalf, bits, k, k / kBlock, k / ng, ng, qweight.size(1)};
+                 st == at::kHalf, inter, bits, k, k / kBlock, k / ng, ng, rb};
+}
+
+inline int64_t out_features(const Weights& w, const at::Tensor& qweight) {
+  return w.inter ? qweight.size(0) * kRows : qweight.size(0);
 }
 
 template <int MT>
 void tile(int64_t isa, const Weights& w, const QuantActs& a, int64_t m0, int64_t begin,
-          int64_t end, float* out[MT], float* buf) {
+          int64_t end, float* out[MT], RowBuf& buf) {
   for (int64_t j = begin; j < end; ++j) rows<MT>(isa, w, j, a, m0, out, buf);
 }
 
@@ -418,30 +587,37 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
   const auto isas = quant_isas();
   TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "isa ", isa,
               " is not built on this CPU");
-  const int64_t m = x.size(0), n = qweight.size(0);
+  const int64_t m = x.size(0), n = out_features(w, qweight);
   at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return out.to(x.scalar_type());
+  const bool grouped = isa == kAvx512 && w.inter;
   QuantActs a = OCTAVO_DISPATCH(x.scalar_type(), "gguf_linear", [&] {
     return quantize_acts(x.data_ptr<scalar_t>(), m, in_features, w.group,
-                         isa == kAvx512 && w.group == kBlock);
+                         isa == kAvx512 && (w.group == kBlock || grouped));
   });
   float* op = out.data_ptr<float>();
+#if defined(OCTAVO_QUANT_VNNI)
+  if (grouped) {
+    linear_groups_vnni(w, a, m, n, op);
+    return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+  }
+#endif
   const int64_t grain = std::max<int64_t>(1, 32768 / (in_features * std::min<int64_t>(m, kTile)));
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(2 * w.ng);  // a float16 row's scales and mins as float32
+    RowBuf buf(w);
     for (int64_t m0 = 0; m0 < m; m0 += kTile) {
       const int mt = static_cast<int>(std::min<int64_t>(kTile, m - m0));
       float* rows_out[kTile];
       for (int r = 0; r < mt; ++r) rows_out[r] = op + (m0 + r) * n;
       switch (mt) {
-        case 8: tile<8>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
-        case 7: tile<7>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
-        case 6: tile<6>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
-        case 5: tile<5>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
-        case 4: tile<4>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
-        case 3: tile<3>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
-        case 2: tile<2>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
-        default: tile<1>(isa, w, a, m0, begin, end, rows_out, buf.data()); break;
+        case 8: tile<8>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 7: tile<7>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 6: tile<6>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 5: tile<5>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 4: tile<4>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 3: tile<3>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 2: tile<2>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        default: tile<1>(isa, w, a, m0, begin, end, rows_out, buf); break;
       }
     }
   });
@@ -451,8 +627,8 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
 namespace {
 
 // Row j of the weight as float32 into dst[K]: d * u + m per group.
-void dequant_row(const Weights& w, int64_t j, float* dst, float* buf) {
-  const uint8_t* wq = w.q + j * w.row_bytes;
+void dequant_row(const Weights& w, int64_t j, float* dst, RowBuf& buf) {
+  const uint8_t* wq = row_q(w, j, buf);
   const RowScales rs = row_scales(w, j, buf);
   const float* wd = rs.d;
   const float* wm = rs.m;
@@ -483,12 +659,12 @@ constexpr int64_t kDenseChunk = 64;  // weight rows dequantized at a time (stays
 at::Tensor gguf_dequantize(const at::Tensor& qweight, const at::Tensor& scales,
                            const at::Tensor& mins, int64_t in_features) {
   const Weights w = check_weights(qweight, scales, mins, in_features);
-  const int64_t n = qweight.size(0), k = in_features;
+  const int64_t n = out_features(w, qweight), k = in_features;
   at::Tensor out = at::empty({n, k}, scales.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   at::parallel_for(0, n, row_grain(k), [&](int64_t begin, int64_t end) {
-    std::vector<float> sbuf(2 * w.ng);
-    for (int64_t j = begin; j < end; ++j) dequant_row(w, j, op + j * k, sbuf.data());
+    RowBuf rb(w);
+    for (int64_t j = begin; j < end; ++j) dequant_row(w, j, op + j * k, rb);
   });
   return out;
 }
@@ -500,16 +676,17 @@ at::Tensor gguf_linear_dense(const at::Tensor& x, const at::Tensor& qweight,
   const Weights w = check_weights(qweight, scales, mins, in_features);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == in_features && x.is_contiguous(),
               "x must be a contiguous [M, ", in_features, "]");
-  const int64_t m = x.size(0), n = qweight.size(0), k = in_features;
+  const int64_t m = x.size(0), n = out_features(w, qweight), k = in_features;
   const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   at::Tensor out = at::empty({m, n}, xf.options());
   if (m == 0 || n == 0) return out.to(x.scalar_type());
   const int64_t chunks = (n + kDenseChunk - 1) / kDenseChunk;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(kDenseChunk * k), sbuf(2 * w.ng);
+    std::vector<float> buf(kDenseChunk * k);
+    RowBuf rb(w);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * kDenseChunk, rows = std::min(kDenseChunk, n - n0);
-      for (int64_t r = 0; r < rows; ++r) dequant_row(w, n0 + r, buf.data() + r * k, sbuf.data());
+      for (int64_t r = 0; r < rows; ++r) dequant_row(w, n0 + r, buf.data() + r * k, rb);
       const at::Tensor wt = at::from_blob(buf.data(), {rows, k}, xf.options());
       // Inside the pool's threads the BLAS call runs on this thread alone. Its result is
       // copied with plain stores: `out` may be an inference tensor, and InferenceMode is not
