@@ -15,38 +15,22 @@
 // lanes 0-7 covering inputs 0-15 and 8-15 inputs 16-31, so per-16 scales cost nothing extra.
 // AVX2 (vpmaddwd) and a scalar reference use q as int16. Output rows are split over threads;
 // up to kTile activation rows share one pass over a weight row.
-#include "common.h"
 #include "ops.h"
-
-#include <vector>
-
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define OCTAVO_QUANT_VNNI 1
-#endif
+#include "quant_gemm.h"
 
 namespace octavo_cpu {
 namespace {
 
-constexpr int64_t kBlock = 32;  // activation values per int16 scale
+using quant::kBlock;
+using quant::kRows;
+using quant::QuantActs;
+using quant::Weights;
 constexpr int kTile = 8;        // activation rows sharing one pass over a weight row
 // 127 * 256 + 127: every q splits exactly into int8 halves q = 256 hi + lo (hi in [-127, 127],
 // lo in [-128, 127]) for the VNNI path's vpdpbusd.
 constexpr float kQMax = 32639.0f;
 
 enum Isa : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
-
-// Activations quantized per 32-block: q [M, K] int16, d [M, K/32], and s [M, K/G], the exact
-// float sum of x over each weight group (for the m-terms).
-struct QuantActs {
-  std::vector<int16_t> q;
-  std::vector<int8_t> hi, lo;  // q = 256 hi + lo, filled for the VNNI path only
-  std::vector<float> d, s;
-  int64_t k, nb, ng;
-};
 
 template <typename T>
 QuantActs quantize_acts(const T* x, int64_t m, int64_t k, int64_t group, bool split) {
@@ -127,27 +111,6 @@ inline float mins_dot(const float* wm, const float* xs, int64_t ng) {
   return acc;
 #endif
 }
-
-// Scales and mins are float32, or float16 where the file's values are exactly float16 (Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0: their d and m are the file's own fp16): 5 bits per weight of a 4-bit
-// format instead of 6, the bytes llama.cpp reads.
-//
-// Layouts: row-major (qweight [N, row_bytes], scales [N, K/G]), or interleaved by 16 rows
-// (qweight [N/16, row_bytes/4, 64]: each 64 bytes are one 4-byte run of each of 16 rows, so
-// lane r of a vpdpbusd is row r's dot over 4 inputs; scales [N/16, K/G, 16]): the VNNI path
-// then makes 16 outputs per pass with the activations broadcast, about a third of the
-// instructions of the row-major kernel per weight. Other paths read interleaved weights
-// through a de-interleaved copy of each row.
-constexpr int64_t kRows = 16;
-
-struct Weights {
-  const uint8_t* q;
-  const void* d;
-  const void* m;
-  bool half;
-  bool inter;  // interleaved by kRows rows
-  int64_t bits, k, nb, group, ng, row_bytes;
-};
 
 // Per-thread scratch for one row of interleaved or float16 weights in row-major float32 form.
 struct RowBuf {
@@ -380,120 +343,6 @@ void rows_vnni(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, floa
 }
 #endif
 
-#if defined(OCTAVO_QUANT_VNNI)
-inline __m512 scales16(const Weights& w, const void* base, int64_t idx) {
-  if (w.half) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(
-        reinterpret_cast<const __m256i*>(static_cast<const c10::Half*>(base) + idx)));
-  }
-  return _mm512_loadu_ps(static_cast<const float*>(base) + idx);
-}
-
-// One group of 16 interleaved weight rows against MT activation rows: lane r of every vector is
-// weight row 16 grp + r; 4-byte runs of the activations' int8 halves are broadcast.
-template <int MT>
-void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, float* out[MT]) {
-  const uint8_t* gq = w.q + grp * kRows * w.row_bytes;
-  const int64_t sbase = grp * w.ng * kRows;
-  const int64_t k = w.k;
-  __m512 acc[MT];
-  for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
-  if (w.bits == 4) {
-    // 64-input chunk c: 8 runs of 16 rows x 4 bytes; low nibbles are block 2c, high 2c+1.
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    for (int64_t c = 0; c < k / 64; ++c) {
-      __m512i h0[MT], l0[MT], h1[MT], l1[MT];
-      for (int r = 0; r < MT; ++r) {
-        h0[r] = l0[r] = h1[r] = l1[r] = _mm512_setzero_si512();
-      }
-      for (int j = 0; j < 8; ++j) {
-        const __m512i p = _mm512_loadu_si512(gq + (c * 8 + j) * 64);
-        const __m512i u0 = _mm512_and_si512(p, low4);
-        const __m512i u1 = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
-        for (int r = 0; r < MT; ++r) {
-          const int64_t off = (m0 + r) * k + c * 64 + 4 * j;
-          int32_t xh0, xl0, xh1, xl1;
-          std::memcpy(&xh0, a.hi.data() + off, 4);
-          std::memcpy(&xl0, a.lo.data() + off, 4);
-          std::memcpy(&xh1, a.hi.data() + off + 32, 4);
-          std::memcpy(&xl1, a.lo.data() + off + 32, 4);
-          h0[r] = _mm512_dpbusd_epi32(h0[r], u0, _mm512_set1_epi32(xh0));
-          l0[r] = _mm512_dpbusd_epi32(l0[r], u0, _mm512_set1_epi32(xl0));
-          h1[r] = _mm512_dpbusd_epi32(h1[r], u1, _mm512_set1_epi32(xh1));
-          l1[r] = _mm512_dpbusd_epi32(l1[r], u1, _mm512_set1_epi32(xl1));
-        }
-      }
-      const __m512 d0 = scales16(w, w.d, sbase + (2 * c) * kRows);
-      const __m512 d1 = scales16(w, w.d, sbase + (2 * c + 1) * kRows);
-      for (int r = 0; r < MT; ++r) {
-        const float* xd = a.d.data() + (m0 + r) * w.nb + 2 * c;
-        const __m512i dot0 = _mm512_add_epi32(_mm512_slli_epi32(h0[r], 8), l0[r]);
-        const __m512i dot1 = _mm512_add_epi32(_mm512_slli_epi32(h1[r], 8), l1[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0),
-                                 _mm512_mul_ps(d0, _mm512_set1_ps(xd[0])), acc[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1),
-                                 _mm512_mul_ps(d1, _mm512_set1_ps(xd[1])), acc[r]);
-      }
-    }
-  } else {
-    // A byte per weight: group g is runs g * G/4 ... of 4 inputs each.
-    const int64_t runs = w.group / 4;
-    for (int64_t g = 0; g < w.ng; ++g) {
-      __m512i h[MT], l[MT];
-      for (int r = 0; r < MT; ++r) h[r] = l[r] = _mm512_setzero_si512();
-      for (int64_t j = 0; j < runs; ++j) {
-        const __m512i u = _mm512_loadu_si512(gq + (g * runs + j) * 64);
-        for (int r = 0; r < MT; ++r) {
-          const int64_t off = (m0 + r) * k + g * w.group + 4 * j;
-          int32_t xh, xl;
-          std::memcpy(&xh, a.hi.data() + off, 4);
-          std::memcpy(&xl, a.lo.data() + off, 4);
-          h[r] = _mm512_dpbusd_epi32(h[r], u, _mm512_set1_epi32(xh));
-          l[r] = _mm512_dpbusd_epi32(l[r], u, _mm512_set1_epi32(xl));
-        }
-      }
-      const __m512 d = scales16(w, w.d, sbase + g * kRows);
-      for (int r = 0; r < MT; ++r) {
-        const float xd = a.d[(m0 + r) * w.nb + g * w.group / kBlock];
-        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(h[r], 8), l[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(xd)),
-                                 acc[r]);
-      }
-    }
-  }
-  for (int64_t g = 0; g < w.ng; ++g) {  // the m-terms
-    const __m512 mv = scales16(w, w.m, sbase + g * kRows);
-    for (int r = 0; r < MT; ++r) {
-      acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.s[(m0 + r) * w.ng + g]), acc[r]);
-    }
-  }
-  for (int r = 0; r < MT; ++r) _mm512_storeu_ps(out[r] + grp * kRows, acc[r]);
-}
-
-constexpr int kGroupTile = 4;  // activation rows per pass over a group (registers: 5 per row)
-
-void linear_groups_vnni(const Weights& w, const QuantActs& a, int64_t m, int64_t n, float* op) {
-  const int64_t groups = n / kRows;
-  const int64_t grain =
-      std::max<int64_t>(1, 32768 / (kRows * w.k * std::min<int64_t>(m, kGroupTile)));
-  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      for (int64_t m0 = 0; m0 < m; m0 += kGroupTile) {
-        const int mt = static_cast<int>(std::min<int64_t>(kGroupTile, m - m0));
-        float* rows_out[kGroupTile];
-        for (int r = 0; r < mt; ++r) rows_out[r] = op + (m0 + r) * n;
-        switch (mt) {
-          case 4: group_vnni<4>(w, g, a, m0, rows_out); break;
-          case 3: group_vnni<3>(w, g, a, m0, rows_out); break;
-          case 2: group_vnni<2>(w, g, a, m0, rows_out); break;
-          default: group_vnni<1>(w, g, a, m0, rows_out); break;
-        }
-      }
-    }
-  });
-}
-#endif
-
 int64_t best_isa() {
 #if defined(OCTAVO_QUANT_VNNI)
   return kAvx512;
@@ -598,7 +447,7 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
   float* op = out.data_ptr<float>();
 #if defined(OCTAVO_QUANT_VNNI)
   if (grouped) {
-    linear_groups_vnni(w, a, m, n, op);
+    quant::linear_groups_vnni(w, a, m, n, op);
     return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
   }
 #endif
