@@ -61,6 +61,12 @@ def cpu_kernels() -> bool:
     return _flag("OCTAVO_CPU_KERNELS", True)
 
 
+def cpu_fused_decode() -> bool:
+    """OCTAVO_CPU_FUSED_DECODE (default on): CPU decode steps of Llama-style models whose
+    linear layers are GGUF-quantized run the decoder stack in one C++ call."""
+    return _flag("OCTAVO_CPU_FUSED_DECODE", True)
+
+
 def cpu_quant_isa() -> str:
     """OCTAVO_CPU_QUANT_ISA (default "auto"): the instruction set of the quantized CPU
     kernels; "avx2" or "scalar" force a portable path ("avx512": VNNI, where built)."""

@@ -61,9 +61,10 @@ class VocabEmbedding(nn.Module):
         if self.gguf_format is None or self.weight is None:
             return
         from octavo.quantization import gguf_blocks
+        from octavo.quantization.gguf import interleave_weights
 
         q, scales, mins = gguf_blocks.repack(self.weight.data, self.gguf_format,
-                                             self.hidden_size)
+                                             self.hidden_size, interleave_weights())
         self.weight = None
         self.qweight = nn.Parameter(q, requires_grad=False)
         self.gguf_scales = nn.Parameter(scales, requires_grad=False)
@@ -80,8 +81,8 @@ class VocabEmbedding(nn.Module):
         from octavo.quantization import gguf_blocks
 
         ids = input_ids.reshape(-1)
-        rows = gguf_blocks.dequantize(self.qweight[ids], self.gguf_scales[ids],
-                                      self.gguf_mins[ids], self.hidden_size, self.out_dtype)
+        rows = gguf_blocks.dequantize_rows(self.qweight, self.gguf_scales, self.gguf_mins, ids,
+                                           self.hidden_size, self.out_dtype)
         return rows.view(*input_ids.shape, self.hidden_size)
 
 

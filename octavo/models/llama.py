@@ -14,6 +14,8 @@ from octavo.layers.norm import RMSNorm
 from octavo.layers.rope_params import rope_params_from_config
 from octavo.layers.rotary import get_rope
 from octavo.layers.vocab_embedding import LMHead, VocabEmbedding
+from octavo.models import cpu_fused_decode
+from octavo.models.cpu_fused_decode import FusedGGUFDecode
 from octavo.quantization.base import QuantizationConfig
 
 
@@ -131,12 +133,18 @@ class LlamaModel(nn.Module):
             for i in range(config.num_hidden_layers)
         ])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self._fused: FusedGGUFDecode | None | bool = False  # False: not built yet
 
     def forward(self, input_ids, positions, ctx):
         x = self.embed_tokens(input_ids)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual, ctx)
+        if self._fused is False:  # built on the first step, after the weights are final
+            self._fused = cpu_fused_decode.build(self.layers, x)
+        if self._fused is not None and self._fused.applies(x, ctx):
+            x, residual = self._fused(x, positions, ctx)
+        else:
+            residual = None
+            for layer in self.layers:
+                x, residual = layer(positions, x, residual, ctx)
         x, _ = self.norm(x, residual)
         return x
 

@@ -36,10 +36,13 @@ logger = logging.getLogger(__name__)
 
 # OCTAVO_CPU_QUANT_ISA -> the kernels' isa argument.
 ISA_CODES = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
-# From this many rows on, the float32 product through the weight dequantized 64 rows at a time
-# (gguf_linear_dense: exact, BLAS-fast) beats the integer kernel, whose per-block float work
-# grows with the rows. Measured on the 2-core EPYC, one thread (2026-11-30, vpdpbusd path):
-# 576x3072 Q4_1 at M = 4 0.28 ms integer / 0.49 dense, M = 8 0.53 / 0.63, M = 16 1.08 / 0.92.
+# Row-major weights: from this many rows on, the float32 product through the weight dequantized
+# 64 rows at a time (gguf_linear_dense: exact, BLAS-fast) beats the row-major integer kernel,
+# whose per-block float work grows with the rows. Measured on the 2-core EPYC, one thread
+# (2026-11-30, vpdpbusd path): 576x3072 Q4_1 at M = 4 0.28 ms integer / 0.49 dense, M = 8
+# 0.53 / 0.63, M = 16 1.08 / 0.92. Interleaved weights on the VNNI kernel stay on the integer
+# path at every M: 3072x576 Q4_1, one thread, M = 32 0.68 ms / 1.69 dense, M = 128 2.97 / 5.27
+# (2026-12-01).
 DEQUANT_GEMM_MIN_ROWS = 12
 
 
@@ -52,15 +55,35 @@ def _kernels(x: torch.Tensor):
     return ops if ops is not None and hasattr(ops, "gguf_linear") else None
 
 
+def interleave_weights() -> bool:
+    """Whether repacked weights take the 16-row interleaved layout: where the VNNI kernel is
+    built and not switched off by OCTAVO_CPU_QUANT_ISA (other paths read it row by row)."""
+    from octavo.kernels import cpu as cpu_kernels
+
+    ops = cpu_kernels.load()
+    return (ops is not None and hasattr(ops, "quant_isas")
+            and ISA_CODES["avx512"] in ops.quant_isas()
+            and envs.cpu_quant_isa() in ("auto", "avx512"))
+
+
+def dense_min_rows(qweight: torch.Tensor, isa: int) -> int:
+    """Rows from which the dequantize-then-BLAS kernel runs instead of the integer one."""
+    if qweight.dim() == 3 and isa in (ISA_CODES["auto"], ISA_CODES["avx512"]):
+        return 1 << 62  # interleaved: the VNNI kernel at every M
+    return DEQUANT_GEMM_MIN_ROWS
+
+
 def gguf_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                mins: torch.Tensor, in_features: int) -> torch.Tensor:
-    """x [..., K] times the repacked weight's transpose: [..., N] in x's dtype."""
+                mins: torch.Tensor, in_features: int, isa: int | None = None) -> torch.Tensor:
+    """x [..., K] times the repacked weight's transpose: [..., N] in x's dtype. ``isa``: the
+    kernels' instruction set code, read from OCTAVO_CPU_QUANT_ISA when None."""
     shape = x.shape
     x2 = x.reshape(-1, in_features)
     ops = _kernels(x2)
-    if ops is not None and x2.shape[0] < DEQUANT_GEMM_MIN_ROWS:
-        y = ops.gguf_linear(x2.contiguous(), qweight, scales, mins, in_features,
-                            ISA_CODES[envs.cpu_quant_isa()])
+    if isa is None:
+        isa = ISA_CODES[envs.cpu_quant_isa()]
+    if ops is not None and x2.shape[0] < dense_min_rows(qweight, isa):
+        y = ops.gguf_linear(x2.contiguous(), qweight, scales, mins, in_features, isa)
     elif ops is not None:
         y = ops.gguf_linear_dense(x2.contiguous(), qweight, scales, mins, in_features)
     else:
@@ -77,6 +100,7 @@ class GGUFLinearMethod(LinearMethod):
 
     def __init__(self, fmt: str) -> None:
         self.fmt = fmt
+        self.isa = ISA_CODES[envs.cpu_quant_isa()]  # read once: os.environ costs per call
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        params_dtype):
@@ -88,14 +112,14 @@ class GGUFLinearMethod(LinearMethod):
 
     def process_weights_after_loading(self, layer):
         qweight, scales, mins = gguf_blocks.repack(layer.weight.data, self.fmt,
-                                                   self.in_features)
+                                                   self.in_features, interleave_weights())
         layer.weight = None
         layer.qweight, layer.gguf_scales, layer.gguf_mins = (
             _frozen(qweight), _frozen(scales), _frozen(mins))
 
     def apply(self, layer, x, bias):
         y = gguf_matmul(x, layer.qweight, layer.gguf_scales, layer.gguf_mins,
-                        self.in_features)
+                        self.in_features, self.isa)
         return y if bias is None else y + bias
 
 

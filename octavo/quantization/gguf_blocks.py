@@ -11,9 +11,17 @@ small unsigned integer ``u`` and float ``d`` (scale) and ``m`` (offset):
   byte), d = d_super * scale8 and m = -32 d per group of 16 (the only format with G = 16).
 
 The repacked layer holds ``qweight`` uint8 ``[N, K/2]`` when u < 16 (two per byte) or ``[N, K]``,
-and ``scales`` / ``mins`` float32 ``[N, K/G]``, G = 32 inputs per group (16 for Q6_K). Nibbles are packed per 64 weights: byte j of a
+and ``scales`` / ``mins`` ``[N, K/G]``, G = 32 inputs per group (16 for Q6_K): float16 when every
+value is exactly a float16 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 hold the file's own fp16 d and m, so a
+4-bit layer reads 5 bits per weight, as llama.cpp does), else float32 (K-quants' d = d_super *
+scale6 needs up to 17 significant bits). Nibbles are packed per 64 weights: byte j of a
 64-chunk holds u[j] (low) and u[j + 32] (high), so one 32-byte load unpacks to two whole blocks;
 a trailing lone block (K % 64 == 32) holds u[j] and u[j + 16].
+
+Interleaved (``repack(..., interleave=True)``, where N % 16 == 0 and K % 64 == 0): the same bytes
+and scales regrouped by 16 rows, ``qweight [N/16, row_bytes/4, 64]`` (each 64 bytes are one
+4-byte run of each of the 16 rows) and ``scales`` / ``mins`` ``[N/16, K/G, 16]``, so the VNNI
+kernel makes 16 outputs per pass (quant_gemm.cpp). :func:`deinterleave` undoes it.
 
 Q2_K, Q3_K and the IQ formats are not in this layout: layers holding them are dequantized at
 load instead.
@@ -158,23 +166,82 @@ def unpack_nibbles(packed: torch.Tensor, in_features: int) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
-def repack(raw: torch.Tensor, name: str, in_features: int
+def _narrow_scales(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float16 copies of d and m when both are exactly float16, else the float32 ones."""
+    with np.errstate(over="ignore"):
+        d16, m16 = d.astype(np.float16), m.astype(np.float16)
+    if np.array_equal(d16.astype(np.float32), d) and np.array_equal(m16.astype(np.float32), m):
+        return d16, m16
+    return d, m
+
+
+ROWS = 16  # weight rows per interleaved group
+
+
+def can_interleave(out_features: int, in_features: int) -> bool:
+    return out_features % ROWS == 0 and in_features % 64 == 0
+
+
+def interleave(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row-major (qweight [N, B], scales [N, G]) -> interleaved by 16 rows (module docstring)."""
+    n, nbytes = qweight.shape
+    q = qweight.view(n // ROWS, ROWS, nbytes // 4, 4).permute(0, 2, 1, 3)
+    q = q.reshape(n // ROWS, nbytes // 4, ROWS * 4).contiguous()
+    s, m = (t.view(n // ROWS, ROWS, -1).transpose(1, 2).contiguous() for t in (scales, mins))
+    return q, s, m
+
+
+def deinterleave(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`interleave`; row-major tensors are returned as they are."""
+    if qweight.dim() == 2:
+        return qweight, scales, mins
+    groups, runs, _ = qweight.shape
+    q = qweight.view(groups, runs, ROWS, 4).permute(0, 2, 1, 3).reshape(groups * ROWS, runs * 4)
+    s, m = (t.transpose(1, 2).reshape(groups * ROWS, -1) for t in (scales, mins))
+    return q, s, m
+
+
+def out_features(qweight: torch.Tensor) -> int:
+    return qweight.shape[0] * (ROWS if qweight.dim() == 3 else 1)
+
+
+def repack(raw: torch.Tensor, name: str, in_features: int, interleaved: bool = False
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """GGUF rows (uint8 [N, row_bytes]) -> (qweight, scales, mins) of the kernels' layout."""
+    """GGUF rows (uint8 [N, row_bytes]) -> (qweight, scales, mins) of the kernels' layout,
+    interleaved by 16 rows when asked and the shape allows."""
     u, d, m = unpack_blocks(raw.cpu().numpy(), name, in_features)
+    d, m = _narrow_scales(d, m)
     qweight = torch.from_numpy(u)
     if bits(name) == 4:
         qweight = pack_nibbles(qweight)
+    out = (qweight, torch.from_numpy(d), torch.from_numpy(m))
+    if interleaved and can_interleave(raw.shape[0], in_features):
+        out = interleave(*out)
     dev = raw.device
-    return qweight.to(dev), torch.from_numpy(d).to(dev), torch.from_numpy(m).to(dev)
+    return tuple(t.to(dev) for t in out)
 
 
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                in_features: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The float weight [N, K] of a repacked layer (the reference every kernel is tested
-    against)."""
+    """The float weight [N, K] of a repacked layer, row-major or interleaved (the reference
+    every kernel is tested against)."""
+    qweight, scales, mins = deinterleave(qweight, scales, mins)
     n = qweight.shape[0]
     u = qweight if qweight.shape[1] == in_features else unpack_nibbles(qweight, in_features)
     group = in_features // scales.shape[1]
-    w = u.view(n, -1, group).float() * scales.unsqueeze(-1) + mins.unsqueeze(-1)
+    w = u.view(n, -1, group).float() * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)
     return w.reshape(n, in_features).to(dtype)
+
+
+def dequantize_rows(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                    ids: torch.Tensor, in_features: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``ids`` (1-D) of the float weight: a token embedding's lookup."""
+    if qweight.dim() == 3:  # the ids' 16-row groups, then their lanes
+        lane = ids % ROWS
+        q = qweight[ids // ROWS].view(len(ids), qweight.shape[1], ROWS, 4)
+        q = q[torch.arange(len(ids)), :, lane].reshape(len(ids), -1)
+        s, m = (t[ids // ROWS][torch.arange(len(ids)), :, lane] for t in (scales, mins))
+        return dequantize(q, s, m, in_features, dtype)
+    return dequantize(qweight[ids], scales[ids], mins[ids], in_features, dtype)

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from octavo import envs
-from octavo.kernels.grammar_mask import apply_bitmask_inplace
-from octavo.kernels.triton_utils import HAS_TRITON
+from octavo.kernels.triton_available import HAS_TRITON
 
 
 @dataclass
@@ -78,6 +77,8 @@ def apply_token_bitmask(logits: torch.Tensor, mask: GrammarMask) -> torch.Tensor
             and logits.is_contiguous() and _cpu_kernel() is not None):
         return _apply_on_cpu(_cpu_kernel(), logits, mask)
     if logits.is_cuda and HAS_TRITON and logits.stride(-1) == 1 and envs.grammar_mask_kernel():
+        from octavo.kernels.grammar_mask import apply_bitmask_inplace  # Triton: CUDA only
+
         return apply_bitmask_inplace(logits, mask.bitmask.contiguous(), mask.rows)
     allowed = unpack_bitmask(mask.bitmask, logits.shape[-1])
     if mask.rows is None:

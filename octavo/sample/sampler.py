@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from octavo import envs
-from octavo.kernels.sample_race import race_sample
-from octavo.kernels.triton_utils import HAS_TRITON
+from octavo.kernels.triton_available import HAS_TRITON
 from octavo.sample.grammar_mask import apply_token_bitmask
 from octavo.sample.logits_processors import apply_logits_processors
 from octavo.sample.metadata import SamplingMetadata
@@ -74,6 +73,8 @@ class Sampler:
                 seeds[row] = gen.initial_seed()
             row_seeds = torch.tensor(seeds, dtype=torch.int64).pin_memory().to(
                 logits.device, non_blocking=True)
+        from octavo.kernels.sample_race import race_sample  # Triton: imported on CUDA only
+
         return race_sample(logits, meta.temperature, base, row_seeds)
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

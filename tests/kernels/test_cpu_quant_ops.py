@@ -18,9 +18,11 @@ ISA_NAMES = {v: k for k, v in ISA_CODES.items()}
 ISAS = ops.quant_isas() if ops is not None else []
 
 
-def weights(name: str, n: int, k: int, seed: int = 0):
+def weights(name: str, n: int, k: int, seed: int = 0, interleaved: bool = False):
     raw = torch.from_numpy(random_rows(name, n, k, seed))
-    return gguf_blocks.repack(raw, name, k)
+    out = gguf_blocks.repack(raw, name, k, interleaved)
+    assert (out[0].dim() == 3) == (interleaved and gguf_blocks.can_interleave(n, k))
+    return out
 
 
 def quantized_acts(x: torch.Tensor) -> torch.Tensor:
@@ -51,9 +53,9 @@ CASES = [(name, k) for name in sorted(gguf_blocks.FORMATS) for k in k_values(nam
 @pytest.mark.parametrize("isa", ISAS, ids=lambda i: ISA_NAMES[i])
 @pytest.mark.parametrize("name,k", CASES)
 @pytest.mark.parametrize("m", [1, 3, 17, 64])
-def test_gguf_linear_matches_reference(isa, name, k, m):
-    n = 37
-    qweight, scales, mins = weights(name, n, k, seed=k + m)
+@pytest.mark.parametrize("n,interleaved", [(37, False), (48, True)], ids=["rows", "interleaved"])
+def test_gguf_linear_matches_reference(isa, name, k, m, n, interleaved):
+    qweight, scales, mins = weights(name, n, k, seed=k + m, interleaved=interleaved)
     w = gguf_blocks.dequantize(qweight, scales, mins, k).double()
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     y = ops.gguf_linear(x, qweight, scales, mins, k, isa)
@@ -67,12 +69,14 @@ def test_gguf_linear_matches_reference(isa, name, k, m):
     assert ((y.double() - exact).abs() / scale).max() < 1e-4
 
 
-@pytest.mark.parametrize("name,k", [("Q4_1", 96), ("Q8_0", 160), ("Q6_K", 256), ("Q5_K", 512)])
+@pytest.mark.parametrize("name,k", [("Q4_1", 96), ("Q8_0", 160), ("Q6_K", 256), ("Q5_K", 512),
+                                    ("Q4_1", 128)])
 @pytest.mark.parametrize("m", [1, 8, 17, 64])
-def test_dense_path_matches_float_product(name, k, m):
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_dense_path_matches_float_product(name, k, m, interleaved):
     """gguf_linear_dense (64 weight rows dequantized at a time, then BLAS): float32-exact."""
-    n = 150  # three chunks, the last one partial
-    qweight, scales, mins = weights(name, n, k, seed=m)
+    n = 160  # three chunks, the last one partial
+    qweight, scales, mins = weights(name, n, k, seed=m, interleaved=interleaved)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     w = gguf_blocks.dequantize(qweight, scales, mins, k).double()
     y = ops.gguf_linear_dense(x, qweight, scales, mins, k)
@@ -98,14 +102,15 @@ def test_bf16_activations(name):
 
 @pytest.mark.parametrize("isa_name", ["scalar", "avx2", "avx512"])
 @pytest.mark.parametrize("name", ["Q6_K", "Q4_1"])
-def test_isa_env_switch(isa_name, name, monkeypatch):
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_isa_env_switch(isa_name, name, interleaved, monkeypatch):
     """OCTAVO_CPU_QUANT_ISA picks the path the layers run (the portable ones on any CPU)."""
     if ISA_CODES[isa_name] not in ISAS:
         pytest.skip(f"{isa_name} not built on this CPU")
     from octavo.quantization import gguf
 
     k = 256
-    qweight, scales, mins = weights(name, 9, k)
+    qweight, scales, mins = weights(name, 16, k, interleaved=interleaved)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(1))
     monkeypatch.setenv("OCTAVO_CPU_QUANT_ISA", isa_name)
     y = gguf.gguf_matmul(x, qweight, scales, mins, k)
@@ -116,8 +121,9 @@ def test_isa_env_switch(isa_name, name, monkeypatch):
 
 
 @pytest.mark.parametrize("name,k", [("Q4_0", 96), ("Q4_K", 256), ("Q8_0", 32), ("Q6_K", 256)])
-def test_dequantize_kernel(name, k):
-    qweight, scales, mins = weights(name, 11, k)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_dequantize_kernel(name, k, interleaved):
+    qweight, scales, mins = weights(name, 32 if interleaved else 11, k, interleaved=interleaved)
     torch.testing.assert_close(ops.gguf_dequantize(qweight, scales, mins, k),
                                gguf_blocks.dequantize(qweight, scales, mins, k),
                                rtol=0, atol=0)
@@ -129,3 +135,36 @@ def test_rejects_bad_shapes():
         ops.gguf_linear(torch.randn(2, 96), qweight, scales, mins, 64, 0)
     with pytest.raises(RuntimeError, match="scales and mins"):
         ops.gguf_linear(torch.randn(2, 64), qweight, scales[:, :1].contiguous(), mins, 64, 0)
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: ISA_NAMES[i])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_1", "Q8_0"])
+def test_float16_scales_match_float32(isa, name):
+    """Formats whose d and m are the file's fp16 keep them as float16 (fewer bytes per step);
+    the product is the same as through their float32 copies, bit for bit."""
+    k = 576
+    qweight, scales, mins = weights(name, 32, k, interleaved=True)
+    assert scales.dtype == mins.dtype == torch.float16
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(2))
+    y = ops.gguf_linear(x, qweight, scales, mins, k, isa)
+    assert torch.equal(y, ops.gguf_linear(x, qweight, scales.float(), mins.float(), k, isa))
+    assert torch.equal(ops.gguf_dequantize(qweight, scales, mins, k),
+                       gguf_blocks.dequantize(qweight, scales.float(), mins.float(), k))
+    torch.testing.assert_close(ops.gguf_linear_dense(x, qweight, scales, mins, k),
+                               ops.gguf_linear_dense(x, qweight, scales.float(), mins.float(),
+                                                     k), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
+def test_interleaved_layout_round_trips(name):
+    """16-row interleaving regroups bytes and scales only: the float weight is unchanged, and
+    an embedding's row lookup reads the same rows."""
+    k = 256
+    rows = weights(name, 48, k)
+    inter = weights(name, 48, k, interleaved=True)
+    assert inter[0].shape == (3, rows[0].shape[1] // 4, 64)
+    for a, b in zip(gguf_blocks.deinterleave(*inter), rows):
+        assert torch.equal(a, b)
+    ids = torch.tensor([0, 17, 47, 17])
+    assert torch.equal(gguf_blocks.dequantize_rows(*inter, ids, k, torch.float32),
+                       gguf_blocks.dequantize(*rows, k)[ids])

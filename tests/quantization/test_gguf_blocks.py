@@ -54,3 +54,12 @@ def test_unsupported_types_have_no_format():
     assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.Q6_K)) == "Q6_K"
     assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.F32)) is None
     assert gguf_blocks.format_name(int(gguf.GGMLQuantizationType.Q4_1)) == "Q4_1"
+
+
+def test_scales_float16_only_when_exact():
+    """Q4_1's d and m are fp16 in the file and stay so; Q4_K's d_super * scale6 products
+    generally are not, and stay float32."""
+    _, s, m = gguf_blocks.repack(torch.from_numpy(random_rows("Q4_1", 3, 64)), "Q4_1", 64)
+    assert s.dtype == m.dtype == torch.float16
+    _, s, m = gguf_blocks.repack(torch.from_numpy(random_rows("Q4_K", 3, 256)), "Q4_K", 256)
+    assert s.dtype == m.dtype == torch.float32

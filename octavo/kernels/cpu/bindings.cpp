@@ -18,6 +18,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear_dense", &gguf_linear_dense,
         "x [M, K] @ dequant(qweight)^T in float32, the weight dequantized 64 rows at a time");
   m.def("gguf_dequantize", &gguf_dequantize, "The float32 [N, K] of a quantized weight");
+  m.def("gguf_decoder_layers", &gguf_decoder_layers,
+        "A decode step through Llama-style decoder layers with GGUF linear layers -> "
+        "(x, residual) before the final norm");
   m.def("quant_isas", &quant_isas, "Instruction sets of gguf_linear built here (1 scalar, "
         "2 AVX2, 3 AVX-512 VNNI)");
 }

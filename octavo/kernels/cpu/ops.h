@@ -36,6 +36,15 @@ at::Tensor gguf_linear_dense(const at::Tensor& x, const at::Tensor& qweight,
                              int64_t in_features);
 std::vector<int64_t> quant_isas();
 
+// A decode step through Llama-style decoder layers with GGUF linear layers (decoder.cpp):
+// returns (x, residual) after the last layer, before the final norm.
+std::vector<at::Tensor> gguf_decoder_layers(
+    const at::Tensor& hidden, const at::Tensor& positions, const std::vector<at::Tensor>& params,
+    const std::vector<int64_t>& in_features, std::vector<at::Tensor> kv_caches,
+    const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+    const at::Tensor& cos_sin_cache, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+    double scale, double eps, int64_t isa, int64_t dense_min_rows);
+
 void check_kv_cache(const at::Tensor& kv_cache);
 void check_new_kv(const at::Tensor& x, const at::Tensor& kv_cache, int64_t tokens,
                   const char* what);

@@ -15,38 +15,22 @@
 // lanes 0-7 covering inputs 0-15 and 8-15 inputs 16-31, so per-16 scales cost nothing extra.
 // AVX2 (vpmaddwd) and a scalar reference use q as int16. Output rows are split over threads;
 // up to kTile activation rows share one pass over a weight row.
-#include "common.h"
 #include "ops.h"
-
-#include <vector>
-
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define OCTAVO_QUANT_VNNI 1
-#endif
+#include "quant_gemm.h"
 
 namespace octavo_cpu {
 namespace {
 
-constexpr int64_t kBlock = 32;  // activation values per int16 scale
+using quant::kBlock;
+using quant::kRows;
+using quant::QuantActs;
+using quant::Weights;
 constexpr int kTile = 8;        // activation rows sharing one pass over a weight row
 // 127 * 256 + 127: every q splits exactly into int8 halves q = 256 hi + lo (hi in [-127, 127],
 // lo in [-128, 127]) for the VNNI path's vpdpbusd.
 constexpr float kQMax = 32639.0f;
 
 enum Isa : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
-
-// Activations quantized per 32-block: q [M, K] int16, d [M, K/32], and s [M, K/G], the exact
-// float sum of x over each weight group (for the m-terms).
-struct QuantActs {
-  std::vector<int16_t> q;
-  std::vector<int8_t> hi, lo;  // q = 256 hi + lo, filled for the VNNI path only
-  std::vector<float> d, s;
-  int64_t k, nb, ng;
-};
 
 template <typename T>
 QuantActs quantize_acts(const T* x, int64_t m, int64_t k, int64_t group, bool split) {
@@ -109,22 +93,90 @@ inline int weight_u(const uint8_t* w, int64_t bits, int64_t k, int64_t kk) {
 
 // The m-terms: sum over groups of m * sum(x).
 inline float mins_dot(const float* wm, const float* xs, int64_t ng) {
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  int64_t g = 0;
+  for (; g + 16 <= ng; g += 16) {
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(wm + g), _mm512_loadu_ps(xs + g), acc);
+  }
+  if (g < ng) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (ng - g)) - 1);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, wm + g), _mm512_maskz_loadu_ps(tail, xs + g),
+                          acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+#else
   float acc = 0.0f;
   for (int64_t g = 0; g < ng; ++g) acc += wm[g] * xs[g];
   return acc;
+#endif
 }
 
-struct Weights {
-  const uint8_t* q;
-  const float* d;
-  const float* m;
-  int64_t bits, k, nb, group, ng, row_bytes;
+// Per-thread scratch for one row of interleaved or float16 weights in row-major float32 form.
+struct RowBuf {
+  std::vector<float> s;
+  std::vector<uint8_t> q;
+  explicit RowBuf(const Weights& w) : s(2 * w.ng), q(w.inter ? w.row_bytes : 0) {}
 };
 
+// Row n's bytes, row-major: a pointer into the weights, or de-interleaved into buf.q.
+inline const uint8_t* row_q(const Weights& w, int64_t n, RowBuf& buf) {
+  if (!w.inter) return w.q + n * w.row_bytes;
+  const uint8_t* g = w.q + (n / kRows) * kRows * w.row_bytes + (n % kRows) * 4;
+  for (int64_t j = 0; j < w.row_bytes / 4; ++j) std::memcpy(buf.q.data() + 4 * j, g + j * 64, 4);
+  return buf.q.data();
+}
+
+inline void half_to_float(const c10::Half* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// Row n's scales and mins as float32: pointers into the weights, or (float16 weights) converted
+// into buf [2 * ng].
+struct RowScales {
+  const float* d;
+  const float* m;
+};
+
+template <typename S>
+void gather_scales(const S* src, int64_t n, int64_t ng, float* dst) {
+  const S* g = src + (n / kRows) * ng * kRows + n % kRows;
+  for (int64_t i = 0; i < ng; ++i) dst[i] = static_cast<float>(g[i * kRows]);
+}
+
+inline RowScales row_scales(const Weights& w, int64_t n, RowBuf& rb) {
+  float* buf = rb.s.data();
+  if (w.inter) {
+    if (w.half) {
+      gather_scales(static_cast<const c10::Half*>(w.d), n, w.ng, buf);
+      gather_scales(static_cast<const c10::Half*>(w.m), n, w.ng, buf + w.ng);
+    } else {
+      gather_scales(static_cast<const float*>(w.d), n, w.ng, buf);
+      gather_scales(static_cast<const float*>(w.m), n, w.ng, buf + w.ng);
+    }
+    return {buf, buf + w.ng};
+  }
+  if (!w.half) {
+    return {static_cast<const float*>(w.d) + n * w.ng, static_cast<const float*>(w.m) + n * w.ng};
+  }
+  half_to_float(static_cast<const c10::Half*>(w.d) + n * w.ng, buf, w.ng);
+  half_to_float(static_cast<const c10::Half*>(w.m) + n * w.ng, buf + w.ng, w.ng);
+  return {buf, buf + w.ng};
+}
+
 template <int MT>
-void rows_scalar(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT]) {
-  const uint8_t* wq = w.q + n * w.row_bytes;
-  const float* wd = w.d + n * w.ng;
+void rows_scalar(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
+                 RowBuf& buf) {
+  const uint8_t* wq = row_q(w, n, buf);
+  const RowScales rs = row_scales(w, n, buf);
+  const float* wd = rs.d;
   for (int r = 0; r < MT; ++r) {
     const int64_t row = m0 + r;
     float acc = 0.0f;
@@ -140,7 +192,7 @@ void rows_scalar(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, fl
                  : xd * (wd[2 * b] * static_cast<float>(dot[0]) +
                          wd[2 * b + 1] * static_cast<float>(dot[1]));
     }
-    out[r][n] = acc + mins_dot(w.m + n * w.ng, a.s.data() + row * w.ng, w.ng);
+    out[r][n] = acc + mins_dot(rs.m, a.s.data() + row * w.ng, w.ng);
   }
 }
 
@@ -167,9 +219,11 @@ inline __m256i block_u8(const uint8_t* wq, int64_t bits, int64_t k, int64_t b) {
 }
 
 template <int MT>
-void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT]) {
-  const uint8_t* wq = w.q + n * w.row_bytes;
-  const float* wd = w.d + n * w.ng;
+void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
+               RowBuf& buf) {
+  const uint8_t* wq = row_q(w, n, buf);
+  const RowScales rs = row_scales(w, n, buf);
+  const float* wd = rs.d;
   __m256 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < w.nb; ++b) {
@@ -197,7 +251,7 @@ void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, floa
   }
   for (int r = 0; r < MT; ++r) {
     const int64_t row = m0 + r;
-    out[r][n] = hsum256(acc[r]) + mins_dot(w.m + n * w.ng, a.s.data() + row * w.ng, w.ng);
+    out[r][n] = hsum256(acc[r]) + mins_dot(rs.m, a.s.data() + row * w.ng, w.ng);
   }
 }
 #endif
@@ -207,9 +261,11 @@ void rows_avx2(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, floa
 // products per lane, no widening of the weights), two blocks per 64-byte vector: lanes 0-7
 // hold block 2c, lanes 8-15 block 2c+1, and 256 * dot(hi) + dot(lo) is dot(q) exactly.
 template <int MT>
-void rows_vnni8(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT]) {
-  const uint8_t* wq = w.q + n * w.row_bytes;
-  const float* wd = w.d + n * w.ng;
+void rows_vnni8(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
+                RowBuf& buf) {
+  const uint8_t* wq = row_q(w, n, buf);
+  const RowScales rs = row_scales(w, n, buf);
+  const float* wd = rs.d;
   const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   __m512 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
@@ -250,14 +306,16 @@ void rows_vnni8(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, flo
                                                                  b * kBlock));
       y += wd[b] * a.d[row * w.nb + b] * static_cast<float>(_mm512_reduce_add_epi32(dot));
     }
-    out[r][n] = y + mins_dot(w.m + n * w.ng, a.s.data() + row * w.ng, w.ng);
+    out[r][n] = y + mins_dot(rs.m, a.s.data() + row * w.ng, w.ng);
   }
 }
 
 template <int MT>
-void rows_vnni(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT]) {
-  const uint8_t* wq = w.q + n * w.row_bytes;
-  const float* wd = w.d + n * w.ng;
+void rows_vnni(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, float* out[MT],
+               RowBuf& buf) {
+  const uint8_t* wq = row_q(w, n, buf);
+  const RowScales rs = row_scales(w, n, buf);
+  const float* wd = rs.d;
   // Lanes 0-7 of a block's dot hold inputs 0-15, lanes 8-15 inputs 16-31: with per-16 weight
   // scales, spread the pair so.
   const __m512i pair_idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -280,7 +338,7 @@ void rows_vnni(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, floa
   for (int r = 0; r < MT; ++r) {
     const int64_t row = m0 + r;
     out[r][n] = _mm512_reduce_add_ps(acc[r]) +
-                mins_dot(w.m + n * w.ng, a.s.data() + row * w.ng, w.ng);
+                mins_dot(rs.m, a.s.data() + row * w.ng, w.ng);
   }
 }
 #endif
@@ -297,48 +355,62 @@ int64_t best_isa() {
 
 template <int MT>
 void rows(int64_t isa, const Weights& w, int64_t n, const QuantActs& a, int64_t m0,
-          float* out[MT]) {
+          float* out[MT], RowBuf& buf) {
 #if defined(OCTAVO_QUANT_VNNI)
   if (isa == kAvx512) {
-    if (w.group == kBlock) return rows_vnni8<MT>(w, n, a, m0, out);
-    return rows_vnni<MT>(w, n, a, m0, out);
+    if (w.group == kBlock) return rows_vnni8<MT>(w, n, a, m0, out, buf);
+    return rows_vnni<MT>(w, n, a, m0, out, buf);
   }
 #endif
 #if defined(__AVX2__)
-  if (isa == kAvx2) return rows_avx2<MT>(w, n, a, m0, out);
+  if (isa == kAvx2) return rows_avx2<MT>(w, n, a, m0, out, buf);
 #endif
-  rows_scalar<MT>(w, n, a, m0, out);
+  rows_scalar<MT>(w, n, a, m0, out, buf);
 }
 
 Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
                       const at::Tensor& mins, int64_t k) {
   check_cpu(qweight, "qweight");
   TORCH_CHECK(k > 0 && k % kBlock == 0, "in_features must be a positive multiple of 32, got ", k);
-  TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 2 &&
-                  qweight.is_contiguous(), "qweight must be a contiguous uint8 [N, K or K/2]");
-  const int64_t bits = qweight.size(1) == k ? 8 : 4;
-  TORCH_CHECK(bits == 8 || qweight.size(1) * 2 == k, "qweight has ", qweight.size(1),
-              " bytes per row: neither K nor K/2 for K=", k);
-  const int64_t n = qweight.size(0);
-  TORCH_CHECK(scales.dim() == 2 && scales.size(1) > 0 &&
+  const bool inter = qweight.dim() == 3;
+  TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.is_contiguous() &&
+                  (qweight.dim() == 2 || (inter && qweight.size(2) == kRows * 4)),
+              "qweight must be a contiguous uint8 [N, K or K/2] or, interleaved, "
+              "[N/16, (K or K/2)/4, 64]");
+  const int64_t n = inter ? qweight.size(0) * kRows : qweight.size(0);
+  const int64_t rb = inter ? qweight.size(1) * 4 : qweight.size(1);
+  const int64_t bits = rb == k ? 8 : 4;
+  TORCH_CHECK(bits == 8 || rb * 2 == k, "qweight has ", rb, " bytes per row: neither K nor K/2 "
+              "for K=", k);
+  TORCH_CHECK(!inter || k % 64 == 0, "interleaved weights need in_features % 64 == 0");
+  const int64_t sd = inter ? 3 : 2;
+  TORCH_CHECK(scales.dim() == sd && scales.size(1) > 0 &&
                   (scales.size(1) * 32 == k || scales.size(1) * 16 == k),
-              "scales and mins must be contiguous float32 [N, K/32] or [N, K/16] for N=", n,
-              ", K=", k);
+              "scales and mins must be contiguous float32 or float16 [N, K/32] or [N, K/16] "
+              "(interleaved: [N/16, K/G, 16]) for N=", n, ", K=", k);
   const int64_t ng = scales.size(1);
+  const auto st = scales.scalar_type();
   for (const at::Tensor* t : {&scales, &mins}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 &&
-                    t->size(0) == n && t->size(1) == ng,
-                "scales and mins must be contiguous float32 [N, K/32] or [N, K/16] = [", n,
-                ", ", ng, "]");
+    const bool shape_ok = inter ? (t->dim() == 3 && t->size(0) * kRows == n &&
+                                   t->size(1) == ng && t->size(2) == kRows)
+                                : (t->dim() == 2 && t->size(0) == n && t->size(1) == ng);
+    TORCH_CHECK((st == at::kFloat || st == at::kHalf) && t->scalar_type() == st &&
+                    t->is_contiguous() && shape_ok,
+                "scales and mins must be contiguous float32 or float16 (both the same) [N, K/32] "
+                "or [N, K/16] (interleaved: [N/16, K/G, 16]) with N=", n, ", K/G=", ng);
   }
-  return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr<float>(), mins.data_ptr<float>(),
-                 bits, k, k / kBlock, k / ng, ng, qweight.size(1)};
+  return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr(), mins.data_ptr(),
+                 st == at::kHalf, inter, bits, k, k / kBlock, k / ng, ng, rb};
+}
+
+inline int64_t out_features(const Weights& w, const at::Tensor& qweight) {
+  return w.inter ? qweight.size(0) * kRows : qweight.size(0);
 }
 
 template <int MT>
 void tile(int64_t isa, const Weights& w, const QuantActs& a, int64_t m0, int64_t begin,
-          int64_t end, float* out[MT]) {
-  for (int64_t j = begin; j < end; ++j) rows<MT>(isa, w, j, a, m0, out);
+          int64_t end, float* out[MT], RowBuf& buf) {
+  for (int64_t j = begin; j < end; ++j) rows<MT>(isa, w, j, a, m0, out, buf);
 }
 
 }  // namespace
@@ -364,29 +436,37 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
   const auto isas = quant_isas();
   TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "isa ", isa,
               " is not built on this CPU");
-  const int64_t m = x.size(0), n = qweight.size(0);
+  const int64_t m = x.size(0), n = out_features(w, qweight);
   at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return out.to(x.scalar_type());
+  const bool grouped = isa == kAvx512 && w.inter;
   QuantActs a = OCTAVO_DISPATCH(x.scalar_type(), "gguf_linear", [&] {
     return quantize_acts(x.data_ptr<scalar_t>(), m, in_features, w.group,
-                         isa == kAvx512 && w.group == kBlock);
+                         isa == kAvx512 && (w.group == kBlock || grouped));
   });
   float* op = out.data_ptr<float>();
+#if defined(OCTAVO_QUANT_VNNI)
+  if (grouped) {
+    quant::linear_groups_vnni(w, a, m, n, op);
+    return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+  }
+#endif
   const int64_t grain = std::max<int64_t>(1, 32768 / (in_features * std::min<int64_t>(m, kTile)));
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    RowBuf buf(w);
     for (int64_t m0 = 0; m0 < m; m0 += kTile) {
       const int mt = static_cast<int>(std::min<int64_t>(kTile, m - m0));
       float* rows_out[kTile];
       for (int r = 0; r < mt; ++r) rows_out[r] = op + (m0 + r) * n;
       switch (mt) {
-        case 8: tile<8>(isa, w, a, m0, begin, end, rows_out); break;
-        case 7: tile<7>(isa, w, a, m0, begin, end, rows_out); break;
-        case 6: tile<6>(isa, w, a, m0, begin, end, rows_out); break;
-        case 5: tile<5>(isa, w, a, m0, begin, end, rows_out); break;
-        case 4: tile<4>(isa, w, a, m0, begin, end, rows_out); break;
-        case 3: tile<3>(isa, w, a, m0, begin, end, rows_out); break;
-        case 2: tile<2>(isa, w, a, m0, begin, end, rows_out); break;
-        default: tile<1>(isa, w, a, m0, begin, end, rows_out); break;
+        case 8: tile<8>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 7: tile<7>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 6: tile<6>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 5: tile<5>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 4: tile<4>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 3: tile<3>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        case 2: tile<2>(isa, w, a, m0, begin, end, rows_out, buf); break;
+        default: tile<1>(isa, w, a, m0, begin, end, rows_out, buf); break;
       }
     }
   });
@@ -396,10 +476,11 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
 namespace {
 
 // Row j of the weight as float32 into dst[K]: d * u + m per group.
-void dequant_row(const Weights& w, int64_t j, float* dst) {
-  const uint8_t* wq = w.q + j * w.row_bytes;
-  const float* wd = w.d + j * w.ng;
-  const float* wm = w.m + j * w.ng;
+void dequant_row(const Weights& w, int64_t j, float* dst, RowBuf& buf) {
+  const uint8_t* wq = row_q(w, j, buf);
+  const RowScales rs = row_scales(w, j, buf);
+  const float* wd = rs.d;
+  const float* wm = rs.m;
 #if defined(__AVX512F__) && defined(__AVX2__)
   for (int64_t b = 0; b < w.nb; ++b) {
     const __m256i u8 = block_u8(wq, w.bits, w.k, b);
@@ -427,11 +508,12 @@ constexpr int64_t kDenseChunk = 64;  // weight rows dequantized at a time (stays
 at::Tensor gguf_dequantize(const at::Tensor& qweight, const at::Tensor& scales,
                            const at::Tensor& mins, int64_t in_features) {
   const Weights w = check_weights(qweight, scales, mins, in_features);
-  const int64_t n = qweight.size(0), k = in_features;
-  at::Tensor out = at::empty({n, k}, scales.options());
+  const int64_t n = out_features(w, qweight), k = in_features;
+  at::Tensor out = at::empty({n, k}, scales.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   at::parallel_for(0, n, row_grain(k), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) dequant_row(w, j, op + j * k);
+    RowBuf rb(w);
+    for (int64_t j = begin; j < end; ++j) dequant_row(w, j, op + j * k, rb);
   });
   return out;
 }
@@ -443,16 +525,17 @@ at::Tensor gguf_linear_dense(const at::Tensor& x, const at::Tensor& qweight,
   const Weights w = check_weights(qweight, scales, mins, in_features);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == in_features && x.is_contiguous(),
               "x must be a contiguous [M, ", in_features, "]");
-  const int64_t m = x.size(0), n = qweight.size(0), k = in_features;
+  const int64_t m = x.size(0), n = out_features(w, qweight), k = in_features;
   const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   at::Tensor out = at::empty({m, n}, xf.options());
   if (m == 0 || n == 0) return out.to(x.scalar_type());
   const int64_t chunks = (n + kDenseChunk - 1) / kDenseChunk;
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> buf(kDenseChunk * k);
+    RowBuf rb(w);
     for (int64_t c = begin; c < end; ++c) {
       const int64_t n0 = c * kDenseChunk, rows = std::min(kDenseChunk, n - n0);
-      for (int64_t r = 0; r < rows; ++r) dequant_row(w, n0 + r, buf.data() + r * k);
+      for (int64_t r = 0; r < rows; ++r) dequant_row(w, n0 + r, buf.data() + r * k, rb);
       const at::Tensor wt = at::from_blob(buf.data(), {rows, k}, xf.options());
       // Inside the pool's threads the BLAS call runs on this thread alone. Its result is
       // copied with plain stores: `out` may be an inference tensor, and InferenceMode is not

@@ -1,0 +1,58 @@
+// Shared by the quantized linear kernels (quant_gemm.cpp) and the VNNI kernel on weights
+// interleaved by 16 rows (quant_gemm_vnni16.cpp): quantized activations and the weights' view.
+#pragma once
+
+#include <vector>
+
+#include "common.h"
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define OCTAVO_QUANT_VNNI 1
+#endif
+
+namespace octavo_cpu {
+namespace quant {
+
+constexpr int64_t kBlock = 32;  // activation values per int16 scale
+
+// Activations quantized per 32-block: q [M, K] int16, d [M, K/32], and s [M, K/G], the exact
+// float sum of x over each weight group (for the m-terms).
+struct QuantActs {
+  std::vector<int16_t> q;
+  std::vector<int8_t> hi, lo;  // q = 256 hi + lo, filled for the VNNI path only
+  std::vector<float> d, s;
+  int64_t k, nb, ng;
+};
+
+// Scales and mins are float32, or float16 where the file's values are exactly float16 (Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0: their d and m are the file's own fp16): 5 bits per weight of a 4-bit
+// format instead of 6, the bytes llama.cpp reads.
+//
+// Layouts: row-major (qweight [N, row_bytes], scales [N, K/G]), or interleaved by 16 rows
+// (qweight [N/16, row_bytes/4, 64]: each 64 bytes are one 4-byte run of each of 16 rows, so
+// lane r of a vpdpbusd is row r's dot over 4 inputs; scales [N/16, K/G, 16]): the VNNI path
+// then makes 16 outputs per pass with the activations broadcast, about a third of the
+// instructions of the row-major kernel per weight. Other paths read interleaved weights
+// through a de-interleaved copy of each row.
+constexpr int64_t kRows = 16;
+
+struct Weights {
+  const uint8_t* q;
+  const void* d;
+  const void* m;
+  bool half;
+  bool inter;  // interleaved by kRows rows
+  int64_t bits, k, nb, group, ng, row_bytes;
+};
+
+#if defined(OCTAVO_QUANT_VNNI)
+// out [m, n] (row stride n) = activations times interleaved weights (w.inter), 16 rows a pass.
+void linear_groups_vnni(const Weights& w, const QuantActs& a, int64_t m, int64_t n, float* op);
+#endif
+
+}  // namespace quant
+}  // namespace octavo_cpu

@@ -1,0 +1,95 @@
+"""The decoder stack of a Llama-style model in one C++ call for CPU decode steps.
+
+At batch 1 a 30-layer model is ~360 small kernel calls a step, each behind a module call,
+a dispatch and tensor views: about 60 us of Python a layer, a fifth of the step on the 2-core
+machine. When every linear layer of every decoder layer is GGUF-quantized (no biases, no q/k
+norms, one rank), a decode-only step runs ``gguf_decoder_layers`` (kernels/cpu/decoder.cpp)
+instead: the same kernels in the same order, so the tokens are the same bit for bit.
+``OCTAVO_CPU_FUSED_DECODE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from octavo import envs
+from octavo.attention.layer import ForwardContext
+
+
+class FusedGGUFDecode:
+    """Built by :func:`build` for a model that qualifies; call it on decode-only steps."""
+
+    def __init__(self, ops, layers: nn.ModuleList) -> None:
+        from octavo.quantization.gguf import ISA_CODES, dense_min_rows
+
+        self.ops = ops
+        first = layers[0].self_attn
+        self.num_heads, self.num_kv_heads = first.num_heads, first.num_kv_heads
+        self.head_dim = first.head_dim
+        self.scale = first.attn.impl.scale
+        self.eps = layers[0].input_layernorm.eps
+        self.cos_sin_cache = first.rotary_emb.cos_sin_cache
+        self.isa = ISA_CODES[envs.cpu_quant_isa()]
+        self.params: list[torch.Tensor] = []
+        self.in_features: list[int] = []
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.params.append(layer.input_layernorm.weight)
+            for lin in (attn.qkv_proj, attn.o_proj):
+                self.params += [lin.qweight, lin.gguf_scales, lin.gguf_mins]
+            self.params.append(layer.post_attention_layernorm.weight)
+            for lin in (mlp.gate_up_proj, mlp.down_proj):
+                self.params += [lin.qweight, lin.gguf_scales, lin.gguf_mins]
+            self.in_features += [lin.quant_method.in_features for lin in (
+                attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        # The kernel picks one path per step for every layer: the integer one at every row
+        # count only when every weight is interleaved.
+        self.dense_min_rows = min(dense_min_rows(q, self.isa) for q in self.params[1::14] +
+                                  self.params[4::14] + self.params[8::14] + self.params[11::14])
+
+    def applies(self, x: torch.Tensor, ctx: ForwardContext) -> bool:
+        meta = ctx.attn_metadata
+        return (meta.max_query_len == 1 and meta.num_tokens == meta.num_reqs == x.shape[0]
+                and x.dtype == self.params[0].dtype == ctx.kv_caches[0].dtype
+                and x.is_contiguous())
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) after the last decoder layer, before the final norm."""
+        meta = ctx.attn_metadata
+        n = meta.num_tokens
+        x, residual = self.ops.gguf_decoder_layers(
+            x, positions, self.params, self.in_features, ctx.kv_caches,
+            meta.slot_mapping[:n], meta.block_tables[:n], meta.seq_lens[:n],
+            self.cos_sin_cache, self.num_heads, self.num_kv_heads, self.head_dim, self.scale,
+            self.eps, self.isa, self.dense_min_rows)
+        return x, residual
+
+
+def build(layers: nn.ModuleList, x: torch.Tensor) -> FusedGGUFDecode | None:
+    """The fused path for these decoder layers, or None when any part does not qualify."""
+    from octavo.attention.torch_backend import TorchAttentionImpl
+    from octavo.kernels import cpu as cpu_kernels
+    from octavo.layers.rotary import RotaryEmbedding
+    from octavo.quantization.gguf import GGUFLinearMethod
+
+    if not envs.cpu_fused_decode() or x.device.type != "cpu" or len(layers) == 0:
+        return None
+    ops = cpu_kernels.ops_for(x)
+    if ops is None or not hasattr(ops, "gguf_decoder_layers"):
+        return None
+    for layer in layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None or getattr(attn, "q_norm", None) is not None:
+            return None
+        if type(getattr(attn, "rotary_emb", None)) is not RotaryEmbedding or \
+                attn.rotary_emb.cos_sin_cache.dtype != torch.float32:
+            return None
+        if not isinstance(attn.attn.impl, TorchAttentionImpl):
+            return None
+        for lin in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            if (not isinstance(lin.quant_method, GGUFLinearMethod) or lin.bias is not None
+                    or lin.tp.size > 1):
+                return None
+    return FusedGGUFDecode(ops, layers)
