@@ -67,6 +67,7 @@ class _Stream:
     slot: ReplicaSlot | None = None
     handle: Any = None
     got_output: bool = False
+    first: RequestOutput | None = None  # its prompt fields complete "more" outputs
     attempts: int = 0
     reasons: list[str] = field(default_factory=list)
 
@@ -265,14 +266,22 @@ class ReplicaRouter:
         """A batch from a live replica (under the lock): outputs to their streams."""
         deliveries: list[tuple[_Stream, Any]] = []
         for msg in batch:
-            if msg[0] not in ("out", "fail"):
+            kind = msg[0]
+            if kind not in ("out", "more", "fail"):
                 continue
             request_id = msg[1]
             stream = self._streams.get(request_id)
             if stream is None or stream.handle is not handle:
                 continue  # aborted meanwhile
-            if msg[0] == "out":
+            if kind != "fail":
                 out = msg[2]
+                if kind == "out":
+                    stream.first = out
+                elif stream.first is not None:
+                    first = stream.first
+                    out.prompt, out.prompt_token_ids = first.prompt, first.prompt_token_ids
+                    if out.metrics is None:
+                        out.metrics = first.metrics
                 stream.got_output = True
                 if out.finished:
                     del self._streams[request_id]
