@@ -92,13 +92,16 @@ def main() -> None:
     try:
         _wait_healthy(port, proc)
         for rate in args.rates:
-            server0, client0 = _tree_cpu_s(proc.pid), _self_cpu_s()
+            server0, client0 = _tree_cpu(proc.pid), _self_cpu_s()
             serving.main(["--base-url", f"http://127.0.0.1:{port}", "--input-len",
                           str(args.input_len), "--output-len", str(args.output_len),
                           "--num-prompts", str(args.num_prompts), "--request-rate",
                           "inf" if math.isinf(rate) else str(rate), "--output-json", out_json,
                           "--client-processes", str(args.client_processes)])
-            server_s, client_s = _tree_cpu_s(proc.pid) - server0, _self_cpu_s() - client0
+            server1, client_s = _tree_cpu(proc.pid), _self_cpu_s() - client0
+            # The API server's own process, and its children (an engine process, workers).
+            api_s, engine_s = server1[0] - server0[0], server1[1] - server0[1]
+            server_s = api_s + engine_s
             with open(out_json) as f:
                 run = json.load(f)["runs"][0]
             if run.get("client_cpu_s") is not None:  # the client's own processes
@@ -106,10 +109,13 @@ def main() -> None:
             k = max(run["total_output_tokens"], 1) / 1000
             run["server_cpu_s_per_1k_tokens"] = server_s / k
             run["client_cpu_s_per_1k_tokens"] = client_s / k
+            run["server_api_process_cpu_s_per_1k_tokens"] = api_s / k
+            run["server_child_processes_cpu_s_per_1k_tokens"] = engine_s / k
             run["server_cpu_cores"] = server_s / run["duration_s"]
             run["client_cpu_cores"] = client_s / run["duration_s"]
             print(f"CPU per 1,000 output tokens: server {server_s / k:.3f} s "
-                  f"({run['server_cpu_cores']:.2f} cores), client {client_s / k:.3f} s "
+                  f"({run['server_cpu_cores']:.2f} cores; API process {api_s / k:.3f} s, "
+                  f"its child processes {engine_s / k:.3f} s), client {client_s / k:.3f} s "
                   f"({run['client_cpu_cores']:.2f} cores)")
             runs.append(run)
     finally:
@@ -160,24 +166,27 @@ def _self_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and its live descendants (an engine
-    process, workers) so far."""
+def _tree_cpu(pid: int) -> tuple[float, float]:
+    """User + system CPU seconds so far of process ``pid``, and of its live descendants (an
+    engine process, workers)."""
     import psutil
 
-    total = 0.0
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        children = root.children(recursive=True)
     except psutil.Error:
-        return 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
+        return 0.0, 0.0
+    out = []
+    for group in ([root], children):
+        total = 0.0
+        for p in group:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        out.append(total)
+    return out[0], out[1]
 
 
 if __name__ == "__main__":

@@ -33,6 +33,10 @@ class RequestTimes:
     first_scheduled_time: float | None
     first_token_time: float | None = None
 
+    def __reduce__(self):  # positional: pickles small and loads fast (see RequestOutput)
+        return (type(self), (self.arrival_time, self.first_scheduled_time,
+                             self.first_token_time))
+
     @property
     def queue_seconds(self) -> float | None:
         if self.first_scheduled_time is None:
