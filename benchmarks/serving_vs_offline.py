@@ -70,6 +70,10 @@ def main() -> None:
                     "in its own process, off the server's GIL); offline runs uni")
     ap.add_argument("--client-processes", type=int, default=4,
                     help="benchmark client processes (one Python client can be the limit)")
+    ap.add_argument("--offline-skip-tokenizer", action="store_true",
+                    help="offline without a tokenizer (no detokenization), as before "
+                    "2026-12-01; by default offline loads the tokenizer the server loads and "
+                    "returns text, as LLM.generate does by default and the server must")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--server-args", default="",
                     help="more flags for the server, one string (e.g. \"--engine-process\")")
@@ -127,7 +131,8 @@ def main() -> None:
 
     from octavo import LLM, SamplingParams
 
-    llm = LLM(model=folder, load_format="dummy", dtype=args.dtype, skip_tokenizer_init=True,
+    llm = LLM(model=folder, load_format="dummy", dtype=args.dtype,
+              skip_tokenizer_init=args.offline_skip_tokenizer,
               max_model_len=2048, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=16384)
     prompts = serving.make_prompts(args.num_prompts, args.input_len, 10000, 0)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
@@ -153,6 +158,7 @@ def main() -> None:
     print(f"offline CPU per 1,000 output tokens: {offline_cpu_per_1k:.3f} s "
           f"({offline_cpu / wall:.2f} cores); load average {os.getloadavg()}")
     print_json_result({"benchmark": "W3", "shape": args.shape, "executor": args.executor,
+                       "offline_detokenizes": not args.offline_skip_tokenizer,
                        "server_args": args.server_args, "device": device_info(),
                        "commit": git_commit(), "runs": runs, "offline_output_tok_s": offline,
                        "offline_cpu_s_per_1k_tokens": offline_cpu_per_1k,

@@ -98,3 +98,24 @@ def test_outputs_pickle_unchanged():
     for clone in (pickle.loads(pickle.dumps(out)), copy.deepcopy(out), copy.copy(out)):
         assert clone == out
     assert pickle.loads(pickle.dumps(out)).metrics.queue_seconds == 1.0
+
+
+def test_a_long_silent_run_does_not_grow_the_decode_window():
+    """Tokens that decode to nothing (a tokenizer without the model's vocabulary, as with
+    dummy weights) must not make each later decode longer: the window stays bounded and the
+    text is unchanged."""
+    seen: list[int] = []
+
+    class Silent:
+        def decode(self, ids, **kwargs):
+            seen.append(len(ids))
+            return "".join("x" for t in ids if t == 7)
+
+    d = IncrementalDetokenizer(Silent(), [1, 2, 3], SamplingParams())
+    for _ in range(500):
+        d.add_token(5)
+    d.add_token(7)
+    d.add_token(7)
+    d.flush()
+    assert d.text == "xx"
+    assert max(seen) <= 40

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from octavo.sampling_params import SamplingParams
 
 _CONTEXT_TOKENS = 5  # prompt tokens kept as left context for the first decodes
+# Tokens in the decode window that together decode to "" before it is dropped (see add_token).
+_MAX_SILENT_WINDOW = 32
 
 
 def rust_decoder(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str] | None:
@@ -78,6 +80,11 @@ class IncrementalDetokenizer:
         prefix = self._prefix_text()
         full = self._decode(self.ids[self.prefix_offset:])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            if not full and len(self.ids) - self.prefix_offset > _MAX_SILENT_WINDOW:
+                # A long run of tokens that decode to nothing (a tokenizer without the
+                # model's vocabulary, as in benchmarks with dummy weights) would make every
+                # later decode longer: drop it, there is no text for it to complete.
+                self.prefix_offset = self.read_offset = len(self.ids)
             return False
         delta = full[len(prefix):]
         self.prefix_offset = self.read_offset
