@@ -11,6 +11,9 @@ Replica -> router (a list of these per send):
     ("more", request_id, RequestOutput)  a later one, without the prompt (prompt and
                                      prompt_token_ids None: as in the first; metrics None
                                      until the last): the prompt is not pickled every step
+    ("delta", request_id, index, text, token_ids)
+                                     a later unfinished one of one completion without
+                                     logprobs (most of a stream), as plain values
     ("fail", request_id, kind, text) kind: "invalid" (ValueError), "failed" (the request
                                      failed in the engine), "dead" (the engine died)
     ("stats", snapshot, stuck_s)     every STATS_INTERVAL_S: the replica's Prometheus

@@ -142,13 +142,22 @@ class ReplicaCore:
                     del live[request_id]
                 elif not sent:
                     live[request_id] = True
-                if sent:
-                    item.prompt = item.prompt_token_ids = None
-                    if not item.finished:
-                        item.metrics = None
-                    msgs.append(("more", request_id, item))
-                else:
+                if not sent:
                     msgs.append(("out", request_id, item))
+                    continue
+                comp = item.outputs[0] if len(item.outputs) == 1 else None
+                if (comp is not None and not item.finished and comp.finish_reason is None
+                        and comp.logprobs is None
+                        and comp.cumulative_logprob is None and item.prompt_logprobs is None
+                        and item.error is None):
+                    # The common step output: plain values, no objects to pickle.
+                    msgs.append(("delta", request_id, comp.index, comp.text,
+                                 comp.token_ids))
+                    continue
+                item.prompt = item.prompt_token_ids = None
+                if not item.finished:
+                    item.metrics = None
+                msgs.append(("more", request_id, item))
         if msgs:
             self.outbox.put_many(msgs)
 
