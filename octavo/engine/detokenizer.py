@@ -14,7 +14,7 @@ from octavo.sampling_params import SamplingParams
 
 _CONTEXT_TOKENS = 5  # prompt tokens kept as left context for the first decodes
 # Tokens in the decode window that together decode to "" before it is dropped (see add_token).
-_MAX_SILENT_WINDOW = 32
+_MAX_SILENT_WINDOW = 8
 
 
 def rust_decoder(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str] | None:
