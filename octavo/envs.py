@@ -61,3 +61,10 @@ def grammar_fill_threads() -> int | None:
     if threads < 1:
         raise ValueError(f"OCTAVO_GRAMMAR_FILL_THREADS must be >= 1, got {value!r}")
     return threads
+
+
+def replica_direct_send() -> bool:
+    """OCTAVO_REPLICA_DIRECT_SEND (default on): a process replica's engine thread pipes each
+    step's outputs to the router itself; off, it hands them to the replica's sender thread
+    (a GIL hand-off between two threads every step)."""
+    return _flag("OCTAVO_REPLICA_DIRECT_SEND", True)

@@ -70,6 +70,9 @@ class ReplicaCore:
         self._live: dict[str, bool] = {}
         self._early_aborts: OrderedDict[str, None] = OrderedDict()
         self._next_stats = 0.0
+        # Set by a transport that can take a step's outputs on the engine thread (a process
+        # replica's pipe); else they go through the outbox to its sender.
+        self.direct_send: Callable[[list], None] | None = None
         self.outbox.put(("ready", {"pid": os.getpid()}))
 
     # ------------------------------------------------------------------ commands
@@ -159,7 +162,11 @@ class ReplicaCore:
                     item.metrics = None
                 msgs.append(("more", request_id, item))
         if msgs:
-            self.outbox.put_many(msgs)
+            send = self.direct_send
+            if send is not None:
+                send(msgs)
+            else:
+                self.outbox.put_many(msgs)
 
     # ------------------------------------------------------------------ out
     def take(self, timeout: float = STATS_INTERVAL_S) -> list:
