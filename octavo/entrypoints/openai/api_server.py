@@ -16,7 +16,6 @@ from fastapi.responses import Response
 
 import octavo
 from octavo.engine.arg_utils import EngineArgs
-from octavo.engine.async_llm import AsyncLLM
 from octavo.entrypoints.engine_client import (
     EngineClient,
     add_replica_flag,
@@ -378,7 +377,8 @@ def start_engine(args: argparse.Namespace) -> EngineClient | None:
     except RuntimeError as e:  # a replica could not start
         print(f"octavo: error: {e}", file=sys.stderr)
         return None
-    if interval is not None and isinstance(engine, AsyncLLM):  # replicas log their own
+    if interval is not None and num_replicas == 1 and not engine_process:
+        # (replicas, the engine process among them, log their own)
         engine.stat_loggers.append(LoggingStatLogger(engine.engine, interval))
     return engine
 
