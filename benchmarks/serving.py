@@ -101,8 +101,10 @@ def _stats(values: list[float], scale: float = 1000.0) -> dict[str, float]:
             "median": statistics.median(values) * scale, "p99": p99 * scale}
 
 
-async def run_rate(base_url: str, model: str, prompts: list[list[int]], output_len: int,
-                   rate: float, max_concurrency: int | None, seed: int) -> dict[str, Any]:
+async def _send_all(base_url: str, model: str, prompts: list[list[int]], output_len: int,
+                    rate: float, max_concurrency: int | None, seed: int
+                    ) -> tuple[list[RequestResult], float, float]:
+    """(results, first send, last answer) in time.monotonic() seconds."""
     url = base_url.rstrip("/") + "/v1/completions"
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     rng = random.Random(seed)
@@ -115,19 +117,66 @@ async def run_rate(base_url: str, model: str, prompts: list[list[int]], output_l
                 return await one_request(client, url, model, prompt, output_len)
 
         tasks = []
-        start = time.perf_counter()
+        start = time.monotonic()
         for i, prompt in enumerate(prompts):
             tasks.append(asyncio.create_task(limited(prompt)))
             if math.isfinite(rate) and i + 1 < len(prompts):
                 await asyncio.sleep(rng.expovariate(rate))
         results = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
+        end = time.monotonic()
+    return results, start, end
+
+
+def _client_process(args: tuple) -> tuple[list[RequestResult], float, float, float]:
+    """One of several client processes: its share of the requests; also its CPU seconds."""
+    import resource
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    start_at, *rest = args
+    time.sleep(max(0.0, start_at - time.monotonic()))  # every process starts together
+    cpu0 = cpu()  # not the imports
+    results, start, end = asyncio.run(_send_all(*rest))
+    return results, start, end, cpu() - cpu0
+
+
+def run_rate(base_url: str, model: str, prompts: list[list[int]], output_len: int,
+             rate: float, max_concurrency: int | None, seed: int,
+             client_processes: int = 1) -> dict[str, Any]:
+    """One run at ``rate``. ``client_processes`` > 1 splits the requests over that many
+    processes (each a share of the rate and of the concurrency, ``prompts[i::n]``): one
+    Python client parsing every streamed event of a fast server can use a whole core and
+    become the limit it measures."""
+    n = max(1, min(client_processes, len(prompts)))
+    client_cpu = None
+    if n == 1:
+        results, start, end = asyncio.run(_send_all(base_url, model, prompts, output_len, rate,
+                                                    max_concurrency, seed))
+    else:
+        import multiprocessing
+
+        share = None if max_concurrency is None else max(1, max_concurrency // n)
+        start_at = time.monotonic() + 1.0
+        jobs = [(start_at, base_url, model, prompts[i::n], output_len, rate / n, share,
+                 seed + i) for i in range(n)]
+        with multiprocessing.get_context("spawn").Pool(n) as pool:
+            parts = pool.map(_client_process, jobs)
+        by_proc = [p[0] for p in parts]
+        results = [by_proc[i % n][i // n] for i in range(len(prompts))]
+        start, end = min(p[1] for p in parts), max(p[2] for p in parts)
+        client_cpu = sum(p[3] for p in parts)
+    duration = end - start
     done = [r for r in results if r.ok]
     total_out = sum(r.output_tokens for r in done)
     tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     return {
         "request_rate": "inf" if math.isinf(rate) else rate,
         "max_concurrency": max_concurrency,
+        "client_processes": n,
+        # CPU seconds of the client processes (None: the client is the calling process).
+        "client_cpu_s": client_cpu,
         "completed": len(done), "failed": len(results) - len(done),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
         "duration_s": duration,
@@ -171,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab-size", type=int, default=10000,
                    help="prompt token ids are drawn from [0, vocab-size)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client-processes", type=int, default=1,
+                   help="split the requests over this many client processes, so that the "
+                   "client's own parsing of every streamed event is not the limit")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
@@ -183,17 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"W3 serving: {args.base_url} model={model} input_len={args.input_len} "
           f"output_len={args.output_len} num_prompts={args.num_prompts} "
           f"rates={args.request_rate} max_concurrency={args.max_concurrency} "
-          f"commit={git_commit()}")
+          f"client_processes={args.client_processes} commit={git_commit()}")
     if not args.no_warmup:
-        warm = asyncio.run(run_rate(args.base_url, model, prompts[:1], 4, math.inf, None,
-                                    args.seed))
+        warm = run_rate(args.base_url, model, prompts[:1], 4, math.inf, None, args.seed)
         if warm["failed"]:
             print(f"warm-up failed: {warm['errors']}", file=sys.stderr)
             return 1
     runs = []
     for rate in args.request_rate:
-        r = asyncio.run(run_rate(args.base_url, model, prompts, args.output_len, rate,
-                                 args.max_concurrency, args.seed))
+        r = run_rate(args.base_url, model, prompts, args.output_len, rate,
+                     args.max_concurrency, args.seed, args.client_processes)
         print_table(r)
         runs.append(r)
     print_json_result({"workload": "W3", "base_url": args.base_url, "model": model,

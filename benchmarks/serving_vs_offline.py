@@ -5,6 +5,13 @@ rate inf against it (the server's own overhead, issue 15 item 4).
 
     python benchmarks/serving_vs_offline.py [--shape qwen3-0.6b] [--rates inf 64 16]
         [--num-prompts 1000] [--input-len 1024] [--output-len 128] [--json out.json]
+        [--server-args="--engine-process"]
+
+Besides the throughputs it prints CPU seconds per 1,000 output tokens: of the server's process
+tree, of this process while it is the benchmark client, and of the offline run. They are the
+figures to compare on a loaded machine, where wall-clock throughput is noise; and a client
+near a full core per second is itself the limit (``--shape tiny-qwen3`` reproduces the GPU's
+situation on a CPU: an engine fast enough that serving costs dominate).
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import argparse
 import json
 import math
 import os
+import resource
+import shlex
 import signal
 import socket
 import subprocess
@@ -59,39 +68,71 @@ def main() -> None:
     ap.add_argument("--executor", default="uni", choices=["uni", "mp"],
                     help="the server's --distributed-executor-backend (mp: the model runner "
                     "in its own process, off the server's GIL); offline runs uni")
+    ap.add_argument("--client-processes", type=int, default=4,
+                    help="benchmark client processes (one Python client can be the limit)")
+    ap.add_argument("--offline-skip-tokenizer", action="store_true",
+                    help="offline without a tokenizer (no detokenization), as before "
+                    "2026-12-01; by default offline loads the tokenizer the server loads and "
+                    "returns text, as LLM.generate does by default and the server must")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--server-args", default="",
+                    help="more flags for the server, one string (e.g. \"--engine-process\")")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from benchmarks import serving
 
     folder = write_config(args.shape)
-    engine_flags = ["--model", folder, "--load-format", "dummy", "--dtype", "bfloat16",
+    engine_flags = ["--model", folder, "--load-format", "dummy", "--dtype", args.dtype,
                     "--max-model-len", "2048", "--max-num-seqs", str(args.max_num_seqs),
                     "--max-num-batched-tokens", "16384", "--disable-log-stats",
                     "--distributed-executor-backend", args.executor]
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "octavo.entrypoints.openai.api_server",
                              "--host", "127.0.0.1", "--port", str(port),
-                             "--uvicorn-log-level", "warning", *engine_flags])
+                             "--uvicorn-log-level", "warning", *engine_flags,
+                             *shlex.split(args.server_args)])
     out_json = os.path.join(os.environ.get("OUT", "/tmp"), "w3_runs.json")
+    runs = []
     try:
         _wait_healthy(port, proc)
-        rates = ["inf" if math.isinf(r) else str(r) for r in args.rates]
-        serving.main(["--base-url", f"http://127.0.0.1:{port}", "--input-len",
-                      str(args.input_len), "--output-len", str(args.output_len),
-                      "--num-prompts", str(args.num_prompts), "--request-rate", *rates,
-                      "--output-json", out_json])
+        for rate in args.rates:
+            server0, client0 = _tree_cpu(proc.pid), _self_cpu_s()
+            serving.main(["--base-url", f"http://127.0.0.1:{port}", "--input-len",
+                          str(args.input_len), "--output-len", str(args.output_len),
+                          "--num-prompts", str(args.num_prompts), "--request-rate",
+                          "inf" if math.isinf(rate) else str(rate), "--output-json", out_json,
+                          "--client-processes", str(args.client_processes)])
+            server1, client_s = _tree_cpu(proc.pid), _self_cpu_s() - client0
+            # The API server's own process, and its children (an engine process, workers).
+            api_s, engine_s = server1[0] - server0[0], server1[1] - server0[1]
+            server_s = api_s + engine_s
+            with open(out_json) as f:
+                run = json.load(f)["runs"][0]
+            if run.get("client_cpu_s") is not None:  # the client's own processes
+                client_s = run["client_cpu_s"]
+            k = max(run["total_output_tokens"], 1) / 1000
+            run["server_cpu_s_per_1k_tokens"] = server_s / k
+            run["client_cpu_s_per_1k_tokens"] = client_s / k
+            run["server_api_process_cpu_s_per_1k_tokens"] = api_s / k
+            run["server_child_processes_cpu_s_per_1k_tokens"] = engine_s / k
+            run["server_cpu_cores"] = server_s / run["duration_s"]
+            run["client_cpu_cores"] = client_s / run["duration_s"]
+            print(f"CPU per 1,000 output tokens: server {server_s / k:.3f} s "
+                  f"({run['server_cpu_cores']:.2f} cores; API process {api_s / k:.3f} s, "
+                  f"its child processes {engine_s / k:.3f} s), client {client_s / k:.3f} s "
+                  f"({run['client_cpu_cores']:.2f} cores)")
+            runs.append(run)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    with open(out_json) as f:
-        runs = json.load(f)["runs"]
 
     from octavo import LLM, SamplingParams
 
-    llm = LLM(model=folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+    llm = LLM(model=folder, load_format="dummy", dtype=args.dtype,
+              skip_tokenizer_init=args.offline_skip_tokenizer,
               max_model_len=2048, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=16384)
     prompts = serving.make_prompts(args.num_prompts, args.input_len, 10000, 0)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
@@ -99,22 +140,59 @@ def main() -> None:
                  use_tqdm=False)
     import torch
 
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t0, c0 = time.perf_counter(), _self_cpu_s()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    offline = sum(len(o.outputs[0].token_ids) for o in outs) / wall
+    sync()
+    wall, offline_cpu = time.perf_counter() - t0, _self_cpu_s() - c0
+    num_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    offline = num_out / wall
+    offline_cpu_per_1k = offline_cpu / (num_out / 1000)
     inf_run = next((r for r in runs if r["request_rate"] == "inf"), None)
     ratio = None if inf_run is None else inf_run["output_throughput"] / offline
     served = "n/a" if inf_run is None else f"{inf_run['output_throughput']:,.0f}"
     share = "n/a" if ratio is None else f"{ratio:.1%}"
     print(f"offline LLM.generate on the same {args.num_prompts} requests: {offline:,.0f} "
           f"output tok/s; server at rate inf: {served} tok/s ({share} of offline)")
+    print(f"offline CPU per 1,000 output tokens: {offline_cpu_per_1k:.3f} s "
+          f"({offline_cpu / wall:.2f} cores); load average {os.getloadavg()}")
     print_json_result({"benchmark": "W3", "shape": args.shape, "executor": args.executor,
-                       "device": device_info(),
+                       "offline_detokenizes": not args.offline_skip_tokenizer,
+                       "server_args": args.server_args, "device": device_info(),
                        "commit": git_commit(), "runs": runs, "offline_output_tok_s": offline,
-                       "server_inf_vs_offline": ratio}, args.json)
+                       "offline_cpu_s_per_1k_tokens": offline_cpu_per_1k,
+                       "server_inf_vs_offline": ratio, "load_average": os.getloadavg()},
+                      args.json)
+
+
+def _self_cpu_s() -> float:
+    """User + system CPU seconds of this process so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _tree_cpu(pid: int) -> tuple[float, float]:
+    """User + system CPU seconds so far of process ``pid``, and of its live descendants (an
+    engine process, workers)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        children = root.children(recursive=True)
+    except psutil.Error:
+        return 0.0, 0.0
+    out = []
+    for group in ([root], children):
+        total = 0.0
+        for p in group:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        out.append(total)
+    return out[0], out[1]
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ class Logprob:
     rank: int | None = None
     decoded_token: str | None = None
 
+    def __reduce__(self):  # positional: pickles small and loads fast (see RequestOutput)
+        return (type(self), (self.logprob, self.rank, self.decoded_token))
+
 
 # One dict per generated position: token id -> Logprob (sampled token + top-k alternatives).
 SampleLogprobs = list[dict[int, Logprob]]
@@ -45,6 +48,10 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def __reduce__(self):  # positional: pickles small and loads fast (see RequestOutput)
+        return (type(self), (self.index, self.text, self.token_ids, self.cumulative_logprob,
+                             self.logprobs, self.finish_reason, self.stop_reason))
+
     def __repr__(self) -> str:
         return (
             f"CompletionOutput(index={self.index}, "
@@ -71,6 +78,13 @@ class RequestOutput:
     num_cached_tokens: int | None = 0
     # Set when a fault traced to this request ended it (finish_reason "error"): the reason.
     error: str | None = None
+
+    def __reduce__(self):
+        # The fields by position: an engine process pickles one of these per request per
+        # step, and the default (a state dict set on a bare object) loaded 7x slower.
+        return (type(self), (self.request_id, self.prompt, self.prompt_token_ids,
+                             self.prompt_logprobs, self.outputs, self.finished, self.metrics,
+                             self.num_cached_tokens, self.error))
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output for the same request into this one.

@@ -110,3 +110,57 @@ def test_invalid_request_and_duplicate_id(allm):
 
     asyncio.run(main())
     _wait_idle(allm)
+
+
+def test_sink_requests_match_streams_and_abort_frees_blocks(allm):
+    """add_request_to_sink (an engine process's path): one call per step with every output
+    of the step; the same tokens as a stream; an invalid request fails its future; an abort
+    ends the request with no further output and frees its blocks."""
+    import threading
+
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                            output_kind=RequestOutputKind.DELTA)
+    calls: list[list] = []
+    done = threading.Event()
+
+    def sink(items: list) -> None:
+        calls.append(items)
+        if any(not isinstance(o, BaseException) and o.finished and rid == "s1"
+               for rid, o in items):
+            done.set()
+
+    futs = [allm.add_request_to_sink(rid, PROMPT, greedy, sink) for rid in ("s0", "s1")]
+    for f in futs:
+        assert f.result(10) is None
+    assert done.wait(30)
+    # Both requests' tokens arrive together: one call per step, not one per request.
+    assert any({rid for rid, _ in items} == {"s0", "s1"} for items in calls)
+    ids = {rid: [t for items in calls for r, o in items if r == rid
+                 for t in o.outputs[0].token_ids] for rid in ("s0", "s1")}
+
+    async def stream():
+        return [t async for o in allm.generate(PROMPT, greedy, "ref")
+                for t in o.outputs[0].token_ids]
+
+    ref = asyncio.run(stream())
+    assert ids["s0"] == ids["s1"] == ref and len(ref) == 12
+
+    bad = allm.add_request_to_sink("long", [3] * 300, greedy, sink)
+    with pytest.raises(ValueError, match="max_model_len"):
+        bad.result(10)
+
+    calls.clear()
+    long = SamplingParams(max_tokens=200, ignore_eos=True,
+                          output_kind=RequestOutputKind.DELTA)
+    allm.add_request_to_sink("aborted", PROMPT, long, sink).result(10)
+    deadline = time.monotonic() + 10
+    while not calls:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    allm.abort("aborted")
+    _wait_idle(allm)
+    n = len(calls)
+    time.sleep(0.1)
+    assert len(calls) == n  # nothing after the abort took effect
+    assert not any(o.finished for items in calls for _, o in items
+                   if not isinstance(o, BaseException))

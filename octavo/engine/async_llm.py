@@ -60,14 +60,21 @@ class StatLogger(Protocol):
                finished: list[FinishedRequestStats]) -> None: ...
 
 
+# Receives, on the engine thread, once per step, a list of (request_id, RequestOutput or the
+# exception that ended the request) for the requests added with ``add_request_to_sink``.
+Sink = Callable[[list], None]
+
+
 @dataclass
 class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop | None
+    queue: asyncio.Queue | None
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     delta: bool = False
     tokens: dict = field(default_factory=dict)  # completion index -> tokens so far
+    request_id: str = ""
+    sink: Sink | None = None  # instead of loop and queue
 
 
 class AsyncLLM:
@@ -176,19 +183,7 @@ class AsyncLLM:
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         delta = sampling_params.output_kind == RequestOutputKind.DELTA
         stream.delta = delta
-
-        def add(engine: LLMEngine) -> None:
-            if request_id in self._streams:
-                raise ValueError(f"request_id {request_id!r} is already in use")
-            if sampling_params.use_beam_search:
-                job = self._beams.job_for_sampling(request_id, prompt, sampling_params,
-                                                   priority)
-                self._beams.start(job)
-            else:
-                engine.add_request(request_id, prompt, sampling_params, priority=priority,
-                               group_id=group_id)
-            self._streams[request_id] = stream
-
+        add = self._adder(stream, request_id, prompt, sampling_params, priority, group_id)
         try:
             await self.run_in_engine(add)
         except asyncio.CancelledError:
@@ -214,6 +209,37 @@ class AsyncLLM:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    def add_request_to_sink(self, request_id: str, prompt: PromptType,
+                            sampling_params: SamplingParams, sink: Sink, priority: int = 0,
+                            group_id: str | None = None) -> concurrent.futures.Future:
+        """Queue a request whose outputs go to ``sink`` (see ``Sink``) instead of an async
+        stream: an engine process hands a whole step's outputs to its transport in one call,
+        with no task or queue per request. The future fails as ``generate`` would raise
+        before its first output (ValueError for an invalid request); ``abort`` ends the
+        request without a further output."""
+        stream = _Stream(None, None, request_id=request_id, sink=sink,
+                         delta=sampling_params.output_kind == RequestOutputKind.DELTA)
+        return self._submit(self._adder(stream, request_id, prompt, sampling_params, priority,
+                                        group_id))
+
+    def _adder(self, stream: _Stream, request_id: str, prompt: PromptType,
+               sampling_params: SamplingParams, priority: int,
+               group_id: str | None) -> Callable[[LLMEngine], None]:
+        """The engine-thread command that adds a request and registers its stream."""
+        def add(engine: LLMEngine) -> None:
+            if request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            if sampling_params.use_beam_search:
+                job = self._beams.job_for_sampling(request_id, prompt, sampling_params,
+                                                   priority)
+                self._beams.start(job)
+            else:
+                engine.add_request(request_id, prompt, sampling_params, priority=priority,
+                                   group_id=group_id)
+            self._streams[request_id] = stream
+
+        return add
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
@@ -293,12 +319,18 @@ class AsyncLLM:
         try:
             self._dispatch_outputs(outputs)
         finally:
-            pending, self._pending = self._pending, None
-            for loop, items in pending.items():
-                try:
-                    loop.call_soon_threadsafe(_deliver, items)
-                except RuntimeError:  # that event loop is closed: nobody is listening
-                    pass
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        for target, items in pending.items():
+            if not isinstance(target, asyncio.AbstractEventLoop):
+                _to_sink(target, items)
+                continue
+            try:
+                target.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that event loop is closed: nobody is listening
+                pass
 
     def _dispatch_outputs(self, outputs: list[RequestOutput]) -> None:
         now = time.monotonic()
@@ -376,6 +408,12 @@ class AsyncLLM:
 
     def _put(self, stream: _Stream, item: Any) -> None:
         pending = self._pending
+        if stream.sink is not None:
+            if pending is not None:  # inside _dispatch: one call per sink per step
+                pending.setdefault(stream.sink, []).append((stream.request_id, item))
+            else:
+                _to_sink(stream.sink, [(stream.request_id, item)])
+            return
         if pending is not None:  # inside _dispatch: delivered in one batch per loop
             pending.setdefault(stream.loop, []).append((stream.queue, item))
             return
@@ -421,6 +459,13 @@ class AsyncLLM:
             thread.join(timeout)
         if thread is None or not thread.is_alive():
             self.engine.shutdown()  # worker processes, under the "mp" executor
+
+
+def _to_sink(sink: Sink, items: list) -> None:
+    try:
+        sink(items)
+    except Exception:  # noqa: BLE001 - a transport bug must not kill the engine loop
+        logger.exception("output sink %r failed", sink)
 
 
 def _deliver(items: list) -> None:

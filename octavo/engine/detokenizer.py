@@ -8,9 +8,40 @@ trailing replacement character).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from octavo.sampling_params import SamplingParams
 
 _CONTEXT_TOKENS = 5  # prompt tokens kept as left context for the first decodes
+# Tokens in the decode window that together decode to "" before it is dropped (see add_token).
+_MAX_SILENT_WINDOW = 8
+
+
+def rust_decoder(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str] | None:
+    """``ids -> text`` straight from a fast tokenizer's Rust backend, when that is exactly
+    what ``tokenizer.decode`` would return (transformers 5's tokenizers-backed classes: their
+    ``_decode`` is the backend's decode, and clean-up is off or skipped for BPE); else None.
+    The streaming hot path: the Python wrapper (argument conversion, kwargs) cost several
+    times the decode itself, twice per token."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    cls = type(tokenizer)
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if (not isinstance(tokenizer, TokenizersBackend) or backend is None
+            or cls.decode is not PreTrainedTokenizerBase.decode
+            or cls._decode is not TokenizersBackend._decode):
+        return None
+    if getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+        if type(model).__name__ != "BPE" or getattr(
+                tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_"
+                "output", False):
+            return None  # the wrapper would clean the text up: keep it
+    decode = backend.decode
+    return lambda ids: decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 class IncrementalDetokenizer:
@@ -25,19 +56,35 @@ class IncrementalDetokenizer:
         self.stop_reason: str | None = None
         self.max_stop_len = max((len(s) for s in params.stop), default=0)
         self.num_output_tokens = 0
+        self._fast = rust_decoder(tokenizer, params.skip_special_tokens)
+        # The text of ids[prefix_offset:read_offset], while those offsets hold.
+        self._prefix: tuple[int, int, str] | None = None
 
     def _decode(self, ids: list[int]) -> str:
+        if self._fast is not None:
+            return self._fast(ids)
         return self.tokenizer.decode(
             ids, skip_special_tokens=self.params.skip_special_tokens,
             spaces_between_special_tokens=self.params.spaces_between_special_tokens)
+
+    def _prefix_text(self) -> str:
+        key = (self.prefix_offset, self.read_offset)
+        if self._prefix is None or self._prefix[:2] != key:
+            self._prefix = (*key, self._decode(self.ids[self.prefix_offset: self.read_offset]))
+        return self._prefix[2]
 
     def add_token(self, token_id: int) -> bool:
         """Append one token; return True when a stop string finished the request."""
         self.ids.append(token_id)
         self.num_output_tokens += 1
-        prefix = self._decode(self.ids[self.prefix_offset: self.read_offset])
+        prefix = self._prefix_text()
         full = self._decode(self.ids[self.prefix_offset:])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            if not full and len(self.ids) - self.prefix_offset > _MAX_SILENT_WINDOW:
+                # A long run of tokens that decode to nothing (a tokenizer without the
+                # model's vocabulary, as in benchmarks with dummy weights) would make every
+                # later decode longer: drop it, there is no text for it to complete.
+                self.prefix_offset = self.read_offset = len(self.ids)
             return False
         delta = full[len(prefix):]
         self.prefix_offset = self.read_offset
@@ -50,7 +97,7 @@ class IncrementalDetokenizer:
     def flush(self) -> None:
         """At the end, emit any bytes held back waiting for a complete character."""
         if self.read_offset < len(self.ids):
-            prefix = self._decode(self.ids[self.prefix_offset: self.read_offset])
+            prefix = self._prefix_text()
             full = self._decode(self.ids[self.prefix_offset:])
             if len(full) > len(prefix):
                 self.text += full[len(prefix):]

@@ -33,6 +33,10 @@ class RequestTimes:
     first_scheduled_time: float | None
     first_token_time: float | None = None
 
+    def __reduce__(self):  # positional: pickles small and loads fast (see RequestOutput)
+        return (type(self), (self.arrival_time, self.first_scheduled_time,
+                             self.first_token_time))
+
     @property
     def queue_seconds(self) -> float | None:
         if self.first_scheduled_time is None:
@@ -65,6 +69,7 @@ class RequestState:
         self.sent_tokens = 0
         self.sent_text = 0
         self.tokenizer = tokenizer
+        self._last_times: RequestTimes | None = None
 
     def add_token(self, token: int, logprob_info, detokenize: bool = True) -> bool:
         """Record a token; True when a stop string ended the request. ``detokenize=False``
@@ -120,14 +125,22 @@ class RequestState:
         if kind == RequestOutputKind.DELTA:
             prompt_lp, self.sent_prompt_logprobs = (
                 None if self.sent_prompt_logprobs else prompt_lp), True
+        # Positional, and no second copy of a DELTA's fresh slice: built for every request
+        # at every step of a stream.
         completion = CompletionOutput(
-            index=0, text=text, token_ids=list(token_ids),
-            cumulative_logprob=self.cumulative_logprob, logprobs=logprobs,
-            finish_reason=finish_reason if finished else None,
-            stop_reason=stop_reason if finished else None)
-        return RequestOutput(
-            request_id=self.request_id, prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids, prompt_logprobs=prompt_lp,
-            outputs=[completion], finished=finished, num_cached_tokens=self.num_cached_tokens,
-            metrics=RequestTimes(self.request.arrival_time, self.request.first_scheduled_time,
-                                 self.request.first_token_time))
+            0, text, token_ids if kind == RequestOutputKind.DELTA else list(token_ids),
+            self.cumulative_logprob, logprobs, finish_reason if finished else None,
+            stop_reason if finished else None)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, prompt_lp,
+                             [completion], finished, self._times(), self.num_cached_tokens)
+
+    def _times(self) -> RequestTimes:
+        """The request's stamps; one object while they hold (they change at most twice)."""
+        r = self.request
+        t = self._last_times
+        if (t is None or t.first_token_time != r.first_token_time
+                or t.first_scheduled_time != r.first_scheduled_time
+                or t.arrival_time != r.arrival_time):
+            t = self._last_times = RequestTimes(r.arrival_time, r.first_scheduled_time,
+                                                r.first_token_time)
+        return t

@@ -21,10 +21,13 @@ EngineClient = Union[AsyncLLM, ReplicaRouter]  # noqa: UP007 - a runtime alias
 
 
 def make_engine(args: EngineArgs, num_replicas: int, model_name: str | None = None,
-                log_stats_interval: float | None = None) -> EngineClient:
-    """One AsyncLLM in this process (``num_replicas == 1``), else a router over
-    ``num_replicas`` engine processes (ValueError / RuntimeError when they cannot start)."""
-    if num_replicas == 1:
+                log_stats_interval: float | None = None,
+                engine_process: bool = False) -> EngineClient:
+    """One AsyncLLM in this process (``num_replicas == 1`` without ``engine_process``), else
+    a router over ``num_replicas`` engine processes (ValueError / RuntimeError when they
+    cannot start). ``engine_process``: even one engine runs in a process of its own, so the
+    server's process (its GIL) only serves HTTP and streams."""
+    if num_replicas == 1 and not engine_process:
         return AsyncLLM.from_engine_args(args)
     return ReplicaRouter(args, num_replicas, model_name=model_name,
                          log_stats_interval=log_stats_interval,
@@ -67,6 +70,13 @@ def add_replica_flag(p: argparse.ArgumentParser) -> None:
                    "--tensor-parallel-size ranks; a request goes to the least loaded; a "
                    "replica that dies is restarted (default 1: the engine in the server's "
                    "process). --data-parallel-size / -dp: vLLM's name for it")
+
+
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
+                   help="run the engine (scheduler, model, output building) in a process of "
+                   "its own even with one replica, as vLLM's engine core: the server's "
+                   "process then only serves HTTP, so streaming to many clients does not "
+                   "slow the engine's steps (always so with --num-replicas > 1)")
 
 
 def replica_flag_problems(args: argparse.Namespace) -> list[str]:

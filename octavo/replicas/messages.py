@@ -7,7 +7,13 @@ Router -> replica (one message per call):
 Replica -> router (a list of these per send):
     ("ready", {"pid": int})          the engine is built; requests may come
     ("start_error", text)            the engine could not be built (the replica then exits)
-    ("out", request_id, RequestOutput)
+    ("out", request_id, RequestOutput)   a request's first output
+    ("more", request_id, RequestOutput)  a later one, without the prompt (prompt and
+                                     prompt_token_ids None: as in the first; metrics None
+                                     until the last): the prompt is not pickled every step
+    ("delta", request_id, index, text, token_ids)
+                                     a later unfinished one of one completion without
+                                     logprobs (most of a stream), as plain values
     ("fail", request_id, kind, text) kind: "invalid" (ValueError), "failed" (the request
                                      failed in the engine), "dead" (the engine died)
     ("stats", snapshot, stuck_s)     every STATS_INTERVAL_S: the replica's Prometheus
@@ -55,6 +61,13 @@ class Outbox:
         with self._cond:
             self._items.append(item)
             if len(self._items) == 1:
+                self._cond.notify()
+
+    def put_many(self, items: list) -> None:
+        with self._cond:
+            was_empty = not self._items
+            self._items.extend(items)
+            if was_empty:
                 self._cond.notify()
 
     def take(self, timeout: float) -> list:

@@ -1,10 +1,11 @@
-"""What runs inside one replica (a spawned process or a Ray actor): an AsyncLLM on an event
-loop of its own, commands in, outputs and stats out through an ``Outbox``.
+"""What runs inside one replica (a spawned process or a Ray actor): an AsyncLLM, commands in,
+outputs and stats out through an ``Outbox``.
 
-``handle`` takes the router's messages from any thread; each added request becomes a task on
-the replica's loop that iterates ``AsyncLLM.generate`` and puts every output in the outbox
-(an abort cancels the task, which aborts the request; an abort that overtakes its add, as
-calls to a threaded Ray actor may, is remembered). ``take`` hands the transport the next
+``handle`` takes the router's messages from any thread; each added request goes to the
+engine with ``AsyncLLM.add_request_to_sink``, whose sink puts a whole step's outputs in the
+outbox at once on the engine thread: no task, queue or event-loop wake-up per request and
+token, which at hundreds of streams cost the engine process more than its step (an abort
+that overtakes its add, as calls to a threaded Ray actor may, is remembered). ``take`` hands the transport the next
 batch, with a stats snapshot (the heartbeat) every ``STATS_INTERVAL_S``; the heartbeat also
 says for how long the engine has had requests without finishing a step, so the router can
 tell a stuck engine from a busy one. If the engine dies for good, the replica exits
@@ -13,7 +14,6 @@ tell a stuck engine from a busy one. If the engine dies for good, the replica ex
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
@@ -64,13 +64,15 @@ class ReplicaCore:
             self.llm.stat_loggers.append(LoggingStatLogger(
                 self.llm.engine, spec.log_stats_interval,
                 log=logging.getLogger(f"octavo.replica{spec.index}")))
-        self.loop = asyncio.new_event_loop()
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._lock = threading.Lock()
+        # Requests the router still waits on -> whether their first output went out (later
+        # outputs travel without the prompt: "more" messages).
+        self._live: dict[str, bool] = {}
         self._early_aborts: OrderedDict[str, None] = OrderedDict()
-        self._thread = threading.Thread(target=self.loop.run_forever,
-                                        name="octavo-replica-loop", daemon=True)
-        self._thread.start()
         self._next_stats = 0.0
+        # Set by a transport that can take a step's outputs on the engine thread (a process
+        # replica's pipe); else they go through the outbox to its sender.
+        self.direct_send: Callable[[list], None] | None = None
         self.outbox.put(("ready", {"pid": os.getpid()}))
 
     # ------------------------------------------------------------------ commands
@@ -78,46 +80,93 @@ class ReplicaCore:
         """One message from the router (any thread)."""
         kind = msg[0]
         if kind == "add":
-            self.loop.call_soon_threadsafe(self._start, *msg[1:])
+            self._start(*msg[1:])
         elif kind == "abort":
-            self.loop.call_soon_threadsafe(self._cancel, msg[1])
+            self._cancel(msg[1])
         else:
             raise ValueError(f"unknown replica message {kind!r}")
 
     def _start(self, request_id, prompt, params, priority, group_id) -> None:
-        if request_id in self._early_aborts:
-            del self._early_aborts[request_id]
+        with self._lock:
+            if request_id in self._early_aborts:
+                del self._early_aborts[request_id]
+                return
+            if request_id in self._live:
+                self.outbox.put(("fail", request_id, "invalid",
+                                 f"request_id {request_id!r} is already in use"))
+                return
+            if not self._live:  # busy from now: the step clock runs from here
+                self._clock.last = time.monotonic()
+            self._live[request_id] = False
+            # Queued under the lock: an abort from another thread comes after it.
+            try:
+                fut = self.llm.add_request_to_sink(request_id, prompt, params, self._sink,
+                                                   priority=priority, group_id=group_id)
+            except Exception as e:  # noqa: BLE001 - the engine is dead: reported by request
+                fut, error = None, e
+        if fut is None:
+            self._refused(request_id, error)
             return
-        if not self._tasks:  # busy from now: the step clock runs from here
-            self._clock.last = time.monotonic()
-        if request_id in self._tasks:
-            self.outbox.put(("fail", request_id, "invalid",
-                             f"request_id {request_id!r} is already in use"))
-            return
-        self._tasks[request_id] = self.loop.create_task(
-            self._run(request_id, prompt, params, priority, group_id))
+        fut.add_done_callback(lambda f: f.exception() is not None and self._refused(
+            request_id, f.exception()))
+
+    def _refused(self, request_id: str, error: BaseException) -> None:
+        with self._lock:
+            if self._live.pop(request_id, None) is None:
+                return  # aborted meanwhile
+        self.outbox.put(fail_message(request_id, error))
 
     def _cancel(self, request_id: str) -> None:
-        task = self._tasks.get(request_id)
-        if task is not None:
-            task.cancel()
-            return
-        # Not started (its add comes later) or finished already; remember it briefly.
-        self._early_aborts[request_id] = None
-        while len(self._early_aborts) > _MAX_EARLY_ABORTS:
-            self._early_aborts.popitem(last=False)
+        with self._lock:
+            if self._live.pop(request_id, None) is None:
+                # Not started (its add comes later) or finished already; remember it briefly.
+                self._early_aborts[request_id] = None
+                while len(self._early_aborts) > _MAX_EARLY_ABORTS:
+                    self._early_aborts.popitem(last=False)
+                return
+        self.llm.abort(request_id)
 
-    async def _run(self, request_id, prompt, params, priority, group_id) -> None:
-        try:
-            async for out in self.llm.generate(prompt, params, request_id, priority=priority,
-                                               group_id=group_id):
-                self.outbox.put(("out", request_id, out))
-        except asyncio.CancelledError:
-            pass  # aborted by the router: generate() aborted the request
-        except Exception as e:  # noqa: BLE001 - reported to the router, by request
-            self.outbox.put(fail_message(request_id, e))
-        finally:
-            self._tasks.pop(request_id, None)
+    def _sink(self, items: list) -> None:
+        """On the engine thread, once per step: every output of the step, as one outbox
+        put. After a request's first output, the prompt (its ids, text, timings) stays
+        behind: the router has it."""
+        msgs = []
+        with self._lock:
+            live = self._live
+            for request_id, item in items:
+                sent = live.get(request_id)
+                if sent is None:
+                    continue  # aborted meanwhile
+                if isinstance(item, BaseException):
+                    del live[request_id]
+                    msgs.append(fail_message(request_id, item))
+                    continue
+                if item.finished:
+                    del live[request_id]
+                elif not sent:
+                    live[request_id] = True
+                if not sent:
+                    msgs.append(("out", request_id, item))
+                    continue
+                comp = item.outputs[0] if len(item.outputs) == 1 else None
+                if (comp is not None and not item.finished and comp.finish_reason is None
+                        and comp.logprobs is None
+                        and comp.cumulative_logprob is None and item.prompt_logprobs is None
+                        and item.error is None):
+                    # The common step output: plain values, no objects to pickle.
+                    msgs.append(("delta", request_id, comp.index, comp.text,
+                                 comp.token_ids))
+                    continue
+                item.prompt = item.prompt_token_ids = None
+                if not item.finished:
+                    item.metrics = None
+                msgs.append(("more", request_id, item))
+        if msgs:
+            send = self.direct_send
+            if send is not None:
+                send(msgs)
+            else:
+                self.outbox.put_many(msgs)
 
     # ------------------------------------------------------------------ out
     def take(self, timeout: float = STATS_INTERVAL_S) -> list:
@@ -129,7 +178,7 @@ class ReplicaCore:
         if now >= self._next_stats:
             self._next_stats = now + STATS_INTERVAL_S
             # Seconds the engine has had requests without finishing a step (0 when idle).
-            stuck = now - self._clock.last if self._tasks else 0.0
+            stuck = now - self._clock.last if self._live else 0.0
             try:
                 batch.append(("stats", snapshot(self.registry) if self.registry else [],
                               stuck))
@@ -140,4 +189,3 @@ class ReplicaCore:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
-        self.loop.call_soon_threadsafe(self.loop.stop)

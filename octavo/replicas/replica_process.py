@@ -3,7 +3,8 @@ backends: the child runs a ``ReplicaCore``; one pipe carries the router's messag
 replica's batches out.
 
 In the child, the main thread reads messages (EOF: the router's process is gone, so the
-replica ends too) and a sender thread sends the outbox's batches. In the router, a reader
+replica ends too), the engine thread sends each step's outputs, and a sender thread sends
+the rest of the outbox (ready, refusals, the stats heartbeat). In the router, a reader
 thread receives batches and reports the pipe's end (the child died, or was stopped) once.
 The child is a daemon unless it is tensor-parallel (it then starts worker processes of its
 own, which a daemon may not); the router stops its replicas at exit either way.
@@ -41,15 +42,28 @@ def replica_process_main(conn, spec: ReplicaSpec) -> None:
         conn.send([("start_error", error_text(e))])
         return
     stop = threading.Event()
+    send_lock = threading.Lock()
+
+    def send(batch: list) -> None:
+        with send_lock:
+            try:
+                conn.send(batch)
+            except (BrokenPipeError, OSError):
+                os._exit(0)  # the router is gone
+
+    from octavo import envs
+
+    if envs.replica_direct_send():
+        # The engine thread sends each step's outputs itself: handing them to the sender
+        # thread cost a GIL hand-off every step. The router's reader drains the pipe
+        # continuously, so a send blocks only while the router's process is stuck.
+        core.direct_send = send
 
     def send_loop() -> None:
         while not stop.is_set():
             batch = core.take()
             if batch:
-                try:
-                    conn.send(batch)
-                except (BrokenPipeError, OSError):
-                    os._exit(0)  # the router is gone
+                send(batch)
 
     threading.Thread(target=send_loop, name="octavo-replica-send", daemon=True).start()
     try:

@@ -34,7 +34,7 @@ from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.async_llm import EngineDeadError
 from octavo.engine.processor import PromptType
 from octavo.errors import RequestFailedError
-from octavo.outputs import RequestOutput
+from octavo.outputs import CompletionOutput, RequestOutput
 from octavo.replicas.front import RouterFront
 from octavo.replicas.messages import ReplicaSpec, fail_error
 from octavo.replicas.policy import RoutingPolicy, prefix_key
@@ -67,6 +67,7 @@ class _Stream:
     slot: ReplicaSlot | None = None
     handle: Any = None
     got_output: bool = False
+    first: RequestOutput | None = None  # its prompt fields complete "more" outputs
     attempts: int = 0
     reasons: list[str] = field(default_factory=list)
 
@@ -265,14 +266,31 @@ class ReplicaRouter:
         """A batch from a live replica (under the lock): outputs to their streams."""
         deliveries: list[tuple[_Stream, Any]] = []
         for msg in batch:
-            if msg[0] not in ("out", "fail"):
+            kind = msg[0]
+            if kind not in ("delta", "out", "more", "fail"):
                 continue
             request_id = msg[1]
             stream = self._streams.get(request_id)
             if stream is None or stream.handle is not handle:
                 continue  # aborted meanwhile
-            if msg[0] == "out":
+            if kind == "delta":
+                first = stream.first
+                if first is None:  # cannot happen: a "delta" follows its request's "out"
+                    continue
+                deliveries.append((stream, RequestOutput(
+                    request_id, first.prompt, first.prompt_token_ids, None,
+                    [CompletionOutput(msg[2], msg[3], msg[4], None, None)], False,
+                    first.metrics, first.num_cached_tokens)))
+                continue
+            if kind != "fail":
                 out = msg[2]
+                if kind == "out":
+                    stream.first = out
+                elif stream.first is not None:
+                    first = stream.first
+                    out.prompt, out.prompt_token_ids = first.prompt, first.prompt_token_ids
+                    if out.metrics is None:
+                        out.metrics = first.metrics
                 stream.got_output = True
                 if out.finished:
                     del self._streams[request_id]

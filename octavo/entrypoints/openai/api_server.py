@@ -365,18 +365,20 @@ def start_engine(args: argparse.Namespace) -> EngineClient | None:
     if problems:
         return None
     num_replicas = getattr(args, "num_replicas", 1)
+    engine_process = getattr(args, "engine_process", False)
     interval = None if args.disable_log_stats else args.metric_interval
     try:
         engine = make_engine(engine_args_from(args), num_replicas,
                              args.served_model_name[0] if args.served_model_name else None,
-                             log_stats_interval=interval)
+                             log_stats_interval=interval, engine_process=engine_process)
     except (ValueError, ImportError, ConnectionError) as e:
         print(f"octavo: error: {e}", file=sys.stderr)
         return None
     except RuntimeError as e:  # a replica could not start
         print(f"octavo: error: {e}", file=sys.stderr)
         return None
-    if interval is not None and num_replicas == 1:  # replicas log their own
+    if interval is not None and num_replicas == 1 and not engine_process:
+        # (replicas, the engine process among them, log their own)
         engine.stat_loggers.append(LoggingStatLogger(engine.engine, interval))
     return engine
 

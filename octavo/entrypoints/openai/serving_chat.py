@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from octavo.entrypoints.openai.protocol import (
 from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,
     DEFAULT_RENDER_TIMEOUT_S,
+    ChunkFramer,
     Offload,
     OpenAIServing,
     RendersBusy,
@@ -30,6 +32,8 @@ from octavo.entrypoints.openai.serving_engine import (
 from octavo.entrypoints.openai.tool_parsers import get_tool_parser
 from octavo.entrypoints.openai.tool_parsers.tool_choice import ToolCallHandler
 from octavo.outputs import CompletionOutput, RequestOutput
+
+_json_str = json.encoder.encode_basestring_ascii
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -144,12 +148,20 @@ class OpenAIServingChat(OpenAIServing):
                       request_id: str, created: int, tokenizer, want_logprobs: bool,
                       top: int, include_usage: bool, n: int = 1,
                       tools: ToolCallHandler | None = None) -> AsyncIterator[str]:
+        framer = ChunkFramer(request_id, "chat.completion.chunk", created, model)
+
         def chunk(index: int, delta: dict[str, Any], finish: str | None = None,
                   logprobs: Any = None, stop_reason: Any = None) -> str:
-            return sse({"id": request_id, "object": "chat.completion.chunk",
-                        "created": created, "model": model,
-                        "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                     "finish_reason": finish, "stop_reason": stop_reason}]})
+            if (logprobs is None and finish is None and stop_reason is None
+                    and len(delta) == 1 and type(delta.get("content")) is str):
+                # The per-token hot path, built directly: json.dumps of the whole chunk
+                # for every token of every stream was a good part of the server's time.
+                return framer.event(f'{{"index":{index},"delta":{{"content":'
+                                    f'{_json_str(delta["content"])}}},"logprobs":null,'
+                                    '"finish_reason":null,"stop_reason":null}')
+            return framer.event(json.dumps({"index": index, "delta": delta,
+                                            "logprobs": logprobs, "finish_reason": finish,
+                                            "stop_reason": stop_reason}))
 
         prompt_tokens = completion_tokens = 0
         try:

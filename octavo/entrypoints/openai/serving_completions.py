@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,14 +13,18 @@ from octavo.engine.processor import PromptType
 from octavo.entrypoints.openai.protocol import APIError, CompletionRequest
 from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,
+    ChunkFramer,
     OpenAIServing,
     engine_error_chunk,
     finite_logprob,
+    json_value,
     now,
     random_id,
     sse,
 )
 from octavo.outputs import CompletionOutput, RequestOutput
+
+_json_str = json.encoder.encode_basestring_ascii
 
 
 def _prompts(prompt: Any) -> list[PromptType]:
@@ -89,6 +94,7 @@ class OpenAIServingCompletion(OpenAIServing):
         completion_tokens = 0
         offsets: dict[int, int] = {}
         echoed: set[int] = set()
+        framer = ChunkFramer(request_id, "text_completion", created, model)
         try:
             async for i, out in results:
                 prompt_tokens[i] = len(out.prompt_token_ids or [])
@@ -99,15 +105,15 @@ class OpenAIServingCompletion(OpenAIServing):
                         text = _prompt_text(out, tokenizer) + text
                         echoed.add(index)
                     completion_tokens += len(comp.token_ids)
+                    if req.logprobs is None:  # the per-token hot path: no dict, no dumps
+                        yield framer.event(_choice_json(index, text, comp))
+                        continue
                     offset = offsets.get(index, 0)
-                    if req.logprobs is None:
-                        choice = _choice(index, text, comp, tokenizer, None, offset)
-                    else:  # decoding every top token: off the event loop
-                        choice = await self.offload.run(_choice, index, text, comp, tokenizer,
-                                                        req.logprobs, offset)
+                    # Decoding every top token: off the event loop.
+                    choice = await self.offload.run(_choice, index, text, comp, tokenizer,
+                                                    req.logprobs, offset)
                     offsets[index] = offset + len(text)
-                    yield sse({"id": request_id, "object": "text_completion",
-                               "created": created, "model": model, "choices": [choice]})
+                    yield framer.event(json.dumps(choice))
             if include_usage:
                 p, c = sum(prompt_tokens.values()), completion_tokens
                 yield sse({"id": request_id, "object": "text_completion", "created": created,
@@ -125,6 +131,12 @@ def _prompt_text(out: RequestOutput, tokenizer) -> str:
     if out.prompt is not None:
         return out.prompt
     return tokenizer.decode(out.prompt_token_ids or []) if tokenizer is not None else ""
+
+
+def _choice_json(index: int, text: str, comp: CompletionOutput) -> str:
+    """``json.dumps(_choice(index, text, comp, None, None))``, compact, built directly."""
+    return (f'{{"index":{index},"text":{_json_str(text)},"logprobs":null,"finish_reason":'
+            f'{json_value(comp.finish_reason)},"stop_reason":{json_value(comp.stop_reason)}}}')
 
 
 def _choice(index: int, text: str, comp: CompletionOutput, tokenizer, num_logprobs: int | None,

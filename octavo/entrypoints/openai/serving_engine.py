@@ -41,6 +41,31 @@ def sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
+_json_str = json.encoder.encode_basestring_ascii  # what json.dumps does to a str, in C
+
+
+class ChunkFramer:
+    """SSE events of one streamed response whose chunks differ only in their choice: the
+    constant head (id, object, created, model) is encoded once, not per token."""
+
+    def __init__(self, request_id: str, obj: str, created: int, model: str) -> None:
+        head = json.dumps({"id": request_id, "object": obj, "created": created,
+                           "model": model}, separators=(",", ":"))
+        self._head = f"data: {head[:-1]},\"choices\":["
+
+    def event(self, choice_json: str) -> str:
+        return f"{self._head}{choice_json}]}}\n\n"
+
+
+def json_value(value: str | int | None) -> str:
+    """A finish or stop reason (None, a string or a token id) as JSON."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return _json_str(value)
+    return json.dumps(value)
+
+
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
