@@ -153,7 +153,7 @@ def _bitsandbytes_peer(folder: str, name: str, dtype, native: bool):
     if not native:
         sys.path.insert(0, REPO_ROOT)
         from scripts.quant_fixtures.make_bitsandbytes import dense_in_memory, dequantized_twin
-        model = dequantized_twin(model, dense_in_memory).to(dtype)
+        model = dequantized_twin(model, dense_in_memory)  # float32 Linears; no .to(): bnb refuses
     return model
 
 
