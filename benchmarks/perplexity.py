@@ -20,6 +20,10 @@ environment (e.g. one with GPTQModel for GPTQ / AWQ checkpoints)::
 
 For GPTQ / AWQ folders the transformers peer dequantizes through GPTQModel in float32
 (scripts/quant_fixtures/gptqmodel_reference.py); ``--peer-kernels`` keeps GPTQModel's kernels.
+A float folder with ``--quantization bitsandbytes`` (``-nf4``, ``-fp4``) has transformers
+quantize it at load with bitsandbytes too, each layer then dequantized by bitsandbytes into a
+float Linear (the weight-only numerics Octavo runs); ``--peer-kernels`` keeps bitsandbytes'
+own forward.
 """
 
 from __future__ import annotations
@@ -124,6 +128,35 @@ def _declared_method(model: str) -> str | None:
         return (json.load(f).get("quantization_config") or {}).get("quant_method")
 
 
+# Octavo's quantize-at-load bitsandbytes names as transformers' BitsAndBytesConfig arguments.
+BNB_AT_LOAD = {
+    "bitsandbytes": dict(load_in_8bit=True),
+    "bitsandbytes-nf4": dict(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                             bnb_4bit_use_double_quant=True),
+    "bitsandbytes-fp4": dict(load_in_4bit=True, bnb_4bit_quant_type="fp4",
+                             bnb_4bit_use_double_quant=False),
+}
+
+
+def _bitsandbytes_peer(folder: str, name: str, dtype, native: bool):
+    """transformers quantizing a float checkpoint at load with bitsandbytes (needs it
+    installed). Unless ``native``, every bitsandbytes layer then becomes a float Linear holding
+    the weight bitsandbytes dequantizes it to: the weight-only numerics Octavo runs (the native
+    8-bit forward also quantizes activations, the 4-bit one computes in the compute dtype)."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    config = dict(BNB_AT_LOAD[name])
+    if config.get("load_in_4bit"):
+        config["bnb_4bit_compute_dtype"] = dtype
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, device_map="cpu", quantization_config=BitsAndBytesConfig(**config))
+    if not native:
+        sys.path.insert(0, REPO_ROOT)
+        from scripts.quant_fixtures.make_bitsandbytes import dense_in_memory, dequantized_twin
+        model = dequantized_twin(model, dense_in_memory)  # float32 Linears; no .to(): bnb refuses
+    return model
+
+
 def transformers_run(args, ids: list[int]) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
@@ -138,6 +171,8 @@ def transformers_run(args, ids: list[int]) -> dict[str, Any]:
         from scripts.quant_fixtures.gptqmodel_reference import load_reference_model, to_float32_math
         model = load_reference_model(folder, method)
         to_float32_math(model, method)
+    elif method is None and args.quantization in BNB_AT_LOAD:
+        model = _bitsandbytes_peer(folder, args.quantization, dtype, args.peer_kernels)
     else:
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=dtype, device_map="cpu", **({"gguf_file": gguf} if gguf else {}))
@@ -229,7 +264,8 @@ def main() -> None:
     ap.add_argument("--peer", action="store_true", help="also run transformers in-process")
     ap.add_argument("--peer-json", default=None, help="a --save of the transformers engine")
     ap.add_argument("--peer-kernels", action="store_true",
-                    help="GPTQ/AWQ peer: GPTQModel's kernels as they are (float16 math)")
+                    help="GPTQ/AWQ peer: GPTQModel's kernels as they are (float16 math); "
+                    "bitsandbytes peer: its own forward (int8 activations for 8-bit)")
     ap.add_argument("--save", default=None, help="write this engine's raw scores (JSON)")
     ap.add_argument("--load", default=None, help="this engine's scores from a --save")
     ap.add_argument("--json", default=None, help="write the result (JSON)")
