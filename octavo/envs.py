@@ -108,6 +108,7 @@ def profile_steps() -> tuple[int, int] | None:
 def profile_dir() -> str:
     return os.environ.get("OCTAVO_PROFILE_DIR", ".")
 
+
 def replica_direct_send() -> bool:
     """OCTAVO_REPLICA_DIRECT_SEND (default on): a process replica's engine thread pipes each
     step's outputs to the router itself; off, it hands them to the replica's sender thread
