@@ -174,3 +174,31 @@ def timed_generate(llm, prompts: list, params) -> tuple[float, list]:
     outs = llm.generate(prompts, params, use_tqdm=False)
     sync()
     return time.perf_counter() - t0, outs
+
+
+def graph_timed(fns) -> float:
+    """Mean microseconds per call over replays of a CUDA graph of one sweep of ``fns``
+    (each called once outside the capture first: compiles, cuBLAS algorithm picks)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    reps = 5
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    del graph
+    return start.elapsed_time(end) * 1e3 / (reps * len(fns))

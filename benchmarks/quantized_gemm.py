@@ -20,7 +20,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    device_info,
+    git_commit,
+    print_json_result,  # noqa: E402
+)
+from benchmarks.common import graph_timed as timed
 from benchmarks.workloads import device_limits  # noqa: E402
 
 # Llama-3.1-8B projections as (K, N): q/k/v merged, o, gate/up merged, down.
@@ -44,31 +49,6 @@ def main() -> None:
 
     bandwidth, _, limits = device_limits()
     dev = torch.device("cuda")
-
-    def timed(fns) -> float:
-        """Mean microseconds per call over replays of a CUDA graph of one sweep of ``fns``
-        (one call per weight copy)."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for fn in fns:  # compile and warm up outside the capture
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for fn in fns:
-                fn()
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        sweeps = 5
-        for _ in range(sweeps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        del graph
-        return start.elapsed_time(end) * 1e3 / (sweeps * len(fns))
 
     if args.sweep:
         return sweep(args, timed, bandwidth, limits)

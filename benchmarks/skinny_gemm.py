@@ -18,7 +18,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    device_info,
+    git_commit,
+    print_json_result,  # noqa: E402
+)
+from benchmarks.common import graph_timed as timed
 from benchmarks.workloads import device_limits  # noqa: E402
 
 # (N, K) of each projection (nn.Linear weight layout).
@@ -29,33 +34,6 @@ SHAPES = {
                      "down": (4096, 14336)},
 }
 L2_FLUSH_BYTES = 400 << 20
-
-
-def timed(fns) -> float:
-    """Mean microseconds per call over replays of a CUDA graph of one sweep of ``fns``."""
-    import torch
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    reps = 5
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    del graph
-    return start.elapsed_time(end) * 1e3 / (reps * len(fns))
 
 
 def main() -> None:
