@@ -25,6 +25,7 @@ from octavo.entrypoints.openai.serving_engine import (
     RendersBusy,
     engine_error_chunk,
     finite_logprob,
+    json_str,
     now,
     random_id,
     sse,
@@ -32,8 +33,6 @@ from octavo.entrypoints.openai.serving_engine import (
 from octavo.entrypoints.openai.tool_parsers import get_tool_parser
 from octavo.entrypoints.openai.tool_parsers.tool_choice import ToolCallHandler
 from octavo.outputs import CompletionOutput, RequestOutput
-
-_json_str = json.encoder.encode_basestring_ascii
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -157,7 +156,7 @@ class OpenAIServingChat(OpenAIServing):
                 # The per-token hot path, built directly: json.dumps of the whole chunk
                 # for every token of every stream was a good part of the server's time.
                 return framer.event(f'{{"index":{index},"delta":{{"content":'
-                                    f'{_json_str(delta["content"])}}},"logprobs":null,'
+                                    f'{json_str(delta["content"])}}},"logprobs":null,'
                                     '"finish_reason":null,"stop_reason":null}')
             return framer.event(json.dumps({"index": index, "delta": delta,
                                             "logprobs": logprobs, "finish_reason": finish,

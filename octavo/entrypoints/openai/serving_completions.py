@@ -17,14 +17,13 @@ from octavo.entrypoints.openai.serving_engine import (
     OpenAIServing,
     engine_error_chunk,
     finite_logprob,
+    json_str,
     json_value,
     now,
     random_id,
     sse,
 )
 from octavo.outputs import CompletionOutput, RequestOutput
-
-_json_str = json.encoder.encode_basestring_ascii
 
 
 def _prompts(prompt: Any) -> list[PromptType]:
@@ -135,7 +134,7 @@ def _prompt_text(out: RequestOutput, tokenizer) -> str:
 
 def _choice_json(index: int, text: str, comp: CompletionOutput) -> str:
     """``json.dumps(_choice(index, text, comp, None, None))``, compact, built directly."""
-    return (f'{{"index":{index},"text":{_json_str(text)},"logprobs":null,"finish_reason":'
+    return (f'{{"index":{index},"text":{json_str(text)},"logprobs":null,"finish_reason":'
             f'{json_value(comp.finish_reason)},"stop_reason":{json_value(comp.stop_reason)}}}')
 
 

@@ -41,7 +41,7 @@ def sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
-_json_str = json.encoder.encode_basestring_ascii  # what json.dumps does to a str, in C
+json_str = json.encoder.encode_basestring_ascii  # what json.dumps does to a str, in C
 
 
 class ChunkFramer:
@@ -62,7 +62,7 @@ def json_value(value: str | int | None) -> str:
     if value is None:
         return "null"
     if isinstance(value, str):
-        return _json_str(value)
+        return json_str(value)
     return json.dumps(value)
 
 
