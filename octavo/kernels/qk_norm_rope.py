@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from octavo.kernels.rms_norm import rms_norm_ref
-from octavo.kernels.rotary import rotary_embedding_ref
+from octavo.kernels.rotary import rotary_embedding_ref, token_cos_sin
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
 
 
@@ -44,12 +44,9 @@ def _qk_norm_rope_kernel(
 ):  # fmt: skip
     # One program per token: every head shares the token's cos / sin row and the weights.
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_r = tl.arange(0, HALF_P)
     r_ok = offs_r < HALF
-    cos = tl.load(cache_ptr + pos * stride_cache + offs_r, mask=r_ok, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_r, mask=r_ok, other=0.0)
-    sin = sin.to(tl.float32)
+    cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
     qw1 = tl.load(qw_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32)
     qw2 = tl.load(qw_ptr + HALF + offs_r, mask=r_ok, other=0.0).to(tl.float32)
     kw1 = tl.load(kw_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32)

@@ -46,6 +46,18 @@ def _rotate_heads(
 
 
 @triton.jit
+def token_cos_sin(pos_ptr, cache_ptr, token, stride_cache, offs_r, HALF: tl.constexpr):
+    """The cos and sin halves (float32, ``offs_r`` wide, zero past HALF) of the table row
+    at ``token``'s position."""
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    r_ok = offs_r < HALF
+    row = cache_ptr + pos * stride_cache
+    cos = tl.load(row + offs_r, mask=r_ok, other=0.0).to(tl.float32)
+    sin = tl.load(row + HALF + offs_r, mask=r_ok, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
 def _rotary_kernel(
     q_ptr,
     k_ptr,
@@ -67,12 +79,8 @@ def _rotary_kernel(
 ):
     # One program per token: every head of q (and k) shares the token's cos/sin row.
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_r = tl.arange(0, HALF_P)
-    r_ok = offs_r < HALF
-    cos = tl.load(cache_ptr + pos * stride_cache + offs_r, mask=r_ok, other=0.0).to(tl.float32)
-    sin = tl.load(cache_ptr + pos * stride_cache + HALF + offs_r, mask=r_ok, other=0.0)
-    sin = sin.to(tl.float32)
+    cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
     _rotate_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, cos, sin,
                   tl.arange(0, QH_P), offs_r, HALF, IS_NEOX)  # fmt: skip
     if HAS_K:

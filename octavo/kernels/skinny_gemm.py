@@ -4,10 +4,11 @@ split-K reduced in place.
 At batch 1-16 a decode step's GEMMs read every weight once and do little else, so they should
 run at memory speed; for the tall-K projections of a 0.6B-class model (o_proj, down_proj)
 cuBLAS picks a split-K with a second reduction launch, 7-13 us for 4-6 MB (7-18% of the HBM
-bandwidth); :func:`linear` sends only those shapes here (:func:`preferred`). Here each program streams a [BLOCK_N, BLOCK_K] tile of W per
-step (K contiguous, so loads coalesce) through the tensor cores against x padded to 16 rows
-(the MMA is free in a memory-bound loop), with enough programs (split K) to keep every SM's
-loads in flight; the last program of each output tile adds the float32 partial sums in split
+bandwidth); :func:`linear` sends only those shapes here (:func:`preferred`).
+
+Each program streams a [BLOCK_N, BLOCK_K] tile of W per step (K contiguous, so loads
+coalesce) through the tensor cores against x padded to 16 rows (the MMA is free in a
+memory-bound loop), with enough programs (split K) to keep every SM's loads in flight; the last program of each output tile adds the float32 partial sums in split
 order (``octavo.kernels.split_k``: deterministic, no second launch, capturable in graphs).
 """
 

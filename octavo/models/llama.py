@@ -81,18 +81,15 @@ class LlamaAttention(nn.Module):
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            if self._fused_qk_norm_rope(q, k):
-                from octavo.kernels.qk_norm_rope import qk_norm_rope
+        if self.q_norm is not None and self._fused_qk_norm_rope(q, k):
+            from octavo.kernels.qk_norm_rope import qk_norm_rope
 
-                qk_norm_rope(positions, q, k, self.q_norm.weight, self.k_norm.weight,
-                             self.q_norm.eps, self.rotary_emb.cos_sin_cache)
-                return self._attend(q, k, v, ctx, t)
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        return self._attend(q, k, v, ctx, t)
-
-    def _attend(self, q, k, v, ctx: ForwardContext, t: int) -> torch.Tensor:
+            qk_norm_rope(positions, q, k, self.q_norm.weight, self.k_norm.weight,
+                         self.q_norm.eps, self.rotary_emb.cos_sin_cache)
+        else:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary_emb(positions, q, k)
         o = self.attn(q, k, v, ctx)
         return self.o_proj(o.reshape(t, self.q_size))
 
