@@ -27,16 +27,20 @@ from benchmarks.workloads import (  # noqa: E402
 WORKLOAD_SHAPE = {"W1": "qwen3-0.6b", "W2": "llama-3.1-8b"}
 
 
+def engine_kwargs(folder: str, args) -> dict:
+    """LLM arguments of every Octavo run of the workload (one engine or replicas)."""
+    return dict(model=folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
+                max_model_len=4096, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                enforce_eager=args.enforce_eager, gpu_memory_utilization=0.9,
+                tensor_parallel_size=args.tensor_parallel_size)
+
+
 def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> dict:
     from benchmarks.common import timed_generate
     from octavo import LLM, SamplingParams
 
-    llm = LLM(model=folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
-              max_model_len=4096, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              enforce_eager=args.enforce_eager, gpu_memory_utilization=0.9,
-              distributed_executor_backend=backend,
-              tensor_parallel_size=args.tensor_parallel_size)
+    llm = LLM(**engine_kwargs(folder, args), distributed_executor_backend=backend)
     engine = llm.llm_engine
     llm.generate([{"prompt_token_ids": prompts[0][:64]}],
                  SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
@@ -67,11 +71,7 @@ def run_octavo_replicas(folder: str, prompts, max_tokens, args) -> dict:
     from octavo import LLM, SamplingParams
 
     n = args.data_parallel_size
-    llm = LLM(model=folder, load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True,
-              max_model_len=4096, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              enforce_eager=args.enforce_eager, gpu_memory_utilization=0.9,
-              tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=n)
+    llm = LLM(**engine_kwargs(folder, args), data_parallel_size=n)
     # Warm every replica (least-loaded routing spreads 2n concurrent requests over all).
     llm.generate([{"prompt_token_ids": prompts[i][:64]} for i in range(2 * n)],
                  SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
