@@ -78,3 +78,12 @@ class RunningServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+def server_flags(model: str, max_model_len: int, *extra: str):
+    """The OpenAI server's parsed flags for a float32 test model, stats logging off."""
+    from octavo.entrypoints.openai.api_server import make_arg_parser
+
+    return make_arg_parser().parse_args(["--model", model, "--dtype", "float32",
+                                         "--max-model-len", str(max_model_len),
+                                         "--disable-log-stats", *extra])

@@ -22,12 +22,11 @@ openai = pytest.importorskip("openai")
 from octavo.entrypoints.openai.api_server import (  # noqa: E402
     ServerSettings,
     build_app,
-    make_arg_parser,
     start_engine,
 )
 from octavo.replicas import ReplicaRouter  # noqa: E402
-from tests.running_server import RunningServer  # noqa: E402
-from tests.tiny_models import add_word_tokenizer, make_checkpoint  # noqa: E402
+from tests.running_server import RunningServer, server_flags  # noqa: E402
+from tests.tiny_models import make_word_llama  # noqa: E402
 
 httpx = importlib.import_module(
     openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
@@ -39,16 +38,11 @@ BOUND_S = 60.0
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("engine_process") / "llama")
-    make_checkpoint("llama", folder)
-    add_word_tokenizer(folder)
-    return folder
+    return make_word_llama(str(tmp_path_factory.mktemp("engine_process") / "llama"))
 
 
 def _flags(model, *extra):
-    return make_arg_parser().parse_args(["--model", model, "--dtype", "float32",
-                                         "--max-model-len", str(MAX_LEN),
-                                         "--disable-log-stats", *extra])
+    return server_flags(model, MAX_LEN, *extra)
 
 
 @pytest.fixture(scope="module")

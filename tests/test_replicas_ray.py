@@ -22,12 +22,11 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install octav
 from octavo.entrypoints.openai.api_server import (  # noqa: E402
     ServerSettings,
     build_app,
-    make_arg_parser,
     start_engine,
 )
 from octavo.replicas import ReplicaRouter  # noqa: E402
-from tests.running_server import RunningServer  # noqa: E402
-from tests.tiny_models import add_word_tokenizer, make_checkpoint  # noqa: E402
+from tests.running_server import RunningServer, server_flags  # noqa: E402
+from tests.tiny_models import make_word_llama  # noqa: E402
 
 httpx = importlib.import_module(
     openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
@@ -46,17 +45,13 @@ def _rss_mib(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("ray_replicas") / "llama")
-    make_checkpoint("llama", folder)
-    add_word_tokenizer(folder)
+    folder = make_word_llama(str(tmp_path_factory.mktemp("ray_replicas") / "llama"))
     start = time.monotonic()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     print(f"\nlocal Ray cluster started in {time.monotonic() - start:.1f} s")
     start = time.monotonic()
-    router = start_engine(make_arg_parser().parse_args([
-        "--model", folder, "--dtype", "float32", "--max-model-len", "512",
-        "--disable-log-stats", "--num-replicas", "2", "--distributed-executor-backend",
-        "ray"]))
+    router = start_engine(server_flags(folder, 512, "--num-replicas", "2",
+                                       "--distributed-executor-backend", "ray"))
     assert isinstance(router, ReplicaRouter) and router.backend == "ray"
     print(f"2 replica actors ready in {time.monotonic() - start:.1f} s, "
           f"{sum(_rss_mib(s.pid) for s in router.slots):.0f} MiB resident together")

@@ -82,3 +82,11 @@ def add_word_tokenizer(folder: str) -> None:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
                             eos_token="</s>").save_pretrained(folder)
+
+
+def make_word_llama(folder: str) -> str:
+    """A tiny random Llama with the word tokenizer ("w17" is token 17): the servers' tests'
+    model."""
+    make_checkpoint("llama", folder)
+    add_word_tokenizer(folder)
+    return folder
