@@ -181,6 +181,10 @@ class Supervisor:
     def stop_all(self, timeout: float = 10.0) -> None:
         self._stopping = True
         self._wake.set()
+        # The supervisor loop first: a restart it is making now (a dead replica's successor)
+        # must be among the handles stopped below, not started after they were collected.
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
         with self._lock:
             handles = [s.handle for s in self.slots if s.handle is not None]
             for slot in self.slots:
@@ -191,5 +195,3 @@ class Supervisor:
             t.start()
         for t in threads:
             t.join(timeout + 10)
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(5)
