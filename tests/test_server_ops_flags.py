@@ -134,6 +134,36 @@ def test_no_metrics_port_no_extra_server(monkeypatch, use_engine):
     assert started == []
 
 
+def test_servers_listen_on_loopback_unless_asked(monkeypatch, use_engine):
+    """Everything Octavo starts listens on 127.0.0.1 by default: the OpenAI server, its
+    --metrics-port server and the simple server; --host moves them."""
+    from octavo.entrypoints import api_server as simple_server
+
+    hosts = []
+    monkeypatch.setattr(api_server, "serve", lambda *a, **k: hosts.append(k["host"]) or 0)
+    port = free_port()
+    bound = []
+    real_start = api_server.start_metrics_server
+
+    def start_and_record(app, host, p):
+        server = real_start(app, host, p)
+        bound.append(server.server_address[0])
+        return server
+
+    monkeypatch.setattr(api_server, "start_metrics_server", start_and_record)
+    assert api_server.run_server(api_server.make_arg_parser().parse_args(
+        ["--disable-log-stats", "--metrics-port", str(port)])) == 0
+    assert hosts == ["127.0.0.1"] and bound == ["127.0.0.1"]
+    assert api_server.run_server(api_server.make_arg_parser().parse_args(
+        ["--disable-log-stats", "--host", "0.0.0.0"])) == 0
+    assert hosts[-1] == "0.0.0.0"
+    import octavo.entrypoints.launcher as launcher
+    monkeypatch.setattr(launcher, "serve", lambda *a, **k: hosts.append(k["host"]) or 0)
+    assert simple_server.run_server(simple_server.make_parser().parse_args(
+        ["--disable-log-stats"])) == 0
+    assert hosts[-1] == "127.0.0.1"
+
+
 async def _hit(app, n: int) -> list[int]:
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

@@ -173,14 +173,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    from octavo.entrypoints.launcher import serve
+    from octavo.entrypoints.launcher import DEFAULT_HOST, serve
 
     engine = start_engine(args)
     if engine is None:
         return 2
     app = build_app(engine, args.served_model_name, api_key=args.api_key,
                     rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes)
-    return serve(app, engine, host=args.host or "0.0.0.0", port=args.port,
+    return serve(app, engine, host=args.host or DEFAULT_HOST, port=args.port,
                  log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
                  forwarded_allow_ips=args.forwarded_allow_ips)
 

@@ -109,6 +109,11 @@ class GracefulServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+# Everything Octavo starts listens on loopback unless the user asks for another host
+# (--host 0.0.0.0 for all interfaces, e.g. inside a container).
+DEFAULT_HOST = "127.0.0.1"
+
+
 def serve(app, engine: AsyncLLM, *, host: str, port: int, log_level: str = "info",
           shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
           forwarded_allow_ips: str | None = None) -> int:

@@ -24,7 +24,7 @@ from octavo.entrypoints.engine_client import (
     metrics_exporter,
     replica_flag_problems,
 )
-from octavo.entrypoints.launcher import DEFAULT_SHUTDOWN_TIMEOUT, serve
+from octavo.entrypoints.launcher import DEFAULT_HOST, DEFAULT_SHUTDOWN_TIMEOUT, serve
 from octavo.entrypoints.openai.error_handlers import install_error_handlers
 from octavo.entrypoints.openai.error_schema import document_errors
 from octavo.entrypoints.openai.middleware import (
@@ -178,7 +178,9 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     if model_positional:
         p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                        help="local HF folder or .gguf file (default: embedded SmolLM2)")
-    p.add_argument("--host", default=None, help="bind address (default: all interfaces)")
+    p.add_argument("--host", default=DEFAULT_HOST,
+                   help=f"bind address (default: {DEFAULT_HOST}, loopback only; 0.0.0.0 for all "
+                   "interfaces)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["debug", "info", "warning", "error", "critical", "trace"])
@@ -389,7 +391,7 @@ def start_metrics_server(app: FastAPI, host: str | None, port: int):
     and free the port). OSError when the port cannot be bound."""
     from prometheus_client import start_http_server
 
-    server, _ = start_http_server(port, addr=host or "0.0.0.0",
+    server, _ = start_http_server(port, addr=host or DEFAULT_HOST,
                                   registry=app.state.metrics.registry)
     return server
 
@@ -413,7 +415,7 @@ def run_server(args: argparse.Namespace) -> int:
             engine.shutdown()
             return 2
     try:
-        return serve(app, engine, host=args.host or "0.0.0.0", port=args.port,
+        return serve(app, engine, host=args.host or DEFAULT_HOST, port=args.port,
                      log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
                      forwarded_allow_ips=args.forwarded_allow_ips)
     finally:
