@@ -204,3 +204,24 @@ def test_a_killed_engine_process_ends_streams_clearly_and_comes_back(servers):
     again = httpx.post(remote.base_url + "/v1/completions", timeout=BOUND_S, json={
         "model": "tiny", "temperature": 0, "max_tokens": 5, "prompt": PROMPTS[1]})
     assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 5
+
+
+def test_engine_process_defaults_to_the_device(monkeypatch):
+    """--engine-process unset: on where the engine runs on CUDA (the measured W3 gain), off on
+    the CPU; given either way, the flag wins."""
+    import torch
+
+    from octavo.engine.arg_utils import EngineArgs
+    from octavo.entrypoints.engine_client import wants_engine_process
+    from octavo.entrypoints.openai.api_server import make_arg_parser
+
+    def decide(flags, device, cuda):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        return wants_engine_process(make_arg_parser().parse_args(flags),
+                                    EngineArgs(model="m", device=device))
+
+    assert make_arg_parser().parse_args([]).engine_process is None
+    assert decide([], "auto", cuda=True) and decide([], "cuda:1", cuda=True)
+    assert not decide([], "auto", cuda=False) and not decide([], "cpu", cuda=True)
+    assert not decide(["--no-engine-process"], "auto", cuda=True)
+    assert decide(["--engine-process"], "cpu", cuda=False)

@@ -72,11 +72,25 @@ def add_replica_flag(p: argparse.ArgumentParser) -> None:
                    "process). --data-parallel-size / -dp: vLLM's name for it")
 
 
-    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                    help="run the engine (scheduler, model, output building) in a process of "
                    "its own even with one replica, as vLLM's engine core: the server's "
                    "process then only serves HTTP, so streaming to many clients does not "
-                   "slow the engine's steps (always so with --num-replicas > 1)")
+                   "slow the engine's steps (always so with --num-replicas > 1). Default: on "
+                   "when the engine runs on CUDA (W3 on an H200: 81.8%% of offline "
+                   "throughput against 56.6%% in the server's process), off on the CPU, "
+                   "whose cores the two processes would share")
+
+
+def wants_engine_process(args: argparse.Namespace, engine_args: EngineArgs) -> bool:
+    """--engine-process as given, else on exactly when the engine's device is CUDA."""
+    flag = getattr(args, "engine_process", None)
+    if flag is not None:
+        return flag
+    import torch  # (is_available creates no CUDA context in this process)
+
+    device = engine_args.device
+    return (device == "auto" or device.startswith("cuda")) and torch.cuda.is_available()
 
 
 def replica_flag_problems(args: argparse.Namespace) -> list[str]:

@@ -23,6 +23,7 @@ from octavo.entrypoints.engine_client import (
     make_engine,
     metrics_exporter,
     replica_flag_problems,
+    wants_engine_process,
 )
 from octavo.entrypoints.launcher import DEFAULT_HOST, DEFAULT_SHUTDOWN_TIMEOUT, serve
 from octavo.entrypoints.openai.error_handlers import install_error_handlers
@@ -367,10 +368,11 @@ def start_engine(args: argparse.Namespace) -> EngineClient | None:
     if problems:
         return None
     num_replicas = getattr(args, "num_replicas", 1)
-    engine_process = getattr(args, "engine_process", False)
     interval = None if args.disable_log_stats else args.metric_interval
     try:
-        engine = make_engine(engine_args_from(args), num_replicas,
+        engine_args = engine_args_from(args)
+        engine_process = wants_engine_process(args, engine_args)
+        engine = make_engine(engine_args, num_replicas,
                              args.served_model_name[0] if args.served_model_name else None,
                              log_stats_interval=interval, engine_process=engine_process)
     except (ValueError, ImportError, ConnectionError) as e:
