@@ -42,6 +42,13 @@ def fused_qk_norm_rope() -> bool:
     return _flag("OCTAVO_FUSED_QK_NORM_ROPE", True)
 
 
+def attention_fused_split_reduce() -> bool:
+    """OCTAVO_ATTENTION_FUSED_SPLIT_REDUCE (default on): a split-K decode attention launch
+    merges its splits itself (the last program of each request and KV head, by a ticket
+    counter); off, a second kernel merges them (one more launch per layer)."""
+    return _flag("OCTAVO_ATTENTION_FUSED_SPLIT_REDUCE", True)
+
+
 def skinny_gemm() -> bool:
     """OCTAVO_SKINNY_GEMM (default on): on CUDA, float linears of decode batches (<= 16 rows,
     bf16 / fp16) through one Triton launch (octavo/kernels/skinny_gemm.py); off, cuBLAS."""

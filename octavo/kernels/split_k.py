@@ -15,6 +15,7 @@ import torch
 from octavo.kernels.triton_utils import tl, triton
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []
 
 
 def plan(k: int, step: int, splits: int) -> tuple[int, int]:
@@ -40,6 +41,8 @@ def counters(device: torch.device, tiles: int) -> torch.Tensor:
     """A zeroed int32 buffer of at least ``tiles`` counters, kept zeroed by the kernels."""
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < tiles:
+        if buf is not None:  # CUDA graphs captured earlier may still point at it
+            _RETIRED.append(buf)
         buf = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
         _COUNTERS[device] = buf
     return buf
