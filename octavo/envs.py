@@ -49,6 +49,13 @@ def attention_fused_split_reduce() -> bool:
     return _flag("OCTAVO_ATTENTION_FUSED_SPLIT_REDUCE", True)
 
 
+def fused_kv_store() -> bool:
+    """OCTAVO_FUSED_KV_STORE (default on): where Qwen3's q/k norm + rotary runs as one launch
+    (OCTAVO_FUSED_QK_NORM_ROPE), that launch also writes the new K/V into the paged cache
+    (the Triton backend then skips its reshape_and_cache launch)."""
+    return _flag("OCTAVO_FUSED_KV_STORE", True)
+
+
 def skinny_gemm() -> bool:
     """OCTAVO_SKINNY_GEMM (default on): on CUDA, float linears of decode batches (<= 16 rows,
     bf16 / fp16) through one Triton launch (octavo/kernels/skinny_gemm.py); off, cuBLAS."""

@@ -35,8 +35,23 @@ class AttentionMetadata:
         return self.max_query_len == 1
 
 
+@dataclass
+class KVStore:
+    """Where a step's new K/V go (``v`` [T, Hkv, D], the caches [num_blocks, block_size, Hkv,
+    D], ``slots`` [T], -1 = not stored), for a kernel before attention that writes them
+    itself (fused with the rotation), so the backend does not."""
+
+    v: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    slots: torch.Tensor
+
+
 class AttentionImpl:
     """One attention layer's computation: store new K/V, attend over the paged cache."""
+
+    # Whether forward(..., kv_stored=True) is allowed: K/V stored by the caller (KVStore).
+    accepts_stored_kv = False
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
         self.num_heads = num_heads
@@ -45,9 +60,11 @@ class AttentionImpl:
         self.num_kv_heads = num_kv_heads
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor, meta: AttentionMetadata,
+                kv_stored: bool = False) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D], kv_cache [2, num_blocks, block_size, Hkv, D]
-        -> [T, Hq, D]."""
+        -> [T, Hq, D]. ``kv_stored``: the caller already wrote k/v into the cache (only
+        where ``accepts_stored_kv``)."""
         raise NotImplementedError
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from octavo.attention.backend import AttentionMetadata
+from octavo.attention.backend import AttentionMetadata, KVStore
 
 
 @dataclass
@@ -28,6 +28,21 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.impl = backend.make_impl(num_heads, head_dim, scale, num_kv_heads)
 
+    def kv_store(self, v: torch.Tensor, ctx: ForwardContext) -> KVStore | None:
+        """Where this step's new K/V go, for a kernel that writes them itself before
+        attention (then ``forward(..., kv_stored=True)``); None where the backend stores them
+        (or the slot mapping does not cover every token)."""
+        if not self.impl.accepts_stored_kv:
+            return None
+        slots = ctx.attn_metadata.slot_mapping
+        if slots.shape[0] < v.shape[0]:
+            return None
+        kv_cache = ctx.kv_caches[self.layer_idx]
+        return KVStore(v, kv_cache[0], kv_cache[1], slots[: v.shape[0]])
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
-        return self.impl.forward(q, k, v, ctx.kv_caches[self.layer_idx], ctx.attn_metadata)
+                ctx: ForwardContext, kv_stored: bool = False) -> torch.Tensor:
+        kv_cache = ctx.kv_caches[self.layer_idx]
+        if kv_stored:
+            return self.impl.forward(q, k, v, kv_cache, ctx.attn_metadata, kv_stored=True)
+        return self.impl.forward(q, k, v, kv_cache, ctx.attn_metadata)

@@ -37,18 +37,22 @@ from octavo.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 
 
 class TritonAttentionImpl(AttentionImpl):
+    accepts_stored_kv = True
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor, meta: AttentionMetadata,
+                kv_stored: bool = False) -> torch.Tensor:
         num_tokens = q.shape[0]
         key_cache, value_cache = kv_cache[0], kv_cache[1]
 
-        # Store this step's K/V. The slot mapping may be padded past the batch (graph
-        # capture); any row beyond it has nothing to store.
-        slots = meta.slot_mapping[:num_tokens]
-        n = slots.shape[0]
-        if n < num_tokens:
-            k, v = k[:n], v[:n]
-        reshape_and_cache(k, v, key_cache, value_cache, slots)
+        if not kv_stored:
+            # Store this step's K/V. The slot mapping may be padded past the batch (graph
+            # capture); any row beyond it has nothing to store.
+            slots = meta.slot_mapping[:num_tokens]
+            n = slots.shape[0]
+            if n < num_tokens:
+                k, v = k[:n], v[:n]
+            reshape_and_cache(k, v, key_cache, value_cache, slots)
 
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         if meta.num_tokens < num_tokens:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from octavo.attention.backend import KVStore
 from octavo.kernels.rms_norm import rms_norm_ref
 from octavo.kernels.rotary import rotary_embedding_ref, token_cos_sin
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
@@ -30,17 +31,43 @@ def _norm_rotate_heads(x_ptr, token, stride_t, stride_h, num_heads, w1, w2, cos,
     rstd = (1.0 / tl.sqrt(var + eps))[:, None]
     y1 = ((x1 * rstd).to(dt).to(tl.float32) * w1[None, :]).to(dt).to(tl.float32)
     y2 = ((x2 * rstd).to(dt).to(tl.float32) * w2[None, :]).to(dt).to(tl.float32)
-    tl.store(base + offs_r[None, :], (y1 * cos[None, :] - y2 * sin[None, :]).to(dt), mask=mask)
-    tl.store(base + HALF + offs_r[None, :], (y2 * cos[None, :] + y1 * sin[None, :]).to(dt),
-             mask=mask)
+    o1 = (y1 * cos[None, :] - y2 * sin[None, :]).to(dt)
+    o2 = (y2 * cos[None, :] + y1 * sin[None, :]).to(dt)
+    tl.store(base + offs_r[None, :], o1, mask=mask)
+    tl.store(base + HALF + offs_r[None, :], o2, mask=mask)
+    return o1, o2, mask
+
+
+@triton.jit
+def _store_kv(k1, k2, mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt, stride_vh,
+              stride_cb, stride_ct, stride_ch, block_size, num_k_heads,
+              offs_r, HALF: tl.constexpr, KH_P: tl.constexpr, HALF_P: tl.constexpr):
+    # This token's rotated k (already in registers) and its v into the paged cache, as
+    # reshape_and_cache does (slot -1: not stored). The two caches share one layout.
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        offs_h = tl.arange(0, KH_P)
+        row = (slot // block_size) * stride_cb + (slot % block_size) * stride_ct
+        dst = row + offs_h[:, None] * stride_ch
+        tl.store(kc_ptr + dst + offs_r[None, :], k1.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc_ptr + dst + HALF + offs_r[None, :], k2.to(kc_ptr.dtype.element_ty),
+                 mask=mask)
+        offs_d = tl.arange(0, 2 * HALF_P)
+        v_mask = (offs_h[:, None] < num_k_heads) & (offs_d[None, :] < 2 * HALF)
+        v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :],
+                    mask=v_mask)
+        tl.store(vc_ptr + dst + offs_d[None, :], v.to(vc_ptr.dtype.element_ty), mask=v_mask)
 
 
 @triton.jit
 def _qk_norm_rope_kernel(
     q_ptr, k_ptr, pos_ptr, cache_ptr, qw_ptr, kw_ptr,
+    v_ptr, kc_ptr, vc_ptr, slot_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
+    stride_vt, stride_vh, stride_cb, stride_ct, stride_ch, block_size,
     num_q_heads, num_k_heads, eps,
     HALF: tl.constexpr, HALF_P: tl.constexpr, QH_P: tl.constexpr, KH_P: tl.constexpr,
+    STORE_KV: tl.constexpr,
 ):  # fmt: skip
     # One program per token: every head shares the token's cos / sin row and the weights.
     t = tl.program_id(0).to(tl.int64)
@@ -53,8 +80,13 @@ def _qk_norm_rope_kernel(
     kw2 = tl.load(kw_ptr + HALF + offs_r, mask=r_ok, other=0.0).to(tl.float32)
     _norm_rotate_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, qw1, qw2, cos, sin, eps,
                        tl.arange(0, QH_P), offs_r, HALF, 2 * HALF)
-    _norm_rotate_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, kw1, kw2, cos, sin, eps,
-                       tl.arange(0, KH_P), offs_r, HALF, 2 * HALF)
+    k1, k2, k_mask = _norm_rotate_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, kw1, kw2,
+                                        cos, sin, eps, tl.arange(0, KH_P), offs_r, HALF,
+                                        2 * HALF)
+    if STORE_KV:
+        _store_kv(k1, k2, k_mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt, stride_vh,
+                  stride_cb, stride_ct, stride_ch, block_size, num_k_heads, offs_r, HALF,
+                  KH_P, HALF_P)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
@@ -68,9 +100,10 @@ def supports(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
 
 def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
-                 cos_sin_cache: torch.Tensor) -> None:
+                 cos_sin_cache: torch.Tensor, kv_store: KVStore | None = None) -> None:
     """In place: ``q = rope(rms_norm(q, q_weight))``, the same for ``k``; ``q`` [T, Hq, D] and
-    ``k`` [T, Hkv, D] may be strided views of a fused QKV output."""
+    ``k`` [T, Hkv, D] may be strided views of a fused QKV output. ``kv_store``: also write
+    the new k and ``kv_store.v`` into the paged cache (what ``reshape_and_cache`` would)."""
     require_triton("qk_norm_rope")
     num_tokens = q.shape[0]
     if num_tokens == 0:
@@ -80,11 +113,21 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     half = head_dim // 2
     qh, kh = q.shape[1], k.shape[1]
     half_p = next_power_of_2(half)
+    if kv_store is not None:
+        v, kc, vc, slots = kv_store.v, kv_store.key_cache, kv_store.value_cache, kv_store.slots
+        assert v.shape == k.shape and v.stride(-1) == 1 and slots.shape[0] == num_tokens
+        assert kc.shape == vc.shape and kc.stride() == vc.stride() and kc.shape[2:] == k.shape[1:]
+        cache_strides = (v.stride(0), v.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
+                         kc.shape[1])
+    else:
+        v = kc = vc = slots = q  # unused
+        cache_strides = (0, 0, 0, 0, 0, 1)
     _qk_norm_rope_kernel[(num_tokens,)](
-        q, k, positions.reshape(-1), cos_sin_cache, q_weight, k_weight,
+        q, k, positions.reshape(-1), cos_sin_cache, q_weight, k_weight, v, kc, vc, slots,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        qh, kh, float(eps),
+        *cache_strides, qh, kh, float(eps),
         HALF=half, HALF_P=half_p, QH_P=next_power_of_2(qh), KH_P=next_power_of_2(kh),
+        STORE_KV=kv_store is not None,
         num_warps=4 if next_power_of_2(qh) * half_p >= 1024 else 1,
     )  # fmt: skip
 

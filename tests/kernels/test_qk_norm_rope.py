@@ -63,3 +63,40 @@ def test_no_tokens_is_a_no_op(device):
     k = torch.empty(0, 1, 16, device=device)
     w = torch.ones(16, device=device)
     qk_norm_rope(torch.empty(0, dtype=torch.long, device=device), q, k, w, w, 1e-6, cache)
+
+
+@pytest.mark.parametrize("heads", [(4, 2, 32), (6, 3, 16)])
+def test_kv_store_writes_what_reshape_and_cache_would(heads, device):
+    """With a KVStore the launch also writes the rotated k and the untouched v into the
+    paged cache at each token's slot (slot -1: nothing), exactly as reshape_and_cache does
+    after the unfused kernel; q/k in place are unchanged by the store."""
+    from octavo.attention.backend import KVStore
+    from octavo.kernels.reshape_and_cache import reshape_and_cache
+
+    hq, hkv, d = heads
+    tokens, dtype = 6, torch.bfloat16 if device.type == "cuda" else torch.float32
+    cache = cos_sin_cache(64, d, device=device)
+    pos = torch.randint(0, 64, (tokens,), device=device)
+    qw = (torch.rand(d, device=device) + 0.5).to(dtype)
+    kw = (torch.rand(d, device=device) + 0.5).to(dtype)
+    qkv, _, _ = _qkv(tokens, hq, hkv, d, dtype, device)
+    slots = torch.tensor([5, 0, -1, 13, 2, 9], device=device)
+    shape = (2, 4, 4, hkv, d)  # [K/V, blocks, block_size, heads, dim]
+    fill = torch.full(shape, 7.0, device=device, dtype=dtype)
+
+    def views(t):
+        return (t[:, : hq * d].view(tokens, hq, d),
+                t[:, hq * d: (hq + hkv) * d].view(tokens, hkv, d),
+                t[:, (hq + hkv) * d:].view(tokens, hkv, d))
+
+    fused, fused_cache = qkv.clone(), fill.clone()
+    fq, fk, fv = views(fused)
+    qk_norm_rope(pos, fq, fk, qw, kw, 1e-6, cache,
+                 kv_store=KVStore(fv, fused_cache[0], fused_cache[1], slots))
+    plain, plain_cache = qkv.clone(), fill.clone()
+    pq, pk, pv = views(plain)
+    qk_norm_rope(pos, pq, pk, qw, kw, 1e-6, cache)
+    reshape_and_cache(pk, pv, plain_cache[0], plain_cache[1], slots)
+    assert torch.equal(fused, plain)
+    assert torch.equal(fused_cache, plain_cache)
+    assert int((fused_cache != 7.0).any(-1).any(-1).sum()) == 2 * 5  # five slots, K and V
