@@ -62,12 +62,6 @@ def skinny_gemm() -> bool:
     return _flag("OCTAVO_SKINNY_GEMM", True)
 
 
-def fused_silu_mul() -> bool:
-    """OCTAVO_FUSED_SILU_MUL (default on): where the down projection runs through the skinny
-    GEMM (OCTAVO_SKINNY_GEMM), SiluAndMul is computed in its load, not by a launch of its own."""
-    return _flag("OCTAVO_FUSED_SILU_MUL", True)
-
-
 def custom_all_reduce() -> bool:
     """OCTAVO_CUSTOM_ALL_REDUCE (default on): tensor-parallel all-reduces of small CUDA tensors
     in one launch over peer-mapped GPU memory (octavo/distributed/custom_all_reduce.py) where

@@ -34,10 +34,7 @@ def _skinny_gemm_kernel(
     stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SILU_MUL: tl.constexpr,
 ):  # fmt: skip
-    # SILU_MUL: x is a gate_up output [M, 2K]; the GEMM's input is silu(x[:, :K]) * x[:, K:],
-    # computed in fp32 and rounded to the weight's dtype as the separate kernel stores it.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -50,13 +47,8 @@ def _skinny_gemm_kernel(
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < k_end
-        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-        x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if SILU_MUL:
-            gate = x.to(tl.float32)
-            up = tl.load(x_ptrs + K * stride_xk, mask=m_ok[:, None] & k_ok[None, :],
-                         other=0.0).to(tl.float32)
-            x = (gate / (1.0 + tl.exp(-gate)) * up).to(w_ptr.dtype.element_ty)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
                     mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = tl.dot(x, tl.trans(w), acc)
@@ -85,18 +77,13 @@ def preferred(weight: torch.Tensor) -> bool:
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 block_n: int | None = None, block_k: int | None = None,
                 split_k: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None, silu_mul: bool = False) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for at most MAX_M rows; with ``silu_mul``, ``x`` is
-    ``[..., 2K]`` and the input is ``silu(x[..., :K]) * x[..., K:]`` (SiluAndMul fused into
-    the load). The tuning arguments (None: chosen here) exist for the benchmark's sweeps."""
+                num_stages: int | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for at most MAX_M rows. The tuning arguments (None:
+    chosen here) exist for the benchmark's sweeps."""
     require_triton("skinny_gemm")
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
     m, k = x2.shape
-    if silu_mul:
-        k //= 2
     n = weight.shape[0]
     # Sweep winners on the H200: 32-row weight tiles; 256-wide K steps up to K = 2048.
     block_n = block_n or 32
@@ -113,7 +100,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         m, n, k, k_per_split, split_k,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SILU_MUL=silu_mul,
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps or 4, num_stages=num_stages or 4,
     )  # fmt: skip
     if bias is not None:
@@ -129,18 +116,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             and preferred(weight)):
         return skinny_gemm(x, weight, bias)
     return F.linear(x, weight, bias)
-
-
-def silu_mul_linear(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-    """``F.linear(silu(h[..., :K]) * h[..., K:], weight)`` in one launch where
-    :func:`linear` would take this kernel for the product (a CUDA decode batch, a tall-K
-    weight; OCTAVO_SKINNY_GEMM, OCTAVO_FUSED_SILU_MUL); None otherwise (the caller runs SiluAndMul, then the
-    linear): the MLP's activation costs no launch of its own at decode batch sizes."""
-    if not (h.is_cuda and HAS_TRITON and envs.skinny_gemm() and envs.fused_silu_mul()
-            and preferred(weight)
-            and h.shape[-1] == 2 * weight.shape[1]):
-        return None
-    probe = h[..., : weight.shape[1]]
-    if not supports(probe, weight):
-        return None
-    return skinny_gemm(h, weight, silu_mul=True)

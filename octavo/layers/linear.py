@@ -167,18 +167,7 @@ class RowParallelLinear(LinearBase):
         return self.input_size // self.tp.size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._reduce(self._matmul(x, None))
-
-    def forward_silu_mul(self, h: torch.Tensor) -> torch.Tensor | None:
-        """``forward(silu(h[..., :K]) * h[..., K:])`` (K: this rank's input features) with
-        the activation fused into the GEMM where the method can; else None."""
-        if cpu_gemm.usable(h, self._packed_weight):
-            return None
-        y = self.quant_method.apply_silu_mul(self, h)
-        return None if y is None else self._reduce(y)
-
-    def _reduce(self, y: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(y)
+        y = self.tp.all_reduce(self._matmul(x, None))
         if self.bias is not None:  # added once, after the reduction
             y = y + self.bias
         return y

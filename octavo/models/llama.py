@@ -31,9 +31,7 @@ class LlamaMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.gate_up_proj(x)
-        y = self.down_proj.forward_silu_mul(h)  # one launch at decode batch sizes on CUDA
-        return y if y is not None else self.down_proj(self.act(h))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaAttention(nn.Module):

@@ -30,11 +30,6 @@ class LinearMethod:
               bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
-    def apply_silu_mul(self, layer: nn.Module, h: torch.Tensor) -> torch.Tensor | None:
-        """``apply(layer, silu(h[..., :K]) * h[..., K:], None)`` in one fused kernel where
-        the method has one for this input, else None (the caller runs the two steps)."""
-        return None
-
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Repack or convert what the checkpoint gave (once, after every tensor is loaded)."""
 

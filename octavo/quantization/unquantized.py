@@ -26,13 +26,6 @@ class UnquantizedLinearMethod(LinearMethod):
             return linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
 
-    def apply_silu_mul(self, layer, h):
-        if not h.is_cuda:
-            return None
-        from octavo.kernels.skinny_gemm import silu_mul_linear
-
-        return silu_mul_linear(h, layer.weight)
-
     def dense_weight(self, layer):
         return layer.weight
 

@@ -50,36 +50,3 @@ def test_only_tall_k_weights_are_preferred():
 
     assert preferred(torch.empty(1024, 2048)) and preferred(torch.empty(1024, 3072))
     assert not preferred(torch.empty(4096, 1024)) and not preferred(torch.empty(4096, 4096))
-
-
-@pytest.mark.parametrize("m", [1, 5])
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_silu_mul_fused_into_the_load(m, split_k, device):
-    """silu(h[:, :K]) * h[:, K:] computed in the GEMM's load equals SiluAndMul's rounded
-    output through the same kernel, bit for bit."""
-    from octavo.kernels.activation import silu_and_mul
-
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
-    g = torch.Generator().manual_seed(m + split_k)
-    n, k = 24, 64
-    h = (torch.randn(m, 2 * k, generator=g) * 2).to(device, dtype)
-    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(device, dtype)
-    act = silu_and_mul(h)  # the separate kernel the fused load replaces
-    fused = skinny_gemm(h, w, block_n=16, block_k=16, split_k=split_k, silu_mul=True)
-    plain = skinny_gemm(act, w, block_n=16, block_k=16, split_k=split_k)
-    assert fused.shape == (m, n) and fused.dtype == dtype
-    torch.testing.assert_close(fused, plain, atol=0, rtol=0)
-
-
-def test_silu_mul_linear_declines_what_it_cannot_fuse():
-    from octavo.kernels.skinny_gemm import silu_mul_linear
-
-    w = torch.empty(8, 64, dtype=torch.bfloat16)
-    assert silu_mul_linear(torch.empty(1, 128, dtype=torch.bfloat16), w) is None  # CPU
-    if torch.cuda.is_available():
-        wc = w.cuda()
-        h = torch.randn(1, 128, dtype=torch.bfloat16, device="cuda")
-        assert silu_mul_linear(h, wc) is not None
-        assert silu_mul_linear(h.repeat(17, 1), wc) is None  # not a decode batch
-        assert silu_mul_linear(h[:, :96], wc) is None  # not [.., 2K]
-        assert silu_mul_linear(h[:, :32].repeat(1, 2), wc[:, :32].repeat(4, 1)) is None  # wide
