@@ -42,13 +42,6 @@ def fused_qk_norm_rope() -> bool:
     return _flag("OCTAVO_FUSED_QK_NORM_ROPE", True)
 
 
-def attention_fused_split_reduce() -> bool:
-    """OCTAVO_ATTENTION_FUSED_SPLIT_REDUCE (default on): a split-K decode attention launch
-    merges its splits itself (the last program of each request and KV head, by a ticket
-    counter); off, a second kernel merges them (one more launch per layer)."""
-    return _flag("OCTAVO_ATTENTION_FUSED_SPLIT_REDUCE", True)
-
-
 def fused_kv_store() -> bool:
     """OCTAVO_FUSED_KV_STORE (default on): where Qwen3's q/k norm + rotary runs as one launch
     (OCTAVO_FUSED_QK_NORM_ROPE), that launch also writes the new K/V into the paged cache

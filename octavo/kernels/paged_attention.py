@@ -28,9 +28,7 @@ Kernel design (one kernel, launched at most twice per call: decodes, then prefil
 * Online softmax in fp32 with ``exp2`` (the scale is folded with ``log2(e)``).
 * Split-K ("flash decoding"): for few sequences x long context the KV range is cut into
   ``num_splits`` chunks handled by separate programs that write unnormalised partial results
-  (acc, running max, running sum) per query token in fp32; in the decode launch the program
-  that finishes a (request, KV head) last merges them (a ticket counter, no second launch),
-  in the prefill launch a second kernel does. The
+  (acc, running max, running sum) per query token in fp32; a second kernel merges them. The
   prefill launch splits the same way when its query tiles are few and the context long (a
   chunk of a long prompt under chunked prefill).
 """
@@ -39,7 +37,6 @@ from __future__ import annotations
 
 import torch
 
-from octavo import envs
 from octavo.kernels.paged_attention_config import (
     _SPLIT_PREFILL_ROWS,
     _Config,
@@ -48,7 +45,6 @@ from octavo.kernels.paged_attention_config import (
     _pick_prefill_splits,
     _rows,
 )
-from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import (
     next_power_of_2,
     require_triton,
@@ -144,35 +140,6 @@ def _attn_kv_loop(
 
 
 # Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
-@triton.jit
-def _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr, tok, head, row_ok, offs_d, d_ok,
-                  num_heads, num_splits, stride_ot, stride_oh,
-                  BLOCK_M: tl.constexpr, HEAD_DIM_P: tl.constexpr):
-    """Merge the ``num_splits`` partial softmax states of rows (token ``tok``, ``head``) into
-    the output. .cg loads: the partials come from other SMs, through L2."""
-    first = (tok * num_heads + head) * num_splits
-    m_all = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    for s in range(0, num_splits):
-        m_s = tl.load(part_ml_ptr + (first + s) * 2, mask=row_ok, other=-1.0e30,
-                      cache_modifier=".cg")
-        m_all = tl.maximum(m_all, m_s)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
-    den = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for s in range(0, num_splits):
-        idx = first + s
-        m_s = tl.load(part_ml_ptr + idx * 2, mask=row_ok, other=-1.0e30, cache_modifier=".cg")
-        l_s = tl.load(part_ml_ptr + idx * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
-        w = tl.exp2(m_s - m_all)
-        den += w * l_s
-        a = tl.load(part_acc_ptr + idx[:, None] * HEAD_DIM_P + offs_d[None, :],
-                    mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-        acc += a * w[:, None]
-    den = tl.where(row_ok, den, 1.0)
-    o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, (acc / den[:, None]).to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & d_ok[None, :])
-
-
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _paged_attention_kernel(
     out_ptr,
@@ -184,7 +151,6 @@ def _paged_attention_kernel(
     block_tables_ptr,
     part_acc_ptr,
     part_ml_ptr,
-    cnt_ptr,
     qk_scale,
     num_seqs,
     stride_qt,
@@ -209,7 +175,6 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     SPLIT: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
@@ -312,18 +277,6 @@ def _paged_attention_kernel(
         tl.store(p_acc, acc, mask=row_ok[:, None])
         tl.store(part_ml_ptr + p_idx * 2, m_i, mask=row_ok)
         tl.store(part_ml_ptr + p_idx * 2 + 1, l_i, mask=row_ok)
-        if FUSED_REDUCE:
-            # Decode launch: the program that finishes this (request, KV head) last merges
-            # every split's partials (in split order: deterministic), then resets the counter
-            # (see octavo/kernels/split_k.py), instead of a second launch per layer.
-            tl.debug_barrier()  # every thread's partial is written before the ticket
-            cnt = cnt_ptr + b * tl.num_programs(1) + kv_head
-            ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
-            if ticket == num_splits - 1:
-                _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr, tok, head, row_ok, offs_d,
-                              d_ok, num_heads, num_splits, stride_ot, stride_oh,
-                              BLOCK_M, HEAD_DIM_P)
-                tl.atomic_xchg(cnt, 0)
     else:
         out = acc / l_i[:, None]
         o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
@@ -507,16 +460,13 @@ def paged_attention(
             part_ml = torch.empty((num_tokens, num_heads, splits, 2), **f32)
         else:
             part_acc = part_ml = out  # unused placeholders
-        fused = decode and splits > 1 and envs.attention_fused_split_reduce()
-        cnt = split_k_counters(q.device, grid0 * num_kv_heads) if fused else seq_lens
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
-            *args, part_acc, part_ml, cnt, qk_scale, num_seqs, *strides, num_heads, splits,
+            *args, part_acc, part_ml, qk_scale, num_seqs, *strides, num_heads, splits,
             DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT=splits > 1, FUSED_REDUCE=fused, **common, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            SPLIT=splits > 1, **common, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         splits_p = next_power_of_2(splits)
-        if splits > 1 and decode and not fused:
+        if splits > 1 and decode:
             _split_reduce_kernel[(num_seqs, num_heads)](
                 out, part_acc, part_ml, query_start_loc, num_heads, splits,
                 out.stride(0), out.stride(1),

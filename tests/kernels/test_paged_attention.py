@@ -108,30 +108,6 @@ def test_decode(max_query_len, num_splits, device):
     )
 
 
-@pytest.mark.parametrize("fused", ["1", "0"])
-def test_decode_split_merge_in_launch_or_second_kernel(fused, device, monkeypatch):
-    """The decode launch's splits merged by the last program of each (request, KV head)
-    (ticket counters, left zeroed for the next call and for CUDA-graph replays) or by the
-    second kernel: the same values, bit for bit, and equal to the reference; some splits of
-    the short request hold no key."""
-    from octavo.kernels import split_k
-
-    monkeypatch.setenv("OCTAVO_ATTENTION_FUSED_SPLIT_REDUCE", fused)
-    q, kc, vc, qsl, sl, bt = make_batch([1, 1, 1, 1], [45, 3, 64, 20], 6, 2, 32, 4,
-                                        torch.float32, device)
-    scale = 32**-0.5
-    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, scale)
-    first = paged_attention(q, kc, vc, qsl, sl, bt, scale, max_query_len=1, num_splits=5)
-    torch.testing.assert_close(first, ref, **TOL[torch.float32])
-    again = paged_attention(q, kc, vc, qsl, sl, bt, scale, max_query_len=1, num_splits=5)
-    assert torch.equal(first, again)
-    monkeypatch.setenv("OCTAVO_ATTENTION_FUSED_SPLIT_REDUCE", "1" if fused == "0" else "0")
-    other = paged_attention(q, kc, vc, qsl, sl, bt, scale, max_query_len=1, num_splits=5)
-    torch.testing.assert_close(other, first, atol=1e-6, rtol=1e-6)
-    counters = split_k._COUNTERS.get(q.device)
-    assert counters is None or int(counters.abs().sum()) == 0
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_k_mixed_batch(dtype, device):
     # Split-K applies to the decodes of a mixed batch; prefill chunks are never split.
