@@ -148,6 +148,8 @@ def main() -> None:
     wall, offline_cpu = time.perf_counter() - t0, _self_cpu_s() - c0
     num_out = sum(len(o.outputs[0].token_ids) for o in outs)
     offline = num_out / wall
+    # Compare with the engine process's own line ("step timings", logged at its shutdown).
+    print("offline step timings:", json.dumps(llm.llm_engine.timings.summary()))
     offline_cpu_per_1k = offline_cpu / (num_out / 1000)
     inf_run = next((r for r in runs if r["request_rate"] == "inf"), None)
     ratio = None if inf_run is None else inf_run["output_throughput"] / offline

@@ -116,6 +116,13 @@ def profile_dir() -> str:
     return os.environ.get("OCTAVO_PROFILE_DIR", ".")
 
 
+def log_step_timings() -> bool:
+    """OCTAVO_LOG_STEP_TIMINGS (default off): an engine process logs where its steps' time
+    went (scheduling, input preparation, execution, output processing) when it stops, with
+    the time its engine loop spent outside steps (benchmarks compare it with offline)."""
+    return _flag("OCTAVO_LOG_STEP_TIMINGS", False)
+
+
 def replica_direct_send() -> bool:
     """OCTAVO_REPLICA_DIRECT_SEND (default on): a process replica's engine thread pipes each
     step's outputs to the router itself; off, it hands them to the replica's sender thread

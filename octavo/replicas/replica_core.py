@@ -73,6 +73,7 @@ class ReplicaCore:
         # Set by a transport that can take a step's outputs on the engine thread (a process
         # replica's pipe); else they go through the outbox to its sender.
         self.direct_send: Callable[[list], None] | None = None
+        self._started = time.monotonic()
         self.outbox.put(("ready", {"pid": os.getpid()}))
 
     # ------------------------------------------------------------------ commands
@@ -188,4 +189,13 @@ class ReplicaCore:
         return batch
 
     def shutdown(self) -> None:
+        from octavo import envs
+
+        if envs.log_step_timings():
+            import json
+
+            summary = self.llm.engine.timings.summary()
+            summary["alive_s"] = time.monotonic() - self._started
+            summary["in_steps_s"] = self.llm.engine.timings.wall_s
+            logger.warning("replica %d step timings: %s", self.spec.index, json.dumps(summary))
         self.llm.shutdown()
