@@ -33,7 +33,8 @@ def engine_kwargs(folder: str, args) -> dict:
                 max_model_len=4096, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 enforce_eager=args.enforce_eager, gpu_memory_utilization=0.9,
-                tensor_parallel_size=args.tensor_parallel_size)
+                tensor_parallel_size=args.tensor_parallel_size,
+                kv_cache_dtype=args.kv_cache_dtype)
 
 
 def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> dict:
@@ -140,6 +141,8 @@ def main() -> None:
     ap.add_argument("--data-parallel-size", type=int, default=1,
                     help="N > 1: after the single engine, the same requests over N replicas "
                     "(LLM(data_parallel_size=N)) in the same call, and their ratio")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                    help="fp8: float8 KV blocks (half the bytes the decode attention reads)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
 
@@ -155,7 +158,9 @@ def main() -> None:
     bound = sum(max_tokens) / bound_s
     result = {"workload": f"{args.workload} offline-256 ({shape}, bf16, dummy weights)",
               "device": device_info(), "commit": git_commit(), "limits": source,
-              "bound_output_tok_s": bound, "date": time.strftime("%Y-%m-%d"), "runs": []}
+              "bound_output_tok_s": bound, "date": time.strftime("%Y-%m-%d"), "runs": [],
+              # (the bound counts bf16 KV bytes: an fp8 cache reads half of them)
+              "kv_cache_dtype": args.kv_cache_dtype}
     print(f"{result['workload']} on {source}; commit {result['commit']}")
     print(f"memory-bandwidth bound: {bound:,.0f} output tok/s")
     octavo = run_octavo(folder, prompts, max_tokens, args, args.executors.split(",")[0])

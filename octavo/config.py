@@ -40,6 +40,9 @@ class ModelConfig:
     max_logprobs: int = 20
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -50,8 +53,14 @@ class CacheConfig:
     # reserved only when preemption_mode="swap".
     swap_space: float = 4.0
     enable_prefix_caching: bool = True
+    # vLLM's kv_cache_dtype: "auto" (the model's dtype) or "fp8" / "fp8_e4m3" (float8 e4m3,
+    # unscaled as vLLM's default scales of 1.0: half the bytes per block, CUDA only).
+    cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {sorted(KV_CACHE_DTYPES)}, "
+                             f"got {self.cache_dtype!r}")
         if self.block_size < 1 or self.block_size > 256:
             raise ValueError(f"block_size must be in [1, 256], got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -38,6 +38,7 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None
     kv_cache_memory: int | None = None
     swap_space: float = 4.0  # GiB of CPU swap space, used when preemption_mode="swap"
+    kv_cache_dtype: str = "auto"  # "fp8" / "fp8_e4m3": float8 KV blocks (CUDA)
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     quantization: str | None = None
@@ -84,6 +85,7 @@ class EngineArgs:
             kv_cache_memory=self.kv_cache_memory,
             swap_space=self.swap_space,
             enable_prefix_caching=self.enable_prefix_caching,
+            cache_dtype=self.kv_cache_dtype,
         )
         max_batched = self.max_num_batched_tokens
         if max_batched is None:
@@ -116,6 +118,11 @@ class EngineArgs:
 
         parallel = ParallelConfig(self.tensor_parallel_size, self.distributed_executor_backend)
         check_tensor_parallel(model_config.hf_config, self.tensor_parallel_size, device.type)
+        if cache.cache_dtype != "auto" and (device.type != "cuda"
+                                            or self.attention_backend == "torch"):
+            raise ValueError(f"kv_cache_dtype={cache.cache_dtype!r} needs a CUDA device and the "
+                             f"Triton attention backend (device {device.type!r}, "
+                             f"attention_backend {self.attention_backend!r})")
         if self.tensor_parallel_size > 1 and quantization == "gguf":
             raise ValueError("quantization='gguf' keeps GGUF blocks whole and cannot be split "
                              "over tensor_parallel_size > 1 yet; pass dtype= to dequantize")

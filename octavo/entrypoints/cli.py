@@ -28,6 +28,8 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                   help="KV cache blocks in the model's dtype (auto) or float8 e4m3 (CUDA)")
     p.add_argument("--swap-space", type=float, default=4.0,
                    help="GiB of CPU memory for swapped KV blocks (with --preemption-mode swap)")
 
@@ -49,7 +51,8 @@ def _make_llm(args):
                max_model_len=args.max_model_len, block_size=args.block_size,
                max_num_seqs=args.max_num_seqs, device=args.device,
                enforce_eager=args.enforce_eager, preemption_mode=args.preemption_mode,
-               swap_space=args.swap_space, quantization=args.quantization,
+               swap_space=args.swap_space, kv_cache_dtype=args.kv_cache_dtype,
+               quantization=args.quantization,
                gguf_dequantize=args.gguf_dequantize,
                distributed_executor_backend=args.distributed_executor_backend,
                tensor_parallel_size=args.tensor_parallel_size)

@@ -53,6 +53,8 @@ from octavo.kernels.triton_utils import (
 )
 
 _LOG2E = 1.4426950408889634
+# Cache dtypes besides q's own (kv_cache_dtype="fp8").
+FP8_KV = (torch.float8_e4m3fn,)
 # Running max starts finite so fully masked tiles never produce (-inf) - (-inf) = NaN.
 _NEG_BIG = -1.0e30
 
@@ -87,8 +89,11 @@ def _attn_kv_loop(
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    COMPUTE_DT: tl.constexpr,
 ):
-    """Accumulate keys ``[lo, hi)`` (lo a multiple of BLOCK_N) into (acc, m_i, l_i).
+    """Accumulate keys ``[lo, hi)`` (lo a multiple of BLOCK_N) into (acc, m_i, l_i). K/V
+    tiles are converted to ``COMPUTE_DT`` (q's dtype) as loaded: a float8 cache is read at
+    half the bytes and computed like the model's dtype.
 
     With ``CAUSAL=False`` the caller guarantees every key of every tile is visible to every row
     and ``hi - lo`` is a multiple of BLOCK_N, so nothing is masked.
@@ -113,6 +118,7 @@ def _attn_kv_loop(
             k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
         else:
             k = tl.load(k_ptrs)
+        k = k.to(COMPUTE_DT)
         if UPCAST_DOT:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
@@ -129,6 +135,7 @@ def _attn_kv_loop(
             v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
         else:
             v = tl.load(v_ptrs)
+        v = v.to(COMPUTE_DT)
         if UPCAST_DOT:
             # Same rounding of p as the low-precision MMA, but an fp32 dot.
             pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
@@ -262,11 +269,13 @@ def _paged_attention_kernel(
         acc, m_i, l_i, q, k_base, v_base, bt_row, lo, mid, pos,
         stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False, DOT_PRECISION, UPCAST_DOT,
+        q_ptr.dtype.element_ty,
     )  # fmt: skip
     acc, m_i, l_i = _attn_kv_loop(
         acc, m_i, l_i, q, k_base, v_base, bt_row, mid, hi, pos,
         stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, DOT_PRECISION, UPCAST_DOT,
+        q_ptr.dtype.element_ty,
     )  # fmt: skip
 
     if SPLIT:
@@ -412,7 +421,8 @@ def paged_attention(
     num_blocks, block_size, num_kv_heads, head_dim_c = key_cache.shape
     assert head_dim_c == head_dim and value_cache.shape == key_cache.shape
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
-    assert key_cache.dtype == q.dtype and value_cache.dtype == q.dtype
+    assert value_cache.dtype == key_cache.dtype and key_cache.dtype in (q.dtype, *FP8_KV), (
+        key_cache.dtype, q.dtype)
     assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1
     num_seqs = seq_lens.shape[0]
     assert query_start_loc.shape[0] == num_seqs + 1 and block_tables.shape[0] == num_seqs

@@ -53,6 +53,9 @@ class ModelRunner:
         self.device = device
         mc = config.model_config
         self.dtype = TORCH_DTYPES[mc.dtype]
+        # The KV blocks' dtype: the model's, or float8 e4m3 (kv_cache_dtype="fp8").
+        self.kv_dtype = (self.dtype if config.cache_config.cache_dtype == "auto"
+                         else torch.float8_e4m3fn)
         self.block_size = config.cache_config.block_size
         hf = mc.hf_config
         self.num_layers = hf.num_hidden_layers
@@ -107,12 +110,12 @@ class ModelRunner:
 
     def bytes_per_block(self) -> int:
         return kv_bytes_per_block(self.num_layers, self.block_size, self.num_kv_heads,
-                                  self.head_dim, self.dtype)
+                                  self.head_dim, self.kv_dtype)
 
     def init_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = allocate_kv_caches(self.backend, self.num_layers, num_blocks,
                                             self.block_size, self.num_kv_heads, self.head_dim,
-                                            self.dtype, self.device)
+                                            self.kv_dtype, self.device)
         self.num_blocks = num_blocks
 
     @torch.inference_mode()
@@ -457,6 +460,8 @@ class ModelRunner:
         src = torch.tensor([s for s, _ in copies], device=self.device)
         dst = torch.tensor([d for _, d in copies], device=self.device)
         for cache in self.kv_caches:
+            if cache.element_size() == 1:  # float8 blocks: copied as bytes
+                cache = cache.view(torch.uint8)
             cache[:, dst] = cache[:, src]
 
     def _sampling_metadata(self, states: list[CachedRequestState],

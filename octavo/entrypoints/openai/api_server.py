@@ -221,6 +221,9 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
                    help="swap: preempted requests keep their KV in CPU swap space")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                   help="KV cache blocks in the model's dtype (auto) or float8 e4m3 (half the "
+                   "memory per token; CUDA)")
     p.add_argument("--swap-space", type=float, default=4.0,
                    help="GiB of CPU memory for swapped KV blocks (with --preemption-mode swap)")
     p.add_argument("--metrics-port", type=int, default=None,
@@ -339,7 +342,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         enable_prefix_caching=args.enable_prefix_caching is not False,
         scheduling_policy=args.scheduling_policy,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-        enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
+        kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
         max_logprobs=args.max_logprobs, max_n=args.max_n, load_format=args.load_format,
         quantization=args.quantization, tensor_parallel_size=args.tensor_parallel_size,
         distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
