@@ -63,10 +63,16 @@ def server_command(engine: str, folder: str, port: int, args) -> list[str]:
                 "--max-num-batched-tokens", "16384", "--disable-log-stats",
                 *shlex.split(args.octavo_args)]
     if engine == "transformers":
+        extra = shlex.split(args.transformers_args)
+        if args.device == "cpu" and "--cb-num-blocks" not in extra:
+            # On a CPU its cache and batch are sized from the host's memory (20 GB for a
+            # 1-layer toy model, killed by the OOM killer here): a test's, 512 x 16 tokens.
+            extra += ["--cb-num-blocks", "512", "--cb-block-size", "16",
+                      "--cb-max-batch-tokens", "1024"]
         return [sys.executable, "-m", "transformers.cli.transformers", "serve", folder,
                 "--continuous-batching", "--host", "127.0.0.1", "--port", str(port),
                 "--dtype", args.dtype, "--device", args.device, "--log-level", "warning",
-                *shlex.split(args.transformers_args)]
+                *extra]
     raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
 
 
