@@ -81,11 +81,21 @@ def server_command(engine: str, folder: str, port: int, args) -> list[str]:
 EXTRA_BODY = {"octavo": None, "transformers": {}}
 
 
-def requests_at(rate: float, args) -> int:
-    """How many of the prompts a run at ``rate`` sends."""
+def requests_at(rate: float, args, engine: str = "") -> int:
+    """How many of the prompts a run of ``engine`` at ``rate`` sends: the first n of one
+    list, so an engine given fewer gets a prefix of the others' requests."""
+    n = dict(args.engine_num_prompts).get(engine, args.num_prompts)
     if math.isinf(rate) or args.seconds_per_rate is None:
-        return args.num_prompts
-    return max(1, min(args.num_prompts, math.ceil(rate * args.seconds_per_rate)))
+        return n
+    return max(1, min(n, math.ceil(rate * args.seconds_per_rate)))
+
+
+def _engine_count(text: str) -> tuple[str, int]:
+    engine, _, n = text.partition("=")
+    if engine not in ENGINES or not n.isdigit() or int(n) < 1:
+        raise argparse.ArgumentTypeError(f"expected ENGINE=N with ENGINE in {ENGINES}, "
+                                         f"N >= 1; got {text!r}")
+    return engine, int(n)
 
 
 def _server_cpu(pid: int) -> float | None:
@@ -136,7 +146,7 @@ def bench_engine(engine: str, folder: str, prompts: list[str], args, log_path: s
             if warm["failed"]:
                 raise RuntimeError(f"{engine} warm-up failed: {warm['errors']}")
         for rate in args.rates:
-            n = requests_at(rate, args)
+            n = requests_at(rate, args, engine)
             cpu0 = _server_cpu(proc.pid)
             run = serving.run_rate(base, folder, prompts[:n], args.output_len, rate, None,
                                    args.seed, args.client_processes, extra_body=extra,
@@ -164,13 +174,14 @@ def bench_engine(engine: str, folder: str, prompts: list[str], args, log_path: s
     return out
 
 
-def offline_in_child(folder: str, prompts: list[list[int]], args) -> dict[str, Any]:
-    """run_offline in a process of its own: the device memory goes back when it ends."""
+def in_child(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a process of its own: what it holds on the device (a CUDA
+    context, cached allocator blocks, an engine) goes back when it ends, before the next
+    server starts."""
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(run_offline, (folder, prompts, args.output_len, args.dtype),
-                          {"max_num_seqs": args.max_num_seqs})
+        return pool.apply(fn, args, kwargs)
 
 
 def _rate_label(rate: float | str) -> str:
@@ -203,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     ap.add_argument("--rates", type=float, nargs="+", default=[4.0, 16.0, 64.0, math.inf])
     ap.add_argument("--num-prompts", type=int, default=200)
+    ap.add_argument("--engine-num-prompts", type=_engine_count, nargs="*", default=[],
+                    metavar="ENGINE=N", help="fewer requests for a slow engine (the first N "
+                    "of the same list), e.g. transformers=100")
     ap.add_argument("--seconds-per-rate", type=float, default=None,
                     help="at a finite rate send min(num-prompts, rate x this) requests")
     ap.add_argument("--time-limit-per-rate", type=float, default=None,
@@ -234,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
     vocab = SHAPES[args.shape]["vocab_size"]
     t0 = time.perf_counter()
-    folder = args.checkpoint or write_checkpoint(args.shape, args.dtype)
+    folder = args.checkpoint or in_child(write_checkpoint, args.shape, args.dtype)
     print(f"checkpoint {folder} ({time.perf_counter() - t0:.1f} s)", flush=True)
     ids = serving.make_prompts(args.num_prompts, args.input_len, min(vocab, 10000), args.seed)
     prompts = [ids_to_text(p) for p in ids]
@@ -243,23 +257,26 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "benchmark": "W3 serving with peers", "shape": args.shape, "dtype": args.dtype,
         "input_len": args.input_len, "output_len": args.output_len,
-        "num_prompts": args.num_prompts, "seconds_per_rate": args.seconds_per_rate,
+        "num_prompts": args.num_prompts,
+        "engine_num_prompts": dict(args.engine_num_prompts), "seconds_per_rate": args.seconds_per_rate,
         "time_limit_per_rate": args.time_limit_per_rate,
         "rates": ["inf" if math.isinf(r) else r for r in args.rates],
-        "device": device_info(), "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
+        "device": in_child(device_info), "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
         "engines": {}, "offline": None, "server_inf_vs_offline": None,
         "plot": os.path.basename(stem + ".svg")}
     for engine in args.engines:
         result["engines"][engine] = bench_engine(engine, folder, prompts, args,
                                                  f"{stem}.{engine}.log")
         if engine == "octavo" and not args.no_offline and math.inf in args.rates:
-            result["offline"] = offline_in_child(folder, ids, args)
+            same = ids[:requests_at(math.inf, args, engine)]  # the rate-inf run's requests
+            result["offline"] = in_child(run_offline, folder, same, args.output_len,
+                                         args.dtype, max_num_seqs=args.max_num_seqs)
             inf = next((r for r in result["engines"]["octavo"]["runs"]
                         if r["request_rate"] == "inf"), None)
             if inf is not None:
                 result["server_inf_vs_offline"] = (inf["output_throughput"]
                                                    / result["offline"]["output_tok_s"])
-            print(f"offline LLM.generate on the same {args.num_prompts} requests: "
+            print(f"offline LLM.generate on the same {len(same)} requests: "
                   f"{result['offline']['output_tok_s']:,.0f} output tok/s; server at rate "
                   f"inf: {result['server_inf_vs_offline'] or float('nan'):.1%} of it",
                   flush=True)

@@ -33,12 +33,15 @@ def test_requests_per_rate():
 
     class Args:
         num_prompts, seconds_per_rate = 100, 10.0
+        engine_num_prompts = [("transformers", 30)]
 
-    assert requests_at(4.0, Args) == 40
-    assert requests_at(64.0, Args) == 100
-    assert requests_at(math.inf, Args) == 100
+    assert requests_at(4.0, Args, "octavo") == 40
+    assert requests_at(64.0, Args, "octavo") == 100
+    assert requests_at(math.inf, Args, "octavo") == 100
+    assert requests_at(math.inf, Args, "transformers") == 30
+    assert requests_at(2.0, Args, "transformers") == 20
     Args.seconds_per_rate = None
-    assert requests_at(4.0, Args) == 100
+    assert requests_at(4.0, Args, "octavo") == 100
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +104,6 @@ def test_transformers_server_end_to_end(checkpoint, tmp_path):
 
     if not is_serve_available():
         pytest.skip("transformers serve needs fastapi, uvicorn, pydantic and openai")
-    result = _run(checkpoint, tmp_path, "transformers")
+    result = _run(checkpoint, tmp_path, "transformers", "--engine-num-prompts", "octavo=6")
     assert result["offline"] is None  # Octavo's alone
     assert "--continuous-batching" in result["engines"]["transformers"]["command"]
