@@ -30,6 +30,7 @@ import argparse
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -236,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", default=None,
                     help="a folder from an earlier run (random_checkpoint.write_checkpoint) "
                     "instead of writing one")
+    ap.add_argument("--keep-checkpoint", action="store_true",
+                    help="keep the checkpoint this run wrote (default: removed at the end)")
     ap.add_argument("--octavo-args", default="", help="more `octavo serve` flags, one string")
     ap.add_argument("--transformers-args", default="",
                     help="more `transformers serve` flags, one string")
@@ -283,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         plot(result, stem + ".svg")
         print_json_result(result, args.json)
     summary(result)
+    if args.checkpoint is None and not args.keep_checkpoint:
+        shutil.rmtree(folder, ignore_errors=True)  # an 8B one is 16 GB of the disk
     ok = all("error" not in e and all(r["failed"] == 0 for r in e["runs"])
              for e in result["engines"].values())
     return 0 if ok else 1

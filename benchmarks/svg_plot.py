@@ -16,7 +16,7 @@ MARGIN_L, MARGIN_R, MARGIN_T, MARGIN_B = 70, 20, 40, 50
 @dataclass
 class Series:
     name: str
-    points: list[tuple[float, float, str]]  # (x, y, label)
+    points: list[tuple[float, float, str]]  # (x, y, label), joined in this order
 
 
 @dataclass
@@ -87,7 +87,8 @@ def _panel(p: Panel, ox: float, oy: float) -> list[str]:
                f'text-anchor="middle" font-size="12">{escape(p.y_label)}</text>')
     for i, s in enumerate(p.series):
         color = COLORS[i % len(COLORS)]
-        good = sorted((x, y, lab) for x, y, lab in s.points if x > 0 and y > 0)
+        # In the given order (rising request rate): past saturation throughput can fall back.
+        good = [(x, y, lab) for x, y, lab in s.points if x > 0 and y > 0]
         if len(good) > 1:
             path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y, _ in good)
             out.append(f'<polyline points="{path}" fill="none" stroke="{color}" '
