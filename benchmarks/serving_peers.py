@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         result["engines"][engine] = bench_engine(engine, folder, prompts, args,
                                                  f"{stem}.{engine}.log")
         if engine == "octavo" and not args.no_offline and math.inf in args.rates:
-            same = ids[:requests_at(math.inf, args, engine)]  # the rate-inf run's requests
+            # The rate-inf run's requests, as text: offline tokenizes them too.
+            same = prompts[:requests_at(math.inf, args, engine)]
             result["offline"] = in_child(run_offline, folder, same, args.output_len,
                                          args.dtype, max_num_seqs=args.max_num_seqs)
             inf = next((r for r in result["engines"]["octavo"]["runs"]

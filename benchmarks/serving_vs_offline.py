@@ -151,25 +151,26 @@ def main() -> None:
                       args.json)
 
 
-def run_offline(folder: str, prompts: list[list[int]], output_len: int, dtype: str,
-                load_format: str = "auto", max_num_seqs: int = 256,
+def run_offline(folder: str, prompts: list[list[int]] | list[str], output_len: int,
+                dtype: str, load_format: str = "auto", max_num_seqs: int = 256,
                 skip_tokenizer: bool = False) -> dict:
     """The same requests through the offline ``LLM.generate`` (greedy, EOS ignored, the
-    server's engine limits): output tok/s and CPU seconds per 1,000 output tokens."""
+    server's engine limits): output tok/s and CPU seconds per 1,000 output tokens.
+    ``prompts``: token ids, or text that the timed call tokenizes as a server does."""
     from octavo import LLM, SamplingParams
 
     llm = LLM(model=folder, load_format=load_format, dtype=dtype,
               skip_tokenizer_init=skip_tokenizer, max_model_len=2048,
               max_num_seqs=max_num_seqs, max_num_batched_tokens=16384)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
-    llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4),
-                 use_tqdm=False)
+    inputs = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts]
+    llm.generate(inputs[:1], SamplingParams(max_tokens=4), use_tqdm=False)
     import torch
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
     t0, c0 = time.perf_counter(), _self_cpu_s()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    outs = llm.generate(inputs, params, use_tqdm=False)
     sync()
     wall, cpu = time.perf_counter() - t0, _self_cpu_s() - c0
     num_out = sum(len(o.outputs[0].token_ids) for o in outs)

@@ -46,9 +46,31 @@ def test_requests_per_rate():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from benchmarks.random_checkpoint import write_checkpoint
+    """Written in shards (as the 8B shape's 16 GB are): the embedding in one, the rest in
+    another."""
+    from benchmarks import random_checkpoint
 
-    return write_checkpoint("tiny-qwen3", "float32", str(tmp_path_factory.mktemp("ckpt")))
+    saved = random_checkpoint.MAX_SHARD_BYTES
+    random_checkpoint.MAX_SHARD_BYTES = 1_000_000
+    try:
+        return random_checkpoint.write_checkpoint("tiny-qwen3", "float32",
+                                                  str(tmp_path_factory.mktemp("ckpt")))
+    finally:
+        random_checkpoint.MAX_SHARD_BYTES = saved
+
+
+def test_sharded_checkpoint_loads_whole_in_transformers(checkpoint):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with open(os.path.join(checkpoint, "model.safetensors.index.json")) as f:
+        assert len(set(json.load(f)["weight_map"].values())) == 2
+    model, info = AutoModelForCausalLM.from_pretrained(checkpoint, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, saved once
+    norm = model.model.layers[0].input_layernorm.weight
+    assert torch.equal(norm, torch.ones_like(norm))
+    assert 0.015 < model.model.embed_tokens.weight.std().item() < 0.025
 
 
 def test_word_tokenizer_maps_ids_to_text_and_back(checkpoint):
