@@ -27,6 +27,7 @@ Engines: ``octavo`` (``octavo serve``) and ``transformers`` (``transformers serv
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shlex
@@ -284,9 +285,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result['offline']['output_tok_s']:,.0f} output tok/s; server at rate "
                   f"inf: {result['server_inf_vs_offline'] or float('nan'):.1%} of it",
                   flush=True)
-        plot(result, stem + ".svg")
-        print_json_result(result, args.json)
-    summary(result)
+        plot(result, stem + ".svg")  # after each engine: a later failure keeps these
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+    print_json_result(result, args.json)
+    summary(result)  # last: the end of the output is what a remote call shows
     if args.checkpoint is None and not args.keep_checkpoint:
         shutil.rmtree(folder, ignore_errors=True)  # an 8B one is 16 GB of the disk
     ok = all("error" not in e and all(r["failed"] == 0 for r in e["runs"])
