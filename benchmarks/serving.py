@@ -27,7 +27,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+try:
+    import httpx
+except ImportError:  # this CI machine ships the client under its new name
+    import httpx2 as httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,6 +44,7 @@ class RequestResult:
     ttft: float = 0.0
     latency: float = 0.0
     output_tokens: int = 0
+    prompt_tokens: int = 0
     itl: list[float] = field(default_factory=list)
 
 
@@ -49,10 +53,18 @@ def make_prompts(num: int, input_len: int, vocab: int, seed: int) -> list[list[i
     return [[rng.randrange(vocab) for _ in range(input_len)] for _ in range(num)]
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
-                      output_len: int) -> RequestResult:
+# Body fields past the OpenAI schema. vLLM's ``ignore_eos`` makes every request produce
+# max_tokens; a server that refuses unknown fields (transformers serve) gets {} and a model
+# without an EOS id instead.
+IGNORE_EOS = {"ignore_eos": True}
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str,
+                      prompt: list[int] | str, output_len: int,
+                      extra_body: dict | None = None) -> RequestResult:
     body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            **(IGNORE_EOS if extra_body is None else extra_body),
+            "stream": True, "stream_options": {"include_usage": True}}
     res = RequestResult()
     start = time.perf_counter()
     last = start
@@ -71,15 +83,17 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
                 if "error" in chunk:
                     res.error = str(chunk["error"])
                     return res
-                if chunk.get("choices"):
+                usage = chunk.get("usage")
+                if usage:  # the closing chunk, which some servers give a choice without a token
+                    res.output_tokens = usage["completion_tokens"]
+                    res.prompt_tokens = usage.get("prompt_tokens") or 0
+                elif chunk.get("choices"):
                     now = time.perf_counter()
                     if res.ttft == 0.0:
                         res.ttft = now - start
                     else:
                         res.itl.append(now - last)
                     last = now
-                elif chunk.get("usage"):
-                    res.output_tokens = chunk["usage"]["completion_tokens"]
         res.latency = time.perf_counter() - start
         res.ok = res.ttft > 0.0
         if not res.ok:
@@ -101,29 +115,48 @@ def _stats(values: list[float], scale: float = 1000.0) -> dict[str, float]:
             "median": statistics.median(values) * scale, "p99": p99 * scale}
 
 
-async def _send_all(base_url: str, model: str, prompts: list[list[int]], output_len: int,
-                    rate: float, max_concurrency: int | None, seed: int
+CUT = "cut at the time limit"
+
+
+async def _send_all(base_url: str, model: str, prompts: list[list[int]] | list[str],
+                    output_len: int, rate: float, max_concurrency: int | None, seed: int,
+                    extra_body: dict | None = None, time_limit_s: float | None = None
                     ) -> tuple[list[RequestResult], float, float]:
-    """(results, first send, last answer) in time.monotonic() seconds."""
+    """(results, first send, last answer) in time.monotonic() seconds. Past ``time_limit_s``
+    no request is sent and those in flight are dropped: their results say ``CUT``."""
     url = base_url.rstrip("/") + "/v1/completions"
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     rng = random.Random(seed)
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
-        async def limited(prompt: list[int]) -> RequestResult:
+        async def limited(prompt: list[int] | str) -> RequestResult:
             if sem is None:
-                return await one_request(client, url, model, prompt, output_len)
+                return await one_request(client, url, model, prompt, output_len, extra_body)
             async with sem:
-                return await one_request(client, url, model, prompt, output_len)
+                return await one_request(client, url, model, prompt, output_len, extra_body)
 
         tasks = []
         start = time.monotonic()
+        deadline = math.inf if time_limit_s is None else start + time_limit_s
         for i, prompt in enumerate(prompts):
+            if time.monotonic() >= deadline:
+                break
             tasks.append(asyncio.create_task(limited(prompt)))
             if math.isfinite(rate) and i + 1 < len(prompts):
                 await asyncio.sleep(rng.expovariate(rate))
-        results = await asyncio.gather(*tasks)
+        if tasks:
+            timeout = None if time_limit_s is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait(tasks, timeout=timeout)
         end = time.monotonic()
+        results = []
+        for task in tasks:
+            if task.done():
+                results.append(task.result())
+            else:
+                task.cancel()
+                results.append(RequestResult(error=CUT))
+        results += [RequestResult(error=CUT) for _ in range(len(prompts) - len(tasks))]
+        await asyncio.gather(*tasks, return_exceptions=True)
     return results, start, end
 
 
@@ -142,25 +175,29 @@ def _client_process(args: tuple) -> tuple[list[RequestResult], float, float, flo
     return results, start, end, cpu() - cpu0
 
 
-def run_rate(base_url: str, model: str, prompts: list[list[int]], output_len: int,
-             rate: float, max_concurrency: int | None, seed: int,
-             client_processes: int = 1) -> dict[str, Any]:
+def run_rate(base_url: str, model: str, prompts: list[list[int]] | list[str],
+             output_len: int, rate: float, max_concurrency: int | None, seed: int,
+             client_processes: int = 1, extra_body: dict | None = None,
+             time_limit_s: float | None = None) -> dict[str, Any]:
     """One run at ``rate``. ``client_processes`` > 1 splits the requests over that many
     processes (each a share of the rate and of the concurrency, ``prompts[i::n]``): one
     Python client parsing every streamed event of a fast server can use a whole core and
-    become the limit it measures."""
+    become the limit it measures. ``prompts``: token ids or text; ``extra_body``: see
+    ``one_request``; ``time_limit_s``: a cap on the run, the requests it cuts are counted
+    apart (``cut``), not as failures."""
     n = max(1, min(client_processes, len(prompts)))
     client_cpu = None
     if n == 1:
         results, start, end = asyncio.run(_send_all(base_url, model, prompts, output_len, rate,
-                                                    max_concurrency, seed))
+                                                    max_concurrency, seed, extra_body,
+                                                    time_limit_s))
     else:
         import multiprocessing
 
         share = None if max_concurrency is None else max(1, max_concurrency // n)
         start_at = time.monotonic() + 1.0
         jobs = [(start_at, base_url, model, prompts[i::n], output_len, rate / n, share,
-                 seed + i) for i in range(n)]
+                 seed + i, extra_body, time_limit_s) for i in range(n)]
         with multiprocessing.get_context("spawn").Pool(n) as pool:
             parts = pool.map(_client_process, jobs)
         by_proc = [p[0] for p in parts]
@@ -169,6 +206,7 @@ def run_rate(base_url: str, model: str, prompts: list[list[int]], output_len: in
         client_cpu = sum(p[3] for p in parts)
     duration = end - start
     done = [r for r in results if r.ok]
+    cut = sum(r.error == CUT for r in results)
     total_out = sum(r.output_tokens for r in done)
     tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     return {
@@ -177,10 +215,12 @@ def run_rate(base_url: str, model: str, prompts: list[list[int]], output_len: in
         "client_processes": n,
         # CPU seconds of the client processes (None: the client is the calling process).
         "client_cpu_s": client_cpu,
-        "completed": len(done), "failed": len(results) - len(done),
-        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "completed": len(done), "failed": len(results) - len(done) - cut, "cut": cut,
+        "errors": sorted({r.error for r in results if not r.ok and r.error != CUT})[:5],
         "duration_s": duration,
-        "total_input_tokens": sum(len(p) for p, r in zip(prompts, results) if r.ok),
+        # The server's count where it gives one (a text prompt's length is its tokenizer's).
+        "total_input_tokens": sum(r.prompt_tokens or len(p)
+                                  for p, r in zip(prompts, results) if r.ok),
         "total_output_tokens": total_out,
         "request_throughput": len(done) / duration,
         "output_throughput": total_out / duration,
@@ -193,7 +233,9 @@ def run_rate(base_url: str, model: str, prompts: list[list[int]], output_len: in
 
 def print_table(r: dict[str, Any]) -> None:
     print(f"---- request rate {r['request_rate']} (max concurrency {r['max_concurrency']}) ----")
-    print(f"completed {r['completed']}, failed {r['failed']}, duration {r['duration_s']:.2f} s")
+    cut = f" (cut at the time limit: {r['cut']})" if r.get("cut") else ""
+    print(f"completed {r['completed']}, failed {r['failed']}{cut}, "
+          f"duration {r['duration_s']:.2f} s")
     if r["errors"]:
         print(f"errors: {r['errors']}")
     print(f"request throughput {r['request_throughput']:.3f} req/s, "

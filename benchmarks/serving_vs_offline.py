@@ -129,28 +129,11 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
 
-    from octavo import LLM, SamplingParams
-
-    llm = LLM(model=folder, load_format="dummy", dtype=args.dtype,
-              skip_tokenizer_init=args.offline_skip_tokenizer,
-              max_model_len=2048, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=16384)
     prompts = serving.make_prompts(args.num_prompts, args.input_len, 10000, 0)
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
-    llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4),
-                 use_tqdm=False)
-    import torch
-
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    sync()
-    t0, c0 = time.perf_counter(), _self_cpu_s()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    sync()
-    wall, offline_cpu = time.perf_counter() - t0, _self_cpu_s() - c0
-    num_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    offline = num_out / wall
-    # Compare with the engine process's own line ("step timings", logged at its shutdown).
-    print("offline step timings:", json.dumps(llm.llm_engine.timings.summary()))
-    offline_cpu_per_1k = offline_cpu / (num_out / 1000)
+    off = run_offline(folder, prompts, args.output_len, dtype=args.dtype, load_format="dummy",
+                      max_num_seqs=args.max_num_seqs,
+                      skip_tokenizer=args.offline_skip_tokenizer)
+    offline, offline_cpu_per_1k = off["output_tok_s"], off["cpu_s_per_1k_tokens"]
     inf_run = next((r for r in runs if r["request_rate"] == "inf"), None)
     ratio = None if inf_run is None else inf_run["output_throughput"] / offline
     served = "n/a" if inf_run is None else f"{inf_run['output_throughput']:,.0f}"
@@ -158,7 +141,7 @@ def main() -> None:
     print(f"offline LLM.generate on the same {args.num_prompts} requests: {offline:,.0f} "
           f"output tok/s; server at rate inf: {served} tok/s ({share} of offline)")
     print(f"offline CPU per 1,000 output tokens: {offline_cpu_per_1k:.3f} s "
-          f"({offline_cpu / wall:.2f} cores); load average {os.getloadavg()}")
+          f"({off['cpu_cores']:.2f} cores); load average {os.getloadavg()}")
     print_json_result({"benchmark": "W3", "shape": args.shape, "executor": args.executor,
                        "offline_detokenizes": not args.offline_skip_tokenizer,
                        "server_args": args.server_args, "device": device_info(),
@@ -166,6 +149,38 @@ def main() -> None:
                        "offline_cpu_s_per_1k_tokens": offline_cpu_per_1k,
                        "server_inf_vs_offline": ratio, "load_average": os.getloadavg()},
                       args.json)
+
+
+def run_offline(folder: str, prompts: list[list[int]] | list[str], output_len: int,
+                dtype: str, load_format: str = "auto", max_num_seqs: int = 256,
+                skip_tokenizer: bool = False) -> dict:
+    """The same requests through the offline ``LLM.generate`` (greedy, EOS ignored, the
+    server's engine limits): output tok/s and CPU seconds per 1,000 output tokens.
+    ``prompts``: token ids, or text that the timed call tokenizes as a server does."""
+    from octavo import LLM, SamplingParams
+
+    llm = LLM(model=folder, load_format=load_format, dtype=dtype,
+              skip_tokenizer_init=skip_tokenizer, max_model_len=2048,
+              max_num_seqs=max_num_seqs, max_num_batched_tokens=16384)
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len)
+    inputs = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts]
+    llm.generate(inputs[:1], SamplingParams(max_tokens=4), use_tqdm=False)
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t0, c0 = time.perf_counter(), _self_cpu_s()
+    outs = llm.generate(inputs, params, use_tqdm=False)
+    sync()
+    wall, cpu = time.perf_counter() - t0, _self_cpu_s() - c0
+    num_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    # Compare with an engine process's own line ("step timings", logged at its shutdown
+    # under OCTAVO_LOG_STEP_TIMINGS=1).
+    timings = llm.llm_engine.timings.summary()
+    print("offline step timings:", json.dumps(timings))
+    return {"requests": len(prompts), "output_tokens": num_out, "wall_s": wall,
+            "output_tok_s": num_out / wall, "cpu_s_per_1k_tokens": cpu / (num_out / 1000),
+            "cpu_cores": cpu / wall, "step_timings": timings}
 
 
 def _self_cpu_s() -> float:
