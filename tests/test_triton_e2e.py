@@ -82,17 +82,22 @@ def test_bf16_logprobs_close(llama):
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_fp8_kv_cache_close_to_bf16(family, request):
-    """kv_cache_dtype="fp8": twice the KV blocks in the same memory, and greedy tokens that
-    mostly follow the bf16 cache's (float8 K/V round differently: a near-tie may flip)."""
+    """kv_cache_dtype="fp8": float8 KV blocks, and the first token's distribution close to the
+    bf16 cache's (a random tiny model's logits are near-ties everywhere, so later greedy
+    tokens may go their own way: the first position is compared, token by token)."""
     folder = request.getfixturevalue(family)
-    ref = _generate(folder, "triton", "bfloat16", gpu_memory_utilization=0.3)
+    ref = _generate(folder, "triton", "bfloat16", logprobs=20, gpu_memory_utilization=0.3)
     llm = LLM(model=folder, dtype="bfloat16", skip_tokenizer_init=True,
               kv_cache_dtype="fp8", gpu_memory_utilization=0.3)
-    runner = llm.llm_engine.executor.worker.runner
-    assert runner.kv_caches[0].dtype == torch.float8_e4m3fn
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    assert llm.llm_engine.executor.worker.runner.kv_caches[0].dtype == torch.float8_e4m3fn
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
+                            logprobs=20)
     outs = llm.generate([{"prompt_token_ids": p} for p in _prompts()], params, use_tqdm=False)
-    got = [list(o.outputs[0].token_ids) for o in outs]
-    same = sum(a == b for (a, _), b in zip(ref, got))
-    first = sum(a[:4] == b[:4] for (a, _), b in zip(ref, got))
-    assert first >= len(LENGTHS) - 1 and same >= len(LENGTHS) // 2, (same, first)
+    same_first = 0
+    for (ref_toks, ref_lps), out in zip(ref, outs):
+        first, lps = ref_toks[0], out.outputs[0].logprobs[0]
+        assert first in lps, (first, sorted(lps))
+        assert abs(lps[first].logprob - ref_lps[0][first].logprob) < 0.1
+        same_first += out.outputs[0].token_ids[0] == first
+        assert len(out.outputs[0].token_ids) == NEW_TOKENS
+    assert same_first >= len(LENGTHS) - 2
