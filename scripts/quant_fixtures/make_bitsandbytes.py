@@ -18,6 +18,9 @@ embeddings, all with GQA) it writes under tests/fixtures/bitsandbytes/:
 - ``bnb_direct.safetensors``: bitsandbytes' quantizers applied directly to two Llama weights
   (int8 + SCB; NF4, NF4 double-quantized, FP4 packed weights and absmax), what quantizing at
   load must reproduce;
+- ``bnb_module_float32.safetensors``: a float32 weight and the int8 + SCB bitsandbytes'
+  ``Linear8bitLt`` quantizes it to at load (it casts to float16 first); alone with
+  ``--module-float32-only``;
 - ``reference.json``: per variant, transformers' greedy tokens and their logprobs (float32
   compute) from the model quantized at load ("online"), from the saved checkpoint reloaded
   ("saved"), and from the online model with every bitsandbytes layer replaced by a float
@@ -145,6 +148,22 @@ def direct_quantization(src: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def module_quantization_float32() -> dict[str, torch.Tensor]:
+    """A float32 weight (values not representable in float16) and the int8 + SCB a
+    ``Linear8bitLt`` holds once its ``Int8Params`` is moved to the CPU: what transformers'
+    ``BitsAndBytesConfig(load_in_8bit=True)`` does to a float32 checkpoint. bitsandbytes casts
+    the weight to float16 before quantizing it (``Int8Params._quantize``); the bfloat16 weights
+    of the other fixtures pass that cast unchanged, a float32 checkpoint's do not."""
+    import bitsandbytes as bnb
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 128, generator=g) * 0.05
+    layer = bnb.nn.Linear8bitLt(128, 16, bias=False, has_fp16_weights=False)
+    layer.weight = bnb.nn.Int8Params(w.clone(), requires_grad=False, has_fp16_weights=False)
+    layer = layer.to("cpu")
+    return {"weight": w, "int8": layer.weight.data.clone(), "SCB": layer.weight.SCB.clone()}
+
+
 def shrink(path: str) -> None:
     """Store the float32 tensors bitsandbytes did not make (embeddings, norms, biases, LM
     head) in bfloat16: they come from the bfloat16 source, so nothing is lost."""
@@ -163,10 +182,16 @@ def shrink(path: str) -> None:
 def main() -> None:
     import bitsandbytes as bnb
     import transformers
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
+    module_file = os.path.join(OUT, "bnb_module_float32.safetensors")
+    if "--module-float32-only" in sys.argv:  # just that file (the rest takes minutes)
+        save_file(module_quantization_float32(), module_file)
+        return
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
+    save_file(module_quantization_float32(), module_file)
     ref = {"prompts": PROMPTS, "max_new_tokens": MAX_NEW,
            "versions": {"bitsandbytes": bnb.__version__, "transformers": transformers.__version__,
                         "torch": torch.__version__}, "cases": {}}
@@ -180,8 +205,6 @@ def main() -> None:
         float_model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
         ref["cases"][f"{family}-bf16"] = {"float": greedy(float_model)}
         if family == "llama":
-            from safetensors.torch import save_file
-
             save_file(direct_quantization(src), os.path.join(OUT, "bnb_direct.safetensors"))
         for variant in variants:
             quantized = functools.partial(
