@@ -148,10 +148,6 @@ def test_bitsandbytes_8bit_module_quantizes_float16():
     assert torch.equal(q, ref["int8"]) and torch.equal(scb, ref["SCB"])
 
 
-@pytest.mark.xfail(strict=True, reason="quantization='bitsandbytes' quantizes a float32 weight "
-                   "as it is; bitsandbytes casts it to float16 first (perplexity on "
-                   "SmolLM2 float32: 32.3062 against transformers' 32.3338, ~0.5% of the int8 "
-                   "values one step apart)")
 def test_online_int8_of_float32_weight_equals_bitsandbytes_module():
     """quantization='bitsandbytes' on a float32 checkpoint holds the int8 and SCB that
     transformers' BitsAndBytesConfig(load_in_8bit=True) holds for the same weight."""
