@@ -42,6 +42,7 @@ def test_fused_decode_tokens_identical(gguf_path, monkeypatch):
     assert fused_tokens == plain_tokens
 
 
+@pytest.mark.slow  # loads the default model dequantized to float32
 def test_dequantized_model_is_not_fused(gguf_path, monkeypatch):
     _, fused = _run(True, monkeypatch, dtype="float32")
     assert fused is None

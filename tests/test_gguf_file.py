@@ -90,6 +90,7 @@ def test_smollm2_metadata(smollm2):
     assert smollm2.chat_template is not None and "im_start" in smollm2.chat_template
 
 
+@pytest.mark.slow  # transformers dequantizes the whole GGUF
 def test_smollm2_weights_match_transformers(smollm2):
     model = _hf_model(smollm2.path)
     state = {k: v.detach() for k, v in model.state_dict().items()}
@@ -107,6 +108,7 @@ def test_smollm2_dtype_and_names(smollm2):
     assert names[0] == "model.embed_tokens.weight"
 
 
+@pytest.mark.slow  # builds transformers' tokenizer from the GGUF
 def test_smollm2_tokenizer(smollm2):
     ours = smollm2.load_tokenizer()
     ref = _hf_tokenizer(smollm2.path)

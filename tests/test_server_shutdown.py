@@ -262,6 +262,7 @@ def test_drain_ends_as_soon_as_in_flight_requests_finish():
     asyncio.run(main())
 
 
+@pytest.mark.slow  # the OpenAI server's two signal tests cover the shared drain path in CI
 def test_simple_server_sigterm_then_sigint_ends_ndjson_streams_with_error_line(servers):
     """The simple server, and SIGINT as the second signal (Ctrl-C after a SIGTERM)."""
     srv = servers("octavo.entrypoints.api_server", "--shutdown-timeout", "120")

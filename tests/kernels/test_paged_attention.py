@@ -124,7 +124,8 @@ def test_split_k_mixed_batch(dtype, device):
     )
 
 
-@pytest.mark.parametrize("prefill_splits", [2, 5, 64])  # 64: heads merged in two blocks
+@pytest.mark.parametrize("prefill_splits", [
+    2, 5, pytest.param(64, marks=pytest.mark.slow)])  # 64: heads merged in two blocks
 def test_split_k_prefill_chunks(prefill_splits, device):
     # Prefill chunks with cached context split their KV range too (chunked prefill of a long
     # prompt); some splits of short contexts hold no key at all. Decodes and empty requests
