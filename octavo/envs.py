@@ -123,6 +123,23 @@ def log_step_timings() -> bool:
     return _flag("OCTAVO_LOG_STEP_TIMINGS", False)
 
 
+def tokenizer_cache() -> bool:
+    """OCTAVO_TOKENIZER_CACHE (default on): a GGUF file's converted tokenizer is kept under
+    the cache directory and loaded from there on later starts
+    (octavo/model_loader/tokenizer_cache.py); off, it is converted on every start."""
+    return _flag("OCTAVO_TOKENIZER_CACHE", True)
+
+
+def cache_dir() -> str | None:
+    """OCTAVO_CACHE_DIR, else $XDG_CACHE_HOME/octavo, else ~/.cache/octavo (None when there is
+    no home to put it in)."""
+    explicit = os.environ.get("OCTAVO_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return None if base.startswith("~") else os.path.join(base, "octavo")
+
+
 def replica_direct_send() -> bool:
     """OCTAVO_REPLICA_DIRECT_SEND (default on): a process replica's engine thread pipes each
     step's outputs to the router itself; off, it hands them to the replica's sender thread

@@ -339,7 +339,13 @@ class GGUFCheckpoint:
     # ------------------------------------------------------------------ tokenizer
 
     def load_tokenizer(self):
-        """A transformers fast tokenizer built from the GGUF metadata, with EOS from the metadata."""
+        """A transformers fast tokenizer built from the GGUF metadata, with EOS from the metadata
+        (converted once per file, then loaded from the cache: tokenizer_cache.py)."""
+        from octavo.model_loader.tokenizer_cache import cached_tokenizer
+
+        return cached_tokenizer(self.path, self._build_tokenizer)
+
+    def _build_tokenizer(self):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(
