@@ -125,16 +125,23 @@ void run_groups(const Weights& w, const QuantActs& a, int64_t m, int64_t n, floa
   const int64_t group_bytes = kRows * w.row_bytes;
   const int64_t tiles = (m + kGroupTile - 1) / kGroupTile;
   const int64_t per_tile = (group_bytes / 64 + tiles - 1) / tiles * 64;
+  const int64_t scale_bytes = w.ng * kRows * (w.half ? 2 : 4);
   for (int64_t g = begin; g < end; ++g) {
     const char* next = reinterpret_cast<const char*>(w.q + (g + 1) * group_bytes);
     for (int64_t m0 = 0; m0 < m; m0 += kGroupTile) {
       // The next group's weights, a share per tile: after the first tile re-reads this
       // group's weights from L1, so the hardware prefetcher no longer runs ahead and the next
       // group's first pass would wait on DRAM line by line.
-      if (g + 1 < end) {
+      if (tiles > 1 && g + 1 < end) {  // (one tile streams: the hardware prefetcher keeps up)
         const int64_t lo = (m0 / kGroupTile) * per_tile;
         const int64_t hi = std::min(group_bytes, lo + per_tile);
         for (int64_t b = lo; b < hi; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+        if (m0 == 0) {  // and its scales and mins (the same pattern)
+          for (const void* base : {w.d, w.m}) {
+            const char* sp = static_cast<const char*>(base) + (g + 1) * scale_bytes;
+            for (int64_t b = 0; b < scale_bytes; b += 64) _mm_prefetch(sp + b, _MM_HINT_T0);
+          }
+        }
       }
       const int mt = static_cast<int>(std::min<int64_t>(kGroupTile, m - m0));
       float* rows_out[kGroupTile];
