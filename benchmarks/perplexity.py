@@ -290,7 +290,8 @@ def main() -> None:
     result = {
         "model": args.model, "engine": args.engine,
         "quantization": args.quantization or _declared_method(args.model) or
-        ("gguf (dequantized)" if args.model.endswith(".gguf") else None),
+        (("gguf" if args.dtype == "auto" else "gguf (dequantized)")  # the CPU default
+         if args.model.endswith(".gguf") else None),
         "dtype": args.dtype, "text_tokens": len(ids), "window": args.window,
         "stride": args.stride, "scored_tokens": len(run["logprobs"]),
         "perplexity": round(perplexity(run["logprobs"]), 4),

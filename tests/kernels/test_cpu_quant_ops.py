@@ -168,3 +168,18 @@ def test_interleaved_layout_round_trips(name):
     ids = torch.tensor([0, 17, 47, 17])
     assert torch.equal(gguf_blocks.dequantize_rows(*inter, ids, k, torch.float32),
                        gguf_blocks.dequantize(*rows, k)[ids])
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("m", [3, 17])
+def test_large_output_streamed(name, m):
+    """Outputs of 1 MiB and more (an LM head's logits) leave the VNNI kernel through
+    non-temporal stores, with the next 16-row group's weights prefetched: same values."""
+    k = 256
+    n = 16 * ((1 << 20) // (4 * m * 16) + 1)
+    qweight, scales, mins = weights(name, n, k, seed=m, interleaved=True)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    y = ops.gguf_linear(x, qweight, scales, mins, k, 0)
+    w = gguf_blocks.dequantize(qweight, scales, mins, k).double()
+    scale = (x.double().abs() @ w.abs().T).clamp_min(1e-6)
+    assert ((y.double() - reference(x, qweight, scales, mins, k)).abs() / scale).max() < 1e-5

@@ -2,6 +2,7 @@
 // interleaved by 16 rows (quant_gemm_vnni16.cpp): quantized activations and the weights' view.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "common.h"
@@ -21,10 +22,21 @@ constexpr int64_t kBlock = 32;  // activation values per int16 scale
 
 // Activations quantized per 32-block: q [M, K] int16, d [M, K/32], and s [M, K/G], the exact
 // float sum of x over each weight group (for the m-terms).
+// Uninitialised scratch (std::vector would zero-fill what the quantizer overwrites anyway).
+template <typename T>
+struct Scratch {
+  std::unique_ptr<T[]> p;
+  void resize(int64_t n) { p.reset(new T[n]); }
+  T* data() { return p.get(); }
+  const T* data() const { return p.get(); }
+  T& operator[](int64_t i) { return p[i]; }
+  const T& operator[](int64_t i) const { return p[i]; }
+};
+
 struct QuantActs {
-  std::vector<int16_t> q;
-  std::vector<int8_t> hi, lo;  // q = 256 hi + lo, filled for the VNNI path only
-  std::vector<float> d, s;
+  Scratch<int16_t> q;
+  Scratch<int8_t> hi, lo;  // q = 256 hi + lo, filled for the VNNI path only
+  Scratch<float> d, s;
   int64_t k, nb, ng;
 };
 

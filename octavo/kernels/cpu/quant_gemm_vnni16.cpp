@@ -21,16 +21,20 @@ inline __m512 scales16(const Weights& w, const void* base, int64_t idx) {
 }
 
 // One group of 16 interleaved weight rows against MT activation rows: lane r of every vector is
-// weight row 16 grp + r; 4-byte runs of the activations' int8 halves are broadcast.
-template <int MT>
+// weight row 16 grp + r; 4-byte runs of the activations' int8 halves are broadcast. KIND: 4
+// (4-bit weights), 8 (a byte per weight in 32-groups: Q8_0), 0 (any other: bytes in 16-groups).
+// STREAM: the outputs go out with non-temporal stores (see linear_groups_vnni).
+template <int MT, int KIND, bool STREAM>
 void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, float* out[MT]) {
   const uint8_t* gq = w.q + grp * kRows * w.row_bytes;
   const int64_t sbase = grp * w.ng * kRows;
   const int64_t k = w.k;
   __m512 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
-  if (w.bits == 4) {
-    // 64-input chunk c: 8 runs of 16 rows x 4 bytes; low nibbles are block 2c, high 2c+1.
+  if constexpr (KIND != 0) {
+    // 64-input chunk c (blocks 2c and 2c+1), 8 runs of 16 rows x 4 bytes. 4 bits: the low
+    // nibbles of run j are block 2c, the high ones block 2c+1. 8 bits in 32-groups (Q8_0): runs
+    // 16c + j and 16c + 8 + j.
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     for (int64_t c = 0; c < k / 64; ++c) {
       __m512i h0[MT], l0[MT], h1[MT], l1[MT];
@@ -38,9 +42,15 @@ void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, f
         h0[r] = l0[r] = h1[r] = l1[r] = _mm512_setzero_si512();
       }
       for (int j = 0; j < 8; ++j) {
-        const __m512i p = _mm512_loadu_si512(gq + (c * 8 + j) * 64);
-        const __m512i u0 = _mm512_and_si512(p, low4);
-        const __m512i u1 = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+        __m512i u0, u1;
+        if constexpr (KIND == 4) {
+          const __m512i p = _mm512_loadu_si512(gq + (c * 8 + j) * 64);
+          u0 = _mm512_and_si512(p, low4);
+          u1 = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+        } else {
+          u0 = _mm512_loadu_si512(gq + (c * 16 + j) * 64);
+          u1 = _mm512_loadu_si512(gq + (c * 16 + 8 + j) * 64);
+        }
         for (int r = 0; r < MT; ++r) {
           const int64_t off = (m0 + r) * k + c * 64 + 4 * j;
           int32_t xh0, xl0, xh1, xl1;
@@ -98,30 +108,78 @@ void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, f
       acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.s[(m0 + r) * w.ng + g]), acc[r]);
     }
   }
-  for (int r = 0; r < MT; ++r) _mm512_storeu_ps(out[r] + grp * kRows, acc[r]);
+  for (int r = 0; r < MT; ++r) {
+    if constexpr (STREAM) {
+      _mm512_stream_ps(out[r] + grp * kRows, acc[r]);
+    } else {
+      _mm512_storeu_ps(out[r] + grp * kRows, acc[r]);
+    }
+  }
+}
+
+constexpr int kGroupTile = 4;  // activation rows per pass over a group (registers: 5 per row)
+
+template <int KIND, bool STREAM>
+void run_groups(const Weights& w, const QuantActs& a, int64_t m, int64_t n, float* op,
+            int64_t begin, int64_t end) {
+  const int64_t group_bytes = kRows * w.row_bytes;
+  const int64_t tiles = (m + kGroupTile - 1) / kGroupTile;
+  const int64_t per_tile = (group_bytes / 64 + tiles - 1) / tiles * 64;
+  const int64_t scale_bytes = w.ng * kRows * (w.half ? 2 : 4);
+  for (int64_t g = begin; g < end; ++g) {
+    const char* next = reinterpret_cast<const char*>(w.q + (g + 1) * group_bytes);
+    for (int64_t m0 = 0; m0 < m; m0 += kGroupTile) {
+      // The next group's weights, a share per tile: after the first tile re-reads this
+      // group's weights from L1, so the hardware prefetcher no longer runs ahead and the next
+      // group's first pass would wait on DRAM line by line.
+      if (tiles > 1 && g + 1 < end) {  // (one tile streams: the hardware prefetcher keeps up)
+        const int64_t lo = (m0 / kGroupTile) * per_tile;
+        const int64_t hi = std::min(group_bytes, lo + per_tile);
+        for (int64_t b = lo; b < hi; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+        if (m0 == 0) {  // and its scales and mins (the same pattern)
+          for (const void* base : {w.d, w.m}) {
+            const char* sp = static_cast<const char*>(base) + (g + 1) * scale_bytes;
+            for (int64_t b = 0; b < scale_bytes; b += 64) _mm_prefetch(sp + b, _MM_HINT_T0);
+          }
+        }
+      }
+      const int mt = static_cast<int>(std::min<int64_t>(kGroupTile, m - m0));
+      float* rows_out[kGroupTile];
+      for (int r = 0; r < mt; ++r) rows_out[r] = op + (m0 + r) * n;
+      switch (mt) {
+        case 4: group_vnni<4, KIND, STREAM>(w, g, a, m0, rows_out); break;
+        case 3: group_vnni<3, KIND, STREAM>(w, g, a, m0, rows_out); break;
+        case 2: group_vnni<2, KIND, STREAM>(w, g, a, m0, rows_out); break;
+        default: group_vnni<1, KIND, STREAM>(w, g, a, m0, rows_out); break;
+      }
+    }
+  }
 }
 
 }  // namespace
-
-constexpr int kGroupTile = 4;  // activation rows per pass over a group (registers: 5 per row)
 
 void linear_groups_vnni(const Weights& w, const QuantActs& a, int64_t m, int64_t n, float* op) {
   const int64_t groups = n / kRows;
   const int64_t grain =
       std::max<int64_t>(1, 32768 / (kRows * w.k * std::min<int64_t>(m, kGroupTile)));
+  // A large output (an LM head's logits at batch 32: 6 MB) is written with non-temporal
+  // stores: each pass writes 64 bytes to each of m rows n floats apart, and with n = 49152
+  // those lines fall in 2 of L2's sets, so ordinary stores evicted each other and every one
+  // waited for its line from DRAM (49152x576 at M = 32: 24 ms instead of ~11).
+  const bool stream = m * n * static_cast<int64_t>(sizeof(float)) >= (int64_t{1} << 20) &&
+                      reinterpret_cast<uintptr_t>(op) % 64 == 0;
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      for (int64_t m0 = 0; m0 < m; m0 += kGroupTile) {
-        const int mt = static_cast<int>(std::min<int64_t>(kGroupTile, m - m0));
-        float* rows_out[kGroupTile];
-        for (int r = 0; r < mt; ++r) rows_out[r] = op + (m0 + r) * n;
-        switch (mt) {
-          case 4: group_vnni<4>(w, g, a, m0, rows_out); break;
-          case 3: group_vnni<3>(w, g, a, m0, rows_out); break;
-          case 2: group_vnni<2>(w, g, a, m0, rows_out); break;
-          default: group_vnni<1>(w, g, a, m0, rows_out); break;
-        }
-      }
+    if (stream) {
+      if (w.bits == 4) run_groups<4, true>(w, a, m, n, op, begin, end);
+      else if (w.group == kBlock) run_groups<8, true>(w, a, m, n, op, begin, end);
+      else run_groups<0, true>(w, a, m, n, op, begin, end);
+      _mm_sfence();  // the streamed lines are visible before the pool's join
+    } else if (w.bits == 4) {
+      run_groups<4, false>(w, a, m, n, op, begin, end);
+    } else if (w.group == kBlock) {
+      run_groups<8, false>(w, a, m, n, op, begin, end);
+    } else {
+      run_groups<0, false>(w, a, m, n, op, begin, end);
     }
   });
 }
