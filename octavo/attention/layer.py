@@ -42,7 +42,5 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 ctx: ForwardContext, kv_stored: bool = False) -> torch.Tensor:
-        kv_cache = ctx.kv_caches[self.layer_idx]
-        if kv_stored:
-            return self.impl.forward(q, k, v, kv_cache, ctx.attn_metadata, kv_stored=True)
-        return self.impl.forward(q, k, v, kv_cache, ctx.attn_metadata)
+        return self.impl.forward(q, k, v, ctx.kv_caches[self.layer_idx], ctx.attn_metadata,
+                                 kv_stored=kv_stored)

@@ -86,7 +86,8 @@ def _pad_rows(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 class TorchAttentionImpl(AttentionImpl):
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata):
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, kv_stored: bool = False):
+        assert not kv_stored, "the torch backend stores K/V itself (accepts_stored_kv)"
         ops = cpu_kernels.ops_for(kv_cache)
         if ops is not None and q.dtype == kv_cache.dtype:
             return self._forward_kernels(ops, q, k, v, kv_cache, meta)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from octavo.config import KV_CACHE_DTYPES
 from octavo.sampling_params import SamplingParams
 
 
@@ -28,7 +29,7 @@ def _engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                    help="KV cache blocks in the model's dtype (auto) or float8 e4m3 (CUDA)")
     p.add_argument("--swap-space", type=float, default=4.0,
                    help="GiB of CPU memory for swapped KV blocks (with --preemption-mode swap)")

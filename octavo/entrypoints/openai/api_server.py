@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 import octavo
+from octavo.config import KV_CACHE_DTYPES
 from octavo.engine.arg_utils import EngineArgs
 from octavo.entrypoints.engine_client import (
     EngineClient,
@@ -221,7 +222,7 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
                    help="swap: preempted requests keep their KV in CPU swap space")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                    help="KV cache blocks in the model's dtype (auto) or float8 e4m3 (half the "
                    "memory per token; CUDA)")
     p.add_argument("--swap-space", type=float, default=4.0,
@@ -342,7 +343,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         enable_prefix_caching=args.enable_prefix_caching is not False,
         scheduling_policy=args.scheduling_policy,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-        kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
+        kv_cache_dtype=args.kv_cache_dtype, enforce_eager=args.enforce_eager,
+        async_scheduling=args.async_scheduling,
         max_logprobs=args.max_logprobs, max_n=args.max_n, load_format=args.load_format,
         quantization=args.quantization, tensor_parallel_size=args.tensor_parallel_size,
         distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
