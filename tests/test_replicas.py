@@ -407,3 +407,16 @@ def test_the_server_command_with_replicas_stops_them_on_sigterm(model):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_replica_stopped_before_it_started_never_starts():
+    """The supervisor may restart a slot while the router shuts down: stop() on a handle
+    whose start() has not run yet makes that start() do nothing (no process outlives
+    shutdown)."""
+    from octavo.replicas.messages import ReplicaSpec
+    from octavo.replicas.replica_process import ProcessReplica
+
+    handle = ProcessReplica(ReplicaSpec(EngineArgs(model="unused"), 0, "m"))
+    handle.stop(timeout=1)
+    handle.start(lambda batch: pytest.fail("a batch"), lambda why: pytest.fail(why))
+    assert handle.pid is None and handle._proc.pid is None

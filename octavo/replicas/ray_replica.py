@@ -76,11 +76,17 @@ class RayReplica:
         self._options = replica_resources(tp, on_gpu)
         self._actor = None
         self._stopping = False
+        # As ProcessReplica: a handle stopped before it started never starts.
+        self._life = threading.Lock()
+        self._stopped = False
 
     def start(self, on_batch: Callable[[list], None], on_exit: Callable[[str], None]) -> None:
         ray = self._ray
         cls = ray.remote(ReplicaActor)
-        self._actor = cls.options(max_concurrency=4, **self._options).remote(self.spec)
+        with self._life:
+            if self._stopped:
+                return
+            self._actor = cls.options(max_concurrency=4, **self._options).remote(self.spec)
         actor = self._actor
 
         def read() -> None:
@@ -125,6 +131,10 @@ class RayReplica:
             pass
 
     def stop(self, timeout: float = 10.0) -> None:
+        with self._life:  # a start in progress finishes first; a later one is refused
+            self._stopped = True
+            if self._actor is None:
+                return
         try:
             self._ray.get(self._actor.shutdown.remote(), timeout=timeout)
         except Exception:  # noqa: BLE001 - dead or stuck: killed below either way

@@ -94,13 +94,20 @@ class ProcessReplica:
         self._proc = ctx.Process(target=replica_process_main, args=(child, spec),
                                  name=f"octavo-replica-{spec.index}", daemon=daemon)
         self._child = child
+        # stop() and start() may race (a supervisor restarting a slot while the router shuts
+        # down): a handle stopped before it started never starts.
+        self._life = threading.Lock()
+        self._stopped = False
 
     def start(self, on_batch: Callable[[list], None], on_exit: Callable[[str], None]) -> None:
         """Start the process; ``on_batch`` gets every batch, then ``on_exit`` (why it ended)
-        once, both on a reader thread."""
-        self._proc.start()
-        self._child.close()  # EOF reaches the reader only if no copy of the child's end lives
-        self.pid = self._proc.pid
+        once, both on a reader thread; nothing when the handle was stopped already."""
+        with self._life:
+            if self._stopped:
+                return
+            self._proc.start()
+            self._child.close()  # EOF reaches the reader only if no copy of the child's end
+            self.pid = self._proc.pid  # lives
 
         def read() -> None:
             while True:
@@ -135,8 +142,11 @@ class ProcessReplica:
             self._proc.kill()
 
     def stop(self, timeout: float = 10.0) -> None:
+        with self._life:  # a start in progress finishes first; a later one is refused
+            self._stopped = True
+            started = self._proc.pid is not None
         self.send(("shutdown",))
-        if self._proc.pid is None:
+        if not started:
             return
         self._proc.join(timeout)
         if self._proc.is_alive():
