@@ -420,3 +420,56 @@ def test_a_replica_stopped_before_it_started_never_starts():
     handle.stop(timeout=1)
     handle.start(lambda batch: pytest.fail("a batch"), lambda why: pytest.fail(why))
     assert handle.pid is None and handle._proc.pid is None
+
+
+def test_a_restart_racing_shutdown_leaves_nothing_running():
+    """The supervisor loop may be making a dead replica's successor (slow: a process spawn)
+    when shutdown collects the handles to stop; the successor must never be started, even
+    if stop_all's wait for the loop runs out first."""
+    import threading
+
+    from octavo.replicas.supervisor import Supervisor
+
+    making = threading.Event()
+    release = threading.Event()
+    started = []
+
+    class FakeHandle:
+        def __init__(self, index, slow):
+            if slow:  # the successor: shutdown begins while it is being made
+                making.set()
+                release.wait(10)
+            self.index = index
+
+        def start(self, on_batch, on_exit):
+            started.append(self)
+            self.on_exit = on_exit
+            on_batch([("ready", {"pid": 1})])
+
+        def kill(self):
+            self.on_exit("killed")
+
+        def stop(self, timeout):
+            pass
+
+    made = []
+
+    def make(index):
+        h = FakeHandle(index, slow=bool(made))
+        made.append(h)
+        return h
+
+    sup = Supervisor(1, make, threading.RLock(), on_batch=lambda *a: None,
+                     on_death=lambda *a: None, on_all_failed=lambda why: None)
+    sup.start_all()
+    first = sup.slots[0].handle
+    first.kill()  # the loop sees the death and makes a successor
+    assert making.wait(5)
+    stopper = threading.Thread(target=sup.stop_all, kwargs={"timeout": 1})
+    stopper.start()
+    time.sleep(0.3)  # stop_all is waiting for the loop, which is inside make()
+    release.set()
+    stopper.join(20)
+    sup._thread.join(5)
+    assert started == [first]  # the successor was made but never started
+    assert sup.slots[0].state == "stopped"

@@ -81,6 +81,10 @@ class Supervisor:
     def _launch(self, slot: ReplicaSlot) -> None:
         handle = self._make_handle(slot.index)
         with self._lock:
+            if self._stopping:
+                # stop_all has collected (or is collecting) the handles to stop: a successor
+                # made now would be missed by it and outlive the shutdown.
+                return
             slot.handle, slot.state, slot.pid, slot.stats = handle, "starting", None, None
             slot.stuck_s = 0.0
             slot.kill_reason = slot.start_error = None
@@ -179,7 +183,8 @@ class Supervisor:
 
     # ------------------------------------------------------------------ stop
     def stop_all(self, timeout: float = 10.0) -> None:
-        self._stopping = True
+        with self._lock:  # _launch checks it under the same lock before keeping a handle
+            self._stopping = True
         self._wake.set()
         # The supervisor loop first: a restart it is making now (a dead replica's successor)
         # must be among the handles stopped below, not started after they were collected.
