@@ -42,6 +42,10 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--sweep", action="store_true",
                     help="time every candidate tile configuration (4-bit) and report the best")
+    ap.add_argument("--fp8", action="store_true",
+                    help="FP8 weights at M <= 4: the FP8 GEMV (a sweep of its tiles) against "
+                         "torch._scaled_mm with per-token activation scales, as the engine "
+                         "runs W8A8, and bf16")
     args = ap.parse_args()
     import torch
 
@@ -52,6 +56,8 @@ def main() -> None:
 
     if args.sweep:
         return sweep(args, timed, bandwidth, limits)
+    if args.fp8:
+        return fp8_sweep(args, timed, bandwidth, limits)
 
     rows = []
     for name, (k, n) in SHAPES.items():
@@ -97,12 +103,13 @@ def main() -> None:
 def _candidates(m: int) -> list[dict]:
     """Tile configurations to try at batch ``m`` (4-bit, group 128)."""
     if m <= 4:
-        out = [{"path": "gemv"}]
-        out += [{"path": "gemv", "block_n": bn, "block_p": bp, "num_warps": w}
-                for bn in (128, 256, 512) for bp in (4, 8, 16) for w in (1, 2, 4, 8)
-                if 32 <= bn // w <= 256]
-        out += [{"path": "gemv", "split_k": sk} for sk in (4, 8, 16, 32, 64)]
-        out += [{"path": "gemv", "num_stages": st} for st in (1, 2, 4)]
+        out = [{"path": "gemv"}, {"path": "gemv", "prefetch": False},
+               {"path": "gemv", "prefetch": True}]
+        # Prefetching GEMV: fewer, longer programs (waves per SM), tile shapes.
+        out += [{"path": "gemv", "prefetch": True, "waves": wv, "block_n": bn, "block_p": bp,
+                 "num_warps": w}
+                for wv in (1, 2, 4) for bn, bp, w in ((256, 8, 2), (256, 8, 4), (128, 8, 2),
+                                                      (256, 16, 4), (128, 4, 2))]
         out += [{"path": "gemm", "reload": False}]
         return out
     out = [{"path": "gemm"}, {"path": "dequant"}]
@@ -123,16 +130,17 @@ def sweep(args, timed, bandwidth, limits) -> None:
     from octavo.kernels.w4a16_gemm import pack_along_k, w4a16_gemm
 
     dev = torch.device("cuda")
-    bits, group = 4, args.group
+    group = args.group
     rows = []
-    for name, (k, n) in SHAPES.items():
+    for bits, (name, (k, n)) in [(b, s) for b in args.bits for s in SHAPES.items()]:
         copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
         dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
         qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
         groups = k // group
         packed = [(pack_along_k(torch.randint(0, 2**bits, (k, n), device=dev), bits),
                    (torch.rand(groups, n, device=dev) * 0.01).to(torch.bfloat16),
-                   torch.full((groups, n), 8, device=dev, dtype=torch.bfloat16))
+                   torch.full((groups, n), 2 ** (bits - 1), device=dev,
+                              dtype=torch.bfloat16))
                   for _ in range(qcopies)]
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -140,8 +148,8 @@ def sweep(args, timed, bandwidth, limits) -> None:
             results = []
             for cfg in _candidates(m):
                 try:
-                    t = timed([lambda p=p, x=x, c=cfg: w4a16_gemm(x, p[0], p[1], p[2], group,
-                                                                  bits, **dict(c))
+                    t = timed([lambda p=p, x=x, c=cfg, b=bits: w4a16_gemm(
+                        x, p[0], p[1], p[2], group, b, **dict(c))
                                for p in packed])
                 except Exception as e:  # a configuration the compiler refuses
                     results.append({"cfg": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
@@ -150,14 +158,15 @@ def sweep(args, timed, bandwidth, limits) -> None:
             ok = [r for r in results if "us" in r]
             best = min(ok, key=lambda r: r["us"])
             nbytes = k * n * bits / 8 + 2 * groups * n * 2
-            row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 2),
+            row = {"shape": name, "bits": bits, "K": k, "N": n, "M": m,
+                   "bf16_us": round(t_bf16, 2),
                    "default_us": ok[0]["us"] if ok and ok[0]["cfg"] == _candidates(m)[0]
                    else None, "best": best,
                    "best_speedup": round(t_bf16 / best["us"], 2),
                    "best_hbm_fraction": round(nbytes / (best["us"] * 1e-6) / bandwidth, 3),
                    "all": results}
             rows.append(row)
-            print(f"{name} M={m} bf16={t_bf16:.1f}us default={row['default_us']}us "
+            print(f"w{bits} {name} M={m} bf16={t_bf16:.1f}us default={row['default_us']}us "
                   f"best={best['us']}us {best['cfg']} x{row['best_speedup']} "
                   f"hbm={row['best_hbm_fraction']}", flush=True)
         del dense, packed
@@ -165,6 +174,64 @@ def sweep(args, timed, bandwidth, limits) -> None:
     print_json_result({"benchmark": "quantized_gemm_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "group": group, "rows": rows},
                       args.json)
+
+
+def _fp8_candidates() -> list[dict]:
+    out = [{}]
+    out += [{"block_n": bn, "block_k": bk, "num_warps": w, "waves": wv}
+            for bn in (16, 32, 64) for bk in (256, 512) for w in (4, 8) for wv in (1, 2, 4)
+            if bn * bk <= 16384]
+    return out
+
+
+def fp8_sweep(args, timed, bandwidth, limits) -> None:
+    import torch
+
+    from octavo.kernels.fp8_gemv import fp8_gemv
+    from octavo.quantization.fp8_linear import FP8, activation_scale, quantize_fp8
+
+    dev = torch.device("cuda")
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
+        dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n)))
+        weights = [((torch.randn(n, k, device=dev) * 64).clamp(-448, 448).to(FP8),
+                    torch.rand(n, device=dev) * 0.01) for _ in range(qcopies)]
+
+        def scaled_mm(x, w, s):
+            xs = activation_scale(x.float(), per_token=True)
+            return torch._scaled_mm(quantize_fp8(x.float(), xs), w.t(), scale_a=xs,
+                                    scale_b=s.reshape(1, -1), out_dtype=torch.bfloat16)
+
+        for m in [m for m in args.m if m <= 4]:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
+            t_mm = timed([lambda p=p, x=x: scaled_mm(x, p[0], p[1]) for p in weights])
+            results = []
+            for cfg in _fp8_candidates():
+                try:
+                    t = timed([lambda p=p, x=x, c=cfg: fp8_gemv(x, p[0], p[1], **c)
+                               for p in weights])
+                except Exception as e:  # a configuration the compiler refuses
+                    results.append({"cfg": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
+                    continue
+                results.append({"cfg": cfg, "us": round(t, 2)})
+            ok = [r for r in results if "us" in r]
+            best = min(ok, key=lambda r: r["us"])
+            row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 2),
+                   "scaled_mm_us": round(t_mm, 2), "gemv_default_us": ok[0]["us"],
+                   "best": best, "best_speedup": round(t_bf16 / best["us"], 2),
+                   "best_hbm_fraction": round(k * n / (best["us"] * 1e-6) / bandwidth, 3),
+                   "all": results}
+            rows.append(row)
+            print(f"fp8 {name} M={m} bf16={t_bf16:.1f}us scaled_mm={t_mm:.1f}us "
+                  f"gemv={ok[0]['us']}us best={best['us']}us {best['cfg']} "
+                  f"x{row['best_speedup']} hbm={row['best_hbm_fraction']}", flush=True)
+        del dense, weights
+        torch.cuda.empty_cache()
+    print_json_result({"benchmark": "fp8_gemv_sweep", "device": device_info(),
+                       "limits": limits, "commit": git_commit(), "rows": rows}, args.json)
 
 
 if __name__ == "__main__":

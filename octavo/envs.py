@@ -55,6 +55,14 @@ def skinny_gemm() -> bool:
     return _flag("OCTAVO_SKINNY_GEMM", True)
 
 
+def fp8_gemv() -> bool:
+    """OCTAVO_FP8_GEMV (default on): on CUDA, FP8-weight linears with quantized activations
+    (W8A8) run decode batches of <= 4 rows through the FP8-weight GEMV
+    (octavo/kernels/fp8_gemv.py: activations kept in their dtype, so those rows skip the
+    activation rounding); off, torch._scaled_mm at every batch size."""
+    return _flag("OCTAVO_FP8_GEMV", True)
+
+
 def custom_all_reduce() -> bool:
     """OCTAVO_CUSTOM_ALL_REDUCE (default on): tensor-parallel all-reduces of small CUDA tensors
     in one launch over peer-mapped GPU memory (octavo/distributed/custom_all_reduce.py) where

@@ -28,6 +28,8 @@ from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
 MAX_M = 4  # larger batches go to the tensor-core kernel
+PREFETCH = False  # the measured default (benchmarks/quantized_gemm.py --sweep)
+WAVES = 2  # programs per SM with PREFETCH
 
 
 @triton.jit
@@ -51,21 +53,34 @@ def _group_dot(packed, x_ptr, offs_p, stride_xk, PACK: tl.constexpr, BITS: tl.co
 
 
 @triton.jit
+def _group_term(packed, x_ptr, offs_p, stride_xk, s, z, PACK: tl.constexpr, BITS: tl.constexpr):
+    """One step's contribution [P, N] of one row of x: s (sum x q - z sum x), with
+    sum x q = SCALE (sum x v - sum x)."""
+    SCALE: tl.constexpr = 1 << BITS
+    d, xs = _group_dot(packed, x_ptr, offs_p, stride_xk, PACK, BITS)
+    return (s * SCALE)[None, :] * d - (s * (SCALE + z))[None, :] * xs[:, None]
+
+
+@triton.jit
 def _int_weight_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, K_PER_SPLIT, NUM_SPLITS,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn,
     stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). A step covers BLOCK_P packed rows (BLOCK_P * PACK input rows),
     # which lie in one group: GROUP is a multiple of BLOCK_P * PACK. BLOCK_M is 1, 2 or 4,
     # one accumulator per row of x (rows past M read row 0 and are not stored).
+    # PREFETCH: the next step's weights, scales and zeros are loaded before this step's
+    # arithmetic (registers, double-buffered by hand: Triton does not pipeline loads that feed
+    # no dot), so a program keeps a load in flight while it computes; fewer, longer programs
+    # then read at memory speed without split-K's partial sums.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     PACK: tl.constexpr = 32 // BITS
-    SCALE: tl.constexpr = 1 << BITS
+    STEP: tl.constexpr = BLOCK_P * PACK
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     x1 = x_ptr + tl.minimum(1, M - 1) * stride_xm
@@ -78,29 +93,40 @@ def _int_weight_gemv_kernel(
     acc3 = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
-    for k0 in range(k_start, k_end, BLOCK_P * PACK):
+    q_ptrs = qw_ptr + (k_start // PACK + tl.arange(0, BLOCK_P))[:, None] * stride_qk \
+        + offs_n[None, :] * stride_qn
+    s_ptrs = s_ptr + offs_n * stride_sn
+    z_ptrs = z_ptr + offs_n * stride_zn
+    if PREFETCH:
+        packed = tl.load(q_ptrs, mask=n_mask[None, :], other=0)
+        g = k_start // GROUP
+        s = tl.load(s_ptrs + g * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptrs + g * stride_zg, mask=n_mask, other=0.0).to(tl.float32)
+    for k0 in range(k_start, k_end, STEP):
         offs_p = k0 // PACK + tl.arange(0, BLOCK_P)
-        packed = tl.load(qw_ptr + offs_p[:, None] * stride_qk + offs_n[None, :] * stride_qn,
-                         mask=n_mask[None, :], other=0)
-        g = k0 // GROUP
-        s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask,
-                    other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=n_mask,
-                    other=0.0).to(tl.float32)
-        # s (sum x q - z sum x) with sum x q = SCALE (sum x v - sum x):
-        # = (s SCALE) sum x v - s (SCALE + z) sum x
-        sv = (s * SCALE)[None, :]
-        sx = (s * (SCALE + z))[None, :]
-        d, xs = _group_dot(packed, x_ptr, offs_p, stride_xk, PACK, BITS)
-        acc0 += sv * d - sx * xs[:, None]
+        if PREFETCH:
+            more = n_mask & ((offs_n * 0 + k0 + STEP) < k_end)  # a tensor mask
+            g_next = (k0 + STEP) // GROUP
+            packed_next = tl.load(q_ptrs + BLOCK_P * stride_qk, mask=more[None, :],
+                                  other=0)
+            s_next = tl.load(s_ptrs + g_next * stride_sg, mask=more,
+                             other=0.0).to(tl.float32)
+            z_next = tl.load(z_ptrs + g_next * stride_zg, mask=more,
+                             other=0.0).to(tl.float32)
+        else:
+            packed = tl.load(q_ptrs, mask=n_mask[None, :], other=0)
+            g = k0 // GROUP
+            s = tl.load(s_ptrs + g * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
+            z = tl.load(z_ptrs + g * stride_zg, mask=n_mask, other=0.0).to(tl.float32)
+        acc0 += _group_term(packed, x_ptr, offs_p, stride_xk, s, z, PACK, BITS)
         if BLOCK_M > 1:
-            d, xs = _group_dot(packed, x1, offs_p, stride_xk, PACK, BITS)
-            acc1 += sv * d - sx * xs[:, None]
+            acc1 += _group_term(packed, x1, offs_p, stride_xk, s, z, PACK, BITS)
         if BLOCK_M > 2:
-            d, xs = _group_dot(packed, x2, offs_p, stride_xk, PACK, BITS)
-            acc2 += sv * d - sx * xs[:, None]
-            d, xs = _group_dot(packed, x3, offs_p, stride_xk, PACK, BITS)
-            acc3 += sv * d - sx * xs[:, None]
+            acc2 += _group_term(packed, x2, offs_p, stride_xk, s, z, PACK, BITS)
+            acc3 += _group_term(packed, x3, offs_p, stride_xk, s, z, PACK, BITS)
+        q_ptrs += BLOCK_P * stride_qk
+        if PREFETCH:
+            packed, s, z = packed_next, s_next, z_next
     offs_m = tl.arange(0, BLOCK_M)
     res = tl.where(offs_m[:, None] == 0, tl.sum(acc0, axis=0)[None, :], 0.0)
     if BLOCK_M > 1:
@@ -130,7 +156,8 @@ def _block_p(group_size: int, pack: int, want: int) -> int:
 def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int, split_k: int | None = None,
                block_n: int | None = None, block_p: int | None = None,
-               num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+               num_warps: int | None = None, num_stages: int | None = None,
+               prefetch: bool | None = None, waves: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` for M <= MAX_M, in x2's dtype. The tuning arguments
     (None: chosen here) exist for the benchmark's sweeps."""
     require_triton("w4a16_gemv")
@@ -147,9 +174,11 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     assert group_size % step == 0 and k % group_size == 0, (group_size, step, k)
     n_tiles = triton.cdiv(n, block_n)
     k_steps = k // step
+    prefetch = PREFETCH if prefetch is None else prefetch
     if split_k is None:
-        # Several programs per SM (memory latency needs many loads in flight).
-        want = 8 * num_compute_units(x2.device)
+        # Enough programs per SM that memory latency is hidden: without prefetching, many
+        # short ones; with it, a few long ones keep their own loads in flight.
+        want = (waves or (WAVES if prefetch else 8)) * num_compute_units(x2.device)
         split_k = max(1, min(triton.cdiv(want, n_tiles), k_steps, 64))
     split_k, k_per_split = split_k_plan(k, step, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
@@ -160,6 +189,6 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_P=block_p,
-        num_warps=num_warps, num_stages=num_stages or 3,
+        PREFETCH=bool(prefetch), num_warps=num_warps, num_stages=num_stages or 3,
     )  # fmt: skip
     return out

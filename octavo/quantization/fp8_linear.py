@@ -13,7 +13,9 @@ Activations (when quantized) go to FP8 the way compressed-tensors does it: the s
 
 - On CUDA with FP8 tensor cores (compute capability 8.9+), W8A8 runs ``torch._scaled_mm`` with
   row-wise scales (per token x per output channel); a failure there (an older torch) falls back
-  to the path below, once, with a warning.
+  to the path below, once, with a warning. Decode batches of up to ``fp8_gemv.MAX_M`` rows
+  run the FP8-weight GEMV instead (``OCTAVO_FP8_GEMV``): the same weights, the activations
+  left unrounded (at batch 1 quantizing them costs more launches than the GEMM itself).
 - Elsewhere: the weight is dequantized once at load; the activations are quantized and
   dequantized in the model's dtype (exactly what the reference implementation computes), then
   a plain matmul.
@@ -27,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo import envs
+from octavo.kernels.triton_available import HAS_TRITON
 from octavo.quantization.base import LinearMethod
 from octavo.quantization.param_layout import set_param_layout
 
@@ -35,6 +39,7 @@ logger = logging.getLogger(__name__)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
+FP8_GEMV_MAX_M = 4  # octavo.kernels.fp8_gemv.MAX_M (not imported here: it imports Triton)
 
 
 def activation_scale(x: torch.Tensor, per_token: bool) -> torch.Tensor:
@@ -123,6 +128,7 @@ class Fp8LinearMethod(LinearMethod):
             layer.register_buffer("fp8_weight", weight, persistent=False)
             layer.register_buffer("fp8_weight_scale", scale.reshape(1, -1).contiguous(),
                                   persistent=False)
+            layer.fp8_gemv = envs.fp8_gemv() and HAS_TRITON
             return
         self._dequantize(layer, weight, scale)
 
@@ -138,6 +144,12 @@ class Fp8LinearMethod(LinearMethod):
     def apply(self, layer, x, bias):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        if layer.fp8_mm and x2.shape[0] <= FP8_GEMV_MAX_M and layer.fp8_gemv:
+            from octavo.kernels.fp8_gemv import fp8_gemv  # imports Triton: CUDA only
+
+            y = fp8_gemv(x2, layer.fp8_weight, layer.fp8_weight_scale)
+            y = y if bias is None else y + bias
+            return y.view(*shape[:-1], y.shape[-1])
         if layer.fp8_mm:
             try:
                 y = self._scaled_mm(layer, x2)

@@ -75,7 +75,10 @@ def test_kernel_matches_reference(m, k, n, group, bits, dtype):
 
 PATHS = [  # forced path and tile overrides, each against the reference
     {"path": "gemv"}, {"path": "gemv", "block_p": 1}, {"path": "gemv", "split_k": 1},
-    {"path": "gemv", "block_n": 32, "num_warps": 2}, {"path": "gemm", "reload": True},
+    {"path": "gemv", "block_n": 32, "num_warps": 2}, {"path": "gemv", "prefetch": True},
+    {"path": "gemv", "prefetch": True, "split_k": 1, "block_p": 2},
+    {"path": "gemv", "prefetch": True, "split_k": 3, "block_p": 1},
+    {"path": "gemm", "reload": True},
     {"path": "gemm", "block_m": 32, "block_n": 32, "block_k": 32}, {"path": "dequant"},
 ]
 
@@ -148,11 +151,15 @@ def test_empty_batch():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 4, 8, 16, 256])
 @pytest.mark.parametrize("path", [None, "dequant"])
-def test_kernel_real_shapes_gpu(m, dtype, bits, path):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_kernel_real_shapes_gpu(m, dtype, bits, path, prefetch):
+    if prefetch and (m > 4 or path is not None):
+        pytest.skip("prefetch is a GEMV option")
     k = n = 4096
     qweight, scales, zeros, _ = _weights(k, n, 128, bits, device=torch.device("cuda"))
     x = torch.randn(m, k, device="cuda").to(dtype)
-    out = w4a16_gemm(x, qweight, scales, zeros, 128, bits, path=path)
+    kw = {"prefetch": True} if prefetch else {}
+    out = w4a16_gemm(x, qweight, scales, zeros, 128, bits, path=path, **kw)
     ref = w4a16_gemm_ref(x, qweight, scales, zeros, 128, bits)
     assert _rel_err(out, ref) < 1e-2
 
