@@ -28,7 +28,7 @@ from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
 MAX_M = 4  # larger batches go to the tensor-core kernel
-PREFETCH = False  # the measured default (benchmarks/quantized_gemm.py --sweep)
+PREFETCH_BITS = (4,)  # where prefetching is the default (benchmarks/quantized_gemm.py --sweep)
 WAVES = 2  # programs per SM with PREFETCH
 
 
@@ -169,12 +169,12 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     # space is flat within ~10% around them).
     block_p = _block_p(group_size, pack, block_p or (8 if m == 1 else 4))
     block_n = block_n or 256
-    num_warps = num_warps or 2
+    prefetch = bits in PREFETCH_BITS if prefetch is None else prefetch
+    num_warps = num_warps or (4 if prefetch else 2)
     step = block_p * pack
     assert group_size % step == 0 and k % group_size == 0, (group_size, step, k)
     n_tiles = triton.cdiv(n, block_n)
     k_steps = k // step
-    prefetch = PREFETCH if prefetch is None else prefetch
     if split_k is None:
         # Enough programs per SM that memory latency is hidden: without prefetching, many
         # short ones; with it, a few long ones keep their own loads in flight.

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
-FP8_GEMV_MAX_M = 4  # octavo.kernels.fp8_gemv.MAX_M (not imported here: it imports Triton)
+FP8_GEMV_MAX_M = 2  # octavo.kernels.fp8_gemv.MAX_M (not imported here: it imports Triton)
 
 
 def activation_scale(x: torch.Tensor, per_token: bool) -> torch.Tensor:

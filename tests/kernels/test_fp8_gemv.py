@@ -27,7 +27,7 @@ def _rel_err(a, b):
     return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("k,n,tuning", [
     (64, 40, {}),                                   # N not a multiple of the tile
     (100, 24, {"block_k": 32, "split_k": 2}),       # K tail masked, two splits
@@ -57,7 +57,7 @@ def test_scale_must_be_one_per_row():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("k,n", [(4096, 6144), (14336, 4096), (4096, 28672)])
 def test_real_shapes_gpu(m, k, n):
     x, weight, scale = _case(m, k, n, torch.bfloat16, device=torch.device("cuda"))
