@@ -55,13 +55,6 @@ def skinny_gemm() -> bool:
     return _flag("OCTAVO_SKINNY_GEMM", True)
 
 
-def split_k_reduce_chunk() -> int:
-    """OCTAVO_SPLIT_K_REDUCE_CHUNK (default 8, read at import): how many split-K partial sums
-    the last program of a tile loads at once (octavo/kernels/split_k.py); 1 loads them one
-    after another (the benchmark's comparison)."""
-    return max(1, int(os.environ.get("OCTAVO_SPLIT_K_REDUCE_CHUNK", "8")))
-
-
 def fp8_gemv() -> bool:
     """OCTAVO_FP8_GEMV (default on): on CUDA, FP8-weight linears with quantized activations
     (W8A8) run decode batches of <= 2 rows through the FP8-weight GEMV

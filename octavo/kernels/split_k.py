@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from octavo import envs
 from octavo.kernels.triton_utils import tl, triton
 
-REDUCE_CHUNK: tl.constexpr = tl.constexpr(envs.split_k_reduce_chunk())
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []
 
@@ -66,15 +64,9 @@ def store_or_reduce(acc, offs_m, offs_n, mask, out_ptr, stride_om, stride_on, pa
         ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
         if ticket == num_splits - 1:
             total = tl.zeros(acc.shape, dtype=tl.float32)
-            # Chunks of REDUCE_CHUNK independent loads, unrolled, so that they are in flight
-            # together: one L2 round trip per chunk rather than per split (a GEMV split 64
-            # ways waited for 64 in a row); still added in split order.
-            for k0 in range(0, num_splits, REDUCE_CHUNK):
-                for j in tl.static_range(REDUCE_CHUNK):
-                    # .cg: read from L2, where other SMs' partials are (not a stale L1 line).
-                    total += tl.load(part + (k0 + j) * stride_ps,
-                                     mask=mask & ((offs_n * 0 + k0 + j) < num_splits)[None, :],
-                                     other=0.0,
-                                     cache_modifier=".cg")
+            for k in range(0, num_splits):
+                # .cg: read from L2, where other SMs' partials are (not a stale L1 line).
+                total += tl.load(part + k * stride_ps, mask=mask, other=0.0,
+                                 cache_modifier=".cg")
             tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(cnt_ptr + tile, 0)
