@@ -18,6 +18,8 @@ Compute:
   scales: the activations quantized to fp8 per token (dynamic, ``amax / 448`` per row) or with
   the checkpoint's static scale, the weight's per-row scale; output in bfloat16 (row-wise
   scaling's output type), cast to the model dtype. Needs in/out features divisible by 16.
+  Decode batches of 1-2 rows run the FP8-weight GEMV instead (``OCTAVO_FP8_GEMV``): the same
+  fp8 weight and row scales, the activations not rounded to fp8.
 - Elsewhere: the weight dequantized once at load (``fp8 * scale``) to the model dtype,
   activations unquantized: the weight's rounding is kept, the matmul is a float one.
 
@@ -33,7 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo import envs
+from octavo.kernels.triton_available import HAS_TRITON
 from octavo.quantization.base import LinearMethod, QuantizationConfig, ignored_modules
+from octavo.quantization.fp8_linear import FP8_GEMV_MAX_M
 from octavo.quantization.merged_parts import part_order, part_rows, rank_box
 
 FP8 = torch.float8_e4m3fn
@@ -180,6 +185,7 @@ class Fp8LinearMethod(LinearMethod):
         if weight.dtype == FP8 and use_scaled_mm(device) and n % 16 == 0 and k % 16 == 0:
             layer.register_buffer("weight_fp8", weight, persistent=False)
             layer.register_buffer("weight_scale", row_scale, persistent=False)
+            layer.fp8_gemv = envs.fp8_gemv() and HAS_TRITON
             return
         dense = weight.float() if weight.dtype != FP8 else dequantize_fp8(weight, row_scale)
         layer.register_buffer("dequantized_weight", dense.to(self.params_dtype),
@@ -189,7 +195,17 @@ class Fp8LinearMethod(LinearMethod):
         w = getattr(layer, "dequantized_weight", None)
         if w is not None:
             return F.linear(x, w if w.dtype == x.dtype else w.to(x.dtype), bias)
-        y = scaled_mm_linear(x, layer.weight_fp8, layer.weight_scale, layer.fp8_input_scale)
+        if layer.fp8_gemv and x.numel() <= FP8_GEMV_MAX_M * x.shape[-1]:
+            # Decode batches of 1-2 rows: the FP8-weight GEMV, activations unrounded (here
+            # quantizing them costs more launches than the GEMM).
+            from octavo.kernels.fp8_gemv import fp8_gemv  # imports Triton: CUDA only
+
+            x2 = x.reshape(-1, x.shape[-1])
+            y = fp8_gemv(x2, layer.weight_fp8, layer.weight_scale).view(
+                *x.shape[:-1], layer.weight_fp8.shape[0])
+        else:
+            y = scaled_mm_linear(x, layer.weight_fp8, layer.weight_scale,
+                                 layer.fp8_input_scale)
         return y if bias is None else y + bias
 
     def dense_weight(self, layer):
