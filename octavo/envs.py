@@ -63,6 +63,13 @@ def fp8_gemv() -> bool:
     return _flag("OCTAVO_FP8_GEMV", True)
 
 
+def fp8_fused_quant() -> bool:
+    """OCTAVO_FP8_FUSED_QUANT (default on): on CUDA, the activations of FP8 (W8A8) linears go
+    to fp8 with their per-token (or static) scales in one Triton launch
+    (octavo/kernels/fp8_quant.py, bit-identical); off, six torch operations."""
+    return _flag("OCTAVO_FP8_FUSED_QUANT", True)
+
+
 def custom_all_reduce() -> bool:
     """OCTAVO_CUSTOM_ALL_REDUCE (default on): tensor-parallel all-reduces of small CUDA tensors
     in one launch over peer-mapped GPU memory (octavo/distributed/custom_all_reduce.py) where

@@ -80,11 +80,16 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Ten
     (``input_scale`` None) or with the static scale; float32 scales, bfloat16 output."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    if input_scale is None:
+    if x2.is_cuda and HAS_TRITON and envs.fp8_fused_quant():
+        from octavo.kernels.fp8_quant import fp8_quant  # imports Triton: CUDA only
+
+        xq, x_scale = fp8_quant(x2.contiguous(), input_scale, _MIN_SCALE, "clamp")
+    elif input_scale is None:
         x_scale = (x2.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
+        xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     else:
         x_scale = input_scale.float().reshape(1, 1).expand(x2.shape[0], 1).contiguous()
-    xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+        xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     y = torch._scaled_mm(xq, weight.t(), x_scale, row_scale.view(1, -1),
                          out_dtype=torch.bfloat16)
     return y.to(x.dtype).view(*shape[:-1], weight.shape[0])
@@ -195,7 +200,7 @@ class Fp8LinearMethod(LinearMethod):
         w = getattr(layer, "dequantized_weight", None)
         if w is not None:
             return F.linear(x, w if w.dtype == x.dtype else w.to(x.dtype), bias)
-        if layer.fp8_gemv and x.numel() <= FP8_GEMV_MAX_M * x.shape[-1]:
+        if layer.fp8_gemv and x.is_cuda and x.numel() <= FP8_GEMV_MAX_M * x.shape[-1]:
             # Decode batches of 1-2 rows: the FP8-weight GEMV, activations unrounded (here
             # quantizing them costs more launches than the GEMM).
             from octavo.kernels.fp8_gemv import fp8_gemv  # imports Triton: CUDA only

@@ -144,7 +144,7 @@ class Fp8LinearMethod(LinearMethod):
     def apply(self, layer, x, bias):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if layer.fp8_mm and x2.shape[0] <= FP8_GEMV_MAX_M and layer.fp8_gemv:
+        if layer.fp8_mm and x2.shape[0] <= FP8_GEMV_MAX_M and layer.fp8_gemv and x2.is_cuda:
             from octavo.kernels.fp8_gemv import fp8_gemv  # imports Triton: CUDA only
 
             y = fp8_gemv(x2, layer.fp8_weight, layer.fp8_weight_scale)
@@ -169,8 +169,16 @@ class Fp8LinearMethod(LinearMethod):
 
     def _scaled_mm(self, layer, x2: torch.Tensor) -> torch.Tensor:
         m = x2.shape[0]
-        x_scale = self._input_scale(layer, x2.float()).expand(m, 1).contiguous()
-        x_fp8 = quantize_fp8(x2.float(), x_scale)
+        if x2.is_cuda and HAS_TRITON and envs.fp8_fused_quant() and \
+                self.activations != "dynamic-tensor":
+            from octavo.kernels.fp8_quant import fp8_quant  # imports Triton: CUDA only
+
+            static = layer.act_scale if self.activations == "static-tensor" else None
+            x_fp8, x_scale = fp8_quant(x2.contiguous(), static,
+                                       torch.finfo(torch.float32).eps, "replace")
+        else:
+            x_scale = self._input_scale(layer, x2.float()).expand(m, 1).contiguous()
+            x_fp8 = quantize_fp8(x2.float(), x_scale)
         # Row-wise scales come with bfloat16 output on every build that has them; the input's
         # own dtype where the build allows it (remembered per layer).
         out_dtypes = [layer.fp8_out_dtype] if layer.fp8_out_dtype else [x2.dtype, torch.bfloat16]
