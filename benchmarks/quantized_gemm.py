@@ -145,16 +145,9 @@ def sweep(args, timed, bandwidth, limits) -> None:
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
-            results = []
-            for cfg in _candidates(m):
-                try:
-                    t = timed([lambda p=p, x=x, c=cfg, b=bits: w4a16_gemm(
-                        x, p[0], p[1], p[2], group, b, **dict(c))
-                               for p in packed])
-                except Exception as e:  # a configuration the compiler refuses
-                    results.append({"cfg": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
-                    continue
-                results.append({"cfg": cfg, "us": round(t, 2)})
+            results = _time_each(timed, _candidates(m), lambda c, x=x, b=bits, ps=packed: [
+                lambda p=p: w4a16_gemm(x, p[0], p[1], p[2], group, b, **dict(c))
+                for p in ps])
             ok = [r for r in results if "us" in r]
             best = min(ok, key=lambda r: r["us"])
             nbytes = k * n * bits / 8 + 2 * groups * n * 2
@@ -174,6 +167,18 @@ def sweep(args, timed, bandwidth, limits) -> None:
     print_json_result({"benchmark": "quantized_gemm_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "group": group, "rows": rows},
                       args.json)
+
+
+def _time_each(timed, candidates: list[dict], calls) -> list[dict]:
+    """``{"cfg", "us"}`` per candidate (``calls(cfg)``: the sweep's closures), or ``"error"``
+    for a configuration the compiler refuses."""
+    results = []
+    for cfg in candidates:
+        try:
+            results.append({"cfg": cfg, "us": round(timed(calls(cfg)), 2)})
+        except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+            results.append({"cfg": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
+    return results
 
 
 def _fp8_candidates() -> list[dict]:
@@ -208,15 +213,8 @@ def fp8_sweep(args, timed, bandwidth, limits) -> None:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
             t_mm = timed([lambda p=p, x=x: scaled_mm(x, p[0], p[1]) for p in weights])
-            results = []
-            for cfg in _fp8_candidates():
-                try:
-                    t = timed([lambda p=p, x=x, c=cfg: fp8_gemv(x, p[0], p[1], **c)
-                               for p in weights])
-                except Exception as e:  # a configuration the compiler refuses
-                    results.append({"cfg": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
-                    continue
-                results.append({"cfg": cfg, "us": round(t, 2)})
+            results = _time_each(timed, _fp8_candidates(), lambda c, x=x, ws=weights: [
+                lambda p=p: fp8_gemv(x, p[0], p[1], **c) for p in ws])
             ok = [r for r in results if "us" in r]
             best = min(ok, key=lambda r: r["us"])
             row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 2),
