@@ -1,7 +1,7 @@
 """Where a CPU decode step's time goes: W6's shape (the embedded SmolLM2-135M, float32 or with
 ``--dtype auto`` quantized, 32 requests) decoding at a given context, ms per step and a torch.profiler table of a few steps.
 
-    python benchmarks/profile_cpu_step.py [--context 100] [--batch 32] [--steps 10]
+    python benchmarks/profile_cpu_step.py [--context 100] [--batch 32] [--steps 10] [--threads 1]
 
 Run it with OCTAVO_CPU_KERNELS=0 for the torch ops the C++ kernels replace.
 """
@@ -23,10 +23,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=10, help="decode steps timed")
     ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's)")
     ap.add_argument("--dtype", default="float32",
                     help='"auto": the GGUF weights kept quantized (the CPU default)')
     args = ap.parse_args()
+    import torch
     from torch.profiler import ProfilerActivity, profile
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from octavo import LLM, SamplingParams
     from octavo.default_model import default_model_path

@@ -17,6 +17,20 @@ from octavo.sample.logits_processors import apply_logits_processors
 from octavo.sample.metadata import SamplingMetadata
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of [rows, vocab]; float32 CPU rows through the C++ kernel (torch's
+    CPU argmax walks each row with a scalar loop: 1.3 ms of a ~70 ms W6 decode step at 32 rows
+    on one core, the kernel ~0.1 ms; same indices, first maximum or first NaN)."""
+    if (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
+            and x.shape[1] > 0 and x.stride(1) == 1):
+        from octavo.kernels import cpu as cpu_kernels
+
+        ops = cpu_kernels.ops_for(x)
+        if ops is not None and hasattr(ops, "argmax_rows"):
+            return ops.argmax_rows(x)
+    return x.argmax(dim=-1)
+
+
 @dataclass
 class SamplerOutput:
     sampled: torch.Tensor  # [B] int64
@@ -43,7 +57,7 @@ class Sampler:
         if meta.row_contexts:
             logits = apply_logits_processors(logits.clone(), meta.row_contexts, failed)
         if meta.all_greedy:
-            sampled = logits.argmax(dim=-1)
+            sampled = argmax(logits)
         else:
             sampled = self._sample(logits, meta)
         out = SamplerOutput(sampled=sampled, failed_rows=failed or None)
@@ -78,7 +92,7 @@ class Sampler:
         return race_sample(logits, meta.temperature, base, row_seeds)
 
     def _sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        greedy_tokens = logits.argmax(dim=-1)
+        greedy_tokens = argmax(logits)
         temp = meta.temperature
         greedy_rows = temp < 1e-5
         logits = logits / torch.where(greedy_rows, torch.ones_like(temp), temp).unsqueeze(1)
@@ -93,7 +107,7 @@ class Sampler:
             q.exponential_(generator=meta.generator)
         for row, gen in meta.generators.items():
             q[row].exponential_(generator=gen)
-        sampled = probs.div_(q).argmax(dim=-1)
+        sampled = argmax(probs.div_(q))
         return torch.where(greedy_rows, greedy_tokens, sampled)
 
     @staticmethod

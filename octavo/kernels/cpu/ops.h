@@ -36,6 +36,9 @@ at::Tensor gguf_linear_dense(const at::Tensor& x, const at::Tensor& qweight,
                              int64_t in_features);
 std::vector<int64_t> quant_isas();
 
+// torch.argmax(logits, dim=-1) for float32 [rows, n] logits (argmax.cpp): greedy sampling.
+at::Tensor argmax_rows(const at::Tensor& logits);
+
 // A decode step through Llama-style decoder layers with GGUF linear layers (decoder.cpp):
 // returns (x, residual) after the last layer, before the final norm.
 std::vector<at::Tensor> gguf_decoder_layers(

@@ -2,7 +2,6 @@
 // every vpdpbusd is weight row 16 g + r, and 4-byte runs of the activations' int8 halves
 // (q = 256 hi + lo) are broadcast, so one pass over a group makes 16 outputs for up to 4
 // activation rows.
-#include <cstring>
 
 #include "quant_gemm.h"
 
@@ -11,6 +10,16 @@
 namespace octavo_cpu {
 namespace quant {
 namespace {
+
+// acc += u (16 lanes x 4 unsigned bytes) . the 4 signed bytes at x, broadcast to every lane:
+// one vpdpbusd with an embedded {1to16} broadcast of its memory operand, where gcc 12 emits a
+// separate vpbroadcastd for _mm512_set1_epi32 (3072x576 at M = 32, one thread: 0.626 ->
+// 0.609 ms).
+inline void dpbusd_bcst(__m512i& acc, __m512i u, const int8_t* x) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(u), "m"(*reinterpret_cast<const int32_t*>(x)));
+}
 
 inline __m512 scales16(const Weights& w, const void* base, int64_t idx) {
   if (w.half) {
@@ -41,6 +50,10 @@ void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, f
       for (int r = 0; r < MT; ++r) {
         h0[r] = l0[r] = h1[r] = l1[r] = _mm512_setzero_si512();
       }
+      // Unrolled: as a loop, gcc 12 gave every accumulator a different register in each
+      // iteration and copied all 16 of them around the back edge (16 zmm moves per 16
+      // vpdpbusd; 3072x576 at M = 32 0.73 -> 0.61 ms, one thread).
+#pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         __m512i u0, u1;
         if constexpr (KIND == 4) {
@@ -53,15 +66,10 @@ void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, f
         }
         for (int r = 0; r < MT; ++r) {
           const int64_t off = (m0 + r) * k + c * 64 + 4 * j;
-          int32_t xh0, xl0, xh1, xl1;
-          std::memcpy(&xh0, a.hi.data() + off, 4);
-          std::memcpy(&xl0, a.lo.data() + off, 4);
-          std::memcpy(&xh1, a.hi.data() + off + 32, 4);
-          std::memcpy(&xl1, a.lo.data() + off + 32, 4);
-          h0[r] = _mm512_dpbusd_epi32(h0[r], u0, _mm512_set1_epi32(xh0));
-          l0[r] = _mm512_dpbusd_epi32(l0[r], u0, _mm512_set1_epi32(xl0));
-          h1[r] = _mm512_dpbusd_epi32(h1[r], u1, _mm512_set1_epi32(xh1));
-          l1[r] = _mm512_dpbusd_epi32(l1[r], u1, _mm512_set1_epi32(xl1));
+          dpbusd_bcst(h0[r], u0, a.hi.data() + off);
+          dpbusd_bcst(l0[r], u0, a.lo.data() + off);
+          dpbusd_bcst(h1[r], u1, a.hi.data() + off + 32);
+          dpbusd_bcst(l1[r], u1, a.lo.data() + off + 32);
         }
       }
       const __m512 d0 = scales16(w, w.d, sbase + (2 * c) * kRows);
@@ -86,11 +94,8 @@ void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, f
         const __m512i u = _mm512_loadu_si512(gq + (g * runs + j) * 64);
         for (int r = 0; r < MT; ++r) {
           const int64_t off = (m0 + r) * k + g * w.group + 4 * j;
-          int32_t xh, xl;
-          std::memcpy(&xh, a.hi.data() + off, 4);
-          std::memcpy(&xl, a.lo.data() + off, 4);
-          h[r] = _mm512_dpbusd_epi32(h[r], u, _mm512_set1_epi32(xh));
-          l[r] = _mm512_dpbusd_epi32(l[r], u, _mm512_set1_epi32(xl));
+          dpbusd_bcst(h[r], u, a.hi.data() + off);
+          dpbusd_bcst(l[r], u, a.lo.data() + off);
         }
       }
       const __m512 d = scales16(w, w.d, sbase + g * kRows);
