@@ -102,7 +102,8 @@ class ReplicaCore:
             # Queued under the lock: an abort from another thread comes after it.
             try:
                 fut = self.llm.add_request_to_sink(request_id, prompt, params, self._sink,
-                                                   priority=priority, group_id=group_id)
+                                                   priority=priority, group_id=group_id,
+                                                   plain_deltas=True)
             except Exception as e:  # noqa: BLE001 - the engine is dead: reported by request
                 fut, error = None, e
         if fut is None:
@@ -138,6 +139,9 @@ class ReplicaCore:
                 sent = live.get(request_id)
                 if sent is None:
                     continue  # aborted meanwhile
+                if item.__class__ is tuple:  # a StepDelta, built so by the engine
+                    msgs.append(("delta", request_id, item[1], item[2], item[3]))
+                    continue
                 if isinstance(item, BaseException):
                     del live[request_id]
                     msgs.append(fail_message(request_id, item))
