@@ -39,7 +39,8 @@ class PipeWriter:
         self._closed = False
         self._poll = select.poll()
         self._poll.register(conn.fileno(), select.POLLOUT)
-        self.num_queued = 0  # batches that went through the writer thread (tests, stats)
+        self.num_sent = 0
+        self.num_queued = 0  # of them, through the writer thread: the pipe was full
         self._thread = threading.Thread(target=self._write_loop, name="octavo-replica-write",
                                         daemon=True)
         self._thread.start()
@@ -50,6 +51,7 @@ class PipeWriter:
         with self._lock:
             if self._closed:
                 return
+            self.num_sent += 1
             if (not self._queue and not self._busy and len(data) <= self._max_direct
                     and self._writable()):
                 try:

@@ -73,6 +73,7 @@ class ReplicaCore:
         # Set by a transport that can take a step's outputs on the engine thread (a process
         # replica's pipe); else they go through the outbox to its sender.
         self.direct_send: Callable[[list], None] | None = None
+        self.pipe_writer = None  # a process replica's PipeWriter (its counts are logged)
         self._started = time.monotonic()
         self.outbox.put(("ready", {"pid": os.getpid()}))
 
@@ -201,5 +202,8 @@ class ReplicaCore:
             summary = self.llm.engine.timings.summary()
             summary["alive_s"] = time.monotonic() - self._started
             summary["in_steps_s"] = self.llm.engine.timings.wall_s
+            if self.pipe_writer is not None:
+                summary["batches_sent"] = self.pipe_writer.num_sent
+                summary["batches_queued_on_a_full_pipe"] = self.pipe_writer.num_queued
             logger.warning("replica %d step timings: %s", self.spec.index, json.dumps(summary))
         self.llm.shutdown()

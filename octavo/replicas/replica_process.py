@@ -48,7 +48,8 @@ def replica_process_main(conn, spec: ReplicaSpec) -> None:
 
     # In order, from any thread; a full pipe (the router's process behind) queues the batch
     # for the writer's own thread rather than blocking the engine's. The router gone: exit.
-    send = PipeWriter(conn, on_closed=lambda: os._exit(0)).send
+    writer = core.pipe_writer = PipeWriter(conn, on_closed=lambda: os._exit(0))
+    send = writer.send
 
     if envs.replica_direct_send():
         # The engine thread sends each step's outputs itself: handing them to the sender
