@@ -28,3 +28,19 @@ def test_freeze_startup_heap(flag, frozen):
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
                          text=True, check=True).stdout
     assert (int(out.strip()) >= 1000) == frozen
+
+
+def test_gc_timer_counts_collections_by_generation():
+    import gc
+
+    from octavo.metrics.gc_timer import GcTimer
+
+    timer = GcTimer()
+    try:
+        gc.collect()
+        gc.collect(0)
+    finally:
+        timer.stop()
+    s = timer.summary()
+    assert s["gc_collections"][2] >= 1 and s["gc_collections"][0] >= 1
+    assert s["gc_longest_ms"] >= 0 and timer._callback not in gc.callbacks

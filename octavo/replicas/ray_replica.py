@@ -32,9 +32,6 @@ class ReplicaActor:
         from octavo.replicas.replica_core import ReplicaCore
 
         self.core = ReplicaCore(spec, on_fatal=lambda e: os._exit(1))
-        from octavo.startup_heap import freeze_startup_heap
-
-        freeze_startup_heap()  # the actor's process serves from here on
 
     def submit(self, msg: tuple) -> None:
         self.core.handle(msg)

@@ -75,6 +75,15 @@ class ReplicaCore:
         self.direct_send: Callable[[list], None] | None = None
         self.pipe_writer = None  # a process replica's PipeWriter (its counts are logged)
         self._started = time.monotonic()
+        from octavo import envs
+        from octavo.startup_heap import freeze_startup_heap
+
+        freeze_startup_heap()  # a replica's process serves from here on
+        self._gc = None
+        if envs.log_step_timings():  # the collector's share, logged with the step timings
+            from octavo.metrics.gc_timer import GcTimer
+
+            self._gc = GcTimer()
         self.outbox.put(("ready", {"pid": os.getpid()}))
 
     # ------------------------------------------------------------------ commands
@@ -202,6 +211,9 @@ class ReplicaCore:
             summary = self.llm.engine.timings.summary()
             summary["alive_s"] = time.monotonic() - self._started
             summary["in_steps_s"] = self.llm.engine.timings.wall_s
+            if self._gc is not None:
+                self._gc.stop()
+                summary.update(self._gc.summary())
             if self.pipe_writer is not None:
                 summary["batches_sent"] = self.pipe_writer.num_sent
                 summary["batches_queued_on_a_full_pipe"] = self.pipe_writer.num_queued

@@ -42,9 +42,6 @@ def replica_process_main(conn, spec: ReplicaSpec) -> None:
     except BaseException as e:  # noqa: BLE001 - the router raises with this text
         conn.send([("start_error", error_text(e))])
         return
-    from octavo.startup_heap import freeze_startup_heap
-
-    freeze_startup_heap()  # this process serves from here on
     stop = threading.Event()
     from octavo import envs
     from octavo.replicas.pipe_writer import PipeWriter
