@@ -160,3 +160,11 @@ def replica_direct_send() -> bool:
     step's outputs to the router itself; off, it hands them to the replica's sender thread
     (a GIL hand-off between two threads every step)."""
     return _flag("OCTAVO_REPLICA_DIRECT_SEND", True)
+
+
+def freeze_startup_heap() -> bool:
+    """OCTAVO_FREEZE_STARTUP_HEAP (default on): a serving process (the API server, an engine
+    process) moves every object alive once its engine is built out of the garbage
+    collector's reach (``gc.freeze``; octavo/startup_heap.py); off, each full collection
+    walks them again."""
+    return _flag("OCTAVO_FREEZE_STARTUP_HEAP", True)

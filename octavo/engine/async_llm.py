@@ -61,7 +61,9 @@ class StatLogger(Protocol):
 
 
 # Receives, on the engine thread, once per step, a list of (request_id, RequestOutput or the
-# exception that ended the request) for the requests added with ``add_request_to_sink``.
+# exception that ended the request) for the requests added with ``add_request_to_sink``;
+# with ``plain_deltas``, a request's unfinished outputs after its first are StepDelta tuples
+# (request_id, completion index, new text, new token ids) instead of RequestOutputs.
 Sink = Callable[[list], None]
 
 
@@ -212,20 +214,24 @@ class AsyncLLM:
 
     def add_request_to_sink(self, request_id: str, prompt: PromptType,
                             sampling_params: SamplingParams, sink: Sink, priority: int = 0,
-                            group_id: str | None = None) -> concurrent.futures.Future:
+                            group_id: str | None = None,
+                            plain_deltas: bool = False) -> concurrent.futures.Future:
         """Queue a request whose outputs go to ``sink`` (see ``Sink``) instead of an async
         stream: an engine process hands a whole step's outputs to its transport in one call,
         with no task or queue per request. The future fails as ``generate`` would raise
         before its first output (ValueError for an invalid request); ``abort`` ends the
-        request without a further output."""
+        request without a further output. ``plain_deltas``: see ``LLMEngine.add_request``
+        (a DELTA request's common step output as plain values, built in one pass from the
+        request's state)."""
         stream = _Stream(None, None, request_id=request_id, sink=sink,
                          delta=sampling_params.output_kind == RequestOutputKind.DELTA)
         return self._submit(self._adder(stream, request_id, prompt, sampling_params, priority,
-                                        group_id))
+                                        group_id, plain_deltas))
 
     def _adder(self, stream: _Stream, request_id: str, prompt: PromptType,
                sampling_params: SamplingParams, priority: int,
-               group_id: str | None) -> Callable[[LLMEngine], None]:
+               group_id: str | None, plain_deltas: bool = False
+               ) -> Callable[[LLMEngine], None]:
         """The engine-thread command that adds a request and registers its stream."""
         def add(engine: LLMEngine) -> None:
             if request_id in self._streams:
@@ -236,7 +242,7 @@ class AsyncLLM:
                 self._beams.start(job)
             else:
                 engine.add_request(request_id, prompt, sampling_params, priority=priority,
-                                   group_id=group_id)
+                                   group_id=group_id, plain_deltas=plain_deltas)
             self._streams[request_id] = stream
 
         return add
@@ -311,15 +317,17 @@ class AsyncLLM:
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 fut.set_exception(e)
 
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+    def _dispatch(self, outputs: list) -> None:
         # One wake-up per event loop per step, not one per stream: with hundreds of streams
         # on one loop, a call_soon_threadsafe each (a pipe write, a loop iteration, GIL
         # hand-offs with this thread) cost more than the step itself.
+        t0 = time.perf_counter()
         self._pending = {}
         try:
             self._dispatch_outputs(outputs)
         finally:
             self._flush_pending()
+            self.engine.timings.dispatch_s += time.perf_counter() - t0
 
     def _flush_pending(self) -> None:
         pending, self._pending = self._pending, None
@@ -332,10 +340,26 @@ class AsyncLLM:
             except RuntimeError:  # that event loop is closed: nobody is listening
                 pass
 
-    def _dispatch_outputs(self, outputs: list[RequestOutput]) -> None:
+    def _dispatch_outputs(self, outputs: list) -> None:
         now = time.monotonic()
         finished: list[FinishedRequestStats] = []
+        streams = self._streams
+        pending = self._pending
         for out in outputs:
+            if out.__class__ is tuple:  # a StepDelta: a sink's request (plain_deltas)
+                request_id, index, _, token_ids = out
+                stream = streams.get(request_id)
+                if stream is None:
+                    continue
+                tokens = stream.tokens
+                tokens[index] = tokens.get(index, 0) + len(token_ids)
+                if stream.first_token is None and token_ids:
+                    stream.first_token = now
+                items = pending.get(stream.sink)
+                if items is None:
+                    items = pending[stream.sink] = []
+                items.append((request_id, out))
+                continue
             if self._beams.owns(out.request_id):
                 self._beam_round(out, now, finished)
                 continue

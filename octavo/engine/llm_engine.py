@@ -11,7 +11,7 @@ from octavo.config import EngineConfig
 from octavo.core.request import RequestStatus
 from octavo.core.scheduler import Scheduler
 from octavo.engine.arg_utils import EngineArgs
-from octavo.engine.output_processor import RequestState
+from octavo.engine.output_processor import RequestState, StepDelta
 from octavo.engine.parallel_sampling import ParentRequest, child_params, num_samples
 from octavo.engine.processor import Processor, PromptType
 from octavo.engine.tokenizer import load_tokenizer
@@ -20,7 +20,7 @@ from octavo.executor.base import check_picklable
 from octavo.executor.registry import get_executor_class
 from octavo.metrics.step_timings import StepTimings, StepTrace
 from octavo.outputs import CompletionOutput, RequestOutput
-from octavo.sampling_params import SamplingParams
+from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +86,17 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: PromptType,
                     params: SamplingParams | None = None, priority: int = 0,
-                    arrival_time: float | None = None, group_id: str | None = None) -> None:
+                    arrival_time: float | None = None, group_id: str | None = None,
+                    plain_deltas: bool = False) -> None:
         """Queue a request. ``group_id``: the user request it belongs to when one user request
         fans out into several engine requests (a server's list of prompts): the scheduler
-        bounds a group's share of the batch while others wait. Default: its own id."""
+        bounds a group's share of the batch while others wait. Default: its own id.
+
+        ``plain_deltas`` (a DELTA request without logprobs; ignored otherwise): after its
+        first output, each unfinished output that ``step`` returns for it is a ``StepDelta``
+        tuple (request id, completion index, new text, new token ids) instead of a
+        RequestOutput: the same values, for a consumer that forwards deltas as they are
+        (an engine process's sink) and need not pay for the objects every step."""
         if request_id in self.states or request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         params = SamplingParams() if params is None else params
@@ -97,15 +104,18 @@ class LLMEngine:
             check_picklable(params)
         if isinstance(params, SamplingParams) and num_samples(params) > 1:
             self._add_parallel(request_id, prompt, params, priority, arrival_time,
-                               group_id or request_id)
+                               group_id or request_id, plain_deltas)
             return
         req, text = self.processor.process(request_id, prompt, params, priority, arrival_time)
         req.group_id = group_id or request_id
         self.scheduler.add_request(req)
-        self.states[request_id] = self._new_state(req, text)
+        self.states[request_id] = self._new_state(req, text, plain_deltas)
 
-    def _new_state(self, req, text: str | None) -> RequestState:
+    def _new_state(self, req, text: str | None, plain_deltas: bool = False) -> RequestState:
         state = RequestState(req, text, self.tokenizer)
+        p = req.sampling_params
+        state.wants_plain = (plain_deltas and p.output_kind == RequestOutputKind.DELTA
+                             and p.logprobs is None)
         if req.sampling_params.structured_outputs is not None:
             # Its own matcher (each sample of n > 1 too), from the grammar the processor
             # compiled and cached.
@@ -115,7 +125,7 @@ class LLMEngine:
         return state
 
     def _add_parallel(self, request_id, prompt, params, priority, arrival_time,
-                      group_id: str) -> None:
+                      group_id: str, plain_deltas: bool = False) -> None:
         self.processor.check_params(params)  # the children's params hide n and best_of
         parent = ParentRequest(request_id, params)
         # The prompt is tokenized and checked once; the other samples reuse its token ids.
@@ -133,7 +143,7 @@ class LLMEngine:
             if i:
                 req.fork_of = leader
             self.scheduler.add_request(req)
-            self.states[req.request_id] = self._new_state(req, text)
+            self.states[req.request_id] = self._new_state(req, text, plain_deltas)
             self._child_parent[req.request_id] = (parent, i)
         self.parents[request_id] = parent
 
@@ -158,9 +168,10 @@ class LLMEngine:
         return self.tokenizer
 
     # ------------------------------------------------------------------ the step
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | StepDelta]:
         """Schedule and launch one step; return the outputs of the step before it (with
         asynchronous scheduling, whose host work then overlaps the device) or of this one.
+        RequestOutputs, and StepDelta tuples only for requests added with ``plain_deltas``.
 
         A fault traced to one request ends that request (finish_reason "error") and the step
         goes on. Any other exception drops every request, resets the worker and raises
@@ -202,7 +213,7 @@ class LLMEngine:
             self.reset()
             raise
 
-    def _step(self) -> list[RequestOutput]:
+    def _step(self) -> list[RequestOutput | StepDelta]:
         t0 = time.perf_counter()
         inflight, self._inflight = self._inflight, None
         if inflight is not None and not self._can_overlap():
@@ -262,7 +273,7 @@ class LLMEngine:
         return (self.config.scheduler_config.async_scheduling
                 and not any(st.needs_sync for st in self.states.values()))
 
-    def _process(self, sched, handle) -> tuple[list[RequestOutput], int, int]:
+    def _process(self, sched, handle) -> tuple[list[RequestOutput | StepDelta], int, int]:
         """Wait for a launched step's tokens and turn them into outputs."""
         tw = time.perf_counter()
         runner_out = handle.result()
@@ -280,7 +291,7 @@ class LLMEngine:
                 state.add_prompt_logprobs(chunk)
         finished_ids = {r.request_id for r in finished}
         lp = runner_out.logprobs or {}
-        outputs: list[RequestOutput] = []
+        outputs: list[RequestOutput | StepDelta] = []
         stopped: list[str] = []
         num_prompt = 0
         for req, token in new_tokens:
@@ -316,7 +327,8 @@ class LLMEngine:
         return outputs, num_prompt, len(new_tokens)
 
     def _output_for(self, req, state: RequestState, token: int, finished_ids: set[str],
-                    lp: dict, stopped: list[str]) -> tuple[RequestOutput | None, bool]:
+                    lp: dict, stopped: list[str]
+                    ) -> tuple[RequestOutput | StepDelta | None, bool]:
         """Fold one new token into its request's output state; (output to emit, done)."""
         done = req.request_id in finished_ids
         reason = req.status.finish_reason
@@ -333,11 +345,22 @@ class LLMEngine:
         stop_reason = state.detok.stop_reason if (
             hit_stop and state.detok is not None) else req.stop_reason
         out = state.make_output(done, reason, stop_reason)
-        if out is not None and req.request_id in self._child_parent:
-            parent, index = self._child_parent[req.request_id]
+        if out is None:
+            return None, done
+        link = self._child_parent.get(req.request_id)
+        if out.__class__ is tuple:  # a StepDelta (state.plain)
+            if link is not None:  # the parent's, at this sample's index
+                out = (link[0].request_id, link[1], out[2], out[3])
+            return out, done
+        if link is not None:
+            parent, index = link
             out = parent.add(index, out)
             if parent.done:
                 self.parents.pop(parent.request_id, None)
+        if out is not None and state.wants_plain:
+            # Its first output went out (with the prompt's fields and logprobs): the later
+            # ones can be plain. A sample's too: its parent's first output went out by now.
+            state.plain = True
         return out, done
 
     def _fail_requests(self, failed: dict[str, str]) -> list[RequestOutput]:

@@ -44,6 +44,12 @@ class RequestTimes:
         return self.first_scheduled_time - self.arrival_time
 
 
+# An unfinished DELTA output as plain values, for a consumer that forwards deltas as they are
+# (an engine process's sink): (request_id, completion index, new text, new token ids). No
+# logprobs, finish reason or prompt fields: a request with any of those gets a RequestOutput.
+StepDelta = tuple[str, int, str, list[int]]
+
+
 class RequestState:
     def __init__(self, request: Request, prompt: str | None, tokenizer) -> None:
         self.request_id = request.request_id
@@ -70,6 +76,12 @@ class RequestState:
         self.sent_text = 0
         self.tokenizer = tokenizer
         self._last_times: RequestTimes | None = None
+        # Text a DELTA stream holds back while it may be the start of a stop string.
+        self._hold = self.params.output_text_buffer_length
+        # Set by the engine once this request's first output went out, for a consumer that
+        # asked for plain deltas: each later unfinished output is then a ``StepDelta``.
+        self.plain = False
+        self.wants_plain = False  # plain_deltas asked for, and the request allows them
 
     def add_token(self, token: int, logprob_info, detokenize: bool = True) -> bool:
         """Record a token; True when a stop string ended the request. ``detokenize=False``
@@ -100,9 +112,29 @@ class RequestState:
     def _tok(self, tid: int) -> str | None:
         return self.tokenizer.convert_ids_to_tokens(tid) if self.tokenizer is not None else None
 
+    def plain_delta(self) -> StepDelta | None:
+        """The step's new text and token ids, as ``make_output`` would put them in a DELTA
+        output of an unfinished request (``plain`` requests: no logprobs, the prompt's
+        logprobs sent already), without building one; None when there is nothing new."""
+        text = self.detok.text if self.detok is not None else ""
+        sent = self.sent_text
+        upto = len(text) - self._hold
+        if upto > sent:
+            text, self.sent_text = text[sent:upto], upto
+        else:
+            text = ""
+        n = self.sent_tokens
+        token_ids = self.token_ids[n:]
+        self.sent_tokens = n + len(token_ids)
+        if not token_ids and not text:
+            return None
+        return (self.request_id, 0, text, token_ids)
+
     def make_output(self, finished: bool, finish_reason: str | None,
-                    stop_reason) -> RequestOutput | None:
+                    stop_reason) -> RequestOutput | StepDelta | None:
         kind = self.params.output_kind
+        if self.plain and not finished:
+            return self.plain_delta()
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
         if finished and self.detok is not None:

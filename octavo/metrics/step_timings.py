@@ -24,6 +24,10 @@ class StepTimings:
     prepare_s: float = 0.0  # host-side batch building inside the runner
     execute_s: float = 0.0  # runner total, prepare included
     output_s: float = 0.0
+    # After the step, on an AsyncLLM's engine thread: handing the outputs to their streams
+    # or sinks (an engine process: building its messages and the pipe write), before the
+    # next step can start.
+    dispatch_s: float = 0.0
     wall_s: float = 0.0
     tokens: int = 0
     _extra: dict = field(default_factory=dict)
@@ -66,6 +70,7 @@ class StepTimings:
             "prepare_inputs_ms_per_step": 1e3 * self.prepare_s / n,
             "execute_ms_per_step": 1e3 * self.execute_s / n,
             "output_processing_ms_per_step": 1e3 * self.output_s / n,
+            "dispatch_ms_per_step": 1e3 * self.dispatch_s / n,
             "cpu_bookkeeping_ms_per_step": 1e3 * cpu / n,
             "cpu_bookkeeping_fraction": cpu / self.wall_s if self.wall_s else 0.0,
         }

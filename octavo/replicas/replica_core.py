@@ -73,7 +73,17 @@ class ReplicaCore:
         # Set by a transport that can take a step's outputs on the engine thread (a process
         # replica's pipe); else they go through the outbox to its sender.
         self.direct_send: Callable[[list], None] | None = None
+        self.pipe_writer = None  # a process replica's PipeWriter (its counts are logged)
         self._started = time.monotonic()
+        from octavo import envs
+        from octavo.startup_heap import freeze_startup_heap
+
+        freeze_startup_heap()  # a replica's process serves from here on
+        self._gc = None
+        if envs.log_step_timings():  # the collector's share, logged with the step timings
+            from octavo.metrics.gc_timer import GcTimer
+
+            self._gc = GcTimer()
         self.outbox.put(("ready", {"pid": os.getpid()}))
 
     # ------------------------------------------------------------------ commands
@@ -102,7 +112,8 @@ class ReplicaCore:
             # Queued under the lock: an abort from another thread comes after it.
             try:
                 fut = self.llm.add_request_to_sink(request_id, prompt, params, self._sink,
-                                                   priority=priority, group_id=group_id)
+                                                   priority=priority, group_id=group_id,
+                                                   plain_deltas=True)
             except Exception as e:  # noqa: BLE001 - the engine is dead: reported by request
                 fut, error = None, e
         if fut is None:
@@ -138,6 +149,9 @@ class ReplicaCore:
                 sent = live.get(request_id)
                 if sent is None:
                     continue  # aborted meanwhile
+                if item.__class__ is tuple:  # a StepDelta, built so by the engine
+                    msgs.append(("delta", request_id, item[1], item[2], item[3]))
+                    continue
                 if isinstance(item, BaseException):
                     del live[request_id]
                     msgs.append(fail_message(request_id, item))
@@ -197,5 +211,11 @@ class ReplicaCore:
             summary = self.llm.engine.timings.summary()
             summary["alive_s"] = time.monotonic() - self._started
             summary["in_steps_s"] = self.llm.engine.timings.wall_s
+            if self._gc is not None:
+                self._gc.stop()
+                summary.update(self._gc.summary())
+            if self.pipe_writer is not None:
+                summary["batches_sent"] = self.pipe_writer.num_sent
+                summary["batches_queued_on_a_full_pipe"] = self.pipe_writer.num_queued
             logger.warning("replica %d step timings: %s", self.spec.index, json.dumps(summary))
         self.llm.shutdown()

@@ -4,7 +4,8 @@ replica's batches out.
 
 In the child, the main thread reads messages (EOF: the router's process is gone, so the
 replica ends too), the engine thread sends each step's outputs, and a sender thread sends
-the rest of the outbox (ready, refusals, the stats heartbeat). In the router, a reader
+the rest of the outbox (ready, refusals, the stats heartbeat), all through a ``PipeWriter``
+(a full pipe never blocks the engine thread). In the router, a reader
 thread receives batches and reports the pipe's end (the child died, or was stopped) once.
 The child is a daemon unless it is tensor-parallel (it then starts worker processes of its
 own, which a daemon may not); the router stops its replicas at exit either way.
@@ -42,21 +43,17 @@ def replica_process_main(conn, spec: ReplicaSpec) -> None:
         conn.send([("start_error", error_text(e))])
         return
     stop = threading.Event()
-    send_lock = threading.Lock()
-
-    def send(batch: list) -> None:
-        with send_lock:
-            try:
-                conn.send(batch)
-            except (BrokenPipeError, OSError):
-                os._exit(0)  # the router is gone
-
     from octavo import envs
+    from octavo.replicas.pipe_writer import PipeWriter
+
+    # In order, from any thread; a full pipe (the router's process behind) queues the batch
+    # for the writer's own thread rather than blocking the engine's. The router gone: exit.
+    writer = core.pipe_writer = PipeWriter(conn, on_closed=lambda: os._exit(0))
+    send = writer.send
 
     if envs.replica_direct_send():
         # The engine thread sends each step's outputs itself: handing them to the sender
-        # thread cost a GIL hand-off every step. The router's reader drains the pipe
-        # continuously, so a send blocks only while the router's process is stuck.
+        # thread cost a GIL hand-off every step.
         core.direct_send = send
 
     def send_loop() -> None:

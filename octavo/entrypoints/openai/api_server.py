@@ -413,6 +413,9 @@ def run_server(args: argparse.Namespace) -> int:
         chat_template=_read_template(args.chat_template),
         tool_call_parser=getattr(args, "tool_call_parser", None))
     app = build_app(engine, settings)
+    from octavo.startup_heap import freeze_startup_heap
+
+    freeze_startup_heap()  # this process serves from here on
     metrics_server = None
     if args.metrics_port is not None:
         try:
