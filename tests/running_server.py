@@ -11,6 +11,15 @@ import time
 from collections.abc import Callable
 
 
+def openai_http_library(openai):
+    """The HTTP library the openai client is built on (httpx, or httpx2 in newer releases):
+    its transports and clients are the ones the client accepts."""
+    import importlib
+
+    return importlib.import_module(
+        openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,7 +8,6 @@ serves again once the engine is restarted."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import signal
@@ -25,11 +24,10 @@ from octavo.entrypoints.openai.api_server import (  # noqa: E402
     start_engine,
 )
 from octavo.replicas import ReplicaRouter  # noqa: E402
-from tests.running_server import RunningServer, server_flags  # noqa: E402
+from tests.running_server import RunningServer, openai_http_library, server_flags  # noqa: E402
 from tests.tiny_models import make_word_llama  # noqa: E402
 
-httpx = importlib.import_module(
-    openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+httpx = openai_http_library(openai)
 
 MAX_LEN = 512
 PROMPTS = ["w5 w17 w300", "w9", "w100 w101 w102 w103 w104 w105"]

@@ -16,7 +16,6 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
 
-import importlib  # noqa: E402
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
@@ -29,12 +28,9 @@ from octavo.entrypoints.openai.api_server import (  # noqa: E402
     make_arg_parser,
     unsupported_flags,
 )
-from tests.running_server import RunningServer, wait_idle  # noqa: E402
+from tests.running_server import RunningServer, openai_http_library, wait_idle  # noqa: E402
 
-# The HTTP library the openai client is built on (httpx, or httpx2 in newer releases): its
-# transports and clients are the ones the client accepts.
-httpx = importlib.import_module(
-    openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+httpx = openai_http_library(openai)
 
 MAX_LEN = 512
 BODY_LIMIT = 64 * 1024

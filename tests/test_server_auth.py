@@ -6,7 +6,6 @@ through build_app on the embedded default model."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import time
 from types import SimpleNamespace
@@ -24,10 +23,9 @@ from octavo.entrypoints.openai.middleware import (  # noqa: E402
     RateLimitMiddleware,
     SlidingWindows,
 )
+from tests.running_server import openai_http_library  # noqa: E402
 
-# The HTTP library the openai client is built on (httpx, or httpx2 in newer releases).
-httpx = importlib.import_module(
-    openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+httpx = openai_http_library(openai)
 
 KEY = "sekret-key"
 

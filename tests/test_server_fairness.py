@@ -13,17 +13,13 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-import importlib  # noqa: E402
-
 from octavo.engine.arg_utils import EngineArgs  # noqa: E402
 from octavo.engine.async_llm import AsyncLLM  # noqa: E402
 from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # noqa: E402
-from tests.running_server import RunningServer  # noqa: E402
+from tests.running_server import RunningServer, openai_http_library  # noqa: E402
 from tests.tiny_models import make_checkpoint  # noqa: E402
 
-# The HTTP library the openai client is built on (httpx, or httpx2 in newer releases).
-httpx = importlib.import_module(
-    openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+httpx = openai_http_library(openai)
 
 N = 5000
 

@@ -8,7 +8,6 @@ server would be running (a real server subprocess would spend most of its time l
 from __future__ import annotations
 
 import asyncio
-import importlib
 import socket
 import urllib.error
 import urllib.request
@@ -25,12 +24,10 @@ from octavo.engine.arg_utils import EngineArgs  # noqa: E402
 from octavo.engine.async_llm import AsyncLLM  # noqa: E402
 from octavo.entrypoints.openai import api_server  # noqa: E402
 from octavo.metrics.log_stats import LoggingStatLogger  # noqa: E402
-from tests.running_server import free_port  # noqa: E402
+from tests.running_server import free_port, openai_http_library  # noqa: E402
 from tests.tiny_models import make_checkpoint  # noqa: E402
 
-# The HTTP library the openai client is built on (httpx, or httpx2 in newer releases).
-httpx = importlib.import_module(
-    openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+httpx = openai_http_library(openai)
 
 
 @pytest.fixture(scope="module")

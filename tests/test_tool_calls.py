@@ -6,7 +6,6 @@ by the official openai client over in-process ASGI."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from collections.abc import AsyncIterator
 
@@ -26,10 +25,9 @@ from octavo.entrypoints.openai.tool_parsers.tool_choice import (  # noqa: E402
 )
 from octavo.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from octavo.sampling_params import RequestOutputKind  # noqa: E402
-from tests.running_server import wait_idle  # noqa: E402
+from tests.running_server import openai_http_library, wait_idle  # noqa: E402
 
-httpx = importlib.import_module(
-    openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+httpx = openai_http_library(openai)
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
