@@ -57,7 +57,10 @@ async def _asgi(app, method: str, path: str, **kw):
 
 @pytest.fixture
 def use_engine(monkeypatch, allm):
-    """run_server builds its engine from the flags: hand it the test's engine instead."""
+    """run_server builds its engine from the flags: hand it the test's engine instead. And it
+    freezes the process's heap (gc.freeze) once serving: not pytest's, whose later garbage
+    would never be collected."""
+    monkeypatch.setenv("OCTAVO_FREEZE_STARTUP_HEAP", "0")
     monkeypatch.setattr(AsyncLLM, "from_engine_args", classmethod(lambda cls, args: allm))
     yield
     allm.stat_loggers[:] = [sl for sl in allm.stat_loggers
@@ -120,6 +123,14 @@ def test_metrics_port_in_use_is_a_clear_error(monkeypatch, use_engine, allm, cap
         assert api_server.run_server(args) == 2
     assert f"--metrics-port {port}" in capsys.readouterr().err
     assert stopped == [True]
+
+
+def test_run_server_in_process_left_the_heap_unfrozen():
+    """Guard for the fixture above: after the in-process run_server tests nothing of
+    pytest's heap is frozen."""
+    import gc
+
+    assert gc.get_freeze_count() == 0
 
 
 def test_no_metrics_port_no_extra_server(monkeypatch, use_engine):
