@@ -65,8 +65,37 @@ def router(model):
     print(f"2 replicas started in {time.monotonic() - start:.1f} s")
     yield engine
     engine.shutdown()
-    for slot in engine.slots:
-        assert not slot.handle._proc.is_alive()  # shutdown stops every replica process
+    for slot in engine.slots:  # shutdown stops every replica process
+        assert _process_gone(slot.handle._proc), _process_state(slot.handle._proc)
+
+
+def _process_gone(proc, wait_s: float = 10.0) -> bool:
+    """Whether ``proc`` has ended. ``is_alive`` alone can say True for a child that another
+    waiter reaped (its waitpid then fails and the return code stays unset): a pid that no
+    longer exists, or a zombie, has ended too. Waits up to ``wait_s`` for an exit already
+    under way."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if not proc.is_alive():
+            return True
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+def _process_state(proc) -> str:
+    try:
+        with open(f"/proc/{proc.pid}/status") as f:
+            status = " ".join(line.strip() for line in f if line.startswith(("State", "PPid")))
+    except OSError as e:
+        status = repr(e)
+    return f"pid {proc.pid} still running after shutdown: {status}"
 
 
 @pytest.fixture(scope="module")
