@@ -344,7 +344,6 @@ class AsyncLLM:
         now = time.monotonic()
         finished: list[FinishedRequestStats] = []
         streams = self._streams
-        pending = self._pending
         for out in outputs:
             if out.__class__ is tuple:  # a StepDelta: a sink's request (plain_deltas)
                 request_id, index, _, token_ids = out
@@ -355,10 +354,7 @@ class AsyncLLM:
                 tokens[index] = tokens.get(index, 0) + len(token_ids)
                 if stream.first_token is None and token_ids:
                     stream.first_token = now
-                items = pending.get(stream.sink)
-                if items is None:
-                    items = pending[stream.sink] = []
-                items.append((request_id, out))
+                self._put(stream, out)
                 continue
             if self._beams.owns(out.request_id):
                 self._beam_round(out, now, finished)

@@ -116,19 +116,22 @@ class RequestState:
         """The step's new text and token ids, as ``make_output`` would put them in a DELTA
         output of an unfinished request (``plain`` requests: no logprobs, the prompt's
         logprobs sent already), without building one; None when there is nothing new."""
-        text = self.detok.text if self.detok is not None else ""
-        sent = self.sent_text
-        upto = len(text) - self._hold
-        if upto > sent:
-            text, self.sent_text = text[sent:upto], upto
-        else:
-            text = ""
-        n = self.sent_tokens
-        token_ids = self.token_ids[n:]
-        self.sent_tokens = n + len(token_ids)
+        text, token_ids, _ = self._take_delta(False)
         if not token_ids and not text:
             return None
         return (self.request_id, 0, text, token_ids)
+
+    def _take_delta(self, finished: bool) -> tuple[str, list[int], list | None]:
+        """(text, token ids, logprobs) not sent yet, marked sent. Unfinished, the text that
+        may turn out to start a stop string is held back."""
+        text = self.detok.text if self.detok is not None else ""
+        upto = max(self.sent_text, len(text) - (0 if finished else self._hold))
+        text, self.sent_text = text[self.sent_text:upto], upto
+        n = self.sent_tokens
+        token_ids = self.token_ids[n:]
+        logprobs = self.logprobs[n:] if self.logprobs is not None else None
+        self.sent_tokens = len(self.token_ids)
+        return text, token_ids, logprobs
 
     def make_output(self, finished: bool, finish_reason: str | None,
                     stop_reason) -> RequestOutput | StepDelta | None:
@@ -140,19 +143,13 @@ class RequestState:
         if finished and self.detok is not None:
             if stop_reason is None or isinstance(stop_reason, int):
                 self.detok.flush()
-        text = self.detok.text if self.detok is not None else ""
-        token_ids, logprobs = self.token_ids, self.logprobs
         if kind == RequestOutputKind.DELTA:
-            # Hold back text that may turn out to start a stop string.
-            hold = 0 if finished else self.params.output_text_buffer_length
-            upto = max(self.sent_text, len(text) - hold)
-            text, self.sent_text = text[self.sent_text: upto], upto
-            token_ids = token_ids[self.sent_tokens:]
-            if logprobs is not None:
-                logprobs = logprobs[self.sent_tokens:]
-            self.sent_tokens = len(self.token_ids)
+            text, token_ids, logprobs = self._take_delta(finished)
             if not finished and not token_ids and not text:
                 return None
+        else:
+            text = self.detok.text if self.detok is not None else ""
+            token_ids, logprobs = self.token_ids, self.logprobs
         prompt_lp = self.prompt_logprobs
         if kind == RequestOutputKind.DELTA:
             prompt_lp, self.sent_prompt_logprobs = (
