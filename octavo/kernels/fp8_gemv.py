@@ -40,19 +40,15 @@ def _fp8_gemv_kernel(
     stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # Grid (N tiles, K splits); one accumulator [BLOCK_N, BLOCK_K] per row of x (rows past M
-    # read row M - 1 and are not stored).
+    # Grid (N tiles, K splits); one accumulator [BLOCK_N, BLOCK_K] per row of x (BLOCK_M = M,
+    # 1 or 2).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    x1 = x_ptr + tl.minimum(1, M - 1) * stride_xm
-    x2 = x_ptr + tl.minimum(2, M - 1) * stride_xm
-    x3 = x_ptr + tl.minimum(3, M - 1) * stride_xm
+    x1 = x_ptr + stride_xm
     acc0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     offs_k = k_start + tl.arange(0, BLOCK_K)
@@ -67,9 +63,6 @@ def _fp8_gemv_kernel(
         acc0 += _row_dot(wf, x_ptr, offs_k, k_mask, stride_xk)
         if BLOCK_M > 1:
             acc1 += _row_dot(wf, x1, offs_k, k_mask, stride_xk)
-        if BLOCK_M > 2:
-            acc2 += _row_dot(wf, x2, offs_k, k_mask, stride_xk)
-            acc3 += _row_dot(wf, x3, offs_k, k_mask, stride_xk)
         w = w_next
         offs_k += BLOCK_K
     scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
@@ -77,9 +70,6 @@ def _fp8_gemv_kernel(
     res = tl.where(offs_m[:, None] == 0, (tl.sum(acc0, axis=1) * scale)[None, :], 0.0)
     if BLOCK_M > 1:
         res = tl.where(offs_m[:, None] == 1, (tl.sum(acc1, axis=1) * scale)[None, :], res)
-    if BLOCK_M > 2:
-        res = tl.where(offs_m[:, None] == 2, (tl.sum(acc2, axis=1) * scale)[None, :], res)
-        res = tl.where(offs_m[:, None] == 3, (tl.sum(acc3, axis=1) * scale)[None, :], res)
     store_or_reduce(res, offs_m, offs_n, (offs_m[:, None] < M) & n_mask[None, :], out_ptr,
                     stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
                     pid_n, pid_k, NUM_SPLITS)
@@ -103,7 +93,6 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     assert 1 <= m <= MAX_M and weight.shape[1] == k, (x2.shape, weight.shape)
     scale = scale.reshape(-1)
     assert scale.numel() == n and scale.dtype == torch.float32, (scale.shape, scale.dtype)
-    block_m = 1 if m == 1 else (2 if m == 2 else 4)
     block_n = block_n or 16  # benchmarks/quantized_gemm.py --fp8 on an H200 (Llama-8B shapes)
     block_k = block_k or 256
     n_tiles = triton.cdiv(n, block_n)
@@ -118,6 +107,6 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         m, n, k, k_per_split, split_k,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps or 4,
+        BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps or 4,
     )  # fmt: skip
     return out

@@ -62,6 +62,16 @@ def _group_term(packed, x_ptr, offs_p, stride_xk, s, z, PACK: tl.constexpr, BITS
 
 
 @triton.jit
+def _load_step(q_ptrs, s_ptrs, z_ptrs, g, stride_sg, stride_zg, mask):
+    """One step's packed weights [P, N] and its group's scales and zeros [N] (float32);
+    ``mask`` [N]: the columns to read (others read as 0)."""
+    packed = tl.load(q_ptrs, mask=mask[None, :], other=0)
+    s = tl.load(s_ptrs + g * stride_sg, mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptrs + g * stride_zg, mask=mask, other=0.0).to(tl.float32)
+    return packed, s, z
+
+
+@triton.jit
 def _int_weight_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, K_PER_SPLIT, NUM_SPLITS,
@@ -98,26 +108,18 @@ def _int_weight_gemv_kernel(
     s_ptrs = s_ptr + offs_n * stride_sn
     z_ptrs = z_ptr + offs_n * stride_zn
     if PREFETCH:
-        packed = tl.load(q_ptrs, mask=n_mask[None, :], other=0)
-        g = k_start // GROUP
-        s = tl.load(s_ptrs + g * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptrs + g * stride_zg, mask=n_mask, other=0.0).to(tl.float32)
+        packed, s, z = _load_step(q_ptrs, s_ptrs, z_ptrs, k_start // GROUP, stride_sg,
+                                  stride_zg, n_mask)
     for k0 in range(k_start, k_end, STEP):
         offs_p = k0 // PACK + tl.arange(0, BLOCK_P)
         if PREFETCH:
             more = n_mask & ((offs_n * 0 + k0 + STEP) < k_end)  # a tensor mask
-            g_next = (k0 + STEP) // GROUP
-            packed_next = tl.load(q_ptrs + BLOCK_P * stride_qk, mask=more[None, :],
-                                  other=0)
-            s_next = tl.load(s_ptrs + g_next * stride_sg, mask=more,
-                             other=0.0).to(tl.float32)
-            z_next = tl.load(z_ptrs + g_next * stride_zg, mask=more,
-                             other=0.0).to(tl.float32)
+            packed_next, s_next, z_next = _load_step(
+                q_ptrs + BLOCK_P * stride_qk, s_ptrs, z_ptrs, (k0 + STEP) // GROUP,
+                stride_sg, stride_zg, more)
         else:
-            packed = tl.load(q_ptrs, mask=n_mask[None, :], other=0)
-            g = k0 // GROUP
-            s = tl.load(s_ptrs + g * stride_sg, mask=n_mask, other=0.0).to(tl.float32)
-            z = tl.load(z_ptrs + g * stride_zg, mask=n_mask, other=0.0).to(tl.float32)
+            packed, s, z = _load_step(q_ptrs, s_ptrs, z_ptrs, k0 // GROUP, stride_sg,
+                                      stride_zg, n_mask)
         acc0 += _group_term(packed, x_ptr, offs_p, stride_xk, s, z, PACK, BITS)
         if BLOCK_M > 1:
             acc1 += _group_term(packed, x1, offs_p, stride_xk, s, z, PACK, BITS)

@@ -35,10 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octavo import envs
-from octavo.kernels.triton_available import HAS_TRITON
+from octavo.quantization import fp8_linear
 from octavo.quantization.base import LinearMethod, QuantizationConfig, ignored_modules
-from octavo.quantization.fp8_linear import FP8_GEMV_MAX_M
 from octavo.quantization.merged_parts import part_order, part_rows, rank_box
 
 FP8 = torch.float8_e4m3fn
@@ -80,15 +78,15 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Ten
     (``input_scale`` None) or with the static scale; float32 scales, bfloat16 output."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    if x2.is_cuda and HAS_TRITON and envs.fp8_fused_quant():
-        from octavo.kernels.fp8_quant import fp8_quant  # imports Triton: CUDA only
-
-        xq, x_scale = fp8_quant(x2.contiguous(), input_scale, _MIN_SCALE, "clamp")
-    elif input_scale is None:
-        x_scale = (x2.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
-        xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    fused = fp8_linear.fused_quant(x2, input_scale, _MIN_SCALE, "clamp")
+    if fused is not None:
+        xq, x_scale = fused
     else:
-        x_scale = input_scale.float().reshape(1, 1).expand(x2.shape[0], 1).contiguous()
+        if input_scale is None:
+            x_scale = (x2.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(
+                min=_MIN_SCALE)
+        else:
+            x_scale = input_scale.float().reshape(1, 1).expand(x2.shape[0], 1).contiguous()
         xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     y = torch._scaled_mm(xq, weight.t(), x_scale, row_scale.view(1, -1),
                          out_dtype=torch.bfloat16)
@@ -190,7 +188,7 @@ class Fp8LinearMethod(LinearMethod):
         if weight.dtype == FP8 and use_scaled_mm(device) and n % 16 == 0 and k % 16 == 0:
             layer.register_buffer("weight_fp8", weight, persistent=False)
             layer.register_buffer("weight_scale", row_scale, persistent=False)
-            layer.fp8_gemv = envs.fp8_gemv() and HAS_TRITON
+            layer.fp8_gemv = fp8_linear.gemv_available()
             return
         dense = weight.float() if weight.dtype != FP8 else dequantize_fp8(weight, row_scale)
         layer.register_buffer("dequantized_weight", dense.to(self.params_dtype),
@@ -200,13 +198,11 @@ class Fp8LinearMethod(LinearMethod):
         w = getattr(layer, "dequantized_weight", None)
         if w is not None:
             return F.linear(x, w if w.dtype == x.dtype else w.to(x.dtype), bias)
-        if layer.fp8_gemv and x.is_cuda and x.numel() <= FP8_GEMV_MAX_M * x.shape[-1]:
+        x2 = x.reshape(-1, x.shape[-1])
+        if fp8_linear.gemv_applies(layer, x2):
             # Decode batches of 1-2 rows: the FP8-weight GEMV, activations unrounded (here
             # quantizing them costs more launches than the GEMM).
-            from octavo.kernels.fp8_gemv import fp8_gemv  # imports Triton: CUDA only
-
-            x2 = x.reshape(-1, x.shape[-1])
-            y = fp8_gemv(x2, layer.weight_fp8, layer.weight_scale).view(
+            y = fp8_linear.gemv(x2, layer.weight_fp8, layer.weight_scale).view(
                 *x.shape[:-1], layer.weight_fp8.shape[0])
         else:
             y = scaled_mm_linear(x, layer.weight_fp8, layer.weight_scale,

@@ -42,6 +42,35 @@ _SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
 FP8_GEMV_MAX_M = 2  # octavo.kernels.fp8_gemv.MAX_M (not imported here: it imports Triton)
 
 
+def gemv_available() -> bool:
+    """At load, for a layer whose FP8 weight stays on CUDA: may its decode rows run the
+    FP8-weight GEMV (``OCTAVO_FP8_GEMV``, Triton installed)."""
+    return envs.fp8_gemv() and HAS_TRITON
+
+
+def gemv_applies(layer: nn.Module, x2: torch.Tensor) -> bool:
+    """Whether this call of an FP8 layer runs the FP8-weight GEMV: a CUDA batch of at most
+    ``FP8_GEMV_MAX_M`` rows, the layer set up for it (``layer.fp8_gemv``)."""
+    return layer.fp8_gemv and x2.is_cuda and x2.shape[0] <= FP8_GEMV_MAX_M
+
+
+def gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    from octavo.kernels.fp8_gemv import fp8_gemv  # imports Triton: CUDA only
+
+    return fp8_gemv(x2, weight, scale)
+
+
+def fused_quant(x2: torch.Tensor, static_scale: torch.Tensor | None, min_scale: float,
+                small: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The activations to fp8 in one launch (``octavo.kernels.fp8_quant``) where it runs
+    (CUDA, Triton, ``OCTAVO_FP8_FUSED_QUANT``); None elsewhere (the caller's torch path)."""
+    if not (x2.is_cuda and HAS_TRITON and envs.fp8_fused_quant()):
+        return None
+    from octavo.kernels.fp8_quant import fp8_quant  # imports Triton: CUDA only
+
+    return fp8_quant(x2.contiguous(), static_scale, min_scale, small)
+
+
 def activation_scale(x: torch.Tensor, per_token: bool) -> torch.Tensor:
     """Dynamic FP8 scale of ``x`` [m, k]: [m, 1] per token, else [1, 1]."""
     amax = x.abs().amax(dim=-1, keepdim=True) if per_token else x.abs().amax().reshape(1, 1)
@@ -128,7 +157,7 @@ class Fp8LinearMethod(LinearMethod):
             layer.register_buffer("fp8_weight", weight, persistent=False)
             layer.register_buffer("fp8_weight_scale", scale.reshape(1, -1).contiguous(),
                                   persistent=False)
-            layer.fp8_gemv = envs.fp8_gemv() and HAS_TRITON
+            layer.fp8_gemv = gemv_available()
             return
         self._dequantize(layer, weight, scale)
 
@@ -144,10 +173,8 @@ class Fp8LinearMethod(LinearMethod):
     def apply(self, layer, x, bias):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if layer.fp8_mm and x2.shape[0] <= FP8_GEMV_MAX_M and layer.fp8_gemv and x2.is_cuda:
-            from octavo.kernels.fp8_gemv import fp8_gemv  # imports Triton: CUDA only
-
-            y = fp8_gemv(x2, layer.fp8_weight, layer.fp8_weight_scale)
+        if layer.fp8_mm and gemv_applies(layer, x2):
+            y = gemv(x2, layer.fp8_weight, layer.fp8_weight_scale)
             y = y if bias is None else y + bias
             return y.view(*shape[:-1], y.shape[-1])
         if layer.fp8_mm:
@@ -169,13 +196,12 @@ class Fp8LinearMethod(LinearMethod):
 
     def _scaled_mm(self, layer, x2: torch.Tensor) -> torch.Tensor:
         m = x2.shape[0]
-        if x2.is_cuda and HAS_TRITON and envs.fp8_fused_quant() and \
-                self.activations != "dynamic-tensor":
-            from octavo.kernels.fp8_quant import fp8_quant  # imports Triton: CUDA only
-
+        fused = None
+        if self.activations != "dynamic-tensor":  # the kernel's scales are per row
             static = layer.act_scale if self.activations == "static-tensor" else None
-            x_fp8, x_scale = fp8_quant(x2.contiguous(), static,
-                                       torch.finfo(torch.float32).eps, "replace")
+            fused = fused_quant(x2, static, torch.finfo(torch.float32).eps, "replace")
+        if fused is not None:
+            x_fp8, x_scale = fused
         else:
             x_scale = self._input_scale(layer, x2.float()).expand(m, 1).contiguous()
             x_fp8 = quantize_fp8(x2.float(), x_scale)
