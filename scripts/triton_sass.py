@@ -1,0 +1,137 @@
+"""Compile a Triton kernel for Hopper (sm_90) on a machine without a GPU and count the machine
+instructions of its hot loop: how a kernel change moves instructions per weight, registers and
+spills can be seen here before any device time is spent.
+
+    python scripts/triton_sass.py octavo.kernels.w4a16_gemv:_int_weight_gemv_kernel \
+        --const GROUP=128 BITS=4 BLOCK_M=1 BLOCK_N=256 BLOCK_P=16 PREFETCH=1 \
+        --ptr qw_ptr=i32 cnt_ptr=i32 part_ptr=fp32 --ones stride_xk stride_qn \
+        --num-warps 4 [--dump /tmp/out]
+
+Pointers default to bf16 and are taken as 16-byte aligned (as Triton specializes them at a
+real launch); integer arguments are i32, ``--div16`` names those known to be multiples of 16,
+``--ones`` those equal to 1 (Triton specializes both). The loop reported is the largest basic
+block between branch labels. Uses the ptxas / nvdisasm / cuobjdump that the triton package
+carries; the Triton version here may differ from the GPU machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import os
+import re
+import subprocess
+import sys
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _pairs(items):
+    out = {}
+    for item in items or ():
+        key, _, value = item.partition("=")
+        out[key] = value
+    return out
+
+
+def _blocks(sass: str):
+    blocks, current, name = [], [], "entry"
+    for line in sass.splitlines():
+        label = re.match(r"^(\.L_x_\d+):", line.strip())
+        if label:
+            blocks.append((name, current))
+            current, name = [], label.group(1)
+            continue
+        op = re.match(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
+        if op:
+            current.append(op.group(1))
+    blocks.append((name, current))
+    return blocks
+
+
+def compile_kernel(fn, const: dict, ptr_types: dict, div16: set, ones: set, num_warps: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    const = dict(const)
+    const.update({name: 1 for name in ones})
+    signature, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in const:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = "*" + ptr_types.get(name, "bf16")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "i32"
+            if name in div16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn, signature, const, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps))
+
+
+def report(kernel, dump: str | None = None) -> dict:
+    import triton
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    os.makedirs(dump or "/tmp/triton_sass", exist_ok=True)
+    cubin = os.path.join(dump or "/tmp/triton_sass", "kernel.cubin")
+    with open(cubin, "wb") as f:
+        f.write(kernel.asm["cubin"])
+    if dump:
+        for key in ("ttgir", "ptx"):
+            with open(os.path.join(dump, f"kernel.{key}"), "w") as f:
+                f.write(kernel.asm[key])
+    sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", cubin], capture_output=True,
+                          text=True, check=True).stdout
+    if dump:
+        with open(os.path.join(dump, "kernel.sass"), "w") as f:
+            f.write(sass)
+    usage = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", cubin],
+                           capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    local = re.search(r"LOCAL:(\d+)", usage)
+    name, loop = max(_blocks(sass), key=lambda b: len(b[1]))
+    total = sum(len(ops) for _, ops in _blocks(sass))
+    return {"registers": int(regs.group(1)) if regs else None,
+            "local_bytes": int(local.group(1)) if local else None,
+            "shared_bytes": kernel.metadata.shared, "instructions": total,
+            "loop_label": name, "loop_instructions": len(loop),
+            "loop_ops": dict(collections.Counter(loop).most_common())}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("kernel", help="module:function of a @triton.jit kernel")
+    p.add_argument("--const", nargs="*", help="NAME=VALUE constexpr arguments")
+    p.add_argument("--ptr", nargs="*", help="NAME=TYPE pointer element types (default bf16)")
+    p.add_argument("--div16", nargs="*", default=[], help="integer arguments divisible by 16")
+    p.add_argument("--ones", nargs="*", default=[], help="integer arguments equal to 1")
+    p.add_argument("--num-warps", type=int, default=4)
+    p.add_argument("--dump", help="write kernel.{ttgir,ptx,sass} here")
+    args = p.parse_args(argv)
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    module, _, fn_name = args.kernel.partition(":")
+    fn = getattr(importlib.import_module(module), fn_name)
+    const = {k: _value(v) for k, v in _pairs(args.const).items()}
+    kernel = compile_kernel(fn, const, _pairs(args.ptr), set(args.div16), set(args.ones),
+                            args.num_warps)
+    r = report(kernel, args.dump)
+    print(f"registers {r['registers']}  local {r['local_bytes']} B  shared {r['shared_bytes']} B"
+          f"  instructions {r['instructions']}")
+    print(f"hot loop ({r['loop_label']}): {r['loop_instructions']} instructions")
+    print("  " + "  ".join(f"{op} {n}" for op, n in r["loop_ops"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
