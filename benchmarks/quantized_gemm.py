@@ -103,13 +103,13 @@ def main() -> None:
 def _candidates(m: int) -> list[dict]:
     """Tile configurations to try at batch ``m`` (4-bit, group 128)."""
     if m <= 4:
-        out = [{"path": "gemv"}, {"path": "gemv", "prefetch": False},
-               {"path": "gemv", "prefetch": True}]
-        # Prefetching GEMV: fewer, longer programs (waves per SM), tile shapes.
-        out += [{"path": "gemv", "prefetch": True, "waves": wv, "block_n": bn, "block_p": bp,
-                 "num_warps": w}
-                for wv in (1, 2, 4) for bn, bp, w in ((256, 8, 2), (256, 8, 4), (128, 8, 2),
-                                                      (256, 16, 4), (128, 4, 2))]
+        out = [{"path": "gemv"}, {"path": "gemv", "paired": False}]
+        # Columns per thread (block_n / (128 x warps) x 4), packed rows per step, programs
+        # per SM.
+        out += [{"path": "gemv", "block_n": bn, "num_warps": w, "block_p": bp, "waves": wv}
+                for wv in (1, 2, 4) for bn, w, bp in (
+                    (256, 2, 4), (512, 2, 4), (512, 4, 2), (512, 4, 4), (512, 4, 8),
+                    (1024, 2, 2), (1024, 4, 2), (1024, 4, 4), (1024, 8, 4), (2048, 4, 2))]
         out += [{"path": "gemm", "reload": False}]
         return out
     out = [{"path": "gemm"}, {"path": "dequant"}]

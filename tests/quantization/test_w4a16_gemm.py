@@ -75,9 +75,9 @@ def test_kernel_matches_reference(m, k, n, group, bits, dtype):
 
 PATHS = [  # forced path and tile overrides, each against the reference
     {"path": "gemv"}, {"path": "gemv", "block_p": 1}, {"path": "gemv", "split_k": 1},
-    {"path": "gemv", "block_n": 32, "num_warps": 2}, {"path": "gemv", "prefetch": True},
-    {"path": "gemv", "prefetch": True, "split_k": 1, "block_p": 2},
-    {"path": "gemv", "prefetch": True, "split_k": 3, "block_p": 1},
+    {"path": "gemv", "block_n": 32, "num_warps": 2}, {"path": "gemv", "paired": True},
+    {"path": "gemv", "split_k": 1, "block_p": 2, "flush": 16},
+    {"path": "gemv", "split_k": 3, "block_p": 1, "paired": True},
     {"path": "gemm", "reload": True},
     {"path": "gemm", "block_m": 32, "block_n": 32, "block_k": 32}, {"path": "dequant"},
 ]
@@ -91,7 +91,9 @@ def test_every_path_matches_reference(tuning, m, k, n, group, bits):
     x = torch.randn(m, k, device=DEVICE)
     out = w4a16_gemm(x, qweight, scales, zeros, group, bits, **tuning)
     assert out.shape == (m, n)
-    assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, group, bits)) < 1e-5
+    # Paired positions round at ~2**-13 (meant for 16-bit activations; float32 x here).
+    tol = 2e-4 if tuning.get("paired") and bits == 4 else 1e-5
+    assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, group, bits)) < tol
 
 
 @pytest.mark.parametrize("path", ["gemv", "gemm"])
@@ -150,16 +152,15 @@ def test_empty_batch():
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 4, 8, 16, 256])
-@pytest.mark.parametrize("path", [None, "dequant"])
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_kernel_real_shapes_gpu(m, dtype, bits, path, prefetch):
-    if prefetch and (m > 2 or path is not None):  # GEMV_MAX_M
-        pytest.skip("prefetch is a GEMV option")
-    k = n = 4096
+@pytest.mark.parametrize("path", [None, "dequant", "gemv"])
+@pytest.mark.parametrize("n", [4096, 28672])
+def test_kernel_real_shapes_gpu(m, dtype, bits, path, n):
+    if path == "gemv" and m > 4:  # gemv.MAX_M
+        pytest.skip("the GEMV takes up to 4 rows")
+    k = 4096
     qweight, scales, zeros, _ = _weights(k, n, 128, bits, device=torch.device("cuda"))
     x = torch.randn(m, k, device="cuda").to(dtype)
-    kw = {"prefetch": True} if prefetch else {}
-    out = w4a16_gemm(x, qweight, scales, zeros, 128, bits, path=path, **kw)
+    out = w4a16_gemm(x, qweight, scales, zeros, 128, bits, path=path)
     ref = w4a16_gemm_ref(x, qweight, scales, zeros, 128, bits)
     assert _rel_err(out, ref) < 1e-2
 
