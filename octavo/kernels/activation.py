@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.triton_utils import require_triton, tl, triton
 
 _BLOCK = 1024
@@ -18,8 +20,10 @@ def _silu_and_mul_kernel(
     stride_x,
     stride_o,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Grid: (rows, column blocks); computes in fp32, rounds once on store.
+    pdl_begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -41,7 +45,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows.shape[0] > 0 and inter > 0:
         grid = (rows.shape[0], triton.cdiv(inter, _BLOCK))
         _silu_and_mul_kernel[grid](
-            out, rows, inter, rows.stride(0), out.stride(0), BLOCK=_BLOCK, num_warps=4
+            out, rows, inter, rows.stride(0), out.stride(0), BLOCK=_BLOCK, num_warps=4,
+            **pdl_args(x.device),
         )
     return out.view(*x.shape[:-1], inter)
 

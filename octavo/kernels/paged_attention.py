@@ -45,6 +45,8 @@ from octavo.kernels.paged_attention_config import (
     _pick_prefill_splits,
     _rows,
 )
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.triton_utils import (
     next_power_of_2,
     require_triton,
@@ -184,7 +186,9 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_begin(PDL)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     if DECODE:
@@ -305,7 +309,9 @@ def _split_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     SPLITS_P: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_begin(PDL)
     # One program per (request, head): merge the per-split partial softmax states of a decode.
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -343,7 +349,9 @@ def _split_reduce_tokens_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     SPLITS_P: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_begin(PDL)
     # Prefill launch's merge: one program per (token, HEADS heads), all splits of all its
     # heads loaded at once (a chain of dependent loads per head would cost more than the
     # arithmetic). Only tokens of requests with more than one new token have partials.
@@ -462,6 +470,7 @@ def paged_attention(
         block_tables.stride(0),
     )  # fmt: skip
     qk_scale = float(scale) * _LOG2E
+    pdl = pdl_args(q.device)
 
     def launch(decode: bool, grid0: int, cfg: _Config, splits: int) -> None:
         if splits > 1:
@@ -474,6 +483,7 @@ def paged_attention(
             *args, part_acc, part_ml, qk_scale, num_seqs, *strides, num_heads, splits,
             DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             SPLIT=splits > 1, **common, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **pdl,
         )  # fmt: skip
         splits_p = next_power_of_2(splits)
         if splits > 1 and decode:
@@ -481,7 +491,7 @@ def paged_attention(
                 out, part_acc, part_ml, query_start_loc, num_heads, splits,
                 out.stride(0), out.stride(1),
                 HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, SPLITS_P=splits_p,
-                num_warps=4 if head_dim_p >= 128 else 2,
+                num_warps=4 if head_dim_p >= 128 else 2, **pdl,
             )  # fmt: skip
         elif splits > 1:
             # Heads per program: as many as keep a program's partials within 8K floats.
@@ -490,6 +500,7 @@ def paged_attention(
                 out, part_acc, part_ml, query_start_loc, num_seqs, num_heads, splits,
                 out.stride(0), out.stride(1), HEADS=heads,
                 HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, SPLITS_P=splits_p, num_warps=4,
+                **pdl,
             )  # fmt: skip
 
     if not prefill_only:

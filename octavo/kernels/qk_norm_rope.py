@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 
 from octavo.attention.backend import KVStore
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.rms_norm import rms_norm_ref
 from octavo.kernels.rotary import rotary_embedding_ref, token_cos_sin
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
@@ -67,17 +69,18 @@ def _qk_norm_rope_kernel(
     stride_vt, stride_vh, stride_cb, stride_ct, stride_ch, block_size,
     num_q_heads, num_k_heads, eps,
     HALF: tl.constexpr, HALF_P: tl.constexpr, QH_P: tl.constexpr, KH_P: tl.constexpr,
-    STORE_KV: tl.constexpr,
+    STORE_KV: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # One program per token: every head shares the token's cos / sin row and the weights.
     t = tl.program_id(0).to(tl.int64)
     offs_r = tl.arange(0, HALF_P)
     r_ok = offs_r < HALF
-    cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
     qw1 = tl.load(qw_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32)
     qw2 = tl.load(qw_ptr + HALF + offs_r, mask=r_ok, other=0.0).to(tl.float32)
     kw1 = tl.load(kw_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32)
     kw2 = tl.load(kw_ptr + HALF + offs_r, mask=r_ok, other=0.0).to(tl.float32)
+    pdl_begin(PDL)  # the weights above are read before the wait; positions and q / k after
+    cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
     _norm_rotate_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, qw1, qw2, cos, sin, eps,
                        tl.arange(0, QH_P), offs_r, HALF, 2 * HALF)
     k1, k2, k_mask = _norm_rotate_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, kw1, kw2,
@@ -128,7 +131,7 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         *cache_strides, qh, kh, float(eps),
         HALF=half, HALF_P=half_p, QH_P=next_power_of_2(qh), KH_P=next_power_of_2(kh),
         STORE_KV=kv_store is not None,
-        num_warps=4 if next_power_of_2(qh) * half_p >= 1024 else 1,
+        num_warps=4 if next_power_of_2(qh) * half_p >= 1024 else 1, **pdl_args(q.device),
     )  # fmt: skip
 
 

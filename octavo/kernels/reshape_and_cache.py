@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
 
 
@@ -34,8 +36,10 @@ def _reshape_and_cache_kernel(
     HEAD_DIM: tl.constexpr,
     HEADS_P: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # One program per token: all kv heads of the token are copied at once.
+    pdl_begin(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + t).to(tl.int64)
     if slot < 0:
@@ -120,6 +124,7 @@ def reshape_and_cache(
         HEADS_P=heads_p,
         HEAD_DIM_P=head_dim_p,
         num_warps=num_warps,
+        **pdl_args(key.device),
     )
 
 

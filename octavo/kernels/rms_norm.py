@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
 
 
@@ -27,11 +29,14 @@ def _rms_norm_kernel(
     stride_ro,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # One program per row; the whole row fits in registers (BLOCK >= hidden).
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait
+    pdl_begin(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
@@ -41,7 +46,6 @@ def _rms_norm_kernel(
     var = tl.sum(xf * xf, 0) / hidden
     rstd = 1.0 / tl.sqrt(var + eps)
     y = (xf * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -68,6 +72,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             out, res_out, x2, res2, weight, hidden, float(eps),
             x2.stride(0), res2.stride(0), out.stride(0), res_out.stride(0),
             HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=num_warps,
+            **pdl_args(x2.device),
         )  # fmt: skip
     return out.view(x.shape), res_out.view(x.shape)
 

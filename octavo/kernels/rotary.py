@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
 
 
@@ -76,8 +78,10 @@ def _rotary_kernel(
     QH_P: tl.constexpr,
     KH_P: tl.constexpr,
     IS_NEOX: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # One program per token: every head of q (and k) shares the token's cos/sin row.
+    pdl_begin(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs_r = tl.arange(0, HALF_P)
     cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
@@ -130,7 +134,7 @@ def rotary_embedding(
         sqt, sqh, skt, skh, cos_sin_cache.stride(0), qh, kh,
         HAS_K=k is not None, HALF=half, HALF_P=half_p,
         QH_P=next_power_of_2(qh), KH_P=next_power_of_2(kh), IS_NEOX=is_neox,
-        num_warps=4 if next_power_of_2(qh) * half_p >= 1024 else 1,
+        num_warps=4 if next_power_of_2(qh) * half_p >= 1024 else 1, **pdl_args(q.device),
     )  # fmt: skip
 
 

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from octavo import envs
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
@@ -33,8 +35,9 @@ def _skinny_gemm_kernel(
     M, N, K, K_PER_SPLIT, NUM_SPLITS,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_begin(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -101,7 +104,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps or 4, num_stages=num_stages or 4,
+        num_warps=num_warps or 4, num_stages=num_stages or 4, **pdl_args(x.device),
     )  # fmt: skip
     if bias is not None:
         out += bias

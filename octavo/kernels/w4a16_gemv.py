@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
@@ -38,7 +40,7 @@ from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
 MAX_M = 4  # larger batches go to the tensor-core kernel
-WAVES = 2  # programs per SM the split-K choice aims for
+WAVES = 4  # programs per SM the split-K choice aims for
 
 
 @triton.jit
@@ -87,7 +89,7 @@ def _int_weight_gemv_kernel(
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn,
     stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, FLUSH: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, PAIRED: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # ONE_BITS: 0x3F800000, the bits of 1.0f, passed at run time: as a constant, ptxas
     # re-materializes a mask into a register before every mask-or (one move per weight).
@@ -112,6 +114,7 @@ def _int_weight_gemv_kernel(
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     q_offs = tl.arange(0, BLOCK_P)[:, None] * stride_qk + offs_n * stride_qn
     packed = tl.load(qw_ptr + (k_start // PACK) * stride_qk + q_offs, mask=n_mask, other=0)
+    pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for g0 in range(k_start, k_end, FLUSH):
         g = g0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask,
@@ -206,7 +209,9 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     block_m = 1 if m == 1 else (2 if m == 2 else 4)
     num_warps = num_warps or 4
     # Each thread holds 4 (one 16-byte load) x BLOCK_N / (128 x warps) columns of BLOCK_P rows.
-    block_n = block_n or (256 if block_m == 4 else (1024 if n >= 16384 else 512))
+    # Defaults: the best or within 2% of it on three of the four Llama-8B projections at M = 1,
+    # 4- and 8-bit (benchmarks/quantized_gemm.py --sweep, H200; o_proj 11.7 vs 10.3 us).
+    block_n = block_n or (256 if block_m == 4 else 512)
     block_p = _block_p(group_size, pack, block_p or 4)
     step = block_p * pack
     assert group_size % step == 0 and k % group_size == 0, (group_size, step, k)
@@ -226,5 +231,6 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_P=block_p, PAIRED=bool(paired), num_warps=num_warps, num_stages=1,
+        **pdl_args(x2.device),
     )  # fmt: skip
     return out
