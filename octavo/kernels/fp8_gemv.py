@@ -5,12 +5,24 @@
 At batch 1 the FP8 tensor-core path (``torch._scaled_mm``) pays for quantizing the activations
 (an amax, a divide, a cast: extra launches) and pads M to a tile, so it decodes slower than
 bf16 although it reads half the bytes. Here the activations stay in their dtype (one rounding
-fewer than W8A8) and each weight byte costs a conversion and an FMA; the reduction over K runs
-along each thread's contiguous 16-byte loads, summed once at the end.
+fewer than W8A8) and every product is a float32 FMA of the exact weight value.
 
-The next step's weights are loaded before this step's arithmetic (double-buffered by hand),
-and K is split over programs only as far as needed to fill the GPU; the last program of each
-tile adds the partial sums (``octavo.kernels.split_k``).
+The kernel is bound by instructions per weight, not by the FMA itself, so the conversion is
+what it is built around. The weight is read as int32 words (4 weights each, a view of the same
+storage), and each word becomes 4 float32 with no byte shuffling: ``_e4m3x4_cvt`` (the
+default on CUDA; sm_89+, like the FP8 layers that call this) takes each half-word through one
+``cvt.rn.f16x2.e4m3x2`` and each half through a f16 -> f32 conversion (6 instructions per 4
+weights); ``_e4m3x4_bits`` (the Triton interpreter, which runs no inline assembly; also a
+tuning option) places the bits with integer ops (11 per 4). Triton's own ``w.to(tl.float32)``
+on an fp8 tensor repacks every byte pair before its cvt (about 4 instructions per weight). The
+4 weights of a word meet the 4 activations ``x[4j .. 4j + 3]`` ("planes" of the activation
+block), each plane accumulating into one float32 per word: a quarter of the accumulator
+registers of one per weight.
+
+The next step's weights are loaded before this step's arithmetic (double-buffered by hand; the
+loop is unrolled twice so that the buffers swap without register copies), and K is split over
+programs only as far as needed to fill the GPU; the last program of each tile adds the partial
+sums (``octavo.kernels.split_k``).
 """
 
 from __future__ import annotations
@@ -25,47 +37,118 @@ from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, t
 
 MAX_M = 2  # at 4 rows _scaled_mm was faster on the wide shapes (gate_up 65 vs 123 us)
 
+# _e4m3x4_bits yields weight * 2**-120 (down to 2**-129, a float32 subnormal); the activations
+# take 2**64 and the row scale 2**56, so a product is w * x * 2**-56: still a normal float32
+# (rounded once, as in the reference) for |w * x| >= 2**-70, e.g. the smallest weight 2**-9
+# times x = 1e-3, and finite for |x| < 2**64.
+BITS_X_SCALE = tl.constexpr(2.0**64)
+BITS_OUT_SCALE = tl.constexpr(2.0**56)
+
 
 @triton.jit
-def _row_dot(w, x_ptr, offs_k, k_mask, stride_xk):
-    x = tl.load(x_ptr + offs_k * stride_xk, mask=k_mask, other=0.0).to(tl.float32)
-    return w * x[None, :]
+def _e4m3x4_cvt(w):
+    """The 4 e4m3 bytes of each int32 word (byte i = weight 4j + i), as float32: exact
+    (e4m3 -> f16 -> f32); the NaN codes (0x7F, 0xFF) give NaN."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b16 lo, hi;
+        .reg .b32 h01, h23;
+        .reg .f16 h0, h1, h2, h3;
+        mov.b32 {lo, hi}, $4;
+        cvt.rn.f16x2.e4m3x2 h01, lo;
+        cvt.rn.f16x2.e4m3x2 h23, hi;
+        mov.b32 {h0, h1}, h01;
+        mov.b32 {h2, h3}, h23;
+        cvt.f32.f16 $0, h0;
+        cvt.f32.f16 $1, h1;
+        cvt.f32.f16 $2, h2;
+        cvt.f32.f16 $3, h3;
+        }""",
+        "=r,=r,=r,=r,r", [w], dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+        is_pure=True, pack=1)
+
+
+@triton.jit
+def _e4m3_bits(w, SHIFT: tl.constexpr):
+    # The byte moved to the top (sign at bit 31), shifted right by 4 with the sign copied into
+    # bits 27..30, those masked off: float32 bits (b & 0x80) << 24 | (b & 0x7F) << 20.
+    return (((w << SHIFT) >> 4) & -0x78100000).to(tl.float32, bitcast=True)  # 0x87F00000
+
+
+@triton.jit
+def _e4m3x4_bits(w):
+    """The 4 e4m3 bytes of each int32 word as float32, times 2**-120, by placing bits: the
+    e4m3 exponent field becomes the low 4 bits of float32's (bias 127 = 7 + 120) and an e4m3
+    subnormal (exponent 0) a float32 subnormal of the same scale, so every value is exact as
+    long as nothing flushes subnormals (the smallest, 2**-9, is 2**-129 here). The NaN codes
+    (0x7F, 0xFF) turn into finite numbers (+-480 * 2**-120): checkpoint weights hold no NaN."""
+    return _e4m3_bits(w, 24), _e4m3_bits(w, 16), _e4m3_bits(w, 8), _e4m3_bits(w, 0)
+
+
+@triton.jit
+def _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr):
+    """x[4j + i] for the block's words j, as 4 float32 planes i = 0..3 (times 2**64 for
+    _e4m3x4_bits), each [1, BLOCK_W]."""
+    offs = offs_w[:, None] * 4 + tl.arange(0, 4)[None, :]
+    x = tl.load(x_ptr + offs * stride_xk, mask=(offs_w < w_end)[:, None], other=0.0)
+    x = x.to(tl.float32)
+    if BITS:
+        x = x * BITS_X_SCALE
+    even, odd = tl.split(tl.reshape(x, (offs_w.shape[0], 2, 2)))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
+    return x0[None, :], x1[None, :], x2[None, :], x3[None, :]
+
+
+@triton.jit
+def _word_dot(acc, wf, x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr):
+    x0, x1, x2, x3 = _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS)
+    acc += wf[0] * x0
+    acc += wf[1] * x1
+    acc += wf[2] * x2
+    acc += wf[3] * x3
+    return acc
 
 
 @triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, K_PER_SPLIT, NUM_SPLITS,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_om, stride_on,
+    stride_xm, stride_xk, stride_wn, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
 ):  # fmt: skip
-    # Grid (N tiles, K splits); one accumulator [BLOCK_N, BLOCK_K] per row of x (BLOCK_M = M,
-    # 1 or 2).
+    # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
+    # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
+    BLOCK_W: tl.constexpr = BLOCK_K // 4
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     x1 = x_ptr + stride_xm
-    acc0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    k_start = pid_k * K_PER_SPLIT
-    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
-    offs_k = k_start + tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk
-    w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_k < k_end)[None, :], other=0.0)
-    for _ in range(k_start, k_end, BLOCK_K):
-        k_mask = offs_k < k_end
-        w_ptrs += BLOCK_K * stride_wk
-        next_mask = (offs_k + BLOCK_K) < k_end
-        w_next = tl.load(w_ptrs, mask=n_mask[:, None] & next_mask[None, :], other=0.0)
-        wf = w.to(tl.float32)
-        acc0 += _row_dot(wf, x_ptr, offs_k, k_mask, stride_xk)
+    acc0 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+    w_start = pid_k * (K_PER_SPLIT // 4)
+    w_end = tl.minimum(w_start + K_PER_SPLIT // 4, K // 4)
+    offs_w = w_start + tl.arange(0, BLOCK_W)
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
+    w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_w < w_end)[None, :], other=0)
+    for _ in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
+        w_ptrs += BLOCK_W
+        next_mask = (offs_w + BLOCK_W) < w_end
+        w_next = tl.load(w_ptrs, mask=n_mask[:, None] & next_mask[None, :], other=0)
+        if BITS:
+            wf = _e4m3x4_bits(w)
+        else:
+            wf = _e4m3x4_cvt(w)
+        acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, BITS)
         if BLOCK_M > 1:
-            acc1 += _row_dot(wf, x1, offs_k, k_mask, stride_xk)
+            acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, BITS)
         w = w_next
-        offs_k += BLOCK_K
+        offs_w += BLOCK_W
     scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
+    if BITS:
+        scale = scale * BITS_OUT_SCALE
     offs_m = tl.arange(0, BLOCK_M)
     res = tl.where(offs_m[:, None] == 0, (tl.sum(acc0, axis=1) * scale)[None, :], 0.0)
     if BLOCK_M > 1:
@@ -84,15 +167,18 @@ def fp8_gemv_ref(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) ->
 def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              split_k: int | None = None, block_n: int | None = None,
              block_k: int | None = None, num_warps: int | None = None,
-             waves: int | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ (weight [N, K] * scale [N])^T`` for M <= MAX_M, in x2's dtype. The tuning
-    arguments (None: chosen here) exist for the benchmark's sweeps."""
+             waves: int | None = None, bits: bool | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ (weight [N, K] * scale [N])^T`` for M <= MAX_M, in x2's dtype; K a
+    multiple of 4, the weight contiguous along K. The tuning arguments (None: chosen here)
+    exist for the benchmark's sweeps; ``bits``: convert by bit placement (the default off
+    CUDA, where the interpreter runs no inline assembly)."""
     require_triton("fp8_gemv")
     m, k = x2.shape
     n = weight.shape[0]
-    assert 1 <= m <= MAX_M and weight.shape[1] == k, (x2.shape, weight.shape)
+    assert 1 <= m <= MAX_M and weight.shape[1] == k and k % 4 == 0, (x2.shape, weight.shape)
     scale = scale.reshape(-1)
     assert scale.numel() == n and scale.dtype == torch.float32, (scale.shape, scale.dtype)
+    words = weight.view(torch.int32)  # 4 weights per word: the same storage
     block_n = block_n or 16  # benchmarks/quantized_gemm.py --fp8 on an H200 (Llama-8B shapes)
     block_k = block_k or 256
     n_tiles = triton.cdiv(n, block_n)
@@ -103,10 +189,11 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     split_k, k_per_split = split_k_plan(k_steps * block_k, block_k, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
     _fp8_gemv_kernel[(n_tiles, split_k)](
-        x2, weight, scale, out, partial, split_k_counters(x2.device, n_tiles),
+        x2, words, scale, out, partial, split_k_counters(x2.device, n_tiles),
         m, n, k, k_per_split, split_k,
-        x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
+        x2.stride(0), x2.stride(1), words.stride(0),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps or 4,
+        BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BITS=not x2.is_cuda if bits is None else bits, num_warps=num_warps or 4,
     )  # fmt: skip
     return out
