@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
@@ -117,6 +119,7 @@ def _fp8_gemv_kernel(
     stride_xm, stride_xk, stride_wn, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -133,6 +136,7 @@ def _fp8_gemv_kernel(
     offs_w = w_start + tl.arange(0, BLOCK_W)
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
     w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_w < w_end)[None, :], other=0)
+    pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for _ in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
         w_ptrs += BLOCK_W
         next_mask = (offs_w + BLOCK_W) < w_end
@@ -195,5 +199,6 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
         BITS=not x2.is_cuda if bits is None else bits, num_warps=num_warps or 4,
+        **pdl_args(x2.device),
     )  # fmt: skip
     return out
