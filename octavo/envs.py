@@ -55,6 +55,14 @@ def skinny_gemm() -> bool:
     return _flag("OCTAVO_SKINNY_GEMM", True)
 
 
+def int_gemm_fused_max_m(default: int) -> int:
+    """OCTAVO_INT_GEMM_FUSED_MAX_M: the largest batch the weight-only integer GEMM runs with
+    its fused tensor-core kernel; larger batches dequantize the weight into a temporary and
+    use cuBLAS (octavo/kernels/w4a16_gemm.py sets the default from H200 measurements)."""
+    value = os.environ.get("OCTAVO_INT_GEMM_FUSED_MAX_M")
+    return int(value) if value else default
+
+
 def fp8_gemv() -> bool:
     """OCTAVO_FP8_GEMV (default on): on CUDA, FP8-weight linears with quantized activations
     (W8A8) run decode batches of <= 2 rows through the FP8-weight GEMV

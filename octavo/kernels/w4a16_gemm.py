@@ -25,6 +25,7 @@ import os
 
 import torch
 
+from octavo import envs
 from octavo.kernels import w4a16_gemv as gemv
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
@@ -323,7 +324,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         if m <= GEMV_MAX_M and gemv.supports(m, k, group_size, bits):
             path = "gemv"
         else:
-            path = "gemm" if m <= FUSED_MAX_M else "dequant"
+            path = "gemm" if m <= envs.int_gemm_fused_max_m(FUSED_MAX_M) else "dequant"
     if path == "gemv":
         out = gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, bits, split_k=split_k,
                               **tuning)
