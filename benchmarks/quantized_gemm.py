@@ -113,9 +113,8 @@ def _candidates(m: int) -> list[dict]:
         out += [{"path": "gemm", "reload": False}]
         return out
     out = [{"path": "gemm"}, {"path": "dequant"}]
-    for bm, bn, bk in ((16, 64, 128), (16, 128, 128), (16, 256, 128), (32, 64, 128),
-                       (64, 64, 128), (64, 128, 64), (64, 128, 128), (128, 128, 64),
-                       (128, 128, 128)):
+    for bm, bn, bk in ((16, 64, 128), (32, 64, 128), (64, 64, 128), (64, 128, 64),
+                       (64, 128, 128), (128, 128, 64)):
         if bm > 2 * m and bm > 16:
             continue
         for w, st in ((4, 3), (8, 3)):

@@ -21,8 +21,6 @@ the path used where Triton cannot run.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from octavo import envs
@@ -84,149 +82,6 @@ def w4a16_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     return x @ w
 
 
-# The weight tile is built transposed, [BLOCK_N, BLOCK_K], each thread holding the PACK values
-# of its packed int32s as consecutive K (nested tl.join puts the new dims inside the thread), so
-# the tile reaches shared memory in 16-byte stores and the dot reads it K-major; a 3-D reshape
-# spreads the values over threads instead (one 2-byte store per weight).
-#
-# Dequantization (q - z per weight; the scale multiplies the per-K-tile dot result in float32,
-# as one K tile lies in one group): on the GPU the integers become floats through magic
-# exponents in PTX on packed pairs, here written as (MODE):
-#   1: 16-bit: half of 0x43004300 (bf16 128.0) / 0x64006400 (fp16 1024.0) or'd with a 4-bit
-#      (or, fp16, 8-bit) value is exactly 128 + q / 1024 + q, and one sub.{bf16,f16}x2 of
-#      128 + z / 1024 + z gives q - z exactly (|q - z| <= 256 fits either mantissa).
-#   2: bf16 8-bit (128 + q needs 9 bits): prmt puts each byte under 0x4B000000 (2**23 + q in
-#      float32), a float32 subtraction of 2**23 + z, and cvt.rn.bf16x2 (exact: an integer of
-#      at most 9 bits).
-#   0: the same values by plain Triton operations (float32 activations, the CPU interpreter,
-#      which cannot run inline assembly).
-_DEQ4_16 = """{{
-.reg .b32 t0, t1, t2, t3, z;
-mov.b32 z, $8;
-shr.u32 t1, $4, 4;
-shr.u32 t2, $4, 8;
-shr.u32 t3, $4, 12;
-lop3.b32 t0, $4, 0x000F000F, {magic}, 0xEA;
-lop3.b32 t1, t1, 0x000F000F, {magic}, 0xEA;
-lop3.b32 t2, t2, 0x000F000F, {magic}, 0xEA;
-lop3.b32 t3, t3, 0x000F000F, {magic}, 0xEA;
-prmt.b32 $0, t0, t1, 0x5410;
-prmt.b32 $1, t2, t3, 0x5410;
-prmt.b32 $2, t0, t1, 0x7632;
-prmt.b32 $3, t2, t3, 0x7632;
-sub.rn.{ty}x2 $0, $0, z;
-sub.rn.{ty}x2 $1, $1, z;
-sub.rn.{ty}x2 $2, $2, z;
-sub.rn.{ty}x2 $3, $3, z;
-}}"""
-# (t_j holds values j and j + 4 of the int32: the prmt pairs them as j, j + 1 in K order.)
-_DEQ8_F16 = """{
-.reg .b32 m, z, t0, t1;
-mov.b32 z, $4;
-mov.b32 m, 0x64006400;
-prmt.b32 t0, $2, m, 0x7150;
-prmt.b32 t1, $2, m, 0x7352;
-sub.rn.f16x2 $0, t0, z;
-sub.rn.f16x2 $1, t1, z;
-}"""
-_DEQ8_BF16 = """{
-.reg .b32 m, z, f0, f1, f2, f3;
-mov.b32 z, $4;
-mov.b32 m, 0x4B000000;
-prmt.b32 f0, $2, m, 0x7650;
-prmt.b32 f1, $2, m, 0x7651;
-prmt.b32 f2, $2, m, 0x7652;
-prmt.b32 f3, $2, m, 0x7653;
-sub.rn.f32 f0, f0, z;
-sub.rn.f32 f1, f1, z;
-sub.rn.f32 f2, f2, z;
-sub.rn.f32 f3, f3, z;
-cvt.rn.bf16x2.f32 $0, f1, f0;
-cvt.rn.bf16x2.f32 $1, f3, f2;
-}"""
-# Kernels read module globals only as constexpr (plain strings where Triton is absent).
-_constexpr = tl.constexpr if tl is not None else (lambda v: v)
-DEQ4_BF16 = _constexpr(_DEQ4_16.format(magic="0x43004300", ty="bf16"))
-DEQ4_F16 = _constexpr(_DEQ4_16.format(magic="0x64006400", ty="f16"))
-DEQ8_F16 = _constexpr(_DEQ8_F16)
-DEQ8_BF16 = _constexpr(_DEQ8_BF16)
-# Operands: 4 outputs, 8 copies of the int32, 4 registers of zero-point pairs (pack 8); 2
-# outputs, 4 copies, 2 pairs (f16, pack 4) or 4 float32 zero points (bf16 8-bit, pack 4).
-ARGS4_16 = _constexpr("=r,=r,=r,=r,r,r,r,r,r,r,r,r")
-ARGS8_F16 = _constexpr("=r,=r,r,r,r,r")
-ARGS8_BF16 = _constexpr("=r,=r,r,r,r,r,r,r")
-
-
-@triton.jit
-def _copies(p, BITS: tl.constexpr):
-    """``p`` [R, C] int32 -> int16 [R, C, 2, 2(, 2)]: PACK / 2 copies of each int32 as its
-    (low, high) halves in one thread's registers, which inline assembly packs into one 32-bit
-    register per pair: the int32 again. (Handing over the int32 itself would have Triton take
-    the dot operand for a 32-bit conversion and load it in 64-bit pieces, not by ldmatrix.)"""
-    lo = p.to(tl.int16)
-    hi = (p >> 16).to(tl.int16)
-    lo = tl.join(lo, lo)
-    hi = tl.join(hi, hi)
-    if BITS == 4:
-        lo = tl.join(lo, lo)
-        hi = tl.join(hi, hi)
-    return tl.join(lo, hi)
-
-
-@triton.jit
-def _unpack(p, BITS: tl.constexpr):
-    """``p`` [R, C] -> [R, C, 2, 2(, 2)]: value j of each int32 at flat index j of the new dims
-    (the last join is the fastest-varying dim)."""
-    MASK: tl.constexpr = (1 << BITS) - 1
-    if BITS == 4:
-        out = tl.join(tl.join(tl.join(p & MASK, (p >> 16) & MASK),
-                              tl.join((p >> 8) & MASK, (p >> 24) & MASK)),
-                      tl.join(tl.join((p >> 4) & MASK, (p >> 20) & MASK),
-                              tl.join((p >> 12) & MASK, (p >> 28) & MASK)))
-    else:
-        out = tl.join(tl.join(p & MASK, (p >> 16) & MASK), tl.join((p >> 8) & MASK,
-                                                                  (p >> 24) & MASK))
-    return out
-
-
-@triton.jit
-def _dequant_tile(packed, z, like, BITS: tl.constexpr, MODE: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``packed`` [BLOCK_N, BLOCK_K / PACK] int32, ``z`` [BLOCK_N] float32 zero points ->
-    ``q - z`` [BLOCK_N, BLOCK_K] in ``like``'s dtype (exact), K in natural order."""
-    if MODE == 1:
-        if like.dtype == tl.bfloat16:
-            tl.static_assert(BITS == 4, "bf16 8-bit weights take MODE 2")
-            zc = (z + 128.0).to(like.dtype)
-            w = tl.inline_asm_elementwise(DEQ4_BF16, ARGS4_16,
-                                          [_copies(packed, BITS), zc[:, None, None, None, None]],
-                                          dtype=like.dtype, is_pure=True, pack=8)
-        elif BITS == 4:
-            zc = (z + 1024.0).to(like.dtype)
-            w = tl.inline_asm_elementwise(DEQ4_F16, ARGS4_16,
-                                          [_copies(packed, BITS), zc[:, None, None, None, None]],
-                                          dtype=like.dtype, is_pure=True, pack=8)
-        else:
-            zc = (z + 1024.0).to(like.dtype)
-            w = tl.inline_asm_elementwise(DEQ8_F16, ARGS8_F16,
-                                          [_copies(packed, BITS), zc[:, None, None, None]],
-                                          dtype=like.dtype, is_pure=True, pack=4)
-    elif MODE == 2:
-        zc = z + 8388608.0
-        w = tl.inline_asm_elementwise(DEQ8_BF16, ARGS8_BF16,
-                                      [_copies(packed, BITS), zc[:, None, None, None]],
-                                      dtype=like.dtype, is_pure=True, pack=4)
-    else:
-        # Int -> float through the mantissa of 2**23 (exact); >> is arithmetic on int32, the
-        # mask drops the sign bits of the top value.
-        q = (_unpack(packed, BITS) | 0x4B000000).to(tl.float32, bitcast=True)
-        if BITS == 4:
-            w = (q - (z + 8388608.0)[:, None, None, None, None]).to(like.dtype)
-        else:
-            w = (q - (z + 8388608.0)[:, None, None, None]).to(like.dtype)
-    return tl.reshape(w, (BLOCK_N, BLOCK_K))
-
-
 @triton.jit
 def _int_weight_gemm_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
@@ -235,7 +90,7 @@ def _int_weight_gemm_kernel(
     stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, BITS: tl.constexpr, FP32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    MODE: tl.constexpr,
+    RELOAD: tl.constexpr,
 ):  # fmt: skip
     # Grid (M tiles, N tiles, K splits). BLOCK_K divides GROUP, so one K tile lies in one group
     # and needs one row of scales and zeros.
@@ -243,6 +98,7 @@ def _int_weight_gemm_kernel(
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     PACK: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
@@ -254,20 +110,34 @@ def _int_weight_gemm_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                     mask=m_mask[:, None], other=0.0)
-        offs_p = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
-        packed = tl.load(qw_ptr + offs_n[:, None] * stride_qn + offs_p[None, :] * stride_qk,
-                         mask=n_mask[:, None], other=0)
+        if RELOAD:
+            # Row k reads its packed int32 itself (PACK rows share one, served from L1) and
+            # shifts its own value out: no reshape of the tile.
+            packed = tl.load(qw_ptr + (offs_k // PACK)[:, None] * stride_qk
+                             + offs_n[None, :] * stride_qn, mask=n_mask[None, :], other=0)
+            bits = (packed >> ((offs_k % PACK) * BITS)[:, None]) & MASK
+        else:
+            # Each packed int32 is loaded once and spread over its PACK rows: row r * PACK + j
+            # of the tile is value j of packed row r, so [rows, PACK, N] reshapes to [K, N].
+            offs_p = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+            packed = tl.load(qw_ptr + offs_p[:, None] * stride_qk + offs_n[None, :] * stride_qn,
+                             mask=n_mask[None, :], other=0)
+            shifts = tl.arange(0, PACK) * BITS
+            bits = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & MASK,
+                              (BLOCK_K, BLOCK_N))
+        # Int -> float through the mantissa of 2**23 (no slow conversion instruction); >> is
+        # arithmetic on int32, the mask drops the sign bits of the top value.
+        q = (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
         g = k0 // GROUP
         s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask,
                     other=0.0).to(tl.float32)
         z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=n_mask,
                     other=0.0).to(tl.float32)
-        w = _dequant_tile(packed, z, a, BITS, MODE, BLOCK_N, BLOCK_K)  # q - z, [N, K]
+        w = q * s[None, :] - (z * s)[None, :]
         if FP32_DOT:
-            part = tl.dot(a, tl.trans(w), input_precision="ieee")
+            acc += tl.dot(a, w, input_precision="ieee")
         else:
-            part = tl.dot(a, tl.trans(w))
-        acc += part * s[None, :]
+            acc += tl.dot(a, w.to(a.dtype))
     store_or_reduce(acc, offs_m, offs_n, m_mask[:, None] & n_mask[None, :], out_ptr,
                     stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
                     pid_m * tl.num_programs(1) + pid_n, pid_k, NUM_SPLITS)
@@ -335,27 +205,14 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     return out.view(*shape[:-1], n)
 
 
-def _dequant_mode(x2: torch.Tensor, bits: int) -> int:
-    """The kernel's MODE: inline PTX on the GPU (1: 16-bit magic, 2: bf16 8-bit through
-    float32), plain Triton for float32 activations and the CPU interpreter (0)."""
-    if x2.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" \
-            or x2.dtype == torch.float32:
-        return 0
-    return 2 if x2.dtype == torch.bfloat16 and bits == 8 else 1
-
-
 def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=None,
-          block_n=None, block_k=None, num_warps=None, num_stages=None, reload=None):
-    # ``reload`` (each K row reloading its int32) is gone: every tile is built from whole
-    # int32s now; the key is still accepted so that older sweep configurations run.
-    del reload
+          block_n=None, block_k=None, num_warps=None, num_stages=None, reload=False):
     m, k = x2.shape
     n = qweight.shape[1]
     block_k = block_k or _block_k(group_size, k)
     small = m <= 16
     block_m = block_m or (16 if small else 64)
-    # 16 x 128 tiles: 3.4 loop instructions per weight in SASS against 4.1 for 16 x 64.
-    block_n = block_n or 128
+    block_n = block_n or (64 if small else 128)
     m_tiles, n_tiles, k_tiles = triton.cdiv(m, block_m), triton.cdiv(n, block_n), k // block_k
     if split_k is None:
         split_k = _split_k(m_tiles, n_tiles, k_tiles, x2.device, waves=4 if small else 2)
@@ -370,8 +227,7 @@ def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=No
         scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, BITS=bits, FP32_DOT=x2.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        MODE=_dequant_mode(x2, bits),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, RELOAD=bool(reload),
         num_warps=num_warps or 4, num_stages=num_stages or 3,
     )  # fmt: skip
     return out
