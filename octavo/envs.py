@@ -63,6 +63,12 @@ def int_gemm_fused_max_m(default: int) -> int:
     return int(value) if value else default
 
 
+def skinny_gemm_all() -> bool:
+    """OCTAVO_SKINNY_GEMM_ALL (default off): send every decode-batch float linear through the
+    skinny GEMM, not only the shapes where it measured faster than cuBLAS (to measure it)."""
+    return _flag("OCTAVO_SKINNY_GEMM_ALL", False)
+
+
 def fp8_gemv() -> bool:
     """OCTAVO_FP8_GEMV (default on): on CUDA, FP8-weight linears with quantized activations
     (W8A8) run decode batches of <= 2 rows through the FP8-weight GEMV

@@ -37,17 +37,25 @@ def _skinny_gemm_kernel(
     stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    pdl_begin(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    # The first K tile of the weight is read before the PDL wait (no kernel of the step
+    # writes weights): at decode sizes a program has only a few tiles, so most of its bytes
+    # are on their way while the previous kernel finishes.
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                mask=n_ok[:, None] & (offs_k < k_end)[None, :], other=0.0)
+    pdl_begin(PDL)
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                mask=m_ok[:, None] & (offs_k < k_end)[None, :], other=0.0)
+    acc = tl.dot(x, tl.trans(w), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
+    for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < k_end
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
@@ -116,6 +124,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear``, through :func:`skinny_gemm` for CUDA decode batches of the shapes where
     it is faster (OCTAVO_SKINNY_GEMM, default on)."""
     if (x.is_cuda and HAS_TRITON and envs.skinny_gemm() and supports(x, weight)
-            and preferred(weight)):
+            and (preferred(weight) or envs.skinny_gemm_all())):
         return skinny_gemm(x, weight, bias)
     return F.linear(x, weight, bias)
