@@ -40,7 +40,7 @@ from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
 MAX_M = 4  # larger batches go to the tensor-core kernel
-WAVES = 4  # programs per SM the split-K choice aims for
+WAVES = 4  # programs per SM the split-K choice aims for at M = 1
 
 
 @triton.jit
@@ -209,9 +209,11 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     block_m = 1 if m == 1 else (2 if m == 2 else 4)
     num_warps = num_warps or 4
     # Each thread holds 4 (one 16-byte load) x BLOCK_N / (128 x warps) columns of BLOCK_P rows.
-    # Defaults: the best or within 2% of it on three of the four Llama-8B projections at M = 1,
-    # 4- and 8-bit (benchmarks/quantized_gemm.py --sweep, H200; o_proj 11.7 vs 10.3 us).
-    block_n = block_n or (256 if block_m == 4 else 512)
+    # Defaults from benchmarks/quantized_gemm.py --sweep on an H200 (Llama-8B projections):
+    # at M = 1, 512 columns and 4 programs per SM are the best or within 2% of it on three of
+    # the four shapes, 4- and 8-bit (o_proj 11.7 vs 10.3 us); at M = 2, 2 programs per SM and
+    # 1024 columns for the wide projections (within 2% of the best on all four, 4-bit).
+    block_n = block_n or (256 if block_m == 4 else (1024 if m > 1 and n >= 16384 else 512))
     block_p = _block_p(group_size, pack, block_p or 4)
     step = block_p * pack
     assert group_size % step == 0 and k % group_size == 0, (group_size, step, k)
@@ -219,7 +221,8 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     paired = bits == 4 and (x2.dtype != torch.float32 if paired is None else paired)
     n_tiles = triton.cdiv(n, block_n)
     if split_k is None:  # enough programs to fill the GPU
-        split_k = max(1, triton.cdiv((waves or WAVES) * num_compute_units(x2.device), n_tiles))
+        waves = waves or (WAVES if m == 1 else 2)
+        split_k = max(1, triton.cdiv(waves * num_compute_units(x2.device), n_tiles))
     flush = _flush_len(group_size, step, flush or 512, k, split_k)
     split_k, k_per_split = split_k_plan(k, flush, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
