@@ -185,3 +185,28 @@ def test_split_k_inside_a_cuda_graph_gpu(m):
         torch.cuda.synchronize()
         assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, 128, 4)) < 1e-2
         assert not split_k.counters(x.device, 1).any()
+
+
+def test_gemv_flush_length_divides_the_group_and_allows_the_splits():
+    from octavo.kernels.w4a16_gemv import _flush_len
+
+    assert _flush_len(128, 32, 512, 4096, 1) == 128  # one group at a time
+    assert _flush_len(128, 32, 512, 4096, 64) == 64  # 64 splits need 64 flushes in K
+    assert _flush_len(128, 32, 512, 4096, 1000) == 32  # never below one step
+    assert _flush_len(4096, 32, 512, 4096, 1) == 512  # a group of all of K, in parts
+    for group, step, splits in ((64, 16, 3), (4096, 32, 40), (128, 64, 8)):
+        f = _flush_len(group, step, 512, 4096, splits)
+        assert group % f == 0 and f % step == 0
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gemv_pairs_keep_16_bit_activations_close(bits):
+    """Paired shifts (4-bit, 16-bit activations) round at ~2**-13 relative: far inside the
+    output's float16 rounding; 8-bit weights never pair."""
+    qweight, scales, zeros, _ = _weights(512, 64, 128, bits)
+    x = torch.randn(1, 512, device=DEVICE).to(torch.float16)
+    ref = w4a16_gemm_ref(x.float(), qweight, scales, zeros, 128, bits)
+    for paired in (False, True):
+        out = w4a16_gemm(x, qweight, scales, zeros, 128, bits, path="gemv", paired=paired)
+        assert out.dtype == torch.float16
+        assert _rel_err(out, ref) < 1e-3
