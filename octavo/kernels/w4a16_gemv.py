@@ -44,8 +44,8 @@ WAVES = 4  # programs per SM the split-K choice aims for at M = 1
 
 
 @triton.jit
-def _row_step(packed, x_row, acc, xs, xs_scaled, ONE_BITS, BLOCK_P: tl.constexpr, PACK: tl.constexpr,
-              BITS: tl.constexpr, PAIRED: tl.constexpr):
+def _row_step(packed, x_row, acc, xs, xs_scaled, ONE_BITS, BLOCK_P: tl.constexpr,
+              PACK: tl.constexpr, BITS: tl.constexpr, PAIRED: tl.constexpr):
     """Add one step of one row of x (``x_row``: its first value of the step, stride 1):
     acc [P, N] += x'[k] * v[k, n] over the step's rows k, xs [P, 1] += x, xs_scaled [P, 1] += x'
     (x' = x * 2**(REF - p): every value then counts q * 2**(REF - 23) above x')."""
