@@ -151,7 +151,7 @@ def test_empty_batch():
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 4, 8, 16, 256])
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 256])
 @pytest.mark.parametrize("path", [None, "dequant", "gemv"])
 @pytest.mark.parametrize("n", [4096, 28672])
 def test_kernel_real_shapes_gpu(m, dtype, bits, path, n):
