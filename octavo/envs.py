@@ -43,9 +43,10 @@ def fused_qk_norm_rope() -> bool:
 
 
 def fused_kv_store() -> bool:
-    """OCTAVO_FUSED_KV_STORE (default on): where Qwen3's q/k norm + rotary runs as one launch
-    (OCTAVO_FUSED_QK_NORM_ROPE), that launch also writes the new K/V into the paged cache
-    (the Triton backend then skips its reshape_and_cache launch)."""
+    """OCTAVO_FUSED_KV_STORE (default on): on CUDA, the launch that rotates q and k (Qwen3's
+    q/k norm + rotary under OCTAVO_FUSED_QK_NORM_ROPE, or the rotary kernel of the other
+    families) also writes the new K/V into the paged cache (the Triton backend then skips its
+    reshape_and_cache launch)."""
     return _flag("OCTAVO_FUSED_KV_STORE", True)
 
 

@@ -16,6 +16,7 @@ import torch
 from octavo.attention.backend import KVStore
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
+from octavo.kernels.reshape_and_cache import kv_store_args, store_token_kv
 from octavo.kernels.rms_norm import rms_norm_ref
 from octavo.kernels.rotary import rotary_embedding_ref, token_cos_sin
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
@@ -38,27 +39,6 @@ def _norm_rotate_heads(x_ptr, token, stride_t, stride_h, num_heads, w1, w2, cos,
     tl.store(base + offs_r[None, :], o1, mask=mask)
     tl.store(base + HALF + offs_r[None, :], o2, mask=mask)
     return o1, o2, mask
-
-
-@triton.jit
-def _store_kv(k1, k2, mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt, stride_vh,
-              stride_cb, stride_ct, stride_ch, block_size, num_k_heads,
-              offs_r, HALF: tl.constexpr, KH_P: tl.constexpr, HALF_P: tl.constexpr):
-    # This token's rotated k (already in registers) and its v into the paged cache, as
-    # reshape_and_cache does (slot -1: not stored). The two caches share one layout.
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot >= 0:
-        offs_h = tl.arange(0, KH_P)
-        row = (slot // block_size) * stride_cb + (slot % block_size) * stride_ct
-        dst = row + offs_h[:, None] * stride_ch
-        tl.store(kc_ptr + dst + offs_r[None, :], k1.to(kc_ptr.dtype.element_ty), mask=mask)
-        tl.store(kc_ptr + dst + HALF + offs_r[None, :], k2.to(kc_ptr.dtype.element_ty),
-                 mask=mask)
-        offs_d = tl.arange(0, 2 * HALF_P)
-        v_mask = (offs_h[:, None] < num_k_heads) & (offs_d[None, :] < 2 * HALF)
-        v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :],
-                    mask=v_mask)
-        tl.store(vc_ptr + dst + offs_d[None, :], v.to(vc_ptr.dtype.element_ty), mask=v_mask)
 
 
 @triton.jit
@@ -87,7 +67,7 @@ def _qk_norm_rope_kernel(
                                         cos, sin, eps, tl.arange(0, KH_P), offs_r, HALF,
                                         2 * HALF)
     if STORE_KV:
-        _store_kv(k1, k2, k_mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt, stride_vh,
+        store_token_kv(k1, k2, k_mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt, stride_vh,
                   stride_cb, stride_ct, stride_ch, block_size, num_k_heads, offs_r, HALF,
                   KH_P, HALF_P)
 
@@ -116,15 +96,7 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     half = head_dim // 2
     qh, kh = q.shape[1], k.shape[1]
     half_p = next_power_of_2(half)
-    if kv_store is not None:
-        v, kc, vc, slots = kv_store.v, kv_store.key_cache, kv_store.value_cache, kv_store.slots
-        assert v.shape == k.shape and v.stride(-1) == 1 and slots.shape[0] == num_tokens
-        assert kc.shape == vc.shape and kc.stride() == vc.stride() and kc.shape[2:] == k.shape[1:]
-        cache_strides = (v.stride(0), v.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
-                         kc.shape[1])
-    else:
-        v = kc = vc = slots = q  # unused
-        cache_strides = (0, 0, 0, 0, 0, 1)
+    v, kc, vc, slots, *cache_strides = kv_store_args(kv_store, k)
     _qk_norm_rope_kernel[(num_tokens,)](
         q, k, positions.reshape(-1), cos_sin_cache, q_weight, k_weight, v, kc, vc, slots,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),

@@ -64,6 +64,42 @@ def _reshape_and_cache_kernel(
     tl.store(dst_v, v.to(value_cache_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def store_token_kv(k1, k2, mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt, stride_vh,
+                   stride_cb, stride_ct, stride_ch, block_size, num_k_heads,
+                   offs_r, HALF: tl.constexpr, KH_P: tl.constexpr, HALF_P: tl.constexpr):
+    """Token ``t``'s k (rotated by the calling kernel: halves ``k1``, ``k2`` [KH_P, HALF_P]
+    in registers, ``mask`` their valid part) and its v (read at ``v_ptr``) into the paged
+    cache, as ``reshape_and_cache`` writes them (slot -1: not stored). The two caches share
+    one layout."""
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        offs_h = tl.arange(0, KH_P)
+        row = (slot // block_size) * stride_cb + (slot % block_size) * stride_ct
+        dst = row + offs_h[:, None] * stride_ch
+        tl.store(kc_ptr + dst + offs_r[None, :], k1.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc_ptr + dst + HALF + offs_r[None, :], k2.to(kc_ptr.dtype.element_ty),
+                 mask=mask)
+        offs_d = tl.arange(0, 2 * HALF_P)
+        v_mask = (offs_h[:, None] < num_k_heads) & (offs_d[None, :] < 2 * HALF)
+        v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :],
+                    mask=v_mask)
+        tl.store(vc_ptr + dst + offs_d[None, :], v.to(vc_ptr.dtype.element_ty), mask=v_mask)
+
+
+def kv_store_args(kv_store, k: torch.Tensor) -> tuple:
+    """The arguments ``store_token_kv`` takes from a kernel launch, for ``kv_store``
+    (octavo.attention.backend.KVStore, or None: placeholders, nothing stored): (v, key
+    cache, value cache, slots, and the six strides / sizes after them)."""
+    if kv_store is None:
+        return (k, k, k, k, 0, 0, 0, 0, 0, 1)
+    v, kc, vc, slots = kv_store.v, kv_store.key_cache, kv_store.value_cache, kv_store.slots
+    assert v.shape == k.shape and v.stride(-1) == 1 and slots.shape[0] == k.shape[0]
+    assert kc.shape == vc.shape and kc.stride() == vc.stride() and kc.shape[2:] == k.shape[1:]
+    return (v, kc, vc, slots, v.stride(0), v.stride(1), kc.stride(0), kc.stride(1),
+            kc.stride(2), kc.shape[1])
+
+
 def _check(
     key: torch.Tensor,
     value: torch.Tensor,

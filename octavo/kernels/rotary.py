@@ -14,6 +14,7 @@ import torch
 
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
+from octavo.kernels.reshape_and_cache import kv_store_args, store_token_kv
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
 
 
@@ -43,8 +44,11 @@ def _rotate_heads(
     x2 = tl.load(base + second[None, :], mask=mask, other=0.0).to(tl.float32)
     y1 = x1 * cos[None, :] - x2 * sin[None, :]
     y2 = x2 * cos[None, :] + x1 * sin[None, :]
-    tl.store(base + first[None, :], y1.to(x_ptr.dtype.element_ty), mask=mask)
-    tl.store(base + second[None, :], y2.to(x_ptr.dtype.element_ty), mask=mask)
+    y1 = y1.to(x_ptr.dtype.element_ty)
+    y2 = y2.to(x_ptr.dtype.element_ty)
+    tl.store(base + first[None, :], y1, mask=mask)
+    tl.store(base + second[None, :], y2, mask=mask)
+    return y1, y2, mask
 
 
 @triton.jit
@@ -65,14 +69,25 @@ def _rotary_kernel(
     k_ptr,
     pos_ptr,
     cache_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slot_ptr,
     stride_qt,
     stride_qh,
     stride_kt,
     stride_kh,
     stride_cache,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    block_size,
     num_q_heads,
     num_k_heads,
     HAS_K: tl.constexpr,
+    STORE_KV: tl.constexpr,
     HALF: tl.constexpr,
     HALF_P: tl.constexpr,
     QH_P: tl.constexpr,
@@ -88,8 +103,20 @@ def _rotary_kernel(
     _rotate_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, cos, sin,
                   tl.arange(0, QH_P), offs_r, HALF, IS_NEOX)  # fmt: skip
     if HAS_K:
-        _rotate_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, cos, sin,
-                      tl.arange(0, KH_P), offs_r, HALF, IS_NEOX)  # fmt: skip
+        k1, k2, k_mask = _rotate_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, cos, sin,
+                                       tl.arange(0, KH_P), offs_r, HALF, IS_NEOX)
+        if STORE_KV:  # NeoX halves of the whole head (supports_kv_store)
+            store_token_kv(k1, k2, k_mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt,
+                           stride_vh, stride_cb, stride_ct, stride_ch, block_size,
+                           num_k_heads, offs_r, HALF, KH_P, HALF_P)
+
+
+def supports_kv_store(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
+                      head_dim: int) -> bool:
+    """Whether ``rotary_embedding`` can also store K/V: [T, H, D] q and k with a contiguous
+    last dim, the whole head rotated (the store writes the two rotated halves as the head)."""
+    return (q.dim() == 3 and k.dim() == 3 and k.stride(-1) == 1 and q.stride(-1) == 1
+            and k.shape[-1] == head_dim and cos_sin_cache.shape[-1] == head_dim)
 
 
 def _heads_view(x: torch.Tensor, head_dim: int) -> tuple[int, int, int]:
@@ -109,9 +136,13 @@ def rotary_embedding(
     cos_sin_cache: torch.Tensor,
     head_dim: int,
     is_neox: bool = True,
+    kv_store=None,
 ) -> None:
     """Rotate ``q`` (and ``k``) in place; ``q``/``k`` are ``[T, H*D]`` or ``[T, H, D]`` and may
-    be strided views (e.g. slices of a fused QKV output). ``positions`` is ``[T]``."""
+    be strided views (e.g. slices of a fused QKV output). ``positions`` is ``[T]``.
+    ``kv_store`` (octavo.attention.backend.KVStore; see ``supports_kv_store``): the same
+    launch writes the rotated k and ``kv_store.v`` into the paged cache, as
+    ``reshape_and_cache`` would."""
     require_triton("rotary_embedding")
     rot_dim = cos_sin_cache.shape[-1]
     assert rot_dim % 2 == 0 and rot_dim <= head_dim, (rot_dim, head_dim)
@@ -129,10 +160,13 @@ def rotary_embedding(
         kh, skt, skh = 1, 0, 0
     half = rot_dim // 2
     half_p = next_power_of_2(half)
+    if kv_store is not None:
+        assert k is not None and is_neox and supports_kv_store(q, k, cos_sin_cache, head_dim)
+    v, kc, vc, slots, *cache_strides = kv_store_args(kv_store, k if k is not None else q)
     _rotary_kernel[(num_tokens,)](
-        q, k if k is not None else q, positions, cos_sin_cache,
-        sqt, sqh, skt, skh, cos_sin_cache.stride(0), qh, kh,
-        HAS_K=k is not None, HALF=half, HALF_P=half_p,
+        q, k if k is not None else q, positions, cos_sin_cache, v, kc, vc, slots,
+        sqt, sqh, skt, skh, cos_sin_cache.stride(0), *cache_strides, qh, kh,
+        HAS_K=k is not None, STORE_KV=kv_store is not None, HALF=half, HALF_P=half_p,
         QH_P=next_power_of_2(qh), KH_P=next_power_of_2(kh), IS_NEOX=is_neox,
         num_warps=4 if next_power_of_2(qh) * half_p >= 1024 else 1, **pdl_args(q.device),
     )  # fmt: skip

@@ -65,6 +65,24 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._step_cos, self._step_sin
         return _apply(q, cos, sin), _apply(k, cos, sin)
 
+    def rotate_and_store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                         kv_store) -> bool:
+        """On CUDA with Triton: rotate q and k in place and write k and ``kv_store.v`` into the
+        paged cache in the same launch (``octavo.kernels.rotary``), so the attention backend
+        does not store them again. False, with nothing done, where that kernel cannot."""
+        if not q.is_cuda:
+            return False
+        from octavo.kernels.triton_utils import HAS_TRITON
+
+        if not HAS_TRITON:
+            return False
+        from octavo.kernels.rotary import rotary_embedding, supports_kv_store
+
+        if not supports_kv_store(q, k, self.cos_sin_cache, self.head_dim):
+            return False
+        rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, kv_store=kv_store)
+        return True
+
 
 def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2

@@ -92,7 +92,11 @@ class LlamaAttention(nn.Module):
         else:
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
-            q, k = self.rotary_emb(positions, q, k)
+            # On CUDA the rotary launch also writes the new K/V into the paged cache.
+            store = self.attn.kv_store(v, ctx) if q.is_cuda and envs.fused_kv_store() else None
+            if store is None or not self.rotary_emb.rotate_and_store(positions, q, k, store):
+                store = None
+                q, k = self.rotary_emb(positions, q, k)
         o = self.attn(q, k, v, ctx, kv_stored=store is not None)
         return self.o_proj(o.reshape(t, self.q_size))
 
