@@ -30,7 +30,8 @@ except ImportError:  # Triton without grid dependency control (or none at all)
 
 @functools.cache
 def _device_supports(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    # NVIDIA Hopper or later (ROCm also reports "cuda" devices, with capabilities of its own).
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def enabled(device: torch.device) -> bool:
