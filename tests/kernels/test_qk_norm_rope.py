@@ -11,6 +11,7 @@ pytest.importorskip("triton")
 from octavo.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_ref  # noqa: E402
 from octavo.kernels.rms_norm import rms_norm  # noqa: E402
 from octavo.kernels.rotary import rotary_embedding  # noqa: E402
+from tests.kernels.kv_store_check import check_kv_store_matches_reshape_and_cache  # noqa: E402
 from tests.kernels.test_rotary import cos_sin_cache  # noqa: E402
 
 TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
@@ -70,33 +71,11 @@ def test_kv_store_writes_what_reshape_and_cache_would(heads, device):
     """With a KVStore the launch also writes the rotated k and the untouched v into the
     paged cache at each token's slot (slot -1: nothing), exactly as reshape_and_cache does
     after the unfused kernel; q/k in place are unchanged by the store."""
-    from octavo.attention.backend import KVStore
-    from octavo.kernels.reshape_and_cache import reshape_and_cache
-
-    hq, hkv, d = heads
-    tokens, dtype = 6, torch.bfloat16 if device.type == "cuda" else torch.float32
-    cache = cos_sin_cache(64, d, device=device)
-    pos = torch.randint(0, 64, (tokens,), device=device)
+    d = heads[2]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     qw = (torch.rand(d, device=device) + 0.5).to(dtype)
     kw = (torch.rand(d, device=device) + 0.5).to(dtype)
-    qkv, _, _ = _qkv(tokens, hq, hkv, d, dtype, device)
-    slots = torch.tensor([5, 0, -1, 13, 2, 9], device=device)
-    shape = (2, 4, 4, hkv, d)  # [K/V, blocks, block_size, heads, dim]
-    fill = torch.full(shape, 7.0, device=device, dtype=dtype)
-
-    def views(t):
-        return (t[:, : hq * d].view(tokens, hq, d),
-                t[:, hq * d: (hq + hkv) * d].view(tokens, hkv, d),
-                t[:, (hq + hkv) * d:].view(tokens, hkv, d))
-
-    fused, fused_cache = qkv.clone(), fill.clone()
-    fq, fk, fv = views(fused)
-    qk_norm_rope(pos, fq, fk, qw, kw, 1e-6, cache,
-                 kv_store=KVStore(fv, fused_cache[0], fused_cache[1], slots))
-    plain, plain_cache = qkv.clone(), fill.clone()
-    pq, pk, pv = views(plain)
-    qk_norm_rope(pos, pq, pk, qw, kw, 1e-6, cache)
-    reshape_and_cache(pk, pv, plain_cache[0], plain_cache[1], slots)
-    assert torch.equal(fused, plain)
-    assert torch.equal(fused_cache, plain_cache)
-    assert int((fused_cache != 7.0).any(-1).any(-1).sum()) == 2 * 5  # five slots, K and V
+    cache = cos_sin_cache(64, d, device=device)
+    check_kv_store_matches_reshape_and_cache(
+        lambda pos, q, k, store: qk_norm_rope(pos, q, k, qw, kw, 1e-6, cache, kv_store=store),
+        heads, device, cache)

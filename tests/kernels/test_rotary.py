@@ -116,35 +116,13 @@ def test_kv_store_writes_what_reshape_and_cache_would(heads, device):
     """With a KVStore the rotary launch also writes the rotated k and the untouched v into the
     paged cache at each token's slot (slot -1: nothing), exactly as reshape_and_cache does
     after the plain launch; q/k in place are unchanged by the store."""
-    from octavo.attention.backend import KVStore
-    from octavo.kernels.reshape_and_cache import reshape_and_cache
-    from octavo.kernels.rotary import supports_kv_store
+    from tests.kernels.kv_store_check import check_kv_store_matches_reshape_and_cache
 
-    hq, hkv, d = heads
-    tokens, dtype = 6, torch.bfloat16 if device.type == "cuda" else torch.float32
+    d = heads[2]
     cache = cos_sin_cache(64, d, device=device)
-    pos = torch.randint(0, 64, (tokens,), device=device)
-    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device=device).to(dtype)
-    slots = torch.tensor([5, 0, -1, 13, 2, 9], device=device)
-    fill = torch.full((2, 4, 4, hkv, d), 7.0, device=device, dtype=dtype)
-
-    def views(t):
-        return (t[:, : hq * d].view(tokens, hq, d),
-                t[:, hq * d: (hq + hkv) * d].view(tokens, hkv, d),
-                t[:, (hq + hkv) * d:].view(tokens, hkv, d))
-
-    fused, fused_cache = qkv.clone(), fill.clone()
-    fq, fk, fv = views(fused)
-    assert supports_kv_store(fq, fk, cache, d)
-    rotary_embedding(pos, fq, fk, cache, d, kv_store=KVStore(fv, fused_cache[0],
-                                                             fused_cache[1], slots))
-    plain, plain_cache = qkv.clone(), fill.clone()
-    pq, pk, pv = views(plain)
-    rotary_embedding(pos, pq, pk, cache, d)
-    reshape_and_cache(pk, pv, plain_cache[0], plain_cache[1], slots)
-    assert torch.equal(fused, plain)
-    assert torch.equal(fused_cache, plain_cache)
-    assert int((fused_cache != 7.0).any(-1).any(-1).sum()) == 2 * 5  # five slots, K and V
+    check_kv_store_matches_reshape_and_cache(
+        lambda pos, q, k, store: rotary_embedding(pos, q, k, cache, d, kv_store=store),
+        heads, device, cache)
 
 
 def test_kv_store_needs_the_whole_head_rotated(device):
