@@ -61,7 +61,13 @@ def int_gemm_fused_max_m(default: int) -> int:
     its fused tensor-core kernel; larger batches dequantize the weight into a temporary and
     use cuBLAS (octavo/kernels/w4a16_gemm.py sets the default from H200 measurements)."""
     value = os.environ.get("OCTAVO_INT_GEMM_FUSED_MAX_M")
-    return int(value) if value else default
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("OCTAVO_INT_GEMM_FUSED_MAX_M must be an integer (a batch size), "
+                         f"got {value!r}") from None
 
 
 def skinny_gemm_all() -> bool:

@@ -210,3 +210,14 @@ def test_gemv_pairs_keep_16_bit_activations_close(bits):
         out = w4a16_gemm(x, qweight, scales, zeros, 128, bits, path="gemv", paired=paired)
         assert out.dtype == torch.float16
         assert _rel_err(out, ref) < 1e-3
+
+
+def test_fused_max_m_override_is_read_and_checked(monkeypatch):
+    from octavo import envs
+
+    assert envs.int_gemm_fused_max_m(128) == 128
+    monkeypatch.setenv("OCTAVO_INT_GEMM_FUSED_MAX_M", "512")
+    assert envs.int_gemm_fused_max_m(128) == 512
+    monkeypatch.setenv("OCTAVO_INT_GEMM_FUSED_MAX_M", "lots")
+    with pytest.raises(ValueError, match="OCTAVO_INT_GEMM_FUSED_MAX_M.*'lots'"):
+        envs.int_gemm_fused_max_m(128)
