@@ -86,7 +86,7 @@ def _flush(acc, xs, xs_scaled, s, z, BITS: tl.constexpr, PAIRED: tl.constexpr):
 def _int_weight_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, K_PER_SPLIT, NUM_SPLITS, ONE_BITS,
-    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn,
+    stride_xm, stride_qk, stride_qn, stride_sg, stride_sn,
     stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, FLUSH: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr,
@@ -138,17 +138,16 @@ def _int_weight_gemv_kernel(
             more = n_mask & ((offs_n * 0 + k0 + STEP) < k_end)  # a tensor mask
             packed_next = tl.load(qw_ptr + (k0 // PACK + BLOCK_P) * stride_qk + q_offs,
                                   mask=more, other=0)
-            xk = k0 * stride_xk
-            acc0, xs0, xt0 = _row_step(packed, x_ptr + xk, acc0, xs0, xt0, ONE_BITS, BLOCK_P, PACK,
-                                       BITS, PAIRED)
+            acc0, xs0, xt0 = _row_step(packed, x_ptr + k0, acc0, xs0, xt0, ONE_BITS, BLOCK_P,
+                                       PACK, BITS, PAIRED)
             if BLOCK_M > 1:
-                acc1, xs1, xt1 = _row_step(packed, x1 + xk, acc1, xs1, xt1, ONE_BITS, BLOCK_P, PACK,
-                                           BITS, PAIRED)
+                acc1, xs1, xt1 = _row_step(packed, x1 + k0, acc1, xs1, xt1, ONE_BITS, BLOCK_P,
+                                           PACK, BITS, PAIRED)
             if BLOCK_M > 2:
-                acc2, xs2, xt2 = _row_step(packed, x2 + xk, acc2, xs2, xt2, ONE_BITS, BLOCK_P, PACK,
-                                           BITS, PAIRED)
-                acc3, xs3, xt3 = _row_step(packed, x3 + xk, acc3, xs3, xt3, ONE_BITS, BLOCK_P, PACK,
-                                           BITS, PAIRED)
+                acc2, xs2, xt2 = _row_step(packed, x2 + k0, acc2, xs2, xt2, ONE_BITS, BLOCK_P,
+                                           PACK, BITS, PAIRED)
+                acc3, xs3, xt3 = _row_step(packed, x3 + k0, acc3, xs3, xt3, ONE_BITS, BLOCK_P,
+                                           PACK, BITS, PAIRED)
             packed = packed_next
         out0 += _flush(acc0, xs0, xt0, s, z, BITS, PAIRED)
         if BLOCK_M > 1:
@@ -201,7 +200,7 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     """``x2 [M, K] @ dequant(W) [K, N]`` for M <= MAX_M, in x2's dtype. The tuning arguments
     (None: chosen here) exist for the benchmark's sweeps and the tests."""
     require_triton("w4a16_gemv")
-    if x2.stride(1) != 1:
+    if x2.stride(1) != 1:  # the kernel reads each row of x with stride 1
         x2 = x2.contiguous()
     m, k = x2.shape
     n = qweight.shape[1]
@@ -229,7 +228,7 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     _int_weight_gemv_kernel[(n_tiles, split_k)](
         x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, n_tiles),
         m, n, k, k_per_split, split_k, 0x3F800000,
-        x2.stride(0), x2.stride(1), qweight.stride(0), qweight.stride(1),
+        x2.stride(0), qweight.stride(0), qweight.stride(1),
         scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
