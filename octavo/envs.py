@@ -56,6 +56,12 @@ def skinny_gemm() -> bool:
     return _flag("OCTAVO_SKINNY_GEMM", True)
 
 
+def pdl() -> bool:
+    """OCTAVO_PDL (default on): on NVIDIA sm_90+, the decode path's Triton kernels are
+    launched with programmatic dependent launch (octavo/kernels/pdl.py)."""
+    return _flag("OCTAVO_PDL", True)
+
+
 def int_gemm_fused_max_m(default: int) -> int:
     """OCTAVO_INT_GEMM_FUSED_MAX_M: the largest batch the weight-only integer GEMM runs with
     its fused tensor-core kernel; larger batches dequantize the weight into a temporary and

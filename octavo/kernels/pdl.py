@@ -16,10 +16,10 @@ keep the programmatic edges. ``OCTAVO_PDL=0`` turns it off.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from octavo import envs
 from octavo.kernels.triton_utils import HAS_TRITON, tl, triton
 
 try:
@@ -38,7 +38,7 @@ def enabled(device: torch.device) -> bool:
     """Whether kernels on ``device`` are launched with PDL."""
     if device.type != "cuda" or not HAS_TRITON or gdc_wait is None:
         return False
-    if os.environ.get("OCTAVO_PDL", "1") == "0":
+    if not envs.pdl():
         return False
     return _device_supports(device.index if device.index is not None
                             else torch.cuda.current_device())
