@@ -42,14 +42,11 @@ class RotaryEmbedding(nn.Module):
 
         One instance serves every layer (see ``get_rope``); cos/sin of a step's positions are
         gathered once and reused by the following layers."""
-        if q.is_cuda:
-            from octavo.kernels.triton_utils import HAS_TRITON
+        if _triton_kernels(q):
+            from octavo.kernels.rotary import rotary_embedding
 
-            if HAS_TRITON:
-                from octavo.kernels.rotary import rotary_embedding
-
-                rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim)
-                return q, k
+            rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim)
+            return q, k
         ops = cpu_kernels.ops_for(q)
         if (ops is not None and q.dim() == 3 and k.dim() == 3 and q.stride(-1) == 1
                 and k.stride(-1) == 1 and k.dtype == q.dtype
@@ -70,11 +67,7 @@ class RotaryEmbedding(nn.Module):
         """On CUDA with Triton: rotate q and k in place and write k and ``kv_store.v`` into the
         paged cache in the same launch (``octavo.kernels.rotary``), so the attention backend
         does not store them again. False, with nothing done, where that kernel cannot."""
-        if not q.is_cuda:
-            return False
-        from octavo.kernels.triton_utils import HAS_TRITON
-
-        if not HAS_TRITON:
+        if not _triton_kernels(q):
             return False
         from octavo.kernels.rotary import rotary_embedding, supports_kv_store
 
@@ -82,6 +75,15 @@ class RotaryEmbedding(nn.Module):
             return False
         rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, kv_store=kv_store)
         return True
+
+
+def _triton_kernels(q: torch.Tensor) -> bool:
+    """Whether q's rotation runs the Triton kernel (CUDA, Triton installed)."""
+    if not q.is_cuda:
+        return False
+    from octavo.kernels.triton_utils import HAS_TRITON
+
+    return HAS_TRITON
 
 
 def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

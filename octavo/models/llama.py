@@ -81,19 +81,16 @@ class LlamaAttention(nn.Module):
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        store = None
+        # On CUDA the launch that rotates q and k also writes the new K/V into the paged cache.
+        store = self.attn.kv_store(v, ctx) if q.is_cuda and envs.fused_kv_store() else None
         if self.q_norm is not None and self._fused_qk_norm_rope(q, k):
             from octavo.kernels.qk_norm_rope import qk_norm_rope
 
-            # The same launch writes the new K/V into the paged cache.
-            store = self.attn.kv_store(v, ctx) if envs.fused_kv_store() else None
             qk_norm_rope(positions, q, k, self.q_norm.weight, self.k_norm.weight,
                          self.q_norm.eps, self.rotary_emb.cos_sin_cache, kv_store=store)
         else:
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
-            # On CUDA the rotary launch also writes the new K/V into the paged cache.
-            store = self.attn.kv_store(v, ctx) if q.is_cuda and envs.fused_kv_store() else None
             if store is None or not self.rotary_emb.rotate_and_store(positions, q, k, store):
                 store = None
                 q, k = self.rotary_emb(positions, q, k)
