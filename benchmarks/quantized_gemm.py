@@ -148,18 +148,13 @@ def sweep(args, timed, bandwidth, limits) -> None:
             results = _time_each(timed, _candidates(m), lambda c, x=x, b=bits, ps=packed: [
                 lambda p=p: w4a16_gemm(x, p[0], p[1], p[2], group, b, **dict(c))
                 for p in ps])
-            ok = [r for r in results if "us" in r]
-            best = min(ok, key=lambda r: r["us"])
             nbytes = k * n * bits / 8 + 2 * groups * n * 2
+            default, summary = _summary(results, _candidates(m)[0], t_bf16, nbytes, bandwidth)
             row = {"shape": name, "bits": bits, "K": k, "N": n, "M": m,
-                   "bf16_us": round(t_bf16, 2),
-                   "default_us": ok[0]["us"] if ok and ok[0]["cfg"] == _candidates(m)[0]
-                   else None, "best": best,
-                   "best_speedup": round(t_bf16 / best["us"], 2),
-                   "best_hbm_fraction": round(nbytes / (best["us"] * 1e-6) / bandwidth, 3),
-                   "all": results}
+                   "bf16_us": round(t_bf16, 2), "default_us": default, **summary}
             rows.append(row)
-            print(f"w{bits} {name} M={m} bf16={t_bf16:.1f}us default={row['default_us']}us "
+            best = row["best"]
+            print(f"w{bits} {name} M={m} bf16={t_bf16:.1f}us default={default}us "
                   f"best={best['us']}us {best['cfg']} x{row['best_speedup']} "
                   f"hbm={row['best_hbm_fraction']}", flush=True)
         del dense, packed
@@ -179,6 +174,19 @@ def _time_each(timed, candidates: list[dict], calls) -> list[dict]:
         except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
             results.append({"cfg": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
     return results
+
+
+def _summary(results: list[dict], default_cfg: dict, t_bf16: float, nbytes: float,
+             bandwidth: float) -> tuple[float | None, dict]:
+    """A sweep's verdict for one shape: the default configuration's time (None if it failed)
+    and the best candidate with its speedup over bf16 and fraction of HBM bandwidth for
+    ``nbytes`` of weights, plus every result."""
+    ok = [r for r in results if "us" in r]
+    best = min(ok, key=lambda r: r["us"])
+    default = ok[0]["us"] if ok and ok[0]["cfg"] == default_cfg else None
+    return default, {"best": best, "best_speedup": round(t_bf16 / best["us"], 2),
+                     "best_hbm_fraction": round(nbytes / (best["us"] * 1e-6) / bandwidth, 3),
+                     "all": results}
 
 
 def _fp8_candidates() -> list[dict]:
@@ -215,16 +223,14 @@ def fp8_sweep(args, timed, bandwidth, limits) -> None:
             t_mm = timed([lambda p=p, x=x: scaled_mm(x, p[0], p[1]) for p in weights])
             results = _time_each(timed, _fp8_candidates(), lambda c, x=x, ws=weights: [
                 lambda p=p: fp8_gemv(x, p[0], p[1], **c) for p in ws])
-            ok = [r for r in results if "us" in r]
-            best = min(ok, key=lambda r: r["us"])
+            default, summary = _summary(results, _fp8_candidates()[0], t_bf16, k * n,
+                                        bandwidth)
             row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 2),
-                   "scaled_mm_us": round(t_mm, 2), "gemv_default_us": ok[0]["us"],
-                   "best": best, "best_speedup": round(t_bf16 / best["us"], 2),
-                   "best_hbm_fraction": round(k * n / (best["us"] * 1e-6) / bandwidth, 3),
-                   "all": results}
+                   "scaled_mm_us": round(t_mm, 2), "gemv_default_us": default, **summary}
             rows.append(row)
+            best = row["best"]
             print(f"fp8 {name} M={m} bf16={t_bf16:.1f}us scaled_mm={t_mm:.1f}us "
-                  f"gemv={ok[0]['us']}us best={best['us']}us {best['cfg']} "
+                  f"gemv={default}us best={best['us']}us {best['cfg']} "
                   f"x{row['best_speedup']} hbm={row['best_hbm_fraction']}", flush=True)
         del dense, weights
         torch.cuda.empty_cache()
