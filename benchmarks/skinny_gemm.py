@@ -1,12 +1,14 @@
-"""Decode-batch float GEMMs: octavo/kernels/skinny_gemm.py against cuBLAS (``F.linear``) at
-the Qwen3-0.6B and Llama-3.1-8B projection shapes, bf16, M = 1..16, on the GPU, in one call.
+"""Decode-batch float GEMMs: octavo/kernels/skinny_gemm.py and, for M <= 2,
+octavo/kernels/dense_gemv.py against cuBLAS (``F.linear``) at the Qwen3-0.6B and Llama-3.1-8B
+projection shapes, bf16, M = 1..16, on the GPU, in one call.
 
 Weights are replicated so one sweep reads several times the L2 (each call reads its weight
 from HBM, as a decode step does); a sweep is captured in a CUDA graph (as the engine's decode
 steps are) and timed by CUDA events over replays. Prints microseconds per call, the speedup
-over cuBLAS and the fraction of HBM bandwidth; ``--sweep`` times tile configurations.
+over cuBLAS and the fraction of HBM bandwidth; ``--sweep`` / ``--sweep-gemv`` time tile
+configurations of the skinny GEMM / the GEMV.
 
-    python benchmarks/skinny_gemm.py [--m 1 4 16] [--sweep] [--json out.json]
+    python benchmarks/skinny_gemm.py [--m 1 4 16] [--sweep] [--sweep-gemv] [--json out.json]
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-gemv", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
 
+    from octavo.kernels.dense_gemv import MAX_M as GEMV_MAX_M
+    from octavo.kernels.dense_gemv import dense_gemv
     from octavo.kernels.skinny_gemm import skinny_gemm
 
     bandwidth, _, limits = device_limits()
@@ -54,6 +59,10 @@ def main() -> None:
                       for bn, bk, w, s in itertools.product((16, 32, 64), (64, 128, 256),
                                                             (4,), (3, 4, 6))]
             if args.sweep else [None])
+    gemv_cfgs = ([None] + [dict(block_n=bn, block_k=bk, num_warps=w, waves=v)
+                           for bn, bk, w, v in itertools.product((4, 8, 16, 32), (256, 512),
+                                                                 (4, 8), (2, 4))]
+                 if args.sweep_gemv else [None])
     for model, shapes in SHAPES.items():
         for name, (n, k) in shapes.items():
             copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
@@ -74,6 +83,23 @@ def main() -> None:
                     if best is None or t < best[0]:
                         best = (t, cfg)
                 err = (skinny_gemm(x, ws[0]).float() - F.linear(x, ws[0]).float()).abs().max()
+                gemv = None
+                if m <= GEMV_MAX_M:
+                    gemv_best = None
+                    for cfg in gemv_cfgs:
+                        kw = cfg or {}
+                        try:
+                            t = timed([lambda w=w, x=x, kw=kw: dense_gemv(x, w, **kw)
+                                       for w in ws])
+                        except Exception as e:  # noqa: BLE001 - a config that does not fit
+                            print(f"  gemv {cfg}: {type(e).__name__}", flush=True)
+                            continue
+                        if cfg is None:
+                            gemv = t
+                        if gemv_best is None or t < gemv_best[0]:
+                            gemv_best = (t, cfg)
+                    gemv_err = float((dense_gemv(x, ws[0]).float()
+                                      - F.linear(x, ws[0]).float()).abs().max())
                 row = {"model": model, "shape": name, "N": n, "K": k, "M": m,
                        "cublas_us": round(t_ref, 2), "skinny_us": round(default, 2),
                        "speedup": round(t_ref / default, 2),
@@ -82,9 +108,17 @@ def main() -> None:
                        "max_abs_diff": float(err)}
                 if args.sweep:
                     row["best_us"], row["best_cfg"] = round(best[0], 2), best[1]
+                if gemv is not None:
+                    row.update(gemv_us=round(gemv, 2), gemv_speedup=round(t_ref / gemv, 2),
+                               gemv_hbm_fraction=round(n * k * 2 / (gemv * 1e-6) / bandwidth, 3),
+                               gemv_max_abs_diff=gemv_err)
+                    if args.sweep_gemv:
+                        row["gemv_best_us"] = round(gemv_best[0], 2)
+                        row["gemv_best_cfg"] = gemv_best[1]
                 rows.append(row)
                 print(" ".join(f"{a}={b}" for a, b in row.items() if a not in
-                               ("N", "K", "skinny_hbm_fraction", "cublas_hbm_fraction")),
+                               ("N", "K", "skinny_hbm_fraction", "cublas_hbm_fraction",
+                                "gemv_max_abs_diff", "max_abs_diff")),
                       flush=True)
             del ws
             torch.cuda.empty_cache()
@@ -96,6 +130,10 @@ def main() -> None:
             c, s = sum(r["cublas_us"] for r in sel), sum(r["skinny_us"] for r in sel)
             per_layer[f"{model} M={m}"] = {"cublas_us": round(c, 1), "skinny_us": round(s, 1),
                                            "speedup": round(c / s, 2)}
+            if all("gemv_us" in r for r in sel):
+                g = sum(r["gemv_us"] for r in sel)
+                per_layer[f"{model} M={m}"].update(gemv_us=round(g, 1),
+                                                   gemv_speedup=round(c / g, 2))
             print(f"one {model} layer's GEMMs at M={m}: {per_layer[f'{model} M={m}']}")
     result = {"benchmark": "skinny_gemm", "device": device_info(), "limits": limits,
               "commit": git_commit(), "rows": rows, "per_layer": per_layer}

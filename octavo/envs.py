@@ -56,6 +56,13 @@ def skinny_gemm() -> bool:
     return _flag("OCTAVO_SKINNY_GEMM", True)
 
 
+def dense_gemv() -> bool:
+    """OCTAVO_DENSE_GEMV (default on): on CUDA, float linears of 1-2 rows (bf16 / fp16)
+    through the CUDA-core GEMV launched with PDL (octavo/kernels/dense_gemv.py); off, the
+    skinny GEMM's shapes or cuBLAS."""
+    return _flag("OCTAVO_DENSE_GEMV", True)
+
+
 def pdl() -> bool:
     """OCTAVO_PDL (default on): on NVIDIA sm_90+, the decode path's Triton kernels are
     launched with programmatic dependent launch (octavo/kernels/pdl.py)."""

@@ -4,7 +4,7 @@ split-K reduced in place.
 At batch 1-16 a decode step's GEMMs read every weight once and do little else, so they should
 run at memory speed; for the tall-K projections of a 0.6B-class model (o_proj, down_proj)
 cuBLAS picks a split-K with a second reduction launch, 7-13 us for 4-6 MB (7-18% of the HBM
-bandwidth); :func:`linear` sends only those shapes here (:func:`preferred`).
+bandwidth); ``octavo.kernels.float_linear`` sends only those shapes here (:func:`preferred`).
 
 Each program streams a [BLOCK_N, BLOCK_K] tile of W per step (K contiguous, so loads
 coalesce) through the tensor cores against x padded to 16 rows (the MMA is free in a
@@ -15,16 +15,14 @@ order (``octavo.kernels.split_k``: deterministic, no second launch, capturable i
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from octavo import envs
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
-from octavo.kernels.triton_utils import HAS_TRITON, num_compute_units, require_triton, tl, triton
+from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 
 MAX_M = 16
 
@@ -118,12 +116,3 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         out += bias
     return out.reshape(*shape[:-1], n)
 
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-           ) -> torch.Tensor:
-    """``F.linear``, through :func:`skinny_gemm` for CUDA decode batches of the shapes where
-    it is faster (OCTAVO_SKINNY_GEMM, default on)."""
-    if (x.is_cuda and HAS_TRITON and envs.skinny_gemm() and supports(x, weight)
-            and (preferred(weight) or envs.skinny_gemm_all())):
-        return skinny_gemm(x, weight, bias)
-    return F.linear(x, weight, bias)

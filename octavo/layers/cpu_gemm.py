@@ -52,7 +52,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
     if usable(x, packed):
         return packed_linear(x, packed, bias)
     if x.is_cuda:
-        from octavo.kernels.skinny_gemm import linear as cuda_linear
+        from octavo.kernels.float_linear import linear as cuda_linear
 
         return cuda_linear(x, weight, bias)
     return F.linear(x, weight, bias)

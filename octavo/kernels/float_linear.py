@@ -1,0 +1,26 @@
+"""``F.linear`` for float (bf16 / fp16) weights on CUDA, choosing per call between the decode
+kernels and cuBLAS: batches of 1-2 rows through the CUDA-core GEMV
+(``octavo.kernels.dense_gemv``, launched with PDL), up to 16 rows of the tall-K projections
+through the skinny tensor-core GEMM (``octavo.kernels.skinny_gemm``), everything else cuBLAS.
+``OCTAVO_DENSE_GEMV=0`` / ``OCTAVO_SKINNY_GEMM=0`` turn the two kernels off."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from octavo import envs
+from octavo.kernels.triton_utils import HAS_TRITON
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    if x.is_cuda and HAS_TRITON:
+        from octavo.kernels import dense_gemv, skinny_gemm
+
+        if envs.dense_gemv() and dense_gemv.supports(x, weight):
+            return dense_gemv.dense_gemv(x, weight, bias)
+        if (envs.skinny_gemm() and skinny_gemm.supports(x, weight)
+                and (skinny_gemm.preferred(weight) or envs.skinny_gemm_all())):
+            return skinny_gemm.skinny_gemm(x, weight, bias)
+    return F.linear(x, weight, bias)
