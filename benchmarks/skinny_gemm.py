@@ -60,7 +60,7 @@ def main() -> None:
                                                             (4,), (3, 4, 6))]
             if args.sweep else [None])
     gemv_cfgs = ([None] + [dict(block_n=bn, block_k=bk, num_warps=w, waves=v)
-                           for bn, bk, w, v in itertools.product((4, 8, 16, 32), (256, 512),
+                           for bn, bk, w, v in itertools.product((4, 8, 16), (256, 512),
                                                                  (4, 8), (2, 4))]
                  if args.sweep_gemv else [None])
     for model, shapes in SHAPES.items():
@@ -85,7 +85,7 @@ def main() -> None:
                 err = (skinny_gemm(x, ws[0]).float() - F.linear(x, ws[0]).float()).abs().max()
                 gemv = None
                 if m <= GEMV_MAX_M:
-                    gemv_best = None
+                    gemv_best, gemv_all = None, []
                     for cfg in gemv_cfgs:
                         kw = cfg or {}
                         try:
@@ -96,6 +96,8 @@ def main() -> None:
                             continue
                         if cfg is None:
                             gemv = t
+                        else:
+                            gemv_all.append([cfg, round(t, 2)])
                         if gemv_best is None or t < gemv_best[0]:
                             gemv_best = (t, cfg)
                     gemv_err = float((dense_gemv(x, ws[0]).float()
@@ -115,6 +117,7 @@ def main() -> None:
                     if args.sweep_gemv:
                         row["gemv_best_us"] = round(gemv_best[0], 2)
                         row["gemv_best_cfg"] = gemv_best[1]
+                        row["gemv_sweep"] = gemv_all
                 rows.append(row)
                 print(" ".join(f"{a}={b}" for a, b in row.items() if a not in
                                ("N", "K", "skinny_hbm_fraction", "cublas_hbm_fraction",

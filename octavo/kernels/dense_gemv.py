@@ -114,13 +114,17 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     n = weight.shape[0]
     assert 1 <= m <= MAX_M and weight.shape[1] == k and weight.stride(1) == 1, (
         x.shape, weight.shape, weight.stride())
-    block_n = block_n or 16
+    # 8 x 512 weights per step over 8 warps (16 per thread): from benchmarks/skinny_gemm.py
+    # --sweep-gemv on an H200, the best or near it on most Qwen3-0.6B / Llama-3.1-8B shapes;
+    # 64 per thread (16 x 512 over 4 warps) took 255 registers and lost to cuBLAS on two.
+    block_n = block_n or 8
     block_k = block_k or 512
+    num_warps = num_warps or 8
     block_k = min(block_k, triton.next_power_of_2(k))
     n_tiles = triton.cdiv(n, block_n)
     k_steps = triton.cdiv(k, block_k)
     if split_k is None:  # enough programs to keep every SM's loads in flight
-        want = (waves or 4) * num_compute_units(x2.device)
+        want = (waves or 2) * num_compute_units(x2.device)
         split_k = max(1, min(triton.cdiv(want, n_tiles), k_steps, 32))
     split_k, k_per_split = split_k_plan(k_steps * block_k, block_k, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
@@ -130,7 +134,7 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         x2.stride(0), weight.stride(0),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=k % block_k == 0 and k_per_split % block_k == 0, num_warps=num_warps or 4,
+        EVEN_K=k % block_k == 0 and k_per_split % block_k == 0, num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip
     if bias is not None:
