@@ -40,7 +40,8 @@ L2_FLUSH_BYTES = 400 << 20
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16],
+                    help="rows; up to 64 (the engine sends the skinny GEMM at most 16)")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-gemv", action="store_true")
     ap.add_argument("--json", default=None)

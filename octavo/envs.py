@@ -57,7 +57,7 @@ def skinny_gemm() -> bool:
 
 
 def dense_gemv() -> bool:
-    """OCTAVO_DENSE_GEMV (default on): on CUDA, float linears of 1-2 rows (bf16 / fp16)
+    """OCTAVO_DENSE_GEMV (default on): on CUDA, float linears of one row (bf16 / fp16)
     through the CUDA-core GEMV launched with PDL (octavo/kernels/dense_gemv.py); off, the
     skinny GEMM's shapes or cuBLAS."""
     return _flag("OCTAVO_DENSE_GEMV", True)

@@ -1,5 +1,5 @@
 """``F.linear`` for float (bf16 / fp16) weights on CUDA, choosing per call between the decode
-kernels and cuBLAS: batches of 1-2 rows through the CUDA-core GEMV
+kernels and cuBLAS: one-row batches through the CUDA-core GEMV
 (``octavo.kernels.dense_gemv``, launched with PDL), up to 16 rows of the tall-K projections
 through the skinny tensor-core GEMM (``octavo.kernels.skinny_gemm``), everything else cuBLAS.
 ``OCTAVO_DENSE_GEMV=0`` / ``OCTAVO_SKINNY_GEMM=0`` turn the two kernels off."""
@@ -12,13 +12,19 @@ import torch.nn.functional as F
 from octavo import envs
 from octavo.kernels.triton_utils import HAS_TRITON
 
+# Rows sent to the GEMV: on an H200 (benchmarks/skinny_gemm.py --sweep-gemv) one row ran a
+# Qwen3-0.6B layer's GEMMs 1.8x and a Llama-3.1-8B layer's 1.12x faster than cuBLAS; at two
+# rows the Llama-8B layer was 0.78x (the second row's FMAs make the wide shapes issue-bound).
+GEMV_ROWS = 1
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
     if x.is_cuda and HAS_TRITON:
         from octavo.kernels import dense_gemv, skinny_gemm
 
-        if envs.dense_gemv() and dense_gemv.supports(x, weight):
+        if (envs.dense_gemv() and x.numel() == GEMV_ROWS * x.shape[-1]
+                and dense_gemv.supports(x, weight)):
             return dense_gemv.dense_gemv(x, weight, bias)
         if (envs.skinny_gemm() and skinny_gemm.supports(x, weight)
                 and (skinny_gemm.preferred(weight) or envs.skinny_gemm_all())):

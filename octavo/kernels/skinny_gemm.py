@@ -94,6 +94,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     x2 = x.reshape(-1, shape[-1])
     m, k = x2.shape
     n = weight.shape[0]
+    assert m <= 64, m  # one tile of rows (the dispatcher sends at most MAX_M)
     # Sweep winners on the H200: 32-row weight tiles; 256-wide K steps up to K = 2048.
     block_n = block_n or 32
     block_k = block_k or (256 if k <= 2048 else 128)
@@ -109,7 +110,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         m, n, k, k_per_split, split_k,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps or 4, num_stages=num_stages or 4, **pdl_args(x.device),
     )  # fmt: skip
     if bias is not None:

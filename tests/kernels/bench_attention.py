@@ -1,7 +1,7 @@
 # ruff: noqa: B023, E731
 """Micro-benchmark for paged_attention on a GPU (not collected by pytest).
 
-PYTHONPATH=. python tests/kernels/bench_attention.py [--tune] [--mixed]
+PYTHONPATH=. python tests/kernels/bench_attention.py [--tune] [--mixed | --w1 | --short | --chunk]
 
 Decode rows report KV bytes read / GPU time (CUDA-graph replay, so no launch overhead);
 prefill rows report causal TFLOP/s next to torch SDPA on contiguous K/V. ``--tune`` also
@@ -257,7 +257,48 @@ def w1(tune):
             print(f"B={B} cfg={cfg} | " + " ".join(row), flush=True)
 
 
+def short(tune):
+    """W4's decode attention (Qwen3-0.6B heads, contexts 128..384 as prompt 128 + output 256)
+    at batch 1-64, with max_seq_len 4096 as the captured decode graphs pass it: microseconds
+    per launch (with its split merge) and GB/s per tile config and forced split."""
+    import random
+
+    H, Hkv, D = 16, 8, 128
+    cfgs = [None]
+    if tune:
+        cfgs += [(bn, w, s) for bn in (32, 64, 128) for w in (2, 4) for s in (1, 2, 3)
+                 if not (bn == 128 and s == 3)]
+    orig = pa._pick_config
+    print("short decode (H=16, Hkv=8, D=128, bf16, ctx 128..384, max_seq_len 4096): "
+          "us (GB/s) per (BLOCK_N, warps, stages) and split")
+    for B in (1, 8, 32, 64):
+        rng = random.Random(B)
+        ctx = [rng.randint(128, 384) for _ in range(B)]
+        q, kc, vc, qsl, sl, bt = batch([1] * B, ctx, H, Hkv, D)
+        bt = torch.nn.functional.pad(bt, (0, 256 - bt.shape[1]))  # the graphs' table width
+        gb = sum(ctx) * Hkv * D * 2 * 2 / 1e9
+        for cfg in cfgs:
+            if cfg is not None:
+                pa._pick_config = lambda dec, *a, c=cfg: (
+                    pa._Config(1, 16, *c) if dec else orig(dec, *a))
+            row = []
+            for ns in (None, 1, 2, 4, 8):
+                try:
+                    ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1,
+                                                         max_query_len=1, max_seq_len=4096,
+                                                         num_splits=ns))
+                    row.append(f"s={ns}:{ms * 1e3:5.1f}({gb / ms * 1e3:4.0f})")
+                except Exception as e:  # noqa: BLE001 - a config that does not fit
+                    row.append(f"s={ns}:err {type(e).__name__}")
+            pa._pick_config = orig
+            print(f"B={B} cfg={cfg} | " + " ".join(row), flush=True)
+
+
 if __name__ == "__main__":
+    if "--short" in sys.argv:
+        print(torch.cuda.get_device_name(), torch.__version__)
+        short("--tune" in sys.argv)
+        sys.exit(0)
     if "--w1" in sys.argv:
         print(torch.cuda.get_device_name(), torch.__version__)
         w1("--tune" in sys.argv)

@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 from octavo.kernels.skinny_gemm import skinny_gemm, supports  # noqa: E402
 
 
-@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("m", [1, 3, 16, 33])
 @pytest.mark.parametrize("nk", [(40, 32), (96, 160), (64, 48)])
 @pytest.mark.parametrize("split_k", [1, 3, None])
 def test_matches_linear(m, nk, split_k, device):
