@@ -58,11 +58,16 @@ def _pick_config(
 
 
 def _pick_num_splits(num_programs: int, max_seq_len: int, device: torch.device) -> int:
-    """Split the KV range when the grid alone cannot fill the GPU and contexts are long."""
+    """Split the KV range when the grid alone cannot give every SM a program and contexts
+    may be long; then aim for about two programs per SM. A grid of one to two programs per
+    SM is left whole: on an H200 (tests/kernels/bench_attention.py --short) batch 32 x 8 KV
+    heads at W4's contexts took 12.6 us unsplit and 18.1 us in two splits plus their merge,
+    and W1's batch 128 lost 4% to two splits (--w1)."""
     if max_seq_len < 2 * _MIN_SPLIT_TOKENS:
         return 1
-    target = 2 * num_compute_units(device)
-    if num_programs >= target:
+    units = num_compute_units(device)
+    target = 2 * units
+    if num_programs >= units:
         return 1
     splits = min(-(-target // num_programs), max_seq_len // _MIN_SPLIT_TOKENS, _MAX_SPLITS)
     return max(1, splits)

@@ -158,6 +158,19 @@ def test_split_k_prefill_padding_rows(device):
     assert torch.equal(out[14:], pad)
 
 
+def test_decode_split_heuristic(monkeypatch):
+    # Split only grids with fewer programs than SMs, towards two programs per SM; bounded by
+    # 256 keys per split of the longest context.
+    import octavo.kernels.paged_attention_config as pa
+
+    monkeypatch.setattr(pa, "num_compute_units", lambda device: 132)
+    assert pa._pick_num_splits(256, 4096, "cuda") == 1  # batch 32 x 8 KV heads
+    assert pa._pick_num_splits(132, 4096, "cuda") == 1
+    assert pa._pick_num_splits(64, 4096, "cuda") == 5  # batch 8 x 8 KV heads
+    assert pa._pick_num_splits(8, 4096, "cuda") == 16  # batch 1: bounded by 4096 / 256
+    assert pa._pick_num_splits(8, 300, "cuda") == 1  # short contexts are never split
+
+
 def test_prefill_split_heuristic(monkeypatch):
     # About two programs per SM, rounded down; none for short contexts or full grids.
     import octavo.kernels.paged_attention_config as pa
