@@ -84,6 +84,21 @@ def test_float32_and_split_k(split_k):
     assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, 64, 4)) < 1e-5
 
 
+@pytest.mark.parametrize("m,k,group,bits,tuning", [
+    (3, 1024, 1024, 4, {}),  # one group over K: folds every 512 rows, a K step of 128
+    (5, 256, 128, 4, {"block_k": 64, "split_k": 2}),  # a fold every other step
+    (17, 256, 64, 8, {"block_k": 32, "block_m": 16}),  # two batch tiles
+    (33, 128, 32, 4, {"block_m": 64}),
+])
+def test_folds_tiles_and_splits(m, k, group, bits, tuning):
+    n = 64 * 16 // bits
+    q, qweight, scales, zeros = _weights(k, n, group, bits)
+    x = torch.randn(m, k, device=DEVICE).half()
+    out = w4a16_gemm(x, pack_swapab(q, bits).to(DEVICE), scales, zeros, group, bits,
+                     path="swapab", **tuning)
+    assert _rel_err(out, w4a16_gemm_ref(x.float(), qweight, scales, zeros, group, bits)) < 5e-3
+
+
 def test_leading_dims_and_empty_batch():
     q, qweight, scales, zeros = _weights(64, 256, 32, 4)
     packed = pack_swapab(q, 4).to(DEVICE)
@@ -97,12 +112,38 @@ def test_leading_dims_and_empty_batch():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [{}, {"block_m": 64}, {"block_k": 64}],
+                         ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()) or "default")
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 4, 16, 32, 64, 128])
 @pytest.mark.parametrize("k,n", [(4096, 6144), (14336, 4096)])
-def test_real_shapes_gpu(m, dtype, bits, k, n):
+def test_real_shapes_gpu(m, dtype, bits, k, n, tuning):
+    """On the GPU the inline-PTX dequantization runs (the interpreter runs the Triton ops)."""
     q, qweight, scales, zeros = _weights(k, n, 128, bits, device=torch.device("cuda"))
     x = torch.randn(m, k, device="cuda").to(dtype)
-    out = w4a16_gemm(x, pack_swapab(q, bits).cuda(), scales, zeros, 128, bits, path="swapab")
+    out = w4a16_gemm(x, pack_swapab(q, bits).cuda(), scales.to(dtype), zeros.to(dtype), 128,
+                     bits, path="swapab", **tuning)
+    scales, zeros = scales.to(dtype), zeros.to(dtype)
     assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, 128, bits)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_inside_a_cuda_graph_gpu():
+    """Split-K counters come back to zero inside a graph, replay after replay."""
+    from octavo.kernels import split_k
+
+    q, qweight, scales, zeros = _weights(4096, 1024, 128, 4, device=torch.device("cuda"))
+    packed = pack_swapab(q, 4).cuda()
+    scales, zeros = scales.bfloat16(), zeros.bfloat16()
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    w4a16_gemm(x, packed, scales, zeros, 128, 4, path="swapab")  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = w4a16_gemm(x, packed, scales, zeros, 128, 4, path="swapab")
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, 128, 4)) < 1e-2
+        assert not split_k.counters(x.device, 1).any()
