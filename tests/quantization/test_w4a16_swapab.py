@@ -147,3 +147,64 @@ def test_inside_a_cuda_graph_gpu():
         torch.cuda.synchronize()
         assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, 128, 4)) < 1e-2
         assert not split_k.counters(x.device, 1).any()
+
+
+def _run_pair_ptx(code: str, pairs: torch.Tensor) -> torch.Tensor:
+    """Evaluate one of the kernel's inline-PTX strings (the few instructions they use) on int32
+    registers holding two int16 containers each: the CPU interpreter cannot run inline asm, so
+    the strings are checked here and the kernel's GPU tests run them for real."""
+    import re
+
+    regs = {"$1": pairs.to(torch.int64) & 0xFFFFFFFF}
+
+    def val(tok):
+        tok = tok.strip()
+        return regs[tok] if tok in regs else torch.full_like(pairs, int(tok, 0), dtype=torch.int64)
+
+    def halves(v, dtype):
+        lo = (v & 0xFFFF).to(torch.int16)
+        hi = ((v >> 16) & 0xFFFF).to(torch.int16)
+        return lo.view(dtype).float(), hi.view(dtype).float()
+
+    def pack(lo, hi, dtype):
+        lo = lo.to(dtype).view(torch.int16).to(torch.int64) & 0xFFFF
+        hi = hi.to(dtype).view(torch.int16).to(torch.int64) & 0xFFFF
+        return lo | (hi << 16)
+
+    for ins in code.strip("{} ").split(";"):
+        ins = ins.strip()
+        if not ins or ins.startswith(".reg"):
+            continue
+        op, args = ins.split(None, 1)
+        dst, *src = [a.strip() for a in args.split(",")]
+        if op == "mov.b32":
+            regs[dst] = val(src[0])
+        elif op == "shr.b32":
+            regs[dst] = val(src[0]) >> int(src[1])
+        elif op == "lop3.b32":
+            assert int(src[3], 0) == 0xEA  # (a & b) | c
+            regs[dst] = (val(src[0]) & val(src[1])) | val(src[2])
+        elif (m := re.fullmatch(r"sub\.rn\.(bf16|f16)x2", op)):
+            dtype = torch.bfloat16 if m.group(1) == "bf16" else torch.float16
+            a, b = halves(val(src[0]), dtype), halves(val(src[1]), dtype)
+            regs[dst] = pack(a[0] - b[0], a[1] - b[1], dtype)  # exact: small integers
+        else:
+            raise AssertionError(f"unexpected PTX {ins!r}")
+    return regs["$0"]
+
+
+@pytest.mark.parametrize("table,bits,dtype,bias", [
+    ("BF16_4", 4, torch.bfloat16, 128.0), ("F16_4", 4, torch.float16, 0.0),
+    ("F16_8", 8, torch.float16, 0.0)])
+def test_inline_ptx_dequantizes_every_value(table, bits, dtype, bias):
+    from octavo.kernels import w4a16_swapab
+
+    codes = [getattr(c, "value", c) for c in getattr(w4a16_swapab, table)]
+    lo = torch.arange(2**16, dtype=torch.int64)
+    hi = lo[torch.randperm(2**16, generator=torch.Generator().manual_seed(0))]
+    out = [_run_pair_ptx(code, lo | (hi << 16)) for code in codes]
+    for c, o in enumerate(out):
+        for half, src in ((o & 0xFFFF, lo), ((o >> 16) & 0xFFFF, hi)):
+            got = half.to(torch.int16).view(dtype).float()
+            want = ((src >> (c * bits)) & ((1 << bits) - 1)).float() + bias
+            assert torch.equal(got, want), (table, c)
