@@ -3,13 +3,21 @@ instructions of its hot loop: how a kernel change moves instructions per weight,
 spills can be seen here before any device time is spent.
 
     python scripts/triton_sass.py octavo.kernels.w4a16_gemv:_int_weight_gemv_kernel \
-        --const GROUP=128 BITS=4 BLOCK_M=1 BLOCK_N=256 BLOCK_P=16 PREFETCH=1 \
-        --ptr qw_ptr=i32 cnt_ptr=i32 part_ptr=fp32 --ones stride_xk stride_qn \
-        --num-warps 4 [--dump /tmp/out]
+        --const GROUP=128 FLUSH=128 BITS=4 BLOCK_M=1 BLOCK_N=256 BLOCK_P=16 PAIRED=0 PDL=0 \
+        --ptr qw_ptr=i32 cnt_ptr=i32 part_ptr=fp32 --ones stride_qn \
+        --num-warps 4 [--weights 32768] [--dump /tmp/out]
+    python scripts/triton_sass.py octavo.kernels.w4a16_swapab:_swapab_kernel \
+        --const GROUP=128 FOLD=128 BITS=4 MAGIC=1 ASM=1 BLOCK_M=16 BLOCK_R=64 BLOCK_K=128 \
+        --ptr qw_ptr=i16 cnt_ptr=i32 part_ptr=fp32 \
+        --ones stride_xk stride_sn stride_zn stride_on stride_pn \
+        --div16 stride_qr stride_xm K K_PER_SPLIT stride_sg stride_zg stride_om stride_ps \
+        stride_pm --num-warps 4 --weights 32768
 
 Pointers default to bf16 and are taken as 16-byte aligned (as Triton specializes them at a
 real launch); integer arguments are i32, ``--div16`` names those known to be multiples of 16,
-``--ones`` those equal to 1 (Triton specializes both). The loop reported is the largest basic
+``--ones`` those equal to 1 (Triton specializes both; leaving out a ``--div16`` that a real
+launch would specialize can cost the loads their 16-byte vectors and cp.async pipelining,
+which changes the loop completely). The loop reported is the largest basic
 block between branch labels, or the sum of the blocks named by ``--loop`` (a loop that
 Triton split or flattened, e.g. an inner loop with a fold after it: ``--blocks`` lists every
 block). ``--weights W`` (weights one pass over the loop handles, in the whole program) adds
