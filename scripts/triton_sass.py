@@ -17,12 +17,13 @@ Pointers default to bf16 and are taken as 16-byte aligned (as Triton specializes
 real launch); integer arguments are i32, ``--div16`` names those known to be multiples of 16,
 ``--ones`` those equal to 1 (Triton specializes both; leaving out a ``--div16`` that a real
 launch would specialize can cost the loads their 16-byte vectors and cp.async pipelining,
-which changes the loop completely). The loop reported is the largest basic
-block between branch labels, or the sum of the blocks named by ``--loop`` (a loop that
-Triton split or flattened, e.g. an inner loop with a fold after it: ``--blocks`` lists every
-block). ``--weights W`` (weights one pass over the loop handles, in the whole program) adds
-per-weight rates, per thread: instructions, shared-memory traffic, MMAs. Uses the ptxas / nvdisasm / cuobjdump that the triton package
-carries; the Triton version here may differ from the GPU machine's.
+which changes the loop completely). The loop reported is the largest basic block between
+branch labels, or the sum of the blocks named by ``--loop`` (a loop that Triton split or
+flattened, e.g. an inner loop with a fold after it: ``--blocks`` lists every block).
+``--weights W`` (weights one pass over the loop handles, in the whole program) adds per-weight
+rates, per thread: instructions, shared-memory traffic, MMAs. Uses the ptxas / nvdisasm /
+cuobjdump that the triton package carries; the Triton version here may differ from the GPU
+machine's.
 """
 
 from __future__ import annotations
