@@ -9,7 +9,9 @@ Prints per shape and M: microseconds, speedup over bf16, and the weight bytes / 
 fraction of the HBM bandwidth.
 
     python benchmarks/quantized_gemm.py [--bits 4 8] [--group 128] [--json out.json]
+    python benchmarks/quantized_gemm.py --paths default gemm swapab --m 16 32 64 128
     python benchmarks/quantized_gemm.py --sweep   # tile configurations per shape and M
+    python benchmarks/quantized_gemm.py --sweep --paths swapab --bits 4 --m 16 32 64 128
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--m", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--paths", nargs="+", default=["default"],
+                    help="w4a16_gemm paths to time side by side: default (the dispatch), gemv, "
+                         "gemm, dequant, swapab (its own packed layout); keys w{bits}_{path}_us "
+                         "(w{bits}_us for default)")
     ap.add_argument("--sweep", action="store_true",
                     help="time every candidate tile configuration (4-bit) and report the best")
     ap.add_argument("--fp8", action="store_true",
@@ -49,7 +55,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from octavo.kernels.w4a16_gemm import pack_along_k, w4a16_gemm
+    from octavo.kernels.w4a16_gemm import w4a16_gemm
 
     bandwidth, _, limits = device_limits()
     dev = torch.device("cuda")
@@ -63,41 +69,72 @@ def main() -> None:
     for name, (k, n) in SHAPES.items():
         copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
         dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        groups = k // args.group
+        packs = {}  # (bits, path): weight copies in the layout the path reads
+        for bits in args.bits:
+            qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
+            for layout in {_layout(path) for path in args.paths}:
+                packs[bits, layout] = [
+                    (_pack(layout, torch.randint(0, 2**bits, (k, n), device=dev), bits),
+                     (torch.rand(groups, n, device=dev) * 0.01).to(torch.bfloat16),
+                     torch.full((groups, n), 2 ** (bits - 1), device=dev, dtype=torch.bfloat16))
+                    for _ in range(qcopies)]
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
             row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 1),
                    "bf16_hbm_fraction": round(k * n * 2 / (t_bf16 * 1e-6) / bandwidth, 3)}
             for bits in args.bits:
-                groups = k // args.group
-                qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
-                packed = [(pack_along_k(torch.randint(0, 2**bits, (k, n), device=dev), bits),
-                           (torch.rand(groups, n, device=dev) * 0.01).to(torch.bfloat16),
-                           torch.full((groups, n), 2 ** (bits - 1), device=dev,
-                                      dtype=torch.bfloat16)) for _ in range(qcopies)]
-                t_q = timed([lambda p=p, x=x, b=bits: w4a16_gemm(x, p[0], p[1], p[2], args.group, b)
-                             for p in packed])
                 nbytes = k * n * bits / 8 + 2 * groups * n * 2
-                row[f"w{bits}_us"] = round(t_q, 1)
-                row[f"w{bits}_speedup"] = round(t_bf16 / t_q, 2)
-                row[f"w{bits}_hbm_fraction"] = round(nbytes / (t_q * 1e-6) / bandwidth, 3)
-                del packed
+                for path in args.paths:
+                    kw = {} if path == "default" else {"path": path}
+                    key = f"w{bits}" if path == "default" else f"w{bits}_{path}"
+                    try:
+                        t_q = timed([lambda p=p, x=x, b=bits, kw=kw: w4a16_gemm(
+                            x, p[0], p[1], p[2], args.group, b, **kw)
+                            for p in packs[bits, _layout(path)]])
+                    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+                        row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:160]
+                        continue
+                    row[f"{key}_us"] = round(t_q, 1)
+                    row[f"{key}_speedup"] = round(t_bf16 / t_q, 2)
+                    row[f"{key}_hbm_fraction"] = round(nbytes / (t_q * 1e-6) / bandwidth, 3)
             rows.append(row)
             print(" ".join(f"{key}={val}" for key, val in row.items()), flush=True)
-        del dense
+        del dense, packs
         torch.cuda.empty_cache()
     totals = {}
     for m in args.m:
         sel = [r for r in rows if r["M"] == m]
         totals[m] = {"bf16_us": round(sum(r["bf16_us"] for r in sel), 1)}
         for bits in args.bits:
-            tq = sum(r[f"w{bits}_us"] for r in sel)
-            totals[m][f"w{bits}_us"] = round(tq, 1)
-            totals[m][f"w{bits}_speedup"] = round(totals[m]["bf16_us"] / tq, 2)
+            for path in args.paths:
+                key = f"w{bits}" if path == "default" else f"w{bits}_{path}"
+                if any(f"{key}_us" not in r for r in sel):
+                    continue
+                tq = sum(r[f"{key}_us"] for r in sel)
+                totals[m][f"{key}_us"] = round(tq, 1)
+                totals[m][f"{key}_speedup"] = round(totals[m]["bf16_us"] / tq, 2)
         print(f"one Llama-8B layer's GEMMs at M={m}: {totals[m]}")
     print_json_result({"benchmark": "quantized_gemm", "device": device_info(), "limits": limits,
-                       "commit": git_commit(), "group": args.group, "rows": rows,
+                       "commit": git_commit(), "group": args.group, "paths": args.paths,
+                       "rows": rows,
                        "per_layer": totals}, args.json)
+
+
+def _layout(path: str) -> str:
+    return "swapab" if path == "swapab" else "along_k"
+
+
+def _pack(layout: str, q, bits: int):
+    """Integer weights [K, N] in a packed layout (``_layout``)."""
+    if layout == "swapab":
+        from octavo.kernels.w4a16_swapab import pack_swapab
+
+        return pack_swapab(q, bits)
+    from octavo.kernels.w4a16_gemm import pack_along_k
+
+    return pack_along_k(q, bits)
 
 
 def _candidates(m: int) -> list[dict]:
@@ -124,6 +161,17 @@ def _candidates(m: int) -> list[dict]:
     return out
 
 
+def _swapab_candidates(m: int) -> list[dict]:
+    """Tile configurations of the swap-AB kernel (its default first)."""
+    out = [{"path": "swapab"}]
+    out += [{"path": "swapab", "block_m": bm, "block_k": bk, "num_stages": st}
+            for bm in (16, 32, 64) if bm <= max(16, 2 * m)
+            for bk in (64, 128) for st in (2, 3, 4)]
+    out += [{"path": "swapab", "split_k": sk} for sk in (1, 4, 8, 16)]
+    out += [{"path": "swapab", "waves": wv} for wv in (2, 8)]
+    return out
+
+
 def sweep(args, timed, bandwidth, limits) -> None:
     import torch
 
@@ -142,6 +190,11 @@ def sweep(args, timed, bandwidth, limits) -> None:
                    torch.full((groups, n), 2 ** (bits - 1), device=dev,
                               dtype=torch.bfloat16))
                   for _ in range(qcopies)]
+        # The swap-AB kernel's tiles too (--paths ... swapab), on its own packed layout.
+        swapab = None
+        if "swapab" in args.paths:
+            swapab = [(_pack("swapab", torch.randint(0, 2**bits, (k, n), device=dev), bits),
+                       sc, zp) for _, sc, zp in packed]
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
@@ -152,12 +205,22 @@ def sweep(args, timed, bandwidth, limits) -> None:
             default, summary = _summary(results, _candidates(m)[0], t_bf16, nbytes, bandwidth)
             row = {"shape": name, "bits": bits, "K": k, "N": n, "M": m,
                    "bf16_us": round(t_bf16, 2), "default_us": default, **summary}
-            rows.append(row)
             best = row["best"]
-            print(f"w{bits} {name} M={m} bf16={t_bf16:.1f}us default={default}us "
-                  f"best={best['us']}us {best['cfg']} x{row['best_speedup']} "
-                  f"hbm={row['best_hbm_fraction']}", flush=True)
-        del dense, packed
+            line = (f"w{bits} {name} M={m} bf16={t_bf16:.1f}us default={default}us "
+                    f"best={best['us']}us {best['cfg']} x{row['best_speedup']} "
+                    f"hbm={row['best_hbm_fraction']}")
+            if swapab is not None:
+                res = _time_each(timed, _swapab_candidates(m), lambda c, x=x, b=bits, ps=swapab: [
+                    lambda p=p: w4a16_gemm(x, p[0], p[1], p[2], group, b, **dict(c))
+                    for p in ps])
+                _, row["swapab"] = _summary(res, _swapab_candidates(m)[0], t_bf16, nbytes,
+                                            bandwidth)
+                sb = row["swapab"]["best"]
+                line += (f" | swapab best={sb['us']}us {sb['cfg']} "
+                         f"x{row['swapab']['best_speedup']}")
+            rows.append(row)
+            print(line, flush=True)
+        del dense, packed, swapab
         torch.cuda.empty_cache()
     print_json_result({"benchmark": "quantized_gemm_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "group": group, "rows": rows},

@@ -176,11 +176,23 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     ``FUSED_MAX_M`` the tensor-core kernel, larger ones dequantize into a temporary and use
     cuBLAS (measured 2-4x faster than this tensor-core kernel there, still about half of bf16:
     a faster large-M kernel is open work). ``tuning``: tile overrides for the benchmark's
-    sweeps (``path``: "gemv" / "gemm" / "dequant" forces a path).
+    sweeps (``path``: "gemv" / "gemm" / "dequant" forces a path; "swapab" runs
+    octavo.kernels.w4a16_swapab, whose ``qweight`` is in that kernel's own packed layout).
     """
     require_triton("w4a16_gemm")
     shape = x.shape
     k = shape[-1]
+    if tuning.get("path") == "swapab":
+        # qweight in the swap-AB kernel's own layout (w4a16_swapab.pack_swapab).
+        from octavo.kernels.w4a16_swapab import w4a16_swapab
+
+        tuning.pop("path")
+        x2 = x.reshape(-1, k)
+        if x2.shape[0] == 0:
+            return x.new_empty(*shape[:-1], qweight.shape[0] * (16 // bits))
+        out = w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, split_k=split_k,
+                           **tuning)
+        return out.view(*shape[:-1], out.shape[1])
     n = qweight.shape[1]
     pack = pack_factor(bits)
     assert qweight.shape[0] * pack == k, (qweight.shape, k, bits)
