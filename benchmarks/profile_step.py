@@ -26,12 +26,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
 from benchmarks.workloads import SHAPES, device_limits, shape_cost, write_config  # noqa: E402
 
-# Kernel name patterns, first match wins (Triton kernels keep their Python names; cuBLAS /
-# CUTLASS GEMMs carry gemm / xmma / nvjet / cutlass in theirs).
+# Kernel name patterns, first match wins (Triton kernels keep their Python names, the GEMVs
+# included; cuBLAS / CUTLASS GEMMs carry gemm / xmma / nvjet / cutlass in theirs).
 CLASSES = [
     ("attention", r"paged_attention|split_reduce|attn|flash"),
     ("kv_cache_write", r"reshape_and_cache"),
-    ("gemm", r"gemm|xmma|nvjet|cutlass|cublas|sm90_|splitk|s16816|wgmma"),
+    ("gemm", r"gemm|gemv|xmma|nvjet|cutlass|cublas|sm90_|splitk|s16816|wgmma"),
     ("norm_rotary_act", r"rms_norm|rotary|silu|act_and_mul|layer_norm|_norm"),
     ("sampling", r"race|sort|topk|softmax|argmax|exponential|distribution|philox|cumsum|radix|"
                  r"bitonic|max_kernel|reduce_kernel|multinomial"),

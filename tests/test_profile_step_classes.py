@@ -1,0 +1,26 @@
+"""benchmarks/profile_step.py's kernel classes: the decode GEMVs that replaced cuBLAS kernels
+count as GEMMs, so the profile's GEMM row (and its HBM fraction of the weights' bytes) keeps
+covering every projection."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+classify = importlib.import_module("benchmarks.profile_step").classify
+
+
+def test_triton_gemvs_and_gemms_are_gemms():
+    for name in ("_dense_gemv_kernel", "_int_weight_gemv_kernel", "_fp8_gemv_kernel",
+                 "_skinny_gemm_kernel", "_int_weight_gemm_kernel",
+                 "nvjet_sm90_tst_64x8_64x16_2x4_h_bz_TNT"):
+        assert classify(name) == "gemm", name
+
+
+def test_other_classes_are_unchanged():
+    assert classify("_paged_attention_kernel") == "attention"
+    assert classify("_split_reduce_kernel") == "attention"
+    assert classify("_rms_norm_kernel") == "norm_rotary_act"
+    assert classify("_race_kernel") == "sampling"
