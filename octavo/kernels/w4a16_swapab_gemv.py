@@ -1,0 +1,439 @@
+"""Weight-only integer GEMV for decode batches (M = 1..2) on CUDA cores, reading the swap-AB
+packed layout (``octavo.kernels.w4a16_swapab.pack_swapab``: int16 [N / per, K], K contiguous,
+``per = 16 // bits`` values per int16 packed along N), plus a dequantize kernel for that layout.
+
+Why: the swap-AB wgmma kernel is the fast path for batches of ~3-32 rows, but at batch 1 it
+is slower than the CUDA-core GEMV of ``w4a16_gemv`` (which reads ``pack_along_k``'s layout);
+keeping both layouts for one layer would double its weight memory. This kernel serves batch
+1-2 from the swap-AB copy at the GEMV's speed, and ``dequantize_swapab`` serves large batches
+(dequantize, then cuBLAS), so one copy of the weight serves every batch size.
+
+How (``scripts/triton_sass.py`` counts the instructions; the budget is ~3 per weight):
+
+- A thread reads 16 bytes of one int16 row: 8 consecutive k for ``per`` output columns, as 4
+  int32 registers of two int16 each (k even in the low half, k odd in the high half). Every
+  value of one int16 multiplies the same ``x[k]``, so the shifts and masks are the same for
+  every register: the whole tile is handled with a few uniform bit operations.
+- No conversion instruction for the weights: a mask-or (one LOP3) places a value ``q`` sitting
+  at bits ``p .. p + bits - 1`` under the exponent of a power of two ``B``, giving the float
+  ``B (1 + q 2**(p - 23))``, and one FFMA adds ``x * v``. For 4-bit weights and 16-bit
+  activations every value is brought to ``p = 12`` (with ``B = 16``) or ``p = 16`` (``B = 1``):
+  both then count ``q * 2**-7`` above ``B``, so values at either position share one accumulator
+  without scaling ``x``. Of the 8 values of a register, two are already there (the low half's
+  value 3 at bit 12, the high half's value 0 at bit 16), ``<< 12`` and ``>> 8`` bring two more
+  each, and one byte permute (PRMT) the last two (the low half's value 2 to bit 16, the high
+  half's value 3 to bit 12): 3 instructions per 8 weights besides the LOP3 and FFMA of each.
+  8-bit values sit at ``p = 8`` (one register holds 4; 3 shifts). The rounding of the large
+  ``B`` part leaves ~2**-13 (4-bit) / ~2**-9 (8-bit) of a quantization step per term: far below
+  bf16 / fp16 output rounding. Float32 activations keep each value at the top of the mantissa
+  (one shift each, ``PRECISE``).
+- ``sum_k x q = 2**(23 - p) (sum_k x v - sum_k x B)``: the second sum depends on the column's
+  value position only through the parity of k, so two running sums of x (even and odd k) per
+  row of x serve every column. Scales and zeros are applied once per group:
+  ``sum_k x (q - z) s = s (sum_k x q - z sum_k x)``.
+- Each thread keeps its k range whole (no reduction across threads) for ``ROWS_PER_THREAD``
+  int16 rows (4 * ROWS_PER_THREAD columns per row of x), so the activations of a step (loaded
+  as int32 pairs, converted once) are shared by ROWS_PER_THREAD * 32 weights; the next step's
+  weights are loaded before this step's arithmetic; split-K over programs
+  (``octavo.kernels.split_k``) and programmatic dependent launch (``octavo.kernels.pdl``) as in
+  ``w4a16_gemv``.
+
+Reached through ``w4a16_gemm(..., path="swapab_gemv")`` with the ``pack_swapab`` tensor.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
+from octavo.kernels.split_k import buffers as split_k_buffers
+from octavo.kernels.split_k import counters as split_k_counters
+from octavo.kernels.split_k import plan as split_k_plan
+from octavo.kernels.split_k import store_or_reduce
+from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
+
+MAX_M = 2  # larger batches go to the swap-AB tensor-core kernel
+ROWS = 64  # int16 rows per swap-AB tile (pack_swapab): value c of row r is column c * 64 + r
+WAVES = 4  # programs per SM the split-K choice aims for
+ONE = 0x3F800000  # the bits of 1.0f
+SIXTEEN = 0x41800000  # the bits of 16.0f
+
+_constexpr = tl.constexpr if tl is not None else (lambda v: v)
+TILE = _constexpr(ROWS)  # ROWS, for the kernels
+# Bytes 3 and 1 of a register to bytes 1 and 2: the high half's 4-bit value 3 (bits 28-31) to
+# bits 12-15, the low half's value 2 (bits 8-11) to bits 16-19.
+PRMT_3120 = _constexpr("prmt.b32 $0, $1, 0, 0x0130;")
+
+
+@triton.jit
+def _prmt(w, ASM: tl.constexpr):
+    if ASM:
+        t = tl.inline_asm_elementwise(PRMT_3120, "=r,r", [w], dtype=tl.int32, is_pure=True,
+                                      pack=1)
+    else:  # the interpreter runs no inline asm: the same bytes by shifts
+        t = ((w >> 16) & 0xFF00) | ((w << 8) & 0xFF0000)
+    return t
+
+
+@triton.jit
+def _val(t, P: tl.constexpr, BITS: tl.constexpr, one):
+    """The value at bits P .. P + BITS - 1 of ``t`` under the exponent bits ``one``: the float
+    B (1 + q 2**(P - 23))."""
+    MASK: tl.constexpr = ((1 << BITS) - 1) << P
+    return ((t & MASK) | one).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _shift(w, S: tl.constexpr):
+    """w << S (S > 0) or w >> -S (arithmetic: the masks drop the sign bits)."""
+    if S > 0:
+        t = w << S
+    elif S < 0:
+        t = w >> (-S)
+    else:
+        t = w
+    return t
+
+
+@triton.jit
+def _top(w, c: tl.constexpr, hi: tl.constexpr, BITS: tl.constexpr, one):
+    """PRECISE: value c of the low (hi=0) or high (hi=1) int16 at the top of the mantissa."""
+    P: tl.constexpr = 23 - BITS
+    return _val(_shift(w, P - (hi * 16 + c * BITS)), P, BITS, one)
+
+
+@triton.jit
+def _reg_step(w, xl, xh, a0, a1, a2, a3, one, sixteen, BITS: tl.constexpr,
+              PRECISE: tl.constexpr, ASM: tl.constexpr):
+    """Add one int32 register of every row (two int16: k even in the low half with x ``xl``,
+    k odd in the high half with ``xh``) to the per-value accumulators a0..a3 (value c of an
+    int16 is column c * 64 + r)."""
+    if PRECISE:
+        a0 += xl * _top(w, 0, 0, BITS, one)
+        a0 += xh * _top(w, 0, 1, BITS, one)
+        a1 += xl * _top(w, 1, 0, BITS, one)
+        a1 += xh * _top(w, 1, 1, BITS, one)
+        if BITS == 4:
+            a2 += xl * _top(w, 2, 0, BITS, one)
+            a2 += xh * _top(w, 2, 1, BITS, one)
+            a3 += xl * _top(w, 3, 0, BITS, one)
+            a3 += xh * _top(w, 3, 1, BITS, one)
+    elif BITS == 4:
+        # Every value at p = 12 (exponent of 16) or p = 16 (of 1): q * 2**-7 above either.
+        s12 = w << 12  # low 0 -> 12, low 1 -> 16
+        s8 = w >> 8  # high 1 -> 12, high 2 -> 16
+        sp = _prmt(w, ASM)  # high 3 -> 12, low 2 -> 16
+        a0 += xl * _val(s12, 12, 4, sixteen)
+        a0 += xh * _val(w, 16, 4, one)
+        a1 += xl * _val(s12, 16, 4, one)
+        a1 += xh * _val(s8, 12, 4, sixteen)
+        a2 += xl * _val(sp, 16, 4, one)
+        a2 += xh * _val(s8, 16, 4, one)
+        a3 += xl * _val(w, 12, 4, sixteen)
+        a3 += xh * _val(sp, 12, 4, sixteen)
+    else:
+        # 8-bit: every value at p = 8 (exponent of 1): q * 2**-15 above 1.
+        a0 += xl * _val(w << 8, 8, 8, one)
+        a0 += xh * _val(w >> 8, 8, 8, one)
+        a1 += xl * _val(w, 8, 8, one)
+        a1 += xh * _val(w >> 16, 8, 8, one)
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _split4(p, BLOCK_R: tl.constexpr, TK: tl.constexpr):
+    """[BLOCK_R, 4 TK] (4 consecutive int32 per thread: one 16-byte load) -> 4 x [BLOCK_R, TK],
+    piece j holding column 4 t + j (register moves only)."""
+    a, b = tl.split(tl.reshape(p, (BLOCK_R, TK, 2, 2)))
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _x_step(xp, x_offs, x_mask, TK: tl.constexpr, DT: tl.constexpr):
+    """A step's activations: for each of the 4 int32 registers j of a thread's weights (k and
+    k + 1 at ``x_offs`` [1, 4 TK], in int32 pairs from ``xp``, x's row), x at the low and high
+    halves as float32 [1, TK] (zero where ``x_mask`` is false)."""
+    if DT == tl.float32:
+        lo = tl.load(xp + 2 * x_offs, mask=x_mask, other=0.0)
+        hi = tl.load(xp + 2 * x_offs + 1, mask=x_mask, other=0.0)
+    else:
+        xi = tl.load(xp.to(tl.pointer_type(tl.int32), bitcast=True) + x_offs, mask=x_mask,
+                     other=0)
+        if DT == tl.bfloat16:  # bf16 -> f32 is a 16-bit shift
+            lo = (xi << 16).to(tl.float32, bitcast=True)
+            hi = (xi & -65536).to(tl.float32, bitcast=True)
+        else:
+            lo = xi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            hi = (xi >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    l0, l1, l2, l3 = _split4(lo, 1, TK)
+    h0, h1, h2, h3 = _split4(hi, 1, TK)
+    return l0, l1, l2, l3, h0, h1, h2, h3
+
+
+@triton.jit
+def _row_step(w0, w1, w2, w3, xp, x_offs, x_mask, a0, a1, a2, a3, xe, xo, one, sixteen,
+              BITS: tl.constexpr, PRECISE: tl.constexpr, ASM: tl.constexpr, TK: tl.constexpr,
+              DT: tl.constexpr):
+    """One step (8 k per thread) for one row of x; w0..w3: the weight tile's registers."""
+    l0, l1, l2, l3, h0, h1, h2, h3 = _x_step(xp, x_offs, x_mask, TK, DT)
+    xe += (l0 + l1) + (l2 + l3)
+    xo += (h0 + h1) + (h2 + h3)
+    a0, a1, a2, a3 = _reg_step(w0, l0, h0, a0, a1, a2, a3, one, sixteen, BITS, PRECISE, ASM)
+    a0, a1, a2, a3 = _reg_step(w1, l1, h1, a0, a1, a2, a3, one, sixteen, BITS, PRECISE, ASM)
+    a0, a1, a2, a3 = _reg_step(w2, l2, h2, a0, a1, a2, a3, one, sixteen, BITS, PRECISE, ASM)
+    a0, a1, a2, a3 = _reg_step(w3, l3, h3, a0, a1, a2, a3, one, sixteen, BITS, PRECISE, ASM)
+    return a0, a1, a2, a3, xe, xo
+
+
+@triton.jit
+def _fold(out, acc, base, xs, s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn, stride_zg,
+          stride_zn, SCALE: tl.constexpr):
+    """out += s (sum x q - z sum x), sum x q = SCALE (acc - base). ``offs_n`` [BLOCK_R, TK]
+    (each K thread loads its rows' s and z: in the accumulators' layout, no conversion)."""
+    s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn).to(tl.float32)
+    z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn).to(tl.float32)
+    return out + s * (acc * SCALE - base * SCALE - z * xs)
+
+
+@triton.jit
+def _fold_row(o0, o1, o2, o3, a0, a1, a2, a3, xe, xo, s_ptr, z_ptr, g, offs_n,
+              stride_sg, stride_sn, stride_zg, stride_zn, BITS: tl.constexpr,
+              PRECISE: tl.constexpr):
+    """Fold one row of x's partial sums (this thread's k of the group) into its outputs
+    (value c: columns offs_n + 64 c)."""
+    xs = xe + xo
+    if PRECISE:
+        SCALE: tl.constexpr = 1 << BITS  # q * 2**(23 - BITS - 23) above 1
+        b0 = xs
+        b1 = xs
+        b2 = xs
+        b3 = xs
+    elif BITS == 4:  # q * 2**-7 above 16 (p = 12) or 1 (p = 16), see _reg_step
+        SCALE: tl.constexpr = 128
+        b0 = 16.0 * xe + xo
+        b1 = xe + 16.0 * xo
+        b2 = xs
+        b3 = 16.0 * xs
+    else:  # q * 2**-15 above 1
+        SCALE: tl.constexpr = 32768
+        b0 = xs
+        b1 = xs
+        b2 = xs
+        b3 = xs
+    o0 = _fold(o0, a0, b0, xs, s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn, stride_zg,
+               stride_zn, SCALE)
+    o1 = _fold(o1, a1, b1, xs, s_ptr, z_ptr, g, offs_n + TILE, stride_sg, stride_sn, stride_zg,
+               stride_zn, SCALE)
+    if BITS == 4:
+        o2 = _fold(o2, a2, b2, xs, s_ptr, z_ptr, g, offs_n + 2 * TILE, stride_sg, stride_sn,
+                   stride_zg, stride_zn, SCALE)
+        o3 = _fold(o3, a3, b3, xs, s_ptr, z_ptr, g, offs_n + 3 * TILE, stride_sg, stride_sn,
+                   stride_zg, stride_zn, SCALE)
+    return o0, o1, o2, o3
+
+
+@triton.jit
+def _store(o0, o1, offs_n, M, out_ptr, part_ptr, cnt_ptr, stride_om, stride_on, stride_ps,
+           stride_pm, stride_pn, tile, pid_k, NUM_SPLITS, BLOCK_M: tl.constexpr):
+    """Sum the K threads' shares ([BLOCK_R, TK] -> [BLOCK_R]) and store (or reduce)."""
+    offs_n = offs_n.reshape(offs_n.shape[0])
+    offs_m = tl.arange(0, BLOCK_M)
+    o0 = tl.sum(o0, axis=1)
+    if BLOCK_M > 1:
+        res = tl.where(offs_m[:, None] == 0, o0[None, :], tl.sum(o1, axis=1)[None, :])
+    else:
+        res = o0[None, :]
+    store_or_reduce(res, offs_m, offs_n, (offs_m[:, None] < M) & (offs_n >= 0)[None, :],
+                    out_ptr, stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn,
+                    cnt_ptr, tile, pid_k, NUM_SPLITS)
+
+
+# The scale and zero strides along N are not specialized: a known stride of 1 makes Triton load
+# s and z in a layout of its own and convert the accumulators through shared memory at every
+# fold (the loads are a thread's own columns, a few per group, either way).
+@triton.jit(do_not_specialize=["stride_sn", "stride_zn"])
+def _swapab_gemv_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
+    M, K, K_PER_SPLIT, NUM_SPLITS, ONE_BITS, SIXTEEN_BITS,
+    stride_xm, stride_q32, stride_sg, stride_sn, stride_zg, stride_zn,
+    stride_om, stride_on, stride_ps, stride_pm, stride_pn,
+    GROUP: tl.constexpr, FLUSH: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr, TK: tl.constexpr, PRECISE: tl.constexpr, ASM: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    # Grid (row tiles of BLOCK_R int16 rows, K splits). qw_ptr: int16 [N / PER, K], K
+    # contiguous, read as int32 pairs (stride_q32: int32 between rows, x's row stride even);
+    # value c of int16 row t * 64 + r is output column t * 64 * PER + c * 64 + r.
+    # A thread reads 16 bytes (8 k) of each of its rows per step. TK threads share a row: in
+    # each round of TK * FLUSH k, thread t takes the FLUSH k starting at t * FLUSH (FLUSH: a
+    # multiple of 8 dividing GROUP, summed before the scales are applied), so every thread folds
+    # whole flushes and the TK shares are added once, at the end (fewer programs write split-K
+    # partials for the same number of threads). K_PER_SPLIT is a multiple of FLUSH; a thread
+    # whose chunk lies past the split's end reads the last chunk with x masked to zero.
+    # ONE_BITS / SIXTEEN_BITS: the bits of 1.0f and 16.0f, run-time values (as constants ptxas
+    # re-materializes them before every mask-or). BLOCK_M is 1 or 2 (a second row past M
+    # reads row 0 and is not stored).
+    pid_r = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    PER: tl.constexpr = 16 // BITS
+    ROUND: tl.constexpr = TK * FLUSH
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    offs_r = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R))[:, None]
+    # Output column of value 0 of each row (value c: + 64 c).
+    offs_n = (offs_r // TILE) * (TILE * PER) + offs_r % TILE
+    offs_n_tk = offs_n + tl.zeros((1, TK), dtype=tl.int32)  # [BLOCK_R, TK], see _fold
+    qw32 = qw_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    offs_j = tl.arange(0, 4 * TK)[None, :]
+    chunk = (offs_j // 4) * FLUSH  # [1, 4 TK]: the thread's chunk in a round (k)
+    chunk_tk = tl.arange(0, TK)[None, :] * FLUSH  # the same, [1, TK]
+    q_rows = offs_r * stride_q32 + offs_j % 4
+    x1 = x_ptr + tl.minimum(1, M - 1) * stride_xm
+    o0 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+    o1 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+    o2 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+    o3 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+    p0 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+    p1 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+    p2 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+    p3 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+    k_start = pid_k * K_PER_SPLIT
+    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
+    last = k_end - FLUSH  # the last chunk of the split
+    start = tl.minimum(k_start + chunk, last)  # this thread's chunk (k), [1, 4 TK]
+    packed = tl.load(qw32 + q_rows + start // 2)
+    pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
+    for r0 in range(k_start, k_end, ROUND):
+        x_mask = (r0 + chunk) < k_end
+        start = tl.minimum(r0 + chunk, last)
+        nxt = tl.minimum(r0 + ROUND + chunk, last)  # the next round's chunk
+        g = tl.minimum(r0 + chunk_tk, last) // GROUP  # [1, TK]
+        a0 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+        a1 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+        a2 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+        a3 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+        c0 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+        c1 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+        c2 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+        c3 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
+        xe0 = tl.zeros((1, TK), dtype=tl.float32)
+        xo0 = tl.zeros((1, TK), dtype=tl.float32)
+        xe1 = tl.zeros((1, TK), dtype=tl.float32)
+        xo1 = tl.zeros((1, TK), dtype=tl.float32)
+        for kk in range(0, FLUSH, 8):
+            # The next step's weights first: this chunk's next 8 k, or the next round's first.
+            if kk + 8 < FLUSH:
+                k_next = start + (kk + 8)
+            else:
+                k_next = nxt
+            packed_next = tl.load(qw32 + q_rows + k_next // 2)
+            x_offs = (start + kk) // 2 + offs_j % 4
+            w0, w1, w2, w3 = _split4(packed, BLOCK_R, TK)
+            a0, a1, a2, a3, xe0, xo0 = _row_step(w0, w1, w2, w3, x_ptr, x_offs, x_mask, a0, a1,
+                                                 a2, a3, xe0, xo0, ONE_BITS, SIXTEEN_BITS,
+                                                 BITS, PRECISE, ASM, TK, DT)
+            if BLOCK_M > 1:
+                c0, c1, c2, c3, xe1, xo1 = _row_step(w0, w1, w2, w3, x1, x_offs, x_mask, c0,
+                                                     c1, c2, c3, xe1, xo1, ONE_BITS,
+                                                     SIXTEEN_BITS, BITS, PRECISE, ASM, TK, DT)
+            packed = packed_next
+        o0, o1, o2, o3 = _fold_row(o0, o1, o2, o3, a0, a1, a2, a3, xe0, xo0, s_ptr, z_ptr, g,
+                                   offs_n_tk, stride_sg, stride_sn, stride_zg, stride_zn, BITS,
+                                   PRECISE)
+        if BLOCK_M > 1:
+            p0, p1, p2, p3 = _fold_row(p0, p1, p2, p3, c0, c1, c2, c3, xe1, xo1, s_ptr, z_ptr,
+                                       g, offs_n_tk, stride_sg, stride_sn, stride_zg, stride_zn,
+                                       BITS, PRECISE)
+    tile = pid_r * PER
+    _store(o0, p0, offs_n, M, out_ptr, part_ptr, cnt_ptr, stride_om, stride_on, stride_ps,
+           stride_pm, stride_pn, tile, pid_k, NUM_SPLITS, BLOCK_M)
+    _store(o1, p1, offs_n + TILE, M, out_ptr, part_ptr, cnt_ptr, stride_om, stride_on,
+           stride_ps, stride_pm, stride_pn, tile + 1, pid_k, NUM_SPLITS, BLOCK_M)
+    if BITS == 4:
+        _store(o2, p2, offs_n + 2 * TILE, M, out_ptr, part_ptr, cnt_ptr, stride_om, stride_on,
+               stride_ps, stride_pm, stride_pn, tile + 2, pid_k, NUM_SPLITS, BLOCK_M)
+        _store(o3, p3, offs_n + 3 * TILE, M, out_ptr, part_ptr, cnt_ptr, stride_om, stride_on,
+               stride_ps, stride_pm, stride_pn, tile + 3, pid_k, NUM_SPLITS, BLOCK_M)
+
+
+def _per(bits: int) -> int:
+    if bits not in (4, 8):
+        raise ValueError(f"the swap-AB GEMV holds 4- or 8-bit weights, not {bits}")
+    return 16 // bits
+
+
+def supports(m: int, k: int, n: int, group_size: int, bits: int) -> bool:
+    """Whether ``w4a16_swapab_gemv`` can run this shape."""
+    return 1 <= m <= MAX_M and bits in (4, 8) and n % (ROWS * (16 // bits)) == 0 \
+        and group_size % 8 == 0 and k % group_size == 0
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # no inline asm there
+
+
+def _flush_len(group_size: int, most: int, k: int, chunks: int) -> int:
+    """K summed before the scales are applied: a multiple of 8 dividing the group, at most
+    ``most`` (a group of all of K is folded in parts), halved while K holds fewer than
+    ``chunks`` of them (so that K can be spread over that many programs and threads)."""
+    f = group_size
+    while f % 16 == 0 and (f > most or k // f < chunks):
+        f //= 2
+    return f
+
+
+def w4a16_swapab_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                      zeros: torch.Tensor, group_size: int, bits: int = 4,
+                      split_k: int | None = None, rows_per_thread: int | None = None,
+                      threads_k: int | None = None, num_warps: int | None = None,
+                      flush: int | None = None, waves: int | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(W) [K, N]`` for M <= MAX_M with ``qweight`` in ``pack_swapab``'s
+    layout (int16 [N / per, K]), in x2's dtype (float32 accumulation). Tuning (None: chosen
+    here; for the benchmark's sweeps and the tests): ``rows_per_thread`` int16 rows (per
+    columns each) per thread, ``threads_k`` threads sharing a row (each its own chunks of K),
+    ``num_warps``, ``flush`` (K per fold), ``waves`` (programs per SM aimed at), ``split_k``."""
+    require_triton("w4a16_swapab_gemv")
+    m, k = x2.shape
+    per = _per(bits)
+    rows = qweight.shape[0]
+    n = rows * per
+    assert qweight.dtype == torch.int16 and qweight.shape[1] == k, (qweight.shape, k)
+    assert qweight.stride(1) == 1 and qweight.stride(0) % 2 == 0, qweight.stride()
+    assert scales.shape == zeros.shape == (k // group_size, n), (scales.shape, zeros.shape)
+    if not supports(m, k, n, group_size, bits):
+        raise ValueError(f"the swap-AB GEMV cannot run M={m}, K={k}, N={n}, group "
+                         f"{group_size}, {bits}-bit")
+    # x is read in int32 pairs (16-bit activations) from even offsets.
+    if x2.stride(1) != 1 or x2.stride(0) % 2 or x2.data_ptr() % 4:
+        x2 = x2.contiguous() if x2.stride(1) != 1 else x2.clone()
+    block_m = 1 if m == 1 else 2
+    rows_per_thread = rows_per_thread or 4
+    threads_k = threads_k or 4
+    num_warps = num_warps or 4
+    # Rows per program: (32 / threads_k) per warp, rows_per_thread each; at most the matrix's.
+    block_r = 32 // threads_k * num_warps * rows_per_thread
+    while rows % block_r:
+        block_r //= 2
+    assert block_r >= ROWS and block_r % ROWS == 0, (rows, block_r)
+    r_tiles = rows // block_r
+    if split_k is None:  # enough programs to fill the GPU
+        waves = waves or WAVES
+        split_k = max(1, triton.cdiv(waves * num_compute_units(x2.device), r_tiles))
+    flush = _flush_len(group_size, flush or 256, k, split_k * threads_k)
+    split_k, k_per_split = split_k_plan(k, flush, split_k)
+    out, partial = split_k_buffers(m, n, split_k, x2)
+    _swapab_gemv_kernel[(r_tiles, split_k)](
+        x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, r_tiles * per),
+        m, k, k_per_split, split_k, ONE, SIXTEEN,
+        x2.stride(0), qweight.stride(0) // 2, scales.stride(0), scales.stride(1),
+        zeros.stride(0), zeros.stride(1), out.stride(0), out.stride(1),
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_R=block_r,
+        TK=threads_k, PRECISE=x2.dtype == torch.float32, ASM=not _interpreting(),
+        num_warps=num_warps, num_stages=1, **pdl_args(x2.device),
+    )  # fmt: skip
+    return out
