@@ -178,23 +178,31 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     a faster large-M kernel is open work). ``tuning``: tile overrides for the benchmark's
     sweeps (``path``: "gemv" / "gemm" / "dequant" forces a path; "swapab" runs
     octavo.kernels.w4a16_swapab, whose ``qweight`` is in that kernel's own packed layout, and
-    "swapab_gemv" octavo.kernels.w4a16_swapab_gemv (M <= 2) on that same layout).
+    "swapab_gemv" octavo.kernels.w4a16_swapab_gemv (M <= 2) and "swapab_dequant" its
+    ``dequantize_swapab`` then cuBLAS, both on that same layout).
     """
     require_triton("w4a16_gemm")
     shape = x.shape
     k = shape[-1]
-    if tuning.get("path") in ("swapab", "swapab_gemv"):
+    if tuning.get("path") in ("swapab", "swapab_gemv", "swapab_dequant"):
         # qweight in the swap-AB kernel's own layout (w4a16_swapab.pack_swapab): the swap-AB
-        # wgmma kernel, or the CUDA-core GEMV for M <= 2 on that layout.
+        # wgmma kernel, the CUDA-core GEMV for M <= 2 on that layout, or dequantize + cuBLAS.
+        from octavo.kernels import w4a16_swapab_gemv as sgv
+
         path = tuning.pop("path")
         x2 = x.reshape(-1, k)
         if x2.shape[0] == 0:
             return x.new_empty(*shape[:-1], qweight.shape[0] * (16 // bits))
         if path == "swapab":
-            from octavo.kernels.w4a16_swapab import w4a16_swapab as run
+            from octavo.kernels.w4a16_swapab import w4a16_swapab
+
+            out = w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, split_k=split_k,
+                               **tuning)
+        elif path == "swapab_gemv":
+            out = sgv.w4a16_swapab_gemv(x2, qweight, scales, zeros, group_size, bits,
+                                        split_k=split_k, **tuning)
         else:
-            from octavo.kernels.w4a16_swapab_gemv import w4a16_swapab_gemv as run
-        out = run(x2, qweight, scales, zeros, group_size, bits, split_k=split_k, **tuning)
+            out = x2 @ sgv.dequantize_swapab(qweight, scales, zeros, group_size, bits, x.dtype)
         return out.view(*shape[:-1], out.shape[1])
     n = qweight.shape[1]
     pack = pack_factor(bits)

@@ -43,6 +43,7 @@ Reached through ``w4a16_gemm(..., path="swapab_gemv")`` with the ``pack_swapab``
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -414,11 +415,11 @@ def w4a16_swapab_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     rows_per_thread = rows_per_thread or 4
     threads_k = threads_k or 4
     num_warps = num_warps or 4
-    # Rows per program: (32 / threads_k) per warp, rows_per_thread each; at most the matrix's.
-    block_r = 32 // threads_k * num_warps * rows_per_thread
+    # Rows per program: (32 / threads_k) per warp, rows_per_thread each (at least a tile of
+    # 64; fewer than the threads cover are replicated), dividing the matrix's (a multiple of 64).
+    block_r = max(ROWS, 32 // threads_k * num_warps * rows_per_thread)
     while rows % block_r:
         block_r //= 2
-    assert block_r >= ROWS and block_r % ROWS == 0, (rows, block_r)
     r_tiles = rows // block_r
     if split_k is None:  # enough programs to fill the GPU
         waves = waves or WAVES
@@ -437,3 +438,47 @@ def w4a16_swapab_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
         num_warps=num_warps, num_stages=1, **pdl_args(x2.device),
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _dequantize_swapab_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, stride_qr, stride_sg, stride_sn,
+                              stride_zg, stride_zn, stride_wk, stride_wn,
+                              GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_R: tl.constexpr,
+                              BLOCK_K: tl.constexpr):
+    # Grid (N / (BLOCK_R * PER) row tiles, K / BLOCK_K); BLOCK_K divides GROUP (one group per
+    # tile) and BLOCK_R is a multiple of 64. The [BLOCK_K, BLOCK_R] tile is read along K and
+    # written along N (Triton transposes it through shared memory).
+    PER: tl.constexpr = 16 // BITS
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    p = tl.load(qw_ptr + offs_r[None, :] * stride_qr + offs_k[:, None]).to(tl.int32)
+    offs_n = (offs_r // TILE) * (TILE * PER) + offs_r % TILE
+    g = tl.program_id(1) * BLOCK_K // GROUP
+    for c in tl.static_range(PER):
+        q = ((p >> (c * BITS)) & ((1 << BITS) - 1)).to(tl.float32)
+        s = tl.load(s_ptr + g * stride_sg + (offs_n + c * TILE) * stride_sn).to(tl.float32)
+        z = tl.load(z_ptr + g * stride_zg + (offs_n + c * TILE) * stride_zn).to(tl.float32)
+        w = (q - z[None, :]) * s[None, :]
+        tl.store(w_ptr + offs_k[:, None] * stride_wk + (offs_n + c * TILE)[None, :] * stride_wn,
+                 w.to(w_ptr.dtype.element_ty))
+
+
+def dequantize_swapab(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                      group_size: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """The float weight [K, N] in ``dtype`` from ``pack_swapab``'s layout (the same values as
+    ``w4a16_gemm.dequantize_ref`` on the unpacked integers): for large batches, dequantize
+    then cuBLAS from the one swap-AB copy of the weight."""
+    require_triton("dequantize_swapab")
+    per = _per(bits)
+    rows, k = qweight.shape
+    n = rows * per
+    assert scales.shape == zeros.shape == (k // group_size, n), (scales.shape, zeros.shape)
+    assert rows % ROWS == 0 and group_size % 8 == 0 and k % group_size == 0, (rows, group_size)
+    w = torch.empty(k, n, device=qweight.device, dtype=dtype)
+    block_r = ROWS
+    block_k = math.gcd(group_size, 64)
+    _dequantize_swapab_kernel[(rows // block_r, k // block_k)](
+        qweight, scales, zeros, w, qweight.stride(0), scales.stride(0), scales.stride(1),
+        zeros.stride(0), zeros.stride(1), w.stride(0), w.stride(1),
+        GROUP=group_size, BITS=bits, BLOCK_R=block_r, BLOCK_K=block_k, num_warps=4)
+    return w
