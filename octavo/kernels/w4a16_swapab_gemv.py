@@ -67,6 +67,10 @@ TILE = _constexpr(ROWS)  # ROWS, for the kernels
 # Bytes 3 and 1 of a register to bytes 1 and 2: the high half's 4-bit value 3 (bits 28-31) to
 # bits 12-15, the low half's value 2 (bits 8-11) to bits 16-19.
 PRMT_3120 = _constexpr("prmt.b32 $0, $1, 0, 0x0130;")
+# 8-bit: byte c of a register under the bytes of 1.0f (``$2``): 0x3F80 | q << 8, the float
+# 1 + q 2**-15 in one instruction (no shift, no mask).
+PRMT_BYTE = [_constexpr(f"prmt.b32 $0, $1, $2, {0x7604 | c << 4:#06x};") for c in range(4)]
+PRMT_BYTE0, PRMT_BYTE1, PRMT_BYTE2, PRMT_BYTE3 = PRMT_BYTE
 
 
 @triton.jit
@@ -77,6 +81,25 @@ def _prmt(w, ASM: tl.constexpr):
     else:  # the interpreter runs no inline asm: the same bytes by shifts
         t = ((w >> 16) & 0xFF00) | ((w << 8) & 0xFF0000)
     return t
+
+
+@triton.jit
+def _byte(w, c: tl.constexpr, one, ASM: tl.constexpr):
+    """Byte c of ``w`` at bits 8-15 under the exponent bits ``one``: 1 + q 2**-15."""
+    if ASM:
+        if c == 0:
+            code: tl.constexpr = PRMT_BYTE0
+        elif c == 1:
+            code: tl.constexpr = PRMT_BYTE1
+        elif c == 2:
+            code: tl.constexpr = PRMT_BYTE2
+        else:
+            code: tl.constexpr = PRMT_BYTE3
+        t = tl.inline_asm_elementwise(code, "=r,r,r", [w, one], dtype=tl.int32, is_pure=True,
+                                      pack=1)
+    else:
+        t = (((w >> (8 * c)) & 0xFF) << 8) | one
+    return t.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -136,11 +159,11 @@ def _reg_step(w, xl, xh, a0, a1, a2, a3, one, sixteen, BITS: tl.constexpr,
         a3 += xl * _val(w, 12, 4, sixteen)
         a3 += xh * _val(sp, 12, 4, sixteen)
     else:
-        # 8-bit: every value at p = 8 (exponent of 1): q * 2**-15 above 1.
-        a0 += xl * _val(w << 8, 8, 8, one)
-        a0 += xh * _val(w >> 8, 8, 8, one)
-        a1 += xl * _val(w, 8, 8, one)
-        a1 += xh * _val(w >> 16, 8, 8, one)
+        # 8-bit: every value at p = 8 (exponent of 1): q * 2**-15 above 1, one byte permute.
+        a0 += xl * _byte(w, 0, one, ASM)
+        a0 += xh * _byte(w, 2, one, ASM)
+        a1 += xl * _byte(w, 1, one, ASM)
+        a1 += xh * _byte(w, 3, one, ASM)
     return a0, a1, a2, a3
 
 
@@ -192,18 +215,19 @@ def _row_step(w0, w1, w2, w3, xp, x_offs, x_mask, a0, a1, a2, a3, xe, xo, one, s
 
 
 @triton.jit
-def _fold(out, acc, base, xs, s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn, stride_zg,
-          stride_zn, SCALE: tl.constexpr):
+def _fold(out, acc, base, xs, s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn,
+          SCALE: tl.constexpr):
     """out += s (sum x q - z sum x), sum x q = SCALE (acc - base). ``offs_n`` [BLOCK_R, TK]
     (each K thread loads its rows' s and z: in the accumulators' layout, no conversion)."""
-    s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn).to(tl.float32)
-    z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn).to(tl.float32)
+    off = g * stride_sg + offs_n * stride_sn  # z has s's strides (one set of offsets)
+    s = tl.load(s_ptr + off).to(tl.float32)
+    z = tl.load(z_ptr + off).to(tl.float32)
     return out + s * (acc * SCALE - base * SCALE - z * xs)
 
 
 @triton.jit
 def _fold_row(o0, o1, o2, o3, a0, a1, a2, a3, xe, xo, s_ptr, z_ptr, g, offs_n,
-              stride_sg, stride_sn, stride_zg, stride_zn, BITS: tl.constexpr,
+              stride_sg, stride_sn, BITS: tl.constexpr,
               PRECISE: tl.constexpr):
     """Fold one row of x's partial sums (this thread's k of the group) into its outputs
     (value c: columns offs_n + 64 c)."""
@@ -226,15 +250,15 @@ def _fold_row(o0, o1, o2, o3, a0, a1, a2, a3, xe, xo, s_ptr, z_ptr, g, offs_n,
         b1 = xs
         b2 = xs
         b3 = xs
-    o0 = _fold(o0, a0, b0, xs, s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn, stride_zg,
-               stride_zn, SCALE)
-    o1 = _fold(o1, a1, b1, xs, s_ptr, z_ptr, g, offs_n + TILE, stride_sg, stride_sn, stride_zg,
-               stride_zn, SCALE)
+    o0 = _fold(o0, a0, b0, xs, s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn,
+               SCALE)
+    o1 = _fold(o1, a1, b1, xs, s_ptr, z_ptr, g, offs_n + TILE, stride_sg, stride_sn,
+               SCALE)
     if BITS == 4:
-        o2 = _fold(o2, a2, b2, xs, s_ptr, z_ptr, g, offs_n + 2 * TILE, stride_sg, stride_sn,
-                   stride_zg, stride_zn, SCALE)
-        o3 = _fold(o3, a3, b3, xs, s_ptr, z_ptr, g, offs_n + 3 * TILE, stride_sg, stride_sn,
-                   stride_zg, stride_zn, SCALE)
+        o2 = _fold(o2, a2, b2, xs, s_ptr, z_ptr, g, offs_n + 2 * TILE, stride_sg,
+                   stride_sn, SCALE)
+        o3 = _fold(o3, a3, b3, xs, s_ptr, z_ptr, g, offs_n + 3 * TILE, stride_sg,
+                   stride_sn, SCALE)
     return o0, o1, o2, o3
 
 
@@ -254,14 +278,30 @@ def _store(o0, o1, offs_n, M, out_ptr, part_ptr, cnt_ptr, stride_om, stride_on, 
                     cnt_ptr, tile, pid_k, NUM_SPLITS)
 
 
+@triton.jit
+def _step(packed, x_ptr, x1, x_offs, x_mask, a0, a1, a2, a3, xe0, xo0, c0, c1, c2, c3, xe1,
+          xo1, one, sixteen, BITS: tl.constexpr, PRECISE: tl.constexpr, ASM: tl.constexpr,
+          TK: tl.constexpr, DT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One step (8 k per thread) of the weight registers ``packed`` for both rows of x."""
+    w0, w1, w2, w3 = _split4(packed, BLOCK_R, TK)
+    a0, a1, a2, a3, xe0, xo0 = _row_step(w0, w1, w2, w3, x_ptr, x_offs, x_mask, a0, a1, a2,
+                                         a3, xe0, xo0, one, sixteen, BITS, PRECISE, ASM, TK,
+                                         DT)
+    if BLOCK_M > 1:
+        c0, c1, c2, c3, xe1, xo1 = _row_step(w0, w1, w2, w3, x1, x_offs, x_mask, c0, c1, c2,
+                                             c3, xe1, xo1, one, sixteen, BITS, PRECISE, ASM, TK,
+                                             DT)
+    return a0, a1, a2, a3, xe0, xo0, c0, c1, c2, c3, xe1, xo1
+
+
 # The scale and zero strides along N are not specialized: a known stride of 1 makes Triton load
 # s and z in a layout of its own and convert the accumulators through shared memory at every
 # fold (the loads are a thread's own columns, a few per group, either way).
-@triton.jit(do_not_specialize=["stride_sn", "stride_zn"])
+@triton.jit(do_not_specialize=["stride_sn"])
 def _swapab_gemv_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
     M, K, K_PER_SPLIT, NUM_SPLITS, ONE_BITS, SIXTEEN_BITS,
-    stride_xm, stride_q32, stride_sg, stride_sn, stride_zg, stride_zn,
+    stride_xm, stride_q32, stride_sg, stride_sn,
     stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, FLUSH: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr, TK: tl.constexpr, PRECISE: tl.constexpr, ASM: tl.constexpr,
@@ -272,7 +312,7 @@ def _swapab_gemv_kernel(
     # value c of int16 row t * 64 + r is output column t * 64 * PER + c * 64 + r.
     # A thread reads 16 bytes (8 k) of each of its rows per step. TK threads share a row: in
     # each round of TK * FLUSH k, thread t takes the FLUSH k starting at t * FLUSH (FLUSH: a
-    # multiple of 8 dividing GROUP, summed before the scales are applied), so every thread folds
+    # multiple of 16 dividing GROUP, summed before the scales are applied), so every thread folds
     # whole flushes and the TK shares are added once, at the end (fewer programs write split-K
     # partials for the same number of threads). K_PER_SPLIT is a multiple of FLUSH; a thread
     # whose chunk lies past the split's end reads the last chunk with x masked to zero.
@@ -292,7 +332,8 @@ def _swapab_gemv_kernel(
     offs_j = tl.arange(0, 4 * TK)[None, :]
     chunk = (offs_j // 4) * FLUSH  # [1, 4 TK]: the thread's chunk in a round (k)
     chunk_tk = tl.arange(0, TK)[None, :] * FLUSH  # the same, [1, TK]
-    q_rows = offs_r * stride_q32 + offs_j % 4
+    jj = offs_j % 4
+    q_ptrs = qw32 + (offs_r * stride_q32 + jj)
     x1 = x_ptr + tl.minimum(1, M - 1) * stride_xm
     o0 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
     o1 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
@@ -306,7 +347,7 @@ def _swapab_gemv_kernel(
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     last = k_end - FLUSH  # the last chunk of the split
     start = tl.minimum(k_start + chunk, last)  # this thread's chunk (k), [1, 4 TK]
-    packed = tl.load(qw32 + q_rows + start // 2)
+    packed = tl.load(q_ptrs + (start >> 1))
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for r0 in range(k_start, k_end, ROUND):
         x_mask = (r0 + chunk) < k_end
@@ -325,29 +366,30 @@ def _swapab_gemv_kernel(
         xo0 = tl.zeros((1, TK), dtype=tl.float32)
         xe1 = tl.zeros((1, TK), dtype=tl.float32)
         xo1 = tl.zeros((1, TK), dtype=tl.float32)
-        for kk in range(0, FLUSH, 8):
-            # The next step's weights first: this chunk's next 8 k, or the next round's first.
-            if kk + 8 < FLUSH:
-                k_next = start + (kk + 8)
+        # Two steps per iteration on two register buffers (one step's weights in flight while
+        # the other's are used; a single buffer costs a move per register and step).
+        s2 = start >> 1  # int32 units
+        for kk in range(0, FLUSH // 2, 8):
+            later = tl.load(q_ptrs + s2 + (kk + 4))
+            a0, a1, a2, a3, xe0, xo0, c0, c1, c2, c3, xe1, xo1 = _step(
+                packed, x_ptr, x1, s2 + (kk + jj), x_mask, a0, a1, a2, a3, xe0, xo0, c0, c1,
+                c2, c3, xe1, xo1, ONE_BITS, SIXTEEN_BITS, BITS, PRECISE, ASM, TK, DT, BLOCK_R,
+                BLOCK_M)
+            # This chunk's next 8 k, or the next round's first.
+            if kk + 8 < FLUSH // 2:
+                packed = tl.load(q_ptrs + s2 + (kk + 8))
             else:
-                k_next = nxt
-            packed_next = tl.load(qw32 + q_rows + k_next // 2)
-            x_offs = (start + kk) // 2 + offs_j % 4
-            w0, w1, w2, w3 = _split4(packed, BLOCK_R, TK)
-            a0, a1, a2, a3, xe0, xo0 = _row_step(w0, w1, w2, w3, x_ptr, x_offs, x_mask, a0, a1,
-                                                 a2, a3, xe0, xo0, ONE_BITS, SIXTEEN_BITS,
-                                                 BITS, PRECISE, ASM, TK, DT)
-            if BLOCK_M > 1:
-                c0, c1, c2, c3, xe1, xo1 = _row_step(w0, w1, w2, w3, x1, x_offs, x_mask, c0,
-                                                     c1, c2, c3, xe1, xo1, ONE_BITS,
-                                                     SIXTEEN_BITS, BITS, PRECISE, ASM, TK, DT)
-            packed = packed_next
+                packed = tl.load(q_ptrs + (nxt >> 1))
+            a0, a1, a2, a3, xe0, xo0, c0, c1, c2, c3, xe1, xo1 = _step(
+                later, x_ptr, x1, s2 + (kk + 4 + jj), x_mask, a0, a1, a2, a3, xe0, xo0, c0, c1,
+                c2, c3, xe1, xo1, ONE_BITS, SIXTEEN_BITS, BITS, PRECISE, ASM, TK, DT, BLOCK_R,
+                BLOCK_M)
         o0, o1, o2, o3 = _fold_row(o0, o1, o2, o3, a0, a1, a2, a3, xe0, xo0, s_ptr, z_ptr, g,
-                                   offs_n_tk, stride_sg, stride_sn, stride_zg, stride_zn, BITS,
+                                   offs_n_tk, stride_sg, stride_sn, BITS,
                                    PRECISE)
         if BLOCK_M > 1:
             p0, p1, p2, p3 = _fold_row(p0, p1, p2, p3, c0, c1, c2, c3, xe1, xo1, s_ptr, z_ptr,
-                                       g, offs_n_tk, stride_sg, stride_sn, stride_zg, stride_zn,
+                                       g, offs_n_tk, stride_sg, stride_sn,
                                        BITS, PRECISE)
     tile = pid_r * PER
     _store(o0, p0, offs_n, M, out_ptr, part_ptr, cnt_ptr, stride_om, stride_on, stride_ps,
@@ -370,7 +412,7 @@ def _per(bits: int) -> int:
 def supports(m: int, k: int, n: int, group_size: int, bits: int) -> bool:
     """Whether ``w4a16_swapab_gemv`` can run this shape."""
     return 1 <= m <= MAX_M and bits in (4, 8) and n % (ROWS * (16 // bits)) == 0 \
-        and group_size % 8 == 0 and k % group_size == 0
+        and group_size % 16 == 0 and k % group_size == 0
 
 
 def _interpreting() -> bool:
@@ -378,11 +420,11 @@ def _interpreting() -> bool:
 
 
 def _flush_len(group_size: int, most: int, k: int, chunks: int) -> int:
-    """K summed before the scales are applied: a multiple of 8 dividing the group, at most
+    """K summed before the scales are applied: a multiple of 16 dividing the group, at most
     ``most`` (a group of all of K is folded in parts), halved while K holds fewer than
     ``chunks`` of them (so that K can be spread over that many programs and threads)."""
     f = group_size
-    while f % 16 == 0 and (f > most or k // f < chunks):
+    while f % 32 == 0 and (f > most or k // f < chunks):
         f //= 2
     return f
 
@@ -408,11 +450,15 @@ def w4a16_swapab_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     if not supports(m, k, n, group_size, bits):
         raise ValueError(f"the swap-AB GEMV cannot run M={m}, K={k}, N={n}, group "
                          f"{group_size}, {bits}-bit")
+    if scales.stride() != zeros.stride():  # the kernel reads both with one set of strides
+        scales, zeros = scales.contiguous(), zeros.contiguous()
     # x is read in int32 pairs (16-bit activations) from even offsets.
     if x2.stride(1) != 1 or x2.stride(0) % 2 or x2.data_ptr() % 4:
         x2 = x2.contiguous() if x2.stride(1) != 1 else x2.clone()
     block_m = 1 if m == 1 else 2
-    rows_per_thread = rows_per_thread or 4
+    # 4 rows per thread at M = 1 (128 registers, 2.8 instructions per 4-bit weight in SASS), 2
+    # at M = 2 (4 rows: 168 registers for 4.1 instructions per weight against 4.4).
+    rows_per_thread = rows_per_thread or (4 if m == 1 else 2)
     threads_k = threads_k or 4
     num_warps = num_warps or 4
     # Rows per program: (32 / threads_k) per warp, rows_per_thread each (at least a tile of
@@ -431,7 +477,7 @@ def w4a16_swapab_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
         x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, r_tiles * per),
         m, k, k_per_split, split_k, ONE, SIXTEEN,
         x2.stride(0), qweight.stride(0) // 2, scales.stride(0), scales.stride(1),
-        zeros.stride(0), zeros.stride(1), out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_R=block_r,
         TK=threads_k, PRECISE=x2.dtype == torch.float32, ASM=not _interpreting(),

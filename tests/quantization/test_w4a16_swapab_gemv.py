@@ -16,11 +16,7 @@ from octavo.kernels.w4a16_gemm import (  # noqa: E402
     w4a16_gemm_ref,
 )
 from octavo.kernels.w4a16_swapab import pack_swapab  # noqa: E402
-from octavo.kernels.w4a16_swapab_gemv import (  # noqa: E402
-    PRMT_3120,
-    dequantize_swapab,
-    supports,
-)
+from octavo.kernels.w4a16_swapab_gemv import dequantize_swapab, supports  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -146,16 +142,37 @@ def test_dequant_path():
     assert out.shape == (5, 256) and _rel_err(out, ref) < 1e-3
 
 
-def test_prmt_bytes():
-    """The byte permute (inline PTX, not run by the interpreter) against its definition:
-    result byte 1 = byte 3, byte 2 = byte 1 (what the interpreter's shifts compute)."""
-    code = getattr(PRMT_3120, "value", PRMT_3120)
-    sel = int(code.rstrip(";").split(",")[-1], 0)
+def _prmt(code: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """PTX ``prmt.b32 d, a, b, sel`` (default mode, no sign replication) on int64 holding
+    uint32: result byte i is byte ``sel[i]`` of the 8 bytes {b, a} (a: 0-3, b: 4-7)."""
+    sel = int(code.strip().rstrip(";").split(",")[-1], 0)
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = torch.zeros_like(a)
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        assert nib < 8, "sign replication is not used"
+        out |= src[nib] << (8 * i)
+    return out
+
+
+def test_prmt_codes():
+    """The byte permutes (inline PTX, not run by the interpreter) against what the
+    interpreter's shifts compute."""
+    from octavo.kernels import w4a16_swapab_gemv as sgv
+
+    value = lambda c: getattr(c, "value", c)  # noqa: E731
     w = torch.randint(-2**31, 2**31, (4096,), dtype=torch.int64) & 0xFFFFFFFF
-    src = [(w >> (8 * i)) & 0xFF for i in range(4)]
-    out = sum(src[(sel >> (4 * i)) & 0x7] << (8 * i) for i in range(4) if (sel >> (4 * i)) & 0x7 < 4)
-    shifts = ((w >> 16) & 0xFF00) | ((w << 8) & 0xFF0000)
-    assert torch.equal(out & 0x00FFFF00, shifts)
+    # 4-bit: bytes 3 and 1 to bytes 1 and 2 (the other bytes are masked off).
+    t = _prmt(value(sgv.PRMT_3120), w, torch.zeros_like(w))
+    assert torch.equal(t & 0x00FFFF00, ((w >> 16) & 0xFF00) | ((w << 8) & 0xFF0000))
+    # 8-bit: byte c under the bytes of 1.0f is 1 + q 2**-15.
+    one = torch.full_like(w, sgv.ONE)
+    for c, code in enumerate(sgv.PRMT_BYTE):
+        t = _prmt(value(code), w, one)
+        assert torch.equal(t, (((w >> (8 * c)) & 0xFF) << 8) | sgv.ONE)
+        q = ((w >> (8 * c)) & 0xFF).float()
+        f = t.to(torch.int32).view(torch.float32)
+        assert torch.equal(f, 1 + q * 2.0**-15)
 
 
 @pytest.mark.gpu
