@@ -5,15 +5,16 @@ packed layout (``octavo.kernels.w4a16_swapab.pack_swapab``: int16 [N / per, K], 
 Why: the swap-AB wgmma kernel is the fast path for batches of ~3-32 rows, but at batch 1 it
 is slower than the CUDA-core GEMV of ``w4a16_gemv`` (which reads ``pack_along_k``'s layout);
 keeping both layouts for one layer would double its weight memory. This kernel serves batch
-1-2 from the swap-AB copy at the GEMV's speed, and ``dequantize_swapab`` serves large batches
-(dequantize, then cuBLAS), so one copy of the weight serves every batch size.
+1-2 from the swap-AB copy, and ``dequantize_swapab`` serves large batches (dequantize, then
+cuBLAS), so one copy of the weight serves every batch size.
 
-How (``scripts/triton_sass.py`` counts the instructions; the budget is ~3 per weight):
+How (``scripts/triton_sass.py`` counts the instructions; a decode GEMV at memory speed has
+~3 per weight to spend):
 
-- A thread reads 16 bytes of one int16 row: 8 consecutive k for ``per`` output columns, as 4
-  int32 registers of two int16 each (k even in the low half, k odd in the high half). Every
-  value of one int16 multiplies the same ``x[k]``, so the shifts and masks are the same for
-  every register: the whole tile is handled with a few uniform bit operations.
+- A thread reads 16 bytes of one int16 row per step: 8 consecutive k for ``per`` output
+  columns, as 4 int32 registers of two int16 each (k even in the low half, k odd in the high
+  half). Every value of one int16 multiplies the same ``x[k]``, so the shifts and masks are
+  the same for every register.
 - No conversion instruction for the weights: a mask-or (one LOP3) places a value ``q`` sitting
   at bits ``p .. p + bits - 1`` under the exponent of a power of two ``B``, giving the float
   ``B (1 + q 2**(p - 23))``, and one FFMA adds ``x * v``. For 4-bit weights and 16-bit
@@ -23,22 +24,33 @@ How (``scripts/triton_sass.py`` counts the instructions; the budget is ~3 per we
   value 3 at bit 12, the high half's value 0 at bit 16), ``<< 12`` and ``>> 8`` bring two more
   each, and one byte permute (PRMT) the last two (the low half's value 2 to bit 16, the high
   half's value 3 to bit 12): 3 instructions per 8 weights besides the LOP3 and FFMA of each.
-  8-bit values sit at ``p = 8`` (one register holds 4; 3 shifts). The rounding of the large
-  ``B`` part leaves ~2**-13 (4-bit) / ~2**-9 (8-bit) of a quantization step per term: far below
-  bf16 / fp16 output rounding. Float32 activations keep each value at the top of the mantissa
-  (one shift each, ``PRECISE``).
+  An 8-bit value is one byte: one PRMT puts it under the bytes of 1.0f (``0x3F80 | q << 8``,
+  ``1 + q 2**-15``), no shift and no mask. The rounding of the large ``B`` part leaves ~2**-13
+  (4-bit) / ~2**-9 (8-bit) of a quantization step per term: far below bf16 / fp16 output
+  rounding. Float32 activations keep each value at the top of the mantissa (one shift each,
+  ``PRECISE``).
 - ``sum_k x q = 2**(23 - p) (sum_k x v - sum_k x B)``: the second sum depends on the column's
   value position only through the parity of k, so two running sums of x (even and odd k) per
-  row of x serve every column. Scales and zeros are applied once per group:
+  row of x serve every column. Scales and zeros are applied once per fold of FLUSH k:
   ``sum_k x (q - z) s = s (sum_k x q - z sum_k x)``.
-- Each thread keeps its k range whole (no reduction across threads) for ``ROWS_PER_THREAD``
-  int16 rows (4 * ROWS_PER_THREAD columns per row of x), so the activations of a step (loaded
-  as int32 pairs, converted once) are shared by ROWS_PER_THREAD * 32 weights; the next step's
-  weights are loaded before this step's arithmetic; split-K over programs
-  (``octavo.kernels.split_k``) and programmatic dependent launch (``octavo.kernels.pdl``) as in
-  ``w4a16_gemv``.
+- A thread holds ``rows_per_thread`` int16 rows (4 * rows_per_thread columns per row of x), so
+  the activations of a step (one 16-byte load of int32 pairs, converted once) serve 32 weights
+  per row. ``threads_k`` threads share a row, each taking whole FLUSH-long chunks of K in turn:
+  every thread folds whole chunks (its scales and zeros loaded once per chunk) and the shares
+  are added once, at the end, so a program of 4 warps covers 512 4-bit columns, as
+  ``w4a16_gemv``'s, and writes no more split-K partials.
+- Two steps per loop iteration on two register buffers: one step's weights are in flight while
+  the other's are used (Triton does not pipeline loads that feed no dot), with no register
+  moves; split-K over programs (``octavo.kernels.split_k``) and programmatic dependent launch
+  (``octavo.kernels.pdl``) as in ``w4a16_gemv``.
 
-Reached through ``w4a16_gemm(..., path="swapab_gemv")`` with the ``pack_swapab`` tensor.
+SASS for sm_90 (Triton 3.9, group 128, bf16, 4 warps, the defaults: 4 rows per thread at M = 1,
+2 at M = 2, 4 threads per row; the loop plus its fold, per weight per thread; ``w4a16_gemv``'s
+defaults compiled the same way in brackets): 4-bit M = 1 2.8 (3.9), 128 registers; 4-bit M = 2
+4.5 (6.1); 8-bit M = 1 2.7 (4.5); 8-bit M = 2 4.9 (6.4); no spills.
+
+Reached through ``w4a16_gemm(..., path="swapab_gemv")`` (and ``path="swapab_dequant"``) with
+the ``pack_swapab`` tensor.
 """
 
 from __future__ import annotations
