@@ -186,7 +186,10 @@ def _swapab_gemv_candidates(m: int) -> list[dict]:
             for rt, tk, w in ((4, 1, 1), (4, 1, 2), (2, 1, 1), (4, 2, 2), (4, 2, 4), (2, 2, 4),
                               (4, 4, 4), (2, 4, 4), (4, 4, 8), (4, 8, 4), (2, 8, 8))
             for wv in (2, 4, 8)]
-    out += [{"path": "swapab_gemv", "flush": 64}, {"path": "swapab_gemv", "split_k": 1}]
+    out += [{"path": "swapab_gemv", **c} for c in (
+        {"flush": 64}, {"flush": 128}, {"split_k": 1}, {"rows_per_thread": 2},
+        {"rows_per_thread": 4}, {"early_scales": True},
+        {"early_scales": True, "maxnreg": 128}, {"maxnreg": 96})]
     return out
 
 

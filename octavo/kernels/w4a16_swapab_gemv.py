@@ -227,22 +227,40 @@ def _row_step(w0, w1, w2, w3, xp, x_offs, x_mask, a0, a1, a2, a3, xe, xo, one, s
 
 
 @triton.jit
-def _fold(out, acc, base, xs, s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn,
-          SCALE: tl.constexpr):
-    """out += s (sum x q - z sum x), sum x q = SCALE (acc - base). ``offs_n`` [BLOCK_R, TK]
-    (each K thread loads its rows' s and z: in the accumulators' layout, no conversion)."""
+def _load_sz(s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn, BITS: tl.constexpr):
+    """A chunk's scales and zeros for value c = 0..3 of the thread's rows (``offs_n``
+    [BLOCK_R, TK]: each K thread loads its own, in the accumulators' layout, no conversion);
+    loaded before the chunk's loop, so that they arrive while it runs."""
     off = g * stride_sg + offs_n * stride_sn  # z has s's strides (one set of offsets)
-    s = tl.load(s_ptr + off).to(tl.float32)
-    z = tl.load(z_ptr + off).to(tl.float32)
+    s0 = tl.load(s_ptr + off)
+    z0 = tl.load(z_ptr + off)
+    s1 = tl.load(s_ptr + off + TILE * stride_sn)
+    z1 = tl.load(z_ptr + off + TILE * stride_sn)
+    if BITS == 4:
+        s2 = tl.load(s_ptr + off + 2 * TILE * stride_sn)
+        z2 = tl.load(z_ptr + off + 2 * TILE * stride_sn)
+        s3 = tl.load(s_ptr + off + 3 * TILE * stride_sn)
+        z3 = tl.load(z_ptr + off + 3 * TILE * stride_sn)
+    else:
+        s2 = s0
+        z2 = z0
+        s3 = s0
+        z3 = z0
+    return s0, z0, s1, z1, s2, z2, s3, z3
+
+
+@triton.jit
+def _fold(out, acc, base, xs, s, z, SCALE: tl.constexpr):
+    """out += s (sum x q - z sum x), sum x q = SCALE (acc - base)."""
+    s = s.to(tl.float32)
+    z = z.to(tl.float32)
     return out + s * (acc * SCALE - base * SCALE - z * xs)
 
 
 @triton.jit
-def _fold_row(o0, o1, o2, o3, a0, a1, a2, a3, xe, xo, s_ptr, z_ptr, g, offs_n,
-              stride_sg, stride_sn, BITS: tl.constexpr,
-              PRECISE: tl.constexpr):
-    """Fold one row of x's partial sums (this thread's k of the group) into its outputs
-    (value c: columns offs_n + 64 c)."""
+def _fold_row(o0, o1, o2, o3, a0, a1, a2, a3, xe, xo, s0, z0, s1, z1, s2, z2, s3, z3,
+              BITS: tl.constexpr, PRECISE: tl.constexpr):
+    """Fold one row of x's partial sums (this thread's chunk) into its outputs."""
     xs = xe + xo
     if PRECISE:
         SCALE: tl.constexpr = 1 << BITS  # q * 2**(23 - BITS - 23) above 1
@@ -262,15 +280,11 @@ def _fold_row(o0, o1, o2, o3, a0, a1, a2, a3, xe, xo, s_ptr, z_ptr, g, offs_n,
         b1 = xs
         b2 = xs
         b3 = xs
-    o0 = _fold(o0, a0, b0, xs, s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn,
-               SCALE)
-    o1 = _fold(o1, a1, b1, xs, s_ptr, z_ptr, g, offs_n + TILE, stride_sg, stride_sn,
-               SCALE)
+    o0 = _fold(o0, a0, b0, xs, s0, z0, SCALE)
+    o1 = _fold(o1, a1, b1, xs, s1, z1, SCALE)
     if BITS == 4:
-        o2 = _fold(o2, a2, b2, xs, s_ptr, z_ptr, g, offs_n + 2 * TILE, stride_sg,
-                   stride_sn, SCALE)
-        o3 = _fold(o3, a3, b3, xs, s_ptr, z_ptr, g, offs_n + 3 * TILE, stride_sg,
-                   stride_sn, SCALE)
+        o2 = _fold(o2, a2, b2, xs, s2, z2, SCALE)
+        o3 = _fold(o3, a3, b3, xs, s3, z3, SCALE)
     return o0, o1, o2, o3
 
 
@@ -317,7 +331,7 @@ def _swapab_gemv_kernel(
     stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, FLUSH: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr, TK: tl.constexpr, PRECISE: tl.constexpr, ASM: tl.constexpr,
-    PDL: tl.constexpr,
+    EARLY_SZ: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (row tiles of BLOCK_R int16 rows, K splits). qw_ptr: int16 [N / PER, K], K
     # contiguous, read as int32 pairs (stride_q32: int32 between rows, x's row stride even);
@@ -366,6 +380,9 @@ def _swapab_gemv_kernel(
         start = tl.minimum(r0 + chunk, last)
         nxt = tl.minimum(r0 + ROUND + chunk, last)  # the next round's chunk
         g = tl.minimum(r0 + chunk_tk, last) // GROUP  # [1, TK]
+        if EARLY_SZ:  # the chunk's scales and zeros arrive while it runs (more registers)
+            s0, z0, s1, z1, s2, z2, s3, z3 = _load_sz(s_ptr, z_ptr, g, offs_n_tk, stride_sg,
+                                                      stride_sn, BITS)
         a0 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
         a1 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
         a2 = tl.zeros((BLOCK_R, TK), dtype=tl.float32)
@@ -380,29 +397,30 @@ def _swapab_gemv_kernel(
         xo1 = tl.zeros((1, TK), dtype=tl.float32)
         # Two steps per iteration on two register buffers (one step's weights in flight while
         # the other's are used; a single buffer costs a move per register and step).
-        s2 = start >> 1  # int32 units
+        kw = start >> 1  # in int32 words
         for kk in range(0, FLUSH // 2, 8):
-            later = tl.load(q_ptrs + s2 + (kk + 4))
+            later = tl.load(q_ptrs + kw + (kk + 4))
             a0, a1, a2, a3, xe0, xo0, c0, c1, c2, c3, xe1, xo1 = _step(
-                packed, x_ptr, x1, s2 + (kk + jj), x_mask, a0, a1, a2, a3, xe0, xo0, c0, c1,
+                packed, x_ptr, x1, kw + (kk + jj), x_mask, a0, a1, a2, a3, xe0, xo0, c0, c1,
                 c2, c3, xe1, xo1, ONE_BITS, SIXTEEN_BITS, BITS, PRECISE, ASM, TK, DT, BLOCK_R,
                 BLOCK_M)
             # This chunk's next 8 k, or the next round's first.
             if kk + 8 < FLUSH // 2:
-                packed = tl.load(q_ptrs + s2 + (kk + 8))
+                packed = tl.load(q_ptrs + kw + (kk + 8))
             else:
                 packed = tl.load(q_ptrs + (nxt >> 1))
             a0, a1, a2, a3, xe0, xo0, c0, c1, c2, c3, xe1, xo1 = _step(
-                later, x_ptr, x1, s2 + (kk + 4 + jj), x_mask, a0, a1, a2, a3, xe0, xo0, c0, c1,
+                later, x_ptr, x1, kw + (kk + 4 + jj), x_mask, a0, a1, a2, a3, xe0, xo0, c0, c1,
                 c2, c3, xe1, xo1, ONE_BITS, SIXTEEN_BITS, BITS, PRECISE, ASM, TK, DT, BLOCK_R,
                 BLOCK_M)
-        o0, o1, o2, o3 = _fold_row(o0, o1, o2, o3, a0, a1, a2, a3, xe0, xo0, s_ptr, z_ptr, g,
-                                   offs_n_tk, stride_sg, stride_sn, BITS,
-                                   PRECISE)
+        if not EARLY_SZ:  # loaded now: 128 registers at M = 1 instead of 168 (4-bit)
+            s0, z0, s1, z1, s2, z2, s3, z3 = _load_sz(s_ptr, z_ptr, g, offs_n_tk, stride_sg,
+                                                      stride_sn, BITS)
+        o0, o1, o2, o3 = _fold_row(o0, o1, o2, o3, a0, a1, a2, a3, xe0, xo0, s0, z0, s1, z1,
+                                   s2, z2, s3, z3, BITS, PRECISE)
         if BLOCK_M > 1:
-            p0, p1, p2, p3 = _fold_row(p0, p1, p2, p3, c0, c1, c2, c3, xe1, xo1, s_ptr, z_ptr,
-                                       g, offs_n_tk, stride_sg, stride_sn,
-                                       BITS, PRECISE)
+            p0, p1, p2, p3 = _fold_row(p0, p1, p2, p3, c0, c1, c2, c3, xe1, xo1, s0, z0, s1,
+                                       z1, s2, z2, s3, z3, BITS, PRECISE)
     tile = pid_r * PER
     _store(o0, p0, offs_n, M, out_ptr, part_ptr, cnt_ptr, stride_om, stride_on, stride_ps,
            stride_pm, stride_pn, tile, pid_k, NUM_SPLITS, BLOCK_M)
@@ -431,26 +449,54 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # no inline asm there
 
 
-def _flush_len(group_size: int, most: int, k: int, chunks: int) -> int:
-    """K summed before the scales are applied: a multiple of 16 dividing the group, at most
-    ``most`` (a group of all of K is folded in parts), halved while K holds fewer than
-    ``chunks`` of them (so that K can be spread over that many programs and threads)."""
+def _flush_len(group_size: int, most: int, least: int, k: int, chunks: int) -> int:
+    """K summed before the scales are applied (a thread's chunk): a multiple of 16 dividing
+    the group, at most ``most`` (a group of all of K is folded in parts), halved while K holds
+    fewer than ``chunks`` of them (so that K can be spread over that many programs and
+    threads) down to ``least``."""
     f = group_size
-    while f % 32 == 0 and (f > most or k // f < chunks):
+    while f % 32 == 0 and (f > most or (k // f < chunks and f // 2 >= least)):
         f //= 2
     return f
+
+
+def _block_r(rows: int, threads_k: int, num_warps: int, rows_per_thread: int) -> int:
+    """Rows per program: (32 / threads_k) per warp, rows_per_thread each (at least a tile of
+    64; fewer than the threads cover are replicated), dividing the matrix's (a multiple of
+    64)."""
+    block_r = max(ROWS, 32 // threads_k * num_warps * rows_per_thread)
+    while rows % block_r:
+        block_r //= 2
+    return block_r
+
+
+def _plan(rows: int, k: int, group_size: int, threads_k: int, num_warps: int,
+          rows_per_thread: int, split_k: int | None, want: int, most: int, least: int
+          ) -> tuple[int, int, int, int]:
+    """(rows per program, K splits, K per fold, K per split) for ``want`` programs."""
+    block_r = _block_r(rows, threads_k, num_warps, rows_per_thread)
+    if split_k is None:  # enough programs to fill the GPU
+        split_k = max(1, triton.cdiv(want, rows // block_r))
+    flush = _flush_len(group_size, most, least, k, split_k * threads_k)
+    # Splits of whole rounds (threads_k chunks) where K allows: no thread idles in a round.
+    step = flush * threads_k if k % (flush * threads_k) == 0 else flush
+    split_k, k_per_split = split_k_plan(k, step, split_k)
+    return block_r, split_k, flush, k_per_split
 
 
 def w4a16_swapab_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                       zeros: torch.Tensor, group_size: int, bits: int = 4,
                       split_k: int | None = None, rows_per_thread: int | None = None,
                       threads_k: int | None = None, num_warps: int | None = None,
-                      flush: int | None = None, waves: int | None = None) -> torch.Tensor:
+                      flush: int | None = None, waves: int | None = None,
+                      early_scales: bool = False, maxnreg: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` for M <= MAX_M with ``qweight`` in ``pack_swapab``'s
     layout (int16 [N / per, K]), in x2's dtype (float32 accumulation). Tuning (None: chosen
     here; for the benchmark's sweeps and the tests): ``rows_per_thread`` int16 rows (per
     columns each) per thread, ``threads_k`` threads sharing a row (each its own chunks of K),
-    ``num_warps``, ``flush`` (K per fold), ``waves`` (programs per SM aimed at), ``split_k``."""
+    ``num_warps``, ``flush`` (K per fold), ``waves`` (programs per SM aimed at), ``split_k``,
+    ``early_scales`` (load a chunk's scales and zeros before its loop, not after),
+    ``maxnreg`` (ptxas's register cap)."""
     require_triton("w4a16_swapab_gemv")
     m, k = x2.shape
     per = _per(bits)
@@ -468,22 +514,22 @@ def w4a16_swapab_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     if x2.stride(1) != 1 or x2.stride(0) % 2 or x2.data_ptr() % 4:
         x2 = x2.contiguous() if x2.stride(1) != 1 else x2.clone()
     block_m = 1 if m == 1 else 2
-    # 4 rows per thread at M = 1 (128 registers, 2.8 instructions per 4-bit weight in SASS), 2
-    # at M = 2 (4 rows: 168 registers for 4.1 instructions per weight against 4.4).
-    rows_per_thread = rows_per_thread or (4 if m == 1 else 2)
     threads_k = threads_k or 4
     num_warps = num_warps or 4
-    # Rows per program: (32 / threads_k) per warp, rows_per_thread each (at least a tile of
-    # 64; fewer than the threads cover are replicated), dividing the matrix's (a multiple of 64).
-    block_r = max(ROWS, 32 // threads_k * num_warps * rows_per_thread)
-    while rows % block_r:
-        block_r //= 2
+    most = flush or 256
+    least = min(flush or 32, group_size)  # a fold every 2 loop iterations at most, by default
+    want = (waves or WAVES) * num_compute_units(x2.device)  # programs that fill the GPU
+    # 4 rows per thread at M = 1 (128 registers, 2.8 instructions per 4-bit weight in SASS), 2
+    # at M = 2 (4 rows: 168 registers for 4.1 instructions per weight against 4.4); 2 at M = 1
+    # too where that gives 1.25x the programs (small matrices: 4 would need chunks of K shorter
+    # than ``least``, folding more often than the 2 rows cost in activations).
+    plans = [_plan(rows, k, group_size, threads_k, num_warps, rt, split_k, want, most, least)
+             for rt in ((rows_per_thread,) if rows_per_thread else (4, 2) if m == 1 else (2,))]
+    block_r, split_k, flush, k_per_split = plans[0]
+    if len(plans) > 1 and plans[1][0] and (rows // plans[1][0]) * plans[1][1] >= \
+            1.25 * (rows // block_r) * split_k:
+        block_r, split_k, flush, k_per_split = plans[1]
     r_tiles = rows // block_r
-    if split_k is None:  # enough programs to fill the GPU
-        waves = waves or WAVES
-        split_k = max(1, triton.cdiv(waves * num_compute_units(x2.device), r_tiles))
-    flush = _flush_len(group_size, flush or 256, k, split_k * threads_k)
-    split_k, k_per_split = split_k_plan(k, flush, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
     _swapab_gemv_kernel[(r_tiles, split_k)](
         x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, r_tiles * per),
@@ -493,7 +539,8 @@ def w4a16_swapab_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
         partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_R=block_r,
         TK=threads_k, PRECISE=x2.dtype == torch.float32, ASM=not _interpreting(),
-        num_warps=num_warps, num_stages=1, **pdl_args(x2.device),
+        EARLY_SZ=bool(early_scales), num_warps=num_warps, num_stages=1,
+        **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_args(x2.device),
     )  # fmt: skip
     return out
 

@@ -94,6 +94,8 @@ def test_float32_activations(m, bits):
     (2, 512, 512, 4, {"split_k": 2}),  # one group over all of K, folded in parts
     (1, 256, 128, 4, {"rows_per_thread": 2, "num_warps": 1, "threads_k": 1}),
     (2, 256, 128, 8, {"rows_per_thread": 1, "num_warps": 2, "threads_k": 8}),
+    (2, 256, 64, 4, {"early_scales": True, "split_k": 2}),  # s and z loaded before the loop
+    (1, 256, 64, 8, {"early_scales": True}),
 ])
 def test_splits_chunks_and_tiles(m, k, group, bits, tuning):
     _check(m, k, 2 * 64 * 16 // bits, group, bits, torch.float16, **tuning)
@@ -188,7 +190,8 @@ def test_real_shapes_gpu(m, dtype, bits, k, n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tuning", [{"threads_k": 1, "num_warps": 1},
                                     {"threads_k": 2, "rows_per_thread": 2},
-                                    {"threads_k": 8, "num_warps": 8}, {"split_k": 1}],
+                                    {"threads_k": 8, "num_warps": 8}, {"split_k": 1},
+                                    {"early_scales": True, "maxnreg": 128}],
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 @pytest.mark.parametrize("bits", [4, 8])
 def test_tunings_gpu(bits, tuning):
