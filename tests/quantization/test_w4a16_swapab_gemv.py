@@ -47,12 +47,13 @@ def _tolerance(dtype):
 
 def _check(m, k, n, group, bits, dtype, seed=0, **tuning):
     q, scales, zeros = _weights(k, n, group, bits, dtype, seed=seed)
+    q = q.to(DEVICE)  # packed where the kernel runs (real shapes: fast on the GPU)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
-    out = w4a16_gemm(x, pack_swapab(q, bits).to(DEVICE), scales, zeros, group, bits,
+    out = w4a16_gemm(x, pack_swapab(q, bits), scales, zeros, group, bits,
                      path="swapab_gemv", **tuning)
-    ref = w4a16_gemm_ref(x.float(), pack_along_k(q, bits).to(DEVICE), scales.float(),
-                         zeros.float(), group, bits)
+    ref = w4a16_gemm_ref(x.float(), pack_along_k(q, bits), scales.float(), zeros.float(),
+                         group, bits)
     assert out.shape == (m, n) and out.dtype == dtype
     err = _rel_err(out, ref)
     assert err < _tolerance(dtype), err
