@@ -12,8 +12,6 @@ fraction of the HBM bandwidth.
     python benchmarks/quantized_gemm.py --paths default gemm swapab --m 16 32 64 128
     python benchmarks/quantized_gemm.py --sweep   # tile configurations per shape and M
     python benchmarks/quantized_gemm.py --sweep --paths swapab --bits 4 --m 16 32 64 128
-    python benchmarks/quantized_gemm.py --paths default swapab swapab_gemv --bits 4 8 --m 1 2 16
-    python benchmarks/quantized_gemm.py --sweep --paths swapab_gemv --bits 4 8 --m 1 2
 """
 
 from __future__ import annotations
@@ -46,9 +44,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--paths", nargs="+", default=["default"],
                     help="w4a16_gemm paths to time side by side: default (the dispatch), gemv, "
-                         "gemm, dequant, and on the swap-AB packed layout swapab, swapab_gemv "
-                         "(M <= 2), swapab_dequant; keys w{bits}_{path}_us (w{bits}_us for "
-                         "default)")
+                         "gemm, dequant, swapab (its own packed layout); keys w{bits}_{path}_us "
+                         "(w{bits}_us for default)")
     ap.add_argument("--sweep", action="store_true",
                     help="time every candidate tile configuration (4-bit) and report the best")
     ap.add_argument("--fp8", action="store_true",
@@ -90,8 +87,6 @@ def main() -> None:
             for bits in args.bits:
                 nbytes = k * n * bits / 8 + 2 * groups * n * 2
                 for path in args.paths:
-                    if path == "swapab_gemv" and m > 2:  # w4a16_swapab_gemv.MAX_M
-                        continue
                     kw = {} if path == "default" else {"path": path}
                     key = f"w{bits}" if path == "default" else f"w{bits}_{path}"
                     try:
@@ -128,7 +123,7 @@ def main() -> None:
 
 
 def _layout(path: str) -> str:
-    return "swapab" if path.startswith("swapab") else "along_k"
+    return "swapab" if path == "swapab" else "along_k"
 
 
 def _pack(layout: str, q, bits: int):
@@ -177,22 +172,6 @@ def _swapab_candidates(m: int) -> list[dict]:
     return out
 
 
-def _swapab_gemv_candidates(m: int) -> list[dict]:
-    """Tile configurations of the swap-AB GEMV (its default first): rows per thread, threads
-    sharing a row, warps, programs per SM; K per fold."""
-    out = [{"path": "swapab_gemv"}]
-    out += [{"path": "swapab_gemv", "rows_per_thread": rt, "threads_k": tk, "num_warps": w,
-             "waves": wv}
-            for rt, tk, w in ((4, 1, 1), (4, 1, 2), (2, 1, 1), (4, 2, 2), (4, 2, 4), (2, 2, 4),
-                              (4, 4, 4), (2, 4, 4), (4, 4, 8), (4, 8, 4), (2, 8, 8))
-            for wv in (2, 4, 8)]
-    out += [{"path": "swapab_gemv", **c} for c in (
-        {"flush": 64}, {"flush": 128}, {"split_k": 1}, {"rows_per_thread": 2},
-        {"rows_per_thread": 4}, {"early_scales": True},
-        {"early_scales": True, "maxnreg": 128}, {"maxnreg": 96})]
-    return out
-
-
 def sweep(args, timed, bandwidth, limits) -> None:
     import torch
 
@@ -213,7 +192,7 @@ def sweep(args, timed, bandwidth, limits) -> None:
                   for _ in range(qcopies)]
         # The swap-AB kernel's tiles too (--paths ... swapab), on its own packed layout.
         swapab = None
-        if "swapab" in args.paths or "swapab_gemv" in args.paths:
+        if "swapab" in args.paths:
             swapab = [(_pack("swapab", torch.randint(0, 2**bits, (k, n), device=dev), bits),
                        sc, zp) for _, sc, zp in packed]
         for m in args.m:
@@ -230,18 +209,15 @@ def sweep(args, timed, bandwidth, limits) -> None:
             line = (f"w{bits} {name} M={m} bf16={t_bf16:.1f}us default={default}us "
                     f"best={best['us']}us {best['cfg']} x{row['best_speedup']} "
                     f"hbm={row['best_hbm_fraction']}")
-            for path, cands in (("swapab", _swapab_candidates(m)),
-                                ("swapab_gemv", _swapab_gemv_candidates(m))):
-                if path not in args.paths or (path == "swapab_gemv" and m > 2):
-                    continue
-                res = _time_each(timed, cands, lambda c, x=x, b=bits, ps=swapab: [
+            if swapab is not None:
+                res = _time_each(timed, _swapab_candidates(m), lambda c, x=x, b=bits, ps=swapab: [
                     lambda p=p: w4a16_gemm(x, p[0], p[1], p[2], group, b, **dict(c))
                     for p in ps])
-                d, row[path] = _summary(res, cands[0], t_bf16, nbytes, bandwidth)
-                row[path]["default_us"] = d
-                sb = row[path]["best"]
-                line += (f" | {path} default={row[path].get('default_us')}us best={sb['us']}us "
-                         f"{sb['cfg']} x{row[path]['best_speedup']}")
+                _, row["swapab"] = _summary(res, _swapab_candidates(m)[0], t_bf16, nbytes,
+                                            bandwidth)
+                sb = row["swapab"]["best"]
+                line += (f" | swapab best={sb['us']}us {sb['cfg']} "
+                         f"x{row['swapab']['best_speedup']}")
             rows.append(row)
             print(line, flush=True)
         del dense, packed, swapab

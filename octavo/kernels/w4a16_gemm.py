@@ -177,32 +177,21 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     cuBLAS (measured 2-4x faster than this tensor-core kernel there, still about half of bf16:
     a faster large-M kernel is open work). ``tuning``: tile overrides for the benchmark's
     sweeps (``path``: "gemv" / "gemm" / "dequant" forces a path; "swapab" runs
-    octavo.kernels.w4a16_swapab, whose ``qweight`` is in that kernel's own packed layout, and
-    "swapab_gemv" octavo.kernels.w4a16_swapab_gemv (M <= 2) and "swapab_dequant" its
-    ``dequantize_swapab`` then cuBLAS, both on that same layout).
+    octavo.kernels.w4a16_swapab, whose ``qweight`` is in that kernel's own packed layout).
     """
     require_triton("w4a16_gemm")
     shape = x.shape
     k = shape[-1]
-    if tuning.get("path") in ("swapab", "swapab_gemv", "swapab_dequant"):
-        # qweight in the swap-AB kernel's own layout (w4a16_swapab.pack_swapab): the swap-AB
-        # wgmma kernel, the CUDA-core GEMV for M <= 2 on that layout, or dequantize + cuBLAS.
-        from octavo.kernels import w4a16_swapab_gemv as sgv
+    if tuning.get("path") == "swapab":
+        # qweight in the swap-AB kernel's own layout (w4a16_swapab.pack_swapab).
+        from octavo.kernels.w4a16_swapab import w4a16_swapab
 
-        path = tuning.pop("path")
+        tuning.pop("path")
         x2 = x.reshape(-1, k)
         if x2.shape[0] == 0:
             return x.new_empty(*shape[:-1], qweight.shape[0] * (16 // bits))
-        if path == "swapab":
-            from octavo.kernels.w4a16_swapab import w4a16_swapab
-
-            out = w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, split_k=split_k,
-                               **tuning)
-        elif path == "swapab_gemv":
-            out = sgv.w4a16_swapab_gemv(x2, qweight, scales, zeros, group_size, bits,
-                                        split_k=split_k, **tuning)
-        else:
-            out = x2 @ sgv.dequantize_swapab(qweight, scales, zeros, group_size, bits, x.dtype)
+        out = w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, split_k=split_k,
+                           **tuning)
         return out.view(*shape[:-1], out.shape[1])
     n = qweight.shape[1]
     pack = pack_factor(bits)
