@@ -1,7 +1,7 @@
 # ruff: noqa: B023, E731
 """Micro-benchmark for paged_attention on a GPU (not collected by pytest).
 
-PYTHONPATH=. python tests/kernels/bench_attention.py [--tune] [--mixed | --w1 | --short | --chunk]
+PYTHONPATH=. python tests/kernels/bench_attention.py [--tune] [--mixed | --w1 | --short | --small | --chunk]
 
 Decode rows report KV bytes read / GPU time (CUDA-graph replay, so no launch overhead);
 prefill rows report causal TFLOP/s next to torch SDPA on contiguous K/V. ``--tune`` also
@@ -46,6 +46,31 @@ def t_ms(fn):
 def g_ms(fn):
     """GPU time without Python launch overhead (CUDA graph replay)."""
     return do_bench_cudagraph(fn, rep=40)
+
+
+def _with_cfg(cfg, fn):
+    """``fn()`` with every decode launch forced to the tile ``cfg`` = (BLOCK_N, warps, stages);
+    None: the defaults."""
+    orig = pa._pick_config
+    if cfg is not None:
+        pa._pick_config = lambda dec, *a: pa._Config(1, 16, *cfg) if dec else orig(dec, *a)
+    try:
+        return fn()
+    finally:
+        pa._pick_config = orig
+
+
+def _split_row(args, splits, max_seq_len, fmt):
+    """One decode launch timed per forced split count (None: the heuristic), formatted."""
+    row = []
+    for ns in splits:
+        try:
+            ms = g_ms(lambda: pa.paged_attention(*args, 0.1, max_query_len=1,
+                                                 max_seq_len=max_seq_len, num_splits=ns))
+            row.append(f"s={ns}:{fmt(ms)}")
+        except Exception as e:  # noqa: BLE001 - a config that does not fit
+            row.append(f"s={ns}:err {type(e).__name__}")
+    return " ".join(row)
 
 
 def cpu_us(fn, n=200):
@@ -233,28 +258,16 @@ def w1(tune):
     if tune:
         cfgs += [(bn, w, s) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4)
                  if not (bn == 128 and s == 4)]
-    orig = pa._pick_config
     print("w1 decode (H=16, Hkv=8, D=128, bf16): GB/s per (BLOCK_N, warps, stages) and split")
     for B in (128, 256):
         rng = random.Random(B)
         ctx = [rng.randint(100, 2048) for _ in range(B)]
-        q, kc, vc, qsl, sl, bt = batch([1] * B, ctx, H, Hkv, D)
+        args = batch([1] * B, ctx, H, Hkv, D)
         gb = sum(ctx) * Hkv * D * 2 * 2 / 1e9
         for cfg in cfgs:
-            if cfg is not None:
-                pa._pick_config = lambda dec, *a, c=cfg: (
-                    pa._Config(1, 16, *c) if dec else orig(dec, *a))
-            row = []
-            for ns in (None, 1, 2, 4):
-                try:
-                    ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1,
-                                                         max_query_len=1, max_seq_len=2048,
-                                                         num_splits=ns))
-                    row.append(f"s={ns}:{gb / ms * 1e3:5.0f}")
-                except Exception as e:  # noqa: BLE001 - a config that does not fit
-                    row.append(f"s={ns}:err {type(e).__name__}")
-            pa._pick_config = orig
-            print(f"B={B} cfg={cfg} | " + " ".join(row), flush=True)
+            row = _with_cfg(cfg, lambda: _split_row(args, (None, 1, 2, 4), 2048,
+                                                    lambda ms: f"{gb / ms * 1e3:5.0f}"))
+            print(f"B={B} cfg={cfg} | {row}", flush=True)
 
 
 def short(tune):
@@ -268,7 +281,6 @@ def short(tune):
     if tune:
         cfgs += [(bn, w, s) for bn in (32, 64, 128) for w in (2, 4) for s in (1, 2, 3)
                  if not (bn == 128 and s == 3)]
-    orig = pa._pick_config
     print("short decode (H=16, Hkv=8, D=128, bf16, ctx 128..384, max_seq_len 4096): "
           "us (GB/s) per (BLOCK_N, warps, stages) and split")
     for B in (1, 8, 32, 64):
@@ -276,25 +288,38 @@ def short(tune):
         ctx = [rng.randint(128, 384) for _ in range(B)]
         q, kc, vc, qsl, sl, bt = batch([1] * B, ctx, H, Hkv, D)
         bt = torch.nn.functional.pad(bt, (0, 256 - bt.shape[1]))  # the graphs' table width
+        args = (q, kc, vc, qsl, sl, bt)
         gb = sum(ctx) * Hkv * D * 2 * 2 / 1e9
         for cfg in cfgs:
-            if cfg is not None:
-                pa._pick_config = lambda dec, *a, c=cfg: (
-                    pa._Config(1, 16, *c) if dec else orig(dec, *a))
-            row = []
-            for ns in (None, 1, 2, 4, 8):
-                try:
-                    ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1,
-                                                         max_query_len=1, max_seq_len=4096,
-                                                         num_splits=ns))
-                    row.append(f"s={ns}:{ms * 1e3:5.1f}({gb / ms * 1e3:4.0f})")
-                except Exception as e:  # noqa: BLE001 - a config that does not fit
-                    row.append(f"s={ns}:err {type(e).__name__}")
-            pa._pick_config = orig
-            print(f"B={B} cfg={cfg} | " + " ".join(row), flush=True)
+            row = _with_cfg(cfg, lambda: _split_row(
+                args, (None, 1, 2, 4, 8), 4096,
+                lambda ms: f"{ms * 1e3:5.1f}({gb / ms * 1e3:4.0f})"))
+            print(f"B={B} cfg={cfg} | {row}", flush=True)
+
+
+def small(tune):
+    """Decode grids with fewer programs than SMs (the split-K regime: batch 1-16 x 8 KV heads)
+    at short and long contexts, max_seq_len 8192 as a captured graph would pass: microseconds
+    per launch (with its merge) per tile config and split count."""
+    H, Hkv, D = 16, 8, 128
+    cfgs = [None] + ([(128, 4, 1), (64, 4, 1), (64, 4, 2), (32, 4, 1)] if tune else [])
+    print("small decode grids (H=16, Hkv=8, D=128, bf16, max_seq_len 8192): us per launch")
+    for B in (1, 4, 8, 16):
+        for ctx in (256, 2048, 8192):
+            q, kc, vc, qsl, sl, bt = batch([1] * B, [ctx] * B, H, Hkv, D)
+            bt = torch.nn.functional.pad(bt, (0, 512 - bt.shape[1]))
+            args = (q, kc, vc, qsl, sl, bt)
+            for cfg in cfgs:
+                row = _with_cfg(cfg, lambda: _split_row(args, (None, 1, 2, 4, 8, 16), 8192,
+                                                        lambda ms: f"{ms * 1e3:6.1f}"))
+                print(f"B={B:2d} ctx={ctx:5d} cfg={cfg} | {row}", flush=True)
 
 
 if __name__ == "__main__":
+    if "--small" in sys.argv:
+        print(torch.cuda.get_device_name(), torch.__version__)
+        small("--tune" in sys.argv)
+        sys.exit(0)
     if "--short" in sys.argv:
         print(torch.cuda.get_device_name(), torch.__version__)
         short("--tune" in sys.argv)
