@@ -16,6 +16,7 @@ from octavo.kernels.w4a16_gemm import (  # noqa: E402
     w4a16_gemm,
     w4a16_gemm_ref,
 )
+from tests.quantization.gemm_checks import check_graph_replays, rel_err  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -30,9 +31,7 @@ def _weights(k: int, n: int, group: int, bits: int, device=DEVICE, seed: int = 0
     return (pack_along_k(q, bits).to(device), scales.to(device), zeros.to(device), q)
 
 
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
+_rel_err = rel_err
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -170,21 +169,11 @@ def test_kernel_real_shapes_gpu(m, dtype, bits, path, n):
 def test_split_k_inside_a_cuda_graph_gpu(m):
     """The engine replays decode steps as CUDA graphs: the split-K counters must come back to
     zero inside the graph, replay after replay."""
-    from octavo.kernels import split_k
-
     k, n = 4096, 1024
     qweight, scales, zeros, _ = _weights(k, n, 128, 4, device=torch.device("cuda"))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    w4a16_gemm(x, qweight, scales, zeros, 128, 4)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = w4a16_gemm(x, qweight, scales, zeros, 128, 4)
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, 128, 4)) < 1e-2
-        assert not split_k.counters(x.device, 1).any()
+    check_graph_replays(lambda x: w4a16_gemm(x, qweight, scales, zeros, 128, 4),
+                        lambda x: w4a16_gemm_ref(x, qweight, scales, zeros, 128, 4), x)
 
 
 def test_gemv_flush_length_divides_the_group_and_allows_the_splits():
