@@ -64,4 +64,3 @@ def test_busy_time_is_the_union_of_overlapping_kernels():
     out = summarize(Prof(), 0.05, 1)
     assert out["device_busy_ms"] == pytest.approx(0.030)
     assert out["kernels"][0] == {"name": "a", "us": 20.0, "launches": 2}
-
