@@ -202,3 +202,15 @@ def graph_timed(fns) -> float:
     torch.cuda.synchronize()
     del graph
     return start.elapsed_time(end) * 1e3 / (reps * len(fns))
+
+
+def time_each(timed, candidates: list[dict], calls) -> list[dict]:
+    """A kernel sweep: ``{"cfg", "us"}`` per candidate (``timed(calls(cfg))``: the closures of
+    one configuration), or ``"error"`` for a configuration the compiler refuses."""
+    results = []
+    for cfg in candidates:
+        try:
+            results.append({"cfg": cfg, "us": round(timed(calls(cfg)), 2)})
+        except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+            results.append({"cfg": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
+    return results

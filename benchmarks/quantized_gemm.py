@@ -26,6 +26,7 @@ from benchmarks.common import (  # noqa: E402
     device_info,
     git_commit,
     print_json_result,  # noqa: E402
+    time_each,  # noqa: E402
 )
 from benchmarks.common import graph_timed as timed
 from benchmarks.workloads import device_limits  # noqa: E402
@@ -198,7 +199,7 @@ def sweep(args, timed, bandwidth, limits) -> None:
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
-            results = _time_each(timed, _candidates(m), lambda c, x=x, b=bits, ps=packed: [
+            results = time_each(timed, _candidates(m), lambda c, x=x, b=bits, ps=packed: [
                 lambda p=p: w4a16_gemm(x, p[0], p[1], p[2], group, b, **dict(c))
                 for p in ps])
             nbytes = k * n * bits / 8 + 2 * groups * n * 2
@@ -210,7 +211,7 @@ def sweep(args, timed, bandwidth, limits) -> None:
                     f"best={best['us']}us {best['cfg']} x{row['best_speedup']} "
                     f"hbm={row['best_hbm_fraction']}")
             if swapab is not None:
-                res = _time_each(timed, _swapab_candidates(m), lambda c, x=x, b=bits, ps=swapab: [
+                res = time_each(timed, _swapab_candidates(m), lambda c, x=x, b=bits, ps=swapab: [
                     lambda p=p: w4a16_gemm(x, p[0], p[1], p[2], group, b, **dict(c))
                     for p in ps])
                 _, row["swapab"] = _summary(res, _swapab_candidates(m)[0], t_bf16, nbytes,
@@ -225,18 +226,6 @@ def sweep(args, timed, bandwidth, limits) -> None:
     print_json_result({"benchmark": "quantized_gemm_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "group": group, "rows": rows},
                       args.json)
-
-
-def _time_each(timed, candidates: list[dict], calls) -> list[dict]:
-    """``{"cfg", "us"}`` per candidate (``calls(cfg)``: the sweep's closures), or ``"error"``
-    for a configuration the compiler refuses."""
-    results = []
-    for cfg in candidates:
-        try:
-            results.append({"cfg": cfg, "us": round(timed(calls(cfg)), 2)})
-        except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
-            results.append({"cfg": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
-    return results
 
 
 def _summary(results: list[dict], default_cfg: dict, t_bf16: float, nbytes: float,
@@ -284,7 +273,7 @@ def fp8_sweep(args, timed, bandwidth, limits) -> None:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
             t_mm = timed([lambda p=p, x=x: scaled_mm(x, p[0], p[1]) for p in weights])
-            results = _time_each(timed, _fp8_candidates(), lambda c, x=x, ws=weights: [
+            results = time_each(timed, _fp8_candidates(), lambda c, x=x, ws=weights: [
                 lambda p=p: fp8_gemv(x, p[0], p[1], **c) for p in ws])
             default, summary = _summary(results, _fp8_candidates()[0], t_bf16, k * n,
                                         bandwidth)

@@ -24,6 +24,7 @@ from benchmarks.common import (  # noqa: E402
     device_info,
     git_commit,
     print_json_result,  # noqa: E402
+    time_each,  # noqa: E402
 )
 from benchmarks.common import graph_timed as timed
 from benchmarks.workloads import device_limits  # noqa: E402
@@ -71,36 +72,12 @@ def main() -> None:
             for m in args.m:
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 t_ref = timed([lambda w=w, x=x: F.linear(x, w) for w in ws])
-                best = None
-                for cfg in cfgs:
-                    kw = cfg or {}
-                    try:
-                        t = timed([lambda w=w, x=x, kw=kw: skinny_gemm(x, w, **kw) for w in ws])
-                    except Exception as e:  # noqa: BLE001 - a config that does not fit
-                        print(f"  {cfg}: {type(e).__name__}", flush=True)
-                        continue
-                    if cfg is None:
-                        default = t
-                    if best is None or t < best[0]:
-                        best = (t, cfg)
+                default, best, _ = _time_configs(timed, skinny_gemm, x, ws, cfgs, "")
                 err = (skinny_gemm(x, ws[0]).float() - F.linear(x, ws[0]).float()).abs().max()
                 gemv = None
                 if m <= GEMV_MAX_M:
-                    gemv_best, gemv_all = None, []
-                    for cfg in gemv_cfgs:
-                        kw = cfg or {}
-                        try:
-                            t = timed([lambda w=w, x=x, kw=kw: dense_gemv(x, w, **kw)
-                                       for w in ws])
-                        except Exception as e:  # noqa: BLE001 - a config that does not fit
-                            print(f"  gemv {cfg}: {type(e).__name__}", flush=True)
-                            continue
-                        if cfg is None:
-                            gemv = t
-                        else:
-                            gemv_all.append([cfg, round(t, 2)])
-                        if gemv_best is None or t < gemv_best[0]:
-                            gemv_best = (t, cfg)
+                    gemv, gemv_best, gemv_all = _time_configs(timed, dense_gemv, x, ws,
+                                                              gemv_cfgs, "gemv ")
                     gemv_err = float((dense_gemv(x, ws[0]).float()
                                       - F.linear(x, ws[0]).float()).abs().max())
                 row = {"model": model, "shape": name, "N": n, "K": k, "M": m,
@@ -149,6 +126,25 @@ def main() -> None:
     else:
         print_json_result(result)
 
+
+def _time_configs(timed, fn, x, ws, cfgs, label):
+    """Microseconds of ``fn(x, w, **cfg)`` over the weight copies per configuration (None:
+    the defaults): (the defaults' time, the best (us, cfg), [[cfg, us] of the others]).
+    A configuration that does not fit is printed and skipped."""
+    results = time_each(timed, cfgs, lambda cfg: [lambda w=w: fn(x, w, **(cfg or {}))
+                                                   for w in ws])
+    default, best, others = None, None, []
+    for r in results:
+        if "error" in r:
+            print(f"  {label}{r['cfg']}: {r['error'].split(':')[0]}", flush=True)
+            continue
+        if r["cfg"] is None:
+            default = r["us"]
+        else:
+            others.append([r["cfg"], r["us"]])
+        if best is None or r["us"] < best[0]:
+            best = (r["us"], r["cfg"])
+    return default, best, others
 
 if __name__ == "__main__":
     main()
