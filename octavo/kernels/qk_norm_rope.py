@@ -67,9 +67,9 @@ def _qk_norm_rope_kernel(
                                         cos, sin, eps, tl.arange(0, KH_P), offs_r, HALF,
                                         2 * HALF)
     if STORE_KV:
-        store_token_kv(k1, k2, k_mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt, stride_vh,
-                  stride_cb, stride_ct, stride_ch, block_size, num_k_heads, offs_r, HALF,
-                  KH_P, HALF_P)
+        store_token_kv(k1, k2, k_mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt,
+                       stride_vh, stride_cb, stride_ct, stride_ch, block_size, num_k_heads,
+                       offs_r, HALF, KH_P, HALF_P)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
