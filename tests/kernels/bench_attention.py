@@ -316,24 +316,14 @@ def small(tune):
 
 
 if __name__ == "__main__":
-    if "--small" in sys.argv:
-        print(torch.cuda.get_device_name(), torch.__version__)
-        small("--tune" in sys.argv)
-        sys.exit(0)
-    if "--short" in sys.argv:
-        print(torch.cuda.get_device_name(), torch.__version__)
-        short("--tune" in sys.argv)
-        sys.exit(0)
-    if "--w1" in sys.argv:
-        print(torch.cuda.get_device_name(), torch.__version__)
-        w1("--tune" in sys.argv)
-        sys.exit(0)
-    if "--chunk" in sys.argv:
-        print(torch.cuda.get_device_name(), torch.__version__)
-        chunk("--tune" in sys.argv)
-        sys.exit(0)
     tune = "--tune" in sys.argv
     print(torch.cuda.get_device_name(), torch.__version__)
+    # One sweep alone: --small, --short, --w1, --chunk (the first given).
+    alone = {"--small": small, "--short": short, "--w1": w1, "--chunk": chunk}
+    for flag, sweep in alone.items():
+        if flag in sys.argv:
+            sweep(tune)
+            sys.exit(0)
     if "--mixed" not in sys.argv and "--prefill" not in sys.argv:
         decode(tune)
     if "--mixed" not in sys.argv:
