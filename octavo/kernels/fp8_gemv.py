@@ -35,7 +35,8 @@ from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
-from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
+from octavo.kernels.split_k import to_fill as split_k_to_fill
+from octavo.kernels.triton_utils import require_triton, tl, triton
 
 MAX_M = 2  # at 4 rows _scaled_mm was faster on the wide shapes (gate_up 65 vs 123 us)
 
@@ -191,8 +192,7 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     n_tiles = triton.cdiv(n, block_n)
     k_steps = triton.cdiv(k, block_k)
     if split_k is None:
-        want = (waves or 2) * num_compute_units(x2.device)
-        split_k = max(1, min(triton.cdiv(want, n_tiles), k_steps, 32))
+        split_k = split_k_to_fill(n_tiles, k_steps, x2.device, waves or 2)
     split_k, k_per_split = split_k_plan(k_steps * block_k, block_k, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
     _fp8_gemv_kernel[(n_tiles, split_k)](

@@ -22,7 +22,8 @@ from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
-from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
+from octavo.kernels.split_k import to_fill as split_k_to_fill
+from octavo.kernels.triton_utils import require_triton, tl, triton
 
 MAX_M = 16
 
@@ -101,8 +102,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     n_tiles = triton.cdiv(n, block_n)
     if split_k is None:
         # About four programs per SM: every SM streams several tiles at once.
-        want = 4 * num_compute_units(x.device)
-        split_k = max(1, min(triton.cdiv(want, n_tiles), triton.cdiv(k, block_k), 32))
+        split_k = split_k_to_fill(n_tiles, triton.cdiv(k, block_k), x.device, 4)
     split_k, k_per_split = split_k_plan(triton.cdiv(k, block_k) * block_k, block_k, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
     _skinny_gemm_kernel[(n_tiles, split_k)](

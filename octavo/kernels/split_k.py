@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.kernels.triton_utils import tl, triton
+from octavo.kernels.triton_utils import num_compute_units, tl, triton
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []
@@ -25,6 +25,12 @@ def plan(k: int, step: int, splits: int) -> tuple[int, int]:
     splits = max(1, min(splits, steps))
     per_split = triton.cdiv(steps, splits) * step
     return triton.cdiv(k, per_split), per_split
+
+
+def to_fill(tiles: int, k_steps: int, device: torch.device, waves: int, most: int = 32) -> int:
+    """K splits that give about ``waves`` programs per SM over ``tiles`` output tiles: at
+    least one, at most one per K step and ``most``."""
+    return max(1, min(triton.cdiv(waves * num_compute_units(device), tiles), k_steps, most))
 
 
 def buffers(m: int, n: int, splits: int, like: torch.Tensor
