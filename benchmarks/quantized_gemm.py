@@ -49,6 +49,8 @@ def main() -> None:
                          "(w{bits}_us for default)")
     ap.add_argument("--sweep", action="store_true",
                     help="time every candidate tile configuration (4-bit) and report the best")
+    ap.add_argument("--swapab-only", action="store_true",
+                    help="with --sweep: time only the swap-AB kernel's candidates")
     ap.add_argument("--fp8", action="store_true",
                     help="FP8 weights at M <= 4: the FP8 GEMV (a sweep of its tiles) against "
                          "torch._scaled_mm with per-token activation scales, as the engine "
@@ -199,17 +201,20 @@ def sweep(args, timed, bandwidth, limits) -> None:
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
-            results = time_each(timed, _candidates(m), lambda c, x=x, b=bits, ps=packed: [
-                lambda p=p: w4a16_gemm(x, p[0], p[1], p[2], group, b, **dict(c))
-                for p in ps])
             nbytes = k * n * bits / 8 + 2 * groups * n * 2
-            default, summary = _summary(results, _candidates(m)[0], t_bf16, nbytes, bandwidth)
             row = {"shape": name, "bits": bits, "K": k, "N": n, "M": m,
-                   "bf16_us": round(t_bf16, 2), "default_us": default, **summary}
-            best = row["best"]
-            line = (f"w{bits} {name} M={m} bf16={t_bf16:.1f}us default={default}us "
-                    f"best={best['us']}us {best['cfg']} x{row['best_speedup']} "
-                    f"hbm={row['best_hbm_fraction']}")
+                   "bf16_us": round(t_bf16, 2)}
+            line = f"w{bits} {name} M={m} bf16={t_bf16:.1f}us"
+            if not args.swapab_only:
+                results = time_each(timed, _candidates(m), lambda c, x=x, b=bits, ps=packed: [
+                    lambda p=p: w4a16_gemm(x, p[0], p[1], p[2], group, b, **dict(c))
+                    for p in ps])
+                default, summary = _summary(results, _candidates(m)[0], t_bf16, nbytes,
+                                            bandwidth)
+                row.update(default_us=default, **summary)
+                best = row["best"]
+                line += (f" default={default}us best={best['us']}us {best['cfg']} "
+                         f"x{row['best_speedup']} hbm={row['best_hbm_fraction']}")
             if swapab is not None:
                 res = time_each(timed, _swapab_candidates(m), lambda c, x=x, b=bits, ps=swapab: [
                     lambda p=p: w4a16_gemm(x, p[0], p[1], p[2], group, b, **dict(c))

@@ -48,6 +48,8 @@ import os
 
 import torch
 
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
@@ -187,31 +189,62 @@ def _mma(a, b, acc, dt: tl.constexpr):
 
 
 @triton.jit
-def _fold(acc, tmp, xs, s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn, stride_zg, stride_zn,
-          ZBIAS: tl.constexpr):
-    """``acc += s * (tmp - (ZBIAS + z) * xs)``: one group's ``(q - z) * s`` contribution from
-    ``tmp = (ZBIAS + q) @ x^T`` and ``xs = ones @ x^T``."""
+def _load_sz(s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn, stride_zg, stride_zn,
+             ZBIAS: tl.constexpr):
+    """One 64-row block's scales and (biased) zero points of group ``g`` as float32."""
     s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn).to(tl.float32)
     z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn).to(tl.float32) + ZBIAS
-    return acc + s[:, None] * (tmp - z[:, None] * xs)
+    return s, z
 
 
 @triton.jit
-def _fold_all(acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s_ptr, z_ptr, g, offs_n0,
-              stride_sg, stride_sn, stride_zg, stride_zn, ZBIAS: tl.constexpr,
-              PER: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Fold the partial sums of every 64-row block into its accumulator; zero the partials."""
-    acc0 = _fold(acc0, tmp0, xs, s_ptr, z_ptr, g, offs_n0, stride_sg, stride_sn, stride_zg,
-                 stride_zn, ZBIAS)
-    acc1 = _fold(acc1, tmp1, xs, s_ptr, z_ptr, g, offs_n0 + BLOCK_R, stride_sg, stride_sn,
-                 stride_zg, stride_zn, ZBIAS)
+def _load_sz_all(s_ptr, z_ptr, g, offs_n0, stride_sg, stride_sn, stride_zg, stride_zn,
+                 ZBIAS: tl.constexpr, PER: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Group ``g``'s scales and zero points for every 64-row block of the tile (8-bit tiles
+    have two blocks: the last two pairs repeat the first)."""
+    s0, z0 = _load_sz(s_ptr, z_ptr, g, offs_n0, stride_sg, stride_sn, stride_zg, stride_zn,
+                      ZBIAS)
+    s1, z1 = _load_sz(s_ptr, z_ptr, g, offs_n0 + BLOCK_R, stride_sg, stride_sn, stride_zg,
+                      stride_zn, ZBIAS)
     if PER == 4:
-        acc2 = _fold(acc2, tmp2, xs, s_ptr, z_ptr, g, offs_n0 + 2 * BLOCK_R, stride_sg,
-                     stride_sn, stride_zg, stride_zn, ZBIAS)
-        acc3 = _fold(acc3, tmp3, xs, s_ptr, z_ptr, g, offs_n0 + 3 * BLOCK_R, stride_sg,
-                     stride_sn, stride_zg, stride_zn, ZBIAS)
+        s2, z2 = _load_sz(s_ptr, z_ptr, g, offs_n0 + 2 * BLOCK_R, stride_sg, stride_sn,
+                          stride_zg, stride_zn, ZBIAS)
+        s3, z3 = _load_sz(s_ptr, z_ptr, g, offs_n0 + 3 * BLOCK_R, stride_sg, stride_sn,
+                          stride_zg, stride_zn, ZBIAS)
+    else:
+        s2, z2, s3, z3 = s0, z0, s1, z1
+    return s0, z0, s1, z1, s2, z2, s3, z3
+
+
+@triton.jit
+def _fold_all(acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1, s2, z2, s3,
+              z3, PER: tl.constexpr):
+    """Fold the partial sums of every 64-row block into its accumulator,
+    ``acc += s * (tmp - (ZBIAS + z) * xs)`` (``tmp = (ZBIAS + q) @ x^T``, ``xs = ones @ x^T``),
+    and zero the partials."""
+    acc0 += s0[:, None] * (tmp0 - z0[:, None] * xs)
+    acc1 += s1[:, None] * (tmp1 - z1[:, None] * xs)
+    if PER == 4:
+        acc2 += s2[:, None] * (tmp2 - z2[:, None] * xs)
+        acc3 += s3[:, None] * (tmp3 - z3[:, None] * xs)
     zero = tl.zeros_like(xs)
     return acc0, acc1, acc2, acc3, zero, zero, zero, zero, zero
+
+
+@triton.jit
+def _fold_step(acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1, s2, z2, s3,
+               z3, s_ptr, z_ptr, k_next, k_end, offs_n0, stride_sg, stride_sn, stride_zg,
+               stride_zn, GROUP: tl.constexpr, ZBIAS: tl.constexpr, PER: tl.constexpr,
+               BLOCK_R: tl.constexpr):
+    """End a fold, then load the next fold's scales and zero points (the fold starting at row
+    ``k_next``; past the split's end the last group again, a harmless unmasked reload)."""
+    acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3 = _fold_all(
+        acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1, s2, z2, s3, z3, PER)
+    g_next = tl.minimum(k_next, k_end - 1) // GROUP
+    s0, z0, s1, z1, s2, z2, s3, z3 = _load_sz_all(
+        s_ptr, z_ptr, g_next, offs_n0, stride_sg, stride_sn, stride_zg, stride_zn, ZBIAS, PER,
+        BLOCK_R)
+    return acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1, s2, z2, s3, z3
 
 
 @triton.jit
@@ -231,6 +264,7 @@ def _swapab_kernel(
     stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, FOLD: tl.constexpr, BITS: tl.constexpr, MAGIC: tl.constexpr,
     ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N / (BLOCK_R * PER) tiles, M tiles, K splits). qw_ptr: int16 [N / PER, K], K
     # contiguous; value c of int16 row r of the tile is output row n0 + c * BLOCK_R + r. One
@@ -261,6 +295,13 @@ def _swapab_kernel(
     tmp1 = tl.zeros((BLOCK_R, BLOCK_M), dtype=tl.float32)
     tmp2 = tl.zeros((BLOCK_R, BLOCK_M), dtype=tl.float32)
     tmp3 = tl.zeros((BLOCK_R, BLOCK_M), dtype=tl.float32)
+    # The first fold's scales and zero points (written by no kernel of the step) before the
+    # PDL wait; each later fold's are loaded right after the previous fold, a whole step of
+    # dots ahead of their use (loaded at the fold itself, their latency stalled every step).
+    s0, z0, s1, z1, s2, z2, s3, z3 = _load_sz_all(
+        s_ptr, z_ptr, k_start // GROUP, offs_n0, stride_sg, stride_sn, stride_zg, stride_zn,
+        ZBIAS, PER, BLOCK_R)
+    pdl_begin(PDL)
     # One flat loop (a nested loop per fold is pipelined only within the fold: no prefetch
     # across folds).
     for k0 in range(k_start, k_end, BLOCK_K):
@@ -276,13 +317,17 @@ def _swapab_kernel(
             tmp2 = _mma(_dequant(p, 2, BITS, MAGIC, ASM, dt), xt, tmp2, dt)
             tmp3 = _mma(_dequant(p, 3, BITS, MAGIC, ASM, dt), xt, tmp3, dt)
         if FOLD == BLOCK_K:  # every step ends a fold: no select over the fold's values
-            acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3 = _fold_all(
-                acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s_ptr, z_ptr, k0 // GROUP,
-                offs_n0, stride_sg, stride_sn, stride_zg, stride_zn, ZBIAS, PER, BLOCK_R)
+            acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1, s2, z2, s3, z3 = \
+                _fold_step(acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1,
+                           s2, z2, s3, z3, s_ptr, z_ptr, k0 + BLOCK_K, k_end, offs_n0,
+                           stride_sg, stride_sn, stride_zg, stride_zn, GROUP, ZBIAS, PER,
+                           BLOCK_R)
         elif (k0 + BLOCK_K) % FOLD == 0:
-            acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3 = _fold_all(
-                acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s_ptr, z_ptr, k0 // GROUP,
-                offs_n0, stride_sg, stride_sn, stride_zg, stride_zn, ZBIAS, PER, BLOCK_R)
+            acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1, s2, z2, s3, z3 = \
+                _fold_step(acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1,
+                           s2, z2, s3, z3, s_ptr, z_ptr, k0 + BLOCK_K, k_end, offs_n0,
+                           stride_sg, stride_sn, stride_zg, stride_zn, GROUP, ZBIAS, PER,
+                           BLOCK_R)
     tile = (pid_m * tl.num_programs(0) + pid_t) * PER
     _store(acc0, offs_n0, offs_m, m_mask, out_ptr, part_ptr, cnt_ptr, stride_om, stride_on,
            stride_ps, stride_pm, stride_pn, tile, pid_k, NUM_SPLITS)
@@ -352,6 +397,6 @@ def w4a16_swapab(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FOLD=fold, BITS=bits, MAGIC=_magic(x2.dtype, bits), ASM=not _interpreting(),
         BLOCK_M=block_m, BLOCK_R=ROWS, BLOCK_K=block_k, num_warps=4,
-        num_stages=num_stages or 3,
+        num_stages=num_stages or 3, **pdl_args(x2.device),
     )  # fmt: skip
     return out

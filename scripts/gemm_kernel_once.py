@@ -1,0 +1,69 @@
+"""Launch one decode GEMM kernel a few times at a Llama-3.1-8B projection shape, for a
+profiler that picks one launch by name (``ncu -k regex:NAME --launch-skip 3 --launch-count 1``).
+
+    python scripts/gemm_kernel_once.py --kernel int_gemv|swapab|dense_gemv|cublas \
+        [--shape gate_up] [--m 1] [--bits 4] [--launches 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
+          "down": (14336, 4096)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kernel", required=True,
+                    choices=["int_gemv", "swapab", "dense_gemv", "cublas", "int_gemm"])
+    ap.add_argument("--shape", default="gate_up", choices=sorted(SHAPES))
+    ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--launches", type=int, default=5)
+    args = ap.parse_args()
+    import torch
+
+    from octavo.kernels.w4a16_gemm import pack_along_k, w4a16_gemm
+
+    dev = torch.device("cuda")
+    k, n = SHAPES[args.shape]
+    x = torch.randn(args.m, k, device=dev, dtype=torch.bfloat16)
+    if args.kernel in ("dense_gemv", "cublas"):
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        if args.kernel == "dense_gemv":
+            from octavo.kernels.dense_gemv import dense_gemv
+
+            def run():
+                return dense_gemv(x, w)
+        else:
+            def run():
+                return torch.nn.functional.linear(x, w)
+    else:
+        q = torch.randint(0, 2 ** args.bits, (k, n), device=dev)
+        groups = k // args.group
+        s = (torch.rand(groups, n, device=dev) * 0.01).to(torch.bfloat16)
+        z = torch.full((groups, n), 2 ** (args.bits - 1), device=dev, dtype=torch.bfloat16)
+        if args.kernel == "swapab":
+            from octavo.kernels.w4a16_swapab import pack_swapab
+
+            qw, kw = pack_swapab(q, args.bits), {"path": "swapab"}
+        else:
+            qw = pack_along_k(q, args.bits)
+            kw = {"path": "gemv" if args.kernel == "int_gemv" else "gemm"}
+
+        def run():
+            return w4a16_gemm(x, qw, s, z, args.group, args.bits, **kw)
+    for _ in range(args.launches):
+        run()
+    torch.cuda.synchronize()
+    print(f"{args.kernel} {args.shape} M={args.m}: {args.launches} launches")
+
+
+if __name__ == "__main__":
+    main()
