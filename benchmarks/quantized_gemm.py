@@ -51,6 +51,8 @@ def main() -> None:
                     help="time every candidate tile configuration (4-bit) and report the best")
     ap.add_argument("--swapab-only", action="store_true",
                     help="with --sweep: time only the swap-AB kernel's candidates")
+    ap.add_argument("--gemv-only", action="store_true",
+                    help="with --sweep at M <= 4: time only the GEMV's candidates")
     ap.add_argument("--fp8", action="store_true",
                     help="FP8 weights at M <= 4: the FP8 GEMV (a sweep of its tiles) against "
                          "torch._scaled_mm with per-token activation scales, as the engine "
@@ -151,6 +153,14 @@ def _candidates(m: int) -> list[dict]:
                     (256, 2, 4), (512, 2, 4), (512, 4, 2), (512, 4, 4), (512, 4, 8),
                     (1024, 2, 2), (1024, 4, 2), (1024, 4, 4), (1024, 8, 4), (2048, 4, 2))]
         out += [{"path": "gemm", "reload": False}]
+        # Occupancy (ncu at M = 1 on gate_up: 127 registers, 4 programs of 4 warps per SM,
+        # 0.61 instructions issued per cycle per scheduler): register caps, more programs.
+        out += [{"path": "gemv", "maxnreg": r, "waves": wv} for r in (64, 80, 96)
+                for wv in (4, 6, 8)]
+        out += [{"path": "gemv", "block_p": 2, "maxnreg": r, "waves": wv} for r in (64, 80)
+                for wv in (6, 8)]
+        out += [{"path": "gemv", "block_n": 1024, "num_warps": 8, "waves": wv}
+                for wv in (2, 4)]
         return out
     out = [{"path": "gemm"}, {"path": "dequant"}]
     for bm, bn, bk in ((16, 64, 128), (32, 64, 128), (64, 64, 128), (64, 128, 64),
@@ -172,6 +182,17 @@ def _swapab_candidates(m: int) -> list[dict]:
             for bk in (64, 128) for st in (2, 3, 4)]
     out += [{"path": "swapab", "split_k": sk} for sk in (1, 4, 8, 16)]
     out += [{"path": "swapab", "waves": wv} for wv in (2, 8)]
+    # ncu at M = 1 and 16 on gate_up: 242 registers, 2 programs per SM, 1.7 warps per
+    # scheduler, 72% of cycles with no eligible warp.
+    out += [{"path": "swapab", "maxnreg": r, "waves": wv} for r in (128, 168)
+            for wv in (2, 3, 4)]
+    out += [{"path": "swapab", "maxnreg": 128, "block_k": 64, "num_stages": st, "waves": wv}
+            for st in (3, 4) for wv in (3, 4)]
+    # Tiles of 16 / 32 rows on mma.sync (one warp per 16 rows; 168 registers at 32 rows).
+    out += [{"path": "swapab", "block_r": br, "waves": wv} for br in (16, 32)
+            for wv in (2, 4, 6, 8, 12)]
+    out += [{"path": "swapab", "block_r": 32, "num_stages": st, "waves": wv}
+            for st in (2, 4) for wv in (4, 8)]
     return out
 
 
@@ -206,11 +227,12 @@ def sweep(args, timed, bandwidth, limits) -> None:
                    "bf16_us": round(t_bf16, 2)}
             line = f"w{bits} {name} M={m} bf16={t_bf16:.1f}us"
             if not args.swapab_only:
-                results = time_each(timed, _candidates(m), lambda c, x=x, b=bits, ps=packed: [
+                cands = [c for c in _candidates(m)
+                         if not args.gemv_only or c.get("path") == "gemv"]
+                results = time_each(timed, cands, lambda c, x=x, b=bits, ps=packed: [
                     lambda p=p: w4a16_gemm(x, p[0], p[1], p[2], group, b, **dict(c))
                     for p in ps])
-                default, summary = _summary(results, _candidates(m)[0], t_bf16, nbytes,
-                                            bandwidth)
+                default, summary = _summary(results, cands[0], t_bf16, nbytes, bandwidth)
                 row.update(default_us=default, **summary)
                 best = row["best"]
                 line += (f" default={default}us best={best['us']}us {best['cfg']} "

@@ -196,9 +196,11 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int, split_k: int | None = None,
                block_n: int | None = None, block_p: int | None = None,
                num_warps: int | None = None, flush: int | None = None,
-               waves: int | None = None, paired: bool | None = None) -> torch.Tensor:
+               waves: int | None = None, paired: bool | None = None,
+               maxnreg: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` for M <= MAX_M, in x2's dtype. The tuning arguments
-    (None: chosen here) exist for the benchmark's sweeps and the tests."""
+    (None: chosen here) exist for the benchmark's sweeps and the tests (``maxnreg``: a cap on
+    registers per thread, for occupancy)."""
     require_triton("w4a16_gemv")
     if x2.stride(1) != 1:  # the kernel reads each row of x with stride 1
         x2 = x2.contiguous()
@@ -233,6 +235,6 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_P=block_p, PAIRED=bool(paired), num_warps=num_warps, num_stages=1,
-        **pdl_args(x2.device),
+        **pdl_args(x2.device), **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return out

@@ -264,10 +264,10 @@ def _swapab_kernel(
     stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, FOLD: tl.constexpr, BITS: tl.constexpr, MAGIC: tl.constexpr,
     ASM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    LAYOUT_ROWS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N / (BLOCK_R * PER) tiles, M tiles, K splits). qw_ptr: int16 [N / PER, K], K
-    # contiguous; value c of int16 row r of the tile is output row n0 + c * BLOCK_R + r. One
+    # contiguous; value c of int16 row r of the tile is output row n0 + c * LAYOUT_ROWS + r. One
     # x^T tile [BLOCK_K, BLOCK_M] feeds PER weight dots and one column-sum dot; the partial
     # sums are folded into the accumulators every FOLD rows of K (FOLD divides GROUP).
     pid_t = tl.program_id(0)
@@ -279,7 +279,11 @@ def _swapab_kernel(
     ZBIAS: tl.constexpr = 128.0 if MAGIC == 1 else 0.0
     dt: tl.constexpr = x_ptr.dtype.element_ty
     offs_r = pid_t * BLOCK_R + tl.arange(0, BLOCK_R)  # int16 rows
-    offs_n0 = pid_t * BLOCK_R * PER + tl.arange(0, BLOCK_R)
+    # A tile of BLOCK_R int16 rows lies inside one LAYOUT_ROWS block of the packed layout
+    # (BLOCK_R divides it): its value c is output column base + c * LAYOUT_ROWS + r.
+    SUB: tl.constexpr = LAYOUT_ROWS // BLOCK_R
+    offs_n0 = ((pid_t // SUB) * LAYOUT_ROWS * PER + (pid_t % SUB) * BLOCK_R
+               + tl.arange(0, BLOCK_R))
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_kk = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
@@ -300,7 +304,7 @@ def _swapab_kernel(
     # dots ahead of their use (loaded at the fold itself, their latency stalled every step).
     s0, z0, s1, z1, s2, z2, s3, z3 = _load_sz_all(
         s_ptr, z_ptr, k_start // GROUP, offs_n0, stride_sg, stride_sn, stride_zg, stride_zn,
-        ZBIAS, PER, BLOCK_R)
+        ZBIAS, PER, LAYOUT_ROWS)
     pdl_begin(PDL)
     # One flat loop (a nested loop per fold is pipelined only within the fold: no prefetch
     # across folds).
@@ -321,23 +325,23 @@ def _swapab_kernel(
                 _fold_step(acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1,
                            s2, z2, s3, z3, s_ptr, z_ptr, k0 + BLOCK_K, k_end, offs_n0,
                            stride_sg, stride_sn, stride_zg, stride_zn, GROUP, ZBIAS, PER,
-                           BLOCK_R)
+                           LAYOUT_ROWS)
         elif (k0 + BLOCK_K) % FOLD == 0:
             acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1, s2, z2, s3, z3 = \
                 _fold_step(acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1,
                            s2, z2, s3, z3, s_ptr, z_ptr, k0 + BLOCK_K, k_end, offs_n0,
                            stride_sg, stride_sn, stride_zg, stride_zn, GROUP, ZBIAS, PER,
-                           BLOCK_R)
+                           LAYOUT_ROWS)
     tile = (pid_m * tl.num_programs(0) + pid_t) * PER
     _store(acc0, offs_n0, offs_m, m_mask, out_ptr, part_ptr, cnt_ptr, stride_om, stride_on,
            stride_ps, stride_pm, stride_pn, tile, pid_k, NUM_SPLITS)
-    _store(acc1, offs_n0 + BLOCK_R, offs_m, m_mask, out_ptr, part_ptr, cnt_ptr, stride_om,
+    _store(acc1, offs_n0 + LAYOUT_ROWS, offs_m, m_mask, out_ptr, part_ptr, cnt_ptr, stride_om,
            stride_on, stride_ps, stride_pm, stride_pn, tile + 1, pid_k, NUM_SPLITS)
     if PER == 4:
-        _store(acc2, offs_n0 + 2 * BLOCK_R, offs_m, m_mask, out_ptr, part_ptr, cnt_ptr,
+        _store(acc2, offs_n0 + 2 * LAYOUT_ROWS, offs_m, m_mask, out_ptr, part_ptr, cnt_ptr,
                stride_om, stride_on, stride_ps, stride_pm, stride_pn, tile + 2, pid_k,
                NUM_SPLITS)
-        _store(acc3, offs_n0 + 3 * BLOCK_R, offs_m, m_mask, out_ptr, part_ptr, cnt_ptr,
+        _store(acc3, offs_n0 + 3 * LAYOUT_ROWS, offs_m, m_mask, out_ptr, part_ptr, cnt_ptr,
                stride_om, stride_on, stride_ps, stride_pm, stride_pn, tile + 3, pid_k,
                NUM_SPLITS)
 
@@ -364,10 +368,13 @@ def w4a16_swapab(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor, group_size: int, bits: int = 4,
                  split_k: int | None = None, block_m: int | None = None,
                  block_k: int | None = None, num_stages: int | None = None,
-                 waves: int = 4) -> torch.Tensor:
+                 waves: int = 4, maxnreg: int | None = None,
+                 block_r: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` with ``qweight`` in ``pack_swapab``'s layout (int16
     [N / per, K]), in x2's dtype (float32 accumulation). ``block_m``: batch columns per program
-    (the wgmma N, 16-64); ``block_k``: K per step (16-128, dividing the group)."""
+    (the wgmma N, 16-64); ``block_k``: K per step (16-128, dividing the group); ``block_r``:
+    int16 rows per program (64: one warpgroup's wgmma; 16 or 32: one warp per 16 rows on
+    ``mma.sync``, fewer registers per program)."""
     require_triton("w4a16_swapab")
     m, k = x2.shape
     per = _per(bits)
@@ -382,7 +389,9 @@ def w4a16_swapab(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     fold = _fold_rows(group_size)
     block_k = block_k or math.gcd(fold, 128)
     assert fold % block_k == 0 and block_k % 16 == 0, (group_size, block_k)
-    m_tiles, n_tiles = triton.cdiv(m, block_m), n // (ROWS * per)
+    block_r = block_r or ROWS
+    assert ROWS % block_r == 0 and block_r % 16 == 0, block_r
+    m_tiles, n_tiles = triton.cdiv(m, block_m), n // (block_r * per)
     if split_k is None:
         want = waves * num_compute_units(x2.device)
         split_k = max(1, min(k // fold, want // max(1, m_tiles * n_tiles), 16))
@@ -396,7 +405,9 @@ def w4a16_swapab(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         zeros.stride(0), zeros.stride(1), out.stride(0), out.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FOLD=fold, BITS=bits, MAGIC=_magic(x2.dtype, bits), ASM=not _interpreting(),
-        BLOCK_M=block_m, BLOCK_R=ROWS, BLOCK_K=block_k, num_warps=4,
+        BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k, LAYOUT_ROWS=ROWS,
+        num_warps=block_r // 16,
         num_stages=num_stages or 3, **pdl_args(x2.device),
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return out
