@@ -45,7 +45,9 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--paths", nargs="+", default=["default"],
                     help="w4a16_gemm paths to time side by side: default (the dispatch), gemv, "
-                         "gemm, dequant, swapab (its own packed layout); keys w{bits}_{path}_us "
+                         "gemm, dequant, swapab (its own packed layout), swapab_dequant "
+                         "(dequantize that layout, then cuBLAS), layout (the engine's dispatch "
+                         "for a layer in the swap-AB layout); keys w{bits}_{path}_us "
                          "(w{bits}_us for default)")
     ap.add_argument("--sweep", action="store_true",
                     help="time every candidate tile configuration (4-bit) and report the best")
@@ -60,7 +62,6 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from octavo.kernels.w4a16_gemm import w4a16_gemm
 
     bandwidth, _, limits = device_limits()
     dev = torch.device("cuda")
@@ -95,9 +96,8 @@ def main() -> None:
                     kw = {} if path == "default" else {"path": path}
                     key = f"w{bits}" if path == "default" else f"w{bits}_{path}"
                     try:
-                        t_q = timed([lambda p=p, x=x, b=bits, kw=kw: w4a16_gemm(
-                            x, p[0], p[1], p[2], args.group, b, **kw)
-                            for p in packs[bits, _layout(path)]])
+                        t_q = timed([lambda p=p, x=x, b=bits, path=path, kw=kw: _run(
+                            path, x, p, args.group, b, kw) for p in packs[bits, _layout(path)]])
                     except Exception as e:  # noqa: BLE001 - recorded, the run goes on
                         row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:160]
                         continue
@@ -128,7 +128,20 @@ def main() -> None:
 
 
 def _layout(path: str) -> str:
-    return "swapab" if path == "swapab" else "along_k"
+    return "swapab" if path.startswith("swapab") or path == "layout" else "along_k"
+
+
+def _run(path: str, x, p, group: int, bits: int, kw: dict):
+    """One timed call of ``path`` on packed weights ``p`` (qweight, scales, zeros)."""
+    from octavo.kernels import int_weight_layout
+    from octavo.kernels.w4a16_gemm import w4a16_gemm
+    from octavo.kernels.w4a16_swapab import dequantize_swapab
+
+    if path == "layout":  # what the engine runs for a layer in the swap-AB layout
+        return int_weight_layout.linear(x, *p, group, bits, int_weight_layout.SWAPAB)
+    if path == "swapab_dequant":
+        return x @ dequantize_swapab(*p, group, bits, x.dtype)
+    return w4a16_gemm(x, *p, group, bits, **kw)
 
 
 def _pack(layout: str, q, bits: int):

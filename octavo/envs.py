@@ -83,6 +83,17 @@ def int_gemm_fused_max_m(default: int) -> int:
                          f"got {value!r}") from None
 
 
+def int_weight_layout() -> str:
+    """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
+    layer), "along_k" or "swapab" (every layer the swap-AB kernel can hold), for the
+    benchmarks' comparisons."""
+    value = os.environ.get("OCTAVO_INT_WEIGHT_LAYOUT", "auto").strip().lower() or "auto"
+    if value not in ("auto", "along_k", "swapab"):
+        raise ValueError("OCTAVO_INT_WEIGHT_LAYOUT must be auto, along_k or swapab, "
+                         f"got {value!r}")
+    return value
+
+
 def skinny_gemm_all() -> bool:
     """OCTAVO_SKINNY_GEMM_ALL (default off): send every decode-batch float linear through the
     skinny GEMM, not only the shapes where it measured faster than cuBLAS (to measure it)."""

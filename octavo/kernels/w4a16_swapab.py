@@ -411,3 +411,48 @@ def w4a16_swapab(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _dequantize_kernel(
+    qw_ptr, s_ptr, z_ptr, w_ptr, K,
+    stride_qr, stride_sg, stride_sn, stride_zg, stride_zn, stride_wk, stride_wn,
+    GROUP: tl.constexpr, BITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # Grid (N / (ROWS * PER) layout blocks, K tiles): one block's int16 rows [ROWS, BLOCK_K]
+    # become PER column blocks of the float weight [K, N].
+    pid_t = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    PER: tl.constexpr = 16 // BITS
+    offs_r = tl.arange(0, ROWS)
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_mask = offs_k[None, :] < K
+    p = tl.load(qw_ptr + (pid_t * ROWS + offs_r)[:, None] * stride_qr + offs_k[None, :],
+                mask=k_mask, other=0).to(tl.int32)
+    g = (offs_k // GROUP)[None, :]
+    for c in tl.static_range(PER):
+        n = (pid_t * ROWS * PER + c * ROWS + offs_r)[:, None]
+        q = ((p >> (c * BITS)) & ((1 << BITS) - 1)).to(tl.float32)
+        s = tl.load(s_ptr + g * stride_sg + n * stride_sn, mask=k_mask, other=0.0)
+        z = tl.load(z_ptr + g * stride_zg + n * stride_zn, mask=k_mask, other=0.0)
+        w = (q - z.to(tl.float32)) * s.to(tl.float32)
+        tl.store(w_ptr + offs_k[None, :] * stride_wk + n * stride_wn,
+                 w.to(w_ptr.dtype.element_ty), mask=k_mask)
+
+
+def dequantize_swapab(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                      group_size: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """The float weight [K, N] in ``dtype`` from ``pack_swapab``'s layout (computed in float32,
+    rounded once, as ``w4a16_gemm.dequantize_ref``), for batches too large for the swap-AB
+    GEMM: dequantize, then cuBLAS."""
+    require_triton("dequantize_swapab")
+    per = _per(bits)
+    rows, k = qweight.shape
+    n = rows * per
+    w = torch.empty(k, n, device=qweight.device, dtype=dtype)
+    block_k = 64
+    _dequantize_kernel[(rows // ROWS, triton.cdiv(k, block_k))](
+        qweight, scales, zeros, w, k, qweight.stride(0), scales.stride(0), scales.stride(1),
+        zeros.stride(0), zeros.stride(1), w.stride(0), w.stride(1),
+        GROUP=group_size, BITS=bits, ROWS=ROWS, BLOCK_K=block_k)
+    return w

@@ -2,9 +2,10 @@
 integer weights [in, out], integer zeros and float scales per group, maybe an act-order
 group index, turned at load into what runs.
 
-- On CUDA (with Triton, 4 or 8 bits): the fused kernel's layout (``octavo.kernels.w4a16_gemm``),
-  act-order rows sorted once so that groups are contiguous, the activations permuted through a
-  stored index at each call.
+- On CUDA (with Triton, 4 or 8 bits): a fused kernel's packed layout, chosen per layer by
+  ``octavo.kernels.int_weight_layout`` (the GEMV's along K, or the swap-AB GEMM's for the
+  large projections on Hopper), act-order rows sorted once so that groups are contiguous, the
+  activations permuted through a stored index at each call.
 - Elsewhere: the float weight [out, in], dequantized once with the group index, which the layer
   may pack for oneDNN (``dense_weight``). Correct, not small: the CPU issue makes it lean.
 """
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.kernels import int_weight_layout
 from octavo.kernels import w4a16_gemm as kern
 from octavo.kernels.triton_utils import HAS_TRITON
 from octavo.quantization.base import LinearMethod
@@ -83,7 +85,9 @@ class IntWeightLinearMethod(LinearMethod):
             delattr(layer, name)
         layer.kernel_group = None
         if use_kernel(q.device, k, group, self.bits):
-            kernel = self._kernel_layout(q, zeros, scales, g_idx, group)
+            layer.kernel_layout = int_weight_layout.choose(k, q.shape[1], group, self.bits,
+                                                           q.device)
+            kernel = self._kernel_layout(q, zeros, scales, g_idx, group, layer.kernel_layout)
             if kernel is not None:
                 for name, t in zip(("qweight_kernel", "scales_kernel", "zeros_kernel",
                                     "act_perm"), kernel):
@@ -100,8 +104,8 @@ class IntWeightLinearMethod(LinearMethod):
         layer.register_buffer("dequantized_weight", w.t().contiguous().to(self.params_dtype),
                               persistent=False)
 
-    def _kernel_layout(self, q, zeros, scales, g_idx, group):
-        """(qweight, scales, zeros, act permutation or None) in the kernel's layout, or None
+    def _kernel_layout(self, q, zeros, scales, g_idx, group, layout):
+        """(qweight, scales, zeros, act permutation or None) in the packed ``layout``, or None
         when act-order groups cannot be made contiguous."""
         perm = None
         if g_idx is not None:
@@ -119,7 +123,7 @@ class IntWeightLinearMethod(LinearMethod):
             rows = g_idx[::group]
             zeros, scales = zeros[rows], scales[rows]
         # Zeros become floats (exact integers): the kernel subtracts them in float32.
-        return (kern.pack_along_k(q, self.bits), scales.contiguous(),
+        return (int_weight_layout.pack(q, self.bits, layout), scales.contiguous(),
                 zeros.to(scales.dtype).contiguous(), perm)
 
     def apply(self, layer, x, bias):
@@ -128,8 +132,9 @@ class IntWeightLinearMethod(LinearMethod):
             return F.linear(x, w if w.dtype == x.dtype else w.to(x.dtype), bias)
         if layer.act_perm is not None:
             x = x.index_select(-1, layer.act_perm)
-        y = kern.w4a16_gemm(x, layer.qweight_kernel, layer.scales_kernel, layer.zeros_kernel,
-                            layer.kernel_group, self.bits)
+        y = int_weight_layout.linear(x, layer.qweight_kernel, layer.scales_kernel,
+                                     layer.zeros_kernel, layer.kernel_group, self.bits,
+                                     layer.kernel_layout)
         return y if bias is None else y + bias
 
     def dense_weight(self, layer):

@@ -1,0 +1,68 @@
+"""Which packed layout a weight-only integer layer (GPTQ / AWQ / compressed-tensors W4A16 and
+W8A16) takes on the GPU, and which kernel runs a batch on it.
+
+Two layouts, one per layer (keeping both would double the quantized weight):
+
+- ``along_k`` (``octavo.kernels.w4a16_gemm``): int32 [K / pack, N]. One-row batches run the
+  CUDA-core GEMV, small batches the tensor-core kernel, large ones dequantize-then-cuBLAS.
+- ``swapab`` (``octavo.kernels.w4a16_swapab``): int16 [N / per, K]. The weight tile is the
+  tensor cores' A operand straight from registers, so batches of 1-32 rows cost about what one
+  row does; larger batches dequantize-then-cuBLAS.
+
+Measured on an H200 (``benchmarks/quantized_gemm.py --sweep``, Llama-3.1-8B projections, 4-bit
+g128, microseconds, along_k / swapab): at one row qkv 11.1 / 15.3, o 10.7 / 15.3, gate_up
+27.9 / 29.2, down 18.9 / 22.1; at 16 rows qkv 18.5 / 17.1, o 14.0 / 17.0, gate_up 74.9 / 31.5,
+down 36.3 / 24.7. So the large projections (at least ``SWAPAB_MIN_WEIGHTS`` values) take the
+swap-AB layout on Hopper: a few microseconds per layer lost at batch 1, tens won at batch 16;
+the small ones keep the GEMV's layout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from octavo import envs
+from octavo.kernels import w4a16_gemm as along_k
+from octavo.kernels import w4a16_swapab as swapab
+
+ALONG_K = "along_k"
+SWAPAB = "swapab"
+SWAPAB_MIN_WEIGHTS = 1 << 25  # K * N; Llama-8B's gate_up (117M) and down (59M), not qkv / o
+SWAPAB_MAX_M = 32  # larger batches dequantize into a temporary and use cuBLAS
+
+
+def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> str:
+    """The layout for a [K, N] integer weight on ``device`` (``OCTAVO_INT_WEIGHT_LAYOUT``
+    overrides the size rule)."""
+    if device.type != "cuda" or not swapab.supports(k, n, group_size, bits):
+        return ALONG_K
+    mode = envs.int_weight_layout()
+    if mode != "auto":
+        return mode
+    hopper = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
+    return SWAPAB if hopper and k * n >= SWAPAB_MIN_WEIGHTS else ALONG_K
+
+
+def pack(q: torch.Tensor, bits: int, layout: str) -> torch.Tensor:
+    """Integer values [K, N] in ``layout``."""
+    return swapab.pack_swapab(q, bits) if layout == SWAPAB else along_k.pack_along_k(q, bits)
+
+
+def linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+           group_size: int, bits: int, layout: str) -> torch.Tensor:
+    """``x [.., K] @ dequant(W) [K, N]`` in x's dtype, for a weight packed in ``layout``."""
+    if layout != SWAPAB:
+        return along_k.w4a16_gemm(x, qweight, scales, zeros, group_size, bits)
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if m == 0:
+        return x.new_empty(*x.shape[:-1], qweight.shape[0] * (16 // bits))
+    if m <= SWAPAB_MAX_M:
+        # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
+        # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.
+        tiles = {"block_r": 16, "waves": 8} if m <= 16 else {}
+        out = swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
+    else:
+        out = x2 @ swapab.dequantize_swapab(qweight, scales, zeros, group_size, bits, x.dtype)
+    return out.view(*x.shape[:-1], out.shape[-1])

@@ -1,0 +1,126 @@
+"""Per-layer packed layouts of the integer weight-only methods (octavo/kernels/
+int_weight_layout.py): the choice, the swap-AB layout's dispatch by batch size (its GEMM, or
+dequantize-then-matmul) and a GPTQ layer that takes it. Kernels run in Triton's interpreter on
+the CPU (float32: the interpreter's bf16 dot is wrong), at real shapes on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from octavo.kernels import int_weight_layout as layout  # noqa: E402
+from octavo.kernels.w4a16_gemm import dequantize_ref, pack_along_k, w4a16_gemm_ref  # noqa: E402
+from octavo.kernels.w4a16_swapab import dequantize_swapab, pack_swapab  # noqa: E402
+from tests.quantization.gemm_checks import rel_err  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _weights(k, n, group, bits, device=DEVICE, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 2**bits, (k, n), generator=g)
+    scales = torch.rand(k // group, n, generator=g) * 0.02 + 0.001
+    zeros = torch.randint(0, 2**bits + 1, (k // group, n), generator=g).float()
+    return q, scales.to(device), zeros.to(device)
+
+
+@pytest.mark.parametrize("k,n,group,bits", [(128, 256, 32, 4), (96, 128, 32, 8),
+                                             (256, 512, 128, 4)])
+def test_dequantize_swapab_equals_the_reference(k, n, group, bits):
+    q, scales, zeros = _weights(k, n, group, bits)
+    for dtype in (torch.float32, torch.float16):
+        got = dequantize_swapab(pack_swapab(q, bits).to(DEVICE), scales, zeros, group, bits,
+                                dtype)
+        want = dequantize_ref(pack_along_k(q, bits).to(DEVICE), scales, zeros, group, bits,
+                              dtype)
+        assert got.dtype == dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("m", [1, 5, 20, 40])  # 16-row tiles, 64-row tiles, dequantize
+@pytest.mark.parametrize("bits", [4, 8])
+def test_swapab_layout_linear_every_batch_size(m, bits):
+    k, n, group = 128, 256, 32
+    q, scales, zeros = _weights(k, n, group, bits)
+    x = torch.randn(2, m, k, device=DEVICE)
+    out = layout.linear(x, layout.pack(q, bits, layout.SWAPAB).to(DEVICE), scales, zeros,
+                        group, bits, layout.SWAPAB)
+    ref = w4a16_gemm_ref(x, pack_along_k(q, bits).to(DEVICE), scales, zeros, group, bits)
+    assert out.shape == (2, m, n) and rel_err(out, ref) < 1e-5
+    empty = layout.linear(x[:, :0], layout.pack(q, bits, layout.SWAPAB).to(DEVICE), scales,
+                          zeros, group, bits, layout.SWAPAB)
+    assert empty.shape == (2, 0, n)
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.delenv("OCTAVO_INT_WEIGHT_LAYOUT", raising=False)
+
+
+def test_choice_by_device_size_and_shape(hopper, monkeypatch):
+    cuda = torch.device("cuda", 0)
+    assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB  # gate_up
+    assert layout.choose(14336, 4096, 128, 4, cuda) == layout.SWAPAB  # down
+    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv: GEMV wins
+    assert layout.choose(4096, 28672 + 8, 128, 4, cuda) == layout.ALONG_K  # N % 256
+    assert layout.choose(4096, 28672, 128, 4, torch.device("cpu")) == layout.ALONG_K
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert layout.choose(4096, 28672, 128, 4, cuda) == layout.ALONG_K
+
+
+def test_env_overrides_the_size_rule_not_the_shape(hopper, monkeypatch):
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
+    assert layout.choose(4096, 4096, 128, 4, cuda) == layout.SWAPAB
+    assert layout.choose(4096, 4104, 128, 4, cuda) == layout.ALONG_K  # cannot hold it
+    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "along_k")
+    assert layout.choose(4096, 28672, 128, 4, cuda) == layout.ALONG_K
+    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "marlin")
+    with pytest.raises(ValueError, match="OCTAVO_INT_WEIGHT_LAYOUT.*marlin"):
+        layout.choose(4096, 28672, 128, 4, cuda)
+
+
+@pytest.mark.parametrize("bits,desc_act", [(4, True), (8, False)])
+def test_gptq_layer_in_the_swapab_layout(bits, desc_act, monkeypatch):
+    """The method packs the layer in the chosen layout (act-order rows sorted first) and runs
+    it through that layout's kernels."""
+    from octavo.layers.linear import RowParallelLinear
+    from octavo.quantization import int_weight
+    from octavo.quantization.gptq import GPTQConfig
+    from tests.quantization.packers import gptq_tensors, quantize
+
+    if DEVICE.type == "cpu":  # the CUDA path forced onto CPU tensors (the interpreter runs it)
+        monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, b: True)
+    monkeypatch.setattr(layout, "choose", lambda k, n, g, b, device: layout.SWAPAB)
+    torch.manual_seed(0)
+    w = torch.randn(256, 128)
+    qz = quantize(w, bits, 32, False, act_order=desc_act)
+    cfg = GPTQConfig(bits=bits, group_size=32, desc_act=desc_act, sym=False)
+    layer = RowParallelLinear(128, 256, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+    layer.to(DEVICE)
+    for name, t in gptq_tensors(qz, bits).items():
+        param = getattr(layer, name)
+        param.weight_loader(param, t.to(DEVICE))
+    layer.process_weights_after_loading()
+    assert layer.kernel_layout == layout.SWAPAB and layer.qweight_kernel.dtype == torch.int16
+    for m in (1, 40):
+        x = torch.randn(m, 128, device=DEVICE)
+        torch.testing.assert_close(layer(x), F.linear(x, qz.dequantize().to(DEVICE)),
+                                   atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 16, 32, 33, 256])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_real_shape_every_batch_size_gpu(m, bits):
+    k, n, group = 14336, 4096, 128
+    q, scales, zeros = _weights(k, n, group, bits, device=torch.device("cuda"))
+    scales, zeros = scales.bfloat16(), zeros.bfloat16()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = layout.linear(x, layout.pack(q, bits, layout.SWAPAB).cuda(), scales, zeros, group,
+                        bits, layout.SWAPAB)
+    ref = w4a16_gemm_ref(x, pack_along_k(q, bits).cuda(), scales, zeros, group, bits)
+    assert rel_err(out, ref) < 1e-2
