@@ -9,12 +9,15 @@ Two layouts, one per layer (keeping both would double the quantized weight):
   tensor cores' A operand straight from registers, so batches of 1-32 rows cost about what one
   row does; larger batches dequantize-then-cuBLAS.
 
-Measured on an H200 (``benchmarks/quantized_gemm.py --sweep``, Llama-3.1-8B projections, 4-bit
-g128, microseconds, along_k / swapab): at one row qkv 11.1 / 15.3, o 10.7 / 15.3, gate_up
+Measured on an H200 (``benchmarks/quantized_gemm.py``, Llama-3.1-8B projections, 4-bit g128,
+microseconds, along_k / swapab): at one row qkv 11.1 / 15.3, o 10.7 / 15.3, gate_up
 27.9 / 29.2, down 18.9 / 22.1; at 16 rows qkv 18.5 / 17.1, o 14.0 / 17.0, gate_up 74.9 / 31.5,
-down 36.3 / 24.7. So the large projections (at least ``SWAPAB_MIN_WEIGHTS`` values) take the
-swap-AB layout on Hopper: a few microseconds per layer lost at batch 1, tens won at batch 16;
-the small ones keep the GEMV's layout.
+down 36.3 / 24.7; at 64 and 128 rows gate_up 77.7 / 68.1 and 146.7 / 105.4 (dequantize-then-
+cuBLAS from the swap-AB layout: 153.7 and 198.4). So on Hopper the large 4-bit projections (at
+least ``SWAPAB_MIN_WEIGHTS`` values) take the swap-AB layout: a few microseconds per layer lost
+at batch 1, tens won from batch 3 to 128; the small ones keep the GEMV's layout. 8-bit weights
+keep it too: the swap-AB GEMM at one row took 1.7x the 8-bit GEMV's time per layer (W8A16
+batch 1 in the engine 6.7 ms against 3.9).
 """
 
 from __future__ import annotations
@@ -28,19 +31,21 @@ from octavo.kernels import w4a16_swapab as swapab
 ALONG_K = "along_k"
 SWAPAB = "swapab"
 SWAPAB_MIN_WEIGHTS = 1 << 25  # K * N; Llama-8B's gate_up (117M) and down (59M), not qkv / o
-SWAPAB_MAX_M = 32  # larger batches dequantize into a temporary and use cuBLAS
+SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout
+SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 
 
 def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> str:
     """The layout for a [K, N] integer weight on ``device`` (``OCTAVO_INT_WEIGHT_LAYOUT``
-    overrides the size rule)."""
+    overrides the size and bits rule, not what the kernel can hold)."""
     if device.type != "cuda" or not swapab.supports(k, n, group_size, bits):
         return ALONG_K
     mode = envs.int_weight_layout()
     if mode != "auto":
         return mode
     hopper = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
-    return SWAPAB if hopper and k * n >= SWAPAB_MIN_WEIGHTS else ALONG_K
+    large = k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
+    return SWAPAB if hopper and large else ALONG_K
 
 
 def pack(q: torch.Tensor, bits: int, layout: str) -> torch.Tensor:

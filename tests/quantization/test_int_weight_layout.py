@@ -39,7 +39,7 @@ def test_dequantize_swapab_equals_the_reference(k, n, group, bits):
         assert got.dtype == dtype and torch.equal(got, want)
 
 
-@pytest.mark.parametrize("m", [1, 5, 20, 40])  # 16-row tiles, 64-row tiles, dequantize
+@pytest.mark.parametrize("m", [1, 5, 20, 130])  # 16-row tiles, 64-row tiles, dequantize
 @pytest.mark.parametrize("bits", [4, 8])
 def test_swapab_layout_linear_every_batch_size(m, bits):
     k, n, group = 128, 256, 32
@@ -66,6 +66,7 @@ def test_choice_by_device_size_and_shape(hopper, monkeypatch):
     assert layout.choose(14336, 4096, 128, 4, cuda) == layout.SWAPAB  # down
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv: GEMV wins
     assert layout.choose(4096, 28672 + 8, 128, 4, cuda) == layout.ALONG_K  # N % 256
+    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K  # 8-bit: the GEMV's
     assert layout.choose(4096, 28672, 128, 4, torch.device("cpu")) == layout.ALONG_K
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.ALONG_K
@@ -75,6 +76,7 @@ def test_env_overrides_the_size_rule_not_the_shape(hopper, monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
     assert layout.choose(4096, 4096, 128, 4, cuda) == layout.SWAPAB
+    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.SWAPAB
     assert layout.choose(4096, 4104, 128, 4, cuda) == layout.ALONG_K  # cannot hold it
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "along_k")
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.ALONG_K
@@ -106,14 +108,14 @@ def test_gptq_layer_in_the_swapab_layout(bits, desc_act, monkeypatch):
         param.weight_loader(param, t.to(DEVICE))
     layer.process_weights_after_loading()
     assert layer.kernel_layout == layout.SWAPAB and layer.qweight_kernel.dtype == torch.int16
-    for m in (1, 40):
+    for m in (1, 130):
         x = torch.randn(m, 128, device=DEVICE)
         torch.testing.assert_close(layer(x), F.linear(x, qz.dequantize().to(DEVICE)),
                                    atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 3, 16, 32, 33, 256])
+@pytest.mark.parametrize("m", [1, 3, 16, 32, 33, 128, 256])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_real_shape_every_batch_size_gpu(m, bits):
     k, n, group = 14336, 4096, 128
