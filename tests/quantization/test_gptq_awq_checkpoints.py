@@ -132,10 +132,13 @@ def test_wrong_quantization_for_the_checkpoint_is_an_error(pair):
         _llm(dense, quantization=wrong)
 
 
-def test_gpu_layout_through_the_interpreter_matches(pair, monkeypatch):
-    """The CUDA path (repack into the kernel layout, act order sorted at load, Triton kernel)
-    forced on the CPU, where the kernel runs in Triton's interpreter: same greedy tokens."""
+@pytest.mark.parametrize("layout", ["along_k", "swapab"])
+def test_gpu_layout_through_the_interpreter_matches(pair, layout, monkeypatch):
+    """The CUDA path (repack into a kernel layout, act order sorted at load, Triton kernel)
+    forced on the CPU, where the kernel runs in Triton's interpreter: same greedy tokens.
+    ``swapab``: every layer the swap-AB kernel can hold takes its layout (here gate_up)."""
     pytest.importorskip("triton")
+    from octavo.kernels import int_weight_layout, w4a16_swapab
     from octavo.quantization import int_weight
 
     name, dense, quant = pair
@@ -143,7 +146,12 @@ def test_gpu_layout_through_the_interpreter_matches(pair, monkeypatch):
         pytest.skip("one case is enough in the interpreter (slow)")
     expect = _greedy(_llm(dense))
     monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
+    if layout == "swapab":
+        monkeypatch.setattr(int_weight_layout, "choose", lambda k, n, g, bits, device: (
+            "swapab" if w4a16_swapab.supports(k, n, g, bits) else "along_k"))
     llm = _llm(quant)
     model = llm.llm_engine.executor.worker.runner.model
     assert any(getattr(m, "act_perm", None) is not None for m in model.modules())
+    layouts = {getattr(m, "kernel_layout", None) for m in model.modules()} - {None}
+    assert layouts == ({"along_k", "swapab"} if layout == "swapab" else {"along_k"})
     assert _greedy(llm) == expect
