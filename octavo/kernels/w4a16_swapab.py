@@ -372,7 +372,7 @@ def w4a16_swapab(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  block_r: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` with ``qweight`` in ``pack_swapab``'s layout (int16
     [N / per, K]), in x2's dtype (float32 accumulation). ``block_m``: batch columns per program
-    (the wgmma N, 16-64); ``block_k``: K per step (16-128, dividing the group); ``block_r``:
+    (the MMA's N: 8 on mma.sync, 16-64); ``block_k``: K per step (16-128, dividing the group); ``block_r``:
     int16 rows per program (64: one warpgroup's wgmma; 16 or 32: one warp per 16 rows on
     ``mma.sync``, fewer registers per program)."""
     require_triton("w4a16_swapab")

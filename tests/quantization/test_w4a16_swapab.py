@@ -92,6 +92,8 @@ def test_float32_and_split_k(split_k):
     (1, 256, 128, 4, {"block_r": 32, "split_k": 2}),
     (2, 128, 64, 8, {"block_r": 16}),
     (16, 128, 128, 4, {"block_r": 16, "block_k": 64}),
+    (5, 128, 64, 4, {"block_r": 16, "block_m": 8}),  # batch tiles of 8 (mma.sync's n8)
+    (9, 128, 64, 8, {"block_r": 16, "block_m": 8}),  # two of them
 ])
 def test_folds_tiles_and_splits(m, k, group, bits, tuning):
     n = 64 * 16 // bits
@@ -115,7 +117,8 @@ def test_leading_dims_and_empty_batch():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tuning", [{}, {"block_m": 64}, {"block_k": 64}, {"block_r": 32}],
+@pytest.mark.parametrize("tuning", [{}, {"block_m": 64}, {"block_k": 64}, {"block_r": 32},
+                                    {"block_r": 16, "block_m": 8}],
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()) or "default")
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
