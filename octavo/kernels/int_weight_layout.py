@@ -6,8 +6,8 @@ Two layouts, one per layer (keeping both would double the quantized weight):
 - ``along_k`` (``octavo.kernels.w4a16_gemm``): int32 [K / pack, N]. One-row batches run the
   CUDA-core GEMV, small batches the tensor-core kernel, large ones dequantize-then-cuBLAS.
 - ``swapab`` (``octavo.kernels.w4a16_swapab``): int16 [N / per, K]. The weight tile is the
-  tensor cores' A operand straight from registers, so batches of 1-32 rows cost about what one
-  row does; larger batches dequantize-then-cuBLAS.
+  tensor cores' A operand straight from registers, so a batch of 16 rows costs about what one
+  row does; up to ``SWAPAB_MAX_M`` rows run that GEMM, larger batches dequantize-then-cuBLAS.
 
 Measured on an H200 (``benchmarks/quantized_gemm.py``, Llama-3.1-8B projections, 4-bit g128,
 microseconds, along_k / swapab): at one row qkv 11.1 / 15.3, o 10.7 / 15.3, gate_up

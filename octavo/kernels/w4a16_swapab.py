@@ -27,6 +27,11 @@ instead (one STS + LDS per weight). So:
   ``acc += s * (tmp - z * xs)`` on the [64, BLOCK_M] accumulators only, once per group (or
   per 512 rows of K for longer groups).
 
+``block_r`` 16 or 32 takes a tile of 16 / 32 int16 rows inside a 64-row block of the layout,
+one warp per 16 rows: Triton then uses ``mma.sync`` with the A operand from registers the same
+way (2.1 SASS instructions per weight, 200 registers for a one-warp program against 242 for
+the warpgroup): at one and 16 rows on the H200 it is the faster tiling for the large shapes.
+
 The packed layout differs from ``w4a16_gemm``'s (``pack_along_k``): a quantization method that
 wants this path repacks once at load with ``repack_swapab(qweight, bits)`` (or ``pack_swapab``
 from the integer values) and calls ``w4a16_gemm(..., path="swapab")`` with that tensor. Needs N
@@ -191,7 +196,7 @@ def _mma(a, b, acc, dt: tl.constexpr):
 @triton.jit
 def _load_sz(s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn, stride_zg, stride_zn,
              ZBIAS: tl.constexpr):
-    """One 64-row block's scales and (biased) zero points of group ``g`` as float32."""
+    """The scales and (biased) zero points of group ``g`` for columns ``offs_n``, as float32."""
     s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn).to(tl.float32)
     z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn).to(tl.float32) + ZBIAS
     return s, z
@@ -199,17 +204,18 @@ def _load_sz(s_ptr, z_ptr, g, offs_n, stride_sg, stride_sn, stride_zg, stride_zn
 
 @triton.jit
 def _load_sz_all(s_ptr, z_ptr, g, offs_n0, stride_sg, stride_sn, stride_zg, stride_zn,
-                 ZBIAS: tl.constexpr, PER: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Group ``g``'s scales and zero points for every 64-row block of the tile (8-bit tiles
-    have two blocks: the last two pairs repeat the first)."""
+                 ZBIAS: tl.constexpr, PER: tl.constexpr, LAYOUT_ROWS: tl.constexpr):
+    """Group ``g``'s scales and zero points for the tile's PER column blocks (value c of the
+    int16 rows: columns ``offs_n0 + c * LAYOUT_ROWS``; 8-bit tiles have two: the last two
+    pairs repeat the first)."""
     s0, z0 = _load_sz(s_ptr, z_ptr, g, offs_n0, stride_sg, stride_sn, stride_zg, stride_zn,
                       ZBIAS)
-    s1, z1 = _load_sz(s_ptr, z_ptr, g, offs_n0 + BLOCK_R, stride_sg, stride_sn, stride_zg,
+    s1, z1 = _load_sz(s_ptr, z_ptr, g, offs_n0 + LAYOUT_ROWS, stride_sg, stride_sn, stride_zg,
                       stride_zn, ZBIAS)
     if PER == 4:
-        s2, z2 = _load_sz(s_ptr, z_ptr, g, offs_n0 + 2 * BLOCK_R, stride_sg, stride_sn,
+        s2, z2 = _load_sz(s_ptr, z_ptr, g, offs_n0 + 2 * LAYOUT_ROWS, stride_sg, stride_sn,
                           stride_zg, stride_zn, ZBIAS)
-        s3, z3 = _load_sz(s_ptr, z_ptr, g, offs_n0 + 3 * BLOCK_R, stride_sg, stride_sn,
+        s3, z3 = _load_sz(s_ptr, z_ptr, g, offs_n0 + 3 * LAYOUT_ROWS, stride_sg, stride_sn,
                           stride_zg, stride_zn, ZBIAS)
     else:
         s2, z2, s3, z3 = s0, z0, s1, z1
@@ -235,7 +241,7 @@ def _fold_all(acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1
 def _fold_step(acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1, s2, z2, s3,
                z3, s_ptr, z_ptr, k_next, k_end, offs_n0, stride_sg, stride_sn, stride_zg,
                stride_zn, GROUP: tl.constexpr, ZBIAS: tl.constexpr, PER: tl.constexpr,
-               BLOCK_R: tl.constexpr):
+               LAYOUT_ROWS: tl.constexpr):
     """End a fold, then load the next fold's scales and zero points (the fold starting at row
     ``k_next``; past the split's end the last group again, a harmless unmasked reload)."""
     acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3 = _fold_all(
@@ -243,7 +249,7 @@ def _fold_step(acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z
     g_next = tl.minimum(k_next, k_end - 1) // GROUP
     s0, z0, s1, z1, s2, z2, s3, z3 = _load_sz_all(
         s_ptr, z_ptr, g_next, offs_n0, stride_sg, stride_sn, stride_zg, stride_zn, ZBIAS, PER,
-        BLOCK_R)
+        LAYOUT_ROWS)
     return acc0, acc1, acc2, acc3, xs, tmp0, tmp1, tmp2, tmp3, s0, z0, s1, z1, s2, z2, s3, z3
 
 
@@ -300,8 +306,9 @@ def _swapab_kernel(
     tmp2 = tl.zeros((BLOCK_R, BLOCK_M), dtype=tl.float32)
     tmp3 = tl.zeros((BLOCK_R, BLOCK_M), dtype=tl.float32)
     # The first fold's scales and zero points (written by no kernel of the step) before the
-    # PDL wait; each later fold's are loaded right after the previous fold, a whole step of
-    # dots ahead of their use (loaded at the fold itself, their latency stalled every step).
+    # PDL wait; each later fold's right after the previous fold, a whole step of dots ahead of
+    # their use (Triton 3.9's pipeliner does this by itself; written out so that it does not
+    # depend on the version).
     s0, z0, s1, z1, s2, z2, s3, z3 = _load_sz_all(
         s_ptr, z_ptr, k_start // GROUP, offs_n0, stride_sg, stride_sn, stride_zg, stride_zn,
         ZBIAS, PER, LAYOUT_ROWS)
@@ -372,9 +379,9 @@ def w4a16_swapab(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  block_r: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` with ``qweight`` in ``pack_swapab``'s layout (int16
     [N / per, K]), in x2's dtype (float32 accumulation). ``block_m``: batch columns per program
-    (the MMA's N: 8 on mma.sync, 16-64); ``block_k``: K per step (16-128, dividing the group); ``block_r``:
-    int16 rows per program (64: one warpgroup's wgmma; 16 or 32: one warp per 16 rows on
-    ``mma.sync``, fewer registers per program)."""
+    (the MMA's N: 16-64, or 8 on mma.sync); ``block_k``: K per step (16-128, dividing the
+    group); ``block_r``: int16 rows per program (64: one warpgroup's wgmma; 16 or 32: one warp
+    per 16 rows on ``mma.sync``, fewer registers per program)."""
     require_triton("w4a16_swapab")
     m, k = x2.shape
     per = _per(bits)
