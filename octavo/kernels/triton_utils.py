@@ -8,6 +8,7 @@ Triton wrappers then raise a clear error when called.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -31,6 +32,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
 __all__ = [
     "HAS_TRITON",
+    "interpreting",
     "triton",
     "tl",
     "next_power_of_2",
@@ -46,6 +48,12 @@ def require_triton(what: str) -> None:
             f"{what} needs Triton, which is not installed; install 'octavo[triton]' or use the "
             "pure-torch reference (*_ref)"
         )
+
+
+def interpreting() -> bool:
+    """Whether kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), which has no
+    inline PTX: kernels take their plain-Triton branch there."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def next_power_of_2(n: int) -> int:

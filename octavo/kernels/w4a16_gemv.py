@@ -12,8 +12,13 @@ instructions spent per weight value are what limit it, not the multiply
   one FMA adds ``x * v``; ``sum x q`` comes back from ``sum x v - sum x``. For 4-bit weights
   and 16-bit activations (``PAIRED``) two neighbouring values share one shift, one landing at
   bit 12 and one at bit 16 (the activation of the lower one scaled by 16 to match): half the
-  shifts, at ~2**-13 relative rounding, far below the output's bf16 / fp16 rounding; float32
-  activations keep every value at the top of the mantissa (one shift each).
+  shifts, at ~2**-13 relative rounding, far below the output's bf16 / fp16 rounding. 8-bit
+  weights with 16-bit activations (``BYTES``) place each value, a whole byte, at bits 8-15 of
+  1.0f with one byte permute (PRMT, inline PTX; the interpreter runs the shift-and-mask
+  equivalent), at the same order of rounding. Float32 activations keep every value at the top
+  of the mantissa (one shift each).
+- The activations of a step are one contiguous [P, PACK] tile (vector loads), split into its
+  PACK columns in registers.
 - Scales and zeros applied per group, not per value: inside one group
   ``sum_k x[k] (q[k,n] - z[n]) s[n] = s[n] (sum_k x[k] q[k,n] - z[n] sum_k x[k])``; the FMAs
   accumulate a whole group before the scale is applied.
@@ -37,33 +42,98 @@ from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
-from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
+from octavo.kernels.triton_utils import interpreting, num_compute_units, require_triton, tl, triton
 
 MAX_M = 4  # larger batches go to the tensor-core kernel
 WAVES = 4  # programs per SM the split-K choice aims for at M = 1
 
 
 @triton.jit
+def _ref(BITS: tl.constexpr, PAIRED: tl.constexpr, BYTES: tl.constexpr):
+    """The mantissa bit every value's lowest bit counts at (x is scaled to match): bit 16 for
+    pairs of 4-bit values, bit 8 for whole bytes (8-bit values: one byte permute places a
+    value), else the top of the mantissa."""
+    if PAIRED:
+        return 16
+    elif BYTES:
+        return 8
+    else:
+        return 23 - BITS
+
+
+@triton.jit
+def _byte_value(packed, ONE_BITS, j: tl.constexpr):
+    """Byte ``j`` of each int32 at bits 8-15 of the float 1.0: one PRMT (bytes 0, 2, 3 from
+    1.0f's bits, byte 1 from ``packed``)."""
+    if j == 0:
+        code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7604;"
+    elif j == 1:
+        code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7614;"
+    elif j == 2:
+        code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7624;"
+    else:
+        code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7634;"
+    return tl.inline_asm_elementwise(code, "=r,r,r", [packed, ONE_BITS], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def _row_step(packed, x_row, acc, xs, xs_scaled, ONE_BITS, BLOCK_P: tl.constexpr,
-              PACK: tl.constexpr, BITS: tl.constexpr, PAIRED: tl.constexpr):
+              PACK: tl.constexpr, BITS: tl.constexpr, PAIRED: tl.constexpr,
+              BYTES: tl.constexpr, ASM: tl.constexpr):
     """Add one step of one row of x (``x_row``: its first value of the step, stride 1):
     acc [P, N] += x'[k] * v[k, n] over the step's rows k, xs [P, 1] += x, xs_scaled [P, 1] += x'
     (x' = x * 2**(REF - p): every value then counts q * 2**(REF - 23) above x')."""
-    REF: tl.constexpr = 16 if PAIRED else 23 - BITS
+    REF: tl.constexpr = _ref(BITS, PAIRED, BYTES)
     rows = tl.arange(0, BLOCK_P) * PACK
+    # The step's activations as one [P, PACK] tile (contiguous: vector loads), split into
+    # its PACK columns.
+    xt = tl.load(x_row + rows[:, None] + tl.arange(0, PACK)[None, :])
+    if PACK == 8:
+        a0, a1 = tl.split(xt.reshape(BLOCK_P, 2, 2, 2))
+        a00, a01 = tl.split(a0)
+        a10, a11 = tl.split(a1)
+        c0, c4 = tl.split(a00)
+        c2, c6 = tl.split(a01)
+        c1, c5 = tl.split(a10)
+        c3, c7 = tl.split(a11)
+    else:
+        a0, a1 = tl.split(xt.reshape(BLOCK_P, 2, 2))
+        c0, c2 = tl.split(a0)
+        c1, c3 = tl.split(a1)
+        c4, c5, c6, c7 = c0, c1, c2, c3
     for j in tl.static_range(PACK):
         # The lowest mantissa bit value j is moved to, and the shift that moves it there:
         # compile-time constants (j is one).
         p = (12 + 4 * (j % 2)) if PAIRED else REF
-        shift = p - j * BITS
-        if shift > 0:
-            t = packed << shift
-        elif shift < 0:
-            t = packed >> (-shift)  # arithmetic: the mask drops the sign bits
+        if ASM and BYTES:
+            v = _byte_value(packed, ONE_BITS, j).to(tl.float32, bitcast=True)
         else:
-            t = packed
-        v = ((t & (((1 << BITS) - 1) << p)) | ONE_BITS).to(tl.float32, bitcast=True)
-        xj = tl.load(x_row + (rows + j)).to(tl.float32)[:, None]
+            shift = p - j * BITS
+            if shift > 0:
+                t = packed << shift
+            elif shift < 0:
+                t = packed >> (-shift)  # arithmetic: the mask drops the sign bits
+            else:
+                t = packed
+            v = ((t & (((1 << BITS) - 1) << p)) | ONE_BITS).to(tl.float32, bitcast=True)
+        if j == 0:
+            xj = c0
+        elif j == 1:
+            xj = c1
+        elif j == 2:
+            xj = c2
+        elif j == 3:
+            xj = c3
+        elif j == 4:
+            xj = c4
+        elif j == 5:
+            xj = c5
+        elif j == 6:
+            xj = c6
+        else:
+            xj = c7
+        xj = xj.to(tl.float32)[:, None]
         xs += xj
         if REF > p:
             xj = xj * (1 << (REF - p))
@@ -73,10 +143,11 @@ def _row_step(packed, x_row, acc, xs, xs_scaled, ONE_BITS, BLOCK_P: tl.constexpr
 
 
 @triton.jit
-def _flush(acc, xs, xs_scaled, s, z, BITS: tl.constexpr, PAIRED: tl.constexpr):
+def _flush(acc, xs, xs_scaled, s, z, BITS: tl.constexpr, PAIRED: tl.constexpr,
+           BYTES: tl.constexpr):
     """One group's share of the output [1, N]: s (sum x q - z sum x), with
     sum x q = 2**(23 - REF) (sum x' v - sum x')."""
-    SCALE: tl.constexpr = 1 << (7 if PAIRED else BITS)
+    SCALE: tl.constexpr = 1 << (23 - _ref(BITS, PAIRED, BYTES))
     d = tl.sum(acc, axis=0, keep_dims=True)
     c = tl.sum(xs_scaled, axis=0, keep_dims=True) * SCALE
     return s * (d * SCALE - c - z * tl.sum(xs, axis=0, keep_dims=True))
@@ -89,7 +160,8 @@ def _int_weight_gemv_kernel(
     stride_xm, stride_qk, stride_qn, stride_sg, stride_sn,
     stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, FLUSH: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, PAIRED: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, PAIRED: tl.constexpr, BYTES: tl.constexpr,
+    ASM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # ONE_BITS: 0x3F800000, the bits of 1.0f, passed at run time: as a constant, ptxas
     # re-materializes a mask into a register before every mask-or (one move per weight).
@@ -139,22 +211,22 @@ def _int_weight_gemv_kernel(
             packed_next = tl.load(qw_ptr + (k0 // PACK + BLOCK_P) * stride_qk + q_offs,
                                   mask=more, other=0)
             acc0, xs0, xt0 = _row_step(packed, x_ptr + k0, acc0, xs0, xt0, ONE_BITS, BLOCK_P,
-                                       PACK, BITS, PAIRED)
+                                       PACK, BITS, PAIRED, BYTES, ASM)
             if BLOCK_M > 1:
                 acc1, xs1, xt1 = _row_step(packed, x1 + k0, acc1, xs1, xt1, ONE_BITS, BLOCK_P,
-                                           PACK, BITS, PAIRED)
+                                           PACK, BITS, PAIRED, BYTES, ASM)
             if BLOCK_M > 2:
                 acc2, xs2, xt2 = _row_step(packed, x2 + k0, acc2, xs2, xt2, ONE_BITS, BLOCK_P,
-                                           PACK, BITS, PAIRED)
+                                           PACK, BITS, PAIRED, BYTES, ASM)
                 acc3, xs3, xt3 = _row_step(packed, x3 + k0, acc3, xs3, xt3, ONE_BITS, BLOCK_P,
-                                           PACK, BITS, PAIRED)
+                                           PACK, BITS, PAIRED, BYTES, ASM)
             packed = packed_next
-        out0 += _flush(acc0, xs0, xt0, s, z, BITS, PAIRED)
+        out0 += _flush(acc0, xs0, xt0, s, z, BITS, PAIRED, BYTES)
         if BLOCK_M > 1:
-            out1 += _flush(acc1, xs1, xt1, s, z, BITS, PAIRED)
+            out1 += _flush(acc1, xs1, xt1, s, z, BITS, PAIRED, BYTES)
         if BLOCK_M > 2:
-            out2 += _flush(acc2, xs2, xt2, s, z, BITS, PAIRED)
-            out3 += _flush(acc3, xs3, xt3, s, z, BITS, PAIRED)
+            out2 += _flush(acc2, xs2, xt2, s, z, BITS, PAIRED, BYTES)
+            out3 += _flush(acc3, xs3, xt3, s, z, BITS, PAIRED, BYTES)
     offs_m = tl.arange(0, BLOCK_M)
     res = tl.where(offs_m[:, None] == 0, out0, 0.0)
     if BLOCK_M > 1:
@@ -234,7 +306,9 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_P=block_p, PAIRED=bool(paired), num_warps=num_warps, num_stages=1,
+        BLOCK_P=block_p, PAIRED=bool(paired), BYTES=bits == 8 and x2.dtype != torch.float32,
+        ASM=not interpreting(), num_warps=num_warps,
+        num_stages=1,
         **pdl_args(x2.device), **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return out

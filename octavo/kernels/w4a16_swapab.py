@@ -49,7 +49,6 @@ interpreter runs, unpack each pair for the shifts: 4.1 per weight in all).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -59,7 +58,7 @@ from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
-from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
+from octavo.kernels.triton_utils import interpreting, num_compute_units, require_triton, tl, triton
 
 SUPPORTED_BITS = (4, 8)
 ROWS = 64  # int16 rows per tile: the wgmma M of one warpgroup (4 warps)
@@ -353,10 +352,6 @@ def _swapab_kernel(
                NUM_SPLITS)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # no inline asm there
-
-
 def _magic(dtype: torch.dtype, bits: int) -> int:
     if dtype == torch.bfloat16 and bits == 4:
         return 1
@@ -411,7 +406,7 @@ def w4a16_swapab(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         x2.stride(0), x2.stride(1), qweight.stride(0), scales.stride(0), scales.stride(1),
         zeros.stride(0), zeros.stride(1), out.stride(0), out.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
-        GROUP=group_size, FOLD=fold, BITS=bits, MAGIC=_magic(x2.dtype, bits), ASM=not _interpreting(),
+        GROUP=group_size, FOLD=fold, BITS=bits, MAGIC=_magic(x2.dtype, bits), ASM=not interpreting(),
         BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k, LAYOUT_ROWS=ROWS,
         num_warps=block_r // 16,
         num_stages=num_stages or 3, **pdl_args(x2.device),
