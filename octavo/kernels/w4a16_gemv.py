@@ -78,6 +78,20 @@ def _byte_value(packed, ONE_BITS, j: tl.constexpr):
 
 
 @triton.jit
+def _pick4(a, b, c, d, j: tl.constexpr):
+    """The j-th of four tensors (j a compile-time constant)."""
+    if j == 0:
+        r = a
+    elif j == 1:
+        r = b
+    elif j == 2:
+        r = c
+    else:
+        r = d
+    return r
+
+
+@triton.jit
 def _row_step(packed, x_row, acc, xs, xs_scaled, ONE_BITS, BLOCK_P: tl.constexpr,
               PACK: tl.constexpr, BITS: tl.constexpr, PAIRED: tl.constexpr,
               BYTES: tl.constexpr, ASM: tl.constexpr):
@@ -117,22 +131,10 @@ def _row_step(packed, x_row, acc, xs, xs_scaled, ONE_BITS, BLOCK_P: tl.constexpr
             else:
                 t = packed
             v = ((t & (((1 << BITS) - 1) << p)) | ONE_BITS).to(tl.float32, bitcast=True)
-        if j == 0:
-            xj = c0
-        elif j == 1:
-            xj = c1
-        elif j == 2:
-            xj = c2
-        elif j == 3:
-            xj = c3
-        elif j == 4:
-            xj = c4
-        elif j == 5:
-            xj = c5
-        elif j == 6:
-            xj = c6
+        if j < 4:
+            xj = _pick4(c0, c1, c2, c3, j)
         else:
-            xj = c7
+            xj = _pick4(c4, c5, c6, c7, j - 4)
         xj = xj.to(tl.float32)[:, None]
         xs += xj
         if REF > p:
