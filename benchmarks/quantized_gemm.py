@@ -174,6 +174,8 @@ def _candidates(m: int) -> list[dict]:
                 for wv in (6, 8)]
         out += [{"path": "gemv", "block_n": 1024, "num_warps": 8, "waves": wv}
                 for wv in (2, 4)]
+        # 8 packed rows per step won on qkv / o at some K splits only (session 12): the splits.
+        out += [{"path": "gemv", "block_p": 8, "split_k": sk} for sk in (8, 16, 24, 32, 48, 64)]
         return out
     out = [{"path": "gemm"}, {"path": "dequant"}]
     for bm, bn, bk in ((16, 64, 128), (32, 64, 128), (64, 64, 128), (64, 128, 64),
