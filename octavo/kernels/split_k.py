@@ -33,6 +33,13 @@ def to_fill(tiles: int, k_steps: int, device: torch.device, waves: int, most: in
     return max(1, min(triton.cdiv(waves * num_compute_units(device), tiles), k_steps, most))
 
 
+def within(tiles: int, k_steps: int, device: torch.device, waves: int, most: int = 16) -> int:
+    """K splits that keep ``tiles`` output tiles within ``waves`` programs per SM (rounded
+    down, as the integer GEMMs were tuned): at least one, at most one per K step and
+    ``most``."""
+    return max(1, min(k_steps, waves * num_compute_units(device) // max(1, tiles), most))
+
+
 def buffers(m: int, n: int, splits: int, like: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [m, n] in ``like``'s dtype, float32 partials [splits, m, n]); with one split

@@ -29,7 +29,8 @@ from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
-from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
+from octavo.kernels.split_k import within as split_k_within
+from octavo.kernels.triton_utils import require_triton, tl, triton
 
 SUPPORTED_BITS = (4, 8)
 # Which path runs which batch size, from benchmarks/quantized_gemm.py --sweep on an H200
@@ -158,13 +159,6 @@ def kernel_supports(k: int, group_size: int, bits: int) -> bool:
         and k % group_size == 0
 
 
-def _split_k(m_tiles: int, n_tiles: int, k_tiles: int, device: torch.device,
-             waves: int = 2) -> int:
-    """Enough K splits that small-M launches still fill the GPU (``waves`` programs per SM)."""
-    want = waves * num_compute_units(device)
-    return max(1, min(k_tiles, want // max(1, m_tiles * n_tiles), 16))
-
-
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                split_k: int | None = None, **tuning) -> torch.Tensor:
@@ -227,7 +221,8 @@ def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=No
     block_n = block_n or (64 if small else 128)
     m_tiles, n_tiles, k_tiles = triton.cdiv(m, block_m), triton.cdiv(n, block_n), k // block_k
     if split_k is None:
-        split_k = _split_k(m_tiles, n_tiles, k_tiles, x2.device, waves=4 if small else 2)
+        # Enough K splits that small-M launches still fill the GPU.
+        split_k = split_k_within(m_tiles * n_tiles, k_tiles, x2.device, 4 if small else 2)
     split_k, k_per_split = split_k_plan(k, block_k, split_k)
     # Float32 partial sums, added by the last program of each tile (octavo.kernels.split_k).
     out, partial = split_k_buffers(m, n, split_k, x2)

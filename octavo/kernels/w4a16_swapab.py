@@ -58,7 +58,8 @@ from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
-from octavo.kernels.triton_utils import interpreting, num_compute_units, require_triton, tl, triton
+from octavo.kernels.split_k import within as split_k_within
+from octavo.kernels.triton_utils import interpreting, require_triton, tl, triton
 
 SUPPORTED_BITS = (4, 8)
 ROWS = 64  # int16 rows per tile: the wgmma M of one warpgroup (4 warps)
@@ -395,8 +396,7 @@ def w4a16_swapab(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     assert ROWS % block_r == 0 and block_r % 16 == 0, block_r
     m_tiles, n_tiles = triton.cdiv(m, block_m), n // (block_r * per)
     if split_k is None:
-        want = waves * num_compute_units(x2.device)
-        split_k = max(1, min(k // fold, want // max(1, m_tiles * n_tiles), 16))
+        split_k = split_k_within(m_tiles * n_tiles, k // fold, x2.device, waves)
     split_k, k_per_split = split_k_plan(k, fold, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
     _swapab_kernel[(n_tiles, m_tiles, split_k)](
