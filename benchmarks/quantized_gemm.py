@@ -80,11 +80,8 @@ def main() -> None:
         for bits in args.bits:
             qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
             for layout in {_layout(path) for path in args.paths}:
-                packs[bits, layout] = [
-                    (_pack(layout, torch.randint(0, 2**bits, (k, n), device=dev), bits),
-                     (torch.rand(groups, n, device=dev) * 0.01).to(torch.bfloat16),
-                     torch.full((groups, n), 2 ** (bits - 1), device=dev, dtype=torch.bfloat16))
-                    for _ in range(qcopies)]
+                packs[bits, layout] = [int_weights(k, n, bits, args.group, dev, layout)
+                                       for _ in range(qcopies)]
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
@@ -142,6 +139,17 @@ def _run(path: str, x, p, group: int, bits: int, kw: dict):
     if path == "swapab_dequant":
         return x @ dequantize_swapab(*p, group, bits, x.dtype)
     return w4a16_gemm(x, *p, group, bits, **kw)
+
+
+def int_weights(k: int, n: int, bits: int, group: int, device, layout: str = "along_k"):
+    """Dummy integer weights [K, N] in ``layout`` with bf16 scales and zero points, as the
+    engine holds them: (qweight, scales, zeros)."""
+    import torch
+
+    groups = k // group
+    return (_pack(layout, torch.randint(0, 2**bits, (k, n), device=device), bits),
+            (torch.rand(groups, n, device=device) * 0.01).to(torch.bfloat16),
+            torch.full((groups, n), 2 ** (bits - 1), device=device, dtype=torch.bfloat16))
 
 
 def _pack(layout: str, q, bits: int):
@@ -214,7 +222,7 @@ def _swapab_candidates(m: int) -> list[dict]:
 def sweep(args, timed, bandwidth, limits) -> None:
     import torch
 
-    from octavo.kernels.w4a16_gemm import pack_along_k, w4a16_gemm
+    from octavo.kernels.w4a16_gemm import w4a16_gemm
 
     dev = torch.device("cuda")
     group = args.group
@@ -224,11 +232,7 @@ def sweep(args, timed, bandwidth, limits) -> None:
         dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
         qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
         groups = k // group
-        packed = [(pack_along_k(torch.randint(0, 2**bits, (k, n), device=dev), bits),
-                   (torch.rand(groups, n, device=dev) * 0.01).to(torch.bfloat16),
-                   torch.full((groups, n), 2 ** (bits - 1), device=dev,
-                              dtype=torch.bfloat16))
-                  for _ in range(qcopies)]
+        packed = [int_weights(k, n, bits, group, dev) for _ in range(qcopies)]
         # The swap-AB kernel's tiles too (--paths ... swapab), on its own packed layout.
         swapab = None
         if "swapab" in args.paths:

@@ -13,8 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
-          "down": (14336, 4096)}
+from benchmarks.quantized_gemm import SHAPES, int_weights  # noqa: E402
 
 
 def main() -> None:
@@ -29,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from octavo.kernels.w4a16_gemm import pack_along_k, w4a16_gemm
+    from octavo.kernels.w4a16_gemm import w4a16_gemm
 
     dev = torch.device("cuda")
     k, n = SHAPES[args.shape]
@@ -45,17 +44,9 @@ def main() -> None:
             def run():
                 return torch.nn.functional.linear(x, w)
     else:
-        q = torch.randint(0, 2 ** args.bits, (k, n), device=dev)
-        groups = k // args.group
-        s = (torch.rand(groups, n, device=dev) * 0.01).to(torch.bfloat16)
-        z = torch.full((groups, n), 2 ** (args.bits - 1), device=dev, dtype=torch.bfloat16)
-        if args.kernel == "swapab":
-            from octavo.kernels.w4a16_swapab import pack_swapab
-
-            qw, kw = pack_swapab(q, args.bits), {"path": "swapab"}
-        else:
-            qw = pack_along_k(q, args.bits)
-            kw = {"path": "gemv" if args.kernel == "int_gemv" else "gemm"}
+        layout = "swapab" if args.kernel == "swapab" else "along_k"
+        qw, s, z = int_weights(k, n, args.bits, args.group, dev, layout)
+        kw = {"path": {"swapab": "swapab", "int_gemv": "gemv"}.get(args.kernel, "gemm")}
 
         def run():
             return w4a16_gemm(x, qw, s, z, args.group, args.bits, **kw)
