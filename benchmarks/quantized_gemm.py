@@ -47,7 +47,9 @@ def main() -> None:
                     help="w4a16_gemm paths to time side by side: default (the dispatch), gemv, "
                          "gemm, dequant, swapab (its own packed layout), swapab_dequant "
                          "(dequantize that layout, then cuBLAS), layout (the engine's dispatch "
-                         "for a layer in the swap-AB layout); keys w{bits}_{path}_us "
+                         "for a layer in the swap-AB layout), dequant_only / "
+                         "swapab_dequant_only (the dequantization alone: its HBM fraction "
+                         "counts the float weight written); keys w{bits}_{path}_us "
                          "(w{bits}_us for default)")
     ap.add_argument("--sweep", action="store_true",
                     help="time every candidate tile configuration (4-bit) and report the best")
@@ -100,7 +102,8 @@ def main() -> None:
                         continue
                     row[f"{key}_us"] = round(t_q, 1)
                     row[f"{key}_speedup"] = round(t_bf16 / t_q, 2)
-                    row[f"{key}_hbm_fraction"] = round(nbytes / (t_q * 1e-6) / bandwidth, 3)
+                    moved = nbytes + (k * n * 2 if path.endswith("dequant_only") else 0)
+                    row[f"{key}_hbm_fraction"] = round(moved / (t_q * 1e-6) / bandwidth, 3)
             rows.append(row)
             print(" ".join(f"{key}={val}" for key, val in row.items()), flush=True)
         del dense, packs
@@ -131,13 +134,17 @@ def _layout(path: str) -> str:
 def _run(path: str, x, p, group: int, bits: int, kw: dict):
     """One timed call of ``path`` on packed weights ``p`` (qweight, scales, zeros)."""
     from octavo.kernels import int_weight_layout
-    from octavo.kernels.w4a16_gemm import w4a16_gemm
+    from octavo.kernels.w4a16_gemm import dequantize, w4a16_gemm
     from octavo.kernels.w4a16_swapab import dequantize_swapab
 
     if path == "layout":  # what the engine runs for a layer in the swap-AB layout
         return int_weight_layout.linear(x, *p, group, bits, int_weight_layout.SWAPAB)
     if path == "swapab_dequant":
         return x @ dequantize_swapab(*p, group, bits, x.dtype)
+    if path == "swapab_dequant_only":  # the dequantization alone (its share of the above)
+        return dequantize_swapab(*p, group, bits, x.dtype)
+    if path == "dequant_only":
+        return dequantize(*p, group, bits, x.dtype)
     return w4a16_gemm(x, *p, group, bits, **kw)
 
 

@@ -69,18 +69,27 @@ def pdl() -> bool:
     return _flag("OCTAVO_PDL", True)
 
 
-def int_gemm_fused_max_m(default: int) -> int:
-    """OCTAVO_INT_GEMM_FUSED_MAX_M: the largest batch the weight-only integer GEMM runs with
-    its fused tensor-core kernel; larger batches dequantize the weight into a temporary and
-    use cuBLAS (octavo/kernels/w4a16_gemm.py sets the default from H200 measurements)."""
-    value = os.environ.get("OCTAVO_INT_GEMM_FUSED_MAX_M")
+def _batch_size(name: str, default: int) -> int:
+    value = os.environ.get(name)
     if not value:
         return default
     try:
         return int(value)
     except ValueError:
-        raise ValueError("OCTAVO_INT_GEMM_FUSED_MAX_M must be an integer (a batch size), "
-                         f"got {value!r}") from None
+        raise ValueError(f"{name} must be an integer (a batch size), got {value!r}") from None
+
+
+def int_gemm_fused_max_m(default: int) -> int:
+    """OCTAVO_INT_GEMM_FUSED_MAX_M: the largest batch the weight-only integer GEMM runs with
+    its fused tensor-core kernel; larger batches dequantize the weight into a temporary and
+    use cuBLAS (octavo/kernels/w4a16_gemm.py sets the default from H200 measurements)."""
+    return _batch_size("OCTAVO_INT_GEMM_FUSED_MAX_M", default)
+
+
+def int_swapab_max_m(default: int) -> int:
+    """OCTAVO_INT_SWAPAB_MAX_M: the same for a layer in the swap-AB layout: the largest batch
+    its GEMM runs (octavo/kernels/int_weight_layout.py)."""
+    return _batch_size("OCTAVO_INT_SWAPAB_MAX_M", default)
 
 
 def int_weight_layout() -> str:

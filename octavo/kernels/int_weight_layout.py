@@ -63,7 +63,7 @@ def linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     m = x2.shape[0]
     if m == 0:
         return x.new_empty(*x.shape[:-1], qweight.shape[0] * (16 // bits))
-    if m <= SWAPAB_MAX_M:
+    if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.
         # Batch tiles of 8 (130 registers, 1.8 SASS instructions per weight against 200 and

@@ -418,11 +418,13 @@ def w4a16_swapab(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 @triton.jit
 def _dequantize_kernel(
     qw_ptr, s_ptr, z_ptr, w_ptr, K,
-    stride_qr, stride_sg, stride_sn, stride_zg, stride_zn, stride_wk, stride_wn,
+    stride_qr, stride_sg, stride_sn, stride_zg, stride_zn, stride_wn,
     GROUP: tl.constexpr, BITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+    ONE_GROUP: tl.constexpr,
 ):  # fmt: skip
     # Grid (N / (ROWS * PER) layout blocks, K tiles): one block's int16 rows [ROWS, BLOCK_K]
-    # become PER column blocks of the float weight [K, N].
+    # become PER row blocks of the float weight's transpose [N, K]: K contiguous in and out,
+    # so the stores are as coalesced as the loads.
     pid_t = tl.program_id(0)
     pid_k = tl.program_id(1)
     PER: tl.constexpr = 16 // BITS
@@ -431,14 +433,21 @@ def _dequantize_kernel(
     k_mask = offs_k[None, :] < K
     p = tl.load(qw_ptr + (pid_t * ROWS + offs_r)[:, None] * stride_qr + offs_k[None, :],
                 mask=k_mask, other=0).to(tl.int32)
-    g = (offs_k // GROUP)[None, :]
     for c in tl.static_range(PER):
-        n = (pid_t * ROWS * PER + c * ROWS + offs_r)[:, None]
+        n = pid_t * ROWS * PER + c * ROWS + offs_r
         q = ((p >> (c * BITS)) & ((1 << BITS) - 1)).to(tl.float32)
-        s = tl.load(s_ptr + g * stride_sg + n * stride_sn, mask=k_mask, other=0.0)
-        z = tl.load(z_ptr + g * stride_zg + n * stride_zn, mask=k_mask, other=0.0)
-        w = (q - z.to(tl.float32)) * s.to(tl.float32)
-        tl.store(w_ptr + offs_k[None, :] * stride_wk + n * stride_wn,
+        if ONE_GROUP:  # the tile lies in one group: one scale and zero point per row
+            g = pid_k * BLOCK_K // GROUP
+            s = tl.load(s_ptr + g * stride_sg + n * stride_sn).to(tl.float32)[:, None]
+            z = tl.load(z_ptr + g * stride_zg + n * stride_zn).to(tl.float32)[:, None]
+        else:
+            g = (offs_k // GROUP)[None, :]
+            s = tl.load(s_ptr + g * stride_sg + n[:, None] * stride_sn, mask=k_mask,
+                        other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + g * stride_zg + n[:, None] * stride_zn, mask=k_mask,
+                        other=0.0).to(tl.float32)
+        w = (q - z) * s
+        tl.store(w_ptr + n[:, None] * stride_wn + offs_k[None, :],
                  w.to(w_ptr.dtype.element_ty), mask=k_mask)
 
 
@@ -446,15 +455,18 @@ def dequantize_swapab(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.
                       group_size: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
     """The float weight [K, N] in ``dtype`` from ``pack_swapab``'s layout (computed in float32,
     rounded once, as ``w4a16_gemm.dequantize_ref``), for batches too large for the swap-AB
-    GEMM: dequantize, then cuBLAS."""
+    GEMM: dequantize, then cuBLAS. Returned as the transpose of a K-contiguous [N, K] tensor
+    (the layout of a torch Linear's weight, which cuBLAS reads as fast): the kernel then
+    writes along K as it reads."""
     require_triton("dequantize_swapab")
     per = _per(bits)
     rows, k = qweight.shape
     n = rows * per
-    w = torch.empty(k, n, device=qweight.device, dtype=dtype)
-    block_k = 64
+    w = torch.empty(n, k, device=qweight.device, dtype=dtype)
+    block_k = 128
+    one_group = group_size % block_k == 0 and k % block_k == 0
     _dequantize_kernel[(rows // ROWS, triton.cdiv(k, block_k))](
         qweight, scales, zeros, w, k, qweight.stride(0), scales.stride(0), scales.stride(1),
-        zeros.stride(0), zeros.stride(1), w.stride(0), w.stride(1),
-        GROUP=group_size, BITS=bits, ROWS=ROWS, BLOCK_K=block_k)
-    return w
+        zeros.stride(0), zeros.stride(1), w.stride(0),
+        GROUP=group_size, BITS=bits, ROWS=ROWS, BLOCK_K=block_k, ONE_GROUP=one_group)
+    return w.t()

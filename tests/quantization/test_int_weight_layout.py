@@ -28,7 +28,7 @@ def _weights(k, n, group, bits, device=DEVICE, seed=0):
 
 
 @pytest.mark.parametrize("k,n,group,bits", [(128, 256, 32, 4), (96, 128, 32, 8),
-                                             (256, 512, 128, 4)])
+                                             (256, 512, 128, 4), (512, 256, 256, 8)])
 def test_dequantize_swapab_equals_the_reference(k, n, group, bits):
     q, scales, zeros = _weights(k, n, group, bits)
     for dtype in (torch.float32, torch.float16):

@@ -210,3 +210,8 @@ def test_fused_max_m_override_is_read_and_checked(monkeypatch):
     monkeypatch.setenv("OCTAVO_INT_GEMM_FUSED_MAX_M", "lots")
     with pytest.raises(ValueError, match="OCTAVO_INT_GEMM_FUSED_MAX_M.*'lots'"):
         envs.int_gemm_fused_max_m(128)
+    monkeypatch.setenv("OCTAVO_INT_SWAPAB_MAX_M", "256")
+    assert envs.int_swapab_max_m(128) == 256
+    monkeypatch.setenv("OCTAVO_INT_SWAPAB_MAX_M", "x")
+    with pytest.raises(ValueError, match="OCTAVO_INT_SWAPAB_MAX_M.*'x'"):
+        envs.int_swapab_max_m(128)
