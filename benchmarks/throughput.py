@@ -96,9 +96,25 @@ def step_breakdown(trace) -> dict:
         "prefill_steps": len(prefill), "prefill_s": sum(r.wall_s for r in prefill),
         "decode_steps": len(decode), "decode_s": sum(r.wall_s for r in decode),
         "mean_decode_batch": sum(r.num_scheduled_reqs for r in decode) / max(len(decode), 1),
+        "decode_by_batch": decode_by_batch(decode),
         "slowest_steps": [{"tokens": r.num_scheduled_tokens, "reqs": r.num_scheduled_reqs,
                            "ms": round(1e3 * r.wall_s, 2)} for r in slow],
     }
+
+
+DECODE_BUCKETS = (1, 17, 33, 65, 129, 193, 257)  # lower bounds: batches 1-16, 17-32, ...
+
+
+def decode_by_batch(decode) -> list[dict]:
+    """Decode steps grouped by batch size: how many, their wall seconds and mean step time
+    (a step's fixed cost shows as the small batches' mean)."""
+    rows = []
+    for lo, hi in zip(DECODE_BUCKETS, DECODE_BUCKETS[1:]):
+        sel = [r.wall_s for r in decode if lo <= r.num_scheduled_reqs < hi]
+        if sel:
+            rows.append({"batch": f"{lo}-{hi - 1}", "steps": len(sel), "s": round(sum(sel), 3),
+                         "mean_ms": round(1e3 * sum(sel) / len(sel), 3)})
+    return rows
 
 
 def run_hf_static(folder: str, prompts, max_tokens, batch: int = 64) -> dict:
