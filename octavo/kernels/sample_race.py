@@ -5,8 +5,8 @@ Drawing a token from softmax(logits / T) is the same as taking
 normaliser cancels in the argmax). The torch path in octavo/sample/sampler.py does this in
 several full passes over a [B, V] float32 tensor (divide, softmax, draw, divide, argmax, and a
 greedy argmax besides); this kernel reads each logit once, draws E from a counter-based
-generator (Philox, keyed by a per-row seed and the token id, so a row's draw never depends on
-the rest of the batch) and keeps a running (max, argmax). Greedy rows (T < 1e-5) take the
+generator (Philox, keyed by a per-row seed and the token id: counter i gives the four draws of
+tokens 4i .. 4i + 3, so a row's draw never depends on the rest of the batch) and keeps a running (max, argmax). Greedy rows (T < 1e-5) take the
 plain argmax in the same launch. The vocabulary is split over several programs when the batch
 is small, so one row does not leave the GPU idle; a tiny torch reduction picks the winner.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from octavo.kernels.triton_utils import (
+    interpreting,
     next_power_of_2,
     num_compute_units,
     require_triton,
@@ -26,6 +27,22 @@ from octavo.kernels.triton_utils import (
 )
 
 _GREEDY_EPS = 1e-5  # as the sampler: temperatures below this are greedy
+
+
+LN2 = tl.constexpr(0.6931471805599453) if tl is not None else None
+LOG2_LN2 = tl.constexpr(-0.5287663729448977) if tl is not None else None
+
+
+@triton.jit
+def _log2(x, ASM: tl.constexpr):
+    """log2 by the hardware approximation (MUFU.LG2, ~2**-22 relative error: noise for a
+    draw, not a result) where it runs; the interpreter takes tl.log2."""
+    if ASM:
+        y = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+    else:
+        y = tl.log2(x)
+    return y
 
 
 @triton.jit
@@ -42,6 +59,7 @@ def _race_kernel(
     num_splits,
     HAS_ROW_SEEDS: tl.constexpr,
     BLOCK: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -63,9 +81,14 @@ def _race_kernel(
         cols = start + tl.arange(0, BLOCK)
         mask = cols < hi
         x = tl.load(base + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        u = tl.rand(seed, cols)
-        # -log(E) with E = -log(u): the Gumbel noise of the race.
-        noise = -tl.log(-tl.log(u))
+        # One Philox call (10 rounds, most of this loop's instructions) gives four uniforms:
+        # columns 4i .. 4i + 3 take the four outputs of counter i (start is a multiple of 4,
+        # so a column's draw does not depend on the split).
+        u0, u1, u2, u3 = tl.rand4x(seed, start // 4 + tl.arange(0, BLOCK // 4))
+        u = tl.reshape(tl.join(tl.join(u0, u1), tl.join(u2, u3)), [BLOCK])
+        # -log(E) with E = -log(u): the Gumbel noise of the race, by base-2 logarithms:
+        # -ln(-ln u) = -ln 2 (log2(-log2 u) + log2(ln 2)).
+        noise = -LN2 * (_log2(-_log2(u, ASM), ASM) + LOG2_LN2)
         score = tl.where(greedy, x, x * inv_t + noise)
         score = tl.where(mask, score, float("-inf"))
         m = tl.max(score, 0)
@@ -85,7 +108,7 @@ def race_sample(logits: torch.Tensor, temperature: torch.Tensor, base_seed: torc
     require_triton("race_sample")
     assert logits.dim() == 2 and logits.stride(-1) == 1
     b, vocab = logits.shape
-    block = min(4096, next_power_of_2(vocab))
+    block = max(4, min(4096, next_power_of_2(vocab)))  # whole counters of 4 draws
     # Enough programs to fill the device, each at least a few blocks of the vocabulary.
     target = 2 * num_compute_units(logits.device)
     splits = max(1, min(-(-target // max(b, 1)), -(-vocab // (4 * block))))
@@ -97,7 +120,8 @@ def race_sample(logits: torch.Tensor, temperature: torch.Tensor, base_seed: torc
     _race_kernel[(b, splits)](
         logits, temperature, base_seed, base_seed if row_seeds is None else row_seeds, vals,
         idx, vocab, logits.stride(0), cols_per_split, splits,
-        HAS_ROW_SEEDS=row_seeds is not None, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+        HAS_ROW_SEEDS=row_seeds is not None, BLOCK=block, ASM=not interpreting(),
+        num_warps=8 if block >= 2048 else 4)
     if splits == 1:
         return idx[:, 0].long()
     return idx.gather(1, vals.argmax(dim=1, keepdim=True)).squeeze(1).long()
