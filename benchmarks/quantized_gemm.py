@@ -17,6 +17,7 @@ fraction of the HBM bandwidth.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -57,6 +58,10 @@ def main() -> None:
                     help="with --sweep: time only the swap-AB kernel's candidates")
     ap.add_argument("--gemv-only", action="store_true",
                     help="with --sweep at M <= 4: time only the GEMV's candidates")
+    ap.add_argument("--dequant-sweep", action="store_true",
+                    help="time the two dequantization kernels (the large-batch path) over "
+                         "tile configurations; HBM fraction of the packed weight read plus "
+                         "the float weight written")
     ap.add_argument("--fp8", action="store_true",
                     help="FP8 weights at M <= 4: the FP8 GEMV (a sweep of its tiles) against "
                          "torch._scaled_mm with per-token activation scales, as the engine "
@@ -72,6 +77,8 @@ def main() -> None:
         return sweep(args, timed, bandwidth, limits)
     if args.fp8:
         return fp8_sweep(args, timed, bandwidth, limits)
+    if args.dequant_sweep:
+        return dequant_sweep(args, timed, bandwidth, limits)
 
     rows = []
     for name, (k, n) in SHAPES.items():
@@ -279,6 +286,63 @@ def sweep(args, timed, bandwidth, limits) -> None:
     print_json_result({"benchmark": "quantized_gemm_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "group": group, "rows": rows},
                       args.json)
+
+
+# (layout, tile arguments); the first of each layout is the default.
+DEQUANT_CANDIDATES = (
+    [("along_k", {"block_p": bp, "block_n": bn, "num_warps": w}) for bp, bn, w in (
+        (4, 128, 4), (2, 256, 4), (4, 256, 4), (8, 128, 4), (2, 512, 4), (4, 512, 8),
+        (8, 256, 8), (16, 128, 4))]
+    + [("swapab", {"block_k": bk, "num_warps": w}) for bk, w in (
+        (128, 4), (64, 4), (256, 4), (128, 8), (256, 8), (64, 2))])
+
+
+def _dequant_calls(packs: dict, group: int, bits: int, cfg: dict) -> list:
+    """One dequantization per weight copy of ``cfg``'s layout, with its tile arguments."""
+    import torch
+
+    from octavo.kernels.w4a16_gemm import dequantize
+    from octavo.kernels.w4a16_swapab import dequantize_swapab
+
+    fn = dequantize if cfg["layout"] == "along_k" else dequantize_swapab
+    kw = {a: v for a, v in cfg.items() if a != "layout"}
+    return [lambda p=p: fn(*p, group, bits, torch.bfloat16, **kw) for p in packs[cfg["layout"]]]
+
+
+def dequant_sweep(args, timed, bandwidth, limits) -> None:
+    import torch
+
+    dev = torch.device("cuda")
+    rows = []
+    for bits, (name, (k, n)) in [(b, s) for b in args.bits for s in SHAPES.items()]:
+        moved = k * n * (bits / 8 + 2) + 2 * (k // args.group) * n * 2
+        copies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
+        packs = {layout: [int_weights(k, n, bits, args.group, dev, layout)
+                          for _ in range(copies)] for layout in ("along_k", "swapab")}
+        res = time_each(timed, [{"layout": lay, **kw} for lay, kw in DEQUANT_CANDIDATES],
+                        functools.partial(_dequant_calls, packs, args.group, bits))
+        for r in res:
+            if "us" in r:
+                r["hbm_fraction"] = round(moved / (r["us"] * 1e-6) / bandwidth, 3)
+        row = {"shape": name, "bits": bits, "K": k, "N": n, "results": res}
+        for layout in ("along_k", "swapab"):
+            ok = [r for r in res if r["cfg"]["layout"] == layout and "us" in r]
+            if ok:
+                row[f"{layout}_default"] = ok[0] if ok[0]["cfg"] == dict(
+                    layout=layout, **next(kw for lay, kw in DEQUANT_CANDIDATES
+                                          if lay == layout)) else None
+                row[f"{layout}_best"] = min(ok, key=lambda r: r["us"])
+        rows.append(row)
+        print(f"w{bits} {name}: " + " | ".join(
+            f"{lay} default {row[f'{lay}_default'] and row[f'{lay}_default']['us']}us "
+            f"best {row[f'{lay}_best']['us']}us {row[f'{lay}_best']['cfg']} "
+            f"hbm {row[f'{lay}_best']['hbm_fraction']}"
+            for lay in ("along_k", "swapab") if f"{lay}_best" in row), flush=True)
+        packs = None
+        torch.cuda.empty_cache()
+    print_json_result({"benchmark": "quantized_gemm_dequant_sweep", "device": device_info(),
+                       "limits": limits, "commit": git_commit(), "group": args.group,
+                       "rows": rows}, args.json)
 
 
 def _summary(results: list[dict], default_cfg: dict, t_bf16: float, nbytes: float,

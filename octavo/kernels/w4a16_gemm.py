@@ -267,18 +267,19 @@ def _dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, stride_qk, stride_qn, str
 
 
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-               group_size: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
+               group_size: int, bits: int, dtype: torch.dtype, block_p: int = 4,
+               block_n: int = 128, num_warps: int = 4) -> torch.Tensor:
     """The float weight [K, N] in ``dtype``, by a Triton kernel (``dequantize_ref``'s result):
-    for large batches, dequantize-then-cuBLAS can beat the fused kernel."""
+    for large batches, dequantize-then-cuBLAS can beat the fused kernel. The tile arguments
+    are for the benchmark's sweep (``quantized_gemm.py --dequant-sweep``)."""
     require_triton("dequantize")
     pack = pack_factor(bits)
     kp, n = qweight.shape
     w = torch.empty(kp * pack, n, device=qweight.device, dtype=dtype)
-    block_p, block_n = 4, 128
-    assert kp % block_p == 0 or kp < block_p, kp
     block_p = min(block_p, kp)
+    assert kp % block_p == 0, (kp, block_p)
     _dequantize_kernel[(triton.cdiv(kp, block_p), triton.cdiv(n, block_n))](
         qweight, scales, zeros, w, n, qweight.stride(0), qweight.stride(1), scales.stride(0),
         scales.stride(1), zeros.stride(0), zeros.stride(1), w.stride(0), w.stride(1),
-        GROUP=group_size, BITS=bits, BLOCK_P=block_p, BLOCK_N=block_n)
+        GROUP=group_size, BITS=bits, BLOCK_P=block_p, BLOCK_N=block_n, num_warps=num_warps)
     return w

@@ -452,21 +452,22 @@ def _dequantize_kernel(
 
 
 def dequantize_swapab(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                      group_size: int, bits: int, dtype: torch.dtype) -> torch.Tensor:
+                      group_size: int, bits: int, dtype: torch.dtype, block_k: int = 128,
+                      num_warps: int = 4) -> torch.Tensor:
     """The float weight [K, N] in ``dtype`` from ``pack_swapab``'s layout (computed in float32,
     rounded once, as ``w4a16_gemm.dequantize_ref``), for batches too large for the swap-AB
     GEMM: dequantize, then cuBLAS. Returned as the transpose of a K-contiguous [N, K] tensor
     (the layout of a torch Linear's weight, which cuBLAS reads as fast): the kernel then
-    writes along K as it reads."""
+    writes along K as it reads. The tile arguments are for the benchmark's sweep."""
     require_triton("dequantize_swapab")
     per = _per(bits)
     rows, k = qweight.shape
     n = rows * per
     w = torch.empty(n, k, device=qweight.device, dtype=dtype)
-    block_k = 128
     one_group = group_size % block_k == 0 and k % block_k == 0
     _dequantize_kernel[(rows // ROWS, triton.cdiv(k, block_k))](
         qweight, scales, zeros, w, k, qweight.stride(0), scales.stride(0), scales.stride(1),
         zeros.stride(0), zeros.stride(1), w.stride(0),
-        GROUP=group_size, BITS=bits, ROWS=ROWS, BLOCK_K=block_k, ONE_GROUP=one_group)
+        GROUP=group_size, BITS=bits, ROWS=ROWS, BLOCK_K=block_k, ONE_GROUP=one_group,
+        num_warps=num_warps)
     return w.t()
