@@ -117,6 +117,13 @@ def test_dequantize_kernel_is_exact(bits):
     for dtype in (torch.float32, torch.float16):
         assert torch.equal(dequantize(qweight, scales, zeros, 32, bits, dtype),
                            dequantize_ref(qweight, scales, zeros, 32, bits, dtype))
+    # An odd number of packed rows (groups of 8 4-bit values: 3 int32 rows) takes a tile that
+    # divides them.
+    q = torch.randint(0, 2**bits, (24, 64))
+    qw = pack_along_k(q, bits).to(DEVICE)
+    s, z = torch.rand(24 // 8, 64, device=DEVICE), torch.full((24 // 8, 64), 3.0, device=DEVICE)
+    assert torch.equal(dequantize(qw, s, z, 8, bits, torch.float32),
+                       dequantize_ref(qw, s, z, 8, bits, torch.float32))
 
 
 @pytest.mark.parametrize("split_k", [1, 2, 3, 8])
