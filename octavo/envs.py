@@ -92,17 +92,6 @@ def int_swapab_max_m(default: int) -> int:
     return _batch_size("OCTAVO_INT_SWAPAB_MAX_M", default)
 
 
-def kv_cache_layout() -> str:
-    """OCTAVO_KV_CACHE_LAYOUT for the Triton attention backend: "nhd" ([block, token, head,
-    dim]) or "hnd" ([block, head, token, dim]: each head's block of keys one contiguous run),
-    for the benchmarks' comparisons. Read when the cache is allocated and at every step, so
-    it must not change in a running engine."""
-    value = os.environ.get("OCTAVO_KV_CACHE_LAYOUT", "nhd").strip().lower() or "nhd"
-    if value not in ("nhd", "hnd"):
-        raise ValueError(f"OCTAVO_KV_CACHE_LAYOUT must be nhd or hnd, got {value!r}")
-    return value
-
-
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k" or "swapab" (every layer the swap-AB kernel can hold), for the

@@ -62,16 +62,10 @@ class AttentionImpl:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata,
                 kv_stored: bool = False) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D], kv_cache in the backend's ``kv_cache_shape``
+        """q [T, Hq, D], k/v [T, Hkv, D], kv_cache [2, num_blocks, block_size, Hkv, D]
         -> [T, Hq, D]. ``kv_stored``: the caller already wrote k/v into the cache (only
         where ``accepts_stored_kv``)."""
         raise NotImplementedError
-
-    @staticmethod
-    def kv_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key and value caches as [num_blocks, block_size, Hkv, D] (possibly strided
-        views of the backend's own layout): what a kernel that stores K/V itself writes."""
-        return kv_cache[0], kv_cache[1]
 
 
 class AttentionBackend:

@@ -37,8 +37,8 @@ class Attention(nn.Module):
         slots = ctx.attn_metadata.slot_mapping
         if slots.shape[0] < v.shape[0]:
             return None
-        key_cache, value_cache = self.impl.kv_views(ctx.kv_caches[self.layer_idx])
-        return KVStore(v, key_cache, value_cache, slots[: v.shape[0]])
+        kv_cache = ctx.kv_caches[self.layer_idx]
+        return KVStore(v, kv_cache[0], kv_cache[1], slots[: v.shape[0]])
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 ctx: ForwardContext, kv_stored: bool = False) -> torch.Tensor:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import torch
 
 from octavo.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
-from octavo.envs import kv_cache_layout
 from octavo.kernels.triton_utils import HAS_TRITON
 
 if not HAS_TRITON:  # pragma: no cover - only where triton is absent
@@ -40,19 +39,11 @@ from octavo.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 class TritonAttentionImpl(AttentionImpl):
     accepts_stored_kv = True
 
-    @staticmethod
-    def kv_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Every kernel here addresses the cache through its strides, so the head-major layout
-        # is handed to them as a [num_blocks, block_size, Hkv, D] view.
-        if kv_cache_layout() == "hnd":
-            return kv_cache[0].transpose(1, 2), kv_cache[1].transpose(1, 2)
-        return kv_cache[0], kv_cache[1]
-
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor, meta: AttentionMetadata,
                 kv_stored: bool = False) -> torch.Tensor:
         num_tokens = q.shape[0]
-        key_cache, value_cache = self.kv_views(kv_cache)
+        key_cache, value_cache = kv_cache[0], kv_cache[1]
 
         if not kv_stored:
             # Store this step's K/V. The slot mapping may be padded past the batch (graph
@@ -79,13 +70,6 @@ class TritonAttentionImpl(AttentionImpl):
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     impl_cls = TritonAttentionImpl
-
-    @staticmethod
-    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                       head_dim: int) -> tuple[int, ...]:
-        if kv_cache_layout() == "hnd":
-            return (2, num_blocks, num_kv_heads, block_size, head_dim)
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     @staticmethod
     def supports(device: torch.device) -> bool:

@@ -18,30 +18,20 @@ def check_kv_store_matches_reshape_and_cache(rotate, heads, device, cos_sin_cach
     pos = torch.randint(0, cos_sin_cache.shape[0], (tokens,), device=device)
     qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device=device).to(dtype) * 3
     slots = torch.tensor([5, 0, -1, 13, 2, 9], device=device)
+    fill = torch.full((2, 4, 4, hkv, d), 7.0, device=device, dtype=dtype)  # [K/V, blocks, ...]
 
     def views(t):
         return (t[:, : hq * d].view(tokens, hq, d),
                 t[:, hq * d: (hq + hkv) * d].view(tokens, hkv, d),
                 t[:, (hq + hkv) * d:].view(tokens, hkv, d))
 
-    # [K/V, blocks, block_size, heads, d], and the head-major layout ([K/V, blocks, heads,
-    # block_size, d]) that the kernels see as a strided view of that shape.
-    for head_major in (False, True):
-        shape = (2, 4, hkv, 4, d) if head_major else (2, 4, 4, hkv, d)
-        fill = torch.full(shape, 7.0, device=device, dtype=dtype)
-
-        def kv(cache, head_major=head_major):
-            return (cache[0].transpose(1, 2), cache[1].transpose(1, 2)) if head_major \
-                else (cache[0], cache[1])
-
-        fused, fused_cache = qkv.clone(), fill.clone()
-        fq, fk, fv = views(fused)
-        rotate(pos, fq, fk, KVStore(fv, *kv(fused_cache), slots))
-        plain, plain_cache = qkv.clone(), fill.clone()
-        pq, pk, pv = views(plain)
-        rotate(pos, pq, pk, None)
-        reshape_and_cache(pk, pv, *kv(plain_cache), slots)
-        assert torch.equal(fused, plain)
-        assert torch.equal(fused_cache, plain_cache)
-        written = (torch.stack(kv(fused_cache)) != 7.0).any(-1).any(-1)
-        assert int(written.sum()) == 2 * 5  # five slots, K and V
+    fused, fused_cache = qkv.clone(), fill.clone()
+    fq, fk, fv = views(fused)
+    rotate(pos, fq, fk, KVStore(fv, fused_cache[0], fused_cache[1], slots))
+    plain, plain_cache = qkv.clone(), fill.clone()
+    pq, pk, pv = views(plain)
+    rotate(pos, pq, pk, None)
+    reshape_and_cache(pk, pv, plain_cache[0], plain_cache[1], slots)
+    assert torch.equal(fused, plain)
+    assert torch.equal(fused_cache, plain_cache)
+    assert int((fused_cache != 7.0).any(-1).any(-1).sum()) == 2 * 5  # five slots, K and V

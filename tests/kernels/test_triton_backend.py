@@ -70,21 +70,9 @@ def make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, d
     return q, k, v, kv_cache, meta
 
 
-@pytest.fixture(autouse=True, params=["nhd", "hnd"])
-def kv_layout(request, monkeypatch):
-    """Every test with the cache in both layouts of the Triton backend."""
-    monkeypatch.setenv("OCTAVO_KV_CACHE_LAYOUT", request.param)
-    return request.param
-
-
-def logical(cache: torch.Tensor) -> torch.Tensor:
-    """The Triton backend's cache as [2, blocks, block_size, H, D], whatever its layout."""
-    return torch.stack(TritonAttentionImpl.kv_views(cache))
-
-
 def to_torch_layout(cache: torch.Tensor) -> torch.Tensor:
-    """The Triton backend's cache -> [2, blocks, H, block_size, D] (torch)."""
-    return logical(cache).transpose(2, 3).contiguous()
+    """[2, blocks, block_size, H, D] (triton) -> [2, blocks, H, block_size, D] (torch)."""
+    return cache.transpose(2, 3).contiguous()
 
 
 def from_torch_layout(cache: torch.Tensor) -> torch.Tensor:
@@ -106,8 +94,7 @@ def run_both(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, de
     got = impl.forward(q, k, v, tri_cache, meta)
     assert got.shape == q.shape and got.dtype == q.dtype
     torch.testing.assert_close(got[:n], ref, **TOL[dtype])
-    torch.testing.assert_close(logical(tri_cache), from_torch_layout(ref_cache), atol=0,
-                               rtol=0)
+    torch.testing.assert_close(tri_cache, from_torch_layout(ref_cache), atol=0, rtol=0)
     return got, meta
 
 
@@ -157,8 +144,7 @@ def test_slot_mapping_longer_than_batch(device):
                                    torch.full((6,), -1, dtype=torch.int64, device=device)])
     got = TritonAttentionBackend.make_impl(*args).forward(q, k, v, tri_cache, meta)
     torch.testing.assert_close(got, ref, **TOL[torch.float32])
-    torch.testing.assert_close(logical(tri_cache), from_torch_layout(ref_cache), atol=0,
-                               rtol=0)
+    torch.testing.assert_close(tri_cache, from_torch_layout(ref_cache), atol=0, rtol=0)
 
 
 def test_registry():
