@@ -69,7 +69,8 @@ def _blocks(sass: str):
     return blocks
 
 
-def compile_kernel(fn, const: dict, ptr_types: dict, div16: set, ones: set, num_warps: int):
+def compile_kernel(fn, const: dict, ptr_types: dict, div16: set, ones: set, num_warps: int,
+                   num_stages: int = 3):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -88,7 +89,7 @@ def compile_kernel(fn, const: dict, ptr_types: dict, div16: set, ones: set, num_
             if name in div16:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return triton.compile(ASTSource(fn, signature, const, attrs), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps))
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
 def report(kernel, dump: str | None = None, loop: list[str] | None = None) -> dict:
@@ -149,6 +150,8 @@ def main(argv=None) -> int:
     p.add_argument("--div16", nargs="*", default=[], help="integer arguments divisible by 16")
     p.add_argument("--ones", nargs="*", default=[], help="integer arguments equal to 1")
     p.add_argument("--num-warps", type=int, default=4)
+    p.add_argument("--num-stages", type=int, default=3,
+                   help="as the launch passes it (software pipelining of loads feeding dots)")
     p.add_argument("--dump", help="write kernel.{ttgir,ptx,sass} here")
     p.add_argument("--loop", nargs="*", help="labels of the blocks that make up the loop")
     p.add_argument("--blocks", action="store_true", help="list every block's size")
@@ -160,7 +163,7 @@ def main(argv=None) -> int:
     fn = getattr(importlib.import_module(module), fn_name)
     const = {k: _value(v) for k, v in _pairs(args.const).items()}
     kernel = compile_kernel(fn, const, _pairs(args.ptr), set(args.div16), set(args.ones),
-                            args.num_warps)
+                            args.num_warps, args.num_stages)
     r = report(kernel, args.dump, args.loop)
     print(f"registers {r['registers']}  local {r['local_bytes']} B  shared {r['shared_bytes']} B"
           f"  instructions {r['instructions']}")
