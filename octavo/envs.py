@@ -92,12 +92,6 @@ def int_swapab_max_m(default: int) -> int:
     return _batch_size("OCTAVO_INT_SWAPAB_MAX_M", default)
 
 
-def attention_prefetch() -> bool:
-    """OCTAVO_ATTN_PREFETCH=1: decode attention with its KV loop pipelined by hand in
-    registers (octavo/kernels/paged_attention.py), for the benchmarks' comparisons."""
-    return os.environ.get("OCTAVO_ATTN_PREFETCH", "0") == "1"
-
-
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k" or "swapab" (every layer the swap-AB kernel can hold), for the

@@ -148,75 +148,6 @@ def _attn_kv_loop(
     return acc, m_i, l_i
 
 
-@triton.jit
-def _kv_tile_ptrs(k_base, v_base, blk, n, stride_kb, stride_kt, stride_vb, stride_vt, offs_d,
-                  BLOCK_SIZE: tl.constexpr):
-    """K^T [D, BLOCK_N] and V [BLOCK_N, D] pointers of keys ``n`` in blocks ``blk``."""
-    off = (n % BLOCK_SIZE).to(tl.int64)
-    blk = blk.to(tl.int64)
-    k_ptrs = k_base + (blk * stride_kb + off * stride_kt)[None, :] + offs_d[:, None]
-    v_ptrs = v_base + (blk * stride_vb + off * stride_vt)[:, None] + offs_d[None, :]
-    return k_ptrs, v_ptrs
-
-
-@triton.jit
-def _attn_kv_loop_prefetch(
-    acc, m_i, l_i, q, k_base, v_base, bt_row_ptr, lo, hi, pos,
-    stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HEAD_DIM_P: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    COMPUTE_DT: tl.constexpr,
-):  # fmt: skip
-    """``_attn_kv_loop`` over keys ``[lo, hi)``, each masked by ``pos`` (one causal loop: the
-    decode launch's rows are one query), pipelined by hand in registers: each step
-    issues the next tile's K/V loads and the block ids of the tile after it before its own
-    arithmetic, so a program keeps a tile in flight while it computes. (Triton's pipeliner
-    left this loop waiting on every copy at the top of each step: the block-table load feeding
-    the K/V addresses kept it from buffering.) Every load is masked to ``[lo, hi)``."""
-    offs_n = tl.arange(0, BLOCK_N)
-    d_ok = offs_d[:, None] < HEAD_DIM
-    n = lo + offs_n
-    ok = n < hi
-    blk = tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=ok, other=0)
-    k_ptrs, v_ptrs = _kv_tile_ptrs(k_base, v_base, blk, n, stride_kb, stride_kt, stride_vb,
-                                   stride_vt, offs_d, BLOCK_SIZE)
-    k = tl.load(k_ptrs, mask=ok[None, :] & d_ok, other=0.0)
-    v = tl.load(v_ptrs, mask=ok[:, None] & d_ok.reshape(1, HEAD_DIM_P), other=0.0)
-    n1 = n + BLOCK_N
-    blk1 = tl.load(bt_row_ptr + n1 // BLOCK_SIZE, mask=n1 < hi, other=0)
-    for start in range(lo, hi, BLOCK_N):
-        n = start + offs_n
-        # Loads first: the next tile (its block ids came a step ago) and the block ids of
-        # the tile after it.
-        n1 = n + BLOCK_N
-        ok1 = n1 < hi
-        k1_ptrs, v1_ptrs = _kv_tile_ptrs(k_base, v_base, blk1, n1, stride_kb, stride_kt,
-                                         stride_vb, stride_vt, offs_d, BLOCK_SIZE)
-        k1 = tl.load(k1_ptrs, mask=ok1[None, :] & d_ok, other=0.0)
-        v1 = tl.load(v1_ptrs, mask=ok1[:, None] & d_ok.reshape(1, HEAD_DIM_P), other=0.0)
-        n2 = n1 + BLOCK_N
-        blk2 = tl.load(bt_row_ptr + n2 // BLOCK_SIZE, mask=n2 < hi, other=0)
-        kc = k.to(COMPUTE_DT)
-        vc = v.to(COMPUTE_DT)
-        if UPCAST_DOT:
-            s = tl.dot(q, kc.to(tl.float32), input_precision=DOT_PRECISION) * qk_scale
-        else:
-            s = tl.dot(q, kc, input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if UPCAST_DOT:
-            pv = tl.dot(p.to(vc.dtype).to(tl.float32), vc.to(tl.float32))
-        else:
-            pv = tl.dot(p.to(vc.dtype), vc, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-        k, v, blk1 = k1, v1, blk2
-    return acc, m_i, l_i
-
-
 # Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _paged_attention_kernel(
@@ -255,7 +186,6 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
-    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_begin(PDL)
@@ -339,26 +269,18 @@ def _paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PREFETCH:
-        acc, m_i, l_i = _attn_kv_loop_prefetch(
-            acc, m_i, l_i, q, k_base, v_base, bt_row, lo, hi, pos,
-            stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, DOT_PRECISION, UPCAST_DOT,
-            q_ptr.dtype.element_ty,
-        )  # fmt: skip
-    else:
-        acc, m_i, l_i = _attn_kv_loop(
-            acc, m_i, l_i, q, k_base, v_base, bt_row, lo, mid, pos,
-            stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False, DOT_PRECISION, UPCAST_DOT,
-            q_ptr.dtype.element_ty,
-        )  # fmt: skip
-        acc, m_i, l_i = _attn_kv_loop(
-            acc, m_i, l_i, q, k_base, v_base, bt_row, mid, hi, pos,
-            stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, DOT_PRECISION, UPCAST_DOT,
-            q_ptr.dtype.element_ty,
-        )  # fmt: skip
+    acc, m_i, l_i = _attn_kv_loop(
+        acc, m_i, l_i, q, k_base, v_base, bt_row, lo, mid, pos,
+        stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False, DOT_PRECISION, UPCAST_DOT,
+        q_ptr.dtype.element_ty,
+    )  # fmt: skip
+    acc, m_i, l_i = _attn_kv_loop(
+        acc, m_i, l_i, q, k_base, v_base, bt_row, mid, hi, pos,
+        stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
+        BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, DOT_PRECISION, UPCAST_DOT,
+        q_ptr.dtype.element_ty,
+    )  # fmt: skip
 
     if SPLIT:
         # Partials per query token: acc [T, H, S, HEAD_DIM_P] and (max, sum) pairs
@@ -560,8 +482,7 @@ def paged_attention(
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
             *args, part_acc, part_ml, qk_scale, num_seqs, *strides, num_heads, splits,
             DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT=splits > 1, PREFETCH=decode and cfg.prefetch, **common,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            SPLIT=splits > 1, **common, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             **pdl,
         )  # fmt: skip
         splits_p = next_power_of_2(splits)

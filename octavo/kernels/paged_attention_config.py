@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo import envs
 from octavo.kernels.triton_utils import next_power_of_2, num_compute_units
 
 
@@ -18,9 +17,6 @@ class _Config:
     block_n: int  # keys per inner iteration
     num_warps: int
     num_stages: int
-    # Decode only: the KV loop pipelined by hand in registers (paged_attention's
-    # _attn_kv_loop_prefetch) instead of by Triton's pipeliner.
-    prefetch: bool = False
 
 
 # Split-K: each split covers at least this many keys, so the merge stays cheap.
@@ -46,13 +42,11 @@ def _pick_config(
     # tests/kernels/bench_attention.py; fp32 and head_dim > 128 halve KV tiles to fit smem.
     if not on_gpu:
         # Interpreter (CPU tests): small tiles so tiny contexts still span several KV tiles.
-        return _Config(*_rows(1 if decode else 32, group), 16, 1, 1, prefetch=decode)
+        return _Config(*_rows(1 if decode else 32, group), 16, 1, 1)
     if decode:
         # Memory bound: one query per program, the GQA group fills the MMA rows; long KV
         # tiles keep many loads in flight.
         row_bytes = head_dim_p * elem_bytes
-        if envs.attention_prefetch():
-            return _Config(*_rows(1, group), 64 if row_bytes <= 256 else 32, 4, 1, True)
         block_n = 128 if row_bytes <= 256 else (64 if row_bytes <= 512 else 32)
         return _Config(*_rows(1, group), block_n, 4, 2)
     if head_dim_p <= 64:

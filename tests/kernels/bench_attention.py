@@ -1,7 +1,7 @@
 # ruff: noqa: B023, E731
 """Micro-benchmark for paged_attention on a GPU (not collected by pytest).
 
-PYTHONPATH=. python tests/kernels/bench_attention.py [--tune | --prefetch] [--mixed | --w1 | --short | --small | --chunk]
+PYTHONPATH=. python tests/kernels/bench_attention.py [--tune] [--mixed | --w1 | --short | --small | --chunk]
 
 Decode rows report KV bytes read / GPU time (CUDA-graph replay, so no launch overhead);
 prefill rows report causal TFLOP/s next to torch SDPA on contiguous K/V. ``--tune`` also
@@ -48,14 +48,9 @@ def g_ms(fn):
     return do_bench_cudagraph(fn, rep=40)
 
 
-# The decode loop pipelined by hand in registers: (BLOCK_N, warps, stages, prefetch).
-PREFETCH_CFGS = [(32, 4, 1, True), (64, 4, 1, True), (64, 8, 1, True), (128, 8, 1, True),
-                 (32, 2, 1, True), (128, 4, 2, False), (64, 4, 2, False)]
-
-
 def _with_cfg(cfg, fn):
-    """``fn()`` with every decode launch forced to the tile ``cfg`` = (BLOCK_N, warps, stages
-    [, prefetch]); None: the defaults."""
+    """``fn()`` with every decode launch forced to the tile ``cfg`` = (BLOCK_N, warps, stages);
+    None: the defaults."""
     orig = pa._pick_config
     if cfg is not None:
         pa._pick_config = lambda dec, *a: pa._Config(1, 16, *cfg) if dec else orig(dec, *a)
@@ -260,9 +255,7 @@ def w1(tune):
 
     H, Hkv, D = 16, 8, 128
     cfgs = [None]
-    if tune == "prefetch":
-        cfgs += PREFETCH_CFGS
-    elif tune:
+    if tune:
         cfgs += [(bn, w, s) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4)
                  if not (bn == 128 and s == 4)]
     print("w1 decode (H=16, Hkv=8, D=128, bf16): GB/s per (BLOCK_N, warps, stages) and split")
@@ -285,9 +278,7 @@ def short(tune):
 
     H, Hkv, D = 16, 8, 128
     cfgs = [None]
-    if tune == "prefetch":
-        cfgs += PREFETCH_CFGS
-    elif tune:
+    if tune:
         cfgs += [(bn, w, s) for bn in (32, 64, 128) for w in (2, 4) for s in (1, 2, 3)
                  if not (bn == 128 and s == 3)]
     print("short decode (H=16, Hkv=8, D=128, bf16, ctx 128..384, max_seq_len 4096): "
@@ -325,8 +316,7 @@ def small(tune):
 
 
 if __name__ == "__main__":
-    # --tune: the tile sweep; --prefetch: the default against the hand-pipelined loop.
-    tune = "prefetch" if "--prefetch" in sys.argv else "--tune" in sys.argv
+    tune = "--tune" in sys.argv
     print(torch.cuda.get_device_name(), torch.__version__)
     # One sweep alone: --small, --short, --w1, --chunk (the first given).
     alone = {"--small": small, "--short": short, "--w1": w1, "--chunk": chunk}
