@@ -5,10 +5,11 @@ Drawing a token from softmax(logits / T) is the same as taking
 normaliser cancels in the argmax). The torch path in octavo/sample/sampler.py does this in
 several full passes over a [B, V] float32 tensor (divide, softmax, draw, divide, argmax, and a
 greedy argmax besides); this kernel reads each logit once, draws E from a counter-based
-generator (Philox, keyed by a per-row seed and the token id: counter i gives the four draws of
-tokens 4i .. 4i + 3, so a row's draw never depends on the rest of the batch) and keeps a running (max, argmax). Greedy rows (T < 1e-5) take the
-plain argmax in the same launch. The vocabulary is split over several programs when the batch
-is small, so one row does not leave the GPU idle; a tiny torch reduction picks the winner.
+generator (Philox, keyed by a per-row seed and the token id: counter i gives the four draws
+of tokens 4i .. 4i + 3, so a row's draw never depends on the rest of the batch) and keeps a
+running (max, argmax). Greedy rows (T < 1e-5) take the plain argmax in the same launch. The
+vocabulary is split over several programs when the batch is small, so one row does not leave
+the GPU idle; a tiny torch reduction picks the winner.
 
 Used on CUDA when no row needs top-k / top-p / min-p (those need the sorted distribution).
 """
@@ -27,8 +28,6 @@ from octavo.kernels.triton_utils import (
 )
 
 _GREEDY_EPS = 1e-5  # as the sampler: temperatures below this are greedy
-
-
 LN2 = tl.constexpr(0.6931471805599453) if tl is not None else None
 LOG2_LN2 = tl.constexpr(-0.5287663729448977) if tl is not None else None
 
