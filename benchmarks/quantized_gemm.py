@@ -84,7 +84,6 @@ def main() -> None:
     for name, (k, n) in SHAPES.items():
         copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
         dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-        groups = k // args.group
         packs = {}  # (bits, path): weight copies in the layout the path reads
         for bits in args.bits:
             qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
@@ -97,7 +96,7 @@ def main() -> None:
             row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 1),
                    "bf16_hbm_fraction": round(k * n * 2 / (t_bf16 * 1e-6) / bandwidth, 3)}
             for bits in args.bits:
-                nbytes = k * n * bits / 8 + 2 * groups * n * 2
+                nbytes = _weight_bytes(k, n, bits, args.group)
                 for path in args.paths:
                     kw = {} if path == "default" else {"path": path}
                     key = f"w{bits}" if path == "default" else f"w{bits}_{path}"
@@ -132,6 +131,11 @@ def main() -> None:
                        "commit": git_commit(), "group": args.group, "paths": args.paths,
                        "rows": rows,
                        "per_layer": totals}, args.json)
+
+
+def _weight_bytes(k: int, n: int, bits: int, group: int) -> float:
+    """Bytes of a packed [K, N] integer weight with bf16 scales and zero points per group."""
+    return k * n * bits / 8 + 2 * (k // group) * n * 2
 
 
 def _layout(path: str) -> str:
@@ -245,7 +249,6 @@ def sweep(args, timed, bandwidth, limits) -> None:
         copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
         dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
         qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
-        groups = k // group
         packed = [int_weights(k, n, bits, group, dev) for _ in range(qcopies)]
         # The swap-AB kernel's tiles too (--paths ... swapab), on its own packed layout.
         swapab = None
@@ -255,7 +258,7 @@ def sweep(args, timed, bandwidth, limits) -> None:
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
-            nbytes = k * n * bits / 8 + 2 * groups * n * 2
+            nbytes = _weight_bytes(k, n, bits, group)
             row = {"shape": name, "bits": bits, "K": k, "N": n, "M": m,
                    "bf16_us": round(t_bf16, 2)}
             line = f"w{bits} {name} M={m} bf16={t_bf16:.1f}us"
@@ -315,7 +318,7 @@ def dequant_sweep(args, timed, bandwidth, limits) -> None:
     dev = torch.device("cuda")
     rows = []
     for bits, (name, (k, n)) in [(b, s) for b in args.bits for s in SHAPES.items()]:
-        moved = k * n * (bits / 8 + 2) + 2 * (k // args.group) * n * 2
+        moved = _weight_bytes(k, n, bits, args.group) + k * n * 2  # + the bf16 weight written
         copies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
         packs = {layout: [int_weights(k, n, bits, args.group, dev, layout)
                           for _ in range(copies)] for layout in ("along_k", "swapab")}
@@ -326,11 +329,10 @@ def dequant_sweep(args, timed, bandwidth, limits) -> None:
                 r["hbm_fraction"] = round(moved / (r["us"] * 1e-6) / bandwidth, 3)
         row = {"shape": name, "bits": bits, "K": k, "N": n, "results": res}
         for layout in ("along_k", "swapab"):
-            ok = [r for r in res if r["cfg"]["layout"] == layout and "us" in r]
+            mine = [r for r in res if r["cfg"]["layout"] == layout]  # the default first
+            ok = [r for r in mine if "us" in r]
             if ok:
-                row[f"{layout}_default"] = ok[0] if ok[0]["cfg"] == dict(
-                    layout=layout, **next(kw for lay, kw in DEQUANT_CANDIDATES
-                                          if lay == layout)) else None
+                row[f"{layout}_default"] = mine[0] if "us" in mine[0] else None
                 row[f"{layout}_best"] = min(ok, key=lambda r: r["us"])
         rows.append(row)
         print(f"w{bits} {name}: " + " | ".join(

@@ -58,19 +58,18 @@ def linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     """``x [.., K] @ dequant(W) [K, N]`` in x's dtype, for a weight packed in ``layout``."""
     if layout != SWAPAB:
         return along_k.w4a16_gemm(x, qweight, scales, zeros, group_size, bits)
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
-    if m == 0:
-        return x.new_empty(*x.shape[:-1], qweight.shape[0] * (16 // bits))
-    if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
+    return along_k.over_rows(x, qweight.shape[0] * (16 // bits), lambda x2: _swapab_rows(
+        x2, qweight, scales, zeros, group_size, bits))
+
+
+def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 zeros: torch.Tensor, group_size: int, bits: int) -> torch.Tensor:
+    if x2.shape[0] <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.
         # Batch tiles of 8 (130 registers, 1.8 SASS instructions per weight against 200 and
         # 2.1) measured slower at one row: gate_up 34.7 vs 30.4 us, down 23.5 vs 22.3, and
         # the engine's batch 1 3.62 vs 3.17 ms.
-        tiles = {"block_r": 16, "waves": 8} if m <= 16 else {}
-        out = swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
-    else:
-        out = x2 @ swapab.dequantize_swapab(qweight, scales, zeros, group_size, bits, x.dtype)
-    return out.view(*x.shape[:-1], out.shape[-1])
+        tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {}
+        return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
+    return x2 @ swapab.dequantize_swapab(qweight, scales, zeros, group_size, bits, x2.dtype)

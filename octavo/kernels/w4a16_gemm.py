@@ -174,41 +174,46 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     octavo.kernels.w4a16_swapab, whose ``qweight`` is in that kernel's own packed layout).
     """
     require_triton("w4a16_gemm")
-    shape = x.shape
-    k = shape[-1]
+    k = x.shape[-1]
     if tuning.get("path") == "swapab":
         # qweight in the swap-AB kernel's own layout (w4a16_swapab.pack_swapab).
         from octavo.kernels.w4a16_swapab import w4a16_swapab
 
         tuning.pop("path")
-        x2 = x.reshape(-1, k)
-        if x2.shape[0] == 0:
-            return x.new_empty(*shape[:-1], qweight.shape[0] * (16 // bits))
-        out = w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, split_k=split_k,
-                           **tuning)
-        return out.view(*shape[:-1], out.shape[1])
+        return over_rows(x, qweight.shape[0] * (16 // bits), lambda x2: w4a16_swapab(
+            x2, qweight, scales, zeros, group_size, bits, split_k=split_k, **tuning))
     n = qweight.shape[1]
     pack = pack_factor(bits)
     assert qweight.shape[0] * pack == k, (qweight.shape, k, bits)
     assert scales.shape == zeros.shape == (k // group_size, n), (scales.shape, zeros.shape)
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
-    if m == 0:
-        return x.new_empty(*shape[:-1], n)
-    path = tuning.pop("path", None)
+    return over_rows(x, n, lambda x2: _dispatch(x2, qweight, scales, zeros, group_size, bits,
+                                                split_k, **tuning))
+
+
+def over_rows(x: torch.Tensor, n: int, fn) -> torch.Tensor:
+    """``fn(x2)`` ([M, K] -> [M, n]) on ``x [.., K]`` flattened to rows, shaped back to
+    ``[.., n]``; an empty batch returns at once (no launch)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], n)
+    return fn(x2).view(*x.shape[:-1], n)
+
+
+def _dispatch(x2, qweight, scales, zeros, group_size, bits, split_k, path=None, **tuning):
+    """One batch of rows on the along-K layout: the GEMV, the tensor-core kernel or
+    dequantize-then-cuBLAS, by batch size unless ``path`` forces one."""
+    m, k = x2.shape
     if path is None:
         if m <= GEMV_MAX_M and gemv.supports(m, k, group_size, bits):
             path = "gemv"
         else:
             path = "gemm" if m <= envs.int_gemm_fused_max_m(FUSED_MAX_M) else "dequant"
     if path == "gemv":
-        out = gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, bits, split_k=split_k,
-                              **tuning)
-    elif path == "dequant":
-        out = x2 @ dequantize(qweight, scales, zeros, group_size, bits, x.dtype)
-    else:
-        out = _gemm(x2, qweight, scales, zeros, group_size, bits, split_k, **tuning)
-    return out.view(*shape[:-1], n)
+        return gemv.w4a16_gemv(x2, qweight, scales, zeros, group_size, bits, split_k=split_k,
+                               **tuning)
+    if path == "dequant":
+        return x2 @ dequantize(qweight, scales, zeros, group_size, bits, x2.dtype)
+    return _gemm(x2, qweight, scales, zeros, group_size, bits, split_k, **tuning)
 
 
 def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=None,
