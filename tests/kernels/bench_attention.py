@@ -2,10 +2,12 @@
 """Micro-benchmark for paged_attention on a GPU (not collected by pytest).
 
 PYTHONPATH=. python tests/kernels/bench_attention.py [--tune] [--mixed | --w1 | --short | --small | --chunk]
+    [--cfgs BLOCK_N,WARPS,STAGES ...]
 
 Decode rows report KV bytes read / GPU time (CUDA-graph replay, so no launch overhead);
 prefill rows report causal TFLOP/s next to torch SDPA on contiguous K/V. ``--tune`` also
-sweeps tile configurations (used to pick ``_pick_config``).
+sweeps tile configurations (used to pick ``_pick_config``); ``--cfgs`` replaces the decode
+sweeps' (--w1, --short, --small) lists of configurations with the ones given.
 """
 
 from __future__ import annotations
@@ -46,6 +48,19 @@ def t_ms(fn):
 def g_ms(fn):
     """GPU time without Python launch overhead (CUDA graph replay)."""
     return do_bench_cudagraph(fn, rep=40)
+
+
+def _cfgs(tuned):
+    """The decode sweep's tile configurations: the defaults (None), then ``--cfgs``' if given,
+    else ``tuned`` under --tune."""
+    if "--cfgs" in sys.argv:
+        given = []
+        for arg in sys.argv[sys.argv.index("--cfgs") + 1:]:
+            if arg.startswith("--"):
+                break
+            given.append(tuple(int(v) for v in arg.split(",")))
+        return [None, *given]
+    return [None, *(tuned if "--tune" in sys.argv else [])]
 
 
 def _with_cfg(cfg, fn):
@@ -254,10 +269,8 @@ def w1(tune):
     import random
 
     H, Hkv, D = 16, 8, 128
-    cfgs = [None]
-    if tune:
-        cfgs += [(bn, w, s) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4)
-                 if not (bn == 128 and s == 4)]
+    cfgs = _cfgs([(bn, w, s) for bn in (32, 64, 128) for w in (2, 4, 8) for s in (2, 3, 4)
+                  if not (bn == 128 and s == 4)])
     print("w1 decode (H=16, Hkv=8, D=128, bf16): GB/s per (BLOCK_N, warps, stages) and split")
     for B in (128, 256):
         rng = random.Random(B)
@@ -277,10 +290,8 @@ def short(tune):
     import random
 
     H, Hkv, D = 16, 8, 128
-    cfgs = [None]
-    if tune:
-        cfgs += [(bn, w, s) for bn in (32, 64, 128) for w in (2, 4) for s in (1, 2, 3)
-                 if not (bn == 128 and s == 3)]
+    cfgs = _cfgs([(bn, w, s) for bn in (32, 64, 128) for w in (2, 4) for s in (1, 2, 3)
+                  if not (bn == 128 and s == 3)])
     print("short decode (H=16, Hkv=8, D=128, bf16, ctx 128..384, max_seq_len 4096): "
           "us (GB/s) per (BLOCK_N, warps, stages) and split")
     for B in (1, 8, 32, 64):
@@ -302,7 +313,7 @@ def small(tune):
     at short and long contexts, max_seq_len 8192 as a captured graph would pass: microseconds
     per launch (with its merge) per tile config and split count."""
     H, Hkv, D = 16, 8, 128
-    cfgs = [None] + ([(128, 4, 1), (64, 4, 1), (64, 4, 2), (32, 4, 1)] if tune else [])
+    cfgs = _cfgs([(128, 4, 1), (64, 4, 1), (64, 4, 2), (32, 4, 1)])
     print("small decode grids (H=16, Hkv=8, D=128, bf16, max_seq_len 8192): us per launch")
     for B in (1, 4, 8, 16):
         for ctx in (256, 2048, 8192):
