@@ -103,6 +103,19 @@ def test_decode_only(device, num_heads, num_kv_heads):
     run_both([1] * 5, [1, 7, 16, 17, 40], num_heads, num_kv_heads, 32, 4, device)
 
 
+@pytest.mark.parametrize("longest_first", ["1", "0"])
+def test_decode_launch_order(device, monkeypatch, longest_first):
+    """Decode-only steps are launched longest context first (the order sorted once per step,
+    kept in the metadata); OCTAVO_ATTN_LONGEST_FIRST=0 keeps the request order."""
+    monkeypatch.setenv("OCTAVO_ATTN_LONGEST_FIRST", longest_first)
+    _, meta = run_both([1] * 4, [9, 40, 2, 17], 8, 2, 32, 4, device)
+    order = meta.derived.get("longest_first")
+    if longest_first == "1":
+        assert order.tolist() == [1, 3, 0, 2]
+    else:
+        assert order is None
+
+
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)])
 def test_mixed_prefill_and_decode(device, num_heads, num_kv_heads):
     # A fresh prompt, decodes, a chunked-prefill continuation, a request with no new token.
