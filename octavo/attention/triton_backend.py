@@ -75,9 +75,13 @@ def _decode_order(meta: AttentionMetadata) -> torch.Tensor | None:
     shared by every layer; None where there is nothing to order."""
     if not meta.is_decode_only or meta.seq_lens.shape[0] < 2 or not envs.attn_longest_first():
         return None
-    order = meta.derived.get("longest_first")
+    # Keyed by capture too: the graph runner warms up eagerly with the metadata it then
+    # captures with, and a graph must sort inside itself (on its replayed seq_lens, into its
+    # own pool), never read the warm-up's tensor, which dies with the metadata.
+    key = ("longest_first", meta.seq_lens.is_cuda and torch.cuda.is_current_stream_capturing())
+    order = meta.derived.get(key)
     if order is None:
-        order = meta.derived["longest_first"] = longest_first(meta.seq_lens)
+        order = meta.derived[key] = longest_first(meta.seq_lens)
     return order
 
 
