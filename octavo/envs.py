@@ -69,12 +69,6 @@ def pdl() -> bool:
     return _flag("OCTAVO_PDL", True)
 
 
-def attn_longest_first() -> bool:
-    """OCTAVO_ATTN_LONGEST_FIRST (default on): the Triton backend launches a decode step's
-    attention programs longest context first (octavo/kernels/paged_attention.py)."""
-    return _flag("OCTAVO_ATTN_LONGEST_FIRST", True)
-
-
 def _batch_size(name: str, default: int) -> int:
     value = os.environ.get(name)
     if not value:

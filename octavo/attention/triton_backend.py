@@ -12,8 +12,6 @@ graph runner must keep in mind:
   ``q.shape[0]``; tokens with slot -1 are not stored. Token rows past the last request
   (``query_start_loc[-1] <= t < q.shape[0]``) belong to no request: their output rows are
   zeroed, never attended.
-* Decode-only batches of more than one request are launched longest context first: the
-  order is sorted on the device once per step (``meta.derived``), so a graph replays it.
 * Split-K for decode-only batches is sized from ``meta.max_seq_len`` (and the block-table
   width) at launch time, and a captured graph freezes it. The metadata used for capture must
   therefore carry a ``max_seq_len`` at least as large as any context it will be replayed with
@@ -28,14 +26,13 @@ from __future__ import annotations
 
 import torch
 
-from octavo import envs
 from octavo.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
 from octavo.kernels.triton_utils import HAS_TRITON
 
 if not HAS_TRITON:  # pragma: no cover - only where triton is absent
     raise ImportError("the triton attention backend needs Triton (pip install triton)")
 
-from octavo.kernels.paged_attention import longest_first, paged_attention  # noqa: E402
+from octavo.kernels.paged_attention import paged_attention  # noqa: E402
 from octavo.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 
 
@@ -66,23 +63,8 @@ class TritonAttentionImpl(AttentionImpl):
         return paged_attention(
             q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens,
             meta.block_tables, self.scale, out=out, max_query_len=meta.max_query_len,
-            max_seq_len=meta.max_seq_len, seq_order=_decode_order(meta),
+            max_seq_len=meta.max_seq_len,
         )  # fmt: skip
-
-
-def _decode_order(meta: AttentionMetadata) -> torch.Tensor | None:
-    """The decode launch's request order for this step (longest first), sorted once and
-    shared by every layer; None where there is nothing to order."""
-    if not meta.is_decode_only or meta.seq_lens.shape[0] < 2 or not envs.attn_longest_first():
-        return None
-    # Keyed by capture too: the graph runner warms up eagerly with the metadata it then
-    # captures with, and a graph must sort inside itself (on its replayed seq_lens, into its
-    # own pool), never read the warm-up's tensor, which dies with the metadata.
-    key = ("longest_first", meta.seq_lens.is_cuda and torch.cuda.is_current_stream_capturing())
-    order = meta.derived.get(key)
-    if order is None:
-        order = meta.derived[key] = longest_first(meta.seq_lens)
-    return order
 
 
 class TritonAttentionBackend(AttentionBackend):

@@ -17,11 +17,6 @@ Kernel design (one kernel, launched at most twice per call: decodes, then prefil
   each K/V tile read from the cache feeds all heads of the group.
 * Decode launch: grid axis 0 is the request; requests with exactly one new token are handled
   with ``BLOCK_Q = 1`` (memory bound: small tiles, long KV tiles), the rest exit at once.
-  Given ``seq_order`` (the requests longest first), the launch's programs are taken in that
-  order instead, every KV head of a request one after the other: the GPU places programs
-  in launch order, so the longest contexts start first and the short ones fill in behind
-  them rather than one long context running alone at the end (longest-processing-time
-  scheduling of a grid whose programs vary in length).
 * Prefill launch: query tiles of all requests with more than one new token share grid axis 0.
   Request ``b`` owns the tiles ``[qsl[b] // BLOCK_Q + b, qsl[b+1] // BLOCK_Q + b + 1)``, which
   bounds the grid by ``T // BLOCK_Q + B`` -- known on the host without reading device memory
@@ -163,7 +158,6 @@ def _paged_attention_kernel(
     qsl_ptr,
     seq_lens_ptr,
     block_tables_ptr,
-    seq_order_ptr,
     part_acc_ptr,
     part_ml_ptr,
     qk_scale,
@@ -190,7 +184,6 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     SPLIT: tl.constexpr,
-    ORDERED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PDL: tl.constexpr,
@@ -201,13 +194,6 @@ def _paged_attention_kernel(
     if DECODE:
         # Grid axis 0 = request; only single-token requests (decodes) are handled here.
         b = tl.program_id(0)
-        if ORDERED:
-            # Program i of a split's launch order (axis 0 fastest) takes KV head
-            # i % heads of the (i // heads)-th request of seq_order.
-            num_kv = tl.num_programs(1)
-            i = kv_head * tl.num_programs(0) + b
-            kv_head = i % num_kv
-            b = tl.load(seq_order_ptr + i // num_kv)
         q_start = tl.load(qsl_ptr + b)
         q_len = tl.load(qsl_ptr + b + 1) - q_start
         if q_len != 1:
@@ -422,7 +408,6 @@ def paged_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     prefill_splits: int | None = None,
-    seq_order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q`` ``[T, H, D]`` over the paged cache; returns ``[T, H, D]``.
 
@@ -438,10 +423,6 @@ def paged_attention(
     of the decode launch, in any batch (1 disables split-K; ``None`` = heuristic);
     ``prefill_splits`` does the same for the prefill launch (the heuristic splits it on the
     GPU when its query tiles cannot fill the device and ``max_seq_len`` is long).
-
-    ``seq_order`` (int32 ``[B]`` on q's device, a permutation of the requests, longest
-    context first: :func:`longest_first`) orders the decode launch's programs; it changes
-    when each program runs, never what it computes.
     """
     require_triton("paged_attention")
     num_tokens, num_heads, head_dim = q.shape
@@ -453,8 +434,6 @@ def paged_attention(
     assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1
     num_seqs = seq_lens.shape[0]
     assert query_start_loc.shape[0] == num_seqs + 1 and block_tables.shape[0] == num_seqs
-    assert seq_order is None or (seq_order.shape == (num_seqs,)
-                                 and seq_order.dtype == torch.int32), "seq_order: int32 [B]"
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     assert out.shape == q.shape and out.stride(-1) == 1
@@ -483,7 +462,6 @@ def paged_attention(
     )
     args = (
         out, q, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
-        seq_lens if seq_order is None else seq_order,
     )  # fmt: skip
     strides = (
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -504,8 +482,8 @@ def paged_attention(
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
             *args, part_acc, part_ml, qk_scale, num_seqs, *strides, num_heads, splits,
             DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT=splits > 1, ORDERED=decode and seq_order is not None, **common,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
+            SPLIT=splits > 1, **common, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **pdl,
         )  # fmt: skip
         splits_p = next_power_of_2(splits)
         if splits > 1 and decode:
@@ -554,12 +532,6 @@ def paged_attention(
                                                   q.device)
         launch(False, num_tiles, cfg, max(1, int(splits)))
     return out
-
-
-def longest_first(seq_lens: torch.Tensor) -> torch.Tensor:
-    """The decode launch order for ``seq_lens``: request indices, longest context first
-    (int32, on the same device; one small sort, capturable in a CUDA graph)."""
-    return torch.argsort(seq_lens, descending=True).to(torch.int32)
 
 
 # --------------------------------------------------------------------------------------------

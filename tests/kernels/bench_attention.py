@@ -75,15 +75,13 @@ def _with_cfg(cfg, fn):
         pa._pick_config = orig
 
 
-def _split_row(args, splits, max_seq_len, fmt, order=None):
-    """One decode launch timed per forced split count (None: the heuristic), formatted;
-    ``order``: the launch's request order (``seq_order``)."""
+def _split_row(args, splits, max_seq_len, fmt):
+    """One decode launch timed per forced split count (None: the heuristic), formatted."""
     row = []
     for ns in splits:
         try:
             ms = g_ms(lambda: pa.paged_attention(*args, 0.1, max_query_len=1,
-                                                 max_seq_len=max_seq_len, num_splits=ns,
-                                                 seq_order=order))
+                                                 max_seq_len=max_seq_len, num_splits=ns))
             row.append(f"s={ns}:{fmt(ms)}")
         except Exception as e:  # noqa: BLE001 - a config that does not fit
             row.append(f"s={ns}:err {type(e).__name__}")
@@ -267,8 +265,7 @@ def chunk(tune):
 
 def w1(tune):
     """W1's decode attention (Qwen3-0.6B heads: H=16, Hkv=8, D=128) at batch 128 and 256
-    with W1-like mixed contexts (uniform 100..2048), per tile config and forced split, in
-    request order and longest first."""
+    with W1-like mixed contexts (uniform 100..2048), per tile config and forced split."""
     import random
 
     H, Hkv, D = 16, 8, 128
@@ -280,13 +277,10 @@ def w1(tune):
         ctx = [rng.randint(100, 2048) for _ in range(B)]
         args = batch([1] * B, ctx, H, Hkv, D)
         gb = sum(ctx) * Hkv * D * 2 * 2 / 1e9
-        order = pa.longest_first(args[4])
         for cfg in cfgs:
-            for o in (None, order):
-                row = _with_cfg(cfg, lambda: _split_row(args, (None, 1, 2, 4), 2048,
-                                                        lambda ms: f"{gb / ms * 1e3:5.0f}", o))
-                print(f"B={B} cfg={cfg}{' longest-first' if o is not None else ''} | {row}",
-                      flush=True)
+            row = _with_cfg(cfg, lambda: _split_row(args, (None, 1, 2, 4), 2048,
+                                                    lambda ms: f"{gb / ms * 1e3:5.0f}"))
+            print(f"B={B} cfg={cfg} | {row}", flush=True)
 
 
 def short(tune):
@@ -307,14 +301,11 @@ def short(tune):
         bt = torch.nn.functional.pad(bt, (0, 256 - bt.shape[1]))  # the graphs' table width
         args = (q, kc, vc, qsl, sl, bt)
         gb = sum(ctx) * Hkv * D * 2 * 2 / 1e9
-        order = pa.longest_first(sl)
         for cfg in cfgs:
-            for o in (None, order):
-                row = _with_cfg(cfg, lambda: _split_row(
-                    args, (None, 1, 2, 4, 8), 4096,
-                    lambda ms: f"{ms * 1e3:5.1f}({gb / ms * 1e3:4.0f})", o))
-                print(f"B={B} cfg={cfg}{' longest-first' if o is not None else ''} | {row}",
-                      flush=True)
+            row = _with_cfg(cfg, lambda: _split_row(
+                args, (None, 1, 2, 4, 8), 4096,
+                lambda ms: f"{ms * 1e3:5.1f}({gb / ms * 1e3:4.0f})"))
+            print(f"B={B} cfg={cfg} | {row}", flush=True)
 
 
 def small(tune):

@@ -7,11 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from octavo.kernels.paged_attention import (  # noqa: E402
-    longest_first,
-    paged_attention,
-    paged_attention_ref,
-)
+from octavo.kernels.paged_attention import paged_attention, paged_attention_ref  # noqa: E402
 from octavo.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 
 gpu = pytest.mark.gpu
@@ -65,10 +61,7 @@ def make_batch(
     )
 
 
-def check(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device,
-          ordered=False, **kwargs):
-    """The kernel against the reference; ``ordered``: decodes launched longest first too,
-    which must give the unordered launch's output exactly."""
+def check(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device, **kwargs):
     q, kc, vc, qsl, sl, bt = make_batch(
         q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device
     )
@@ -77,10 +70,6 @@ def check(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype
     ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, scale)
     assert out.shape == q.shape and out.dtype == q.dtype
     torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
-    if ordered:
-        out2 = paged_attention(q, kc, vc, qsl, sl, bt, scale, seq_order=longest_first(sl),
-                               **kwargs)
-        assert torch.equal(out2, out)
 
 
 # A prefill chunk with cached context, a fresh prefill, decodes at several lengths.
@@ -117,29 +106,6 @@ def test_decode(max_query_len, num_splits, device):
         max_query_len=max_query_len,
         num_splits=num_splits,
     )
-
-
-@pytest.mark.parametrize("num_splits", [None, 3])
-def test_decode_longest_first(num_splits, device):
-    # Contexts out of order, a prefill chunk among the decodes (its decode program exits).
-    check(q_lens=[1, 5, 1, 1, 1], seq_lens=[7, 30, 64, 1, 45], num_heads=6, num_kv_heads=3,
-          head_dim=32, block_size=4, dtype=torch.float32, device=device, ordered=True,
-          num_splits=num_splits)
-
-
-def test_longest_first_is_a_descending_permutation():
-    sl = torch.tensor([5, 90, 5, 17, 300, 1], dtype=torch.int32)
-    order = longest_first(sl)
-    assert order.dtype == torch.int32
-    assert sorted(order.tolist()) == list(range(6))
-    assert sl[order.long()].tolist() == [300, 90, 17, 5, 5, 1]
-
-
-def test_seq_order_shape_checked(device):
-    q, kc, vc, qsl, sl, bt = make_batch([1, 1], [9, 4], 4, 2, 16, 4, torch.float32, device)
-    with pytest.raises(AssertionError, match="seq_order"):
-        paged_attention(q, kc, vc, qsl, sl, bt, 0.25, max_query_len=1,
-                        seq_order=torch.zeros(3, dtype=torch.int32, device=device))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -391,7 +357,6 @@ def test_gpu_decode_batch64(ctx, num_splits):
         device="cuda",
         num_splits=num_splits,
         max_query_len=1,
-        ordered=True,
     )
 
 

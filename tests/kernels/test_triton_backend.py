@@ -103,19 +103,6 @@ def test_decode_only(device, num_heads, num_kv_heads):
     run_both([1] * 5, [1, 7, 16, 17, 40], num_heads, num_kv_heads, 32, 4, device)
 
 
-@pytest.mark.parametrize("longest_first", ["1", "0"])
-def test_decode_launch_order(device, monkeypatch, longest_first):
-    """Decode-only steps are launched longest context first (the order sorted once per step,
-    kept in the metadata); OCTAVO_ATTN_LONGEST_FIRST=0 keeps the request order."""
-    monkeypatch.setenv("OCTAVO_ATTN_LONGEST_FIRST", longest_first)
-    _, meta = run_both([1] * 4, [9, 40, 2, 17], 8, 2, 32, 4, device)
-    order = meta.derived.get(("longest_first", False))
-    if longest_first == "1":
-        assert order.tolist() == [1, 3, 0, 2]
-    else:
-        assert order is None
-
-
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)])
 def test_mixed_prefill_and_decode(device, num_heads, num_kv_heads):
     # A fresh prompt, decodes, a chunked-prefill continuation, a request with no new token.
@@ -164,28 +151,3 @@ def test_registry():
     assert get_backend("triton") is TritonAttentionBackend
     assert TritonAttentionBackend.name == "triton"
     assert TritonAttentionBackend.supports(torch.device("cuda"))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_decode_order_sorted_inside_a_captured_graph():
-    """The graph runner warms up with the metadata it captures with: the captured graph must
-    sort its own replayed seq_lens, not keep the warm-up's order (which dies with the
-    metadata)."""
-    q, k, v, cache, meta = make_step([1] * 4, [9, 40, 2, 17], 8, 2, 32, 4, torch.float32,
-                                     "cuda", seed=7)
-    impl = TritonAttentionBackend.make_impl(8, 32, 32 ** -0.5, 2)
-    impl.forward(q, k, v, cache.clone(), meta)  # warm-up: the eager order, cached
-    graph_cache = cache.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = impl.forward(q, k, v, graph_cache, meta)
-    assert ("longest_first", True) in meta.derived
-    meta.derived.clear()
-    torch.cuda.empty_cache()
-    # New contexts, in another order (each within its blocks; the new token's slot is the
-    # same, so the eager run below sees the same cache).
-    meta.seq_lens.copy_(torch.tensor([9, 3, 2, 17], dtype=torch.int32))
-    graph.replay()
-    want = impl.forward(q, k, v, cache.clone(), meta)
-    torch.testing.assert_close(out, want, atol=0, rtol=0)
