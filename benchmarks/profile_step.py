@@ -11,6 +11,13 @@ bandwidth bound (weights + K/V bytes at full HBM bandwidth).
 
     python benchmarks/profile_step.py [--shape qwen3-0.6b] [--batch 128] [--context 1000]
                                       [--steps 16] [--eager] [--json out.json]
+
+``--prefill TOKENS`` profiles prefill steps instead (a W1 / W2 prefill step is 16,384 tokens
+of whole prompts): each step runs TOKENS // context fresh prompts of ``--context`` tokens
+that end at their first token, so no step decodes; the GEMMs and attention are measured by
+their FLOPs (every prompt token through every linear layer, the LM head for each prompt's
+last token only, causal attention) against the tensor-core rate, and the bound is those
+FLOPs at that rate.
 """
 
 from __future__ import annotations
@@ -72,33 +79,54 @@ def main() -> None:
                     help="prompt tokens per request (W1's decode contexts run 500-2000)")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
+                    help="profile prefill steps of TOKENS prompt tokens instead of decodes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.prefill:
+        if not 1 <= args.context <= args.prefill:
+            ap.error(f"--context must be 1..--prefill ({args.prefill}), got {args.context}")
+        args.batch = args.prefill // args.context  # prompts per step
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from octavo import LLM, SamplingParams
 
     llm = LLM(model=write_config(args.shape), load_format="dummy", dtype="bfloat16",
-              skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=max(args.batch, 1),
-              max_num_batched_tokens=16384, enforce_eager=args.eager)
+              skip_tokenizer_init=True, max_model_len=max(4096, args.context + 64),
+              max_num_seqs=max(args.batch, 1),
+              max_num_batched_tokens=args.prefill or 16384, enforce_eager=args.eager,
+              enable_prefix_caching=not args.prefill)
     engine = llm.llm_engine
     total_steps = 3 * args.steps + 16
-    params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=total_steps)
-    for i in range(args.batch):
-        engine.add_request(str(i), {"prompt_token_ids": [i % 1000 + 1] * args.context}, params)
-    while engine.timings.decode_steps < 4:  # prefill, then a few decodes to warm up
-        engine.step()
+    if args.prefill:
+        # Whole prompts that finish at their first token: every step is prefill only. Two
+        # warm-up steps, then the timed and the profiled steps.
+        params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=1)
+        for i in range(args.batch * (2 * args.steps + 2)):
+            engine.add_request(str(i), {"prompt_token_ids": [i % 1000 + 1] * args.context},
+                               params)
+        for _ in range(2):
+            engine.step()
+    else:
+        params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=total_steps)
+        for i in range(args.batch):
+            engine.add_request(str(i), {"prompt_token_ids": [i % 1000 + 1] * args.context},
+                               params)
+        while engine.timings.decode_steps < 4:  # prefill, then a few decodes to warm up
+            engine.step()
 
     # The step time without the profiler (CUDA events around whole steps).
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
+    tokens0 = engine.timings.tokens
     start.record()
     for _ in range(args.steps):
         engine.step()
     end.record()
     torch.cuda.synchronize()
     step_ms = start.elapsed_time(end) / args.steps
+    tokens_per_step = (engine.timings.tokens - tokens0) / args.steps
     mean_context = args.context + engine.timings.decode_steps + args.steps // 2
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -124,6 +152,18 @@ def main() -> None:
     kv_bytes = args.batch * mean_context * cost.kv_bytes_per_token
     gemm_flops = args.batch * cost.flops_per_token
     bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
+    attn_flops = None
+    if args.prefill:
+        mean_context = args.context
+        c = SHAPES[args.shape]
+        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        lm_head_flops = 2.0 * c["vocab_size"] * c["hidden_size"]
+        tokens = args.batch * args.context
+        gemm_flops = tokens * (cost.flops_per_token - lm_head_flops) + args.batch * lm_head_flops
+        # QK^T and PV over the causal triangle, two FLOPs per multiply-add each.
+        attn_flops = (args.batch * c["num_hidden_layers"] * 4.0 * c["num_attention_heads"]
+                      * head_dim * args.context * (args.context + 1) / 2)
+        bound_ms = 1e3 * (gemm_flops + attn_flops) / flops
 
     def frac_bw(nbytes: float, us: float) -> float | None:
         return None if us <= 0 else nbytes / (us * 1e-6) / bandwidth
@@ -135,9 +175,13 @@ def main() -> None:
                "share_of_gpu_time": round(us / gpu_us, 3) if gpu_us else None,
                "launches_per_step": round(launches.get(cls, 0) / args.steps, 1)}
         if cls == "gemm":
+            row["flops_per_step"] = gemm_flops
             row["bytes_per_step"] = weight_bytes
             row["hbm_fraction"] = frac_bw(weight_bytes, us)
             row["tensor_fraction"] = None if us <= 0 else gemm_flops / (us * 1e-6) / flops
+        elif cls == "attention" and attn_flops is not None:
+            row["flops_per_step"] = attn_flops
+            row["tensor_fraction"] = None if us <= 0 else attn_flops / (us * 1e-6) / flops
         elif cls == "attention":
             row["bytes_per_step"] = kv_bytes
             row["hbm_fraction"] = frac_bw(kv_bytes, us)
@@ -145,9 +189,11 @@ def main() -> None:
 
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
     result = {
-        "benchmark": "profile_step", "shape": args.shape, "batch": args.batch,
+        "benchmark": "profile_step", "mode": "prefill" if args.prefill else "decode",
+        "shape": args.shape, "batch": args.batch,
         "context": args.context, "mean_context": mean_context, "eager": args.eager,
         "device": device_info(), "limits": limits, "commit": git_commit(),
+        "tokens_per_step": tokens_per_step,
         "step_ms": round(step_ms, 3), "gpu_busy_ms_per_step": round(gpu_us / 1e3, 3),
         "bound_ms": round(bound_ms, 3), "fraction_of_bound": round(bound_ms / step_ms, 3),
         "kernel_launches_per_step": round(sum(launches.values()) / args.steps, 1),
@@ -155,11 +201,13 @@ def main() -> None:
         "top_kernels": [{"name": n[:90], "class": classify(n),
                          "us_per_step": round(us / args.steps, 1)} for n, us in top],
     }
-    print(f"{args.shape} batch {args.batch} context ~{mean_context} "
-          f"({'eager' if args.eager else 'CUDA graphs'}) on {limits}")
+    what = (f"prefill of {args.batch} prompts x {args.context} tokens" if args.prefill
+            else f"batch {args.batch} context ~{mean_context}")
+    print(f"{args.shape} {what} ({'eager' if args.eager else 'CUDA graphs'}) on {limits}")
     print(f"step {step_ms:.3f} ms (no profiler); GPU busy {gpu_us / 1e3:.3f} ms; "
-          f"bandwidth bound {bound_ms:.3f} ms = {bound_ms / step_ms:.1%} of the step; "
-          f"{result['kernel_launches_per_step']} kernels per step")
+          f"{'FLOP' if args.prefill else 'bandwidth'} bound {bound_ms:.3f} ms = "
+          f"{bound_ms / step_ms:.1%} of the step; "
+          f"{result['kernel_launches_per_step']} kernels, {tokens_per_step:.0f} tokens per step")
     print(f"{'class':<20}{'us/step':>10}{'share':>8}{'launch':>8}{'HBM':>8}{'tensor':>8}")
     for r in rows:
         hbm = r.get("hbm_fraction")
