@@ -50,3 +50,36 @@ def test_only_tall_k_weights_are_preferred():
 
     assert preferred(torch.empty(1024, 2048)) and preferred(torch.empty(1024, 3072))
     assert not preferred(torch.empty(4096, 1024)) and not preferred(torch.empty(4096, 4096))
+
+
+
+
+@pytest.mark.parametrize("m,k", [(16, 1024), (32, 1024), (64, 1024), (64, 3072)])
+def test_default_tiles_fit_shared_memory(m, k):
+    """The default tiles compiled for sm_90 (offline, by scripts/triton_sass.py with the
+    ptxas the triton package carries; in a process of its own, as the interpreter's kernels
+    do not compile) fit an H200 SM's shared memory at the launch's four stages: 64 rows at
+    256-wide K steps asked for 245,760 bytes on the H200, and the launch failed."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from octavo.kernels.skinny_gemm import default_tiles
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    block_n, block_k = default_tiles(m, k)
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=root, TRITON_DEFAULT_FP_FUSION="1")
+    run = subprocess.run(
+        [sys.executable, os.path.join(root, "scripts", "triton_sass.py"),
+         "octavo.kernels.skinny_gemm:_skinny_gemm_kernel", "--const",
+         f"BLOCK_M={max(16, 1 << (m - 1).bit_length())}", f"BLOCK_N={block_n}",
+         f"BLOCK_K={block_k}", "PDL=0", "--ptr", "cnt_ptr=i32", "part_ptr=fp32",
+         "--ones", "stride_xk", "stride_wk", "stride_on", "stride_pn",
+         "--div16", "stride_xm", "stride_wn", "stride_om", "K", "K_PER_SPLIT", "stride_ps",
+         "stride_pm", "--num-warps", "4", "--num-stages", "4"],
+        capture_output=True, text=True, env=env, timeout=300)
+    found = re.search(r"shared (\d+) B", run.stdout)
+    assert found, run.stdout + run.stderr
+    assert int(found.group(1)) <= 232448, found.group(0)
