@@ -51,7 +51,7 @@ def fused_kv_store() -> bool:
 
 
 def skinny_gemm() -> bool:
-    """OCTAVO_SKINNY_GEMM (default on): on CUDA, float linears of decode batches (<= 16 rows,
+    """OCTAVO_SKINNY_GEMM (default on): on CUDA, float linears of decode batches (<= 32 rows,
     bf16 / fp16) through one Triton launch (octavo/kernels/skinny_gemm.py); off, cuBLAS."""
     return _flag("OCTAVO_SKINNY_GEMM", True)
 

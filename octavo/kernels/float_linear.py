@@ -1,7 +1,8 @@
 """``F.linear`` for float (bf16 / fp16) weights on CUDA, choosing per call between the decode
 kernels and cuBLAS: one-row batches through the CUDA-core GEMV
 (``octavo.kernels.dense_gemv``, launched with PDL), up to 16 rows of the tall-K projections
-through the skinny tensor-core GEMM (``octavo.kernels.skinny_gemm``), everything else cuBLAS.
+(up to 32 of the small ones) through the skinny tensor-core GEMM
+(``octavo.kernels.skinny_gemm``), everything else cuBLAS.
 ``OCTAVO_DENSE_GEMV=0`` / ``OCTAVO_SKINNY_GEMM=0`` turn the two kernels off."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 and dense_gemv.supports(x, weight)):
             return dense_gemv.dense_gemv(x, weight, bias)
         if (envs.skinny_gemm() and skinny_gemm.supports(x, weight)
-                and (skinny_gemm.preferred(weight) or envs.skinny_gemm_all())):
+                and (skinny_gemm.preferred(weight, x.numel() // x.shape[-1])
+                     or envs.skinny_gemm_all())):
             return skinny_gemm.skinny_gemm(x, weight, bias)
     return F.linear(x, weight, bias)

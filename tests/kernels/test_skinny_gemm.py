@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 from octavo.kernels.skinny_gemm import skinny_gemm, supports  # noqa: E402
 
 
-@pytest.mark.parametrize("m", [1, 3, 16, 33])
+@pytest.mark.parametrize("m", [1, 3, 16, 24, 33])
 @pytest.mark.parametrize("nk", [(40, 32), (96, 160), (64, 48)])
 @pytest.mark.parametrize("split_k", [1, 3, None])
 def test_matches_linear(m, nk, split_k, device):
@@ -40,8 +40,8 @@ def test_supports_only_decode_batches_in_half_precision():
     assert not supports(torch.empty(1, 32, dtype=torch.bfloat16), w)  # not CUDA
     if torch.cuda.is_available():
         wc = w.cuda()
-        assert supports(torch.empty(16, 32, dtype=torch.bfloat16, device="cuda"), wc)
-        assert not supports(torch.empty(17, 32, dtype=torch.bfloat16, device="cuda"), wc)
+        assert supports(torch.empty(32, 32, dtype=torch.bfloat16, device="cuda"), wc)
+        assert not supports(torch.empty(33, 32, dtype=torch.bfloat16, device="cuda"), wc)
         assert not supports(torch.empty(1, 32, device="cuda"), wc)  # float32 stays cuBLAS
 
 
@@ -50,6 +50,11 @@ def test_only_tall_k_weights_are_preferred():
 
     assert preferred(torch.empty(1024, 2048)) and preferred(torch.empty(1024, 3072))
     assert not preferred(torch.empty(4096, 1024)) and not preferred(torch.empty(4096, 4096))
+    # 17-32 rows: small tall-K weights only (Qwen3-0.6B's o / down, not Llama-8B's down).
+    llama_down = torch.empty(4096, 14336)
+    assert preferred(llama_down, 16) and not preferred(llama_down, 17)
+    assert preferred(torch.empty(1024, 3072), 32) and preferred(torch.empty(1024, 2048), 17)
+    assert not preferred(torch.empty(4096, 1024), 32)
 
 
 
