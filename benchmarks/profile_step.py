@@ -125,14 +125,26 @@ def main() -> None:
         engine.step()
     end.record()
     torch.cuda.synchronize()
-    step_ms = start.elapsed_time(end) / args.steps
-    tokens_per_step = (engine.timings.tokens - tokens0) / args.steps
+    def model_steps(tokens: int) -> float:
+        # Prefill: engine.step() calls are not all model steps (with asynchronous
+        # scheduling, a call may only finish the step in flight), so count steps by the
+        # tokens scheduled; a decode call is one step of the batch.
+        if not args.prefill:
+            return args.steps
+        if tokens <= 0:
+            raise SystemExit("no prefill step ran in the measured window")
+        return tokens / (args.batch * args.context)
+
+    timed_steps = model_steps(engine.timings.tokens - tokens0)
+    step_ms = start.elapsed_time(end) / timed_steps
     mean_context = args.context + engine.timings.decode_steps + args.steps // 2
 
+    tokens0 = engine.timings.tokens
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(args.steps):
             engine.step()
         torch.cuda.synchronize()
+    profiled_steps = model_steps(engine.timings.tokens - tokens0)
     while engine.has_unfinished_requests():
         engine.step()
 
@@ -140,7 +152,7 @@ def main() -> None:
     by_class: dict[str, float] = defaultdict(float)
     launches: dict[str, int] = defaultdict(int)
     for name, us in per_kernel.items():
-        by_class[classify(name)] += us / args.steps
+        by_class[classify(name)] += us / profiled_steps
     for ev in prof.events():
         if getattr(ev, "device_type", None) == torch.autograd.DeviceType.CUDA:
             launches[classify(ev.name)] += 1
@@ -173,11 +185,12 @@ def main() -> None:
         us = by_class.get(cls, 0.0)
         row = {"class": cls, "us_per_step": round(us, 1),
                "share_of_gpu_time": round(us / gpu_us, 3) if gpu_us else None,
-               "launches_per_step": round(launches.get(cls, 0) / args.steps, 1)}
+               "launches_per_step": round(launches.get(cls, 0) / profiled_steps, 1)}
         if cls == "gemm":
             row["flops_per_step"] = gemm_flops
-            row["bytes_per_step"] = weight_bytes
-            row["hbm_fraction"] = frac_bw(weight_bytes, us)
+            if not args.prefill:  # a prefill step's GEMMs are bound by FLOPs, not bytes
+                row["bytes_per_step"] = weight_bytes
+                row["hbm_fraction"] = frac_bw(weight_bytes, us)
             row["tensor_fraction"] = None if us <= 0 else gemm_flops / (us * 1e-6) / flops
         elif cls == "attention" and attn_flops is not None:
             row["flops_per_step"] = attn_flops
@@ -193,13 +206,14 @@ def main() -> None:
         "shape": args.shape, "batch": args.batch,
         "context": args.context, "mean_context": mean_context, "eager": args.eager,
         "device": device_info(), "limits": limits, "commit": git_commit(),
-        "tokens_per_step": tokens_per_step,
+        "step_calls": args.steps, "model_steps_timed": timed_steps,
+        "model_steps_profiled": profiled_steps,
         "step_ms": round(step_ms, 3), "gpu_busy_ms_per_step": round(gpu_us / 1e3, 3),
         "bound_ms": round(bound_ms, 3), "fraction_of_bound": round(bound_ms / step_ms, 3),
-        "kernel_launches_per_step": round(sum(launches.values()) / args.steps, 1),
+        "kernel_launches_per_step": round(sum(launches.values()) / profiled_steps, 1),
         "classes": rows,
         "top_kernels": [{"name": n[:90], "class": classify(n),
-                         "us_per_step": round(us / args.steps, 1)} for n, us in top],
+                         "us_per_step": round(us / profiled_steps, 1)} for n, us in top],
     }
     what = (f"prefill of {args.batch} prompts x {args.context} tokens" if args.prefill
             else f"batch {args.batch} context ~{mean_context}")
@@ -207,7 +221,9 @@ def main() -> None:
     print(f"step {step_ms:.3f} ms (no profiler); GPU busy {gpu_us / 1e3:.3f} ms; "
           f"{'FLOP' if args.prefill else 'bandwidth'} bound {bound_ms:.3f} ms = "
           f"{bound_ms / step_ms:.1%} of the step; "
-          f"{result['kernel_launches_per_step']} kernels, {tokens_per_step:.0f} tokens per step")
+          f"{result['kernel_launches_per_step']} kernels per step; {timed_steps:g} / "
+          f"{profiled_steps:g} model steps in {args.steps} engine.step() calls (timed / "
+          f"profiled)")
     print(f"{'class':<20}{'us/step':>10}{'share':>8}{'launch':>8}{'HBM':>8}{'tensor':>8}")
     for r in rows:
         hbm = r.get("hbm_fraction")
