@@ -94,7 +94,9 @@ def main() -> None:
 
     llm = LLM(model=write_config(args.shape), load_format="dummy", dtype="bfloat16",
               skip_tokenizer_init=True, max_model_len=max(4096, args.context + 64),
-              max_num_seqs=max(args.batch, 1),
+              # Prefill: room for the next step's prompts while the step in flight still
+              # holds its requests' sequence slots (asynchronous scheduling).
+              max_num_seqs=max(args.batch, 1) * (2 if args.prefill else 1),
               max_num_batched_tokens=args.prefill or 16384, enforce_eager=args.eager,
               enable_prefix_caching=not args.prefill)
     engine = llm.llm_engine
@@ -126,9 +128,9 @@ def main() -> None:
     end.record()
     torch.cuda.synchronize()
     def model_steps(tokens: int) -> float:
-        # Prefill: engine.step() calls are not all model steps (with asynchronous
-        # scheduling, a call may only finish the step in flight), so count steps by the
-        # tokens scheduled; a decode call is one step of the batch.
+        # Prefill: engine.step() calls need not all be model steps (with asynchronous
+        # scheduling a call that can schedule nothing only finishes the step in flight), so
+        # count steps by the tokens scheduled; a decode call is one step of the batch.
         if not args.prefill:
             return args.steps
         if tokens <= 0:
