@@ -127,6 +127,7 @@ def main() -> None:
         engine.step()
     end.record()
     torch.cuda.synchronize()
+
     def model_steps(tokens: int) -> float:
         # Prefill: engine.step() calls need not all be model steps (with asynchronous
         # scheduling a call that can schedule nothing only finishes the step in flight), so
@@ -139,7 +140,8 @@ def main() -> None:
 
     timed_steps = model_steps(engine.timings.tokens - tokens0)
     step_ms = start.elapsed_time(end) / timed_steps
-    mean_context = args.context + engine.timings.decode_steps + args.steps // 2
+    mean_context = args.context + (0 if args.prefill
+                                   else engine.timings.decode_steps + args.steps // 2)
 
     tokens0 = engine.timings.tokens
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -168,7 +170,6 @@ def main() -> None:
     bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
     attn_flops = None
     if args.prefill:
-        mean_context = args.context
         c = SHAPES[args.shape]
         head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         lm_head_flops = 2.0 * c["vocab_size"] * c["hidden_size"]
