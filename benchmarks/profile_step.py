@@ -31,7 +31,13 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
-from benchmarks.workloads import SHAPES, device_limits, shape_cost, write_config  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
+    SHAPES,
+    device_limits,
+    prefill_flops,
+    shape_cost,
+    write_config,
+)
 
 # Kernel name patterns, first match wins (Triton kernels keep their Python names, the GEMVs
 # included; cuBLAS / CUTLASS GEMMs carry gemm / xmma / nvjet / cutlass in theirs).
@@ -170,14 +176,7 @@ def main() -> None:
     bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
     attn_flops = None
     if args.prefill:
-        c = SHAPES[args.shape]
-        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-        lm_head_flops = 2.0 * c["vocab_size"] * c["hidden_size"]
-        tokens = args.batch * args.context
-        gemm_flops = tokens * (cost.flops_per_token - lm_head_flops) + args.batch * lm_head_flops
-        # QK^T and PV over the causal triangle, two FLOPs per multiply-add each.
-        attn_flops = (args.batch * c["num_hidden_layers"] * 4.0 * c["num_attention_heads"]
-                      * head_dim * args.context * (args.context + 1) / 2)
+        gemm_flops, attn_flops = prefill_flops(args.shape, args.batch, args.context)
         bound_ms = 1e3 * (gemm_flops + attn_flops) / flops
 
     def frac_bw(nbytes: float, us: float) -> float | None:

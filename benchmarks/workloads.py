@@ -76,6 +76,20 @@ def shape_cost(shape: str, dtype_bytes: int = 2) -> ShapeCost:
                      flops_per_token=2.0 * params)
 
 
+def prefill_flops(shape: str, prompts: int, context: int) -> tuple[float, float]:
+    """(GEMM, attention) FLOPs of one step prefilling ``prompts`` whole prompts of
+    ``context`` tokens: every token through every linear layer, the LM head for each prompt's
+    last token only, and causal attention (QK^T and PV over the triangle, two FLOPs per
+    multiply-add each)."""
+    c = SHAPES[shape]
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    lm_head = 2.0 * c["vocab_size"] * c["hidden_size"]
+    gemm = prompts * (context * (shape_cost(shape).flops_per_token - lm_head) + lm_head)
+    attn = (prompts * c["num_hidden_layers"] * 4.0 * c["num_attention_heads"] * head_dim
+            * context * (context + 1) / 2)
+    return gemm, attn
+
+
 def decode_bound_seconds(prompt_lens: list[int], out_lens: list[int], cost: ShapeCost,
                          bandwidth: float, flops: float, max_batch: int = 256) -> float:
     """Lower bound on wall time: every decode step reads the weights once and every K/V byte
