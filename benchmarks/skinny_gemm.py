@@ -57,9 +57,12 @@ def main() -> None:
     bandwidth, _, limits = device_limits()
     dev = torch.device("cuda")
     rows = []
-    cfgs = ([None] + [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s)
-                      for bn, bk, w, s in itertools.product((16, 32, 64), (64, 128, 256),
-                                                            (4,), (3, 4, 6))]
+    # split_k None: the kernel's own choice (about four programs per SM, which splits every
+    # shape here); 1 and 2 keep the wide shapes' programs whole (fewer, longer programs and
+    # no partial sums to reduce).
+    cfgs = ([None] + [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=s, split_k=sk)
+                      for bn, bk, w, s, sk in itertools.product(
+                          (16, 32, 64), (64, 128, 256), (4,), (3, 4, 6), (None, 1, 2))]
             if args.sweep else [None])
     gemv_cfgs = ([None] + [dict(block_n=bn, block_k=bk, num_warps=w, waves=v)
                            for bn, bk, w, v in itertools.product((4, 8, 16), (256, 512),
@@ -145,6 +148,7 @@ def _time_configs(timed, fn, x, ws, cfgs, label):
         if best is None or r["us"] < best[0]:
             best = (r["us"], r["cfg"])
     return default, best, others
+
 
 if __name__ == "__main__":
     main()
