@@ -27,7 +27,11 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
     # Tensors a backend derives from the above once per step and reuses in every layer
-    # (slot rows, gather indices, masks). Lives and dies with this step's metadata.
+    # (slot rows, gather indices, masks). Lives and dies with this step's metadata. Beware:
+    # the CUDA graph runner warms up eagerly and then captures with one metadata object, so
+    # a tensor cached during warm-up would be read by the graph after it is freed; a backend
+    # that caches here on a captured path must key the entry by
+    # torch.cuda.is_current_stream_capturing() (this aborted the engine once, session 14).
     derived: dict = field(default_factory=dict)
 
     @property
