@@ -106,7 +106,6 @@ def main() -> None:
               max_num_batched_tokens=args.prefill or 16384, enforce_eager=args.eager,
               enable_prefix_caching=not args.prefill)
     engine = llm.llm_engine
-    total_steps = 3 * args.steps + 16
     if args.prefill:
         # Whole prompts that finish at their first token: every step is prefill only. Two
         # warm-up steps, then the timed and the profiled steps.
@@ -117,7 +116,8 @@ def main() -> None:
         for _ in range(2):
             engine.step()
     else:
-        params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=total_steps)
+        params = SamplingParams(temperature=0.6, ignore_eos=True,
+                                max_tokens=3 * args.steps + 16)
         for i in range(args.batch):
             engine.add_request(str(i), {"prompt_token_ids": [i % 1000 + 1] * args.context},
                                params)
@@ -171,13 +171,14 @@ def main() -> None:
     bandwidth, flops, limits = device_limits()
     cost = shape_cost(args.shape)
     weight_bytes = cost.weight_bytes
-    kv_bytes = args.batch * mean_context * cost.kv_bytes_per_token
-    gemm_flops = args.batch * cost.flops_per_token
-    bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
-    attn_flops = None
-    if args.prefill:
+    if args.prefill:  # bound by FLOPs
         gemm_flops, attn_flops = prefill_flops(args.shape, args.batch, args.context)
         bound_ms = 1e3 * (gemm_flops + attn_flops) / flops
+    else:  # bound by bytes: the weights once and the contexts' K/V
+        attn_flops = None
+        kv_bytes = args.batch * mean_context * cost.kv_bytes_per_token
+        gemm_flops = args.batch * cost.flops_per_token
+        bound_ms = 1e3 * (weight_bytes + kv_bytes) / bandwidth
 
     def frac_bw(nbytes: float, us: float) -> float | None:
         return None if us <= 0 else nbytes / (us * 1e-6) / bandwidth
