@@ -10,7 +10,11 @@ step time itself is measured without the profiler, with CUDA events, and so is t
 bandwidth bound (weights + K/V bytes at full HBM bandwidth).
 
     python benchmarks/profile_step.py [--shape qwen3-0.6b] [--batch 128] [--context 1000]
-                                      [--steps 16] [--eager] [--json out.json]
+                                      [--steps 16] [--eager] [--quantization w4a16]
+                                      [--json out.json]
+
+``--quantization`` takes the weights of ``benchmarks/quantized.py`` (w4a16, w8a16: GPTQ layout,
+group 128; fp8), and the GEMMs' bytes are then what the model holds (less the embedding).
 
 ``--prefill TOKENS`` profiles prefill steps instead (a W1 / W2 prefill step is 16,384 tokens
 of whole prompts): each step runs TOKENS // context fresh prompts of ``--context`` tokens
@@ -31,6 +35,7 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.quantized import METHODS as QUANT_METHODS  # noqa: E402
 from benchmarks.workloads import (  # noqa: E402
     SHAPES,
     device_limits,
@@ -77,6 +82,18 @@ def kernel_times(prof) -> dict[str, float]:
     return dict(out)
 
 
+def read_weight_bytes(model) -> int:
+    """Bytes a decode step reads once: every parameter and buffer but the embedding table
+    (a lookup reads a few rows) and the rotary tables; a tied LM head counts once, by its
+    own name."""
+    total = 0
+    for name, t in (list(model.named_parameters(remove_duplicate=False))
+                    + list(model.named_buffers())):
+        if not any(s in name for s in ("embed_tokens", "cos", "sin", "rotary", "inv_freq")):
+            total += t.numel() * t.element_size()
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
@@ -87,6 +104,8 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
                     help="profile prefill steps of TOKENS prompt tokens instead of decodes")
+    ap.add_argument("--quantization", default="bf16", choices=sorted(QUANT_METHODS),
+                    help="weights as benchmarks/quantized.py makes them (dummy values)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.prefill:
@@ -98,7 +117,9 @@ def main() -> None:
 
     from octavo import LLM, SamplingParams
 
-    llm = LLM(model=write_config(args.shape), load_format="dummy", dtype="bfloat16",
+    qcfg, quantization = QUANT_METHODS[args.quantization]
+    folder = write_config(args.shape, **({} if qcfg is None else {"quantization_config": qcfg}))
+    llm = LLM(model=folder, quantization=quantization, load_format="dummy", dtype="bfloat16",
               skip_tokenizer_init=True, max_model_len=max(4096, args.context + 64),
               # Prefill: room for the next step's prompts while the step in flight still
               # holds its requests' sequence slots (asynchronous scheduling).
@@ -171,6 +192,8 @@ def main() -> None:
     bandwidth, flops, limits = device_limits()
     cost = shape_cost(args.shape)
     weight_bytes = cost.weight_bytes
+    if args.quantization != "bf16":  # what the model holds, less the embedding table
+        weight_bytes = read_weight_bytes(engine.executor.worker.runner.model)
     if args.prefill:  # bound by FLOPs
         gemm_flops, attn_flops = prefill_flops(args.shape, args.batch, args.context)
         bound_ms = 1e3 * (gemm_flops + attn_flops) / flops
@@ -206,7 +229,7 @@ def main() -> None:
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
     result = {
         "benchmark": "profile_step", "mode": "prefill" if args.prefill else "decode",
-        "shape": args.shape, "batch": args.batch,
+        "shape": args.shape, "quantization": args.quantization, "batch": args.batch,
         "context": args.context, "mean_context": mean_context, "eager": args.eager,
         "device": device_info(), "limits": limits, "commit": git_commit(),
         "step_calls": args.steps, "model_steps_timed": timed_steps,
@@ -220,7 +243,7 @@ def main() -> None:
     }
     what = (f"prefill of {args.batch} prompts x {args.context} tokens" if args.prefill
             else f"batch {args.batch} context ~{mean_context}")
-    print(f"{args.shape} {what} ({'eager' if args.eager else 'CUDA graphs'}) on {limits}")
+    print(f"{args.shape} {args.quantization} {what} ({'eager' if args.eager else 'CUDA graphs'}) on {limits}")
     print(f"step {step_ms:.3f} ms (no profiler); GPU busy {gpu_us / 1e3:.3f} ms; "
           f"{'FLOP' if args.prefill else 'bandwidth'} bound {bound_ms:.3f} ms = "
           f"{bound_ms / step_ms:.1%} of the step; "
