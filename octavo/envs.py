@@ -42,6 +42,13 @@ def fused_qk_norm_rope() -> bool:
     return _flag("OCTAVO_FUSED_QK_NORM_ROPE", True)
 
 
+def attn_split_merge() -> bool:
+    """OCTAVO_ATTN_SPLIT_MERGE (default on): a split decode attention launch merges its
+    splits itself (the last program of each request and KV head); off, a second kernel
+    merges them."""
+    return _flag("OCTAVO_ATTN_SPLIT_MERGE", True)
+
+
 def fused_kv_store() -> bool:
     """OCTAVO_FUSED_KV_STORE (default on): on CUDA, the launch that rotates q and k (Qwen3's
     q/k norm + rotary under OCTAVO_FUSED_QK_NORM_ROPE, or the rotary kernel of the other

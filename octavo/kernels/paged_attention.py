@@ -28,7 +28,10 @@ Kernel design (one kernel, launched at most twice per call: decodes, then prefil
 * Online softmax in fp32 with ``exp2`` (the scale is folded with ``log2(e)``).
 * Split-K ("flash decoding"): for few sequences x long context the KV range is cut into
   ``num_splits`` chunks handled by separate programs that write unnormalised partial results
-  (acc, running max, running sum) per query token in fp32; a second kernel merges them. The
+  (acc, running max, running sum) per query token in fp32. In the decode launch the last
+  program of each (request, KV head) to finish merges them (a ticket from a per-pair counter,
+  as :mod:`octavo.kernels.split_k` does for GEMMs: no second launch); in the prefill launch
+  a second kernel merges them. The
   prefill launch splits the same way when its query tiles are few and the context long (a
   chunk of a long prompt under chunked prefill).
 """
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import torch
 
+from octavo.envs import attn_split_merge
 from octavo.kernels.paged_attention_config import (
     _SPLIT_PREFILL_ROWS,
     _Config,
@@ -47,6 +51,7 @@ from octavo.kernels.paged_attention_config import (
 )
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
+from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import (
     next_power_of_2,
     require_triton,
@@ -149,6 +154,40 @@ def _attn_kv_loop(
 
 
 # Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
+@triton.jit
+def _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr, cnt, tok, head, row_ok, offs_d, d_ok,
+                  num_heads, num_splits, stride_ot, stride_oh, HEAD_DIM_P: tl.constexpr,
+                  BLOCK_M: tl.constexpr):
+    """Take a ticket from this (request, KV head)'s counter; the program that takes the last
+    one merges every split's partial state (in split order) into the output rows and resets
+    the counter. One launch instead of a second, merging kernel."""
+    tl.debug_barrier()  # every thread's partials are written before the ticket is taken
+    ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
+    if ticket == num_splits - 1:
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+        m = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        den = tl.zeros([BLOCK_M], dtype=tl.float32)
+        row = (tok * num_heads + head) * num_splits
+        for s in range(0, num_splits):
+            # .cg: from L2, where the other programs' partials are (not a stale L1 line).
+            m_s = tl.load(part_ml_ptr + (row + s) * 2, mask=row_ok, other=-1.0e30,
+                          cache_modifier=".cg")
+            l_s = tl.load(part_ml_ptr + (row + s) * 2 + 1, mask=row_ok, other=0.0,
+                          cache_modifier=".cg")
+            a_s = tl.load(part_acc_ptr + (row + s)[:, None] * HEAD_DIM_P + offs_d[None, :],
+                          mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+            m_new = tl.maximum(m, m_s)
+            alpha = tl.exp2(m - m_new)
+            beta = tl.exp2(m_s - m_new)
+            acc = acc * alpha[:, None] + a_s * beta[:, None]
+            den = den * alpha + l_s * beta
+            m = m_new
+        out = acc / den[:, None]
+        o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.atomic_xchg(cnt, 0)
+
+
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _paged_attention_kernel(
     out_ptr,
@@ -160,6 +199,7 @@ def _paged_attention_kernel(
     block_tables_ptr,
     part_acc_ptr,
     part_ml_ptr,
+    cnt_ptr,
     qk_scale,
     num_seqs,
     stride_qt,
@@ -184,6 +224,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     SPLIT: tl.constexpr,
+    MERGE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PDL: tl.constexpr,
@@ -290,6 +331,11 @@ def _paged_attention_kernel(
         tl.store(p_acc, acc, mask=row_ok[:, None])
         tl.store(part_ml_ptr + p_idx * 2, m_i, mask=row_ok)
         tl.store(part_ml_ptr + p_idx * 2 + 1, l_i, mask=row_ok)
+        if MERGE:
+            # Decode: the last split of this (request, KV head) to finish merges them all.
+            _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr + b * tl.num_programs(1)
+                          + kv_head, tok, head, row_ok, offs_d, d_ok, num_heads, num_splits,
+                          stride_ot, stride_oh, HEAD_DIM_P, BLOCK_M)
     else:
         out = acc / l_i[:, None]
         o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
@@ -479,14 +525,18 @@ def paged_attention(
             part_ml = torch.empty((num_tokens, num_heads, splits, 2), **f32)
         else:
             part_acc = part_ml = out  # unused placeholders
+        # Decode splits merge inside the launch (the last split of each request and KV head
+        # to finish); OCTAVO_ATTN_SPLIT_MERGE=0 keeps the second, merging launch.
+        merge = decode and splits > 1 and attn_split_merge()
+        cnt = split_k_counters(q.device, grid0 * num_kv_heads) if merge else seq_lens
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
-            *args, part_acc, part_ml, qk_scale, num_seqs, *strides, num_heads, splits,
+            *args, part_acc, part_ml, cnt, qk_scale, num_seqs, *strides, num_heads, splits,
             DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT=splits > 1, **common, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **pdl,
+            SPLIT=splits > 1, MERGE=merge, **common, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages, **pdl,
         )  # fmt: skip
         splits_p = next_power_of_2(splits)
-        if splits > 1 and decode:
+        if splits > 1 and decode and not merge:
             _split_reduce_kernel[(num_seqs, num_heads)](
                 out, part_acc, part_ml, query_start_loc, num_heads, splits,
                 out.stride(0), out.stride(1),

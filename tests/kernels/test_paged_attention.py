@@ -108,6 +108,34 @@ def test_decode(max_query_len, num_splits, device):
     )
 
 
+class _NoLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError("the merging kernel was launched")
+
+
+@pytest.mark.parametrize("merge", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_splits_merge_in_the_launch(merge, dtype, monkeypatch, device):
+    # Split decodes are merged by the last program of each (request, KV head) to finish,
+    # without the second kernel (OCTAVO_ATTN_SPLIT_MERGE=0 keeps it). Some splits hold no
+    # key (contexts 3 and 17 in 5 splits of 16-key tiles); a second call finds the counters
+    # zeroed again.
+    import octavo.kernels.paged_attention as pa
+    from octavo.kernels.split_k import counters
+
+    monkeypatch.setenv("OCTAVO_ATTN_SPLIT_MERGE", "1" if merge else "0")
+    if merge:
+        monkeypatch.setattr(pa, "_split_reduce_kernel", _NoLaunch())
+    for seed in range(2):
+        q, kc, vc, qsl, sl, bt = make_batch([1, 1, 1, 1], [45, 3, 64, 17], 6, 2, 32, 4,
+                                            dtype, device, seed=seed)
+        out = paged_attention(q, kc, vc, qsl, sl, bt, 32**-0.5, max_query_len=1,
+                              num_splits=5)
+        ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, 32**-0.5)
+        torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
+    assert int(counters(q.device, 8)[:8].abs().sum()) == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_k_mixed_batch(dtype, device):
     # Split-K applies to the decodes of a mixed batch; prefill chunks are never split.
