@@ -42,6 +42,7 @@ import torch
 
 from octavo.envs import attn_split_merge
 from octavo.kernels.paged_attention_config import (
+    _MIN_SPLIT_TOKENS,
     _SPLIT_PREFILL_ROWS,
     _Config,
     _pick_config,
@@ -155,36 +156,30 @@ def _attn_kv_loop(
 
 # Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
 @triton.jit
-def _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr, cnt, tok, head, row_ok, offs_d, d_ok,
-                  num_heads, num_splits, stride_ot, stride_oh, HEAD_DIM_P: tl.constexpr,
-                  BLOCK_M: tl.constexpr):
-    """Take a ticket from this (request, KV head)'s counter; the program that takes the last
-    one merges every split's partial state (in split order) into the output rows and resets
-    the counter. One launch instead of a second, merging kernel."""
+def _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr, cnt, tok, kv_head, offs_d, d_ok,
+                  num_heads, num_splits, used, stride_ot, stride_oh, GROUP: tl.constexpr,
+                  HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr):
+    """Decode (one query token ``tok``): take a ticket from this (request, KV head)'s counter;
+    the program that takes the last of ``used`` merges the used splits' partial states into
+    the output rows of the group's heads and resets the counter. One launch instead of a
+    second, merging kernel."""
     tl.debug_barrier()  # every thread's partials are written before the ticket is taken
     ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
-    if ticket == num_splits - 1:
-        acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
-        m = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-        den = tl.zeros([BLOCK_M], dtype=tl.float32)
-        row = (tok * num_heads + head) * num_splits
-        for s in range(0, num_splits):
+    if ticket == used - 1:
+        offs_s = tl.arange(0, SPLITS_P)
+        s_ok = offs_s < used
+        for g in tl.static_range(GROUP):
+            head = kv_head * GROUP + g
+            p = (tok * num_heads + head) * num_splits + offs_s  # [SPLITS_P]
             # .cg: from L2, where the other programs' partials are (not a stale L1 line).
-            m_s = tl.load(part_ml_ptr + (row + s) * 2, mask=row_ok, other=-1.0e30,
-                          cache_modifier=".cg")
-            l_s = tl.load(part_ml_ptr + (row + s) * 2 + 1, mask=row_ok, other=0.0,
-                          cache_modifier=".cg")
-            a_s = tl.load(part_acc_ptr + (row + s)[:, None] * HEAD_DIM_P + offs_d[None, :],
-                          mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m, m_s)
-            alpha = tl.exp2(m - m_new)
-            beta = tl.exp2(m_s - m_new)
-            acc = acc * alpha[:, None] + a_s * beta[:, None]
-            den = den * alpha + l_s * beta
-            m = m_new
-        out = acc / den[:, None]
-        o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+            m = tl.load(part_ml_ptr + p * 2, mask=s_ok, other=-1.0e30, cache_modifier=".cg")
+            l_s = tl.load(part_ml_ptr + p * 2 + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
+            acc = tl.load(part_acc_ptr + p[:, None] * HEAD_DIM_P + offs_d[None, :],
+                          mask=s_ok[:, None], other=0.0, cache_modifier=".cg")
+            w = tl.where(s_ok, tl.exp2(m - tl.max(m, 0)), 0.0)
+            out = tl.sum(acc * w[:, None], 0) / tl.sum(w * l_s, 0)
+            tl.store(out_ptr + tok * stride_ot + head * stride_oh + offs_d,
+                     out.to(out_ptr.dtype.element_ty), mask=d_ok)
         tl.atomic_xchg(cnt, 0)
 
 
@@ -225,6 +220,8 @@ def _paged_attention_kernel(
     HEAD_DIM_P: tl.constexpr,
     SPLIT: tl.constexpr,
     MERGE: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
+    SPLITS_P: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PDL: tl.constexpr,
@@ -267,6 +264,14 @@ def _paged_attention_kernel(
             return
     seq_len = tl.load(seq_lens_ptr + b)
     ctx_len = seq_len - q_len  # tokens cached before this step
+    if MERGE:
+        # Decode splits of at least MIN_SPLIT keys: a launch sized for the longest context
+        # (a CUDA graph's) gives a short one fewer splits; the unused ones leave at once.
+        split_tokens = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N,
+                                  MIN_SPLIT)
+        used = tl.cdiv(seq_len, split_tokens)
+        if split >= used:
+            return
 
     # Rows = (query token, head of the GQA group); padding rows are clamped to valid
     # coordinates so they compute harmless finite values and are simply not stored.
@@ -295,7 +300,8 @@ def _paged_attention_kernel(
     if SPLIT:
         # Each request cuts its own context into num_splits even, BLOCK_N-aligned parts, so
         # a launch sized for the longest context (a CUDA graph) still balances short ones.
-        split_tokens = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+        if not MERGE:
+            split_tokens = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
         lo = split * split_tokens
         hi = tl.minimum(lo + split_tokens, kv_end)
     else:
@@ -323,7 +329,22 @@ def _paged_attention_kernel(
         q_ptr.dtype.element_ty,
     )  # fmt: skip
 
-    if SPLIT:
+    o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    o_mask = row_ok[:, None] & d_ok[None, :]
+    if MERGE:
+        if used == 1:  # the whole context in this program: no partials
+            tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:
+            p_idx = (tok * num_heads + head) * num_splits + split
+            tl.store(part_acc_ptr + p_idx[:, None] * HEAD_DIM_P + offs_d[None, :], acc,
+                     mask=row_ok[:, None])
+            tl.store(part_ml_ptr + p_idx * 2, m_i, mask=row_ok)
+            tl.store(part_ml_ptr + p_idx * 2 + 1, l_i, mask=row_ok)
+            _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr,
+                          cnt_ptr + b * tl.num_programs(1) + kv_head, q_start.to(tl.int64),
+                          kv_head, offs_d, d_ok, num_heads, num_splits, used, stride_ot,
+                          stride_oh, GROUP, HEAD_DIM_P, SPLITS_P)
+    elif SPLIT:
         # Partials per query token: acc [T, H, S, HEAD_DIM_P] and (max, sum) pairs
         # [T, H, S, 2], contiguous fp32.
         p_idx = (tok * num_heads + head) * num_splits + split
@@ -331,15 +352,8 @@ def _paged_attention_kernel(
         tl.store(p_acc, acc, mask=row_ok[:, None])
         tl.store(part_ml_ptr + p_idx * 2, m_i, mask=row_ok)
         tl.store(part_ml_ptr + p_idx * 2 + 1, l_i, mask=row_ok)
-        if MERGE:
-            # Decode: the last split of this (request, KV head) to finish merges them all.
-            _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr + b * tl.num_programs(1)
-                          + kv_head, tok, head, row_ok, offs_d, d_ok, num_heads, num_splits,
-                          stride_ot, stride_oh, HEAD_DIM_P, BLOCK_M)
     else:
-        out = acc / l_i[:, None]
-        o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -454,6 +468,7 @@ def paged_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     prefill_splits: int | None = None,
+    min_split_keys: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q`` ``[T, H, D]`` over the paged cache; returns ``[T, H, D]``.
 
@@ -469,6 +484,9 @@ def paged_attention(
     of the decode launch, in any batch (1 disables split-K; ``None`` = heuristic);
     ``prefill_splits`` does the same for the prefill launch (the heuristic splits it on the
     GPU when its query tiles cannot fill the device and ``max_seq_len`` is long).
+    ``min_split_keys``: with the in-launch merge, each decode's own context is split into
+    parts of at least this many keys (default: 256 on the GPU, one KV tile in the
+    interpreter), so a short context in a launch split for a long one runs in fewer programs.
     """
     require_triton("paged_attention")
     num_tokens, num_heads, head_dim = q.shape
@@ -517,6 +535,8 @@ def paged_attention(
     )  # fmt: skip
     qk_scale = float(scale) * _LOG2E
     pdl = pdl_args(q.device)
+    if min_split_keys is None:  # the interpreter's tests split tiny contexts
+        min_split_keys = _MIN_SPLIT_TOKENS if on_gpu else 0
 
     def launch(decode: bool, grid0: int, cfg: _Config, splits: int) -> None:
         if splits > 1:
@@ -532,7 +552,8 @@ def paged_attention(
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
             *args, part_acc, part_ml, cnt, qk_scale, num_seqs, *strides, num_heads, splits,
             DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT=splits > 1, MERGE=merge, **common, num_warps=cfg.num_warps,
+            SPLIT=splits > 1, MERGE=merge, MIN_SPLIT=max(cfg.block_n, min_split_keys),
+            SPLITS_P=next_power_of_2(splits), **common, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **pdl,
         )  # fmt: skip
         splits_p = next_power_of_2(splits)

@@ -1,7 +1,7 @@
 # ruff: noqa: B023, E731
 """Micro-benchmark for paged_attention on a GPU (not collected by pytest).
 
-PYTHONPATH=. python tests/kernels/bench_attention.py [--tune] [--mixed | --w1 | --short | --small | --chunk]
+PYTHONPATH=. python tests/kernels/bench_attention.py [--tune] [--mixed | --w1 | --short | --small | --chunk | --merge]
     [--cfgs BLOCK_N,WARPS,STAGES ...]
 
 Decode rows report KV bytes read / GPU time (CUDA-graph replay, so no launch overhead);
@@ -326,11 +326,42 @@ def small(tune):
                 print(f"B={B:2d} ctx={ctx:5d} cfg={cfg} | {row}", flush=True)
 
 
+def merge(tune):
+    """Split decodes merged in the launch (with each context cut into parts of at least
+    ``min_split_keys``) against the second merging launch (OCTAVO_ATTN_SPLIT_MERGE=0), both
+    with the heuristic's split count for max_seq_len 4096 (a captured graph's): us per launch
+    at W4's contexts (128..384) and at 2k / 8k."""
+    import os
+    import random
+
+    H, Hkv, D = 16, 8, 128
+    print("split merge (H=16, Hkv=8, D=128, bf16, max_seq_len 4096 / 8192): us per launch")
+    cases = [(B, "w4") for B in (1, 2, 8, 16, 32)] + [(B, c) for B in (1, 4, 16)
+                                                        for c in (2048, 8192)]
+    for B, ctx in cases:
+        rng = random.Random(B)
+        lens = [rng.randint(128, 384) for _ in range(B)] if ctx == "w4" else [ctx] * B
+        width = 512 if ctx == 8192 else 256
+        q, kc, vc, qsl, sl, bt = batch([1] * B, lens, H, Hkv, D)
+        bt = torch.nn.functional.pad(bt, (0, width - bt.shape[1]))
+        row = []
+        for label, env, keys in (("second launch", "0", None), ("in launch", "1", None),
+                                 ("in launch min 128", "1", 128), ("min 512", "1", 512)):
+            os.environ["OCTAVO_ATTN_SPLIT_MERGE"] = env
+            ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1, max_query_len=1,
+                                                 max_seq_len=width * 16,
+                                                 min_split_keys=keys))
+            row.append(f"{label}: {ms * 1e3:6.1f}")
+        os.environ.pop("OCTAVO_ATTN_SPLIT_MERGE")
+        print(f"B={B:2d} ctx={ctx} | " + " | ".join(row), flush=True)
+
+
 if __name__ == "__main__":
     tune = "--tune" in sys.argv
     print(torch.cuda.get_device_name(), torch.__version__)
     # One sweep alone: --small, --short, --w1, --chunk (the first given).
-    alone = {"--small": small, "--short": short, "--w1": w1, "--chunk": chunk}
+    alone = {"--small": small, "--short": short, "--w1": w1, "--chunk": chunk,
+             "--merge": merge}
     for flag, sweep in alone.items():
         if flag in sys.argv:
             sweep(tune)

@@ -115,11 +115,13 @@ class _NoLaunch:
 
 @pytest.mark.parametrize("merge", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_splits_merge_in_the_launch(merge, dtype, monkeypatch, device):
+@pytest.mark.parametrize("min_split_keys", [None, 32])
+def test_decode_splits_merge_in_the_launch(merge, dtype, min_split_keys, monkeypatch, device):
     # Split decodes are merged by the last program of each (request, KV head) to finish,
     # without the second kernel (OCTAVO_ATTN_SPLIT_MERGE=0 keeps it). Some splits hold no
-    # key (contexts 3 and 17 in 5 splits of 16-key tiles); a second call finds the counters
-    # zeroed again.
+    # key (contexts 3 and 17 in 5 splits of 16-key tiles); with parts of at least 32 keys,
+    # contexts 3 and 17 run in one program that writes the output itself and 45 and 64 in
+    # two. A second call finds the counters zeroed again.
     import octavo.kernels.paged_attention as pa
     from octavo.kernels.split_k import counters
 
@@ -130,7 +132,7 @@ def test_decode_splits_merge_in_the_launch(merge, dtype, monkeypatch, device):
         q, kc, vc, qsl, sl, bt = make_batch([1, 1, 1, 1], [45, 3, 64, 17], 6, 2, 32, 4,
                                             dtype, device, seed=seed)
         out = paged_attention(q, kc, vc, qsl, sl, bt, 32**-0.5, max_query_len=1,
-                              num_splits=5)
+                              num_splits=5, min_split_keys=min_split_keys)
         ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, 32**-0.5)
         torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
     assert int(counters(q.device, 8)[:8].abs().sum()) == 0
