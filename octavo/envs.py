@@ -43,10 +43,10 @@ def fused_qk_norm_rope() -> bool:
 
 
 def attn_split_merge() -> bool:
-    """OCTAVO_ATTN_SPLIT_MERGE (default on): a split decode attention launch merges its
+    """OCTAVO_ATTN_SPLIT_MERGE (default off): a split decode attention launch merges its
     splits itself (the last program of each request and KV head); off, a second kernel
     merges them."""
-    return _flag("OCTAVO_ATTN_SPLIT_MERGE", True)
+    return _flag("OCTAVO_ATTN_SPLIT_MERGE", False)
 
 
 def fused_kv_store() -> bool:

@@ -156,6 +156,13 @@ def _attn_kv_loop(
 
 # Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
 @triton.jit
+def _decode_split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr, MIN_SPLIT: tl.constexpr):
+    """Keys per split of one decode's context: an even, BLOCK_N-aligned share of
+    ``num_splits``, at least MIN_SPLIT (the merging launch computes the same)."""
+    return tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N, MIN_SPLIT)
+
+
+@triton.jit
 def _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr, cnt, tok, kv_head, offs_d, d_ok,
                   num_heads, num_splits, used, stride_ot, stride_oh, GROUP: tl.constexpr,
                   HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr):
@@ -264,11 +271,10 @@ def _paged_attention_kernel(
             return
     seq_len = tl.load(seq_lens_ptr + b)
     ctx_len = seq_len - q_len  # tokens cached before this step
-    if MERGE:
+    if DECODE and SPLIT:
         # Decode splits of at least MIN_SPLIT keys: a launch sized for the longest context
         # (a CUDA graph's) gives a short one fewer splits; the unused ones leave at once.
-        split_tokens = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N,
-                                  MIN_SPLIT)
+        split_tokens = _decode_split_tokens(seq_len, num_splits, BLOCK_N, MIN_SPLIT)
         used = tl.cdiv(seq_len, split_tokens)
         if split >= used:
             return
@@ -300,7 +306,7 @@ def _paged_attention_kernel(
     if SPLIT:
         # Each request cuts its own context into num_splits even, BLOCK_N-aligned parts, so
         # a launch sized for the longest context (a CUDA graph) still balances short ones.
-        if not MERGE:
+        if not DECODE:
             split_tokens = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
         lo = split * split_tokens
         hi = tl.minimum(lo + split_tokens, kv_end)
@@ -331,8 +337,8 @@ def _paged_attention_kernel(
 
     o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     o_mask = row_ok[:, None] & d_ok[None, :]
-    if MERGE:
-        if used == 1:  # the whole context in this program: no partials
+    if DECODE and SPLIT:
+        if used == 1:  # the whole context in this program: no partials, nothing to merge
             tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=o_mask)
         else:
             p_idx = (tok * num_heads + head) * num_splits + split
@@ -340,10 +346,12 @@ def _paged_attention_kernel(
                      mask=row_ok[:, None])
             tl.store(part_ml_ptr + p_idx * 2, m_i, mask=row_ok)
             tl.store(part_ml_ptr + p_idx * 2 + 1, l_i, mask=row_ok)
-            _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr,
-                          cnt_ptr + b * tl.num_programs(1) + kv_head, q_start.to(tl.int64),
-                          kv_head, offs_d, d_ok, num_heads, num_splits, used, stride_ot,
-                          stride_oh, GROUP, HEAD_DIM_P, SPLITS_P)
+            if MERGE:
+                _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr,
+                              cnt_ptr + b * tl.num_programs(1) + kv_head,
+                              q_start.to(tl.int64), kv_head, offs_d, d_ok, num_heads,
+                              num_splits, used, stride_ot, stride_oh, GROUP, HEAD_DIM_P,
+                              SPLITS_P)
     elif SPLIT:
         # Partials per query token: acc [T, H, S, HEAD_DIM_P] and (max, sum) pairs
         # [T, H, S, 2], contiguous fp32.
@@ -362,6 +370,7 @@ def _split_reduce_kernel(
     part_acc_ptr,
     part_ml_ptr,
     qsl_ptr,
+    seq_lens_ptr,
     num_heads,
     num_splits,
     stride_ot,
@@ -369,6 +378,8 @@ def _split_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     SPLITS_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_begin(PDL)
@@ -378,10 +389,14 @@ def _split_reduce_kernel(
     tok = tl.load(qsl_ptr + b)
     if tl.load(qsl_ptr + b + 1) - tok != 1:
         return
+    seq_len = tl.load(seq_lens_ptr + b)
+    used = tl.cdiv(seq_len, _decode_split_tokens(seq_len, num_splits, BLOCK_N, MIN_SPLIT))
+    if used == 1:  # the attention program wrote the output itself
+        return
     row = tok.to(tl.int64) * num_heads + h
     offs_s = tl.arange(0, SPLITS_P)
     offs_d = tl.arange(0, HEAD_DIM_P)
-    s_ok = offs_s < num_splits
+    s_ok = offs_s < used
     ml = part_ml_ptr + (row * num_splits + offs_s) * 2
     m = tl.load(ml, mask=s_ok, other=float("-inf"))
     l_s = tl.load(ml + 1, mask=s_ok, other=0.0)
@@ -548,20 +563,22 @@ def paged_attention(
         # Decode splits merge inside the launch (the last split of each request and KV head
         # to finish); OCTAVO_ATTN_SPLIT_MERGE=0 keeps the second, merging launch.
         merge = decode and splits > 1 and attn_split_merge()
+        min_split = max(cfg.block_n, min_split_keys)
         cnt = split_k_counters(q.device, grid0 * num_kv_heads) if merge else seq_lens
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
             *args, part_acc, part_ml, cnt, qk_scale, num_seqs, *strides, num_heads, splits,
             DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            SPLIT=splits > 1, MERGE=merge, MIN_SPLIT=max(cfg.block_n, min_split_keys),
+            SPLIT=splits > 1, MERGE=merge, MIN_SPLIT=min_split,
             SPLITS_P=next_power_of_2(splits), **common, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **pdl,
         )  # fmt: skip
         splits_p = next_power_of_2(splits)
         if splits > 1 and decode and not merge:
             _split_reduce_kernel[(num_seqs, num_heads)](
-                out, part_acc, part_ml, query_start_loc, num_heads, splits,
+                out, part_acc, part_ml, query_start_loc, seq_lens, num_heads, splits,
                 out.stride(0), out.stride(1),
                 HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, SPLITS_P=splits_p,
+                BLOCK_N=cfg.block_n, MIN_SPLIT=min_split,
                 num_warps=4 if head_dim_p >= 128 else 2, **pdl,
             )  # fmt: skip
         elif splits > 1:
