@@ -42,10 +42,12 @@ def fused_qk_norm_rope() -> bool:
     return _flag("OCTAVO_FUSED_QK_NORM_ROPE", True)
 
 
-def attn_split_merge() -> bool:
-    """OCTAVO_ATTN_SPLIT_MERGE (default off): a split decode attention launch merges its
-    splits itself (the last program of each request and KV head); off, a second kernel
-    merges them."""
+def attn_split_merge() -> bool | None:
+    """OCTAVO_ATTN_SPLIT_MERGE (unset: by grid size, octavo/kernels/paged_attention_config.py):
+    1, a split decode attention launch merges its splits itself (the last program of each
+    request and KV head, in parts of at least 256 keys); 0, a second kernel merges them."""
+    if os.environ.get("OCTAVO_ATTN_SPLIT_MERGE") is None:
+        return None
     return _flag("OCTAVO_ATTN_SPLIT_MERGE", False)
 
 

@@ -45,6 +45,7 @@ from octavo.kernels.paged_attention_config import (
     _MIN_SPLIT_TOKENS,
     _SPLIT_PREFILL_ROWS,
     _Config,
+    _merge_in_launch,
     _pick_config,
     _pick_num_splits,
     _pick_prefill_splits,
@@ -499,9 +500,9 @@ def paged_attention(
     of the decode launch, in any batch (1 disables split-K; ``None`` = heuristic);
     ``prefill_splits`` does the same for the prefill launch (the heuristic splits it on the
     GPU when its query tiles cannot fill the device and ``max_seq_len`` is long).
-    ``min_split_keys``: with the in-launch merge, each decode's own context is split into
-    parts of at least this many keys (default: 256 on the GPU, one KV tile in the
-    interpreter), so a short context in a launch split for a long one runs in fewer programs.
+    ``min_split_keys``: each split decode's own context is cut into parts of at least this
+    many keys (default: 256 on the GPU with the in-launch merge, else one KV tile), so a
+    short context in a launch split for a long one runs in fewer programs.
     """
     require_triton("paged_attention")
     num_tokens, num_heads, head_dim = q.shape
@@ -550,8 +551,6 @@ def paged_attention(
     )  # fmt: skip
     qk_scale = float(scale) * _LOG2E
     pdl = pdl_args(q.device)
-    if min_split_keys is None:  # the interpreter's tests split tiny contexts
-        min_split_keys = _MIN_SPLIT_TOKENS if on_gpu else 0
 
     def launch(decode: bool, grid0: int, cfg: _Config, splits: int) -> None:
         if splits > 1:
@@ -562,8 +561,14 @@ def paged_attention(
             part_acc = part_ml = out  # unused placeholders
         # Decode splits merge inside the launch (the last split of each request and KV head
         # to finish); OCTAVO_ATTN_SPLIT_MERGE=0 keeps the second, merging launch.
-        merge = decode and splits > 1 and attn_split_merge()
-        min_split = max(cfg.block_n, min_split_keys)
+        merge = decode and splits > 1 and _merge_in_launch(num_seqs * num_kv_heads, q.device)
+        forced = attn_split_merge()
+        if decode and splits > 1 and forced is not None:
+            merge = forced
+        keys = min_split_keys
+        if keys is None:  # the interpreter's tests split tiny contexts
+            keys = _MIN_SPLIT_TOKENS if on_gpu and merge else 0
+        min_split = max(cfg.block_n, keys)
         cnt = split_k_counters(q.device, grid0 * num_kv_heads) if merge else seq_lens
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
             *args, part_acc, part_ml, cnt, qk_scale, num_seqs, *strides, num_heads, splits,

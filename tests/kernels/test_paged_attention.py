@@ -201,6 +201,18 @@ def test_decode_split_heuristic(monkeypatch):
     assert pa._pick_num_splits(8, 300, "cuda") == 1  # short contexts are never split
 
 
+def test_decode_merge_rule(monkeypatch):
+    # Grids of a quarter of the SMs or more merge their splits in the launch (long parts);
+    # smaller ones keep many short parts and the merging launch (batch 1-2 x 8 KV heads).
+    import octavo.kernels.paged_attention_config as pa
+
+    monkeypatch.setattr(pa, "num_compute_units", lambda device: 132)
+    assert not pa._merge_in_launch(8, "cuda")
+    assert not pa._merge_in_launch(16, "cuda")
+    assert pa._merge_in_launch(64, "cuda")  # batch 8 x 8 KV heads
+    assert pa._merge_in_launch(128, "cuda")
+
+
 def test_prefill_split_heuristic(monkeypatch):
     # About two programs per SM, rounded down; none for short contexts or full grids.
     import octavo.kernels.paged_attention_config as pa
