@@ -28,12 +28,14 @@ Kernel design (one kernel, launched at most twice per call: decodes, then prefil
 * Online softmax in fp32 with ``exp2`` (the scale is folded with ``log2(e)``).
 * Split-K ("flash decoding"): for few sequences x long context the KV range is cut into
   ``num_splits`` chunks handled by separate programs that write unnormalised partial results
-  (acc, running max, running sum) per query token in fp32. In the decode launch the last
-  program of each (request, KV head) to finish merges them (a ticket from a per-pair counter,
-  as :mod:`octavo.kernels.split_k` does for GEMMs: no second launch); in the prefill launch
-  a second kernel merges them. The
-  prefill launch splits the same way when its query tiles are few and the context long (a
-  chunk of a long prompt under chunked prefill).
+  (acc, running max, running sum) per query token in fp32, merged by a second kernel. A
+  decode launch may instead merge in place (``paged_attention_config._merge_in_launch``): the
+  last program of each (request, KV head) to finish merges (a ticket from a per-pair counter,
+  as :mod:`octavo.kernels.split_k` does for GEMMs). Either way each decode's own context is
+  cut into parts of at least ``MIN_SPLIT`` keys; unused splits exit at once and a one-part
+  request writes its output itself. The prefill launch splits the same way (without the
+  minimum) when its query tiles are few and the context long (a chunk of a long prompt under
+  chunked prefill).
 """
 
 from __future__ import annotations
@@ -155,7 +157,6 @@ def _attn_kv_loop(
     return acc, m_i, l_i
 
 
-# Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
 @triton.jit
 def _decode_split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr, MIN_SPLIT: tl.constexpr):
     """Keys per split of one decode's context: an even, BLOCK_N-aligned share of
@@ -191,6 +192,7 @@ def _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr, cnt, tok, kv_head, offs_d,
         tl.atomic_xchg(cnt, 0)
 
 
+# Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _paged_attention_kernel(
     out_ptr,
@@ -560,7 +562,8 @@ def paged_attention(
         else:
             part_acc = part_ml = out  # unused placeholders
         # Decode splits merge inside the launch (the last split of each request and KV head
-        # to finish); OCTAVO_ATTN_SPLIT_MERGE=0 keeps the second, merging launch.
+        # to finish) for grids large enough, else in a second launch; OCTAVO_ATTN_SPLIT_MERGE
+        # forces either.
         merge = decode and splits > 1 and _merge_in_launch(num_seqs * num_kv_heads, q.device)
         forced = attn_split_merge()
         if decode and splits > 1 and forced is not None:

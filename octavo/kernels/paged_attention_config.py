@@ -77,8 +77,8 @@ def _merge_in_launch(num_programs: int, device: torch.device) -> bool:
     """Whether a split decode launch of ``num_programs`` (request, KV head) pairs merges its
     splits itself, in parts of at least _MIN_SPLIT_TOKENS keys, rather than in many short
     parts merged by a second launch. On an H200 (``benchmarks/latency.py``, Qwen3-0.6B shape,
-    contexts 128-384, three calls) batch 8 and 16 (64 and 128 pairs) took 1.317-1.328 /
-    1.460-1.466 ms per token merged in the launch against 1.374-1.381 / 1.502-1.532 with the
+    contexts 128-384, four calls) batch 8 and 16 (64 and 128 pairs) took 1.314-1.328 /
+    1.456-1.466 ms per token merged in the launch against 1.374-1.385 / 1.502-1.532 with the
     second launch; batch 1 and 2 (8 and 16 pairs) lost 5-10%: there the short parts' extra
     parallelism pays for the second launch."""
     return num_programs >= max(1, num_compute_units(device) // 4)
