@@ -489,7 +489,9 @@ def test_float8_cache(dtype, device):
         assert out.dtype == dtype
         torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
     # And the float8 cache is what reshape_and_cache writes from the model's K/V.
-    k_new = torch.randn(3, 2, 32, device=device).to(dtype)
+    # A fixed draw: the interpreter's share of differently rounded values depends on it (an
+    # unseeded draw fell to <= 95% in ~3% of runs and failed CI's assertion below at random).
+    k_new = torch.randn(3, 2, 32, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     slots = torch.tensor([0, 6, 11], device=device)
     reshape_and_cache(k_new, k_new, kc8, vc8, slots)
     stored = kc8.view(-1, 2, 32)[slots].float()
