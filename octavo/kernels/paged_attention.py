@@ -28,10 +28,11 @@ Kernel design (one kernel, launched at most twice per call: decodes, then prefil
 * Online softmax in fp32 with ``exp2`` (the scale is folded with ``log2(e)``).
 * Split-K ("flash decoding"): for few sequences x long context the KV range is cut into
   ``num_splits`` chunks handled by separate programs that write unnormalised partial results
-  (acc, running max, running sum) per query token in fp32, merged by a second kernel. A
-  decode launch may instead merge in place (``paged_attention_config._merge_in_launch``): the
-  last program of each (request, KV head) to finish merges (a ticket from a per-pair counter,
-  as :mod:`octavo.kernels.split_k` does for GEMMs). Either way each decode's own context is
+  (acc, running max, running sum) per query token in fp32, merged by a second kernel
+  (:mod:`octavo.kernels.paged_attention_merge`). A decode launch may instead merge in place
+  (chosen by ``paged_attention_config._merge_in_launch``): the last program of each
+  (request, KV head) to finish merges (a ticket from a per-pair counter, as
+  :mod:`octavo.kernels.split_k` does for GEMMs). Either way each decode's own context is
   cut into parts of at least ``MIN_SPLIT`` keys; unused splits exit at once and a one-part
   request writes its output itself. The prefill launch splits the same way (without the
   minimum) when its query tiles are few and the context long (a chunk of a long prompt under
@@ -52,6 +53,12 @@ from octavo.kernels.paged_attention_config import (
     _pick_num_splits,
     _pick_prefill_splits,
     _rows,
+)
+from octavo.kernels.paged_attention_merge import (
+    _merge_in_place,
+    _split_reduce_kernel,
+    _split_reduce_tokens_kernel,
+    _split_tokens,
 )
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
@@ -157,41 +164,6 @@ def _attn_kv_loop(
     return acc, m_i, l_i
 
 
-@triton.jit
-def _decode_split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr, MIN_SPLIT: tl.constexpr):
-    """Keys per split of one decode's context: an even, BLOCK_N-aligned share of
-    ``num_splits``, at least MIN_SPLIT (the merging launch computes the same)."""
-    return tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N, MIN_SPLIT)
-
-
-@triton.jit
-def _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr, cnt, tok, kv_head, offs_d, d_ok,
-                  num_heads, num_splits, used, stride_ot, stride_oh, GROUP: tl.constexpr,
-                  HEAD_DIM_P: tl.constexpr, SPLITS_P: tl.constexpr):
-    """Decode (one query token ``tok``): take a ticket from this (request, KV head)'s counter;
-    the program that takes the last of ``used`` merges the used splits' partial states into
-    the output rows of the group's heads and resets the counter. One launch instead of a
-    second, merging kernel."""
-    tl.debug_barrier()  # every thread's partials are written before the ticket is taken
-    ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
-    if ticket == used - 1:
-        offs_s = tl.arange(0, SPLITS_P)
-        s_ok = offs_s < used
-        for g in tl.static_range(GROUP):
-            head = kv_head * GROUP + g
-            p = (tok * num_heads + head) * num_splits + offs_s  # [SPLITS_P]
-            # .cg: from L2, where the other programs' partials are (not a stale L1 line).
-            m = tl.load(part_ml_ptr + p * 2, mask=s_ok, other=-1.0e30, cache_modifier=".cg")
-            l_s = tl.load(part_ml_ptr + p * 2 + 1, mask=s_ok, other=0.0, cache_modifier=".cg")
-            acc = tl.load(part_acc_ptr + p[:, None] * HEAD_DIM_P + offs_d[None, :],
-                          mask=s_ok[:, None], other=0.0, cache_modifier=".cg")
-            w = tl.where(s_ok, tl.exp2(m - tl.max(m, 0)), 0.0)
-            out = tl.sum(acc * w[:, None], 0) / tl.sum(w * l_s, 0)
-            tl.store(out_ptr + tok * stride_ot + head * stride_oh + offs_d,
-                     out.to(out_ptr.dtype.element_ty), mask=d_ok)
-        tl.atomic_xchg(cnt, 0)
-
-
 # Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _paged_attention_kernel(
@@ -274,13 +246,23 @@ def _paged_attention_kernel(
             return
     seq_len = tl.load(seq_lens_ptr + b)
     ctx_len = seq_len - q_len  # tokens cached before this step
-    if DECODE and SPLIT:
-        # Decode splits of at least MIN_SPLIT keys: a launch sized for the longest context
-        # (a CUDA graph's) gives a short one fewer splits; the unused ones leave at once.
-        split_tokens = _decode_split_tokens(seq_len, num_splits, BLOCK_N, MIN_SPLIT)
-        used = tl.cdiv(seq_len, split_tokens)
-        if split >= used:
-            return
+    # Keys this tile needs: [0, last query position].
+    q_last = tl.minimum(q_first + BLOCK_Q, q_len) - 1
+    kv_end = ctx_len + q_last + 1
+    if SPLIT:
+        # Each request cuts its own context into even, BLOCK_N-aligned parts (of at least
+        # MIN_SPLIT keys), so a launch sized for the longest context (a CUDA graph) still
+        # balances short ones; a decode's unused splits leave at once.
+        split_tokens = _split_tokens(kv_end, num_splits, BLOCK_N, MIN_SPLIT)
+        if DECODE:
+            used = tl.cdiv(kv_end, split_tokens)
+            if split >= used:
+                return
+        lo = split * split_tokens
+        hi = tl.minimum(lo + split_tokens, kv_end)
+    else:
+        lo = 0
+        hi = kv_end
 
     # Rows = (query token, head of the GQA group); padding rows are clamped to valid
     # coordinates so they compute harmless finite values and are simply not stored.
@@ -302,20 +284,8 @@ def _paged_attention_kernel(
     if UPCAST_DOT:
         q = q.to(tl.float32)
 
-    # Keys this tile needs: [0, last query position]. Tiles wholly below the first query's
-    # position + 1 are visible to every row and skip masking.
-    q_last = tl.minimum(q_first + BLOCK_Q, q_len) - 1
-    kv_end = ctx_len + q_last + 1
-    if SPLIT:
-        # Each request cuts its own context into num_splits even, BLOCK_N-aligned parts, so
-        # a launch sized for the longest context (a CUDA graph) still balances short ones.
-        if not DECODE:
-            split_tokens = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
-        lo = split * split_tokens
-        hi = tl.minimum(lo + split_tokens, kv_end)
-    else:
-        lo = 0
-        hi = kv_end
+    # Tiles wholly below the first query's position + 1 are visible to every row and skip
+    # masking.
     full_end = (ctx_len + q_first + 1) // BLOCK_N * BLOCK_N
     mid = tl.maximum(lo, tl.minimum(full_end, hi))
 
@@ -350,11 +320,11 @@ def _paged_attention_kernel(
             tl.store(part_ml_ptr + p_idx * 2, m_i, mask=row_ok)
             tl.store(part_ml_ptr + p_idx * 2 + 1, l_i, mask=row_ok)
             if MERGE:
-                _merge_splits(out_ptr, part_acc_ptr, part_ml_ptr,
-                              cnt_ptr + b * tl.num_programs(1) + kv_head,
-                              q_start.to(tl.int64), kv_head, offs_d, d_ok, num_heads,
-                              num_splits, used, stride_ot, stride_oh, GROUP, HEAD_DIM_P,
-                              SPLITS_P)
+                _merge_in_place(out_ptr, part_acc_ptr, part_ml_ptr,
+                                cnt_ptr + b * tl.num_programs(1) + kv_head,
+                                q_start.to(tl.int64), kv_head, offs_d, d_ok, num_heads,
+                                num_splits, used, stride_ot, stride_oh, GROUP, HEAD_DIM_P,
+                                SPLITS_P)
     elif SPLIT:
         # Partials per query token: acc [T, H, S, HEAD_DIM_P] and (max, sum) pairs
         # [T, H, S, 2], contiguous fp32.
@@ -365,106 +335,6 @@ def _paged_attention_kernel(
         tl.store(part_ml_ptr + p_idx * 2 + 1, l_i, mask=row_ok)
     else:
         tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=o_mask)
-
-
-@triton.jit(do_not_specialize=["num_splits"])
-def _split_reduce_kernel(
-    out_ptr,
-    part_acc_ptr,
-    part_ml_ptr,
-    qsl_ptr,
-    seq_lens_ptr,
-    num_heads,
-    num_splits,
-    stride_ot,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_P: tl.constexpr,
-    SPLITS_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MIN_SPLIT: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_begin(PDL)
-    # One program per (request, head): merge the per-split partial softmax states of a decode.
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    tok = tl.load(qsl_ptr + b)
-    if tl.load(qsl_ptr + b + 1) - tok != 1:
-        return
-    seq_len = tl.load(seq_lens_ptr + b)
-    used = tl.cdiv(seq_len, _decode_split_tokens(seq_len, num_splits, BLOCK_N, MIN_SPLIT))
-    if used == 1:  # the attention program wrote the output itself
-        return
-    row = tok.to(tl.int64) * num_heads + h
-    offs_s = tl.arange(0, SPLITS_P)
-    offs_d = tl.arange(0, HEAD_DIM_P)
-    s_ok = offs_s < used
-    ml = part_ml_ptr + (row * num_splits + offs_s) * 2
-    m = tl.load(ml, mask=s_ok, other=float("-inf"))
-    l_s = tl.load(ml + 1, mask=s_ok, other=0.0)
-    w = tl.exp2(m - tl.max(m, 0))
-    denom = tl.sum(w * l_s, 0)
-    acc_ptrs = part_acc_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM_P + offs_d[None, :]
-    acc = tl.load(acc_ptrs, mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    out = tl.sum(acc * w[:, None], 0) / denom
-    o_ptrs = out_ptr + tok.to(tl.int64) * stride_ot + h * stride_oh + offs_d
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
-
-
-@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
-def _split_reduce_tokens_kernel(
-    out_ptr,
-    part_acc_ptr,
-    part_ml_ptr,
-    qsl_ptr,
-    num_seqs,
-    num_heads,
-    num_splits,
-    stride_ot,
-    stride_oh,
-    HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_P: tl.constexpr,
-    SPLITS_P: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    pdl_begin(PDL)
-    # Prefill launch's merge: one program per (token, HEADS heads), all splits of all its
-    # heads loaded at once (a chain of dependent loads per head would cost more than the
-    # arithmetic). Only tokens of requests with more than one new token have partials.
-    t = tl.program_id(0)
-    # The last request starting at or before t owns it (empty requests before it start at
-    # the same place; a padding token finds b == num_seqs).
-    lo = t * 0
-    hi = lo + num_seqs
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        ok = tl.load(qsl_ptr + mid) <= t
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    if lo >= num_seqs:
-        return
-    if tl.load(qsl_ptr + lo + 1) - tl.load(qsl_ptr + lo) <= 1:
-        return
-    offs_h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
-    offs_s = tl.arange(0, SPLITS_P)
-    offs_d = tl.arange(0, HEAD_DIM_P)
-    h_ok = offs_h < num_heads
-    ok = h_ok[:, None] & (offs_s < num_splits)[None, :]  # [HEADS, SPLITS_P]
-    part = ((t.to(tl.int64) * num_heads + offs_h) * num_splits)[:, None] + offs_s[None, :]
-    # Absent splits weigh exp2(-1e30 - max) = 0; absent heads are never stored.
-    m = tl.load(part_ml_ptr + part * 2, mask=ok, other=-1.0e30)
-    l_s = tl.load(part_ml_ptr + part * 2 + 1, mask=ok, other=0.0)
-    w = tl.exp2(m - tl.max(m, 1)[:, None])
-    denom = tl.sum(w * l_s, 1)
-    d_ok = offs_d < HEAD_DIM
-    acc = tl.load(part_acc_ptr + part[:, :, None] * HEAD_DIM_P + offs_d[None, None, :],
-                  mask=ok[:, :, None] & d_ok[None, None, :], other=0.0)
-    out = tl.sum(acc * w[:, :, None], 1) / tl.maximum(denom, 1.0e-30)[:, None]
-    o_ptrs = (out_ptr + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh
-              + offs_d[None, :])
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & d_ok[None, :])
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,14 +434,15 @@ def paged_attention(
         # Decode splits merge inside the launch (the last split of each request and KV head
         # to finish) for grids large enough, else in a second launch; OCTAVO_ATTN_SPLIT_MERGE
         # forces either.
-        merge = decode and splits > 1 and _merge_in_launch(num_seqs * num_kv_heads, q.device)
+        split_decode = decode and splits > 1
         forced = attn_split_merge()
-        if decode and splits > 1 and forced is not None:
-            merge = forced
+        merge = split_decode and (_merge_in_launch(num_seqs * num_kv_heads, q.device)
+                                  if forced is None else forced)
         keys = min_split_keys
         if keys is None:  # the interpreter's tests split tiny contexts
             keys = _MIN_SPLIT_TOKENS if on_gpu and merge else 0
-        min_split = max(cfg.block_n, keys)
+        # The minimum part applies to decodes; a prefill chunk's parts are its even share.
+        min_split = max(cfg.block_n, keys) if decode else cfg.block_n
         cnt = split_k_counters(q.device, grid0 * num_kv_heads) if merge else seq_lens
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
             *args, part_acc, part_ml, cnt, qk_scale, num_seqs, *strides, num_heads, splits,
@@ -581,7 +452,7 @@ def paged_attention(
             num_stages=cfg.num_stages, **pdl,
         )  # fmt: skip
         splits_p = next_power_of_2(splits)
-        if splits > 1 and decode and not merge:
+        if split_decode and not merge:
             _split_reduce_kernel[(num_seqs, num_heads)](
                 out, part_acc, part_ml, query_start_loc, seq_lens, num_heads, splits,
                 out.stride(0), out.stride(1),
