@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
 from benchmarks.quantized import METHODS as QUANT_METHODS  # noqa: E402
+from benchmarks.quantized import weight_bytes as model_weight_bytes  # noqa: E402
 from benchmarks.workloads import (  # noqa: E402
     SHAPES,
     device_limits,
@@ -80,18 +81,6 @@ def kernel_times(prof) -> dict[str, float]:
             us = getattr(ev, "cuda_time", 0.0)
         out[ev.name] += float(us)
     return dict(out)
-
-
-def read_weight_bytes(model) -> int:
-    """Bytes a decode step reads once: every parameter and buffer but the embedding table
-    (a lookup reads a few rows) and the rotary tables; a tied LM head counts once, by its
-    own name."""
-    total = 0
-    for name, t in (list(model.named_parameters(remove_duplicate=False))
-                    + list(model.named_buffers())):
-        if not any(s in name for s in ("embed_tokens", "cos", "sin", "rotary", "inv_freq")):
-            total += t.numel() * t.element_size()
-    return total
 
 
 def main() -> None:
@@ -193,7 +182,7 @@ def main() -> None:
     cost = shape_cost(args.shape)
     weight_bytes = cost.weight_bytes
     if args.quantization != "bf16":  # what the model holds, less the embedding table
-        weight_bytes = read_weight_bytes(engine.executor.worker.runner.model)
+        weight_bytes = model_weight_bytes(engine.executor.worker.runner.model, per_step=True)
     if args.prefill:  # bound by FLOPs
         gemm_flops, attn_flops = prefill_flops(args.shape, args.batch, args.context)
         bound_ms = 1e3 * (gemm_flops + attn_flops) / flops

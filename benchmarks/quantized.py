@@ -44,9 +44,14 @@ def model_folder(method: str) -> str:
     return write_config(SHAPE, **({} if qcfg is None else {"quantization_config": qcfg}))
 
 
-def weight_bytes(model) -> int:
-    """Bytes of every parameter and buffer except the rotary tables."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+def weight_bytes(model, per_step: bool = False) -> int:
+    """Bytes of every parameter and buffer except the rotary tables. ``per_step``: what a
+    decode step reads once instead: less the embedding table (a lookup reads a few rows),
+    a tied LM head counted once, by its own name."""
+    total = 0
+    for name, p in model.named_parameters(remove_duplicate=not per_step):
+        if not (per_step and "embed_tokens" in name):
+            total += p.numel() * p.element_size()
     for name, b in model.named_buffers():
         if not any(s in name for s in ("cos", "sin", "rotary", "inv_freq")):
             total += b.numel() * b.element_size()
