@@ -57,8 +57,6 @@ def test_only_tall_k_weights_are_preferred():
     assert not preferred(torch.empty(4096, 1024), 32)
 
 
-
-
 @pytest.mark.parametrize("m,k", [(16, 1024), (32, 1024), (64, 1024), (64, 3072)])
 def test_default_tiles_fit_shared_memory(m, k):
     """The default tiles compiled for sm_90 (offline, by scripts/triton_sass.py with the
