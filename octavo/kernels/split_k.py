@@ -63,7 +63,8 @@ def counters(device: torch.device, tiles: int) -> torch.Tensor:
 
 @triton.jit
 def store_or_reduce(acc, offs_m, offs_n, mask, out_ptr, stride_om, stride_on, part_ptr,
-                    stride_ps, stride_pm, stride_pn, cnt_ptr, tile, pid_k, num_splits):
+                    stride_ps, stride_pm, stride_pn, cnt_ptr, tile, pid_k, num_splits,
+                    REDUCE_UNROLL: tl.constexpr = 16):
     """Store ``acc`` (this program's [BLOCK_M, BLOCK_N] share) as the output when K is not
     split; otherwise as partial ``pid_k``, and if this program finishes the tile last, sum
     every partial into the output. ``tile``: this output tile's counter index."""
@@ -77,9 +78,14 @@ def store_or_reduce(acc, offs_m, offs_n, mask, out_ptr, stride_om, stride_on, pa
         ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
         if ticket == num_splits - 1:
             total = tl.zeros(acc.shape, dtype=tl.float32)
-            for k in range(0, num_splits):
-                # .cg: read from L2, where other SMs' partials are (not a stale L1 line).
-                total += tl.load(part + k * stride_ps, mask=mask, other=0.0,
-                                 cache_modifier=".cg")
+            for k0 in range(0, num_splits, REDUCE_UNROLL):
+                # REDUCE_UNROLL independent loads in flight per round trip to L2 (the
+                # partials of a 64-way split were read 4 at a time), added in split order.
+                for j in tl.static_range(REDUCE_UNROLL):
+                    # .cg: read from L2, where other SMs' partials are (not a stale L1 line).
+                    total += tl.load(part + (k0 + j) * stride_ps,
+                                     mask=mask & ((offs_n[None, :] * 0 + k0 + j)
+                                                  < num_splits), other=0.0,
+                                     cache_modifier=".cg")
             tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(cnt_ptr + tile, 0)
