@@ -16,20 +16,27 @@ import torch
 from octavo.attention.backend import KVStore
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
-from octavo.kernels.reshape_and_cache import kv_store_args, store_token_kv
+from octavo.kernels.reshape_and_cache import kv_store_args, load_token_kv, store_token_kv
 from octavo.kernels.rms_norm import rms_norm_ref
 from octavo.kernels.rotary import rotary_embedding_ref, token_cos_sin
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
 
 
 @triton.jit
-def _norm_rotate_heads(x_ptr, token, stride_t, stride_h, num_heads, w1, w2, cos, sin, eps,
-                       offs_h, offs_r, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _load_halves(x_ptr, token, stride_t, stride_h, num_heads, offs_h, offs_r,
+                 HALF: tl.constexpr):
     mask = (offs_h[:, None] < num_heads) & (offs_r[None, :] < HALF)
     base = x_ptr + token * stride_t + offs_h[:, None] * stride_h
-    dt = x_ptr.dtype.element_ty
     x1 = tl.load(base + offs_r[None, :], mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + HALF + offs_r[None, :], mask=mask, other=0.0).to(tl.float32)
+    return x1, x2, mask
+
+
+@triton.jit
+def _norm_rotate_store(x_ptr, x1, x2, mask, token, stride_t, stride_h, w1, w2, cos, sin, eps,
+                       offs_h, offs_r, HALF: tl.constexpr, HEAD_DIM: tl.constexpr):
+    base = x_ptr + token * stride_t + offs_h[:, None] * stride_h
+    dt = x_ptr.dtype.element_ty
     var = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM
     rstd = (1.0 / tl.sqrt(var + eps))[:, None]
     y1 = ((x1 * rstd).to(dt).to(tl.float32) * w1[None, :]).to(dt).to(tl.float32)
@@ -38,7 +45,7 @@ def _norm_rotate_heads(x_ptr, token, stride_t, stride_h, num_heads, w1, w2, cos,
     o2 = (y2 * cos[None, :] + y1 * sin[None, :]).to(dt)
     tl.store(base + offs_r[None, :], o1, mask=mask)
     tl.store(base + HALF + offs_r[None, :], o2, mask=mask)
-    return o1, o2, mask
+    return o1, o2
 
 
 @triton.jit
@@ -60,16 +67,25 @@ def _qk_norm_rope_kernel(
     kw1 = tl.load(kw_ptr + offs_r, mask=r_ok, other=0.0).to(tl.float32)
     kw2 = tl.load(kw_ptr + HALF + offs_r, mask=r_ok, other=0.0).to(tl.float32)
     pdl_begin(PDL)  # the weights above are read before the wait; positions and q / k after
-    cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
-    _norm_rotate_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, qw1, qw2, cos, sin, eps,
-                       tl.arange(0, QH_P), offs_r, HALF, 2 * HALF)
-    k1, k2, k_mask = _norm_rotate_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, kw1, kw2,
-                                        cos, sin, eps, tl.arange(0, KH_P), offs_r, HALF,
-                                        2 * HALF)
+    offs_q = tl.arange(0, QH_P)
+    offs_k = tl.arange(0, KH_P)
+    # Every input first (none depends on another, and a load after a store must wait for
+    # it): at one token the launch is a chain of memory round trips, not bandwidth.
+    q1, q2, q_mask = _load_halves(q_ptr, t, stride_qt, stride_qh, num_q_heads, offs_q, offs_r,
+                                  HALF)
+    k1, k2, k_mask = _load_halves(k_ptr, t, stride_kt, stride_kh, num_k_heads, offs_k, offs_r,
+                                  HALF)
     if STORE_KV:
-        store_token_kv(k1, k2, k_mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt,
-                       stride_vh, stride_cb, stride_ct, stride_ch, block_size, num_k_heads,
-                       offs_r, HALF, KH_P, HALF_P)
+        slot, v = load_token_kv(v_ptr, slot_ptr, t, stride_vt, stride_vh, num_k_heads, KH_P,
+                                HALF, HALF_P)
+    cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
+    _norm_rotate_store(q_ptr, q1, q2, q_mask, t, stride_qt, stride_qh, qw1, qw2, cos, sin, eps,
+                       offs_q, offs_r, HALF, 2 * HALF)
+    k1, k2 = _norm_rotate_store(k_ptr, k1, k2, k_mask, t, stride_kt, stride_kh, kw1, kw2, cos,
+                                sin, eps, offs_k, offs_r, HALF, 2 * HALF)
+    if STORE_KV:
+        store_token_kv(k1, k2, k_mask, slot, v, kc_ptr, vc_ptr, stride_cb, stride_ct,
+                       stride_ch, block_size, num_k_heads, offs_r, HALF, KH_P, HALF_P)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,

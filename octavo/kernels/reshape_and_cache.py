@@ -65,14 +65,28 @@ def _reshape_and_cache_kernel(
 
 
 @triton.jit
-def store_token_kv(k1, k2, mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt, stride_vh,
-                   stride_cb, stride_ct, stride_ch, block_size, num_k_heads,
-                   offs_r, HALF: tl.constexpr, KH_P: tl.constexpr, HALF_P: tl.constexpr):
+def load_token_kv(v_ptr, slot_ptr, t, stride_vt, stride_vh, num_k_heads,
+                  KH_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr):
+    """Token ``t``'s cache slot and its v [KH_P, 2 * HALF_P], loaded as early as the calling
+    kernel can (right after its wait): neither depends on the rotation, and issued after the
+    rotated stores they would add two dependent memory round trips to a one-token launch."""
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    offs_h = tl.arange(0, KH_P)
+    offs_d = tl.arange(0, 2 * HALF_P)
+    v_mask = (offs_h[:, None] < num_k_heads) & (offs_d[None, :] < 2 * HALF)
+    v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :],
+                mask=v_mask)
+    return slot, v
+
+
+@triton.jit
+def store_token_kv(k1, k2, mask, slot, v, kc_ptr, vc_ptr, stride_cb, stride_ct, stride_ch,
+                   block_size, num_k_heads, offs_r, HALF: tl.constexpr, KH_P: tl.constexpr,
+                   HALF_P: tl.constexpr):
     """Token ``t``'s k (rotated by the calling kernel: halves ``k1``, ``k2`` [KH_P, HALF_P]
-    in registers, ``mask`` their valid part) and its v (read at ``v_ptr``) into the paged
+    in registers, ``mask`` their valid part) and its v (``load_token_kv``'s) into the paged
     cache, as ``reshape_and_cache`` writes them (slot -1: not stored). The two caches share
     one layout."""
-    slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
         offs_h = tl.arange(0, KH_P)
         row = (slot // block_size) * stride_cb + (slot % block_size) * stride_ct
@@ -82,8 +96,6 @@ def store_token_kv(k1, k2, mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt, 
                  mask=mask)
         offs_d = tl.arange(0, 2 * HALF_P)
         v_mask = (offs_h[:, None] < num_k_heads) & (offs_d[None, :] < 2 * HALF)
-        v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :],
-                    mask=v_mask)
         tl.store(vc_ptr + dst + offs_d[None, :], v.to(vc_ptr.dtype.element_ty), mask=v_mask)
 
 

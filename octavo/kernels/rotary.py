@@ -14,41 +14,42 @@ import torch
 
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
-from octavo.kernels.reshape_and_cache import kv_store_args, store_token_kv
+from octavo.kernels.reshape_and_cache import kv_store_args, load_token_kv, store_token_kv
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
 
 
 @triton.jit
-def _rotate_heads(
-    x_ptr,
-    token,
-    stride_t,
-    stride_h,
-    num_heads,
-    cos,
-    sin,
-    offs_h,
-    offs_r,
-    HALF: tl.constexpr,
-    IS_NEOX: tl.constexpr,
-):
+def _head_offsets(offs_r, HALF: tl.constexpr, IS_NEOX: tl.constexpr):
+    """Offsets in a head of the two halves rotated together (NeoX: halves; GPT-J: pairs)."""
     if IS_NEOX:
-        first = offs_r
-        second = offs_r + HALF
-    else:
-        first = offs_r * 2
-        second = offs_r * 2 + 1
+        return offs_r, offs_r + HALF
+    return offs_r * 2, offs_r * 2 + 1
+
+
+@triton.jit
+def _load_heads(x_ptr, token, stride_t, stride_h, num_heads, offs_h, offs_r,
+                HALF: tl.constexpr, IS_NEOX: tl.constexpr):
+    """A token's heads as the two float32 halves [H_P, HALF_P] that rotate together, and
+    their mask."""
+    first, second = _head_offsets(offs_r, HALF, IS_NEOX)
     mask = (offs_h[:, None] < num_heads) & (offs_r[None, :] < HALF)
     base = x_ptr + token * stride_t + offs_h[:, None] * stride_h
     x1 = tl.load(base + first[None, :], mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + second[None, :], mask=mask, other=0.0).to(tl.float32)
-    y1 = x1 * cos[None, :] - x2 * sin[None, :]
-    y2 = x2 * cos[None, :] + x1 * sin[None, :]
-    y1 = y1.to(x_ptr.dtype.element_ty)
-    y2 = y2.to(x_ptr.dtype.element_ty)
+    return x1, x2, mask
+
+
+@triton.jit
+def _rotate_store(x_ptr, x1, x2, mask, token, stride_t, stride_h, cos, sin, offs_h, offs_r,
+                  HALF: tl.constexpr, IS_NEOX: tl.constexpr):
+    """Rotate ``_load_heads``' halves and store them back; returns the rotated halves."""
+    first, second = _head_offsets(offs_r, HALF, IS_NEOX)
+    base = x_ptr + token * stride_t + offs_h[:, None] * stride_h
+    y1 = (x1 * cos[None, :] - x2 * sin[None, :]).to(x_ptr.dtype.element_ty)
+    y2 = (x2 * cos[None, :] + x1 * sin[None, :]).to(x_ptr.dtype.element_ty)
     tl.store(base + first[None, :], y1, mask=mask)
     tl.store(base + second[None, :], y2, mask=mask)
-    return y1, y2, mask
+    return y1, y2
 
 
 @triton.jit
@@ -99,16 +100,27 @@ def _rotary_kernel(
     pdl_begin(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs_r = tl.arange(0, HALF_P)
-    cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
-    _rotate_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, cos, sin,
-                  tl.arange(0, QH_P), offs_r, HALF, IS_NEOX)  # fmt: skip
+    offs_q = tl.arange(0, QH_P)
+    offs_k = tl.arange(0, KH_P)
+    # Every input first (none depends on another, and a load after a store must wait for
+    # it): at one token the launch is a chain of memory round trips, not bandwidth.
+    q1, q2, q_mask = _load_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, offs_q, offs_r,
+                                 HALF, IS_NEOX)
     if HAS_K:
-        k1, k2, k_mask = _rotate_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, cos, sin,
-                                       tl.arange(0, KH_P), offs_r, HALF, IS_NEOX)
+        k1, k2, k_mask = _load_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, offs_k,
+                                     offs_r, HALF, IS_NEOX)
+        if STORE_KV:
+            slot, v = load_token_kv(v_ptr, slot_ptr, t, stride_vt, stride_vh, num_k_heads,
+                                    KH_P, HALF, HALF_P)
+    cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
+    _rotate_store(q_ptr, q1, q2, q_mask, t, stride_qt, stride_qh, cos, sin, offs_q, offs_r,
+                  HALF, IS_NEOX)
+    if HAS_K:
+        k1, k2 = _rotate_store(k_ptr, k1, k2, k_mask, t, stride_kt, stride_kh, cos, sin,
+                               offs_k, offs_r, HALF, IS_NEOX)
         if STORE_KV:  # NeoX halves of the whole head (supports_kv_store)
-            store_token_kv(k1, k2, k_mask, v_ptr, kc_ptr, vc_ptr, slot_ptr, t, stride_vt,
-                           stride_vh, stride_cb, stride_ct, stride_ch, block_size,
-                           num_k_heads, offs_r, HALF, KH_P, HALF_P)
+            store_token_kv(k1, k2, k_mask, slot, v, kc_ptr, vc_ptr, stride_cb, stride_ct,
+                           stride_ch, block_size, num_k_heads, offs_r, HALF, KH_P, HALF_P)
 
 
 def supports_kv_store(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
