@@ -200,6 +200,12 @@ def _candidates(m: int) -> list[dict]:
                 for wv in (6, 8)]
         out += [{"path": "gemv", "block_n": 1024, "num_warps": 8, "waves": wv}
                 for wv in (2, 4)]
+        # Narrow tiles (more tiles, fewer K splits): cheaper now that the last program reads
+        # 16 partials per round trip to L2 (session 16).
+        out += [{"path": "gemv", "block_n": bn, "num_warps": w, "block_p": bp, "waves": wv}
+                for wv in (4, 8, 16) for bn, w, bp in (
+                    (128, 1, 4), (128, 1, 8), (256, 1, 4), (256, 2, 2), (256, 2, 8))]
+        out += [{"path": "gemv", "waves": wv} for wv in (2, 3, 6, 8)]
         # 8 packed rows per step won on qkv / o at some K splits only (session 12): the splits.
         out += [{"path": "gemv", "block_p": 8, "split_k": sk} for sk in (8, 16, 24, 32, 48, 64)]
         return out
