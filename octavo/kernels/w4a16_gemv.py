@@ -46,9 +46,6 @@ from octavo.kernels.triton_utils import interpreting, num_compute_units, require
 
 MAX_M = 4  # larger batches go to the tensor-core kernel
 WAVES = 4  # programs per SM the split-K choice aims for at M = 1
-# At M = 1, outputs up to this wide take narrow tiles: 128 columns on one warp, 8 packed rows
-# per step, 8 programs per SM (more tiles, fewer K splits to add up).
-NARROW_MAX_N = 8192
 
 
 @triton.jit
@@ -285,26 +282,21 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     n = qweight.shape[1]
     pack = 32 // bits
     block_m = 1 if m == 1 else (2 if m == 2 else 4)
+    num_warps = num_warps or 4
     # Each thread holds 4 (one 16-byte load) x BLOCK_N / (128 x warps) columns of BLOCK_P rows.
     # Defaults from benchmarks/quantized_gemm.py --sweep on an H200 (Llama-8B projections):
     # at M = 1, 512 columns and 4 programs per SM are the best or within 2% of it on three of
     # the four shapes, 4- and 8-bit (o_proj 11.7 vs 10.3 us); at M = 2, 2 programs per SM and
-    # 1024 columns for the wide projections (within 2% of the best on all four, 4-bit). Since
-    # the split-K reduction reads 16 partials per round trip (session 16's sweep), narrow tiles
-    # win at M = 1 on qkv / o / down (4-bit 9.8 / 8.3 / 16.8 -> 9.0 / 7.3 / 15.9 us, 8-bit
-    # 12.5 / 10.1 / 22.6 -> 11.3 / 9.0 / 21.6) and lose on gate_up (26.7 -> 27.8).
-    narrow = m == 1 and n <= NARROW_MAX_N and block_n is None and num_warps is None
-    num_warps = num_warps or (1 if narrow else 4)
-    block_n = block_n or (128 if narrow else 256 if block_m == 4 else (
-        1024 if m > 1 and n >= 16384 else 512))
-    block_p = _block_p(group_size, pack, block_p or (8 if narrow else 4))
+    # 1024 columns for the wide projections (within 2% of the best on all four, 4-bit).
+    block_n = block_n or (256 if block_m == 4 else (1024 if m > 1 and n >= 16384 else 512))
+    block_p = _block_p(group_size, pack, block_p or 4)
     step = block_p * pack
     assert group_size % step == 0 and k % group_size == 0, (group_size, step, k)
     # Pairs of 4-bit values only (two 8-bit values do not fit bits 12-22).
     paired = bits == 4 and (x2.dtype != torch.float32 if paired is None else paired)
     n_tiles = triton.cdiv(n, block_n)
     if split_k is None:  # enough programs to fill the GPU
-        waves = waves or (8 if narrow else WAVES if m == 1 else 2)
+        waves = waves or (WAVES if m == 1 else 2)
         split_k = max(1, triton.cdiv(waves * num_compute_units(x2.device), n_tiles))
     flush = _flush_len(group_size, step, flush or 512, k, split_k)
     split_k, k_per_split = split_k_plan(k, flush, split_k)
