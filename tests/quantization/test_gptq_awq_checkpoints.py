@@ -104,8 +104,14 @@ def _llm(model: str, **kwargs) -> LLM:
                **kwargs)
 
 
-def _greedy(llm: LLM) -> list[list[int]]:
-    return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+# In Triton's interpreter (CI's slowest tests): the longest and the shortest prompt, 4 tokens
+# each (one prefill of both, then decode steps of two rows).
+INTERPRETER_GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+INTERPRETER_PROMPTS = [PROMPTS[0], PROMPTS[-1]]
+
+
+def _greedy(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def _methods(llm: LLM) -> set[str]:
@@ -144,7 +150,7 @@ def test_gpu_layout_through_the_interpreter_matches(pair, layout, monkeypatch):
     name, dense, quant = pair
     if not name.startswith("gptq4"):
         pytest.skip("one case is enough in the interpreter (slow)")
-    expect = _greedy(_llm(dense))
+    expect = _greedy(_llm(dense), INTERPRETER_PROMPTS, INTERPRETER_GREEDY)
     monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
     if layout == "swapab":
         monkeypatch.setattr(int_weight_layout, "choose", lambda k, n, g, bits, device: (
@@ -154,4 +160,4 @@ def test_gpu_layout_through_the_interpreter_matches(pair, layout, monkeypatch):
     assert any(getattr(m, "act_perm", None) is not None for m in model.modules())
     layouts = {getattr(m, "kernel_layout", None) for m in model.modules()} - {None}
     assert layouts == ({"along_k", "swapab"} if layout == "swapab" else {"along_k"})
-    assert _greedy(llm) == expect
+    assert _greedy(llm, INTERPRETER_PROMPTS, INTERPRETER_GREEDY) == expect
