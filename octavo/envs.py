@@ -51,6 +51,36 @@ def attn_split_merge() -> bool | None:
     return _flag("OCTAVO_ATTN_SPLIT_MERGE", False)
 
 
+def attn_decode_tile() -> tuple[int, int, int] | None:
+    """OCTAVO_ATTN_DECODE_TILE="BLOCK_N,WARPS,STAGES" (unset: chosen by
+    octavo/kernels/paged_attention_config.py): the decode attention launch's keys per step,
+    warps and pipeline stages on the GPU, for measuring other tiles in the engine (the
+    tile benchmarks time hot-L2 data)."""
+    value = os.environ.get("OCTAVO_ATTN_DECODE_TILE")
+    if not value:
+        return None
+    try:
+        block_n, warps, stages = (int(v) for v in value.split(","))
+    except ValueError:
+        raise ValueError(f"OCTAVO_ATTN_DECODE_TILE={value!r}: expected three integers "
+                         "BLOCK_N,WARPS,STAGES (e.g. 64,4,3)") from None
+    if block_n < 16 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8) or stages < 1:
+        raise ValueError(f"OCTAVO_ATTN_DECODE_TILE={value!r}: BLOCK_N must be a power of two "
+                         ">= 16, WARPS 1, 2, 4 or 8, STAGES >= 1")
+    return block_n, warps, stages
+
+
+def attn_decode_splits() -> int | None:
+    """OCTAVO_ATTN_DECODE_SPLITS=N (unset: by grid size): split every decode-only attention
+    launch's KV range into N parts (each at least the minimum part long), for measurements."""
+    value = os.environ.get("OCTAVO_ATTN_DECODE_SPLITS")
+    if not value:
+        return None
+    if not value.strip().isdigit() or not 1 <= int(value) <= 64:
+        raise ValueError(f"OCTAVO_ATTN_DECODE_SPLITS={value!r}: expected an integer 1-64")
+    return int(value)
+
+
 def fused_kv_store() -> bool:
     """OCTAVO_FUSED_KV_STORE (default on): on CUDA, the launch that rotates q and k (Qwen3's
     q/k norm + rotary under OCTAVO_FUSED_QK_NORM_ROPE, or the rotary kernel of the other

@@ -70,7 +70,7 @@ def _blocks(sass: str):
 
 
 def compile_kernel(fn, const: dict, ptr_types: dict, div16: set, ones: set, num_warps: int,
-                   num_stages: int = 3):
+                   num_stages: int = 3, floats: set = frozenset()):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -84,6 +84,8 @@ def compile_kernel(fn, const: dict, ptr_types: dict, div16: set, ones: set, num_
         elif name.endswith("_ptr"):
             signature[name] = "*" + ptr_types.get(name, "bf16")
             attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in floats:
+            signature[name] = "fp32"
         else:
             signature[name] = "i32"
             if name in div16:
@@ -149,6 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--ptr", nargs="*", help="NAME=TYPE pointer element types (default bf16)")
     p.add_argument("--div16", nargs="*", default=[], help="integer arguments divisible by 16")
     p.add_argument("--ones", nargs="*", default=[], help="integer arguments equal to 1")
+    p.add_argument("--f32", nargs="*", default=[], help="float32 scalar arguments")
     p.add_argument("--num-warps", type=int, default=4)
     p.add_argument("--num-stages", type=int, default=3,
                    help="as the launch passes it (software pipelining of loads feeding dots)")
@@ -163,7 +166,7 @@ def main(argv=None) -> int:
     fn = getattr(importlib.import_module(module), fn_name)
     const = {k: _value(v) for k, v in _pairs(args.const).items()}
     kernel = compile_kernel(fn, const, _pairs(args.ptr), set(args.div16), set(args.ones),
-                            args.num_warps, args.num_stages)
+                            args.num_warps, args.num_stages, set(args.f32))
     r = report(kernel, args.dump, args.loop)
     print(f"registers {r['registers']}  local {r['local_bytes']} B  shared {r['shared_bytes']} B"
           f"  instructions {r['instructions']}")

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.envs import attn_split_merge
+from octavo.envs import attn_decode_splits, attn_decode_tile, attn_split_merge
 from octavo.kernels.paged_attention_config import (
     _MIN_SPLIT_TOKENS,
     _SPLIT_PREFILL_ROWS,
@@ -472,13 +472,17 @@ def paged_attention(
 
     if not prefill_only:
         cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu)
+        tile = attn_decode_tile() if on_gpu else None
+        if tile is not None:  # a measurement's override
+            cfg = _Config(cfg.block_q, cfg.block_m, *tile)
         splits = num_splits
         if splits is None:
             # Mixed batches are left unsplit: the prefill launch dominates them, and the
             # number of decodes (hence of programs) is not known on the host.
             splits = 1
             if decode_only:
-                splits = _pick_num_splits(num_seqs * num_kv_heads, kv_upper, q.device)
+                splits = attn_decode_splits() or _pick_num_splits(
+                    num_seqs * num_kv_heads, kv_upper, q.device)
         launch(True, num_seqs, cfg, max(1, int(splits)))
 
     if not decode_only:

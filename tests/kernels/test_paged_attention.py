@@ -138,6 +138,42 @@ def test_decode_splits_merge_in_the_launch(merge, dtype, min_split_keys, monkeyp
     assert int(counters(q.device, 8)[:8].abs().sum()) == 0
 
 
+def test_decode_splits_override_matches_the_reference(monkeypatch, device):
+    # OCTAVO_ATTN_DECODE_SPLITS forces the split count of decode-only launches (for
+    # measurements in the engine); the output stays the reference's.
+    import octavo.kernels.paged_attention as pa
+
+    launched = []
+    real = pa._pick_num_splits
+    monkeypatch.setattr(pa, "_pick_num_splits", lambda *a: launched.append(a) or real(*a))
+    monkeypatch.setenv("OCTAVO_ATTN_DECODE_SPLITS", "3")
+    q, kc, vc, qsl, sl, bt = make_batch([1, 1, 1], [45, 3, 64], 4, 2, 32, 4, torch.float32,
+                                        device, seed=1)
+    out = paged_attention(q, kc, vc, qsl, sl, bt, 32**-0.5, max_query_len=1,
+                          min_split_keys=16)
+    torch.testing.assert_close(out, paged_attention_ref(q, kc, vc, qsl, sl, bt, 32**-0.5),
+                               **TOL[torch.float32])
+    assert launched == []  # the override, not the heuristic, chose the splits
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("OCTAVO_ATTN_DECODE_TILE", "64,4", "expected three integers"),
+    ("OCTAVO_ATTN_DECODE_TILE", "48,4,2", "power of two"),
+    ("OCTAVO_ATTN_DECODE_TILE", "64,3,2", "WARPS 1, 2, 4 or 8"),
+    ("OCTAVO_ATTN_DECODE_SPLITS", "0", "an integer 1-64"),
+    ("OCTAVO_ATTN_DECODE_SPLITS", "two", "an integer 1-64"),
+])
+def test_attention_override_values_are_checked(name, value, message, monkeypatch):
+    from octavo import envs
+
+    monkeypatch.setenv(name, value)
+    read = envs.attn_decode_tile if name.endswith("TILE") else envs.attn_decode_splits
+    with pytest.raises(ValueError, match=f"{name}={value!r}.*{message}"):
+        read()
+    monkeypatch.setenv("OCTAVO_ATTN_DECODE_TILE", "64,4,3")
+    assert envs.attn_decode_tile() == (64, 4, 3)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_k_mixed_batch(dtype, device):
     # Split-K applies to the decodes of a mixed batch; prefill chunks are never split.
