@@ -17,8 +17,11 @@ FAMILIES = {
 }
 
 
-def make_checkpoint(family: str, folder: str, seed: int = 0, **overrides) -> str:
-    """``overrides``: config fields on top of the family's (e.g. ``rope_scaling``)."""
+def make_checkpoint(family: str, folder: str, seed: int = 0, distinct_norms: bool = False,
+                    **overrides) -> str:
+    """``overrides``: config fields on top of the family's (e.g. ``rope_scaling``).
+    ``distinct_norms``: every RMSNorm its own random weights (transformers initialises them to
+    ones, so a norm applied in the wrong place, or not at all, would still match)."""
     import torch
     import transformers
 
@@ -31,6 +34,11 @@ def make_checkpoint(family: str, folder: str, seed: int = 0, **overrides) -> str
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 torch.nn.init.normal_(proj.bias, std=0.05)
+    if distinct_norms:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.normal_(mean=1.0, std=0.2)
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
