@@ -108,6 +108,51 @@ def pdl() -> bool:
     return _flag("OCTAVO_PDL", True)
 
 
+def _int(name: str, default: int, what: str) -> int:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        out = int(value)
+    except ValueError:
+        out = -1
+    if out < 0:
+        raise ValueError(f"{name} must be a non-negative integer ({what}), got {value!r}")
+    return out
+
+
+def l2_prefetch() -> frozenset[str]:
+    """OCTAVO_L2_PREFETCH (comma list of "o", "mlp", "qkv"; unset: off): on NVIDIA sm_90+
+    with PDL, a launch right after each decoder layer's attention pulls into L2 the weights
+    read next (its o_proj, its MLP, the next layer's qkv_proj), octavo/layers/weight_prefetch.py.
+    "0" / "off" / "": none."""
+    value = os.environ.get("OCTAVO_L2_PREFETCH", "")
+    names = frozenset(v.strip() for v in value.split(",") if v.strip())
+    if names & {"0", "off", "none", "false"}:
+        return frozenset()
+    bad = names - {"o", "mlp", "qkv"}
+    if bad:
+        raise ValueError(f"OCTAVO_L2_PREFETCH={value!r}: unknown part(s) {sorted(bad)}; "
+                         "expected a comma list of o, mlp, qkv")
+    return names
+
+
+def l2_prefetch_mb() -> int:
+    """OCTAVO_L2_PREFETCH_MB (default 24): at most this many MiB prefetched per layer."""
+    return _int("OCTAVO_L2_PREFETCH_MB", 24, "a size in MiB")
+
+
+def l2_prefetch_max_tokens() -> int:
+    """OCTAVO_L2_PREFETCH_MAX_TOKENS (default 512): the prefetch runs for batches of at most
+    this many tokens (decode steps)."""
+    return _int("OCTAVO_L2_PREFETCH_MAX_TOKENS", 512, "a token count")
+
+
+def l2_prefetch_evict_last() -> bool:
+    """OCTAVO_L2_PREFETCH_EVICT_LAST (default off): prefetched lines marked evict-last in L2."""
+    return _flag("OCTAVO_L2_PREFETCH_EVICT_LAST", False)
+
+
 def _batch_size(name: str, default: int) -> int:
     value = os.environ.get(name)
     if not value:

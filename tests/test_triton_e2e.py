@@ -62,6 +62,18 @@ def test_greedy_fp32_identical(family, triton_kwargs, request):
     assert all(len(t) == NEW_TOKENS for t, _ in got)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_greedy_fp32_identical_with_l2_prefetch(family, request, monkeypatch):
+    """The weights after attention prefetched into L2 (octavo/layers/weight_prefetch.py): a
+    prefetch writes nothing, so the tokens are the torch backend's."""
+    folder = request.getfixturevalue(family)
+    ref = _generate(folder, "torch", "float32")
+    monkeypatch.setenv("OCTAVO_L2_PREFETCH", "o,mlp,qkv")
+    monkeypatch.setenv("OCTAVO_L2_PREFETCH_EVICT_LAST", "1")
+    got = _generate(folder, "triton", "float32")
+    assert [t for t, _ in got] == [t for t, _ in ref]
+
+
 def test_bf16_logprobs_close(llama):
     ref = _generate(llama, "torch", "bfloat16", logprobs=1)
     got = _generate(llama, "triton", "bfloat16", logprobs=1)

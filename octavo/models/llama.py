@@ -14,6 +14,7 @@ from octavo.layers.norm import RMSNorm
 from octavo.layers.rope_params import rope_params_from_config
 from octavo.layers.rotary import get_rope
 from octavo.layers.vocab_embedding import LMHead, VocabEmbedding
+from octavo.layers.weight_prefetch import WeightPrefetch
 from octavo.models import cpu_fused_decode
 from octavo.models.cpu_fused_decode import FusedGGUFDecode
 from octavo.quantization.base import QuantizationConfig
@@ -63,6 +64,8 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
         self.attn = Attention(layer_idx, self.num_heads, head_dim, head_dim ** -0.5,
                               self.num_kv_heads, backend)
+        # The weights read after attention, pulled into L2 while it runs (set by LlamaModel).
+        self.prefetch: WeightPrefetch | None = None
 
     def _fused_qk_norm_rope(self, q: torch.Tensor, k: torch.Tensor) -> bool:
         """On CUDA, Qwen3's q/k norms and the rotation in one in-place launch."""
@@ -95,6 +98,8 @@ class LlamaAttention(nn.Module):
                 store = None
                 q, k = self.rotary_emb(positions, q, k)
         o = self.attn(q, k, v, ctx, kv_stored=store is not None)
+        if self.prefetch is not None:
+            self.prefetch(t, o.device)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -133,6 +138,12 @@ class LlamaModel(nn.Module):
                               prefix=f"{prefix}.layers.{i}")
             for i in range(config.num_hidden_layers)
         ])
+        for i, layer in enumerate(self.layers):
+            parts = {"o": [layer.self_attn.o_proj],
+                     "mlp": [layer.mlp.gate_up_proj, layer.mlp.down_proj]}
+            if i + 1 < len(self.layers):
+                parts["qkv"] = [self.layers[i + 1].self_attn.qkv_proj]
+            layer.self_attn.prefetch = WeightPrefetch(parts)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self._fused: FusedGGUFDecode | None | bool = False  # False: not built yet
 
