@@ -148,6 +148,15 @@ def l2_prefetch_mb() -> int:
     return _int("OCTAVO_L2_PREFETCH_MB", 24, "a size in MiB")
 
 
+def l2_prefetch_chunk_kb() -> int:
+    """OCTAVO_L2_PREFETCH_CHUNK_KB (default 64): KiB per bulk prefetch instruction (one per
+    thread; smaller chunks spread a prefetch over more programs)."""
+    value = _int("OCTAVO_L2_PREFETCH_CHUNK_KB", 64, "a size in KiB")
+    if value < 1:
+        raise ValueError(f"OCTAVO_L2_PREFETCH_CHUNK_KB must be at least 1, got {value}")
+    return value
+
+
 def l2_prefetch_max_tokens() -> int:
     """OCTAVO_L2_PREFETCH_MAX_TOKENS (default 512): the prefetch runs for batches of at most
     this many tokens (decode steps)."""

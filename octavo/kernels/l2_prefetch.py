@@ -70,9 +70,11 @@ def supported(device: torch.device) -> bool:
     return device.type == "cuda" and pdl_enabled(device)
 
 
-def chunk_table(tensors: list[torch.Tensor], budget_bytes: int) -> torch.Tensor:
+def chunk_table(tensors: list[torch.Tensor], budget_bytes: int,
+                chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
     """[n, 2] int64 (address, bytes) chunks covering ``tensors`` in order, at most
-    ``budget_bytes`` in all (the last tensor cut short), padded with empty chunks to a
+    ``budget_bytes`` in all (the last tensor cut short), of at most ``chunk_bytes`` (a
+    multiple of 16) each, padded with empty chunks to a
     multiple of the launch's programs. Ranges are widened to 16-byte alignment (the bulk
     prefetch's unit), which stays within the tensors' pages."""
     rows: list[tuple[int, int]] = []
@@ -85,8 +87,8 @@ def chunk_table(tensors: list[torch.Tensor], budget_bytes: int) -> torch.Tensor:
         left -= end - start
         start -= start % 16
         end += -end % 16
-        for a in range(start, end, CHUNK_BYTES):
-            rows.append((a, min(CHUNK_BYTES, end - a)))
+        for a in range(start, end, chunk_bytes):
+            rows.append((a, min(chunk_bytes, end - a)))
     rows += [(0, 0)] * (-len(rows) % _PER_PROGRAM)
     device = tensors[0].device if tensors else torch.device("cpu")
     return torch.tensor(rows, dtype=torch.int64, device=device).reshape(-1, 2)

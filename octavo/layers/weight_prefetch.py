@@ -51,8 +51,9 @@ class WeightPrefetch:
         budget = envs.l2_prefetch_mb() << 20
         # Weights are final after loading, but a reload or repack moves them: rebuild then
         # (never during a graph capture: the warm-up steps before it build the table).
-        key = (budget, tuple((t.data_ptr(), t.numel()) for t in tensors))
+        chunk = envs.l2_prefetch_chunk_kb() << 10
+        key = (budget, chunk, tuple((t.data_ptr(), t.numel()) for t in tensors))
         if self._key != key:
-            self._table = l2_prefetch.chunk_table(tensors, budget)
+            self._table = l2_prefetch.chunk_table(tensors, budget, chunk)
             self._key = key
         l2_prefetch.l2_prefetch(self._table, evict_last=envs.l2_prefetch_evict_last())
