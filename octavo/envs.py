@@ -149,12 +149,27 @@ def l2_prefetch_mb() -> int:
 
 
 def l2_prefetch_chunk_kb() -> int:
-    """OCTAVO_L2_PREFETCH_CHUNK_KB (default 64): KiB per bulk prefetch instruction (one per
+    """OCTAVO_L2_PREFETCH_CHUNK_KB (default 16): KiB per bulk prefetch instruction (one per
     thread; smaller chunks spread a prefetch over more programs)."""
-    value = _int("OCTAVO_L2_PREFETCH_CHUNK_KB", 64, "a size in KiB")
+    value = _int("OCTAVO_L2_PREFETCH_CHUNK_KB", 16, "a size in KiB")
     if value < 1:
         raise ValueError(f"OCTAVO_L2_PREFETCH_CHUNK_KB must be at least 1, got {value}")
     return value
+
+
+def l2_prefetch_at() -> str:
+    """OCTAVO_L2_PREFETCH_AT ("attn", default, or "o"): the prefetch is launched before each
+    layer's attention launch (it then runs beside attention) or after it."""
+    value = os.environ.get("OCTAVO_L2_PREFETCH_AT", "attn").strip() or "attn"
+    if value not in ("attn", "o"):
+        raise ValueError(f"OCTAVO_L2_PREFETCH_AT must be 'attn' or 'o', got {value!r}")
+    return value
+
+
+def l2_prefetch_side_stream() -> bool:
+    """OCTAVO_L2_PREFETCH_SIDE_STREAM (default on): the prefetch runs on a side stream beside
+    the decode chain; off, inside the PDL chain (the next kernel waits for it)."""
+    return _flag("OCTAVO_L2_PREFETCH_SIDE_STREAM", True)
 
 
 def l2_prefetch_max_tokens() -> int:

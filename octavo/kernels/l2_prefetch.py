@@ -23,7 +23,7 @@ from octavo.kernels.pdl import enabled as pdl_enabled
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.triton_utils import tl, triton
 
-CHUNK_BYTES = 64 * 1024  # one prefetch instruction's range
+CHUNK_BYTES = 16 * 1024  # one prefetch instruction's range
 _WARPS = 1
 _PER_PROGRAM = 32 * _WARPS  # one chunk per thread
 
@@ -94,12 +94,13 @@ def chunk_table(tensors: list[torch.Tensor], budget_bytes: int,
     return torch.tensor(rows, dtype=torch.int64, device=device).reshape(-1, 2)
 
 
-def l2_prefetch(table: torch.Tensor, evict_last: bool = False) -> None:
-    """Launch the prefetch of ``table``'s chunks (from :func:`chunk_table`)."""
+def l2_prefetch(table: torch.Tensor, evict_last: bool = False, pdl: bool = True) -> None:
+    """Launch the prefetch of ``table``'s chunks (from :func:`chunk_table`); ``pdl=False``:
+    a plain launch (on a side stream, outside the decode chain)."""
     n = table.shape[0]
     if n == 0:
         return
     assert n % _PER_PROGRAM == 0 and table.is_contiguous(), table.shape
     _l2_prefetch_kernel[(n // _PER_PROGRAM,)](
         table, BLOCK=_PER_PROGRAM, EVICT_LAST=evict_last, num_warps=_WARPS,
-        **pdl_args(table.device))
+        **(pdl_args(table.device) if pdl else {"PDL": False}))

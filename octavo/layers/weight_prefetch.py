@@ -36,9 +36,11 @@ class WeightPrefetch:
                         out.append(t)
         return out
 
-    def __call__(self, batch_tokens: int, device: torch.device) -> None:
-        """Launch the prefetch (a no-op where it does not apply)."""
+    def __call__(self, point: str, batch_tokens: int, device: torch.device) -> None:
+        """Launch the prefetch if ``point`` ("attn": before the attention launch, "o": after
+        it) is where OCTAVO_L2_PREFETCH_AT puts it; a no-op where it does not apply."""
         if (device.type != "cuda" or not envs.l2_prefetch()
+                or envs.l2_prefetch_at() != point
                 or batch_tokens > envs.l2_prefetch_max_tokens()):
             return
         from octavo.kernels import l2_prefetch
@@ -56,4 +58,34 @@ class WeightPrefetch:
         if self._key != key:
             self._table = l2_prefetch.chunk_table(tensors, budget, chunk)
             self._key = key
-        l2_prefetch.l2_prefetch(self._table, evict_last=envs.l2_prefetch_evict_last())
+        evict_last = envs.l2_prefetch_evict_last()
+        if not envs.l2_prefetch_side_stream():
+            # In the PDL chain: the next kernel waits for the prefetch to complete.
+            l2_prefetch.l2_prefetch(self._table, evict_last=evict_last)
+            return
+        # On a side stream forked here: the prefetch runs beside the chain (which never
+        # waits for it) and is joined at the end of the forward pass (``join``).
+        main = torch.cuda.current_stream(device)
+        side = _side_stream(device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            l2_prefetch.l2_prefetch(self._table, evict_last=evict_last, pdl=False)
+        _pending.add(device)
+
+    @staticmethod
+    def join(device: torch.device) -> None:
+        """Make the current stream wait for the side stream's prefetches (a CUDA graph
+        capture must end joined); a no-op when none was launched."""
+        if device in _pending:
+            _pending.discard(device)
+            torch.cuda.current_stream(device).wait_stream(_side_stream(device))
+
+
+_streams: dict[torch.device, torch.cuda.Stream] = {}
+_pending: set[torch.device] = set()
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _streams:
+        _streams[device] = torch.cuda.Stream(device)
+    return _streams[device]

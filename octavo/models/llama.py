@@ -97,9 +97,11 @@ class LlamaAttention(nn.Module):
             if store is None or not self.rotary_emb.rotate_and_store(positions, q, k, store):
                 store = None
                 q, k = self.rotary_emb(positions, q, k)
+        if self.prefetch is not None:
+            self.prefetch("attn", t, q.device)
         o = self.attn(q, k, v, ctx, kv_stored=store is not None)
         if self.prefetch is not None:
-            self.prefetch(t, o.device)
+            self.prefetch("o", t, o.device)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -157,6 +159,7 @@ class LlamaModel(nn.Module):
             residual = None
             for layer in self.layers:
                 x, residual = layer(positions, x, residual, ctx)
+            WeightPrefetch.join(x.device)
         x, _ = self.norm(x, residual)
         return x
 

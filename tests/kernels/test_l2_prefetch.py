@@ -21,7 +21,7 @@ def _ranges(table):
 
 
 def test_chunk_table_covers_every_tensor_in_order_16_byte_aligned():
-    a = torch.empty(100_000, dtype=torch.bfloat16)  # 200,000 bytes: four chunks
+    a = torch.empty(100_000, dtype=torch.bfloat16)  # 200,000 bytes: several chunks
     b = torch.empty(37, dtype=torch.int32)[1:]  # 144 bytes from an address 4 past alignment
     table = l2_prefetch.chunk_table([a, b], budget_bytes=1 << 30)
     assert table.dtype == torch.int64 and table.shape[1] == 2
@@ -57,6 +57,12 @@ def test_env_list(monkeypatch):
     monkeypatch.setenv("OCTAVO_L2_PREFETCH", "o,lm_head")
     with pytest.raises(ValueError, match="OCTAVO_L2_PREFETCH.*lm_head"):
         envs.l2_prefetch()
+    monkeypatch.setenv("OCTAVO_L2_PREFETCH_AT", "mlp")
+    with pytest.raises(ValueError, match="OCTAVO_L2_PREFETCH_AT.*mlp"):
+        envs.l2_prefetch_at()
+    monkeypatch.setenv("OCTAVO_L2_PREFETCH_CHUNK_KB", "0")
+    with pytest.raises(ValueError, match="OCTAVO_L2_PREFETCH_CHUNK_KB"):
+        envs.l2_prefetch_chunk_kb()
     monkeypatch.setenv("OCTAVO_L2_PREFETCH_MB", "-3")
     with pytest.raises(ValueError, match="OCTAVO_L2_PREFETCH_MB.*-3"):
         envs.l2_prefetch_mb()
@@ -81,7 +87,7 @@ def test_the_decoder_prefetches_what_each_layer_reads_after_attention(tmp_path, 
         else:
             assert "qkv" not in parts
     monkeypatch.setenv("OCTAVO_L2_PREFETCH", "o,mlp,qkv")
-    layers[0].self_attn.prefetch(4, torch.device("cpu"))  # no launch, no error
+    layers[0].self_attn.prefetch("attn", 4, torch.device("cpu"))  # no launch, no error
     assert layers[0].self_attn.prefetch._table is None
 
 
@@ -141,3 +147,36 @@ def test_a_prefetch_inside_a_pdl_chain_changes_nothing(monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, chain(False))
+
+
+@pytest.mark.gpu
+def test_a_side_stream_prefetch_forked_and_joined_inside_a_graph(monkeypatch):
+    """The engine's default placement: the prefetch forked onto a side stream between two
+    launches of the chain and joined at the end, captured in a CUDA graph and replayed."""
+    from octavo.kernels.dense_gemv import dense_gemv
+    from octavo.layers.linear import RowParallelLinear
+    from octavo.layers.weight_prefetch import WeightPrefetch
+
+    monkeypatch.setenv("OCTAVO_L2_PREFETCH", "o")
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 1024, generator=g).to(dev, torch.bfloat16)
+    w1 = (torch.randn(2048, 1024, generator=g) / 32).to(dev, torch.bfloat16)
+    proj = RowParallelLinear(2048, 1024, bias=False).to(dev, torch.bfloat16)
+    prefetch = WeightPrefetch({"o": [proj]})
+
+    def chain():
+        h = dense_gemv(x, w1)
+        prefetch("attn", 1, dev)
+        out = dense_gemv(h, proj.weight)
+        WeightPrefetch.join(dev)
+        return out
+
+    eager = chain()
+    assert prefetch._table is not None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
