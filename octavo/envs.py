@@ -172,6 +172,12 @@ def l2_prefetch_side_stream() -> bool:
     return _flag("OCTAVO_L2_PREFETCH_SIDE_STREAM", True)
 
 
+def l2_prefetch_lines() -> bool:
+    """OCTAVO_L2_PREFETCH_LINES (default off): per-thread 128-byte line prefetches (no
+    completion waited for) instead of Hopper's bulk L2 prefetch."""
+    return _flag("OCTAVO_L2_PREFETCH_LINES", False)
+
+
 def l2_prefetch_max_tokens() -> int:
     """OCTAVO_L2_PREFETCH_MAX_TOKENS (default 512): the prefetch runs for batches of at most
     this many tokens (decode steps)."""

@@ -65,6 +65,42 @@ def _l2_prefetch_kernel(table_ptr, BLOCK: tl.constexpr, EVICT_LAST: tl.constexpr
     pdl_begin(PDL)
 
 
+@triton.jit
+def _line_prefetch(addr, ok, EVICT_LAST: tl.constexpr):
+    # One 128-byte line per element, where ok != 0.
+    if EVICT_LAST:
+        tl.inline_asm_elementwise(
+            """{
+            .reg .pred p;
+            setp.ne.u32 p, $2, 0;
+            @p prefetch.global.L2::evict_last [$1];
+            mov.u32 $0, 0;
+            }""", "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise(
+            """{
+            .reg .pred p;
+            setp.ne.u32 p, $2, 0;
+            @p prefetch.global.L2 [$1];
+            mov.u32 $0, 0;
+            }""", "=r,l,r", [addr, ok], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _l2_prefetch_lines_kernel(table_ptr, CHUNKS: tl.constexpr, LINES: tl.constexpr,
+                              EVICT_LAST: tl.constexpr, PDL: tl.constexpr):
+    # Program p prefetches chunks [p * CHUNKS, (p + 1) * CHUNKS), all table entries loaded
+    # in one round, one line-sized prefetch per (chunk, line); no completion is waited for:
+    # the lines arrive while the next kernels run.
+    c = tl.program_id(0) * CHUNKS + tl.arange(0, CHUNKS)
+    addr = tl.load(table_ptr + c * 2)
+    size = tl.load(table_ptr + c * 2 + 1)
+    off = tl.arange(0, LINES).to(tl.int64) * 128
+    ok = (off[None, :] < size[:, None]).to(tl.int32)
+    _line_prefetch(addr[:, None] + off[None, :], ok, EVICT_LAST)
+    pdl_begin(PDL)
+
+
 def supported(device: torch.device) -> bool:
     """Bulk L2 prefetch needs sm_90+; placing it under a running kernel needs PDL."""
     return device.type == "cuda" and pdl_enabled(device)
@@ -94,13 +130,23 @@ def chunk_table(tensors: list[torch.Tensor], budget_bytes: int,
     return torch.tensor(rows, dtype=torch.int64, device=device).reshape(-1, 2)
 
 
-def l2_prefetch(table: torch.Tensor, evict_last: bool = False, pdl: bool = True) -> None:
+def l2_prefetch(table: torch.Tensor, evict_last: bool = False, pdl: bool = True,
+                lines: bool = False) -> None:
     """Launch the prefetch of ``table``'s chunks (from :func:`chunk_table`); ``pdl=False``:
-    a plain launch (on a side stream, outside the decode chain)."""
+    a plain launch (on a side stream, outside the decode chain); ``lines``: per-thread
+    128-byte line prefetches (nothing waits for them) instead of the bulk prefetch."""
     n = table.shape[0]
     if n == 0:
         return
     assert n % _PER_PROGRAM == 0 and table.is_contiguous(), table.shape
+    if lines:
+        # Every chunk but the last is full-size: lines per chunk from the first.
+        line_count = triton.next_power_of_2(triton.cdiv(int(table[0, 1]), 128))
+        chunks = max(1, min(_PER_PROGRAM, 1024 // line_count))  # ~1,024 lines a program
+        _l2_prefetch_lines_kernel[(n // chunks,)](
+            table, CHUNKS=chunks, LINES=line_count, EVICT_LAST=evict_last, num_warps=4,
+            **(pdl_args(table.device) if pdl else {"PDL": False}))
+        return
     _l2_prefetch_kernel[(n // _PER_PROGRAM,)](
         table, BLOCK=_PER_PROGRAM, EVICT_LAST=evict_last, num_warps=_WARPS,
         **(pdl_args(table.device) if pdl else {"PDL": False}))

@@ -61,7 +61,8 @@ class WeightPrefetch:
         evict_last = envs.l2_prefetch_evict_last()
         if not envs.l2_prefetch_side_stream():
             # In the PDL chain: the next kernel waits for the prefetch to complete.
-            l2_prefetch.l2_prefetch(self._table, evict_last=evict_last)
+            l2_prefetch.l2_prefetch(self._table, evict_last=evict_last,
+                                    lines=envs.l2_prefetch_lines())
             return
         # On a side stream forked here: the prefetch runs beside the chain (which never
         # waits for it) and is joined at the end of the forward pass (``join``).
@@ -69,7 +70,8 @@ class WeightPrefetch:
         side = _side_stream(device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            l2_prefetch.l2_prefetch(self._table, evict_last=evict_last, pdl=False)
+            l2_prefetch.l2_prefetch(self._table, evict_last=evict_last, pdl=False,
+                                    lines=envs.l2_prefetch_lines())
         _pending.add(device)
 
     @staticmethod

@@ -114,6 +114,27 @@ def test_sm90_code_issues_bulk_l2_prefetches_and_waits(evict_last):
     assert ptx.index("cp.async.bulk.prefetch") < ptx.index("griddepcontrol.wait")
 
 
+def test_sm90_line_prefetch_code():
+    """The per-line variant: prefetch.global.L2 (CCTL.E.PML2 in the machine code), then the
+    PDL trigger and wait."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    dump = f"/tmp/l2_prefetch_lines_sass_{os.getpid()}"
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=root, TRITON_DEFAULT_FP_FUSION="1")
+    run = subprocess.run(
+        [sys.executable, os.path.join(root, "scripts", "triton_sass.py"),
+         "octavo.kernels.l2_prefetch:_l2_prefetch_lines_kernel", "--const", "CHUNKS=8",
+         "LINES=128", "EVICT_LAST=1", "PDL=1", "--ptr", "table_ptr=i64", "--num-warps", "4",
+         "--dump", dump],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    ptx = open(os.path.join(dump, "kernel.ptx")).read()
+    sass = open(os.path.join(dump, "kernel.sass")).read()
+    assert "prefetch.global.L2::evict_last" in ptx
+    assert sass.count("CCTL.E.PML2") == 8  # 1,024 lines over 128 threads
+    assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
+
+
 @pytest.mark.gpu
 def test_a_prefetch_inside_a_pdl_chain_changes_nothing(monkeypatch):
     """norm -> GEMV -> prefetch(next weights) -> GEMV: the same values with and without the
@@ -135,6 +156,8 @@ def test_a_prefetch_inside_a_pdl_chain_changes_nothing(monkeypatch):
         if prefetch:
             l2_prefetch.l2_prefetch(table)
             l2_prefetch.l2_prefetch(table, evict_last=True)
+            l2_prefetch.l2_prefetch(table, lines=True)
+            l2_prefetch.l2_prefetch(table, evict_last=True, lines=True)
         return dense_gemv(h, w2)
 
     plain = chain(False)
