@@ -131,17 +131,17 @@ def chunk_table(tensors: list[torch.Tensor], budget_bytes: int,
 
 
 def l2_prefetch(table: torch.Tensor, evict_last: bool = False, pdl: bool = True,
-                lines: bool = False) -> None:
+                lines: int = 0) -> None:
     """Launch the prefetch of ``table``'s chunks (from :func:`chunk_table`); ``pdl=False``:
-    a plain launch (on a side stream, outside the decode chain); ``lines``: per-thread
-    128-byte line prefetches (nothing waits for them) instead of the bulk prefetch."""
+    a plain launch (on a side stream, outside the decode chain); ``lines``: the table's
+    chunk bytes, prefetched as per-thread 128-byte lines (nothing waits for them) instead of
+    the bulk prefetch (0)."""
     n = table.shape[0]
     if n == 0:
         return
     assert n % _PER_PROGRAM == 0 and table.is_contiguous(), table.shape
     if lines:
-        # Every chunk but the last is full-size: lines per chunk from the first.
-        line_count = triton.next_power_of_2(triton.cdiv(int(table[0, 1]), 128))
+        line_count = triton.next_power_of_2(triton.cdiv(lines, 128))
         chunks = max(1, min(_PER_PROGRAM, 1024 // line_count))  # ~1,024 lines a program
         _l2_prefetch_lines_kernel[(n // chunks,)](
             table, CHUNKS=chunks, LINES=line_count, EVICT_LAST=evict_last, num_warps=4,

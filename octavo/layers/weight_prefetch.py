@@ -62,7 +62,7 @@ class WeightPrefetch:
         if not envs.l2_prefetch_side_stream():
             # In the PDL chain: the next kernel waits for the prefetch to complete.
             l2_prefetch.l2_prefetch(self._table, evict_last=evict_last,
-                                    lines=envs.l2_prefetch_lines())
+                                    lines=chunk if envs.l2_prefetch_lines() else 0)
             return
         # On a side stream forked here: the prefetch runs beside the chain (which never
         # waits for it) and is joined at the end of the forward pass (``join``).
@@ -71,7 +71,7 @@ class WeightPrefetch:
         side.wait_stream(main)
         with torch.cuda.stream(side):
             l2_prefetch.l2_prefetch(self._table, evict_last=evict_last, pdl=False,
-                                    lines=envs.l2_prefetch_lines())
+                                    lines=chunk if envs.l2_prefetch_lines() else 0)
         _pending.add(device)
 
     @staticmethod

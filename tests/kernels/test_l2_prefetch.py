@@ -156,8 +156,8 @@ def test_a_prefetch_inside_a_pdl_chain_changes_nothing(monkeypatch):
         if prefetch:
             l2_prefetch.l2_prefetch(table)
             l2_prefetch.l2_prefetch(table, evict_last=True)
-            l2_prefetch.l2_prefetch(table, lines=True)
-            l2_prefetch.l2_prefetch(table, evict_last=True, lines=True)
+            l2_prefetch.l2_prefetch(table, lines=l2_prefetch.CHUNK_BYTES)
+            l2_prefetch.l2_prefetch(table, evict_last=True, lines=l2_prefetch.CHUNK_BYTES)
         return dense_gemv(h, w2)
 
     plain = chain(False)
