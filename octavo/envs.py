@@ -51,12 +51,6 @@ def attn_split_merge() -> bool | None:
     return _flag("OCTAVO_ATTN_SPLIT_MERGE", False)
 
 
-def attn_kv_evict_first() -> bool:
-    """OCTAVO_ATTN_KV_EVICT_FIRST (default off): on the GPU, attention's K/V loads marked
-    evict-first in L2 (read once per step; the weights prefetched beside them stay)."""
-    return _flag("OCTAVO_ATTN_KV_EVICT_FIRST", False)
-
-
 def attn_decode_tile() -> tuple[int, int, int] | None:
     """OCTAVO_ATTN_DECODE_TILE="BLOCK_N,WARPS,STAGES" (unset: chosen by
     octavo/kernels/paged_attention_config.py): the decode attention launch's keys per step,

@@ -70,7 +70,6 @@ def test_greedy_fp32_identical_with_l2_prefetch(family, request, monkeypatch):
     ref = _generate(folder, "torch", "float32")
     monkeypatch.setenv("OCTAVO_L2_PREFETCH", "o,mlp,qkv")
     monkeypatch.setenv("OCTAVO_L2_PREFETCH_EVICT_LAST", "1")
-    monkeypatch.setenv("OCTAVO_ATTN_KV_EVICT_FIRST", "1")
     got = _generate(folder, "triton", "float32")
     assert [t for t, _ in got] == [t for t, _ in ref]
 

@@ -43,12 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.envs import (
-    attn_decode_splits,
-    attn_decode_tile,
-    attn_kv_evict_first,
-    attn_split_merge,
-)
+from octavo.envs import attn_decode_splits, attn_decode_tile, attn_split_merge
 from octavo.kernels.paged_attention_config import (
     _MIN_SPLIT_TOKENS,
     _SPLIT_PREFILL_ROWS,
@@ -113,7 +108,6 @@ def _attn_kv_loop(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     COMPUTE_DT: tl.constexpr,
-    KV_EVICT: tl.constexpr,
 ):
     """Accumulate keys ``[lo, hi)`` (lo a multiple of BLOCK_N) into (acc, m_i, l_i). K/V
     tiles are converted to ``COMPUTE_DT`` (q's dtype) as loaded: a float8 cache is read at
@@ -137,13 +131,11 @@ def _attn_kv_loop(
         v_tok = blk * stride_vb + off * stride_vt
         k_ptrs = k_base + k_tok[None, :] + offs_d[:, None]  # K^T tile [D, BLOCK_N]
         if CAUSAL:
-            k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0,
-                        eviction_policy=KV_EVICT)
+            k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)
         elif HEAD_DIM_P != HEAD_DIM:
-            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0,
-                        eviction_policy=KV_EVICT)
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
         else:
-            k = tl.load(k_ptrs, eviction_policy=KV_EVICT)
+            k = tl.load(k_ptrs)
         k = k.to(COMPUTE_DT)
         if UPCAST_DOT:
             k = k.to(tl.float32)
@@ -156,13 +148,11 @@ def _attn_kv_loop(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_ptrs = v_base + v_tok[:, None] + offs_d[None, :]  # [BLOCK_N, D]
         if CAUSAL:
-            v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0,
-                        eviction_policy=KV_EVICT)
+            v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         elif HEAD_DIM_P != HEAD_DIM:
-            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0,
-                        eviction_policy=KV_EVICT)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
         else:
-            v = tl.load(v_ptrs, eviction_policy=KV_EVICT)
+            v = tl.load(v_ptrs)
         v = v.to(COMPUTE_DT)
         if UPCAST_DOT:
             # Same rounding of p as the low-precision MMA, but an fp32 dot.
@@ -216,7 +206,6 @@ def _paged_attention_kernel(
     SPLITS_P: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
-    KV_EVICT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_begin(PDL)
@@ -310,13 +299,13 @@ def _paged_attention_kernel(
         acc, m_i, l_i, q, k_base, v_base, bt_row, lo, mid, pos,
         stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, False, DOT_PRECISION, UPCAST_DOT,
-        q_ptr.dtype.element_ty, KV_EVICT,
+        q_ptr.dtype.element_ty,
     )  # fmt: skip
     acc, m_i, l_i = _attn_kv_loop(
         acc, m_i, l_i, q, k_base, v_base, bt_row, mid, hi, pos,
         stride_kb, stride_kt, stride_vb, stride_vt, qk_scale, offs_d,
         BLOCK_SIZE, BLOCK_N, HEAD_DIM, HEAD_DIM_P, True, DOT_PRECISION, UPCAST_DOT,
-        q_ptr.dtype.element_ty, KV_EVICT,
+        q_ptr.dtype.element_ty,
     )  # fmt: skip
 
     o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
@@ -420,8 +409,6 @@ def paged_attention(
         HEAD_DIM=head_dim,
         HEAD_DIM_P=head_dim_p,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        # K/V are read once per step: streamed through L2 ahead of the weights it holds.
-        KV_EVICT="evict_first" if on_gpu and attn_kv_evict_first() else "",
         # Triton's CPU interpreter mis-computes bf16 tl.dot; do those dots in fp32 there.
         UPCAST_DOT=not on_gpu and q.dtype == torch.bfloat16,
     )
