@@ -122,11 +122,11 @@ def _int(name: str, default: int, what: str) -> int:
 
 
 def l2_prefetch() -> frozenset[str]:
-    """OCTAVO_L2_PREFETCH (comma list of "o", "mlp", "qkv"; unset: off): on NVIDIA sm_90+
-    with PDL, a launch right after each decoder layer's attention pulls into L2 the weights
-    read next (its o_proj, its MLP, the next layer's qkv_proj), octavo/layers/weight_prefetch.py.
-    "0" / "off" / "": none."""
-    value = os.environ.get("OCTAVO_L2_PREFETCH", "")
+    """OCTAVO_L2_PREFETCH (comma list of "o", "mlp", "qkv"; default all three): on NVIDIA
+    sm_90+ with PDL, a launch right after each decoder layer's attention pulls into L2 the
+    weights read next (its o_proj, its MLP, the next layer's qkv_proj) for one-token steps,
+    octavo/layers/weight_prefetch.py. "0" / "off" / "none": none."""
+    value = os.environ.get("OCTAVO_L2_PREFETCH", "o,mlp,qkv")
     names = frozenset(v.strip() for v in value.split(",") if v.strip())
     if names & {"0", "off", "none", "false"}:
         return frozenset()
@@ -142,45 +142,10 @@ def l2_prefetch_mb() -> int:
     return _int("OCTAVO_L2_PREFETCH_MB", 24, "a size in MiB")
 
 
-def l2_prefetch_chunk_kb() -> int:
-    """OCTAVO_L2_PREFETCH_CHUNK_KB (default 16): KiB per bulk prefetch instruction (one per
-    thread; smaller chunks spread a prefetch over more programs)."""
-    value = _int("OCTAVO_L2_PREFETCH_CHUNK_KB", 16, "a size in KiB")
-    if value < 1:
-        raise ValueError(f"OCTAVO_L2_PREFETCH_CHUNK_KB must be at least 1, got {value}")
-    return value
-
-
-def l2_prefetch_at() -> str:
-    """OCTAVO_L2_PREFETCH_AT ("attn", default, or "o"): the prefetch is launched before each
-    layer's attention launch (it then runs beside attention) or after it."""
-    value = os.environ.get("OCTAVO_L2_PREFETCH_AT", "attn").strip() or "attn"
-    if value not in ("attn", "o"):
-        raise ValueError(f"OCTAVO_L2_PREFETCH_AT must be 'attn' or 'o', got {value!r}")
-    return value
-
-
-def l2_prefetch_side_stream() -> bool:
-    """OCTAVO_L2_PREFETCH_SIDE_STREAM (default on): the prefetch runs on a side stream beside
-    the decode chain; off, inside the PDL chain (the next kernel waits for it)."""
-    return _flag("OCTAVO_L2_PREFETCH_SIDE_STREAM", True)
-
-
-def l2_prefetch_lines() -> bool:
-    """OCTAVO_L2_PREFETCH_LINES (default off): per-thread 128-byte line prefetches (no
-    completion waited for) instead of Hopper's bulk L2 prefetch."""
-    return _flag("OCTAVO_L2_PREFETCH_LINES", False)
-
-
 def l2_prefetch_max_tokens() -> int:
-    """OCTAVO_L2_PREFETCH_MAX_TOKENS (default 512): the prefetch runs for batches of at most
-    this many tokens (decode steps)."""
-    return _int("OCTAVO_L2_PREFETCH_MAX_TOKENS", 512, "a token count")
-
-
-def l2_prefetch_evict_last() -> bool:
-    """OCTAVO_L2_PREFETCH_EVICT_LAST (default off): prefetched lines marked evict-last in L2."""
-    return _flag("OCTAVO_L2_PREFETCH_EVICT_LAST", False)
+    """OCTAVO_L2_PREFETCH_MAX_TOKENS (default 1): the prefetch runs for steps of at most this
+    many tokens (two and more lost on an H200)."""
+    return _int("OCTAVO_L2_PREFETCH_MAX_TOKENS", 1, "a token count")
 
 
 def _batch_size(name: str, default: int) -> int:

@@ -64,7 +64,7 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
         self.attn = Attention(layer_idx, self.num_heads, head_dim, head_dim ** -0.5,
                               self.num_kv_heads, backend)
-        # The weights read after attention, pulled into L2 while it runs (set by LlamaModel).
+        # The weights read after attention, pulled into L2 behind it (set by LlamaModel).
         self.prefetch: WeightPrefetch | None = None
 
     def _fused_qk_norm_rope(self, q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -97,11 +97,9 @@ class LlamaAttention(nn.Module):
             if store is None or not self.rotary_emb.rotate_and_store(positions, q, k, store):
                 store = None
                 q, k = self.rotary_emb(positions, q, k)
-        if self.prefetch is not None:
-            self.prefetch("attn", t, q.device)
         o = self.attn(q, k, v, ctx, kv_stored=store is not None)
         if self.prefetch is not None:
-            self.prefetch("o", t, o.device)
+            self.prefetch(t, o.device)
         return self.o_proj(o.reshape(t, self.q_size))
 
 
@@ -159,7 +157,6 @@ class LlamaModel(nn.Module):
             residual = None
             for layer in self.layers:
                 x, residual = layer(positions, x, residual, ctx)
-            WeightPrefetch.join(x.device)
         x, _ = self.norm(x, residual)
         return x
 

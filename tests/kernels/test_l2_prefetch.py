@@ -49,7 +49,8 @@ def test_chunk_table_stops_at_the_budget():
 
 def test_env_list(monkeypatch):
     monkeypatch.delenv("OCTAVO_L2_PREFETCH", raising=False)
-    assert envs.l2_prefetch() == frozenset()
+    assert envs.l2_prefetch() == {"o", "mlp", "qkv"}  # on by default (one-token steps)
+    assert envs.l2_prefetch_max_tokens() == 1
     monkeypatch.setenv("OCTAVO_L2_PREFETCH", "o, mlp,qkv")
     assert envs.l2_prefetch() == {"o", "mlp", "qkv"}
     monkeypatch.setenv("OCTAVO_L2_PREFETCH", "off")
@@ -57,12 +58,6 @@ def test_env_list(monkeypatch):
     monkeypatch.setenv("OCTAVO_L2_PREFETCH", "o,lm_head")
     with pytest.raises(ValueError, match="OCTAVO_L2_PREFETCH.*lm_head"):
         envs.l2_prefetch()
-    monkeypatch.setenv("OCTAVO_L2_PREFETCH_AT", "mlp")
-    with pytest.raises(ValueError, match="OCTAVO_L2_PREFETCH_AT.*mlp"):
-        envs.l2_prefetch_at()
-    monkeypatch.setenv("OCTAVO_L2_PREFETCH_CHUNK_KB", "0")
-    with pytest.raises(ValueError, match="OCTAVO_L2_PREFETCH_CHUNK_KB"):
-        envs.l2_prefetch_chunk_kb()
     monkeypatch.setenv("OCTAVO_L2_PREFETCH_MB", "-3")
     with pytest.raises(ValueError, match="OCTAVO_L2_PREFETCH_MB.*-3"):
         envs.l2_prefetch_mb()
@@ -87,52 +82,29 @@ def test_the_decoder_prefetches_what_each_layer_reads_after_attention(tmp_path, 
         else:
             assert "qkv" not in parts
     monkeypatch.setenv("OCTAVO_L2_PREFETCH", "o,mlp,qkv")
-    layers[0].self_attn.prefetch("attn", 4, torch.device("cpu"))  # no launch, no error
+    layers[0].self_attn.prefetch(1, torch.device("cpu"))  # no launch, no error
     assert layers[0].self_attn.prefetch._table is None
 
 
-@pytest.mark.parametrize("evict_last", [0, 1])
-def test_sm90_code_issues_bulk_l2_prefetches_and_waits(evict_last):
+def test_sm90_code_issues_bulk_l2_prefetches_and_waits():
     """Compiled offline for sm_90 (scripts/triton_sass.py, in a process of its own): the bulk
     L2 prefetch (UBLKPF.L2) is in the machine code, with the PDL trigger and wait after it."""
     root = os.path.join(os.path.dirname(__file__), "..", "..")
-    dump = f"/tmp/l2_prefetch_sass_{os.getpid()}_{evict_last}"
+    dump = f"/tmp/l2_prefetch_sass_{os.getpid()}"
     env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=root, TRITON_DEFAULT_FP_FUSION="1")
     run = subprocess.run(
         [sys.executable, os.path.join(root, "scripts", "triton_sass.py"),
-         "octavo.kernels.l2_prefetch:_l2_prefetch_kernel", "--const", "BLOCK=32",
-         f"EVICT_LAST={evict_last}", "PDL=1", "--ptr", "table_ptr=i64", "--num-warps", "1",
+         "octavo.kernels.l2_prefetch:_l2_prefetch_kernel", "--const", "BLOCK=32", "PDL=1",
+         "--ptr", "table_ptr=i64", "--num-warps", "1",
          "--dump", dump],
         capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     ptx = open(os.path.join(dump, "kernel.ptx")).read()
     sass = open(os.path.join(dump, "kernel.sass")).read()
     assert "cp.async.bulk.prefetch.L2.global" in ptx
-    assert ("evict_last" in ptx) == bool(evict_last)
     assert "UBLKPF.L2" in sass
     assert ptx.index("cp.async.bulk.prefetch") < ptx.index("griddepcontrol.wait")
-
-
-def test_sm90_line_prefetch_code():
-    """The per-line variant: prefetch.global.L2 (CCTL.E.PML2 in the machine code), then the
-    PDL trigger and wait."""
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
-    dump = f"/tmp/l2_prefetch_lines_sass_{os.getpid()}"
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=root, TRITON_DEFAULT_FP_FUSION="1")
-    run = subprocess.run(
-        [sys.executable, os.path.join(root, "scripts", "triton_sass.py"),
-         "octavo.kernels.l2_prefetch:_l2_prefetch_lines_kernel", "--const", "CHUNKS=8",
-         "LINES=128", "EVICT_LAST=1", "PDL=1", "--ptr", "table_ptr=i64", "--num-warps", "4",
-         "--dump", dump],
-        capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    ptx = open(os.path.join(dump, "kernel.ptx")).read()
-    sass = open(os.path.join(dump, "kernel.sass")).read()
-    assert "prefetch.global.L2::evict_last" in ptx
-    assert sass.count("CCTL.E.PML2") == 8  # 1,024 lines over 128 threads
-    assert ptx.index("prefetch.global.L2") < ptx.index("griddepcontrol.wait")
 
 
 @pytest.mark.gpu
@@ -155,9 +127,6 @@ def test_a_prefetch_inside_a_pdl_chain_changes_nothing(monkeypatch):
         h = dense_gemv(rms_norm(x, w_norm, 1e-6), w1)
         if prefetch:
             l2_prefetch.l2_prefetch(table)
-            l2_prefetch.l2_prefetch(table, evict_last=True)
-            l2_prefetch.l2_prefetch(table, lines=l2_prefetch.CHUNK_BYTES)
-            l2_prefetch.l2_prefetch(table, evict_last=True, lines=l2_prefetch.CHUNK_BYTES)
         return dense_gemv(h, w2)
 
     plain = chain(False)
@@ -171,35 +140,3 @@ def test_a_prefetch_inside_a_pdl_chain_changes_nothing(monkeypatch):
         torch.cuda.synchronize()
         assert torch.equal(captured, chain(False))
 
-
-@pytest.mark.gpu
-def test_a_side_stream_prefetch_forked_and_joined_inside_a_graph(monkeypatch):
-    """The engine's default placement: the prefetch forked onto a side stream between two
-    launches of the chain and joined at the end, captured in a CUDA graph and replayed."""
-    from octavo.kernels.dense_gemv import dense_gemv
-    from octavo.layers.linear import RowParallelLinear
-    from octavo.layers.weight_prefetch import WeightPrefetch
-
-    monkeypatch.setenv("OCTAVO_L2_PREFETCH", "o")
-    dev = torch.device("cuda")
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(1, 1024, generator=g).to(dev, torch.bfloat16)
-    w1 = (torch.randn(2048, 1024, generator=g) / 32).to(dev, torch.bfloat16)
-    proj = RowParallelLinear(2048, 1024, bias=False).to(dev, torch.bfloat16)
-    prefetch = WeightPrefetch({"o": [proj]})
-
-    def chain():
-        h = dense_gemv(x, w1)
-        prefetch("attn", 1, dev)
-        out = dense_gemv(h, proj.weight)
-        WeightPrefetch.join(dev)
-        return out
-
-    eager = chain()
-    assert prefetch._table is not None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = chain()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
