@@ -70,7 +70,7 @@ def test_the_decoder_prefetches_what_each_layer_reads_after_attention(tmp_path, 
     from tests.tiny_models import make_checkpoint
 
     folder = make_checkpoint("qwen3", str(tmp_path))
-    llm = LLM(model=folder, skip_tokenizer_init=True, dtype="float32")
+    llm = LLM(model=folder, skip_tokenizer_init=True, dtype="float32", device="cpu")
     layers = llm.llm_engine.executor.worker.runner.model.model.layers
     assert len(layers) >= 2
     for i, layer in enumerate(layers):
