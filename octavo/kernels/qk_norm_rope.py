@@ -19,9 +19,9 @@ from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.reshape_and_cache import kv_store_args, load_token_kv, store_token_kv
 from octavo.kernels.rms_norm import rms_norm_ref
 from octavo.kernels.rotary import (
-    _load_heads,
-    _rotate_store,
+    load_heads,
     rotary_embedding_ref,
+    rotate_store,
     token_cos_sin,
 )
 from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
@@ -29,7 +29,7 @@ from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, tri
 
 @triton.jit
 def _norm_heads(x_ptr, x1, x2, w1, w2, eps, HEAD_DIM: tl.constexpr):
-    """Per-head RMSNorm of ``_load_heads``' float32 halves, rounded as the separate kernels
+    """Per-head RMSNorm of ``load_heads``' float32 halves, rounded as the separate kernels
     round (normalised value to x's dtype, times the weight, to x's dtype), in float32."""
     dt = x_ptr.dtype.element_ty
     var = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM
@@ -62,19 +62,19 @@ def _qk_norm_rope_kernel(
     offs_k = tl.arange(0, KH_P)
     # Every input first (none depends on another, and a load after a store must wait for
     # it): at one token the launch is a chain of memory round trips, not bandwidth.
-    q1, q2, q_mask = _load_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, offs_q, offs_r,
+    q1, q2, q_mask = load_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, offs_q, offs_r,
                                  HALF, True)
-    k1, k2, k_mask = _load_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, offs_k, offs_r,
+    k1, k2, k_mask = load_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, offs_k, offs_r,
                                  HALF, True)
     if STORE_KV:
         slot, v = load_token_kv(v_ptr, slot_ptr, t, stride_vt, stride_vh, num_k_heads, KH_P,
                                 HALF, HALF_P)
     cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
     q1, q2 = _norm_heads(q_ptr, q1, q2, qw1, qw2, eps, 2 * HALF)
-    _rotate_store(q_ptr, q1, q2, q_mask, t, stride_qt, stride_qh, cos, sin, offs_q, offs_r,
+    rotate_store(q_ptr, q1, q2, q_mask, t, stride_qt, stride_qh, cos, sin, offs_q, offs_r,
                   HALF, True)
     k1, k2 = _norm_heads(k_ptr, k1, k2, kw1, kw2, eps, 2 * HALF)
-    k1, k2 = _rotate_store(k_ptr, k1, k2, k_mask, t, stride_kt, stride_kh, cos, sin, offs_k,
+    k1, k2 = rotate_store(k_ptr, k1, k2, k_mask, t, stride_kt, stride_kh, cos, sin, offs_k,
                            offs_r, HALF, True)
     if STORE_KV:
         store_token_kv(k1, k2, k_mask, slot, v, kc_ptr, vc_ptr, stride_cb, stride_ct,

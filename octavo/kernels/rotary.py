@@ -27,7 +27,7 @@ def _head_offsets(offs_r, HALF: tl.constexpr, IS_NEOX: tl.constexpr):
 
 
 @triton.jit
-def _load_heads(x_ptr, token, stride_t, stride_h, num_heads, offs_h, offs_r,
+def load_heads(x_ptr, token, stride_t, stride_h, num_heads, offs_h, offs_r,
                 HALF: tl.constexpr, IS_NEOX: tl.constexpr):
     """A token's heads as the two float32 halves [H_P, HALF_P] that rotate together, and
     their mask."""
@@ -40,9 +40,9 @@ def _load_heads(x_ptr, token, stride_t, stride_h, num_heads, offs_h, offs_r,
 
 
 @triton.jit
-def _rotate_store(x_ptr, x1, x2, mask, token, stride_t, stride_h, cos, sin, offs_h, offs_r,
+def rotate_store(x_ptr, x1, x2, mask, token, stride_t, stride_h, cos, sin, offs_h, offs_r,
                   HALF: tl.constexpr, IS_NEOX: tl.constexpr):
-    """Rotate ``_load_heads``' halves and store them back; returns the rotated halves."""
+    """Rotate ``load_heads``' halves and store them back; returns the rotated halves."""
     first, second = _head_offsets(offs_r, HALF, IS_NEOX)
     base = x_ptr + token * stride_t + offs_h[:, None] * stride_h
     y1 = (x1 * cos[None, :] - x2 * sin[None, :]).to(x_ptr.dtype.element_ty)
@@ -104,19 +104,19 @@ def _rotary_kernel(
     offs_k = tl.arange(0, KH_P)
     # Every input first (none depends on another, and a load after a store must wait for
     # it): at one token the launch is a chain of memory round trips, not bandwidth.
-    q1, q2, q_mask = _load_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, offs_q, offs_r,
+    q1, q2, q_mask = load_heads(q_ptr, t, stride_qt, stride_qh, num_q_heads, offs_q, offs_r,
                                  HALF, IS_NEOX)
     if HAS_K:
-        k1, k2, k_mask = _load_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, offs_k,
+        k1, k2, k_mask = load_heads(k_ptr, t, stride_kt, stride_kh, num_k_heads, offs_k,
                                      offs_r, HALF, IS_NEOX)
         if STORE_KV:
             slot, v = load_token_kv(v_ptr, slot_ptr, t, stride_vt, stride_vh, num_k_heads,
                                     KH_P, HALF, HALF_P)
     cos, sin = token_cos_sin(pos_ptr, cache_ptr, t, stride_cache, offs_r, HALF)
-    _rotate_store(q_ptr, q1, q2, q_mask, t, stride_qt, stride_qh, cos, sin, offs_q, offs_r,
+    rotate_store(q_ptr, q1, q2, q_mask, t, stride_qt, stride_qh, cos, sin, offs_q, offs_r,
                   HALF, IS_NEOX)
     if HAS_K:
-        k1, k2 = _rotate_store(k_ptr, k1, k2, k_mask, t, stride_kt, stride_kh, cos, sin,
+        k1, k2 = rotate_store(k_ptr, k1, k2, k_mask, t, stride_kt, stride_kh, cos, sin,
                                offs_k, offs_r, HALF, IS_NEOX)
         if STORE_KV:  # NeoX halves of the whole head (supports_kv_store)
             store_token_kv(k1, k2, k_mask, slot, v, kc_ptr, vc_ptr, stride_cb, stride_ct,

@@ -25,8 +25,7 @@ class WeightPrefetch:
         self._table: torch.Tensor | None = None
         self._key: tuple | None = None
 
-    def _tensors(self) -> list[torch.Tensor]:
-        wanted = envs.l2_prefetch()
+    def _tensors(self, wanted) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
         for name, mods in self._modules.items():
             if name not in wanted:
@@ -39,14 +38,16 @@ class WeightPrefetch:
 
     def __call__(self, batch_tokens: int, device: torch.device) -> None:
         """Launch the prefetch after a layer's attention (a no-op where it does not apply)."""
-        if (device.type != "cuda" or batch_tokens > envs.l2_prefetch_max_tokens()
-                or not envs.l2_prefetch()):
+        if device.type != "cuda" or batch_tokens > envs.l2_prefetch_max_tokens():
+            return
+        wanted = envs.l2_prefetch()
+        if not wanted:
             return
         from octavo.kernels import l2_prefetch
 
         if not l2_prefetch.supported(device):
             return
-        tensors = self._tensors()
+        tensors = self._tensors(wanted)
         if not tensors:
             return
         budget = envs.l2_prefetch_mb() << 20
