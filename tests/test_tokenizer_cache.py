@@ -21,6 +21,19 @@ def gguf():
     return GGUFCheckpoint(default_model_path())
 
 
+@pytest.fixture(scope="module")
+def converted(gguf):
+    """One real conversion of the file's tokenizer (~5 s), shared: the tests count the builds
+    that the cache asks for and hand back this one."""
+    return gguf._build_tokenizer()
+
+
+def _counting_build(gguf, converted, monkeypatch) -> list:
+    built = []
+    monkeypatch.setattr(gguf, "_build_tokenizer", lambda: built.append(1) or converted)
+    return built
+
+
 def _same(a, b):
     for t in TEXTS:
         ids = a(t, add_special_tokens=False)["input_ids"]
@@ -32,34 +45,32 @@ def _same(a, b):
             == b.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
 
 
-def test_converted_once_then_loaded(gguf, tmp_path, monkeypatch):
+def test_converted_once_then_loaded(gguf, converted, tmp_path, monkeypatch):
     monkeypatch.setenv("OCTAVO_CACHE_DIR", str(tmp_path))
-    built = []
-    real = gguf._build_tokenizer
-    monkeypatch.setattr(gguf, "_build_tokenizer", lambda: built.append(1) or real())
+    built = _counting_build(gguf, converted, monkeypatch)
     first = gguf.load_tokenizer()
     entry = tmp_path / "gguf-tokenizers" / tokenizer_cache.cache_key(gguf.path)
-    assert built == [1] and entry.is_dir()
+    assert built == [1] and entry.is_dir() and first is converted
     again = gguf.load_tokenizer()
     assert built == [1]  # from the cache
     _same(first, again)
     assert not [p for p in os.listdir(entry.parent) if p.startswith(".tmp-")]
 
 
-def test_damaged_entry_or_cache_off_converts_again(gguf, tmp_path, monkeypatch):
+def test_damaged_entry_or_cache_off_converts_again(gguf, converted, tmp_path, monkeypatch):
     monkeypatch.setenv("OCTAVO_CACHE_DIR", str(tmp_path))
     entry = tmp_path / "gguf-tokenizers" / tokenizer_cache.cache_key(gguf.path)
     entry.mkdir(parents=True)
     (entry / "tokenizer_config.json").write_text("{not json")
-    built = []
-    real = gguf._build_tokenizer
-    monkeypatch.setattr(gguf, "_build_tokenizer", lambda: built.append(1) or real())
+    built = _counting_build(gguf, converted, monkeypatch)
     tok = gguf.load_tokenizer()
-    assert built == [1] and (entry / "tokenizer.json").is_file()
+    assert built == [1] and (entry / "tokenizer.json").is_file() and tok is converted
+    # The rewritten entry loads, without a build, as the conversion.
+    _same(gguf.load_tokenizer(), converted)
+    assert built == [1]
     monkeypatch.setenv("OCTAVO_TOKENIZER_CACHE", "0")
-    gguf.load_tokenizer()
+    assert gguf.load_tokenizer() is converted
     assert built == [1, 1]
-    _same(tok, real())
 
 
 def test_key_follows_the_file(tmp_path):
