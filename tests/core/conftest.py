@@ -1,5 +1,5 @@
-"""The core tests build no engine: skip the top-level leak check (its gc.collect() costs
-~0.2 s per test once torch is loaded); these tests check the block pool themselves."""
+"""The core tests build no engine: skip the top-level leak check (nothing of theirs for it to
+check: it looks at engines only); these tests check the block pool themselves."""
 
 from __future__ import annotations
 
