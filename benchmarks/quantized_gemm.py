@@ -12,6 +12,8 @@ fraction of the HBM bandwidth.
     python benchmarks/quantized_gemm.py --paths default gemm swapab --m 16 32 64 128
     python benchmarks/quantized_gemm.py --sweep   # tile configurations per shape and M
     python benchmarks/quantized_gemm.py --sweep --paths swapab --bits 4 --m 16 32 64 128
+    python benchmarks/quantized_gemm.py --bits 4 --paths default swapab cuda --m 1 4 16
+    python benchmarks/quantized_gemm.py --cuda-sweep --m 1 16   # the CUDA kernel's plans
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def main() -> None:
     ap.add_argument("--paths", nargs="+", default=["default"],
                     help="w4a16_gemm paths to time side by side: default (the dispatch), gemv, "
                          "gemm, dequant, swapab (its own packed layout), swapab_dequant "
-                         "(dequantize that layout, then cuBLAS), layout (the engine's dispatch "
+                         "(dequantize that layout, then cuBLAS), cuda (the CUDA C++ kernel on "
+                         "that layout, octavo/kernels/swapab_mma.py, 4-bit, M <= 16), layout "
+                         "(the engine's dispatch "
                          "for a layer in the swap-AB layout), dequant_only / "
                          "swapab_dequant_only (the dequantization alone: its HBM fraction "
                          "counts the float weight written); keys w{bits}_{path}_us "
@@ -62,6 +66,9 @@ def main() -> None:
                     help="time the two dequantization kernels (the large-batch path) over "
                          "tile configurations; HBM fraction of the packed weight read plus "
                          "the float weight written")
+    ap.add_argument("--cuda-sweep", action="store_true",
+                    help="the CUDA swap-AB kernel (4-bit) over launch plans: warps per SM, "
+                         "K steps per chunk, warps per CTA")
     ap.add_argument("--fp8", action="store_true",
                     help="FP8 weights at M <= 4: the FP8 GEMV (a sweep of its tiles) against "
                          "torch._scaled_mm with per-token activation scales, as the engine "
@@ -79,6 +86,8 @@ def main() -> None:
         return fp8_sweep(args, timed, bandwidth, limits)
     if args.dequant_sweep:
         return dequant_sweep(args, timed, bandwidth, limits)
+    if args.cuda_sweep:
+        return cuda_sweep(args, timed, bandwidth, limits)
 
     rows = []
     for name, (k, n) in SHAPES.items():
@@ -133,13 +142,48 @@ def main() -> None:
                        "per_layer": totals}, args.json)
 
 
+def cuda_sweep(args, timed, bandwidth, limits) -> None:
+    """The CUDA swap-AB kernel over launch plans, per Llama-8B shape and M (4-bit)."""
+    import torch
+
+    from octavo.kernels.swapab_mma import swapab_mma
+
+    dev = torch.device("cuda")
+    plans = [{"warps_per_sm": w, "steps": st, "most_warps": mw}
+             for w in (8, 16, 24, 32) for st in (2, 4) for mw in (4, 8)]
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n // 2)))
+        packs = [int_weights(k, n, 4, args.group, dev, "swapab") for _ in range(qcopies)]
+        nbytes = _weight_bytes(k, n, 4, args.group)
+        for m in args.m:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            results = []
+            for cfg in plans:
+                t = timed([lambda p=p, x=x, cfg=cfg: swapab_mma(x, *p, args.group, 4, **cfg)
+                           for p in packs])
+                results.append({**cfg, "us": round(t, 2),
+                                "hbm_fraction": round(nbytes / (t * 1e-6) / bandwidth, 3)})
+            best = min(results, key=lambda r: r["us"])
+            default = next(r for r in results if r["warps_per_sm"] == 16 and r["steps"] == 4
+                           and r["most_warps"] == 8)
+            row = {"shape": name, "M": m, "best": best, "default": default, "all": results}
+            rows.append(row)
+            print(f"{name} M={m}: default {default['us']} us ({default['hbm_fraction']:.0%}), "
+                  f"best {best}", flush=True)
+        del packs
+        torch.cuda.empty_cache()
+    print_json_result({"benchmark": "quantized_gemm_cuda_sweep", "device": device_info(),
+                       "limits": limits, "commit": git_commit(), "rows": rows}, args.json)
+
+
 def _weight_bytes(k: int, n: int, bits: int, group: int) -> float:
     """Bytes of a packed [K, N] integer weight with bf16 scales and zero points per group."""
     return k * n * bits / 8 + 2 * (k // group) * n * 2
 
 
 def _layout(path: str) -> str:
-    return "swapab" if path.startswith("swapab") or path == "layout" else "along_k"
+    return "swapab" if path.startswith("swapab") or path in ("layout", "cuda") else "along_k"
 
 
 def _run(path: str, x, p, group: int, bits: int, kw: dict):
@@ -148,6 +192,10 @@ def _run(path: str, x, p, group: int, bits: int, kw: dict):
     from octavo.kernels.w4a16_gemm import dequantize, w4a16_gemm
     from octavo.kernels.w4a16_swapab import dequantize_swapab
 
+    if path == "cuda":
+        from octavo.kernels.swapab_mma import swapab_mma
+
+        return swapab_mma(x, *p, group, bits)
     if path == "layout":  # what the engine runs for a layer in the swap-AB layout
         return int_weight_layout.linear(x, *p, group, bits, int_weight_layout.SWAPAB)
     if path == "swapab_dequant":

@@ -171,6 +171,13 @@ def int_swapab_max_m(default: int) -> int:
     return _batch_size("OCTAVO_INT_SWAPAB_MAX_M", default)
 
 
+def cuda_kernels() -> bool:
+    """OCTAVO_CUDA_KERNELS (default on): on NVIDIA GPUs, the CUDA C++ kernels of
+    octavo/kernels/cuda/ (built with nvcc at first use, octavo/kernels/cuda_module.py) where
+    a layer has one; off, or without nvcc, the Triton kernels run."""
+    return _flag("OCTAVO_CUDA_KERNELS", True)
+
+
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k" or "swapab" (every layer the swap-AB kernel can hold), for the

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from octavo import envs
+from octavo.kernels import swapab_mma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
 
@@ -44,6 +45,8 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     if mode != "auto":
         return mode
     hopper = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
+    if hopper and bits == 4 and swapab_mma.available(device):
+        return SWAPAB  # every 4-bit layer: the CUDA kernel runs 1-16 rows on this layout
     large = k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
     return SWAPAB if hopper and large else ALONG_K
 
@@ -64,7 +67,11 @@ def linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
 
 def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor, group_size: int, bits: int) -> torch.Tensor:
-    if x2.shape[0] <= envs.int_swapab_max_m(SWAPAB_MAX_M):
+    m, k = x2.shape
+    if swapab_mma.supports(m, k, qweight.shape[0] * (16 // bits), group_size, bits, x2.dtype) \
+            and swapab_mma.available(x2.device):
+        return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits)
+    if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.
         # Batch tiles of 8 (130 registers, 1.8 SASS instructions per weight against 200 and

@@ -1,0 +1,309 @@
+// Weight-only 4-bit GEMM for decode batches (M <= 16) over the swap-AB layout of
+// octavo/kernels/w4a16_swapab.py, on the tensor cores' mma.sync with the weights as the A
+// operand: out^T [N, M] = dequant(W)^T [N, K] @ x^T [K, M]. octavo/kernels/swapab_mma.py
+// builds it (nvcc, at first use), plans the launch and says why it is shaped this way.
+//
+// Layout: int16 [N / 4, K], K contiguous; nibble c of int16 row R is output column
+// n = (R / 64) * 256 + c * 64 + R % 64. A warp takes 16 int16 rows (64 output columns) over a
+// range of K, in steps of 32: lane (g = lane / 4, t = lane % 4) loads 16 bytes of rows g and
+// g + 8 at k + 8t, i.e. K values 8t..8t+7 of the step. The sum over K does not care which K
+// value the mma calls which, so the two m16n8k16 products of a step take physical K
+// 8t + 4h + {0, 1, 2, 3} (h = 0, 1) as their logical columns {2t, 2t+1, 2t+8, 2t+9}, and the
+// activations (B operand, one batch row per g) are loaded the same way: every register the
+// loads fill is an operand register as it stands, no shuffles, no shared memory.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kMaxWarps = 8;
+
+template <typename T>
+struct Type;
+
+template <>
+struct Type<__nv_bfloat16> {
+  // (q | 0x4300) is the bf16 128 + q for q < 128: the bias goes into the zero point.
+  static constexpr uint32_t kMagic = 0x43004300u;
+  static constexpr float kBias = 128.0f;
+  static constexpr uint32_t kOnes = 0x3F803F80u;  // two bf16 1.0
+  static __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1,
+                                             uint32_t a2, uint32_t a3, uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+  }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) {
+    return __float2bfloat16_rn(v);
+  }
+};
+
+template <>
+struct Type<__half> {
+  // (q | 0x6400) is the fp16 1024 + q.
+  static constexpr uint32_t kMagic = 0x64006400u;
+  static constexpr float kBias = 1024.0f;
+  static constexpr uint32_t kOnes = 0x3C003C00u;  // two fp16 1.0
+  static __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1,
+                                             uint32_t a2, uint32_t a3, uint32_t b0,
+                                             uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+};
+
+// Nibble c of both int16 halves of v as two 16-bit floats bias + q: one shift, one LOP3.
+template <typename T, int C>
+__device__ __forceinline__ uint32_t nibbles(uint32_t v) {
+  uint32_t r;
+  if (C) v >>= 4 * C;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(v), "n"(0x000F000F), "n"(Type<T>::kMagic));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+// Programmatic dependent launch: let the next kernel's blocks be placed, then wait for the
+// previous kernel (a no-op for a launch without the attribute). Nothing another kernel of
+// the step writes is read, and nothing is written, before this.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+template <typename T, int MT, int STEPS>
+__device__ __forceinline__ void swapab_mma(
+    const T* __restrict__ x, const uint4* __restrict__ w, const T* __restrict__ s,
+    const T* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
+    int* __restrict__ cnt, int M, int N, int K, int stride_x, int k_per_warp, int group) {
+  constexpr int CHUNK = 32 * STEPS;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int tile = blockIdx.x;
+  const int k_begin = (blockIdx.y * warps + warp) * k_per_warp;
+  const int k_end = min(k_begin + k_per_warp, K);
+  const int row = tile * 16 + g;  // this lane's int16 rows: row and row + 8
+  const uint4* wa = w + ((size_t)row * K + 8 * t) / 8;
+  const uint4* wb = w + ((size_t)(row + 8) * K + 8 * t) / 8;
+  // Output columns of the lane's rows, per nibble c: n0 + 64 c and n1 + 64 c.
+  const int n0 = (row >> 6) * 256 + (row & 63);
+  const int n1 = ((row + 8) >> 6) * 256 + ((row + 8) & 63);
+
+  uint4 na[STEPS], nb[STEPS];
+  if (k_begin < k_end) {
+#pragma unroll
+    for (int i = 0; i < STEPS; ++i) {
+      na[i] = __ldg(wa + (k_begin + 32 * i) / 8);
+      nb[i] = __ldg(wb + (k_begin + 32 * i) / 8);
+    }
+  }
+  pdl_wait();  // the first weights are on their way while the previous kernel ends
+
+  float acc[MT][4][4];
+  float tmp[MT][4][4];
+  float xs[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      xs[mt][i] = 0.f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[mt][c][i] = tmp[mt][c][i] = 0.f;
+    }
+  }
+
+  for (int k = k_begin; k < k_end; k += CHUNK) {
+    uint4 ca[STEPS], cb[STEPS];
+#pragma unroll
+    for (int i = 0; i < STEPS; ++i) {
+      ca[i] = na[i];
+      cb[i] = nb[i];
+    }
+    uint4 xv[MT][STEPS];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int m = mt * 8 + g;
+#pragma unroll
+      for (int i = 0; i < STEPS; ++i) {
+        xv[mt][i] = m < M ? *reinterpret_cast<const uint4*>(x + (size_t)m * stride_x + k +
+                                                            32 * i + 8 * t)
+                          : make_uint4(0, 0, 0, 0);
+      }
+    }
+    const int grp = k / group;
+    T sv[4][2], zv[4][2];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      sv[c][0] = s[(size_t)grp * N + n0 + 64 * c];
+      sv[c][1] = s[(size_t)grp * N + n1 + 64 * c];
+      zv[c][0] = z[(size_t)grp * N + n0 + 64 * c];
+      zv[c][1] = z[(size_t)grp * N + n1 + 64 * c];
+    }
+    if (k + CHUNK < k_end) {  // the next chunk's weights before this one's arithmetic
+#pragma unroll
+      for (int i = 0; i < STEPS; ++i) {
+        na[i] = __ldg(wa + (k + CHUNK + 32 * i) / 8);
+        nb[i] = __ldg(wb + (k + CHUNK + 32 * i) / 8);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < STEPS; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t ra0 = word(ca[i], 2 * h), ra1 = word(ca[i], 2 * h + 1);
+        const uint32_t rb0 = word(cb[i], 2 * h), rb1 = word(cb[i], 2 * h + 1);
+        uint32_t a[4][4];
+        a[0][0] = nibbles<T, 0>(ra0); a[0][1] = nibbles<T, 0>(rb0);
+        a[0][2] = nibbles<T, 0>(ra1); a[0][3] = nibbles<T, 0>(rb1);
+        a[1][0] = nibbles<T, 1>(ra0); a[1][1] = nibbles<T, 1>(rb0);
+        a[1][2] = nibbles<T, 1>(ra1); a[1][3] = nibbles<T, 1>(rb1);
+        a[2][0] = nibbles<T, 2>(ra0); a[2][1] = nibbles<T, 2>(rb0);
+        a[2][2] = nibbles<T, 2>(ra1); a[2][3] = nibbles<T, 2>(rb1);
+        a[3][0] = nibbles<T, 3>(ra0); a[3][1] = nibbles<T, 3>(rb0);
+        a[3][2] = nibbles<T, 3>(ra1); a[3][3] = nibbles<T, 3>(rb1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint32_t b0 = word(xv[mt][i], 2 * h), b1 = word(xv[mt][i], 2 * h + 1);
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            Type<T>::mma(tmp[mt][c], a[c][0], a[c][1], a[c][2], a[c][3], b0, b1);
+          // The column sums of x over the same K (every row of a ones A operand).
+          Type<T>::mma(xs[mt], Type<T>::kOnes, Type<T>::kOnes, Type<T>::kOnes,
+                       Type<T>::kOnes, b0, b1);
+        }
+      }
+    }
+    if ((k + CHUNK) % group == 0 || k + CHUNK >= k_end) {
+      // sum_k x (bias + q - (bias + z)) s = s (tmp - (z + bias) xs), once per group.
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float s0 = Type<T>::to_float(sv[c][0]), s1 = Type<T>::to_float(sv[c][1]);
+        const float z0 = Type<T>::to_float(zv[c][0]) + Type<T>::kBias;
+        const float z1 = Type<T>::to_float(zv[c][1]) + Type<T>::kBias;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          acc[mt][c][0] = fmaf(s0, fmaf(-z0, xs[mt][0], tmp[mt][c][0]), acc[mt][c][0]);
+          acc[mt][c][1] = fmaf(s0, fmaf(-z0, xs[mt][1], tmp[mt][c][1]), acc[mt][c][1]);
+          acc[mt][c][2] = fmaf(s1, fmaf(-z1, xs[mt][2], tmp[mt][c][2]), acc[mt][c][2]);
+          acc[mt][c][3] = fmaf(s1, fmaf(-z1, xs[mt][3], tmp[mt][c][3]), acc[mt][c][3]);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) tmp[mt][c][i] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xs[mt][i] = 0.f;
+    }
+  }
+
+  // The CTA's warps hold K ranges of the same tile: add them up in warp 0.
+  __shared__ float red[kMaxWarps - 1][MT * 16][32];
+  if (warps > 1) {
+    if (warp > 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) red[warp - 1][mt * 16 + c * 4 + i][lane] = acc[mt][c][i];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    for (int v = 0; v < warps - 1; ++v) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[mt][c][i] += red[v][mt * 16 + c * 4 + i][lane];
+    }
+  }
+
+  const int splits = gridDim.y;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = mt * 8 + 2 * t + (i & 1);
+      if (m >= M) continue;
+      const int nb0 = (i < 2 ? n0 : n1);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const size_t o = (size_t)m * N + nb0 + 64 * c;
+        if (splits == 1)
+          out[o] = Type<T>::from_float(acc[mt][c][i]);
+        else
+          part[(size_t)blockIdx.y * M * N + o] = acc[mt][c][i];
+      }
+    }
+  }
+  if (splits == 1) return;
+  // Split over CTAs: the CTA that takes the tile's last ticket adds the partials in split
+  // order (deterministic), writes the output and leaves the counter zeroed for the next call.
+  __threadfence();
+  __syncwarp();
+  int last = 0;
+  if (lane == 0) last = atomicAdd(cnt + tile, 1) == splits - 1;
+  last = __shfl_sync(0xffffffffu, last, 0);
+  if (!last) return;
+  __threadfence();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = mt * 8 + 2 * t + (i & 1);
+      if (m >= M) continue;
+      const int nb0 = (i < 2 ? n0 : n1);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const size_t o = (size_t)m * N + nb0 + 64 * c;
+        float total = 0.f;
+        for (int sp = 0; sp < splits; ++sp) total += __ldcg(part + (size_t)sp * M * N + o);
+        out[o] = Type<T>::from_float(total);
+      }
+    }
+  }
+  if (lane == 0) atomicExch(cnt + tile, 0);
+}
+
+}  // namespace
+
+#define OCTAVO_SWAPAB_MMA(NAME, T, MT, STEPS)                                                 \
+  extern "C" __global__ void __launch_bounds__(256) NAME(                                   \
+      const T* x, const uint4* w, const T* s, const T* z, T* out, float* part, int* cnt,    \
+      int M, int N, int K, int stride_x, int k_per_warp, int group) {                       \
+    swapab_mma<T, MT, STEPS>(x, w, s, z, out, part, cnt, M, N, K, stride_x, k_per_warp,    \
+                             group);                                                        \
+  }
+
+OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m8_s1, __nv_bfloat16, 1, 1)
+OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m8_s2, __nv_bfloat16, 1, 2)
+OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m8_s4, __nv_bfloat16, 1, 4)
+OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m16_s1, __nv_bfloat16, 2, 1)
+OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m16_s2, __nv_bfloat16, 2, 2)
+OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m16_s4, __nv_bfloat16, 2, 4)
+OCTAVO_SWAPAB_MMA(swapab_mma_f16_m8_s1, __half, 1, 1)
+OCTAVO_SWAPAB_MMA(swapab_mma_f16_m8_s2, __half, 1, 2)
+OCTAVO_SWAPAB_MMA(swapab_mma_f16_m8_s4, __half, 1, 4)
+OCTAVO_SWAPAB_MMA(swapab_mma_f16_m16_s1, __half, 2, 1)
+OCTAVO_SWAPAB_MMA(swapab_mma_f16_m16_s2, __half, 2, 2)
+OCTAVO_SWAPAB_MMA(swapab_mma_f16_m16_s4, __half, 2, 4)

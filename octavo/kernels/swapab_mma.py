@@ -1,0 +1,106 @@
+"""4-bit weight-only GEMM for decode batches of 1-16 rows in CUDA C++
+(``octavo/kernels/cuda/swapab_mma.cu``) over ``w4a16_swapab``'s packed layout, the
+tensor cores' ``mma.sync`` with the weights as the A operand.
+
+Why a hand-written kernel: the Triton kernels for these batches stop at 33-45% of HBM (ncu,
+docs/benchmarks.md session 12): the GEMV spends ~3.9 instructions per weight, the swap-AB
+GEMM moves its tile through shared memory with 200 registers and two warps per scheduler.
+Here each lane loads 16 bytes of its two weight rows straight into the registers the mma
+takes (the K order inside a step is chosen to make that so; the activations are loaded in
+the same order), one shift and one LOP3 turn a register of 4-bit pairs into a bf16 / fp16
+pair, and one mma covers 256 weights: ~1.1 instructions per weight, ~80-160 registers, so
+many warps per SM keep many loads in flight. Zero points and scales are applied per group
+on the accumulators (a second mma on a ones operand gives the column sums of x). The CTA's
+warps split K and add up in shared memory; a tile split over several CTAs is finished by the
+CTA that takes the last ticket (``octavo.kernels.split_k``'s counters).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+import torch
+
+from octavo.kernels import cuda_module
+from octavo.kernels import pdl as pdl_mod
+from octavo.kernels.split_k import buffers as split_k_buffers
+from octavo.kernels.split_k import counters as split_k_counters
+from octavo.kernels.triton_utils import num_compute_units
+
+SOURCE = "swapab_mma.cu"
+MAX_M = 16
+MAX_WARPS = 8  # the kernel's shared reduction buffer
+ROWS = 16  # int16 rows of the layout per warp tile: 64 output columns
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    steps: int  # 32-wide K steps per chunk (1, 2, 4): the chunk lies inside one group
+    k_per_warp: int
+    warps: int  # per CTA
+    splits: int  # CTAs per tile
+
+    @property
+    def chunk(self) -> int:
+        return 32 * self.steps
+
+
+def supports(m: int, k: int, n: int, group_size: int, bits: int, dtype: torch.dtype) -> bool:
+    return (bits == 4 and 1 <= m <= MAX_M and dtype in _DTYPES and n % 256 == 0
+            and group_size % 32 == 0 and k % group_size == 0)
+
+
+def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = 16,
+         steps: int | None = None, most_warps: int = MAX_WARPS) -> Plan:
+    """Split K over warps so the grid holds about ``warps_per_sm`` warps per SM: each warp
+    a whole number of chunks, the warps of a tile in CTAs of at most ``most_warps``."""
+    if steps is None:
+        steps = 4 if group_size % 128 == 0 else (2 if group_size % 64 == 0 else 1)
+    chunk = 32 * steps
+    tiles = n // (4 * ROWS)
+    chunks = k // chunk
+    want = max(1, -(-warps_per_sm * sms // tiles))  # warps per tile
+    per_warp = -(-chunks // min(want, chunks))
+    warps_per_tile = -(-chunks // per_warp)
+    splits = -(-warps_per_tile // most_warps)
+    warps = -(-warps_per_tile // splits)  # even CTAs: 28 warps as 4 x 7, not 8 + 8 + 8 + 4
+    per_warp = -(-chunks // (warps * splits))
+    return Plan(steps, per_warp * chunk, warps, splits)
+
+
+def available(device: torch.device) -> bool:
+    return cuda_module.module(SOURCE, device) is not None
+
+
+def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+               zeros: torch.Tensor, group_size: int, bits: int = 4, warps_per_sm: int = 16,
+               steps: int | None = None, most_warps: int = MAX_WARPS) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
+    4-bit layout, scales and (float) zeros [K / group, N] in x2's dtype. The tuning
+    arguments exist for the benchmarks."""
+    m, k = x2.shape
+    n = qweight.shape[0] * 4
+    if not supports(m, k, n, group_size, bits, x2.dtype):
+        raise ValueError(f"swapab_mma: M={m}, K={k}, N={n}, group {group_size}, {bits}-bit, "
+                         f"{x2.dtype} is not a supported shape")
+    if scales.dtype != x2.dtype or zeros.dtype != x2.dtype:
+        scales, zeros = scales.to(x2.dtype), zeros.to(x2.dtype)
+    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+        x2 = x2.contiguous()  # 16-byte activation loads
+    mod = cuda_module.module(SOURCE, x2.device)
+    if mod is None:
+        raise RuntimeError("swapab_mma: the CUDA kernels are unavailable on this device")
+    p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps)
+    tiles = n // (4 * ROWS)
+    out, partial = split_k_buffers(m, n, p.splits, x2)
+    cnt = split_k_counters(x2.device, tiles)
+    name = f"swapab_mma_{_DTYPES[x2.dtype]}_m{8 if m <= 8 else 16}_s{p.steps}"
+    ptr = ctypes.c_void_p
+    args = [ptr(x2.data_ptr()), ptr(qweight.data_ptr()), ptr(scales.data_ptr()),
+            ptr(zeros.data_ptr()), ptr(out.data_ptr()), ptr(partial.data_ptr()),
+            ptr(cnt.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k),
+            ctypes.c_int(x2.stride(0)), ctypes.c_int(p.k_per_warp), ctypes.c_int(group_size)]
+    mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device))
+    return out
