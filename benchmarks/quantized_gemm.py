@@ -150,7 +150,7 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
 
     dev = torch.device("cuda")
     plans = [{"warps_per_sm": w, "steps": st, "most_warps": mw}
-             for w in (8, 16, 24, 32) for st in (2, 4) for mw in (4, 8)]
+             for w in (8, 16, 32) for st in (2, 4) for mw in (4, 8)]
     rows = []
     for name, (k, n) in SHAPES.items():
         qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n // 2)))
