@@ -45,8 +45,8 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     if mode != "auto":
         return mode
     hopper = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
-    if hopper and bits == 4 and swapab_mma.available(device):
-        return SWAPAB  # every 4-bit layer: the CUDA kernel runs 1-16 rows on this layout
+    if hopper and swapab_mma.available(device):
+        return SWAPAB  # every layer: the CUDA kernel runs 1-16 rows on this layout
     large = k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
     return SWAPAB if hopper and large else ALONG_K
 

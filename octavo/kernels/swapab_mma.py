@@ -1,4 +1,4 @@
-"""4-bit weight-only GEMM for decode batches of 1-16 rows in CUDA C++
+"""4- and 8-bit weight-only GEMM for decode batches of 1-16 rows in CUDA C++
 (``octavo/kernels/cuda/swapab_mma.cu``) over ``w4a16_swapab``'s packed layout, the
 tensor cores' ``mma.sync`` with the weights as the A operand.
 
@@ -10,7 +10,10 @@ takes (the K order inside a step is chosen to make that so; the activations are 
 the same order), one shift and one LOP3 turn a register of 4-bit pairs into a bf16 / fp16
 pair, and one mma covers 256 weights: ~1.1 instructions per weight, ~80-160 registers, so
 many warps per SM keep many loads in flight. Zero points and scales are applied per group
-on the accumulators (a second mma on a ones operand gives the column sums of x). The CTA's
+on the accumulators (a second mma on a ones operand gives the column sums of x). 8-bit
+weights run the same code: a value's two nibbles are two of the 4-bit path's blocks, added
+as 16 hi + lo when the group's scale is applied (twice the mma per weight, still ~1.1
+instructions per byte). The CTA's
 warps split K and add up in shared memory; a tile split over several CTAs is finished by the
 CTA that takes the last ticket (``octavo.kernels.split_k``'s counters).
 """
@@ -48,18 +51,18 @@ class Plan:
 
 
 def supports(m: int, k: int, n: int, group_size: int, bits: int, dtype: torch.dtype) -> bool:
-    return (bits == 4 and 1 <= m <= MAX_M and dtype in _DTYPES and n % 256 == 0
-            and group_size % 32 == 0 and k % group_size == 0)
+    return (bits in (4, 8) and 1 <= m <= MAX_M and dtype in _DTYPES
+            and n % (64 * 16 // bits) == 0 and group_size % 32 == 0 and k % group_size == 0)
 
 
 def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = 16,
-         steps: int | None = None, most_warps: int = MAX_WARPS) -> Plan:
+         steps: int | None = None, most_warps: int = MAX_WARPS, bits: int = 4) -> Plan:
     """Split K over warps so the grid holds about ``warps_per_sm`` warps per SM: each warp
     a whole number of chunks, the warps of a tile in CTAs of at most ``most_warps``."""
     if steps is None:
         steps = 4 if group_size % 128 == 0 else (2 if group_size % 64 == 0 else 1)
     chunk = 32 * steps
-    tiles = n // (4 * ROWS)
+    tiles = n // (16 // bits * ROWS)
     chunks = k // chunk
     want = max(1, -(-warps_per_sm * sms // tiles))  # warps per tile
     per_warp = -(-chunks // min(want, chunks))
@@ -78,25 +81,27 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4, warps_per_sm: int = 16,
                steps: int | None = None, most_warps: int = MAX_WARPS) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
-    4-bit layout, scales and (float) zeros [K / group, N] in x2's dtype. The tuning
+    4- or 8-bit layout, scales and (float) zeros [K / group, N] in x2's dtype. The tuning
     arguments exist for the benchmarks."""
     m, k = x2.shape
-    n = qweight.shape[0] * 4
+    n = qweight.shape[0] * (16 // bits)
     if not supports(m, k, n, group_size, bits, x2.dtype):
         raise ValueError(f"swapab_mma: M={m}, K={k}, N={n}, group {group_size}, {bits}-bit, "
                          f"{x2.dtype} is not a supported shape")
     if scales.dtype != x2.dtype or zeros.dtype != x2.dtype:
         scales, zeros = scales.to(x2.dtype), zeros.to(x2.dtype)
+    scales, zeros, qweight = scales.contiguous(), zeros.contiguous(), qweight.contiguous()
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         x2 = x2.contiguous()  # 16-byte activation loads
     mod = cuda_module.module(SOURCE, x2.device)
     if mod is None:
         raise RuntimeError("swapab_mma: the CUDA kernels are unavailable on this device")
-    p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps)
-    tiles = n // (4 * ROWS)
+    p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps,
+             bits)
+    tiles = qweight.shape[0] // ROWS
     out, partial = split_k_buffers(m, n, p.splits, x2)
     cnt = split_k_counters(x2.device, tiles)
-    name = f"swapab_mma_{_DTYPES[x2.dtype]}_m{8 if m <= 8 else 16}_s{p.steps}"
+    name = f"swapab_mma_{_DTYPES[x2.dtype]}_w{bits}_m{8 if m <= 8 else 16}_s{p.steps}"
     ptr = ctypes.c_void_p
     args = [ptr(x2.data_ptr()), ptr(qweight.data_ptr()), ptr(scales.data_ptr()),
             ptr(zeros.data_ptr()), ptr(out.data_ptr()), ptr(partial.data_ptr()),

@@ -13,8 +13,8 @@ import torch
 from octavo.kernels import cuda_module, swapab_mma
 from octavo.kernels.swapab_mma import plan, supports
 
-NAMES = [f"swapab_mma_{t}_m{m}_s{s}" for t in ("bf16", "f16") for m in (8, 16)
-         for s in (1, 2, 4)]
+NAMES = [f"swapab_mma_{t}_w{b}_m{m}_s{s}" for t in ("bf16", "f16") for b in (4, 8)
+         for m in (8, 16) for s in (1, 2, 4)]
 
 
 @pytest.mark.parametrize("k,n,group", [(4096, 28672, 128), (4096, 4096, 128),
@@ -43,9 +43,10 @@ def test_supports():
     assert supports(1, 4096, 4096, 128, 4, torch.bfloat16)
     assert supports(16, 4096, 6144, 32, 4, torch.float16)
     assert not supports(17, 4096, 4096, 128, 4, torch.bfloat16)  # batch
-    assert not supports(1, 4096, 4096, 128, 8, torch.bfloat16)  # bits
+    assert supports(1, 4096, 4224, 128, 8, torch.bfloat16)  # 8-bit tiles: 128 columns
+    assert not supports(1, 4096, 4096, 128, 3, torch.bfloat16)  # bits
     assert not supports(1, 4096, 4096, 128, 4, torch.float32)  # dtype
-    assert not supports(1, 4096, 4104, 128, 4, torch.bfloat16)  # N % 256
+    assert not supports(1, 4096, 4224, 128, 4, torch.bfloat16)  # N % 256 (4-bit)
     assert not supports(1, 4096, 4096, 16, 4, torch.bfloat16)  # group % 32
 
 
@@ -90,18 +91,18 @@ def test_a_source_that_does_not_compile_names_nvcc_s_error(tmp_path, monkeypatch
 
 # --- on the GPU ---------------------------------------------------------------------------
 
-def _case(m, k, n, group, dtype, seed=0):
+def _case(m, k, n, group, dtype, seed=0, bits=4):
     from octavo.kernels.w4a16_swapab import pack_swapab
 
     g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (k, n), generator=g)
+    q = torch.randint(0, 2**bits, (k, n), generator=g)
     scales = torch.rand(k // group, n, generator=g) * 0.02 + 0.001
-    zeros = torch.randint(0, 17, (k // group, n), generator=g).float()
+    zeros = torch.randint(0, 2**bits + 1, (k // group, n), generator=g).float()
     x = torch.randn(m, k, generator=g)
     xs, ss, zs = x.to(dtype), scales.to(dtype), zeros.to(dtype)
     ref = xs.double() @ ((q.double() - zs.double().repeat_interleave(group, 0))
                          * ss.double().repeat_interleave(group, 0))
-    return (xs.cuda(), pack_swapab(q, 4).cuda(), ss.cuda(), zs.cuda(), ref)
+    return (xs.cuda(), pack_swapab(q, bits).cuda(), ss.cuda(), zs.cuda(), ref)
 
 
 def _rel(a, b):
@@ -116,13 +117,14 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available()
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 9, 15, 16])
 @pytest.mark.parametrize("k,n,group", [(256, 256, 32), (512, 768, 64), (1024, 512, 128),
                                        (4096, 4096, 128), (768, 1024, 256)])
-def test_matches_the_float64_reference_gpu(dtype, m, k, n, group):
-    x, qw, s, z, ref = _case(m, k, n, group, dtype)
-    out = swapab_mma.swapab_mma(x, qw, s, z, group)
+def test_matches_the_float64_reference_gpu(bits, dtype, m, k, n, group):
+    x, qw, s, z, ref = _case(m, k, n, group, dtype, bits=bits)
+    out = swapab_mma.swapab_mma(x, qw, s, z, group, bits)
     assert out.dtype == dtype and out.shape == (m, n)
     assert torch.isfinite(out).all()
     # The output's own rounding (bf16: 2**-9) dominates; a wrong nibble, column or group
@@ -134,11 +136,12 @@ def test_matches_the_float64_reference_gpu(dtype, m, k, n, group):
 @gpu
 @pytest.mark.parametrize("per_sm,most_warps,steps", [(1, 1, 1), (4, 2, 2), (64, 8, 4),
                                                      (16, 3, None), (200, 8, 1)])
-def test_every_split_and_cta_shape_gives_the_same_answer_gpu(per_sm, most_warps, steps):
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_split_and_cta_shape_gives_the_same_answer_gpu(per_sm, most_warps, steps, bits):
     """Plans from one warp per tile to K split over several CTAs (the last-ticket sum),
-    with idle warps in the last CTA; the output is poisoned first."""
-    x, qw, s, z, ref = _case(5, 2048, 1024, 128, torch.bfloat16, seed=1)
-    out = swapab_mma.swapab_mma(x, qw, s, z, 128, warps_per_sm=per_sm, steps=steps,
+    with idle warps in the last CTA."""
+    x, qw, s, z, ref = _case(5, 2048, 1024, 128, torch.bfloat16, seed=1, bits=bits)
+    out = swapab_mma.swapab_mma(x, qw, s, z, 128, bits, warps_per_sm=per_sm, steps=steps,
                                 most_warps=most_warps)
     assert _rel(out, ref) < 8e-3
     from octavo.kernels import split_k

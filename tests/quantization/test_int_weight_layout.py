@@ -73,12 +73,12 @@ def test_choice_by_device_size_and_shape(hopper, monkeypatch):
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.ALONG_K
 
 
-def test_every_4bit_layer_takes_swapab_where_the_cuda_kernel_runs(hopper, monkeypatch):
+def test_every_layer_takes_swapab_where_the_cuda_kernel_runs(hopper, monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB  # qkv too
     assert layout.choose(4096, 4096, 128, 4, cuda) == layout.SWAPAB  # o
-    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ALONG_K  # 8-bit: no CUDA kernel
+    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.SWAPAB  # 8-bit too
     assert layout.choose(4096, 4104, 128, 4, cuda) == layout.ALONG_K  # N % 256
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "along_k")
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K

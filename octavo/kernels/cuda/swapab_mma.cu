@@ -1,10 +1,10 @@
-// Weight-only 4-bit GEMM for decode batches (M <= 16) over the swap-AB layout of
+// Weight-only 4- and 8-bit GEMM for decode batches (M <= 16) over the swap-AB layout of
 // octavo/kernels/w4a16_swapab.py, on the tensor cores' mma.sync with the weights as the A
 // operand: out^T [N, M] = dequant(W)^T [N, K] @ x^T [K, M]. octavo/kernels/swapab_mma.py
 // builds it (nvcc, at first use), plans the launch and says why it is shaped this way.
 //
-// Layout: int16 [N / 4, K], K contiguous; nibble c of int16 row R is output column
-// n = (R / 64) * 256 + c * 64 + R % 64. A warp takes 16 int16 rows (64 output columns) over a
+// Layout (4-bit): int16 [N / 4, K], K contiguous; nibble c of int16 row R is output column
+// n = (R / 64) * 256 + c * 64 + R % 64 (8-bit: see column() below). A warp takes 16 int16 rows (64 output columns) over a
 // range of K, in steps of 32: lane (g = lane / 4, t = lane % 4) loads 16 bytes of rows g and
 // g + 8 at k + 8t, i.e. K values 8t..8t+7 of the step. The sum over K does not care which K
 // value the mma calls which, so the two m16n8k16 products of a step take physical K
@@ -86,7 +86,15 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-template <typename T, int MT, int STEPS>
+// 8-bit weights: int16 row R holds two values v (bits 8v..8v+7) of output columns
+// n = (R / 64) * 128 + v * 64 + R % 64. Their nibbles are the four "blocks" the 4-bit path
+// computes: block 2v the low nibble, 2v + 1 the high one, and the value is 16 hi + lo.
+template <int BITS>
+__device__ __forceinline__ int column(int row, int v) {
+  return BITS == 4 ? (row >> 6) * 256 + v * 64 + (row & 63) : (row >> 6) * 128 + v * 64 + (row & 63);
+}
+
+template <typename T, int BITS, int MT, int STEPS>
 __device__ __forceinline__ void swapab_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const T* __restrict__ s,
     const T* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
@@ -103,9 +111,10 @@ __device__ __forceinline__ void swapab_mma(
   const int row = tile * 16 + g;  // this lane's int16 rows: row and row + 8
   const uint4* wa = w + ((size_t)row * K + 8 * t) / 8;
   const uint4* wb = w + ((size_t)(row + 8) * K + 8 * t) / 8;
-  // Output columns of the lane's rows, per nibble c: n0 + 64 c and n1 + 64 c.
-  const int n0 = (row >> 6) * 256 + (row & 63);
-  const int n1 = ((row + 8) >> 6) * 256 + ((row + 8) & 63);
+  constexpr int VALUES = 16 / BITS;  // output columns per int16: 4 or 2
+  // Output columns of the lane's rows, per value v: n0 + 64 v and n1 + 64 v.
+  const int n0 = column<BITS>(row, 0);
+  const int n1 = column<BITS>(row + 8, 0);
 
   uint4 na[STEPS], nb[STEPS];
   if (k_begin < k_end) {
@@ -149,9 +158,9 @@ __device__ __forceinline__ void swapab_mma(
       }
     }
     const int grp = k / group;
-    T sv[4][2], zv[4][2];
+    T sv[VALUES][2], zv[VALUES][2];
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < VALUES; ++c) {
       sv[c][0] = s[(size_t)grp * N + n0 + 64 * c];
       sv[c][1] = s[(size_t)grp * N + n1 + 64 * c];
       zv[c][0] = z[(size_t)grp * N + n0 + 64 * c];
@@ -192,22 +201,32 @@ __device__ __forceinline__ void swapab_mma(
       }
     }
     if ((k + CHUNK) % group == 0 || k + CHUNK >= k_end) {
-      // sum_k x (bias + q - (bias + z)) s = s (tmp - (z + bias) xs), once per group.
+      // sum_k x (bias + q - (bias + z)) s = s (tmp - (z + bias) xs), once per group; for
+      // 8-bit values q = 16 hi + lo, each nibble carrying the bias: 17 biases in all.
+      constexpr float BIAS = BITS == 4 ? Type<T>::kBias : 17.0f * Type<T>::kBias;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < VALUES; ++c) {
         const float s0 = Type<T>::to_float(sv[c][0]), s1 = Type<T>::to_float(sv[c][1]);
-        const float z0 = Type<T>::to_float(zv[c][0]) + Type<T>::kBias;
-        const float z1 = Type<T>::to_float(zv[c][1]) + Type<T>::kBias;
+        const float z0 = Type<T>::to_float(zv[c][0]) + BIAS;
+        const float z1 = Type<T>::to_float(zv[c][1]) + BIAS;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          acc[mt][c][0] = fmaf(s0, fmaf(-z0, xs[mt][0], tmp[mt][c][0]), acc[mt][c][0]);
-          acc[mt][c][1] = fmaf(s0, fmaf(-z0, xs[mt][1], tmp[mt][c][1]), acc[mt][c][1]);
-          acc[mt][c][2] = fmaf(s1, fmaf(-z1, xs[mt][2], tmp[mt][c][2]), acc[mt][c][2]);
-          acc[mt][c][3] = fmaf(s1, fmaf(-z1, xs[mt][3], tmp[mt][c][3]), acc[mt][c][3]);
+          float d[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) tmp[mt][c][i] = 0.f;
+          for (int i = 0; i < 4; ++i)
+            d[i] = BITS == 4 ? tmp[mt][c][i] : fmaf(16.f, tmp[mt][2 * c + 1][i], tmp[mt][2 * c][i]);
+          acc[mt][c][0] = fmaf(s0, fmaf(-z0, xs[mt][0], d[0]), acc[mt][c][0]);
+          acc[mt][c][1] = fmaf(s0, fmaf(-z0, xs[mt][1], d[1]), acc[mt][c][1]);
+          acc[mt][c][2] = fmaf(s1, fmaf(-z1, xs[mt][2], d[2]), acc[mt][c][2]);
+          acc[mt][c][3] = fmaf(s1, fmaf(-z1, xs[mt][3], d[3]), acc[mt][c][3]);
         }
       }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) tmp[mt][c][i] = 0.f;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -224,7 +243,8 @@ __device__ __forceinline__ void swapab_mma(
 #pragma unroll
         for (int c = 0; c < 4; ++c)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) red[warp - 1][mt * 16 + c * 4 + i][lane] = acc[mt][c][i];
+          for (int i = 0; i < 4; ++i)
+            if (c < VALUES) red[warp - 1][mt * 16 + c * 4 + i][lane] = acc[mt][c][i];
     }
     __syncthreads();
     if (warp > 0) return;
@@ -234,7 +254,8 @@ __device__ __forceinline__ void swapab_mma(
 #pragma unroll
         for (int c = 0; c < 4; ++c)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[mt][c][i] += red[v][mt * 16 + c * 4 + i][lane];
+          for (int i = 0; i < 4; ++i)
+            if (c < VALUES) acc[mt][c][i] += red[v][mt * 16 + c * 4 + i][lane];
     }
   }
 
@@ -247,7 +268,7 @@ __device__ __forceinline__ void swapab_mma(
       if (m >= M) continue;
       const int nb0 = (i < 2 ? n0 : n1);
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < VALUES; ++c) {
         const size_t o = (size_t)m * N + nb0 + 64 * c;
         if (splits == 1)
           out[o] = Type<T>::from_float(acc[mt][c][i]);
@@ -274,7 +295,7 @@ __device__ __forceinline__ void swapab_mma(
       if (m >= M) continue;
       const int nb0 = (i < 2 ? n0 : n1);
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < VALUES; ++c) {
         const size_t o = (size_t)m * N + nb0 + 64 * c;
         float total = 0.f;
         for (int sp = 0; sp < splits; ++sp) total += __ldcg(part + (size_t)sp * M * N + o);
@@ -287,23 +308,23 @@ __device__ __forceinline__ void swapab_mma(
 
 }  // namespace
 
-#define OCTAVO_SWAPAB_MMA(NAME, T, MT, STEPS)                                                 \
-  extern "C" __global__ void __launch_bounds__(256) NAME(                                   \
-      const T* x, const uint4* w, const T* s, const T* z, T* out, float* part, int* cnt,    \
-      int M, int N, int K, int stride_x, int k_per_warp, int group) {                       \
-    swapab_mma<T, MT, STEPS>(x, w, s, z, out, part, cnt, M, N, K, stride_x, k_per_warp,    \
-                             group);                                                        \
+#define OCTAVO_SWAPAB_MMA(NAME, T, BITS, MT, STEPS)                                           \
+  extern "C" __global__ void __launch_bounds__(256) NAME(                                     \
+      const T* x, const uint4* w, const T* s, const T* z, T* out, float* part, int* cnt,      \
+      int M, int N, int K, int stride_x, int k_per_warp, int group) {                         \
+    swapab_mma<T, BITS, MT, STEPS>(x, w, s, z, out, part, cnt, M, N, K, stride_x, k_per_warp, \
+                                   group);                                                    \
   }
 
-OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m8_s1, __nv_bfloat16, 1, 1)
-OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m8_s2, __nv_bfloat16, 1, 2)
-OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m8_s4, __nv_bfloat16, 1, 4)
-OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m16_s1, __nv_bfloat16, 2, 1)
-OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m16_s2, __nv_bfloat16, 2, 2)
-OCTAVO_SWAPAB_MMA(swapab_mma_bf16_m16_s4, __nv_bfloat16, 2, 4)
-OCTAVO_SWAPAB_MMA(swapab_mma_f16_m8_s1, __half, 1, 1)
-OCTAVO_SWAPAB_MMA(swapab_mma_f16_m8_s2, __half, 1, 2)
-OCTAVO_SWAPAB_MMA(swapab_mma_f16_m8_s4, __half, 1, 4)
-OCTAVO_SWAPAB_MMA(swapab_mma_f16_m16_s1, __half, 2, 1)
-OCTAVO_SWAPAB_MMA(swapab_mma_f16_m16_s2, __half, 2, 2)
-OCTAVO_SWAPAB_MMA(swapab_mma_f16_m16_s4, __half, 2, 4)
+#define OCTAVO_SWAPAB_MMA_ALL(TNAME, T, BITS)                                            \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TNAME##_w##BITS##_m8_s1, T, BITS, 1, 1)                 \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TNAME##_w##BITS##_m8_s2, T, BITS, 1, 2)                 \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TNAME##_w##BITS##_m8_s4, T, BITS, 1, 4)                 \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TNAME##_w##BITS##_m16_s1, T, BITS, 2, 1)                \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TNAME##_w##BITS##_m16_s2, T, BITS, 2, 2)                \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TNAME##_w##BITS##_m16_s4, T, BITS, 2, 4)
+
+OCTAVO_SWAPAB_MMA_ALL(bf16, __nv_bfloat16, 4)
+OCTAVO_SWAPAB_MMA_ALL(bf16, __nv_bfloat16, 8)
+OCTAVO_SWAPAB_MMA_ALL(f16, __half, 4)
+OCTAVO_SWAPAB_MMA_ALL(f16, __half, 8)
