@@ -73,16 +73,34 @@ def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = 16,
     return Plan(steps, per_warp * chunk, warps, splits)
 
 
+def tile(qweight: torch.Tensor) -> torch.Tensor:
+    """``pack_swapab``'s int16 [R, K] -> the tiled layout the kernel reads in contiguous
+    pieces: [R / 16 tiles, K / 32 steps, 2 (rows 0-7, 8-15 of the tile), 8 rows, 4, 8]: the
+    16 bytes lane (g, t) loads for one step are row g (+ 8), K values 8t..8t+7 of the step,
+    at lane order."""
+    r, k = qweight.shape
+    return (qweight.view(r // ROWS, 2, 8, k // 32, 4, 8).permute(0, 3, 1, 2, 4, 5)
+            .contiguous().view(r, k))
+
+
+def untile(tiled: torch.Tensor) -> torch.Tensor:
+    """``tile``'s inverse."""
+    r, k = tiled.shape
+    return (tiled.view(r // ROWS, k // 32, 2, 8, 4, 8).permute(0, 2, 3, 1, 4, 5)
+            .contiguous().view(r, k))
+
+
 def available(device: torch.device) -> bool:
     return cuda_module.module(SOURCE, device) is not None
 
 
 def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4, warps_per_sm: int = 16,
-               steps: int | None = None, most_warps: int = MAX_WARPS) -> torch.Tensor:
+               steps: int | None = None, most_warps: int = MAX_WARPS,
+               tiled: bool = False) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
-    4- or 8-bit layout, scales and (float) zeros [K / group, N] in x2's dtype. The tuning
-    arguments exist for the benchmarks."""
+    4- or 8-bit layout (``tiled``: rearranged by ``tile``), scales and (float) zeros
+    [K / group, N] in x2's dtype. The tuning arguments exist for the benchmarks."""
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
     if not supports(m, k, n, group_size, bits, x2.dtype):
@@ -106,6 +124,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     args = [ptr(x2.data_ptr()), ptr(qweight.data_ptr()), ptr(scales.data_ptr()),
             ptr(zeros.data_ptr()), ptr(out.data_ptr()), ptr(partial.data_ptr()),
             ptr(cnt.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k),
-            ctypes.c_int(x2.stride(0)), ctypes.c_int(p.k_per_warp), ctypes.c_int(group_size)]
+            ctypes.c_int(x2.stride(0)), ctypes.c_int(p.k_per_warp), ctypes.c_int(group_size),
+            ctypes.c_int(int(tiled))]
     mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device))
     return out

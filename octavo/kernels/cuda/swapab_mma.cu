@@ -98,7 +98,8 @@ template <typename T, int BITS, int MT, int STEPS>
 __device__ __forceinline__ void swapab_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const T* __restrict__ s,
     const T* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
-    int* __restrict__ cnt, int M, int N, int K, int stride_x, int k_per_warp, int group) {
+    int* __restrict__ cnt, int M, int N, int K, int stride_x, int k_per_warp, int group,
+    int tiled) {
   constexpr int CHUNK = 32 * STEPS;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -109,8 +110,13 @@ __device__ __forceinline__ void swapab_mma(
   const int k_begin = (blockIdx.y * warps + warp) * k_per_warp;
   const int k_end = min(k_begin + k_per_warp, K);
   const int row = tile * 16 + g;  // this lane's int16 rows: row and row + 8
-  const uint4* wa = w + ((size_t)row * K + 8 * t) / 8;
-  const uint4* wb = w + ((size_t)(row + 8) * K + 8 * t) / 8;
+  // Rows as packed (step k of row R at R * K + k), or tiled: the 1 KB a warp loads for one
+  // step of one tile stored contiguously (lane order, rows g then g + 8), the tile's steps
+  // in K order, so a chunk is one contiguous read instead of 16 rows' 64-byte pieces.
+  const uint4* wa = tiled ? w + (size_t)tile * (K / 32) * 64 + lane
+                          : w + ((size_t)row * K + 8 * t) / 8;
+  const uint4* wb = tiled ? wa + 32 : w + ((size_t)(row + 8) * K + 8 * t) / 8;
+  const int wstep = tiled ? 64 : 4;  // uint4 per 32-wide K step
   constexpr int VALUES = 16 / BITS;  // output columns per int16: 4 or 2
   // Output columns of the lane's rows, per value v: n0 + 64 v and n1 + 64 v.
   const int n0 = column<BITS>(row, 0);
@@ -120,8 +126,8 @@ __device__ __forceinline__ void swapab_mma(
   if (k_begin < k_end) {
 #pragma unroll
     for (int i = 0; i < STEPS; ++i) {
-      na[i] = __ldg(wa + (k_begin + 32 * i) / 8);
-      nb[i] = __ldg(wb + (k_begin + 32 * i) / 8);
+      na[i] = __ldg(wa + (k_begin / 32 + i) * wstep);
+      nb[i] = __ldg(wb + (k_begin / 32 + i) * wstep);
     }
   }
   pdl_wait();  // the first weights are on their way while the previous kernel ends
@@ -169,8 +175,8 @@ __device__ __forceinline__ void swapab_mma(
     if (k + CHUNK < k_end) {  // the next chunk's weights before this one's arithmetic
 #pragma unroll
       for (int i = 0; i < STEPS; ++i) {
-        na[i] = __ldg(wa + (k + CHUNK + 32 * i) / 8);
-        nb[i] = __ldg(wb + (k + CHUNK + 32 * i) / 8);
+        na[i] = __ldg(wa + ((k + CHUNK) / 32 + i) * wstep);
+        nb[i] = __ldg(wb + ((k + CHUNK) / 32 + i) * wstep);
       }
     }
 #pragma unroll
@@ -280,13 +286,18 @@ __device__ __forceinline__ void swapab_mma(
   if (splits == 1) return;
   // Split over CTAs: the CTA that takes the tile's last ticket adds the partials in split
   // order (deterministic), writes the output and leaves the counter zeroed for the next call.
-  __threadfence();
+  // The warp's barrier orders its partial stores before lane 0's release (acq_rel: no
+  // full fence), and lane 0's acquire before the warp's reads.
   __syncwarp();
   int last = 0;
-  if (lane == 0) last = atomicAdd(cnt + tile, 1) == splits - 1;
+  if (lane == 0) {
+    int ticket;
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(ticket) : "l"(cnt + tile) : "memory");
+    last = ticket == splits - 1;
+  }
   last = __shfl_sync(0xffffffffu, last, 0);
   if (!last) return;
-  __threadfence();
+  __syncwarp();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -303,7 +314,7 @@ __device__ __forceinline__ void swapab_mma(
       }
     }
   }
-  if (lane == 0) atomicExch(cnt + tile, 0);
+  if (lane == 0) atomicExch(cnt + tile, 0);  // read by the next call, after this kernel
 }
 
 }  // namespace
@@ -311,9 +322,9 @@ __device__ __forceinline__ void swapab_mma(
 #define OCTAVO_SWAPAB_MMA(NAME, T, BITS, MT, STEPS)                                           \
   extern "C" __global__ void __launch_bounds__(256) NAME(                                     \
       const T* x, const uint4* w, const T* s, const T* z, T* out, float* part, int* cnt,      \
-      int M, int N, int K, int stride_x, int k_per_warp, int group) {                         \
+      int M, int N, int K, int stride_x, int k_per_warp, int group, int tiled) {              \
     swapab_mma<T, BITS, MT, STEPS>(x, w, s, z, out, part, cnt, M, N, K, stride_x, k_per_warp, \
-                                   group);                                                    \
+                                   group, tiled);                                             \
   }
 
 #define OCTAVO_SWAPAB_MMA_ALL(TNAME, T, BITS)                                            \
