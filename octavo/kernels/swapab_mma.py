@@ -55,12 +55,24 @@ def supports(m: int, k: int, n: int, group_size: int, bits: int, dtype: torch.dt
             and n % (64 * 16 // bits) == 0 and group_size % 32 == 0 and k % group_size == 0)
 
 
+def default_steps(group_size: int) -> int:
+    return 2 if group_size % 64 == 0 else 1
+
+
+def resident_warps(registers: int) -> int:
+    """Warps an SM holds at ``registers`` per thread (64K registers, allocated per warp in
+    units of 256), at most 16."""
+    per_warp = -(-registers * 32 // 256) * 256
+    return max(1, min(16, 65536 // per_warp))
+
+
 def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = 16,
          steps: int | None = None, most_warps: int = MAX_WARPS, bits: int = 4) -> Plan:
-    """Split K over warps so the grid holds about ``warps_per_sm`` warps per SM: each warp
-    a whole number of chunks, the warps of a tile in CTAs of at most ``most_warps``."""
+    """Split K over warps so the grid holds about ``warps_per_sm`` warps per SM (what fits
+    at once: one wave, no tail): each warp a whole number of chunks, the warps of a tile in
+    CTAs of at most ``most_warps``."""
     if steps is None:
-        steps = 4 if group_size % 128 == 0 else (2 if group_size % 64 == 0 else 1)
+        steps = default_steps(group_size)
     chunk = 32 * steps
     tiles = n // (16 // bits * ROWS)
     chunks = k // chunk
@@ -95,7 +107,8 @@ def available(device: torch.device) -> bool:
 
 
 def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-               zeros: torch.Tensor, group_size: int, bits: int = 4, warps_per_sm: int = 16,
+               zeros: torch.Tensor, group_size: int, bits: int = 4,
+               warps_per_sm: int | None = None,
                steps: int | None = None, most_warps: int = MAX_WARPS,
                tiled: bool = False) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
@@ -114,12 +127,15 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     mod = cuda_module.module(SOURCE, x2.device)
     if mod is None:
         raise RuntimeError("swapab_mma: the CUDA kernels are unavailable on this device")
+    steps = steps or default_steps(group_size)
+    name = f"swapab_mma_{_DTYPES[x2.dtype]}_w{bits}_m{8 if m <= 8 else 16}_s{steps}"
+    if warps_per_sm is None:
+        warps_per_sm = resident_warps(mod.registers(name))
     p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps,
              bits)
     tiles = qweight.shape[0] // ROWS
     out, partial = split_k_buffers(m, n, p.splits, x2)
     cnt = split_k_counters(x2.device, tiles)
-    name = f"swapab_mma_{_DTYPES[x2.dtype]}_w{bits}_m{8 if m <= 8 else 16}_s{p.steps}"
     ptr = ctypes.c_void_p
     args = [ptr(x2.data_ptr()), ptr(qweight.data_ptr()), ptr(scales.data_ptr()),
             ptr(zeros.data_ptr()), ptr(out.data_ptr()), ptr(partial.data_ptr()),

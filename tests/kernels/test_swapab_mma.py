@@ -258,3 +258,13 @@ def test_engine_decode_through_the_kernel_matches_the_triton_kernels_gpu(tmp_pat
             if c_ids[i] != t_ids[i]:
                 break
     assert compared >= 3 * len(prompts)
+
+
+def test_resident_warps_from_registers():
+    from octavo.kernels.swapab_mma import resident_warps
+
+    assert resident_warps(64) == 16  # capped
+    assert resident_warps(128) == 16
+    assert resident_warps(149) == 13  # 152 registers a thread: 4864 a warp
+    assert resident_warps(194) == 10
+    assert resident_warps(255) == 8

@@ -122,15 +122,41 @@ __device__ __forceinline__ void swapab_mma(
   const int n0 = column<BITS>(row, 0);
   const int n1 = column<BITS>(row + 8, 0);
 
+  // Software pipeline, one chunk deep: the next chunk's weights, activations, scales and
+  // zeros are loaded before this chunk's arithmetic, so no load's latency (DRAM for the
+  // weights, scales and zeros; L2 for x) is waited for inside a chunk.
   uint4 na[STEPS], nb[STEPS];
-  if (k_begin < k_end) {
+  uint4 nx[MT][STEPS];
+  T ns[VALUES][2], nz[VALUES][2];
+  auto load_weights = [&](int k) {
 #pragma unroll
     for (int i = 0; i < STEPS; ++i) {
-      na[i] = __ldg(wa + (k_begin / 32 + i) * wstep);
-      nb[i] = __ldg(wb + (k_begin / 32 + i) * wstep);
+      na[i] = __ldg(wa + (k / 32 + i) * wstep);
+      nb[i] = __ldg(wb + (k / 32 + i) * wstep);
     }
-  }
+    const size_t base = (size_t)(k / group) * N;
+#pragma unroll
+    for (int c = 0; c < VALUES; ++c) {
+      ns[c][0] = __ldg(s + base + n0 + 64 * c);
+      ns[c][1] = __ldg(s + base + n1 + 64 * c);
+      nz[c][0] = __ldg(z + base + n0 + 64 * c);
+      nz[c][1] = __ldg(z + base + n1 + 64 * c);
+    }
+  };
+  auto load_x = [&](int k) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int m = mt * 8 + g;
+#pragma unroll
+      for (int i = 0; i < STEPS; ++i)
+        nx[mt][i] = m < M ? *reinterpret_cast<const uint4*>(x + (size_t)m * stride_x + k +
+                                                            32 * i + 8 * t)
+                          : make_uint4(0, 0, 0, 0);
+    }
+  };
+  if (k_begin < k_end) load_weights(k_begin);
   pdl_wait();  // the first weights are on their way while the previous kernel ends
+  if (k_begin < k_end) load_x(k_begin);
 
   float acc[MT][4][4];
   float tmp[MT][4][4];
@@ -146,38 +172,23 @@ __device__ __forceinline__ void swapab_mma(
   }
 
   for (int k = k_begin; k < k_end; k += CHUNK) {
-    uint4 ca[STEPS], cb[STEPS];
+    uint4 ca[STEPS], cb[STEPS], xv[MT][STEPS];
+    T sv[VALUES][2], zv[VALUES][2];
 #pragma unroll
     for (int i = 0; i < STEPS; ++i) {
       ca[i] = na[i];
       cb[i] = nb[i];
-    }
-    uint4 xv[MT][STEPS];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int m = mt * 8 + g;
-#pragma unroll
-      for (int i = 0; i < STEPS; ++i) {
-        xv[mt][i] = m < M ? *reinterpret_cast<const uint4*>(x + (size_t)m * stride_x + k +
-                                                            32 * i + 8 * t)
-                          : make_uint4(0, 0, 0, 0);
-      }
+      for (int mt = 0; mt < MT; ++mt) xv[mt][i] = nx[mt][i];
     }
-    const int grp = k / group;
-    T sv[VALUES][2], zv[VALUES][2];
 #pragma unroll
     for (int c = 0; c < VALUES; ++c) {
-      sv[c][0] = s[(size_t)grp * N + n0 + 64 * c];
-      sv[c][1] = s[(size_t)grp * N + n1 + 64 * c];
-      zv[c][0] = z[(size_t)grp * N + n0 + 64 * c];
-      zv[c][1] = z[(size_t)grp * N + n1 + 64 * c];
+      sv[c][0] = ns[c][0]; sv[c][1] = ns[c][1];
+      zv[c][0] = nz[c][0]; zv[c][1] = nz[c][1];
     }
-    if (k + CHUNK < k_end) {  // the next chunk's weights before this one's arithmetic
-#pragma unroll
-      for (int i = 0; i < STEPS; ++i) {
-        na[i] = __ldg(wa + ((k + CHUNK) / 32 + i) * wstep);
-        nb[i] = __ldg(wb + ((k + CHUNK) / 32 + i) * wstep);
-      }
+    if (k + CHUNK < k_end) {
+      load_weights(k + CHUNK);
+      load_x(k + CHUNK);
     }
 #pragma unroll
     for (int i = 0; i < STEPS; ++i) {
