@@ -151,7 +151,7 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
 
     dev = torch.device("cuda")
     plans = [{"warps_per_sm": w, "steps": st, "most_warps": mw, "tiled": True}
-             for w in (None, 6, 10, 16) for st in (2, 4) for mw in (4, 8)]
+             for w in (4, 6, 10, 16) for st in (2, 4) for mw in (4, 8)]
     rows = []
     for name, (k, n) in SHAPES.items():
         qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n // 2)))
@@ -166,7 +166,7 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
                 results.append({**cfg, "us": round(t, 2),
                                 "hbm_fraction": round(nbytes / (t * 1e-6) / bandwidth, 3)})
             best = min(results, key=lambda r: r["us"])
-            default = next(r for r in results if r["warps_per_sm"] is None and r["steps"] == 2
+            default = next(r for r in results if r["warps_per_sm"] == 6 and r["steps"] == 4
                            and r["most_warps"] == 8)
             row = {"shape": name, "M": m, "best": best, "default": default, "all": results}
             rows.append(row)

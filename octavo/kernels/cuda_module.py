@@ -134,13 +134,6 @@ class Module:
             self._functions[name] = fn
         return fn
 
-    def registers(self, name: str) -> int:
-        """Registers per thread of kernel ``name`` (CU_FUNC_ATTRIBUTE_NUM_REGS)."""
-        value = ctypes.c_int()
-        _check(_driver().cuFuncGetAttribute(ctypes.byref(value), 4, self.function(name)),
-               f"attributes of {name}")
-        return value.value
-
     def launch(self, name: str, grid: tuple[int, int, int], block: int, args: list,
                pdl: bool = False) -> None:
         """Launch kernel ``name`` on the current stream; ``args``: ctypes values in the

@@ -55,22 +55,24 @@ def supports(m: int, k: int, n: int, group_size: int, bits: int, dtype: torch.dt
             and n % (64 * 16 // bits) == 0 and group_size % 32 == 0 and k % group_size == 0)
 
 
+# The launch plan, from ``benchmarks/quantized_gemm.py --cuda-sweep`` on an H200 (Llama-8B
+# projections, 4-bit g128, 1 and 16 rows, 16 plans each; docs/benchmarks.md session 18):
+# 6 warps per SM, chunks of 4 K steps, CTAs of up to 8 warps was the best or within 10% of it
+# on 5 of the 8 (shape, M) pairs and the best sum at both batch sizes (one layer: 54.0 us at
+# one row against the Triton GEMV's 61.5; 92.6 at 16 against the Triton swap-AB's 100.5),
+# while filling the SM (10-16 warps) was up to 3.6x slower (qkv at 16 rows: 32.1 us).
+WARPS_PER_SM = 6
+MOST_WARPS = MAX_WARPS
+
+
 def default_steps(group_size: int) -> int:
-    return 2 if group_size % 64 == 0 else 1
+    return 4 if group_size % 128 == 0 else (2 if group_size % 64 == 0 else 1)
 
 
-def resident_warps(registers: int) -> int:
-    """Warps an SM holds at ``registers`` per thread (64K registers, allocated per warp in
-    units of 256), at most 16."""
-    per_warp = -(-registers * 32 // 256) * 256
-    return max(1, min(16, 65536 // per_warp))
-
-
-def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = 16,
+def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
          steps: int | None = None, most_warps: int = MAX_WARPS, bits: int = 4) -> Plan:
-    """Split K over warps so the grid holds about ``warps_per_sm`` warps per SM (what fits
-    at once: one wave, no tail): each warp a whole number of chunks, the warps of a tile in
-    CTAs of at most ``most_warps``."""
+    """Split K over warps so the grid holds about ``warps_per_sm`` warps per SM: each warp a
+    whole number of chunks, the warps of a tile in CTAs of at most ``most_warps``."""
     if steps is None:
         steps = default_steps(group_size)
     chunk = 32 * steps
@@ -108,8 +110,8 @@ def available(device: torch.device) -> bool:
 
 def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
-               warps_per_sm: int | None = None,
-               steps: int | None = None, most_warps: int = MAX_WARPS,
+               warps_per_sm: int = WARPS_PER_SM,
+               steps: int | None = None, most_warps: int = MOST_WARPS,
                tiled: bool = False) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout (``tiled``: rearranged by ``tile``), scales and (float) zeros
@@ -129,8 +131,6 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         raise RuntimeError("swapab_mma: the CUDA kernels are unavailable on this device")
     steps = steps or default_steps(group_size)
     name = f"swapab_mma_{_DTYPES[x2.dtype]}_w{bits}_m{8 if m <= 8 else 16}_s{steps}"
-    if warps_per_sm is None:
-        warps_per_sm = resident_warps(mod.registers(name))
     p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps,
              bits)
     tiles = qweight.shape[0] // ROWS

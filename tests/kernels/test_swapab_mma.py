@@ -33,8 +33,8 @@ def test_plan_covers_k_once_in_whole_chunks_of_one_group(k, n, group, sms, per_s
 
 
 def test_plan_fills_the_gpu_with_k_splits_where_there_are_few_tiles():
-    o_proj = plan(4096, 4096, 128, 132)  # 64 tiles
-    assert o_proj.warps * o_proj.splits * 64 >= 132 * 8
+    o_proj = plan(4096, 4096, 128, 132)  # 64 tiles: about 6 warps per SM in all
+    assert 132 * 5 <= o_proj.warps * o_proj.splits * 64 <= 132 * 8 and o_proj.splits > 1
     gate_up = plan(4096, 28672, 128, 132)  # 448 tiles: a few warps each, one CTA
     assert gate_up.splits == 1
 
@@ -259,12 +259,3 @@ def test_engine_decode_through_the_kernel_matches_the_triton_kernels_gpu(tmp_pat
                 break
     assert compared >= 3 * len(prompts)
 
-
-def test_resident_warps_from_registers():
-    from octavo.kernels.swapab_mma import resident_warps
-
-    assert resident_warps(64) == 16  # capped
-    assert resident_warps(128) == 16
-    assert resident_warps(149) == 13  # 152 registers a thread: 4864 a warp
-    assert resident_warps(194) == 10
-    assert resident_warps(255) == 8
