@@ -115,14 +115,18 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                tiled: bool = False) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout (``tiled``: rearranged by ``tile``), scales and (float) zeros
-    [K / group, N] in x2's dtype. The tuning arguments exist for the benchmarks."""
+    [K / group, N] in bf16 or fp16 (either, whatever x2's dtype). The tuning arguments exist
+    for the benchmarks."""
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
     if not supports(m, k, n, group_size, bits, x2.dtype):
         raise ValueError(f"swapab_mma: M={m}, K={k}, N={n}, group {group_size}, {bits}-bit, "
                          f"{x2.dtype} is not a supported shape")
-    if scales.dtype != x2.dtype or zeros.dtype != x2.dtype:
-        scales, zeros = scales.to(x2.dtype), zeros.to(x2.dtype)
+    if scales.dtype not in _DTYPES or zeros.dtype != scales.dtype:
+        # The kernel reads 16-bit scales and zeros of one dtype as stored (GPTQ's float16
+        # under a bf16 model included): anything else is converted here, per call.
+        scales = scales.to(x2.dtype if scales.dtype not in _DTYPES else scales.dtype)
+        zeros = zeros.to(scales.dtype)
     scales, zeros, qweight = scales.contiguous(), zeros.contiguous(), qweight.contiguous()
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
         x2 = x2.contiguous()  # 16-byte activation loads
@@ -141,6 +145,6 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             ptr(zeros.data_ptr()), ptr(out.data_ptr()), ptr(partial.data_ptr()),
             ptr(cnt.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k),
             ctypes.c_int(x2.stride(0)), ctypes.c_int(p.k_per_warp), ctypes.c_int(group_size),
-            ctypes.c_int(int(tiled))]
+            ctypes.c_int(int(tiled)), ctypes.c_int(int(scales.dtype == torch.bfloat16))]
     mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device))
     return out

@@ -109,7 +109,7 @@ def test_a_source_that_does_not_compile_names_nvcc_s_error(tmp_path, monkeypatch
 
 # --- on the GPU ---------------------------------------------------------------------------
 
-def _case(m, k, n, group, dtype, seed=0, bits=4):
+def _case(m, k, n, group, dtype, seed=0, bits=4, scale_dtype=None):
     from octavo.kernels.w4a16_swapab import pack_swapab
 
     g = torch.Generator().manual_seed(seed)
@@ -117,7 +117,7 @@ def _case(m, k, n, group, dtype, seed=0, bits=4):
     scales = torch.rand(k // group, n, generator=g) * 0.02 + 0.001
     zeros = torch.randint(0, 2**bits + 1, (k // group, n), generator=g).float()
     x = torch.randn(m, k, generator=g)
-    xs, ss, zs = x.to(dtype), scales.to(dtype), zeros.to(dtype)
+    xs, ss, zs = x.to(dtype), scales.to(scale_dtype or dtype), zeros.to(scale_dtype or dtype)
     ref = xs.double() @ ((q.double() - zs.double().repeat_interleave(group, 0))
                          * ss.double().repeat_interleave(group, 0))
     return (xs.cuda(), pack_swapab(q, bits).cuda(), ss.cuda(), zs.cuda(), ref)
@@ -171,6 +171,20 @@ def test_every_split_and_cta_shape_gives_the_same_answer_gpu(per_sm, most_warps,
 
     torch.cuda.synchronize()
     assert not split_k.counters(x.device, 1).any()  # every ticket counter back at zero
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype,scale_dtype", [(torch.bfloat16, torch.float16),
+                                               (torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_scales_in_the_other_16_bit_dtype_read_as_stored_gpu(dtype, scale_dtype, bits):
+    """GPTQ keeps float16 scales under a bf16 model: read as they are (no conversion per
+    call, no bf16 rounding of an fp16 scale)."""
+    x, qw, s, z, ref = _case(3, 1024, 512, 128, dtype, bits=bits, scale_dtype=scale_dtype)
+    assert s.dtype == scale_dtype
+    out = swapab_mma.swapab_mma(x, qw, s, z, 128, bits)
+    assert out.dtype == dtype and _rel(out, ref) < 8e-3
 
 
 @pytest.mark.gpu

@@ -72,6 +72,12 @@ __device__ __forceinline__ uint32_t nibbles(uint32_t v) {
   return r;
 }
 
+// A scale or zero point as stored (bf16 or fp16 bits, whichever the checkpoint has: GPTQ
+// keeps float16 scales under a bf16 model) as a float.
+__device__ __forceinline__ float scale_float(unsigned short v, int bf16) {
+  return bf16 ? __uint_as_float((uint32_t)v << 16) : __half2float(__ushort_as_half(v));
+}
+
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
@@ -96,10 +102,10 @@ __device__ __forceinline__ int column(int row, int v) {
 
 template <typename T, int BITS, int MT, int STEPS>
 __device__ __forceinline__ void swapab_mma(
-    const T* __restrict__ x, const uint4* __restrict__ w, const T* __restrict__ s,
-    const T* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
+    const T* __restrict__ x, const uint4* __restrict__ w, const unsigned short* __restrict__ s,
+    const unsigned short* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
     int* __restrict__ cnt, int M, int N, int K, int stride_x, int k_per_warp, int group,
-    int tiled) {
+    int tiled, int scale_bf16) {
   constexpr int CHUNK = 32 * STEPS;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -127,7 +133,7 @@ __device__ __forceinline__ void swapab_mma(
   // weights, scales and zeros; L2 for x) is waited for inside a chunk.
   uint4 na[STEPS], nb[STEPS];
   uint4 nx[MT][STEPS];
-  T ns[VALUES][2], nz[VALUES][2];
+  unsigned short ns[VALUES][2], nz[VALUES][2];
   auto load_weights = [&](int k) {
 #pragma unroll
     for (int i = 0; i < STEPS; ++i) {
@@ -173,7 +179,7 @@ __device__ __forceinline__ void swapab_mma(
 
   for (int k = k_begin; k < k_end; k += CHUNK) {
     uint4 ca[STEPS], cb[STEPS], xv[MT][STEPS];
-    T sv[VALUES][2], zv[VALUES][2];
+    unsigned short sv[VALUES][2], zv[VALUES][2];
 #pragma unroll
     for (int i = 0; i < STEPS; ++i) {
       ca[i] = na[i];
@@ -223,9 +229,10 @@ __device__ __forceinline__ void swapab_mma(
       constexpr float BIAS = BITS == 4 ? Type<T>::kBias : 17.0f * Type<T>::kBias;
 #pragma unroll
       for (int c = 0; c < VALUES; ++c) {
-        const float s0 = Type<T>::to_float(sv[c][0]), s1 = Type<T>::to_float(sv[c][1]);
-        const float z0 = Type<T>::to_float(zv[c][0]) + BIAS;
-        const float z1 = Type<T>::to_float(zv[c][1]) + BIAS;
+        const float s0 = scale_float(sv[c][0], scale_bf16);
+        const float s1 = scale_float(sv[c][1], scale_bf16);
+        const float z0 = scale_float(zv[c][0], scale_bf16) + BIAS;
+        const float z1 = scale_float(zv[c][1], scale_bf16) + BIAS;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           float d[4];
@@ -332,10 +339,11 @@ __device__ __forceinline__ void swapab_mma(
 
 #define OCTAVO_SWAPAB_MMA(NAME, T, BITS, MT, STEPS)                                           \
   extern "C" __global__ void __launch_bounds__(256) NAME(                                     \
-      const T* x, const uint4* w, const T* s, const T* z, T* out, float* part, int* cnt,      \
-      int M, int N, int K, int stride_x, int k_per_warp, int group, int tiled) {              \
+      const T* x, const uint4* w, const unsigned short* s, const unsigned short* z, T* out,   \
+      float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_warp, int group,    \
+      int tiled, int scale_bf16) {                                                            \
     swapab_mma<T, BITS, MT, STEPS>(x, w, s, z, out, part, cnt, M, N, K, stride_x, k_per_warp, \
-                                   group, tiled);                                             \
+                                   group, tiled, scale_bf16);                                 \
   }
 
 #define OCTAVO_SWAPAB_MMA_ALL(TNAME, T, BITS)                                            \
