@@ -172,10 +172,13 @@ def int_swapab_max_m(default: int) -> int:
 
 
 def cuda_kernels() -> bool:
-    """OCTAVO_CUDA_KERNELS (default on): on NVIDIA GPUs, the CUDA C++ kernels of
-    octavo/kernels/cuda/ (built with nvcc at first use, octavo/kernels/cuda_module.py) where
-    a layer has one; off, or without nvcc, the Triton kernels run."""
-    return _flag("OCTAVO_CUDA_KERNELS", True)
+    """OCTAVO_CUDA_KERNELS (default off): on NVIDIA GPUs, weight-only integer layers run
+    decode batches of 1-16 rows through the CUDA C++ kernel octavo/kernels/cuda/swapab_mma.cu
+    (built with nvcc at first use, octavo/kernels/cuda_module.py), every such layer in its
+    swap-AB layout. Measured on an H200 (docs/benchmarks.md, session 18), Llama-3.1-8B W4A16:
+    batch 1 2.68 ms per token against the Triton kernels' 3.01, but batch 16 4.42 against
+    3.92 and batch 64 7.81 against 7.13; so opt-in, for batch-1 latency."""
+    return _flag("OCTAVO_CUDA_KERNELS", False)
 
 
 def int_weight_layout() -> str:

@@ -4,8 +4,9 @@ compiles in seconds and its launches capture into CUDA graphs like any other.
 
 A module is built once per source text, GPU architecture and ``nvcc`` version into
 ``$OCTAVO_CACHE_DIR/cuda`` (default ``~/.cache/octavo/cuda``) and loaded once per device.
-Where there is no ``nvcc`` (``$CUDA_HOME/bin`` or ``PATH``), no NVIDIA GPU, or
-``OCTAVO_CUDA_KERNELS=0``, ``available`` says no and callers keep their Triton kernels. A
+Where there is no ``nvcc`` (``$CUDA_HOME/bin`` or ``PATH``) or no NVIDIA GPU, ``module``
+gives None and callers keep their Triton kernels (whether the engine uses a module at all is
+the caller's switch: ``OCTAVO_CUDA_KERNELS``). A
 launch can carry programmatic dependent launch (``octavo.kernels.pdl``); such a kernel must
 keep that module's contract (``griddepcontrol.wait`` before reading what other kernels write
 and before writing).
@@ -25,8 +26,6 @@ import threading
 from pathlib import Path
 
 import torch
-
-from octavo import envs
 
 logger = logging.getLogger(__name__)
 
@@ -159,8 +158,7 @@ _MODULES: dict[tuple[str, torch.device], Module | None] = {}
 def module(source: str, device: torch.device) -> Module | None:
     """``source``'s kernels on ``device``, or None where they cannot be built or loaded
     (logged once)."""
-    if (device.type != "cuda" or torch.version.hip is not None or not envs.cuda_kernels()
-            or not torch.cuda.is_available()):
+    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (source, torch.device("cuda", index))

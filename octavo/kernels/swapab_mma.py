@@ -25,6 +25,7 @@ import dataclasses
 
 import torch
 
+from octavo import envs
 from octavo.kernels import cuda_module
 from octavo.kernels import pdl as pdl_mod
 from octavo.kernels.split_k import buffers as split_k_buffers
@@ -105,7 +106,9 @@ def untile(tiled: torch.Tensor) -> torch.Tensor:
 
 
 def available(device: torch.device) -> bool:
-    return cuda_module.module(SOURCE, device) is not None
+    """Whether the engine's integer layers use this kernel on ``device``: opted in
+    (``OCTAVO_CUDA_KERNELS=1``) and built (nvcc, an NVIDIA GPU)."""
+    return envs.cuda_kernels() and cuda_module.module(SOURCE, device) is not None
 
 
 def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

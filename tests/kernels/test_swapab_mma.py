@@ -68,10 +68,15 @@ def test_tile_puts_each_lanes_16_bytes_where_the_kernel_loads_them():
                     assert torch.equal(got, want)
 
 
-def test_unavailable_without_a_gpu_or_when_switched_off(monkeypatch):
+def test_unavailable_without_a_gpu_or_unless_opted_in(monkeypatch):
     assert cuda_module.module(swapab_mma.SOURCE, torch.device("cpu")) is None
+    monkeypatch.setattr(cuda_module, "module", lambda source, device: object())  # "built"
+    monkeypatch.delenv("OCTAVO_CUDA_KERNELS", raising=False)
+    assert not swapab_mma.available(torch.device("cuda", 0))  # off by default
     monkeypatch.setenv("OCTAVO_CUDA_KERNELS", "0")
-    assert cuda_module.module(swapab_mma.SOURCE, torch.device("cuda", 0)) is None
+    assert not swapab_mma.available(torch.device("cuda", 0))
+    monkeypatch.setenv("OCTAVO_CUDA_KERNELS", "1")
+    assert swapab_mma.available(torch.device("cuda", 0))
 
 
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="no nvcc on this machine")
@@ -129,7 +134,7 @@ def _rel(a, b):
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available()
-                         or not swapab_mma.available(torch.device("cuda")),
+                         or cuda_module.module(swapab_mma.SOURCE, torch.device("cuda")) is None,
                          reason="needs an NVIDIA GPU and nvcc")
 
 
