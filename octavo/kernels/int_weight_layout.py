@@ -17,7 +17,9 @@ cuBLAS from the swap-AB layout: 153.7 and 198.4). So on Hopper the large 4-bit p
 least ``SWAPAB_MIN_WEIGHTS`` values) take the swap-AB layout: a few microseconds per layer lost
 at batch 1, tens won from batch 3 to 128; the small ones keep the GEMV's layout. 8-bit weights
 keep it too: the swap-AB GEMM at one row took 1.7x the 8-bit GEMV's time per layer (W8A16
-batch 1 in the engine 6.7 ms against 3.9).
+batch 1 in the engine 6.7 ms against 3.9). With ``OCTAVO_CUDA_KERNELS=1`` (and nvcc) every
+integer layer takes the swap-AB layout and batches of 1-16 rows run the CUDA kernel of
+``swapab_mma`` instead (faster at batch 1, slower at 16 and 64: session 18).
 """
 
 from __future__ import annotations
