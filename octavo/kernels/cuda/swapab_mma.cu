@@ -20,6 +20,17 @@ namespace {
 
 constexpr int kMaxWarps = 8;
 
+// One m16n8k16 tensor-core product, float accumulators, TY the 16-bit operand type.
+#define OCTAVO_MMA_16816(TY)                                                              \
+  static __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1,       \
+                                             uint32_t a2, uint32_t a3, uint32_t b0,         \
+                                             uint32_t b1) {                                 \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "           \
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                             \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                     \
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                             \
+  }
+
 template <typename T>
 struct Type;
 
@@ -29,17 +40,7 @@ struct Type<__nv_bfloat16> {
   static constexpr uint32_t kMagic = 0x43004300u;
   static constexpr float kBias = 128.0f;
   static constexpr uint32_t kOnes = 0x3F803F80u;  // two bf16 1.0
-  static __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1,
-                                             uint32_t a2, uint32_t a3, uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-    return __bfloat162float(v);
-  }
+  OCTAVO_MMA_16816("bf16")
   static __device__ __forceinline__ __nv_bfloat16 from_float(float v) {
     return __float2bfloat16_rn(v);
   }
@@ -51,15 +52,7 @@ struct Type<__half> {
   static constexpr uint32_t kMagic = 0x64006400u;
   static constexpr float kBias = 1024.0f;
   static constexpr uint32_t kOnes = 0x3C003C00u;  // two fp16 1.0
-  static __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1,
-                                             uint32_t a2, uint32_t a3, uint32_t b0,
-                                             uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  OCTAVO_MMA_16816("f16")
   static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
 };
 
