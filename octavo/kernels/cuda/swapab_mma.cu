@@ -276,24 +276,27 @@ __device__ __forceinline__ void swapab_mma(
     }
   }
 
-  const int splits = gridDim.y;
+  // fn(accumulator, offset in [M, N]) for each of the lane's outputs in the batch.
+  auto each_output = [&](auto fn) {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int m = mt * 8 + 2 * t + (i & 1);
-      if (m >= M) continue;
-      const int nb0 = (i < 2 ? n0 : n1);
+      for (int i = 0; i < 4; ++i) {
+        const int m = mt * 8 + 2 * t + (i & 1);
+        if (m >= M) continue;
+        const int nb0 = (i < 2 ? n0 : n1);
 #pragma unroll
-      for (int c = 0; c < VALUES; ++c) {
-        const size_t o = (size_t)m * N + nb0 + 64 * c;
-        if (splits == 1)
-          out[o] = Type<T>::from_float(acc[mt][c][i]);
-        else
-          part[(size_t)blockIdx.y * M * N + o] = acc[mt][c][i];
+        for (int c = 0; c < VALUES; ++c) fn(acc[mt][c][i], (size_t)m * N + nb0 + 64 * c);
       }
     }
-  }
+  };
+  const int splits = gridDim.y;
+  each_output([&](float a, size_t o) {
+    if (splits == 1)
+      out[o] = Type<T>::from_float(a);
+    else
+      part[(size_t)blockIdx.y * M * N + o] = a;
+  });
   if (splits == 1) return;
   // Split over CTAs: the CTA that takes the tile's last ticket adds the partials in split
   // order (deterministic), writes the output and leaves the counter zeroed for the next call.
@@ -309,22 +312,11 @@ __device__ __forceinline__ void swapab_mma(
   last = __shfl_sync(0xffffffffu, last, 0);
   if (!last) return;
   __syncwarp();
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int m = mt * 8 + 2 * t + (i & 1);
-      if (m >= M) continue;
-      const int nb0 = (i < 2 ? n0 : n1);
-#pragma unroll
-      for (int c = 0; c < VALUES; ++c) {
-        const size_t o = (size_t)m * N + nb0 + 64 * c;
-        float total = 0.f;
-        for (int sp = 0; sp < splits; ++sp) total += __ldcg(part + (size_t)sp * M * N + o);
-        out[o] = Type<T>::from_float(total);
-      }
-    }
-  }
+  each_output([&](float, size_t o) {
+    float total = 0.f;
+    for (int sp = 0; sp < splits; ++sp) total += __ldcg(part + (size_t)sp * M * N + o);
+    out[o] = Type<T>::from_float(total);
+  });
   if (lane == 0) atomicExch(cnt + tile, 0);  // read by the next call, after this kernel
 }
 
