@@ -16,44 +16,42 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace {
 
 constexpr int kMaxWarps = 8;
 
-// One m16n8k16 tensor-core product, float accumulators, TY the 16-bit operand type.
-#define OCTAVO_MMA_16816(TY)                                                              \
-  static __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1,       \
-                                             uint32_t a2, uint32_t a3, uint32_t b0,         \
-                                             uint32_t b1) {                                 \
-    asm("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "           \
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                             \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                     \
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));                             \
-  }
-
+// The 16-bit operand type's constants and operations (bf16 or fp16).
 template <typename T>
-struct Type;
-
-template <>
-struct Type<__nv_bfloat16> {
-  // (q | 0x4300) is the bf16 128 + q for q < 128: the bias goes into the zero point.
-  static constexpr uint32_t kMagic = 0x43004300u;
-  static constexpr float kBias = 128.0f;
-  static constexpr uint32_t kOnes = 0x3F803F80u;  // two bf16 1.0
-  OCTAVO_MMA_16816("bf16")
-  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) {
-    return __float2bfloat16_rn(v);
+struct Type {
+  static constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+  // (q | magic) is exactly bias + q: bf16 128 + q (q < 128), fp16 1024 + q. The bias goes
+  // into the zero point.
+  static constexpr uint32_t kMagic = kBf16 ? 0x43004300u : 0x64006400u;
+  static constexpr float kBias = kBf16 ? 128.0f : 1024.0f;
+  static constexpr uint32_t kOnes = kBf16 ? 0x3F803F80u : 0x3C003C00u;  // two 1.0
+  // One m16n8k16 tensor-core product with float accumulators.
+  static __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1,
+                                             uint32_t a2, uint32_t a3, uint32_t b0,
+                                             uint32_t b1) {
+    if constexpr (kBf16)
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+          "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+          "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
-};
-
-template <>
-struct Type<__half> {
-  // (q | 0x6400) is the fp16 1024 + q.
-  static constexpr uint32_t kMagic = 0x64006400u;
-  static constexpr float kBias = 1024.0f;
-  static constexpr uint32_t kOnes = 0x3C003C00u;  // two fp16 1.0
-  OCTAVO_MMA_16816("f16")
-  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+  static __device__ __forceinline__ T from_float(float v) {
+    if constexpr (kBf16)
+      return __float2bfloat16_rn(v);
+    else
+      return __float2half_rn(v);
+  }
 };
 
 // Nibble c of both int16 halves of v as two 16-bit floats bias + q: one shift, one LOP3.
@@ -253,27 +251,20 @@ __device__ __forceinline__ void swapab_mma(
 
   // The CTA's warps hold K ranges of the same tile: add them up in warp 0.
   __shared__ float red[kMaxWarps - 1][MT * 16][32];
+  // fn(accumulator, its row in red) for each accumulator holding an output.
+  auto each_acc = [&](auto fn) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int c = 0; c < VALUES; ++c)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) fn(acc[mt][c][i], mt * 16 + c * 4 + i);
+  };
   if (warps > 1) {
-    if (warp > 0) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            if (c < VALUES) red[warp - 1][mt * 16 + c * 4 + i][lane] = acc[mt][c][i];
-    }
+    if (warp > 0) each_acc([&](float& a, int r) { red[warp - 1][r][lane] = a; });
     __syncthreads();
     if (warp > 0) return;
-    for (int v = 0; v < warps - 1; ++v) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            if (c < VALUES) acc[mt][c][i] += red[v][mt * 16 + c * 4 + i][lane];
-    }
+    for (int v = 0; v < warps - 1; ++v) each_acc([&](float& a, int r) { a += red[v][r][lane]; });
   }
 
   // fn(accumulator, offset in [M, N]) for each of the lane's outputs in the batch.
