@@ -162,6 +162,8 @@ def module(source: str, device: torch.device) -> Module | None:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (source, torch.device("cuda", index))
+    if key in _MODULES:  # every call of an eager decode step: no lock once built
+        return _MODULES[key]
     with _LOCK:
         if key not in _MODULES:
             try:
