@@ -143,19 +143,18 @@ def main() -> None:
 
 
 def cuda_sweep(args, timed, bandwidth, limits) -> None:
-    """The CUDA swap-AB kernel (tiled layout) over launch plans, per Llama-8B shape and M
-    (4-bit)."""
+    """The CUDA swap-AB kernel over launch plans, per Llama-8B shape and M (4-bit)."""
     import torch
 
     from octavo.kernels.swapab_mma import swapab_mma
 
     dev = torch.device("cuda")
-    plans = [{"warps_per_sm": w, "steps": st, "most_warps": mw, "tiled": True}
+    plans = [{"warps_per_sm": w, "steps": st, "most_warps": mw}
              for w in (4, 6, 10, 16) for st in (2, 4) for mw in (4, 8)]
     rows = []
     for name, (k, n) in SHAPES.items():
         qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n // 2)))
-        packs = [int_weights(k, n, 4, args.group, dev, "swapab_tiled") for _ in range(qcopies)]
+        packs = [int_weights(k, n, 4, args.group, dev, "swapab") for _ in range(qcopies)]
         nbytes = _weight_bytes(k, n, 4, args.group)
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -184,8 +183,6 @@ def _weight_bytes(k: int, n: int, bits: int, group: int) -> float:
 
 
 def _layout(path: str) -> str:
-    if path == "cuda_tiled":
-        return "swapab_tiled"
     return "swapab" if path.startswith("swapab") or path in ("layout", "cuda") else "along_k"
 
 
@@ -195,10 +192,10 @@ def _run(path: str, x, p, group: int, bits: int, kw: dict):
     from octavo.kernels.w4a16_gemm import dequantize, w4a16_gemm
     from octavo.kernels.w4a16_swapab import dequantize_swapab
 
-    if path in ("cuda", "cuda_tiled"):
+    if path == "cuda":
         from octavo.kernels.swapab_mma import swapab_mma
 
-        return swapab_mma(x, *p, group, bits, tiled=path == "cuda_tiled")
+        return swapab_mma(x, *p, group, bits)
     if path == "layout":  # what the engine runs for a layer in the swap-AB layout
         return int_weight_layout.linear(x, *p, group, bits, int_weight_layout.SWAPAB)
     if path == "swapab_dequant":
@@ -223,11 +220,10 @@ def int_weights(k: int, n: int, bits: int, group: int, device, layout: str = "al
 
 def _pack(layout: str, q, bits: int):
     """Integer weights [K, N] in a packed layout (``_layout``)."""
-    if layout in ("swapab", "swapab_tiled"):
-        from octavo.kernels.swapab_mma import tile
+    if layout == "swapab":
         from octavo.kernels.w4a16_swapab import pack_swapab
 
-        return tile(pack_swapab(q, bits)) if layout == "swapab_tiled" else pack_swapab(q, bits)
+        return pack_swapab(q, bits)
     from octavo.kernels.w4a16_gemm import pack_along_k
 
     return pack_along_k(q, bits)

@@ -67,7 +67,6 @@ def supports(m: int, k: int, n: int, group_size: int, bits: int, dtype: torch.dt
 # one row against the Triton GEMV's 61.5; 92.6 at 16 against the Triton swap-AB's 100.5),
 # while filling the SM (10-16 warps) was up to 3.6x slower (qkv at 16 rows: 32.1 us).
 WARPS_PER_SM = 6
-MOST_WARPS = MAX_WARPS
 
 
 def default_steps(group_size: int) -> int:
@@ -92,23 +91,6 @@ def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PE
     return Plan(steps, per_warp * chunk, warps, splits)
 
 
-def tile(qweight: torch.Tensor) -> torch.Tensor:
-    """``pack_swapab``'s int16 [R, K] -> the tiled layout the kernel reads in contiguous
-    pieces: [R / 16 tiles, K / 32 steps, 2 (rows 0-7, 8-15 of the tile), 8 rows, 4, 8]: the
-    16 bytes lane (g, t) loads for one step are row g (+ 8), K values 8t..8t+7 of the step,
-    at lane order."""
-    r, k = qweight.shape
-    return (qweight.view(r // ROWS, 2, 8, k // 32, 4, 8).permute(0, 3, 1, 2, 4, 5)
-            .contiguous().view(r, k))
-
-
-def untile(tiled: torch.Tensor) -> torch.Tensor:
-    """``tile``'s inverse."""
-    r, k = tiled.shape
-    return (tiled.view(r // ROWS, k // 32, 2, 8, 4, 8).permute(0, 2, 3, 1, 4, 5)
-            .contiguous().view(r, k))
-
-
 def available(device: torch.device) -> bool:
     """Whether the engine's integer layers use this kernel on ``device``: opted in
     (``OCTAVO_CUDA_KERNELS=1``) and built (nvcc, an NVIDIA GPU)."""
@@ -118,10 +100,9 @@ def available(device: torch.device) -> bool:
 def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                warps_per_sm: int = WARPS_PER_SM,
-               steps: int | None = None, most_warps: int = MOST_WARPS,
-               tiled: bool = False) -> torch.Tensor:
+               steps: int | None = None, most_warps: int = MAX_WARPS) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
-    4- or 8-bit layout (``tiled``: rearranged by ``tile``), scales and (float) zeros
+    4- or 8-bit layout, scales and (float) zeros
     [K / group, N] in bf16 or fp16 (either, whatever x2's dtype). The tuning arguments exist
     for the benchmarks."""
     m, k = x2.shape
@@ -129,10 +110,11 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if not supports(m, k, n, group_size, bits, x2.dtype):
         raise ValueError(f"swapab_mma: M={m}, K={k}, N={n}, group {group_size}, {bits}-bit, "
                          f"{x2.dtype} is not a supported shape")
-    if scales.dtype not in _DTYPES or zeros.dtype != scales.dtype:
-        # The kernel reads 16-bit scales and zeros of one dtype as stored (GPTQ's float16
-        # under a bf16 model included): anything else is converted here, per call.
-        scales = scales.to(x2.dtype if scales.dtype not in _DTYPES else scales.dtype)
+    # The kernel reads 16-bit scales and zeros of one dtype as stored (GPTQ's float16 under
+    # a bf16 model included): anything else is converted here, per call.
+    if scales.dtype not in _DTYPES:
+        scales = scales.to(x2.dtype)
+    if zeros.dtype != scales.dtype:
         zeros = zeros.to(scales.dtype)
     scales, zeros, qweight = scales.contiguous(), zeros.contiguous(), qweight.contiguous()
     if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
@@ -152,6 +134,6 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             ptr(zeros.data_ptr()), ptr(out.data_ptr()), ptr(partial.data_ptr()),
             ptr(cnt.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k),
             ctypes.c_int(x2.stride(0)), ctypes.c_int(p.k_per_warp), ctypes.c_int(group_size),
-            ctypes.c_int(int(tiled)), ctypes.c_int(int(scales.dtype == torch.bfloat16))]
+            ctypes.c_int(int(scales.dtype == torch.bfloat16))]
     mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device))
     return out

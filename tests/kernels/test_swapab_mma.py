@@ -50,24 +50,6 @@ def test_supports():
     assert not supports(1, 4096, 4096, 16, 4, torch.bfloat16)  # group % 32
 
 
-def test_tile_puts_each_lanes_16_bytes_where_the_kernel_loads_them():
-    from octavo.kernels.swapab_mma import tile, untile
-
-    r, k = 32, 96
-    p = torch.randint(-2**15, 2**15, (r, k), dtype=torch.int32).to(torch.int16)
-    t = tile(p)
-    assert t.shape == p.shape and torch.equal(untile(t), p)
-    flat = t.reshape(-1, 8)  # 16-byte pieces, as the kernel's uint4 pointer counts them
-    for tl_ in range(r // 16):
-        for step in range(k // 32):
-            for half in range(2):
-                for lane in range(32):
-                    g, t4 = lane // 4, lane % 4
-                    got = flat[tl_ * (k // 32) * 64 + step * 64 + half * 32 + lane]
-                    want = p[tl_ * 16 + half * 8 + g, step * 32 + t4 * 8: step * 32 + t4 * 8 + 8]
-                    assert torch.equal(got, want)
-
-
 def test_unavailable_without_a_gpu_or_unless_opted_in(monkeypatch):
     assert cuda_module.module(swapab_mma.SOURCE, torch.device("cpu")) is None
     monkeypatch.setattr(cuda_module, "module", lambda source, device: object())  # "built"
@@ -154,9 +136,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available()
                                        (4096, 4096, 128), (768, 1024, 256)])
 def test_matches_the_float64_reference_gpu(bits, dtype, m, k, n, group):
     x, qw, s, z, ref = _case(m, k, n, group, dtype, bits=bits)
-    tiled = m % 2 == 1  # both weight layouts
-    out = swapab_mma.swapab_mma(x, swapab_mma.tile(qw) if tiled else qw, s, z, group, bits,
-                                tiled=tiled)
+    out = swapab_mma.swapab_mma(x, qw, s, z, group, bits)
     assert out.dtype == dtype and out.shape == (m, n)
     assert torch.isfinite(out).all()
     # The output's own rounding (bf16: 2**-9) dominates; a wrong nibble, column or group
@@ -175,9 +155,6 @@ def test_every_split_and_cta_shape_gives_the_same_answer_gpu(per_sm, most_warps,
     x, qw, s, z, ref = _case(5, 2048, 1024, 128, torch.bfloat16, seed=1, bits=bits)
     out = swapab_mma.swapab_mma(x, qw, s, z, 128, bits, warps_per_sm=per_sm, steps=steps,
                                 most_warps=most_warps)
-    assert _rel(out, ref) < 8e-3
-    out = swapab_mma.swapab_mma(x, swapab_mma.tile(qw), s, z, 128, bits, warps_per_sm=per_sm,
-                                steps=steps, most_warps=most_warps, tiled=True)
     assert _rel(out, ref) < 8e-3
     from octavo.kernels import split_k
 

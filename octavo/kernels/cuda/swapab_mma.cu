@@ -4,8 +4,8 @@
 // builds it (nvcc, at first use), plans the launch and says why it is shaped this way.
 //
 // Layout (4-bit): int16 [N / 4, K], K contiguous; nibble c of int16 row R is output column
-// n = (R / 64) * 256 + c * 64 + R % 64 (8-bit: see column() below). A warp takes 16 int16 rows (64 output columns) over a
-// range of K, in steps of 32: lane (g = lane / 4, t = lane % 4) loads 16 bytes of rows g and
+// n = (R / 64) * 256 + c * 64 + R % 64 (8-bit: see column() below). A warp takes 16 int16
+// rows (64 output columns) over a range of K, in steps of 32: lane (g = lane / 4, t = lane % 4) loads 16 bytes of rows g and
 // g + 8 at k + 8t, i.e. K values 8t..8t+7 of the step. The sum over K does not care which K
 // value the mma calls which, so the two m16n8k16 products of a step take physical K
 // 8t + 4h + {0, 1, 2, 3} (h = 0, 1) as their logical columns {2t, 2t+1, 2t+8, 2t+9}, and the
@@ -87,8 +87,8 @@ __device__ __forceinline__ void pdl_wait() {
 // n = (R / 64) * 128 + v * 64 + R % 64. Their nibbles are the four "blocks" the 4-bit path
 // computes: block 2v the low nibble, 2v + 1 the high one, and the value is 16 hi + lo.
 template <int BITS>
-__device__ __forceinline__ int column(int row, int v) {
-  return BITS == 4 ? (row >> 6) * 256 + v * 64 + (row & 63) : (row >> 6) * 128 + v * 64 + (row & 63);
+__device__ __forceinline__ int column(int row) {  // of value 0; value v is 64 v further
+  return BITS == 4 ? (row >> 6) * 256 + (row & 63) : (row >> 6) * 128 + (row & 63);
 }
 
 template <typename T, int BITS, int MT, int STEPS>
@@ -96,7 +96,7 @@ __device__ __forceinline__ void swapab_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const unsigned short* __restrict__ s,
     const unsigned short* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
     int* __restrict__ cnt, int M, int N, int K, int stride_x, int k_per_warp, int group,
-    int tiled, int scale_bf16) {
+    int scale_bf16) {
   constexpr int CHUNK = 32 * STEPS;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -107,17 +107,13 @@ __device__ __forceinline__ void swapab_mma(
   const int k_begin = (blockIdx.y * warps + warp) * k_per_warp;
   const int k_end = min(k_begin + k_per_warp, K);
   const int row = tile * 16 + g;  // this lane's int16 rows: row and row + 8
-  // Rows as packed (step k of row R at R * K + k), or tiled: the 1 KB a warp loads for one
-  // step of one tile stored contiguously (lane order, rows g then g + 8), the tile's steps
-  // in K order, so a chunk is one contiguous read instead of 16 rows' 64-byte pieces.
-  const uint4* wa = tiled ? w + (size_t)tile * (K / 32) * 64 + lane
-                          : w + ((size_t)row * K + 8 * t) / 8;
-  const uint4* wb = tiled ? wa + 32 : w + ((size_t)(row + 8) * K + 8 * t) / 8;
-  const int wstep = tiled ? 64 : 4;  // uint4 per 32-wide K step
+  // Step k of int16 row R at R * K + k: the lane's 16 bytes of a step, 4 uint4 per step.
+  const uint4* wa = w + ((size_t)row * K + 8 * t) / 8;
+  const uint4* wb = w + ((size_t)(row + 8) * K + 8 * t) / 8;
   constexpr int VALUES = 16 / BITS;  // output columns per int16: 4 or 2
   // Output columns of the lane's rows, per value v: n0 + 64 v and n1 + 64 v.
-  const int n0 = column<BITS>(row, 0);
-  const int n1 = column<BITS>(row + 8, 0);
+  const int n0 = column<BITS>(row);
+  const int n1 = column<BITS>(row + 8);
 
   // Software pipeline, one chunk deep: the next chunk's weights, activations, scales and
   // zeros are loaded before this chunk's arithmetic, so no load's latency (DRAM for the
@@ -128,8 +124,8 @@ __device__ __forceinline__ void swapab_mma(
   auto load_weights = [&](int k) {
 #pragma unroll
     for (int i = 0; i < STEPS; ++i) {
-      na[i] = __ldg(wa + (k / 32 + i) * wstep);
-      nb[i] = __ldg(wb + (k / 32 + i) * wstep);
+      na[i] = __ldg(wa + (k / 32 + i) * 4);
+      nb[i] = __ldg(wb + (k / 32 + i) * 4);
     }
     const size_t base = (size_t)(k / group) * N;
 #pragma unroll
@@ -317,9 +313,9 @@ __device__ __forceinline__ void swapab_mma(
   extern "C" __global__ void __launch_bounds__(256) NAME(                                     \
       const T* x, const uint4* w, const unsigned short* s, const unsigned short* z, T* out,   \
       float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_warp, int group,    \
-      int tiled, int scale_bf16) {                                                            \
+      int scale_bf16) {                                                                       \
     swapab_mma<T, BITS, MT, STEPS>(x, w, s, z, out, part, cnt, M, N, K, stride_x, k_per_warp, \
-                                   group, tiled, scale_bf16);                                 \
+                                   group, scale_bf16);                                        \
   }
 
 #define OCTAVO_SWAPAB_MMA_ALL(TNAME, T, BITS)                                            \
