@@ -181,13 +181,20 @@ def cuda_kernels() -> bool:
     return _flag("OCTAVO_CUDA_KERNELS", False)
 
 
+def cuda_kernels_max_m(default: int) -> int:
+    """OCTAVO_CUDA_KERNELS_MAX_M: with OCTAVO_CUDA_KERNELS=1, the largest batch (1-16) the
+    CUDA integer kernel runs; larger ones take the Triton kernels of the layer's layout."""
+    return _batch_size("OCTAVO_CUDA_KERNELS_MAX_M", default)
+
+
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
-    layer), "along_k" or "swapab" (every layer the swap-AB kernel can hold), for the
-    benchmarks' comparisons."""
+    layer), "size" (the size rule even with OCTAVO_CUDA_KERNELS=1, which otherwise puts
+    every layer in the swap-AB layout), "along_k" or "swapab" (every layer the swap-AB kernel
+    can hold), for the benchmarks' comparisons."""
     value = os.environ.get("OCTAVO_INT_WEIGHT_LAYOUT", "auto").strip().lower() or "auto"
-    if value not in ("auto", "along_k", "swapab"):
-        raise ValueError("OCTAVO_INT_WEIGHT_LAYOUT must be auto, along_k or swapab, "
+    if value not in ("auto", "size", "along_k", "swapab"):
+        raise ValueError("OCTAVO_INT_WEIGHT_LAYOUT must be auto, size, along_k or swapab, "
                          f"got {value!r}")
     return value
 

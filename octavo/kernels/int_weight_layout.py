@@ -44,10 +44,10 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     if device.type != "cuda" or not swapab.supports(k, n, group_size, bits):
         return ALONG_K
     mode = envs.int_weight_layout()
-    if mode != "auto":
+    if mode in (ALONG_K, SWAPAB):
         return mode
     hopper = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
-    if hopper and swapab_mma.available(device):
+    if mode == "auto" and hopper and swapab_mma.available(device):
         return SWAPAB  # every layer: the CUDA kernel runs 1-16 rows on this layout
     large = k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
     return SWAPAB if hopper and large else ALONG_K
@@ -70,8 +70,8 @@ def linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
 def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor, group_size: int, bits: int) -> torch.Tensor:
     m, k = x2.shape
-    if swapab_mma.supports(m, k, qweight.shape[0] * (16 // bits), group_size, bits, x2.dtype) \
-            and swapab_mma.available(x2.device):
+    if m <= swapab_mma.max_rows() and swapab_mma.available(x2.device) and swapab_mma.supports(
+            m, k, qweight.shape[0] * (16 // bits), group_size, bits, x2.dtype):
         return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits)
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's

@@ -97,6 +97,11 @@ def available(device: torch.device) -> bool:
     return envs.cuda_kernels() and cuda_module.module(SOURCE, device) is not None
 
 
+def max_rows() -> int:
+    """The largest batch the engine sends here (``OCTAVO_CUDA_KERNELS_MAX_M``, 1-16)."""
+    return min(MAX_M, envs.cuda_kernels_max_m(MAX_M))
+
+
 def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                warps_per_sm: int = WARPS_PER_SM,
@@ -123,7 +128,8 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if mod is None:
         raise RuntimeError("swapab_mma: the CUDA kernels are unavailable on this device")
     steps = steps or default_steps(group_size)
-    name = f"swapab_mma_{_DTYPES[x2.dtype]}_w{bits}_m{8 if m <= 8 else 16}_s{steps}"
+    name = (f"swapab_mma_{_DTYPES[x2.dtype]}_{_DTYPES[scales.dtype]}_w{bits}"
+            f"_m{8 if m <= 8 else 16}_s{steps}")
     p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps,
              bits)
     tiles = qweight.shape[0] // ROWS
@@ -133,7 +139,6 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     args = [ptr(x2.data_ptr()), ptr(qweight.data_ptr()), ptr(scales.data_ptr()),
             ptr(zeros.data_ptr()), ptr(out.data_ptr()), ptr(partial.data_ptr()),
             ptr(cnt.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k),
-            ctypes.c_int(x2.stride(0)), ctypes.c_int(p.k_per_warp), ctypes.c_int(group_size),
-            ctypes.c_int(int(scales.dtype == torch.bfloat16))]
+            ctypes.c_int(x2.stride(0)), ctypes.c_int(p.k_per_warp), ctypes.c_int(group_size)]
     mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device))
     return out

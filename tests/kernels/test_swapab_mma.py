@@ -13,8 +13,8 @@ import torch
 from octavo.kernels import cuda_module, swapab_mma
 from octavo.kernels.swapab_mma import plan, supports
 
-NAMES = [f"swapab_mma_{t}_w{b}_m{m}_s{s}" for t in ("bf16", "f16") for b in (4, 8)
-         for m in (8, 16) for s in (1, 2, 4)]
+NAMES = [f"swapab_mma_{t}_{sc}_w{b}_m{m}_s{s}" for t in ("bf16", "f16")
+         for sc in ("bf16", "f16") for b in (4, 8) for m in (8, 16) for s in (1, 2, 4)]
 
 
 @pytest.mark.parametrize("k,n,group", [(4096, 28672, 128), (4096, 4096, 128),

@@ -82,6 +82,28 @@ def test_every_layer_takes_swapab_where_the_cuda_kernel_runs(hopper, monkeypatch
     assert layout.choose(4096, 4104, 128, 4, cuda) == layout.ALONG_K  # N % 256
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "along_k")
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K
+    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "size")  # the size rule with the kernel on
+    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv
+    assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB  # gate_up
+
+
+def test_cuda_kernel_rows_capped_by_env(monkeypatch):
+    """OCTAVO_CUDA_KERNELS_MAX_M: batches above it take the Triton swap-AB GEMM."""
+    calls = []
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
+    monkeypatch.setattr(layout.swapab_mma, "swapab_mma",
+                        lambda x2, *a, **k: calls.append(("cuda", x2.shape[0])) or "cuda")
+    monkeypatch.setattr(layout.swapab, "w4a16_swapab",
+                        lambda x2, *a, **k: calls.append(("triton", x2.shape[0])) or "triton")
+    q = torch.zeros(64, 256, dtype=torch.int16)  # K 256, N 256 (4-bit: 4 columns per row)
+    s = torch.ones(2, 256, dtype=torch.bfloat16)
+    for m in (1, 8, 9, 16):
+        layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 4)
+    monkeypatch.setenv("OCTAVO_CUDA_KERNELS_MAX_M", "8")
+    for m in (1, 8, 9, 16):
+        layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 4)
+    assert calls == [("cuda", 1), ("cuda", 8), ("cuda", 9), ("cuda", 16),
+                     ("cuda", 1), ("cuda", 8), ("triton", 9), ("triton", 16)]
 
 
 def test_env_overrides_the_size_rule_not_the_shape(hopper, monkeypatch):
