@@ -172,29 +172,28 @@ def int_swapab_max_m(default: int) -> int:
 
 
 def cuda_kernels() -> bool:
-    """OCTAVO_CUDA_KERNELS (default off): on NVIDIA GPUs, weight-only integer layers run
-    decode batches of 1-16 rows through the CUDA C++ kernel octavo/kernels/cuda/swapab_mma.cu
-    (built with nvcc at first use, octavo/kernels/cuda_module.py), every such layer in its
-    swap-AB layout. Measured on an H200 (docs/benchmarks.md, session 18), Llama-3.1-8B W4A16:
-    batch 1 2.68 ms per token against the Triton kernels' 3.01, but batch 16 4.42 against
-    3.92 and batch 64 7.81 against 7.13; so opt-in, for batch-1 latency."""
-    return _flag("OCTAVO_CUDA_KERNELS", False)
+    """OCTAVO_CUDA_KERNELS (default on): on NVIDIA GPUs with nvcc, weight-only integer layers
+    in the swap-AB layout run decode batches of 1-8 rows (OCTAVO_CUDA_KERNELS_MAX_M) through
+    the CUDA C++ kernel octavo/kernels/cuda/swapab_mma.cu (built at first use,
+    octavo/kernels/cuda_module.py). Measured on an H200 (docs/benchmarks.md, session 19),
+    Llama-3.1-8B W4A16: batch 1 2.80 ms per token against the Triton kernels' 3.01; at 16
+    rows the kernel lost in the engine (4.30 against 3.91), so larger batches keep Triton."""
+    return _flag("OCTAVO_CUDA_KERNELS", True)
 
 
 def cuda_kernels_max_m(default: int) -> int:
-    """OCTAVO_CUDA_KERNELS_MAX_M: with OCTAVO_CUDA_KERNELS=1, the largest batch (1-16) the
-    CUDA integer kernel runs; larger ones take the Triton kernels of the layer's layout."""
+    """OCTAVO_CUDA_KERNELS_MAX_M: the largest batch (1-16) the CUDA integer kernel runs;
+    larger ones take the Triton kernels of the layer's layout."""
     return _batch_size("OCTAVO_CUDA_KERNELS_MAX_M", default)
 
 
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
-    layer), "size" (the size rule even with OCTAVO_CUDA_KERNELS=1, which otherwise puts
-    every layer in the swap-AB layout), "along_k" or "swapab" (every layer the swap-AB kernel
-    can hold), for the benchmarks' comparisons."""
+    layer), "along_k" or "swapab" (every layer the swap-AB kernel can hold), for the
+    benchmarks' comparisons."""
     value = os.environ.get("OCTAVO_INT_WEIGHT_LAYOUT", "auto").strip().lower() or "auto"
-    if value not in ("auto", "size", "along_k", "swapab"):
-        raise ValueError("OCTAVO_INT_WEIGHT_LAYOUT must be auto, size, along_k or swapab, "
+    if value not in ("auto", "along_k", "swapab"):
+        raise ValueError("OCTAVO_INT_WEIGHT_LAYOUT must be auto, along_k or swapab, "
                          f"got {value!r}")
     return value
 

@@ -17,9 +17,16 @@ cuBLAS from the swap-AB layout: 153.7 and 198.4). So on Hopper the large 4-bit p
 least ``SWAPAB_MIN_WEIGHTS`` values) take the swap-AB layout: a few microseconds per layer lost
 at batch 1, tens won from batch 3 to 128; the small ones keep the GEMV's layout. 8-bit weights
 keep it too: the swap-AB GEMM at one row took 1.7x the 8-bit GEMV's time per layer (W8A16
-batch 1 in the engine 6.7 ms against 3.9). With ``OCTAVO_CUDA_KERNELS=1`` (and nvcc) every
-integer layer takes the swap-AB layout and batches of 1-16 rows run the CUDA kernel of
-``swapab_mma`` instead (faster at batch 1, slower at 16 and 64: session 18).
+batch 1 in the engine 6.7 ms against 3.9).
+
+On the swap-AB layout, batches of 1-8 rows run the CUDA kernel of ``swapab_mma`` where it is
+built (nvcc, an NVIDIA GPU; ``OCTAVO_CUDA_KERNELS=0`` turns it off). Llama-3.1-8B W4A16 on an
+H200 (session 19, ms per token at batch 1 / 16 / 64): Triton only 3.012 / 3.911 / 7.098;
+the kernel on this rule's layers for 1-16 rows 2.804 / 4.298 / 7.118; on every layer (all
+in the swap-AB layout) 2.787 / 4.762 / 7.780, and for 1-8 rows only 2.786 / 4.231 / 7.776:
+at 16 rows the kernel loses in the engine, and qkv / o gain nothing at one row from leaving
+the GEMV's layout while losing from 17 rows up. (8-bit at one row: 3.980 against the GEMV's
+3.547 in session 18.)
 """
 
 from __future__ import annotations
@@ -44,11 +51,9 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     if device.type != "cuda" or not swapab.supports(k, n, group_size, bits):
         return ALONG_K
     mode = envs.int_weight_layout()
-    if mode in (ALONG_K, SWAPAB):
+    if mode != "auto":
         return mode
     hopper = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
-    if mode == "auto" and hopper and swapab_mma.available(device):
-        return SWAPAB  # every layer: the CUDA kernel runs 1-16 rows on this layout
     large = k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
     return SWAPAB if hopper and large else ALONG_K
 

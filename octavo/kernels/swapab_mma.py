@@ -16,10 +16,10 @@ column sums of x). 8-bit weights run the same code: a value's two nibbles are tw
 split K and add up in shared memory; a tile split over several CTAs is finished by the CTA
 that takes the last ticket (``octavo.kernels.split_k``'s counters).
 
-Measured (H200, docs/benchmarks.md session 18): one Llama-3.1-8B layer's 4-bit GEMMs 55.4 us
-at one row against the Triton GEMV's 62.0, 92.9 at 16 rows against the swap-AB GEMM's
-100.1; in the engine batch 1 is 11% faster but batches 16 and 64 slower, so the engine uses it
-only with ``OCTAVO_CUDA_KERNELS=1``.
+Measured (H200, docs/benchmarks.md sessions 18-19): one Llama-3.1-8B layer's 4-bit GEMMs
+55.4 us at one row against the Triton GEMV's 62.0, 92.9 at 16 rows against the swap-AB
+GEMM's 100.1; in the engine batch 1 is 7% faster (2.80 against 3.01 ms per token) and 16
+rows slower, so the engine sends it batches of up to ``ENGINE_MAX_M`` rows.
 """
 
 from __future__ import annotations
@@ -97,9 +97,15 @@ def available(device: torch.device) -> bool:
     return envs.cuda_kernels() and cuda_module.module(SOURCE, device) is not None
 
 
+# Rows the engine sends here: at 16 rows the kernel lost in the engine (Llama-3.1-8B W4A16
+# batch 16: 4.298 ms per token against the Triton swap-AB GEMM's 3.911, session 19), though
+# one layer alone measured faster (92.9 against 100.1 us, session 18).
+ENGINE_MAX_M = 8
+
+
 def max_rows() -> int:
-    """The largest batch the engine sends here (``OCTAVO_CUDA_KERNELS_MAX_M``, 1-16)."""
-    return min(MAX_M, envs.cuda_kernels_max_m(MAX_M))
+    """The largest batch the engine sends here (``OCTAVO_CUDA_KERNELS_MAX_M``, at most 16)."""
+    return min(MAX_M, envs.cuda_kernels_max_m(ENGINE_MAX_M))
 
 
 def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

@@ -50,15 +50,16 @@ def test_supports():
     assert not supports(1, 4096, 4096, 16, 4, torch.bfloat16)  # group % 32
 
 
-def test_unavailable_without_a_gpu_or_unless_opted_in(monkeypatch):
+def test_available_where_built_unless_turned_off(monkeypatch):
     assert cuda_module.module(swapab_mma.SOURCE, torch.device("cpu")) is None
     monkeypatch.setattr(cuda_module, "module", lambda source, device: object())  # "built"
     monkeypatch.delenv("OCTAVO_CUDA_KERNELS", raising=False)
-    assert not swapab_mma.available(torch.device("cuda", 0))  # off by default
+    assert swapab_mma.available(torch.device("cuda", 0))  # on by default
     monkeypatch.setenv("OCTAVO_CUDA_KERNELS", "0")
     assert not swapab_mma.available(torch.device("cuda", 0))
+    monkeypatch.setattr(cuda_module, "module", lambda source, device: None)  # no nvcc
     monkeypatch.setenv("OCTAVO_CUDA_KERNELS", "1")
-    assert swapab_mma.available(torch.device("cuda", 0))
+    assert not swapab_mma.available(torch.device("cuda", 0))
 
 
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="no nvcc on this machine")
@@ -234,6 +235,8 @@ def test_engine_decode_through_the_kernel_matches_the_triton_kernels_gpu(tmp_pat
     real = swapab_mma.swapab_mma
     monkeypatch.setattr(swapab_mma, "swapab_mma",
                         lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+
+    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")  # layers below the size rule's
 
     def run(cuda: bool):
         monkeypatch.setenv("OCTAVO_CUDA_KERNELS", "1" if cuda else "0")

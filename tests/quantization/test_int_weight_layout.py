@@ -73,22 +73,20 @@ def test_choice_by_device_size_and_shape(hopper, monkeypatch):
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.ALONG_K
 
 
-def test_every_layer_takes_swapab_where_the_cuda_kernel_runs(hopper, monkeypatch):
+def test_the_size_rule_stands_where_the_cuda_kernel_runs(hopper, monkeypatch):
+    """The CUDA kernel runs the swap-AB layers' small batches; it does not move qkv / o out
+    of the GEMV's layout (every layer in the swap-AB layout lost from 16 rows up)."""
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
-    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB  # qkv too
-    assert layout.choose(4096, 4096, 128, 4, cuda) == layout.SWAPAB  # o
-    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.SWAPAB  # 8-bit too
-    assert layout.choose(4096, 4104, 128, 4, cuda) == layout.ALONG_K  # N % 256
-    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "along_k")
-    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K
-    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "size")  # the size rule with the kernel on
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv
+    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ALONG_K  # 8-bit
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB  # gate_up
+    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
+    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB
 
 
 def test_cuda_kernel_rows_capped_by_env(monkeypatch):
-    """OCTAVO_CUDA_KERNELS_MAX_M: batches above it take the Triton swap-AB GEMM."""
+    """Batches above 8 rows (OCTAVO_CUDA_KERNELS_MAX_M) take the Triton swap-AB GEMM."""
     calls = []
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
     monkeypatch.setattr(layout.swapab_mma, "swapab_mma",
@@ -99,11 +97,11 @@ def test_cuda_kernel_rows_capped_by_env(monkeypatch):
     s = torch.ones(2, 256, dtype=torch.bfloat16)
     for m in (1, 8, 9, 16):
         layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 4)
-    monkeypatch.setenv("OCTAVO_CUDA_KERNELS_MAX_M", "8")
+    monkeypatch.setenv("OCTAVO_CUDA_KERNELS_MAX_M", "16")
     for m in (1, 8, 9, 16):
         layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 4)
-    assert calls == [("cuda", 1), ("cuda", 8), ("cuda", 9), ("cuda", 16),
-                     ("cuda", 1), ("cuda", 8), ("triton", 9), ("triton", 16)]
+    assert calls == [("cuda", 1), ("cuda", 8), ("triton", 9), ("triton", 16),
+                     ("cuda", 1), ("cuda", 8), ("cuda", 9), ("cuda", 16)]
 
 
 def test_env_overrides_the_size_rule_not_the_shape(hopper, monkeypatch):
