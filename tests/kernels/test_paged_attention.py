@@ -537,3 +537,55 @@ def test_float8_cache(dtype, device):
         assert bool(close.all())
     else:  # Triton's CPU interpreter converts a few values to float8 differently
         assert close.float().mean() > 0.95
+
+
+def test_kv_prefetch_rule(monkeypatch):
+    """Decode launches ask L2 for their K/V only when asked to (OCTAVO_ATTN_KV_PREFETCH), on
+    CUDA caches of contiguous, aligned blocks, and only as many blocks per program as the
+    budget allows (a power of two, at most 16; none for W1's large batches)."""
+    from octavo.kernels import paged_attention_config as cfg
+
+    class Cache:  # the attributes kv_prefetch reads, as a CUDA tensor would give them
+        device = torch.device("cuda", 0)
+
+        def __init__(self, shape=(1000, 16, 8, 128), strides=None, ptr=1 << 20):
+            self.shape = shape
+            self._strides = strides or (16 * 8 * 128, 8 * 128, 128, 1)
+            self._ptr = ptr
+
+        def stride(self, i):
+            return self._strides[i]
+
+        def element_size(self):
+            return 2
+
+        def data_ptr(self):
+            return self._ptr
+
+    monkeypatch.delenv("OCTAVO_ATTN_KV_PREFETCH", raising=False)
+    assert cfg.kv_prefetch(32, Cache(), Cache()) == (0, 0)  # off by default
+    monkeypatch.setenv("OCTAVO_ATTN_KV_PREFETCH", "1")
+    block = 16 * 8 * 128 * 2  # 32 KB: one block, all KV heads
+    assert cfg.kv_prefetch(1, Cache(), Cache()) == (16, block)  # capped
+    assert cfg.kv_prefetch(32, Cache(), Cache()) == (1, block)  # 32 x 8 x 64 KB = 16 MB
+    assert cfg.kv_prefetch(12, Cache(), Cache()) == (4, block)  # 24 MB / 6 MB per unit
+    assert cfg.kv_prefetch(10, Cache(), Cache()) == (4, block)  # 4.8 units: a power of two
+    assert cfg.kv_prefetch(64, Cache(), Cache()) == (0, 0)  # past the budget
+    assert cfg.kv_prefetch(256, Cache(), Cache()) == (0, 0)
+    padded = Cache(strides=(16 * 8 * 128 + 8, 8 * 128, 128, 1))  # rows 16 B apart: fine
+    assert cfg.kv_prefetch(1, padded, Cache())[0] == 16
+    split_heads = Cache(strides=(16 * 8 * 256, 8 * 256, 256, 1))  # K and V interleaved
+    assert cfg.kv_prefetch(1, split_heads, Cache()) == (0, 0)
+    assert cfg.kv_prefetch(1, Cache(), Cache(ptr=(1 << 20) + 8)) == (0, 0)  # misaligned
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("batch,ctx", [(1, 300), (4, 2000), (32, 384)])
+def test_gpu_decode_with_kv_prefetch(batch, ctx, monkeypatch):
+    """The prefetch before the PDL wait changes no output (splits and merges included)."""
+    monkeypatch.setenv("OCTAVO_ATTN_KV_PREFETCH", "1")
+    gen = torch.Generator().manual_seed(batch)
+    seq_lens = torch.randint(max(1, ctx // 2), ctx + 1, (batch,), generator=gen).tolist()
+    check(q_lens=[1] * batch, seq_lens=seq_lens, num_heads=16, num_kv_heads=8, head_dim=128,
+          block_size=16, dtype=torch.bfloat16, device="cuda", max_query_len=1)
