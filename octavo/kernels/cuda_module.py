@@ -2,14 +2,14 @@
 and launched through the CUDA driver API (ctypes): no PyTorch extension build, so a module
 compiles in seconds and its launches capture into CUDA graphs like any other.
 
-A module is built once per source text, GPU architecture and ``nvcc`` version into
-``$OCTAVO_CACHE_DIR/cuda`` (default ``~/.cache/octavo/cuda``) and loaded once per device.
-Where there is no ``nvcc`` (``$CUDA_HOME/bin`` or ``PATH``) or no NVIDIA GPU, ``module``
-gives None and callers keep their Triton kernels (whether the engine uses a module at all is
-the caller's switch: ``OCTAVO_CUDA_KERNELS``). A
-launch can carry programmatic dependent launch (``octavo.kernels.pdl``); such a kernel must
-keep that module's contract (``griddepcontrol.wait`` before reading what other kernels write
-and before writing).
+A module is built once per source text (with the shared headers, ``cuda/*.cuh``), GPU
+architecture and ``nvcc`` version into ``$OCTAVO_CACHE_DIR/cuda`` (default
+``~/.cache/octavo/cuda``) and loaded once per device. Where there is no ``nvcc``
+(``$CUDA_HOME/bin`` or ``PATH``) or no NVIDIA GPU, ``module`` gives None and callers keep their
+Triton kernels (whether the engine uses a module at all is the caller's switch:
+``OCTAVO_CUDA_KERNELS``, ``OCTAVO_CUDA_DENSE``). A launch can carry programmatic dependent
+launch (``octavo.kernels.pdl``); such a kernel must keep that module's contract
+(``griddepcontrol.wait`` before reading what other kernels write and before writing).
 """
 
 from __future__ import annotations
@@ -90,7 +90,10 @@ def build(source: str, arch: str, nvcc: str | None = None, extra: tuple[str, ...
     nvcc = nvcc or nvcc_path()
     if nvcc is None:
         raise CudaError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
-    text = (SOURCE_DIR / source).read_bytes()
+    # The source and the headers it may include (octavo/kernels/cuda/*.cuh): a header's
+    # change rebuilds every source.
+    text = (SOURCE_DIR / source).read_bytes() + b"".join(
+        h.read_bytes() for h in sorted(SOURCE_DIR.glob("*.cuh")))
     flags = ["-cubin", "-O3", "-std=c++17", f"-gencode=arch=compute_{arch[3:]},code={arch}",
              *extra]
     key = hashlib.sha256(text + " ".join(flags).encode() + _nvcc_version(nvcc).encode())

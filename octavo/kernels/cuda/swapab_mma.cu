@@ -12,46 +12,24 @@
 // activations (B operand, one batch row per g) are loaded the same way: every register the
 // loads fill is an operand register as it stands, no shuffles, no shared memory.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <stdint.h>
-
-#include <type_traits>
+#include "mma_common.cuh"
 
 namespace {
+
+using octavo::pdl_wait;
+using octavo::word;
 
 constexpr int kMaxWarps = 8;
 
 // The 16-bit operand type's constants and operations (bf16 or fp16).
 template <typename T>
-struct Type {
-  static constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+struct Type : octavo::MmaType<T> {
+  static constexpr bool kBf16 = octavo::MmaType<T>::kBf16;
   // (q | magic) is exactly bias + q: bf16 128 + q (q < 128), fp16 1024 + q. The bias goes
   // into the zero point.
   static constexpr uint32_t kMagic = kBf16 ? 0x43004300u : 0x64006400u;
   static constexpr float kBias = kBf16 ? 128.0f : 1024.0f;
   static constexpr uint32_t kOnes = kBf16 ? 0x3F803F80u : 0x3C003C00u;  // two 1.0
-  // One m16n8k16 tensor-core product with float accumulators.
-  static __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1,
-                                             uint32_t a2, uint32_t a3, uint32_t b0,
-                                             uint32_t b1) {
-    if constexpr (kBf16)
-      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-          "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    else
-      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-          "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-          : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ T from_float(float v) {
-    if constexpr (kBf16)
-      return __float2bfloat16_rn(v);
-    else
-      return __float2half_rn(v);
-  }
 };
 
 // Nibble c of both int16 halves of v as two 16-bit floats bias + q: one shift, one LOP3.
@@ -72,20 +50,6 @@ __device__ __forceinline__ float scale_float(unsigned short v) {
     return __uint_as_float((uint32_t)v << 16);
   else
     return __half2float(__ushort_as_half(v));
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
-
-// Programmatic dependent launch: let the next kernel's blocks be placed, then wait for the
-// previous kernel (a no-op for a launch without the attribute). Nothing another kernel of
-// the step writes is read, and nothing is written, before this.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 // 8-bit weights: int16 row R holds two values v (bits 8v..8v+7) of output columns
@@ -291,24 +255,13 @@ __device__ __forceinline__ void swapab_mma(
   if (splits == 1) return;
   // Split over CTAs: the CTA that takes the tile's last ticket adds the partials in split
   // order (deterministic), writes the output and leaves the counter zeroed for the next call.
-  // The warp's barrier orders its partial stores before lane 0's release (acq_rel: no
-  // full fence), and lane 0's acquire before the warp's reads.
-  __syncwarp();
-  int last = 0;
-  if (lane == 0) {
-    int ticket;
-    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(ticket) : "l"(cnt + tile) : "memory");
-    last = ticket == splits - 1;
-  }
-  last = __shfl_sync(0xffffffffu, last, 0);
-  if (!last) return;
-  __syncwarp();
+  if (!octavo::last_ticket(cnt + tile, splits, lane)) return;
   each_output([&](float, size_t o) {
     float total = 0.f;
     for (int sp = 0; sp < splits; ++sp) total += __ldcg(part + (size_t)sp * M * N + o);
     out[o] = Type<T>::from_float(total);
   });
-  if (lane == 0) atomicExch(cnt + tile, 0);  // read by the next call, after this kernel
+  octavo::release_tile(cnt + tile, lane);
 }
 
 }  // namespace
