@@ -194,6 +194,25 @@ def cuda_kernels_max_m(default: int) -> int:
     return _batch_size("OCTAVO_CUDA_KERNELS_MAX_M", default)
 
 
+def cuda_dense() -> bool:
+    """OCTAVO_CUDA_DENSE (default off): on NVIDIA GPUs, float (bf16 / fp16) linears of decode
+    batches (OCTAVO_CUDA_DENSE_MIN_M..OCTAVO_CUDA_DENSE_MAX_M rows, default 1..32) run through
+    the CUDA C++ kernel octavo/kernels/cuda/dense_mma.cu (built with nvcc at first use,
+    octavo/kernels/cuda_module.py) before the GEMV / skinny GEMM / cuBLAS choice of
+    octavo/kernels/float_linear.py. Opt-in until measured against those on the H200."""
+    return _flag("OCTAVO_CUDA_DENSE", False)
+
+
+def cuda_dense_min_m(default: int) -> int:
+    """OCTAVO_CUDA_DENSE_MIN_M: the smallest batch (rows) the CUDA dense kernel takes."""
+    return _batch_size("OCTAVO_CUDA_DENSE_MIN_M", default)
+
+
+def cuda_dense_max_m(default: int) -> int:
+    """OCTAVO_CUDA_DENSE_MAX_M: the largest batch it takes (at most its 32)."""
+    return _batch_size("OCTAVO_CUDA_DENSE_MAX_M", default)
+
+
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k" or "swapab" (every layer the swap-AB kernel can hold), for the

@@ -155,6 +155,18 @@ class Module:
                f"launching {name}")
 
 
+def arguments(*values) -> list:
+    """A kernel's parameters as ctypes values, in order: a tensor as its data pointer, None as
+    a null pointer, an int as a C int."""
+    out = []
+    for v in values:
+        if v is None or isinstance(v, torch.Tensor):
+            out.append(ctypes.c_void_p(None if v is None else v.data_ptr()))
+        else:
+            out.append(ctypes.c_int(int(v)))
+    return out
+
+
 _MODULES: dict[tuple[str, torch.device], Module | None] = {}
 
 

@@ -3,7 +3,10 @@ kernels and cuBLAS: one-row batches through the CUDA-core GEMV
 (``octavo.kernels.dense_gemv``, launched with PDL), up to 16 rows of the tall-K projections
 (up to 32 of the small ones) through the skinny tensor-core GEMM
 (``octavo.kernels.skinny_gemm``), everything else cuBLAS.
-``OCTAVO_DENSE_GEMV=0`` / ``OCTAVO_SKINNY_GEMM=0`` turn the two kernels off."""
+``OCTAVO_DENSE_GEMV=0`` / ``OCTAVO_SKINNY_GEMM=0`` turn the two kernels off. With
+``OCTAVO_CUDA_DENSE=1`` batches of ``CUDA_DENSE_ROWS`` rows (capped by
+``OCTAVO_CUDA_DENSE_MIN_M`` / ``OCTAVO_CUDA_DENSE_MAX_M``) run the CUDA C++ tensor-core GEMM
+(``octavo.kernels.dense_mma``) before any of those, where it holds the shapes."""
 
 from __future__ import annotations
 
@@ -17,10 +20,21 @@ from octavo.kernels.triton_utils import HAS_TRITON
 # Qwen3-0.6B layer's GEMMs 1.8x and a Llama-3.1-8B layer's 1.12x faster than cuBLAS; at two
 # rows the Llama-8B layer was 0.78x (the second row's FMAs make the wide shapes issue-bound).
 GEMV_ROWS = 1
+# Rows sent to the CUDA dense GEMM when it is opted in (one row included until measured
+# against the GEMV).
+CUDA_DENSE_ROWS = (1, 32)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
+    if x.is_cuda and envs.cuda_dense():
+        from octavo.kernels import dense_mma
+
+        rows = x.numel() // max(1, x.shape[-1])
+        if (envs.cuda_dense_min_m(CUDA_DENSE_ROWS[0]) <= rows
+                <= min(envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1]), dense_mma.MAX_M)
+                and dense_mma.fits(x, weight, bias) and dense_mma.available(x.device)):
+            return dense_mma.dense_mma(x, weight, bias)
     if x.is_cuda and HAS_TRITON:
         from octavo.kernels import dense_gemv, skinny_gemm
 

@@ -10,6 +10,8 @@ kernels capture into graphs as they are.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from octavo.kernels.triton_utils import num_compute_units, tl, triton
@@ -38,6 +40,38 @@ def within(tiles: int, k_steps: int, device: torch.device, waves: int, most: int
     down, as the integer GEMMs were tuned): at least one, at most one per K step and
     ``most``."""
     return max(1, min(k_steps, waves * num_compute_units(device) // max(1, tiles), most))
+
+
+@dataclasses.dataclass(frozen=True)
+class WarpPlan:
+    """K over warps for the CUDA mma kernels (``swapab_mma``, ``dense_mma``): each warp of a
+    tile a range of K in whole chunks of ``steps`` 32-wide steps, the tile's warps in
+    ``splits`` CTAs of ``warps``."""
+
+    steps: int  # 32-wide K steps per chunk
+    k_per_warp: int
+    warps: int  # per CTA
+    splits: int  # CTAs per tile
+
+    @property
+    def chunk(self) -> int:
+        return 32 * self.steps
+
+
+def over_warps(k: int, tiles: int, steps: int, sms: int, warps_per_sm: int,
+               most_warps: int) -> WarpPlan:
+    """Split K (a multiple of the chunk) over warps so ``tiles`` output tiles make about
+    ``warps_per_sm`` warps per SM: each warp a whole number of chunks, none idle but in the
+    last CTA, the warps of a tile in CTAs of at most ``most_warps``."""
+    chunk = 32 * steps
+    chunks = k // chunk
+    want = max(1, -(-warps_per_sm * sms // tiles))  # warps per tile
+    per_warp = -(-chunks // min(want, chunks))
+    warps_per_tile = -(-chunks // per_warp)
+    splits = -(-warps_per_tile // most_warps)
+    warps = -(-warps_per_tile // splits)  # even CTAs: 28 warps as 4 x 7, not 8 + 8 + 8 + 4
+    per_warp = -(-chunks // (warps * splits))
+    return WarpPlan(steps, per_warp * chunk, warps, splits)
 
 
 def buffers(m: int, n: int, splits: int, like: torch.Tensor

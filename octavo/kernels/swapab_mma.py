@@ -24,14 +24,12 @@ rows slower, so the engine sends it batches of up to ``ENGINE_MAX_M`` rows.
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
-
 import torch
 
 from octavo import envs
 from octavo.kernels import cuda_module
 from octavo.kernels import pdl as pdl_mod
+from octavo.kernels.split_k import WarpPlan, over_warps
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import num_compute_units
@@ -43,16 +41,8 @@ ROWS = 16  # int16 rows of the layout per warp tile: 64 output columns
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    steps: int  # 32-wide K steps per chunk (1, 2, 4): the chunk lies inside one group
-    k_per_warp: int
-    warps: int  # per CTA
-    splits: int  # CTAs per tile
-
-    @property
-    def chunk(self) -> int:
-        return 32 * self.steps
+# (steps, k_per_warp, warps, splits); the chunk lies inside one group.
+Plan = WarpPlan
 
 
 def supports(m: int, k: int, n: int, group_size: int, bits: int, dtype: torch.dtype) -> bool:
@@ -79,16 +69,7 @@ def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PE
     whole number of chunks, the warps of a tile in CTAs of at most ``most_warps``."""
     if steps is None:
         steps = default_steps(group_size)
-    chunk = 32 * steps
-    tiles = n // (16 // bits * ROWS)
-    chunks = k // chunk
-    want = max(1, -(-warps_per_sm * sms // tiles))  # warps per tile
-    per_warp = -(-chunks // min(want, chunks))
-    warps_per_tile = -(-chunks // per_warp)
-    splits = -(-warps_per_tile // most_warps)
-    warps = -(-warps_per_tile // splits)  # even CTAs: 28 warps as 4 x 7, not 8 + 8 + 8 + 4
-    per_warp = -(-chunks // (warps * splits))
-    return Plan(steps, per_warp * chunk, warps, splits)
+    return over_warps(k, n // (16 // bits * ROWS), steps, sms, warps_per_sm, most_warps)
 
 
 def available(device: torch.device) -> bool:
@@ -141,10 +122,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     tiles = qweight.shape[0] // ROWS
     out, partial = split_k_buffers(m, n, p.splits, x2)
     cnt = split_k_counters(x2.device, tiles)
-    ptr = ctypes.c_void_p
-    args = [ptr(x2.data_ptr()), ptr(qweight.data_ptr()), ptr(scales.data_ptr()),
-            ptr(zeros.data_ptr()), ptr(out.data_ptr()), ptr(partial.data_ptr()),
-            ptr(cnt.data_ptr()), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k),
-            ctypes.c_int(x2.stride(0)), ctypes.c_int(p.k_per_warp), ctypes.c_int(group_size)]
+    args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, cnt, m, n, k,
+                                 x2.stride(0), p.k_per_warp, group_size)
     mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device))
     return out

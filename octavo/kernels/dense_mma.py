@@ -1,0 +1,142 @@
+"""Float (bf16 / fp16) GEMM for decode batches of 1-32 rows in CUDA C++
+(``octavo/kernels/cuda/dense_mma.cu``): ``y = x @ W.T (+ b)`` with W in nn.Linear's [N, K]
+layout as loaded, on the tensor cores' ``mma.sync`` with the weights as the A operand.
+
+Why: on an H200 a Qwen3-0.6B decode step at batch 2-32 spends ~27 us per layer in its four
+projections (cuBLAS and the Triton skinny GEMM) for 31.5 MB of weights, 6.5 us at HBM speed:
+those kernels are bound by launch and latency, not bandwidth. This is ``swapab_mma`` without
+the dequantization: each lane loads 16 bytes of two weight rows straight into the registers
+the mma takes (the K order inside a 32-wide step is chosen so, the activations loaded the
+same way), one chunk of loads ahead of the products; the first chunk's weights are loaded
+before ``griddepcontrol.wait`` (no kernel of the step writes weights), so under programmatic
+dependent launch they stream while the previous kernel ends. A warp computes NT tiles of 16
+output features for MT tiles of 8 rows (NT = 2: a warp's activation loads serve two weight
+tiles); K is split over the warps of a CTA (summed in shared memory) and over CTAs (the CTA
+with the last ticket sums the partials, ``octavo.kernels.split_k``) so that the launch holds
+about ``WARPS_PER_SM`` warps per SM. Bias is added once, in the final store.
+
+Not yet measured: ``float_linear`` uses it only with ``OCTAVO_CUDA_DENSE=1``;
+``benchmarks/skinny_gemm.py --paths`` / ``--cuda-sweep`` time it against the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from octavo import envs
+from octavo.kernels import cuda_module
+from octavo.kernels import pdl as pdl_mod
+from octavo.kernels.split_k import WarpPlan, over_warps
+from octavo.kernels.split_k import buffers as split_k_buffers
+from octavo.kernels.split_k import counters as split_k_counters
+from octavo.kernels.swapab_mma import WARPS_PER_SM
+from octavo.kernels.triton_utils import num_compute_units
+
+SOURCE = "dense_mma.cu"
+MAX_M = 32
+MAX_WARPS = 8  # the kernel's shared reduction buffer
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+# (MT, NT, STEPS) built (cuda/dense_mma.cu): the register budget of two chunks of operands,
+# (2 NT + MT) STEPS uint4 twice, within 255 registers and no spills. Registers per thread
+# (ptxas, sm_90, bf16 = fp16): m1 n1 s1/2/4/8 48/61/116/210, m1 n2 s1/2/4 64/110/178,
+# m2 n1 s1/2/4 66/92/170, m2 n2 s1/2/4 74/126/226, m4 n1 s1/2/4 76/124/228, m4 n2 s1/2 112/178.
+VARIANTS = frozenset(
+    [(1, 1, s) for s in (1, 2, 4, 8)] + [(mt, nt, s) for mt, nt in ((1, 2), (2, 1), (2, 2), (4, 1))
+                                         for s in (1, 2, 4)] + [(4, 2, 1), (4, 2, 2)])
+
+
+def batch_tiles(m: int) -> int:
+    """MT: tiles of 8 rows for ``m`` rows (1, 2 or 4)."""
+    return 1 if m <= 8 else (2 if m <= 16 else 4)
+
+
+def supports(m: int, k: int, n: int, dtype: torch.dtype) -> bool:
+    return 1 <= m <= MAX_M and dtype in _DTYPES and k > 0 and k % 32 == 0 and n % 16 == 0
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether ``dense_mma(x, weight, bias)`` runs as the tensors are: a supported shape and
+    dtype, the weight contiguous with 16-byte aligned rows, the bias (if any) [N] of x's
+    dtype. (x of any layout: the call copies it where its rows are not 16-byte aligned.)"""
+    if not x.is_cuda or weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        return False
+    n, k = weight.shape
+    return (supports(x.numel() // max(1, k), k, n, x.dtype) and weight.dtype == x.dtype
+            and weight.is_contiguous() and weight.data_ptr() % 16 == 0
+            and (bias is None or (bias.dtype == x.dtype and bias.shape == (n,)
+                                  and bias.is_contiguous())))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    split: WarpPlan  # K over warps and CTAs
+    mt: int  # tiles of 8 rows per warp
+    nt: int  # tiles of 16 features per warp
+    tiles: int  # CTAs along N
+
+    def kernel(self, dtype: torch.dtype) -> str:
+        return f"dense_mma_{_DTYPES[dtype]}_m{self.mt}_n{self.nt}_s{self.split.steps}"
+
+
+def default_nt(m: int, n: int) -> int:
+    """Two feature tiles per warp from 9 rows on (each activation load then serves twice the
+    weights; at one batch tile the x loads are half the weights' and N tiles are worth more).
+    A guess until ``benchmarks/skinny_gemm.py --cuda-sweep`` has run."""
+    return 2 if batch_tiles(m) >= 2 and n % 32 == 0 else 1
+
+
+def default_steps(mt: int, nt: int, k: int) -> int:
+    """Chunks of 4 K steps (swapab_mma's sweep winner) where built and K allows, else fewer."""
+    return next(s for s in (4, 2, 1) if (mt, nt, s) in VARIANTS and (k // 32) % s == 0)
+
+
+def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
+         steps: int | None = None, most_warps: int = MAX_WARPS, nt: int | None = None) -> Plan:
+    """The launch for ``m`` rows: about ``warps_per_sm`` warps per SM over N / (16 nt) tiles,
+    each warp a whole number of chunks of ``steps`` K steps (``split_k.over_warps``)."""
+    mt = batch_tiles(m)
+    nt = nt or default_nt(m, n)
+    steps = steps or default_steps(mt, nt, k)
+    if (mt, nt, steps) not in VARIANTS or n % (16 * nt) or k % (32 * steps):
+        raise ValueError(f"dense_mma: no kernel for M={m} (MT={mt}), NT={nt}, {steps} steps "
+                         f"at K={k}, N={n}")
+    tiles = n // (16 * nt)
+    return Plan(over_warps(k, tiles, steps, sms, warps_per_sm, min(most_warps, MAX_WARPS)),
+                mt, nt, tiles)
+
+
+def available(device: torch.device) -> bool:
+    """Whether the engine's float layers use this kernel on ``device``: opted in
+    (``OCTAVO_CUDA_DENSE=1``) and built (nvcc, an NVIDIA GPU)."""
+    return envs.cuda_dense() and cuda_module.module(SOURCE, device) is not None
+
+
+def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+              warps_per_sm: int = WARPS_PER_SM, steps: int | None = None,
+              most_warps: int = MAX_WARPS, nt: int | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for x [..., K] of at most MAX_M rows (float32
+    accumulation, rounded once to x's dtype). The tuning arguments exist for the benchmarks."""
+    if not fits(x, weight, bias):
+        raise ValueError(f"dense_mma: x {tuple(x.shape)} {x.dtype}, weight "
+                         f"{tuple(weight.shape)} {weight.dtype}, bias "
+                         f"{None if bias is None else (tuple(bias.shape), bias.dtype)} "
+                         "is not supported")
+    shape = x.shape
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+        x2 = x2.contiguous()  # 16-byte activation loads
+    mod = cuda_module.module(SOURCE, x2.device)
+    if mod is None:
+        raise RuntimeError("dense_mma: the CUDA kernels are unavailable on this device")
+    p = plan(m, k, n, num_compute_units(x2.device), warps_per_sm, steps, most_warps, nt)
+    out, partial = split_k_buffers(m, n, p.split.splits, x2)
+    cnt = split_k_counters(x2.device, p.tiles)
+    args = cuda_module.arguments(x2, weight, bias, out, partial, cnt, m, n, k, x2.stride(0),
+                                 p.split.k_per_warp)
+    mod.launch(p.kernel(x2.dtype), (p.tiles, p.split.splits, 1), 32 * p.split.warps, args,
+               pdl=pdl_mod.enabled(x2.device))
+    return out.reshape(*shape[:-1], n)
