@@ -9,6 +9,13 @@ over cuBLAS and the fraction of HBM bandwidth; ``--sweep`` / ``--sweep-gemv`` ti
 configurations of the skinny GEMM / the GEMV.
 
     python benchmarks/skinny_gemm.py [--m 1 4 16] [--sweep] [--sweep-gemv] [--json out.json]
+    python benchmarks/skinny_gemm.py --paths cublas skinny gemv cuda --m 1 2 4 8 16 32
+    python benchmarks/skinny_gemm.py --cuda-sweep --m 1 8 16 32   # dense_mma's launch plans
+
+``--paths`` times the kernels side by side (``cuda``: the CUDA C++ GEMM of
+octavo/kernels/dense_mma.py, whatever ``OCTAVO_CUDA_DENSE`` says; ``gemv`` only at the rows
+the GEMV takes) and sums one layer's projections per path; ``--cuda-sweep`` times that
+kernel's plans (warps per SM x K steps per chunk x feature tiles per warp).
 """
 
 from __future__ import annotations
@@ -46,7 +53,15 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-gemv", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--paths", nargs="+", choices=sorted(PATHS), default=None,
+                    help="time these kernels side by side per shape and M (a table)")
+    ap.add_argument("--cuda-sweep", action="store_true",
+                    help="the CUDA dense GEMM over launch plans per shape and M")
     args = ap.parse_args()
+    if args.paths:
+        return paths_table(args)
+    if args.cuda_sweep:
+        return cuda_sweep(args)
     import torch
     import torch.nn.functional as F
 
@@ -128,6 +143,146 @@ def main() -> None:
             json.dump(result, f, indent=1)
     else:
         print_json_result(result)
+
+
+def _gemv(x, w):
+    from octavo.kernels.dense_gemv import dense_gemv
+
+    return dense_gemv(x, w)
+
+
+def _skinny(x, w):
+    from octavo.kernels.skinny_gemm import skinny_gemm
+
+    return skinny_gemm(x, w)
+
+
+def _cuda(x, w, **plan):
+    from octavo.kernels.dense_mma import dense_mma
+
+    return dense_mma(x, w, **plan)
+
+
+def _cublas(x, w):
+    import torch.nn.functional as F
+
+    return F.linear(x, w)
+
+
+PATHS = {"cublas": _cublas, "skinny": _skinny, "gemv": _gemv, "cuda": _cuda}
+
+
+def _weight_copies(n: int, k: int):
+    """Enough bf16 [N, K] weights that a sweep over them reads several times the L2."""
+    import torch
+
+    copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 32 for _ in range(copies)]
+
+
+def paths_table(args) -> None:
+    """Microseconds per call of each of ``args.paths`` per shape and M, the fraction of HBM
+    bandwidth and the largest difference from cuBLAS; one layer's sum per path."""
+    import torch
+
+    from octavo.kernels.dense_gemv import MAX_M as GEMV_MAX_M
+
+    bandwidth, _, limits = device_limits()
+    rows = []
+    print(f"{'model':13} {'shape':8} {'M':>3} " + " ".join(f"{p + '_us':>10}" for p in args.paths)
+          + "  hbm fraction of the best", flush=True)
+    for model, shapes in SHAPES.items():
+        for name, (n, k) in shapes.items():
+            ws = _weight_copies(n, k)
+            for m in args.m:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                ref = _cublas(x, ws[0]).float()
+                row = {"model": model, "shape": name, "N": n, "K": k, "M": m}
+                for path in args.paths:
+                    if path == "gemv" and m > GEMV_MAX_M:
+                        continue
+                    fn = PATHS[path]
+                    try:
+                        t = timed([lambda w=w, fn=fn, x=x: fn(x, w) for w in ws])
+                    except Exception as e:  # noqa: BLE001 - recorded, the table goes on
+                        row[f"{path}_error"] = f"{type(e).__name__}: {e}"[:160]
+                        continue
+                    row[f"{path}_us"] = round(t, 2)
+                    row[f"{path}_hbm_fraction"] = round(n * k * 2 / (t * 1e-6) / bandwidth, 3)
+                    row[f"{path}_max_abs_diff"] = float((fn(x, ws[0]).float() - ref).abs().max())
+                rows.append(row)
+                times = [row.get(f"{p}_us") for p in args.paths]
+                best = min((t for t in times if t is not None), default=None)
+                print(f"{model:13} {name:8} {m:>3} "
+                      + " ".join(f"{t if t is not None else '-':>10}" for t in times)
+                      + (f"  {n * k * 2 / (best * 1e-6) / bandwidth:.2f}" if best else ""),
+                      flush=True)
+            del ws
+            torch.cuda.empty_cache()
+    per_layer = {}
+    for model in SHAPES:
+        for m in args.m:
+            sel = [r for r in rows if r["model"] == model and r["M"] == m
+                   and r["shape"] != "lm_head"]
+            per_layer[f"{model} M={m}"] = {
+                f"{p}_us": round(sum(r[f"{p}_us"] for r in sel), 1) for p in args.paths
+                if sel and all(f"{p}_us" in r for r in sel)}
+            print(f"one {model} layer's GEMMs at M={m}: {per_layer[f'{model} M={m}']}")
+    print_json_result({"benchmark": "skinny_gemm_paths", "device": device_info(),
+                       "limits": limits, "commit": git_commit(), "paths": args.paths,
+                       "rows": rows, "per_layer": per_layer}, args.json)
+
+
+def cuda_sweep(args) -> None:
+    """The CUDA dense GEMM (octavo/kernels/dense_mma.py) over launch plans per shape and M:
+    the default plan, the best and every plan (a plan with no built kernel is recorded as an
+    error)."""
+    import torch
+
+    from octavo.kernels.dense_mma import WARPS_PER_SM
+
+    bandwidth, _, limits = device_limits()
+    plans = [None] + [{"warps_per_sm": w, "steps": st, "nt": nt}
+                      for w in (4, 6, 8, 12) for st in (2, 4, 8) for nt in (1, 2)]
+    rows = []
+    for model, shapes in SHAPES.items():
+        for name, (n, k) in shapes.items():
+            if name == "lm_head":
+                continue
+            ws = _weight_copies(n, k)
+            for m in args.m:
+                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                results = time_each(timed, plans, lambda cfg, x=x, ws=ws: [
+                    lambda w=w: _cuda(x, w, **(cfg or {})) for w in ws])
+                ok = [r for r in results if "us" in r]
+                for r in ok:
+                    r["hbm_fraction"] = round(n * k * 2 / (r["us"] * 1e-6) / bandwidth, 3)
+                best = min(ok, key=lambda r: r["us"])
+                default = results[0]
+                t_ref = timed([lambda w=w, x=x: _cublas(x, w) for w in ws])
+                rows.append({"model": model, "shape": name, "N": n, "K": k, "M": m,
+                             "cublas_us": round(t_ref, 2), "default": default, "best": best,
+                             "all": results})
+                print(f"{model} {name} M={m}: cublas {t_ref:.2f} us, default "
+                      f"{default.get('us')} us, best {best['us']} us {best['cfg']} "
+                      f"({best['hbm_fraction']:.0%} of HBM)", flush=True)
+            del ws
+            torch.cuda.empty_cache()
+    # Per plan, one layer's sum at each M: the plan to make the default.
+    totals = {}
+    for model in SHAPES:
+        for m in args.m:
+            sel = [r for r in rows if r["model"] == model and r["M"] == m]
+            sums = [[cfg, round(sum(r["all"][i]["us"] for r in sel), 1)]
+                    for i, cfg in enumerate(plans) if all("us" in r["all"][i] for r in sel)]
+            totals[f"{model} M={m}"] = sums
+            default = next((us for cfg, us in sums if cfg is None), None)
+            best = min(sums, key=lambda c: c[1], default=None)
+            print(f"one {model} layer at M={m}: default plan (warps_per_sm={WARPS_PER_SM}) "
+                  f"{default} us, best {best}")
+    print_json_result({"benchmark": "skinny_gemm_cuda_sweep", "device": device_info(),
+                       "limits": limits, "commit": git_commit(), "rows": rows,
+                       "layer_totals": totals}, args.json)
 
 
 def _time_configs(timed, fn, x, ws, cfgs, label):
