@@ -122,18 +122,14 @@ def main() -> None:
             del ws
             torch.cuda.empty_cache()
     per_layer = {}
-    for model in SHAPES:
-        for m in args.m:
-            sel = [r for r in rows if r["model"] == model and r["M"] == m
-                   and r["shape"] != "lm_head"]
-            c, s = sum(r["cublas_us"] for r in sel), sum(r["skinny_us"] for r in sel)
-            per_layer[f"{model} M={m}"] = {"cublas_us": round(c, 1), "skinny_us": round(s, 1),
-                                           "speedup": round(c / s, 2)}
-            if all("gemv_us" in r for r in sel):
-                g = sum(r["gemv_us"] for r in sel)
-                per_layer[f"{model} M={m}"].update(gemv_us=round(g, 1),
-                                                   gemv_speedup=round(c / g, 2))
-            print(f"one {model} layer's GEMMs at M={m}: {per_layer[f'{model} M={m}']}")
+    for label, sel in _layers(rows, args.m):
+        c, s = sum(r["cublas_us"] for r in sel), sum(r["skinny_us"] for r in sel)
+        per_layer[label] = {"cublas_us": round(c, 1), "skinny_us": round(s, 1),
+                            "speedup": round(c / s, 2)}
+        if all("gemv_us" in r for r in sel):
+            g = sum(r["gemv_us"] for r in sel)
+            per_layer[label].update(gemv_us=round(g, 1), gemv_speedup=round(c / g, 2))
+        print(f"one {label} layer's GEMMs: {per_layer[label]}")
     result = {"benchmark": "skinny_gemm", "device": device_info(), "limits": limits,
               "commit": git_commit(), "rows": rows, "per_layer": per_layer}
     if args.json:
@@ -143,6 +139,14 @@ def main() -> None:
             json.dump(result, f, indent=1)
     else:
         print_json_result(result)
+
+
+def _layers(rows, ms):
+    """(label, the rows of one layer's projections: the LM head apart) per model and M."""
+    for model in SHAPES:
+        for m in ms:
+            yield f"{model} M={m}", [r for r in rows if r["model"] == model and r["M"] == m
+                                     and r["shape"] != "lm_head"]
 
 
 def _gemv(x, w):
@@ -220,14 +224,10 @@ def paths_table(args) -> None:
             del ws
             torch.cuda.empty_cache()
     per_layer = {}
-    for model in SHAPES:
-        for m in args.m:
-            sel = [r for r in rows if r["model"] == model and r["M"] == m
-                   and r["shape"] != "lm_head"]
-            per_layer[f"{model} M={m}"] = {
-                f"{p}_us": round(sum(r[f"{p}_us"] for r in sel), 1) for p in args.paths
-                if sel and all(f"{p}_us" in r for r in sel)}
-            print(f"one {model} layer's GEMMs at M={m}: {per_layer[f'{model} M={m}']}")
+    for label, sel in _layers(rows, args.m):
+        per_layer[label] = {f"{p}_us": round(sum(r[f"{p}_us"] for r in sel), 1)
+                            for p in args.paths if sel and all(f"{p}_us" in r for r in sel)}
+        print(f"one {label} layer's GEMMs: {per_layer[label]}")
     print_json_result({"benchmark": "skinny_gemm_paths", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "paths": args.paths,
                        "rows": rows, "per_layer": per_layer}, args.json)
@@ -270,16 +270,14 @@ def cuda_sweep(args) -> None:
             torch.cuda.empty_cache()
     # Per plan, one layer's sum at each M: the plan to make the default.
     totals = {}
-    for model in SHAPES:
-        for m in args.m:
-            sel = [r for r in rows if r["model"] == model and r["M"] == m]
-            sums = [[cfg, round(sum(r["all"][i]["us"] for r in sel), 1)]
-                    for i, cfg in enumerate(plans) if all("us" in r["all"][i] for r in sel)]
-            totals[f"{model} M={m}"] = sums
-            default = next((us for cfg, us in sums if cfg is None), None)
-            best = min(sums, key=lambda c: c[1], default=None)
-            print(f"one {model} layer at M={m}: default plan (warps_per_sm={WARPS_PER_SM}) "
-                  f"{default} us, best {best}")
+    for label, sel in _layers(rows, args.m):
+        sums = [[cfg, round(sum(r["all"][i]["us"] for r in sel), 1)]
+                for i, cfg in enumerate(plans) if all("us" in r["all"][i] for r in sel)]
+        totals[label] = sums
+        default = next((us for cfg, us in sums if cfg is None), None)
+        best = min(sums, key=lambda c: c[1], default=None)
+        print(f"one {label} layer: default plan (warps_per_sm={WARPS_PER_SM}) {default} us, "
+              f"best {best}")
     print_json_result({"benchmark": "skinny_gemm_cuda_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "rows": rows,
                        "layer_totals": totals}, args.json)

@@ -40,7 +40,7 @@ MAX_WARPS = 8  # the kernel's shared reduction buffer
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 # (MT, NT, STEPS) built (cuda/dense_mma.cu): the register budget of two chunks of operands,
 # (2 NT + MT) STEPS uint4 twice, within 255 registers and no spills. Registers per thread
-# (ptxas, sm_90, bf16 = fp16): m1 n1 s1/2/4/8 48/61/116/210, m1 n2 s1/2/4 64/110/178,
+# (ptxas, sm_90, bf16 = fp16): m1 n1 s1/2/4/8 48/70/116/210, m1 n2 s1/2/4 64/110/178,
 # m2 n1 s1/2/4 66/92/170, m2 n2 s1/2/4 74/126/226, m4 n1 s1/2/4 76/124/228, m4 n2 s1/2 112/178.
 VARIANTS = frozenset(
     [(1, 1, s) for s in (1, 2, 4, 8)] + [(mt, nt, s) for mt, nt in ((1, 2), (2, 1), (2, 2), (4, 1))

@@ -7,8 +7,6 @@ replays, the engine)."""
 from __future__ import annotations
 
 import functools
-import re
-import subprocess
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ import torch
 
 from octavo.kernels import cuda_module, dense_mma
 from octavo.kernels.dense_mma import VARIANTS, plan, supports
+from tests.kernels import cuda_checks
 
 NAMES = [f"dense_mma_{t}_m{mt}_n{nt}_s{s}" for t in ("bf16", "f16")
          for mt, nt, s in sorted(VARIANTS)]
@@ -76,42 +75,13 @@ def test_fits_wants_cuda_tensors():
 
 
 def test_unavailable_without_a_gpu_or_unless_opted_in(monkeypatch):
-    assert cuda_module.module(dense_mma.SOURCE, torch.device("cpu")) is None
-    monkeypatch.setattr(cuda_module, "module", lambda source, device: object())  # "built"
-    monkeypatch.delenv("OCTAVO_CUDA_DENSE", raising=False)
-    assert not dense_mma.available(torch.device("cuda", 0))  # off by default
-    monkeypatch.setenv("OCTAVO_CUDA_DENSE", "0")
-    assert not dense_mma.available(torch.device("cuda", 0))
-    monkeypatch.setenv("OCTAVO_CUDA_DENSE", "1")
-    assert dense_mma.available(torch.device("cuda", 0))
+    cuda_checks.check_switch(monkeypatch, dense_mma, "OCTAVO_CUDA_DENSE", default=False)
 
 
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="no nvcc on this machine")
 def test_the_source_builds_for_hopper_without_spills(tmp_path, monkeypatch):
-    monkeypatch.setenv("OCTAVO_CACHE_DIR", str(tmp_path))
-    runs = []
-    real_run = subprocess.run
-
-    def run(cmd, **kw):  # one nvcc build, with ptxas's report (nvcc -Xptxas -v) kept
-        proc = real_run(cmd, **kw)
-        runs.append((cmd, proc))
-        return proc
-
-    monkeypatch.setattr(cuda_module.subprocess, "run", run)
-    cubin = cuda_module.build(dense_mma.SOURCE, "sm_90", extra=("-Xptxas", "-v"))
-    data = cubin.read_bytes()
-    assert cubin.parent == tmp_path / "cuda"
-    for name in NAMES:
-        assert name.encode() in data, name
-    builds = [proc for cmd, proc in runs if "-cubin" in cmd]
-    assert len(builds) == 1
-    assert cuda_module.build(dense_mma.SOURCE, "sm_90", extra=("-Xptxas", "-v")) == cubin
-    assert len([cmd for cmd, _ in runs if "-cubin" in cmd]) == 1  # cached: no second build
-    # ptxas's report: every kernel built (VARIANTS) fits its registers, no spills.
-    report = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores",
-                        builds[0].stderr, re.S)
-    assert sorted(name for name, _ in report) == sorted(NAMES)
-    assert all(int(spilled) == 0 for _, spilled in report), report
+    spills = cuda_checks.build_once(dense_mma.SOURCE, NAMES, tmp_path, monkeypatch)
+    assert not any(spills.values()), spills  # every kernel built (VARIANTS) fits, no spills
 
 
 # --- the kernel's mapping, emulated on the CPU ----------------------------------------------
@@ -275,7 +245,8 @@ def test_matches_the_float64_reference_at_every_batch_gpu(n, k, dtype, with_bias
     (6, 8, 8, 1), (12, 8, 2, 2), (8, 4, None, None)])
 def test_every_plan_gives_the_same_answer_gpu(m, per_sm, most_warps, steps, nt):
     """Plans from one warp per tile to K split over several CTAs (the last-ticket sum), with
-    idle warps in the last CTA; the split-K counters are left zeroed."""
+    idle warps in the last CTA: the same answer call after call, the split-K counters left
+    zeroed."""
     from octavo.kernels import split_k
 
     w, bias = _weights(1024, 2048, torch.bfloat16)
@@ -288,22 +259,9 @@ def test_every_plan_gives_the_same_answer_gpu(m, per_sm, most_warps, steps, nt):
                               most_warps=most_warps, nt=nt)
     ref = x.double() @ w.double().T + bias.double()
     assert _rel_rows(out, ref) < 8e-3, p
-    torch.cuda.synchronize()
-    assert not split_k.counters(x.device, 1).any()
-
-
-@pytest.mark.gpu
-@gpu
-def test_split_plans_are_deterministic_and_leave_counters_zeroed_gpu():
-    from octavo.kernels import split_k
-
-    w, _ = _weights(1024, 3072, torch.bfloat16)
-    x = torch.randn(4, 3072, device="cuda", dtype=torch.bfloat16)
-    assert plan(4, 3072, 1024, torch.cuda.get_device_properties(0).multi_processor_count
-                ).split.splits > 1
-    first = dense_mma.dense_mma(x, w)
-    for _ in range(5):
-        assert torch.equal(dense_mma.dense_mma(x, w), first)
+    again = dense_mma.dense_mma(x, w, bias, warps_per_sm=per_sm, steps=steps,
+                                most_warps=most_warps, nt=nt)
+    assert torch.equal(again, out)  # the split sums in a fixed order
     torch.cuda.synchronize()
     assert not split_k.counters(x.device, 1).any()
 
@@ -337,10 +295,7 @@ def test_float_linear_routes_the_opted_in_rows_gpu(monkeypatch):
 
     from octavo.kernels.float_linear import linear
 
-    calls = []
-    real = dense_mma.dense_mma
-    monkeypatch.setattr(dense_mma, "dense_mma",
-                        lambda x, *a, **kw: calls.append(x.shape[0]) or real(x, *a, **kw))
+    calls = cuda_checks.count_rows(monkeypatch, dense_mma, "dense_mma")
     w, bias = _weights(1024, 2048, torch.bfloat16)
     xs = {m: torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16) for m in (1, 2, 32, 33)}
 
@@ -390,10 +345,7 @@ def test_engine_decode_through_the_kernel_matches_the_default_kernels_gpu(tmp_pa
     """A bf16 Qwen3 (random weights) decodes greedily through the CUDA dense kernel (calls
     counted; eagerly and under CUDA graphs) with the logprobs of the default kernels' engine
     (OCTAVO_CUDA_DENSE=0), step by step while the two agree on the token."""
-    import gc
     import json
-
-    from octavo import LLM, SamplingParams
 
     config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 512,
               "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
@@ -401,36 +353,14 @@ def test_engine_decode_through_the_kernel_matches_the_default_kernels_gpu(tmp_pa
               "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
               "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    prompts = [{"prompt_token_ids": list(range(i, i + 20 + 3 * i))} for i in range(6)]
-    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=1, ignore_eos=True)
-    calls = []
-    real = dense_mma.dense_mma
-    monkeypatch.setattr(dense_mma, "dense_mma",
-                        lambda x, *a, **k: calls.append(x.numel() // x.shape[-1])
-                        or real(x, *a, **k))
+    calls = cuda_checks.count_rows(monkeypatch, dense_mma, "dense_mma")
 
     def run(cuda: bool, enforce_eager: bool):
         monkeypatch.setenv("OCTAVO_CUDA_DENSE", "1" if cuda else "0")
-        llm = LLM(model=str(tmp_path), load_format="dummy", dtype="bfloat16", seed=0,
-                  skip_tokenizer_init=True, max_model_len=256, gpu_memory_utilization=0.2,
-                  enforce_eager=enforce_eager)
-        _liven(llm.llm_engine.executor.worker.runner.model)
-        outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
-        return [(list(o.token_ids), [lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)])
-                for o in outs]
+        return cuda_checks.greedy_decode(tmp_path, _liven, enforce_eager)
 
     default_out = run(False, True)
     assert not calls
     cuda_out = run(True, eager)
     assert calls and max(calls) <= 32  # the decode steps' batches (graphs: at capture)
-    compared = 0
-    for (d_ids, d_lp), (c_ids, c_lp) in zip(default_out, cuda_out):
-        for i in range(len(d_ids)):
-            assert abs(c_lp[i] - d_lp[i]) < 0.1, (i, c_lp, d_lp)
-            compared += 1
-            if c_ids[i] != d_ids[i]:
-                break
-    assert compared >= 3 * len(prompts)
+    assert cuda_checks.compare_decodes(default_out, cuda_out) >= 3 * len(cuda_checks.PROMPTS)

@@ -4,14 +4,12 @@ GPU (every batch size 1-16, group sizes, split and unsplit tiles, PDL, graph rep
 
 from __future__ import annotations
 
-import re
-import subprocess
-
 import pytest
 import torch
 
 from octavo.kernels import cuda_module, swapab_mma
 from octavo.kernels.swapab_mma import plan, supports
+from tests.kernels import cuda_checks
 
 NAMES = [f"swapab_mma_{t}_{sc}_w{b}_m{m}_s{s}" for t in ("bf16", "f16")
          for sc in ("bf16", "f16") for b in (4, 8) for m in (8, 16) for s in (1, 2, 4)]
@@ -51,45 +49,16 @@ def test_supports():
 
 
 def test_available_where_built_unless_turned_off(monkeypatch):
-    assert cuda_module.module(swapab_mma.SOURCE, torch.device("cpu")) is None
-    monkeypatch.setattr(cuda_module, "module", lambda source, device: object())  # "built"
-    monkeypatch.delenv("OCTAVO_CUDA_KERNELS", raising=False)
-    assert swapab_mma.available(torch.device("cuda", 0))  # on by default
-    monkeypatch.setenv("OCTAVO_CUDA_KERNELS", "0")
-    assert not swapab_mma.available(torch.device("cuda", 0))
-    monkeypatch.setattr(cuda_module, "module", lambda source, device: None)  # no nvcc
-    monkeypatch.setenv("OCTAVO_CUDA_KERNELS", "1")
-    assert not swapab_mma.available(torch.device("cuda", 0))
+    cuda_checks.check_switch(monkeypatch, swapab_mma, "OCTAVO_CUDA_KERNELS", default=True)
 
 
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="no nvcc on this machine")
 def test_the_source_builds_for_hopper_without_spills(tmp_path, monkeypatch):
-    monkeypatch.setenv("OCTAVO_CACHE_DIR", str(tmp_path))
-    runs = []
-    real_run = subprocess.run
-
-    def run(cmd, **kw):  # one nvcc build, with ptxas's report (nvcc -Xptxas -v) kept
-        proc = real_run(cmd, **kw)
-        runs.append((cmd, proc))
-        return proc
-
-    monkeypatch.setattr(cuda_module.subprocess, "run", run)
-    cubin = cuda_module.build(swapab_mma.SOURCE, "sm_90", extra=("-Xptxas", "-v"))
-    data = cubin.read_bytes()
-    assert cubin.parent == tmp_path / "cuda"
-    for name in NAMES:
-        assert name.encode() in data, name
-    builds = [proc for cmd, proc in runs if "-cubin" in cmd]
-    assert len(builds) == 1
-    assert cuda_module.build(swapab_mma.SOURCE, "sm_90", extra=("-Xptxas", "-v")) == cubin
-    assert len([cmd for cmd, _ in runs if "-cubin" in cmd]) == 1  # cached: no second build
-    # ptxas's report: the batch-8 kernels (up to 8 rows: the decode path) spill nothing; the
-    # 16-row ones at most a word or two (ptxas chose 128 registers for one, 4 bytes spilled).
-    report = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores",
-                        builds[0].stderr, re.S)
-    assert sorted(name for name, _ in report) == sorted(NAMES)
-    for name, spilled in report:
-        assert int(spilled) <= (0 if "_m8_" in name else 8), (name, spilled)
+    spills = cuda_checks.build_once(swapab_mma.SOURCE, NAMES, tmp_path, monkeypatch)
+    # The batch-8 kernels (up to 8 rows: the decode path) spill nothing; the 16-row ones at
+    # most a word or two (ptxas chose 128 registers for one, 4 bytes spilled).
+    for name, spilled in spills.items():
+        assert spilled <= (0 if "_m8_" in name else 8), (name, spilled)
 
 
 def test_a_source_that_does_not_compile_names_nvcc_s_error(tmp_path, monkeypatch):
@@ -217,10 +186,7 @@ def test_engine_decode_through_the_kernel_matches_the_triton_kernels_gpu(tmp_pat
     """A bf16 GPTQ 4-bit Llama (dummy weights, every projection 256-column aligned) decodes
     through the CUDA kernel (calls counted) with the logprobs of the Triton kernels' engine
     (OCTAVO_CUDA_KERNELS=0), step by step while the two agree on the token."""
-    import gc
     import json
-
-    from octavo import LLM, SamplingParams
 
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
               "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
@@ -229,39 +195,19 @@ def test_engine_decode_through_the_kernel_matches_the_triton_kernels_gpu(tmp_pat
               "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64,
                                       "desc_act": False, "sym": True}}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    prompts = [{"prompt_token_ids": list(range(i, i + 20 + 3 * i))} for i in range(6)]
-    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=1, ignore_eos=True)
-    calls = []
-    real = swapab_mma.swapab_mma
-    monkeypatch.setattr(swapab_mma, "swapab_mma",
-                        lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    calls = cuda_checks.count_rows(monkeypatch, swapab_mma, "swapab_mma")
 
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")  # layers below the size rule's
 
     def run(cuda: bool):
         monkeypatch.setenv("OCTAVO_CUDA_KERNELS", "1" if cuda else "0")
-        llm = LLM(model=str(tmp_path), load_format="dummy", dtype="bfloat16", seed=0,
-                  skip_tokenizer_init=True, max_model_len=256, gpu_memory_utilization=0.2,
-                  enforce_eager=True)
-        _liven(llm.llm_engine.executor.worker.runner.model)
-        outs = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
-        return [(list(o.token_ids), [lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)])
-                for o in outs]
+        return cuda_checks.greedy_decode(tmp_path, _liven)
 
     triton_out = run(False)
     assert not calls
     cuda_out = run(True)
-    assert calls and max(calls) <= len(prompts)  # the decode steps' batches
-    compared = 0
-    for (t_ids, t_lp), (c_ids, c_lp) in zip(triton_out, cuda_out):
+    assert calls and max(calls) <= len(cuda_checks.PROMPTS)  # the decode steps' batches
+    for (t_ids, _), (c_ids, _) in zip(triton_out, cuda_out):
         assert c_ids[0] == t_ids[0]  # the prefill's token (not this kernel)
-        for i in range(1, len(t_ids)):
-            assert abs(c_lp[i] - t_lp[i]) < 0.1, (i, c_lp, t_lp)
-            compared += 1
-            if c_ids[i] != t_ids[i]:
-                break
-    assert compared >= 3 * len(prompts)
-
+    compared = cuda_checks.compare_decodes(triton_out, cuda_out, first=1)
+    assert compared >= 3 * len(cuda_checks.PROMPTS)

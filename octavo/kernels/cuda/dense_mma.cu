@@ -21,8 +21,6 @@ namespace {
 
 using octavo::word;
 
-constexpr int kMaxWarps = 8;
-
 template <typename T, int MT, int NT, int STEPS>
 __device__ __forceinline__ void dense_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const T* __restrict__ bias,
@@ -30,12 +28,10 @@ __device__ __forceinline__ void dense_mma(
     int stride_x, int k_per_warp) {
   using Ops = octavo::MmaType<T>;
   constexpr int CHUNK = 32 * STEPS;
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int warps = blockDim.x >> 5;
-  const int g = lane >> 2;
-  const int t = lane & 3;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int tile = blockIdx.x;  // NT * 16 output features
+  // This warp's K range: its share of the CTA's split (blockIdx.y).
   const int k_begin = (blockIdx.y * warps + warp) * k_per_warp;
   const int k_end = min(k_begin + k_per_warp, K);
   // Rows n0(j) + g and n0(j) + g + 8 of tile j: step k of row R at R * K + k, 4 uint4 a step.
@@ -46,108 +42,60 @@ __device__ __forceinline__ void dense_mma(
   // Software pipeline, one chunk deep: the next chunk's weights and activations are loaded
   // before this chunk's products, so no load's latency (DRAM for the weights, L2 for x) is
   // waited for inside a chunk.
-  uint4 na[NT][STEPS], nb[NT][STEPS];
-  uint4 nx[MT][STEPS];
+  struct Chunk {
+    uint4 a[NT][STEPS], b[NT][STEPS];  // weight rows g and g + 8 of each tile
+    uint4 x[MT][STEPS];                // activation row g of each batch tile
+  } next;
   auto load_weights = [&](int k) {
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const uint4* wa = wrow + (size_t)j * 2 * row8;  // tile j: 16 rows further
 #pragma unroll
       for (int i = 0; i < STEPS; ++i) {
-        na[j][i] = __ldg(wa + (k / 32 + i) * 4);
-        nb[j][i] = __ldg(wa + row8 + (k / 32 + i) * 4);
+        next.a[j][i] = __ldg(wa + (k / 32 + i) * 4);
+        next.b[j][i] = __ldg(wa + row8 + (k / 32 + i) * 4);
       }
     }
   };
-  auto load_x = [&](int k) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int m = mt * 8 + g;
-#pragma unroll
-      for (int i = 0; i < STEPS; ++i)
-        nx[mt][i] = m < M ? *reinterpret_cast<const uint4*>(x + (size_t)m * stride_x + k +
-                                                            32 * i + 8 * t)
-                          : make_uint4(0, 0, 0, 0);
-    }
-  };
+  auto load_x = [&](int k) { octavo::load_x(next.x, x, M, stride_x, k, g, t); };
   if (k_begin < k_end) load_weights(k_begin);
   octavo::pdl_wait();  // the first weights are on their way while the previous kernel ends
   if (k_begin < k_end) load_x(k_begin);
 
-  float acc[MT][NT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.f;
-
+  float acc[MT][NT][4] = {};
   for (int k = k_begin; k < k_end; k += CHUNK) {
-    uint4 ca[NT][STEPS], cb[NT][STEPS], xv[MT][STEPS];
-#pragma unroll
-    for (int i = 0; i < STEPS; ++i) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        ca[j][i] = na[j][i];
-        cb[j][i] = nb[j][i];
-      }
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) xv[mt][i] = nx[mt][i];
-    }
+    const Chunk cur = next;
     if (k + CHUNK < k_end) {
       load_weights(k + CHUNK);
       load_x(k + CHUNK);
     }
+    // Step i, product h: a0..a3 = words 2h, 2h of row g + 8, 2h + 1, 2h + 1 of row g + 8.
 #pragma unroll
-    for (int i = 0; i < STEPS; ++i) {
+    for (int i = 0; i < STEPS; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const uint32_t b0 = word(xv[mt][i], 2 * h), b1 = word(xv[mt][i], 2 * h + 1);
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int j = 0; j < NT; ++j)
-            Ops::mma(acc[mt][j], word(ca[j][i], 2 * h), word(cb[j][i], 2 * h),
-                     word(ca[j][i], 2 * h + 1), word(cb[j][i], 2 * h + 1), b0, b1);
-        }
-      }
-    }
+            Ops::mma(acc[mt][j], word(cur.a[j][i], 2 * h), word(cur.b[j][i], 2 * h),
+                     word(cur.a[j][i], 2 * h + 1), word(cur.b[j][i], 2 * h + 1),
+                     word(cur.x[mt][i], 2 * h), word(cur.x[mt][i], 2 * h + 1));
   }
 
   // The CTA's warps hold K ranges of the same tile: add them up in warp 0.
-  __shared__ float red[kMaxWarps - 1][MT * NT * 4][32];
-  // fn(accumulator, its row in red) for each accumulator.
-  auto each_acc = [&](auto fn) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) fn(acc[mt][j][i], (mt * NT + j) * 4 + i);
-  };
-  if (warps > 1) {
-    if (warp > 0) each_acc([&](float& a, int r) { red[warp - 1][r][lane] = a; });
-    __syncthreads();
-    if (warp > 0) return;
-    for (int v = 0; v < warps - 1; ++v) each_acc([&](float& a, int r) { a += red[v][r][lane]; });
-  }
+  if (!octavo::cta_sum<NT>(acc, warp, warps, lane)) return;
 
   // fn(accumulator, output feature n, offset in [M, N]) for each of the lane's outputs in
   // the batch: d[i] is feature n0 + 16 j + g (+ 8 for i >= 2) at row mt * 8 + 2t + (i & 1).
   auto each_output = [&](auto fn) {
+    octavo::each_row<MT>(t, M, [&](int mt, int i, int m) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int m = mt * 8 + 2 * t + (i & 1);
-        if (m >= M) continue;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const int n = n0 + 16 * j + g + (i < 2 ? 0 : 8);
-          fn(acc[mt][j][i], n, (size_t)m * N + n);
-        }
+      for (int j = 0; j < NT; ++j) {
+        const int n = n0 + 16 * j + g + (i < 2 ? 0 : 8);
+        fn(acc[mt][j][i], n, (size_t)m * N + n);
       }
-    }
+    });
   };
   auto store = [&](float a, int n, size_t o) {
     out[o] = Ops::from_float(bias ? a + Ops::to_float(bias[n]) : a);
@@ -162,8 +110,7 @@ __device__ __forceinline__ void dense_mma(
   // order (deterministic), writes the output and leaves the counter zeroed for the next call.
   if (!octavo::last_ticket(cnt + tile, splits, lane)) return;
   each_output([&](float, int n, size_t o) {
-    float total = 0.f;
-    for (int sp = 0; sp < splits; ++sp) total += __ldcg(part + (size_t)sp * M * N + o);
+    const float total = octavo::split_sum(part, splits, (size_t)M * N, o);
     store(total, n, o);
   });
   octavo::release_tile(cnt + tile, lane);

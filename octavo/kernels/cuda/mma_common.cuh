@@ -44,6 +44,8 @@ struct MmaType {
   }
 };
 
+constexpr int kMaxWarps = 8;  // per CTA: cta_sum's shared buffer
+
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
@@ -56,6 +58,67 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Activations for the B operand: row mt * 8 + g's 16 bytes at k + 32 i + 8 t for each batch
+// tile mt and step i (zeros past M), rows stride_x values apart and 16-byte aligned.
+template <typename T, int MT, int STEPS>
+__device__ __forceinline__ void load_x(uint4 (&nx)[MT][STEPS], const T* __restrict__ x, int M,
+                                       int stride_x, int k, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int m = mt * 8 + g;
+#pragma unroll
+    for (int i = 0; i < STEPS; ++i)
+      nx[mt][i] = m < M ? *reinterpret_cast<const uint4*>(x + (size_t)m * stride_x + k +
+                                                          32 * i + 8 * t)
+                        : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The CTA's warps hold K ranges of the same tile: add the lanes' accumulators acc[mt][c][i]
+// (c < C of D: those holding outputs) up in warp 0 through shared memory. False in the other
+// warps, which are then done.
+template <int C, int MT, int D>
+__device__ __forceinline__ bool cta_sum(float (&acc)[MT][D][4], int warp, int warps, int lane) {
+  __shared__ float red[kMaxWarps - 1][MT * D * 4][32];
+  auto each_acc = [&](auto fn) {  // fn(accumulator, its row in red)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) fn(acc[mt][c][i], (mt * D + c) * 4 + i);
+  };
+  if (warps > 1) {
+    if (warp > 0) each_acc([&](float& a, int r) { red[warp - 1][r][lane] = a; });
+    __syncthreads();
+    if (warp > 0) return false;
+    for (int v = 0; v < warps - 1; ++v) each_acc([&](float& a, int r) { a += red[v][r][lane]; });
+  }
+  return true;
+}
+
+// fn(mt, i, m) for each accumulator register i of each batch tile mt whose batch row
+// m = mt * 8 + 2t + (i & 1) (the mma's C fragment) is below M.
+template <int MT, typename F>
+__device__ __forceinline__ void each_row(int t, int M, F&& fn) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int m = mt * 8 + 2 * t + (i & 1);
+      if (m < M) fn(mt, i, m);
+    }
+  }
+}
+
+// Output o's partials [splits][size] added in split order (deterministic), read from L2 where
+// the other SMs wrote them (.cg: not a stale L1 line).
+__device__ __forceinline__ float split_sum(const float* part, int splits, size_t size, size_t o) {
+  float total = 0.f;
+  for (int sp = 0; sp < splits; ++sp) total += __ldcg(part + (size_t)sp * size + o);
+  return total;
 }
 
 // Split over CTAs, called by the warp that stored this CTA's partials: whether it took the

@@ -19,8 +19,6 @@ namespace {
 using octavo::pdl_wait;
 using octavo::word;
 
-constexpr int kMaxWarps = 8;
-
 // The 16-bit operand type's constants and operations (bf16 or fp16).
 template <typename T>
 struct Type : octavo::MmaType<T> {
@@ -104,17 +102,7 @@ __device__ __forceinline__ void swapab_mma(
       nz[c][1] = __ldg(z + base + n1 + 64 * c);
     }
   };
-  auto load_x = [&](int k) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int m = mt * 8 + g;
-#pragma unroll
-      for (int i = 0; i < STEPS; ++i)
-        nx[mt][i] = m < M ? *reinterpret_cast<const uint4*>(x + (size_t)m * stride_x + k +
-                                                            32 * i + 8 * t)
-                          : make_uint4(0, 0, 0, 0);
-    }
-  };
+  auto load_x = [&](int k) { octavo::load_x(nx, x, M, stride_x, k, g, t); };
   if (k_begin < k_end) load_weights(k_begin);
   pdl_wait();  // the first weights are on their way while the previous kernel ends
   if (k_begin < k_end) load_x(k_begin);
@@ -214,36 +202,15 @@ __device__ __forceinline__ void swapab_mma(
   }
 
   // The CTA's warps hold K ranges of the same tile: add them up in warp 0.
-  __shared__ float red[kMaxWarps - 1][MT * 16][32];
-  // fn(accumulator, its row in red) for each accumulator holding an output.
-  auto each_acc = [&](auto fn) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int c = 0; c < VALUES; ++c)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) fn(acc[mt][c][i], mt * 16 + c * 4 + i);
-  };
-  if (warps > 1) {
-    if (warp > 0) each_acc([&](float& a, int r) { red[warp - 1][r][lane] = a; });
-    __syncthreads();
-    if (warp > 0) return;
-    for (int v = 0; v < warps - 1; ++v) each_acc([&](float& a, int r) { a += red[v][r][lane]; });
-  }
+  if (!octavo::cta_sum<VALUES>(acc, warp, warps, lane)) return;
 
   // fn(accumulator, offset in [M, N]) for each of the lane's outputs in the batch.
   auto each_output = [&](auto fn) {
+    octavo::each_row<MT>(t, M, [&](int mt, int i, int m) {
+      const int nb0 = (i < 2 ? n0 : n1);
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int m = mt * 8 + 2 * t + (i & 1);
-        if (m >= M) continue;
-        const int nb0 = (i < 2 ? n0 : n1);
-#pragma unroll
-        for (int c = 0; c < VALUES; ++c) fn(acc[mt][c][i], (size_t)m * N + nb0 + 64 * c);
-      }
-    }
+      for (int c = 0; c < VALUES; ++c) fn(acc[mt][c][i], (size_t)m * N + nb0 + 64 * c);
+    });
   };
   const int splits = gridDim.y;
   each_output([&](float a, size_t o) {
@@ -257,8 +224,7 @@ __device__ __forceinline__ void swapab_mma(
   // order (deterministic), writes the output and leaves the counter zeroed for the next call.
   if (!octavo::last_ticket(cnt + tile, splits, lane)) return;
   each_output([&](float, size_t o) {
-    float total = 0.f;
-    for (int sp = 0; sp < splits; ++sp) total += __ldcg(part + (size_t)sp * M * N + o);
+    const float total = octavo::split_sum(part, splits, (size_t)M * N, o);
     out[o] = Type<T>::from_float(total);
   });
   octavo::release_tile(cnt + tile, lane);

@@ -1,0 +1,102 @@
+"""Shared checks of the CUDA C++ kernels' tests (test_swapab_mma.py, test_dense_mma.py): the
+opt-in switch, one nvcc build with ptxas's spill report, and an engine's greedy decode compared
+step by step with another's."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import torch
+
+from octavo.kernels import cuda_module
+
+
+def check_switch(monkeypatch, kernel, env: str, default: bool) -> None:
+    """``kernel.available`` is False without a GPU or a build; with one (a module "built") it
+    follows ``env`` (``default`` when unset)."""
+    assert cuda_module.module(kernel.SOURCE, torch.device("cpu")) is None
+    monkeypatch.setattr(cuda_module, "module", lambda source, device: object())  # "built"
+    monkeypatch.delenv(env, raising=False)
+    assert kernel.available(torch.device("cuda", 0)) == default
+    monkeypatch.setenv(env, "0")
+    assert not kernel.available(torch.device("cuda", 0))
+    monkeypatch.setenv(env, "1")
+    assert kernel.available(torch.device("cuda", 0))
+    monkeypatch.setattr(cuda_module, "module", lambda source, device: None)  # no nvcc
+    assert not kernel.available(torch.device("cuda", 0))
+
+
+def build_once(source: str, names: list[str], tmp_path, monkeypatch) -> dict[str, int]:
+    """``source`` built for sm_90 into ``tmp_path`` by one nvcc run (a second build is served
+    from the cache without nvcc), every kernel of ``names`` in the cubin and no other:
+    ptxas's spill-store bytes per kernel (its report kept from the build, nvcc -Xptxas -v)."""
+    monkeypatch.setenv("OCTAVO_CACHE_DIR", str(tmp_path))
+    runs = []
+    real_run = subprocess.run
+
+    def run(cmd, **kw):
+        proc = real_run(cmd, **kw)
+        runs.append((cmd, proc))
+        return proc
+
+    monkeypatch.setattr(cuda_module.subprocess, "run", run)
+    cubin = cuda_module.build(source, "sm_90", extra=("-Xptxas", "-v"))
+    data = cubin.read_bytes()
+    assert cubin.parent == tmp_path / "cuda"
+    for name in names:
+        assert name.encode() in data, name
+    builds = [proc for cmd, proc in runs if "-cubin" in cmd]
+    assert len(builds) == 1
+    assert cuda_module.build(source, "sm_90", extra=("-Xptxas", "-v")) == cubin
+    assert len([cmd for cmd, _ in runs if "-cubin" in cmd]) == 1  # cached: no second build
+    report = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores",
+                        builds[0].stderr, re.S)
+    assert sorted(name for name, _ in report) == sorted(names)
+    return {name: int(spilled) for name, spilled in report}
+
+
+PROMPTS = [{"prompt_token_ids": list(range(i, i + 20 + 3 * i))} for i in range(6)]
+
+
+def count_rows(monkeypatch, module, name: str) -> list[int]:
+    """``module.name`` (a kernel taking x [..., K] first) wrapped: the rows of each call."""
+    calls = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda x, *a, **kw: calls.append(
+        x.numel() // x.shape[-1]) or real(x, *a, **kw))
+    return calls
+
+
+def greedy_decode(model_dir, liven, enforce_eager: bool = True) -> list:
+    """(token ids, the chosen tokens' logprobs) per prompt of PROMPTS, six greedy tokens each,
+    from an engine on ``model_dir``'s config with dummy weights made lively by
+    ``liven(model)``; the engine freed after."""
+    import gc
+
+    from octavo import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=1, ignore_eos=True)
+    llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16", seed=0,
+              skip_tokenizer_init=True, max_model_len=256, gpu_memory_utilization=0.2,
+              enforce_eager=enforce_eager)
+    liven(llm.llm_engine.executor.worker.runner.model)
+    outs = [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return [(list(o.token_ids), [lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)])
+            for o in outs]
+
+
+def compare_decodes(ref: list, got: list, first: int = 0, tol: float = 0.1) -> int:
+    """The chosen tokens' logprobs agree within ``tol`` from token ``first`` on, step by step
+    while the two agree on the token: the number of steps compared."""
+    compared = 0
+    for (r_ids, r_lp), (g_ids, g_lp) in zip(ref, got):
+        for i in range(first, len(r_ids)):
+            assert abs(g_lp[i] - r_lp[i]) < tol, (i, g_lp, r_lp)
+            compared += 1
+            if g_ids[i] != r_ids[i]:
+                break
+    return compared
