@@ -31,7 +31,6 @@ from octavo.kernels import pdl as pdl_mod
 from octavo.kernels.split_k import WarpPlan, over_warps
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
-from octavo.kernels.swapab_mma import WARPS_PER_SM
 from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "dense_mma.cu"
@@ -80,16 +79,23 @@ class Plan:
         return f"dense_mma_{_DTYPES[dtype]}_m{self.mt}_n{self.nt}_s{self.split.steps}"
 
 
+# The launch plan, from ``benchmarks/skinny_gemm.py --cuda-sweep`` on an H200 (24 plans per
+# shape at 1, 8 and 32 rows, weights read from HBM; docs/benchmarks.md session 19): 4 warps
+# per SM, the longest chunks built, one feature tile per warp was the best or within 10% on
+# Qwen3-0.6B's projections at every row count (one layer 14.4 / 15.9 / 23.8 us at 1 / 8 / 32
+# rows against the best plans' 14.0 / 14.9 / 22.9); 6 warps per SM with two feature tiles
+# from 9 rows (the first guess) took 17.0 / 19.1 / 57.1.
+WARPS_PER_SM = 4
+
+
 def default_nt(m: int, n: int) -> int:
-    """Two feature tiles per warp from 9 rows on (each activation load then serves twice the
-    weights; at one batch tile the x loads are half the weights' and N tiles are worth more).
-    A guess until ``benchmarks/skinny_gemm.py --cuda-sweep`` has run."""
-    return 2 if batch_tiles(m) >= 2 and n % 32 == 0 else 1
+    """One tile of 16 features per warp (two lost at every row count in the sweep)."""
+    return 1
 
 
 def default_steps(mt: int, nt: int, k: int) -> int:
-    """Chunks of 4 K steps (swapab_mma's sweep winner) where built and K allows, else fewer."""
-    return next(s for s in (4, 2, 1) if (mt, nt, s) in VARIANTS and (k // 32) % s == 0)
+    """The longest chunks built for (MT, NT) that K allows."""
+    return next(s for s in (8, 4, 2, 1) if (mt, nt, s) in VARIANTS and (k // 32) % s == 0)
 
 
 def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int = WARPS_PER_SM,

@@ -21,8 +21,11 @@ from octavo.kernels.triton_utils import HAS_TRITON
 # rows the Llama-8B layer was 0.78x (the second row's FMAs make the wide shapes issue-bound).
 GEMV_ROWS = 1
 # Rows sent to the CUDA dense GEMM when it is opted in (one row included until measured
-# against the GEMV).
+# against the GEMV), and the largest weight: on Llama-3.1-8B's projections (33-235 MB) it
+# measured no faster than cuBLAS at 1-8 rows and slower at 32 (session 19), and a 0.6B
+# model's LM head (311 MB) is cuBLAS's at 85% of HBM already.
 CUDA_DENSE_ROWS = (1, 32)
+CUDA_DENSE_MAX_BYTES = 16 << 20
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -33,6 +36,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         rows = x.numel() // max(1, x.shape[-1])
         if (envs.cuda_dense_min_m(CUDA_DENSE_ROWS[0]) <= rows
                 <= min(envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1]), dense_mma.MAX_M)
+                and weight.numel() * weight.element_size() <= CUDA_DENSE_MAX_BYTES
                 and dense_mma.fits(x, weight, bias) and dense_mma.available(x.device)):
             return dense_mma.dense_mma(x, weight, bias)
     if x.is_cuda and HAS_TRITON:

@@ -42,12 +42,16 @@ def test_plan_covers_k_once_in_whole_chunks(n, k, m, sms, per_sm, most):
 def test_plan_fills_the_gpu_and_keeps_wide_shapes_whole():
     down = plan(1, 3072, 1024, 132)  # Qwen3-0.6B down_proj: 64 tiles, split over CTAs
     s = down.split
-    assert down.tiles == 64 and s.splits > 1
-    assert 132 * 4 <= 64 * s.warps * s.splits <= 132 * 8
+    assert down.tiles == 64 and s.steps == 8
+    assert 132 * 2 <= 64 * s.warps * s.splits <= 132 * 6  # about WARPS_PER_SM per SM
+    deep = plan(1, 16384, 1024, 132, warps_per_sm=16).split  # 33 warps a tile: 4 CTAs
+    assert deep.splits > 1 and deep.warps * deep.splits * deep.k_per_warp >= 16384
     gate_up = plan(1, 4096, 28672, 132)  # Llama-8B gate_up: 1792 tiles, one warp each
     assert gate_up.split.splits == 1 and gate_up.split.warps == 1
-    assert plan(17, 1024, 4096, 132).nt == 2 and plan(8, 1024, 4096, 132).nt == 1
-    assert plan(32, 1024, 4096, 132, nt=1).nt == 1  # the sweep's choice
+    # The sweep's choice: one feature tile per warp, the longest chunks built.
+    assert plan(17, 1024, 4096, 132).nt == 1 and plan(8, 1024, 4096, 132).nt == 1
+    assert plan(32, 1024, 4096, 132).split.steps == 4  # m4 s8 spills: not built
+    assert plan(32, 1024, 4096, 132, nt=2).nt == 2
 
 
 def test_plan_refuses_what_is_not_built():
@@ -319,6 +323,8 @@ def test_float_linear_routes_the_opted_in_rows_gpu(monkeypatch):
     calls.clear()
     linear(xs[2], w.t().contiguous().t())  # a weight not contiguous: the other kernels
     linear(xs[2].float(), w.float())  # float32: cuBLAS
+    big = torch.randn(8192, 2048, device="cuda", dtype=torch.bfloat16)  # 32 MB: cuBLAS
+    linear(xs[2], big)
     assert calls == []
 
 
