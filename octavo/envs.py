@@ -195,12 +195,15 @@ def cuda_kernels_max_m(default: int) -> int:
 
 
 def cuda_dense() -> bool:
-    """OCTAVO_CUDA_DENSE (default off): on NVIDIA GPUs, float (bf16 / fp16) linears of decode
-    batches (OCTAVO_CUDA_DENSE_MIN_M..OCTAVO_CUDA_DENSE_MAX_M rows, default 1..32) run through
-    the CUDA C++ kernel octavo/kernels/cuda/dense_mma.cu (built with nvcc at first use,
-    octavo/kernels/cuda_module.py) before the GEMV / skinny GEMM / cuBLAS choice of
-    octavo/kernels/float_linear.py. Opt-in until measured against those on the H200."""
-    return _flag("OCTAVO_CUDA_DENSE", False)
+    """OCTAVO_CUDA_DENSE (default on): on NVIDIA GPUs with nvcc, float (bf16 / fp16) linears
+    of decode batches (OCTAVO_CUDA_DENSE_MIN_M..OCTAVO_CUDA_DENSE_MAX_M rows, default 1..32)
+    with weights of at most 16 MB run through the CUDA C++ kernel
+    octavo/kernels/cuda/dense_mma.cu (built with nvcc at first use,
+    octavo/kernels/cuda_module.py) instead of the GEMV / skinny GEMM / cuBLAS choice of
+    octavo/kernels/float_linear.py. Measured on an H200 (docs/benchmarks.md, session 19), W4
+    at the Qwen3-0.6B shape: batch 1 / 2 / 8 / 16 / 32 0.880 / 0.970 / 1.157 / 1.322 / 1.605
+    ms per token against 0.938 / 1.148 / 1.280 / 1.417 / 1.663 without it."""
+    return _flag("OCTAVO_CUDA_DENSE", True)
 
 
 def cuda_dense_min_m(default: int) -> int:

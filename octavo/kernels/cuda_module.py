@@ -101,6 +101,8 @@ def build(source: str, arch: str, nvcc: str | None = None, extra: tuple[str, ...
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    logger.info("Building the CUDA kernels of %s for %s with nvcc (once: cached in %s)",
+                source, arch, out.parent)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         target = Path(tmp) / out.name
         proc = subprocess.run([nvcc, *flags, "-o", str(target), str(SOURCE_DIR / source)],

@@ -15,8 +15,12 @@ tiles); K is split over the warps of a CTA (summed in shared memory) and over CT
 with the last ticket sums the partials, ``octavo.kernels.split_k``) so that the launch holds
 about ``WARPS_PER_SM`` warps per SM. Bias is added once, in the final store.
 
-Not yet measured: ``float_linear`` uses it only with ``OCTAVO_CUDA_DENSE=1``;
-``benchmarks/skinny_gemm.py --paths`` / ``--cuda-sweep`` time it against the others.
+Measured on an H200 (docs/benchmarks.md session 19; ``benchmarks/skinny_gemm.py --paths`` /
+``--cuda-sweep`` time it against the others): one Qwen3-0.6B layer's four projections
+14.4 / 15.9 / 23.8 us at 1 / 8 / 32 rows against the engine's previous kernels' ~16.2 /
+22.7 / 24.6; W4 (``benchmarks/ab_latency.py``) 6-16% less time per token at batches 1-16.
+``octavo.kernels.float_linear`` sends it weights of at most 16 MB (Llama-8B's are no faster
+than cuBLAS).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """``F.linear`` for float (bf16 / fp16) weights on CUDA, choosing per call between the decode
-kernels and cuBLAS: one-row batches through the CUDA-core GEMV
-(``octavo.kernels.dense_gemv``, launched with PDL), up to 16 rows of the tall-K projections
-(up to 32 of the small ones) through the skinny tensor-core GEMM
-(``octavo.kernels.skinny_gemm``), everything else cuBLAS.
-``OCTAVO_DENSE_GEMV=0`` / ``OCTAVO_SKINNY_GEMM=0`` turn the two kernels off. With
-``OCTAVO_CUDA_DENSE=1`` batches of ``CUDA_DENSE_ROWS`` rows (capped by
-``OCTAVO_CUDA_DENSE_MIN_M`` / ``OCTAVO_CUDA_DENSE_MAX_M``) run the CUDA C++ tensor-core GEMM
-(``octavo.kernels.dense_mma``) before any of those, where it holds the shapes."""
+kernels and cuBLAS. Batches of 1-32 rows (``CUDA_DENSE_ROWS``, capped by
+``OCTAVO_CUDA_DENSE_MIN_M`` / ``OCTAVO_CUDA_DENSE_MAX_M``) over weights of at most
+``CUDA_DENSE_MAX_BYTES`` run the CUDA C++ tensor-core GEMM (``octavo.kernels.dense_mma``)
+where it is built (nvcc, an NVIDIA GPU; ``OCTAVO_CUDA_DENSE=0`` turns it off). Otherwise:
+one-row batches through the CUDA-core GEMV (``octavo.kernels.dense_gemv``, launched with
+PDL), up to 16 rows of the tall-K projections (up to 32 of the small ones) through the skinny
+tensor-core GEMM (``octavo.kernels.skinny_gemm``), everything else cuBLAS.
+``OCTAVO_DENSE_GEMV=0`` / ``OCTAVO_SKINNY_GEMM=0`` turn those two off."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from octavo.kernels.triton_utils import HAS_TRITON
 # Qwen3-0.6B layer's GEMMs 1.8x and a Llama-3.1-8B layer's 1.12x faster than cuBLAS; at two
 # rows the Llama-8B layer was 0.78x (the second row's FMAs make the wide shapes issue-bound).
 GEMV_ROWS = 1
-# Rows sent to the CUDA dense GEMM when it is opted in (one row included until measured
-# against the GEMV), and the largest weight: on Llama-3.1-8B's projections (33-235 MB) it
-# measured no faster than cuBLAS at 1-8 rows and slower at 32 (session 19), and a 0.6B
-# model's LM head (311 MB) is cuBLAS's at 85% of HBM already.
+# Rows sent to the CUDA dense GEMM (one row included: one Qwen3-0.6B layer 14.4 us against
+# the GEMV's 16.2, W4's batch 1 0.880 against 0.938 ms per token), and the largest weight:
+# on Llama-3.1-8B's projections (33-235 MB) it measured no faster than cuBLAS at 1-8 rows
+# and slower at 32 (session 19), and a 0.6B model's LM head (311 MB) is cuBLAS's at 85% of
+# HBM already.
 CUDA_DENSE_ROWS = (1, 32)
 CUDA_DENSE_MAX_BYTES = 16 << 20
 

@@ -69,6 +69,7 @@ def test_float_linear_picks_the_gemv_for_decode_rows(monkeypatch):
     from octavo.kernels import dense_gemv as mod
     from octavo.kernels.float_linear import linear
 
+    monkeypatch.setenv("OCTAVO_CUDA_DENSE", "0")  # the CUDA dense GEMM would come first
     calls = []
     real = mod.dense_gemv
     monkeypatch.setattr(mod, "dense_gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))

@@ -78,8 +78,8 @@ def test_fits_wants_cuda_tensors():
     assert not dense_mma.fits(torch.empty(1, 256, dtype=torch.bfloat16), w)  # on the CPU
 
 
-def test_unavailable_without_a_gpu_or_unless_opted_in(monkeypatch):
-    cuda_checks.check_switch(monkeypatch, dense_mma, "OCTAVO_CUDA_DENSE", default=False)
+def test_available_where_built_unless_turned_off(monkeypatch):
+    cuda_checks.check_switch(monkeypatch, dense_mma, "OCTAVO_CUDA_DENSE", default=True)
 
 
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="no nvcc on this machine")
@@ -309,10 +309,10 @@ def test_float_linear_routes_the_opted_in_rows_gpu(monkeypatch):
                                        F.linear(x.float(), w.float(), bias.float()),
                                        atol=0.05, rtol=2e-2)
 
-    monkeypatch.delenv("OCTAVO_CUDA_DENSE", raising=False)
+    monkeypatch.setenv("OCTAVO_CUDA_DENSE", "0")
     run_all()
-    assert calls == []  # off by default
-    monkeypatch.setenv("OCTAVO_CUDA_DENSE", "1")
+    assert calls == []  # turned off
+    monkeypatch.delenv("OCTAVO_CUDA_DENSE", raising=False)  # on by default
     run_all()
     assert calls == [1, 2, 32]
     calls.clear()
