@@ -32,7 +32,10 @@ class LlamaMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        h = self.gate_up_proj.forward_silu_glu(x)
+        if h is None:
+            h = self.act(self.gate_up_proj(x))
+        return self.down_proj(h)
 
 
 class LlamaAttention(nn.Module):
