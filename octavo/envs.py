@@ -206,13 +206,6 @@ def cuda_dense() -> bool:
     return _flag("OCTAVO_CUDA_DENSE", True)
 
 
-def fused_glu() -> bool:
-    """OCTAVO_FUSED_GLU (default on): where the CUDA dense GEMM runs a float MLP's merged
-    gate/up projection, silu(gate) * up comes out of the same launch
-    (octavo/kernels/float_linear.py: silu_glu)."""
-    return _flag("OCTAVO_FUSED_GLU", True)
-
-
 def cuda_dense_min_m(default: int) -> int:
     """OCTAVO_CUDA_DENSE_MIN_M: the smallest batch (rows) the CUDA dense kernel takes."""
     return _batch_size("OCTAVO_CUDA_DENSE_MIN_M", default)

@@ -50,12 +50,6 @@ VARIANTS = frozenset(
                                          for s in (1, 2, 4)] + [(4, 2, 1), (4, 2, 2)])
 
 
-# The GLU kernels (gate and up halves in one product, silu(gate) * up out): one feature tile
-# per warp; m4 s1 spilled.
-GLU_VARIANTS = frozenset([(1, 1, s) for s in (1, 2, 4, 8)] + [(2, 1, s) for s in (1, 2, 4)]
-                         + [(4, 1, s) for s in (2, 4)])
-
-
 def batch_tiles(m: int) -> int:
     """MT: tiles of 8 rows for ``m`` rows (1, 2 or 4)."""
     return 1 if m <= 8 else (2 if m <= 16 else 4)
@@ -65,18 +59,14 @@ def supports(m: int, k: int, n: int, dtype: torch.dtype) -> bool:
     return 1 <= m <= MAX_M and dtype in _DTYPES and k > 0 and k % 32 == 0 and n % 16 == 0
 
 
-def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         glu: bool = False) -> bool:
+def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether ``dense_mma(x, weight, bias)`` runs as the tensors are: a supported shape and
     dtype, the weight contiguous with 16-byte aligned rows, the bias (if any) [N] of x's
     dtype. (x of any layout: the call copies it where its rows are not 16-byte aligned.)"""
     if not x.is_cuda or weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
         return False
     n, k = weight.shape
-    m = x.numel() // max(1, k)
-    if glu and (batch_tiles(m), 1, default_steps(batch_tiles(m), 1, k, glu)) not in GLU_VARIANTS:
-        return False
-    return (supports(m, k, n, x.dtype) and weight.dtype == x.dtype
+    return (supports(x.numel() // max(1, k), k, n, x.dtype) and weight.dtype == x.dtype
             and weight.is_contiguous() and weight.data_ptr() % 16 == 0
             and (bias is None or (bias.dtype == x.dtype and bias.shape == (n,)
                                   and bias.is_contiguous())))
@@ -86,13 +76,11 @@ def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 class Plan:
     split: WarpPlan  # K over warps and CTAs
     mt: int  # tiles of 8 rows per warp
-    nt: int  # tiles of 16 weight rows per warp
+    nt: int  # tiles of 16 features per warp
     tiles: int  # CTAs along N
-    glu: bool = False
 
     def kernel(self, dtype: torch.dtype) -> str:
-        kind = "dense_glu" if self.glu else "dense_mma"
-        return f"{kind}_{_DTYPES[dtype]}_m{self.mt}_n{self.nt}_s{self.split.steps}"
+        return f"dense_mma_{_DTYPES[dtype]}_m{self.mt}_n{self.nt}_s{self.split.steps}"
 
 
 # The launch plan, from ``benchmarks/skinny_gemm.py --cuda-sweep`` on an H200 (24 plans per
@@ -109,28 +97,24 @@ def default_nt(m: int, n: int) -> int:
     return 1
 
 
-def default_steps(mt: int, nt: int, k: int, glu: bool = False) -> int:
+def default_steps(mt: int, nt: int, k: int) -> int:
     """The longest chunks built for (MT, NT) that K allows."""
-    built = GLU_VARIANTS if glu else VARIANTS
-    return next((s for s in (8, 4, 2, 1) if (mt, nt, s) in built and (k // 32) % s == 0), 1)
+    return next(s for s in (8, 4, 2, 1) if (mt, nt, s) in VARIANTS and (k // 32) % s == 0)
 
 
 def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
-         steps: int | None = None, most_warps: int = MAX_WARPS, nt: int | None = None,
-         glu: bool = False) -> Plan:
-    """The launch for ``m`` rows: about ``warps_per_sm`` warps per SM over N / (16 nt) tiles
-    of weight rows, each warp a whole number of chunks of ``steps`` K steps
-    (``split_k.over_warps``). ``glu``: a tile is 8 gate rows and their 8 up rows."""
+         steps: int | None = None, most_warps: int = MAX_WARPS, nt: int | None = None) -> Plan:
+    """The launch for ``m`` rows: about ``warps_per_sm`` warps per SM over N / (16 nt) tiles,
+    each warp a whole number of chunks of ``steps`` K steps (``split_k.over_warps``)."""
     mt = batch_tiles(m)
     nt = nt or default_nt(m, n)
-    steps = steps or default_steps(mt, nt, k, glu)
-    built = GLU_VARIANTS if glu else VARIANTS
-    if (mt, nt, steps) not in built or n % (16 * nt) or k % (32 * steps):
-        raise ValueError(f"dense_mma: no {'GLU ' if glu else ''}kernel for M={m} (MT={mt}), "
-                         f"NT={nt}, {steps} steps at K={k}, N={n}")
+    steps = steps or default_steps(mt, nt, k)
+    if (mt, nt, steps) not in VARIANTS or n % (16 * nt) or k % (32 * steps):
+        raise ValueError(f"dense_mma: no kernel for M={m} (MT={mt}), NT={nt}, {steps} steps "
+                         f"at K={k}, N={n}")
     tiles = n // (16 * nt)
     return Plan(over_warps(k, tiles, steps, sms, warps_per_sm, min(most_warps, MAX_WARPS)),
-                mt, nt, tiles, glu)
+                mt, nt, tiles)
 
 
 def available(device: torch.device) -> bool:
@@ -141,15 +125,10 @@ def available(device: torch.device) -> bool:
 
 def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
               warps_per_sm: int = WARPS_PER_SM, steps: int | None = None,
-              most_warps: int = MAX_WARPS, nt: int | None = None, glu: bool = False
-              ) -> torch.Tensor:
+              most_warps: int = MAX_WARPS, nt: int | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for x [..., K] of at most MAX_M rows (float32
-    accumulation, rounded once to x's dtype); with ``glu``, ``silu(y[..., :N/2]) * y[...,
-    N/2:]`` of it, from the float32 sums, in the same launch. The tuning arguments exist for
-    the benchmarks."""
-    if glu:
-        nt = 1
-    if not fits(x, weight, bias, glu):
+    accumulation, rounded once to x's dtype). The tuning arguments exist for the benchmarks."""
+    if not fits(x, weight, bias):
         raise ValueError(f"dense_mma: x {tuple(x.shape)} {x.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype}, bias "
                          f"{None if bias is None else (tuple(bias.shape), bias.dtype)} "
@@ -163,16 +142,11 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     mod = cuda_module.module(SOURCE, x2.device)
     if mod is None:
         raise RuntimeError("dense_mma: the CUDA kernels are unavailable on this device")
-    p = plan(m, k, n, num_compute_units(x2.device), warps_per_sm, steps, most_warps, nt, glu)
-    if glu:  # the output is half the weight's rows; the partials hold both halves
-        out = torch.empty(m, n // 2, device=x2.device, dtype=x2.dtype)
-        partial = out.unsqueeze(0) if p.split.splits == 1 else torch.empty(
-            p.split.splits, m, n, device=x2.device, dtype=torch.float32)
-    else:
-        out, partial = split_k_buffers(m, n, p.split.splits, x2)
+    p = plan(m, k, n, num_compute_units(x2.device), warps_per_sm, steps, most_warps, nt)
+    out, partial = split_k_buffers(m, n, p.split.splits, x2)
     cnt = split_k_counters(x2.device, p.tiles)
     args = cuda_module.arguments(x2, weight, bias, out, partial, cnt, m, n, k, x2.stride(0),
                                  p.split.k_per_warp)
     mod.launch(p.kernel(x2.dtype), (p.tiles, p.split.splits, 1), 32 * p.split.warps, args,
                pdl=pdl_mod.enabled(x2.device))
-    return out.reshape(*shape[:-1], n // 2 if glu else n)
+    return out.reshape(*shape[:-1], n)

@@ -29,35 +29,17 @@ CUDA_DENSE_ROWS = (1, 32)
 CUDA_DENSE_MAX_BYTES = 16 << 20
 
 
-def _dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               glu: bool = False):
-    """``octavo.kernels.dense_mma`` where the engine sends this call to it, else None."""
-    if not (x.is_cuda and envs.cuda_dense()):
-        return None
-    from octavo.kernels import dense_mma
-
-    rows = x.numel() // max(1, x.shape[-1])
-    if (envs.cuda_dense_min_m(CUDA_DENSE_ROWS[0]) <= rows
-            <= min(envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1]), dense_mma.MAX_M)
-            and weight.numel() * weight.element_size() <= CUDA_DENSE_MAX_BYTES
-            and dense_mma.fits(x, weight, bias, glu) and dense_mma.available(x.device)):
-        return dense_mma.dense_mma(x, weight, bias, glu=glu)
-    return None
-
-
-def silu_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-             ) -> torch.Tensor | None:
-    """``silu(gate) * up`` of ``F.linear(x, weight, bias) = [gate | up]`` in one launch, where
-    the CUDA dense GEMM takes the call (``OCTAVO_FUSED_GLU=0`` turns this off); None
-    otherwise (the caller runs the GEMM and the activation)."""
-    return _dense_mma(x, weight, bias, glu=True) if envs.fused_glu() else None
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
-    out = _dense_mma(x, weight, bias)
-    if out is not None:
-        return out
+    if x.is_cuda and envs.cuda_dense():
+        from octavo.kernels import dense_mma
+
+        rows = x.numel() // max(1, x.shape[-1])
+        if (envs.cuda_dense_min_m(CUDA_DENSE_ROWS[0]) <= rows
+                <= min(envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1]), dense_mma.MAX_M)
+                and weight.numel() * weight.element_size() <= CUDA_DENSE_MAX_BYTES
+                and dense_mma.fits(x, weight, bias) and dense_mma.available(x.device)):
+            return dense_mma.dense_mma(x, weight, bias)
     if x.is_cuda and HAS_TRITON:
         from octavo.kernels import dense_gemv, skinny_gemm
 

@@ -123,17 +123,6 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             return super().shard_placement(shard_id)
         return ShardPlacement(sum(sizes[:shard_id]), sizes[shard_id], self.tp.rank)
 
-    def forward_silu_glu(self, x: torch.Tensor) -> torch.Tensor | None:
-        """``silu(gate) * up`` of this [gate | up] projection in one GPU launch where a kernel
-        does both (a float weight, octavo.kernels.float_linear.silu_glu); None otherwise."""
-        sizes = self.output_partition_sizes
-        if not (x.is_cuda and len(sizes) == 2 and sizes[0] == sizes[1]
-                and isinstance(self.quant_method, UnquantizedLinearMethod)):
-            return None
-        from octavo.kernels.float_linear import silu_glu
-
-        return silu_glu(x, self.weight, self.bias)
-
 
 class QKVParallelLinear(ColumnParallelLinear):
     """Fused q/k/v projection; heads split across ranks (KV heads replicated when fewer)."""

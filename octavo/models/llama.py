@@ -32,10 +32,7 @@ class LlamaMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.gate_up_proj.forward_silu_glu(x)
-        if h is None:
-            h = self.act(self.gate_up_proj(x))
-        return self.down_proj(h)
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaAttention(nn.Module):

@@ -13,12 +13,11 @@ import pytest
 import torch
 
 from octavo.kernels import cuda_module, dense_mma
-from octavo.kernels.dense_mma import GLU_VARIANTS, VARIANTS, plan, supports
+from octavo.kernels.dense_mma import VARIANTS, plan, supports
 from tests.kernels import cuda_checks
 
-NAMES = [f"dense_{kind}_{t}_m{mt}_n{nt}_s{s}" for t in ("bf16", "f16")
-         for kind, built in (("mma", VARIANTS), ("glu", GLU_VARIANTS))
-         for mt, nt, s in sorted(built)]
+NAMES = [f"dense_mma_{t}_m{mt}_n{nt}_s{s}" for t in ("bf16", "f16")
+         for mt, nt, s in sorted(VARIANTS)]
 # (N, K): Qwen3-0.6B's qkv, gate_up, o, down; Llama-3.1-8B's qkv, gate_up, o, down.
 REAL_SHAPES = [(4096, 1024), (6144, 1024), (1024, 2048), (1024, 3072),
                (6144, 4096), (28672, 4096), (4096, 4096), (4096, 14336)]
@@ -121,13 +120,10 @@ def _mma(d, a, b):
 def _emulate(x_flat, m, stride_x, w, bias, p):
     """What cuda/dense_mma.cu computes, lane by lane and in its index arithmetic: each lane's
     16-byte loads (a uint4 = 8 values, word i = values 2i, 2i+1), the registers handed to the
-    mma, the CTA's and the split's sums and the output offsets (``p.glu``: the A operand's
-    rows g + 8 from the up half, I rows further, and silu(gate) * up out)."""
+    mma, the CTA's and the split's sums and the output offsets."""
     n, k = w.shape
     mt_tiles, nt, steps, s = p.mt, p.nt, p.split.steps, p.split
     w_flat = w.reshape(-1)
-    tile_rows = 8 if p.glu else 16
-    second = (n // 2) * k // 8 if p.glu else k  # uint4s to the A operand's rows g + 8
 
     def u4(flat, idx):  # [32] uint4 indices -> [32, 8] values
         return flat[(8 * idx)[:, None] + np.arange(8)]
@@ -135,7 +131,7 @@ def _emulate(x_flat, m, stride_x, w, bias, p):
     part = np.full((s.splits, m * n), np.nan)  # an output no lane writes stays NaN
     writes = np.zeros((s.splits, m * n), int)
     for tile in range(p.tiles):
-        n0 = tile * nt * tile_rows
+        n0 = tile * nt * 16
         wrow = ((n0 + G) * k + 8 * T) // 8
         for split in range(s.splits):
             total = np.zeros((mt_tiles, nt, 32, 4))
@@ -153,9 +149,9 @@ def _emulate(x_flat, m, stride_x, w, bias, p):
                                 b = np.stack([xv[:, 4 * h:4 * h + 2],
                                               xv[:, 4 * h + 2:4 * h + 4]], 1)
                                 for j in range(nt):
-                                    wa = wrow + j * (tile_rows // 8) * k
+                                    wa = wrow + j * 2 * k
                                     ca = u4(w_flat, wa + (kk // 32 + i) * 4)
-                                    cb = u4(w_flat, wa + second + (kk // 32 + i) * 4)
+                                    cb = u4(w_flat, wa + k + (kk // 32 + i) * 4)
                                     a = np.stack([ca[:, 4 * h:4 * h + 2], cb[:, 4 * h:4 * h + 2],
                                                   ca[:, 4 * h + 2:4 * h + 4],
                                                   cb[:, 4 * h + 2:4 * h + 4]], 1)
@@ -165,21 +161,15 @@ def _emulate(x_flat, m, stride_x, w, bias, p):
                 for i in range(4):
                     rows = mt * 8 + 2 * T + (i & 1)
                     for j in range(nt):
-                        if p.glu:  # d[2..3]: the up half, I rows (columns of the sums) on
-                            feats = n0 + 8 * j + G + (0 if i < 2 else n // 2)
-                        else:
-                            feats = n0 + 16 * j + G + (0 if i < 2 else 8)
+                        feats = n0 + 16 * j + G + (0 if i < 2 else 8)
                         ok = rows < m
                         part[split, rows[ok] * n + feats[ok]] = total[mt, j, ok, i]
                         np.add.at(writes[split], rows[ok] * n + feats[ok], 1)
     assert (writes == 1).all()  # each output once per split
     summed = part.sum(0)  # the last ticket's sum, in split order
     feats = np.arange(m * n) % n
-    out = (summed + (bias[feats] if bias is not None else 0.0)).reshape(m, n)
-    if p.glu:
-        gate, up = out[:, :n // 2], out[:, n // 2:]
-        return gate / (1.0 + np.exp(-gate)) * up
-    return out
+    out = summed + (bias[feats] if bias is not None else 0.0)
+    return out.reshape(m, n)
 
 
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16, 17, 25, 32])
@@ -206,29 +196,6 @@ def test_the_fragment_mapping_computes_x_at_w_transposed(m, n, k, sms, per_sm, m
     ref = x_full[:, :k] @ w.T + bias
     np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-10)
     assert p.split.splits > 1 or (sms, most) != (2, 2)  # the split case does split
-
-
-@pytest.mark.parametrize("m", [1, 7, 9, 32])
-@pytest.mark.parametrize("n,k,sms,per_sm,most,steps", [
-    (64, 256, 132, 6, 8, None),  # one CTA per tile
-    (96, 512, 2, 16, 2, 2),  # split over CTAs
-    (32, 384, 1, 8, 8, None),  # several warps, one CTA
-])
-def test_the_glu_mapping_computes_silu_gate_times_up(m, n, k, sms, per_sm, most, steps):
-    """The fused gate/up kernel: a tile's rows g are gate features, rows g + 8 the same
-    features' up rows (N / 2 further); silu(gate) * up from the float sums."""
-    rng = np.random.default_rng(m * 100 + n + k)
-    w = rng.standard_normal((n, k))
-    bias = rng.standard_normal(n)
-    stride_x = k + 32
-    x_full = rng.standard_normal((m, stride_x))
-    p = plan(m, k, n, sms, per_sm, steps, most, 1, glu=True)
-    got = _emulate(x_full.reshape(-1), m, stride_x, w, bias, p)
-    y = x_full[:, :k] @ w.T + bias
-    gate, up = y[:, :n // 2], y[:, n // 2:]
-    np.testing.assert_allclose(got, gate / (1 + np.exp(-gate)) * up, rtol=1e-10, atol=1e-10)
-    assert p.kernel(torch.bfloat16).startswith("dense_glu_bf16_m")
-    assert p.split.splits > 1 or sms != 2  # the split case does split
 
 
 # --- on the GPU ---------------------------------------------------------------------------
@@ -272,30 +239,6 @@ def test_matches_the_float64_reference_at_every_batch_gpu(n, k, dtype, with_bias
         ref = x.double() @ wd.T + (bias.double() if bias is not None else 0)
         assert torch.isfinite(out).all(), m
         assert _rel_rows(out, ref) < _tol(dtype), m
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n,k,per_sm", [(6144, 1024, None), (28672, 4096, None), (64, 256, None),
-                                        (6144, 4096, 64)])  # the last: split over CTAs
-def test_glu_matches_the_float64_reference_at_every_batch_gpu(n, k, per_sm, dtype, with_bias):
-    """silu(gate) * up of the merged projection in one launch, from the float sums."""
-    w, b = _weights(n, k, dtype)
-    bias = b if with_bias else None
-    wd = w.double()
-    tuning = {} if per_sm is None else {"warps_per_sm": per_sm}
-    for m in range(1, 33):
-        x = torch.randn(m, k, device="cuda", dtype=dtype)
-        out = dense_mma.dense_mma(x, w, bias, glu=True, **tuning)
-        assert out.dtype == dtype and out.shape == (m, n // 2)
-        y = x.double() @ wd.T + (bias.double() if bias is not None else 0)
-        gate, up = y[:, :n // 2], y[:, n // 2:]
-        assert torch.isfinite(out).all(), m
-        assert _rel_rows(out, torch.nn.functional.silu(gate) * up) < _tol(dtype), m
-    if per_sm is not None:
-        assert dense_mma.plan(32, k, n, 132, per_sm, glu=True).split.splits > 1
 
 
 @pytest.mark.gpu
@@ -427,20 +370,3 @@ def test_engine_decode_through_the_kernel_matches_the_default_kernels_gpu(tmp_pa
     cuda_out = run(True, eager)
     assert calls and max(calls) <= 32  # the decode steps' batches (graphs: at capture)
     assert cuda_checks.compare_decodes(default_out, cuda_out) >= 3 * len(cuda_checks.PROMPTS)
-
-
-def test_the_fused_gate_up_is_only_offered_where_the_kernel_runs(monkeypatch):
-    """forward_silu_glu gives None (the caller runs the GEMM and the activation) on the CPU,
-    when turned off, or when the CUDA dense GEMM does not take the call."""
-    from octavo.kernels import float_linear
-    from octavo.layers.linear import MergedColumnParallelLinear
-
-    layer = MergedColumnParallelLinear(64, [32, 32], prefix="mlp.gate_up_proj")
-    assert layer.forward_silu_glu(torch.zeros(2, 64)) is None  # CPU tensors
-    calls = []
-    monkeypatch.setattr(float_linear, "_dense_mma",
-                        lambda x, w, b, glu=False: calls.append(glu) or "fused")
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    assert layer.forward_silu_glu(torch.zeros(2, 64)) == "fused" and calls == [True]
-    monkeypatch.setenv("OCTAVO_FUSED_GLU", "0")
-    assert layer.forward_silu_glu(torch.zeros(2, 64)) is None

@@ -21,11 +21,7 @@ namespace {
 
 using octavo::word;
 
-// GLU: the gate and up halves of a merged [2I, K] weight in one product, silu(gate) * up out
-// ([M, I]): the A operand's rows g take gate feature f, its rows g + 8 up feature f (I rows
-// further), so each lane holds both of a pair in d[0..1] and d[2..3] and the activation is
-// applied to the float32 sums, with no [M, 2I] intermediate and no second launch.
-template <typename T, int MT, int NT, int STEPS, bool GLU>
+template <typename T, int MT, int NT, int STEPS>
 __device__ __forceinline__ void dense_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const T* __restrict__ bias,
     T* __restrict__ out, float* __restrict__ part, int* __restrict__ cnt, int M, int N, int K,
@@ -34,17 +30,14 @@ __device__ __forceinline__ void dense_mma(
   constexpr int CHUNK = 32 * STEPS;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int tile = blockIdx.x;  // NT * 16 output features (GLU: NT * 8 gate / up pairs)
+  const int tile = blockIdx.x;  // NT * 16 output features
   // This warp's K range: its share of the CTA's split (blockIdx.y).
   const int k_begin = (blockIdx.y * warps + warp) * k_per_warp;
   const int k_end = min(k_begin + k_per_warp, K);
   // Rows n0(j) + g and n0(j) + g + 8 of tile j: step k of row R at R * K + k, 4 uint4 a step.
-  // GLU: rows n0(j) + g of the gate half and I + n0(j) + g of the up half.
-  constexpr int TILE = GLU ? 8 : 16;  // output features per tile
-  const int n0 = tile * NT * TILE;
+  const int n0 = tile * NT * 16;
   const uint4* wrow = w + ((size_t)(n0 + g) * K + 8 * t) / 8;
   const size_t row8 = (size_t)K;  // 8 rows further, in uint4 (8 * K values / 8)
-  const size_t second = GLU ? (size_t)(N / 2) * row8 / 8 : row8;  // the A operand's rows g + 8
 
   // Software pipeline, one chunk deep: the next chunk's weights and activations are loaded
   // before this chunk's products, so no load's latency (DRAM for the weights, L2 for x) is
@@ -56,11 +49,11 @@ __device__ __forceinline__ void dense_mma(
   auto load_weights = [&](int k) {
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const uint4* wa = wrow + (size_t)j * (TILE / 8) * row8;  // tile j: TILE rows further
+      const uint4* wa = wrow + (size_t)j * 2 * row8;  // tile j: 16 rows further
 #pragma unroll
       for (int i = 0; i < STEPS; ++i) {
         next.a[j][i] = __ldg(wa + (k / 32 + i) * 4);
-        next.b[j][i] = __ldg(wa + second + (k / 32 + i) * 4);
+        next.b[j][i] = __ldg(wa + row8 + (k / 32 + i) * 4);
       }
     }
   };
@@ -92,43 +85,6 @@ __device__ __forceinline__ void dense_mma(
 
   // The CTA's warps hold K ranges of the same tile: add them up in warp 0.
   if (!octavo::cta_sum<NT>(acc, warp, warps, lane)) return;
-  const int splits = gridDim.y;
-  if constexpr (GLU) {
-    const int I = N / 2;
-    // fn(gate sum, up sum, feature f, row m) for each of the lane's pairs in the batch.
-    auto each_pair = [&](auto fn) {
-      octavo::each_row<MT>(t, M, [&](int mt, int i, int m) {
-        if (i >= 2) return;  // d[2..3]: the up halves of d[0..1]'s pairs
-#pragma unroll
-        for (int j = 0; j < NT; ++j) fn(acc[mt][j][i], acc[mt][j][i + 2], n0 + 8 * j + g, m);
-      });
-    };
-    auto store = [&](float gate, float up, int f, int m) {
-      if (bias) {
-        gate += Ops::to_float(bias[f]);
-        up += Ops::to_float(bias[I + f]);
-      }
-      out[(size_t)m * I + f] = Ops::from_float(gate / (1.0f + __expf(-gate)) * up);
-    };
-    if (splits == 1) {
-      each_pair(store);
-      return;
-    }
-    // Partials of both halves, [splits][M][2I] as the weight's rows.
-    float* mine = part + (size_t)blockIdx.y * M * N;
-    each_pair([&](float gate, float up, int f, int m) {
-      mine[(size_t)m * N + f] = gate;
-      mine[(size_t)m * N + I + f] = up;
-    });
-    if (!octavo::last_ticket(cnt + tile, splits, lane)) return;
-    each_pair([&](float, float, int f, int m) {
-      const size_t o = (size_t)m * N + f;
-      store(octavo::split_sum(part, splits, (size_t)M * N, o),
-            octavo::split_sum(part, splits, (size_t)M * N, o + I), f, m);
-    });
-    octavo::release_tile(cnt + tile, lane);
-    return;
-  }
 
   // fn(accumulator, output feature n, offset in [M, N]) for each of the lane's outputs in
   // the batch: d[i] is feature n0 + 16 j + g (+ 8 for i >= 2) at row mt * 8 + 2t + (i & 1).
@@ -144,6 +100,7 @@ __device__ __forceinline__ void dense_mma(
   auto store = [&](float a, int n, size_t o) {
     out[o] = Ops::from_float(bias ? a + Ops::to_float(bias[n]) : a);
   };
+  const int splits = gridDim.y;
   if (splits == 1) {
     each_output(store);
     return;
@@ -161,22 +118,17 @@ __device__ __forceinline__ void dense_mma(
 
 }  // namespace
 
-#define OCTAVO_DENSE_MMA_NAMED(NAME, T, MT, NT, STEPS, GLU)                                  \
+#define OCTAVO_DENSE_MMA(TNAME, T, MT, NT, STEPS)                                             \
   extern "C" __global__ void __launch_bounds__(256)                                           \
-      NAME(const T* x, const uint4* w, const T* bias, T* out, float* part, int* cnt, int M,   \
-           int N, int K, int stride_x, int k_per_warp) {                                      \
-    dense_mma<T, MT, NT, STEPS, GLU>(x, w, bias, out, part, cnt, M, N, K, stride_x,           \
-                                     k_per_warp);                                             \
+      dense_mma_##TNAME##_m##MT##_n##NT##_s##STEPS(                                           \
+          const T* x, const uint4* w, const T* bias, T* out, float* part, int* cnt, int M,    \
+          int N, int K, int stride_x, int k_per_warp) {                                       \
+    dense_mma<T, MT, NT, STEPS>(x, w, bias, out, part, cnt, M, N, K, stride_x, k_per_warp);   \
   }
-#define OCTAVO_DENSE_MMA(TNAME, T, MT, NT, STEPS) \
-  OCTAVO_DENSE_MMA_NAMED(dense_mma_##TNAME##_m##MT##_n##NT##_s##STEPS, T, MT, NT, STEPS, false)
-#define OCTAVO_DENSE_GLU(TNAME, T, MT, STEPS) \
-  OCTAVO_DENSE_MMA_NAMED(dense_glu_##TNAME##_m##MT##_n1_s##STEPS, T, MT, 1, STEPS, true)
 
 // (MT, NT, STEPS) built: octavo/kernels/dense_mma.py's VARIANTS, those whose two chunks of
 // operands in registers ((2 NT + MT) STEPS uint4, twice) fit in 255 registers without spills
 // (ptxas for sm_90, bf16 and fp16 alike; m2_n1_s8, m1_n2_s8 and m4_n2_s4 spilled 144-784 bytes).
-// The GLU kernels: one feature tile per warp (the engine's plan); m4_s1 spilled 4 bytes.
 #define OCTAVO_DENSE_MMA_ALL(TNAME, T) \
   OCTAVO_DENSE_MMA(TNAME, T, 1, 1, 1) \
   OCTAVO_DENSE_MMA(TNAME, T, 1, 1, 2) \
@@ -195,16 +147,7 @@ __device__ __forceinline__ void dense_mma(
   OCTAVO_DENSE_MMA(TNAME, T, 4, 1, 2) \
   OCTAVO_DENSE_MMA(TNAME, T, 4, 1, 4) \
   OCTAVO_DENSE_MMA(TNAME, T, 4, 2, 1) \
-  OCTAVO_DENSE_MMA(TNAME, T, 4, 2, 2) \
-  OCTAVO_DENSE_GLU(TNAME, T, 1, 1)    \
-  OCTAVO_DENSE_GLU(TNAME, T, 1, 2)    \
-  OCTAVO_DENSE_GLU(TNAME, T, 1, 4)    \
-  OCTAVO_DENSE_GLU(TNAME, T, 1, 8)    \
-  OCTAVO_DENSE_GLU(TNAME, T, 2, 1)    \
-  OCTAVO_DENSE_GLU(TNAME, T, 2, 2)    \
-  OCTAVO_DENSE_GLU(TNAME, T, 2, 4)    \
-  OCTAVO_DENSE_GLU(TNAME, T, 4, 2)    \
-  OCTAVO_DENSE_GLU(TNAME, T, 4, 4)
+  OCTAVO_DENSE_MMA(TNAME, T, 4, 2, 2)
 
 OCTAVO_DENSE_MMA_ALL(bf16, __nv_bfloat16)
 OCTAVO_DENSE_MMA_ALL(f16, __half)
