@@ -81,13 +81,6 @@ def attn_decode_splits() -> int | None:
     return int(value)
 
 
-def attn_kv_prefetch() -> bool:
-    """OCTAVO_ATTN_KV_PREFETCH (default off): on sm_90+ with PDL, decode attention launches
-    whose requests' K/V fit a few tens of MB ask L2 for it before waiting on the previous
-    kernel (octavo/kernels/paged_attention_config.py: kv_prefetch)."""
-    return _flag("OCTAVO_ATTN_KV_PREFETCH", False)
-
-
 def fused_kv_store() -> bool:
     """OCTAVO_FUSED_KV_STORE (default on): on CUDA, the launch that rotates q and k (Qwen3's
     q/k norm + rotary under OCTAVO_FUSED_QK_NORM_ROPE, or the rotary kernel of the other

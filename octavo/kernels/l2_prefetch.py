@@ -30,7 +30,7 @@ _PER_PROGRAM = 32 * _WARPS  # one chunk per thread
 
 
 @triton.jit
-def bulk_prefetch(addr, size):
+def _bulk_prefetch(addr, size):
     # Each thread issues the prefetch of its own chunk; a chunk of 0 bytes (the table's
     # padding) is skipped by the predicate.
     tl.inline_asm_elementwise(
@@ -43,28 +43,12 @@ def bulk_prefetch(addr, size):
 
 
 @triton.jit
-def bulk_prefetch_first_warp(addr, size):
-    """``bulk_prefetch`` issued by the first warp only: a tensor smaller than the program's
-    threads is held by every warp, which would each ask for the same ranges."""
-    tl.inline_asm_elementwise(
-        """{
-        .reg .pred p;
-        .reg .u32 tid;
-        mov.u32 tid, %tid.x;
-        setp.lt.u32 p, tid, 32;
-        @p setp.ne.u32 p, $2, 0;
-        @p cp.async.bulk.prefetch.L2.global [$1], $2;
-        mov.u32 $0, 0;
-        }""", "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _l2_prefetch_kernel(table_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # table [n, 2] int64 (address, bytes), n a multiple of BLOCK; one chunk per thread.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     addr = tl.load(table_ptr + offs * 2)
     size = tl.load(table_ptr + offs * 2 + 1).to(tl.int32)
-    bulk_prefetch(addr, size)
+    _bulk_prefetch(addr, size)
     # Nothing is read that the step writes and nothing is written: the wait only keeps the
     # chain's order (the next kernel's wait covers the one before this launch).
     pdl_begin(PDL)

@@ -44,7 +44,6 @@ from __future__ import annotations
 import torch
 
 from octavo.envs import attn_decode_splits, attn_decode_tile, attn_split_merge
-from octavo.kernels.l2_prefetch import bulk_prefetch_first_warp as _bulk_prefetch_l2
 from octavo.kernels.paged_attention_config import (
     _MIN_SPLIT_TOKENS,
     _SPLIT_PREFILL_ROWS,
@@ -54,7 +53,6 @@ from octavo.kernels.paged_attention_config import (
     _pick_num_splits,
     _pick_prefill_splits,
     _rows,
-    kv_prefetch,
 )
 from octavo.kernels.paged_attention_merge import (
     _merge_in_place,
@@ -166,27 +164,6 @@ def _attn_kv_loop(
     return acc, m_i, l_i
 
 
-@triton.jit
-def _prefetch_kv(k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, block_tables_ptr, stride_kb,
-                 stride_vb, stride_bt, kv_block_bytes, BLOCK_SIZE: tl.constexpr,
-                 PREFETCH: tl.constexpr):
-    """Before the PDL wait: ask L2 for up to PREFETCH of this decode's cache blocks (all KV
-    heads of a block are contiguous, so the request's KV-head programs take every
-    num_programs(1)-th block). Only blocks of earlier steps are asked for early; the one this
-    step's K/V store writes may be included too, harmlessly: L2 is where that store lands."""
-    b = tl.program_id(0)
-    q_len = tl.load(qsl_ptr + b + 1) - tl.load(qsl_ptr + b)
-    if (q_len == 1) & (tl.program_id(2) == 0):
-        n_blocks = tl.cdiv(tl.load(seq_lens_ptr + b), BLOCK_SIZE)
-        j = tl.program_id(1) + tl.num_programs(1) * tl.arange(0, PREFETCH)
-        ok = j < n_blocks
-        blk = tl.load(block_tables_ptr + b.to(tl.int64) * stride_bt + j, mask=ok,
-                      other=0).to(tl.int64)
-        size = tl.where(ok, kv_block_bytes, 0)
-        _bulk_prefetch_l2((k_cache_ptr + blk * stride_kb).to(tl.int64, bitcast=True), size)
-        _bulk_prefetch_l2((v_cache_ptr + blk * stride_vb).to(tl.int64, bitcast=True), size)
-
-
 # Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _paged_attention_kernel(
@@ -215,7 +192,6 @@ def _paged_attention_kernel(
     stride_bt,
     num_heads,
     num_splits,
-    kv_block_bytes,
     DECODE: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -231,11 +207,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr = 0,
 ):
-    if PREFETCH > 0:  # decode launches of small grids (kv_prefetch_blocks)
-        _prefetch_kv(k_cache_ptr, v_cache_ptr, qsl_ptr, seq_lens_ptr, block_tables_ptr,
-                     stride_kb, stride_vb, stride_bt, kv_block_bytes, BLOCK_SIZE, PREFETCH)
     pdl_begin(PDL)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -472,11 +444,9 @@ def paged_attention(
         # The minimum part applies to decodes; a prefill chunk's parts are its even share.
         min_split = max(cfg.block_n, keys) if decode else cfg.block_n
         cnt = split_k_counters(q.device, grid0 * num_kv_heads) if merge else seq_lens
-        prefetch, block_bytes = (kv_prefetch(num_seqs, key_cache, value_cache)
-                                 if decode and pdl["PDL"] else (0, 0))
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
             *args, part_acc, part_ml, cnt, qk_scale, num_seqs, *strides, num_heads, splits,
-            block_bytes, PREFETCH=prefetch, DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             SPLIT=splits > 1, MERGE=merge, MIN_SPLIT=min_split,
             SPLITS_P=next_power_of_2(splits), **common, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **pdl,

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo import envs
 from octavo.kernels.triton_utils import next_power_of_2, num_compute_units
 
 
@@ -94,35 +93,3 @@ def _pick_prefill_splits(num_programs: int, max_seq_len: int, device: torch.devi
     splits = min(2 * num_compute_units(device) // num_programs,
                  max_seq_len // _MIN_PREFILL_SPLIT_TOKENS, _MAX_SPLITS)
     return max(1, splits)
-
-
-# A decode launch asks L2 for its requests' cache blocks before its PDL wait (while the
-# previous kernel, the K/V store, still runs) when they fit this budget: W4's batch 32 reads
-# ~34 MB per layer from HBM (18.4 us per layer in the step, 12.6 us with the same K/V already
-# in L2: docs/benchmarks.md session 16); W1's large batches read ~1 GB and ask for nothing.
-_KV_PREFETCH_BYTES = 24 << 20
-_KV_PREFETCH_MAX_BLOCKS = 16  # per program: 16 x num_kv_heads blocks per request
-
-
-def kv_prefetch(num_seqs: int, key_cache: torch.Tensor, value_cache: torch.Tensor
-                ) -> tuple[int, int]:
-    """(blocks each decode program prefetches, bytes per block and cache) for a decode launch
-    over ``num_seqs`` requests: (0, 0) when off (``OCTAVO_ATTN_KV_PREFETCH``), when the
-    caches' blocks are not contiguous 16-byte-aligned ranges, or when even one block per
-    program would pass the budget."""
-    if not envs.attn_kv_prefetch() or key_cache.device.type != "cuda":
-        return 0, 0
-    _, block_size, num_kv, head_dim = key_cache.shape
-    block_bytes = block_size * num_kv * head_dim * key_cache.element_size()
-    for c in (key_cache, value_cache):
-        if (c.stride(2) != head_dim or c.stride(1) != num_kv * head_dim
-                or (c.stride(0) * c.element_size()) % 16 or c.data_ptr() % 16):
-            return 0, 0
-    if block_bytes % 16:
-        return 0, 0
-    # Each unit of the count is one block of K and one of V per (request, KV head) program.
-    per_unit = num_seqs * num_kv * 2 * block_bytes
-    units = min(_KV_PREFETCH_BYTES // per_unit, _KV_PREFETCH_MAX_BLOCKS)
-    if units < 1:
-        return 0, 0
-    return 1 << (int(units).bit_length() - 1), block_bytes
