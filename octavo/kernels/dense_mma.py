@@ -118,8 +118,8 @@ def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
 
 
 def available(device: torch.device) -> bool:
-    """Whether the engine's float layers use this kernel on ``device``: opted in
-    (``OCTAVO_CUDA_DENSE=1``) and built (nvcc, an NVIDIA GPU)."""
+    """Whether the engine's float layers use this kernel on ``device``: built (nvcc, an
+    NVIDIA GPU) and not turned off (``OCTAVO_CUDA_DENSE=0``)."""
     return envs.cuda_dense() and cuda_module.module(SOURCE, device) is not None
 
 

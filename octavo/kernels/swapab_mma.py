@@ -73,8 +73,8 @@ def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PE
 
 
 def available(device: torch.device) -> bool:
-    """Whether the engine's integer layers use this kernel on ``device``: opted in
-    (``OCTAVO_CUDA_KERNELS=1``) and built (nvcc, an NVIDIA GPU)."""
+    """Whether the engine's integer layers use this kernel on ``device``: built (nvcc, an
+    NVIDIA GPU) and not turned off (``OCTAVO_CUDA_KERNELS=0``)."""
     return envs.cuda_kernels() and cuda_module.module(SOURCE, device) is not None
 
 
