@@ -159,6 +159,23 @@ class Module:
                f"launching {name}")
 
 
+def aligned_rows(x2: torch.Tensor) -> torch.Tensor:
+    """``x2`` [M, K] as the mma kernels read activations (cuda/mma_common.cuh ``load_x``):
+    16-byte pieces of contiguous rows; a copy where its rows are not so."""
+    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+        return x2.contiguous()
+    return x2
+
+
+def loaded(source: str, device: torch.device) -> Module:
+    """``module(source, device)``, raising where it cannot be built or loaded (a direct call
+    of a kernel; the engine asks ``module`` first and keeps its Triton kernels)."""
+    mod = module(source, device)
+    if mod is None:
+        raise RuntimeError(f"the CUDA kernels of {source} are unavailable on {device}")
+    return mod
+
+
 def arguments(*values) -> list:
     """A kernel's parameters as ctypes values, in order: a tensor as its data pointer, None as
     a null pointer, an int as a C int."""

@@ -32,6 +32,7 @@ import torch
 from octavo import envs
 from octavo.kernels import cuda_module
 from octavo.kernels import pdl as pdl_mod
+from octavo.kernels.split_k import MAX_CTA_WARPS as MAX_WARPS
 from octavo.kernels.split_k import WarpPlan, over_warps
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
@@ -39,7 +40,6 @@ from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "dense_mma.cu"
 MAX_M = 32
-MAX_WARPS = 8  # the kernel's shared reduction buffer
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 # (MT, NT, STEPS) built (cuda/dense_mma.cu): the register budget of two chunks of operands,
 # (2 NT + MT) STEPS uint4 twice, within 255 registers and no spills. Registers per thread
@@ -90,11 +90,7 @@ class Plan:
 # rows against the best plans' 14.0 / 14.9 / 22.9); 6 warps per SM with two feature tiles
 # from 9 rows (the first guess) took 17.0 / 19.1 / 57.1.
 WARPS_PER_SM = 4
-
-
-def default_nt(m: int, n: int) -> int:
-    """One tile of 16 features per warp (two lost at every row count in the sweep)."""
-    return 1
+NT = 1  # tiles of 16 features per warp: two lost at every row count in the sweep
 
 
 def default_steps(mt: int, nt: int, k: int) -> int:
@@ -107,7 +103,7 @@ def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
     """The launch for ``m`` rows: about ``warps_per_sm`` warps per SM over N / (16 nt) tiles,
     each warp a whole number of chunks of ``steps`` K steps (``split_k.over_warps``)."""
     mt = batch_tiles(m)
-    nt = nt or default_nt(m, n)
+    nt = nt or NT
     steps = steps or default_steps(mt, nt, k)
     if (mt, nt, steps) not in VARIANTS or n % (16 * nt) or k % (32 * steps):
         raise ValueError(f"dense_mma: no kernel for M={m} (MT={mt}), NT={nt}, {steps} steps "
@@ -137,11 +133,8 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
-    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
-        x2 = x2.contiguous()  # 16-byte activation loads
-    mod = cuda_module.module(SOURCE, x2.device)
-    if mod is None:
-        raise RuntimeError("dense_mma: the CUDA kernels are unavailable on this device")
+    x2 = cuda_module.aligned_rows(x2)
+    mod = cuda_module.loaded(SOURCE, x2.device)
     p = plan(m, k, n, num_compute_units(x2.device), warps_per_sm, steps, most_warps, nt)
     out, partial = split_k_buffers(m, n, p.split.splits, x2)
     cnt = split_k_counters(x2.device, p.tiles)

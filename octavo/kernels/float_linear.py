@@ -36,7 +36,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
         rows = x.numel() // max(1, x.shape[-1])
         if (envs.cuda_dense_min_m(CUDA_DENSE_ROWS[0]) <= rows
-                <= min(envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1]), dense_mma.MAX_M)
+                <= envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1])
                 and weight.numel() * weight.element_size() <= CUDA_DENSE_MAX_BYTES
                 and dense_mma.fits(x, weight, bias) and dense_mma.available(x.device)):
             return dense_mma.dense_mma(x, weight, bias)

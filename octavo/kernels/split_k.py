@@ -42,6 +42,11 @@ def within(tiles: int, k_steps: int, device: torch.device, waves: int, most: int
     return max(1, min(k_steps, waves * num_compute_units(device) // max(1, tiles), most))
 
 
+# Warps per CTA of the CUDA mma kernels: their shared reduction buffer (kMaxWarps in
+# octavo/kernels/cuda/mma_common.cuh).
+MAX_CTA_WARPS = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class WarpPlan:
     """K over warps for the CUDA mma kernels (``swapab_mma``, ``dense_mma``): each warp of a

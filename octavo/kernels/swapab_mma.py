@@ -29,6 +29,7 @@ import torch
 from octavo import envs
 from octavo.kernels import cuda_module
 from octavo.kernels import pdl as pdl_mod
+from octavo.kernels.split_k import MAX_CTA_WARPS as MAX_WARPS
 from octavo.kernels.split_k import WarpPlan, over_warps
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
@@ -36,13 +37,8 @@ from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "swapab_mma.cu"
 MAX_M = 16
-MAX_WARPS = 8  # the kernel's shared reduction buffer
 ROWS = 16  # int16 rows of the layout per warp tile: 64 output columns
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
-
-
-# (steps, k_per_warp, warps, splits); the chunk lies inside one group.
-Plan = WarpPlan
 
 
 def supports(m: int, k: int, n: int, group_size: int, bits: int, dtype: torch.dtype) -> bool:
@@ -64,9 +60,10 @@ def default_steps(group_size: int) -> int:
 
 
 def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
-         steps: int | None = None, most_warps: int = MAX_WARPS, bits: int = 4) -> Plan:
+         steps: int | None = None, most_warps: int = MAX_WARPS, bits: int = 4) -> WarpPlan:
     """Split K over warps so the grid holds about ``warps_per_sm`` warps per SM: each warp a
-    whole number of chunks, the warps of a tile in CTAs of at most ``most_warps``."""
+    whole number of chunks (inside one group), the warps of a tile in CTAs of at most
+    ``most_warps``."""
     if steps is None:
         steps = default_steps(group_size)
     return over_warps(k, n // (16 // bits * ROWS), steps, sms, warps_per_sm, most_warps)
@@ -109,11 +106,8 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if zeros.dtype != scales.dtype:
         zeros = zeros.to(scales.dtype)
     scales, zeros, qweight = scales.contiguous(), zeros.contiguous(), qweight.contiguous()
-    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
-        x2 = x2.contiguous()  # 16-byte activation loads
-    mod = cuda_module.module(SOURCE, x2.device)
-    if mod is None:
-        raise RuntimeError("swapab_mma: the CUDA kernels are unavailable on this device")
+    x2 = cuda_module.aligned_rows(x2)
+    mod = cuda_module.loaded(SOURCE, x2.device)
     steps = steps or default_steps(group_size)
     name = (f"swapab_mma_{_DTYPES[x2.dtype]}_{_DTYPES[scales.dtype]}_w{bits}"
             f"_m{8 if m <= 8 else 16}_s{steps}")
