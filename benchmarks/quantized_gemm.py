@@ -95,10 +95,8 @@ def main() -> None:
         dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
         packs = {}  # (bits, path): weight copies in the layout the path reads
         for bits in args.bits:
-            qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
             for layout in {_layout(path) for path in args.paths}:
-                packs[bits, layout] = [int_weights(k, n, bits, args.group, dev, layout)
-                                       for _ in range(qcopies)]
+                packs[bits, layout] = _int_copies(k, n, bits, args.group, dev, layout)
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
@@ -153,8 +151,7 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
              for w in (4, 6, 10, 16) for st in (2, 4) for mw in (4, 8)]
     rows = []
     for name, (k, n) in SHAPES.items():
-        qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n // 2)))
-        packs = [int_weights(k, n, 4, args.group, dev, "swapab") for _ in range(qcopies)]
+        packs = _int_copies(k, n, 4, args.group, dev, "swapab")
         nbytes = _weight_bytes(k, n, 4, args.group)
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -175,6 +172,13 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
         torch.cuda.empty_cache()
     print_json_result({"benchmark": "quantized_gemm_cuda_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "rows": rows}, args.json)
+
+
+def _int_copies(k: int, n: int, bits: int, group: int, dev, layout: str) -> list:
+    """Enough packed [K, N] weights in ``layout`` that a sweep over them reads several times
+    the L2 (each call then reads its weight from HBM)."""
+    copies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
+    return [int_weights(k, n, bits, group, dev, layout) for _ in range(copies)]
 
 
 def _weight_bytes(k: int, n: int, bits: int, group: int) -> float:
@@ -302,8 +306,7 @@ def sweep(args, timed, bandwidth, limits) -> None:
     for bits, (name, (k, n)) in [(b, s) for b in args.bits for s in SHAPES.items()]:
         copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
         dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-        qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
-        packed = [int_weights(k, n, bits, group, dev) for _ in range(qcopies)]
+        packed = _int_copies(k, n, bits, group, dev, "along_k")
         # The swap-AB kernel's tiles too (--paths ... swapab), on its own packed layout.
         swapab = None
         if "swapab" in args.paths:
@@ -373,9 +376,8 @@ def dequant_sweep(args, timed, bandwidth, limits) -> None:
     rows = []
     for bits, (name, (k, n)) in [(b, s) for b in args.bits for s in SHAPES.items()]:
         moved = _weight_bytes(k, n, bits, args.group) + k * n * 2  # + the bf16 weight written
-        copies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
-        packs = {layout: [int_weights(k, n, bits, args.group, dev, layout)
-                          for _ in range(copies)] for layout in ("along_k", "swapab")}
+        packs = {layout: _int_copies(k, n, bits, args.group, dev, layout)
+                 for layout in ("along_k", "swapab")}
         res = time_each(timed, [{"layout": lay, **kw} for lay, kw in DEQUANT_CANDIDATES],
                         functools.partial(_dequant_calls, packs, args.group, bits))
         for r in res:

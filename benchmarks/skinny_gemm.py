@@ -85,8 +85,7 @@ def main() -> None:
                  if args.sweep_gemv else [None])
     for model, shapes in SHAPES.items():
         for name, (n, k) in shapes.items():
-            copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
-            ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / 32 for _ in range(copies)]
+            ws = _weight_copies(n, k)
             for m in args.m:
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 t_ref = timed([lambda w=w, x=x: F.linear(x, w) for w in ws])
