@@ -209,6 +209,19 @@ def cuda_dense_max_m(default: int) -> int:
     return _batch_size("OCTAVO_CUDA_DENSE_MAX_M", default)
 
 
+def cuda_fp8() -> bool:
+    """OCTAVO_CUDA_FP8 (default on): on NVIDIA GPUs (compute capability 8.9+) with nvcc,
+    FP8-weight linears (W8A8) run decode batches of up to OCTAVO_CUDA_FP8_MAX_M rows through
+    the float8 kernels of octavo/kernels/cuda/dense_mma.cu (activations unrounded, weights
+    converted in registers) instead of the FP8 GEMV / torch._scaled_mm."""
+    return _flag("OCTAVO_CUDA_FP8", True)
+
+
+def cuda_fp8_max_m(default: int) -> int:
+    """OCTAVO_CUDA_FP8_MAX_M: the largest batch the CUDA float8 kernel takes (at most 32)."""
+    return _batch_size("OCTAVO_CUDA_FP8_MAX_M", default)
+
+
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k" or "swapab" (every layer the swap-AB kernel can hold), for the

@@ -21,6 +21,12 @@ Measured on an H200 (docs/benchmarks.md session 19; ``benchmarks/skinny_gemm.py 
 22.7 / 24.6; W4 (``benchmarks/ab_latency.py``) 6-16% less time per token at batches 1-16.
 ``octavo.kernels.float_linear`` sends it weights of at most 16 MB (Llama-8B's are no faster
 than cuBLAS).
+
+Float8 (e4m3) weights with a float32 scale per output feature (the FP8 layers of
+``octavo.quantization.fp8_linear``) run through the same kernel (``FP8_VARIANTS``): a lane's
+16-byte load is 16 weights, converted exactly to the activations' 16-bit type in registers
+(fp16: ``cvt.rn.f16x2.e4m3x2``; bf16: the bits placed, 3-4 integer operations per two
+weights), the activations left unrounded, the scale applied in the final store.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from octavo.kernels.triton_utils import num_compute_units
 SOURCE = "dense_mma.cu"
 MAX_M = 32
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+FP8 = torch.float8_e4m3fn
 # (MT, NT, STEPS) built (cuda/dense_mma.cu): the register budget of two chunks of operands,
 # (2 NT + MT) STEPS uint4 twice, within 255 registers and no spills. Registers per thread
 # (ptxas, sm_90, bf16 = fp16): m1 n1 s1/2/4/8 48/70/116/210, m1 n2 s1/2/4 64/110/178,
@@ -48,6 +55,20 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 VARIANTS = frozenset(
     [(1, 1, s) for s in (1, 2, 4, 8)] + [(mt, nt, s) for mt, nt in ((1, 2), (2, 1), (2, 2), (4, 1))
                                          for s in (1, 2, 4)] + [(4, 2, 1), (4, 2, 2)])
+# Float8 weights, one feature tile per warp: a step is 64 K values, its activations two uint4
+# per batch tile. Registers (ptxas, sm_90, bf16 / fp16): m1 s1/2/4 48/87/150, m2 s1/2/4
+# 74/123/224, m4 s1/2 118/200.
+FP8_VARIANTS = frozenset([(1, 1, s) for s in (1, 2, 4)] + [(2, 1, s) for s in (1, 2, 4)]
+                         + [(4, 1, 1), (4, 1, 2)])
+
+
+def _variants(fp8: bool) -> frozenset:
+    return FP8_VARIANTS if fp8 else VARIANTS
+
+
+def step_k(fp8: bool) -> int:
+    """K values of one step (four lanes' 16-byte loads of a weight row)."""
+    return 64 if fp8 else 32
 
 
 def batch_tiles(m: int) -> int:
@@ -55,18 +76,29 @@ def batch_tiles(m: int) -> int:
     return 1 if m <= 8 else (2 if m <= 16 else 4)
 
 
-def supports(m: int, k: int, n: int, dtype: torch.dtype) -> bool:
-    return 1 <= m <= MAX_M and dtype in _DTYPES and k > 0 and k % 32 == 0 and n % 16 == 0
+def supports(m: int, k: int, n: int, dtype: torch.dtype, fp8: bool = False) -> bool:
+    return (1 <= m <= MAX_M and dtype in _DTYPES and k > 0 and k % step_k(fp8) == 0
+            and n % 16 == 0)
 
 
-def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether ``dense_mma(x, weight, bias)`` runs as the tensors are: a supported shape and
-    dtype, the weight contiguous with 16-byte aligned rows, the bias (if any) [N] of x's
+def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         scale: torch.Tensor | None = None) -> bool:
+    """Whether ``dense_mma(x, weight, bias, scale)`` runs as the tensors are: a supported
+    shape and dtype, the weight contiguous with 16-byte aligned rows (x's dtype; or float8
+    e4m3 with ``scale`` float32 [N], on compute capability 8.9+), the bias (if any) [N] of x's
     dtype. (x of any layout: the call copies it where its rows are not 16-byte aligned.)"""
     if not x.is_cuda or weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
         return False
     n, k = weight.shape
-    return (supports(x.numel() // max(1, k), k, n, x.dtype) and weight.dtype == x.dtype
+    fp8 = weight.dtype == FP8
+    if fp8:
+        if (scale is None or scale.dtype != torch.float32 or scale.numel() != n
+                or not scale.is_contiguous()
+                or torch.cuda.get_device_capability(x.device) < (8, 9)):
+            return False
+    elif weight.dtype != x.dtype or scale is not None:
+        return False
+    return (supports(x.numel() // max(1, k), k, n, x.dtype, fp8)
             and weight.is_contiguous() and weight.data_ptr() % 16 == 0
             and (bias is None or (bias.dtype == x.dtype and bias.shape == (n,)
                                   and bias.is_contiguous())))
@@ -78,9 +110,11 @@ class Plan:
     mt: int  # tiles of 8 rows per warp
     nt: int  # tiles of 16 features per warp
     tiles: int  # CTAs along N
+    fp8: bool = False  # float8 e4m3 weights (steps of 64 K values)
 
     def kernel(self, dtype: torch.dtype) -> str:
-        return f"dense_mma_{_DTYPES[dtype]}_m{self.mt}_n{self.nt}_s{self.split.steps}"
+        weights = "_e4m3" if self.fp8 else ""
+        return f"dense_mma_{_DTYPES[dtype]}{weights}_m{self.mt}_n{self.nt}_s{self.split.steps}"
 
 
 # The launch plan, from ``benchmarks/skinny_gemm.py --cuda-sweep`` on an H200 (24 plans per
@@ -93,41 +127,51 @@ WARPS_PER_SM = 4
 NT = 1  # tiles of 16 features per warp: two lost at every row count in the sweep
 
 
-def default_steps(mt: int, nt: int, k: int) -> int:
+def default_steps(mt: int, nt: int, k: int, fp8: bool = False) -> int:
     """The longest chunks built for (MT, NT) that K allows."""
-    return next(s for s in (8, 4, 2, 1) if (mt, nt, s) in VARIANTS and (k // 32) % s == 0)
+    return next((s for s in (8, 4, 2, 1)
+                 if (mt, nt, s) in _variants(fp8) and (k // step_k(fp8)) % s == 0), 1)
 
 
 def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
-         steps: int | None = None, most_warps: int = MAX_WARPS, nt: int | None = None) -> Plan:
+         steps: int | None = None, most_warps: int = MAX_WARPS, nt: int | None = None,
+         fp8: bool = False) -> Plan:
     """The launch for ``m`` rows: about ``warps_per_sm`` warps per SM over N / (16 nt) tiles,
     each warp a whole number of chunks of ``steps`` K steps (``split_k.over_warps``)."""
     mt = batch_tiles(m)
     nt = nt or NT
-    steps = steps or default_steps(mt, nt, k)
-    if (mt, nt, steps) not in VARIANTS or n % (16 * nt) or k % (32 * steps):
+    sk = step_k(fp8)
+    steps = steps or default_steps(mt, nt, k, fp8)
+    if (mt, nt, steps) not in _variants(fp8) or n % (16 * nt) or k % (sk * steps):
         raise ValueError(f"dense_mma: no kernel for M={m} (MT={mt}), NT={nt}, {steps} steps "
-                         f"at K={k}, N={n}")
+                         f"at K={k}, N={n}{' (float8 weights)' if fp8 else ''}")
     tiles = n // (16 * nt)
-    return Plan(over_warps(k, tiles, steps, sms, warps_per_sm, min(most_warps, MAX_WARPS)),
-                mt, nt, tiles)
+    # over_warps counts 32-wide steps: a float8 step is two of them.
+    split = over_warps(k * 32 // sk, tiles, steps, sms, warps_per_sm, min(most_warps, MAX_WARPS))
+    split = dataclasses.replace(split, k_per_warp=split.k_per_warp * sk // 32)
+    return Plan(split, mt, nt, tiles, fp8)
 
 
-def available(device: torch.device) -> bool:
-    """Whether the engine's float layers use this kernel on ``device``: built (nvcc, an
-    NVIDIA GPU) and not turned off (``OCTAVO_CUDA_DENSE=0``)."""
-    return envs.cuda_dense() and cuda_module.module(SOURCE, device) is not None
+def available(device: torch.device, fp8: bool = False) -> bool:
+    """Whether the engine's float layers (``fp8``: its float8 layers) use this kernel on
+    ``device``: built (nvcc, an NVIDIA GPU) and not turned off (``OCTAVO_CUDA_DENSE=0``,
+    ``OCTAVO_CUDA_FP8=0``)."""
+    return ((envs.cuda_fp8() if fp8 else envs.cuda_dense())
+            and cuda_module.module(SOURCE, device) is not None)
 
 
 def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-              warps_per_sm: int = WARPS_PER_SM, steps: int | None = None,
-              most_warps: int = MAX_WARPS, nt: int | None = None) -> torch.Tensor:
+              scale: torch.Tensor | None = None, warps_per_sm: int = WARPS_PER_SM,
+              steps: int | None = None, most_warps: int = MAX_WARPS,
+              nt: int | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for x [..., K] of at most MAX_M rows (float32
-    accumulation, rounded once to x's dtype). The tuning arguments exist for the benchmarks."""
-    if not fits(x, weight, bias):
+    accumulation, rounded once to x's dtype); for a float8 weight, of ``weight * scale[:,
+    None]`` (scale float32 [N]). The tuning arguments exist for the benchmarks."""
+    if not fits(x, weight, bias, scale):
         raise ValueError(f"dense_mma: x {tuple(x.shape)} {x.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype}, bias "
-                         f"{None if bias is None else (tuple(bias.shape), bias.dtype)} "
+                         f"{None if bias is None else (tuple(bias.shape), bias.dtype)}, scale "
+                         f"{None if scale is None else (tuple(scale.shape), scale.dtype)} "
                          "is not supported")
     shape = x.shape
     n, k = weight.shape
@@ -135,11 +179,12 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     m = x2.shape[0]
     x2 = cuda_module.aligned_rows(x2)
     mod = cuda_module.loaded(SOURCE, x2.device)
-    p = plan(m, k, n, num_compute_units(x2.device), warps_per_sm, steps, most_warps, nt)
+    p = plan(m, k, n, num_compute_units(x2.device), warps_per_sm, steps, most_warps, nt,
+             weight.dtype == FP8)
     out, partial = split_k_buffers(m, n, p.split.splits, x2)
     cnt = split_k_counters(x2.device, p.tiles)
-    args = cuda_module.arguments(x2, weight, bias, out, partial, cnt, m, n, k, x2.stride(0),
-                                 p.split.k_per_warp)
+    args = cuda_module.arguments(x2, weight, bias, scale, out, partial, cnt, m, n, k,
+                                 x2.stride(0), p.split.k_per_warp)
     mod.launch(p.kernel(x2.dtype), (p.tiles, p.split.splits, 1), 32 * p.split.warps, args,
                pdl=pdl_mod.enabled(x2.device))
     return out.reshape(*shape[:-1], n)

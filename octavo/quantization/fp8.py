@@ -199,6 +199,9 @@ class Fp8LinearMethod(LinearMethod):
         if w is not None:
             return F.linear(x, w if w.dtype == x.dtype else w.to(x.dtype), bias)
         x2 = x.reshape(-1, x.shape[-1])
+        y = fp8_linear.cuda_mma(x2, layer.weight_fp8, layer.weight_scale, bias)
+        if y is not None:  # decode batches: the CUDA float8 kernel, activations unrounded
+            return y.view(*x.shape[:-1], y.shape[-1])
         if fp8_linear.gemv_applies(layer, x2):
             # Decode batches of 1-2 rows: the FP8-weight GEMV, activations unrounded (here
             # quantizing them costs more launches than the GEMM).

@@ -13,9 +13,11 @@ Activations (when quantized) go to FP8 the way compressed-tensors does it: the s
 
 - On CUDA with FP8 tensor cores (compute capability 8.9+), W8A8 runs ``torch._scaled_mm`` with
   row-wise scales (per token x per output channel); a failure there (an older torch) falls back
-  to the path below, once, with a warning. Decode batches of up to ``fp8_gemv.MAX_M`` rows
-  run the FP8-weight GEMV instead (``OCTAVO_FP8_GEMV``): the same weights, the activations
-  left unrounded (at batch 1 quantizing them costs more launches than the GEMM itself).
+  to the path below, once, with a warning. Decode batches of up to ``CUDA_FP8_MAX_M`` rows
+  run the CUDA tensor-core kernel for float8 weights (``octavo.kernels.dense_mma``, built
+  with nvcc; ``OCTAVO_CUDA_FP8``), else those of up to ``fp8_gemv.MAX_M`` rows the FP8-weight
+  GEMV (``OCTAVO_FP8_GEMV``): the same weights, the activations left unrounded (at small
+  batches quantizing them costs more launches than the GEMM itself).
 - Elsewhere: the weight is dequantized once at load; the activations are quantized and
   dequantized in the model's dtype (exactly what the reference implementation computes), then
   a plain matmul.
@@ -40,6 +42,25 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
 FP8_GEMV_MAX_M = 2  # octavo.kernels.fp8_gemv.MAX_M (not imported here: it imports Triton)
+CUDA_FP8_MAX_M = 32  # octavo.kernels.dense_mma.MAX_M
+
+
+def cuda_mma(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+             bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``x2`` [m, k] times the float8 ``weight`` [n, k] (float32 ``scale`` per row) through
+    the CUDA float8 kernel where this call may take it (a CUDA batch of at most
+    ``OCTAVO_CUDA_FP8_MAX_M`` rows, the kernel built and not turned off), else None."""
+    if not (x2.is_cuda and x2.shape[0] <= envs.cuda_fp8_max_m(CUDA_FP8_MAX_M)):
+        return None
+    from octavo.kernels import dense_mma
+
+    scale = scale.view(-1)
+    if not (dense_mma.fits(x2, weight, None, scale)
+            and dense_mma.available(x2.device, fp8=True)):
+        return None
+    fused = bias is not None and bias.dtype == x2.dtype and bias.is_contiguous()
+    y = dense_mma.dense_mma(x2, weight, bias if fused else None, scale)
+    return y if fused or bias is None else y + bias
 
 
 def gemv_available() -> bool:
@@ -173,6 +194,9 @@ class Fp8LinearMethod(LinearMethod):
     def apply(self, layer, x, bias):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        if layer.fp8_mm and (y := cuda_mma(x2, layer.fp8_weight, layer.fp8_weight_scale,
+                                           bias)) is not None:
+            return y.view(*shape[:-1], y.shape[-1])
         if layer.fp8_mm and gemv_applies(layer, x2):
             y = gemv(x2, layer.fp8_weight, layer.fp8_weight_scale)
             y = y if bias is None else y + bias

@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from octavo.kernels import cuda_module, dense_mma
-from octavo.kernels.dense_mma import VARIANTS, plan, supports
+from octavo.kernels.dense_mma import FP8_VARIANTS, VARIANTS, plan, supports
 from tests.kernels import cuda_checks
 
 NAMES = [f"dense_mma_{t}_m{mt}_n{nt}_s{s}" for t in ("bf16", "f16")
          for mt, nt, s in sorted(VARIANTS)]
+FP8_NAMES = [f"dense_mma_{t}_e4m3_m{mt}_n{nt}_s{s}" for t in ("bf16", "f16")
+             for mt, nt, s in sorted(FP8_VARIANTS)]
 # (N, K): Qwen3-0.6B's qkv, gate_up, o, down; Llama-3.1-8B's qkv, gate_up, o, down.
 REAL_SHAPES = [(4096, 1024), (6144, 1024), (1024, 2048), (1024, 3072),
                (6144, 4096), (28672, 4096), (4096, 4096), (4096, 14336)]
@@ -84,7 +86,8 @@ def test_available_where_built_unless_turned_off(monkeypatch):
 
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="no nvcc on this machine")
 def test_the_source_builds_for_hopper_without_spills(tmp_path, monkeypatch):
-    spills = cuda_checks.build_once(dense_mma.SOURCE, NAMES, tmp_path, monkeypatch)
+    spills = cuda_checks.build_once(dense_mma.SOURCE, NAMES + FP8_NAMES, tmp_path,
+                                    monkeypatch)
     assert not any(spills.values()), spills  # every kernel built (VARIANTS) fits, no spills
 
 

@@ -1,7 +1,8 @@
 // Float (bf16 / fp16) GEMM for decode batches (M <= 32): y [M, N] = x [M, K] @ W [N, K]^T
 // (+ bias), W in nn.Linear's layout as it is, on the tensor cores' mma.sync with the weights
 // as the A operand: y^T [N, M] = W [N, K] @ x^T [K, M]. octavo/kernels/dense_mma.py builds
-// it (nvcc, at first use), plans the launch and says why it is shaped this way.
+// it (nvcc, at first use), plans the launch and says why it is shaped this way. W is either
+// of x's type or float8 e4m3 with a float32 scale per output feature (Weights<T, E4m3>).
 //
 // The design of swapab_mma.cu without the dequantization. A warp takes NT tiles of 16 output
 // features (weight rows) over a range of K, in steps of 32: lane (g = lane / 4, t = lane % 4)
@@ -21,13 +22,88 @@ namespace {
 
 using octavo::word;
 
-template <typename T, int MT, int NT, int STEPS>
+struct E4m3 {};  // the weight type tag of float8 e4m3 weights
+
+// What differs between weight types: the K values of a lane's 16-byte load (a step is 4 of
+// them), the activations' uint4 per step and batch tile, and the operands of product p of a
+// step (P of them), from the step's weight loads of rows g and g + 8 and its activations.
+template <typename T, typename W>
+struct Weights {  // W = T: 16-bit weights, products h = 0, 1 as in the header comment
+  static constexpr int kStepK = 32, kXVec = 1, kProducts = 2;
+  static constexpr float kOutScale = 1.f;
+  static __device__ __forceinline__ void a(const uint4& ra, const uint4& rb, int p,
+                                           uint32_t (&r)[4]) {
+    r[0] = word(ra, 2 * p); r[1] = word(rb, 2 * p);
+    r[2] = word(ra, 2 * p + 1); r[3] = word(rb, 2 * p + 1);
+  }
+  static __device__ __forceinline__ void b(const uint4 (&x)[kXVec], int p, uint32_t (&r)[2]) {
+    r[0] = word(x[0], 2 * p); r[1] = word(x[0], 2 * p + 1);
+  }
+};
+
+// Float8 e4m3 weights: a lane's 16 bytes are 16 K values, a step 64; product p takes word p
+// of each row (physical K 16t + 4p + {0..3}). The conversion is exact and costs 3-4 integer
+// operations per two weights; the per-feature scale is applied once, in the final store.
+// - fp16 activations: cvt.rn.f16x2.e4m3x2 (sm_89+) gives each pair of bytes as f16x2, in
+//   order: a0 = bytes {0, 1}, a2 = bytes {2, 3} of row g, the activations as loaded.
+// - bf16 activations: bf16 has no e4m3 conversion; the bits are placed instead: sign to bit
+//   15, exponent and mantissa to bits 10..4 (their bf16 places with the exponent biased 7, not
+//   127), which is w * 2^-120 exactly (e4m3 subnormals become bf16 subnormals). Bytes {0, 2}
+//   come out of one word's shift and {1, 3} of the other, so the products take physical K
+//   {+0, +2} as logical columns {2t, 2t+1} and {+1, +3} as {2t+8, 2t+9}, and the activations
+//   are paired the same way by a byte permute (per activation, shared by the warp's feature
+//   tiles). They also take 2^64 (exact in bf16 for |x| < 2^64), so each product is
+//   w x 2^-56: a normal float32 for |w x| >= 2^-70; the store multiplies 2^56 back.
+template <typename T>
+struct Weights<T, E4m3> {
+  static constexpr bool kBf16 = octavo::MmaType<T>::kBf16;
+  static constexpr int kStepK = 64, kXVec = 2, kProducts = 4;
+  static constexpr float kOutScale = kBf16 ? 72057594037927936.f : 1.f;  // 2^56
+  static __device__ __forceinline__ void pair(uint32_t q, uint32_t& lo, uint32_t& hi) {
+    if constexpr (kBf16) {
+      hi = ((q & 0x7F007F00u) >> 4) | (q & 0x80008000u);  // bytes 1, 3
+      const uint32_t q8 = q << 8;
+      lo = ((q8 & 0x7F007F00u) >> 4) | (q8 & 0x80008000u);  // bytes 0, 2
+    } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+      asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
+          "cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+          : "=r"(lo), "=r"(hi) : "r"(q));
+#else
+      lo = hi = 0;
+      __trap();  // never launched: dense_mma.py sends float8 weights on sm_89+ only
+#endif
+    }
+  }
+  static __device__ __forceinline__ void a(const uint4& ra, const uint4& rb, int p,
+                                           uint32_t (&r)[4]) {
+    pair(word(ra, p), r[0], r[2]);
+    pair(word(rb, p), r[1], r[3]);
+  }
+  static __device__ __forceinline__ void b(const uint4 (&x)[kXVec], int p, uint32_t (&r)[2]) {
+    const uint32_t x0 = word(x[p / 2], 2 * (p % 2)), x1 = word(x[p / 2], 2 * (p % 2) + 1);
+    if constexpr (kBf16) {
+      constexpr uint32_t kTwo64 = 0x5F805F80u, kMinusZero = 0x80008000u;  // bf16x2 2^64, -0
+      const uint32_t even = __byte_perm(x0, x1, 0x5410), odd = __byte_perm(x0, x1, 0x7632);
+      asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r[0]) : "r"(even), "r"(kTwo64), "r"(kMinusZero));
+      asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r[1]) : "r"(odd), "r"(kTwo64), "r"(kMinusZero));
+    } else {
+      r[0] = x0;
+      r[1] = x1;
+    }
+  }
+};
+
+template <typename T, typename W, int MT, int NT, int STEPS>
 __device__ __forceinline__ void dense_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const T* __restrict__ bias,
-    T* __restrict__ out, float* __restrict__ part, int* __restrict__ cnt, int M, int N, int K,
-    int stride_x, int k_per_warp) {
+    const float* __restrict__ scale, T* __restrict__ out, float* __restrict__ part,
+    int* __restrict__ cnt, int M, int N, int K, int stride_x, int k_per_warp) {
   using Ops = octavo::MmaType<T>;
-  constexpr int CHUNK = 32 * STEPS;
+  using Wt = Weights<T, W>;
+  constexpr int XV = Wt::kXVec;
+  constexpr int CHUNK = Wt::kStepK * STEPS;
+  constexpr int VALUES = Wt::kStepK / 4;  // per 16-byte load
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int tile = blockIdx.x;  // NT * 16 output features
@@ -36,15 +112,15 @@ __device__ __forceinline__ void dense_mma(
   const int k_end = min(k_begin + k_per_warp, K);
   // Rows n0(j) + g and n0(j) + g + 8 of tile j: step k of row R at R * K + k, 4 uint4 a step.
   const int n0 = tile * NT * 16;
-  const uint4* wrow = w + ((size_t)(n0 + g) * K + 8 * t) / 8;
-  const size_t row8 = (size_t)K;  // 8 rows further, in uint4 (8 * K values / 8)
+  const uint4* wrow = w + ((size_t)(n0 + g) * K + VALUES * t) / VALUES;
+  const size_t row8 = (size_t)8 * K / VALUES;  // 8 rows further, in uint4
 
   // Software pipeline, one chunk deep: the next chunk's weights and activations are loaded
   // before this chunk's products, so no load's latency (DRAM for the weights, L2 for x) is
   // waited for inside a chunk.
   struct Chunk {
     uint4 a[NT][STEPS], b[NT][STEPS];  // weight rows g and g + 8 of each tile
-    uint4 x[MT][STEPS];                // activation row g of each batch tile
+    uint4 x[MT][STEPS * XV];           // activation row g of each batch tile
   } next;
   auto load_weights = [&](int k) {
 #pragma unroll
@@ -52,12 +128,12 @@ __device__ __forceinline__ void dense_mma(
       const uint4* wa = wrow + (size_t)j * 2 * row8;  // tile j: 16 rows further
 #pragma unroll
       for (int i = 0; i < STEPS; ++i) {
-        next.a[j][i] = __ldg(wa + (k / 32 + i) * 4);
-        next.b[j][i] = __ldg(wa + row8 + (k / 32 + i) * 4);
+        next.a[j][i] = __ldg(wa + (k / Wt::kStepK + i) * 4);
+        next.b[j][i] = __ldg(wa + row8 + (k / Wt::kStepK + i) * 4);
       }
     }
   };
-  auto load_x = [&](int k) { octavo::load_x(next.x, x, M, stride_x, k, g, t); };
+  auto load_x = [&](int k) { octavo::load_x<XV>(next.x, x, M, stride_x, k, g, t); };
   if (k_begin < k_end) load_weights(k_begin);
   octavo::pdl_wait();  // the first weights are on their way while the previous kernel ends
   if (k_begin < k_end) load_x(k_begin);
@@ -69,18 +145,22 @@ __device__ __forceinline__ void dense_mma(
       load_weights(k + CHUNK);
       load_x(k + CHUNK);
     }
-    // Step i, product h: a0..a3 = words 2h, 2h of row g + 8, 2h + 1, 2h + 1 of row g + 8.
 #pragma unroll
     for (int i = 0; i < STEPS; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int p = 0; p < Wt::kProducts; ++p) {
+        uint32_t a[NT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int j = 0; j < NT; ++j) Wt::a(cur.a[j][i], cur.b[j][i], p, a[j]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          uint32_t b[2];
+          Wt::b(*reinterpret_cast<const uint4(*)[XV]>(&cur.x[mt][i * XV]), p, b);
 #pragma unroll
           for (int j = 0; j < NT; ++j)
-            Ops::mma(acc[mt][j], word(cur.a[j][i], 2 * h), word(cur.b[j][i], 2 * h),
-                     word(cur.a[j][i], 2 * h + 1), word(cur.b[j][i], 2 * h + 1),
-                     word(cur.x[mt][i], 2 * h), word(cur.x[mt][i], 2 * h + 1));
+            Ops::mma(acc[mt][j], a[j][0], a[j][1], a[j][2], a[j][3], b[0], b[1]);
+        }
+      }
   }
 
   // The CTA's warps hold K ranges of the same tile: add them up in warp 0.
@@ -98,6 +178,7 @@ __device__ __forceinline__ void dense_mma(
     });
   };
   auto store = [&](float a, int n, size_t o) {
+    if (scale) a *= scale[n] * Wt::kOutScale;
     out[o] = Ops::from_float(bias ? a + Ops::to_float(bias[n]) : a);
   };
   const int splits = gridDim.y;
@@ -118,36 +199,51 @@ __device__ __forceinline__ void dense_mma(
 
 }  // namespace
 
-#define OCTAVO_DENSE_MMA(TNAME, T, MT, NT, STEPS)                                             \
+// dense_mma_{activations}[_e4m3]_m{MT}_n{NT}_s{STEPS}; scale is read for e4m3 weights only.
+#define OCTAVO_DENSE_MMA(TNAME, T, WNAME, W, MT, NT, STEPS)                                    \
   extern "C" __global__ void __launch_bounds__(256)                                           \
-      dense_mma_##TNAME##_m##MT##_n##NT##_s##STEPS(                                           \
-          const T* x, const uint4* w, const T* bias, T* out, float* part, int* cnt, int M,    \
-          int N, int K, int stride_x, int k_per_warp) {                                       \
-    dense_mma<T, MT, NT, STEPS>(x, w, bias, out, part, cnt, M, N, K, stride_x, k_per_warp);   \
+      dense_mma_##TNAME##WNAME##_m##MT##_n##NT##_s##STEPS(                                    \
+          const T* x, const uint4* w, const T* bias, const float* scale, T* out, float* part, \
+          int* cnt, int M, int N, int K, int stride_x, int k_per_warp) {                      \
+    dense_mma<T, W, MT, NT, STEPS>(x, w, bias, std::is_same<W, E4m3>::value ? scale : nullptr, \
+                                   out, part, cnt, M, N, K, stride_x, k_per_warp);            \
   }
 
 // (MT, NT, STEPS) built: octavo/kernels/dense_mma.py's VARIANTS, those whose two chunks of
 // operands in registers ((2 NT + MT) STEPS uint4, twice) fit in 255 registers without spills
 // (ptxas for sm_90, bf16 and fp16 alike; m2_n1_s8, m1_n2_s8 and m4_n2_s4 spilled 144-784 bytes).
 #define OCTAVO_DENSE_MMA_ALL(TNAME, T) \
-  OCTAVO_DENSE_MMA(TNAME, T, 1, 1, 1) \
-  OCTAVO_DENSE_MMA(TNAME, T, 1, 1, 2) \
-  OCTAVO_DENSE_MMA(TNAME, T, 1, 1, 4) \
-  OCTAVO_DENSE_MMA(TNAME, T, 1, 1, 8) \
-  OCTAVO_DENSE_MMA(TNAME, T, 1, 2, 1) \
-  OCTAVO_DENSE_MMA(TNAME, T, 1, 2, 2) \
-  OCTAVO_DENSE_MMA(TNAME, T, 1, 2, 4) \
-  OCTAVO_DENSE_MMA(TNAME, T, 2, 1, 1) \
-  OCTAVO_DENSE_MMA(TNAME, T, 2, 1, 2) \
-  OCTAVO_DENSE_MMA(TNAME, T, 2, 1, 4) \
-  OCTAVO_DENSE_MMA(TNAME, T, 2, 2, 1) \
-  OCTAVO_DENSE_MMA(TNAME, T, 2, 2, 2) \
-  OCTAVO_DENSE_MMA(TNAME, T, 2, 2, 4) \
-  OCTAVO_DENSE_MMA(TNAME, T, 4, 1, 1) \
-  OCTAVO_DENSE_MMA(TNAME, T, 4, 1, 2) \
-  OCTAVO_DENSE_MMA(TNAME, T, 4, 1, 4) \
-  OCTAVO_DENSE_MMA(TNAME, T, 4, 2, 1) \
-  OCTAVO_DENSE_MMA(TNAME, T, 4, 2, 2)
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 1, 1, 1) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 1, 1, 2) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 1, 1, 4) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 1, 1, 8) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 1, 2, 1) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 1, 2, 2) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 1, 2, 4) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 2, 1, 1) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 2, 1, 2) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 2, 1, 4) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 2, 2, 1) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 2, 2, 2) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 2, 2, 4) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 4, 1, 1) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 4, 1, 2) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 4, 1, 4) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 4, 2, 1) \
+  OCTAVO_DENSE_MMA(TNAME, T, , T, 4, 2, 2)
+
+// Float8 weights (one feature tile per warp): octavo/kernels/dense_mma.py's FP8_VARIANTS.
+#define OCTAVO_DENSE_MMA_E4M3(TNAME, T)              \
+  OCTAVO_DENSE_MMA(TNAME, T, _e4m3, E4m3, 1, 1, 1)   \
+  OCTAVO_DENSE_MMA(TNAME, T, _e4m3, E4m3, 1, 1, 2)   \
+  OCTAVO_DENSE_MMA(TNAME, T, _e4m3, E4m3, 1, 1, 4)   \
+  OCTAVO_DENSE_MMA(TNAME, T, _e4m3, E4m3, 2, 1, 1)   \
+  OCTAVO_DENSE_MMA(TNAME, T, _e4m3, E4m3, 2, 1, 2)   \
+  OCTAVO_DENSE_MMA(TNAME, T, _e4m3, E4m3, 2, 1, 4)   \
+  OCTAVO_DENSE_MMA(TNAME, T, _e4m3, E4m3, 4, 1, 1)   \
+  OCTAVO_DENSE_MMA(TNAME, T, _e4m3, E4m3, 4, 1, 2)
 
 OCTAVO_DENSE_MMA_ALL(bf16, __nv_bfloat16)
 OCTAVO_DENSE_MMA_ALL(f16, __half)
+OCTAVO_DENSE_MMA_E4M3(bf16, __nv_bfloat16)
+OCTAVO_DENSE_MMA_E4M3(f16, __half)

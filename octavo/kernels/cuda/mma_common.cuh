@@ -60,18 +60,20 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// Activations for the B operand: row mt * 8 + g's 16 bytes at k + 32 i + 8 t for each batch
-// tile mt and step i (zeros past M), rows stride_x values apart and 16-byte aligned.
-template <typename T, int MT, int STEPS>
-__device__ __forceinline__ void load_x(uint4 (&nx)[MT][STEPS], const T* __restrict__ x, int M,
+// Activations for the B operand: row mt * 8 + g's 16 * XV bytes at k + 32 XV i + 8 XV t for
+// each batch tile mt and step i, as XV uint4 (zeros past M), rows stride_x values apart and
+// 16-byte aligned. (XV = 2: the steps of weights of one byte, 64 K values wide.)
+template <int XV = 1, typename T, int MT, int SV>
+__device__ __forceinline__ void load_x(uint4 (&nx)[MT][SV], const T* __restrict__ x, int M,
                                        int stride_x, int k, int g, int t) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int m = mt * 8 + g;
 #pragma unroll
-    for (int i = 0; i < STEPS; ++i)
-      nx[mt][i] = m < M ? *reinterpret_cast<const uint4*>(x + (size_t)m * stride_x + k +
-                                                          32 * i + 8 * t)
+    for (int i = 0; i < SV; ++i)
+      nx[mt][i] = m < M ? *reinterpret_cast<const uint4*>(
+                              x + (size_t)m * stride_x + k + 32 * XV * (i / XV) + 8 * XV * t +
+                              8 * (i % XV))
                         : make_uint4(0, 0, 0, 0);
   }
 }
