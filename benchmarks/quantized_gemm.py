@@ -14,6 +14,8 @@ fraction of the HBM bandwidth.
     python benchmarks/quantized_gemm.py --sweep --paths swapab --bits 4 --m 16 32 64 128
     python benchmarks/quantized_gemm.py --bits 4 --paths default swapab cuda --m 1 4 16
     python benchmarks/quantized_gemm.py --cuda-sweep --m 1 16   # the CUDA kernel's plans
+    python benchmarks/quantized_gemm.py --fp8 --m 1 2          # the FP8 GEMV's tiles
+    python benchmarks/quantized_gemm.py --fp8-cuda --m 1 8 16 32  # float8 dense_mma's plans
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def main() -> None:
     ap.add_argument("--cuda-sweep", action="store_true",
                     help="the CUDA swap-AB kernel (4-bit) over launch plans: warps per SM, "
                          "K steps per chunk, warps per CTA")
+    ap.add_argument("--fp8-cuda", action="store_true",
+                    help="float8 weights through the CUDA dense_mma kernel: its launch plans "
+                         "against bf16 cuBLAS, torch._scaled_mm and the FP8 GEMV")
     ap.add_argument("--fp8", action="store_true",
                     help="FP8 weights at M <= 4: the FP8 GEMV (a sweep of its tiles) against "
                          "torch._scaled_mm with per-token activation scales, as the engine "
@@ -84,6 +89,8 @@ def main() -> None:
         return sweep(args, timed, bandwidth, limits)
     if args.fp8:
         return fp8_sweep(args, timed, bandwidth, limits)
+    if args.fp8_cuda:
+        return fp8_cuda_sweep(args, timed, bandwidth, limits)
     if args.dequant_sweep:
         return dequant_sweep(args, timed, bandwidth, limits)
     if args.cuda_sweep:
@@ -424,20 +431,78 @@ def _fp8_candidates() -> list[dict]:
     return out
 
 
+def _bf16_copies(k: int, n: int, dev) -> list:
+    """bf16 weights [k, n] (x @ w: cuBLAS's decode GEMM) over enough copies to read HBM."""
+    import torch
+
+    return [torch.randn(k, n, device=dev, dtype=torch.bfloat16)
+            for _ in range(max(2, -(-L2_FLUSH_BYTES // (k * n * 2))))]
+
+
+def _fp8_copies(k: int, n: int, dev) -> list:
+    """(float8 weight [n, k], float32 row scales) copies: one sweep over them reads HBM."""
+    import torch
+
+    from octavo.quantization.fp8_linear import FP8
+
+    return [((torch.randn(n, k, device=dev) * 64).clamp(-448, 448).to(FP8),
+             torch.rand(n, device=dev) * 0.01)
+            for _ in range(max(2, -(-L2_FLUSH_BYTES // (k * n))))]
+
+
+def fp8_cuda_sweep(args, timed, bandwidth, limits) -> None:
+    import torch
+
+    from octavo.kernels import dense_mma
+    from octavo.kernels.fp8_gemv import fp8_gemv
+    from octavo.quantization.fp8_linear import activation_scale, quantize_fp8
+
+    dev = torch.device("cuda")
+    plans = [{}] + [{"warps_per_sm": w, "steps": s} for w in (4, 8, 16) for s in (1, 2, 4)]
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        dense = _bf16_copies(k, n, dev)
+        weights = _fp8_copies(k, n, dev)
+        for m in [m for m in args.m if m <= dense_mma.MAX_M]:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
+
+            def scaled_mm(w, s, x=x):
+                xs = activation_scale(x.float(), per_token=True)
+                return torch._scaled_mm(quantize_fp8(x.float(), xs), w.t(), scale_a=xs,
+                                        scale_b=s.reshape(1, -1), out_dtype=torch.bfloat16)
+            t_mm = timed([lambda p=p: scaled_mm(*p) for p in weights])
+            t_gemv = (timed([lambda p=p, x=x: fp8_gemv(x, p[0], p[1]) for p in weights])
+                      if m <= 2 else None)
+            results = time_each(timed, plans, lambda c, x=x, ws=weights: [
+                lambda p=p: dense_mma.dense_mma(x, p[0], None, p[1], **c) for p in ws])
+            default, summary = _summary(results, plans[0], t_bf16, k * n, bandwidth)
+            row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 2),
+                   "scaled_mm_us": round(t_mm, 2), "gemv_us": t_gemv and round(t_gemv, 2),
+                   "cuda_default_us": default, **summary}
+            rows.append(row)
+            best = row["best"]
+            print(f"fp8 {name} M={m} bf16={t_bf16:.1f}us scaled_mm={t_mm:.1f}us "
+                  f"gemv={t_gemv and round(t_gemv, 1)}us cuda={default}us "
+                  f"best={best['us']}us {best['cfg']} x{row['best_speedup']} "
+                  f"hbm={row['best_hbm_fraction']}", flush=True)
+        del dense, weights
+        torch.cuda.empty_cache()
+    print_json_result({"benchmark": "fp8_cuda_sweep", "device": device_info(),
+                       "limits": limits, "commit": git_commit(), "rows": rows}, args.json)
+
+
 def fp8_sweep(args, timed, bandwidth, limits) -> None:
     import torch
 
     from octavo.kernels.fp8_gemv import fp8_gemv
-    from octavo.quantization.fp8_linear import FP8, activation_scale, quantize_fp8
+    from octavo.quantization.fp8_linear import activation_scale, quantize_fp8
 
     dev = torch.device("cuda")
     rows = []
     for name, (k, n) in SHAPES.items():
-        copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
-        dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
-        qcopies = max(2, -(-L2_FLUSH_BYTES // (k * n)))
-        weights = [((torch.randn(n, k, device=dev) * 64).clamp(-448, 448).to(FP8),
-                    torch.rand(n, device=dev) * 0.01) for _ in range(qcopies)]
+        dense = _bf16_copies(k, n, dev)
+        weights = _fp8_copies(k, n, dev)
 
         def scaled_mm(x, w, s):
             xs = activation_scale(x.float(), per_token=True)
