@@ -211,10 +211,15 @@ def cuda_dense_max_m(default: int) -> int:
 
 def cuda_fp8() -> bool:
     """OCTAVO_CUDA_FP8 (default on): on NVIDIA GPUs (compute capability 8.9+) with nvcc,
-    FP8-weight linears (W8A8) run decode batches of up to OCTAVO_CUDA_FP8_MAX_M rows through
-    the float8 kernels of octavo/kernels/cuda/dense_mma.cu (activations unrounded, weights
-    converted in registers) instead of the FP8 GEMV / torch._scaled_mm."""
+    FP8-weight linears (W8A8) run decode batches of OCTAVO_CUDA_FP8_MIN_M..OCTAVO_CUDA_FP8_MAX_M
+    rows (default 3..16) through the float8 kernels of octavo/kernels/cuda/dense_mma.cu
+    (activations unrounded, weights converted in registers) instead of torch._scaled_mm."""
     return _flag("OCTAVO_CUDA_FP8", True)
+
+
+def cuda_fp8_min_m(default: int) -> int:
+    """OCTAVO_CUDA_FP8_MIN_M: the smallest batch the CUDA float8 kernel takes."""
+    return _batch_size("OCTAVO_CUDA_FP8_MIN_M", default)
 
 
 def cuda_fp8_max_m(default: int) -> int:

@@ -125,6 +125,12 @@ class Plan:
 # from 9 rows (the first guess) took 17.0 / 19.1 / 57.1.
 WARPS_PER_SM = 4
 NT = 1  # tiles of 16 features per warp: two lost at every row count in the sweep
+# Float8 weights: (warps per SM, steps) per batch tiles, from ``benchmarks/quantized_gemm.py
+# --fp8-cuda --m 1 8 16 32`` on an H200 (Llama-3.1-8B's four projections, weights read from
+# HBM; docs/benchmarks.md session 20): the conversion makes the loop issue-bound, so more warps
+# per SM than for 16-bit weights. One layer at 1 / 8 rows 79.7 / 83.2 us (4 warps per SM, the
+# longest chunks: 95.4 / 98.5); 16 rows 106.8 (113.6).
+FP8_PLAN = {1: (16, 2), 2: (8, 2), 4: (4, 2)}
 
 
 def default_steps(mt: int, nt: int, k: int, fp8: bool = False) -> int:
@@ -133,7 +139,7 @@ def default_steps(mt: int, nt: int, k: int, fp8: bool = False) -> int:
                  if (mt, nt, s) in _variants(fp8) and (k // step_k(fp8)) % s == 0), 1)
 
 
-def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
+def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int | None = None,
          steps: int | None = None, most_warps: int = MAX_WARPS, nt: int | None = None,
          fp8: bool = False) -> Plan:
     """The launch for ``m`` rows: about ``warps_per_sm`` warps per SM over N / (16 nt) tiles,
@@ -141,6 +147,11 @@ def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
     mt = batch_tiles(m)
     nt = nt or NT
     sk = step_k(fp8)
+    if fp8 and warps_per_sm is None and steps is None:
+        warps_per_sm, steps = FP8_PLAN[mt]
+        if (k // sk) % steps:
+            steps = None
+    warps_per_sm = warps_per_sm or WARPS_PER_SM
     steps = steps or default_steps(mt, nt, k, fp8)
     if (mt, nt, steps) not in _variants(fp8) or n % (16 * nt) or k % (sk * steps):
         raise ValueError(f"dense_mma: no kernel for M={m} (MT={mt}), NT={nt}, {steps} steps "
@@ -161,7 +172,7 @@ def available(device: torch.device, fp8: bool = False) -> bool:
 
 
 def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-              scale: torch.Tensor | None = None, warps_per_sm: int = WARPS_PER_SM,
+              scale: torch.Tensor | None = None, warps_per_sm: int | None = None,
               steps: int | None = None, most_warps: int = MAX_WARPS,
               nt: int | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for x [..., K] of at most MAX_M rows (float32

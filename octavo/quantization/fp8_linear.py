@@ -13,11 +13,11 @@ Activations (when quantized) go to FP8 the way compressed-tensors does it: the s
 
 - On CUDA with FP8 tensor cores (compute capability 8.9+), W8A8 runs ``torch._scaled_mm`` with
   row-wise scales (per token x per output channel); a failure there (an older torch) falls back
-  to the path below, once, with a warning. Decode batches of up to ``CUDA_FP8_MAX_M`` rows
-  run the CUDA tensor-core kernel for float8 weights (``octavo.kernels.dense_mma``, built
-  with nvcc; ``OCTAVO_CUDA_FP8``), else those of up to ``fp8_gemv.MAX_M`` rows the FP8-weight
-  GEMV (``OCTAVO_FP8_GEMV``): the same weights, the activations left unrounded (at small
-  batches quantizing them costs more launches than the GEMM itself).
+  to the path below, once, with a warning. Decode batches of ``CUDA_FP8_ROWS`` rows run the
+  CUDA tensor-core kernel for float8 weights (``octavo.kernels.dense_mma``, built with nvcc;
+  ``OCTAVO_CUDA_FP8``), those of up to ``fp8_gemv.MAX_M`` rows the FP8-weight GEMV
+  (``OCTAVO_FP8_GEMV``): the same weights, the activations left unrounded (at small batches
+  quantizing them costs more launches than the GEMM itself).
 - Elsewhere: the weight is dequantized once at load; the activations are quantized and
   dequantized in the model's dtype (exactly what the reference implementation computes), then
   a plain matmul.
@@ -42,15 +42,20 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
 FP8_GEMV_MAX_M = 2  # octavo.kernels.fp8_gemv.MAX_M (not imported here: it imports Triton)
-CUDA_FP8_MAX_M = 32  # octavo.kernels.dense_mma.MAX_M
+# Rows sent to the CUDA float8 kernel (octavo.kernels.dense_mma): at one row the FP8 GEMV was
+# faster (one Llama-8B layer 65.9 against 79.7 us), at 32 cuBLAS's _scaled_mm (H200,
+# docs/benchmarks.md session 20).
+CUDA_FP8_ROWS = (3, 16)
 
 
 def cuda_mma(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              bias: torch.Tensor | None) -> torch.Tensor | None:
     """``x2`` [m, k] times the float8 ``weight`` [n, k] (float32 ``scale`` per row) through
-    the CUDA float8 kernel where this call may take it (a CUDA batch of at most
-    ``OCTAVO_CUDA_FP8_MAX_M`` rows, the kernel built and not turned off), else None."""
-    if not (x2.is_cuda and x2.shape[0] <= envs.cuda_fp8_max_m(CUDA_FP8_MAX_M)):
+    the CUDA float8 kernel where this call may take it (a CUDA batch of
+    ``OCTAVO_CUDA_FP8_MIN_M``..``OCTAVO_CUDA_FP8_MAX_M`` rows, the kernel built and not turned
+    off), else None."""
+    if not (x2.is_cuda and envs.cuda_fp8_min_m(CUDA_FP8_ROWS[0]) <= x2.shape[0]
+            <= envs.cuda_fp8_max_m(CUDA_FP8_ROWS[1])):
         return None
     from octavo.kernels import dense_mma
 
