@@ -50,14 +50,14 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 FP8 = torch.float8_e4m3fn
 # (MT, NT, STEPS) built (cuda/dense_mma.cu): the register budget of two chunks of operands,
 # (2 NT + MT) STEPS uint4 twice, within 255 registers and no spills. Registers per thread
-# (ptxas, sm_90, bf16 = fp16): m1 n1 s1/2/4/8 48/70/116/210, m1 n2 s1/2/4 64/110/178,
-# m2 n1 s1/2/4 66/92/170, m2 n2 s1/2/4 74/126/226, m4 n1 s1/2/4 76/124/228, m4 n2 s1/2 112/178.
+# (ptxas, sm_90, bf16 = fp16): m1 n1 s1/2/4/8 48/72/120/222, m1 n2 s1/2/4 64/114/198,
+# m2 n1 s1/2/4 62/94/158, m2 n2 s1/2/4 90/138/234, m4 n1 s1/2/4 94/146/240, m4 n2 s1/2 124/192.
 VARIANTS = frozenset(
     [(1, 1, s) for s in (1, 2, 4, 8)] + [(mt, nt, s) for mt, nt in ((1, 2), (2, 1), (2, 2), (4, 1))
                                          for s in (1, 2, 4)] + [(4, 2, 1), (4, 2, 2)])
 # Float8 weights, one feature tile per warp: a step is 64 K values, its activations two uint4
-# per batch tile. Registers (ptxas, sm_90, bf16 / fp16): m1 s1/2/4 48/87/150, m2 s1/2/4
-# 74/123/224, m4 s1/2 118/200.
+# per batch tile. Registers (ptxas, sm_90, bf16 / fp16): m1 s1/2/4 61/91/158 / 61/90/154, m2
+# s1/2/4 80/128/230 / 80/128/227, m4 s1/2 126/218 / 124/208.
 FP8_VARIANTS = frozenset([(1, 1, s) for s in (1, 2, 4)] + [(2, 1, s) for s in (1, 2, 4)]
                          + [(4, 1, 1), (4, 1, 2)])
 

@@ -42,10 +42,11 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
 FP8_GEMV_MAX_M = 2  # octavo.kernels.fp8_gemv.MAX_M (not imported here: it imports Triton)
-# Rows sent to the CUDA float8 kernel (octavo.kernels.dense_mma): at one row the FP8 GEMV was
-# faster (one Llama-8B layer 65.9 against 79.7 us), at 32 cuBLAS's _scaled_mm (H200,
-# docs/benchmarks.md session 20).
-CUDA_FP8_ROWS = (3, 16)
+# Rows sent to the CUDA float8 kernel (octavo.kernels.dense_mma). Llama-3.1-8B fp8 on an H200
+# (benchmarks/quantized.py, ms per token, docs/benchmarks.md session 20), kernel / without:
+# batch 1 3.335 / 2.890 (the FP8 GEMV), 2 3.852 / 4.103 (the GEMV), 4 4.352 / 5.403, 8 4.308 /
+# 5.436, 16 6.141 / 5.474 (torch._scaled_mm).
+CUDA_FP8_ROWS = (2, 8)
 
 
 def cuda_mma(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,

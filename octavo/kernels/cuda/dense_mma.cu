@@ -117,34 +117,28 @@ __device__ __forceinline__ void dense_mma(
 
   // Software pipeline, one chunk deep: the next chunk's weights and activations are loaded
   // before this chunk's products, so no load's latency (DRAM for the weights, L2 for x) is
-  // waited for inside a chunk.
+  // waited for inside a chunk. Two chunks in registers, used in turn (the loop unrolled
+  // twice), so that no chunk is copied from one to the other.
   struct Chunk {
     uint4 a[NT][STEPS], b[NT][STEPS];  // weight rows g and g + 8 of each tile
     uint4 x[MT][STEPS * XV];           // activation row g of each batch tile
-  } next;
-  auto load_weights = [&](int k) {
+  } c0, c1;
+  auto load = [&](Chunk& c, int k, bool weights, bool acts) {
+    if (weights) {
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const uint4* wa = wrow + (size_t)j * 2 * row8;  // tile j: 16 rows further
+      for (int j = 0; j < NT; ++j) {
+        const uint4* wa = wrow + (size_t)j * 2 * row8;  // tile j: 16 rows further
 #pragma unroll
-      for (int i = 0; i < STEPS; ++i) {
-        next.a[j][i] = __ldg(wa + (k / Wt::kStepK + i) * 4);
-        next.b[j][i] = __ldg(wa + row8 + (k / Wt::kStepK + i) * 4);
+        for (int i = 0; i < STEPS; ++i) {
+          c.a[j][i] = __ldg(wa + (k / Wt::kStepK + i) * 4);
+          c.b[j][i] = __ldg(wa + row8 + (k / Wt::kStepK + i) * 4);
+        }
       }
     }
+    if (acts) octavo::load_x<XV>(c.x, x, M, stride_x, k, g, t);
   };
-  auto load_x = [&](int k) { octavo::load_x<XV>(next.x, x, M, stride_x, k, g, t); };
-  if (k_begin < k_end) load_weights(k_begin);
-  octavo::pdl_wait();  // the first weights are on their way while the previous kernel ends
-  if (k_begin < k_end) load_x(k_begin);
-
   float acc[MT][NT][4] = {};
-  for (int k = k_begin; k < k_end; k += CHUNK) {
-    const Chunk cur = next;
-    if (k + CHUNK < k_end) {
-      load_weights(k + CHUNK);
-      load_x(k + CHUNK);
-    }
+  auto products = [&](const Chunk& cur) {
 #pragma unroll
     for (int i = 0; i < STEPS; ++i)
 #pragma unroll
@@ -161,6 +155,16 @@ __device__ __forceinline__ void dense_mma(
             Ops::mma(acc[mt][j], a[j][0], a[j][1], a[j][2], a[j][3], b[0], b[1]);
         }
       }
+  };
+  if (k_begin < k_end) load(c0, k_begin, true, false);
+  octavo::pdl_wait();  // the first weights are on their way while the previous kernel ends
+  if (k_begin < k_end) load(c0, k_begin, false, true);
+  for (int k = k_begin; k < k_end; k += 2 * CHUNK) {
+    if (k + CHUNK < k_end) load(c1, k + CHUNK, true, true);
+    products(c0);
+    if (k + CHUNK >= k_end) break;
+    if (k + 2 * CHUNK < k_end) load(c0, k + 2 * CHUNK, true, true);
+    products(c1);
   }
 
   // The CTA's warps hold K ranges of the same tile: add them up in warp 0.
