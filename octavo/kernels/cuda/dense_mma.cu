@@ -30,6 +30,11 @@ struct E4m3 {};  // the weight type tag of float8 e4m3 weights
 template <typename T, typename W>
 struct Weights {  // W = T: 16-bit weights, products h = 0, 1 as in the header comment
   static constexpr int kStepK = 32, kXVec = 1, kProducts = 2;
+  // The K loop's two chunks used in turn (unrolled twice) or the next one copied into the
+  // current one each chunk. H200 (session 20): in turn, one Qwen3-0.6B layer's four GEMMs
+  // took 14.6 -> 13.1 us alone at one row, but W4 batch 1 went 0.892 -> 0.975-0.986 ms per
+  // token (twice the loop's code beside the step's other kernels): 16-bit weights copy.
+  static constexpr bool kTwoChunks = false;
   static constexpr float kOutScale = 1.f;
   static __device__ __forceinline__ void a(const uint4& ra, const uint4& rb, int p,
                                            uint32_t (&r)[4]) {
@@ -58,6 +63,8 @@ template <typename T>
 struct Weights<T, E4m3> {
   static constexpr bool kBf16 = octavo::MmaType<T>::kBf16;
   static constexpr int kStepK = 64, kXVec = 2, kProducts = 4;
+  // In turn: Llama-8B fp8 batches 2 / 4 / 8 3.852 / 4.352 / 4.308 -> 3.629 / 3.955 / 4.127 ms.
+  static constexpr bool kTwoChunks = true;
   static constexpr float kOutScale = kBf16 ? 72057594037927936.f : 1.f;  // 2^56
   static __device__ __forceinline__ void pair(uint32_t q, uint32_t& lo, uint32_t& hi) {
     if constexpr (kBf16) {
@@ -117,12 +124,11 @@ __device__ __forceinline__ void dense_mma(
 
   // Software pipeline, one chunk deep: the next chunk's weights and activations are loaded
   // before this chunk's products, so no load's latency (DRAM for the weights, L2 for x) is
-  // waited for inside a chunk. Two chunks in registers, used in turn (the loop unrolled
-  // twice), so that no chunk is copied from one to the other.
+  // waited for inside a chunk.
   struct Chunk {
     uint4 a[NT][STEPS], b[NT][STEPS];  // weight rows g and g + 8 of each tile
     uint4 x[MT][STEPS * XV];           // activation row g of each batch tile
-  } c0, c1;
+  };
   auto load = [&](Chunk& c, int k, bool weights, bool acts) {
     if (weights) {
 #pragma unroll
@@ -156,15 +162,25 @@ __device__ __forceinline__ void dense_mma(
         }
       }
   };
+  Chunk c0, c1;
   if (k_begin < k_end) load(c0, k_begin, true, false);
   octavo::pdl_wait();  // the first weights are on their way while the previous kernel ends
   if (k_begin < k_end) load(c0, k_begin, false, true);
-  for (int k = k_begin; k < k_end; k += 2 * CHUNK) {
-    if (k + CHUNK < k_end) load(c1, k + CHUNK, true, true);
-    products(c0);
-    if (k + CHUNK >= k_end) break;
-    if (k + 2 * CHUNK < k_end) load(c0, k + 2 * CHUNK, true, true);
-    products(c1);
+  if constexpr (Wt::kTwoChunks) {
+    // The two chunks used in turn (the loop unrolled twice): no chunk copied into the other.
+    for (int k = k_begin; k < k_end; k += 2 * CHUNK) {
+      if (k + CHUNK < k_end) load(c1, k + CHUNK, true, true);
+      products(c0);
+      if (k + CHUNK >= k_end) break;
+      if (k + 2 * CHUNK < k_end) load(c0, k + 2 * CHUNK, true, true);
+      products(c1);
+    }
+  } else {
+    for (int k = k_begin; k < k_end; k += CHUNK) {
+      c1 = c0;
+      if (k + CHUNK < k_end) load(c0, k + CHUNK, true, true);
+      products(c1);
+    }
   }
 
   // The CTA's warps hold K ranges of the same tile: add them up in warp 0.
