@@ -52,7 +52,7 @@ def main() -> None:
                     help="w4a16_gemm paths to time side by side: default (the dispatch), gemv, "
                          "gemm, dequant, swapab (its own packed layout), swapab_dequant "
                          "(dequantize that layout, then cuBLAS), cuda (the CUDA C++ kernel on "
-                         "that layout, octavo/kernels/swapab_mma.py, 4-bit, M <= 16), layout "
+                         "that layout, octavo/kernels/swapab_mma.py, M <= 16), layout "
                          "(the engine's dispatch "
                          "for a layer in the swap-AB layout), dequant_only / "
                          "swapab_dequant_only (the dequantization alone: its HBM fraction "
@@ -69,7 +69,7 @@ def main() -> None:
                          "tile configurations; HBM fraction of the packed weight read plus "
                          "the float weight written")
     ap.add_argument("--cuda-sweep", action="store_true",
-                    help="the CUDA swap-AB kernel (4-bit) over launch plans: warps per SM, "
+                    help="the CUDA swap-AB kernel (--bits) over launch plans: warps per SM, "
                          "K steps per chunk, warps per CTA")
     ap.add_argument("--fp8-cuda", action="store_true",
                     help="float8 weights through the CUDA dense_mma kernel: its launch plans "
@@ -148,7 +148,7 @@ def main() -> None:
 
 
 def cuda_sweep(args, timed, bandwidth, limits) -> None:
-    """The CUDA swap-AB kernel over launch plans, per Llama-8B shape and M (4-bit)."""
+    """The CUDA swap-AB kernel over launch plans, per Llama-8B shape, M and bits (--bits)."""
     import torch
 
     from octavo.kernels.swapab_mma import swapab_mma
@@ -157,26 +157,28 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
     plans = [{"warps_per_sm": w, "steps": st, "most_warps": mw}
              for w in (4, 6, 10, 16) for st in (2, 4) for mw in (4, 8)]
     rows = []
-    for name, (k, n) in SHAPES.items():
-        packs = _int_copies(k, n, 4, args.group, dev, "swapab")
-        nbytes = _weight_bytes(k, n, 4, args.group)
-        for m in args.m:
-            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            results = []
-            for cfg in plans:
-                t = timed([lambda p=p, x=x, cfg=cfg: swapab_mma(x, *p, args.group, 4, **cfg)
-                           for p in packs])
-                results.append({**cfg, "us": round(t, 2),
-                                "hbm_fraction": round(nbytes / (t * 1e-6) / bandwidth, 3)})
-            best = min(results, key=lambda r: r["us"])
-            default = next(r for r in results if r["warps_per_sm"] == 6 and r["steps"] == 4
-                           and r["most_warps"] == 8)
-            row = {"shape": name, "M": m, "best": best, "default": default, "all": results}
-            rows.append(row)
-            print(f"{name} M={m}: default {default['us']} us ({default['hbm_fraction']:.0%}), "
-                  f"best {best}", flush=True)
-        del packs
-        torch.cuda.empty_cache()
+    for bits in args.bits:
+        for name, (k, n) in SHAPES.items():
+            packs = _int_copies(k, n, bits, args.group, dev, "swapab")
+            nbytes = _weight_bytes(k, n, bits, args.group)
+            for m in args.m:
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                results = []
+                for cfg in plans:
+                    t = timed([lambda p=p, x=x, cfg=cfg, b=bits: swapab_mma(
+                        x, *p, args.group, b, **cfg) for p in packs])
+                    results.append({**cfg, "us": round(t, 2),
+                                    "hbm_fraction": round(nbytes / (t * 1e-6) / bandwidth, 3)})
+                best = min(results, key=lambda r: r["us"])
+                default = next(r for r in results if r["warps_per_sm"] == 6 and r["steps"] == 4
+                               and r["most_warps"] == 8)
+                row = {"bits": bits, "shape": name, "M": m, "best": best, "default": default,
+                       "all": results}
+                rows.append(row)
+                print(f"{bits}-bit {name} M={m}: default {default['us']} us "
+                      f"({default['hbm_fraction']:.0%}), best {best}", flush=True)
+            del packs
+            torch.cuda.empty_cache()
     print_json_result({"benchmark": "quantized_gemm_cuda_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "rows": rows}, args.json)
 

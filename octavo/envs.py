@@ -171,6 +171,15 @@ def int_swapab_max_m(default: int) -> int:
     return _batch_size("OCTAVO_INT_SWAPAB_MAX_M", default)
 
 
+def int_swapab_8bit() -> bool:
+    """OCTAVO_INT_SWAPAB_8BIT (default off): the size rule of octavo/kernels/int_weight_layout.py
+    sends large 8-bit weights (Llama-8B's gate_up and down) to the swap-AB layout as it does
+    4-bit ones, so that their batches of 1-8 rows run the CUDA kernel (swapab_mma.cu's one
+    operand per byte), to measure it against the 8-bit GEMV of the default layout.
+    OCTAVO_INT_WEIGHT_LAYOUT=swapab moves every layer instead."""
+    return _flag("OCTAVO_INT_SWAPAB_8BIT", False)
+
+
 def cuda_kernels() -> bool:
     """OCTAVO_CUDA_KERNELS (default on): on NVIDIA GPUs with nvcc, weight-only integer layers
     in the swap-AB layout run decode batches of 1-8 rows (OCTAVO_CUDA_KERNELS_MAX_M) through

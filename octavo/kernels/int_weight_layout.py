@@ -41,7 +41,7 @@ from octavo.kernels import w4a16_swapab as swapab
 ALONG_K = "along_k"
 SWAPAB = "swapab"
 SWAPAB_MIN_WEIGHTS = 1 << 25  # K * N; Llama-8B's gate_up (117M) and down (59M), not qkv / o
-SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout
+SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout (OCTAVO_INT_SWAPAB_8BIT: +8)
 SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 
 
@@ -54,7 +54,8 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     if mode != "auto":
         return mode
     hopper = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
-    large = k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
+    bits_ok = bits == SWAPAB_BITS or (bits == 8 and envs.int_swapab_8bit())
+    large = k * n >= SWAPAB_MIN_WEIGHTS and bits_ok
     return SWAPAB if hopper and large else ALONG_K
 
 

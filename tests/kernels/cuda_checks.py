@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 
+import numpy as np
 import torch
 
 from octavo.kernels import cuda_module
@@ -100,3 +101,32 @@ def compare_decodes(ref: list, got: list, first: int = 0, tol: float = 0.1) -> i
             if g_ids[i] != r_ids[i]:
                 break
     return compared
+
+
+# --- the mma's fragments, emulated on the CPU (test_dense_mma.py, test_swapab_mma.py) ----
+
+LANE = np.arange(32)
+G, T = LANE // 4, LANE % 4
+
+
+def mma16816(d, a, b):
+    """``mma.sync.m16n8k16.row.col`` of one warp on float64 operands, from the PTX ISA's
+    fragment layouts (a register holds two consecutive values, the lower column / row first):
+    A [16, 16] row-major: a0 (row g, cols 2t, 2t+1), a1 (row g+8, cols 2t, 2t+1),
+    a2 (row g, cols 2t+8, 2t+9), a3 (row g+8, cols 2t+8, 2t+9); B [16, 8]: b0 (rows 2t, 2t+1,
+    col g), b1 (rows 2t+8, 2t+9, col g); C / D [16, 8]: c0, c1 (row g, cols 2t, 2t+1),
+    c2, c3 (row g+8, cols 2t, 2t+1). a: [32 lanes, 4 registers, 2], b: [32, 2, 2],
+    d: [32, 4], accumulated in place."""
+    A, B = np.zeros((16, 16)), np.zeros((16, 8))
+    for e in range(2):
+        A[G, 2 * T + e] = a[:, 0, e]
+        A[G + 8, 2 * T + e] = a[:, 1, e]
+        A[G, 2 * T + 8 + e] = a[:, 2, e]
+        A[G + 8, 2 * T + 8 + e] = a[:, 3, e]
+        B[2 * T + e, G] = b[:, 0, e]
+        B[2 * T + 8 + e, G] = b[:, 1, e]
+    D = A @ B
+    d[:, 0] += D[G, 2 * T]
+    d[:, 1] += D[G, 2 * T + 1]
+    d[:, 2] += D[G + 8, 2 * T]
+    d[:, 3] += D[G + 8, 2 * T + 1]

@@ -1,9 +1,15 @@
-"""The CUDA C++ 4-bit swap-AB GEMM (octavo/kernels/swapab_mma.py, cuda/swapab_mma.cu): the
-launch plan and the nvcc build on any machine with nvcc; against the float64 reference on the
-GPU (every batch size 1-16, group sizes, split and unsplit tiles, PDL, graph replays)."""
+"""The CUDA C++ 4- and 8-bit swap-AB GEMM (octavo/kernels/swapab_mma.py, cuda/swapab_mma.cu):
+the launch plan and the nvcc build on any machine with nvcc; the kernel's bit operations
+(int -> bf16 / fp16 operand) and fragment mapping emulated lane by lane on the CPU; against the
+float64 reference on the GPU (every batch size 1-16, group sizes, split and unsplit tiles, PDL,
+graph replays)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
@@ -71,6 +77,235 @@ def test_a_source_that_does_not_compile_names_nvcc_s_error(tmp_path, monkeypatch
         cuda_module.build("broken.cu", "sm_90")
 
 
+# --- the kernel's bit operations and fragment mapping, emulated on the CPU ----------------
+
+G, T = cuda_checks.G, cuda_checks.T
+U32 = np.uint32
+
+
+def _lop3(a, b, c, lut):
+    """PTX lop3.b32: each result bit is bit (a << 2 | b << 1 | c) of ``lut``."""
+    a, b, c = (np.asarray(v, dtype=np.uint64) & 0xFFFFFFFF for v in (a, b, c))
+    out = np.zeros(np.broadcast(a, b, c).shape, dtype=np.uint64)
+    for i in range(8):
+        if lut >> i & 1:
+            sa = a if i & 4 else ~a
+            sb = b if i & 2 else ~b
+            sc = c if i & 1 else ~c
+            out |= sa & sb & sc
+    return (out & 0xFFFFFFFF).astype(U32)
+
+
+def _prmt(a, b, sel):
+    """PTX prmt.b32 (default mode): result byte i is byte (sel >> 4i) & 7 of b:a."""
+    src = (np.asarray(b, dtype=np.uint64) << 32) | np.asarray(a, dtype=np.uint64)
+    out = np.zeros(src.shape, dtype=np.uint64)
+    for i in range(4):
+        out |= ((src >> (8 * ((sel >> 4 * i) & 7))) & 0xFF) << (8 * i)
+    return out.astype(U32)
+
+
+def _halves(r, dtype):
+    """A 32-bit register's two 16-bit floats (low half first) as float64, [..., 2]."""
+    r = np.asarray(r, dtype=U32)
+    h = np.stack([r & 0xFFFF, r >> 16], -1).astype(np.uint16)
+    if dtype == torch.float16:
+        return h.view(np.float16).astype(np.float64)
+    return (h.astype(U32) << 16).view(np.float32).astype(np.float64)
+
+
+def _bf16x2(v):
+    """float64 pairs [..., 2] rounded to bf16 (nearest even) as a register."""
+    t = torch.from_numpy(np.ascontiguousarray(v)).to(torch.bfloat16).view(torch.int16)
+    h = t.numpy().astype(np.uint16).astype(U32)
+    return h[..., 0] | (h[..., 1] << 16)
+
+
+# swapab_mma.cu's conversions, step by step (the constants are checked against the source in
+# test_the_emulated_constants_are_the_source_s). Knobs make the wrong variants the mapping
+# test must reject.
+BYTE_SEL = (0x4240, 0x4341)  # fp16: prmt selectors of byte 0 / byte 1 of each int16
+
+
+def _nibbles(v, c, dtype):
+    magic = 0x43004300 if dtype == torch.bfloat16 else 0x64006400
+    return _lop3(np.asarray(v, dtype=U32) >> U32(4 * c), 0x000F000F, magic, 0xEA)
+
+
+def _bytes(v, c, dtype, sel=BYTE_SEL, shift=8, y_lut=0x6A):
+    v = np.asarray(v, dtype=U32)
+    if dtype == torch.float16:
+        return _prmt(v, 0x64646464, sel[c])
+    if c:
+        v = v >> U32(shift)
+    lo = _lop3(v, 0x007F007F, 0x43004300, 0xEA)  # 128 + (q & 127)
+    y = _lop3(v, 0x00800080, 0x43804380, y_lut)  # 256 or 128
+    # fma.rn.bf16x2 y, -1, lo: exact product and sum in float64, one rounding to bf16.
+    return _bf16x2(_halves(y, dtype) * -1.0 + _halves(lo, dtype))
+
+
+def _bias(bits, dtype):  # what each operand holds beyond q (the kernel's BIAS)
+    if bits == 4:
+        return 128.0 if dtype == torch.bfloat16 else 1024.0
+    return -128.0 if dtype == torch.bfloat16 else 1024.0
+
+
+def _column(bits, row):
+    return (row >> 6) * (256 if bits == 4 else 128) + (row & 63)
+
+
+def _emulate(x, packed, scales, zeros, group, bits, dtype, steps, convert=None, bias=None,
+             swap_halves=False):
+    """What cuda/swapab_mma.cu computes for x [M, K] (float64 values of ``dtype``) over
+    ``pack_swapab``'s int16 [N / per, K], one warp per 16-row tile over all of K: each
+    lane's 16-byte loads of rows g and g + 8 at k + 8t (words 2h, 2h + 1 of a step's uint4 are
+    physical K 8t + 4h + {0, 1} and {2, 3}), the operands converted by the kernel's bit
+    operations, the mma per block and on the ones operand, the fold once per group
+    (s (tmp - (z + bias) xs)) and the output offsets. float64 throughout."""
+    convert = convert or (_nibbles if bits == 4 else _bytes)
+    bias = _bias(bits, dtype) if bias is None else bias
+    values = 16 // bits
+    m, k = x.shape
+    rows = packed.shape[0]
+    n = rows * values
+    u16 = packed.numpy().view(np.uint16).astype(U32)
+    words = u16[:, 0::2] | (u16[:, 1::2] << 16)  # [rows, K / 2]: K pairs, low half first
+    s64, z64 = scales.double().numpy(), zeros.double().numpy()
+    out = np.full((m, n), np.nan)
+    ones = np.ones((32, 4, 2))
+    chunk = 32 * steps
+    for tile in range(rows // 16):
+        ra_row, rb_row = tile * 16 + G, tile * 16 + 8 + G
+        n0, n1 = _column(bits, ra_row), _column(bits, rb_row)
+        for mt in range(1 if m <= 8 else 2):
+            xrow = mt * 8 + G
+            acc = np.zeros((values, 32, 4))
+            tmp = np.zeros((values, 32, 4))
+            xs = np.zeros((32, 4))
+            for kk in range(0, k, chunk):
+                for i in range(steps):
+                    for h in range(2):
+                        kw = kk + 32 * i + 8 * T + 4 * h  # this lane's physical K
+                        w = (kw // 2)
+                        ra0, ra1 = words[ra_row, w], words[ra_row, w + 1]
+                        rb0, rb1 = words[rb_row, w], words[rb_row, w + 1]
+                        xv = np.where((xrow < m)[:, None],
+                                      x[np.minimum(xrow, m - 1)[:, None], kw[:, None]
+                                        + np.arange(4)], 0.0)
+                        b = np.stack([xv[:, 0:2], xv[:, 2:4]], 1)
+                        for c in range(values):
+                            a = np.stack([_halves(convert(r, c, dtype), dtype)
+                                          for r in (ra0, rb0, ra1, rb1)], 1)
+                            if swap_halves:
+                                a = a[:, :, ::-1]
+                            cuda_checks.mma16816(tmp[c], a, b)
+                        cuda_checks.mma16816(xs, ones, b)
+                if (kk + chunk) % group == 0 or kk + chunk >= k:
+                    grp = kk // group
+                    for c in range(values):
+                        for i in range(4):
+                            col = (n0 if i < 2 else n1) + 64 * c
+                            s, z = s64[grp, col], z64[grp, col] + bias
+                            acc[c][:, i] += s * (tmp[c][:, i] - z * xs[:, i])
+                    tmp[:] = 0.0
+                    xs[:] = 0.0
+            for i in range(4):
+                row = mt * 8 + 2 * T + (i & 1)
+                ok = row < m
+                for c in range(values):
+                    col = (n0 if i < 2 else n1) + 64 * c
+                    out[row[ok], col[ok]] = acc[c][ok, i]
+    return out
+
+
+def _data(m, k, n, group, bits, dtype, seed=0):
+    """Integer activations (exact in bf16 / fp16 and in every float64 sum), integer zeros,
+    power-of-two scales: the emulation must equal the reference exactly."""
+    from octavo.kernels.w4a16_swapab import pack_swapab
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 2**bits, (k, n), generator=g)
+    q[:2, :4] = torch.tensor([[0, 2**bits - 1, 2**(bits - 1) - 1, 2**(bits - 1)]] * 2)
+    scales = 2.0 ** -torch.randint(4, 9, (k // group, n), generator=g).double()
+    zeros = torch.randint(0, 2**bits + 1, (k // group, n), generator=g).double()
+    x = torch.randint(-8, 9, (m, k), generator=g).double()
+    ref = x @ ((q.double() - zeros.repeat_interleave(group, 0))
+               * scales.repeat_interleave(group, 0))
+    return x.numpy(), pack_swapab(q, bits), scales.to(dtype), zeros.to(dtype), ref.numpy()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_every_value_converts_to_exactly_bias_plus_q(bits, dtype):
+    """Every value in every position of a 32-bit word (two int16 of 16 / bits values each),
+    under random bits elsewhere, becomes exactly bias + q in its half of the operand."""
+    rng = np.random.default_rng(bits)
+    convert = _nibbles if bits == 4 else _bytes
+    per = 16 // bits
+    for c in range(per):
+        lo, hi = np.meshgrid(np.arange(2**bits), np.arange(2**bits), indexing="ij")
+        lo, hi = lo.ravel().astype(U32), hi.ravel().astype(U32)
+        junk = rng.integers(0, 2**32, lo.shape, dtype=np.uint64).astype(U32)
+        keep = U32(((1 << bits) - 1) << (bits * c))
+        keep = keep | (keep << U32(16))
+        v = (junk & ~keep) | (lo << U32(bits * c)) | (hi << U32(16 + bits * c))
+        got = _halves(convert(v, c, dtype), dtype)
+        np.testing.assert_array_equal(got, np.stack([lo, hi], -1) + _bias(bits, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m,k,n,group,steps", [(1, 128, 256, 32, 1), (3, 256, 256, 128, 4),
+                                               (9, 192, 512, 64, 2), (16, 64, 256, 64, 2)])
+def test_the_fragment_mapping_computes_x_at_dequantized_w(bits, dtype, m, k, n, group, steps):
+    x, packed, scales, zeros, ref = _data(m, k, n, group, bits, dtype)
+    got = _emulate(x, packed, scales, zeros, group, bits, dtype, steps)
+    np.testing.assert_array_equal(got, ref)
+
+
+WRONG = {  # a mistake in the 8-bit conversion or the mapping, per activation dtype
+    "fp16 bytes swapped": (torch.float16, dict(convert=lambda v, c, d: _bytes(
+        v, c, d, sel=BYTE_SEL[::-1]))),
+    "fp16 K pair of byte 1 swapped": (torch.float16, dict(convert=lambda v, c, d: _bytes(
+        v, c, d, sel=(0x4240, 0x4143)))),
+    "fp16 bias": (torch.float16, dict(bias=1023.0)),
+    "bf16 byte 1 unshifted": (torch.bfloat16, dict(convert=lambda v, c, d: _bytes(
+        v, c, d, shift=0))),
+    "bf16 top bit or-ed": (torch.bfloat16, dict(convert=lambda v, c, d: _bytes(
+        v, c, d, y_lut=0xEA))),
+    "bf16 bias of 4-bit": (torch.bfloat16, dict(bias=128.0)),
+    "bf16 K pair swapped": (torch.bfloat16, dict(swap_halves=True)),
+}
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG))
+def test_a_wrong_8_bit_conversion_or_mapping_fails(wrong):
+    dtype, kw = WRONG[wrong]
+    x, packed, scales, zeros, ref = _data(2, 128, 256, 64, 8, dtype, seed=3)
+    got = _emulate(x, packed, scales, zeros, 64, 8, dtype, 2, **kw)
+    assert np.abs(got - ref).max() > 1e-3, wrong
+
+
+def test_the_emulated_constants_are_the_source_s():
+    """The emulation's operations are the kernel's: its selectors, masks, magics, LOP3
+    tables, the fma's -1 and the biases, read from swapab_mma.cu."""
+    src = (Path(cuda_module.SOURCE_DIR) / swapab_mma.SOURCE).read_text()
+    body = src[src.index("__device__ __forceinline__ uint32_t bytes("):]
+    body = body[:body.index("\n}\n")]
+    assert f'"n"(C ? {BYTE_SEL[1]:#06x} : {BYTE_SEL[0]:#06x})' in body
+    assert '"r"(0x64646464u)' in body and "if (C) v >>= 8;" in body
+    assert re.search(r'lop3\.b32 %0, %1, %2, %3, 0xea;" : "=r"\(lo\) : "r"\(v\), '
+                     r'"n"\(0x007F007F\), "n"\(0x43004300\)', body)
+    assert re.search(r'lop3\.b32 %0, %1, %2, %3, 0x6a;" : "=r"\(y\) : "r"\(v\), '
+                     r'"n"\(0x00800080\), "n"\(0x43804380\)', body)
+    assert re.search(r'fma\.rn\.bf16x2 %0, %1, %2, %3;" : "=r"\(r\) : "r"\(y\), '
+                     r'"r"\(0xBF80BF80u\), "r"\(lo\)', body)
+    assert "kBias = Type<T>::kBf16 ? -128.0f : 1024.0f;" in src  # Byte<T>
+    assert "kMagic = kBf16 ? 0x43004300u : 0x64006400u;" in src  # nibbles
+    assert "kBias = kBf16 ? 128.0f : 1024.0f;" in src
+    assert '"n"(0x000F000F), "n"(Type<T>::kMagic)' in src
+
+
 # --- on the GPU ---------------------------------------------------------------------------
 
 def _case(m, k, n, group, dtype, seed=0, bits=4, scale_dtype=None):
@@ -112,6 +347,51 @@ def test_matches_the_float64_reference_gpu(bits, dtype, m, k, n, group):
     # The output's own rounding (bf16: 2**-9) dominates; a wrong nibble, column or group
     # gives errors of order 1.
     assert _rel(out, ref) < (8e-3 if dtype == torch.bfloat16 else 2e-3)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", range(1, 17))
+def test_8_bit_at_every_batch_and_scale_dtype_gpu(m, dtype, scale_dtype):
+    """The 8-bit path (one bf16 / fp16 operand per byte) against the float64 reference:
+    every batch 1-16, both activation and both scale dtypes, groups of 32-256, split and
+    unsplit plans."""
+    for k, n, group in [(256, 256, 32), (1024, 384, 128), (4096, 1024, 128), (768, 512, 256)]:
+        x, qw, s, z, ref = _case(m, k, n, group, dtype, seed=m, bits=8,
+                                 scale_dtype=scale_dtype)
+        out = swapab_mma.swapab_mma(x, qw, s, z, group, 8)
+        assert out.dtype == dtype and out.shape == (m, n) and torch.isfinite(out).all()
+        assert _rel(out, ref) < (8e-3 if dtype == torch.bfloat16 else 2e-3), (k, n, group)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", range(1, 17))
+def test_exact_on_integer_data_gpu(m, bits, dtype, scale_dtype):
+    """Integer activations (-3..3), integer zeros, power-of-two scales, K 512: every float32
+    sum the kernel forms is an exact integer multiple of 2**-8 below 2**24, so its output is
+    the float64 reference rounded once to the dtype, bit for bit (every value 0..255 and the
+    extremes of both ends of the range in the weights). A wrong operand bit or bias is off."""
+    from octavo.kernels.w4a16_swapab import pack_swapab
+
+    for k, n, group, seed in [(512, 384 if bits == 8 else 512, 128, 0), (256, 256, 32, 1)]:
+        g = torch.Generator().manual_seed(seed * 100 + m)
+        q = torch.randint(0, 2**bits, (k, n), generator=g)
+        q[:2 ** bits, 0] = torch.arange(2 ** bits)
+        scales = 2.0 ** -torch.randint(4, 9, (k // group, n), generator=g).double()
+        zeros = torch.randint(0, 2**bits + 1, (k // group, n), generator=g).double()
+        x = torch.randint(-3, 4, (m, k), generator=g).double()
+        ref = x @ ((q.double() - zeros.repeat_interleave(group, 0))
+                   * scales.repeat_interleave(group, 0))
+        out = swapab_mma.swapab_mma(x.to(dtype).cuda(), pack_swapab(q, bits).cuda(),
+                                    scales.to(scale_dtype).cuda(),
+                                    zeros.to(scale_dtype).cuda(), group, bits)
+        assert torch.equal(out.cpu(), ref.to(dtype)), (k, n, group)
 
 
 @pytest.mark.gpu

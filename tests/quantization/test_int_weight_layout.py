@@ -85,6 +85,20 @@ def test_the_size_rule_stands_where_the_cuda_kernel_runs(hopper, monkeypatch):
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB
 
 
+def test_8_bit_weights_take_the_size_rule_on_request(hopper, monkeypatch):
+    """OCTAVO_INT_SWAPAB_8BIT=1: large 8-bit weights go to the swap-AB layout (the CUDA
+    kernel's), small ones stay in the GEMV's; 4-bit is unaffected."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "1")
+    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.SWAPAB  # gate_up
+    assert layout.choose(14336, 4096, 128, 8, cuda) == layout.SWAPAB  # down
+    assert layout.choose(4096, 6144, 128, 8, cuda) == layout.ALONG_K  # qkv
+    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K
+    assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB
+    monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "0")
+    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K
+
+
 def test_cuda_kernel_rows_capped_by_env(monkeypatch):
     """Batches above 8 rows (OCTAVO_CUDA_KERNELS_MAX_M) take the Triton swap-AB GEMM."""
     calls = []

@@ -4,7 +4,7 @@
 // builds it (nvcc, at first use), plans the launch and says why it is shaped this way.
 //
 // Layout (4-bit): int16 [N / 4, K], K contiguous; nibble c of int16 row R is output column
-// n = (R / 64) * 256 + c * 64 + R % 64 (8-bit: see column() below). A warp takes 16 int16
+// n = (R / 64) * 256 + c * 64 + R % 64 (8-bit: byte c, see column() below). A warp takes 16 int16
 // rows (64 output columns) over a range of K, in steps of 32: lane (g = lane / 4, t = lane % 4) loads 16 bytes of rows g and
 // g + 8 at k + 8t, i.e. K values 8t..8t+7 of the step. The sum over K does not care which K
 // value the mma calls which, so the two m16n8k16 products of a step take physical K
@@ -30,12 +30,42 @@ struct Type : octavo::MmaType<T> {
   static constexpr uint32_t kOnes = kBf16 ? 0x3F803F80u : 0x3C003C00u;  // two 1.0
 };
 
+// 8-bit values as one 16-bit float each (below): fp16 1024 + q; bf16 q - 128 (its 8
+// significant bits hold every integer of [-256, 256] but no 256 consecutive ones of one
+// binade, so no bit construction alone gives a linear map of q: one float op is needed).
+template <typename T>
+struct Byte {
+  static constexpr float kBias = Type<T>::kBf16 ? -128.0f : 1024.0f;
+};
+
 // Nibble c of both int16 halves of v as two 16-bit floats bias + q: one shift, one LOP3.
 template <typename T, int C>
 __device__ __forceinline__ uint32_t nibbles(uint32_t v) {
   uint32_t r;
   if (C) v >>= 4 * C;
   asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(v), "n"(0x000F000F), "n"(Type<T>::kMagic));
+  return r;
+}
+
+// Byte C of both int16 halves of v (bytes C and C + 2) as two 16-bit floats bias + q, exact.
+// fp16: one PRMT puts 0x64 above each byte, 0x64qq = 1024 + q (10 mantissa bits). bf16: with
+// lo = 0x4300 | (q & 127) = 128 + (q & 127) (one LOP3) and y = 0x4380 ^ (q & 128), i.e. 256
+// for q < 128 and 128 for q >= 128 (one LOP3), lo - y = q - 128 in both cases (one HFMA2,
+// exact: both operands and the result are integers of at most 8 significant bits); byte 1
+// is shifted down first. Per 32-bit word (4 weights): 2 instructions (fp16) or 7 (bf16),
+// where the two nibbles of each byte took 7 and two mma products.
+template <typename T, int C>
+__device__ __forceinline__ uint32_t bytes(uint32_t v) {
+  uint32_t r;
+  if constexpr (!Type<T>::kBf16) {
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x64646464u), "n"(C ? 0x4341 : 0x4240));
+  } else {
+    if (C) v >>= 8;
+    uint32_t lo, y;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(lo) : "r"(v), "n"(0x007F007F), "n"(0x43004300));
+    asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(y) : "r"(v), "n"(0x00800080), "n"(0x43804380));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(y), "r"(0xBF80BF80u), "r"(lo));  // lo - y
+  }
   return r;
 }
 
@@ -51,8 +81,7 @@ __device__ __forceinline__ float scale_float(unsigned short v) {
 }
 
 // 8-bit weights: int16 row R holds two values v (bits 8v..8v+7) of output columns
-// n = (R / 64) * 128 + v * 64 + R % 64. Their nibbles are the four "blocks" the 4-bit path
-// computes: block 2v the low nibble, 2v + 1 the high one, and the value is 16 hi + lo.
+// n = (R / 64) * 128 + v * 64 + R % 64, value v being the 4-bit path's block v (bytes()).
 template <int BITS>
 __device__ __forceinline__ int column(int row) {  // of value 0; value v is 64 v further
   return BITS == 4 ? (row >> 6) * 256 + (row & 63) : (row >> 6) * 128 + (row & 63);
@@ -107,8 +136,8 @@ __device__ __forceinline__ void swapab_mma(
   pdl_wait();  // the first weights are on their way while the previous kernel ends
   if (k_begin < k_end) load_x(k_begin);
 
-  float acc[MT][4][4];
-  float tmp[MT][4][4];
+  float acc[MT][VALUES][4];
+  float tmp[MT][VALUES][4];
   float xs[MT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -116,7 +145,7 @@ __device__ __forceinline__ void swapab_mma(
     for (int i = 0; i < 4; ++i) {
       xs[mt][i] = 0.f;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mt][c][i] = tmp[mt][c][i] = 0.f;
+      for (int c = 0; c < VALUES; ++c) acc[mt][c][i] = tmp[mt][c][i] = 0.f;
     }
   }
 
@@ -145,20 +174,27 @@ __device__ __forceinline__ void swapab_mma(
       for (int h = 0; h < 2; ++h) {
         const uint32_t ra0 = word(ca[i], 2 * h), ra1 = word(ca[i], 2 * h + 1);
         const uint32_t rb0 = word(cb[i], 2 * h), rb1 = word(cb[i], 2 * h + 1);
-        uint32_t a[4][4];
-        a[0][0] = nibbles<T, 0>(ra0); a[0][1] = nibbles<T, 0>(rb0);
-        a[0][2] = nibbles<T, 0>(ra1); a[0][3] = nibbles<T, 0>(rb1);
-        a[1][0] = nibbles<T, 1>(ra0); a[1][1] = nibbles<T, 1>(rb0);
-        a[1][2] = nibbles<T, 1>(ra1); a[1][3] = nibbles<T, 1>(rb1);
-        a[2][0] = nibbles<T, 2>(ra0); a[2][1] = nibbles<T, 2>(rb0);
-        a[2][2] = nibbles<T, 2>(ra1); a[2][3] = nibbles<T, 2>(rb1);
-        a[3][0] = nibbles<T, 3>(ra0); a[3][1] = nibbles<T, 3>(rb0);
-        a[3][2] = nibbles<T, 3>(ra1); a[3][3] = nibbles<T, 3>(rb1);
+        uint32_t a[VALUES][4];
+        if constexpr (BITS == 4) {
+          a[0][0] = nibbles<T, 0>(ra0); a[0][1] = nibbles<T, 0>(rb0);
+          a[0][2] = nibbles<T, 0>(ra1); a[0][3] = nibbles<T, 0>(rb1);
+          a[1][0] = nibbles<T, 1>(ra0); a[1][1] = nibbles<T, 1>(rb0);
+          a[1][2] = nibbles<T, 1>(ra1); a[1][3] = nibbles<T, 1>(rb1);
+          a[2][0] = nibbles<T, 2>(ra0); a[2][1] = nibbles<T, 2>(rb0);
+          a[2][2] = nibbles<T, 2>(ra1); a[2][3] = nibbles<T, 2>(rb1);
+          a[3][0] = nibbles<T, 3>(ra0); a[3][1] = nibbles<T, 3>(rb0);
+          a[3][2] = nibbles<T, 3>(ra1); a[3][3] = nibbles<T, 3>(rb1);
+        } else {
+          a[0][0] = bytes<T, 0>(ra0); a[0][1] = bytes<T, 0>(rb0);
+          a[0][2] = bytes<T, 0>(ra1); a[0][3] = bytes<T, 0>(rb1);
+          a[1][0] = bytes<T, 1>(ra0); a[1][1] = bytes<T, 1>(rb0);
+          a[1][2] = bytes<T, 1>(ra1); a[1][3] = bytes<T, 1>(rb1);
+        }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint32_t b0 = word(xv[mt][i], 2 * h), b1 = word(xv[mt][i], 2 * h + 1);
 #pragma unroll
-          for (int c = 0; c < 4; ++c)
+          for (int c = 0; c < VALUES; ++c)
             Type<T>::mma(tmp[mt][c], a[c][0], a[c][1], a[c][2], a[c][3], b0, b1);
           // The column sums of x over the same K (every row of a ones A operand).
           Type<T>::mma(xs[mt], Type<T>::kOnes, Type<T>::kOnes, Type<T>::kOnes,
@@ -167,9 +203,8 @@ __device__ __forceinline__ void swapab_mma(
       }
     }
     if ((k + CHUNK) % group == 0 || k + CHUNK >= k_end) {
-      // sum_k x (bias + q - (bias + z)) s = s (tmp - (z + bias) xs), once per group; for
-      // 8-bit values q = 16 hi + lo, each nibble carrying the bias: 17 biases in all.
-      constexpr float BIAS = BITS == 4 ? Type<T>::kBias : 17.0f * Type<T>::kBias;
+      // sum_k x (bias + q - (bias + z)) s = s (tmp - (z + bias) xs), once per group.
+      constexpr float BIAS = BITS == 4 ? Type<T>::kBias : Byte<T>::kBias;
 #pragma unroll
       for (int c = 0; c < VALUES; ++c) {
         const float s0 = scale_float<S>(sv[c][0]);
@@ -180,8 +215,7 @@ __device__ __forceinline__ void swapab_mma(
         for (int mt = 0; mt < MT; ++mt) {
           float d[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            d[i] = BITS == 4 ? tmp[mt][c][i] : fmaf(16.f, tmp[mt][2 * c + 1][i], tmp[mt][2 * c][i]);
+          for (int i = 0; i < 4; ++i) d[i] = tmp[mt][c][i];
           acc[mt][c][0] = fmaf(s0, fmaf(-z0, xs[mt][0], d[0]), acc[mt][c][0]);
           acc[mt][c][1] = fmaf(s0, fmaf(-z0, xs[mt][1], d[1]), acc[mt][c][1]);
           acc[mt][c][2] = fmaf(s1, fmaf(-z1, xs[mt][2], d[2]), acc[mt][c][2]);
@@ -191,7 +225,7 @@ __device__ __forceinline__ void swapab_mma(
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int c = 0; c < 4; ++c)
+        for (int c = 0; c < VALUES; ++c)
 #pragma unroll
           for (int i = 0; i < 4; ++i) tmp[mt][c][i] = 0.f;
 #pragma unroll
