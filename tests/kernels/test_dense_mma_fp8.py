@@ -15,7 +15,9 @@ import torch
 from octavo.kernels import cuda_module, dense_mma
 from octavo.kernels.dense_mma import FP8, FP8_VARIANTS, plan, supports
 from tests.kernels import cuda_checks
-from tests.kernels.test_dense_mma import FP8_NAMES, G, T, _mma, _rel_rows
+from tests.kernels.cuda_checks import G, T
+from tests.kernels.cuda_checks import mma16816 as _mma
+from tests.kernels.test_dense_mma import FP8_NAMES, _rel_rows
 
 # (N, K): Qwen3-0.6B's qkv, gate_up, o, down; Llama-3.1-8B's qkv, gate_up, o, down.
 REAL_SHAPES = [(4096, 1024), (6144, 1024), (1024, 2048), (1024, 3072),
