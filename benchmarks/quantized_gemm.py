@@ -483,15 +483,18 @@ def fp8_cuda_sweep(args, timed, bandwidth, limits) -> None:
                    "scaled_mm_us": round(t_mm, 2), "gemv_us": t_gemv and round(t_gemv, 2),
                    "cuda_default_us": default, **summary}
             rows.append(row)
-            best = row["best"]
-            print(f"fp8 {name} M={m} bf16={t_bf16:.1f}us scaled_mm={t_mm:.1f}us "
-                  f"gemv={t_gemv and round(t_gemv, 1)}us cuda={default}us "
-                  f"best={best['us']}us {best['cfg']} x{row['best_speedup']} "
-                  f"hbm={row['best_hbm_fraction']}", flush=True)
+            _print_fp8_row(row, f"gemv={t_gemv and round(t_gemv, 1)}us cuda={default}us")
         del dense, weights
         torch.cuda.empty_cache()
     print_json_result({"benchmark": "fp8_cuda_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "rows": rows}, args.json)
+
+
+def _print_fp8_row(row: dict, paths: str) -> None:
+    best = row["best"]
+    print(f"fp8 {row['shape']} M={row['M']} bf16={row['bf16_us']:.1f}us "
+          f"scaled_mm={row['scaled_mm_us']:.1f}us {paths} best={best['us']}us {best['cfg']} "
+          f"x{row['best_speedup']} hbm={row['best_hbm_fraction']}", flush=True)
 
 
 def fp8_sweep(args, timed, bandwidth, limits) -> None:
@@ -522,10 +525,7 @@ def fp8_sweep(args, timed, bandwidth, limits) -> None:
             row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 2),
                    "scaled_mm_us": round(t_mm, 2), "gemv_default_us": default, **summary}
             rows.append(row)
-            best = row["best"]
-            print(f"fp8 {name} M={m} bf16={t_bf16:.1f}us scaled_mm={t_mm:.1f}us "
-                  f"gemv={default}us best={best['us']}us {best['cfg']} "
-                  f"x{row['best_speedup']} hbm={row['best_hbm_fraction']}", flush=True)
+            _print_fp8_row(row, f"gemv={default}us")
         del dense, weights
         torch.cuda.empty_cache()
     print_json_result({"benchmark": "fp8_gemv_sweep", "device": device_info(),

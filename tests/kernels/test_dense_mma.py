@@ -308,9 +308,10 @@ def test_float_linear_routes_the_opted_in_rows_gpu(monkeypatch):
     assert calls == []
 
 
-def _liven(model) -> None:
+def _liven(model) -> torch.Generator:
     """Dummy weights (+-1e-3) give near-uniform logits, under which any kernel passes: the
-    same seeded weights of realistic scale in both engines (norms 1, linears 1/sqrt(K))."""
+    same seeded weights of realistic scale in both engines (norms 1, linears 1/sqrt(K)). The
+    generator, to draw more (test_dense_mma_fp8's float8 buffers)."""
     g = torch.Generator(device="cuda").manual_seed(1)
     for name, p in sorted(model.named_parameters()):
         if "norm" in name:
@@ -321,6 +322,7 @@ def _liven(model) -> None:
             p.data.normal_(0.0, 0.05, generator=g)
         elif p.dim() == 2:
             p.data.normal_(0.0, p.shape[1] ** -0.5, generator=g)
+    return g
 
 
 @pytest.mark.gpu

@@ -17,11 +17,7 @@ from octavo.kernels.dense_mma import FP8, FP8_VARIANTS, plan, supports
 from tests.kernels import cuda_checks
 from tests.kernels.cuda_checks import G, T
 from tests.kernels.cuda_checks import mma16816 as _mma
-from tests.kernels.test_dense_mma import FP8_NAMES, _rel_rows
-
-# (N, K): Qwen3-0.6B's qkv, gate_up, o, down; Llama-3.1-8B's qkv, gate_up, o, down.
-REAL_SHAPES = [(4096, 1024), (6144, 1024), (1024, 2048), (1024, 3072),
-               (6144, 4096), (28672, 4096), (4096, 4096), (4096, 14336)]
+from tests.kernels.test_dense_mma import FP8_NAMES, REAL_SHAPES, _liven, _rel_rows
 
 
 @pytest.mark.parametrize("n,k", REAL_SHAPES + [(64, 256), (48, 192), (16, 64), (160, 4160)])
@@ -344,14 +340,7 @@ def _liven_fp8(model) -> None:
     layer dequantized them at load, into its bf16 weight (the same values)."""
     from octavo.quantization.fp8 import quantize_fp8
 
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for name, p in sorted(model.named_parameters()):
-        if "norm" in name:
-            p.data.fill_(1.0)
-        elif "embed_tokens" in name:
-            p.data.normal_(0.0, 1.0, generator=g)
-        elif "lm_head" in name:
-            p.data.normal_(0.0, 0.05, generator=g)
+    g = _liven(model)  # the parameters: norms, embeddings, LM head (the linears are buffers)
     for _, mod in sorted(model.named_modules()):
         w = getattr(mod, "weight_fp8", None)
         dense = getattr(mod, "dequantized_weight", None)
