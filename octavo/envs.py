@@ -221,7 +221,7 @@ def cuda_dense_max_m(default: int) -> int:
 def cuda_fp8() -> bool:
     """OCTAVO_CUDA_FP8 (default on): on NVIDIA GPUs (compute capability 8.9+) with nvcc,
     FP8-weight linears (W8A8) run decode batches of OCTAVO_CUDA_FP8_MIN_M..OCTAVO_CUDA_FP8_MAX_M
-    rows (default 2..8) through the float8 kernels of octavo/kernels/cuda/dense_mma.cu
+    rows (default 2..8) through the float8 kernels of octavo/kernels/cuda/dense_mma_fp8.cu
     (activations unrounded, weights converted in registers) instead of torch._scaled_mm."""
     return _flag("OCTAVO_CUDA_FP8", True)
 

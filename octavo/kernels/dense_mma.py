@@ -1,5 +1,6 @@
 """Float (bf16 / fp16) GEMM for decode batches of 1-32 rows in CUDA C++
-(``octavo/kernels/cuda/dense_mma.cu``): ``y = x @ W.T (+ b)`` with W in nn.Linear's [N, K]
+(``octavo/kernels/cuda/dense_mma.cuh``, its kernels built from ``dense_mma.cu`` and, for
+float8 weights, ``dense_mma_fp8.cu``): ``y = x @ W.T (+ b)`` with W in nn.Linear's [N, K]
 layout as loaded, on the tensor cores' ``mma.sync`` with the weights as the A operand.
 
 Why: on an H200 a Qwen3-0.6B decode step at batch 2-32 spends ~27 us per layer in its four
@@ -45,6 +46,9 @@ from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "dense_mma.cu"
+# The float8 kernels, their own module: a model of 16-bit weights builds (10-20 s) and loads
+# only its own.
+FP8_SOURCE = "dense_mma_fp8.cu"
 MAX_M = 32
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 FP8 = torch.float8_e4m3fn
@@ -168,7 +172,7 @@ def available(device: torch.device, fp8: bool = False) -> bool:
     ``device``: built (nvcc, an NVIDIA GPU) and not turned off (``OCTAVO_CUDA_DENSE=0``,
     ``OCTAVO_CUDA_FP8=0``)."""
     return ((envs.cuda_fp8() if fp8 else envs.cuda_dense())
-            and cuda_module.module(SOURCE, device) is not None)
+            and cuda_module.module(FP8_SOURCE if fp8 else SOURCE, device) is not None)
 
 
 def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -189,7 +193,7 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     x2 = cuda_module.aligned_rows(x2)
-    mod = cuda_module.loaded(SOURCE, x2.device)
+    mod = cuda_module.loaded(FP8_SOURCE if weight.dtype == FP8 else SOURCE, x2.device)
     p = plan(m, k, n, num_compute_units(x2.device), warps_per_sm, steps, most_warps, nt,
              weight.dtype == FP8)
     out, partial = split_k_buffers(m, n, p.split.splits, x2)

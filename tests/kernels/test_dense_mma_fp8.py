@@ -1,5 +1,5 @@
 """The CUDA float GEMM's float8 weights (octavo/kernels/dense_mma.py's FP8_VARIANTS,
-cuda/dense_mma.cu's Weights<T, E4m3>): the launch plan, the e4m3 conversion's bit placement
+cuda/dense_mma.cuh's Weights<T, E4m3>, built from cuda/dense_mma_fp8.cu): the launch plan, the e4m3 conversion's bit placement
 for every code, the operand mapping emulated lane by lane on the CPU for both activation
 types; on the GPU against the float64 reference (every batch 1-32, every code, plans, graph
 replays) and through the FP8 layers of the engine."""
@@ -44,6 +44,12 @@ def test_plan_refuses_what_is_not_built():
     assert plan(1, 192, 48, 132, fp8=True).split.steps == 1  # K = 3 steps: chunks of one
     assert plan(1, 4096, 4096, 132, fp8=True).split.steps == 2  # FP8_PLAN
     assert plan(1, 4096, 4096, 132, steps=4, fp8=True).split.steps == 4
+
+
+@pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="no nvcc on this machine")
+def test_the_float8_source_builds_for_hopper_without_spills(tmp_path, monkeypatch):
+    spills = cuda_checks.build_once(dense_mma.FP8_SOURCE, FP8_NAMES, tmp_path, monkeypatch)
+    assert not any(spills.values()), spills
 
 
 def test_supports_and_fits():
@@ -91,7 +97,7 @@ def test_bf16_bit_placement_is_exact_for_every_code():
 
 
 def _emulate_fp8(x_flat, m, stride_x, codes, scale, bias, p, act):
-    """What cuda/dense_mma.cu computes for float8 weights, lane by lane and in its index
+    """What cuda/dense_mma_fp8.cu computes, lane by lane and in its index
     arithmetic: each lane's 16-byte loads (16 weights; word p = weights 4p..4p+3), the
     conversion and pairing of Weights<act, E4m3>, the activations' two uint4 per step, the
     CTA's and the split's sums and the output offsets (float64 arithmetic)."""
@@ -180,7 +186,7 @@ def test_the_fp8_fragment_mapping_computes_x_at_w_transposed(act, m, n, k, sms, 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available()
                          or torch.cuda.get_device_capability() < (8, 9)
-                         or cuda_module.module(dense_mma.SOURCE, torch.device("cuda")) is None,
+                         or cuda_module.module(dense_mma.FP8_SOURCE, torch.device("cuda")) is None,
                          reason="needs an NVIDIA GPU of compute capability 8.9+ and nvcc")
 
 
@@ -234,7 +240,7 @@ def test_every_code_and_the_extremes_gpu(dtype):
     q = codes.view(FP8).cuda()
     scale = torch.logspace(-4, 3, n, dtype=torch.float32)
     if dtype == torch.float16:
-        scale /= 1e4  # outputs within float16's range (row 0's largest: 6e6 at scale 1e3)
+        scale /= 1e6  # outputs within float16's range (row 0's largest: 6.1e3)
     scale = scale.cuda()
     x = torch.full((3, k), 1e-3)
     x[0, ::3] = 1e4
