@@ -24,10 +24,11 @@ Measured on an H200 (docs/benchmarks.md session 19; ``benchmarks/skinny_gemm.py 
 than cuBLAS).
 
 Float8 (e4m3) weights with a float32 scale per output feature (the FP8 layers of
-``octavo.quantization.fp8_linear``) run through the same kernel (``FP8_VARIANTS``): a lane's
-16-byte load is 16 weights, converted exactly to the activations' 16-bit type in registers
-(fp16: ``cvt.rn.f16x2.e4m3x2``; bf16: the bits placed, 3-4 integer operations per two
-weights), the activations left unrounded, the scale applied in the final store.
+``octavo.quantization.fp8_linear``) run through the same kernel template, built as its own
+module (``FP8_SOURCE``, ``FP8_VARIANTS``): a lane's 16-byte load is 16 weights, converted
+exactly to the activations' 16-bit type in registers (fp16: ``cvt.rn.f16x2.e4m3x2``; bf16:
+the bits placed, 3-4 integer operations per two weights), the activations left unrounded,
+the scale applied in the final store.
 """
 
 from __future__ import annotations

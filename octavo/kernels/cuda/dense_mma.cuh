@@ -36,8 +36,10 @@ struct Weights {  // W = T: 16-bit weights, products h = 0, 1 as in the header c
   static constexpr int kStepK = 32, kXVec = 1, kProducts = 2;
   // The K loop's two chunks used in turn (unrolled twice) or the next one copied into the
   // current one each chunk. H200 (session 20): in turn, one Qwen3-0.6B layer's four GEMMs
-  // took 14.6 -> 13.1 us alone at one row, but W4 batch 1 went 0.892 -> 0.975-0.986 ms per
-  // token (twice the loop's code beside the step's other kernels): 16-bit weights copy.
+  // took 14.6 -> 13.1 us alone at one row, but W4 batch 1 read 0.975-0.986 ms per token
+  // against a501332's 0.892; it read 0.983 against 0.934 with the copy back too, so that
+  // regression is not the loop's and the loop's own effect in the engine is unmeasured.
+  // 16-bit weights copy, as measured before, until it is.
   static constexpr bool kTwoChunks = false;
   static constexpr float kOutScale = 1.f;
   static __device__ __forceinline__ void a(const uint4& ra, const uint4& rb, int p,
