@@ -98,8 +98,7 @@ def main() -> None:
 
     rows = []
     for name, (k, n) in SHAPES.items():
-        copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
-        dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        dense = _bf16_copies(k, n, dev)
         packs = {}  # (bits, path): weight copies in the layout the path reads
         for bits in args.bits:
             for layout in {_layout(path) for path in args.paths}:
@@ -313,8 +312,7 @@ def sweep(args, timed, bandwidth, limits) -> None:
     group = args.group
     rows = []
     for bits, (name, (k, n)) in [(b, s) for b in args.bits for s in SHAPES.items()]:
-        copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
-        dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) for _ in range(copies)]
+        dense = _bf16_copies(k, n, dev)
         packed = _int_copies(k, n, bits, group, dev, "along_k")
         # The swap-AB kernel's tiles too (--paths ... swapab), on its own packed layout.
         swapab = None
