@@ -111,7 +111,12 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0, low: float = -1e-3,
         dev = param.device
         if dev not in gens:
             gens[dev] = torch.Generator(device=dev).manual_seed(seed)
-        if param.is_floating_point():
+        if param.dtype.itemsize == 1 and param.is_floating_point():
+            # float8 (a pre-quantized FP8 checkpoint): torch draws no uniform float8, so
+            # draw in float32 and round; +-1e-3 in e4m3 is 0 or +-2^-9
+            draw = torch.empty(param.shape, dtype=torch.float32, device=dev)
+            param.data.copy_(draw.uniform_(low, high, generator=gens[dev]))
+        elif param.is_floating_point():
             param.data.uniform_(low, high, generator=gens[dev])
         else:  # packed quantized integers: any bit pattern is a valid weight
             param.data.random_(generator=gens[dev])

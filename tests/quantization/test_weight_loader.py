@@ -181,3 +181,24 @@ def test_dummy_weights_fill_integer_params_with_integers():
     fill_dummy_weights(model, seed=0)
     assert model.proj.qweight.dtype == torch.int8 and model.proj.qweight.abs().sum() > 0
     assert model.proj.scales.dtype == torch.float32
+
+
+
+def test_dummy_weights_load_a_pre_quantized_fp8_checkpoint(tmp_path):
+    """A pre-quantized FP8 checkpoint's weights are float8 parameters, which load_format=
+    "dummy" filled with uniform_, a kernel torch lacks for float8 (the engine did not start)."""
+    import json
+
+    from octavo import LLM, SamplingParams
+
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+              "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16",
+              "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    llm = LLM(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True,
+              max_model_len=64)
+    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}],
+                       SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
