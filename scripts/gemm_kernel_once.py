@@ -3,6 +3,9 @@ profiler that picks one launch by name (``ncu -k regex:NAME --launch-skip 3 --la
 
     python scripts/gemm_kernel_once.py --kernel int_gemv|swapab|dense_gemv|cublas \
         [--shape gate_up] [--m 1] [--bits 4] [--launches 5]
+
+or one of benchmarks/gemv_scaling.py's kernels at one row (bf16_mma, fp8_gemv, fp8_mma,
+w4_mma: the CUDA swap-AB kernel, w8_gemv, ...).
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import gemv_scaling  # noqa: E402
 from benchmarks.quantized_gemm import SHAPES, int_weights  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", required=True,
-                    choices=["int_gemv", "swapab", "dense_gemv", "cublas", "int_gemm"])
+                    choices=["int_gemv", "swapab", "dense_gemv", "cublas", "int_gemm",
+                             *gemv_scaling.KERNELS])
     ap.add_argument("--shape", default="gate_up", choices=sorted(SHAPES))
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--bits", type=int, default=4)
@@ -33,7 +38,12 @@ def main() -> None:
     dev = torch.device("cuda")
     k, n = SHAPES[args.shape]
     x = torch.randn(args.m, k, device=dev, dtype=torch.bfloat16)
-    if args.kernel in ("dense_gemv", "cublas"):
+    if args.kernel in gemv_scaling.KERNELS:
+        w = gemv_scaling.make_weight(args.kernel, k, n, dev)
+
+        def run():
+            return gemv_scaling.call(args.kernel, x[:1], w)
+    elif args.kernel in ("dense_gemv", "cublas"):
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         if args.kernel == "dense_gemv":
             from octavo.kernels.dense_gemv import dense_gemv

@@ -1,0 +1,164 @@
+"""Where one-row decode GEMMs lose their time: each kernel's time against the bytes it reads.
+
+Every projection of a batch-1 decode step is one launch that should stream its weight at the
+HBM rate. For each kernel this times one row (M = 1) against weights [N, K] of growing N at
+fixed K, twice:
+
+- from HBM: a sweep over enough copies that each call reads its weight from HBM (as in a
+  decode step), and a least-squares line t = fixed + bytes / rate through those points: the
+  fixed part (launch ramp, tail, split-K reduction, what does not scale with the bytes) and
+  the streaming rate (against the device's HBM figure);
+- from L2: one copy called over and over (weights up to ~40 MB stay in the 50 MB L2), where
+  the memory is no longer what bounds the kernel: if a kernel takes about as long from L2 as
+  from HBM, its own instructions and latencies bound it, not the weight bytes.
+
+Kernels: bf16 (cuBLAS, the CUDA-core GEMV, dense_mma), float8 e4m3 with row scales (the FP8
+GEMV, dense_mma's float8 kernels), 4-bit g128 (the along-K GEMV, the swap-AB CUDA kernel) and
+8-bit g128 (the along-K GEMV). Times are CUDA-graph replays (benchmarks/common.graph_timed),
+as the engine's decode steps run.
+
+    python benchmarks/gemv_scaling.py [--k 4096] [--n 1024 2048 ...] [--kernels ...] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.common import graph_timed as timed  # noqa: E402
+from benchmarks.quantized_gemm import (  # noqa: E402
+    L2_FLUSH_BYTES,
+    _weight_bytes,
+    int_weights,
+)
+from benchmarks.workloads import device_limits  # noqa: E402
+
+KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_gemv",
+           "w4_mma", "w8_gemv")
+L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
+
+
+def weight_bytes(kernel: str, k: int, n: int, group: int = 128) -> float:
+    """Bytes one call reads for its weight (and scales / zero points)."""
+    if kernel.startswith("bf16"):
+        return 2.0 * k * n
+    if kernel.startswith("fp8"):
+        return k * n + 4.0 * n
+    return _weight_bytes(k, n, int(kernel[1]), group)
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b x: (a, b)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def make_weight(kernel: str, k: int, n: int, dev):
+    """One weight as ``call(x, weight)`` takes it."""
+    import torch
+
+    if kernel == "bf16_cublas":
+        return torch.randn(k, n, device=dev, dtype=torch.bfloat16)  # x @ w
+    if kernel.startswith("bf16"):
+        return torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+    if kernel.startswith("fp8"):
+        from octavo.quantization.fp8_linear import FP8
+
+        return ((torch.randn(n, k, device=dev) * 64).clamp(-448, 448).to(FP8),
+                torch.rand(n, device=dev) * 0.01)
+    layout = "swapab" if kernel.endswith("mma") else "along_k"
+    return int_weights(k, n, int(kernel[1]), 128, dev, layout)
+
+
+def call(kernel: str, x, w):
+    if kernel == "bf16_cublas":
+        return x @ w
+    if kernel == "bf16_gemv":
+        from octavo.kernels.dense_gemv import dense_gemv
+
+        return dense_gemv(x, w)
+    if kernel in ("bf16_mma", "fp8_mma"):
+        from octavo.kernels.dense_mma import dense_mma
+
+        return dense_mma(x, w) if kernel == "bf16_mma" else dense_mma(x, w[0], None, w[1])
+    if kernel == "fp8_gemv":
+        from octavo.kernels.fp8_gemv import fp8_gemv
+
+        return fp8_gemv(x, *w)
+    if kernel == "w4_mma":
+        from octavo.kernels.swapab_mma import swapab_mma
+
+        return swapab_mma(x, *w, 128, 4)
+    from octavo.kernels.w4a16_gemm import w4a16_gemm
+
+    return w4a16_gemm(x, *w, 128, int(kernel[1]), path="gemv")
+
+
+def measure(kernel: str, k: int, ns: list[int], dev, bandwidth: float) -> dict:
+    import torch
+
+    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    points = []
+    for n in ns:
+        nbytes = weight_bytes(kernel, k, n)
+        copies = [make_weight(kernel, k, n, dev)
+                  for _ in range(max(2, -(-L2_FLUSH_BYTES // int(nbytes))))]
+        t_hbm = timed([lambda w=w: call(kernel, x, w) for w in copies])
+        t_l2 = (timed([lambda w=copies[0]: call(kernel, x, w)] * 16)
+                if nbytes <= L2_MAX_BYTES else None)
+        points.append({"n": n, "bytes": nbytes, "hbm_us": round(t_hbm, 2),
+                       "hbm_fraction": round(nbytes / (t_hbm * 1e-6) / bandwidth, 3),
+                       "l2_us": t_l2 and round(t_l2, 2)})
+        print(f"{kernel} K={k} N={n}: {t_hbm:.2f} us from HBM "
+              f"({points[-1]['hbm_fraction']:.0%})"
+              + (f", {t_l2:.2f} us from L2" if t_l2 else ""), flush=True)
+        del copies
+        torch.cuda.empty_cache()
+    fixed, per_byte = fit_line([p["bytes"] for p in points], [p["hbm_us"] for p in points])
+    rate = 1e-6 / per_byte if per_byte > 0 else float("inf")  # bytes per second
+    out = {"kernel": kernel, "k": k, "points": points, "fixed_us": round(fixed, 2),
+           "stream_tb_s": round(rate / 1e12, 2), "stream_fraction": round(rate / bandwidth, 3)}
+    print(f"{kernel} K={k}: fixed {fixed:.2f} us + bytes at {rate / 1e12:.2f} TB/s "
+          f"({rate / bandwidth:.0%} of HBM)", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", type=int, nargs="+", default=[4096])
+    ap.add_argument("--n", type=int, nargs="+",
+                    default=[1024, 2048, 4096, 8192, 16384, 28672])
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import torch
+
+    bandwidth, _, limits = device_limits()
+    dev = torch.device("cuda")
+    results = []
+    for k in args.k:
+        for kernel in args.kernels:
+            try:
+                results.append(measure(kernel, k, args.n, dev, bandwidth))
+            except Exception as e:  # noqa: BLE001 - recorded, the other kernels go on
+                print(f"{kernel} K={k}: {type(e).__name__}: {e}"[:300], flush=True)
+                results.append({"kernel": kernel, "k": k,
+                                "error": f"{type(e).__name__}: {e}"[:300]})
+    print(f"{'kernel':12} {'K':>6} {'fixed us':>9} {'TB/s':>6} {'of HBM':>7}")
+    for r in results:
+        if "error" not in r:
+            print(f"{r['kernel']:12} {r['k']:>6} {r['fixed_us']:>9} {r['stream_tb_s']:>6} "
+                  f"{r['stream_fraction']:>7.0%}")
+    print_json_result({"benchmark": "gemv_scaling", "device": device_info(), "limits": limits,
+                       "commit": git_commit(), "m": 1, "results": results}, args.json)
+
+
+if __name__ == "__main__":
+    main()

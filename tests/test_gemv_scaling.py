@@ -1,0 +1,24 @@
+"""benchmarks/gemv_scaling.py's arithmetic (the timings themselves need a GPU)."""
+
+import pytest
+
+from benchmarks.gemv_scaling import KERNELS, fit_line, weight_bytes
+
+
+def test_fit_line_recovers_fixed_part_and_rate():
+    xs = [1e6, 4e6, 16e6, 64e6]
+    fixed, per_byte = fit_line(xs, [3.0 + x / 4e6 for x in xs])
+    assert fixed == pytest.approx(3.0) and per_byte == pytest.approx(0.25e-6)
+    # noisy points: still the least-squares line, not a two-point guess
+    fixed, per_byte = fit_line([0, 1, 2, 3], [1.0, 3.1, 4.9, 7.0])
+    assert per_byte == pytest.approx(1.98) and fixed == pytest.approx(1.03)
+
+
+def test_weight_bytes_per_kernel_family():
+    k, n = 4096, 1024
+    assert weight_bytes("bf16_gemv", k, n) == 2 * k * n
+    assert weight_bytes("fp8_mma", k, n) == k * n + 4 * n
+    # 4-bit g128: half a byte per weight plus a 16-bit scale and zero point per group
+    assert weight_bytes("w4_mma", k, n) == k * n / 2 + 2 * (k // 128) * n * 2
+    assert weight_bytes("w8_gemv", k, n) == k * n + 2 * (k // 128) * n * 2
+    assert {kernel[:2] for kernel in KERNELS} == {"bf", "fp", "w4", "w8"}
