@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.gemv_scaling import KERNELS, fit_line, weight_bytes
+from benchmarks.gemv_scaling import KERNELS, fit_line, stream_fit, weight_bytes
 
 
 def test_fit_line_recovers_fixed_part_and_rate():
@@ -22,3 +22,13 @@ def test_weight_bytes_per_kernel_family():
     assert weight_bytes("w4_mma", k, n) == k * n / 2 + 2 * (k // 128) * n * 2
     assert weight_bytes("w8_gemv", k, n) == k * n + 2 * (k // 128) * n * 2
     assert {kernel[:2] for kernel in KERNELS} == {"bf", "fp", "w4", "w8"}
+
+
+def test_stream_fit_gives_microseconds_and_bytes_per_second():
+    # 2 us fixed, then 4 TB/s: 40 MB take 10 us more
+    points = [{"bytes": b, "hbm_us": 2.0 + b / 4e12 * 1e6} for b in (10e6, 20e6, 40e6)]
+    fixed, rate = stream_fit(points)
+    assert fixed == pytest.approx(2.0) and rate == pytest.approx(4e12)
+    # a small weight on the kernel's floor (8 us for 1 MB) stays out of the line
+    fixed, rate = stream_fit([{"bytes": 1e6, "hbm_us": 8.0}] + points[::-1])
+    assert fixed == pytest.approx(2.0) and rate == pytest.approx(4e12)
