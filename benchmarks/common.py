@@ -176,6 +176,17 @@ def timed_generate(llm, prompts: list, params) -> tuple[float, list]:
     return time.perf_counter() - t0, outs
 
 
+# A sweep over a weight's copies reads at least this much, so each call of a timed sweep reads
+# its weight from HBM, not from the (50 MB on an H200) L2.
+L2_FLUSH_BYTES = 400 << 20
+
+
+def flush_copies(nbytes: int) -> int:
+    """How many copies of a weight of ``nbytes`` one sweep needs to read ``L2_FLUSH_BYTES``
+    (at least two)."""
+    return max(2, -(-L2_FLUSH_BYTES // int(nbytes)))
+
+
 def graph_timed(fns) -> float:
     """Mean microseconds per call over replays of a CUDA graph of one sweep of ``fns``
     (each called once outside the capture first: compiles, cuBLAS algorithm picks)."""

@@ -28,13 +28,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.common import device_info, flush_copies, git_commit, print_json_result  # noqa: E402
 from benchmarks.common import graph_timed as timed  # noqa: E402
-from benchmarks.quantized_gemm import (  # noqa: E402
-    L2_FLUSH_BYTES,
-    _weight_bytes,
-    int_weights,
-)
+from benchmarks.quantized_gemm import _weight_bytes, fp8_weight, int_weights  # noqa: E402
 from benchmarks.workloads import device_limits  # noqa: E402
 
 KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_gemv",
@@ -80,10 +76,7 @@ def make_weight(kernel: str, k: int, n: int, dev):
     if kernel.startswith("bf16"):
         return torch.randn(n, k, device=dev, dtype=torch.bfloat16)
     if kernel.startswith("fp8"):
-        from octavo.quantization.fp8_linear import FP8
-
-        return ((torch.randn(n, k, device=dev) * 64).clamp(-448, 448).to(FP8),
-                torch.rand(n, device=dev) * 0.01)
+        return fp8_weight(k, n, dev)
     layout = "swapab" if kernel.endswith("mma") else "along_k"
     return int_weights(k, n, int(kernel[1]), 128, dev, layout)
 
@@ -119,8 +112,7 @@ def measure(kernel: str, k: int, ns: list[int], dev, bandwidth: float) -> dict:
     points = []
     for n in ns:
         nbytes = weight_bytes(kernel, k, n)
-        copies = [make_weight(kernel, k, n, dev)
-                  for _ in range(max(2, -(-L2_FLUSH_BYTES // int(nbytes))))]
+        copies = [make_weight(kernel, k, n, dev) for _ in range(flush_copies(nbytes))]
         t_hbm = timed([lambda w=w: call(kernel, x, w) for w in copies])
         t_l2 = (timed([lambda w=copies[0]: call(kernel, x, w)] * 16)
                 if nbytes <= L2_MAX_BYTES else None)

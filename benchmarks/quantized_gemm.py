@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import (  # noqa: E402
     device_info,
+    flush_copies,
     git_commit,
     print_json_result,  # noqa: E402
     time_each,  # noqa: E402
@@ -39,7 +40,6 @@ from benchmarks.workloads import device_limits  # noqa: E402
 # Llama-3.1-8B projections as (K, N): q/k/v merged, o, gate/up merged, down.
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
           "down": (14336, 4096)}
-L2_FLUSH_BYTES = 400 << 20  # a sweep over the copies reads at least this much
 
 
 def main() -> None:
@@ -185,7 +185,7 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
 def _int_copies(k: int, n: int, bits: int, group: int, dev, layout: str) -> list:
     """Enough packed [K, N] weights in ``layout`` that a sweep over them reads several times
     the L2 (each call then reads its weight from HBM)."""
-    copies = max(2, -(-L2_FLUSH_BYTES // (k * n * bits // 8)))
+    copies = flush_copies(k * n * bits // 8)
     return [int_weights(k, n, bits, group, dev, layout) for _ in range(copies)]
 
 
@@ -436,18 +436,22 @@ def _bf16_copies(k: int, n: int, dev) -> list:
     import torch
 
     return [torch.randn(k, n, device=dev, dtype=torch.bfloat16)
-            for _ in range(max(2, -(-L2_FLUSH_BYTES // (k * n * 2))))]
+            for _ in range(flush_copies(k * n * 2))]
 
 
-def _fp8_copies(k: int, n: int, dev) -> list:
-    """(float8 weight [n, k], float32 row scales) copies: one sweep over them reads HBM."""
+def fp8_weight(k: int, n: int, dev) -> tuple:
+    """A dummy float8 weight [n, k] spread over the e4m3 range, and float32 row scales."""
     import torch
 
     from octavo.quantization.fp8_linear import FP8
 
-    return [((torch.randn(n, k, device=dev) * 64).clamp(-448, 448).to(FP8),
-             torch.rand(n, device=dev) * 0.01)
-            for _ in range(max(2, -(-L2_FLUSH_BYTES // (k * n))))]
+    return ((torch.randn(n, k, device=dev) * 64).clamp(-448, 448).to(FP8),
+            torch.rand(n, device=dev) * 0.01)
+
+
+def _fp8_copies(k: int, n: int, dev) -> list:
+    """(float8 weight [n, k], float32 row scales) copies: one sweep over them reads HBM."""
+    return [fp8_weight(k, n, dev) for _ in range(flush_copies(k * n))]
 
 
 def fp8_cuda_sweep(args, timed, bandwidth, limits) -> None:

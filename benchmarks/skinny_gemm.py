@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import (  # noqa: E402
     device_info,
+    flush_copies,
     git_commit,
     print_json_result,  # noqa: E402
     time_each,  # noqa: E402
@@ -43,7 +44,6 @@ SHAPES = {
     "llama-3.1-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
                      "down": (4096, 14336)},
 }
-L2_FLUSH_BYTES = 400 << 20
 
 
 def main() -> None:
@@ -179,8 +179,8 @@ def _weight_copies(n: int, k: int):
     """Enough bf16 [N, K] weights that a sweep over them reads several times the L2."""
     import torch
 
-    copies = max(2, -(-L2_FLUSH_BYTES // (k * n * 2)))
-    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 32 for _ in range(copies)]
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 32
+            for _ in range(flush_copies(k * n * 2))]
 
 
 def paths_table(args) -> None:
