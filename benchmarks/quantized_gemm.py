@@ -454,12 +454,22 @@ def _fp8_copies(k: int, n: int, dev) -> list:
     return [fp8_weight(k, n, dev) for _ in range(flush_copies(k * n))]
 
 
+def _scaled_mm_w8a8(x, w, s):
+    """W8A8 as the engine runs it at large batches: x quantized per token, torch._scaled_mm."""
+    import torch
+
+    from octavo.quantization.fp8_linear import activation_scale, quantize_fp8
+
+    xs = activation_scale(x.float(), per_token=True)
+    return torch._scaled_mm(quantize_fp8(x.float(), xs), w.t(), scale_a=xs,
+                            scale_b=s.reshape(1, -1), out_dtype=torch.bfloat16)
+
+
 def fp8_cuda_sweep(args, timed, bandwidth, limits) -> None:
     import torch
 
     from octavo.kernels import dense_mma
     from octavo.kernels.fp8_gemv import fp8_gemv
-    from octavo.quantization.fp8_linear import activation_scale, quantize_fp8
 
     dev = torch.device("cuda")
     plans = [{}] + [{"warps_per_sm": w, "steps": s} for w in (4, 8, 16) for s in (1, 2, 4)]
@@ -470,12 +480,7 @@ def fp8_cuda_sweep(args, timed, bandwidth, limits) -> None:
         for m in [m for m in args.m if m <= dense_mma.MAX_M]:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
-
-            def scaled_mm(w, s, x=x):
-                xs = activation_scale(x.float(), per_token=True)
-                return torch._scaled_mm(quantize_fp8(x.float(), xs), w.t(), scale_a=xs,
-                                        scale_b=s.reshape(1, -1), out_dtype=torch.bfloat16)
-            t_mm = timed([lambda p=p: scaled_mm(*p) for p in weights])
+            t_mm = timed([lambda p=p, x=x: _scaled_mm_w8a8(x, *p) for p in weights])
             t_gemv = (timed([lambda p=p, x=x: fp8_gemv(x, p[0], p[1]) for p in weights])
                       if m <= 2 else None)
             results = time_each(timed, plans, lambda c, x=x, ws=weights: [
@@ -503,7 +508,6 @@ def fp8_sweep(args, timed, bandwidth, limits) -> None:
     import torch
 
     from octavo.kernels.fp8_gemv import fp8_gemv
-    from octavo.quantization.fp8_linear import activation_scale, quantize_fp8
 
     dev = torch.device("cuda")
     rows = []
@@ -511,15 +515,10 @@ def fp8_sweep(args, timed, bandwidth, limits) -> None:
         dense = _bf16_copies(k, n, dev)
         weights = _fp8_copies(k, n, dev)
 
-        def scaled_mm(x, w, s):
-            xs = activation_scale(x.float(), per_token=True)
-            return torch._scaled_mm(quantize_fp8(x.float(), xs), w.t(), scale_a=xs,
-                                    scale_b=s.reshape(1, -1), out_dtype=torch.bfloat16)
-
         for m in [m for m in args.m if m <= 2]:  # fp8_gemv.MAX_M
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
-            t_mm = timed([lambda p=p, x=x: scaled_mm(x, p[0], p[1]) for p in weights])
+            t_mm = timed([lambda p=p, x=x: _scaled_mm_w8a8(x, *p) for p in weights])
             results = time_each(timed, _fp8_candidates(), lambda c, x=x, ws=weights: [
                 lambda p=p: fp8_gemv(x, p[0], p[1], **c) for p in ws])
             default, summary = _summary(results, _fp8_candidates()[0], t_bf16, k * n,
