@@ -268,6 +268,11 @@ def _candidates(m: int) -> list[dict]:
         out += [{"path": "gemv", "waves": wv} for wv in (2, 3, 6, 8)]
         # 8 packed rows per step won on qkv / o at some K splits only (session 12): the splits.
         out += [{"path": "gemv", "block_p": 8, "split_k": sk} for sk in (8, 16, 24, 32, 48, 64)]
+        # Weights two steps ahead instead of one: more bytes in flight per program, so fewer
+        # K splits (a shorter reduction) for the same loads in flight.
+        out += [{"path": "gemv", "prefetch": 2, "waves": wv} for wv in (1, 2, 3, 4)]
+        out += [{"path": "gemv", "prefetch": 2, "block_p": bp, "split_k": sk}
+                for bp in (4, 8) for sk in (4, 8, 16, 32)]
         return out
     out = [{"path": "gemm"}, {"path": "dequant"}]
     for bm, bn, bk in ((16, 64, 128), (32, 64, 128), (64, 64, 128), (64, 128, 64),
@@ -425,9 +430,9 @@ def _summary(results: list[dict], default_cfg: dict, t_bf16: float, nbytes: floa
 
 def _fp8_candidates() -> list[dict]:
     out = [{}]
-    out += [{"block_n": bn, "block_k": bk, "num_warps": w, "waves": wv}
+    out += [{"block_n": bn, "block_k": bk, "num_warps": w, "waves": wv, "prefetch": pf}
             for bn in (16, 32, 64) for bk in (256, 512) for w in (4, 8) for wv in (1, 2, 4)
-            if bn * bk <= 16384]
+            for pf in (1, 2) if bn * bk <= 16384]
     return out
 
 

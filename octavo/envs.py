@@ -121,6 +121,15 @@ def _int(name: str, default: int, what: str) -> int:
     return out
 
 
+def gemv_prefetch(default: int) -> int:
+    """OCTAVO_GEMV_PREFETCH (1 or 2): how many steps ahead the FP8 and integer GEMVs
+    (octavo/kernels/fp8_gemv.py, w4a16_gemv.py) load their weights."""
+    out = _int("OCTAVO_GEMV_PREFETCH", default, "1 or 2")
+    if out not in (1, 2):
+        raise ValueError(f"OCTAVO_GEMV_PREFETCH must be 1 or 2, got {out}")
+    return out
+
+
 def l2_prefetch() -> frozenset[str]:
     """OCTAVO_L2_PREFETCH (comma list of "o", "mlp", "qkv"; default all three): on NVIDIA
     sm_90+ with PDL, a launch right after each decoder layer's attention pulls into L2 the

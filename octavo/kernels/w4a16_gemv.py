@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from octavo import envs
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
@@ -46,6 +47,7 @@ from octavo.kernels.triton_utils import interpreting, num_compute_units, require
 
 MAX_M = 4  # larger batches go to the tensor-core kernel
 WAVES = 4  # programs per SM the split-K choice aims for at M = 1
+PREFETCH = 1  # steps ahead the weights are loaded
 
 
 @triton.jit
@@ -163,7 +165,7 @@ def _int_weight_gemv_kernel(
     stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, FLUSH: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, PAIRED: tl.constexpr, BYTES: tl.constexpr,
-    ASM: tl.constexpr, PDL: tl.constexpr,
+    ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # ONE_BITS: 0x3F800000, the bits of 1.0f, passed at run time: as a constant, ptxas
     # re-materializes a mask into a register before every mask-or (one move per weight).
@@ -188,6 +190,10 @@ def _int_weight_gemv_kernel(
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     q_offs = tl.arange(0, BLOCK_P)[:, None] * stride_qk + offs_n * stride_qn
     packed = tl.load(qw_ptr + (k_start // PACK) * stride_qk + q_offs, mask=n_mask, other=0)
+    packed1 = packed  # the step after: loaded here only when PREFETCH = 2
+    if PREFETCH > 1:
+        packed1 = tl.load(qw_ptr + (k_start // PACK + BLOCK_P) * stride_qk + q_offs,
+                          mask=n_mask & ((offs_n * 0 + k_start + STEP) < k_end), other=0)
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for g0 in range(k_start, k_end, FLUSH):
         g = g0 // GROUP
@@ -208,10 +214,11 @@ def _int_weight_gemv_kernel(
         xs3 = tl.zeros((BLOCK_P, 1), dtype=tl.float32)
         xt3 = tl.zeros((BLOCK_P, 1), dtype=tl.float32)
         for k0 in range(g0, g0 + FLUSH, STEP):
-            # The next step's weights first (none past this split's end).
-            more = n_mask & ((offs_n * 0 + k0 + STEP) < k_end)  # a tensor mask
-            packed_next = tl.load(qw_ptr + (k0 // PACK + BLOCK_P) * stride_qk + q_offs,
-                                  mask=more, other=0)
+            # The weights PREFETCH steps ahead first (none past this split's end).
+            more = n_mask & ((offs_n * 0 + k0 + PREFETCH * STEP) < k_end)  # a tensor mask
+            packed_next = tl.load(
+                qw_ptr + (k0 // PACK + PREFETCH * BLOCK_P) * stride_qk + q_offs,
+                mask=more, other=0)
             acc0, xs0, xt0 = _row_step(packed, x_ptr + k0, acc0, xs0, xt0, ONE_BITS, BLOCK_P,
                                        PACK, BITS, PAIRED, BYTES, ASM)
             if BLOCK_M > 1:
@@ -222,7 +229,11 @@ def _int_weight_gemv_kernel(
                                            PACK, BITS, PAIRED, BYTES, ASM)
                 acc3, xs3, xt3 = _row_step(packed, x3 + k0, acc3, xs3, xt3, ONE_BITS, BLOCK_P,
                                            PACK, BITS, PAIRED, BYTES, ASM)
-            packed = packed_next
+            if PREFETCH > 1:
+                packed = packed1
+                packed1 = packed_next
+            else:
+                packed = packed_next
         out0 += _flush(acc0, xs0, xt0, s, z, BITS, PAIRED, BYTES)
         if BLOCK_M > 1:
             out1 += _flush(acc1, xs1, xt1, s, z, BITS, PAIRED, BYTES)
@@ -271,10 +282,11 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                block_n: int | None = None, block_p: int | None = None,
                num_warps: int | None = None, flush: int | None = None,
                waves: int | None = None, paired: bool | None = None,
-               maxnreg: int | None = None) -> torch.Tensor:
+               maxnreg: int | None = None, prefetch: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` for M <= MAX_M, in x2's dtype. The tuning arguments
     (None: chosen here) exist for the benchmark's sweeps and the tests (``maxnreg``: a cap on
-    registers per thread, for occupancy)."""
+    registers per thread, for occupancy; ``prefetch``: how many steps ahead the weights are
+    loaded, 1 or 2)."""
     require_triton("w4a16_gemv")
     if x2.stride(1) != 1:  # the kernel reads each row of x with stride 1
         x2 = x2.contiguous()
@@ -309,7 +321,7 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_P=block_p, PAIRED=bool(paired), BYTES=bits == 8 and x2.dtype != torch.float32,
-        ASM=not interpreting(), num_warps=num_warps,
+        ASM=not interpreting(), PREFETCH=prefetch or envs.gemv_prefetch(PREFETCH), num_warps=num_warps,
         num_stages=1,
         **pdl_args(x2.device), **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
