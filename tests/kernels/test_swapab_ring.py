@@ -88,6 +88,62 @@ def test_the_tiled_packer_rejects_a_k_that_is_not_whole_chunks():
     assert pack_swapab_tiled(q, 4, 2).shape == (64, 192)
 
 
+# --- the ring's protocol -------------------------------------------------------------------
+
+def _run_ring(chunks: int, stages: int) -> list[int]:
+    """cuda/swapab_mma.cu's ring, step by step, for one warp of ``chunks`` chunks: the
+    prologue copies chunks 0..STAGES-2 into slots 0.., a group each; iteration j copies chunk
+    j + STAGES - 1 into the slot read in iteration j - 1, commits (an empty group past the
+    range) and waits until at most STAGES - 1 groups are pending, then reads slot j %
+    STAGES. A group completes only when a wait forces it (the latest a GPU may finish it).
+    Returns the chunk each iteration read; asserts no copy lands in a slot whose chunk is
+    still unread or being read."""
+    slots = [None] * stages  # (chunk, its group) per slot
+    unread = set()  # slots copied, not read yet
+    groups, done = [], 0  # groups committed (their chunks), how many completed
+    read = []
+
+    def copy(chunk, slot):
+        assert slot not in unread, (chunk, slot)
+        slots[slot] = (chunk, len(groups))
+        unread.add(slot)
+
+    for s in range(stages - 1):
+        if s < chunks:
+            copy(s, s)
+        groups.append(s)
+    slot = 0
+    for j in range(chunks):
+        if j + stages - 1 < chunks:
+            copy(j + stages - 1, stages - 1 if slot == 0 else slot - 1)
+        groups.append(j + stages - 1)
+        done = max(done, len(groups) - (stages - 1))  # cp.async.wait_group STAGES - 1
+        chunk, group = slots[slot]
+        assert group < done, (j, "read before its copy completed")
+        read.append(chunk)
+        unread.discard(slot)
+        slot = 0 if slot == stages - 1 else slot + 1
+    return read
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("chunks", range(0, 9))
+def test_the_ring_reads_every_chunk_once_in_order_after_its_copy(chunks, stages):
+    assert _run_ring(chunks, stages) == list(range(chunks))
+
+
+def test_the_ring_model_follows_the_source():
+    """The model's steps are the kernel's (read from swapab_mma.cu)."""
+    src = (cuda_module.SOURCE_DIR / swapab_mma.SOURCE).read_text()
+    assert "if (k_begin + s * CHUNK < k_end) copy_chunk(k_begin + s * CHUNK, s);" in src
+    assert "if (kn < k_end) copy_chunk(kn, slot == 0 ? STAGES - 1 : slot - 1);" in src
+    assert "const int kn = k + (STAGES - 1) * CHUNK;" in src
+    loop = src[src.index("const int kn = k + (STAGES - 1) * CHUNK;"):]
+    assert loop.index("cp_async_commit();") < loop.index("cp_async_wait<STAGES - 1>();") \
+        < loop.index("ca[i] = ring[((slot * STEPS + i) * 2 + 0) * 32];") \
+        < loop.index("slot = slot == STAGES - 1 ? 0 : slot + 1;")
+
+
 # --- the driver's arguments and launch (a recording module stands in for the GPU) ----------
 
 def _inputs(m=1, k=1024, n=512, group=128, dtype=torch.bfloat16, scale_dtype=None, bits=4):
