@@ -17,6 +17,11 @@ GEMV, dense_mma's float8 kernels), 4-bit g128 (the along-K GEMV, the swap-AB CUD
 8-bit g128 (the along-K GEMV). Times are CUDA-graph replays (benchmarks/common.graph_timed),
 as the engine's decode steps run.
 
+Also accepted by --kernels, not run by default: the swap-AB CUDA kernel at a given number of
+warps per SM, on its register pipeline or a cp.async ring of 2 / 3 chunks, on the row or the
+tiled layout (``swapab_mma(stages=, tiled=)``, 4-step chunks): ``w4_mma[_cp2|_cp3][_tiled]_wN``
+for N in 6, 10, 12 (e.g. ``w4_mma_cp3_tiled_w12``).
+
     python benchmarks/gemv_scaling.py [--k 4096] [--n 1024 2048 ...] [--kernels ...] [--json F]
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,10 +41,24 @@ from benchmarks.workloads import device_limits  # noqa: E402
 
 KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_gemv",
            "w4_mma", "w8_gemv")
-# Variants timed on request (--kernels), not by default: the FP8 and integer GEMVs loading
-# their weights two steps ahead instead of one.
-VARIANTS = ("fp8_gemv_p2", "w4_gemv_p2", "w8_gemv_p2")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
+# Variants timed on request (--kernels), not by default: the FP8 and integer GEMVs loading
+# their weights two steps ahead instead of one (*_p2), and swapab_mma's
+# w4_mma[_cp{stages}][_tiled]_w{warps per SM}.
+VARIANT_WARPS = (6, 10, 12)
+VARIANTS = ("fp8_gemv_p2", "w4_gemv_p2", "w8_gemv_p2") + tuple(
+    f"w4_mma{ring}{tiled}_w{w}" for ring in ("", "_cp2", "_cp3")
+    for tiled in ("", "_tiled") for w in VARIANT_WARPS)
+_VARIANT = re.compile(r"w4_mma(?:_cp(\d))?(_tiled)?_w(\d+)")
+
+
+def variant(kernel: str) -> dict | None:
+    """swapab_mma's keyword arguments for a variant's name (None for the other kernels)."""
+    match = _VARIANT.fullmatch(kernel)
+    if match is None:
+        return None
+    return {"stages": int(match[1] or 0), "tiled": bool(match[2]),
+            "warps_per_sm": int(match[3]), "steps": 4}
 
 
 def weight_bytes(kernel: str, k: int, n: int, group: int = 128) -> float:
@@ -80,8 +100,14 @@ def make_weight(kernel: str, k: int, n: int, dev):
         return torch.randn(n, k, device=dev, dtype=torch.bfloat16)
     if kernel.startswith("fp8"):
         return fp8_weight(k, n, dev)
-    layout = "swapab" if kernel.endswith("mma") else "along_k"
-    return int_weights(k, n, int(kernel[1]), 128, dev, layout)
+    kw = variant(kernel)
+    layout = "swapab" if kernel.endswith("mma") or kw else "along_k"
+    qweight, scales, zeros = int_weights(k, n, int(kernel[1]), 128, dev, layout)
+    if kw and kw["tiled"]:
+        from octavo.kernels.swapab_tiled import tile_swapab
+
+        qweight = tile_swapab(qweight, kw["steps"])
+    return qweight, scales, zeros
 
 
 def call(kernel: str, x, w):
@@ -99,10 +125,10 @@ def call(kernel: str, x, w):
         from octavo.kernels.fp8_gemv import fp8_gemv
 
         return fp8_gemv(x, *w, prefetch=2 if kernel.endswith("_p2") else None)
-    if kernel == "w4_mma":
+    if kernel == "w4_mma" or variant(kernel):
         from octavo.kernels.swapab_mma import swapab_mma
 
-        return swapab_mma(x, *w, 128, 4)
+        return swapab_mma(x, *w, 128, 4, **(variant(kernel) or {}))
     from octavo.kernels.w4a16_gemm import w4a16_gemm
 
     return w4a16_gemm(x, *w, 128, int(kernel[1]), path="gemv",
@@ -159,10 +185,10 @@ def main() -> None:
                 print(f"{kernel} K={k}: {type(e).__name__}: {e}"[:300], flush=True)
                 results.append({"kernel": kernel, "k": k,
                                 "error": f"{type(e).__name__}: {e}"[:300]})
-    print(f"{'kernel':12} {'K':>6} {'floor us':>9} {'fixed us':>9} {'TB/s':>6} {'of HBM':>7}")
+    print(f"{'kernel':22} {'K':>6} {'floor us':>9} {'fixed us':>9} {'TB/s':>6} {'of HBM':>7}")
     for r in results:
         if "error" not in r:
-            print(f"{r['kernel']:12} {r['k']:>6} {r['floor_us']:>9} {r['fixed_us']:>9} "
+            print(f"{r['kernel']:22} {r['k']:>6} {r['floor_us']:>9} {r['fixed_us']:>9} "
                   f"{r['stream_tb_s']:>6} {r['stream_fraction']:>7.0%}")
     print_json_result({"benchmark": "gemv_scaling", "device": device_info(), "limits": limits,
                        "commit": git_commit(), "m": 1, "results": results}, args.json)

@@ -32,3 +32,19 @@ def test_stream_fit_gives_microseconds_and_bytes_per_second():
     # a small weight on the kernel's floor (8 us for 1 MB) stays out of the line
     fixed, rate = stream_fit([{"bytes": 1e6, "hbm_us": 8.0}] + points[::-1])
     assert fixed == pytest.approx(2.0) and rate == pytest.approx(4e12)
+
+
+def test_swapab_variants_are_4_bit_and_parse_to_their_arguments():
+    from benchmarks.gemv_scaling import VARIANTS, variant
+
+    assert len(VARIANTS) == 21 and not set(VARIANTS) & set(KERNELS)  # not run by default
+    for name in VARIANTS:
+        base = name.split("_")[0] + "_" + name.split("_")[1]  # w4_mma, w8_gemv, fp8_gemv...
+        assert weight_bytes(name, 4096, 1024) == weight_bytes(base, 4096, 1024)
+    assert weight_bytes("w8_gemv_p2", 4096, 1024) > weight_bytes("w4_gemv_p2", 4096, 1024)
+    assert variant("w4_mma_cp3_tiled_w12") == {"stages": 3, "tiled": True,
+                                               "warps_per_sm": 12, "steps": 4}
+    assert variant("w4_mma_w6") == {"stages": 0, "tiled": False, "warps_per_sm": 6,
+                                    "steps": 4}
+    assert variant("w4_mma_tiled_w10")["tiled"] and not variant("w4_mma_cp2_w10")["tiled"]
+    assert variant("w4_mma") is None and variant("w4_gemv") is None
