@@ -95,6 +95,23 @@ def available(device: torch.device) -> bool:
 ENGINE_MAX_M = 8
 
 
+ENGINE_STAGES = 0  # the engine's ring depth where a ring kernel is built (0: registers)
+
+
+def engine_plan(m: int, bits: int, group_size: int, x_dtype: torch.dtype,
+                scale_dtype: torch.dtype) -> dict:
+    """The engine's launch arguments for a batch of ``m`` rows: the ring
+    (``OCTAVO_SWAPAB_STAGES``) where a ring kernel exists for it, and the plan's warps per SM
+    (``OCTAVO_SWAPAB_WARPS_PER_SM``)."""
+    stages = envs.swapab_stages(ENGINE_STAGES)
+    steps = default_steps(group_size)
+    try:
+        variant_suffix(m, bits, steps, x_dtype, scale_dtype, stages, False)
+    except ValueError:
+        stages = 0
+    return {"stages": stages, "warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM)}
+
+
 def max_rows() -> int:
     """The largest batch the engine sends here (``OCTAVO_CUDA_KERNELS_MAX_M``, at most 16)."""
     return min(MAX_M, envs.cuda_kernels_max_m(ENGINE_MAX_M))
@@ -104,15 +121,18 @@ def variant_suffix(m: int, bits: int, steps: int, x_dtype: torch.dtype,
                    scale_dtype: torch.dtype, stages: int, tiled: bool) -> str:
     """The kernel name's suffix for ``stages`` / ``tiled`` ("" for the register pipeline on
     the row layout), or ValueError where no such kernel is built: the variants are 4-bit, up
-    to 8 rows, 4-step chunks, scales in the activations' dtype."""
+    to 8 rows, 4-step chunks, scales in the activations' dtype or (bf16 activations) fp16."""
     if stages == 0 and not tiled:
         return ""
     what = f"swapab_mma(stages={stages}, tiled={tiled})"
     if stages not in (0, *RING_STAGES):
         raise ValueError(f"{what}: stages must be 0 or one of {RING_STAGES}")
-    if bits != 4 or m > 8 or steps != VARIANT_STEPS or scale_dtype != x_dtype:
+    scales_ok = scale_dtype == x_dtype or (x_dtype, scale_dtype) == (torch.bfloat16,
+                                                                     torch.float16)
+    if bits != 4 or m > 8 or steps != VARIANT_STEPS or not scales_ok:
         raise ValueError(f"{what} is built for 4-bit weights, up to 8 rows, "
-                         f"{VARIANT_STEPS}-step chunks and scales in the activations' dtype, "
+                         f"{VARIANT_STEPS}-step chunks and scales in the activations' dtype "
+                         "(or fp16 under bf16), "
                          f"not {bits}-bit, M={m}, {steps} steps, {x_dtype} with "
                          f"{scale_dtype} scales")
     return "_" + "_".join(([f"cp{stages}"] if stages else []) + (["tiled"] if tiled else []))

@@ -20,7 +20,7 @@ from tests.kernels import cuda_checks
 NAMES = [f"swapab_mma_{t}_{sc}_w{b}_m{m}_s{s}" for t in ("bf16", "f16")
          for sc in ("bf16", "f16") for b in (4, 8) for m in (8, 16) for s in (1, 2, 4)]
 # The cp.async ring and tiled variants (swapab_mma(stages=, tiled=); test_swapab_ring.py).
-VARIANT_NAMES = [f"swapab_mma_{t}_{t}_w4_m8_s4_{v}" for t in ("bf16", "f16")
+VARIANT_NAMES = [f"swapab_mma_{t}_w4_m8_s4_{v}" for t in ("bf16_bf16", "bf16_f16", "f16_f16")
                  for v in ("tiled", "cp2", "cp3", "cp2_tiled", "cp3_tiled")]
 RING_MAX_REGISTERS = 168  # __maxnreg__: 12 warps of 32 lanes per SM (65,536 registers)
 

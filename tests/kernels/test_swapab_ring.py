@@ -205,7 +205,6 @@ def test_the_largest_ring_fits_a_cta():
     ("2-step chunks", dict(), dict(stages=2, steps=2), "4-step"),
     ("group 64 (2-step chunks)", dict(group=64), dict(tiled=True), "4-step"),
     ("group 64, 4 steps", dict(group=64), dict(stages=2, steps=4), "whole 128-wide"),
-    ("fp16 scales, bf16 x", dict(scale_dtype=torch.float16), dict(stages=2), "dtype"),
     ("bf16 scales, fp16 x", dict(dtype=torch.float16, scale_dtype=torch.bfloat16),
      dict(tiled=True), "dtype"),
     ("1 stage", dict(), dict(stages=1), "stages must be"),
@@ -237,13 +236,14 @@ SHAPES = [(256, 256), (1024, 512), (4096, 4096), (4096, 28672), (14336, 4096)]
 
 
 @functools.cache
-def _gpu_case(k: int, n: int, dtype: torch.dtype):
-    """8 rows of x, the row and tiled layouts, scales, zeros and the float64 reference
-    [8, N] (rows are independent: a batch of m takes the first m)."""
+def _gpu_case(k: int, n: int, dtype: torch.dtype, scale_dtype: torch.dtype | None = None):
+    """8 rows of x, the row and tiled layouts, scales, zeros (in ``scale_dtype``, default
+    x's) and the float64 reference [8, N] (rows are independent: a batch of m takes the
+    first m)."""
     g = torch.Generator().manual_seed(k + n)
     q = torch.randint(0, 16, (k, n), generator=g)
-    scales = (torch.rand(k // 128, n, generator=g) * 0.02 + 0.001).to(dtype)
-    zeros = torch.randint(0, 17, (k // 128, n), generator=g).to(dtype)
+    scales = (torch.rand(k // 128, n, generator=g) * 0.02 + 0.001).to(scale_dtype or dtype)
+    zeros = torch.randint(0, 17, (k // 128, n), generator=g).to(scale_dtype or dtype)
     x = torch.randn(8, k, generator=g).to(dtype)
     w = (q.double() - zeros.double().repeat_interleave(128, 0)) \
         * scales.double().repeat_interleave(128, 0)
@@ -262,8 +262,11 @@ def _rel(a, b):
 @gpu
 @pytest.mark.parametrize("k,n", SHAPES)
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_ring_and_tiled_match_the_reference_and_the_register_kernel_gpu(dtype, variant, k, n):
+@pytest.mark.parametrize("dtype,scale_dtype", [(torch.bfloat16, None),
+                                               (torch.bfloat16, torch.float16),
+                                               (torch.float16, None)])
+def test_ring_and_tiled_match_the_reference_and_the_register_kernel_gpu(dtype, scale_dtype,
+                                                                          variant, k, n):
     """Every batch 1, 2, 5, 8 and 6, 10, 12 warps per SM (one CTA per tile, several, idle
     warps): the float64 reference within the other GPU tests' tolerance, and the register
     pipeline's output bit for bit (the same products and sums in the same order; only where
@@ -271,7 +274,7 @@ def test_ring_and_tiled_match_the_reference_and_the_register_kernel_gpu(dtype, v
     from octavo.kernels import split_k
 
     kw = _variant(variant)
-    x8, rows, tiled, s, z, ref8 = _gpu_case(k, n, dtype)
+    x8, rows, tiled, s, z, ref8 = _gpu_case(k, n, dtype, scale_dtype)
     qw = tiled if kw["tiled"] else rows
     for m in (1, 2, 5, 8):
         for per_sm in (6, 10, 12):
@@ -320,3 +323,21 @@ def test_ring_and_tiled_replay_in_a_graph_gpu(variant):
 
     check_graph_replays(lambda xx: swapab_mma.swapab_mma(xx, qw, s, z, 128, **kw), ref,
                         x8[:4].clone())
+
+
+def test_the_engine_plan_takes_the_ring_only_where_a_kernel_is_built(monkeypatch):
+    bf16, f16 = torch.bfloat16, torch.float16
+    plan = swapab_mma.engine_plan
+    assert plan(1, 4, 128, bf16, f16) == {"stages": swapab_mma.ENGINE_STAGES,
+                                          "warps_per_sm": swapab_mma.WARPS_PER_SM}
+    monkeypatch.setenv("OCTAVO_SWAPAB_STAGES", "3")
+    monkeypatch.setenv("OCTAVO_SWAPAB_WARPS_PER_SM", "12")
+    assert plan(8, 4, 128, bf16, f16) == {"stages": 3, "warps_per_sm": 12}
+    assert plan(8, 4, 128, f16, f16)["stages"] == 3
+    # No ring kernel: 9+ rows, 8-bit, 2-step chunks (group 64), fp16 x with bf16 scales.
+    for args in ((9, 4, 128, bf16, f16), (1, 8, 128, bf16, bf16), (1, 4, 64, bf16, bf16),
+                 (1, 4, 128, f16, bf16)):
+        assert plan(*args) == {"stages": 0, "warps_per_sm": 12}, args
+    monkeypatch.setenv("OCTAVO_SWAPAB_STAGES", "4")
+    with pytest.raises(ValueError, match="OCTAVO_SWAPAB_STAGES"):
+        plan(1, 4, 128, bf16, bf16)

@@ -397,17 +397,18 @@ __device__ __forceinline__ void swapab_mma(
   }
 #define OCTAVO_RING_REGS __maxnreg__(168)
 
-// swapab_mma_{bf16_bf16,f16_f16}_w4_m8_s4_{tiled,cp2,cp3,cp2_tiled,cp3_tiled}
-#define OCTAVO_SWAPAB_MMA_VARIANTS(TN, T)                                                       \
-  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##TN##_w4_m8_s4_tiled, T, T, 0, true,           \
+// swapab_mma_{bf16_bf16,bf16_f16,f16_f16}_w4_m8_s4_{tiled,cp2,cp3,cp2_tiled,cp3_tiled}
+// (bf16 activations with f16 scales: GPTQ checkpoints under a bf16 model)
+#define OCTAVO_SWAPAB_MMA_VARIANTS(TN, T, SN, S)                                                \
+  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##SN##_w4_m8_s4_tiled, T, S, 0, true,           \
                             __launch_bounds__(256))                                             \
-  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##TN##_w4_m8_s4_cp2, T, T, 2, false,             \
+  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##SN##_w4_m8_s4_cp2, T, S, 2, false,             \
                             OCTAVO_RING_REGS)                                                   \
-  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##TN##_w4_m8_s4_cp3, T, T, 3, false,             \
+  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##SN##_w4_m8_s4_cp3, T, S, 3, false,             \
                             OCTAVO_RING_REGS)                                                   \
-  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##TN##_w4_m8_s4_cp2_tiled, T, T, 2, true,        \
+  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##SN##_w4_m8_s4_cp2_tiled, T, S, 2, true,        \
                             OCTAVO_RING_REGS)                                                   \
-  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##TN##_w4_m8_s4_cp3_tiled, T, T, 3, true,        \
+  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##SN##_w4_m8_s4_cp3_tiled, T, S, 3, true,        \
                             OCTAVO_RING_REGS)
 
 // swapab_mma_{activations}_{scales}_w{bits}_m{8,16}_s{steps}
@@ -427,5 +428,6 @@ OCTAVO_SWAPAB_MMA_SCALES(bf16, __nv_bfloat16, 4)
 OCTAVO_SWAPAB_MMA_SCALES(bf16, __nv_bfloat16, 8)
 OCTAVO_SWAPAB_MMA_SCALES(f16, __half, 4)
 OCTAVO_SWAPAB_MMA_SCALES(f16, __half, 8)
-OCTAVO_SWAPAB_MMA_VARIANTS(bf16, __nv_bfloat16)
-OCTAVO_SWAPAB_MMA_VARIANTS(f16, __half)
+OCTAVO_SWAPAB_MMA_VARIANTS(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
+OCTAVO_SWAPAB_MMA_VARIANTS(bf16, __nv_bfloat16, f16, __half)
+OCTAVO_SWAPAB_MMA_VARIANTS(f16, __half, f16, __half)
