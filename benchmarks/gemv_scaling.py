@@ -42,11 +42,11 @@ from benchmarks.workloads import device_limits  # noqa: E402
 KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_gemv",
            "w4_mma", "w8_gemv")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
-# Variants timed on request (--kernels), not by default: the FP8 and integer GEMVs loading
-# their weights two steps ahead instead of one (*_p2), and swapab_mma's
+# Variants timed on request (--kernels), not by default: the integer GEMVs loading their
+# weights two or three steps ahead instead of one (*_p2, *_p3), and swapab_mma's
 # w4_mma[_cp{stages}][_tiled]_w{warps per SM}.
-VARIANT_WARPS = (6, 10, 12)
-VARIANTS = ("fp8_gemv_p2", "w4_gemv_p2", "w8_gemv_p2") + tuple(
+VARIANT_WARPS = (2, 3, 4, 6, 8, 10, 12)
+VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3") + tuple(
     f"w4_mma{ring}{tiled}_w{w}" for ring in ("", "_cp2", "_cp3")
     for tiled in ("", "_tiled") for w in VARIANT_WARPS)
 _VARIANT = re.compile(r"w4_mma(?:_cp(\d))?(_tiled)?_w(\d+)")
@@ -121,10 +121,10 @@ def call(kernel: str, x, w):
         from octavo.kernels.dense_mma import dense_mma
 
         return dense_mma(x, w) if kernel == "bf16_mma" else dense_mma(x, w[0], None, w[1])
-    if kernel.startswith("fp8_gemv"):
+    if kernel == "fp8_gemv":
         from octavo.kernels.fp8_gemv import fp8_gemv
 
-        return fp8_gemv(x, *w, prefetch=2 if kernel.endswith("_p2") else None)
+        return fp8_gemv(x, *w)
     if kernel == "w4_mma" or variant(kernel):
         from octavo.kernels.swapab_mma import swapab_mma
 
@@ -132,7 +132,7 @@ def call(kernel: str, x, w):
     from octavo.kernels.w4a16_gemm import w4a16_gemm
 
     return w4a16_gemm(x, *w, 128, int(kernel[1]), path="gemv",
-                      **({"prefetch": 2} if kernel.endswith("_p2") else {}))
+                      **({"prefetch": int(kernel[-1])} if "_p" in kernel else {}))
 
 
 def measure(kernel: str, k: int, ns: list[int], dev, bandwidth: float) -> dict:

@@ -430,9 +430,9 @@ def _summary(results: list[dict], default_cfg: dict, t_bf16: float, nbytes: floa
 
 def _fp8_candidates() -> list[dict]:
     out = [{}]
-    out += [{"block_n": bn, "block_k": bk, "num_warps": w, "waves": wv, "prefetch": pf}
+    out += [{"block_n": bn, "block_k": bk, "num_warps": w, "waves": wv}
             for bn in (16, 32, 64) for bk in (256, 512) for w in (4, 8) for wv in (1, 2, 4)
-            for pf in (1, 2) if bn * bk <= 16384]
+            if bn * bk <= 16384]
     return out
 
 

@@ -138,11 +138,12 @@ def swapab_warps_per_sm(default: int) -> int:
 
 
 def gemv_prefetch(default: int) -> int:
-    """OCTAVO_GEMV_PREFETCH (1 or 2): how many steps ahead the FP8 and integer GEMVs
-    (octavo/kernels/fp8_gemv.py, w4a16_gemv.py) load their weights."""
-    out = _int("OCTAVO_GEMV_PREFETCH", default, "1 or 2")
-    if out not in (1, 2):
-        raise ValueError(f"OCTAVO_GEMV_PREFETCH must be 1 or 2, got {out}")
+    """OCTAVO_GEMV_PREFETCH (1, 2 or 3): how many steps ahead the integer GEMV
+    (octavo/kernels/w4a16_gemv.py) loads its weights, for 4- and 8-bit alike (default: its
+    per-bits choice)."""
+    out = _int("OCTAVO_GEMV_PREFETCH", default, "1, 2 or 3")
+    if out not in (1, 2, 3):
+        raise ValueError(f"OCTAVO_GEMV_PREFETCH must be 1, 2 or 3, got {out}")
     return out
 
 

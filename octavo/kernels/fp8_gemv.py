@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import torch
 
-from octavo import envs
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
@@ -39,7 +38,6 @@ from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.split_k import to_fill as split_k_to_fill
 from octavo.kernels.triton_utils import require_triton, tl, triton
 
-PREFETCH = 1  # steps ahead the weights are loaded
 MAX_M = 2  # at 4 rows _scaled_mm was faster on the wide shapes (gate_up 65 vs 123 us)
 
 # _e4m3x4_bits yields weight * 2**-120 (down to 2**-129, a float32 subnormal); the activations
@@ -122,7 +120,7 @@ def _fp8_gemv_kernel(
     stride_xm, stride_xk, stride_wn, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
-    PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -139,17 +137,11 @@ def _fp8_gemv_kernel(
     offs_w = w_start + tl.arange(0, BLOCK_W)
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
     w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_w < w_end)[None, :], other=0)
-    w1 = w  # the step after: loaded here only when PREFETCH = 2
-    if PREFETCH > 1:
-        w1 = tl.load(w_ptrs + BLOCK_W,
-                     mask=n_mask[:, None] & (offs_w + BLOCK_W < w_end)[None, :], other=0)
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for _ in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
         w_ptrs += BLOCK_W
-        # The weights PREFETCH steps ahead, issued before this step's arithmetic.
-        ahead_mask = (offs_w + PREFETCH * BLOCK_W) < w_end
-        w_ahead = tl.load(w_ptrs + (PREFETCH - 1) * BLOCK_W,
-                          mask=n_mask[:, None] & ahead_mask[None, :], other=0)
+        next_mask = (offs_w + BLOCK_W) < w_end
+        w_next = tl.load(w_ptrs, mask=n_mask[:, None] & next_mask[None, :], other=0)
         if BITS:
             wf = _e4m3x4_bits(w)
         else:
@@ -157,11 +149,7 @@ def _fp8_gemv_kernel(
         acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, BITS)
         if BLOCK_M > 1:
             acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, BITS)
-        if PREFETCH > 1:
-            w = w1
-            w1 = w_ahead
-        else:
-            w = w_ahead
+        w = w_next
         offs_w += BLOCK_W
     scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
     if BITS:
@@ -184,13 +172,11 @@ def fp8_gemv_ref(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) ->
 def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              split_k: int | None = None, block_n: int | None = None,
              block_k: int | None = None, num_warps: int | None = None,
-             waves: int | None = None, bits: bool | None = None,
-             prefetch: int | None = None) -> torch.Tensor:
+             waves: int | None = None, bits: bool | None = None) -> torch.Tensor:
     """``x2 [M, K] @ (weight [N, K] * scale [N])^T`` for M <= MAX_M, in x2's dtype; K a
     multiple of 4, the weight contiguous along K. The tuning arguments (None: chosen here)
     exist for the benchmark's sweeps; ``bits``: convert by bit placement (the default off
-    CUDA, where the interpreter runs no inline assembly); ``prefetch``: how many steps ahead
-    the weights are loaded (1 or 2)."""
+    CUDA, where the interpreter runs no inline assembly)."""
     require_triton("fp8_gemv")
     m, k = x2.shape
     n = weight.shape[0]
@@ -215,8 +201,7 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         x2.stride(0), x2.stride(1), words.stride(0),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
-        BITS=not x2.is_cuda if bits is None else bits, PREFETCH=prefetch or envs.gemv_prefetch(PREFETCH),
-        num_warps=num_warps or 4,
+        BITS=not x2.is_cuda if bits is None else bits, num_warps=num_warps or 4,
         **pdl_args(x2.device),
     )  # fmt: skip
     return out

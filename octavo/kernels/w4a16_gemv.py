@@ -47,7 +47,11 @@ from octavo.kernels.triton_utils import interpreting, num_compute_units, require
 
 MAX_M = 4  # larger batches go to the tensor-core kernel
 WAVES = 4  # programs per SM the split-K choice aims for at M = 1
-PREFETCH = 1  # steps ahead the weights are loaded
+# Steps ahead the weights are loaded, by bits. H200, Llama-3.1-8B shapes at one row
+# (benchmarks/gemv_scaling.py, docs/benchmarks.md session 22): two steps ahead moved the
+# 8-bit GEMV from 69% to 73% of HBM (W8A16 batch 1 3.554 -> 3.225 ms per token) and the
+# 4-bit one nowhere (2.797 -> 2.816).
+PREFETCH = {4: 1, 8: 2}
 
 
 @triton.jit
@@ -190,10 +194,16 @@ def _int_weight_gemv_kernel(
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     q_offs = tl.arange(0, BLOCK_P)[:, None] * stride_qk + offs_n * stride_qn
     packed = tl.load(qw_ptr + (k_start // PACK) * stride_qk + q_offs, mask=n_mask, other=0)
-    packed1 = packed  # the step after: loaded here only when PREFETCH = 2
+    # The steps after (PREFETCH - 1 of them) loaded here too: packed1 and packed2 unused
+    # where PREFETCH is smaller.
+    packed1 = packed
+    packed2 = packed
     if PREFETCH > 1:
         packed1 = tl.load(qw_ptr + (k_start // PACK + BLOCK_P) * stride_qk + q_offs,
                           mask=n_mask & ((offs_n * 0 + k_start + STEP) < k_end), other=0)
+    if PREFETCH > 2:
+        packed2 = tl.load(qw_ptr + (k_start // PACK + 2 * BLOCK_P) * stride_qk + q_offs,
+                          mask=n_mask & ((offs_n * 0 + k_start + 2 * STEP) < k_end), other=0)
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for g0 in range(k_start, k_end, FLUSH):
         g = g0 // GROUP
@@ -229,7 +239,11 @@ def _int_weight_gemv_kernel(
                                            PACK, BITS, PAIRED, BYTES, ASM)
                 acc3, xs3, xt3 = _row_step(packed, x3 + k0, acc3, xs3, xt3, ONE_BITS, BLOCK_P,
                                            PACK, BITS, PAIRED, BYTES, ASM)
-            if PREFETCH > 1:
+            if PREFETCH == 3:
+                packed = packed1
+                packed1 = packed2
+                packed2 = packed_next
+            elif PREFETCH == 2:
                 packed = packed1
                 packed1 = packed_next
             else:
@@ -286,7 +300,7 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     """``x2 [M, K] @ dequant(W) [K, N]`` for M <= MAX_M, in x2's dtype. The tuning arguments
     (None: chosen here) exist for the benchmark's sweeps and the tests (``maxnreg``: a cap on
     registers per thread, for occupancy; ``prefetch``: how many steps ahead the weights are
-    loaded, 1 or 2)."""
+    loaded, 1-3)."""
     require_triton("w4a16_gemv")
     if x2.stride(1) != 1:  # the kernel reads each row of x with stride 1
         x2 = x2.contiguous()
@@ -321,7 +335,7 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_P=block_p, PAIRED=bool(paired), BYTES=bits == 8 and x2.dtype != torch.float32,
-        ASM=not interpreting(), PREFETCH=prefetch or envs.gemv_prefetch(PREFETCH), num_warps=num_warps,
+        ASM=not interpreting(), PREFETCH=prefetch or envs.gemv_prefetch(PREFETCH[bits]), num_warps=num_warps,
         num_stages=1,
         **pdl_args(x2.device), **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip

@@ -80,6 +80,9 @@ PATHS = [  # forced path and tile overrides, each against the reference
     # Weights two steps ahead: across flushes and groups, and with a split of one step.
     {"path": "gemv", "prefetch": 2, "split_k": 1, "block_p": 1, "flush": 16},
     {"path": "gemv", "prefetch": 2, "split_k": 3, "block_p": 2},
+    {"path": "gemv", "prefetch": 3, "split_k": 1, "block_p": 1, "flush": 16},
+    {"path": "gemv", "prefetch": 3, "split_k": 3, "block_p": 2},
+    {"path": "gemv", "prefetch": 1, "split_k": 2},
     {"path": "gemm", "reload": True},
     {"path": "gemm", "block_m": 32, "block_n": 32, "block_k": 32}, {"path": "dequant"},
 ]
