@@ -106,8 +106,8 @@ class LMHead(VocabEmbedding):
     """Projects hidden states of the sampled positions onto the vocabulary."""
 
     _packed_weight: torch.Tensor | None = None
-    # The checkpoint's quantization of the head (None: a float table, maybe tied).
-    quant_method: LinearMethod | None = None
+    # ``quant_method`` (a LinearMethod) is set only when the checkpoint quantizes the head:
+    # like the linear layers, a module has one exactly when a method computes it.
 
     def __init__(self, vocab_size: int, hidden_size: int,
                  quant_config: QuantizationConfig | None = None, prefix: str = "lm_head"
@@ -121,7 +121,7 @@ class LMHead(VocabEmbedding):
         # What the methods read of a linear layer: its full input and (padded) output sizes.
         self.input_size = hidden_size
         self.output_size = self.rows_per_rank * self.tp.size
-        self.quant_method = method
+        self.quant_method: LinearMethod = method
         try:
             method.create_weights(self, hidden_size, [self.rows_per_rank],
                                   torch.get_default_dtype())
@@ -134,13 +134,17 @@ class LMHead(VocabEmbedding):
                 param.weight_loader = self.weight_loader
 
     @property
+    def quantized(self) -> bool:
+        return "quant_method" in self.__dict__
+
+    @property
     def is_tied(self) -> bool:
         return "tied_to" in self.__dict__
 
     def tie(self, embedding: VocabEmbedding) -> None:
         """Share ``embedding``'s table; a quantized head keeps its own weights (the
         checkpoint stores them: tying would multiply by the float embedding instead)."""
-        if self.quant_method is not None:
+        if self.quantized:
             return
         self.weight = embedding.weight
         # Not a submodule (no second path to its parameters): kept for a quantized embedding.
@@ -170,7 +174,7 @@ class LMHead(VocabEmbedding):
                           split=COLUMN)
 
     def process_weights_after_loading(self) -> None:
-        if self.quant_method is not None:
+        if self.quantized:
             self.quant_method.process_weights_after_loading(self)
             dense = self.quant_method.dense_weight(self)
             self._packed_weight = None if dense is None else cpu_gemm.pack_weight(dense)
@@ -187,7 +191,7 @@ class LMHead(VocabEmbedding):
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's [tokens, rows_per_rank] logits."""
-        if self.quant_method is None:
+        if not self.quantized:
             return cpu_gemm.linear(hidden, self.weight, self._packed_weight)
         if cpu_gemm.usable(hidden, self._packed_weight):
             return cpu_gemm.packed_linear(hidden, self._packed_weight, None)
