@@ -1,8 +1,9 @@
 """Tensor parallelism on this CPU (issue 14 item 2): two worker processes joined by gloo give
 the same greedy tokens as one rank, in float32, for each family, with fewer KV heads than ranks
 (replicated), with a vocabulary that does not split evenly (vocab-parallel embedding and LM
-head, tied and not), and for a GPTQ checkpoint sharded by the same loader; shapes that do not divide
-are refused before anything starts, naming them."""
+head, tied and not), and for a GPTQ checkpoint sharded by the same loader (its LM head
+quantized too, or not); shapes that do not divide are refused before anything starts, naming
+them."""
 
 from __future__ import annotations
 
@@ -54,6 +55,20 @@ def test_tp2_gptq_checkpoint(tmp_path):
                          "quantize_config.json")
     with pytest.raises(RuntimeError, match="o_proj'.*not divisible by group_size"):
         _tokens(g64, 2)  # hidden 64 over two ranks: 32 inputs, not a group of 64
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_tp2_gptq_checkpoint_with_a_quantized_lm_head(tmp_path, family):
+    """GPTQModel's lm_head=True: each rank holds its vocab rows of the quantized head (packed
+    zeros narrowed along the output) and the gathered logits give rank 1's tokens; Qwen3's
+    tied embedding stays float while the head is the checkpoint's."""
+    from tests.quantization.test_gptq_awq_checkpoints import _write_pair
+
+    qcfg = {"bits": 4, "group_size": 32, "desc_act": False, "sym": True,
+            "checkpoint_format": "gptq_v2", "lm_head": True}
+    src = make_checkpoint(family, str(tmp_path / "src"))
+    _, quant = _write_pair(src, str(tmp_path / "q"), qcfg, "quantize_config.json")
+    assert _tokens(quant, 2) == _tokens(quant, 1)
 
 
 def test_shapes_that_do_not_divide_are_refused_first(tmp_path):

@@ -7,6 +7,13 @@ bit for bit. The LM head multiplies by its rows and all-gathers the logits in ra
 every rank holds the whole [tokens, vocab] logits and samples the same token (the engine's
 rule: every rank samples identically, no broadcast). A tied LM head shares its embedding's
 shard.
+
+A checkpoint may quantize the LM head (GPTQModel's ``lm_head=True``): the head then holds its
+quantization method as any linear layer does, with the method's parameters named as the
+checkpoint names them (``lm_head.qweight``...), its vocab rows split over the ranks the same
+way (the checkpoint's rows padded with zeros to ``tp * rows_per_rank``), and the same kernels.
+Such a head is never tied: it has weights of its own, and the embedding stays in full
+precision.
 """
 
 from __future__ import annotations
@@ -17,21 +24,30 @@ from torch import nn
 
 from octavo.distributed.parallel_state import get_tp_group
 from octavo.layers import cpu_gemm
-from octavo.quantization.base import QuantizationConfig
+from octavo.layers.weight_loader import COLUMN, load_linear_param
+from octavo.quantization.base import LinearMethod, QuantizationConfig
+from octavo.quantization.param_layout import param_layout
 
 
 class VocabEmbedding(nn.Module):
     # GGUF block format kept at load (quantization="gguf"), None for a float weight.
     gguf_format: str | None = None
 
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, table: bool = True) -> None:
+        """``table``: allocate the float table (an LM head whose weight is quantized has
+        none)."""
         super().__init__()
         self.tp = get_tp_group()
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.rows_per_rank = -(-vocab_size // self.tp.size)
         self.row_start = self.tp.rank * self.rows_per_rank
-        self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size),
+        self.register_parameter("weight", None)
+        if table:
+            self._make_table()
+
+    def _make_table(self) -> None:
+        self.weight = nn.Parameter(torch.empty(self.rows_per_rank, self.hidden_size),
                                    requires_grad=False)
         self.weight.weight_loader = self._load_rows
 
@@ -90,18 +106,46 @@ class LMHead(VocabEmbedding):
     """Projects hidden states of the sampled positions onto the vocabulary."""
 
     _packed_weight: torch.Tensor | None = None
+    # ``quant_method`` (a LinearMethod) is set only when the checkpoint quantizes the head:
+    # like the linear layers, a module has one exactly when a method computes it.
 
     def __init__(self, vocab_size: int, hidden_size: int,
                  quant_config: QuantizationConfig | None = None, prefix: str = "lm_head"
                  ) -> None:
-        super().__init__(vocab_size, hidden_size)
-        # Schemes keep the LM head in full precision unless their checkpoint quantized it,
-        # which no scheme here loads yet: say so rather than load it wrongly.
-        if quant_config is not None and quant_config.get_quant_method(self, prefix) is not None:
-            raise ValueError(f"{prefix}: a quantized LM head ({quant_config.name}) is not "
-                             "supported yet")
+        super().__init__(vocab_size, hidden_size, table=False)
+        self.prefix = prefix
+        method = None if quant_config is None else quant_config.get_quant_method(self, prefix)
+        if method is None:
+            self._make_table()
+            return
+        # What the methods read of a linear layer: its full input and (padded) output sizes.
+        self.input_size = hidden_size
+        self.output_size = self.rows_per_rank * self.tp.size
+        self.quant_method: LinearMethod = method
+        try:
+            method.create_weights(self, hidden_size, [self.rows_per_rank],
+                                  torch.get_default_dtype())
+        except ValueError as e:
+            raise ValueError(f"{prefix}: the quantized LM head ({quant_config.name}) cannot "
+                             f"hold vocab_size={vocab_size} as {self.rows_per_rank} rows on "
+                             f"each of {self.tp.size} tensor-parallel rank(s): {e}") from e
+        for param in self.parameters(recurse=False):
+            if not hasattr(param, "weight_loader"):
+                param.weight_loader = self.weight_loader
+
+    @property
+    def quantized(self) -> bool:
+        return "quant_method" in self.__dict__
+
+    @property
+    def is_tied(self) -> bool:
+        return "tied_to" in self.__dict__
 
     def tie(self, embedding: VocabEmbedding) -> None:
+        """Share ``embedding``'s table; a quantized head keeps its own weights (the
+        checkpoint stores them: tying would multiply by the float embedding instead)."""
+        if self.quantized:
+            return
         self.weight = embedding.weight
         # Not a submodule (no second path to its parameters): kept for a quantized embedding.
         self.__dict__["tied_to"] = embedding
@@ -109,7 +153,32 @@ class LMHead(VocabEmbedding):
     def _source(self) -> VocabEmbedding:
         return self.__dict__.get("tied_to") or self
 
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        """A quantized head's parameter: the checkpoint's vocab rows (output features) padded
+        with zeros to ``tp * rows_per_rank``, then narrowed to this rank's as a
+        column-parallel layer's are."""
+        layout = param_layout(param)
+        dim = layout.output_dim
+        if dim is not None:
+            have = loaded.shape[dim]
+            want = layout.stored(dim, self.vocab_size, "vocab rows")
+            if have != want:
+                raise ValueError(f"{self.prefix}: checkpoint dim {dim} has {have} entries, "
+                                 f"expected {want} for vocab_size={self.vocab_size}")
+            padded = layout.stored(dim, self.output_size, "vocab rows")
+            if padded > have:
+                pad = list(loaded.shape)
+                pad[dim] = padded - have
+                loaded = torch.cat([loaded, loaded.new_zeros(pad)], dim=dim)
+        load_linear_param(param, loaded, tp_rank=self.tp.rank, tp_size=self.tp.size,
+                          split=COLUMN)
+
     def process_weights_after_loading(self) -> None:
+        if self.quantized:
+            self.quant_method.process_weights_after_loading(self)
+            dense = self.quant_method.dense_weight(self)
+            self._packed_weight = None if dense is None else cpu_gemm.pack_weight(dense)
+            return
         src = self._source()
         if src.gguf_format is not None:  # the LM head multiplies by the quantized rows
             # The embedding's repack (untied: this head's own rows; calling
@@ -120,6 +189,14 @@ class LMHead(VocabEmbedding):
             return
         self._packed_weight = cpu_gemm.pack_weight(self.weight)
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's [tokens, rows_per_rank] logits."""
+        if not self.quantized:
+            return cpu_gemm.linear(hidden, self.weight, self._packed_weight)
+        if cpu_gemm.usable(hidden, self._packed_weight):
+            return cpu_gemm.packed_linear(hidden, self._packed_weight, None)
+        return self.quant_method.apply(self, hidden, None)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         src = self._source()
         if src.gguf_format is not None:
@@ -127,7 +204,7 @@ class LMHead(VocabEmbedding):
 
             return gguf_matmul(hidden, src.qweight, src.gguf_scales, src.gguf_mins,
                                src.hidden_size)
-        logits = cpu_gemm.linear(hidden, self.weight, self._packed_weight)
+        logits = self._logits(hidden)
         if self.tp.size == 1:
             return logits
         return self.tp.all_gather(logits, dim=-1)[..., : self.vocab_size]

@@ -181,9 +181,10 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config, backend, self.qkv_bias, self.qk_norm, quant_config,
                                 prefix="model")
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, quant_config, "lm_head")
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
+        if getattr(config, "tie_word_embeddings", False):
             self.lm_head.tie(self.model.embed_tokens)
+        # Whether the loader skips the checkpoint's lm_head.*: a quantized head is not tied.
+        self.tie_word_embeddings = self.lm_head.is_tied
 
     @staticmethod
     def check_config(config) -> None:

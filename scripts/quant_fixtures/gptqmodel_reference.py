@@ -24,12 +24,34 @@ def load_reference_model(folder: str, method: str):
     # dynamo's limit and crawls. The reference runs eagerly.
     torch._dynamo.config.disable = True
     with open(os.path.join(folder, "config.json")) as f:
-        bits = json.load(f)["quantization_config"]["bits"]
+        qconfig = json.load(f)["quantization_config"]
+    bits = qconfig["bits"]
     qcfg = (AwqConfig(bits=bits, backend="torch_awq") if method == "awq"
             else GPTQConfig(bits=bits, backend="torch"))
     model = AutoModelForCausalLM.from_pretrained(folder, device_map="cpu", dtype=torch.float32,
                                                  quantization_config=qcfg)
+    if qconfig.get("lm_head"):
+        model.lm_head = _quantized_lm_head(folder)
     return model.eval()
+
+
+def _quantized_lm_head(folder: str):
+    """GPTQModel's own quantized linear for a checkpoint's quantized LM head (lm_head=True).
+
+    transformers' GPTQ integration leaves the head out: its load report lists lm_head.qweight...
+    as unexpected and lm_head.weight as missing, and it initializes a random head (or ties the
+    embedding). GPTQModel's loader swaps in its quantized linear; it runs only in float16 or
+    bfloat16, so it loads in float16 (the checkpoint's scales' dtype: exact) and only its head
+    is kept, for ``to_float32_math`` to switch like the other layers. A tied model's head is
+    thereby untied: the checkpoint's quantized head, not the embedding."""
+    from gptqmodel import BACKEND, GPTQModel
+
+    head = GPTQModel.load(folder, device="cpu", backend=BACKEND.TORCH,
+                          dtype=torch.float16).model.lm_head
+    if not type(head).__module__.startswith("gptqmodel.nn_modules.qlinear"):
+        raise RuntimeError(f"{folder}: GPTQModel did not load a quantized lm_head "
+                           f"({type(head).__name__})")
+    return head
 
 
 def _float32_forward(module, method: str):

@@ -72,6 +72,13 @@ FIXTURES: dict[str, tuple[str, dict]] = {
     "llama-gptq8-g32": ("llama", dict(bits=8, group_size=32, desc_act=False, sym=True)),
     "qwen2-gptq8-gall-actorder": ("qwen2", dict(bits=8, group_size=-1, desc_act=True,
                                                 sym=True)),
+    # GPTQModel's lm_head=True: the LM head quantized too (lm_head.qweight..., at 8 bits by
+    # the "dynamic" rule GPTQModel adds for it). GPTQModel refuses to quantize the head of a
+    # model with tied embeddings, so the Qwen3 one is untied (UNTIED).
+    "llama-gptq4-g32-lmhead": ("llama", dict(bits=4, group_size=32, desc_act=False, sym=True,
+                                             lm_head=True)),
+    "qwen3-gptq4-g32-lmhead": ("qwen3", dict(bits=4, group_size=32, desc_act=False, sym=True,
+                                             lm_head=True)),
     "llama-awq-g32": ("llama", dict(bits=4, group_size=32, method="awq", format="gemm",
                                     sym=False)),
     "qwen2-awq-g32": ("qwen2", dict(bits=4, group_size=32, method="awq", format="gemm",
@@ -79,6 +86,9 @@ FIXTURES: dict[str, tuple[str, dict]] = {
     "qwen3-awq-g32-sym": ("qwen3", dict(bits=4, group_size=32, method="awq", format="gemm",
                                         sym=True)),
 }
+
+# Fixtures whose source model unties the family's tied embeddings.
+UNTIED = {"qwen3-gptq4-g32-lmhead"}
 
 # Token-id prompts (no tokenizer needed by the tests): lengths 1, 7 and 19.
 PROMPTS = [[(37 * i + 11 * n) % (VOCAB - len(SPECIALS)) + len(SPECIALS) for i in range(n)]
@@ -139,6 +149,27 @@ def greedy_with_logprobs(model, prompt: list[int], steps: int) -> tuple[list[int
     return tokens, logprobs, margins
 
 
+def check_quantized_lm_head(folder: str, model) -> dict:
+    """That the checkpoint's LM head is really quantized and the reference multiplies by it:
+    lm_head.qweight... stored and no lm_head.weight, GPTQModel's quantized linear in the
+    reference model (not transformers' random or tied float head)."""
+    from safetensors import safe_open
+
+    names = set()
+    for file in os.listdir(folder):
+        if file.endswith(".safetensors"):
+            with safe_open(os.path.join(folder, file), framework="pt") as f:
+                names.update(f.keys())
+    stored = sorted(n for n in names if n.startswith("lm_head."))
+    if "lm_head.qweight" not in names or "lm_head.weight" in names:
+        raise RuntimeError(f"{folder}: the LM head is not quantized in the checkpoint: {stored}")
+    head = model.lm_head
+    if not type(head).__module__.startswith("gptqmodel.nn_modules.qlinear"):
+        raise RuntimeError(f"{folder}: the reference's LM head is {type(head).__name__}")
+    return {"stored": stored, "kernel": type(head).__name__, "bits": head.bits,
+            "group_size": head.group_size}
+
+
 def write_reference(folder: str, name: str, family: str, qkwargs: dict) -> dict:
     import gptqmodel
     import transformers
@@ -163,6 +194,8 @@ def write_reference(folder: str, name: str, family: str, qkwargs: dict) -> dict:
         "logprobs": [r[1] for r in runs],
         "margins": [r[2] for r in runs],
     }
+    if qkwargs.get("lm_head"):
+        ref["lm_head"] = check_quantized_lm_head(folder, model)
     with open(os.path.join(folder, "reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
     return ref
@@ -174,6 +207,8 @@ def build(name: str, reference_only: bool) -> None:
     if not reference_only:
         with tempfile.TemporaryDirectory() as tmp:
             shapes = (AWQ_SHAPES if qkwargs.get("method") == "awq" else SHAPES)[family]
+            if name in UNTIED:
+                shapes = dict(shapes, tie_word_embeddings=False)
             src = make_checkpoint(family, os.path.join(tmp, "src"), seed=len(name), **shapes)
             add_word_tokenizer(src)
             quantize(src, out, qkwargs)

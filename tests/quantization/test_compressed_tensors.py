@@ -465,14 +465,25 @@ def test_layer_shapes_the_scheme_cannot_hold_name_the_layer():
         ReplicatedLinear(32, 12, quant_config=asym, prefix="o")
 
 
-def test_quantized_lm_head_is_refused():
-    """A group targeting Linear covers the LM head unless the checkpoint ignores it."""
+def test_a_group_covering_the_lm_head_quantizes_it():
+    """A group targeting Linear covers the LM head unless the checkpoint ignores it: the head
+    then holds the int method, as the linear layers do, and computes the dequantized product."""
     cfg = _cfg()
     assert isinstance(cfg.get_quant_method(None, "lm_head"), CompressedTensorsIntMethod)
     from octavo.layers.vocab_embedding import LMHead
 
-    with pytest.raises(ValueError, match="quantized LM head"):
-        LMHead(64, 32, cfg, "lm_head")
+    torch.manual_seed(7)
+    head = LMHead(64, 32, cfg, "lm_head")
+    assert isinstance(head.quant_method, CompressedTensorsIntMethod) and head.weight is None
+    v = torch.randint(-8, 8, (64, 32))
+    scale = torch.rand(64, 1) + 0.1
+    for pname, t in _int_tensors(v, scale, None).items():
+        getattr(head, pname).weight_loader(getattr(head, pname), t)
+    head.process_weights_after_loading()
+    x = torch.randn(3, 32)
+    want = _dequantize(v, scale, None, torch.zeros(32, dtype=torch.long))
+    torch.testing.assert_close(head(x), F.linear(x, want), atol=1e-4, rtol=1e-4)
+    assert not LMHead(64, 32, _cfg(ignore=["lm_head"]), "lm_head").quantized
 
 
 def test_unquantized_layers_in_a_mixed_checkpoint():

@@ -239,9 +239,91 @@ def test_shapes_the_method_cannot_hold_name_the_layer():
         RowParallelLinear(96, 32, quant_config=AWQConfig(group_size=64), prefix="x.q")
 
 
-def test_quantized_lm_head_is_refused():
+# --- a quantized LM head (GPTQModel's lm_head=True) ------------------------------------------
+
+def _lm_head_config(bits: int = 4) -> GPTQConfig:
+    # GPTQModel writes its head through a dynamic rule (8 bits by default).
+    return GPTQConfig.from_config({"bits": 4, "group_size": 32, "lm_head": True,
+                                   "dynamic": {"lm_head": {"bits": bits, "group_size": 32}}})
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gptq_lm_head_layer(bits, path):
+    """The head holds the config's method (the dynamic rule's bits), the checkpoint's
+    parameters under the checkpoint's names, and computes the dequantized product, on the CPU
+    and through the integer kernel."""
     from octavo.layers.vocab_embedding import LMHead
 
-    cfg = GPTQConfig.from_config({"bits": 4, "group_size": 32, "lm_head": True})
-    with pytest.raises(ValueError, match="lm_head"):
-        LMHead(128, 64, cfg, "lm_head")
+    torch.manual_seed(5)
+    head = LMHead(128, 64, _lm_head_config(bits), "lm_head")
+    assert head.quantized and head.weight is None and head.quant_method.bits == bits
+    assert {n for n, _ in head.named_parameters()} == {"qweight", "qzeros", "scales", "g_idx"}
+    qz = quantize(torch.randn(128, 64), bits, 32, True)
+    _load(head, {None: qz}, lambda q: gptq_tensors(q, bits))
+    assert (head.kernel_group is not None) == (path == "kernel")
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(head(x), F.linear(x, qz.dequantize()), atol=1e-4, rtol=1e-4)
+
+
+def test_float_lm_head_when_the_checkpoint_leaves_it():
+    from octavo.layers.vocab_embedding import LMHead
+
+    cfg = GPTQConfig.from_config({"bits": 4, "group_size": 32, "lm_head": False})
+    head = LMHead(128, 64, cfg, "lm_head")
+    assert not head.quantized and head.weight.shape == (128, 64)
+
+
+def test_quantized_lm_head_is_never_tied():
+    """A tied model whose checkpoint quantized the head: the head keeps its own quantized
+    weights, the embedding stays in full precision."""
+    from octavo.layers.vocab_embedding import LMHead, VocabEmbedding
+
+    emb = VocabEmbedding(128, 64)
+    head = LMHead(128, 64, _lm_head_config(), "lm_head")
+    head.tie(emb)
+    assert not head.is_tied and head.weight is None and head.qweight.dtype == torch.int32
+    float_head = LMHead(128, 64)
+    float_head.tie(emb)
+    assert float_head.is_tied and float_head.weight is emb.weight
+
+
+def test_quantized_lm_head_vocab_parallel(monkeypatch):
+    """Five ranks by hand, 8 bits (4 per int32): 36 vocab rows become 8 per rank, the
+    checkpoint's rows (and its packed zeros) padded with zeros to 40; the gathered logits are
+    the full product."""
+    from octavo.distributed import parallel_state
+    from octavo.layers.vocab_embedding import LMHead
+
+    torch.manual_seed(6)
+    qz = quantize(torch.randn(36, 64), 8, 32, False)
+    x = torch.randn(3, 64)
+    logits = []
+    for rank in range(5):
+        monkeypatch.setattr(parallel_state, "_TP", parallel_state.TPGroup(rank, 5))
+        monkeypatch.setattr(parallel_state.TPGroup, "all_gather", lambda self, t, dim=-1: t)
+        head = LMHead(36, 64, _lm_head_config(8), "lm_head")
+        assert head.qweight.shape == (16, 8) and head.qzeros.shape == (2, 2)
+        _load(head, {None: qz}, lambda q: gptq_tensors(q, 8))
+        logits.append(head(x))
+    assert not logits[-1][:, 4:].any()  # the padding rows
+    torch.testing.assert_close(torch.cat(logits, dim=-1)[:, :36], F.linear(x, qz.dequantize()),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_quantized_lm_head_shapes_are_named(monkeypatch):
+    from octavo.distributed import parallel_state
+    from octavo.layers.vocab_embedding import LMHead
+
+    with pytest.raises(ValueError, match=r"lm_head: the quantized LM head \(gptq\) cannot hold "
+                                         r"vocab_size=120 as 60 rows on each of 2 "
+                                         r"tensor-parallel rank\(s\).*pack factor"):
+        monkeypatch.setattr(parallel_state, "_TP", parallel_state.TPGroup(0, 2))
+        LMHead(120, 64, _lm_head_config(4), "lm_head")
+    monkeypatch.setattr(parallel_state, "_TP", parallel_state.TPGroup(0, 1))
+    with pytest.raises(ValueError, match=r"'lm_head'.*input features = 48.*group_size"):
+        LMHead(128, 48, _lm_head_config(4), "lm_head")
+    head = LMHead(128, 64, _lm_head_config(4), "lm_head")
+    qz = quantize(torch.randn(120, 64), 4, 32, True)
+    with pytest.raises(ValueError, match=r"lm_head: checkpoint dim 1 has 120 entries, expected "
+                                         r"128 for vocab_size=128"):
+        _load(head, {None: qz}, lambda q: gptq_tensors(q, 4))

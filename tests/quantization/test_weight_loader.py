@@ -202,3 +202,32 @@ def test_dummy_weights_load_a_pre_quantized_fp8_checkpoint(tmp_path):
     out = llm.generate([{"prompt_token_ids": [1, 2, 3]}],
                        SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_dummy_weights_with_a_quantized_lm_head(tmp_path, tied):
+    """What the benchmarks start: a GPTQ config whose LM head is quantized too (GPTQModel's
+    lm_head=True) with random weights; the head is the quantized one, never tied."""
+    import json
+
+    from octavo import LLM, SamplingParams
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+              "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": tied, "torch_dtype": "float16",
+              "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
+                                      "desc_act": False, "sym": True,
+                                      "checkpoint_format": "gptq_v2", "lm_head": True}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    llm = LLM(model=str(tmp_path), load_format="dummy", dtype="float32",
+              skip_tokenizer_init=True, max_model_len=64)
+    model = llm.llm_engine.executor.worker.runner.model
+    head = model.lm_head
+    assert type(head.quant_method).__name__ == "GPTQLinearMethod" and not head.is_tied
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}],
+                       SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+                       use_tqdm=False)
+    tokens = out[0].outputs[0].token_ids
+    assert len(tokens) == 4 and all(0 <= t < 512 for t in tokens)
