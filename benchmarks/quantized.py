@@ -1,5 +1,6 @@
 """W8 quantized decode (../shared/BENCHMARKS.md): the Llama-3.1-8B shape with bf16, W8A16 and
-W4A16 (GPTQ layout, group 128) and fp8 weights, random (dummy) weights, one engine setting.
+W4A16 (GPTQ layout, group 128) and fp8 weights, random (dummy) weights, one engine setting;
+``w4a16_lmhead`` is W4A16 with the LM head quantized as well (not in the default list).
 
 For each method: the weight memory, then for batch 1, 16, 64 and 256 (prompt 128, output 256)
 the time per output token (decode only: a run to 257 tokens minus a run to 1 token, over the
@@ -36,6 +37,10 @@ METHODS = {
     "w4a16": ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
                "sym": True, "checkpoint_format": "gptq_v2"}, None),
     "fp8": (None, "fp8"),
+    # W4A16 with the LM head quantized too (GPTQModel's lm_head=True; here at the model's 4
+    # bits and group 128), the head being the largest single weight a decode step reads.
+    "w4a16_lmhead": ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+                      "sym": True, "checkpoint_format": "gptq_v2", "lm_head": True}, None),
 }
 
 
