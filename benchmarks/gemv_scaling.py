@@ -48,8 +48,9 @@ L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 VARIANT_WARPS = (2, 3, 4, 6, 8, 10, 12)
 VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3") + tuple(
     f"w4_mma{ring}{tiled}_w{w}" for ring in ("", "_cp2", "_cp3")
-    for tiled in ("", "_tiled") for w in VARIANT_WARPS)
-_VARIANT = re.compile(r"w4_mma(?:_cp(\d))?(_tiled)?_w(\d+)")
+    for tiled in ("", "_tiled") for w in VARIANT_WARPS) + tuple(
+    f"w4_mma_w{w}_ns" for w in VARIANT_WARPS)  # _ns: no tile split over CTAs
+_VARIANT = re.compile(r"w4_mma(?:_cp(\d))?(_tiled)?_w(\d+)(_ns)?")
 
 
 def variant(kernel: str) -> dict | None:
@@ -58,7 +59,7 @@ def variant(kernel: str) -> dict | None:
     if match is None:
         return None
     return {"stages": int(match[1] or 0), "tiled": bool(match[2]),
-            "warps_per_sm": int(match[3]), "steps": 4}
+            "warps_per_sm": int(match[3]), "steps": 4, **({"split_ctas": False} if match[4] else {})}
 
 
 def weight_bytes(kernel: str, k: int, n: int, group: int = 128) -> float:

@@ -137,6 +137,12 @@ def swapab_warps_per_sm(default: int) -> int:
     return max(1, _int("OCTAVO_SWAPAB_WARPS_PER_SM", default, "warps per SM"))
 
 
+def swapab_split_ctas(default: bool) -> bool:
+    """OCTAVO_SWAPAB_SPLIT_CTAS: whether the CUDA integer kernel's plan may split a tile's K
+    over several CTAs (off: one CTA of up to 8 warps per tile where the tiles fill the SMs)."""
+    return _flag("OCTAVO_SWAPAB_SPLIT_CTAS", default)
+
+
 def gemv_prefetch(default: int) -> int:
     """OCTAVO_GEMV_PREFETCH (1, 2 or 3): how many steps ahead the integer GEMV
     (octavo/kernels/w4a16_gemv.py) loads its weights, for 4- and 8-bit alike (default: its

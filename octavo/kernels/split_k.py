@@ -79,6 +79,14 @@ def over_warps(k: int, tiles: int, steps: int, sms: int, warps_per_sm: int,
     return WarpPlan(steps, per_warp * chunk, warps, splits)
 
 
+def in_one_cta(k: int, steps: int, most_warps: int) -> WarpPlan:
+    """K of a tile over at most ``most_warps`` warps of one CTA (no split over CTAs, so no
+    partial sums through global memory and no ticket): each warp a whole number of chunks."""
+    chunks = k // (32 * steps)
+    per_warp = -(-chunks // min(most_warps, chunks))
+    return WarpPlan(steps, per_warp * 32 * steps, -(-chunks // per_warp), 1)
+
+
 def buffers(m: int, n: int, splits: int, like: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [m, n] in ``like``'s dtype, float32 partials [splits, m, n]); with one split

@@ -42,7 +42,7 @@ from octavo import envs
 from octavo.kernels import cuda_module
 from octavo.kernels import pdl as pdl_mod
 from octavo.kernels.split_k import MAX_CTA_WARPS as MAX_WARPS
-from octavo.kernels.split_k import WarpPlan, over_warps
+from octavo.kernels.split_k import WarpPlan, in_one_cta, over_warps
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import num_compute_units
@@ -74,13 +74,19 @@ def default_steps(group_size: int) -> int:
 
 
 def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
-         steps: int | None = None, most_warps: int = MAX_WARPS, bits: int = 4) -> WarpPlan:
+         steps: int | None = None, most_warps: int = MAX_WARPS, bits: int = 4,
+         split_ctas: bool = True) -> WarpPlan:
     """Split K over warps so the grid holds about ``warps_per_sm`` warps per SM: each warp a
     whole number of chunks (inside one group), the warps of a tile in CTAs of at most
-    ``most_warps``."""
+    ``most_warps``. ``split_ctas=False``: a tile that would be split over CTAs takes one CTA
+    of ``most_warps`` instead, where the tiles still give every SM a warp."""
     if steps is None:
         steps = default_steps(group_size)
-    return over_warps(k, n // (16 // bits * ROWS), steps, sms, warps_per_sm, most_warps)
+    tiles = n // (16 // bits * ROWS)
+    p = over_warps(k, tiles, steps, sms, warps_per_sm, most_warps)
+    if p.splits > 1 and not split_ctas and tiles * most_warps >= sms:
+        return in_one_cta(k, steps, most_warps)
+    return p
 
 
 def available(device: torch.device) -> bool:
@@ -96,20 +102,23 @@ ENGINE_MAX_M = 8
 
 
 ENGINE_STAGES = 0  # the engine's ring depth where a ring kernel is built (0: registers)
+ENGINE_SPLIT_CTAS = True  # tiles split over CTAs where the plan asks for it
 
 
 def engine_plan(m: int, bits: int, group_size: int, x_dtype: torch.dtype,
                 scale_dtype: torch.dtype) -> dict:
     """The engine's launch arguments for a batch of ``m`` rows: the ring
-    (``OCTAVO_SWAPAB_STAGES``) where a ring kernel exists for it, and the plan's warps per SM
-    (``OCTAVO_SWAPAB_WARPS_PER_SM``)."""
+    (``OCTAVO_SWAPAB_STAGES``) where a ring kernel exists for it, the plan's warps per SM
+    (``OCTAVO_SWAPAB_WARPS_PER_SM``) and whether it splits tiles over CTAs
+    (``OCTAVO_SWAPAB_SPLIT_CTAS``)."""
     stages = envs.swapab_stages(ENGINE_STAGES)
     steps = default_steps(group_size)
     try:
         variant_suffix(m, bits, steps, x_dtype, scale_dtype, stages, False)
     except ValueError:
         stages = 0
-    return {"stages": stages, "warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM)}
+    return {"stages": stages, "warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM),
+            "split_ctas": envs.swapab_split_ctas(ENGINE_SPLIT_CTAS)}
 
 
 def max_rows() -> int:
@@ -148,7 +157,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                warps_per_sm: int = WARPS_PER_SM,
                steps: int | None = None, most_warps: int = MAX_WARPS, stages: int = 0,
-               tiled: bool = False) -> torch.Tensor:
+               tiled: bool = False, split_ctas: bool = True) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout, scales and (float) zeros
     [K / group, N] in bf16 or fp16 (either, whatever x2's dtype). The tuning arguments exist
@@ -177,7 +186,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     name = (f"swapab_mma_{_DTYPES[x2.dtype]}_{_DTYPES[scales.dtype]}_w{bits}"
             f"_m{8 if m <= 8 else 16}_s{steps}{suffix}")
     p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps,
-             bits)
+             bits, split_ctas)
     # The tiled layout's blocks are whole chunks from K = 0: each warp's range must start on one.
     assert p.k_per_warp % p.chunk == 0, p
     tiles = qweight.shape[0] // ROWS

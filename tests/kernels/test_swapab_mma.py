@@ -47,6 +47,21 @@ def test_plan_fills_the_gpu_with_k_splits_where_there_are_few_tiles():
     assert gate_up.splits == 1
 
 
+@pytest.mark.parametrize("k,n,group", [(4096, 4096, 128), (14336, 4096, 128), (4096, 6144, 128),
+                                       (4096, 28672, 128), (4096, 1024, 128), (192, 512, 64)])
+def test_a_plan_without_cta_splits_keeps_each_tile_in_one_cta_where_tiles_fill_the_sms(k, n,
+                                                                                      group):
+    split = plan(k, n, group, 132)
+    whole = plan(k, n, group, 132, split_ctas=False)
+    tiles = n // 64
+    if split.splits == 1 or tiles * swapab_mma.MAX_WARPS < 132:
+        assert whole == split  # nothing to change, or too few tiles to fill the SMs alone
+        return
+    assert whole.splits == 1 and whole.warps <= swapab_mma.MAX_WARPS
+    assert whole.k_per_warp % whole.chunk == 0 and group % whole.chunk == 0
+    assert whole.warps * whole.k_per_warp >= k > (whole.warps - 1) * whole.k_per_warp
+
+
 def test_supports():
     assert supports(1, 4096, 4096, 128, 4, torch.bfloat16)
     assert supports(16, 4096, 6144, 32, 4, torch.float16)

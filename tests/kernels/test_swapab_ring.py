@@ -329,15 +329,17 @@ def test_the_engine_plan_takes_the_ring_only_where_a_kernel_is_built(monkeypatch
     bf16, f16 = torch.bfloat16, torch.float16
     plan = swapab_mma.engine_plan
     assert plan(1, 4, 128, bf16, f16) == {"stages": swapab_mma.ENGINE_STAGES,
-                                          "warps_per_sm": swapab_mma.WARPS_PER_SM}
+                                          "warps_per_sm": swapab_mma.WARPS_PER_SM,
+                                          "split_ctas": swapab_mma.ENGINE_SPLIT_CTAS}
     monkeypatch.setenv("OCTAVO_SWAPAB_STAGES", "3")
     monkeypatch.setenv("OCTAVO_SWAPAB_WARPS_PER_SM", "12")
-    assert plan(8, 4, 128, bf16, f16) == {"stages": 3, "warps_per_sm": 12}
+    monkeypatch.setenv("OCTAVO_SWAPAB_SPLIT_CTAS", "0")
+    assert plan(8, 4, 128, bf16, f16) == {"stages": 3, "warps_per_sm": 12, "split_ctas": False}
     assert plan(8, 4, 128, f16, f16)["stages"] == 3
     # No ring kernel: 9+ rows, 8-bit, 2-step chunks (group 64), fp16 x with bf16 scales.
     for args in ((9, 4, 128, bf16, f16), (1, 8, 128, bf16, bf16), (1, 4, 64, bf16, bf16),
                  (1, 4, 128, f16, bf16)):
-        assert plan(*args) == {"stages": 0, "warps_per_sm": 12}, args
+        assert plan(*args) == {"stages": 0, "warps_per_sm": 12, "split_ctas": False}, args
     monkeypatch.setenv("OCTAVO_SWAPAB_STAGES", "4")
     with pytest.raises(ValueError, match="OCTAVO_SWAPAB_STAGES"):
         plan(1, 4, 128, bf16, bf16)
