@@ -343,3 +343,16 @@ def test_the_engine_plan_takes_the_ring_only_where_a_kernel_is_built(monkeypatch
     monkeypatch.setenv("OCTAVO_SWAPAB_STAGES", "4")
     with pytest.raises(ValueError, match="OCTAVO_SWAPAB_STAGES"):
         plan(1, 4, 128, bf16, bf16)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("k,n", [(4096, 4096), (14336, 4096), (1024, 512)])
+@pytest.mark.parametrize("stages", [0, 3])
+def test_plans_without_cta_splits_match_the_reference_gpu(k, n, stages):
+    x8, rows, _, s, z, ref8 = _gpu_case(k, n, torch.bfloat16, torch.float16)
+    for m in (1, 3, 8):
+        for per_sm in (4, 6, 12):
+            out = swapab_mma.swapab_mma(x8[:m], rows, s, z, 128, warps_per_sm=per_sm,
+                                        stages=stages, split_ctas=False)
+            assert _rel(out, ref8[:m]) < 8e-3, (m, per_sm)

@@ -327,3 +327,32 @@ def test_quantized_lm_head_shapes_are_named(monkeypatch):
     with pytest.raises(ValueError, match=r"lm_head: checkpoint dim 1 has 120 entries, expected "
                                          r"128 for vocab_size=128"):
         _load(head, {None: qz}, lambda q: gptq_tensors(q, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("bits,vocab,hidden", [(4, 128256, 4096), (8, 151936, 1024)])
+def test_gptq_lm_head_at_real_vocab_widths_gpu(bits, vocab, hidden):
+    """A quantized head as wide as Llama-3.1's (4-bit g128, the benchmark's) and Qwen3's
+    (8-bit, as GPTQModel writes heads) on the GPU's integer kernels, bf16, 1-64 rows."""
+    from octavo.layers.vocab_embedding import LMHead
+
+    torch.manual_seed(0)
+    cfg = GPTQConfig.from_config({"bits": bits, "group_size": 128, "lm_head": True,
+                                  "sym": True, "desc_act": False})
+    qz = quantize(torch.randn(vocab, hidden) * 0.02, bits, 128, True)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            head = LMHead(vocab, hidden, cfg, "lm_head")
+        _load(head, {None: qz}, lambda q: gptq_tensors(q, bits))
+    finally:
+        torch.set_default_dtype(old)
+    w = qz.dequantize().cuda()
+    for m in (1, 4, 16, 64):
+        x = torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16)
+        out = head(x)
+        ref = x.float() @ w.t()
+        assert out.shape == (m, vocab) and out.dtype == torch.bfloat16
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, m
