@@ -43,14 +43,12 @@ KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_ge
            "w4_mma", "w8_gemv")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 # Variants timed on request (--kernels), not by default: the integer GEMVs loading their
-# weights two or three steps ahead instead of one (*_p2, *_p3), and swapab_mma's
-# w4_mma[_cp{stages}][_tiled]_w{warps per SM}.
+# weights two or three steps ahead instead of one (*_p2, *_p3), swapab_mma's plan at other
+# warps per SM (w4_mma_w{warps}) and without tile splits over CTAs (w4_mma_w{warps}_ns).
 VARIANT_WARPS = (2, 3, 4, 6, 8, 10, 12)
 VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3") + tuple(
-    f"w4_mma{ring}{tiled}_w{w}" for ring in ("", "_cp2", "_cp3")
-    for tiled in ("", "_tiled") for w in VARIANT_WARPS) + tuple(
-    f"w4_mma_w{w}_ns" for w in VARIANT_WARPS)  # _ns: no tile split over CTAs
-_VARIANT = re.compile(r"w4_mma(?:_cp(\d))?(_tiled)?_w(\d+)(_ns)?")
+    f"w4_mma_w{w}{ns}" for ns in ("", "_ns") for w in VARIANT_WARPS)
+_VARIANT = re.compile(r"w4_mma_w(\d+)(_ns)?")
 
 
 def variant(kernel: str) -> dict | None:
@@ -58,8 +56,7 @@ def variant(kernel: str) -> dict | None:
     match = _VARIANT.fullmatch(kernel)
     if match is None:
         return None
-    return {"stages": int(match[1] or 0), "tiled": bool(match[2]),
-            "warps_per_sm": int(match[3]), "steps": 4, **({"split_ctas": False} if match[4] else {})}
+    return {"warps_per_sm": int(match[1]), "split_ctas": not match[2]}
 
 
 def weight_bytes(kernel: str, k: int, n: int, group: int = 128) -> float:
@@ -101,14 +98,8 @@ def make_weight(kernel: str, k: int, n: int, dev):
         return torch.randn(n, k, device=dev, dtype=torch.bfloat16)
     if kernel.startswith("fp8"):
         return fp8_weight(k, n, dev)
-    kw = variant(kernel)
-    layout = "swapab" if kernel.endswith("mma") or kw else "along_k"
-    qweight, scales, zeros = int_weights(k, n, int(kernel[1]), 128, dev, layout)
-    if kw and kw["tiled"]:
-        from octavo.kernels.swapab_tiled import tile_swapab
-
-        qweight = tile_swapab(qweight, kw["steps"])
-    return qweight, scales, zeros
+    layout = "swapab" if kernel.endswith("mma") or variant(kernel) else "along_k"
+    return int_weights(k, n, int(kernel[1]), 128, dev, layout)
 
 
 def call(kernel: str, x, w):

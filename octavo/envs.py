@@ -121,16 +121,6 @@ def _int(name: str, default: int, what: str) -> int:
     return out
 
 
-def swapab_stages(default: int) -> int:
-    """OCTAVO_SWAPAB_STAGES (0, 2 or 3): the CUDA integer kernel's weights through a cp.async
-    ring of that many chunks per warp (0: prefetched into registers), for the batches and
-    layers that can take it (octavo/kernels/swapab_mma.py)."""
-    out = _int("OCTAVO_SWAPAB_STAGES", default, "0, 2 or 3")
-    if out not in (0, 2, 3):
-        raise ValueError(f"OCTAVO_SWAPAB_STAGES must be 0, 2 or 3, got {out}")
-    return out
-
-
 def swapab_warps_per_sm(default: int) -> int:
     """OCTAVO_SWAPAB_WARPS_PER_SM: the warps per SM the CUDA integer kernel's launch plan aims
     for (octavo/kernels/swapab_mma.py)."""

@@ -79,8 +79,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if m <= swapab_mma.max_rows() and swapab_mma.available(x2.device) and swapab_mma.supports(
             m, k, qweight.shape[0] * (16 // bits), group_size, bits, x2.dtype):
         return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits,
-                                     **swapab_mma.engine_plan(m, bits, group_size, x2.dtype,
-                                                              scales.dtype))
+                                     **swapab_mma.engine_plan())
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.

@@ -23,15 +23,6 @@ Measured (H200, docs/benchmarks.md sessions 18-19): one Llama-3.1-8B layer's 4-b
 55.4 us at one row against the Triton GEMV's 62.0, 92.9 at 16 rows against the swap-AB
 GEMM's 100.1; in the engine batch 1 is 7% faster (2.80 against 3.01 ms per token) and 16
 rows slower, so the engine sends it batches of up to ``ENGINE_MAX_M`` rows.
-
-Variants for the benchmarks (4-bit, up to 8 rows, chunks of 4 steps, one 16-bit dtype for
-activations, scales and zeros; the engine does not use them): ``stages`` 2 or 3 stages the
-weights through a per-warp shared-memory ring of that many chunks filled by cp.async, which
-takes the next chunk's weights out of the registers (190 -> 140-145, capped at 168: 12 warps
-per SM fit); ``tiled`` reads ``swapab_tiled.pack_swapab_tiled``'s layout (the qweight passed
-must be in it), in which each warp's 4 KB chunk is contiguous. Why (docs/benchmarks.md
-session 21): at one row on gate_up the loads alone reach 70% of HBM only with 12 warps per
-SM and a tiled layout, 61% with the row layout; the kernel's 190 registers fit 8.
 """
 
 from __future__ import annotations
@@ -51,8 +42,6 @@ SOURCE = "swapab_mma.cu"
 MAX_M = 16
 ROWS = 16  # int16 rows of the layout per warp tile: 64 output columns
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
-RING_STAGES = (2, 3)  # the ring variants' chunks per warp (stages 0: the register pipeline)
-VARIANT_STEPS = 4  # the ring and tiled variants' chunk: 4 steps of 32
 
 
 def supports(m: int, k: int, n: int, group_size: int, bits: int, dtype: torch.dtype) -> bool:
@@ -101,23 +90,14 @@ def available(device: torch.device) -> bool:
 ENGINE_MAX_M = 8
 
 
-ENGINE_STAGES = 0  # the engine's ring depth where a ring kernel is built (0: registers)
 ENGINE_SPLIT_CTAS = True  # tiles split over CTAs where the plan asks for it
 
 
-def engine_plan(m: int, bits: int, group_size: int, x_dtype: torch.dtype,
-                scale_dtype: torch.dtype) -> dict:
-    """The engine's launch arguments for a batch of ``m`` rows: the ring
-    (``OCTAVO_SWAPAB_STAGES``) where a ring kernel exists for it, the plan's warps per SM
+def engine_plan() -> dict:
+    """The engine's launch arguments: the plan's warps per SM
     (``OCTAVO_SWAPAB_WARPS_PER_SM``) and whether it splits tiles over CTAs
     (``OCTAVO_SWAPAB_SPLIT_CTAS``)."""
-    stages = envs.swapab_stages(ENGINE_STAGES)
-    steps = default_steps(group_size)
-    try:
-        variant_suffix(m, bits, steps, x_dtype, scale_dtype, stages, False)
-    except ValueError:
-        stages = 0
-    return {"stages": stages, "warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM),
+    return {"warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM),
             "split_ctas": envs.swapab_split_ctas(ENGINE_SPLIT_CTAS)}
 
 
@@ -126,44 +106,15 @@ def max_rows() -> int:
     return min(MAX_M, envs.cuda_kernels_max_m(ENGINE_MAX_M))
 
 
-def variant_suffix(m: int, bits: int, steps: int, x_dtype: torch.dtype,
-                   scale_dtype: torch.dtype, stages: int, tiled: bool) -> str:
-    """The kernel name's suffix for ``stages`` / ``tiled`` ("" for the register pipeline on
-    the row layout), or ValueError where no such kernel is built: the variants are 4-bit, up
-    to 8 rows, 4-step chunks, scales in the activations' dtype or (bf16 activations) fp16."""
-    if stages == 0 and not tiled:
-        return ""
-    what = f"swapab_mma(stages={stages}, tiled={tiled})"
-    if stages not in (0, *RING_STAGES):
-        raise ValueError(f"{what}: stages must be 0 or one of {RING_STAGES}")
-    scales_ok = scale_dtype == x_dtype or (x_dtype, scale_dtype) == (torch.bfloat16,
-                                                                     torch.float16)
-    if bits != 4 or m > 8 or steps != VARIANT_STEPS or not scales_ok:
-        raise ValueError(f"{what} is built for 4-bit weights, up to 8 rows, "
-                         f"{VARIANT_STEPS}-step chunks and scales in the activations' dtype "
-                         "(or fp16 under bf16), "
-                         f"not {bits}-bit, M={m}, {steps} steps, {x_dtype} with "
-                         f"{scale_dtype} scales")
-    return "_" + "_".join(([f"cp{stages}"] if stages else []) + (["tiled"] if tiled else []))
-
-
-def ring_bytes(warps: int, stages: int, steps: int = VARIANT_STEPS) -> int:
-    """Dynamic shared memory of a CTA of ``warps`` for the ring of ``stages`` chunks: 16 int16
-    rows x 32 steps x 2 bytes = 1 KB per step, per chunk, per warp (0 without a ring)."""
-    return warps * stages * steps * 1024
-
-
 def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                warps_per_sm: int = WARPS_PER_SM,
-               steps: int | None = None, most_warps: int = MAX_WARPS, stages: int = 0,
-               tiled: bool = False, split_ctas: bool = True) -> torch.Tensor:
+               steps: int | None = None, most_warps: int = MAX_WARPS,
+               split_ctas: bool = True) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout, scales and (float) zeros
     [K / group, N] in bf16 or fp16 (either, whatever x2's dtype). The tuning arguments exist
-    for the benchmarks; so do ``stages`` (2, 3: the weights through a cp.async ring) and
-    ``tiled`` (``qweight`` in ``swapab_tiled.pack_swapab_tiled``'s layout for 4-step chunks),
-    4-bit, up to 8 rows, one dtype for x, scales and zeros (see the module's docstring)."""
+    for the benchmarks."""
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
     if not supports(m, k, n, group_size, bits, x2.dtype):
@@ -175,25 +126,18 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         scales = scales.to(x2.dtype)
     if zeros.dtype != scales.dtype:
         zeros = zeros.to(scales.dtype)
-    steps = steps or default_steps(group_size)
-    suffix = variant_suffix(m, bits, steps, x2.dtype, scales.dtype, stages, tiled)
-    if suffix and group_size % (32 * steps):
-        raise ValueError(f"swapab_mma(stages={stages}, tiled={tiled}): group {group_size} is "
-                         f"not whole {32 * steps}-wide chunks")
     scales, zeros, qweight = scales.contiguous(), zeros.contiguous(), qweight.contiguous()
     x2 = cuda_module.aligned_rows(x2)
     mod = cuda_module.loaded(SOURCE, x2.device)
+    steps = steps or default_steps(group_size)
     name = (f"swapab_mma_{_DTYPES[x2.dtype]}_{_DTYPES[scales.dtype]}_w{bits}"
-            f"_m{8 if m <= 8 else 16}_s{steps}{suffix}")
+            f"_m{8 if m <= 8 else 16}_s{steps}")
     p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps,
              bits, split_ctas)
-    # The tiled layout's blocks are whole chunks from K = 0: each warp's range must start on one.
-    assert p.k_per_warp % p.chunk == 0, p
     tiles = qweight.shape[0] // ROWS
     out, partial = split_k_buffers(m, n, p.splits, x2)
     cnt = split_k_counters(x2.device, tiles)
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, cnt, m, n, k,
                                  x2.stride(0), p.k_per_warp, group_size)
-    mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device),
-               shared_bytes=ring_bytes(p.warps, stages, steps))
+    mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device))
     return out

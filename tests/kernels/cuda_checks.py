@@ -28,12 +28,10 @@ def check_switch(monkeypatch, kernel, env: str, default: bool) -> None:
     assert not kernel.available(torch.device("cuda", 0))
 
 
-def build_once(source: str, names: list[str], tmp_path, monkeypatch,
-               registers: dict[str, int] | None = None) -> dict[str, int]:
+def build_once(source: str, names: list[str], tmp_path, monkeypatch) -> dict[str, int]:
     """``source`` built for sm_90 into ``tmp_path`` by one nvcc run (a second build is served
     from the cache without nvcc), every kernel of ``names`` in the cubin and no other:
-    ptxas's spill-store bytes per kernel (its report kept from the build, nvcc -Xptxas -v);
-    ``registers``, where given, filled with each kernel's register count."""
+    ptxas's spill-store bytes per kernel (its report kept from the build, nvcc -Xptxas -v)."""
     monkeypatch.setenv("OCTAVO_CACHE_DIR", str(tmp_path))
     runs = []
     real_run = subprocess.run
@@ -56,10 +54,6 @@ def build_once(source: str, names: list[str], tmp_path, monkeypatch,
     report = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores",
                         builds[0].stderr, re.S)
     assert sorted(name for name, _ in report) == sorted(names)
-    if registers is not None:
-        registers.update((name, int(used)) for name, used in re.findall(
-            r"Compiling entry function '(\w+)'.*?Used (\d+) registers", builds[0].stderr, re.S))
-        assert sorted(registers) == sorted(names)
     return {name: int(spilled) for name, spilled in report}
 
 

@@ -79,12 +79,11 @@ __device__ __forceinline__ void load_x(uint4 (&nx)[MT][SV], const T* __restrict_
 }
 
 // The CTA's warps hold K ranges of the same tile: add the lanes' accumulators acc[mt][c][i]
-// (c < C of D: those holding outputs) up in warp 0 through shared memory, warp v + 1's
-// MT * D * 4 rows of 32 floats at red(v) (shared memory that warp writes and warp 0 reads
-// after the barrier). False in the other warps, which are then done.
-template <int C, int MT, int D, typename Red>
-__device__ __forceinline__ bool cta_sum_through(float (&acc)[MT][D][4], int warp, int warps,
-                                                int lane, Red red) {
+// (c < C of D: those holding outputs) up in warp 0 through shared memory. False in the other
+// warps, which are then done.
+template <int C, int MT, int D>
+__device__ __forceinline__ bool cta_sum(float (&acc)[MT][D][4], int warp, int warps, int lane) {
+  __shared__ float red[kMaxWarps - 1][MT * D * 4][32];
   auto each_acc = [&](auto fn) {  // fn(accumulator, its row in red)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -94,25 +93,12 @@ __device__ __forceinline__ bool cta_sum_through(float (&acc)[MT][D][4], int warp
         for (int i = 0; i < 4; ++i) fn(acc[mt][c][i], (mt * D + c) * 4 + i);
   };
   if (warps > 1) {
-    if (warp > 0) {
-      float* mine = red(warp - 1);
-      each_acc([&](float& a, int r) { mine[r * 32 + lane] = a; });
-    }
+    if (warp > 0) each_acc([&](float& a, int r) { red[warp - 1][r][lane] = a; });
     __syncthreads();
     if (warp > 0) return false;
-    for (int v = 0; v < warps - 1; ++v) {
-      const float* theirs = red(v);
-      each_acc([&](float& a, int r) { a += theirs[r * 32 + lane]; });
-    }
+    for (int v = 0; v < warps - 1; ++v) each_acc([&](float& a, int r) { a += red[v][r][lane]; });
   }
   return true;
-}
-
-// cta_sum_through in a static buffer of its own.
-template <int C, int MT, int D>
-__device__ __forceinline__ bool cta_sum(float (&acc)[MT][D][4], int warp, int warps, int lane) {
-  __shared__ float red[kMaxWarps - 1][MT * D * 4][32];
-  return cta_sum_through<C>(acc, warp, warps, lane, [&](int v) { return &red[v][0][0]; });
 }
 
 // fn(mt, i, m) for each accumulator register i of each batch tile mt whose batch row

@@ -11,15 +11,6 @@
 // 8t + 4h + {0, 1, 2, 3} (h = 0, 1) as their logical columns {2t, 2t+1, 2t+8, 2t+9}, and the
 // activations (B operand, one batch row per g) are loaded the same way: every register the
 // loads fill is an operand register as it stands, no shuffles, no shared memory.
-//
-// Variants (4-bit, up to 8 rows, 4-step chunks; names ..._s4_{tiled,cp2,cp3,cp2_tiled,
-// cp3_tiled}): STAGES > 0 stages the weights through a per-warp shared-memory ring of STAGES
-// chunks filled by cp.async (each lane copies its own 16-byte pieces and reads back only what
-// it copied), STAGES - 1 chunks in flight, so the next chunk's weights do not sit in
-// registers (<= 168 registers: 12 warps per SM); the ring is dynamic shared memory of
-// warps * STAGES * STEPS * 1 KB, reused by the CTA's sum after the loop. TILED reads
-// swapab_tiled.py's layout: block (tile, chunk) contiguous, lane order, so each warp-wide
-// 16-byte load is 512 contiguous bytes instead of 8 rows' 64-byte pieces.
 
 #include "mma_common.cuh"
 
@@ -27,19 +18,6 @@ namespace {
 
 using octavo::pdl_wait;
 using octavo::word;
-
-// cp.async of 16 bytes, global -> shared, through L2 only (.cg); the groups and their waits.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-               :: "r"(dst), "l"(__cvta_generic_to_global(src)) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
 
 // The 16-bit operand type's constants and operations (bf16 or fp16).
 template <typename T>
@@ -109,14 +87,12 @@ __device__ __forceinline__ int column(int row) {  // of value 0; value v is 64 v
   return BITS == 4 ? (row >> 6) * 256 + (row & 63) : (row >> 6) * 128 + (row & 63);
 }
 
-template <typename T, typename S, int BITS, int MT, int STEPS, int STAGES = 0, bool TILED = false>
+template <typename T, typename S, int BITS, int MT, int STEPS>
 __device__ __forceinline__ void swapab_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const unsigned short* __restrict__ s,
     const unsigned short* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
     int* __restrict__ cnt, int M, int N, int K, int stride_x, int k_per_warp, int group) {
   constexpr int CHUNK = 32 * STEPS;
-  constexpr bool RING = STAGES > 0;
-  static_assert(STAGES == 0 || STAGES >= 2, "a ring holds the chunk in use and the next");
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
@@ -133,36 +109,6 @@ __device__ __forceinline__ void swapab_mma(
   // Output columns of the lane's rows, per value v: n0 + 64 v and n1 + 64 v.
   const int n0 = column<BITS>(row);
   const int n1 = column<BITS>(row + 8);
-  // TILED: block (tile, chunk) of the lanes' uint4 in (step i, half h, lane) order, 2 * 32 *
-  // STEPS uint4 (4 KB for STEPS 4), the blocks tile-major (swapab_tiled.py).
-  constexpr int BLOCK = 64 * STEPS;
-  const uint4* wt = w + (size_t)tile * (K / CHUNK) * BLOCK + lane;
-  // The lane's uint4 of step i, half h (rows row + 8 h) of the chunk at k.
-  auto weight = [&](int k, int i, int h) -> const uint4* {
-    if constexpr (TILED)
-      return wt + (size_t)(k / CHUNK) * BLOCK + (i * 2 + h) * 32;
-    else
-      return (h ? wb : wa) + (k / 32 + i) * 4;
-  };
-  // RING: this warp's STAGES chunks of BLOCK uint4 in dynamic shared memory, slot s's uint4 of
-  // (i, h) for this lane at ring + (s * 2 * STEPS + i * 2 + h) * 32: the lane writes and
-  // reads only its own.
-  uint4* ring_cta = nullptr;  // the CTA's rings, warp 0's first
-  const uint4* ring = nullptr;
-  uint32_t ring_s = 0;  // the same, as a shared-space address for cp.async
-  if constexpr (RING) {
-    extern __shared__ uint4 swapab_ring[];
-    ring_cta = swapab_ring;
-    ring = swapab_ring + warp * (STAGES * BLOCK) + lane;
-    ring_s = (uint32_t)__cvta_generic_to_shared(ring);
-  }
-  auto copy_chunk = [&](int k, int slot) {
-#pragma unroll
-    for (int i = 0; i < STEPS; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        cp_async16(ring_s + ((slot * STEPS + i) * 2 + h) * 32 * 16, weight(k, i, h));
-  };
 
   // Software pipeline, one chunk deep: the next chunk's weights, activations, scales and
   // zeros are loaded before this chunk's arithmetic, so no load's latency (DRAM for the
@@ -170,7 +116,12 @@ __device__ __forceinline__ void swapab_mma(
   uint4 na[STEPS], nb[STEPS];
   uint4 nx[MT][STEPS];
   unsigned short ns[VALUES][2], nz[VALUES][2];
-  auto load_scales = [&](int k) {
+  auto load_weights = [&](int k) {
+#pragma unroll
+    for (int i = 0; i < STEPS; ++i) {
+      na[i] = __ldg(wa + (k / 32 + i) * 4);
+      nb[i] = __ldg(wb + (k / 32 + i) * 4);
+    }
     const size_t base = (size_t)(k / group) * N;
 #pragma unroll
     for (int c = 0; c < VALUES; ++c) {
@@ -180,33 +131,7 @@ __device__ __forceinline__ void swapab_mma(
       nz[c][1] = __ldg(z + base + n1 + 64 * c);
     }
   };
-  auto load_weights = [&](int k) {  // the register pipeline's (STAGES 0)
-    if constexpr (!RING) {
-      if constexpr (TILED) {
-#pragma unroll
-        for (int i = 0; i < STEPS; ++i) {
-          na[i] = __ldg(weight(k, i, 0));
-          nb[i] = __ldg(weight(k, i, 1));
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < STEPS; ++i) {
-          na[i] = __ldg(wa + (k / 32 + i) * 4);
-          nb[i] = __ldg(wb + (k / 32 + i) * 4);
-        }
-      }
-    }
-    load_scales(k);
-  };
   auto load_x = [&](int k) { octavo::load_x(nx, x, M, stride_x, k, g, t); };
-  if constexpr (RING) {
-    // The first STAGES - 1 chunks into slots 0.. (a group each, empty past the warp's range).
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (k_begin + s * CHUNK < k_end) copy_chunk(k_begin + s * CHUNK, s);
-      cp_async_commit();
-    }
-  }
   if (k_begin < k_end) load_weights(k_begin);
   pdl_wait();  // the first weights are on their way while the previous kernel ends
   if (k_begin < k_end) load_x(k_begin);
@@ -224,16 +149,13 @@ __device__ __forceinline__ void swapab_mma(
     }
   }
 
-  int slot = 0;  // RING: the slot of the chunk at k
   for (int k = k_begin; k < k_end; k += CHUNK) {
     uint4 ca[STEPS], cb[STEPS], xv[MT][STEPS];
     unsigned short sv[VALUES][2], zv[VALUES][2];
 #pragma unroll
     for (int i = 0; i < STEPS; ++i) {
-      if constexpr (!RING) {
-        ca[i] = na[i];
-        cb[i] = nb[i];
-      }
+      ca[i] = na[i];
+      cb[i] = nb[i];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) xv[mt][i] = nx[mt][i];
     }
@@ -242,28 +164,9 @@ __device__ __forceinline__ void swapab_mma(
       sv[c][0] = ns[c][0]; sv[c][1] = ns[c][1];
       zv[c][0] = nz[c][0]; zv[c][1] = nz[c][1];
     }
-    if constexpr (RING) {
-      // Chunk k + (STAGES - 1) CHUNK into the slot read in the previous iteration (by this
-      // lane only, its reads done), then wait for chunk k: at most STAGES - 1 groups (the
-      // chunks after k) still pending. A group per iteration, empty past the range, keeps
-      // the count. (Issued before the wait: STAGES chunks in flight while waiting,
-      // STAGES - 1 during the arithmetic.)
-      const int kn = k + (STAGES - 1) * CHUNK;
-      if (kn < k_end) copy_chunk(kn, slot == 0 ? STAGES - 1 : slot - 1);
-      cp_async_commit();
-      cp_async_wait<STAGES - 1>();
-    }
     if (k + CHUNK < k_end) {
       load_weights(k + CHUNK);
       load_x(k + CHUNK);
-    }
-    if constexpr (RING) {
-#pragma unroll
-      for (int i = 0; i < STEPS; ++i) {
-        ca[i] = ring[((slot * STEPS + i) * 2 + 0) * 32];
-        cb[i] = ring[((slot * STEPS + i) * 2 + 1) * 32];
-      }
-      slot = slot == STAGES - 1 ? 0 : slot + 1;
     }
 #pragma unroll
     for (int i = 0; i < STEPS; ++i) {
@@ -333,21 +236,7 @@ __device__ __forceinline__ void swapab_mma(
   }
 
   // The CTA's warps hold K ranges of the same tile: add them up in warp 0.
-  if constexpr (RING) {
-    // In the ring, each warp's partial in its own slots: no copy is pending (only empty groups
-    // past the range, waited for anyway), and the warp's lanes are done reading them.
-    constexpr int SUM_FLOATS = MT * VALUES * 4 * 32;
-    static_assert(SUM_FLOATS <= STAGES * BLOCK * 4, "a warp's partial fits its ring");
-    cp_async_wait<0>();
-    __syncwarp();
-    float* sums = reinterpret_cast<float*>(ring_cta);
-    if (!octavo::cta_sum_through<VALUES>(acc, warp, warps, lane, [&](int v) {
-          return sums + (v + 1) * (STAGES * BLOCK * 4);  // warp v + 1's ring
-        }))
-      return;
-  } else {
-    if (!octavo::cta_sum<VALUES>(acc, warp, warps, lane)) return;
-  }
+  if (!octavo::cta_sum<VALUES>(acc, warp, warps, lane)) return;
 
   // fn(accumulator, offset in [M, N]) for each of the lane's outputs in the batch.
   auto each_output = [&](auto fn) {
@@ -385,32 +274,6 @@ __device__ __forceinline__ void swapab_mma(
                                       k_per_warp, group);                                     \
   }
 
-// The ring (STAGES > 0) and tiled variants; ATTRS: the launch bounds, or for the ring
-// kernels a register cap (168: 12 warps per SM; their next chunk waits in shared memory, not
-// in registers; nvcc takes __maxnreg__ or __launch_bounds__, not both).
-#define OCTAVO_SWAPAB_MMA_VARIANT(NAME, T, S, STAGES, TILED, ATTRS)                           \
-  extern "C" __global__ void ATTRS NAME(                                                      \
-      const T* x, const uint4* w, const unsigned short* s, const unsigned short* z, T* out,   \
-      float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_warp, int group) {  \
-    swapab_mma<T, S, 4, 1, 4, STAGES, TILED>(x, w, s, z, out, part, cnt, M, N, K, stride_x,  \
-                                             k_per_warp, group);                              \
-  }
-#define OCTAVO_RING_REGS __maxnreg__(168)
-
-// swapab_mma_{bf16_bf16,bf16_f16,f16_f16}_w4_m8_s4_{tiled,cp2,cp3,cp2_tiled,cp3_tiled}
-// (bf16 activations with f16 scales: GPTQ checkpoints under a bf16 model)
-#define OCTAVO_SWAPAB_MMA_VARIANTS(TN, T, SN, S)                                                \
-  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##SN##_w4_m8_s4_tiled, T, S, 0, true,           \
-                            __launch_bounds__(256))                                             \
-  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##SN##_w4_m8_s4_cp2, T, S, 2, false,             \
-                            OCTAVO_RING_REGS)                                                   \
-  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##SN##_w4_m8_s4_cp3, T, S, 3, false,             \
-                            OCTAVO_RING_REGS)                                                   \
-  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##SN##_w4_m8_s4_cp2_tiled, T, S, 2, true,        \
-                            OCTAVO_RING_REGS)                                                   \
-  OCTAVO_SWAPAB_MMA_VARIANT(swapab_mma_##TN##_##SN##_w4_m8_s4_cp3_tiled, T, S, 3, true,        \
-                            OCTAVO_RING_REGS)
-
 // swapab_mma_{activations}_{scales}_w{bits}_m{8,16}_s{steps}
 #define OCTAVO_SWAPAB_MMA_ALL(TN, T, SN, S, BITS)                                  \
   OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s1, T, S, BITS, 1, 1)    \
@@ -428,6 +291,3 @@ OCTAVO_SWAPAB_MMA_SCALES(bf16, __nv_bfloat16, 4)
 OCTAVO_SWAPAB_MMA_SCALES(bf16, __nv_bfloat16, 8)
 OCTAVO_SWAPAB_MMA_SCALES(f16, __half, 4)
 OCTAVO_SWAPAB_MMA_SCALES(f16, __half, 8)
-OCTAVO_SWAPAB_MMA_VARIANTS(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
-OCTAVO_SWAPAB_MMA_VARIANTS(bf16, __nv_bfloat16, f16, __half)
-OCTAVO_SWAPAB_MMA_VARIANTS(f16, __half, f16, __half)
