@@ -127,10 +127,13 @@ def swapab_warps_per_sm(default: int) -> int:
     return max(1, _int("OCTAVO_SWAPAB_WARPS_PER_SM", default, "warps per SM"))
 
 
-def swapab_split_ctas(default: bool) -> bool:
-    """OCTAVO_SWAPAB_SPLIT_CTAS: whether the CUDA integer kernel's plan may split a tile's K
-    over several CTAs (off: one CTA of up to 8 warps per tile where the tiles fill the SMs)."""
-    return _flag("OCTAVO_SWAPAB_SPLIT_CTAS", default)
+def swapab_split_ctas() -> bool | None:
+    """OCTAVO_SWAPAB_SPLIT_CTAS: 1, the CUDA integer kernel splits a tile's K over CTAs
+    wherever its plan asks; 0, never where the tiles fill the SMs; unset (None), the plan's
+    own rule (octavo/kernels/swapab_mma.py)."""
+    value = os.environ.get("OCTAVO_SWAPAB_SPLIT_CTAS")
+    return None if value is None or not value.strip() else _flag("OCTAVO_SWAPAB_SPLIT_CTAS",
+                                                                  True)
 
 
 def gemv_prefetch(default: int) -> int:

@@ -62,20 +62,32 @@ def default_steps(group_size: int) -> int:
     return 4 if group_size % 128 == 0 else (2 if group_size % 64 == 0 else 1)
 
 
+# A tile split over CTAs adds its partial sums through global memory and a ticket: on the
+# H200 (docs/benchmarks.md session 22) K = N = 4,096 took 9.96 us split over two CTAs and
+# 6.44 in one CTA of 8 warps (4 chunks each); but Llama-8B's down (K = 14,336) took 17.49
+# split and 19.05 in one CTA, whose warps then walk 14 chunks each. So a tile stays in one
+# CTA where that leaves each warp at most this many chunks.
+ONE_CTA_MAX_CHUNKS = 8
+
+
 def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PER_SM,
          steps: int | None = None, most_warps: int = MAX_WARPS, bits: int = 4,
-         split_ctas: bool = True) -> WarpPlan:
+         split_ctas: bool | None = None) -> WarpPlan:
     """Split K over warps so the grid holds about ``warps_per_sm`` warps per SM: each warp a
     whole number of chunks (inside one group), the warps of a tile in CTAs of at most
-    ``most_warps``. ``split_ctas=False``: a tile that would be split over CTAs takes one CTA
-    of ``most_warps`` instead, where the tiles still give every SM a warp."""
+    ``most_warps``. A tile the plan would split over CTAs takes one CTA of ``most_warps``
+    instead where the tiles still give every SM a warp and ``split_ctas`` is False, or (None)
+    where that leaves each warp at most ``ONE_CTA_MAX_CHUNKS`` chunks."""
     if steps is None:
         steps = default_steps(group_size)
     tiles = n // (16 // bits * ROWS)
     p = over_warps(k, tiles, steps, sms, warps_per_sm, most_warps)
-    if p.splits > 1 and not split_ctas and tiles * most_warps >= sms:
-        return in_one_cta(k, steps, most_warps)
-    return p
+    if p.splits == 1 or split_ctas or tiles * most_warps < sms:
+        return p
+    whole = in_one_cta(k, steps, most_warps)
+    if split_ctas is None and whole.k_per_warp > ONE_CTA_MAX_CHUNKS * whole.chunk:
+        return p
+    return whole
 
 
 def available(device: torch.device) -> bool:
@@ -90,15 +102,13 @@ def available(device: torch.device) -> bool:
 ENGINE_MAX_M = 8
 
 
-ENGINE_SPLIT_CTAS = True  # tiles split over CTAs where the plan asks for it
-
-
 def engine_plan() -> dict:
     """The engine's launch arguments: the plan's warps per SM
     (``OCTAVO_SWAPAB_WARPS_PER_SM``) and whether it splits tiles over CTAs
-    (``OCTAVO_SWAPAB_SPLIT_CTAS``)."""
+    (``OCTAVO_SWAPAB_SPLIT_CTAS``: 1 where the plan asks, 0 never where the tiles fill the
+    SMs; unset: ``plan``'s rule)."""
     return {"warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM),
-            "split_ctas": envs.swapab_split_ctas(ENGINE_SPLIT_CTAS)}
+            "split_ctas": envs.swapab_split_ctas()}
 
 
 def max_rows() -> int:
@@ -110,7 +120,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                warps_per_sm: int = WARPS_PER_SM,
                steps: int | None = None, most_warps: int = MAX_WARPS,
-               split_ctas: bool = True) -> torch.Tensor:
+               split_ctas: bool | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout, scales and (float) zeros
     [K / group, N] in bf16 or fp16 (either, whatever x2's dtype). The tuning arguments exist

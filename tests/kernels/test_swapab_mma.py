@@ -37,7 +37,7 @@ def test_plan_covers_k_once_in_whole_chunks_of_one_group(k, n, group, sms, per_s
 
 
 def test_plan_fills_the_gpu_with_k_splits_where_there_are_few_tiles():
-    o_proj = plan(4096, 4096, 128, 132)  # 64 tiles: about 6 warps per SM in all
+    o_proj = plan(4096, 4096, 128, 132, split_ctas=True)  # 64 tiles: about 6 warps per SM in all
     assert 132 * 5 <= o_proj.warps * o_proj.splits * 64 <= 132 * 8 and o_proj.splits > 1
     gate_up = plan(4096, 28672, 128, 132)  # 448 tiles: a few warps each, one CTA
     assert gate_up.splits == 1
@@ -47,7 +47,7 @@ def test_plan_fills_the_gpu_with_k_splits_where_there_are_few_tiles():
                                        (4096, 28672, 128), (4096, 1024, 128), (192, 512, 64)])
 def test_a_plan_without_cta_splits_keeps_each_tile_in_one_cta_where_tiles_fill_the_sms(k, n,
                                                                                       group):
-    split = plan(k, n, group, 132)
+    split = plan(k, n, group, 132, split_ctas=True)
     whole = plan(k, n, group, 132, split_ctas=False)
     tiles = n // 64
     if split.splits == 1 or tiles * swapab_mma.MAX_WARPS < 132:
@@ -58,9 +58,19 @@ def test_a_plan_without_cta_splits_keeps_each_tile_in_one_cta_where_tiles_fill_t
     assert whole.warps * whole.k_per_warp >= k > (whole.warps - 1) * whole.k_per_warp
 
 
+def test_by_default_a_tile_stays_in_one_cta_where_its_warps_walk_few_chunks():
+    o_proj = plan(4096, 4096, 128, 132)  # one CTA: 8 warps of 4 chunks (was 2 CTAs of 6)
+    assert o_proj == plan(4096, 4096, 128, 132, split_ctas=False) and o_proj.splits == 1
+    down = plan(14336, 4096, 128, 132)  # one CTA would mean 14 chunks a warp: split
+    assert down == plan(14336, 4096, 128, 132, split_ctas=True) and down.splits > 1
+    assert plan(4096, 1024, 128, 132).splits > 1  # 16 tiles cannot fill 132 SMs alone
+
+
 def test_the_engine_plan_follows_its_switches(monkeypatch):
     assert swapab_mma.engine_plan() == {"warps_per_sm": swapab_mma.WARPS_PER_SM,
-                                        "split_ctas": swapab_mma.ENGINE_SPLIT_CTAS}
+                                        "split_ctas": None}
+    monkeypatch.setenv("OCTAVO_SWAPAB_SPLIT_CTAS", "1")
+    assert swapab_mma.engine_plan()["split_ctas"] is True
     monkeypatch.setenv("OCTAVO_SWAPAB_SPLIT_CTAS", "0")
     monkeypatch.setenv("OCTAVO_SWAPAB_WARPS_PER_SM", "4")
     assert swapab_mma.engine_plan() == {"warps_per_sm": 4, "split_ctas": False}
