@@ -131,9 +131,8 @@ def swapab_split_ctas() -> bool | None:
     """OCTAVO_SWAPAB_SPLIT_CTAS: 1, the CUDA integer kernel splits a tile's K over CTAs
     wherever its plan asks; 0, never where the tiles fill the SMs; unset (None), the plan's
     own rule (octavo/kernels/swapab_mma.py)."""
-    value = os.environ.get("OCTAVO_SWAPAB_SPLIT_CTAS")
-    return None if value is None or not value.strip() else _flag("OCTAVO_SWAPAB_SPLIT_CTAS",
-                                                                  True)
+    value = os.environ.get("OCTAVO_SWAPAB_SPLIT_CTAS", "").strip()
+    return _flag("OCTAVO_SWAPAB_SPLIT_CTAS", True) if value else None
 
 
 def gemv_prefetch(default: int) -> int:

@@ -335,8 +335,8 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_P=block_p, PAIRED=bool(paired), BYTES=bits == 8 and x2.dtype != torch.float32,
-        ASM=not interpreting(), PREFETCH=prefetch or envs.gemv_prefetch(PREFETCH[bits]), num_warps=num_warps,
-        num_stages=1,
+        ASM=not interpreting(), PREFETCH=prefetch or envs.gemv_prefetch(PREFETCH[bits]),
+        num_warps=num_warps, num_stages=1,
         **pdl_args(x2.device), **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return out
