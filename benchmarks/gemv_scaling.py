@@ -17,10 +17,10 @@ GEMV, dense_mma's float8 kernels), 4-bit g128 (the along-K GEMV, the swap-AB CUD
 8-bit g128 (the along-K GEMV). Times are CUDA-graph replays (benchmarks/common.graph_timed),
 as the engine's decode steps run.
 
-Also accepted by --kernels, not run by default: the swap-AB CUDA kernel at a given number of
-warps per SM, on its register pipeline or a cp.async ring of 2 / 3 chunks, on the row or the
-tiled layout (``swapab_mma(stages=, tiled=)``, 4-step chunks): ``w4_mma[_cp2|_cp3][_tiled]_wN``
-for N in 6, 10, 12 (e.g. ``w4_mma_cp3_tiled_w12``).
+Also accepted by --kernels, not run by default (``VARIANTS``): the integer GEMVs loading
+their weights two or three steps ahead (``w4_gemv_p2``, ``w8_gemv_p3``...), and the swap-AB
+CUDA kernel's plan at N warps per SM (``w4_mma_wN``), without tile splits over CTAs too
+(``w4_mma_wN_ns``).
 
     python benchmarks/gemv_scaling.py [--k 4096] [--n 1024 2048 ...] [--kernels ...] [--json F]
 """

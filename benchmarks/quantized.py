@@ -30,17 +30,16 @@ from benchmarks.workloads import w1_requests, write_config  # noqa: E402
 
 SHAPE = "llama-3.1-8b"
 # method: (quantization_config written into config.json, quantization=)
+_GPTQ_G128 = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+              "sym": True, "checkpoint_format": "gptq_v2"}
 METHODS = {
     "bf16": (None, None),
-    "w8a16": ({"quant_method": "gptq", "bits": 8, "group_size": 128, "desc_act": False,
-               "sym": True, "checkpoint_format": "gptq_v2"}, None),
-    "w4a16": ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
-               "sym": True, "checkpoint_format": "gptq_v2"}, None),
+    "w8a16": ({**_GPTQ_G128, "bits": 8}, None),
+    "w4a16": (_GPTQ_G128, None),
     "fp8": (None, "fp8"),
     # W4A16 with the LM head quantized too (GPTQModel's lm_head=True; here at the model's 4
     # bits and group 128), the head being the largest single weight a decode step reads.
-    "w4a16_lmhead": ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
-                      "sym": True, "checkpoint_format": "gptq_v2", "lm_head": True}, None),
+    "w4a16_lmhead": ({**_GPTQ_G128, "lm_head": True}, None),
 }
 
 
