@@ -25,6 +25,23 @@ def choose_method(quant_config: QuantizationConfig | None, layer: nn.Module,
     return method if method is not None else UnquantizedLinearMethod()
 
 
+def finish_loading(layer: nn.Module) -> None:
+    """After the checkpoint, for a module holding ``quant_method``: the method's own
+    processing, then the CPU's oneDNN copy of a dense weight (``layer._packed_weight``; None
+    where the method keeps no dense weight)."""
+    layer.quant_method.process_weights_after_loading(layer)
+    dense = layer.quant_method.dense_weight(layer)
+    layer._packed_weight = None if dense is None else cpu_gemm.pack_weight(dense)
+
+
+def method_matmul(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x W^T + b`` for a module holding ``quant_method``: through the CPU's packed copy
+    where it serves ``x``, else the method."""
+    if cpu_gemm.usable(x, layer._packed_weight):
+        return cpu_gemm.packed_linear(x, layer._packed_weight, bias)
+    return layer.quant_method.apply(layer, x, bias)
+
+
 class LinearBase(nn.Module):
     """y = x W^T + b, W held by the quantization method as [output, input] per partition."""
 
@@ -78,14 +95,10 @@ class LinearBase(nn.Module):
                           split=self.split, shard=shard)
 
     def process_weights_after_loading(self) -> None:
-        self.quant_method.process_weights_after_loading(self)
-        dense = self.quant_method.dense_weight(self)
-        self._packed_weight = None if dense is None else cpu_gemm.pack_weight(dense)
+        finish_loading(self)
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if cpu_gemm.usable(x, self._packed_weight):
-            return cpu_gemm.packed_linear(x, self._packed_weight, bias)
-        return self.quant_method.apply(self, x, bias)
+        return method_matmul(self, x, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._matmul(x, self.bias)

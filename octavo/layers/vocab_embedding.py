@@ -24,6 +24,7 @@ from torch import nn
 
 from octavo.distributed.parallel_state import get_tp_group
 from octavo.layers import cpu_gemm
+from octavo.layers.linear import finish_loading, method_matmul
 from octavo.layers.weight_loader import COLUMN, load_linear_param
 from octavo.quantization.base import LinearMethod, QuantizationConfig
 from octavo.quantization.param_layout import param_layout
@@ -175,9 +176,7 @@ class LMHead(VocabEmbedding):
 
     def process_weights_after_loading(self) -> None:
         if self.quantized:
-            self.quant_method.process_weights_after_loading(self)
-            dense = self.quant_method.dense_weight(self)
-            self._packed_weight = None if dense is None else cpu_gemm.pack_weight(dense)
+            finish_loading(self)
             return
         src = self._source()
         if src.gguf_format is not None:  # the LM head multiplies by the quantized rows
@@ -193,9 +192,7 @@ class LMHead(VocabEmbedding):
         """This rank's [tokens, rows_per_rank] logits."""
         if not self.quantized:
             return cpu_gemm.linear(hidden, self.weight, self._packed_weight)
-        if cpu_gemm.usable(hidden, self._packed_weight):
-            return cpu_gemm.packed_linear(hidden, self._packed_weight, None)
-        return self.quant_method.apply(self, hidden, None)
+        return method_matmul(self, hidden, None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         src = self._source()
