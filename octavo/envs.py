@@ -81,6 +81,42 @@ def attn_decode_splits() -> int | None:
     return int(value)
 
 
+def cuda_attention() -> bool:
+    """OCTAVO_CUDA_ATTENTION (default on): on NVIDIA GPUs with nvcc, decode attention over
+    bf16 / fp16 caches (head_dim 64 / 128) runs the CUDA C++ kernel
+    octavo/kernels/cuda/paged_decode.cu (octavo/kernels/paged_decode.py); off, the Triton
+    kernel."""
+    return _flag("OCTAVO_CUDA_ATTENTION", True)
+
+
+def cuda_attention_tile() -> tuple[int, int] | None:
+    """OCTAVO_CUDA_ATTN_TILE="WARPS,STAGES" (unset: 4,3): the CUDA decode attention's warps
+    per CTA (1, 2, 4 or 8) and tiles in each warp's ring (2-4), for measurements."""
+    value = os.environ.get("OCTAVO_CUDA_ATTN_TILE")
+    if not value:
+        return None
+    try:
+        warps, stages = (int(v) for v in value.split(","))
+    except ValueError:
+        raise ValueError(f"OCTAVO_CUDA_ATTN_TILE={value!r}: expected two integers "
+                         "WARPS,STAGES (e.g. 4,3)") from None
+    if warps not in (1, 2, 4, 8) or stages not in (2, 3, 4):
+        raise ValueError(f"OCTAVO_CUDA_ATTN_TILE={value!r}: WARPS must be 1, 2, 4 or 8 and "
+                         "STAGES 2, 3 or 4")
+    return warps, stages
+
+
+def cuda_attention_part() -> int | None:
+    """OCTAVO_CUDA_ATTN_PART=N (unset: split only when the pairs are fewer than the SMs):
+    cut every decode context into parts of N keys (rounded up to 16), for measurements."""
+    value = os.environ.get("OCTAVO_CUDA_ATTN_PART")
+    if not value:
+        return None
+    if not value.strip().isdigit() or int(value) < 16:
+        raise ValueError(f"OCTAVO_CUDA_ATTN_PART={value!r}: expected an integer >= 16")
+    return int(value)
+
+
 def fused_kv_store() -> bool:
     """OCTAVO_FUSED_KV_STORE (default on): on CUDA, the launch that rotates q and k (Qwen3's
     q/k norm + rotary under OCTAVO_FUSED_QK_NORM_ROPE, or the rotary kernel of the other

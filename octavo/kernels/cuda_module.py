@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent / "cuda"
 _LOCK = threading.Lock()
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_DEFAULT_SHARED = 48 * 1024  # more dynamic shared memory than this must be asked for
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -124,6 +126,7 @@ class Module:
         self.device = torch.device("cuda", index)
         self.cubin = build(source, f"sm_{major}{minor}")
         self._functions: dict[str, ctypes.c_void_p] = {}
+        self._shared: dict[str, int] = {}  # dynamic shared memory allowed per kernel
         with torch.cuda.device(index):
             torch.cuda.current_stream()  # the runtime's primary context is current here
             self._module = ctypes.c_void_p()
@@ -141,10 +144,14 @@ class Module:
         return fn
 
     def launch(self, name: str, grid: tuple[int, int, int], block: int, args: list,
-               pdl: bool = False) -> None:
+               pdl: bool = False, shared: int = 0) -> None:
         """Launch kernel ``name`` on the current stream; ``args``: ctypes values in the
-        kernel's parameter order."""
+        kernel's parameter order; ``shared``: bytes of dynamic shared memory."""
         fn = self.function(name)
+        if shared > _DEFAULT_SHARED and self._shared.get(name, 0) < shared:
+            _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared),
+                   f"{name}: {shared} bytes of shared memory")
+            self._shared[name] = shared
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = torch.cuda.current_stream(self.device).cuda_stream
         attr = _LaunchAttribute()
@@ -153,7 +160,7 @@ class Module:
             attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value = 1
             nattr = 1
-        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, 0, stream,
+        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, shared, stream,
                                ctypes.pointer(attr), nattr)
         _check(_driver().cuLaunchKernelEx(ctypes.byref(config), fn, params, None),
                f"launching {name}")
@@ -178,11 +185,15 @@ def loaded(source: str, device: torch.device) -> Module:
 
 def arguments(*values) -> list:
     """A kernel's parameters as ctypes values, in order: a tensor as its data pointer, None as
-    a null pointer, an int as a C int."""
+    a null pointer, a float as a C float, an int as a C int, a ctypes value as it is."""
     out = []
     for v in values:
         if v is None or isinstance(v, torch.Tensor):
             out.append(ctypes.c_void_p(None if v is None else v.data_ptr()))
+        elif isinstance(v, ctypes._SimpleCData | ctypes.Structure):
+            out.append(v)
+        elif isinstance(v, float):
+            out.append(ctypes.c_float(v))
         else:
             out.append(ctypes.c_int(int(v)))
     return out

@@ -44,6 +44,7 @@ from __future__ import annotations
 import torch
 
 from octavo.envs import attn_decode_splits, attn_decode_tile, attn_split_merge
+from octavo.kernels import paged_decode
 from octavo.kernels.paged_attention_config import (
     _MIN_SPLIT_TOKENS,
     _SPLIT_PREFILL_ROWS,
@@ -470,7 +471,16 @@ def paged_attention(
                 **pdl,
             )  # fmt: skip
 
-    if not prefill_only:
+    cuda = None
+    if not prefill_only and on_gpu and num_splits is None and min_split_keys is None:
+        cuda = paged_decode.module_for(q.device)
+        if cuda is not None and not paged_decode.supported(
+                q, key_cache, value_cache, query_start_loc, seq_lens, block_tables):
+            cuda = None
+    if cuda is not None:
+        paged_decode.paged_decode(out, q, key_cache, value_cache, query_start_loc, seq_lens,
+                                  block_tables, scale, kv_upper, cuda)
+    elif not prefill_only:
         cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu)
         tile = attn_decode_tile() if on_gpu else None
         if tile is not None:  # a measurement's override

@@ -1,0 +1,139 @@
+"""Decode attention alone: the CUDA C++ kernel (octavo/kernels/paged_decode.py) against the
+Triton kernel, same inputs, same call, K/V read from HBM as in an engine step.
+
+PYTHONPATH=. python benchmarks/decode_attention.py [--cases w1,w4_32,...] [--tiles 4,3 2,4 ...]
+    [--parts 0 512 ...] [--json out.json]
+
+Each case is a batch of decodes at the shapes the workloads run (Qwen3-0.6B: 16 heads over 8
+KV heads; Llama-3.1-8B: 32 over 8; head_dim 128, bf16, 16-token blocks, shuffled block ids).
+One CUDA graph launches the kernel over enough copies of the caches (>= 256 MB together)
+that none is still in the 50 MB L2 when its turn comes; time per launch = graph time /
+copies (CUDA events). Figures: us per launch, the K/V bytes over that time (TB/s, and the
+fraction of the device's published bandwidth), and CUDA / Triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+
+import torch
+
+from octavo.kernels.paged_attention import paged_attention
+
+HBM_TBPS = {"H200": 4.8, "H100": 3.35}
+# name: (heads, kv_heads, batch, context range, max_seq_len bound)
+CASES = {
+    "w1": (16, 8, 128, (100, 2000), 4096),  # W1's batch-128 steps, contexts ~100-2,000
+    "w1_256": (16, 8, 256, (300, 1200), 4096),
+    "w4_32": (16, 8, 32, (128, 384), 4096),  # W4 batch 32 (prompt 128 + up to 256 out)
+    "w4_8": (16, 8, 8, (128, 384), 4096),
+    "w4_1": (16, 8, 1, (128, 384), 4096),
+    "l8b_1": (32, 8, 1, (128, 384), 4096),  # issue 12's Llama-3.1-8B batch 1
+    "l8b_16": (32, 8, 16, (128, 384), 4096),
+    "w2_256": (32, 8, 256, (400, 800), 4096),  # W2's batch-256 steps (~616)
+    "long_4": (16, 8, 4, (8000, 8192), 8192),
+}
+
+
+def make(heads, kv_heads, batch, ctx, seed=0, bs=16, d=128, dtype=torch.bfloat16):
+    rnd = random.Random(seed)
+    lens = [rnd.randint(*ctx) for _ in range(batch)]
+    blocks = [-(-n // bs) for n in lens]
+    total = sum(blocks) + 1
+    perm = torch.randperm(total, device="cuda").to(torch.int32)
+    bt = torch.zeros(batch, max(blocks), dtype=torch.int32, device="cuda")
+    used = 0
+    for b, n in enumerate(blocks):
+        bt[b, :n] = perm[used:used + n]
+        used += n
+    kc = torch.randn(total, bs, kv_heads, d, device="cuda", dtype=dtype)
+    vc = torch.randn_like(kc)
+    q = torch.randn(batch, heads, d, device="cuda", dtype=dtype)
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    kv_bytes = sum(lens) * kv_heads * d * 2 * kc.element_size()
+    return q, kc, vc, qsl, sl, bt, kv_bytes, total * bs * kv_heads * d * 2 * kc.element_size()
+
+
+def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20) -> float:
+    heads, kv_heads, batch, ctx, bound = CASES[case]
+    q, kc, vc, qsl, sl, bt, kv_bytes, cache_bytes = make(heads, kv_heads, batch, ctx)
+    copies = max(1, -(-copies_min_bytes // cache_bytes))
+    kcs = [kc] + [kc.clone() for _ in range(copies - 1)]
+    vcs = [vc] + [vc.clone() for _ in range(copies - 1)]
+    out = torch.empty_like(q)
+    scale = 128 ** -0.5
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: v for k, v in env.items() if v is not None})
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+    try:
+        def run():
+            for i in range(copies):
+                paged_attention(q, kcs[i], vcs[i], qsl, sl, bt, scale, out=out,
+                                max_query_len=1, max_seq_len=bound)
+
+        run()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        for _ in range(3):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(reps):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / copies)
+        times.sort()
+        return times[len(times) // 2], kv_bytes
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--tiles", nargs="*", default=["4,3"])
+    ap.add_argument("--parts", nargs="*", type=int, default=[0])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in HBM_TBPS.items() if k in name), None)
+    rows = []
+    for case in args.cases.split(","):
+        tri, kv_bytes = time_launch(case, {"OCTAVO_CUDA_ATTENTION": "0"})
+        row = {"case": case, "shape": CASES[case], "kv_mb": kv_bytes / 1e6, "triton_us": tri,
+               "triton_tbps": kv_bytes / tri / 1e6, "cuda": []}
+        for tile in args.tiles:
+            for part in args.parts:
+                env = {"OCTAVO_CUDA_ATTENTION": "1", "OCTAVO_CUDA_ATTN_TILE": tile,
+                       "OCTAVO_CUDA_ATTN_PART": str(part) if part else None}
+                us, _ = time_launch(case, env)
+                row["cuda"].append({"tile": tile, "part": part, "us": us,
+                                    "tbps": kv_bytes / us / 1e6, "vs_triton": tri / us})
+        rows.append(row)
+        best = min(row["cuda"], key=lambda r: r["us"])
+        frac = f" ({best['tbps'] / peak:.0%} of HBM)" if peak else ""
+        print(f"{case:8s} KV {kv_bytes / 1e6:8.1f} MB  triton {tri:8.1f} us "
+              f"{row['triton_tbps']:.2f} TB/s | " + "  ".join(
+                  f"[{r['tile']} p{r['part']}] {r['us']:.1f} us {r['tbps']:.2f} TB/s "
+                  f"x{r['vs_triton']:.2f}" for r in row["cuda"]) + f" | best{frac}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "peak_tbps": peak, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,419 @@
+// Decode attention over the paged KV cache (one new token per request) on mma.sync, its K/V
+// tiles streamed into shared memory by cp.async several tiles ahead. octavo/kernels/
+// paged_decode.py plans the launch, says when it runs instead of the Triton kernel, and why.
+//
+// A CTA owns one (request, KV head, part of the context); its W warps take the part's
+// 16-token tiles in turn (warp w: tiles w, w + W, ...), each with its own online softmax,
+// merged through shared memory at the end. Rows of every product are the GQA group's query
+// heads (row g and g + 8 of the m16n8k16 tile: up to 16 heads), so a K/V tile read once
+// feeds the whole group.
+//
+// Per 16-token tile, lane (g = lane / 4, t = lane % 4):
+//  * S^T [heads x tokens] = q [heads x D] K^T: B operand = K of token g (n8 tile 0) and
+//    token 8 + g (tile 1), 16 bytes at dims 32 i + 8 t of each 32-wide step i. The order of
+//    the K dimension inside a step is free (the sum does not care) so each 16-byte load is
+//    two operand registers as it stands; q is loaded the same way once.
+//  * The C fragments of S^T are the A fragments of P (rows = heads, K = the 16 tokens):
+//    no shuffles between the products.
+//  * O [heads x D] += P V: B operand = V [tokens x dims] with two tokens of one dim per
+//    register: the lane loads dims [D/8 g, D/8 g + D/8) of tokens 2t, 2t+1, 8+2t, 9+2t and
+//    pairs them with one PRMT per register; output column n of dim tile j is dim D/8 n + j.
+// Each lane copies exactly the 16-byte pieces it later reads (slot s of lane l at
+// (s * 32 + l) * 16: no bank conflicts), so the pipeline needs no barrier, only
+// cp.async.wait_group. Tokens past the part are zero-filled (src-size 0) and masked.
+
+#include "mma_common.cuh"
+
+namespace {
+
+using octavo::pdl_wait;
+using octavo::word;
+
+constexpr float kNegBig = -1.0e30f;  // running max start: finite, so exp2(m - m_new) is 0 or 1
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (octavo::MmaType<T>::kBf16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+struct Params {
+  void* out;
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  const int* qsl;
+  const int* seq_lens;
+  const int* block_tables;
+  float* part_o;   // [pairs, splits, group, D] unnormalised outputs of split parts
+  float* part_ml;  // [pairs, splits, group, 2] their (max, sum)
+  int* cnt;        // [pairs] tickets, left zeroed
+  float qk_scale;  // softmax scale * log2(e)
+  int q_t, q_h, o_t, o_h;
+  int k_b, k_t, k_h, v_b, v_t, v_h;
+  int bt_stride;
+  int group;
+  int block_size;
+  int min_part;  // tokens: each request's parts are at least this long (a multiple of 16)
+};
+
+template <typename T, int D, int STAGES, bool BIG>
+__device__ __forceinline__ void paged_decode(const Params& p) {
+  constexpr int KS = D / 32;     // 16-byte K pieces per token per lane
+  constexpr int VS = D / 64;     // 16-byte V pieces per token per lane
+  constexpr int NS = 2 * KS + 4 * VS;  // slots per lane per tile
+  constexpr int JD = D / 8;      // dim tiles of the PV product
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float sm_m[octavo::kMaxWarps][16];
+  __shared__ float sm_l[octavo::kMaxWarps][16];
+  __shared__ int sm_last;
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int b = blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int split = blockIdx.z;
+  const int splits = gridDim.z;
+  const int G = p.group;
+
+  pdl_wait();
+  const int q_start = p.qsl[b];
+  if (p.qsl[b + 1] - q_start != 1) return;  // not a decode: the prefill launch takes it
+  const int seq_len = p.seq_lens[b];
+  int part = (((seq_len + splits - 1) / splits + 15) / 16) * 16;
+  part = max(part, p.min_part);
+  const int used = (seq_len + part - 1) / part;
+  if (split >= used) return;
+  const int lo = split * part;
+  const int hi = min(lo + part, seq_len);
+  const int tiles = (hi - lo + 15) / 16;
+
+  const T* __restrict__ kc = static_cast<const T*>(p.k_cache) + (size_t)kvh * p.k_h;
+  const T* __restrict__ vc = static_cast<const T*>(p.v_cache) + (size_t)kvh * p.v_h;
+  const int* __restrict__ bt = p.block_tables + (size_t)b * p.bt_stride;
+
+  // q rows g and g + 8 (heads of the group; zeros past it), 16 bytes per 32-wide step.
+  uint4 qa[KS], qb[KS];
+  {
+    const T* qrow = static_cast<const T*>(p.q) + (size_t)q_start * p.q_t;
+#pragma unroll
+    for (int i = 0; i < KS; ++i) {
+      qa[i] = g < G ? *reinterpret_cast<const uint4*>(qrow + (size_t)(kvh * G + g) * p.q_h +
+                                                      32 * i + 8 * t)
+                    : make_uint4(0, 0, 0, 0);
+      qb[i] = (BIG && g + 8 < G)
+                  ? *reinterpret_cast<const uint4*>(qrow + (size_t)(kvh * G + g + 8) * p.q_h +
+                                                    32 * i + 8 * t)
+                  : make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  // This warp's ring: STAGES tiles of NS slots x 32 lanes x 16 bytes.
+  unsigned char* ring = smem + (size_t)warp * STAGES * NS * 512;
+  const uint32_t ring_addr = smem_addr(ring);
+  const int count = warp < tiles ? (tiles - warp + warps - 1) / warps : 0;
+
+  auto tile_start = [&](int it) { return lo + 16 * (warp + it * warps); };
+  auto block_of = [&](int it) { return __ldg(bt + tile_start(it) / p.block_size); };
+  // Copy tile it (block id bid) into stage s: K of tokens g, 8 + g; V of 2t, 2t+1, 8+2t, 9+2t.
+  auto issue = [&](int it, int bid, int s) {
+    const int ts = tile_start(it);
+    const int off = ts % p.block_size;
+    const T* kb = kc + (size_t)bid * p.k_b + (size_t)off * p.k_t;
+    const T* vb = vc + (size_t)bid * p.v_b + (size_t)off * p.v_t;
+    const uint32_t base = ring_addr + (uint32_t)(s * NS * 512 + lane * 16);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int tok = 8 * j + g;
+      const bool ok = ts + tok < hi;
+      const T* src = kb + (size_t)(ok ? tok : 0) * p.k_t + 8 * t;
+#pragma unroll
+      for (int i = 0; i < KS; ++i) cp_async16(base + (j * KS + i) * 512, src + 32 * i, ok);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int tok = 2 * t + (r & 1) + 8 * (r >> 1);
+      const bool ok = ts + tok < hi;
+      const T* src = vb + (size_t)(ok ? tok : 0) * p.v_t + JD * g;
+#pragma unroll
+      for (int c = 0; c < VS; ++c) cp_async16(base + (2 * KS + r * VS + c) * 512, src + 8 * c, ok);
+    }
+  };
+
+  float o[JD][4];
+#pragma unroll
+  for (int j = 0; j < JD; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m0 = kNegBig, m1 = kNegBig, l0 = 0.f, l1 = 0.f;
+
+  // Prologue: STAGES - 1 tiles in flight, the next tile's block id loaded.
+  {
+    int bids[STAGES > 1 ? STAGES - 1 : 1];
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) bids[s] = s < count ? block_of(s) : 0;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < count) issue(s, bids[s], s);
+      cp_async_commit();
+    }
+  }
+  int next_bid = STAGES - 1 < count ? block_of(STAGES - 1) : 0;
+
+  for (int it = 0; it < count; ++it) {
+    cp_async_wait<STAGES - 2>();
+    {
+      const int ahead = it + STAGES - 1;
+      if (ahead < count) issue(ahead, next_bid, ahead % STAGES);
+      cp_async_commit();
+      if (ahead + 1 < count) next_bid = block_of(ahead + 1);
+    }
+    const uint32_t slot = ring_addr + (uint32_t)((it % STAGES) * NS * 512 + lane * 16);
+    const int ts = tile_start(it);
+
+    // S^T = q K^T for tokens 0-7 (s[0]) and 8-15 (s[1]); two chains each.
+    float s[2][2][4] = {};
+#pragma unroll
+    for (int i = 0; i < KS; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint4 kv = lds128(slot + (j * KS + i) * 512);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          octavo::MmaType<T>::mma(s[j][i & 1], word(qa[i], 2 * h), word(qb[i], 2 * h),
+                                  word(qa[i], 2 * h + 1), word(qb[i], 2 * h + 1),
+                                  word(kv, 2 * h), word(kv, 2 * h + 1));
+      }
+    }
+    float sc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tok = ts + 8 * j + 2 * t + (i & 1);
+        const float v = (s[j][0][i] + s[j][1][i]) * p.qk_scale;
+        sc[j][i] = tok < hi ? v : -INFINITY;
+      }
+    }
+    const float mx0 = quad_max(fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1])));
+    const float mn0 = fmaxf(m0, mx0);
+    float mn1 = m1;
+    if constexpr (BIG) {
+      const float mx1 = quad_max(fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3])));
+      mn1 = fmaxf(m1, mx1);
+    }
+    if (__any_sync(0xffffffffu, mn0 > m0 || mn1 > m1)) {
+      const float a0 = fast_exp2(m0 - mn0);
+      const float a1 = fast_exp2(m1 - mn1);
+      l0 *= a0;
+      l1 *= a1;
+#pragma unroll
+      for (int j = 0; j < JD; ++j) {
+        o[j][0] *= a0;
+        o[j][1] *= a0;
+        if constexpr (BIG) {
+          o[j][2] *= a1;
+          o[j][3] *= a1;
+        }
+      }
+      m0 = mn0;
+      m1 = mn1;
+    }
+    float pr[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      pr[j][0] = fast_exp2(sc[j][0] - m0);
+      pr[j][1] = fast_exp2(sc[j][1] - m0);
+      l0 += pr[j][0] + pr[j][1];
+      if constexpr (BIG) {
+        pr[j][2] = fast_exp2(sc[j][2] - m1);
+        pr[j][3] = fast_exp2(sc[j][3] - m1);
+        l1 += pr[j][2] + pr[j][3];
+      } else {
+        pr[j][2] = pr[j][3] = 0.f;
+      }
+    }
+    const uint32_t pa0 = pack2<T>(pr[0][0], pr[0][1]);
+    const uint32_t pa1 = BIG ? pack2<T>(pr[0][2], pr[0][3]) : 0u;
+    const uint32_t pa2 = pack2<T>(pr[1][0], pr[1][1]);
+    const uint32_t pa3 = BIG ? pack2<T>(pr[1][2], pr[1][3]) : 0u;
+
+    // O += P V: dim tile j = 8 c + 2 w + half is dims D/8 n + j of column n.
+#pragma unroll
+    for (int c = 0; c < VS; ++c) {
+      const uint4 v0 = lds128(slot + (2 * KS + 0 * VS + c) * 512);
+      const uint4 v1 = lds128(slot + (2 * KS + 1 * VS + c) * 512);
+      const uint4 v2 = lds128(slot + (2 * KS + 2 * VS + c) * 512);
+      const uint4 v3 = lds128(slot + (2 * KS + 3 * VS + c) * 512);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t sel = half ? 0x7632u : 0x5410u;
+          const uint32_t b0 = prmt(word(v0, w), word(v1, w), sel);
+          const uint32_t b1 = prmt(word(v2, w), word(v3, w), sel);
+          octavo::MmaType<T>::mma(o[8 * c + 2 * w + half], pa0, pa1, pa2, pa3, b0, b1);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  l0 = quad_sum(l0);
+  l1 = quad_sum(l1);
+
+  // Merge the warps: each writes its O rows into its own ring's first stage.
+  float* red = reinterpret_cast<float*>(ring);  // [16][D]
+#pragma unroll
+  for (int j = 0; j < JD; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i >> 1);
+      const int dim = JD * (2 * t + (i & 1)) + j;
+      if (BIG || i < 2) red[row * D + dim] = o[j][i];
+    }
+  }
+  if (t == 0) {
+    sm_m[warp][g] = m0;
+    sm_l[warp][g] = l0;
+    sm_m[warp][g + 8] = m1;
+    sm_l[warp][g + 8] = l1;
+  }
+  __syncthreads();
+
+  const int pair = b * gridDim.y + kvh;
+  const size_t ring_floats = (size_t)STAGES * NS * 128;  // floats per warp's ring
+  const float* all = reinterpret_cast<const float*>(smem);
+  T* out = static_cast<T*>(p.out);
+  const size_t part_base = ((size_t)pair * splits + split) * G;
+  for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
+    const int r = e / D;
+    const int d = e - r * D;
+    float mx = kNegBig;
+    for (int w = 0; w < warps; ++w) mx = fmaxf(mx, sm_m[w][r]);
+    float num = 0.f, den = 0.f;
+    for (int w = 0; w < warps; ++w) {
+      const float a = fast_exp2(sm_m[w][r] - mx);
+      num += a * all[w * ring_floats + r * D + d];
+      den += a * sm_l[w][r];
+    }
+    if (used == 1) {
+      out[(size_t)q_start * p.o_t + (size_t)(kvh * G + r) * p.o_h + d] =
+          octavo::MmaType<T>::from_float(num / den);
+    } else {
+      p.part_o[(part_base + r) * D + d] = num;
+      if (d == 0) {
+        p.part_ml[(part_base + r) * 2] = mx;
+        p.part_ml[(part_base + r) * 2 + 1] = den;
+      }
+    }
+  }
+  if (used == 1) return;
+
+  // The part that takes the pair's last ticket merges every part (in part order).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int ticket;
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(ticket) : "l"(p.cnt + pair) : "memory");
+    sm_last = ticket == used - 1;
+  }
+  __syncthreads();
+  if (!sm_last) return;
+  __threadfence();
+  const size_t pair_base = (size_t)pair * splits * G;
+  for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
+    const int r = e / D;
+    const int d = e - r * D;
+    float mx = kNegBig;
+    for (int sp = 0; sp < used; ++sp)
+      mx = fmaxf(mx, __ldcg(p.part_ml + (pair_base + (size_t)sp * G + r) * 2));
+    float num = 0.f, den = 0.f;
+    for (int sp = 0; sp < used; ++sp) {
+      const size_t row = pair_base + (size_t)sp * G + r;
+      const float a = fast_exp2(__ldcg(p.part_ml + row * 2) - mx);
+      num += a * __ldcg(p.part_o + row * D + d);
+      den += a * __ldcg(p.part_ml + row * 2 + 1);
+    }
+    out[(size_t)q_start * p.o_t + (size_t)(kvh * G + r) * p.o_h + d] =
+        octavo::MmaType<T>::from_float(num / den);
+  }
+  if (threadIdx.x == 0) atomicExch(p.cnt + pair, 0);
+}
+
+}  // namespace
+
+#define OCTAVO_PAGED_DECODE(NAME, T, D, STAGES, BIG)                   \
+  extern "C" __global__ void __launch_bounds__(256) NAME(const Params p) { \
+    paged_decode<T, D, STAGES, BIG>(p);                                \
+  }
+
+// paged_decode_{bf16,f16}_d{64,128}_s{2,3,4}[_g16]
+#define OCTAVO_PAGED_DECODE_STAGES(TN, T, D)                          \
+  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s2, T, D, 2, false)     \
+  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s3, T, D, 3, false)     \
+  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s4, T, D, 4, false)     \
+  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s2_g16, T, D, 2, true)  \
+  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s3_g16, T, D, 3, true)  \
+  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s4_g16, T, D, 4, true)
+
+#define OCTAVO_PAGED_DECODE_DIMS(TN, T)       \
+  OCTAVO_PAGED_DECODE_STAGES(TN, T, 64)       \
+  OCTAVO_PAGED_DECODE_STAGES(TN, T, 128)
+
+OCTAVO_PAGED_DECODE_DIMS(bf16, __nv_bfloat16)
+OCTAVO_PAGED_DECODE_DIMS(f16, __half)
