@@ -107,28 +107,35 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--tiles", nargs="*", default=["4,3"])
     ap.add_argument("--parts", nargs="*", type=int, default=[0])
+    ap.add_argument("--flags", nargs="*", type=int, default=[0],
+                    help="OCTAVO_CUDA_ATTN_FLAGS values to time (1: loads only; 2: heads "
+                         "fastest)")
+    ap.add_argument("--pdl", choices=["0", "1"], help="OCTAVO_PDL for every launch")
     ap.add_argument("--json")
     args = ap.parse_args()
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in HBM_TBPS.items() if k in name), None)
     rows = []
     for case in args.cases.split(","):
-        tri, kv_bytes = time_launch(case, {"OCTAVO_CUDA_ATTENTION": "0"})
+        base = {"OCTAVO_PDL": args.pdl}
+        tri, kv_bytes = time_launch(case, {**base, "OCTAVO_CUDA_ATTENTION": "0"})
         row = {"case": case, "shape": CASES[case], "kv_mb": kv_bytes / 1e6, "triton_us": tri,
                "triton_tbps": kv_bytes / tri / 1e6, "cuda": []}
         for tile in args.tiles:
             for part in args.parts:
-                env = {"OCTAVO_CUDA_ATTENTION": "1", "OCTAVO_CUDA_ATTN_TILE": tile,
-                       "OCTAVO_CUDA_ATTN_PART": str(part) if part else None}
-                us, _ = time_launch(case, env)
-                row["cuda"].append({"tile": tile, "part": part, "us": us,
-                                    "tbps": kv_bytes / us / 1e6, "vs_triton": tri / us})
+                for flags in args.flags:
+                    env = {**base, "OCTAVO_CUDA_ATTENTION": "1", "OCTAVO_CUDA_ATTN_TILE": tile,
+                           "OCTAVO_CUDA_ATTN_PART": str(part) if part else None,
+                           "OCTAVO_CUDA_ATTN_FLAGS": str(flags)}
+                    us, _ = time_launch(case, env)
+                    row["cuda"].append({"tile": tile, "part": part, "flags": flags, "us": us,
+                                        "tbps": kv_bytes / us / 1e6, "vs_triton": tri / us})
         rows.append(row)
         best = min(row["cuda"], key=lambda r: r["us"])
         frac = f" ({best['tbps'] / peak:.0%} of HBM)" if peak else ""
         print(f"{case:8s} KV {kv_bytes / 1e6:8.1f} MB  triton {tri:8.1f} us "
               f"{row['triton_tbps']:.2f} TB/s | " + "  ".join(
-                  f"[{r['tile']} p{r['part']}] {r['us']:.1f} us {r['tbps']:.2f} TB/s "
+                  f"[{r['tile']} p{r['part']} f{r['flags']}] {r['us']:.1f} us {r['tbps']:.2f} TB/s "
                   f"x{r['vs_triton']:.2f}" for r in row["cuda"]) + f" | best{frac}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

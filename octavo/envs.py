@@ -106,6 +106,12 @@ def cuda_attention_tile() -> tuple[int, int] | None:
     return warps, stages
 
 
+def cuda_attention_flags() -> int:
+    """OCTAVO_CUDA_ATTN_FLAGS (default 0), measurement switches of the CUDA decode attention:
+    1 = its loads only (results wrong), 2 = the grid with KV heads fastest."""
+    return _int("OCTAVO_CUDA_ATTN_FLAGS", 0, "measurement switches 0-3")
+
+
 def cuda_attention_part() -> int | None:
     """OCTAVO_CUDA_ATTN_PART=N (unset: split only when the pairs are fewer than the SMs):
     cut every decode context into parts of N keys (rounded up to 16), for measurements."""

@@ -33,7 +33,6 @@ SOURCE_DIR = Path(__file__).parent / "cuda"
 _LOCK = threading.Lock()
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_DEFAULT_SHARED = 48 * 1024  # more dynamic shared memory than this must be asked for
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -148,7 +147,8 @@ class Module:
         """Launch kernel ``name`` on the current stream; ``args``: ctypes values in the
         kernel's parameter order; ``shared``: bytes of dynamic shared memory."""
         fn = self.function(name)
-        if shared > _DEFAULT_SHARED and self._shared.get(name, 0) < shared:
+        # The static shared memory counts against the 48 KB too: ask whenever there is any.
+        if shared and self._shared.get(name, 0) < shared:
             _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared),
                    f"{name}: {shared} bytes of shared memory")
             self._shared[name] = shared

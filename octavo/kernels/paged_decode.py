@@ -50,7 +50,7 @@ class _Params(ctypes.Structure):
         "out", "q", "k_cache", "v_cache", "qsl", "seq_lens", "block_tables", "part_o",
         "part_ml", "cnt")] + [("qk_scale", ctypes.c_float)] + [(name, ctypes.c_int) for name in (
             "q_t", "q_h", "o_t", "o_h", "k_b", "k_t", "k_h", "v_b", "v_t", "v_h", "bt_stride",
-            "group", "block_size", "min_part")]
+            "group", "block_size", "min_part", "flags")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,9 +142,10 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, key_cache: torch.Tensor,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0), group, block_size, p.min_part)
+        block_tables.stride(0), group, block_size, p.min_part, envs.cuda_attention_flags())
+    grid = ((num_kv_heads, num_seqs) if params.flags & 2 else (num_seqs, num_kv_heads))
     module.launch(kernel_name(q.dtype, head_dim, p.stages, group),
-                  (num_seqs, num_kv_heads, p.splits), 32 * p.warps, [params],
+                  (*grid, p.splits), 32 * p.warps, [params],
                   pdl=pdl_mod.enabled(q.device), shared=p.shared_bytes(head_dim))
 
 

@@ -218,9 +218,9 @@ def _emulate(q, kc, vc, qsl, seq_lens, bt, scale, p: Plan):
                         for r in range(4):
                             for lane in range(32):
                                 n = ts + 2 * T_OF[lane] + (r & 1) + 8 * (r >> 1)
-                                if n < hi:
+                                if n < hi:  # dims 64 c + 8 g + [0, 8) for each c
                                     g = G_OF[lane]
-                                    v[r, lane] = value(n, kvh)[JD * g:JD * g + JD]
+                                    v[r, lane] = value(n, kvh).reshape(D // 64, 8, 8)[:, g].ravel()
                         for jd in range(JD):
                             bfr = np.stack([np.stack([v[0, :, jd], v[1, :, jd]], 1),
                                             np.stack([v[2, :, jd], v[3, :, jd]], 1)], 1)
@@ -231,7 +231,8 @@ def _emulate(q, kc, vc, qsl, seq_lens, bt, scale, p: Plan):
                         for lane in range(32):
                             g, t = G_OF[lane], T_OF[lane]
                             for i in range(4):
-                                red[g + 8 * (i >> 1), JD * (2 * t + (i & 1)) + jd] = o[jd, lane, i]
+                                dim = 64 * (jd >> 3) + 8 * (2 * t + (i & 1)) + (jd & 7)
+                                red[g + 8 * (i >> 1), dim] = o[jd, lane, i]
                     rows_m = np.zeros(16)
                     rows_l = np.zeros(16)
                     for lane in range(0, 32, 4):
