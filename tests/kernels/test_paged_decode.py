@@ -94,6 +94,46 @@ def test_builds_every_kernel_without_spills(tmp_path, monkeypatch):
 
 # ------------------------------------------------------- the kernel emulated lane by lane
 
+
+def _swizzle_k(row):
+    return (row & 1) << 2
+
+
+def _swizzle_v(row):
+    return ((row >> 1) & 3) << 1
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_ring_layout_round_trips_without_bank_conflicts(d):
+    """cuda/paged_decode.cu's shared-memory tile: the warp's copies (chunk e = 32 q + lane)
+    put every (row, chunk) where the operand reads look for it, and every 8-lane phase of a
+    copy or a read touches 8 distinct 16-byte bank groups."""
+    ch = d // 8
+    for swz in (_swizzle_k, _swizzle_v):
+        written = {}
+        for q in range(16 * ch // 32):
+            groups = [set() for _ in range(4)]
+            for lane in range(32):
+                row, c = divmod(32 * q + lane, ch)
+                pos = row * ch + (c ^ swz(row))
+                written[row, c] = pos
+                groups[lane // 8].add(pos % 8)
+            assert all(len(gr) == 8 for gr in groups)
+        assert sorted(written.values()) == list(range(16 * ch))  # a permutation of the tile
+    reads = []
+    for j in range(2):
+        for i in range(d // 32):
+            reads.append(("k", [(8 * j + g, 4 * i + t) for g in range(8) for t in range(4)]))
+    for r in range(4):
+        for c in range(d // 64):
+            reads.append(("v", [(2 * t + (r & 1) + 8 * (r >> 1), 8 * c + g)
+                                for g in range(8) for t in range(4)]))
+    for kind, lanes in reads:  # lane = 4 g + t
+        swz = _swizzle_k if kind == "k" else _swizzle_v
+        pos = [row * ch + (c ^ swz(row)) for row, c in lanes]
+        for phase in range(4):
+            assert len({x % 8 for x in pos[8 * phase:8 * phase + 8]}) == 8
+
 LANES = np.arange(32)
 G_OF, T_OF = LANES // 4, LANES % 4
 

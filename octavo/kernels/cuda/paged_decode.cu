@@ -19,9 +19,9 @@
 //    register: the lane loads dims 64 c + 8 g + [0, 8) (c < D/64; the 8 lanes of a token
 //    read whole 128-byte lines) of tokens 2t, 2t+1, 8+2t, 9+2t and pairs them with one PRMT
 //    per register; output column n of dim tile j = 8 c + k is dim 64 c + 8 n + k.
-// Each lane copies exactly the 16-byte pieces it later reads (slot s of lane l at
-// (s * 32 + l) * 16: no bank conflicts), so the pipeline needs no barrier, only
-// cp.async.wait_group. Tokens past the part are zero-filled (src-size 0) and masked.
+// A warp copies its tiles in whole 256-byte rows (two per instruction) into its own ring of
+// shared memory (swizzled, below) and synchronises only itself (cp.async.wait_group, then
+// __syncwarp). Tokens past the part are zero-filled (src-size 0) and masked.
 
 #include "mma_common.cuh"
 
@@ -115,9 +115,9 @@ struct Params {
 
 template <typename T, int D, int STAGES, bool BIG>
 __device__ __forceinline__ void paged_decode(const Params& p) {
-  constexpr int KS = D / 32;     // 16-byte K pieces per token per lane
-  constexpr int VS = D / 64;     // 16-byte V pieces per token per lane
-  constexpr int NS = 2 * KS + 4 * VS;  // slots per lane per tile
+  constexpr int KS = D / 32;     // 16-byte K operand pieces per token row per lane
+  constexpr int VS = D / 64;     // 16-byte V operand pieces per token row per lane
+  constexpr int NS = 2 * KS + 4 * VS;  // 512-byte units of one tile (K and V)
   constexpr int JD = D / 8;      // dim tiles of the PV product
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float sm_m[octavo::kMaxWarps][16];
@@ -169,36 +169,60 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
     }
   }
 
-  // This warp's ring: STAGES tiles of NS slots x 32 lanes x 16 bytes.
+  // This warp's ring: STAGES tiles, each K then V as 16 token rows of CH 16-byte chunks;
+  // chunk c of row R sits at c ^ swizzle(R) (K: (R & 1) << 2, V: ((R >> 1) & 3) << 1), so
+  // the copies (two whole rows per warp instruction) and the operand reads below (eight
+  // lanes of distinct bank groups per phase) are free of bank conflicts.
+  constexpr int CH = D / 8;           // chunks per row
+  constexpr int ROWS_B = 16 * CH * 16;  // bytes of one tile's K (or V)
+  constexpr int CP = 16 * CH / 32;    // copies per lane per tile, K (and V)
   unsigned char* ring = smem + (size_t)warp * STAGES * NS * 512;
   const uint32_t ring_addr = smem_addr(ring);
   const int count = warp < tiles ? (tiles - warp + warps - 1) / warps : 0;
 
   auto tile_start = [&](int it) { return lo + 16 * (warp + it * warps); };
-  auto block_of = [&](int it) { return __ldg(bt + tile_start(it) / p.block_size); };
-  // Copy tile it (block id bid) into stage s: K of tokens g, 8 + g; V of 2t, 2t+1, 8+2t, 9+2t.
-  auto issue = [&](int it, int bid, int s) {
+  // Block ids 32 tiles at a time: lane l holds tile (32 n + l)'s; the next 32 are loaded a
+  // batch ahead, so no copy waits on a block-table read.
+  auto bids_of = [&](int batch) {
+    const int it = 32 * batch + lane;
+    return it < count ? __ldg(bt + tile_start(it) / p.block_size) : 0;
+  };
+  int bids_cur = bids_of(0);
+  int bids_next = bids_of(1);
+  // Copy tile it into stage s: lane copies chunks e = 32 q + lane (row e / CH, chunk e % CH).
+  auto issue = [&](int it, int s) {
+    if (it % 32 == 0 && it > 0) {
+      bids_cur = bids_next;
+      bids_next = bids_of(it / 32 + 1);
+    }
+    const int bid = __shfl_sync(0xffffffffu, bids_cur, it % 32);
     const int ts = tile_start(it);
     const int off = ts % p.block_size;
     const T* kb = kc + (size_t)bid * p.k_b + (size_t)off * p.k_t;
     const T* vb = vc + (size_t)bid * p.v_b + (size_t)off * p.v_t;
-    const uint32_t base = ring_addr + (uint32_t)(s * NS * 512 + lane * 16);
+    const uint32_t base = ring_addr + (uint32_t)(s * NS * 512);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int tok = 8 * j + g;
-      const bool ok = ts + tok < hi;
-      const T* src = kb + (size_t)(ok ? tok : 0) * p.k_t + 8 * t;
-#pragma unroll
-      for (int i = 0; i < KS; ++i) cp_async16(base + (j * KS + i) * 512, src + 32 * i, ok);
+    for (int q = 0; q < CP; ++q) {
+      const int e = 32 * q + lane;
+      const int row = e / CH;
+      const int c = e % CH;
+      const bool ok = ts + row < hi;
+      const int r = ok ? row : 0;
+      cp_async16(base + (row * CH + (c ^ ((row & 1) << 2))) * 16, kb + (size_t)r * p.k_t + 8 * c,
+                 ok);
+      cp_async16(base + ROWS_B + (row * CH + (c ^ (((row >> 1) & 3) << 1))) * 16,
+                 vb + (size_t)r * p.v_t + 8 * c, ok);
     }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int tok = 2 * t + (r & 1) + 8 * (r >> 1);
-      const bool ok = ts + tok < hi;
-      const T* src = vb + (size_t)(ok ? tok : 0) * p.v_t + 8 * g;
-#pragma unroll
-      for (int c = 0; c < VS; ++c) cp_async16(base + (2 * KS + r * VS + c) * 512, src + 64 * c, ok);
-    }
+  };
+  // The lane's operand pieces: K of row 8 j + g, chunk 4 i + t; V of row
+  // 2t + (r & 1) + 8 (r >> 1), chunk 8 c + g.
+  auto k_at = [&](uint32_t stage, int j, int i) {
+    const int row = 8 * j + g;
+    return lds128(stage + (row * CH + ((4 * i + t) ^ ((row & 1) << 2))) * 16);
+  };
+  auto v_at = [&](uint32_t stage, int r, int c) {
+    const int row = 2 * t + (r & 1) + 8 * (r >> 1);
+    return lds128(stage + ROWS_B + (row * CH + ((8 * c + g) ^ (((row >> 1) & 3) << 1))) * 16);
   };
 
   float o[JD][4];
@@ -206,33 +230,30 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
   for (int j = 0; j < JD; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   float m0 = kNegBig, m1 = kNegBig, l0 = 0.f, l1 = 0.f;
 
-  // Prologue: STAGES - 1 tiles in flight, the next tile's block id loaded.
-  {
-    int bids[STAGES > 1 ? STAGES - 1 : 1];
+  // Prologue: STAGES - 1 tiles in flight.
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) bids[s] = s < count ? block_of(s) : 0;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < count) issue(s, bids[s], s);
-      cp_async_commit();
-    }
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < count) issue(s, s);
+    cp_async_commit();
   }
-  int next_bid = STAGES - 1 < count ? block_of(STAGES - 1) : 0;
 
   for (int it = 0; it < count; ++it) {
     cp_async_wait<STAGES - 2>();
+    __syncwarp();  // the tile's chunks (copied by every lane) are visible to the warp, and
+                   // the stage refilled next was read by every lane
     {
       const int ahead = it + STAGES - 1;
-      if (ahead < count) issue(ahead, next_bid, ahead % STAGES);
+      if (ahead < count) issue(ahead, ahead % STAGES);
       cp_async_commit();
-      if (ahead + 1 < count) next_bid = block_of(ahead + 1);
     }
-    const uint32_t slot = ring_addr + (uint32_t)((it % STAGES) * NS * 512 + lane * 16);
+    const uint32_t slot = ring_addr + (uint32_t)((it % STAGES) * NS * 512);
     const int ts = tile_start(it);
     if (p.flags & 1) {  // loads only: keep the words live so nothing is elided
       uint32_t x = 0;
 #pragma unroll
-      for (int i = 0; i < NS; ++i) x ^= lds128(slot + i * 512).x;
+      for (int i = 0; i < KS; ++i) x ^= k_at(slot, 0, i).x ^ k_at(slot, 1, i).y;
+#pragma unroll
+      for (int c = 0; c < VS; ++c) x ^= v_at(slot, 0, c).x ^ v_at(slot, 3, c).y;
       o[0][0] += __uint_as_float(x & 0x3f800000u);
       continue;
     }
@@ -243,7 +264,7 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
     for (int i = 0; i < KS; ++i) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const uint4 kv = lds128(slot + (j * KS + i) * 512);
+        const uint4 kv = k_at(slot, j, i);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           octavo::MmaType<T>::mma(s[j][i & 1], word(qa[i], 2 * h), word(qb[i], 2 * h),
@@ -307,10 +328,10 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
     // O += P V: dim tile 8 c + 2 w + half is dim 64 c + 8 n + 2 w + half of column n.
 #pragma unroll
     for (int c = 0; c < VS; ++c) {
-      const uint4 v0 = lds128(slot + (2 * KS + 0 * VS + c) * 512);
-      const uint4 v1 = lds128(slot + (2 * KS + 1 * VS + c) * 512);
-      const uint4 v2 = lds128(slot + (2 * KS + 2 * VS + c) * 512);
-      const uint4 v3 = lds128(slot + (2 * KS + 3 * VS + c) * 512);
+      const uint4 v0 = v_at(slot, 0, c);
+      const uint4 v1 = v_at(slot, 1, c);
+      const uint4 v2 = v_at(slot, 2, c);
+      const uint4 v3 = v_at(slot, 3, c);
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
 #pragma unroll
@@ -324,6 +345,7 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
     }
   }
   cp_async_wait<0>();
+  __syncwarp();  // every lane's copies landed and reads done before the ring is reused
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
 
