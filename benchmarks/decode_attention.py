@@ -102,6 +102,16 @@ def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20) -> float:
                 os.environ[k] = v
 
 
+def _ctas_per_sm(tile: str) -> int:
+    from octavo.kernels import cuda_module, paged_decode
+
+    warps, stages = (int(v) for v in tile.split(","))
+    mod = cuda_module.loaded(paged_decode.SOURCE, torch.device("cuda"))
+    p = paged_decode.Plan(warps, stages, 1, 16 * warps)
+    return mod.ctas_per_sm(paged_decode.kernel_name(torch.bfloat16, 128, stages, 2),
+                           32 * warps, p.shared_bytes(128))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
@@ -128,14 +138,16 @@ def main() -> None:
                            "OCTAVO_CUDA_ATTN_PART": str(part) if part else None,
                            "OCTAVO_CUDA_ATTN_FLAGS": str(flags)}
                     us, _ = time_launch(case, env)
+                    ctas = _ctas_per_sm(tile)
                     row["cuda"].append({"tile": tile, "part": part, "flags": flags, "us": us,
+                                        "ctas_per_sm": ctas,
                                         "tbps": kv_bytes / us / 1e6, "vs_triton": tri / us})
         rows.append(row)
         best = min(row["cuda"], key=lambda r: r["us"])
         frac = f" ({best['tbps'] / peak:.0%} of HBM)" if peak else ""
         print(f"{case:8s} KV {kv_bytes / 1e6:8.1f} MB  triton {tri:8.1f} us "
               f"{row['triton_tbps']:.2f} TB/s | " + "  ".join(
-                  f"[{r['tile']} p{r['part']} f{r['flags']}] {r['us']:.1f} us {r['tbps']:.2f} TB/s "
+                  f"[{r['tile']} p{r['part']} f{r['flags']} {r['ctas_per_sm']}/SM] {r['us']:.1f} us {r['tbps']:.2f} TB/s "
                   f"x{r['vs_triton']:.2f}" for r in row["cuda"]) + f" | best{frac}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -33,6 +33,7 @@ SOURCE_DIR = Path(__file__).parent / "cuda"
 _LOCK = threading.Lock()
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_PREFERRED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (percent)
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -142,15 +143,32 @@ class Module:
             self._functions[name] = fn
         return fn
 
+    def ctas_per_sm(self, name: str, block: int, shared: int = 0) -> int:
+        """How many CTAs of kernel ``name`` (``block`` threads, ``shared`` bytes of dynamic
+        shared memory, as launched) one SM holds at once (the driver's occupancy query)."""
+        fn = self.function(name)
+        if shared and self._shared.get(name, 0) < shared:
+            _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared), name)
+            _check(_driver().cuFuncSetAttribute(fn, _PREFERRED_CARVEOUT, 100), name)
+            self._shared[name] = shared
+        n = ctypes.c_int()
+        _check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(n), fn, block, ctypes.c_size_t(shared)), f"occupancy of {name}")
+        return n.value
+
     def launch(self, name: str, grid: tuple[int, int, int], block: int, args: list,
                pdl: bool = False, shared: int = 0) -> None:
         """Launch kernel ``name`` on the current stream; ``args``: ctypes values in the
         kernel's parameter order; ``shared``: bytes of dynamic shared memory."""
         fn = self.function(name)
-        # The static shared memory counts against the 48 KB too: ask whenever there is any.
+        # The static shared memory counts against the 48 KB too: ask whenever there is any,
+        # and for the largest shared-memory carveout (else the driver may leave room for
+        # fewer CTAs per SM than the kernel's shared memory allows).
         if shared and self._shared.get(name, 0) < shared:
             _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared),
                    f"{name}: {shared} bytes of shared memory")
+            _check(_driver().cuFuncSetAttribute(fn, _PREFERRED_CARVEOUT, 100),
+                   f"{name}: shared memory carveout")
             self._shared[name] = shared
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = torch.cuda.current_stream(self.device).cuda_stream
