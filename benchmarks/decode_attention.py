@@ -135,6 +135,7 @@ def main() -> None:
             for part in args.parts:
                 for flags in args.flags:
                     env = {**base, "OCTAVO_CUDA_ATTENTION": "1", "OCTAVO_CUDA_ATTN_TILE": tile,
+                           "OCTAVO_CUDA_ATTN_MIN_PAIRS": "0",
                            "OCTAVO_CUDA_ATTN_PART": str(part) if part else None,
                            "OCTAVO_CUDA_ATTN_FLAGS": str(flags)}
                     us, _ = time_launch(case, env)

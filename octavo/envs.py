@@ -112,6 +112,16 @@ def cuda_attention_flags() -> int:
     return _int("OCTAVO_CUDA_ATTN_FLAGS", 0, "measurement switches 0-3")
 
 
+def cuda_attention_min_pairs() -> int | None:
+    """OCTAVO_CUDA_ATTN_MIN_PAIRS=N (unset: the GPU's SM count): the CUDA decode attention
+    takes launches of at least N (request, KV head) pairs; smaller ones (which it would
+    split) keep the Triton kernel."""
+    value = os.environ.get("OCTAVO_CUDA_ATTN_MIN_PAIRS")
+    if not value:
+        return None
+    return _int("OCTAVO_CUDA_ATTN_MIN_PAIRS", 0, "pairs")
+
+
 def cuda_attention_part() -> int | None:
     """OCTAVO_CUDA_ATTN_PART=N (unset: split only when the pairs are fewer than the SMs):
     cut every decode context into parts of N keys (rounded up to 16), for measurements."""

@@ -473,7 +473,8 @@ def paged_attention(
 
     cuda = None
     if not prefill_only and on_gpu and num_splits is None and min_split_keys is None:
-        cuda = paged_decode.module_for(q.device)
+        if paged_decode.takes(num_seqs, num_kv_heads, q.device):
+            cuda = paged_decode.module_for(q.device)
         if cuda is not None and not paged_decode.supported(
                 q, key_cache, value_cache, query_start_loc, seq_lens, block_tables):
             cuda = None

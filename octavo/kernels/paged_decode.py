@@ -83,6 +83,17 @@ def supported(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tenso
     return True
 
 
+def takes(num_seqs: int, num_kv_heads: int, device: torch.device) -> bool:
+    """Whether a decode launch of ``num_seqs`` requests is this kernel's: at least one
+    (request, KV head) pair per SM (envs.cuda_attention_min_pairs overrides). Fewer pairs
+    need their contexts split, and there the Triton kernel's short parts merged by a second
+    launch were faster (docs/benchmarks.md, session 23)."""
+    least = envs.cuda_attention_min_pairs()
+    if least is None:
+        least = num_compute_units(device)
+    return num_seqs * num_kv_heads >= least
+
+
 def plan(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device,
          head_dim: int = 128) -> Plan:
     """The launch: ``envs.cuda_attention_tile`` / ``cuda_attention_part`` override the tile

@@ -79,6 +79,15 @@ def test_switch_and_no_gpu(monkeypatch):
     assert paged_decode.module_for(torch.device("cuda", 0)) is None
 
 
+def test_takes_launches_of_a_pair_per_sm(monkeypatch):
+    cpu = torch.device("cpu")  # 4 "SMs"
+    monkeypatch.delenv("OCTAVO_CUDA_ATTN_MIN_PAIRS", raising=False)
+    assert paged_decode.takes(1, 4, cpu) and paged_decode.takes(2, 2, cpu)
+    assert not paged_decode.takes(1, 3, cpu)
+    monkeypatch.setenv("OCTAVO_CUDA_ATTN_MIN_PAIRS", "0")
+    assert paged_decode.takes(1, 1, cpu)
+
+
 def test_kernel_names():
     assert kernel_name(torch.bfloat16, 128, 3, 2) == "paged_decode_bf16_d128_s3"
     assert kernel_name(torch.float16, 64, 2, 9) == "paged_decode_f16_d64_s2_g16"
@@ -323,6 +332,7 @@ def _run(q_lens, seq_lens, heads, kv, d, dtype, tile=None, part=None, block_size
                 blk = bt[b, n // block_size]
                 kc[blk, n % block_size:] = float("nan")
                 vc[blk, n % block_size:] = float("nan")
+    monkeypatch.setenv("OCTAVO_CUDA_ATTN_MIN_PAIRS", "0")  # every launch, split or not
     if tile is not None:
         monkeypatch.setenv("OCTAVO_CUDA_ATTN_TILE", f"{tile[0]},{tile[1]}")
     if part is not None:

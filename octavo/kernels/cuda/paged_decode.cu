@@ -138,9 +138,10 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
   const int G = p.group;
 
   pdl_wait();
-  const int q_start = p.qsl[b];
-  if (p.qsl[b + 1] - q_start != 1) return;  // not a decode: the prefill launch takes it
+  const int q_start = p.qsl[b];  // the three loads in flight together
+  const int q_end = p.qsl[b + 1];
   const int seq_len = p.seq_lens[b];
+  if (q_end - q_start != 1) return;  // not a decode: the prefill launch takes it
   int part = (((seq_len + splits - 1) / splits + 15) / 16) * 16;
   part = max(part, p.min_part);
   const int used = (seq_len + part - 1) / part;
