@@ -82,11 +82,11 @@ def attn_decode_splits() -> int | None:
 
 
 def cuda_attention() -> bool:
-    """OCTAVO_CUDA_ATTENTION (default on): on NVIDIA GPUs with nvcc, decode attention over
-    bf16 / fp16 caches (head_dim 64 / 128) runs the CUDA C++ kernel
-    octavo/kernels/cuda/paged_decode.cu (octavo/kernels/paged_decode.py); off, the Triton
-    kernel."""
-    return _flag("OCTAVO_CUDA_ATTENTION", True)
+    """OCTAVO_CUDA_ATTENTION (default off until it measures faster than the Triton kernel):
+    on NVIDIA GPUs with nvcc, decode attention over bf16 / fp16 caches (head_dim 64 / 128)
+    runs the CUDA C++ kernel octavo/kernels/cuda/paged_decode.cu
+    (octavo/kernels/paged_decode.py); off, the Triton kernel."""
+    return _flag("OCTAVO_CUDA_ATTENTION", False)
 
 
 def cuda_attention_tile() -> tuple[int, int] | None:

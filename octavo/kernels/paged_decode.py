@@ -15,7 +15,8 @@ GPU.
 
 Applies to bf16 / fp16 caches of q's own dtype (not ``kv_cache_dtype="fp8"``), head_dim 64
 or 128, GQA groups of up to 16 heads, cache blocks a multiple of 16 tokens and 16-byte
-aligned rows; everything else keeps the Triton kernel. ``OCTAVO_CUDA_ATTENTION`` switches it.
+aligned rows; everything else keeps the Triton kernel. ``OCTAVO_CUDA_ATTENTION=1`` switches it
+on (off by default until it measures faster than the Triton kernel in the engine).
 """
 
 from __future__ import annotations

@@ -74,6 +74,8 @@ def test_switch_and_no_gpu(monkeypatch):
     assert paged_decode.module_for(torch.device("cpu")) is None
     monkeypatch.setattr(cuda_module, "module", lambda source, device: "built")
     monkeypatch.delenv("OCTAVO_CUDA_ATTENTION", raising=False)
+    assert paged_decode.module_for(torch.device("cuda", 0)) is None  # off by default
+    monkeypatch.setenv("OCTAVO_CUDA_ATTENTION", "1")
     assert paged_decode.module_for(torch.device("cuda", 0)) == "built"
     monkeypatch.setenv("OCTAVO_CUDA_ATTENTION", "0")
     assert paged_decode.module_for(torch.device("cuda", 0)) is None
@@ -332,6 +334,7 @@ def _run(q_lens, seq_lens, heads, kv, d, dtype, tile=None, part=None, block_size
                 blk = bt[b, n // block_size]
                 kc[blk, n % block_size:] = float("nan")
                 vc[blk, n % block_size:] = float("nan")
+    monkeypatch.setenv("OCTAVO_CUDA_ATTENTION", "1")
     monkeypatch.setenv("OCTAVO_CUDA_ATTN_MIN_PAIRS", "0")  # every launch, split or not
     if tile is not None:
         monkeypatch.setenv("OCTAVO_CUDA_ATTN_TILE", f"{tile[0]},{tile[1]}")
