@@ -37,6 +37,9 @@ Kernel design (one kernel, launched at most twice per call: decodes, then prefil
   request writes its output itself. The prefill launch splits the same way (without the
   minimum) when its query tiles are few and the context long (a chunk of a long prompt under
   chunked prefill).
+* On NVIDIA GPUs the decode launch may instead run the CUDA C++ kernel of
+  :mod:`octavo.kernels.paged_decode` (``OCTAVO_CUDA_ATTENTION``; launches of at least one
+  (request, KV head) pair per SM, bf16 / fp16 caches, head_dim 64 / 128).
 """
 
 from __future__ import annotations
