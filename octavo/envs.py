@@ -91,7 +91,8 @@ def cuda_attention() -> bool:
 
 def cuda_attention_tile() -> tuple[int, int] | None:
     """OCTAVO_CUDA_ATTN_TILE="WARPS,STAGES" (unset: 4,3): the CUDA decode attention's warps
-    per CTA (1, 2, 4 or 8) and tiles in each warp's ring (2-4), for measurements."""
+    per CTA (1, 2, 4 or 8) and tiles in each warp's ring (2, 3, 4, 6 or 8), for
+    measurements."""
     value = os.environ.get("OCTAVO_CUDA_ATTN_TILE")
     if not value:
         return None
@@ -100,9 +101,9 @@ def cuda_attention_tile() -> tuple[int, int] | None:
     except ValueError:
         raise ValueError(f"OCTAVO_CUDA_ATTN_TILE={value!r}: expected two integers "
                          "WARPS,STAGES (e.g. 4,3)") from None
-    if warps not in (1, 2, 4, 8) or stages not in (2, 3, 4):
+    if warps not in (1, 2, 4, 8) or stages not in (2, 3, 4, 6, 8):
         raise ValueError(f"OCTAVO_CUDA_ATTN_TILE={value!r}: WARPS must be 1, 2, 4 or 8 and "
-                         "STAGES 2, 3 or 4")
+                         "STAGES 2, 3, 4, 6 or 8")
     return warps, stages
 
 

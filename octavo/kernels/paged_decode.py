@@ -36,7 +36,7 @@ SOURCE = "paged_decode.cu"
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 16
-STAGES = (2, 3, 4)
+STAGES = (2, 3, 4, 6, 8)
 MAX_WARPS = 8
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may have (sm_90)
 # Default tile: 4 warps with 3 stages (96 KB of shared memory at head_dim 128: two CTAs per

@@ -22,7 +22,7 @@ gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 NAMES = [f"paged_decode_{t}_d{d}_s{s}{g}" for t in ("bf16", "f16") for d in (64, 128)
-         for s in (2, 3, 4) for g in ("", "_g16")]
+         for s in (2, 3, 4, 6, 8) for g in ("", "_g16")]
 
 # --------------------------------------------------------------------------- the plan
 
@@ -49,6 +49,8 @@ def test_plan_overrides(monkeypatch):
     monkeypatch.setenv("OCTAVO_CUDA_ATTN_PART", "500")
     p = plan(256, 8, 4096, torch.device("cpu"))
     assert (p.warps, p.stages, p.min_part, p.splits) == (4, 4, 512, 8)  # 8 x 4 x 8 KB > 227 KB
+    monkeypatch.setenv("OCTAVO_CUDA_ATTN_TILE", "8,8")
+    assert plan(256, 8, 4096, torch.device("cpu")).warps == 2
     monkeypatch.setenv("OCTAVO_CUDA_ATTN_TILE", "3,3")
     with pytest.raises(ValueError, match="OCTAVO_CUDA_ATTN_TILE"):
         plan(1, 1, 16, torch.device("cpu"))
@@ -94,7 +96,7 @@ def test_kernel_names():
     assert kernel_name(torch.bfloat16, 128, 3, 2) == "paged_decode_bf16_d128_s3"
     assert kernel_name(torch.float16, 64, 2, 9) == "paged_decode_f16_d64_s2_g16"
     assert set(NAMES) == {kernel_name(dt, d, s, g) for dt in (torch.bfloat16, torch.float16)
-                          for d in (64, 128) for s in (2, 3, 4) for g in (8, 16)}
+                          for d in (64, 128) for s in (2, 3, 4, 6, 8) for g in (8, 16)}
 
 
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="needs nvcc")
@@ -354,7 +356,8 @@ def _run(q_lens, seq_lens, heads, kv, d, dtype, tile=None, part=None, block_size
 @pytest.mark.parametrize("heads,kv,d", [(16, 8, 128), (32, 8, 128), (8, 8, 128), (64, 8, 128),
                                         (16, 1, 128), (9, 3, 64), (14, 2, 64)])
 @pytest.mark.parametrize("tile,part", [(None, None), ((4, 2), None), ((2, 4), 64),
-                                       ((8, 2), 256), ((1, 3), None), ((4, 4), 16)])
+                                       ((8, 2), 256), ((1, 3), None), ((4, 4), 16),
+                                       ((2, 8), None), ((4, 6), 128)])
 def test_gpu_matches_reference(dtype, heads, kv, d, tile, part, monkeypatch):
     seq_lens = [1, 15, 16, 17, 100, 300, 1000, 2049, 33, 4096]
     out, ref = _run([1] * len(seq_lens), seq_lens, heads, kv, d, dtype, tile, part,

@@ -437,14 +437,17 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
     paged_decode<T, D, STAGES, BIG>(p);                                \
   }
 
-// paged_decode_{bf16,f16}_d{64,128}_s{2,3,4}[_g16]
-#define OCTAVO_PAGED_DECODE_STAGES(TN, T, D)                          \
-  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s2, T, D, 2, false)     \
-  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s3, T, D, 3, false)     \
-  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s4, T, D, 4, false)     \
-  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s2_g16, T, D, 2, true)  \
-  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s3_g16, T, D, 3, true)  \
-  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s4_g16, T, D, 4, true)
+// paged_decode_{bf16,f16}_d{64,128}_s{2,3,4,6,8}[_g16]
+#define OCTAVO_PAGED_DECODE_GROUPS(TN, T, D, S)                        \
+  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s##S, T, D, S, false) \
+  OCTAVO_PAGED_DECODE(paged_decode_##TN##_d##D##_s##S##_g16, T, D, S, true)
+
+#define OCTAVO_PAGED_DECODE_STAGES(TN, T, D)  \
+  OCTAVO_PAGED_DECODE_GROUPS(TN, T, D, 2)     \
+  OCTAVO_PAGED_DECODE_GROUPS(TN, T, D, 3)     \
+  OCTAVO_PAGED_DECODE_GROUPS(TN, T, D, 4)     \
+  OCTAVO_PAGED_DECODE_GROUPS(TN, T, D, 6)     \
+  OCTAVO_PAGED_DECODE_GROUPS(TN, T, D, 8)
 
 #define OCTAVO_PAGED_DECODE_DIMS(TN, T)       \
   OCTAVO_PAGED_DECODE_STAGES(TN, T, 64)       \
