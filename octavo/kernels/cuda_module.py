@@ -143,14 +143,24 @@ class Module:
             self._functions[name] = fn
         return fn
 
+    def _allow_shared(self, name: str, shared: int) -> ctypes.c_void_p:
+        """Kernel ``name``, allowed ``shared`` bytes of dynamic shared memory. The static
+        shared memory counts against the default 48 KB too, so it asks whenever there is any,
+        and for the largest carveout (else the driver may leave room for fewer CTAs per SM
+        than the kernel's shared memory allows)."""
+        fn = self.function(name)
+        if shared and self._shared.get(name, 0) < shared:
+            _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared),
+                   f"{name}: {shared} bytes of shared memory")
+            _check(_driver().cuFuncSetAttribute(fn, _PREFERRED_CARVEOUT, 100),
+                   f"{name}: shared memory carveout")
+            self._shared[name] = shared
+        return fn
+
     def ctas_per_sm(self, name: str, block: int, shared: int = 0) -> int:
         """How many CTAs of kernel ``name`` (``block`` threads, ``shared`` bytes of dynamic
         shared memory, as launched) one SM holds at once (the driver's occupancy query)."""
-        fn = self.function(name)
-        if shared and self._shared.get(name, 0) < shared:
-            _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared), name)
-            _check(_driver().cuFuncSetAttribute(fn, _PREFERRED_CARVEOUT, 100), name)
-            self._shared[name] = shared
+        fn = self._allow_shared(name, shared)
         n = ctypes.c_int()
         _check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
             ctypes.byref(n), fn, block, ctypes.c_size_t(shared)), f"occupancy of {name}")
@@ -160,16 +170,7 @@ class Module:
                pdl: bool = False, shared: int = 0) -> None:
         """Launch kernel ``name`` on the current stream; ``args``: ctypes values in the
         kernel's parameter order; ``shared``: bytes of dynamic shared memory."""
-        fn = self.function(name)
-        # The static shared memory counts against the 48 KB too: ask whenever there is any,
-        # and for the largest shared-memory carveout (else the driver may leave room for
-        # fewer CTAs per SM than the kernel's shared memory allows).
-        if shared and self._shared.get(name, 0) < shared:
-            _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared),
-                   f"{name}: {shared} bytes of shared memory")
-            _check(_driver().cuFuncSetAttribute(fn, _PREFERRED_CARVEOUT, 100),
-                   f"{name}: shared memory carveout")
-            self._shared[name] = shared
+        fn = self._allow_shared(name, shared)
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = torch.cuda.current_stream(self.device).cuda_stream
         attr = _LaunchAttribute()
@@ -203,15 +204,11 @@ def loaded(source: str, device: torch.device) -> Module:
 
 def arguments(*values) -> list:
     """A kernel's parameters as ctypes values, in order: a tensor as its data pointer, None as
-    a null pointer, a float as a C float, an int as a C int, a ctypes value as it is."""
+    a null pointer, an int as a C int."""
     out = []
     for v in values:
         if v is None or isinstance(v, torch.Tensor):
             out.append(ctypes.c_void_p(None if v is None else v.data_ptr()))
-        elif isinstance(v, ctypes._SimpleCData | ctypes.Structure):
-            out.append(v)
-        elif isinstance(v, float):
-            out.append(ctypes.c_float(v))
         else:
             out.append(ctypes.c_int(int(v)))
     return out
