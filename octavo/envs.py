@@ -109,8 +109,9 @@ def cuda_attention_tile() -> tuple[int, int] | None:
 
 def cuda_attention_flags() -> int:
     """OCTAVO_CUDA_ATTN_FLAGS (default 0), measurement switches of the CUDA decode attention:
-    1 = its loads only (results wrong), 2 = the grid with KV heads fastest."""
-    return _int("OCTAVO_CUDA_ATTN_FLAGS", 0, "measurement switches 0-3")
+    1 = its loads only (results wrong), 4 = a CTA per request and part with a warp per KV
+    head (at most 8; the CTA's warps read each cache block's rows of every head together)."""
+    return _int("OCTAVO_CUDA_ATTN_FLAGS", 0, "measurement switches 0, 1, 4, 5")
 
 
 def cuda_attention_min_pairs() -> int | None:

@@ -155,10 +155,16 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, key_cache: torch.Tensor,
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_tables.stride(0), group, block_size, p.min_part, envs.cuda_attention_flags())
-    grid = ((num_kv_heads, num_seqs) if params.flags & 2 else (num_seqs, num_kv_heads))
-    module.launch(kernel_name(q.dtype, head_dim, p.stages, group),
-                  (*grid, p.splits), 32 * p.warps, [params],
-                  pdl=pdl_mod.enabled(q.device), shared=p.shared_bytes(head_dim))
+    grid = (num_seqs, num_kv_heads, p.splits)
+    if params.flags & 4 and num_kv_heads <= MAX_WARPS:  # a CTA per request and part, a warp
+        p = dataclasses.replace(p, warps=num_kv_heads)  # per KV head
+        if p.shared_bytes(head_dim) > SHARED_LIMIT:
+            p = dataclasses.replace(p, stages=2)
+        grid = (num_seqs, 1, p.splits)
+    else:
+        params.flags &= ~4
+    module.launch(kernel_name(q.dtype, head_dim, p.stages, group), grid, 32 * p.warps,
+                  [params], pdl=pdl_mod.enabled(q.device), shared=p.shared_bytes(head_dim))
 
 
 def module_for(device: torch.device) -> cuda_module.Module | None:

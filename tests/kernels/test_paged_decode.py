@@ -368,6 +368,20 @@ def test_gpu_matches_reference(dtype, heads, kv, d, tile, part, monkeypatch):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("heads,kv,d", [(16, 8, 128), (32, 8, 128), (9, 3, 64), (16, 16, 64)])
+@pytest.mark.parametrize("tile,part", [(None, None), ((4, 4), 64), ((4, 2), None)])
+def test_gpu_a_warp_per_kv_head(heads, kv, d, tile, part, monkeypatch):
+    """OCTAVO_CUDA_ATTN_FLAGS=4: one CTA per request and part, a warp per KV head (more than
+    8 KV heads keep the default grid)."""
+    monkeypatch.setenv("OCTAVO_CUDA_ATTN_FLAGS", "4")
+    seq_lens = [1, 15, 16, 17, 100, 300, 1000, 2049, 33, 4096]
+    out, ref = _run([1] * len(seq_lens), seq_lens, heads, kv, d, torch.bfloat16, tile, part,
+                    monkeypatch=monkeypatch)
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.bfloat16])
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("batch,ctx", [(1, 128), (1, 4000), (2, 300), (8, 2000), (32, 284),
                                        (128, 1028), (256, 600)])
 def test_gpu_real_batches(batch, ctx, monkeypatch):

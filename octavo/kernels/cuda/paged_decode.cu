@@ -110,7 +110,8 @@ struct Params {
   int group;
   int block_size;
   int min_part;  // tokens: each request's parts are at least this long (a multiple of 16)
-  int flags;     // measurement switches: 1 = loads only (no arithmetic), 2 = heads fastest
+  int flags;     // measurement switches: 1 = loads only (no arithmetic), 4 = one CTA per
+                 // request and part with a warp per KV head (blockDim = 32 x KV heads)
 };
 
 template <typename T, int D, int STAGES, bool BIG>
@@ -129,10 +130,15 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
   const int warps = blockDim.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const bool heads_fast = p.flags & 2;
-  const int b = heads_fast ? blockIdx.y : blockIdx.x;
-  const int kvh = heads_fast ? blockIdx.x : blockIdx.y;
-  const int num_kv_heads = heads_fast ? gridDim.x : gridDim.y;
+  // A CTA holds hc KV heads (one, or every head with flag 4), wph warps each.
+  const int hc = (p.flags & 4) ? warps : 1;
+  const int wph = warps / hc;
+  const int head0 = blockIdx.y * hc;
+  const int hw = warp / wph;  // this warp's head in the CTA
+  const int wi = warp % wph;  // and its place among that head's warps
+  const int b = blockIdx.x;
+  const int kvh = head0 + hw;
+  const int num_kv_heads = gridDim.y * hc;
   const int split = blockIdx.z;
   const int splits = gridDim.z;
   const int G = p.group;
@@ -179,9 +185,9 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
   constexpr int CP = 16 * CH / 32;    // copies per lane per tile, K (and V)
   unsigned char* ring = smem + (size_t)warp * STAGES * NS * 512;
   const uint32_t ring_addr = smem_addr(ring);
-  const int count = warp < tiles ? (tiles - warp + warps - 1) / warps : 0;
+  const int count = wi < tiles ? (tiles - wi + wph - 1) / wph : 0;
 
-  auto tile_start = [&](int it) { return lo + 16 * (warp + it * warps); };
+  auto tile_start = [&](int it) { return lo + 16 * (wi + it * wph); };
   // Block ids 32 tiles at a time: lane l holds tile (32 n + l)'s; the next 32 are loaded a
   // batch ahead, so no copy waits on a block-table read.
   auto bids_of = [&](int batch) {
@@ -370,24 +376,26 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
   }
   __syncthreads();
 
-  const int pair = b * num_kv_heads + kvh;
+  const int cta = b * gridDim.y + blockIdx.y;  // the ticket counter of the CTA's heads
   const size_t ring_floats = (size_t)STAGES * NS * 128;  // floats per warp's ring
   const float* all = reinterpret_cast<const float*>(smem);
   T* out = static_cast<T*>(p.out);
-  const size_t part_base = ((size_t)pair * splits + split) * G;
-  for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
-    const int r = e / D;
-    const int d = e - r * D;
+  for (int e = threadIdx.x; e < hc * G * D; e += blockDim.x) {
+    const int hh = e / (G * D);
+    const int r = e / D - hh * G;
+    const int d = e % D;
+    const int head = head0 + hh;
+    const size_t part_base = (((size_t)b * num_kv_heads + head) * splits + split) * G;
     float mx = kNegBig;
-    for (int w = 0; w < warps; ++w) mx = fmaxf(mx, sm_m[w][r]);
+    for (int w = hh * wph; w < (hh + 1) * wph; ++w) mx = fmaxf(mx, sm_m[w][r]);
     float num = 0.f, den = 0.f;
-    for (int w = 0; w < warps; ++w) {
+    for (int w = hh * wph; w < (hh + 1) * wph; ++w) {
       const float a = fast_exp2(sm_m[w][r] - mx);
       num += a * all[w * ring_floats + r * RS + d];
       den += a * sm_l[w][r];
     }
     if (used == 1) {
-      out[(size_t)q_start * p.o_t + (size_t)(kvh * G + r) * p.o_h + d] =
+      out[(size_t)q_start * p.o_t + (size_t)(head * G + r) * p.o_h + d] =
           octavo::MmaType<T>::from_float(num / den);
     } else {
       p.part_o[(part_base + r) * D + d] = num;
@@ -404,16 +412,18 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
   __syncthreads();
   if (threadIdx.x == 0) {
     int ticket;
-    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(ticket) : "l"(p.cnt + pair) : "memory");
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(ticket) : "l"(p.cnt + cta) : "memory");
     sm_last = ticket == used - 1;
   }
   __syncthreads();
   if (!sm_last) return;
   __threadfence();
-  const size_t pair_base = (size_t)pair * splits * G;
-  for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
-    const int r = e / D;
-    const int d = e - r * D;
+  for (int e = threadIdx.x; e < hc * G * D; e += blockDim.x) {
+    const int hh = e / (G * D);
+    const int r = e / D - hh * G;
+    const int d = e % D;
+    const int head = head0 + hh;
+    const size_t pair_base = ((size_t)b * num_kv_heads + head) * splits * G;
     float mx = kNegBig;
     for (int sp = 0; sp < used; ++sp)
       mx = fmaxf(mx, __ldcg(p.part_ml + (pair_base + (size_t)sp * G + r) * 2));
@@ -424,10 +434,10 @@ __device__ __forceinline__ void paged_decode(const Params& p) {
       num += a * __ldcg(p.part_o + row * D + d);
       den += a * __ldcg(p.part_ml + row * 2 + 1);
     }
-    out[(size_t)q_start * p.o_t + (size_t)(kvh * G + r) * p.o_h + d] =
+    out[(size_t)q_start * p.o_t + (size_t)(head * G + r) * p.o_h + d] =
         octavo::MmaType<T>::from_float(num / den);
   }
-  if (threadIdx.x == 0) atomicExch(p.cnt + pair, 0);
+  if (threadIdx.x == 0) atomicExch(p.cnt + cta, 0);
 }
 
 }  // namespace
