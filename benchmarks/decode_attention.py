@@ -2,14 +2,15 @@
 Triton kernel, same inputs, same call, K/V read from HBM as in an engine step.
 
 PYTHONPATH=. python benchmarks/decode_attention.py [--cases w1,w4_32,...] [--tiles 4,3 2,4 ...]
-    [--parts 0 512 ...] [--json out.json]
+    [--parts 0 512 ...] [--layouts token head] [--json out.json]
 
 Each case is a batch of decodes at the shapes the workloads run (Qwen3-0.6B: 16 heads over 8
 KV heads; Llama-3.1-8B: 32 over 8; head_dim 128, bf16, 16-token blocks, shuffled block ids).
 One CUDA graph launches the kernel over enough copies of the caches (>= 256 MB together)
 that none is still in the 50 MB L2 when its turn comes; time per launch = graph time /
 copies (CUDA events). Figures: us per launch, the K/V bytes over that time (TB/s, and the
-fraction of the device's published bandwidth), and CUDA / Triton.
+fraction of the device's published bandwidth), and CUDA / Triton. ``--layouts``: the caches' storage order (octavo.envs.kv_layout): "token"
+[block, token, kv_head, dim], "head" [block, kv_head, token, dim] seen through the same view.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ CASES = {
 }
 
 
-def make(heads, kv_heads, batch, ctx, seed=0, bs=16, d=128, dtype=torch.bfloat16):
+def make(heads, kv_heads, batch, ctx, seed=0, bs=16, d=128, dtype=torch.bfloat16,
+         layout="token"):
     rnd = random.Random(seed)
     lens = [rnd.randint(*ctx) for _ in range(batch)]
     blocks = [-(-n // bs) for n in lens]
@@ -49,8 +51,12 @@ def make(heads, kv_heads, batch, ctx, seed=0, bs=16, d=128, dtype=torch.bfloat16
     for b, n in enumerate(blocks):
         bt[b, :n] = perm[used:used + n]
         used += n
-    kc = torch.randn(total, bs, kv_heads, d, device="cuda", dtype=dtype)
-    vc = torch.randn_like(kc)
+    if layout == "head":  # stored head-major, the kernels see the strided view
+        kc = torch.randn(total, kv_heads, bs, d, device="cuda", dtype=dtype).transpose(1, 2)
+        vc = torch.randn(total, kv_heads, bs, d, device="cuda", dtype=dtype).transpose(1, 2)
+    else:
+        kc = torch.randn(total, bs, kv_heads, d, device="cuda", dtype=dtype)
+        vc = torch.randn_like(kc)
     q = torch.randn(batch, heads, d, device="cuda", dtype=dtype)
     qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
     sl = torch.tensor(lens, dtype=torch.int32, device="cuda")
@@ -58,12 +64,15 @@ def make(heads, kv_heads, batch, ctx, seed=0, bs=16, d=128, dtype=torch.bfloat16
     return q, kc, vc, qsl, sl, bt, kv_bytes, total * bs * kv_heads * d * 2 * kc.element_size()
 
 
-def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20) -> float:
+def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20,
+                layout="token") -> float:
     heads, kv_heads, batch, ctx, bound = CASES[case]
-    q, kc, vc, qsl, sl, bt, kv_bytes, cache_bytes = make(heads, kv_heads, batch, ctx)
+    q, kc, vc, qsl, sl, bt, kv_bytes, cache_bytes = make(heads, kv_heads, batch, ctx,
+                                                         layout=layout)
     copies = max(1, -(-copies_min_bytes // cache_bytes))
-    kcs = [kc] + [kc.clone() for _ in range(copies - 1)]
+    kcs = [kc] + [kc.clone() for _ in range(copies - 1)]  # clone keeps the strides
     vcs = [vc] + [vc.clone() for _ in range(copies - 1)]
+    assert all(c.stride() == kc.stride() for c in kcs + vcs)
     out = torch.empty_like(q)
     scale = 128 ** -0.5
     old = {k: os.environ.get(k) for k in env}
@@ -121,16 +130,18 @@ def main() -> None:
                     help="OCTAVO_CUDA_ATTN_FLAGS values to time (1: loads only; 2: heads "
                          "fastest)")
     ap.add_argument("--pdl", choices=["0", "1"], help="OCTAVO_PDL for every launch")
+    ap.add_argument("--layouts", nargs="*", default=["token"], choices=["token", "head"])
     ap.add_argument("--json")
     args = ap.parse_args()
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in HBM_TBPS.items() if k in name), None)
     rows = []
-    for case in args.cases.split(","):
+    for case, layout in ((c, lay) for c in args.cases.split(",") for lay in args.layouts):
         base = {"OCTAVO_PDL": args.pdl}
-        tri, kv_bytes = time_launch(case, {**base, "OCTAVO_CUDA_ATTENTION": "0"})
-        row = {"case": case, "shape": CASES[case], "kv_mb": kv_bytes / 1e6, "triton_us": tri,
-               "triton_tbps": kv_bytes / tri / 1e6, "cuda": []}
+        tri, kv_bytes = time_launch(case, {**base, "OCTAVO_CUDA_ATTENTION": "0"},
+                                    layout=layout)
+        row = {"case": case, "layout": layout, "shape": CASES[case], "kv_mb": kv_bytes / 1e6,
+               "triton_us": tri, "triton_tbps": kv_bytes / tri / 1e6, "cuda": []}
         for tile in args.tiles:
             for part in args.parts:
                 for flags in args.flags:
@@ -138,7 +149,7 @@ def main() -> None:
                            "OCTAVO_CUDA_ATTN_MIN_PAIRS": "0",
                            "OCTAVO_CUDA_ATTN_PART": str(part) if part else None,
                            "OCTAVO_CUDA_ATTN_FLAGS": str(flags)}
-                    us, _ = time_launch(case, env)
+                    us, _ = time_launch(case, env, layout=layout)
                     ctas = _ctas_per_sm(tile)
                     row["cuda"].append({"tile": tile, "part": part, "flags": flags, "us": us,
                                         "ctas_per_sm": ctas,
@@ -146,7 +157,7 @@ def main() -> None:
         rows.append(row)
         best = min(row["cuda"], key=lambda r: r["us"])
         frac = f" ({best['tbps'] / peak:.0%} of HBM)" if peak else ""
-        print(f"{case:8s} KV {kv_bytes / 1e6:8.1f} MB  triton {tri:8.1f} us "
+        print(f"{case:8s} {layout:5s} KV {kv_bytes / 1e6:8.1f} MB  triton {tri:8.1f} us "
               f"{row['triton_tbps']:.2f} TB/s | " + "  ".join(
                   f"[{r['tile']} p{r['part']} f{r['flags']} {r['ctas_per_sm']}/SM] {r['us']:.1f} us {r['tbps']:.2f} TB/s "
                   f"x{r['vs_triton']:.2f}" for r in row["cuda"]) + f" | best{frac}", flush=True)
