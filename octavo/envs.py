@@ -143,18 +143,6 @@ def fused_kv_store() -> bool:
     return _flag("OCTAVO_FUSED_KV_STORE", True)
 
 
-def kv_layout() -> str:
-    """OCTAVO_KV_LAYOUT: how the Triton backend stores each layer's cache blocks in GPU memory.
-    "token" (default): [block, token, kv_head, dim], a token's heads side by side; "head":
-    [block, kv_head, token, dim], each KV head's 16 rows of a block contiguous (4 KB at
-    head_dim 128 in bf16 instead of 256-byte rows 2 KB apart). Kernels see the same
-    [block, token, kv_head, dim] view with its strides either way."""
-    value = os.environ.get("OCTAVO_KV_LAYOUT", "token").strip().lower() or "token"
-    if value not in ("token", "head"):
-        raise ValueError(f"OCTAVO_KV_LAYOUT must be token or head, got {value!r}")
-    return value
-
-
 def skinny_gemm() -> bool:
     """OCTAVO_SKINNY_GEMM (default on): on CUDA, float linears of decode batches (<= 32 rows,
     bf16 / fp16) through one Triton launch (octavo/kernels/skinny_gemm.py); off, cuBLAS."""

@@ -31,29 +31,3 @@ def test_untouched_pool_is_not_resident():
     t[:, :8].fill_(1.0)  # a few blocks in use: 1 MiB
     assert _rss_bytes() - before < 64 << 20
     del t
-
-
-@pytest.mark.parametrize("layout", ["token", "head"])
-def test_device_caches_follow_kv_layout(monkeypatch, layout):
-    """OCTAVO_KV_LAYOUT picks the storage order of the Triton backend's device caches; the
-    view is [2, blocks, block_size, Hkv, D] either way. The torch backend keeps its own
-    contiguous layout; an unknown value is an error naming the variable."""
-    from octavo.attention.backend import AttentionBackend
-    from octavo.worker.kv_cache import allocate_kv_caches
-
-    class Strided(AttentionBackend):
-        strided_cache = True
-
-    monkeypatch.setenv("OCTAVO_KV_LAYOUT", layout)
-    meta = torch.device("meta")
-    (c,) = allocate_kv_caches(Strided, 1, 5, 16, 4, 8, torch.bfloat16, meta)
-    assert c.shape == (2, 5, 16, 4, 8)
-    if layout == "head":  # each head's 16 rows of a block contiguous
-        assert c.stride() == (5 * 4 * 16 * 8, 4 * 16 * 8, 8, 16 * 8, 1)
-    else:
-        assert c.is_contiguous()
-    (t,) = allocate_kv_caches(AttentionBackend, 1, 5, 16, 4, 8, torch.bfloat16, meta)
-    assert t.is_contiguous()
-    monkeypatch.setenv("OCTAVO_KV_LAYOUT", "diagonal")
-    with pytest.raises(ValueError, match="OCTAVO_KV_LAYOUT"):
-        allocate_kv_caches(Strided, 1, 5, 16, 4, 8, torch.bfloat16, meta)

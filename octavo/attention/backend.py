@@ -75,10 +75,6 @@ class AttentionImpl:
 class AttentionBackend:
     name: str = ""
     impl_cls: type[AttentionImpl] = AttentionImpl
-    # Whether every kernel reading or writing this backend's cache goes by its strides, so
-    # the storage order of a [2, num_blocks, block_size, Hkv, D] cache may differ from the
-    # view (envs.kv_layout).
-    strided_cache: bool = False
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,

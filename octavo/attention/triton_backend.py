@@ -70,7 +70,6 @@ class TritonAttentionImpl(AttentionImpl):
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     impl_cls = TritonAttentionImpl
-    strided_cache = True
 
     @staticmethod
     def supports(device: torch.device) -> bool:

@@ -185,10 +185,10 @@ def reshape_and_cache_ref(
 ) -> None:
     """Pure-torch reference of :func:`reshape_and_cache` (in place)."""
     _check(key, value, key_cache, value_cache, slot_mapping)
-    block_size = key_cache.shape[1]
+    num_blocks, block_size = key_cache.shape[:2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    # Indexed by (block, offset), not through a flat view: the cache may be a strided view.
-    blk, off = slots // block_size, slots % block_size
-    key_cache[blk, off] = key[keep].to(key_cache.dtype)
-    value_cache[blk, off] = value[keep].to(value_cache.dtype)
+    flat_k = key_cache.view(num_blocks * block_size, *key_cache.shape[2:])
+    flat_v = value_cache.view(num_blocks * block_size, *value_cache.shape[2:])
+    flat_k.index_copy_(0, slots, key[keep].to(key_cache.dtype))
+    flat_v.index_copy_(0, slots, value[keep].to(value_cache.dtype))

@@ -1,5 +1,4 @@
-"""KV cache tensors: one [2, num_blocks, block_size, Hkv, D] tensor (or view, see
-envs.kv_layout) per layer, and sizing."""
+"""KV cache tensors: one [2, num_blocks, block_size, Hkv, D] tensor per layer, and sizing."""
 
 from __future__ import annotations
 
@@ -7,8 +6,6 @@ import mmap
 import warnings
 
 import torch
-
-from octavo import envs
 
 
 def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -24,12 +21,6 @@ def allocate_kv_caches(backend, num_layers: int, num_blocks: int, block_size: in
     # Zeroed: padded gathers read unused slots, which must hold finite values.
     if device.type == "cpu":
         return [lazy_zeros(shape, dtype) for _ in range(num_layers)]
-    if backend.strided_cache and envs.kv_layout() == "head":
-        # Stored [2, num_blocks, Hkv, block_size, D], seen as [2, num_blocks, block_size,
-        # Hkv, D]: each KV head's rows of a block lie together.
-        stored = (shape[0], shape[1], shape[3], shape[2], *shape[4:])
-        return [torch.zeros(stored, dtype=dtype, device=device).transpose(2, 3)
-                for _ in range(num_layers)]
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
 

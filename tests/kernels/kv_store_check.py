@@ -7,12 +7,9 @@ from __future__ import annotations
 import torch
 
 
-def check_kv_store_matches_reshape_and_cache(rotate, heads, device, cos_sin_cache,
-                                             layout="token"):
+def check_kv_store_matches_reshape_and_cache(rotate, heads, device, cos_sin_cache):
     """``rotate(pos, q, k, kv_store)``: the kernel under test, in place on strided views of
-    one QKV output (``kv_store`` None: rotate only). Slot -1 stores nothing. ``layout``
-    "head": the cache is stored head-major and seen through a transposed view
-    (envs.kv_layout)."""
+    one QKV output (``kv_store`` None: rotate only). Slot -1 stores nothing."""
     from octavo.attention.backend import KVStore
     from octavo.kernels.reshape_and_cache import reshape_and_cache
 
@@ -22,8 +19,6 @@ def check_kv_store_matches_reshape_and_cache(rotate, heads, device, cos_sin_cach
     qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device=device).to(dtype) * 3
     slots = torch.tensor([5, 0, -1, 13, 2, 9], device=device)
     fill = torch.full((2, 4, 4, hkv, d), 7.0, device=device, dtype=dtype)  # [K/V, blocks, ...]
-    if layout == "head":
-        fill = torch.full((2, 4, hkv, 4, d), 7.0, device=device, dtype=dtype).transpose(2, 3)
 
     def views(t):
         return (t[:, : hq * d].view(tokens, hq, d),
@@ -39,5 +34,4 @@ def check_kv_store_matches_reshape_and_cache(rotate, heads, device, cos_sin_cach
     reshape_and_cache(pk, pv, plain_cache[0], plain_cache[1], slots)
     assert torch.equal(fused, plain)
     assert torch.equal(fused_cache, plain_cache)
-    assert fused_cache.stride() == plain_cache.stride() == fill.stride()
     assert int((fused_cache != 7.0).any(-1).any(-1).sum()) == 2 * 5  # five slots, K and V

@@ -66,9 +66,8 @@ def test_no_tokens_is_a_no_op(device):
     qk_norm_rope(torch.empty(0, dtype=torch.long, device=device), q, k, w, w, 1e-6, cache)
 
 
-@pytest.mark.parametrize("layout", ["token", "head"])
 @pytest.mark.parametrize("heads", [(4, 2, 32), (6, 3, 16)])
-def test_kv_store_writes_what_reshape_and_cache_would(heads, layout, device):
+def test_kv_store_writes_what_reshape_and_cache_would(heads, device):
     """With a KVStore the launch also writes the rotated k and the untouched v into the
     paged cache at each token's slot (slot -1: nothing), exactly as reshape_and_cache does
     after the unfused kernel; q/k in place are unchanged by the store."""
@@ -79,4 +78,4 @@ def test_kv_store_writes_what_reshape_and_cache_would(heads, layout, device):
     cache = cos_sin_cache(64, d, device=device)
     check_kv_store_matches_reshape_and_cache(
         lambda pos, q, k, store: qk_norm_rope(pos, q, k, qw, kw, 1e-6, cache, kv_store=store),
-        heads, device, cache, layout)
+        heads, device, cache)

@@ -111,9 +111,8 @@ def test_gpu_real_shapes():
     torch.testing.assert_close(k1, k2, **TOL[q.dtype])
 
 
-@pytest.mark.parametrize("layout", ["token", "head"])
 @pytest.mark.parametrize("heads", [(4, 2, 32), (6, 3, 16)])
-def test_kv_store_writes_what_reshape_and_cache_would(heads, layout, device):
+def test_kv_store_writes_what_reshape_and_cache_would(heads, device):
     """With a KVStore the rotary launch also writes the rotated k and the untouched v into the
     paged cache at each token's slot (slot -1: nothing), exactly as reshape_and_cache does
     after the plain launch; q/k in place are unchanged by the store."""
@@ -123,7 +122,7 @@ def test_kv_store_writes_what_reshape_and_cache_would(heads, layout, device):
     cache = cos_sin_cache(64, d, device=device)
     check_kv_store_matches_reshape_and_cache(
         lambda pos, q, k, store: rotary_embedding(pos, q, k, cache, d, kv_store=store),
-        heads, device, cache, layout)
+        heads, device, cache)
 
 
 def test_kv_store_needs_the_whole_head_rotated(device):

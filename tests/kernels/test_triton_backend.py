@@ -80,17 +80,12 @@ def from_torch_layout(cache: torch.Tensor) -> torch.Tensor:
 
 
 def run_both(q_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, device,
-             dtype=torch.float32, pad_tokens=0, seed=0, layout="token"):
-    """``layout`` "head": the Triton side's cache is stored head-major and passed as the
-    transposed view the engine allocates under OCTAVO_KV_LAYOUT=head."""
+             dtype=torch.float32, pad_tokens=0, seed=0):
     q, k, v, cache, meta = make_step(q_lens, seq_lens, num_heads, num_kv_heads, head_dim,
                                      block_size, dtype, device, pad_tokens, seed)
     scale = head_dim ** -0.5
     args = (num_heads, head_dim, scale, num_kv_heads)
     ref_cache, tri_cache = to_torch_layout(cache), cache.clone()
-    if layout == "head":
-        tri_cache = from_torch_layout(ref_cache.clone())
-        assert tri_cache.shape == cache.shape and not tri_cache.is_contiguous()
     n = meta.num_tokens
     # The torch impl indexes the cache with the unpadded slots only; give it the real rows.
     ref = TorchAttentionBackend.make_impl(*args).forward(q[:n], k[:n], v[:n], ref_cache, meta)
@@ -114,18 +109,6 @@ def test_mixed_prefill_and_decode(device, num_heads, num_kv_heads):
     q_lens = [9, 1, 6, 1, 0, 3]
     seq_lens = [9, 13, 20, 5, 11, 3]
     run_both(q_lens, seq_lens, num_heads, num_kv_heads, 32, 4, device, seed=1)
-
-
-@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)])
-def test_head_major_cache(device, num_heads, num_kv_heads):
-    """OCTAVO_KV_LAYOUT=head: the same outputs and cache contents through a strided view
-    (decodes, a prefill chunk, a fresh prompt, a long decode that splits)."""
-    run_both([1] * 5, [1, 7, 16, 17, 40], num_heads, num_kv_heads, 32, 4, device,
-             layout="head")
-    run_both([9, 1, 6, 1, 0, 3], [9, 13, 20, 5, 11, 3], num_heads, num_kv_heads, 32, 4,
-             device, seed=1, layout="head")
-    run_both([1, 1], [300, 3], num_heads, num_kv_heads, 32, 16, device, seed=3,
-             layout="head")
 
 
 def test_single_prefill_gqa_odd_head_dim(device):
