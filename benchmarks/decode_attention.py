@@ -65,7 +65,7 @@ def make(heads, kv_heads, batch, ctx, seed=0, bs=16, d=128, dtype=torch.bfloat16
 
 
 def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20,
-                layout="token") -> float:
+                layout="token", splits=None, min_split_keys=None) -> float:
     heads, kv_heads, batch, ctx, bound = CASES[case]
     q, kc, vc, qsl, sl, bt, kv_bytes, cache_bytes = make(heads, kv_heads, batch, ctx,
                                                          layout=layout)
@@ -84,7 +84,8 @@ def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20,
         def run():
             for i in range(copies):
                 paged_attention(q, kcs[i], vcs[i], qsl, sl, bt, scale, out=out,
-                                max_query_len=1, max_seq_len=bound)
+                                max_query_len=1, max_seq_len=bound, num_splits=splits,
+                                min_split_keys=min_split_keys)
 
         run()
         torch.cuda.synchronize()
@@ -131,6 +132,10 @@ def main() -> None:
                          "fastest)")
     ap.add_argument("--pdl", choices=["0", "1"], help="OCTAVO_PDL for every launch")
     ap.add_argument("--layouts", nargs="*", default=["token"], choices=["token", "head"])
+    ap.add_argument("--triton-splits", nargs="*", default=[],
+                    help="also time the Triton kernel with SPLITS:MIN_KEYS (num_splits, "
+                         "min_split_keys): each context cut into parts of at least MIN_KEYS "
+                         "keys, at most SPLITS of them, merged in the launch")
     ap.add_argument("--json")
     args = ap.parse_args()
     name = torch.cuda.get_device_name()
@@ -141,7 +146,16 @@ def main() -> None:
         tri, kv_bytes = time_launch(case, {**base, "OCTAVO_CUDA_ATTENTION": "0"},
                                     layout=layout)
         row = {"case": case, "layout": layout, "shape": CASES[case], "kv_mb": kv_bytes / 1e6,
-               "triton_us": tri, "triton_tbps": kv_bytes / tri / 1e6, "cuda": []}
+               "triton_us": tri, "triton_tbps": kv_bytes / tri / 1e6, "cuda": [],
+               "triton_split": []}
+        for spec in args.triton_splits:
+            sp, keys = (int(v) for v in spec.split(":"))
+            us, _ = time_launch(case, {**base, "OCTAVO_CUDA_ATTENTION": "0"}, layout=layout,
+                                splits=sp, min_split_keys=keys)
+            row["triton_split"].append({"splits": sp, "min_keys": keys, "us": us,
+                                        "tbps": kv_bytes / us / 1e6, "vs_triton": tri / us})
+            print(f"{case:8s} {layout:5s} triton splits {sp} min keys {keys}: {us:8.1f} us "
+                  f"{kv_bytes / us / 1e6:.2f} TB/s x{tri / us:.2f}", flush=True)
         for tile in args.tiles:
             for part in args.parts:
                 for flags in args.flags:
@@ -155,6 +169,10 @@ def main() -> None:
                                         "ctas_per_sm": ctas,
                                         "tbps": kv_bytes / us / 1e6, "vs_triton": tri / us})
         rows.append(row)
+        if not row["cuda"]:
+            print(f"{case:8s} {layout:5s} KV {kv_bytes / 1e6:8.1f} MB  triton {tri:8.1f} us "
+                  f"{row['triton_tbps']:.2f} TB/s", flush=True)
+            continue
         best = min(row["cuda"], key=lambda r: r["us"])
         frac = f" ({best['tbps'] / peak:.0%} of HBM)" if peak else ""
         print(f"{case:8s} {layout:5s} KV {kv_bytes / 1e6:8.1f} MB  triton {tri:8.1f} us "

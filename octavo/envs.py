@@ -81,6 +81,19 @@ def attn_decode_splits() -> int | None:
     return int(value)
 
 
+def attn_decode_part() -> int | None:
+    """OCTAVO_ATTN_DECODE_PART=K (unset: off), for measurements: decode-only attention
+    launches whose grid alone fills the GPU (left whole by the split heuristic) cut each
+    context into parts of at least K keys, merged in the launch, so a long context is not
+    the launch's tail; elsewhere split decodes use parts of at least K keys too."""
+    value = os.environ.get("OCTAVO_ATTN_DECODE_PART")
+    if not value:
+        return None
+    if not value.strip().isdigit() or int(value) < 16:
+        raise ValueError(f"OCTAVO_ATTN_DECODE_PART={value!r}: expected an integer >= 16")
+    return int(value)
+
+
 def cuda_attention() -> bool:
     """OCTAVO_CUDA_ATTENTION (default off until it measures faster than the Triton kernel):
     on NVIDIA GPUs with nvcc, decode attention over bf16 / fp16 caches (head_dim 64 / 128)

@@ -162,12 +162,14 @@ def test_decode_splits_override_matches_the_reference(monkeypatch, device):
     ("OCTAVO_ATTN_DECODE_TILE", "64,3,2", "WARPS 1, 2, 4 or 8"),
     ("OCTAVO_ATTN_DECODE_SPLITS", "0", "an integer 1-64"),
     ("OCTAVO_ATTN_DECODE_SPLITS", "two", "an integer 1-64"),
+    ("OCTAVO_ATTN_DECODE_PART", "8", "an integer >= 16"),
 ])
 def test_attention_override_values_are_checked(name, value, message, monkeypatch):
     from octavo import envs
 
     monkeypatch.setenv(name, value)
-    read = envs.attn_decode_tile if name.endswith("TILE") else envs.attn_decode_splits
+    read = {"TILE": envs.attn_decode_tile, "SPLITS": envs.attn_decode_splits,
+            "PART": envs.attn_decode_part}[name.rsplit("_", 1)[1]]
     with pytest.raises(ValueError, match=f"{name}={value!r}.*{message}"):
         read()
     monkeypatch.setenv("OCTAVO_ATTN_DECODE_TILE", "64,4,3")
@@ -436,6 +438,21 @@ def test_gpu_decode_batch64(ctx, num_splits):
         num_splits=num_splits,
         max_query_len=1,
     )
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("part", ["256", "512", "1024"])
+def test_gpu_decode_parts_of_a_full_grid(part, monkeypatch):
+    """OCTAVO_ATTN_DECODE_PART: a decode grid that fills the GPU (256 requests x 8 KV heads,
+    left whole by the heuristic) cuts its contexts of 1-2,000 keys into parts of >= K keys,
+    merged in the launch; the output stays the reference's."""
+    monkeypatch.setenv("OCTAVO_ATTN_DECODE_PART", part)
+    gen = torch.Generator().manual_seed(int(part))
+    seq_lens = torch.randint(1, 2001, (256,), generator=gen).tolist()
+    check(q_lens=[1] * 256, seq_lens=seq_lens, num_heads=16, num_kv_heads=8, head_dim=128,
+          block_size=16, dtype=torch.bfloat16, device="cuda", max_query_len=1,
+          max_seq_len=4096)
 
 
 @gpu
