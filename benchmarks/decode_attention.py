@@ -1,16 +1,18 @@
-"""Decode attention alone: the CUDA C++ kernel (octavo/kernels/paged_decode.py) against the
-Triton kernel, same inputs, same call, K/V read from HBM as in an engine step.
+"""Decode attention alone (octavo.kernels.paged_attention), K/V read from HBM as in an
+engine step, at the workloads' batch shapes.
 
-PYTHONPATH=. python benchmarks/decode_attention.py [--cases w1,w4_32,...] [--tiles 4,3 2,4 ...]
-    [--parts 0 512 ...] [--layouts token head] [--json out.json]
+PYTHONPATH=. python benchmarks/decode_attention.py [--cases w1,w4_32,...] [--layouts token head]
+    [--splits 8:512 ...] [--json out.json]
 
 Each case is a batch of decodes at the shapes the workloads run (Qwen3-0.6B: 16 heads over 8
 KV heads; Llama-3.1-8B: 32 over 8; head_dim 128, bf16, 16-token blocks, shuffled block ids).
 One CUDA graph launches the kernel over enough copies of the caches (>= 256 MB together)
 that none is still in the 50 MB L2 when its turn comes; time per launch = graph time /
-copies (CUDA events). Figures: us per launch, the K/V bytes over that time (TB/s, and the
-fraction of the device's published bandwidth), and CUDA / Triton. ``--layouts``: the caches' storage order (octavo.envs.kv_layout): "token"
-[block, token, kv_head, dim], "head" [block, kv_head, token, dim] seen through the same view.
+copies (CUDA events). Figures: us per launch and the K/V bytes over that time (TB/s, and the
+fraction of the device's published bandwidth). ``--layouts``: the caches' storage order,
+"token" [block, token, kv_head, dim] (the engine's) or "head" [block, kv_head, token, dim]
+seen through the same strided view (measured no faster on the H200, session 24).
+``--splits``: the split policy, against the default.
 """
 
 from __future__ import annotations
@@ -112,73 +114,36 @@ def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20,
                 os.environ[k] = v
 
 
-def _ctas_per_sm(tile: str) -> int:
-    from octavo.kernels import cuda_module, paged_decode
-
-    warps, stages = (int(v) for v in tile.split(","))
-    mod = cuda_module.loaded(paged_decode.SOURCE, torch.device("cuda"))
-    p = paged_decode.Plan(warps, stages, 1, 16 * warps)
-    return mod.ctas_per_sm(paged_decode.kernel_name(torch.bfloat16, 128, stages, 2),
-                           32 * warps, p.shared_bytes(128))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--tiles", nargs="*", default=["4,3"])
-    ap.add_argument("--parts", nargs="*", type=int, default=[0])
-    ap.add_argument("--flags", nargs="*", type=int, default=[0],
-                    help="OCTAVO_CUDA_ATTN_FLAGS values to time (1: loads only; 2: heads "
-                         "fastest)")
     ap.add_argument("--pdl", choices=["0", "1"], help="OCTAVO_PDL for every launch")
     ap.add_argument("--layouts", nargs="*", default=["token"], choices=["token", "head"])
-    ap.add_argument("--triton-splits", nargs="*", default=[],
-                    help="also time the Triton kernel with SPLITS:MIN_KEYS (num_splits, "
-                         "min_split_keys): each context cut into parts of at least MIN_KEYS "
-                         "keys, at most SPLITS of them, merged in the launch")
+    ap.add_argument("--splits", nargs="*", default=[],
+                    help="also time SPLITS:MIN_KEYS (num_splits, min_split_keys): each "
+                         "context cut into parts of at least MIN_KEYS keys, at most SPLITS "
+                         "of them, merged in the launch")
     ap.add_argument("--json")
     args = ap.parse_args()
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in HBM_TBPS.items() if k in name), None)
     rows = []
     for case, layout in ((c, lay) for c in args.cases.split(",") for lay in args.layouts):
-        base = {"OCTAVO_PDL": args.pdl}
-        tri, kv_bytes = time_launch(case, {**base, "OCTAVO_CUDA_ATTENTION": "0"},
-                                    layout=layout)
+        env = {"OCTAVO_PDL": args.pdl}
+        us, kv_bytes = time_launch(case, env, layout=layout)
+        frac = f" ({kv_bytes / us / 1e6 / peak:.0%} of HBM)" if peak else ""
+        print(f"{case:8s} {layout:5s} KV {kv_bytes / 1e6:8.1f} MB  default {us:8.1f} us "
+              f"{kv_bytes / us / 1e6:.2f} TB/s{frac}", flush=True)
         row = {"case": case, "layout": layout, "shape": CASES[case], "kv_mb": kv_bytes / 1e6,
-               "triton_us": tri, "triton_tbps": kv_bytes / tri / 1e6, "cuda": [],
-               "triton_split": []}
-        for spec in args.triton_splits:
+               "us": us, "tbps": kv_bytes / us / 1e6, "splits": []}
+        for spec in args.splits:
             sp, keys = (int(v) for v in spec.split(":"))
-            us, _ = time_launch(case, {**base, "OCTAVO_CUDA_ATTENTION": "0"}, layout=layout,
-                                splits=sp, min_split_keys=keys)
-            row["triton_split"].append({"splits": sp, "min_keys": keys, "us": us,
-                                        "tbps": kv_bytes / us / 1e6, "vs_triton": tri / us})
-            print(f"{case:8s} {layout:5s} triton splits {sp} min keys {keys}: {us:8.1f} us "
-                  f"{kv_bytes / us / 1e6:.2f} TB/s x{tri / us:.2f}", flush=True)
-        for tile in args.tiles:
-            for part in args.parts:
-                for flags in args.flags:
-                    env = {**base, "OCTAVO_CUDA_ATTENTION": "1", "OCTAVO_CUDA_ATTN_TILE": tile,
-                           "OCTAVO_CUDA_ATTN_MIN_PAIRS": "0",
-                           "OCTAVO_CUDA_ATTN_PART": str(part) if part else None,
-                           "OCTAVO_CUDA_ATTN_FLAGS": str(flags)}
-                    us, _ = time_launch(case, env, layout=layout)
-                    ctas = _ctas_per_sm(tile)
-                    row["cuda"].append({"tile": tile, "part": part, "flags": flags, "us": us,
-                                        "ctas_per_sm": ctas,
-                                        "tbps": kv_bytes / us / 1e6, "vs_triton": tri / us})
+            t, _ = time_launch(case, env, layout=layout, splits=sp, min_split_keys=keys)
+            row["splits"].append({"splits": sp, "min_keys": keys, "us": t,
+                                  "tbps": kv_bytes / t / 1e6, "speedup": us / t})
+            print(f"{case:8s} {layout:5s} splits {sp:2d} min keys {keys:5d}: {t:8.1f} us "
+                  f"{kv_bytes / t / 1e6:.2f} TB/s x{us / t:.2f}", flush=True)
         rows.append(row)
-        if not row["cuda"]:
-            print(f"{case:8s} {layout:5s} KV {kv_bytes / 1e6:8.1f} MB  triton {tri:8.1f} us "
-                  f"{row['triton_tbps']:.2f} TB/s", flush=True)
-            continue
-        best = min(row["cuda"], key=lambda r: r["us"])
-        frac = f" ({best['tbps'] / peak:.0%} of HBM)" if peak else ""
-        print(f"{case:8s} {layout:5s} KV {kv_bytes / 1e6:8.1f} MB  triton {tri:8.1f} us "
-              f"{row['triton_tbps']:.2f} TB/s | " + "  ".join(
-                  f"[{r['tile']} p{r['part']} f{r['flags']} {r['ctas_per_sm']}/SM] {r['us']:.1f} us {r['tbps']:.2f} TB/s "
-                  f"x{r['vs_triton']:.2f}" for r in row["cuda"]) + f" | best{frac}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "peak_tbps": peak, "rows": rows}, f, indent=1)

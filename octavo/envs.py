@@ -94,60 +94,6 @@ def attn_decode_part() -> int | None:
     return int(value)
 
 
-def cuda_attention() -> bool:
-    """OCTAVO_CUDA_ATTENTION (default off until it measures faster than the Triton kernel):
-    on NVIDIA GPUs with nvcc, decode attention over bf16 / fp16 caches (head_dim 64 / 128)
-    runs the CUDA C++ kernel octavo/kernels/cuda/paged_decode.cu
-    (octavo/kernels/paged_decode.py); off, the Triton kernel."""
-    return _flag("OCTAVO_CUDA_ATTENTION", False)
-
-
-def cuda_attention_tile() -> tuple[int, int] | None:
-    """OCTAVO_CUDA_ATTN_TILE="WARPS,STAGES" (unset: 4,3): the CUDA decode attention's warps
-    per CTA (1, 2, 4 or 8) and tiles in each warp's ring (2, 3, 4, 6 or 8), for
-    measurements."""
-    value = os.environ.get("OCTAVO_CUDA_ATTN_TILE")
-    if not value:
-        return None
-    try:
-        warps, stages = (int(v) for v in value.split(","))
-    except ValueError:
-        raise ValueError(f"OCTAVO_CUDA_ATTN_TILE={value!r}: expected two integers "
-                         "WARPS,STAGES (e.g. 4,3)") from None
-    if warps not in (1, 2, 4, 8) or stages not in (2, 3, 4, 6, 8):
-        raise ValueError(f"OCTAVO_CUDA_ATTN_TILE={value!r}: WARPS must be 1, 2, 4 or 8 and "
-                         "STAGES 2, 3, 4, 6 or 8")
-    return warps, stages
-
-
-def cuda_attention_flags() -> int:
-    """OCTAVO_CUDA_ATTN_FLAGS (default 0), measurement switches of the CUDA decode attention:
-    1 = its loads only (results wrong), 4 = a CTA per request and part with a warp per KV
-    head (at most 8; the CTA's warps read each cache block's rows of every head together)."""
-    return _int("OCTAVO_CUDA_ATTN_FLAGS", 0, "measurement switches 0, 1, 4, 5")
-
-
-def cuda_attention_min_pairs() -> int | None:
-    """OCTAVO_CUDA_ATTN_MIN_PAIRS=N (unset: the GPU's SM count): the CUDA decode attention
-    takes launches of at least N (request, KV head) pairs; smaller ones (which it would
-    split) keep the Triton kernel."""
-    value = os.environ.get("OCTAVO_CUDA_ATTN_MIN_PAIRS")
-    if not value:
-        return None
-    return _int("OCTAVO_CUDA_ATTN_MIN_PAIRS", 0, "pairs")
-
-
-def cuda_attention_part() -> int | None:
-    """OCTAVO_CUDA_ATTN_PART=N (unset: split only when the pairs are fewer than the SMs):
-    cut every decode context into parts of N keys (rounded up to 16), for measurements."""
-    value = os.environ.get("OCTAVO_CUDA_ATTN_PART")
-    if not value:
-        return None
-    if not value.strip().isdigit() or int(value) < 16:
-        raise ValueError(f"OCTAVO_CUDA_ATTN_PART={value!r}: expected an integer >= 16")
-    return int(value)
-
-
 def fused_kv_store() -> bool:
     """OCTAVO_FUSED_KV_STORE (default on): on CUDA, the launch that rotates q and k (Qwen3's
     q/k norm + rotary under OCTAVO_FUSED_QK_NORM_ROPE, or the rotary kernel of the other

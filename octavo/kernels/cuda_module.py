@@ -32,8 +32,6 @@ logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent / "cuda"
 _LOCK = threading.Lock()
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_PREFERRED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (percent)
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -126,7 +124,6 @@ class Module:
         self.device = torch.device("cuda", index)
         self.cubin = build(source, f"sm_{major}{minor}")
         self._functions: dict[str, ctypes.c_void_p] = {}
-        self._shared: dict[str, int] = {}  # dynamic shared memory allowed per kernel
         with torch.cuda.device(index):
             torch.cuda.current_stream()  # the runtime's primary context is current here
             self._module = ctypes.c_void_p()
@@ -143,34 +140,11 @@ class Module:
             self._functions[name] = fn
         return fn
 
-    def _allow_shared(self, name: str, shared: int) -> ctypes.c_void_p:
-        """Kernel ``name``, allowed ``shared`` bytes of dynamic shared memory. The static
-        shared memory counts against the default 48 KB too, so it asks whenever there is any,
-        and for the largest carveout (else the driver may leave room for fewer CTAs per SM
-        than the kernel's shared memory allows)."""
-        fn = self.function(name)
-        if shared and self._shared.get(name, 0) < shared:
-            _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared),
-                   f"{name}: {shared} bytes of shared memory")
-            _check(_driver().cuFuncSetAttribute(fn, _PREFERRED_CARVEOUT, 100),
-                   f"{name}: shared memory carveout")
-            self._shared[name] = shared
-        return fn
-
-    def ctas_per_sm(self, name: str, block: int, shared: int = 0) -> int:
-        """How many CTAs of kernel ``name`` (``block`` threads, ``shared`` bytes of dynamic
-        shared memory, as launched) one SM holds at once (the driver's occupancy query)."""
-        fn = self._allow_shared(name, shared)
-        n = ctypes.c_int()
-        _check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            ctypes.byref(n), fn, block, ctypes.c_size_t(shared)), f"occupancy of {name}")
-        return n.value
-
     def launch(self, name: str, grid: tuple[int, int, int], block: int, args: list,
-               pdl: bool = False, shared: int = 0) -> None:
+               pdl: bool = False) -> None:
         """Launch kernel ``name`` on the current stream; ``args``: ctypes values in the
-        kernel's parameter order; ``shared``: bytes of dynamic shared memory."""
-        fn = self._allow_shared(name, shared)
+        kernel's parameter order."""
+        fn = self.function(name)
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = torch.cuda.current_stream(self.device).cuda_stream
         attr = _LaunchAttribute()
@@ -179,7 +153,7 @@ class Module:
             attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value = 1
             nattr = 1
-        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, shared, stream,
+        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, 0, stream,
                                ctypes.pointer(attr), nattr)
         _check(_driver().cuLaunchKernelEx(ctypes.byref(config), fn, params, None),
                f"launching {name}")

@@ -37,9 +37,6 @@ Kernel design (one kernel, launched at most twice per call: decodes, then prefil
   request writes its output itself. The prefill launch splits the same way (without the
   minimum) when its query tiles are few and the context long (a chunk of a long prompt under
   chunked prefill).
-* On NVIDIA GPUs the decode launch may instead run the CUDA C++ kernel of
-  :mod:`octavo.kernels.paged_decode` (``OCTAVO_CUDA_ATTENTION``; launches of at least one
-  (request, KV head) pair per SM, bf16 / fp16 caches, head_dim 64 / 128).
 """
 
 from __future__ import annotations
@@ -52,7 +49,6 @@ from octavo.envs import (
     attn_decode_tile,
     attn_split_merge,
 )
-from octavo.kernels import paged_decode
 from octavo.kernels.paged_attention_config import (
     _MAX_SPLITS,
     _MIN_SPLIT_TOKENS,
@@ -481,17 +477,7 @@ def paged_attention(
                 **pdl,
             )  # fmt: skip
 
-    cuda = None
-    if not prefill_only and on_gpu and num_splits is None and min_split_keys is None:
-        if paged_decode.takes(num_seqs, num_kv_heads, q.device):
-            cuda = paged_decode.module_for(q.device)
-        if cuda is not None and not paged_decode.supported(
-                q, key_cache, value_cache, query_start_loc, seq_lens, block_tables):
-            cuda = None
-    if cuda is not None:
-        paged_decode.paged_decode(out, q, key_cache, value_cache, query_start_loc, seq_lens,
-                                  block_tables, scale, kv_upper, cuda)
-    elif not prefill_only:
+    if not prefill_only:
         cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu)
         tile = attn_decode_tile() if on_gpu else None
         if tile is not None:  # a measurement's override
