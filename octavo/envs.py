@@ -81,17 +81,21 @@ def attn_decode_splits() -> int | None:
     return int(value)
 
 
-def attn_decode_part() -> int | None:
-    """OCTAVO_ATTN_DECODE_PART=K (unset: off), for measurements: decode-only attention
-    launches whose grid alone fills the GPU (left whole by the split heuristic) cut each
-    context into parts of at least K keys, merged in the launch, so a long context is not
-    the launch's tail; elsewhere split decodes use parts of at least K keys too."""
+def attn_decode_part() -> tuple[int, int] | None:
+    """OCTAVO_ATTN_DECODE_PART="K" or "K:S" (unset: off), for measurements: decode-only
+    attention launches whose grid alone fills the GPU (left whole by the split heuristic)
+    cut each context into parts of at least K keys, at most S of them (default: as many as
+    the longest context allowed needs), merged in the launch, so a long context is not the
+    launch's tail; elsewhere split decodes use parts of at least K keys too."""
     value = os.environ.get("OCTAVO_ATTN_DECODE_PART")
     if not value:
         return None
-    if not value.strip().isdigit() or int(value) < 16:
-        raise ValueError(f"OCTAVO_ATTN_DECODE_PART={value!r}: expected an integer >= 16")
-    return int(value)
+    keys, _, most = value.strip().partition(":")
+    if not keys.isdigit() or int(keys) < 16 or (most and not (most.isdigit() and
+                                                               1 <= int(most) <= 64)):
+        raise ValueError(f"OCTAVO_ATTN_DECODE_PART={value!r}: expected K or K:S, an "
+                         "integer K >= 16 and S 1-64")
+    return int(keys), int(most or 64)
 
 
 def fused_kv_store() -> bool:

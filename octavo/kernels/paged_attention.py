@@ -490,11 +490,14 @@ def paged_attention(
             if decode_only:
                 splits = attn_decode_splits() or _pick_num_splits(
                     num_seqs * num_kv_heads, kv_upper, q.device)
-                part_keys = attn_decode_part() if on_gpu else None
-                if splits == 1 and part_keys:
-                    # A grid that fills the GPU, cut so that long contexts run in parts of
-                    # part_keys while short ones stay whole (the tail of one long context).
-                    splits = max(1, min(kv_upper // part_keys, _MAX_SPLITS))
+                part = attn_decode_part() if on_gpu else None
+                if part is not None:
+                    part_keys, most = part
+                    if splits == 1:
+                        # A grid that fills the GPU, cut so that long contexts run in parts
+                        # of part_keys while short ones stay whole (the tail of one long
+                        # context).
+                        splits = max(1, min(kv_upper // part_keys, most, _MAX_SPLITS))
         launch(True, num_seqs, cfg, max(1, int(splits)), part_keys)
 
     if not decode_only:
