@@ -86,7 +86,7 @@ def attn_decode_part() -> tuple[int, int] | None:
     attention launches whose grid alone fills the GPU (left whole by the split heuristic)
     cut each context into parts of at least K keys, at most S of them (default: as many as
     the longest context allowed needs), merged in the launch, so a long context is not the
-    launch's tail; elsewhere split decodes use parts of at least K keys too."""
+    launch's tail."""
     value = os.environ.get("OCTAVO_ATTN_DECODE_PART")
     if not value:
         return None

@@ -490,14 +490,12 @@ def paged_attention(
             if decode_only:
                 splits = attn_decode_splits() or _pick_num_splits(
                     num_seqs * num_kv_heads, kv_upper, q.device)
-                part = attn_decode_part() if on_gpu else None
+                part = attn_decode_part() if on_gpu and splits == 1 else None
                 if part is not None:
+                    # A grid that fills the GPU, cut so that long contexts run in parts of
+                    # part_keys while short ones stay whole (the tail of one long context).
                     part_keys, most = part
-                    if splits == 1:
-                        # A grid that fills the GPU, cut so that long contexts run in parts
-                        # of part_keys while short ones stay whole (the tail of one long
-                        # context).
-                        splits = max(1, min(kv_upper // part_keys, most, _MAX_SPLITS))
+                    splits = max(1, min(kv_upper // part_keys, most, _MAX_SPLITS))
         launch(True, num_seqs, cfg, max(1, int(splits)), part_keys)
 
     if not decode_only:
