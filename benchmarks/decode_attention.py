@@ -42,9 +42,11 @@ CASES = {
 
 
 def make(heads, kv_heads, batch, ctx, seed=0, bs=16, d=128, dtype=torch.bfloat16,
-         layout="token"):
+         layout="token", longest_first=False):
     rnd = random.Random(seed)
     lens = [rnd.randint(*ctx) for _ in range(batch)]
+    if longest_first:  # the batch's rows in falling context order
+        lens.sort(reverse=True)
     blocks = [-(-n // bs) for n in lens]
     total = sum(blocks) + 1
     perm = torch.randperm(total, device="cuda").to(torch.int32)
@@ -67,10 +69,12 @@ def make(heads, kv_heads, batch, ctx, seed=0, bs=16, d=128, dtype=torch.bfloat16
 
 
 def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20,
-                layout="token", splits=None, min_split_keys=None) -> float:
+                layout="token", splits=None, min_split_keys=None,
+                longest_first=False) -> float:
     heads, kv_heads, batch, ctx, bound = CASES[case]
     q, kc, vc, qsl, sl, bt, kv_bytes, cache_bytes = make(heads, kv_heads, batch, ctx,
-                                                         layout=layout)
+                                                         layout=layout,
+                                                         longest_first=longest_first)
     copies = max(1, -(-copies_min_bytes // cache_bytes))
     kcs = [kc] + [kc.clone() for _ in range(copies - 1)]  # clone keeps the strides
     vcs = [vc] + [vc.clone() for _ in range(copies - 1)]
@@ -123,6 +127,9 @@ def main() -> None:
                     help="also time SPLITS:MIN_KEYS (num_splits, min_split_keys): each "
                          "context cut into parts of at least MIN_KEYS keys, at most SPLITS "
                          "of them, merged in the launch")
+    ap.add_argument("--longest-first", action="store_true",
+                    help="also time the default with the batch's rows in falling context "
+                         "order")
     ap.add_argument("--json")
     args = ap.parse_args()
     name = torch.cuda.get_device_name()
@@ -142,6 +149,11 @@ def main() -> None:
             row["splits"].append({"splits": sp, "min_keys": keys, "us": t,
                                   "tbps": kv_bytes / t / 1e6, "speedup": us / t})
             print(f"{case:8s} {layout:5s} splits {sp:2d} min keys {keys:5d}: {t:8.1f} us "
+                  f"{kv_bytes / t / 1e6:.2f} TB/s x{us / t:.2f}", flush=True)
+        if args.longest_first:
+            t, _ = time_launch(case, env, layout=layout, longest_first=True)
+            row["longest_first"] = {"us": t, "tbps": kv_bytes / t / 1e6, "speedup": us / t}
+            print(f"{case:8s} {layout:5s} longest first: {t:8.1f} us "
                   f"{kv_bytes / t / 1e6:.2f} TB/s x{us / t:.2f}", flush=True)
         rows.append(row)
     if args.json:
