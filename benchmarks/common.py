@@ -215,6 +215,30 @@ def graph_timed(fns) -> float:
     return start.elapsed_time(end) * 1e3 / (reps * len(fns))
 
 
+def graph_median_ms(fn, reps: int = 20) -> float:
+    """Median milliseconds of one replay of a CUDA graph of ``fn`` (called once outside the
+    capture first: compiles), each replay timed alone with CUDA events."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
 def time_each(timed, candidates: list[dict], calls) -> list[dict]:
     """A kernel sweep: ``{"cfg", "us"}`` per candidate (``timed(calls(cfg))``: the closures of
     one configuration), or ``"error"`` for a configuration the compiler refuses."""

@@ -24,6 +24,7 @@ import random
 
 import torch
 
+from benchmarks.common import graph_median_ms
 from octavo.kernels.paged_attention import paged_attention
 
 HBM_TBPS = {"H200": 4.8, "H100": 3.35}
@@ -93,23 +94,7 @@ def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20,
                                 max_query_len=1, max_seq_len=bound, num_splits=splits,
                                 min_split_keys=min_split_keys)
 
-        run()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-        for _ in range(3):
-            graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(reps):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / copies)
-        times.sort()
-        return times[len(times) // 2], kv_bytes
+        return graph_median_ms(run, reps) * 1e3 / copies, kv_bytes
     finally:
         for k, v in old.items():
             if v is None:

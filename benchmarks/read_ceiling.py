@@ -29,6 +29,7 @@ import json
 
 import torch
 
+from benchmarks.common import graph_median_ms
 from octavo.kernels.paged_attention import paged_attention
 from octavo.kernels.triton_utils import tl, triton
 
@@ -79,27 +80,6 @@ def _read_rows(k, v, table, out, blocks_per_req, heads, stride_b, stride_t,
     tl.store(out + req * heads + head, tl.sum(acc))
 
 
-def timed(fn, reps: int = 20) -> float:
-    """Median ms of one replay of a graph of ``fn``."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=1100,
@@ -144,7 +124,7 @@ def main() -> None:
                 for i in range(copies):
                     _read_stream[(programs,)](ks[i], out, per_prog, CHUNK=chunk, STAGES=stages)
                     _read_stream[(programs,)](vs[i], out, per_prog, CHUNK=chunk, STAGES=stages)
-            report("stream", f"chunk {chunk} stages {stages}", timed(run))
+            report("stream", f"chunk {chunk} stages {stages}", graph_median_ms(run))
     for stages in args.stages:
         for chunk in (2048, 4096):
             def run(chunk=chunk, stages=stages):
@@ -152,7 +132,7 @@ def main() -> None:
                     _read_blocks[(programs,)](ks[i], vs[i], table, out, nblocks // programs,
                                               BLOCK_ELEMS=block_bytes // 2, CHUNK=chunk,
                                               STAGES=stages)
-            report("blocks", f"chunk {chunk} stages {stages}", timed(run))
+            report("blocks", f"chunk {chunk} stages {stages}", graph_median_ms(run))
     for stages in args.stages:
         for block_n in (64, 128):
             def run(block_n=block_n, stages=stages):
@@ -160,7 +140,7 @@ def main() -> None:
                     _read_rows[(reqs, hkv)](ks[i], vs[i], table, out, blocks_per_req, hkv,
                                             ks[i].stride(0), ks[i].stride(1), BLOCK_SIZE=bs,
                                             BLOCK_N=block_n, D=d, STAGES=stages)
-            report("rows", f"block_n {block_n} stages {stages}", timed(run))
+            report("rows", f"block_n {block_n} stages {stages}", graph_median_ms(run))
     # The decode kernel itself: every request the same context over the same shuffled blocks.
     ctx = blocks_per_req * bs
     q = torch.randn(reqs, args.heads, d, device="cuda", dtype=torch.bfloat16)
@@ -173,7 +153,7 @@ def main() -> None:
         for i in range(copies):
             paged_attention(q, ks[i], vs[i], qsl, sl, bt, d ** -0.5, out=o, max_query_len=1,
                             max_seq_len=4096)
-    report("attention", f"context {ctx}", timed(attn))
+    report("attention", f"context {ctx}", graph_median_ms(attn))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "peak_tbps": peak, "pass_bytes": pass_bytes,
