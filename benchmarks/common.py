@@ -215,6 +215,14 @@ def graph_timed(fns) -> float:
     return start.elapsed_time(end) * 1e3 / (reps * len(fns))
 
 
+# Published HBM bandwidth (TB/s) by device name, for the kernel benchmarks' "of HBM" column.
+HBM_TBPS = {"H200": 4.8, "H100": 3.35}
+
+
+def published_hbm_tbps(device_name: str) -> float | None:
+    return next((v for k, v in HBM_TBPS.items() if k in device_name), None)
+
+
 def graph_median_ms(fn, reps: int = 20) -> float:
     """Median milliseconds of one replay of a CUDA graph of ``fn`` (called once outside the
     capture first: compiles), each replay timed alone with CUDA events."""

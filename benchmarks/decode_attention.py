@@ -24,10 +24,9 @@ import random
 
 import torch
 
-from benchmarks.common import graph_median_ms
+from benchmarks.common import graph_median_ms, published_hbm_tbps
 from octavo.kernels.paged_attention import paged_attention
 
-HBM_TBPS = {"H200": 4.8, "H100": 3.35}
 # name: (heads, kv_heads, batch, context range, max_seq_len bound)
 CASES = {
     "w1": (16, 8, 128, (100, 2000), 4096),  # W1's batch-128 steps, contexts ~100-2,000
@@ -71,7 +70,7 @@ def make(heads, kv_heads, batch, ctx, seed=0, bs=16, d=128, dtype=torch.bfloat16
 
 def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20,
                 layout="token", splits=None, min_split_keys=None,
-                longest_first=False) -> float:
+                longest_first=False) -> tuple[float, int]:
     heads, kv_heads, batch, ctx, bound = CASES[case]
     q, kc, vc, qsl, sl, bt, kv_bytes, cache_bytes = make(heads, kv_heads, batch, ctx,
                                                          layout=layout,
@@ -118,7 +117,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     name = torch.cuda.get_device_name()
-    peak = next((v for k, v in HBM_TBPS.items() if k in name), None)
+    peak = published_hbm_tbps(name)
     rows = []
     for case, layout in ((c, lay) for c in args.cases.split(",") for lay in args.layouts):
         env = {"OCTAVO_PDL": args.pdl}

@@ -2,7 +2,7 @@
 pattern, with no attention arithmetic and perfectly balanced programs, next to the decode
 attention kernel on a W1-like cache of the same size.
 
-PYTHONPATH=. python benchmarks/read_ceiling.py [--mb 600] [--json out.json]
+PYTHONPATH=. python benchmarks/read_ceiling.py [--mb 1100] [--requests 128] [--json out.json]
 
 Patterns (each reads every byte of a K and a V cache once, programs = requests x KV heads as
 in a W1 batch-128 step, every program the same number of blocks; one CUDA graph replays the
@@ -29,11 +29,9 @@ import json
 
 import torch
 
-from benchmarks.common import graph_median_ms
+from benchmarks.common import graph_median_ms, published_hbm_tbps
 from octavo.kernels.paged_attention import paged_attention
 from octavo.kernels.triton_utils import tl, triton
-
-HBM_TBPS = {"H200": 4.8, "H100": 3.35}
 
 
 @triton.jit
@@ -91,7 +89,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     name = torch.cuda.get_device_name()
-    peak = next((v for k, v in HBM_TBPS.items() if k in name), None)
+    peak = published_hbm_tbps(name)
     bs, d, hkv, reqs = 16, 128, args.kv_heads, args.requests
     block_bytes = bs * hkv * d * 2
     # A multiple of the KV heads, so the ``blocks`` pattern's programs get whole blocks.
