@@ -81,6 +81,14 @@ def attn_decode_splits() -> int | None:
     return int(value)
 
 
+def attn_longest_first() -> bool:
+    """OCTAVO_ATTN_LONGEST_FIRST (default off), for measurements: a decode-only attention
+    launch on the GPU walks its requests in falling context order (a per-step argsort of
+    seq_lens, shared by every layer), so the longest contexts start first and the launch's
+    last wave holds short ones."""
+    return _flag("OCTAVO_ATTN_LONGEST_FIRST", False)
+
+
 def attn_decode_part() -> tuple[int, int] | None:
     """OCTAVO_ATTN_DECODE_PART="K" or "K:S" (unset: off), for measurements: decode-only
     attention launches whose grid alone fills the GPU (left whole by the split heuristic)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from octavo.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
+from octavo.envs import attn_longest_first
 from octavo.kernels.triton_utils import HAS_TRITON
 
 if not HAS_TRITON:  # pragma: no cover - only where triton is absent
@@ -63,8 +64,23 @@ class TritonAttentionImpl(AttentionImpl):
         return paged_attention(
             q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens,
             meta.block_tables, self.scale, out=out, max_query_len=meta.max_query_len,
-            max_seq_len=meta.max_seq_len,
+            max_seq_len=meta.max_seq_len, decode_order=_decode_order(meta, q.device),
         )  # fmt: skip
+
+
+def _decode_order(meta: AttentionMetadata, device: torch.device) -> torch.Tensor | None:
+    """The requests in falling context order for a decode-only step on the GPU with
+    OCTAVO_ATTN_LONGEST_FIRST, sorted once per step on the device (no sync: a captured graph
+    replays the sort) and shared by every layer."""
+    if not (meta.is_decode_only and device.type == "cuda" and attn_longest_first()):
+        return None
+    # Keyed by capture: warm-up's tensor must not be the one a captured graph reads.
+    key = ("decode_order", torch.cuda.is_current_stream_capturing())
+    order = meta.derived.get(key)
+    if order is None:
+        order = torch.argsort(meta.seq_lens, descending=True, stable=True).to(torch.int32)
+        meta.derived[key] = order
+    return order
 
 
 class TritonAttentionBackend(AttentionBackend):

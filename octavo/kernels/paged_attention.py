@@ -183,6 +183,7 @@ def _paged_attention_kernel(
     part_acc_ptr,
     part_ml_ptr,
     cnt_ptr,
+    order_ptr,
     qk_scale,
     num_seqs,
     stride_qt,
@@ -212,6 +213,7 @@ def _paged_attention_kernel(
     SPLITS_P: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    ORDER: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_begin(PDL)
@@ -220,6 +222,8 @@ def _paged_attention_kernel(
     if DECODE:
         # Grid axis 0 = request; only single-token requests (decodes) are handled here.
         b = tl.program_id(0)
+        if ORDER:  # the requests in the order given (longest context first)
+            b = tl.load(order_ptr + b)
         q_start = tl.load(qsl_ptr + b)
         q_len = tl.load(qsl_ptr + b + 1) - q_start
         if q_len != 1:
@@ -363,6 +367,7 @@ def paged_attention(
     num_splits: int | None = None,
     prefill_splits: int | None = None,
     min_split_keys: int | None = None,
+    decode_order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q`` ``[T, H, D]`` over the paged cache; returns ``[T, H, D]``.
 
@@ -381,6 +386,9 @@ def paged_attention(
     ``min_split_keys``: each split decode's own context is cut into parts of at least this
     many keys (default: 256 on the GPU with the in-launch merge, else one KV tile), so a
     short context in a launch split for a long one runs in fewer programs.
+    ``decode_order`` (int32 ``[B]``, a permutation of the requests): the decode launch's
+    programs take the requests in this order (e.g. longest context first, so the launch
+    does not end on a long one).
     """
     require_triton("paged_attention")
     num_tokens, num_heads, head_dim = q.shape
@@ -431,7 +439,7 @@ def paged_attention(
     pdl = pdl_args(q.device)
 
     def launch(decode: bool, grid0: int, cfg: _Config, splits: int,
-               part_keys: int | None = None) -> None:
+               part_keys: int | None = None, order: torch.Tensor | None = None) -> None:
         if splits > 1:
             f32 = dict(dtype=torch.float32, device=q.device)
             part_acc = torch.empty((num_tokens, num_heads, splits, head_dim_p), **f32)
@@ -452,10 +460,12 @@ def paged_attention(
         min_split = max(cfg.block_n, keys) if decode else cfg.block_n
         cnt = split_k_counters(q.device, grid0 * num_kv_heads) if merge else seq_lens
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
-            *args, part_acc, part_ml, cnt, qk_scale, num_seqs, *strides, num_heads, splits,
+            *args, part_acc, part_ml, cnt, seq_lens if order is None else order, qk_scale,
+            num_seqs, *strides, num_heads, splits,
             DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             SPLIT=splits > 1, MERGE=merge, MIN_SPLIT=min_split,
-            SPLITS_P=next_power_of_2(splits), **common, num_warps=cfg.num_warps,
+            SPLITS_P=next_power_of_2(splits), ORDER=order is not None, **common,
+            num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **pdl,
         )  # fmt: skip
         splits_p = next_power_of_2(splits)
@@ -496,7 +506,9 @@ def paged_attention(
                     # part_keys while short ones stay whole (the tail of one long context).
                     part_keys, most = part
                     splits = max(1, min(kv_upper // part_keys, most, _MAX_SPLITS))
-        launch(True, num_seqs, cfg, max(1, int(splits)), part_keys)
+        if decode_order is not None:
+            assert decode_order.shape == (num_seqs,) and decode_order.dtype == torch.int32
+        launch(True, num_seqs, cfg, max(1, int(splits)), part_keys, decode_order)
 
     if not decode_only:
         cfg = _pick_config(False, group, head_dim_p, q.element_size(), on_gpu)

@@ -108,6 +108,33 @@ def test_decode(max_query_len, num_splits, device):
     )
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_in_a_given_order(num_splits, device):
+    """decode_order: the decode launch's programs take the requests in the order given
+    (longest context first); each request's output stays its own, split or not (the in-launch
+    merge's counters are indexed by the request, not the program)."""
+    seq_lens = [45, 7, 64, 1, 30]
+    order = torch.tensor(sorted(range(5), key=lambda b: -seq_lens[b]), dtype=torch.int32,
+                         device=device)
+    check(q_lens=[1] * 5, seq_lens=seq_lens, num_heads=8, num_kv_heads=2, head_dim=32,
+          block_size=4, dtype=torch.float32, device=device, max_query_len=1,
+          num_splits=num_splits, decode_order=order)
+
+
+def test_decode_order_reaches_the_kernel(monkeypatch, device):
+    """A reversed order is not the identity: with every program redirected to request 0 by an
+    order of zeros, the other requests' outputs come out wrong (so the kernel reads it)."""
+    q, kc, vc, qsl, sl, bt = make_batch([1, 1, 1], [20, 9, 33], 4, 2, 32, 4, torch.float32,
+                                        device)
+    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, 32 ** -0.5)
+    zeros = torch.zeros(3, dtype=torch.int32, device=device)
+    out = torch.full_like(q, float("nan"))
+    paged_attention(q, kc, vc, qsl, sl, bt, 32 ** -0.5, out=out, max_query_len=1,
+                    num_splits=1, decode_order=zeros)
+    torch.testing.assert_close(out[0], ref[0], **TOL[torch.float32])
+    assert torch.isnan(out[1:]).all()
+
+
 class _NoLaunch:
     def __getitem__(self, grid):
         raise AssertionError("the merging kernel was launched")
