@@ -11,7 +11,6 @@ configurations of the skinny GEMM / the GEMV.
     python benchmarks/skinny_gemm.py [--m 1 4 16] [--sweep] [--sweep-gemv] [--json out.json]
     python benchmarks/skinny_gemm.py --paths cublas skinny gemv cuda --m 1 2 4 8 16 32
     python benchmarks/skinny_gemm.py --cuda-sweep --m 1 8 16 32   # dense_mma's launch plans
-    python benchmarks/skinny_gemm.py --row-tiles --m 64 128 256   # above 64 rows, in row tiles
 
 ``--paths`` times the kernels side by side (``cuda``: the CUDA C++ GEMM of
 octavo/kernels/dense_mma.py, whatever ``OCTAVO_CUDA_DENSE`` says; ``gemv`` only at the rows
@@ -58,12 +57,7 @@ def main() -> None:
                     help="time these kernels side by side per shape and M (a table)")
     ap.add_argument("--cuda-sweep", action="store_true",
                     help="the CUDA dense GEMM over launch plans per shape and M")
-    ap.add_argument("--row-tiles", action="store_true",
-                    help="the skinny GEMM in row tiles (block_m) over tile shapes against "
-                         "cuBLAS, at batches above 64 rows (W1 / W2 decode steps)")
     args = ap.parse_args()
-    if args.row_tiles:
-        return row_tiles_sweep(args)
     if args.paths:
         return paths_table(args)
     if args.cuda_sweep:
@@ -286,55 +280,6 @@ def cuda_sweep(args) -> None:
     print_json_result({"benchmark": "skinny_gemm_cuda_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "rows": rows,
                        "layer_totals": totals}, args.json)
-
-
-def row_tiles_sweep(args) -> None:
-    """The skinny GEMM cut into row tiles against cuBLAS at W1 / W2 decode batches: each
-    projection (not the LM heads, nor Llama-8B's compute-bound gate_up) at each M over tile
-    shapes (row tile x column tile x K step, stages, split-K by the kernel's rule or none);
-    the best per shape and one layer's sum of the bests against cuBLAS's."""
-    import torch
-
-    from octavo.kernels.skinny_gemm import skinny_gemm
-
-    bandwidth, _, limits = device_limits()
-    cfgs = [dict(block_m=bm, block_n=bn, block_k=bk, num_stages=st, split_k=sk,
-                 num_warps=4 if bm * bn <= 64 * 64 else 8)
-            for (bm, bk), bn, st, sk in itertools.product(((64, 64), (64, 128), (128, 64)),
-                                                          (32, 64, 128), (3, 4), (None, 1))]
-    rows = []
-    for model, shapes in SHAPES.items():
-        for name, (n, k) in shapes.items():
-            if name == "lm_head" or (model, name) == ("llama-3.1-8b", "gate_up"):
-                continue
-            ws = _weight_copies(n, k)
-            for m in args.m:
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                t_ref = timed([lambda w=w, x=x: _cublas(x, w) for w in ws])
-                _, best, others = _time_configs(timed, skinny_gemm, x, ws, cfgs, "")
-                err = float((skinny_gemm(x, ws[0], **best[1]).float()
-                             - _cublas(x, ws[0]).float()).abs().max())
-                row = {"model": model, "shape": name, "N": n, "K": k, "M": m,
-                       "cublas_us": round(t_ref, 2), "best_us": round(best[0], 2),
-                       "speedup": round(t_ref / best[0], 3), "best_cfg": best[1],
-                       "cublas_hbm_fraction": round(n * k * 2 / (t_ref * 1e-6) / bandwidth, 3),
-                       "max_abs_diff": err,
-                       "top5": sorted(others, key=lambda c: c[1])[:5]}
-                rows.append(row)
-                print(f"{model:13} {name:8} M={m:<4} cublas {t_ref:7.2f} us  best {best[0]:7.2f}"
-                      f" us x{t_ref / best[0]:.2f}  {best[1]}", flush=True)
-            del ws
-            torch.cuda.empty_cache()
-    per_layer = {}
-    for label, sel in _layers(rows, args.m):
-        if sel:
-            c, b = sum(r["cublas_us"] for r in sel), sum(r["best_us"] for r in sel)
-            per_layer[label] = {"shapes": [r["shape"] for r in sel], "cublas_us": round(c, 1),
-                                "best_us": round(b, 1), "speedup": round(c / b, 3)}
-            print(f"one {label} layer's GEMMs: {per_layer[label]}")
-    print_json_result({"benchmark": "skinny_gemm_row_tiles", "device": device_info(),
-                       "limits": limits, "commit": git_commit(), "rows": rows,
-                       "per_layer": per_layer}, args.json)
 
 
 def _time_configs(timed, fn, x, ws, cfgs, label):

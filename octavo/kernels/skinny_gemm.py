@@ -40,8 +40,7 @@ def _skinny_gemm_kernel(
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)  # row tiles: one for decode batches up to 64 rows
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
     n_ok = offs_n < N
@@ -67,7 +66,7 @@ def _skinny_gemm_kernel(
         acc = tl.dot(x, tl.trans(w), acc)
     store_or_reduce(acc, offs_m, offs_n, m_ok[:, None] & n_ok[None, :], out_ptr,
                     stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
-                    pid_m * tl.num_programs(0) + pid_n, pid_k, NUM_SPLITS)
+                    pid_n, pid_k, NUM_SPLITS)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -102,35 +101,30 @@ def default_tiles(m: int, k: int) -> tuple[int, int]:
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 block_n: int | None = None, block_k: int | None = None,
                 split_k: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None, block_m: int | None = None) -> torch.Tensor:
+                num_stages: int | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for at most MAX_M rows. The tuning arguments (None:
-    chosen here) exist for the benchmark's sweeps; ``block_m`` cuts the rows into tiles of
-    that many (for measuring batches above 64 rows: each weight tile is then read once per
-    row tile, from L2 after the first)."""
+    chosen here) exist for the benchmark's sweeps."""
     require_triton("skinny_gemm")
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     m, k = x2.shape
     n = weight.shape[0]
-    if block_m is None:
-        assert m <= 64, m  # one tile of rows (the dispatcher sends at most MAX_M)
-        block_m = max(16, triton.next_power_of_2(m))
-    m_tiles = triton.cdiv(m, block_m)
+    assert m <= 64, m  # one tile of rows (the dispatcher sends at most MAX_M)
     default_n, default_k = default_tiles(m, k)
     block_n = block_n or default_n
     block_k = block_k or default_k
     n_tiles = triton.cdiv(n, block_n)
     if split_k is None:
         # About four programs per SM: every SM streams several tiles at once.
-        split_k = split_k_to_fill(n_tiles * m_tiles, triton.cdiv(k, block_k), x.device, 4)
+        split_k = split_k_to_fill(n_tiles, triton.cdiv(k, block_k), x.device, 4)
     split_k, k_per_split = split_k_plan(triton.cdiv(k, block_k) * block_k, block_k, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
-    _skinny_gemm_kernel[(n_tiles, split_k, m_tiles)](
-        x2, weight, out, partial, split_k_counters(x.device, n_tiles * m_tiles),
+    _skinny_gemm_kernel[(n_tiles, split_k)](
+        x2, weight, out, partial, split_k_counters(x.device, n_tiles),
         m, n, k, k_per_split, split_k,
         x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps or 4, num_stages=num_stages or 4, **pdl_args(x.device),
     )  # fmt: skip
     if bias is not None:

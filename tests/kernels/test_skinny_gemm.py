@@ -27,22 +27,6 @@ def test_matches_linear(m, nk, split_k, device):
     assert got.dtype == dtype and got.shape == (m, n)
 
 
-@pytest.mark.parametrize("m", [40, 100])
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_row_tiles_match_linear(m, split_k, device):
-    """block_m: rows cut into tiles (a third grid axis); each (row tile, column tile) pair
-    has its own split-K ticket, so the partial sums of one never land in another."""
-    n, k = 48, 64
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
-    g = torch.Generator().manual_seed(m + split_k)
-    x = torch.randn(m, k, generator=g).to(device, dtype)
-    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(device, dtype)
-    got = skinny_gemm(x, w, block_m=16 if device.type == "cpu" else 64, block_n=16,
-                      block_k=16, split_k=split_k)
-    torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), atol=3e-2,
-                               rtol=3e-2)
-
-
 def test_a_3d_input_keeps_its_leading_dims(device):
     x = torch.randn(2, 3, 32).to(device, torch.float16)
     w = torch.randn(24, 32).to(device, torch.float16)
