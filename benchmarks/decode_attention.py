@@ -21,10 +21,13 @@ import argparse
 import json
 import os
 import random
+import sys
 
 import torch
 
-from benchmarks.common import graph_median_ms, published_hbm_tbps
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import graph_median_ms, published_hbm_tbps  # noqa: E402
 from octavo.kernels.paged_attention import paged_attention
 
 # name: (heads, kv_heads, batch, context range, max_seq_len bound)

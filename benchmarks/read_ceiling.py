@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 
-from benchmarks.common import graph_median_ms, published_hbm_tbps
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import graph_median_ms, published_hbm_tbps  # noqa: E402
 from octavo.kernels.paged_attention import paged_attention
 from octavo.kernels.triton_utils import tl, triton
 
