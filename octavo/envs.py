@@ -81,11 +81,13 @@ def attn_decode_splits() -> int | None:
     return int(value)
 
 
-def attn_longest_first() -> bool:
-    """OCTAVO_ATTN_LONGEST_FIRST (default off), for measurements: a decode-only attention
-    launch on the GPU walks its requests in falling context order (a per-step argsort of
-    seq_lens, shared by every layer), so the longest contexts start first and the launch's
-    last wave holds short ones."""
+def attn_longest_first() -> bool | None:
+    """OCTAVO_ATTN_LONGEST_FIRST (unset: by grid size, octavo/attention/triton_backend.py): 1,
+    every decode-only attention launch on the GPU walks its requests in falling context order
+    (a per-step argsort of seq_lens, shared by every layer), so the longest contexts start
+    first and the launch's last wave holds short ones; 0, never."""
+    if os.environ.get("OCTAVO_ATTN_LONGEST_FIRST") is None:
+        return None
     return _flag("OCTAVO_ATTN_LONGEST_FIRST", False)
 
 

@@ -151,3 +151,43 @@ def test_registry():
     assert get_backend("triton") is TritonAttentionBackend
     assert TritonAttentionBackend.name == "triton"
     assert TritonAttentionBackend.supports(torch.device("cuda"))
+
+
+def _decode_meta(num_reqs: int, max_query_len: int = 1) -> AttentionMetadata:
+    lens = torch.tensor([(37 * b) % 101 + 1 for b in range(num_reqs)], dtype=torch.int32)
+    return AttentionMetadata(
+        num_tokens=num_reqs, num_reqs=num_reqs,
+        query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32), seq_lens=lens,
+        block_tables=torch.zeros(num_reqs, 8, dtype=torch.int32),
+        slot_mapping=torch.zeros(num_reqs, dtype=torch.int64), max_query_len=max_query_len,
+        max_seq_len=128, query_start_loc_cpu=[], seq_lens_cpu=lens.tolist())
+
+
+@pytest.mark.parametrize("env,num_reqs,expected", [
+    (None, 33, True),   # 33 x 8 KV heads = 264 programs: two per SM of 132
+    (None, 32, False),  # 256: split or one wave, the sort would only cost
+    ("1", 2, True), ("0", 256, False),
+])
+def test_decode_order_longest_first_on_full_grids(env, num_reqs, expected, monkeypatch):
+    """A decode-only step whose grid holds two programs per SM walks its requests longest
+    context first (one argsort per step, shared by every layer); OCTAVO_ATTN_LONGEST_FIRST
+    forces it on or off. Prefill steps and the CPU never sort."""
+    from octavo.attention import triton_backend as tb
+
+    monkeypatch.setattr(tb, "num_compute_units", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    if env is None:
+        monkeypatch.delenv("OCTAVO_ATTN_LONGEST_FIRST", raising=False)
+    else:
+        monkeypatch.setenv("OCTAVO_ATTN_LONGEST_FIRST", env)
+    meta = _decode_meta(num_reqs)
+    order = tb._decode_order(meta, 8, torch.device("cuda"))
+    if not expected:
+        assert order is None
+        return
+    assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(num_reqs))
+    lens = meta.seq_lens[order.long()].tolist()
+    assert lens == sorted(lens, reverse=True)
+    assert tb._decode_order(meta, 8, torch.device("cuda")) is order  # once per step
+    assert tb._decode_order(_decode_meta(num_reqs, 5), 8, torch.device("cuda")) is None
+    assert tb._decode_order(meta, 8, torch.device("cpu")) is None
