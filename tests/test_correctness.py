@@ -87,6 +87,11 @@ def test_greedy_matches_with_prefix_cache_hits_and_off(checkpoint, reference):
     assert [o.outputs[0].token_ids for o in second] == expected
     assert [o.num_cached_tokens for o in second] == [(len(p) - 1) // 4 * 4 for p in prompts]
     assert llm.llm_engine.scheduler.kv.prefix_hits > 0
+    # LLM.reset_prefix_cache (vLLM's name): a third pass computes every prompt again.
+    assert llm.reset_prefix_cache() is True
+    third = llm.generate(batch, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in third] == expected
+    assert [o.num_cached_tokens for o in third] == [0] * len(prompts)
     _, off = _octavo(folder, prompts, enable_prefix_caching=False)
     assert off == expected
 

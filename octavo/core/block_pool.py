@@ -70,6 +70,18 @@ class BlockPool:
             block.block_hash = block_hash
             self.cached[block_hash] = block
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, so later requests compute their prompts again (e.g.
+        between benchmark runs over the same prompts). Only while no block is in use: a
+        running request's blocks may be shared through the cache. Returns whether it was
+        reset."""
+        if self.num_used_blocks:
+            return False
+        for block in self.cached.values():
+            block.block_hash = None
+        self.cached.clear()
+        return True
+
     def lookup(self, block_hash: int) -> KVBlock | None:
         return self.cached.get(block_hash)
 

@@ -72,6 +72,11 @@ class KVCacheManager:
         self.req_to_blocks[child.request_id] = table
         return copy
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (see BlockPool.reset_prefix_cache); False while any
+        block is in use."""
+        return self.pool.reset_prefix_cache()
+
     def get_computed_blocks(self, request: Request) -> list[KVBlock]:
         """Cached blocks holding a prefix of the request's tokens. At least one token is left
         to compute: the model must run on the last one to produce logits."""

@@ -86,6 +86,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ----------------------------------------------------------------- the step
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; False (nothing changes) while requests hold blocks."""
+        return self.kv.reset_prefix_cache()
+
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         out = SchedulerOutput()

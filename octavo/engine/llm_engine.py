@@ -147,6 +147,13 @@ class LLMEngine:
             self._child_parent[req.request_id] = (parent, i)
         self.parents[request_id] = parent
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt prefix (vLLM's name). Only when idle: with requests
+        unfinished or a step in flight it changes nothing and returns False."""
+        if self.has_unfinished_requests():
+            return False
+        return self.scheduler.reset_prefix_cache()
+
     def abort_request(self, request_ids: str | list[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         for rid in list(ids):

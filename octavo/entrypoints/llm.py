@@ -68,6 +68,16 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt prefix, so the next ``generate`` computes its prompts
+        again (as vLLM's ``LLM.reset_prefix_cache``); True when reset. Between ``generate``
+        calls the engine is idle, so this succeeds."""
+        if self._replicas is not None:
+            raise NotImplementedError(
+                "reset_prefix_cache with data_parallel_size > 1: the replicas' caches live in "
+                "their own processes and are not reachable from here yet")
+        return self.llm_engine.reset_prefix_cache()
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],

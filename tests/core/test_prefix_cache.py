@@ -172,3 +172,28 @@ def test_simultaneous_arrivals_wait_for_the_shared_prefix():
     assert sched.requests["r1"].num_cached_tokens == 32
     run(sched)
     assert sched.kv.pool.num_free_blocks == sched.kv.pool.num_blocks
+
+
+def test_reset_prefix_cache_forgets_every_prefix_only_when_idle():
+    """reset_prefix_cache (vLLM's name): refused while a request holds blocks (nothing
+    changes), then every cached prefix is forgotten and the same prompt computes again."""
+    sched = make_sched()
+    prompt = list(range(100, 140))  # 10 full blocks
+    sched.add_request(req("a", prompt))
+    step(sched)  # "a" holds blocks now
+    assert sched.kv.pool.cached
+    assert sched.reset_prefix_cache() is False and sched.kv.pool.cached
+    run(sched)
+    assert sched.reset_prefix_cache() is True
+    pool = sched.kv.pool
+    assert not pool.cached and all(b.block_hash is None for b in pool.blocks)
+    sched.add_request(req("b", prompt))
+    out = sched.schedule()
+    assert sched.requests["b"].num_cached_tokens == 0 and out.num_scheduled_tokens["b"] == 40
+    sched.update_from_output(out, ModelRunnerOutput(["b"], [7]))
+    run(sched)
+    check_refcounts(sched)
+    # "b" filled the cache again: the next request with the prompt hits it.
+    sched.add_request(req("c", prompt))
+    sched.schedule()
+    assert sched.requests["c"].num_cached_tokens == 36  # the last block computes its logits
