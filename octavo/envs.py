@@ -91,23 +91,6 @@ def attn_longest_first() -> bool | None:
     return _flag("OCTAVO_ATTN_LONGEST_FIRST", False)
 
 
-def attn_decode_part() -> tuple[int, int] | None:
-    """OCTAVO_ATTN_DECODE_PART="K" or "K:S" (unset: off), for measurements: decode-only
-    attention launches whose grid alone fills the GPU (left whole by the split heuristic)
-    cut each context into parts of at least K keys, at most S of them (default: as many as
-    the longest context allowed needs), merged in the launch, so a long context is not the
-    launch's tail."""
-    value = os.environ.get("OCTAVO_ATTN_DECODE_PART")
-    if not value:
-        return None
-    keys, _, most = value.strip().partition(":")
-    if not keys.isdigit() or int(keys) < 16 or (most and not (most.isdigit() and
-                                                               1 <= int(most) <= 64)):
-        raise ValueError(f"OCTAVO_ATTN_DECODE_PART={value!r}: expected K or K:S, an "
-                         "integer K >= 16 and S 1-64")
-    return int(keys), int(most or 64)
-
-
 def fused_kv_store() -> bool:
     """OCTAVO_FUSED_KV_STORE (default on): on CUDA, the launch that rotates q and k (Qwen3's
     q/k norm + rotary under OCTAVO_FUSED_QK_NORM_ROPE, or the rotary kernel of the other

@@ -44,13 +44,11 @@ from __future__ import annotations
 import torch
 
 from octavo.envs import (
-    attn_decode_part,
     attn_decode_splits,
     attn_decode_tile,
     attn_split_merge,
 )
 from octavo.kernels.paged_attention_config import (
-    _MAX_SPLITS,
     _MIN_SPLIT_TOKENS,
     _SPLIT_PREFILL_ROWS,
     _Config,
@@ -439,7 +437,7 @@ def paged_attention(
     pdl = pdl_args(q.device)
 
     def launch(decode: bool, grid0: int, cfg: _Config, splits: int,
-               part_keys: int | None = None, order: torch.Tensor | None = None) -> None:
+               order: torch.Tensor | None = None) -> None:
         if splits > 1:
             f32 = dict(dtype=torch.float32, device=q.device)
             part_acc = torch.empty((num_tokens, num_heads, splits, head_dim_p), **f32)
@@ -453,7 +451,7 @@ def paged_attention(
         forced = attn_split_merge()
         merge = split_decode and (_merge_in_launch(num_seqs * num_kv_heads, q.device)
                                   if forced is None else forced)
-        keys = min_split_keys if part_keys is None else part_keys
+        keys = min_split_keys
         if keys is None:  # the interpreter's tests split tiny contexts
             keys = _MIN_SPLIT_TOKENS if on_gpu and merge else 0
         # The minimum part applies to decodes; a prefill chunk's parts are its even share.
@@ -492,7 +490,7 @@ def paged_attention(
         tile = attn_decode_tile() if on_gpu else None
         if tile is not None:  # a measurement's override
             cfg = _Config(cfg.block_q, cfg.block_m, *tile)
-        splits, part_keys = num_splits, None
+        splits = num_splits
         if splits is None:
             # Mixed batches are left unsplit: the prefill launch dominates them, and the
             # number of decodes (hence of programs) is not known on the host.
@@ -500,15 +498,9 @@ def paged_attention(
             if decode_only:
                 splits = attn_decode_splits() or _pick_num_splits(
                     num_seqs * num_kv_heads, kv_upper, q.device)
-                part = attn_decode_part() if on_gpu and splits == 1 else None
-                if part is not None:
-                    # A grid that fills the GPU, cut so that long contexts run in parts of
-                    # part_keys while short ones stay whole (the tail of one long context).
-                    part_keys, most = part
-                    splits = max(1, min(kv_upper // part_keys, most, _MAX_SPLITS))
         if decode_order is not None:
             assert decode_order.shape == (num_seqs,) and decode_order.dtype == torch.int32
-        launch(True, num_seqs, cfg, max(1, int(splits)), part_keys, decode_order)
+        launch(True, num_seqs, cfg, max(1, int(splits)), decode_order)
 
     if not decode_only:
         cfg = _pick_config(False, group, head_dim_p, q.element_size(), on_gpu)

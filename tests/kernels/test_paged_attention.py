@@ -189,15 +189,13 @@ def test_decode_splits_override_matches_the_reference(monkeypatch, device):
     ("OCTAVO_ATTN_DECODE_TILE", "64,3,2", "WARPS 1, 2, 4 or 8"),
     ("OCTAVO_ATTN_DECODE_SPLITS", "0", "an integer 1-64"),
     ("OCTAVO_ATTN_DECODE_SPLITS", "two", "an integer 1-64"),
-    ("OCTAVO_ATTN_DECODE_PART", "8", "an integer K >= 16"),
-    ("OCTAVO_ATTN_DECODE_PART", "512:0", "S 1-64"),
 ])
 def test_attention_override_values_are_checked(name, value, message, monkeypatch):
     from octavo import envs
 
     monkeypatch.setenv(name, value)
-    read = {"TILE": envs.attn_decode_tile, "SPLITS": envs.attn_decode_splits,
-            "PART": envs.attn_decode_part}[name.rsplit("_", 1)[1]]
+    read = {"TILE": envs.attn_decode_tile,
+            "SPLITS": envs.attn_decode_splits}[name.rsplit("_", 1)[1]]
     with pytest.raises(ValueError, match=f"{name}={value!r}.*{message}"):
         read()
     monkeypatch.setenv("OCTAVO_ATTN_DECODE_TILE", "64,4,3")
@@ -470,21 +468,6 @@ def test_gpu_decode_batch64(ctx, num_splits):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("part", ["256", "512:2", "1024"])
-def test_gpu_decode_parts_of_a_full_grid(part, monkeypatch):
-    """OCTAVO_ATTN_DECODE_PART: a decode grid that fills the GPU (256 requests x 8 KV heads,
-    left whole by the heuristic) cuts its contexts of 1-2,000 keys into parts of >= K keys,
-    merged in the launch; the output stays the reference's."""
-    monkeypatch.setenv("OCTAVO_ATTN_DECODE_PART", part)
-    gen = torch.Generator().manual_seed(len(part))
-    seq_lens = torch.randint(1, 2001, (256,), generator=gen).tolist()
-    check(q_lens=[1] * 256, seq_lens=seq_lens, num_heads=16, num_kv_heads=8, head_dim=128,
-          block_size=16, dtype=torch.bfloat16, device="cuda", max_query_len=1,
-          max_seq_len=4096)
-
-
-@gpu
-@needs_cuda
 @pytest.mark.parametrize("ctx", [4096, 3000])
 def test_gpu_decode_few_long_sequences(ctx):
     check(
@@ -582,14 +565,3 @@ def test_float8_cache(dtype, device):
         assert bool(close.all())
     else:  # Triton's CPU interpreter converts a few values to float8 differently
         assert close.float().mean() > 0.95
-
-
-def test_decode_part_override_is_read(monkeypatch):
-    from octavo import envs
-
-    monkeypatch.delenv("OCTAVO_ATTN_DECODE_PART", raising=False)
-    assert envs.attn_decode_part() is None
-    monkeypatch.setenv("OCTAVO_ATTN_DECODE_PART", "512")
-    assert envs.attn_decode_part() == (512, 64)
-    monkeypatch.setenv("OCTAVO_ATTN_DECODE_PART", "512:4")
-    assert envs.attn_decode_part() == (512, 4)
