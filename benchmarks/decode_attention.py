@@ -12,7 +12,8 @@ copies (CUDA events). Figures: us per launch and the K/V bytes over that time (T
 fraction of the device's published bandwidth). ``--layouts``: the caches' storage order,
 "token" [block, token, kv_head, dim] (the engine's) or "head" [block, kv_head, token, dim]
 seen through the same strided view (measured no faster on the H200, session 24).
-``--splits``: the split policy, against the default.
+``--splits``: the split policy, against the default. ``--cases eq_128,...,eq_2048``:
+equal contexts of 128-2,048 keys (batch 256), the kernel's rate against context length.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ CASES = {
     "w2_256": (32, 8, 256, (400, 800), 4096),  # W2's batch-256 steps (~616)
     "long_4": (16, 8, 4, (8000, 8192), 8192),
 }
+# Equal contexts at W1's shape and batch 256: the rate against context length shows each
+# program's fixed cost (q, block table, setup, store), which W1's short contexts pay most.
+CASES.update({f"eq_{n}": (16, 8, 256, (n, n), 4096) for n in (128, 256, 512, 1024, 2048)})
 
 
 def make(heads, kv_heads, batch, ctx, seed=0, bs=16, d=128, dtype=torch.bfloat16,
