@@ -12,6 +12,11 @@ def _flag(name: str, default: bool) -> bool:
     return value.strip().lower() not in ("0", "false", "no", "off", "")
 
 
+def _forced(name: str) -> bool | None:
+    """A switch that forces a heuristic's choice: None while unset, else its flag value."""
+    return None if os.environ.get(name) is None else _flag(name, False)
+
+
 def cpu_packed_gemm() -> bool:
     """OCTAVO_CPU_PACKED_GEMM (default on): oneDNN-packed weights for CPU linear layers."""
     return _flag("OCTAVO_CPU_PACKED_GEMM", True)
@@ -46,9 +51,7 @@ def attn_split_merge() -> bool | None:
     """OCTAVO_ATTN_SPLIT_MERGE (unset: by grid size, octavo/kernels/paged_attention_config.py):
     1, a split decode attention launch merges its splits itself (the last program of each
     request and KV head, in parts of at least 256 keys); 0, a second kernel merges them."""
-    if os.environ.get("OCTAVO_ATTN_SPLIT_MERGE") is None:
-        return None
-    return _flag("OCTAVO_ATTN_SPLIT_MERGE", False)
+    return _forced("OCTAVO_ATTN_SPLIT_MERGE")
 
 
 def attn_decode_tile() -> tuple[int, int, int] | None:
@@ -86,9 +89,7 @@ def attn_longest_first() -> bool | None:
     every decode-only attention launch on the GPU walks its requests in falling context order
     (a per-step argsort of seq_lens, shared by every layer), so the longest contexts start
     first and the launch's last wave holds short ones; 0, never."""
-    if os.environ.get("OCTAVO_ATTN_LONGEST_FIRST") is None:
-        return None
-    return _flag("OCTAVO_ATTN_LONGEST_FIRST", False)
+    return _forced("OCTAVO_ATTN_LONGEST_FIRST")
 
 
 def fused_kv_store() -> bool:
