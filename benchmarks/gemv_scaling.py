@@ -39,18 +39,16 @@ from benchmarks.common import graph_timed as timed  # noqa: E402
 from benchmarks.quantized_gemm import _weight_bytes, fp8_weight, int_weights  # noqa: E402
 from benchmarks.workloads import device_limits  # noqa: E402
 
-KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "e4m3_mma",
-           "w4_gemv", "w4_mma", "w8_gemv")
+KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_gemv",
+           "w4_mma", "w8_gemv")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 # Variants timed on request (--kernels), not by default: the integer GEMVs loading their
 # weights two or three steps ahead instead of one (*_p2, *_p3), swapab_mma's plan at other
 # warps per SM (w4_mma_w{warps}) and without tile splits over CTAs (w4_mma_w{warps}_ns).
 VARIANT_WARPS = (2, 3, 4, 6, 8, 10, 12)
 VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3") + tuple(
-    f"w4_mma_w{w}{ns}" for ns in ("", "_ns") for w in VARIANT_WARPS) + tuple(
-    f"e4m3_mma_w{w}_s{s}" for w in (8, 12, 16, 20, 24, 32) for s in (2, 4, 8))
+    f"w4_mma_w{w}{ns}" for ns in ("", "_ns") for w in VARIANT_WARPS)
 _VARIANT = re.compile(r"w4_mma_w(\d+)(_ns)?")
-_E4M3_VARIANT = re.compile(r"e4m3_mma_w(\d+)_s(\d+)")
 
 
 def variant(kernel: str) -> dict | None:
@@ -65,7 +63,7 @@ def weight_bytes(kernel: str, k: int, n: int, group: int = 128) -> float:
     """Bytes one call reads for its weight (and scales / zero points)."""
     if kernel.startswith("bf16"):
         return 2.0 * k * n
-    if kernel.startswith(("fp8", "e4m3")):
+    if kernel.startswith("fp8"):
         return k * n + 4.0 * n
     return _weight_bytes(k, n, int(kernel[1]), group)
 
@@ -98,7 +96,7 @@ def make_weight(kernel: str, k: int, n: int, dev):
         return torch.randn(k, n, device=dev, dtype=torch.bfloat16)  # x @ w
     if kernel.startswith("bf16"):
         return torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-    if kernel.startswith(("fp8", "e4m3")):
+    if kernel.startswith("fp8"):
         return fp8_weight(k, n, dev)
     layout = "swapab" if kernel.endswith("mma") or variant(kernel) else "along_k"
     return int_weights(k, n, int(kernel[1]), 128, dev, layout)
@@ -115,12 +113,6 @@ def call(kernel: str, x, w):
         from octavo.kernels.dense_mma import dense_mma
 
         return dense_mma(x, w) if kernel == "bf16_mma" else dense_mma(x, w[0], None, w[1])
-    if kernel.startswith("e4m3_mma"):
-        from octavo.kernels.e4m3_mma import e4m3_mma
-
-        match = _E4M3_VARIANT.fullmatch(kernel)
-        tuning = {"warps_per_sm": int(match[1]), "steps": int(match[2])} if match else {}
-        return e4m3_mma(x, w[0], w[1], **tuning)
     if kernel == "fp8_gemv":
         from octavo.kernels.fp8_gemv import fp8_gemv
 

@@ -51,7 +51,7 @@ CLASSES = [
     ("attention", r"paged_attention|split_reduce|attn|flash"),
     ("kv_cache_write", r"reshape_and_cache"),
     ("gemm", r"gemm|gemv|swapab|dequantize|xmma|nvjet|cutlass|cublas|sm90_|splitk|s16816|wgmma|"
-             r"dense_mma|e4m3_mma"),
+             r"dense_mma"),
     ("norm_rotary_act", r"rms_norm|rotary|silu|act_and_mul|layer_norm|_norm"),
     ("sampling", r"race|sort|topk|softmax|argmax|exponential|distribution|philox|cumsum|radix|"
                  r"bitonic|max_kernel|reduce_kernel|multinomial"),

@@ -296,20 +296,6 @@ def fp8_gemv() -> bool:
     return _flag("OCTAVO_FP8_GEMV", True)
 
 
-def e4m3_mma() -> bool:
-    """OCTAVO_E4M3_MMA (default off until measured): on NVIDIA GPUs (compute capability 8.9+)
-    with nvcc, FP8-weight linears with quantized activations (W8A8) run decode batches of
-    up to OCTAVO_E4M3_MMA_MAX_M rows through octavo/kernels/cuda/e4m3_mma.cu: the activations
-    quantized to fp8 in the kernel (the rule of torch._scaled_mm's path), the products on the
-    float8 tensor cores."""
-    return _flag("OCTAVO_E4M3_MMA", False)
-
-
-def e4m3_mma_max_m(default: int) -> int:
-    """OCTAVO_E4M3_MMA_MAX_M: the largest decode batch OCTAVO_E4M3_MMA takes (at most 8)."""
-    return _batch_size("OCTAVO_E4M3_MMA_MAX_M", default)
-
-
 def fp8_fused_quant() -> bool:
     """OCTAVO_FP8_FUSED_QUANT (default on): on CUDA, the activations of FP8 (W8A8) linears go
     to fp8 with their per-token (or static) scales in one Triton launch

@@ -19,8 +19,8 @@ def test_triton_gemvs_and_gemms_are_gemms():
                  # gate_up / down: a batch-1 profile put 52% of the step under "other")
                  "_swapab_kernel", "_dequantize_kernel",
                  "nvjet_sm90_tst_64x8_64x16_2x4_h_bz_TNT",
-                 # the CUDA C++ decode GEMMs (float and float8 weights, W8A8)
-                 "dense_mma_bf16_m1_n1_s4", "dense_mma_bf16_e4m3_m1_n1_s2", "e4m3_mma_bf16_s4"):
+                 # the CUDA C++ decode GEMMs (float and float8 weights)
+                 "dense_mma_bf16_m1_n1_s4", "dense_mma_bf16_e4m3_m1_n1_s2"):
         assert classify(name) == "gemm", name
 
 

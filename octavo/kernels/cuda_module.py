@@ -141,10 +141,9 @@ class Module:
         return fn
 
     def launch(self, name: str, grid: tuple[int, int, int], block: int, args: list,
-               pdl: bool = False, shared_bytes: int = 0) -> None:
+               pdl: bool = False) -> None:
         """Launch kernel ``name`` on the current stream; ``args``: ctypes values in the
-        kernel's parameter order; ``shared_bytes``: its dynamic shared memory (at most 48 KiB,
-        the default limit)."""
+        kernel's parameter order."""
         fn = self.function(name)
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = torch.cuda.current_stream(self.device).cuda_stream
@@ -154,7 +153,7 @@ class Module:
             attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value = 1
             nattr = 1
-        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, shared_bytes, stream,
+        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, 0, stream,
                                ctypes.pointer(attr), nattr)
         _check(_driver().cuLaunchKernelEx(ctypes.byref(config), fn, params, None),
                f"launching {name}")
@@ -179,13 +178,11 @@ def loaded(source: str, device: torch.device) -> Module:
 
 def arguments(*values) -> list:
     """A kernel's parameters as ctypes values, in order: a tensor as its data pointer, None as
-    a null pointer, a float as a C float, an int as a C int."""
+    a null pointer, an int as a C int."""
     out = []
     for v in values:
         if v is None or isinstance(v, torch.Tensor):
             out.append(ctypes.c_void_p(None if v is None else v.data_ptr()))
-        elif isinstance(v, float):
-            out.append(ctypes.c_float(v))
         else:
             out.append(ctypes.c_int(int(v)))
     return out

@@ -199,11 +199,6 @@ class Fp8LinearMethod(LinearMethod):
         if w is not None:
             return F.linear(x, w if w.dtype == x.dtype else w.to(x.dtype), bias)
         x2 = x.reshape(-1, x.shape[-1])
-        y = fp8_linear.e4m3_mma(x2, layer.weight_fp8, layer.weight_scale,
-                                layer.fp8_input_scale, _MIN_SCALE, "clamp")
-        if y is not None:  # decode batches: activations to fp8 in the kernel, as _scaled_mm's
-            y = y.view(*x.shape[:-1], y.shape[-1])
-            return y if bias is None else y + bias
         y = fp8_linear.cuda_mma(x2, layer.weight_fp8, layer.weight_scale, bias)
         if y is not None:  # decode batches: the CUDA float8 kernel, activations unrounded
             return y.view(*x.shape[:-1], y.shape[-1])

@@ -69,30 +69,6 @@ def cuda_mma(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     return y if fused or bias is None else y + bias
 
 
-# Rows sent to the float8-activation kernel (octavo.kernels.e4m3_mma) when it is on.
-E4M3_MMA_MAX_M = 2
-
-
-def e4m3_mma(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-             static_scale: torch.Tensor | None, min_scale: float, small: str,
-             per_tensor: bool = False) -> torch.Tensor | None:
-    """``x2`` [m, k] times the float8 ``weight`` [n, k] (float32 ``scale`` per row), the
-    activations quantized to fp8 by the layer's own rule inside the kernel (static
-    ``static_scale``, else dynamic per row or ``per_tensor``, ``small`` as ``fp8_quant``'s),
-    where this call may take it (``OCTAVO_E4M3_MMA``, a CUDA batch of at most
-    ``OCTAVO_E4M3_MMA_MAX_M`` rows, a shape the kernel holds), else None."""
-    if not (x2.is_cuda and x2.shape[0] <= envs.e4m3_mma_max_m(E4M3_MMA_MAX_M)
-            and envs.e4m3_mma()):
-        return None
-    from octavo.kernels import e4m3_mma as kernel
-
-    m, k = x2.shape
-    if not (kernel.supports(m, k, weight.shape[0], x2.dtype) and kernel.available(x2.device)):
-        return None
-    return kernel.e4m3_mma(x2, weight, scale.view(-1), static_scale, min_scale, small,
-                           per_tensor)
-
-
 def gemv_available() -> bool:
     """At load, for a layer whose FP8 weight stays on CUDA: may its decode rows run the
     FP8-weight GEMV (``OCTAVO_FP8_GEMV``, Triton installed)."""
@@ -224,12 +200,6 @@ class Fp8LinearMethod(LinearMethod):
     def apply(self, layer, x, bias):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if layer.fp8_mm and (y := e4m3_mma(
-                x2, layer.fp8_weight, layer.fp8_weight_scale, layer.act_scale,
-                torch.finfo(torch.float32).eps, "replace",
-                self.activations == "dynamic-tensor")) is not None:
-            y = y if bias is None else y + bias
-            return y.view(*shape[:-1], y.shape[-1])
         if layer.fp8_mm and (y := cuda_mma(x2, layer.fp8_weight, layer.fp8_weight_scale,
                                            bias)) is not None:
             return y.view(*shape[:-1], y.shape[-1])
