@@ -135,6 +135,77 @@ def test_decode_order_reaches_the_kernel(device):
     assert torch.isnan(out[1:]).all()
 
 
+@pytest.mark.parametrize("with_order", [False, True])
+@pytest.mark.parametrize("keys", ["30", "8:16,1,1", "100"])
+def test_decode_in_two_length_classes(monkeypatch, with_order, keys, device):
+    """OCTAVO_ATTN_TWO_TILES: a full decode grid runs as two launches, contexts of at least
+    KEYS keys in the first and the shorter ones in the second (its own tile); together they
+    write every request once, in order or not, and a threshold above every context leaves
+    the whole batch to the second launch."""
+    monkeypatch.setenv("OCTAVO_ATTN_TWO_TILES", keys)
+    seq_lens = [45, 7, 64, 1, 30, 12, 33, 9]  # 8 requests x 2 KV heads >= 2 x 4 "SMs" (CPU)
+    order = torch.tensor(sorted(range(8), key=lambda b: -seq_lens[b]), dtype=torch.int32,
+                         device=device) if with_order else None
+    from octavo.kernels import paged_attention as pa
+
+    launches = []
+    real = pa._paged_attention_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                launches.append((kw.get("LEN_CLASS"), kw.get("BLOCK_N")))
+                return real[grid](*a, **kw)
+            return run
+
+    monkeypatch.setattr(pa, "_paged_attention_kernel", Spy())
+    check(q_lens=[1] * 8, seq_lens=seq_lens, num_heads=8, num_kv_heads=2, head_dim=32,
+          block_size=4, dtype=torch.float32, device=device, max_query_len=1,
+          decode_order=order)
+    short_n = 16 if ":" in keys else 64
+    assert [c for c, _ in launches] == [1, 2] and launches[1][1] == short_n
+
+
+def test_two_length_classes_only_for_full_unsplit_decode_grids(monkeypatch, device):
+    from octavo.kernels import paged_attention as pa
+
+    monkeypatch.setenv("OCTAVO_ATTN_TWO_TILES", "16")
+    classes = []
+    real = pa._paged_attention_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                classes.append(kw.get("LEN_CLASS"))
+                return real[grid](*a, **kw)
+            return run
+
+    monkeypatch.setattr(pa, "_paged_attention_kernel", Spy())
+    check(**DECODE, num_heads=8, num_kv_heads=2, head_dim=32, block_size=4,
+          dtype=torch.float32, device=device, max_query_len=1)  # 6 programs < 8
+    check(q_lens=[1] * 8, seq_lens=[20] * 8, num_heads=8, num_kv_heads=2, head_dim=32,
+          block_size=4, dtype=torch.float32, device=device, max_query_len=1,
+          num_splits=2)  # split
+    assert set(classes) == {0}
+
+
+def test_two_tiles_switch_parsing(monkeypatch):
+    from octavo import envs
+
+    monkeypatch.delenv("OCTAVO_ATTN_TWO_TILES", raising=False)
+    assert envs.attn_two_tiles() is None
+    monkeypatch.setenv("OCTAVO_ATTN_TWO_TILES", "0")
+    assert envs.attn_two_tiles() is None
+    monkeypatch.setenv("OCTAVO_ATTN_TWO_TILES", "768")
+    assert envs.attn_two_tiles() == (768, (64, 2, 2))
+    monkeypatch.setenv("OCTAVO_ATTN_TWO_TILES", "512:32,4,3")
+    assert envs.attn_two_tiles() == (512, (32, 4, 3))
+    for bad in ("x", "512:48,2,2", "-1", "512:64,2"):
+        monkeypatch.setenv("OCTAVO_ATTN_TWO_TILES", bad)
+        with pytest.raises(ValueError, match="OCTAVO_ATTN_TWO_TILES"):
+            envs.attn_two_tiles()
+
+
 class _NoLaunch:
     def __getitem__(self, grid):
         raise AssertionError("the merging kernel was launched")
