@@ -73,26 +73,6 @@ def attn_decode_tile() -> tuple[int, int, int] | None:
     return block_n, warps, stages
 
 
-def attn_two_tiles() -> tuple[int, tuple[int, int, int]] | None:
-    """OCTAVO_ATTN_TWO_TILES="KEYS" or "KEYS:BLOCK_N,WARPS,STAGES" (unset / 0: off; a
-    measurement's knob): a full decode grid runs as two launches, contexts of at least KEYS
-    keys with the default tile and the shorter ones with the given tile (default 64,2,2, the
-    best on 128-512-key contexts in benchmarks/decode_attention.py, session 26)."""
-    value = os.environ.get("OCTAVO_ATTN_TWO_TILES", "").strip()
-    if value in ("", "0"):
-        return None
-    keys, _, tile = value.partition(":")
-    try:
-        parts = tuple(int(v) for v in (tile or "64,2,2").split(","))
-        threshold = int(keys)
-    except ValueError:
-        parts, threshold = (), -1
-    if len(parts) != 3 or threshold <= 0 or parts[0] & (parts[0] - 1) or parts[0] < 16:
-        raise ValueError(f"OCTAVO_ATTN_TWO_TILES={value!r}: expected KEYS or "
-                         "KEYS:BLOCK_N,WARPS,STAGES (BLOCK_N a power of two >= 16)")
-    return threshold, parts
-
-
 def attn_decode_splits() -> int | None:
     """OCTAVO_ATTN_DECODE_SPLITS=N (unset: by grid size): split every decode-only attention
     launch's KV range into N parts (each at least the minimum part long), for measurements."""

@@ -47,7 +47,6 @@ from octavo.envs import (
     attn_decode_splits,
     attn_decode_tile,
     attn_split_merge,
-    attn_two_tiles,
 )
 from octavo.kernels.paged_attention_config import (
     _MIN_SPLIT_TOKENS,
@@ -70,7 +69,6 @@ from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import (
     next_power_of_2,
-    num_compute_units,
     require_triton,
     tl,
     triton,
@@ -215,8 +213,6 @@ def _paged_attention_kernel(
     UPCAST_DOT: tl.constexpr,
     ORDER: tl.constexpr,
     PDL: tl.constexpr,
-    LEN_CLASS: tl.constexpr = 0,
-    class_len=0,
 ):
     pdl_begin(PDL)
     kv_head = tl.program_id(1)
@@ -257,14 +253,6 @@ def _paged_attention_kernel(
         if q_first >= q_len:
             return
     seq_len = tl.load(seq_lens_ptr + b)
-    # A decode launch of one length class (two launches with their own tiles): 1 takes the
-    # contexts of at least class_len keys, 2 the shorter ones; the others leave at once.
-    if LEN_CLASS == 1:
-        if seq_len < class_len:
-            return
-    if LEN_CLASS == 2:
-        if seq_len >= class_len:
-            return
     ctx_len = seq_len - q_len  # tokens cached before this step
     # Keys this tile needs: [0, last query position].
     q_last = tl.minimum(q_first + BLOCK_Q, q_len) - 1
@@ -449,8 +437,7 @@ def paged_attention(
     pdl = pdl_args(q.device)
 
     def launch(decode: bool, grid0: int, cfg: _Config, splits: int,
-               order: torch.Tensor | None = None, len_class: int = 0,
-               class_len: int = 0) -> None:
+               order: torch.Tensor | None = None) -> None:
         if splits > 1:
             f32 = dict(dtype=torch.float32, device=q.device)
             part_acc = torch.empty((num_tokens, num_heads, splits, head_dim_p), **f32)
@@ -477,7 +464,7 @@ def paged_attention(
             SPLIT=splits > 1, MERGE=merge, MIN_SPLIT=min_split,
             SPLITS_P=next_power_of_2(splits), ORDER=order is not None, **common,
             num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **pdl, LEN_CLASS=len_class, class_len=class_len,
+            num_stages=cfg.num_stages, **pdl,
         )  # fmt: skip
         splits_p = next_power_of_2(splits)
         if split_decode and not merge:
@@ -513,17 +500,7 @@ def paged_attention(
                     num_seqs * num_kv_heads, kv_upper, q.device)
         if decode_order is not None:
             assert decode_order.shape == (num_seqs,) and decode_order.dtype == torch.int32
-        splits = max(1, int(splits))
-        two = attn_two_tiles() if decode_only and splits == 1 else None
-        if two is not None and num_seqs * num_kv_heads >= 2 * num_compute_units(q.device):
-            # Full grids of mixed contexts: the long ones with the default tile, the short
-            # ones (fewer than ``class_len`` keys) with their own (a measurement's knob).
-            class_len, short_tile = two
-            launch(True, num_seqs, cfg, 1, decode_order, 1, class_len)
-            launch(True, num_seqs, _Config(cfg.block_q, cfg.block_m, *short_tile), 1,
-                   decode_order, 2, class_len)
-        else:
-            launch(True, num_seqs, cfg, splits, decode_order)
+        launch(True, num_seqs, cfg, max(1, int(splits)), decode_order)
 
     if not decode_only:
         cfg = _pick_config(False, group, head_dim_p, q.element_size(), on_gpu)
