@@ -46,7 +46,10 @@ L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 # weights two or three steps ahead instead of one (*_p2, *_p3), swapab_mma's plan at other
 # warps per SM (w4_mma_w{warps}) and without tile splits over CTAs (w4_mma_w{warps}_ns).
 VARIANT_WARPS = (2, 3, 4, 6, 8, 10, 12)
-VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3") + tuple(
+# fp8_gemv_x0 / _x1: the float8 GEMV reading its activations as before session 27 (a split
+# tile through shared memory) or as four strided planes (octavo.kernels.fp8_gemv._x_planes).
+VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3", "fp8_gemv_x0",
+            "fp8_gemv_x1") + tuple(
     f"w4_mma_w{w}{ns}" for ns in ("", "_ns") for w in VARIANT_WARPS)
 _VARIANT = re.compile(r"w4_mma_w(\d+)(_ns)?")
 
@@ -113,10 +116,10 @@ def call(kernel: str, x, w):
         from octavo.kernels.dense_mma import dense_mma
 
         return dense_mma(x, w) if kernel == "bf16_mma" else dense_mma(x, w[0], None, w[1])
-    if kernel == "fp8_gemv":
+    if kernel.startswith("fp8_gemv"):
         from octavo.kernels.fp8_gemv import fp8_gemv
 
-        return fp8_gemv(x, *w)
+        return fp8_gemv(x, *w, **({"x_load": int(kernel[-1])} if "_x" in kernel else {}))
     if kernel == "w4_mma" or variant(kernel):
         from octavo.kernels.swapab_mma import swapab_mma
 

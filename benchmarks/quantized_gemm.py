@@ -429,7 +429,7 @@ def _summary(results: list[dict], default_cfg: dict, t_bf16: float, nbytes: floa
 
 
 def _fp8_candidates() -> list[dict]:
-    out = [{}]
+    out = [{}, {"x_load": 0}, {"x_load": 1}]  # the default tiles, activations read each way
     out += [{"block_n": bn, "block_k": bk, "num_warps": w, "waves": wv}
             for bn in (16, 32, 64) for bk in (256, 512) for w in (4, 8) for wv in (1, 2, 4)
             if bn * bk <= 16384]

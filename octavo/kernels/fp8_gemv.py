@@ -38,6 +38,8 @@ from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.split_k import to_fill as split_k_to_fill
 from octavo.kernels.triton_utils import require_triton, tl, triton
 
+# How the activations are read (``_x_planes``); 0 was the only way before session 27.
+DEFAULT_X_LOAD = 2
 MAX_M = 2  # at 4 rows _scaled_mm was faster on the wide shapes (gate_up 65 vs 123 us)
 
 # _e4m3x4_bits yields weight * 2**-120 (down to 2**-129, a float32 subnormal); the activations
@@ -89,23 +91,51 @@ def _e4m3x4_bits(w):
 
 
 @triton.jit
-def _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr):
+def _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr, X_LOAD: tl.constexpr):
     """x[4j + i] for the block's words j, as 4 float32 planes i = 0..3 (times 2**64 for
-    _e4m3x4_bits), each [1, BLOCK_W]."""
-    offs = offs_w[:, None] * 4 + tl.arange(0, 4)[None, :]
-    x = tl.load(x_ptr + offs * stride_xk, mask=(offs_w < w_end)[:, None], other=0.0)
-    x = x.to(tl.float32)
+    _e4m3x4_bits), each [1, BLOCK_W]. X_LOAD picks how they are read:
+
+    * 0: one [BLOCK_W, 4] load split in registers. Triton routes the split through shared
+      memory, with barriers in the hot loop (the loop of session 21's ncu run: barrier
+      stalls 1.47 per instruction) and 130 registers at 32 x 256 over 4 warps.
+    * 1: four strided loads (x is tiny and stays in L1); no barrier, 98 registers.
+    * 2: x (bf16, contiguous) read as int64 words, 4 activations each, and split by bit
+      placement (bf16 is the top half of a float32): one load and 4 integer ops per word.
+      ``x_ptr`` then points at the int64 view of x.
+    """
+    ok = offs_w < w_end
+    if X_LOAD == 2:
+        v = tl.load(x_ptr + offs_w, mask=ok, other=0)
+        lo = v.to(tl.int32)
+        hi = (v >> 32).to(tl.int32)
+        x0 = (lo << 16).to(tl.float32, bitcast=True)
+        x1 = (lo & -65536).to(tl.float32, bitcast=True)
+        x2 = (hi << 16).to(tl.float32, bitcast=True)
+        x3 = (hi & -65536).to(tl.float32, bitcast=True)
+    elif X_LOAD == 1:
+        ptrs = x_ptr + offs_w * (4 * stride_xk)
+        x0 = tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
+        x1 = tl.load(ptrs + stride_xk, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(ptrs + 2 * stride_xk, mask=ok, other=0.0).to(tl.float32)
+        x3 = tl.load(ptrs + 3 * stride_xk, mask=ok, other=0.0).to(tl.float32)
+    else:
+        offs = offs_w[:, None] * 4 + tl.arange(0, 4)[None, :]
+        x = tl.load(x_ptr + offs * stride_xk, mask=ok[:, None], other=0.0).to(tl.float32)
+        even, odd = tl.split(tl.reshape(x, (offs_w.shape[0], 2, 2)))
+        x0, x2 = tl.split(even)
+        x1, x3 = tl.split(odd)
     if BITS:
-        x = x * BITS_X_SCALE
-    even, odd = tl.split(tl.reshape(x, (offs_w.shape[0], 2, 2)))
-    x0, x2 = tl.split(even)
-    x1, x3 = tl.split(odd)
+        x0 = x0 * BITS_X_SCALE
+        x1 = x1 * BITS_X_SCALE
+        x2 = x2 * BITS_X_SCALE
+        x3 = x3 * BITS_X_SCALE
     return x0[None, :], x1[None, :], x2[None, :], x3[None, :]
 
 
 @triton.jit
-def _word_dot(acc, wf, x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr):
-    x0, x1, x2, x3 = _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS)
+def _word_dot(acc, wf, x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr,
+              X_LOAD: tl.constexpr):
+    x0, x1, x2, x3 = _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD)
     acc += wf[0] * x0
     acc += wf[1] * x1
     acc += wf[2] * x2
@@ -120,7 +150,7 @@ def _fp8_gemv_kernel(
     stride_xm, stride_xk, stride_wn, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
-    PDL: tl.constexpr,
+    X_LOAD: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -146,9 +176,9 @@ def _fp8_gemv_kernel(
             wf = _e4m3x4_bits(w)
         else:
             wf = _e4m3x4_cvt(w)
-        acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, BITS)
+        acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD)
         if BLOCK_M > 1:
-            acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, BITS)
+            acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, BITS, X_LOAD)
         w = w_next
         offs_w += BLOCK_W
     scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
@@ -169,14 +199,30 @@ def fp8_gemv_ref(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) ->
     return (x2.to(torch.float32) @ w.t()).to(x2.dtype)
 
 
+def _plan(n: int, k: int) -> tuple[int, int, int, int]:
+    """(block_n, block_k, num_warps, waves) for an [n, k] weight, from ``python
+    benchmarks/quantized_gemm.py --fp8 --m 1`` on an H200 (session 27, Llama-3.1-8B shapes,
+    us from HBM against the earlier single rule's 16 x 512 / 32 x 256 over 4 warps, 2 waves):
+    the wide gate_up (N = 28,672) keeps 32 x 256 over 4 warps (30.1 us, 81% of HBM); the
+    long-K down (K = 14,336) 32 x 512 over 8 warps, 1 wave (16.8 against 17.0); qkv and o
+    16 x 512 over 8 warps, 1 wave (7.6 against 8.8, 6.4 against 7.1: no split-K on o)."""
+    if n >= 16384:
+        return 32, 256, 4, 2
+    if k >= 8192:
+        return 32, 512, 8, 1
+    return 16, 512, 8, 1
+
+
 def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              split_k: int | None = None, block_n: int | None = None,
              block_k: int | None = None, num_warps: int | None = None,
-             waves: int | None = None, bits: bool | None = None) -> torch.Tensor:
+             waves: int | None = None, bits: bool | None = None,
+             x_load: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ (weight [N, K] * scale [N])^T`` for M <= MAX_M, in x2's dtype; K a
     multiple of 4, the weight contiguous along K. The tuning arguments (None: chosen here)
     exist for the benchmark's sweeps; ``bits``: convert by bit placement (the default off
-    CUDA, where the interpreter runs no inline assembly)."""
+    CUDA, where the interpreter runs no inline assembly); ``x_load``: how the activations
+    are read (``_x_planes``; 2 needs bf16 x contiguous along K, else 1 is used)."""
     require_triton("fp8_gemv")
     m, k = x2.shape
     n = weight.shape[0]
@@ -184,24 +230,32 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     scale = scale.reshape(-1)
     assert scale.numel() == n and scale.dtype == torch.float32, (scale.shape, scale.dtype)
     words = weight.view(torch.int32)  # 4 weights per word: the same storage
-    # Tiles from benchmarks/quantized_gemm.py --fp8 on an H200 (Llama-8B shapes, M = 1):
-    # 16 x 512 the best on qkv, o and down; 32 x 256 on the wide gate_up (31.9 vs 32.9 us).
-    wide = n >= 16384
-    block_n = block_n or (32 if wide else 16)
-    block_k = block_k or (256 if wide else 512)
+    plan = _plan(n, k)
+    block_n = block_n or plan[0]
+    block_k = block_k or plan[1]
+    num_warps = num_warps or plan[2]
+    waves = waves or plan[3]
     n_tiles = triton.cdiv(n, block_n)
     k_steps = triton.cdiv(k, block_k)
     if split_k is None:
-        split_k = split_k_to_fill(n_tiles, k_steps, x2.device, waves or 2)
+        split_k = split_k_to_fill(n_tiles, k_steps, x2.device, waves)
     split_k, k_per_split = split_k_plan(k_steps * block_k, block_k, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
+    x_load = DEFAULT_X_LOAD if x_load is None else x_load
+    xs = x2
+    if x_load == 2:
+        if x2.dtype == torch.bfloat16 and x2.stride(1) == 1 and x2.stride(0) % 4 == 0 \
+                and x2.data_ptr() % 8 == 0:
+            xs = x2.view(torch.int64)  # 4 activations per word: the same storage
+        else:
+            x_load = 1
     _fp8_gemv_kernel[(n_tiles, split_k)](
-        x2, words, scale, out, partial, split_k_counters(x2.device, n_tiles),
+        xs, words, scale, out, partial, split_k_counters(x2.device, n_tiles),
         m, n, k, k_per_split, split_k,
-        x2.stride(0), x2.stride(1), words.stride(0),
+        xs.stride(0), xs.stride(1), words.stride(0),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
-        BITS=not x2.is_cuda if bits is None else bits, num_warps=num_warps or 4,
+        BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip
     return out

@@ -99,6 +99,39 @@ def test_conversion_exact_for_every_code(bits):
 
 
 @pytest.mark.parametrize("bits", CONVERSIONS)
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("k,n,tuning", [
+    (64, 40, {}),
+    (100, 24, {"block_k": 32, "split_k": 2}),       # K tail: the int64 words masked too
+    (160, 8, {"block_k": 16, "split_k": 1}),
+])
+def test_bf16_activations_each_way_of_reading_them(m, k, n, tuning, bits):
+    """bf16 x read as a split tile (0), four strided planes (1) or int64 words split by bit
+    placement (2): the same float32 products summed in the same order, so the same bits, and
+    the reference's result up to the final rounding to bf16 (the interpreter truncates)."""
+    _skip_cvt_off_gpu(bits)
+    x, weight, scale = _case(m, k, n, torch.bfloat16)
+    outs = [fp8_gemv(x, weight, scale, bits=bits, x_load=v, **tuning) for v in (0, 1, 2)]
+    assert all(o.dtype == torch.bfloat16 for o in outs)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    exact = fp8_gemv_ref(x.float(), weight, scale)  # float32, unrounded
+    assert _rel_err(outs[2], exact) < 2.0**-7
+
+
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_word_reads_fall_back_where_x_is_not_word_aligned(offset):
+    """x_load=2 views x as int64: a row that does not start on 8 bytes (a slice of a wider
+    tensor) is read by the strided planes instead, with the same result."""
+    k, n = 64, 16
+    _, weight, scale = _case(2, k, n, torch.bfloat16)
+    wide = torch.randn(2, k + 8, generator=torch.Generator().manual_seed(1))
+    x = wide.to(torch.bfloat16).to(DEVICE)[:, offset:offset + k]
+    out = fp8_gemv(x, weight, scale, x_load=2)
+    ref = fp8_gemv(x.contiguous(), weight, scale, x_load=1)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("bits", CONVERSIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_extremes(bits, dtype):
     """The scale factors of bit placement (x * 2**64, the row scale * 2**56) keep every
