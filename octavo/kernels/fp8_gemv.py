@@ -17,7 +17,9 @@ tuning option) places the bits with integer ops (11 per 4). Triton's own ``w.to(
 on an fp8 tensor repacks every byte pair before its cvt (about 4 instructions per weight). The
 4 weights of a word meet the 4 activations ``x[4j .. 4j + 3]`` ("planes" of the activation
 block), each plane accumulating into one float32 per word: a quarter of the accumulator
-registers of one per weight.
+registers of one per weight. bf16 activations are read the same way, as int64 words of 4
+split by bit placement (``_x_planes``; 80 registers at 32 x 256 over 4 warps where a split
+[BLOCK_W, 4] tile took 130 in Triton 3.9).
 
 The next step's weights are loaded before this step's arithmetic (double-buffered by hand; the
 loop is unrolled twice so that the buffers swap without register copies), and K is split over
