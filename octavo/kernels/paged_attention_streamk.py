@@ -277,8 +277,8 @@ def _streamk_decode_kernel(
         tl.store(part_ml_ptr + row * 2, m_i, mask=(all_m & cut) != 0)
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=(all_m & cut) != 0)
 
-        # Step to the next request after its last tile: a fresh softmax state.
-        acc = tl.where(last, 0.0, acc)
+        # Step to the next request after its last tile: a fresh softmax state (acc need not
+        # be cleared: the next tile scales it by exp2(-1e30 - max) = 0).
         m_i = tl.where(last, _NEG_BIG, m_i)
         l_i = tl.where(last, 0.0, l_i)
         i = i + last.to(tl.int32)
