@@ -9,8 +9,8 @@ on 2,048-key contexts but 54% on 128-key ones and 76% on W1's mix. Here:
 * Work units: each decode's KV range ``[0, seq_len)`` in tiles of BLOCK_N keys. The requests
   are taken in a given order (longest first, or the batch's own), requests with no tile (not
   a decode: prefill chunks, empty rows) moved to the end; ``cu_tiles`` (int32 ``[B+1]``) is
-  the exclusive prefix sum of the tiles in that order. Both are computed on the device with
-  torch ops once per step (:func:`decode_tiles`) and shared by every layer.
+  the exclusive prefix sum of the tiles in that order. Both are computed on the device by a
+  one-program launch once per step (:func:`decode_tiles`) and shared by every layer.
 * Grid ``(P, num_kv_heads)``, P from the host only (``waves`` x SMs / KV heads), so a CUDA
   graph can capture it. Program ``p`` takes tiles ``[p * per, min((p + 1) * per, total))``
   with ``per = cdiv(total, P)``; programs past the end exit.
@@ -72,10 +72,27 @@ def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool) 
 
 def decode_tiles(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_n: int,
                  order: torch.Tensor | None = None) -> DecodeTiles:
-    """The stream-K work list of a batch (device ops only: no sync, capturable). Requests
-    with exactly one new token have ``cdiv(seq_len, block_n)`` tiles, the rest none; those
-    without tiles are moved behind the others (stable), so a program's walk steps from one
-    request to the next by one."""
+    """The stream-K work list of a batch, in one launch of one program (no sync, capturable).
+    Requests with exactly one new token have ``cdiv(seq_len, block_n)`` tiles, the rest none;
+    those without tiles are moved behind the others (stably), so a program's walk steps from
+    one request to the next by one. ``order``: the requests' order (default: the batch's)."""
+    num_seqs = seq_lens.shape[0]
+    device = seq_lens.device
+    cu = torch.empty(num_seqs + 1, dtype=torch.int32, device=device)
+    out_order = torch.empty(num_seqs, dtype=torch.int32, device=device)
+    if order is not None:
+        assert order.shape == (num_seqs,) and order.dtype == torch.int32
+    _work_list_kernel[(1,)](
+        query_start_loc, seq_lens, seq_lens if order is None else order, cu, out_order,
+        num_seqs, BLOCK_N=block_n, BLOCK=max(16, next_power_of_2(num_seqs)),
+        ORDER=order is not None, **pdl_args(device),
+    )  # fmt: skip
+    return DecodeTiles(cu, out_order, block_n)
+
+
+def decode_tiles_ref(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_n: int,
+                     order: torch.Tensor | None = None) -> DecodeTiles:
+    """:func:`decode_tiles` in torch ops (a dozen launches), for tests."""
     num_seqs = seq_lens.shape[0]
     device = seq_lens.device
     if order is None:
@@ -101,6 +118,32 @@ def num_programs(device: torch.device, num_kv_heads: int, waves: int | None = No
 # --------------------------------------------------------------------------------------------
 # Triton kernels
 # --------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _work_list_kernel(qsl_ptr, seq_lens_ptr, order_in_ptr, cu_ptr, order_ptr, num_seqs,
+                      BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, ORDER: tl.constexpr,
+                      PDL: tl.constexpr):
+    """One program: every request's tiles in the given order, those with tiles first
+    (stable partition by two prefix sums), and the tiles' exclusive prefix sum."""
+    pdl_begin(PDL)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < num_seqs
+    if ORDER:
+        b = tl.load(order_in_ptr + offs, mask=ok, other=0)
+    else:
+        b = offs
+    q_len = tl.load(qsl_ptr + b + 1, mask=ok, other=0) - tl.load(qsl_ptr + b, mask=ok, other=0)
+    seq_len = tl.load(seq_lens_ptr + b, mask=ok, other=0)
+    tiles = tl.where(ok & (q_len == 1), (seq_len + BLOCK_N - 1) // BLOCK_N, 0)
+    has = (tiles > 0).to(tl.int32)
+    # Padding lanes (past num_seqs) count as empty and come after every real one.
+    pos = tl.where(has > 0, tl.cumsum(has, 0) - 1, tl.sum(has, 0) + tl.cumsum(1 - has, 0) - 1)
+    # Empty requests add nothing, so a request with tiles ends where its running sum does.
+    ends = tl.where(has > 0, tl.cumsum(tiles, 0), tl.sum(tiles, 0))
+    tl.store(order_ptr + pos, b, mask=ok)
+    tl.store(cu_ptr + pos + 1, ends, mask=ok)
+    tl.store(cu_ptr + offs, offs * 0, mask=offs == 0)
 
 
 @triton.jit

@@ -16,6 +16,7 @@ from octavo.kernels.paged_attention_config import _Config  # noqa: E402
 from octavo.kernels.paged_attention_streamk import (  # noqa: E402
     DecodeTiles,
     decode_tiles,
+    decode_tiles_ref,
     num_programs,
     streamk_decode,
 )
@@ -68,6 +69,25 @@ def test_decode_tiles_work_list(device):
     tiles = decode_tiles(qsl, sl, 16, order)
     assert tiles.order.tolist() == [4, 2, 0, 3, 1]
     assert tiles.cu_tiles.tolist() == [0, 1, 2, 5, 5, 5]
+
+
+@pytest.mark.parametrize("num_seqs", [1, 5, 16, 37])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_decode_tiles_kernel_matches_torch(num_seqs, ordered, device):
+    """The one-program work-list launch builds what the torch ops do."""
+    gen = torch.Generator().manual_seed(num_seqs)
+    # Mostly decodes, some empty rows and prefill chunks.
+    q_lens = torch.tensor([1, 1, 1, 0, 5])[torch.randint(0, 5, (num_seqs,), generator=gen)]
+    qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
+    qsl[1:] = q_lens.cumsum(0)
+    sl = (q_lens + torch.randint(0, 300, (num_seqs,), generator=gen)).to(torch.int32)
+    order = torch.randperm(num_seqs, generator=gen).to(torch.int32) if ordered else None
+    args = [t.to(device) if t is not None else None for t in (qsl, sl, order)]
+    got = decode_tiles(args[0], args[1], 64, args[2])
+    want = decode_tiles_ref(args[0], args[1], 64, args[2])
+    assert got.block_n == 64 and got.cu_tiles.dtype == got.order.dtype == torch.int32
+    assert got.cu_tiles.tolist() == want.cu_tiles.tolist()
+    assert got.order.tolist() == want.order.tolist()
 
 
 @pytest.mark.parametrize("programs", [1, 2, 3, 7, 64])
