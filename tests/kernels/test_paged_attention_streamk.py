@@ -18,6 +18,7 @@ from octavo.kernels.paged_attention_streamk import (  # noqa: E402
     decode_tiles,
     decode_tiles_ref,
     num_programs,
+    streamk_config,
     streamk_decode,
 )
 from octavo.kernels.split_k import counters  # noqa: E402
@@ -251,8 +252,10 @@ def test_cuda_graph_replays_new_lengths(monkeypatch):
     scale = 128**-0.5
     out = torch.empty_like(q)
 
+    block_n = streamk_config(2, 128, torch.bfloat16, True).block_n
+
     def step():
-        tiles = decode_tiles(qsl, sl, 128)
+        tiles = decode_tiles(qsl, sl, block_n)
         paged_attention(q, kc, vc, qsl, sl, bt, scale, out=out, max_query_len=1,
                         decode_tiles=tiles)
 
@@ -269,3 +272,18 @@ def test_cuda_graph_replays_new_lengths(monkeypatch):
         torch.cuda.synchronize()
         ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, scale)
         torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.bfloat16])
+
+
+@gpu
+@needs_cuda
+def test_engine_greedy_fp32_identical(tmp_path, monkeypatch):
+    """The engine under OCTAVO_ATTN_STREAMK=1 (decode steps in CUDA graphs, the work list
+    built once per step) generates the torch backend's tokens."""
+    from tests.test_triton_e2e import _generate
+    from tests.tiny_models import make_checkpoint
+
+    folder = make_checkpoint("llama", str(tmp_path))
+    ref = _generate(folder, "torch", "float32")
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK", "1")
+    got = _generate(folder, "triton", "float32")
+    assert [t for t, _ in got] == [t for t, _ in ref]
