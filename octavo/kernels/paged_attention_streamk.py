@@ -42,9 +42,11 @@ from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import next_power_of_2, num_compute_units, tl, triton
 
 _LOG2E = 1.4426950408889634
-_NEG_BIG = -1.0e30  # finite start of the running max: no (-inf) - (-inf)
 _FP8_KV = (torch.float8_e4m3fn,)
-# Programs per SM over all KV heads (P = waves x SMs // KV heads).
+# Programs per SM over all KV heads (P = waves x SMs // KV heads). Two: the kernel compiled
+# for sm_90 (bf16, head_dim 128, BLOCK_N 128, 4 warps) holds 255 registers per thread, so
+# two programs fit an SM at once (as for the per-request launch): the whole grid is resident
+# in one wave, each program's share of the tiles equal.
 DEFAULT_WAVES = 2
 
 
@@ -161,7 +163,7 @@ def _merge_pieces(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr, order_ptr, qsl_pt
     tl.debug_barrier()  # every thread's partial is written before the ticket is taken
     ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
     if ticket == p_last - p_first:
-        m_all = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
+        m_all = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_all = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc_all = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
         for p in range(p_first, p_last + 1):
@@ -264,7 +266,7 @@ def _streamk_decode_kernel(
     row1 = row0 + num_kv_heads * BLOCK_M
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     i = i0
     start = tl.load(cu_ptr + i)  # the current request's tiles: [start, end)
@@ -322,7 +324,7 @@ def _streamk_decode_kernel(
 
         # Step to the next request after its last tile: a fresh softmax state (acc need not
         # be cleared: the next tile scales it by exp2(-1e30 - max) = 0).
-        m_i = tl.where(last, _NEG_BIG, m_i)
+        m_i = tl.where(last, -1.0e30, m_i)
         l_i = tl.where(last, 0.0, l_i)
         i = i + last.to(tl.int32)
         start = tl.where(last, end, start)
