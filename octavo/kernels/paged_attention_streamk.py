@@ -152,7 +152,7 @@ def _work_list_kernel(qsl_ptr, seq_lens_ptr, order_in_ptr, cu_ptr, order_ptr, nu
 def _merge_pieces(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr, order_ptr, qsl_ptr, i,
                   start, end, per, kv_head, num_kv_heads, stride_ot, stride_oh, offs_m,
                   row_ok, head, offs_d, d_ok, BLOCK_M: tl.constexpr,
-                  HEAD_DIM_P: tl.constexpr):
+                  HEAD_DIM_P: tl.constexpr, MERGE_UNROLL: tl.constexpr = 4):
     """This program's partial of request ``i`` (tiles ``[start, end)`` in walk order) is
     written: take a ticket; the last of its pieces merges them all into the output and
     resets the counter."""
@@ -166,22 +166,30 @@ def _merge_pieces(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr, order_ptr, qsl_pt
         m_all = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_all = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc_all = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
-        for p in range(p_first, p_last + 1):
-            # Program p starts inside the request (slot 0) unless the request starts later
-            # in p's range (then p ends inside it: slot 1).
-            slot = tl.where(p * per >= start, 0, 1)
-            row = (((p * 2 + slot) * num_kv_heads + kv_head) * BLOCK_M + offs_m).to(tl.int64)
-            # .cg: other programs wrote these (an L1 line could be stale).
-            m_p = tl.load(part_ml_ptr + row * 2, cache_modifier=".cg")
-            l_p = tl.load(part_ml_ptr + row * 2 + 1, cache_modifier=".cg")
-            a_p = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :],
-                          cache_modifier=".cg")
-            m_new = tl.maximum(m_all, m_p)
-            alpha = tl.exp2(m_all - m_new)
-            beta = tl.exp2(m_p - m_new)
-            l_all = l_all * alpha + l_p * beta
-            acc_all = acc_all * alpha[:, None] + a_p * beta[:, None]
-            m_all = m_new
+        # MERGE_UNROLL pieces' loads in flight per round trip to L2 (a long context alone in
+        # the batch comes in as many pieces as programs); an absent piece weighs 0.
+        for p0 in range(p_first, p_last + 1, MERGE_UNROLL):
+            for u in tl.static_range(MERGE_UNROLL):
+                p = p0 + u
+                ok = (offs_m * 0 + p) <= p_last
+                # Program p starts inside the request (slot 0) unless the request starts
+                # later in p's range (then p ends inside it: slot 1).
+                slot = tl.where(p * per >= start, 0, 1)
+                row = (((p * 2 + slot) * num_kv_heads + kv_head) * BLOCK_M
+                       + offs_m).to(tl.int64)
+                # .cg: other programs wrote these (an L1 line could be stale).
+                m_p = tl.load(part_ml_ptr + row * 2, mask=ok, other=-1.0e30,
+                              cache_modifier=".cg")
+                l_p = tl.load(part_ml_ptr + row * 2 + 1, mask=ok, other=0.0,
+                              cache_modifier=".cg")
+                a_p = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :],
+                              mask=ok[:, None], other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m_all, m_p)
+                alpha = tl.exp2(m_all - m_new)
+                beta = tl.exp2(m_p - m_new)
+                l_all = l_all * alpha + l_p * beta
+                acc_all = acc_all * alpha[:, None] + a_p * beta[:, None]
+                m_all = m_new
         tok = tl.load(qsl_ptr + b).to(tl.int64)
         o_ptrs = out_ptr + tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, (acc_all / l_all[:, None]).to(out_ptr.dtype.element_ty),

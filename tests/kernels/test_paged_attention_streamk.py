@@ -125,10 +125,11 @@ def test_float8_cache(device):
         programs=3, device=device)
 
 
-def test_long_context_in_many_pieces(device):
-    """One request over every program (tile size 16: 40 tiles in 8 pieces) beside short
-    ones, block size 16."""
-    run([1, 1, 1], [620, 2, 18], block_size=16, programs=8, device=device)
+@pytest.mark.parametrize("programs", [8, 13])
+def test_long_context_in_many_pieces(programs, device):
+    """One request over every program (tile size 16: 39 of the 41 tiles, in 8 or 13 pieces,
+    merged 4 at a time) beside short ones, block size 16."""
+    run([1, 1, 1], [620, 2, 18], block_size=16, programs=programs, device=device)
 
 
 @pytest.mark.parametrize("seed", range(4))
