@@ -229,6 +229,7 @@ def _w1_batch(batch=256, ctx=(100, 2000), heads=16, kv_heads=8, d=128, bs=16, se
 def test_w1_shape(waves, longest_first, monkeypatch):
     """Batch 256, contexts 100-2,000, 16 heads over 8, head_dim 128, bf16, the real tile:
     equal to the reference and close to the per-request launch; counters left zeroed."""
+    monkeypatch.delenv("OCTAVO_ATTN_STREAMK", raising=False)  # the baseline: per request
     lens, (q, kc, vc, qsl, sl, bt) = _w1_batch()
     scale = 128**-0.5
     ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, scale)
