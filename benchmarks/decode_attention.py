@@ -14,6 +14,11 @@ fraction of the device's published bandwidth). ``--layouts``: the caches' storag
 seen through the same strided view (measured no faster on the H200, session 24).
 ``--splits``: the split policy, against the default. ``--cases eq_128,...,eq_2048``:
 equal contexts of 128-2,048 keys (batch 256), the kernel's rate against context length.
+``--streamk [WAVES ...]``: also time stream-K decode attention
+(octavo/kernels/paged_attention_streamk.py) at WAVES programs per SM (none given: its
+default); with ``--longest-first`` also over the rows in falling context order. Its work list
+(``decode_tiles``) is built once per case, outside the timing, as an engine step builds it
+once for every layer; OCTAVO_ATTN_STREAMK=1 makes the default rows stream-K the same way.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import graph_median_ms, published_hbm_tbps  # noqa: E402
-from octavo.kernels.paged_attention import paged_attention
+from octavo.envs import attn_streamk  # noqa: E402
+from octavo.kernels.paged_attention import paged_attention  # noqa: E402
+from octavo.kernels.paged_attention_streamk import decode_tiles, streamk_config  # noqa: E402
 
 # name: (heads, kv_heads, batch, context range, max_seq_len bound)
 CASES = {
@@ -94,11 +101,16 @@ def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20,
         if v is None:
             os.environ.pop(k, None)
     try:
+        tiles = None
+        if attn_streamk() and splits is None:  # one work list, as an engine step's layers
+            block_n = streamk_config(heads // kv_heads, q.shape[2], q.dtype, True).block_n
+            tiles = decode_tiles(qsl, sl, block_n)
+
         def run():
             for i in range(copies):
                 paged_attention(q, kcs[i], vcs[i], qsl, sl, bt, scale, out=out,
                                 max_query_len=1, max_seq_len=bound, num_splits=splits,
-                                min_split_keys=min_split_keys)
+                                min_split_keys=min_split_keys, decode_tiles=tiles)
 
         return graph_median_ms(run, reps) * 1e3 / copies, kv_bytes
     finally:
@@ -121,6 +133,10 @@ def main() -> None:
     ap.add_argument("--longest-first", action="store_true",
                     help="also time the default with the batch's rows in falling context "
                          "order")
+    ap.add_argument("--streamk", nargs="*", type=int,
+                    help="also time stream-K decode attention at these programs per SM "
+                         "(none given: its default), and with --longest-first over the "
+                         "rows in falling context order")
     ap.add_argument("--json")
     args = ap.parse_args()
     name = torch.cuda.get_device_name()
@@ -128,6 +144,8 @@ def main() -> None:
     rows = []
     for case, layout in ((c, lay) for c in args.cases.split(",") for lay in args.layouts):
         env = {"OCTAVO_PDL": args.pdl}
+        if args.streamk is not None:  # the default rows: the per-request launch
+            env["OCTAVO_ATTN_STREAMK"] = None
         us, kv_bytes = time_launch(case, env, layout=layout)
         frac = f" ({kv_bytes / us / 1e6 / peak:.0%} of HBM)" if peak else ""
         print(f"{case:8s} {layout:5s} KV {kv_bytes / 1e6:8.1f} MB  default {us:8.1f} us "
@@ -146,6 +164,19 @@ def main() -> None:
             row["longest_first"] = {"us": t, "tbps": kv_bytes / t / 1e6, "speedup": us / t}
             print(f"{case:8s} {layout:5s} longest first: {t:8.1f} us "
                   f"{kv_bytes / t / 1e6:.2f} TB/s x{us / t:.2f}", flush=True)
+        if args.streamk is not None:
+            row["streamk"] = []
+            for waves in args.streamk or [None]:
+                for lf in (False, True) if args.longest_first else (False,):
+                    sk_env = dict(env, OCTAVO_ATTN_STREAMK="1",
+                                  OCTAVO_ATTN_STREAMK_WAVES=None if waves is None
+                                  else str(waves))
+                    t, _ = time_launch(case, sk_env, layout=layout, longest_first=lf)
+                    row["streamk"].append({"waves": waves, "longest_first": lf, "us": t,
+                                           "tbps": kv_bytes / t / 1e6, "speedup": us / t})
+                    print(f"{case:8s} {layout:5s} stream-K waves {waves or 'default'}"
+                          f"{' longest first' if lf else ''}: {t:8.1f} us "
+                          f"{kv_bytes / t / 1e6:.2f} TB/s x{us / t:.2f}", flush=True)
         rows.append(row)
     if args.json:
         with open(args.json, "w") as f:

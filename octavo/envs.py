@@ -92,6 +92,25 @@ def attn_longest_first() -> bool | None:
     return _forced("OCTAVO_ATTN_LONGEST_FIRST")
 
 
+def attn_streamk() -> bool:
+    """OCTAVO_ATTN_STREAMK (default off): decode-only attention launches run stream-K
+    (octavo/kernels/paged_attention_streamk.py): the batch's KV tiles shared evenly by a
+    fixed grid of about OCTAVO_ATTN_STREAMK_WAVES programs per SM, cut requests merged in
+    the launch."""
+    return _flag("OCTAVO_ATTN_STREAMK", False)
+
+
+def attn_streamk_waves() -> int | None:
+    """OCTAVO_ATTN_STREAMK_WAVES=N (unset: the kernel's default): stream-K decode attention
+    launches N programs per SM (over all KV heads), for measurements."""
+    value = os.environ.get("OCTAVO_ATTN_STREAMK_WAVES")
+    if not value:
+        return None
+    if not value.strip().isdigit() or not 1 <= int(value) <= 64:
+        raise ValueError(f"OCTAVO_ATTN_STREAMK_WAVES={value!r}: expected an integer 1-64")
+    return int(value)
+
+
 def fused_kv_store() -> bool:
     """OCTAVO_FUSED_KV_STORE (default on): on CUDA, the launch that rotates q and k (Qwen3's
     q/k norm + rotary under OCTAVO_FUSED_QK_NORM_ROPE, or the rotary kernel of the other

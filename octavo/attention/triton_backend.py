@@ -27,13 +27,18 @@ from __future__ import annotations
 import torch
 
 from octavo.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
-from octavo.envs import attn_longest_first
+from octavo.envs import attn_longest_first, attn_streamk
 from octavo.kernels.triton_utils import HAS_TRITON
 
 if not HAS_TRITON:  # pragma: no cover - only where triton is absent
     raise ImportError("the triton attention backend needs Triton (pip install triton)")
 
 from octavo.kernels.paged_attention import paged_attention  # noqa: E402
+from octavo.kernels.paged_attention_streamk import (  # noqa: E402
+    DecodeTiles,
+    decode_tiles,
+    streamk_config,
+)
 from octavo.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 from octavo.kernels.triton_utils import num_compute_units  # noqa: E402
 
@@ -62,11 +67,12 @@ class TritonAttentionImpl(AttentionImpl):
             # (before attention: a replayed graph may have more real rows than at capture)
             # so no uninitialised memory (NaN/inf) flows into the following layers.
             out[meta.num_tokens:].zero_()
+        order = _decode_order(meta, key_cache.shape[2], q.device)
         return paged_attention(
             q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens,
             meta.block_tables, self.scale, out=out, max_query_len=meta.max_query_len,
-            max_seq_len=meta.max_seq_len,
-            decode_order=_decode_order(meta, key_cache.shape[2], q.device),
+            max_seq_len=meta.max_seq_len, decode_order=order,
+            decode_tiles=_decode_tiles(meta, q, key_cache.shape[2], order),
         )  # fmt: skip
 
 
@@ -96,6 +102,22 @@ def _decode_order(meta: AttentionMetadata, num_kv_heads: int,
         order = torch.argsort(meta.seq_lens, descending=True, stable=True).to(torch.int32)
         meta.derived[key] = order
     return order
+
+
+def _decode_tiles(meta: AttentionMetadata, q: torch.Tensor, num_kv_heads: int,
+                  order: torch.Tensor | None) -> DecodeTiles | None:
+    """Under OCTAVO_ATTN_STREAMK, a decode-only step's stream-K work list on the GPU (the
+    requests' KV tiles in ``order``, prefix-summed): built once per step on the device and
+    shared by every layer, keyed like ``_decode_order``."""
+    if not (attn_streamk() and meta.is_decode_only and q.device.type == "cuda"):
+        return None
+    block_n = streamk_config(q.shape[1] // num_kv_heads, q.shape[2], q.dtype, True).block_n
+    key = ("decode_tiles", block_n, torch.cuda.is_current_stream_capturing())
+    tiles = meta.derived.get(key)
+    if tiles is None:
+        tiles = decode_tiles(meta.query_start_loc, meta.seq_lens, block_n, order)
+        meta.derived[key] = tiles
+    return tiles
 
 
 class TritonAttentionBackend(AttentionBackend):

@@ -47,6 +47,7 @@ from octavo.envs import (
     attn_decode_splits,
     attn_decode_tile,
     attn_split_merge,
+    attn_streamk,
 )
 from octavo.kernels.paged_attention_config import (
     _MIN_SPLIT_TOKENS,
@@ -64,6 +65,7 @@ from octavo.kernels.paged_attention_merge import (
     _split_reduce_tokens_kernel,
     _split_tokens,
 )
+from octavo.kernels.paged_attention_streamk import DecodeTiles, streamk_decode
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import counters as split_k_counters
@@ -366,6 +368,7 @@ def paged_attention(
     prefill_splits: int | None = None,
     min_split_keys: int | None = None,
     decode_order: torch.Tensor | None = None,
+    decode_tiles: DecodeTiles | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q`` ``[T, H, D]`` over the paged cache; returns ``[T, H, D]``.
 
@@ -387,6 +390,11 @@ def paged_attention(
     ``decode_order`` (int32 ``[B]``, a permutation of the requests): the decode launch's
     programs take the requests in this order (e.g. longest context first, so the launch
     does not end on a long one).
+    ``decode_tiles``: the step's stream-K work list
+    (:func:`octavo.kernels.paged_attention_streamk.decode_tiles`, shared by every layer):
+    given, the decode launch is stream-K's (:mod:`octavo.kernels.paged_attention_streamk`),
+    as it is for decode-only calls without a split count under OCTAVO_ATTN_STREAMK (then
+    the work list is computed here, in ``decode_order``).
     """
     require_triton("paged_attention")
     num_tokens, num_heads, head_dim = q.shape
@@ -485,7 +493,11 @@ def paged_attention(
                 **pdl,
             )  # fmt: skip
 
-    if not prefill_only:
+    if not prefill_only and (decode_tiles is not None or (
+            decode_only and num_splits is None and attn_streamk())):
+        streamk_decode(q, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
+                       scale, out, tiles=decode_tiles, order=decode_order)
+    elif not prefill_only:
         cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu)
         tile = attn_decode_tile() if on_gpu else None
         if tile is not None:  # a measurement's override

@@ -1,0 +1,419 @@
+"""Stream-K decode attention: the decodes' KV tiles of a whole batch shared evenly by a fixed
+grid of programs (issue 15).
+
+The one-program-per-(request, KV head) decode launch of :mod:`octavo.kernels.paged_attention`
+pays a fixed cost per program (prologue, q load, epilogue) and, with contexts of mixed
+lengths, ends on an unbalanced tail: on an H200 at batch 256 it reaches 88% of HBM bandwidth
+on 2,048-key contexts but 54% on 128-key ones and 76% on W1's mix. Here:
+
+* Work units: each decode's KV range ``[0, seq_len)`` in tiles of BLOCK_N keys. The requests
+  are taken in a given order (longest first, or the batch's own), requests with no tile (not
+  a decode: prefill chunks, empty rows) moved to the end; ``cu_tiles`` (int32 ``[B+1]``) is
+  the exclusive prefix sum of the tiles in that order. Both are computed on the device by a
+  one-program launch once per step (:func:`decode_tiles`) and shared by every layer.
+* Grid ``(P, num_kv_heads)``, P from the host only (``waves`` x SMs / KV heads), so a CUDA
+  graph can capture it. Program ``p`` takes tiles ``[p * per, min((p + 1) * per, total))``
+  with ``per = cdiv(total, P)``; programs past the end exit.
+* A program finds the request of its first tile by binary search over ``cu_tiles`` and walks
+  its tiles in one uniform loop (no branch: masks and ``tl.where``), so the K/V loads stay
+  software-pipelined across request boundaries. At a request's first tile the softmax state
+  is reset; at its last tile (or the program's last) the state is stored: normalised into the
+  output when the program covered the whole request, else as a partial (acc, max, sum) in
+  scratch slot 0 (the request the program starts inside) or 1 (the one it ends inside) --
+  only those two can be cut, every request between them is whole.
+* Cut requests merge in the same launch: after its loop a program takes a ticket from its cut
+  requests' (request, KV head) counters (:func:`octavo.kernels.split_k.counters`, left zeroed);
+  the last piece's program merges the pieces (programs ``start // per`` to
+  ``(end - 1) // per`` cover a request's tiles ``[start, end)``), writes the output and resets
+  the counter.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from octavo.envs import attn_decode_tile, attn_streamk_waves
+from octavo.kernels.paged_attention_config import _Config, _pick_config
+from octavo.kernels.pdl import begin as pdl_begin
+from octavo.kernels.pdl import launch_args as pdl_args
+from octavo.kernels.split_k import counters as split_k_counters
+from octavo.kernels.triton_utils import next_power_of_2, num_compute_units, tl, triton
+
+_LOG2E = 1.4426950408889634
+_FP8_KV = (torch.float8_e4m3fn,)
+# Programs per SM over all KV heads (P = waves x SMs // KV heads). Two: the kernel compiled
+# for sm_90 (bf16, head_dim 128, BLOCK_N 128, 4 warps) holds 255 registers per thread, so
+# two programs fit an SM at once (as for the per-request launch): the whole grid is resident
+# in one wave, each program's share of the tiles equal.
+DEFAULT_WAVES = 2
+
+
+class DecodeTiles(NamedTuple):
+    """A step's stream-K work list, shared by every layer: ``cu_tiles`` int32 ``[B+1]`` (the
+    tiles of the requests in ``order``, exclusive prefix sum), ``order`` int32 ``[B]`` (a
+    permutation of the requests, those without tiles last) and the tile's keys ``block_n``
+    (must be the launch's)."""
+
+    cu_tiles: torch.Tensor
+    order: torch.Tensor
+    block_n: int
+
+
+def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool) -> _Config:
+    """The stream-K launch's tile: the decode launch's (OCTAVO_ATTN_DECODE_TILE included)."""
+    head_dim_p = max(16, next_power_of_2(head_dim))
+    elem = torch.empty((), dtype=dtype).element_size()
+    cfg = _pick_config(True, group, head_dim_p, elem, on_gpu)
+    tile = attn_decode_tile() if on_gpu else None
+    if tile is not None:
+        cfg = _Config(cfg.block_q, cfg.block_m, *tile)
+    return cfg
+
+
+def decode_tiles(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_n: int,
+                 order: torch.Tensor | None = None) -> DecodeTiles:
+    """The stream-K work list of a batch, in one launch of one program (no sync, capturable).
+    Requests with exactly one new token have ``cdiv(seq_len, block_n)`` tiles, the rest none;
+    those without tiles are moved behind the others (stably), so a program's walk steps from
+    one request to the next by one. ``order``: the requests' order (default: the batch's)."""
+    num_seqs = seq_lens.shape[0]
+    device = seq_lens.device
+    cu = torch.empty(num_seqs + 1, dtype=torch.int32, device=device)
+    out_order = torch.empty(num_seqs, dtype=torch.int32, device=device)
+    if order is not None:
+        assert order.shape == (num_seqs,) and order.dtype == torch.int32
+    _work_list_kernel[(1,)](
+        query_start_loc, seq_lens, seq_lens if order is None else order, cu, out_order,
+        num_seqs, BLOCK_N=block_n, BLOCK=max(16, next_power_of_2(num_seqs)),
+        ORDER=order is not None, **pdl_args(device),
+    )  # fmt: skip
+    return DecodeTiles(cu, out_order, block_n)
+
+
+def decode_tiles_ref(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_n: int,
+                     order: torch.Tensor | None = None) -> DecodeTiles:
+    """:func:`decode_tiles` in torch ops (a dozen launches), for tests."""
+    num_seqs = seq_lens.shape[0]
+    device = seq_lens.device
+    if order is None:
+        order = torch.arange(num_seqs, dtype=torch.int32, device=device)
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    tiles = torch.where(q_lens == 1, (seq_lens + (block_n - 1)) // block_n, 0)
+    tiles = tiles[order.long()]
+    keep = torch.argsort((tiles == 0).to(torch.int32), stable=True)
+    order = order[keep].to(torch.int32)
+    cu = torch.zeros(num_seqs + 1, dtype=torch.int32, device=device)
+    cu[1:] = torch.cumsum(tiles[keep], 0)
+    return DecodeTiles(cu, order, block_n)
+
+
+def num_programs(device: torch.device, num_kv_heads: int, waves: int | None = None) -> int:
+    """P, the grid's first axis: about ``waves`` programs per SM over all KV heads
+    (OCTAVO_ATTN_STREAMK_WAVES, else DEFAULT_WAVES)."""
+    if waves is None:
+        waves = attn_streamk_waves() or DEFAULT_WAVES
+    return max(1, waves * num_compute_units(device) // num_kv_heads)
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _work_list_kernel(qsl_ptr, seq_lens_ptr, order_in_ptr, cu_ptr, order_ptr, num_seqs,
+                      BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, ORDER: tl.constexpr,
+                      PDL: tl.constexpr):
+    """One program: every request's tiles in the given order, those with tiles first
+    (stable partition by two prefix sums), and the tiles' exclusive prefix sum."""
+    pdl_begin(PDL)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < num_seqs
+    if ORDER:
+        b = tl.load(order_in_ptr + offs, mask=ok, other=0)
+    else:
+        b = offs
+    q_len = tl.load(qsl_ptr + b + 1, mask=ok, other=0) - tl.load(qsl_ptr + b, mask=ok, other=0)
+    seq_len = tl.load(seq_lens_ptr + b, mask=ok, other=0)
+    tiles = tl.where(ok & (q_len == 1), (seq_len + BLOCK_N - 1) // BLOCK_N, 0)
+    has = (tiles > 0).to(tl.int32)
+    # Padding lanes (past num_seqs) count as empty and come after every real one.
+    pos = tl.where(has > 0, tl.cumsum(has, 0) - 1, tl.sum(has, 0) + tl.cumsum(1 - has, 0) - 1)
+    # Empty requests add nothing, so a request with tiles ends where its running sum does.
+    ends = tl.where(has > 0, tl.cumsum(tiles, 0), tl.sum(tiles, 0))
+    tl.store(order_ptr + pos, b, mask=ok)
+    tl.store(cu_ptr + pos + 1, ends, mask=ok)
+    tl.store(cu_ptr + offs, offs * 0, mask=offs == 0)
+
+
+@triton.jit
+def _merge_pieces(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr, order_ptr, qsl_ptr, i,
+                  start, end, per, kv_head, num_kv_heads, stride_ot, stride_oh, offs_m,
+                  row_ok, head, offs_d, d_ok, BLOCK_M: tl.constexpr,
+                  HEAD_DIM_P: tl.constexpr, MERGE_UNROLL: tl.constexpr = 4):
+    """This program's partial of request ``i`` (tiles ``[start, end)`` in walk order) is
+    written: take a ticket; the last of its pieces merges them all into the output and
+    resets the counter."""
+    b = tl.load(order_ptr + i)
+    p_first = start // per
+    p_last = (end - 1) // per
+    cnt = cnt_ptr + b * num_kv_heads + kv_head
+    tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+    ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
+    if ticket == p_last - p_first:
+        m_all = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_all = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc_all = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+        # MERGE_UNROLL pieces' loads in flight per round trip to L2 (a long context alone in
+        # the batch comes in as many pieces as programs); an absent piece weighs 0.
+        for p0 in range(p_first, p_last + 1, MERGE_UNROLL):
+            for u in tl.static_range(MERGE_UNROLL):
+                p = p0 + u
+                ok = (offs_m * 0 + p) <= p_last
+                # Program p starts inside the request (slot 0) unless the request starts
+                # later in p's range (then p ends inside it: slot 1).
+                slot = tl.where(p * per >= start, 0, 1)
+                row = (((p * 2 + slot) * num_kv_heads + kv_head) * BLOCK_M
+                       + offs_m).to(tl.int64)
+                # .cg: other programs wrote these (an L1 line could be stale).
+                m_p = tl.load(part_ml_ptr + row * 2, mask=ok, other=-1.0e30,
+                              cache_modifier=".cg")
+                l_p = tl.load(part_ml_ptr + row * 2 + 1, mask=ok, other=0.0,
+                              cache_modifier=".cg")
+                a_p = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :],
+                              mask=ok[:, None], other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m_all, m_p)
+                alpha = tl.exp2(m_all - m_new)
+                beta = tl.exp2(m_p - m_new)
+                l_all = l_all * alpha + l_p * beta
+                acc_all = acc_all * alpha[:, None] + a_p * beta[:, None]
+                m_all = m_new
+        tok = tl.load(qsl_ptr + b).to(tl.int64)
+        o_ptrs = out_ptr + tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, (acc_all / l_all[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.atomic_xchg(cnt, 0)
+
+
+# Batch-dependent integers are not specialised: changing batches never recompile.
+@triton.jit(do_not_specialize=["num_seqs", "num_progs"])
+def _streamk_decode_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    cu_ptr,
+    order_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    cnt_ptr,
+    qk_scale,
+    num_seqs,
+    num_progs,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_begin(PDL)
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    num_kv_heads = tl.num_programs(1)
+    total = tl.load(cu_ptr + num_seqs)
+    per = tl.cdiv(total, num_progs)
+    t0 = pid * per
+    t1 = tl.minimum(t0 + per, total)
+    if t0 >= t1:  # past the work (or no decode at all)
+        return
+    # The request of tile t0: the last i with cu[i] <= t0 (cu[num_seqs] = total > t0). A
+    # loop, not a vector compare, so one compiled kernel serves every batch size.
+    lo = t0 * 0
+    hi = lo + num_seqs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        ok = tl.load(cu_ptr + mid) <= t0
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    i0 = lo
+
+    # Rows = the GQA group's query heads (padding rows clamped to a real head: finite values,
+    # never stored to the output).
+    offs_m = tl.arange(0, BLOCK_M)
+    row_ok = offs_m < GROUP
+    head = kv_head * GROUP + tl.minimum(offs_m, GROUP - 1)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    d_ok = offs_d < HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    compute_dt = q_ptr.dtype.element_ty
+    o_mask = row_ok[:, None] & d_ok[None, :]
+    # Scratch rows of this program's two slots: [P, 2, KV heads, BLOCK_M].
+    row0 = ((pid * 2 * num_kv_heads + kv_head) * BLOCK_M + offs_m).to(tl.int64)
+    row1 = row0 + num_kv_heads * BLOCK_M
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    i = i0
+    start = tl.load(cu_ptr + i)  # the current request's tiles: [start, end)
+    end = tl.load(cu_ptr + i + 1)
+    for t in range(t0, t1):
+        b = tl.load(order_ptr + i)
+        tok = tl.load(qsl_ptr + b).to(tl.int64)
+        seq_len = tl.load(seq_lens_ptr + b)
+        # q of the current request (a cache hit but at request changes).
+        q = tl.load(q_ptr + tok * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                    mask=o_mask, other=0.0)
+        if UPCAST_DOT:
+            q = q.to(tl.float32)
+        # Keys of tile t: a decode sees its whole context, so only keys past it are masked.
+        n = (t - start) * BLOCK_N + offs_n
+        n_ok = n < seq_len
+        bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+        blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        off = (n % BLOCK_SIZE).to(tl.int64)
+        k_ptrs = k_base + (blk * stride_kb + off * stride_kt)[None, :] + offs_d[:, None]
+        k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0).to(compute_dt)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_ptrs = v_base + (blk * stride_vb + off * stride_vt)[:, None] + offs_d[None, :]
+        v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(compute_dt)
+        if UPCAST_DOT:
+            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+        # The request's last tile, or the program's: store its state (masked stores, no
+        # branch). Whole in this program: the output; else a partial in its slot. (A vector
+        # mask & a scalar condition is int32 in the interpreter: hence the `!= 0`.)
+        last = t == end - 1
+        done = last | (t == t1 - 1)
+        whole = (start >= t0) & (end <= t1)
+        o_ptrs = out_ptr + tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=(o_mask & (done & whole)) != 0)
+        cut = done & (whole == 0)
+        row = tl.where(i == i0, row0, row1)
+        all_m = offs_m < BLOCK_M  # every row: the merge reads them all
+        tl.store(part_acc_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :], acc,
+                 mask=(all_m[:, None] & (offs_d[None, :] < HEAD_DIM_P) & cut) != 0)
+        tl.store(part_ml_ptr + row * 2, m_i, mask=(all_m & cut) != 0)
+        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=(all_m & cut) != 0)
+
+        # Step to the next request after its last tile: a fresh softmax state (acc need not
+        # be cleared: the next tile scales it by exp2(-1e30 - max) = 0).
+        m_i = tl.where(last, -1.0e30, m_i)
+        l_i = tl.where(last, 0.0, l_i)
+        i = i + last.to(tl.int32)
+        start = tl.where(last, end, start)
+        end = tl.where(last, tl.load(cu_ptr + tl.minimum(i + 1, num_seqs)), end)
+
+    # Merge the (at most two) cut requests: slot 0, the request tile t0 lies in, unless this
+    # program holds all of it; slot 1, the request the walk stopped inside, if another.
+    start0 = tl.load(cu_ptr + i0)
+    end0 = tl.load(cu_ptr + i0 + 1)
+    if (start0 < t0) | (end0 > t1):
+        _merge_pieces(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr, order_ptr, qsl_ptr, i0,
+                      start0, end0, per, kv_head, num_kv_heads, stride_ot, stride_oh, offs_m,
+                      row_ok, head, offs_d, d_ok, BLOCK_M, HEAD_DIM_P)
+    # After the loop ``start`` is cu[i]: below t1 only when request i was begun, not ended.
+    if (i != i0) & (start < t1):
+        _merge_pieces(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr, order_ptr, qsl_ptr, i,
+                      start, end, per, kv_head, num_kv_heads, stride_ot, stride_oh, offs_m,
+                      row_ok, head, offs_d, d_ok, BLOCK_M, HEAD_DIM_P)
+
+
+# --------------------------------------------------------------------------------------------
+# Python entry point
+# --------------------------------------------------------------------------------------------
+
+
+def streamk_decode(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    tiles: DecodeTiles | None = None,
+    order: torch.Tensor | None = None,
+    programs: int | None = None,
+    config: _Config | None = None,
+) -> torch.Tensor:
+    """Decode attention of the batch's single-token requests (others untouched) into ``out``
+    (same layout as :func:`octavo.kernels.paged_attention.paged_attention`), in one stream-K
+    launch. ``tiles``: the step's work list (default: computed here from ``order``, a
+    permutation of the requests, or the batch order); ``programs``: P (default:
+    :func:`num_programs`); ``config``: the tile (default: :func:`streamk_config`; its BLOCK_N
+    must be ``tiles.block_n``)."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    assert key_cache.dtype in (q.dtype, *_FP8_KV) and value_cache.dtype == key_cache.dtype
+    assert key_cache.stride(-1) == 1 and value_cache.stride(-1) == 1
+    assert out.shape == q.shape and out.stride(-1) == 1 and q.stride(-1) == 1
+    num_seqs = seq_lens.shape[0]
+    group = num_heads // num_kv_heads
+    on_gpu = q.device.type == "cuda"
+    cfg = config or streamk_config(group, head_dim, q.dtype, on_gpu)
+    if tiles is None:
+        tiles = decode_tiles(query_start_loc, seq_lens, cfg.block_n, order)
+    assert tiles.block_n == cfg.block_n, (tiles.block_n, cfg.block_n)
+    assert tiles.cu_tiles.shape == (num_seqs + 1,) and tiles.cu_tiles.dtype == torch.int32
+    assert tiles.order.shape == (num_seqs,) and tiles.order.dtype == torch.int32
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    head_dim_p = max(16, next_power_of_2(head_dim))
+    progs = programs or num_programs(q.device, num_kv_heads)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    part_acc = torch.empty((progs, 2, num_kv_heads, cfg.block_m, head_dim_p), **f32)
+    part_ml = torch.empty((progs, 2, num_kv_heads, cfg.block_m, 2), **f32)
+    cnt = split_k_counters(q.device, num_seqs * num_kv_heads)
+    _streamk_decode_kernel[(progs, num_kv_heads)](
+        out, q, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
+        tiles.cu_tiles, tiles.order, part_acc, part_ml, cnt,
+        float(scale) * _LOG2E, num_seqs, progs,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        # Triton's CPU interpreter mis-computes bf16 tl.dot; those dots run in fp32 there.
+        UPCAST_DOT=not on_gpu and q.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_args(q.device),
+    )  # fmt: skip
+    return out

@@ -1,0 +1,291 @@
+"""Stream-K decode attention (octavo/kernels/paged_attention_streamk.py) against
+paged_attention_ref and the per-request decode launch, through the interpreter on the CPU
+(tiles of 16 keys, a few programs) and at W1's shape on the GPU."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from octavo.kernels.paged_attention import paged_attention, paged_attention_ref  # noqa: E402
+from octavo.kernels.paged_attention_config import _Config  # noqa: E402
+from octavo.kernels.paged_attention_streamk import (  # noqa: E402
+    DecodeTiles,
+    decode_tiles,
+    decode_tiles_ref,
+    num_programs,
+    streamk_config,
+    streamk_decode,
+)
+from octavo.kernels.split_k import counters  # noqa: E402
+from tests.kernels.test_paged_attention import TOL, make_batch  # noqa: E402
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def run(q_lens, seq_lens, heads=(8, 2, 32), block_size=4, dtype=torch.float32, device="cpu",
+        programs=3, order=None, block_n=16, kv_dtype=None):
+    """Stream-K over the batch into a NaN-filled output: decode rows against the reference,
+    the other rows untouched; every ticket counter left at zero."""
+    h, hkv, d = heads
+    q, kc, vc, qsl, sl, bt = make_batch(q_lens, seq_lens, h, hkv, d, block_size, dtype,
+                                        device)
+    if kv_dtype is not None:
+        kc, vc = kc.to(kv_dtype), vc.to(kv_dtype)
+    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, d**-0.5)
+    out = torch.full_like(q, float("nan"))
+    group = h // hkv
+    cfg = _Config(1, max(16, group), block_n, 1, 1)
+    if order is not None:
+        order = torch.tensor(order, dtype=torch.int32, device=device)
+    streamk_decode(q, kc, vc, qsl, sl, bt, d**-0.5, out, order=order, programs=programs,
+                   config=cfg)
+    decode = torch.zeros(q.shape[0], dtype=torch.bool)
+    for b, n in enumerate(q_lens):
+        if n == 1:
+            decode[sum(q_lens[:b])] = True
+    decode = decode.to(device)
+    torch.testing.assert_close(out[decode].float(), ref[decode].float(), **TOL[dtype])
+    assert torch.isnan(out[~decode]).all()
+    assert int(counters(q.device, 1).abs().sum()) == 0
+    return out
+
+
+def test_decode_tiles_work_list(device):
+    """Tiles per decode in the given order, requests without tiles (prefill chunks, empty
+    rows) moved behind, stably; exclusive prefix sum."""
+    qsl = torch.tensor([0, 1, 4, 5, 5, 6], dtype=torch.int32, device=device)
+    sl = torch.tensor([33, 10, 16, 7, 1], dtype=torch.int32, device=device)
+    tiles = decode_tiles(qsl, sl, 16)
+    assert tiles.block_n == 16
+    assert tiles.order.dtype == torch.int32 and tiles.cu_tiles.dtype == torch.int32
+    assert tiles.order.tolist() == [0, 2, 4, 1, 3]
+    assert tiles.cu_tiles.tolist() == [0, 3, 4, 5, 5, 5]
+    order = torch.tensor([4, 3, 2, 1, 0], dtype=torch.int32, device=device)
+    tiles = decode_tiles(qsl, sl, 16, order)
+    assert tiles.order.tolist() == [4, 2, 0, 3, 1]
+    assert tiles.cu_tiles.tolist() == [0, 1, 2, 5, 5, 5]
+
+
+@pytest.mark.parametrize("num_seqs", [1, 5, 16, 37])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_decode_tiles_kernel_matches_torch(num_seqs, ordered, device):
+    """The one-program work-list launch builds what the torch ops do."""
+    gen = torch.Generator().manual_seed(num_seqs)
+    # Mostly decodes, some empty rows and prefill chunks.
+    q_lens = torch.tensor([1, 1, 1, 0, 5])[torch.randint(0, 5, (num_seqs,), generator=gen)]
+    qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
+    qsl[1:] = q_lens.cumsum(0)
+    sl = (q_lens + torch.randint(0, 300, (num_seqs,), generator=gen)).to(torch.int32)
+    order = torch.randperm(num_seqs, generator=gen).to(torch.int32) if ordered else None
+    args = [t.to(device) if t is not None else None for t in (qsl, sl, order)]
+    got = decode_tiles(args[0], args[1], 64, args[2])
+    want = decode_tiles_ref(args[0], args[1], 64, args[2])
+    assert got.block_n == 64 and got.cu_tiles.dtype == got.order.dtype == torch.int32
+    assert got.cu_tiles.tolist() == want.cu_tiles.tolist()
+    assert got.order.tolist() == want.order.tolist()
+
+
+@pytest.mark.parametrize("programs", [1, 2, 3, 7, 64])
+def test_programs(programs, device):
+    """One program for all; ranges cutting requests at every place (a request in many
+    pieces, several short ones in one program, one-key contexts); more programs than
+    tiles."""
+    run([1] * 6, [45, 7, 64, 1, 30, 100], programs=programs, device=device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(4, 4, 64), (8, 4, 32), (8, 2, 128), (16, 2, 64)])
+def test_gqa_head_dim_dtype(dtype, heads, device):
+    """GQA groups 1, 2, 4, 8; head_dim 32, 64, 128; fp32 / fp16 / bf16 q."""
+    run([1] * 4, [50, 3, 17, 33], heads=heads, dtype=dtype, programs=4, device=device)
+
+
+def test_head_dim_not_a_power_of_two(device):
+    run([1] * 3, [20, 37, 5], heads=(6, 2, 48), programs=2, device=device)
+
+
+def test_mixed_batch_leaves_prefills(device):
+    """Prefill chunks and empty rows count no tile: their rows are not written."""
+    run([9, 1, 0, 17, 1, 1], [30, 13, 5, 17, 1, 40], programs=3, device=device)
+
+
+def test_order(device):
+    """The walk takes the requests in the order given; outputs stay each request's own."""
+    run([1] * 5, [45, 7, 64, 1, 30], order=[2, 0, 4, 1, 3], programs=3, device=device)
+
+
+def test_float8_cache(device):
+    run([1] * 3, [40, 9, 23], dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn,
+        programs=3, device=device)
+
+
+@pytest.mark.parametrize("programs", [8, 13])
+def test_long_context_in_many_pieces(programs, device):
+    """One request over every program (tile size 16: 39 of the 41 tiles, in 8 or 13 pieces,
+    merged 4 at a time) beside short ones, block size 16."""
+    run([1, 1, 1], [620, 2, 18], block_size=16, programs=programs, device=device)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_batches(seed, device):
+    """Random mixes of decodes (1-90 keys), prefill chunks and empty rows, random order and
+    program count."""
+    rnd = random.Random(seed)
+    n = rnd.randint(1, 9)
+    q_lens = [rnd.choice([1, 1, 1, 1, 0, 3]) for _ in range(n)]
+    seq_lens = [max(q, rnd.randint(1, 90)) for q in q_lens]
+    order = list(range(n))
+    rnd.shuffle(order)
+    run(q_lens, seq_lens, programs=rnd.randint(1, 12), order=order, device=device)
+
+
+def test_num_programs(monkeypatch):
+    from octavo.kernels import paged_attention_streamk as sk
+
+    monkeypatch.setattr(sk, "num_compute_units", lambda device: 132)
+    monkeypatch.delenv("OCTAVO_ATTN_STREAMK_WAVES", raising=False)
+    assert num_programs(torch.device("cuda"), 8) == sk.DEFAULT_WAVES * 132 // 8
+    assert num_programs(torch.device("cuda"), 8, waves=1) == 16
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK_WAVES", "4")
+    assert num_programs(torch.device("cuda"), 8) == 66
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK_WAVES", "x")
+    with pytest.raises(ValueError, match="an integer 1-64"):
+        num_programs(torch.device("cuda"), 8)
+
+
+@pytest.mark.parametrize("knob", ["1", "0"])
+def test_paged_attention_dispatch(knob, monkeypatch, device):
+    """OCTAVO_ATTN_STREAMK=1 sends decode-only calls without a split count to stream-K (a
+    stub here sees the call); given ``decode_tiles``, any call's decode launch is stream-K."""
+    from octavo.kernels import paged_attention as pa
+
+    calls = []
+    real = pa.streamk_decode
+    monkeypatch.setattr(pa, "streamk_decode",
+                        lambda *a, **k: calls.append(k) or real(*a, **k))
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK", knob)
+    q, kc, vc, qsl, sl, bt = make_batch([1, 1, 1], [45, 7, 64], 8, 2, 32, 4, torch.float32,
+                                        device)
+    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, 32**-0.5)
+    out = paged_attention(q, kc, vc, qsl, sl, bt, 32**-0.5, max_query_len=1)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+    assert len(calls) == (knob == "1")
+    paged_attention(q, kc, vc, qsl, sl, bt, 32**-0.5, max_query_len=1, num_splits=2)
+    assert len(calls) == (knob == "1")  # a forced split count keeps the split launch
+    tiles = decode_tiles(qsl, sl, 16)
+    out = paged_attention(q, kc, vc, qsl, sl, bt, 32**-0.5, decode_tiles=tiles)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+    assert len(calls) == 1 + (knob == "1") and calls[-1]["tiles"] is tiles
+
+
+def test_backend_work_list_once_per_step(monkeypatch):
+    """The backend builds the work list for decode-only GPU steps under the knob, once per
+    step (shared by layers), keyed by capture; never otherwise."""
+    from octavo.attention import triton_backend as tb
+    from tests.kernels.test_triton_backend import _decode_meta
+
+    class FakeQ:  # a GPU q's shape facts, no GPU needed
+        shape, dtype, device = (5, 16, 128), torch.bfloat16, torch.device("cuda")
+
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(tb, "decode_tiles", lambda qsl, sl, n, order: DecodeTiles(
+        qsl, sl, n))
+    meta = _decode_meta(5)
+    monkeypatch.delenv("OCTAVO_ATTN_STREAMK", raising=False)
+    assert tb._decode_tiles(meta, FakeQ(), 8, None) is None
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK", "1")
+    monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)
+    tiles = tb._decode_tiles(meta, FakeQ(), 8, None)
+    assert tiles.block_n == 128
+    assert tb._decode_tiles(meta, FakeQ(), 8, None) is tiles
+    capturing[0] = True
+    assert tb._decode_tiles(meta, FakeQ(), 8, None) is not tiles
+    assert tb._decode_tiles(_decode_meta(5, 4), FakeQ(), 8, None) is None  # not decode-only
+
+
+# --------------------------------------------------------------------------------------------
+# GPU: W1's shape
+# --------------------------------------------------------------------------------------------
+
+
+def _w1_batch(batch=256, ctx=(100, 2000), heads=16, kv_heads=8, d=128, bs=16, seed=0):
+    rnd = random.Random(seed)
+    lens = [rnd.randint(*ctx) for _ in range(batch)]
+    return lens, make_batch([1] * batch, lens, heads, kv_heads, d, bs, torch.bfloat16, "cuda",
+                            seed=seed)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("waves", [1, 2, 4])
+@pytest.mark.parametrize("longest_first", [False, True])
+def test_w1_shape(waves, longest_first, monkeypatch):
+    """Batch 256, contexts 100-2,000, 16 heads over 8, head_dim 128, bf16, the real tile:
+    equal to the reference and close to the per-request launch; counters left zeroed."""
+    monkeypatch.delenv("OCTAVO_ATTN_STREAMK", raising=False)  # the baseline: per request
+    lens, (q, kc, vc, qsl, sl, bt) = _w1_batch()
+    scale = 128**-0.5
+    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, scale)
+    base = paged_attention(q, kc, vc, qsl, sl, bt, scale, max_query_len=1)
+    order = (torch.argsort(sl, descending=True, stable=True).to(torch.int32)
+             if longest_first else None)
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK_WAVES", str(waves))
+    out = torch.full_like(q, float("nan"))
+    streamk_decode(q, kc, vc, qsl, sl, bt, scale, out, order=order)
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.bfloat16])
+    torch.testing.assert_close(out.float(), base.float(), **TOL[torch.bfloat16])
+    assert int(counters(q.device, 1).abs().sum()) == 0
+
+
+@gpu
+@needs_cuda
+def test_cuda_graph_replays_new_lengths(monkeypatch):
+    """Captured with the work list built inside the graph (as the engine's decode steps do),
+    replayed over other contexts: the grid does not depend on them."""
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK", "1")
+    lens, (q, kc, vc, qsl, sl, bt) = _w1_batch(batch=64, ctx=(1, 2000))
+    scale = 128**-0.5
+    out = torch.empty_like(q)
+
+    block_n = streamk_config(2, 128, torch.bfloat16, True).block_n
+
+    def step():
+        tiles = decode_tiles(qsl, sl, block_n)
+        paged_attention(q, kc, vc, qsl, sl, bt, scale, out=out, max_query_len=1,
+                        decode_tiles=tiles)
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed in (1, 2):
+        rnd = random.Random(seed)
+        sl.copy_(torch.tensor([rnd.randint(1, n) for n in lens], dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, scale)
+        torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.bfloat16])
+
+
+@gpu
+@needs_cuda
+def test_engine_greedy_fp32_identical(tmp_path, monkeypatch):
+    """The engine under OCTAVO_ATTN_STREAMK=1 (decode steps in CUDA graphs, the work list
+    built once per step) generates the torch backend's tokens."""
+    from tests.test_triton_e2e import _generate
+    from tests.tiny_models import make_checkpoint
+
+    folder = make_checkpoint("llama", str(tmp_path))
+    ref = _generate(folder, "torch", "float32")
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK", "1")
+    got = _generate(folder, "triton", "float32")
+    assert [t for t, _ in got] == [t for t, _ in ref]
