@@ -15,6 +15,7 @@ fraction of the HBM bandwidth.
     python benchmarks/quantized_gemm.py --bits 4 --paths default swapab cuda --m 1 4 16
     python benchmarks/quantized_gemm.py --cuda-sweep --m 1 16   # the CUDA kernel's plans
     python benchmarks/quantized_gemm.py --fp8 --m 1 2          # the FP8 GEMV's tiles
+    python benchmarks/quantized_gemm.py --fp8 --fp8-splits --m 1  # ... its split-K counts
     python benchmarks/quantized_gemm.py --fp8-cuda --m 1 8 16 32  # float8 dense_mma's plans
 """
 
@@ -78,6 +79,8 @@ def main() -> None:
                     help="FP8 weights at M <= 4: the FP8 GEMV (a sweep of its tiles) against "
                          "torch._scaled_mm with per-token activation scales, as the engine "
                          "runs W8A8, and bf16")
+    ap.add_argument("--fp8-splits", action="store_true",
+                    help="with --fp8: sweep forced split-K counts on the planned tiles instead")
     args = ap.parse_args()
     import torch
 
@@ -428,7 +431,11 @@ def _summary(results: list[dict], default_cfg: dict, t_bf16: float, nbytes: floa
                      "all": results}
 
 
-def _fp8_candidates() -> list[dict]:
+def _fp8_candidates(splits: bool = False) -> list[dict]:
+    if splits:  # the default, then split-K forced on the tiles the plans use
+        return [{}] + [{"block_n": bn, "block_k": bk, "num_warps": w, "split_k": sk}
+                       for bn, bk, w in ((32, 256, 4), (16, 512, 8), (32, 512, 8),
+                                         (16, 256, 4)) for sk in (1, 2, 3, 4, 6, 8)]
     out = [{}, {"x_load": 0}, {"x_load": 1}]  # the default tiles, activations read each way
     out += [{"block_n": bn, "block_k": bk, "num_warps": w, "waves": wv}
             for bn in (16, 32, 64) for bk in (256, 512) for w in (4, 8) for wv in (1, 2, 4)
@@ -524,10 +531,10 @@ def fp8_sweep(args, timed, bandwidth, limits) -> None:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
             t_mm = timed([lambda p=p, x=x: _scaled_mm_w8a8(x, *p) for p in weights])
-            results = time_each(timed, _fp8_candidates(), lambda c, x=x, ws=weights: [
+            candidates = _fp8_candidates(args.fp8_splits)
+            results = time_each(timed, candidates, lambda c, x=x, ws=weights: [
                 lambda p=p: fp8_gemv(x, p[0], p[1], **c) for p in ws])
-            default, summary = _summary(results, _fp8_candidates()[0], t_bf16, k * n,
-                                        bandwidth)
+            default, summary = _summary(results, candidates[0], t_bf16, k * n, bandwidth)
             row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 2),
                    "scaled_mm_us": round(t_mm, 2), "gemv_default_us": default, **summary}
             rows.append(row)
