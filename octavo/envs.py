@@ -307,6 +307,14 @@ def skinny_gemm_all() -> bool:
     return _flag("OCTAVO_SKINNY_GEMM_ALL", False)
 
 
+def fused_glu() -> bool:
+    """OCTAVO_FUSED_GLU (default on): on CUDA, an MLP's down projection whose method can take
+    [gate | up] directly (the FP8-weight GEMV at one row) applies silu(gate) * up as it reads
+    its activations, without the activation's own launch; off, the activation kernel runs
+    first, as for every other method."""
+    return _flag("OCTAVO_FUSED_GLU", True)
+
+
 def fp8_gemv() -> bool:
     """OCTAVO_FP8_GEMV (default on): on CUDA, FP8-weight linears with quantized activations
     (W8A8) run decode batches of <= 2 rows through the FP8-weight GEMV

@@ -13,6 +13,14 @@ _BLOCK = 1024
 
 
 @triton.jit
+def silu_mul(gate, up):
+    """``silu(gate) * up`` in float32 (both float32): the one formula every kernel that
+    applies the gated activation uses, so a fused consumer gives the same bits as this
+    module's kernel."""
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     out_ptr,
     x_ptr,
@@ -29,7 +37,7 @@ def _silu_and_mul_kernel(
     mask = offs < inter
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    y = gate / (1.0 + tl.exp(-gate)) * up
+    y = silu_mul(gate, up)
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

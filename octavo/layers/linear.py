@@ -180,7 +180,19 @@ class RowParallelLinear(LinearBase):
         return self.input_size // self.tp.size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(self._matmul(x, None))
+        return self._reduce(self._matmul(x, None))
+
+    def forward_glu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``forward(silu(x[..., :I]) * x[..., I:])`` in the method's own kernel where it has
+        one for this call (``LinearMethod.apply_glu``), else None: the MLP then runs its
+        activation and ``forward``."""
+        if cpu_gemm.usable(x, self._packed_weight):
+            return None
+        y = self.quant_method.apply_glu(self, x, None)
+        return None if y is None else self._reduce(y)
+
+    def _reduce(self, y: torch.Tensor) -> torch.Tensor:
+        y = self.tp.all_reduce(y)
         if self.bias is not None:  # added once, after the reduction
             y = y + self.bias
         return y

@@ -30,6 +30,13 @@ class LinearMethod:
               bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
+    def apply_glu(self, layer: nn.Module, x: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor | None:
+        """``apply`` on ``silu(x[..., :I]) * x[..., I:]`` (x = an MLP's [gate | up]) with the
+        activation computed inside the method's own kernel, where it has one for this call;
+        None where it has not (the caller runs the activation, then ``apply``)."""
+        return None
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Repack or convert what the checkpoint gave (once, after every tensor is loaded)."""
 

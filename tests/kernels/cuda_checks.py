@@ -69,8 +69,9 @@ def count_rows(monkeypatch, module, name: str) -> list[int]:
     return calls
 
 
-def greedy_decode(model_dir, liven, enforce_eager: bool = True) -> list:
-    """(token ids, the chosen tokens' logprobs) per prompt of PROMPTS, six greedy tokens each,
+def greedy_decode(model_dir, liven, enforce_eager: bool = True, prompts=None) -> list:
+    """(token ids, the chosen tokens' logprobs) per prompt of ``prompts`` (PROMPTS), six
+    greedy tokens each,
     from an engine on ``model_dir``'s config with dummy weights made lively by
     ``liven(model)``; the engine freed after."""
     import gc
@@ -82,7 +83,7 @@ def greedy_decode(model_dir, liven, enforce_eager: bool = True) -> list:
               skip_tokenizer_init=True, max_model_len=256, gpu_memory_utilization=0.2,
               enforce_eager=enforce_eager)
     liven(llm.llm_engine.executor.worker.runner.model)
-    outs = [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    outs = [o.outputs[0] for o in llm.generate(prompts or PROMPTS, params, use_tqdm=False)]
     del llm
     gc.collect()
     torch.cuda.empty_cache()

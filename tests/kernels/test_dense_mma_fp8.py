@@ -396,3 +396,39 @@ def test_engine_fp8_decode_through_the_kernel_gpu(tmp_path, monkeypatch, eager):
     cuda_out = run(True, eager)
     assert calls and max(calls) <= 32
     assert cuda_checks.compare_decodes(default_out, cuda_out) >= 3 * len(cuda_checks.PROMPTS)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("eager", [True, False])
+def test_engine_fp8_fused_glu_gpu(tmp_path, monkeypatch, eager):
+    """One-row fp8 decodes apply the MLP's silu(gate) * up inside the down projection's GEMV
+    (calls with glu=True counted): the same greedy tokens and logprobs, bit for bit, as with
+    OCTAVO_FUSED_GLU=0 (the activation's own kernel, then the GEMV)."""
+    import json
+
+    from octavo.quantization import fp8_linear
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+              "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+              "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    calls = []
+    real = fp8_linear.gemv
+
+    def spy(x2, weight, scale, glu=False):
+        calls.append(glu)
+        return real(x2, weight, scale, glu=glu)
+
+    monkeypatch.setattr(fp8_linear, "gemv", spy)
+    one = cuda_checks.PROMPTS[:1]  # one row per decode step: the GEMV's
+    monkeypatch.setenv("OCTAVO_FUSED_GLU", "0")
+    separate = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
+    assert calls and not any(calls)
+    calls.clear()
+    monkeypatch.setenv("OCTAVO_FUSED_GLU", "1")
+    fused = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
+    assert any(calls)
+    assert fused == separate
