@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from octavo.kernels.activation import silu_mul
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
@@ -33,12 +34,29 @@ MAX_M = 2
 
 
 @triton.jit
+def _x_block(x_ptr, offs_k, k_mask, K, EVEN_K: tl.constexpr, GLU: tl.constexpr):
+    """x[offs_k] as float32; GLU: x is [gate | up] (the up half K after the gate) and the
+    block is ``silu(gate) * up`` rounded to x's dtype, as silu_and_mul stores it."""
+    if EVEN_K:
+        x = tl.load(x_ptr + offs_k)
+    else:
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
+    if GLU:
+        if EVEN_K:
+            up = tl.load(x_ptr + K + offs_k)
+        else:
+            up = tl.load(x_ptr + K + offs_k, mask=k_mask, other=0.0)
+        x = silu_mul(x.to(tl.float32), up.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _dense_gemv_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, K_PER_SPLIT, NUM_SPLITS,
     stride_xm, stride_wn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    PDL: tl.constexpr,
+    GLU: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits); x [M, K] and W [N, K] both with stride 1 along K. One
     # accumulator tile per row of x (BLOCK_M = M, 1 or 2). EVEN_K: K and K_PER_SPLIT are
@@ -62,24 +80,20 @@ def _dense_gemv_kernel(
     for k0 in tl.range(k_start, k_end, BLOCK_K, loop_unroll_factor=2):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         next_k = offs_k + BLOCK_K
+        k_mask = offs_k < k_end
         if EVEN_K:
             # One condition for the whole tile (none past the split's end).
             more = n_mask & ((offs_n * 0 + k0 + BLOCK_K) < k_end)
             w_next = tl.load(w_ptrs + (k0 - k_start + BLOCK_K), mask=more[:, None], other=0.0)
-            x0 = tl.load(x_ptr + offs_k)
         else:
-            k_mask = offs_k < k_end
             w_next = tl.load(w_ptrs + (k0 - k_start + BLOCK_K),
                              mask=n_mask[:, None] & (next_k < k_end)[None, :], other=0.0)
-            x0 = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
+        x0 = _x_block(x_ptr, offs_k, k_mask, K, EVEN_K, GLU)
         wf = w.to(tl.float32)
-        acc0 += wf * x0.to(tl.float32)[None, :]
+        acc0 += wf * x0[None, :]
         if BLOCK_M > 1:
-            if EVEN_K:
-                x1 = tl.load(x1_ptr + offs_k)
-            else:
-                x1 = tl.load(x1_ptr + offs_k, mask=k_mask, other=0.0)
-            acc1 += wf * x1.to(tl.float32)[None, :]
+            x1 = _x_block(x1_ptr, offs_k, k_mask, K, EVEN_K, GLU)
+            acc1 += wf * x1[None, :]
         w = w_next
     offs_m = tl.arange(0, BLOCK_M)
     res = tl.where(offs_m[:, None] == 0, tl.sum(acc0, axis=1)[None, :], 0.0)
@@ -101,16 +115,19 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                block_n: int | None = None, block_k: int | None = None,
                split_k: int | None = None, num_warps: int | None = None,
-               waves: int | None = None) -> torch.Tensor:
+               waves: int | None = None, glu: bool = False) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for at most MAX_M rows (float32 accumulation, rounded
-    once to x's dtype before the bias is added). The tuning arguments (None: chosen here)
-    exist for the benchmark's sweeps and the tests."""
+    once to x's dtype before the bias is added). ``glu``: x is [..., 2K] = [gate | up] and
+    the layer is applied to ``silu(gate) * up`` (rounded to x's dtype, bit for bit what
+    ``octavo.kernels.activation.silu_and_mul`` stores), computed as x is read. The tuning
+    arguments (None: chosen here) exist for the benchmark's sweeps and the tests."""
     require_triton("dense_gemv")
     shape = x.shape
-    k = shape[-1]
-    x2 = x.reshape(-1, k)
+    x2 = x.reshape(-1, shape[-1])
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
+    k = shape[-1] // 2 if glu else shape[-1]
+    assert not glu or shape[-1] == 2 * k, shape
     m = x2.shape[0]
     n = weight.shape[0]
     assert 1 <= m <= MAX_M and weight.shape[1] == k and weight.stride(1) == 1, (
@@ -134,7 +151,7 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         x2.stride(0), weight.stride(0),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=k % block_k == 0 and k_per_split % block_k == 0, num_warps=num_warps,
+        EVEN_K=k % block_k == 0 and k_per_split % block_k == 0, GLU=glu, num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip
     if bias is not None:

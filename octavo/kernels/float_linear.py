@@ -51,3 +51,28 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                      or envs.skinny_gemm_all())):
             return skinny_gemm.skinny_gemm(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def linear_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+               ) -> torch.Tensor | None:
+    """``linear(silu(x[..., :K]) * x[..., K:], weight, bias)`` in one launch where ``linear``
+    would take the CUDA-core GEMV (one row, a weight too large for the CUDA dense GEMM): the
+    GEMV applies the activation as it reads x. None elsewhere (OCTAVO_FUSED_GLU=0 included):
+    the caller runs the activation and ``linear``."""
+    if not (x.is_cuda and HAS_TRITON and envs.fused_glu() and envs.dense_gemv()):
+        return None
+    from octavo.kernels import dense_gemv, dense_mma
+
+    rows = x.numel() // max(1, x.shape[-1])
+    k = x.shape[-1] // 2
+    if rows != GEMV_ROWS or x.shape[-1] != 2 * k or weight.dim() != 2 or weight.shape[1] != k:
+        return None
+    if (envs.cuda_dense() and envs.cuda_dense_min_m(CUDA_DENSE_ROWS[0]) <= rows
+            <= envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1])
+            and weight.numel() * weight.element_size() <= CUDA_DENSE_MAX_BYTES
+            and dense_mma.available(x.device)):
+        return None  # linear() would run the CUDA dense GEMM: left unfused
+    half = x.reshape(-1, x.shape[-1])[:, :k]
+    if not dense_gemv.supports(half, weight):
+        return None
+    return dense_gemv.dense_gemv(x, weight, bias, glu=True)

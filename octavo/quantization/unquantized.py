@@ -26,6 +26,13 @@ class UnquantizedLinearMethod(LinearMethod):
             return linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
 
+    def apply_glu(self, layer, x, bias):
+        if not x.is_cuda:
+            return None
+        from octavo.kernels.float_linear import linear_glu
+
+        return linear_glu(x, layer.weight, bias)
+
     def dense_weight(self, layer):
         return layer.weight
 

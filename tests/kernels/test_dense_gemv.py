@@ -34,6 +34,25 @@ def test_matches_float32_linear(m, nk, split_k, dtype, device):
     assert ((got.float() - ref).abs() <= ulp * ref.abs().clamp_min(1.0)).all()
 
 
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("nk", [(40, 96), (33, 1000), (64, 512)])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_glu_input_equals_the_activation_then_the_gemv(m, nk, split_k, device):
+    """``glu=True`` on [gate | up] gives the bits of silu_and_mul's kernel followed by the
+    GEMV on its output (one shared formula, rounded to x's dtype), with even and ragged K."""
+    from octavo.kernels.activation import silu_and_mul
+
+    n, k = nk
+    g = torch.Generator().manual_seed(n + k)
+    gate_up = (torch.randn(m, 2 * k, generator=g) * 3).to(device, torch.bfloat16)
+    _, w = _case(m, n, k, torch.bfloat16, device, 7)
+    bias = torch.randn(n, generator=g).to(device, torch.bfloat16)
+    fused = dense_gemv(gate_up, w, bias, block_n=16, block_k=64, split_k=split_k, glu=True)
+    separate = dense_gemv(silu_and_mul(gate_up), w, bias, block_n=16, block_k=64,
+                          split_k=split_k)
+    assert fused.shape == (m, n) and torch.equal(fused, separate)
+
+
 def test_split_sums_are_deterministic_and_the_bias_is_added(device):
     x, w = _case(1, 48, 256, torch.bfloat16, device, 7)
     b = torch.randn(48).to(device, torch.bfloat16)
