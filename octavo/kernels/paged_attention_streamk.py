@@ -373,8 +373,6 @@ def _streamk_decode_kernel(
     v_base = v_cache_ptr + kv_head * stride_vh
     compute_dt = q_ptr.dtype.element_ty
     o_mask = row_ok[:, None] & d_ok[None, :]
-    all_m = offs_m < BLOCK_M  # every row: the merge reads them all
-    acc_mask = all_m[:, None] & (offs_d[None, :] < HEAD_DIM_P)
     # Scratch rows of this program's two slots: [P, 2, KV heads, BLOCK_M].
     row0 = ((pid * 2 * num_kv_heads + kv_head) * BLOCK_M + offs_m).to(tl.int64)
     row1 = row0 + num_kv_heads * BLOCK_M
@@ -431,21 +429,20 @@ def _streamk_decode_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-        # The request's last tile, or the program's: store its state (masked stores, no
-        # branch). Whole in this program: the output; else a partial in slot 0 (the request
-        # tile t0 lies in) or 1 (begun here, cut at t1). (A vector mask & a scalar condition
-        # is int32 in the interpreter: hence the `!= 0`.)
-        done = last | (t == t1 - 1)
-        whole = last & (rs >= t0)
-        o_ptrs = out_ptr + tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
-                 mask=(o_mask & whole) != 0)
-        cut = done & (whole == 0)
-        row = tl.where(rs <= t0, row0, row1)
-        tl.store(part_acc_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :], acc,
-                 mask=(acc_mask & cut) != 0)
-        tl.store(part_ml_ptr + row * 2, m_i, mask=(all_m & cut) != 0)
-        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=(all_m & cut) != 0)
+        # The request's last tile, or the program's: store its state (a branch, so a tile
+        # in the middle of a request -- the common case -- does none of it). Whole in this
+        # program: the output; else a partial in slot 0 (the request tile t0 lies in) or 1
+        # (begun here, cut at t1).
+        if last | (t == t1 - 1):
+            if last & (rs >= t0):
+                o_ptrs = out_ptr + tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+                tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+                         mask=o_mask)
+            else:
+                row = tl.where(rs <= t0, row0, row1)
+                tl.store(part_acc_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :], acc)
+                tl.store(part_ml_ptr + row * 2, m_i)
+                tl.store(part_ml_ptr + row * 2 + 1, l_i)
 
     # Merge the (at most two) cut requests: the one tile t0 lies in (position j0 of the
     # walk), unless this program holds all of it; the one tile t1 - 1 lies in, if another
