@@ -9,18 +9,25 @@ on 2,048-key contexts but 54% on 128-key ones and 76% on W1's mix. Here:
 * Work units: each decode's KV range ``[0, seq_len)`` in tiles of BLOCK_N keys. The requests
   are taken in a given order (longest first, or the batch's own), requests with no tile (not
   a decode: prefill chunks, empty rows) moved to the end; ``cu_tiles`` (int32 ``[B+1]``) is
-  the exclusive prefix sum of the tiles in that order. Both are computed on the device by a
-  one-program launch once per step (:func:`decode_tiles`) and shared by every layer.
+  the exclusive prefix sum of the tiles in that order. With them the work list holds, per
+  flattened tile, its request's q / output row, its valid keys and first / last flags, its
+  request's position, and the cache blocks its keys lie in (copied from the step's block
+  table), in arrays sized on the host (every request at the block table's reach or
+  ``max_seq_len``). All of it is built on the device by one launch of one program per
+  request once per step (:func:`decode_tiles`; a captured graph rebuilds it at each replay)
+  and shared by every layer.
 * Grid ``(P, num_kv_heads)``, P from the host only (``waves`` x SMs / KV heads), so a CUDA
   graph can capture it. Program ``p`` takes tiles ``[p * per, min((p + 1) * per, total))``
   with ``per = cdiv(total, P)``; programs past the end exit.
-* A program finds the request of its first tile by binary search over ``cu_tiles`` and walks
-  its tiles in one uniform loop (no branch: masks and ``tl.where``), so the K/V loads stay
-  software-pipelined across request boundaries. At a request's first tile the softmax state
-  is reset; at its last tile (or the program's last) the state is stored: normalised into the
-  output when the program covered the whole request, else as a partial (acc, max, sum) in
-  scratch slot 0 (the request the program starts inside) or 1 (the one it ends inside) --
-  only those two can be cut, every request between them is whole.
+* A program walks its tiles in one loop whose every load address is the tile index's, or
+  one gather from the work list at that index (K/V through the tile's block ids), as in the
+  per-request kernel: nothing carried from the previous tile feeds an address, so the next
+  tile's K/V copies are issued a stage ahead (cp.async on sm_90) across request boundaries.
+  At a request's first tile the softmax state is reset; at its last tile (or the program's
+  last: a branch the middle tiles skip) the state is stored: normalised into the output when
+  the program covered the whole request, else as a partial (acc, max, sum) in scratch slot 0
+  (the request the program starts inside) or 1 (the one it ends inside) -- only those two
+  can be cut, every request between them is whole.
 * Cut requests merge in the same launch: after its loop a program takes a ticket from its cut
   requests' (request, KV head) counters (:func:`octavo.kernels.split_k.counters`, left zeroed);
   the last piece's program merges the pieces (programs ``start // per`` to
