@@ -72,7 +72,7 @@ class TritonAttentionImpl(AttentionImpl):
             q, key_cache, value_cache, meta.query_start_loc, meta.seq_lens,
             meta.block_tables, self.scale, out=out, max_query_len=meta.max_query_len,
             max_seq_len=meta.max_seq_len, decode_order=order,
-            decode_tiles=_decode_tiles(meta, q, key_cache.shape[2], order),
+            decode_tiles=_decode_tiles(meta, q, key_cache, order),
         )  # fmt: skip
 
 
@@ -104,18 +104,23 @@ def _decode_order(meta: AttentionMetadata, num_kv_heads: int,
     return order
 
 
-def _decode_tiles(meta: AttentionMetadata, q: torch.Tensor, num_kv_heads: int,
+def _decode_tiles(meta: AttentionMetadata, q: torch.Tensor, key_cache: torch.Tensor,
                   order: torch.Tensor | None) -> DecodeTiles | None:
     """Under OCTAVO_ATTN_STREAMK, a decode-only step's stream-K work list on the GPU (the
-    requests' KV tiles in ``order``, prefix-summed): built once per step on the device and
-    shared by every layer, keyed like ``_decode_order``."""
+    requests' KV tiles in ``order``, prefix-summed, and each tile's row, keys, flags and
+    cache blocks from this step's block table): built once per step on the device (a
+    captured graph rebuilds it at each replay) and shared by every layer, keyed like
+    ``_decode_order``; sized by ``meta.max_seq_len`` (a captured graph's bounds its
+    replays')."""
     if not (attn_streamk() and meta.is_decode_only and q.device.type == "cuda"):
         return None
+    _, block_size, num_kv_heads, _ = key_cache.shape
     block_n = streamk_config(q.shape[1] // num_kv_heads, q.shape[2], q.dtype, True).block_n
-    key = ("decode_tiles", block_n, torch.cuda.is_current_stream_capturing())
+    key = ("decode_tiles", block_n, block_size, torch.cuda.is_current_stream_capturing())
     tiles = meta.derived.get(key)
     if tiles is None:
-        tiles = decode_tiles(meta.query_start_loc, meta.seq_lens, block_n, order)
+        tiles = decode_tiles(meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                             block_size, block_n, order, max_seq_len=meta.max_seq_len)
         meta.derived[key] = tiles
     return tiles
 

@@ -496,7 +496,8 @@ def paged_attention(
     if not prefill_only and (decode_tiles is not None or (
             decode_only and num_splits is None and attn_streamk())):
         streamk_decode(q, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
-                       scale, out, tiles=decode_tiles, order=decode_order)
+                       scale, out, tiles=decode_tiles, order=decode_order,
+                       max_seq_len=max_seq_len)
     elif not prefill_only:
         cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu)
         tile = attn_decode_tile() if on_gpu else None

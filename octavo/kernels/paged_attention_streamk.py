@@ -9,18 +9,25 @@ on 2,048-key contexts but 54% on 128-key ones and 76% on W1's mix. Here:
 * Work units: each decode's KV range ``[0, seq_len)`` in tiles of BLOCK_N keys. The requests
   are taken in a given order (longest first, or the batch's own), requests with no tile (not
   a decode: prefill chunks, empty rows) moved to the end; ``cu_tiles`` (int32 ``[B+1]``) is
-  the exclusive prefix sum of the tiles in that order. Both are computed on the device by a
-  one-program launch once per step (:func:`decode_tiles`) and shared by every layer.
+  the exclusive prefix sum of the tiles in that order. With them the work list holds, per
+  flattened tile, its request's q / output row, its valid keys and first / last flags, its
+  request's position, and the cache blocks its keys lie in (copied from the step's block
+  table), in arrays sized on the host (every request at the block table's reach or
+  ``max_seq_len``). All of it is built on the device by one launch of one program per
+  request once per step (:func:`decode_tiles`; a captured graph rebuilds it at each replay)
+  and shared by every layer.
 * Grid ``(P, num_kv_heads)``, P from the host only (``waves`` x SMs / KV heads), so a CUDA
   graph can capture it. Program ``p`` takes tiles ``[p * per, min((p + 1) * per, total))``
   with ``per = cdiv(total, P)``; programs past the end exit.
-* A program finds the request of its first tile by binary search over ``cu_tiles`` and walks
-  its tiles in one uniform loop (no branch: masks and ``tl.where``), so the K/V loads stay
-  software-pipelined across request boundaries. At a request's first tile the softmax state
-  is reset; at its last tile (or the program's last) the state is stored: normalised into the
-  output when the program covered the whole request, else as a partial (acc, max, sum) in
-  scratch slot 0 (the request the program starts inside) or 1 (the one it ends inside) --
-  only those two can be cut, every request between them is whole.
+* A program walks its tiles in one loop whose every load address is the tile index's, or
+  one gather from the work list at that index (K/V through the tile's block ids), as in the
+  per-request kernel: nothing carried from the previous tile feeds an address, so the next
+  tile's K/V copies are issued a stage ahead (cp.async on sm_90) across request boundaries.
+  At a request's first tile the softmax state is reset; at its last tile (or the program's
+  last: a branch the middle tiles skip) the state is stored: normalised into the output when
+  the program covered the whole request, else as a partial (acc, max, sum) in scratch slot 0
+  (the request the program starts inside) or 1 (the one it ends inside) -- only those two
+  can be cut, every request between them is whole.
 * Cut requests merge in the same launch: after its loop a program takes a ticket from its cut
   requests' (request, KV head) counters (:func:`octavo.kernels.split_k.counters`, left zeroed);
   the last piece's program merges the pieces (programs ``start // per`` to
@@ -51,14 +58,54 @@ DEFAULT_WAVES = 2
 
 
 class DecodeTiles(NamedTuple):
-    """A step's stream-K work list, shared by every layer: ``cu_tiles`` int32 ``[B+1]`` (the
-    tiles of the requests in ``order``, exclusive prefix sum), ``order`` int32 ``[B]`` (a
-    permutation of the requests, those without tiles last) and the tile's keys ``block_n``
-    (must be the launch's)."""
+    """A step's stream-K work list, shared by every layer.
+
+    ``cu_tiles`` int32 ``[B+1]``: the tiles of the requests in ``order``, exclusive prefix
+    sum; ``order`` int32 ``[B]``: a permutation of the requests, those without tiles last.
+    Per flattened tile ``t`` (first ``cu_tiles[B]`` entries valid, the arrays sized on the
+    host: ``capacity`` tiles): ``tile_tok[t]`` its request's q / output row,
+    ``tile_info[t]`` its valid keys (1..block_n, bits 0-15) | first tile of its request
+    (bit 16) | last (bit 17) | the tile's first key's offset inside its cache block (bits
+    18-, zero when ``block_n`` is a multiple of ``block_size``), ``tile_req[t]`` its
+    request's position in ``order``, ``tile_blocks[t]`` (``[capacity, blocks_per_tile]``)
+    the physical cache blocks its keys lie in (copied from the block table: rebuilt each
+    step). ``block_n`` and ``block_size`` must be the launch's."""
 
     cu_tiles: torch.Tensor
     order: torch.Tensor
     block_n: int
+    tile_tok: torch.Tensor
+    tile_info: torch.Tensor
+    tile_req: torch.Tensor
+    tile_blocks: torch.Tensor
+    block_size: int
+
+
+# tile_info's fields.
+KEYS_MASK = 0xFFFF
+FIRST_BIT = 16
+LAST_BIT = 17
+OFFSET_SHIFT = 18
+
+
+def blocks_per_tile(block_n: int, block_size: int) -> int:
+    """Cache blocks a tile of ``block_n`` keys can touch: ``block_n // block_size`` when the
+    tiles start on block boundaries (``block_n`` a multiple of ``block_size``), else enough
+    for a tile starting anywhere inside a block."""
+    if block_n % block_size == 0:
+        return block_n // block_size
+    return (block_n + block_size - 2) // block_size + 1
+
+
+def tile_capacity(num_seqs: int, block_tables: torch.Tensor, block_size: int, block_n: int,
+                  max_seq_len: int | None = None) -> int:
+    """Flattened tiles the work list has room for, from host facts only: every request at
+    the longest context the block table can address (``max_seq_len``, if given, tightens
+    it: it must bound every ``seq_lens`` entry, in a CUDA graph every replay's)."""
+    kv_upper = block_tables.shape[1] * block_size
+    if max_seq_len is not None:
+        kv_upper = min(kv_upper, max_seq_len)
+    return max(1, num_seqs * -(-kv_upper // block_n))
 
 
 def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool) -> _Config:
@@ -72,29 +119,46 @@ def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool) 
     return cfg
 
 
-def decode_tiles(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_n: int,
-                 order: torch.Tensor | None = None) -> DecodeTiles:
-    """The stream-K work list of a batch, in one launch of one program (no sync, capturable).
-    Requests with exactly one new token have ``cdiv(seq_len, block_n)`` tiles, the rest none;
-    those without tiles are moved behind the others (stably), so a program's walk steps from
-    one request to the next by one. ``order``: the requests' order (default: the batch's)."""
+def decode_tiles(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                 block_tables: torch.Tensor, block_size: int, block_n: int,
+                 order: torch.Tensor | None = None, *,
+                 max_seq_len: int | None = None) -> DecodeTiles:
+    """The stream-K work list of a batch, in one launch of one program per request (no sync,
+    capturable). Requests with exactly one new token have ``cdiv(seq_len, block_n)`` tiles,
+    the rest none; those without tiles are moved behind the others (stably), so a program's
+    walk steps from one request to the next by one. ``order``: the requests' order
+    (default: the batch's). Sized by :func:`tile_capacity` (``max_seq_len`` as there)."""
     num_seqs = seq_lens.shape[0]
     device = seq_lens.device
-    cu = torch.empty(num_seqs + 1, dtype=torch.int32, device=device)
-    out_order = torch.empty(num_seqs, dtype=torch.int32, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    cap = tile_capacity(num_seqs, block_tables, block_size, block_n, max_seq_len)
+    bpt = blocks_per_tile(block_n, block_size)
+    cu = torch.empty(num_seqs + 1, **i32)
+    out_order = torch.empty(num_seqs, **i32)
+    tile_tok = torch.empty(cap, **i32)
+    tile_info = torch.empty(cap, **i32)
+    tile_req = torch.empty(cap, **i32)
+    tile_blocks = torch.empty((cap, bpt), **i32)
     if order is not None:
         assert order.shape == (num_seqs,) and order.dtype == torch.int32
-    _work_list_kernel[(1,)](
-        query_start_loc, seq_lens, seq_lens if order is None else order, cu, out_order,
-        num_seqs, BLOCK_N=block_n, BLOCK=max(16, next_power_of_2(num_seqs)),
+    assert block_tables.shape[0] == num_seqs and block_tables.stride(-1) == 1
+    _work_list_kernel[(max(1, num_seqs),)](
+        query_start_loc, seq_lens, seq_lens if order is None else order, block_tables, cu,
+        out_order, tile_tok, tile_info, tile_req, tile_blocks, num_seqs, cap,
+        block_tables.stride(0),
+        BLOCK_N=block_n, BLOCK_SIZE=block_size, BPT=bpt, BPT_P=next_power_of_2(bpt),
+        BLOCK=max(16, next_power_of_2(num_seqs)), CHUNK=max(1, 256 // next_power_of_2(bpt)),
         ORDER=order is not None, **pdl_args(device),
     )  # fmt: skip
-    return DecodeTiles(cu, out_order, block_n)
+    return DecodeTiles(cu, out_order, block_n, tile_tok, tile_info, tile_req, tile_blocks,
+                       block_size)
 
 
-def decode_tiles_ref(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_n: int,
+def decode_tiles_ref(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                     block_tables: torch.Tensor, block_size: int, block_n: int,
                      order: torch.Tensor | None = None) -> DecodeTiles:
-    """:func:`decode_tiles` in torch ops (a dozen launches), for tests."""
+    """:func:`decode_tiles` in torch ops and Python loops (a host sync), for tests: the
+    per-tile arrays hold exactly the ``cu_tiles[B]`` valid tiles."""
     num_seqs = seq_lens.shape[0]
     device = seq_lens.device
     if order is None:
@@ -106,7 +170,25 @@ def decode_tiles_ref(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, bloc
     order = order[keep].to(torch.int32)
     cu = torch.zeros(num_seqs + 1, dtype=torch.int32, device=device)
     cu[1:] = torch.cumsum(tiles[keep], 0)
-    return DecodeTiles(cu, order, block_n)
+    bpt = blocks_per_tile(block_n, block_size)
+    tok, info, req, blocks = [], [], [], []
+    qsl, sl, bt = query_start_loc.tolist(), seq_lens.tolist(), block_tables.tolist()
+    for j, b in enumerate(order.tolist()):
+        n_tiles = int(cu[j + 1] - cu[j])
+        for k in range(n_tiles):
+            key0 = k * block_n
+            keys = min(sl[b] - key0, block_n)
+            info.append(keys | (k == 0) << FIRST_BIT | (k == n_tiles - 1) << LAST_BIT
+                        | (key0 % block_size) << OFFSET_SHIFT)
+            tok.append(qsl[b])
+            req.append(j)
+            used = -(-sl[b] // block_size)
+            first = key0 // block_size
+            blocks.append([bt[b][first + c] if first + c < used else 0 for c in range(bpt)])
+    i32 = dict(dtype=torch.int32, device=device)
+    return DecodeTiles(cu, order, block_n, torch.tensor(tok, **i32), torch.tensor(info, **i32),
+                       torch.tensor(req, **i32),
+                       torch.tensor(blocks, **i32).reshape(len(tok), bpt), block_size)
 
 
 def num_programs(device: torch.device, num_kv_heads: int, waves: int | None = None) -> int:
@@ -122,13 +204,17 @@ def num_programs(device: torch.device, num_kv_heads: int, waves: int | None = No
 # --------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
-def _work_list_kernel(qsl_ptr, seq_lens_ptr, order_in_ptr, cu_ptr, order_ptr, num_seqs,
-                      BLOCK_N: tl.constexpr, BLOCK: tl.constexpr, ORDER: tl.constexpr,
-                      PDL: tl.constexpr):
-    """One program: every request's tiles in the given order, those with tiles first
-    (stable partition by two prefix sums), and the tiles' exclusive prefix sum."""
+@triton.jit(do_not_specialize=["num_seqs", "capacity", "stride_bt"])
+def _work_list_kernel(qsl_ptr, seq_lens_ptr, order_in_ptr, bt_ptr, cu_ptr, order_ptr,
+                      tile_tok_ptr, tile_info_ptr, tile_req_ptr, tile_blocks_ptr, num_seqs,
+                      capacity, stride_bt, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                      BPT: tl.constexpr, BPT_P: tl.constexpr, BLOCK: tl.constexpr,
+                      CHUNK: tl.constexpr, ORDER: tl.constexpr, PDL: tl.constexpr):
+    """Program j: every request's tiles in the given order, those with tiles first (stable
+    partition by two prefix sums), and the tiles' exclusive prefix sum (program 0 stores
+    them); then the per-tile arrays of the request at position j."""
     pdl_begin(PDL)
+    j = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < num_seqs
     if ORDER:
@@ -143,9 +229,42 @@ def _work_list_kernel(qsl_ptr, seq_lens_ptr, order_in_ptr, cu_ptr, order_ptr, nu
     pos = tl.where(has > 0, tl.cumsum(has, 0) - 1, tl.sum(has, 0) + tl.cumsum(1 - has, 0) - 1)
     # Empty requests add nothing, so a request with tiles ends where its running sum does.
     ends = tl.where(has > 0, tl.cumsum(tiles, 0), tl.sum(tiles, 0))
-    tl.store(order_ptr + pos, b, mask=ok)
-    tl.store(cu_ptr + pos + 1, ends, mask=ok)
-    tl.store(cu_ptr + offs, offs * 0, mask=offs == 0)
+    if j == 0:
+        tl.store(order_ptr + pos, b, mask=ok)
+        tl.store(cu_ptr + pos + 1, ends, mask=ok)
+        tl.store(cu_ptr + offs, offs * 0, mask=offs == 0)
+
+    # The request at position j: its tiles [start, start + n_tiles) of the walk.
+    sel = ok & (pos == j)
+    bj = tl.sum(tl.where(sel, b, 0), 0)
+    n_tiles = tl.sum(tl.where(sel, tiles, 0), 0)
+    start = tl.sum(tl.where(sel, ends, 0), 0) - n_tiles
+    if n_tiles > 0:
+        tok = tl.load(qsl_ptr + bj)
+        len_j = tl.load(seq_lens_ptr + bj)
+        used = (len_j + BLOCK_SIZE - 1) // BLOCK_SIZE  # the block table's entries in use
+        bt_row = bt_ptr + bj.to(tl.int64) * stride_bt
+        offs_c = tl.arange(0, CHUNK)
+        offs_b = tl.arange(0, BPT_P)
+        for c in range(0, n_tiles, CHUNK):
+            k = c + offs_c  # tile index within the request
+            t = start + k
+            # Past the host-sized capacity only if seq_lens broke its bound: never write there.
+            w_ok = (k < n_tiles) & (t < capacity)
+            key0 = k * BLOCK_N
+            keys = tl.minimum(len_j - key0, BLOCK_N)
+            info = (keys | ((k == 0).to(tl.int32) << 16) | ((k == n_tiles - 1).to(tl.int32) << 17)
+                    | ((key0 % BLOCK_SIZE) << 18))
+            tl.store(tile_tok_ptr + t, tok + offs_c * 0, mask=w_ok)
+            tl.store(tile_info_ptr + t, info, mask=w_ok)
+            tl.store(tile_req_ptr + t, j + offs_c * 0, mask=w_ok)
+            idx = (key0 // BLOCK_SIZE)[:, None] + offs_b[None, :]
+            b_ok = w_ok[:, None] & (offs_b < BPT)[None, :]
+            # Blocks past the context read as 0 (their keys are masked): a full row, so the
+            # attention loop loads it without a mask.
+            blk = tl.load(bt_row + idx, mask=b_ok & (idx < used), other=0)
+            tl.store(tile_blocks_ptr + t.to(tl.int64)[:, None] * BPT + offs_b[None, :], blk,
+                     mask=b_ok)
 
 
 @triton.jit
@@ -205,10 +324,12 @@ def _streamk_decode_kernel(
     k_cache_ptr,
     v_cache_ptr,
     qsl_ptr,
-    seq_lens_ptr,
-    block_tables_ptr,
     cu_ptr,
     order_ptr,
+    tile_tok_ptr,
+    tile_info_ptr,
+    tile_req_ptr,
+    tile_blocks_ptr,
     part_acc_ptr,
     part_ml_ptr,
     cnt_ptr,
@@ -225,11 +346,11 @@ def _streamk_decode_kernel(
     stride_vb,
     stride_vt,
     stride_vh,
-    stride_bt,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    BPT: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -246,16 +367,6 @@ def _streamk_decode_kernel(
     t1 = tl.minimum(t0 + per, total)
     if t0 >= t1:  # past the work (or no decode at all)
         return
-    # The request of tile t0: the last i with cu[i] <= t0 (cu[num_seqs] = total > t0). A
-    # loop, not a vector compare, so one compiled kernel serves every batch size.
-    lo = t0 * 0
-    hi = lo + num_seqs
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        ok = tl.load(cu_ptr + mid) <= t0
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    i0 = lo
 
     # Rows = the GQA group's query heads (padding rows clamped to a real head: finite values,
     # never stored to the output).
@@ -276,24 +387,36 @@ def _streamk_decode_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    i = i0
-    start = tl.load(cu_ptr + i)  # the current request's tiles: [start, end)
-    end = tl.load(cu_ptr + i + 1)
+    # The first tile of the current request: before t0 until one starts in this program.
+    rs = t0 - 1
     for t in range(t0, t1):
-        b = tl.load(order_ptr + i)
-        tok = tl.load(qsl_ptr + b).to(tl.int64)
-        seq_len = tl.load(seq_lens_ptr + b)
-        # q of the current request (a cache hit but at request changes).
+        # Every address below is t's, or one gather from a per-tile array at t (the work
+        # list): nothing carried from the previous tile, so the next tile's loads can be
+        # issued before this one's math.
+        tok = tl.load(tile_tok_ptr + t).to(tl.int64)
+        info = tl.load(tile_info_ptr + t)
+        first = ((info >> 16) & 1) != 0
+        last = ((info >> 17) & 1) != 0
+        # q of the tile's request (a cache hit but at request changes).
         q = tl.load(q_ptr + tok * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                     mask=o_mask, other=0.0)
         if UPCAST_DOT:
             q = q.to(tl.float32)
         # Keys of tile t: a decode sees its whole context, so only keys past it are masked.
-        n = (t - start) * BLOCK_N + offs_n
-        n_ok = n < seq_len
-        bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-        blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-        off = (n % BLOCK_SIZE).to(tl.int64)
+        n_ok = offs_n < (info & 0xFFFF)
+        blk_row = tile_blocks_ptr + t * BPT  # capacity x BPT: the block table's size
+        if BLOCK_N % BLOCK_SIZE == 0:  # tiles start on block boundaries
+            blk = tl.load(blk_row + offs_n // BLOCK_SIZE).to(tl.int64)
+            off = (offs_n % BLOCK_SIZE).to(tl.int64)
+        else:
+            nn = (info >> 18) + offs_n
+            blk = tl.load(blk_row + nn // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+            off = (nn % BLOCK_SIZE).to(tl.int64)
+        # A request's first tile: a fresh softmax state (acc need not be cleared: this tile
+        # scales it by exp2(-1e30 - max) = 0).
+        m_i = tl.where(first, -1.0e30, m_i)
+        l_i = tl.where(first, 0.0, l_i)
+        rs = tl.where(first, t, rs)
         k_ptrs = k_base + (blk * stride_kb + off * stride_kt)[None, :] + offs_d[:, None]
         k = tl.load(k_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0).to(compute_dt)
         if UPCAST_DOT:
@@ -313,43 +436,37 @@ def _streamk_decode_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-        # The request's last tile, or the program's: store its state (masked stores, no
-        # branch). Whole in this program: the output; else a partial in its slot. (A vector
-        # mask & a scalar condition is int32 in the interpreter: hence the `!= 0`.)
-        last = t == end - 1
-        done = last | (t == t1 - 1)
-        whole = (start >= t0) & (end <= t1)
-        o_ptrs = out_ptr + tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
-                 mask=(o_mask & (done & whole)) != 0)
-        cut = done & (whole == 0)
-        row = tl.where(i == i0, row0, row1)
-        all_m = offs_m < BLOCK_M  # every row: the merge reads them all
-        tl.store(part_acc_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :], acc,
-                 mask=(all_m[:, None] & (offs_d[None, :] < HEAD_DIM_P) & cut) != 0)
-        tl.store(part_ml_ptr + row * 2, m_i, mask=(all_m & cut) != 0)
-        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=(all_m & cut) != 0)
+        # The request's last tile, or the program's: store its state (a branch, so a tile
+        # in the middle of a request -- the common case -- does none of it). Whole in this
+        # program: the output; else a partial in slot 0 (the request tile t0 lies in) or 1
+        # (begun here, cut at t1).
+        if last | (t == t1 - 1):
+            if last & (rs >= t0):
+                o_ptrs = out_ptr + tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+                tl.store(o_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+                         mask=o_mask)
+            else:
+                row = tl.where(rs <= t0, row0, row1)
+                tl.store(part_acc_ptr + row[:, None] * HEAD_DIM_P + offs_d[None, :], acc)
+                tl.store(part_ml_ptr + row * 2, m_i)
+                tl.store(part_ml_ptr + row * 2 + 1, l_i)
 
-        # Step to the next request after its last tile: a fresh softmax state (acc need not
-        # be cleared: the next tile scales it by exp2(-1e30 - max) = 0).
-        m_i = tl.where(last, -1.0e30, m_i)
-        l_i = tl.where(last, 0.0, l_i)
-        i = i + last.to(tl.int32)
-        start = tl.where(last, end, start)
-        end = tl.where(last, tl.load(cu_ptr + tl.minimum(i + 1, num_seqs)), end)
-
-    # Merge the (at most two) cut requests: slot 0, the request tile t0 lies in, unless this
-    # program holds all of it; slot 1, the request the walk stopped inside, if another.
-    start0 = tl.load(cu_ptr + i0)
-    end0 = tl.load(cu_ptr + i0 + 1)
+    # Merge the (at most two) cut requests: the one tile t0 lies in (position j0 of the
+    # walk), unless this program holds all of it; the one tile t1 - 1 lies in, if another
+    # and it goes on past t1.
+    j0 = tl.load(tile_req_ptr + t0)
+    start0 = tl.load(cu_ptr + j0)
+    end0 = tl.load(cu_ptr + j0 + 1)
     if (start0 < t0) | (end0 > t1):
-        _merge_pieces(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr, order_ptr, qsl_ptr, i0,
+        _merge_pieces(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr, order_ptr, qsl_ptr, j0,
                       start0, end0, per, kv_head, num_kv_heads, stride_ot, stride_oh, offs_m,
                       row_ok, head, offs_d, d_ok, BLOCK_M, HEAD_DIM_P)
-    # After the loop ``start`` is cu[i]: below t1 only when request i was begun, not ended.
-    if (i != i0) & (start < t1):
-        _merge_pieces(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr, order_ptr, qsl_ptr, i,
-                      start, end, per, kv_head, num_kv_heads, stride_ot, stride_oh, offs_m,
+    j1 = tl.load(tile_req_ptr + t1 - 1)
+    start1 = tl.load(cu_ptr + j1)
+    end1 = tl.load(cu_ptr + j1 + 1)
+    if (j1 != j0) & (end1 > t1):
+        _merge_pieces(out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr, order_ptr, qsl_ptr, j1,
+                      start1, end1, per, kv_head, num_kv_heads, stride_ot, stride_oh, offs_m,
                       row_ok, head, offs_d, d_ok, BLOCK_M, HEAD_DIM_P)
 
 
@@ -372,13 +489,15 @@ def streamk_decode(
     order: torch.Tensor | None = None,
     programs: int | None = None,
     config: _Config | None = None,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Decode attention of the batch's single-token requests (others untouched) into ``out``
     (same layout as :func:`octavo.kernels.paged_attention.paged_attention`), in one stream-K
     launch. ``tiles``: the step's work list (default: computed here from ``order``, a
     permutation of the requests, or the batch order); ``programs``: P (default:
     :func:`num_programs`); ``config``: the tile (default: :func:`streamk_config`; its BLOCK_N
-    must be ``tiles.block_n``)."""
+    must be ``tiles.block_n``); ``max_seq_len``: a bound on ``seq_lens`` sizing a work list
+    built here (:func:`tile_capacity`)."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     assert key_cache.dtype in (q.dtype, *_FP8_KV) and value_cache.dtype == key_cache.dtype
@@ -389,8 +508,12 @@ def streamk_decode(
     on_gpu = q.device.type == "cuda"
     cfg = config or streamk_config(group, head_dim, q.dtype, on_gpu)
     if tiles is None:
-        tiles = decode_tiles(query_start_loc, seq_lens, cfg.block_n, order)
+        tiles = decode_tiles(query_start_loc, seq_lens, block_tables, block_size, cfg.block_n,
+                             order, max_seq_len=max_seq_len)
     assert tiles.block_n == cfg.block_n, (tiles.block_n, cfg.block_n)
+    assert tiles.block_size == block_size, (tiles.block_size, block_size)
+    bpt = blocks_per_tile(cfg.block_n, block_size)
+    assert tiles.tile_blocks.shape[1] == bpt and tiles.tile_blocks.dtype == torch.int32
     assert tiles.cu_tiles.shape == (num_seqs + 1,) and tiles.cu_tiles.dtype == torch.int32
     assert tiles.order.shape == (num_seqs,) and tiles.order.dtype == torch.int32
     if num_tokens == 0 or num_seqs == 0:
@@ -402,14 +525,14 @@ def streamk_decode(
     part_ml = torch.empty((progs, 2, num_kv_heads, cfg.block_m, 2), **f32)
     cnt = split_k_counters(q.device, num_seqs * num_kv_heads)
     _streamk_decode_kernel[(progs, num_kv_heads)](
-        out, q, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
-        tiles.cu_tiles, tiles.order, part_acc, part_ml, cnt,
+        out, q, key_cache, value_cache, query_start_loc, tiles.cu_tiles, tiles.order,
+        tiles.tile_tok, tiles.tile_info, tiles.tile_req, tiles.tile_blocks, part_acc, part_ml,
+        cnt,
         float(scale) * _LOG2E, num_seqs, progs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0),
-        GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=block_size,
+        GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_SIZE=block_size, BPT=bpt,
         HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         # Triton's CPU interpreter mis-computes bf16 tl.dot; those dots run in fp32 there.

@@ -14,12 +14,18 @@ pytest.importorskip("triton")
 from octavo.kernels.paged_attention import paged_attention, paged_attention_ref  # noqa: E402
 from octavo.kernels.paged_attention_config import _Config  # noqa: E402
 from octavo.kernels.paged_attention_streamk import (  # noqa: E402
+    FIRST_BIT,
+    KEYS_MASK,
+    LAST_BIT,
+    OFFSET_SHIFT,
     DecodeTiles,
+    blocks_per_tile,
     decode_tiles,
     decode_tiles_ref,
     num_programs,
     streamk_config,
     streamk_decode,
+    tile_capacity,
 )
 from octavo.kernels.split_k import counters  # noqa: E402
 from tests.kernels.test_paged_attention import TOL, make_batch  # noqa: E402
@@ -56,39 +62,162 @@ def run(q_lens, seq_lens, heads=(8, 2, 32), block_size=4, dtype=torch.float32, d
     return out
 
 
+def _block_table(seq_lens, block_size, width=None, seed=0):
+    """A block table of distinct random block ids (-1 past each context: never copied)."""
+    gen = torch.Generator().manual_seed(seed)
+    used = [-(-n // block_size) for n in seq_lens]
+    width = width or max(used + [1])
+    ids = torch.randperm(sum(used) + 1, generator=gen).to(torch.int32) + 1
+    bt = torch.full((len(seq_lens), width), -1, dtype=torch.int32)
+    k = 0
+    for b, n in enumerate(used):
+        bt[b, :n] = ids[k:k + n]
+        k += n
+    return bt
+
+
+def _check_work_list(got: DecodeTiles, want: DecodeTiles):
+    assert got.block_n == want.block_n and got.block_size == want.block_size
+    for name in ("cu_tiles", "order", "tile_tok", "tile_info", "tile_req", "tile_blocks"):
+        assert getattr(got, name).dtype == torch.int32, name
+    assert got.cu_tiles.tolist() == want.cu_tiles.tolist()
+    assert got.order.tolist() == want.order.tolist()
+    total = int(want.cu_tiles[-1])
+    assert got.tile_tok.shape[0] >= total and got.tile_blocks.shape[0] >= total
+    assert got.tile_blocks.shape[1] == want.tile_blocks.shape[1]
+    for name in ("tile_tok", "tile_info", "tile_req", "tile_blocks"):
+        assert getattr(got, name)[:total].tolist() == getattr(want, name).tolist(), name
+
+
 def test_decode_tiles_work_list(device):
     """Tiles per decode in the given order, requests without tiles (prefill chunks, empty
-    rows) moved behind, stably; exclusive prefix sum."""
+    rows) moved behind, stably; exclusive prefix sum; per tile its row, keys, flags, request
+    and cache blocks (block size 4, tiles of 16 keys: four blocks a tile)."""
     qsl = torch.tensor([0, 1, 4, 5, 5, 6], dtype=torch.int32, device=device)
     sl = torch.tensor([33, 10, 16, 7, 1], dtype=torch.int32, device=device)
-    tiles = decode_tiles(qsl, sl, 16)
-    assert tiles.block_n == 16
+    bt = _block_table([33, 10, 16, 7, 1], 4).to(device)
+    tiles = decode_tiles(qsl, sl, bt, 4, 16)
+    assert tiles.block_n == 16 and tiles.block_size == 4
     assert tiles.order.dtype == torch.int32 and tiles.cu_tiles.dtype == torch.int32
     assert tiles.order.tolist() == [0, 2, 4, 1, 3]
     assert tiles.cu_tiles.tolist() == [0, 3, 4, 5, 5, 5]
+    assert tiles.tile_tok[:5].tolist() == [0, 0, 0, 4, 5]
+    assert tiles.tile_req[:5].tolist() == [0, 0, 0, 1, 2]
+    first, last = 1 << FIRST_BIT, 1 << LAST_BIT
+    assert tiles.tile_info[:5].tolist() == [16 | first, 16, 1 | last, 16 | first | last,
+                                            1 | first | last]
+    assert tiles.tile_blocks.shape[1] == 4
+    bt_c = bt.cpu()
+    assert tiles.tile_blocks[0].tolist() == bt_c[0, 0:4].tolist()
+    assert tiles.tile_blocks[2].tolist() == [int(bt_c[0, 8]), 0, 0, 0]  # key 32 alone
+    assert tiles.tile_blocks[3].tolist() == bt_c[2, 0:4].tolist()
+    assert tiles.tile_blocks[4].tolist() == [int(bt_c[4, 0]), 0, 0, 0]
+    _check_work_list(tiles, decode_tiles_ref(qsl, sl, bt, 4, 16))
     order = torch.tensor([4, 3, 2, 1, 0], dtype=torch.int32, device=device)
-    tiles = decode_tiles(qsl, sl, 16, order)
+    tiles = decode_tiles(qsl, sl, bt, 4, 16, order)
     assert tiles.order.tolist() == [4, 2, 0, 3, 1]
     assert tiles.cu_tiles.tolist() == [0, 1, 2, 5, 5, 5]
+    assert tiles.tile_req[:5].tolist() == [0, 1, 2, 2, 2]
+    _check_work_list(tiles, decode_tiles_ref(qsl, sl, bt, 4, 16, order))
+
+
+@pytest.mark.parametrize("block_size,block_n", [(16, 16), (16, 32), (4, 16), (32, 16),
+                                                (3, 16), (5, 4)])
+def test_decode_tiles_blocks_and_partial_tiles(block_size, block_n, device):
+    """Each tile's cache blocks: tiles of whole blocks (16/16, 16/32, 4/16), tiles inside a
+    block (32/16: one block, the tile's offset in it in tile_info) and block sizes dividing
+    no tile (3/16, 5/4); contexts ending exactly on a tile, one key into it, mid-tile."""
+    lens = [block_n, block_n + 1, 3 * block_n - 1, 1, 2 * block_n, 5 * block_n + 3]
+    n = len(lens)
+    qsl = torch.arange(n + 1, dtype=torch.int32, device=device)
+    sl = torch.tensor(lens, dtype=torch.int32, device=device)
+    bt = _block_table(lens, block_size, seed=block_size).to(device)
+    got = decode_tiles(qsl, sl, bt, block_size, block_n)
+    want = decode_tiles_ref(qsl, sl, bt, block_size, block_n)
+    _check_work_list(got, want)
+    assert got.tile_blocks.shape[1] == blocks_per_tile(block_n, block_size)
+    # The reference itself, key by key: tile t's key n lies in block
+    # tile_blocks[t][(offset + n) // block_size] at (offset + n) % block_size.
+    bt_c = bt.cpu()
+    t = 0
+    for b, length in enumerate(lens):
+        for k in range(-(-length // block_n)):
+            info = int(want.tile_info[t])
+            keys, offset = info & KEYS_MASK, info >> OFFSET_SHIFT
+            assert keys == min(block_n, length - k * block_n)
+            assert bool(info >> FIRST_BIT & 1) == (k == 0)
+            assert bool(info >> LAST_BIT & 1) == ((k + 1) * block_n >= length)
+            assert int(want.tile_tok[t]) == b
+            for i in range(keys):
+                key = k * block_n + i
+                blk = int(want.tile_blocks[t][(offset + i) // block_size])
+                assert blk == int(bt_c[b, key // block_size])
+                assert (offset + i) % block_size == key % block_size
+            t += 1
+    assert t == int(want.cu_tiles[-1])
+
+
+def test_decode_tiles_capacity():
+    """Sized on the host: every request at the block table's reach, or at max_seq_len."""
+    bt = torch.zeros((5, 10), dtype=torch.int32)
+    assert tile_capacity(5, bt, 16, 128) == 5 * 2
+    assert tile_capacity(5, bt, 16, 16) == 5 * 10
+    assert tile_capacity(5, bt, 16, 16, max_seq_len=40) == 5 * 3
+    assert tile_capacity(5, bt, 16, 16, max_seq_len=4000) == 5 * 10
+    qsl = torch.arange(6, dtype=torch.int32)
+    sl = torch.tensor([160, 1, 17, 16, 100], dtype=torch.int32)
+    bt = _block_table(sl.tolist(), 16, width=10)
+    tiles = decode_tiles(qsl, sl, bt, 16, 16, max_seq_len=160)
+    assert tiles.tile_tok.shape == (50,) and tiles.tile_blocks.shape == (50, 1)
+    _check_work_list(tiles, decode_tiles_ref(qsl, sl, bt, 16, 16))
 
 
 @pytest.mark.parametrize("num_seqs", [1, 5, 16, 37])
 @pytest.mark.parametrize("ordered", [False, True])
 def test_decode_tiles_kernel_matches_torch(num_seqs, ordered, device):
-    """The one-program work-list launch builds what the torch ops do."""
+    """The work-list launch builds what the torch ops do."""
     gen = torch.Generator().manual_seed(num_seqs)
     # Mostly decodes, some empty rows and prefill chunks.
     q_lens = torch.tensor([1, 1, 1, 0, 5])[torch.randint(0, 5, (num_seqs,), generator=gen)]
     qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
     qsl[1:] = q_lens.cumsum(0)
     sl = (q_lens + torch.randint(0, 300, (num_seqs,), generator=gen)).to(torch.int32)
+    bt = _block_table(sl.tolist(), 16, seed=num_seqs)
     order = torch.randperm(num_seqs, generator=gen).to(torch.int32) if ordered else None
-    args = [t.to(device) if t is not None else None for t in (qsl, sl, order)]
-    got = decode_tiles(args[0], args[1], 64, args[2])
-    want = decode_tiles_ref(args[0], args[1], 64, args[2])
-    assert got.block_n == 64 and got.cu_tiles.dtype == got.order.dtype == torch.int32
-    assert got.cu_tiles.tolist() == want.cu_tiles.tolist()
-    assert got.order.tolist() == want.order.tolist()
+    args = [t.to(device) if t is not None else None for t in (qsl, sl, bt, order)]
+    got = decode_tiles(args[0], args[1], args[2], 16, 64, args[3])
+    want = decode_tiles_ref(args[0], args[1], args[2], 16, 64, args[3])
+    assert got.block_n == 64
+    _check_work_list(got, want)
+
+
+def test_work_list_rebuilt_for_a_new_block_table(device):
+    """The tiles' blocks are copied from the block table when the list is built: a step
+    whose table changed needs (and gets) a new list; attention through it is right."""
+    lens = [45, 7, 64]
+    q, kc, vc, qsl, sl, bt = make_batch([1] * 3, lens, 8, 2, 32, 4, torch.float32, device)
+    cfg = _Config(1, 16, 16, 1, 1)
+    scale = 32**-0.5
+    out = torch.full_like(q, float("nan"))
+    tiles = decode_tiles(qsl, sl, bt, 4, 16)
+    streamk_decode(q, kc, vc, qsl, sl, bt, scale, out, tiles=tiles, programs=3, config=cfg)
+    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, scale)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+    # Move request 1's blocks elsewhere (copy its K/V along), rebuild the list.
+    used = -(-lens[1] // 4)
+    old = bt[1, :used].clone()
+    taken = {int(x) for b, n in enumerate(lens) for x in bt[b, :-(-n // 4)]}
+    free = [x for x in range(kc.shape[0]) if x not in taken]
+    new = torch.tensor(free[:used], dtype=torch.int32, device=device)
+    kc[new.long()] = kc[old.long()]
+    vc[new.long()] = vc[old.long()]
+    kc[old.long()] = float("nan")
+    vc[old.long()] = float("nan")
+    bt[1, :used] = new
+    tiles = decode_tiles(qsl, sl, bt, 4, 16)
+    out.fill_(float("nan"))
+    streamk_decode(q, kc, vc, qsl, sl, bt, scale, out, tiles=tiles, programs=3, config=cfg)
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("programs", [1, 2, 3, 7, 64])
@@ -97,6 +226,15 @@ def test_programs(programs, device):
     pieces, several short ones in one program, one-key contexts); more programs than
     tiles."""
     run([1] * 6, [45, 7, 64, 1, 30, 100], programs=programs, device=device)
+
+
+@pytest.mark.parametrize("block_size,block_n", [(16, 16), (16, 32), (32, 16), (3, 16)])
+@pytest.mark.parametrize("programs", [1, 4])
+def test_block_size_and_tile(block_size, block_n, programs, device):
+    """Tiles of one block, of two (16/16, 16/32), a tile inside a block (32/16: read at its
+    offset) and a block size dividing no tile (3/16); last tiles partial or full."""
+    run([1] * 5, [2 * block_n, 70, block_n + 1, 1, 33], block_size=block_size,
+        block_n=block_n, programs=programs, device=device)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -178,7 +316,7 @@ def test_paged_attention_dispatch(knob, monkeypatch, device):
     assert len(calls) == (knob == "1")
     paged_attention(q, kc, vc, qsl, sl, bt, 32**-0.5, max_query_len=1, num_splits=2)
     assert len(calls) == (knob == "1")  # a forced split count keeps the split launch
-    tiles = decode_tiles(qsl, sl, 16)
+    tiles = decode_tiles(qsl, sl, bt, 4, 16)
     out = paged_attention(q, kc, vc, qsl, sl, bt, 32**-0.5, decode_tiles=tiles)
     torch.testing.assert_close(out, ref, **TOL[torch.float32])
     assert len(calls) == 1 + (knob == "1") and calls[-1]["tiles"] is tiles
@@ -193,21 +331,31 @@ def test_backend_work_list_once_per_step(monkeypatch):
     class FakeQ:  # a GPU q's shape facts, no GPU needed
         shape, dtype, device = (5, 16, 128), torch.bfloat16, torch.device("cuda")
 
+    class FakeCache:  # [blocks, block_size, KV heads, head_dim]
+        shape = (100, 16, 8, 128)
+
     capturing = [False]
+    seen = []
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    monkeypatch.setattr(tb, "decode_tiles", lambda qsl, sl, n, order: DecodeTiles(
-        qsl, sl, n))
+
+    def fake_decode_tiles(qsl, sl, bt, block_size, n, order, *, max_seq_len):
+        seen.append((bt, block_size, max_seq_len))
+        return DecodeTiles(qsl, sl, n, None, None, None, None, block_size)
+
+    monkeypatch.setattr(tb, "decode_tiles", fake_decode_tiles)
     meta = _decode_meta(5)
     monkeypatch.delenv("OCTAVO_ATTN_STREAMK", raising=False)
-    assert tb._decode_tiles(meta, FakeQ(), 8, None) is None
+    assert tb._decode_tiles(meta, FakeQ(), FakeCache(), None) is None
     monkeypatch.setenv("OCTAVO_ATTN_STREAMK", "1")
     monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)
-    tiles = tb._decode_tiles(meta, FakeQ(), 8, None)
-    assert tiles.block_n == 128
-    assert tb._decode_tiles(meta, FakeQ(), 8, None) is tiles
+    tiles = tb._decode_tiles(meta, FakeQ(), FakeCache(), None)
+    assert tiles.block_n == 128 and tiles.block_size == 16
+    assert seen == [(meta.block_tables, 16, meta.max_seq_len)]
+    assert tb._decode_tiles(meta, FakeQ(), FakeCache(), None) is tiles
     capturing[0] = True
-    assert tb._decode_tiles(meta, FakeQ(), 8, None) is not tiles
-    assert tb._decode_tiles(_decode_meta(5, 4), FakeQ(), 8, None) is None  # not decode-only
+    assert tb._decode_tiles(meta, FakeQ(), FakeCache(), None) is not tiles
+    # not decode-only
+    assert tb._decode_tiles(_decode_meta(5, 4), FakeQ(), FakeCache(), None) is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,7 +405,7 @@ def test_cuda_graph_replays_new_lengths(monkeypatch):
     block_n = streamk_config(2, 128, torch.bfloat16, True).block_n
 
     def step():
-        tiles = decode_tiles(qsl, sl, block_n)
+        tiles = decode_tiles(qsl, sl, bt, kc.shape[1], block_n)
         paged_attention(q, kc, vc, qsl, sl, bt, scale, out=out, max_query_len=1,
                         decode_tiles=tiles)
 
