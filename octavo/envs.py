@@ -92,12 +92,13 @@ def attn_longest_first() -> bool | None:
     return _forced("OCTAVO_ATTN_LONGEST_FIRST")
 
 
-def attn_streamk() -> bool:
-    """OCTAVO_ATTN_STREAMK (default off): decode-only attention launches run stream-K
+def attn_streamk() -> bool | None:
+    """OCTAVO_ATTN_STREAMK (unset: by grid size, octavo/attention/triton_backend.py): 1,
+    every decode-only attention launch on the GPU runs stream-K
     (octavo/kernels/paged_attention_streamk.py): the batch's KV tiles shared evenly by a
     fixed grid of about OCTAVO_ATTN_STREAMK_WAVES programs per SM, cut requests merged in
-    the launch."""
-    return _flag("OCTAVO_ATTN_STREAMK", False)
+    the launch; 0, never."""
+    return _forced("OCTAVO_ATTN_STREAMK")
 
 
 def attn_streamk_waves() -> int | None:
@@ -309,9 +310,9 @@ def skinny_gemm_all() -> bool:
 
 def fused_glu() -> bool:
     """OCTAVO_FUSED_GLU (default on): on CUDA, an MLP's down projection whose method can take
-    [gate | up] directly (the FP8-weight GEMV at one row) applies silu(gate) * up as it reads
-    its activations, without the activation's own launch; off, the activation kernel runs
-    first, as for every other method."""
+    [gate | up] directly (a bf16 / fp16 weight on the one-row CUDA-core GEMV) applies
+    silu(gate) * up as it reads its activations, without the activation's own launch; off,
+    the activation kernel runs first, as for every other method."""
     return _flag("OCTAVO_FUSED_GLU", True)
 
 

@@ -1,8 +1,8 @@
 """The MLP's fused activation hook (``RowParallelLinear.forward_glu``,
 ``LinearMethod.apply_glu``): methods without a fused kernel decline, so the MLP runs its
-activation and the plain projection; the FP8 method declines off CUDA. The fused kernel itself
-is tested in tests/kernels/test_fp8_gemv.py (interpreter) and, in an engine on the GPU,
-tests/kernels/test_dense_mma_fp8.py."""
+activation and the plain projection; the FP8 method (no fused kernel) and the unquantized one
+off CUDA decline. The fused kernel itself is tested in tests/kernels/test_dense_gemv.py
+(interpreter) and, in an engine on the GPU, tests/kernels/test_dense_mma_fp8.py."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_unquantized_down_projection_declines_and_the_mlp_is_unchanged():
     torch.testing.assert_close(mlp(x), expect)
 
 
-def test_fp8_method_declines_off_cuda():
+def test_fp8_method_declines():
     from octavo.quantization.fp8 import Fp8Config
 
     cfg = Fp8Config()

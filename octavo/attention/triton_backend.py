@@ -106,15 +106,26 @@ def _decode_order(meta: AttentionMetadata, num_kv_heads: int,
 
 def _decode_tiles(meta: AttentionMetadata, q: torch.Tensor, key_cache: torch.Tensor,
                   order: torch.Tensor | None) -> DecodeTiles | None:
-    """Under OCTAVO_ATTN_STREAMK, a decode-only step's stream-K work list on the GPU (the
+    """For a decode-only step on the GPU whose grid holds at least two (request, KV head)
+    programs per SM (OCTAVO_ATTN_STREAMK forces it on or off), the stream-K work list (the
     requests' KV tiles in ``order``, prefix-summed, and each tile's row, keys, flags and
     cache blocks from this step's block table): built once per step on the device (a
     captured graph rebuilds it at each replay) and shared by every layer, keyed like
     ``_decode_order``; sized by ``meta.max_seq_len`` (a captured graph's bounds its
-    replays')."""
-    if not (attn_streamk() and meta.is_decode_only and q.device.type == "cuda"):
+    replays').
+
+    On an H200 (session 27) stream-K took W1's decode attention (batch 128, contexts
+    100-2,000) from 163.3 to 154.7 us and 128-key contexts at batch 256 from 51.0 to 40.8;
+    W4's batch 32 (256 programs, contexts 128-384) was slower (19.3 against 16.6 us), and
+    smaller grids are split-K's."""
+    if not (meta.is_decode_only and q.device.type == "cuda"):
         return None
     _, block_size, num_kv_heads, _ = key_cache.shape
+    forced = attn_streamk()
+    if forced is None:
+        forced = meta.num_reqs * num_kv_heads >= 2 * num_compute_units(q.device)
+    if not forced:
+        return None
     block_n = streamk_config(q.shape[1] // num_kv_heads, q.shape[2], q.dtype, True).block_n
     key = ("decode_tiles", block_n, block_size, torch.cuda.is_current_stream_capturing())
     tiles = meta.derived.get(key)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import torch
 
-from octavo.kernels.activation import silu_mul
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
@@ -94,17 +93,19 @@ def _e4m3x4_bits(w):
 
 
 @triton.jit
-def _x_planes_raw(x_ptr, offs_w, ok, stride_xk, X_LOAD: tl.constexpr):
-    """x[4j + i] for the block's words j as 4 float32 planes i = 0..3, each [BLOCK_W]. X_LOAD
-    picks how they are read:
+def _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr, X_LOAD: tl.constexpr):
+    """x[4j + i] for the block's words j, as 4 float32 planes i = 0..3 (times 2**64 for
+    _e4m3x4_bits), each [1, BLOCK_W]. X_LOAD picks how they are read:
 
-    * 0: one [BLOCK_W, 4] load split in registers. Triton 3.9 routes the split through
-      shared memory, with barriers in the hot loop (130 registers at 32 x 256 over 4 warps).
-    * 1: four strided loads (x is tiny and stays in L1); no barrier.
+    * 0: one [BLOCK_W, 4] load split in registers. Triton routes the split through shared
+      memory, with barriers in the hot loop (the loop of session 21's ncu run: barrier
+      stalls 1.47 per instruction) and 130 registers at 32 x 256 over 4 warps.
+    * 1: four strided loads (x is tiny and stays in L1); no barrier, 98 registers.
     * 2: x (bf16, contiguous) read as int64 words, 4 activations each, and split by bit
-      placement (bf16 is the top half of a float32): one load and 4 integer ops per word
-      (80 registers). ``x_ptr`` then points at the int64 view of x.
+      placement (bf16 is the top half of a float32): one load and 4 integer ops per word.
+      ``x_ptr`` then points at the int64 view of x.
     """
+    ok = offs_w < w_end
     if X_LOAD == 2:
         v = tl.load(x_ptr + offs_w, mask=ok, other=0)
         lo = v.to(tl.int32)
@@ -125,29 +126,6 @@ def _x_planes_raw(x_ptr, offs_w, ok, stride_xk, X_LOAD: tl.constexpr):
         even, odd = tl.split(tl.reshape(x, (offs_w.shape[0], 2, 2)))
         x0, x2 = tl.split(even)
         x1, x3 = tl.split(odd)
-    return x0, x1, x2, x3
-
-
-@triton.jit
-def _glu_plane(gate, up, X_DT: tl.constexpr):
-    # Rounded to the activations' dtype, as the separate activation kernel stores it.
-    return silu_mul(gate, up).to(X_DT).to(tl.float32)
-
-
-@triton.jit
-def _x_planes(x_ptr, offs_w, w_end, stride_xk, up_off, BITS: tl.constexpr,
-              X_LOAD: tl.constexpr, GLU: tl.constexpr, X_DT: tl.constexpr):
-    """The activation planes (``_x_planes_raw``), each [1, BLOCK_W], times 2**64 for
-    _e4m3x4_bits. GLU: x holds [gate | up] and the planes are ``silu(gate) * up`` rounded to
-    X_DT, the up half ``up_off`` (in x_ptr's elements) after the gate."""
-    ok = offs_w < w_end
-    x0, x1, x2, x3 = _x_planes_raw(x_ptr, offs_w, ok, stride_xk, X_LOAD)
-    if GLU:
-        u0, u1, u2, u3 = _x_planes_raw(x_ptr + up_off, offs_w, ok, stride_xk, X_LOAD)
-        x0 = _glu_plane(x0, u0, X_DT)
-        x1 = _glu_plane(x1, u1, X_DT)
-        x2 = _glu_plane(x2, u2, X_DT)
-        x3 = _glu_plane(x3, u3, X_DT)
     if BITS:
         x0 = x0 * BITS_X_SCALE
         x1 = x1 * BITS_X_SCALE
@@ -157,10 +135,9 @@ def _x_planes(x_ptr, offs_w, w_end, stride_xk, up_off, BITS: tl.constexpr,
 
 
 @triton.jit
-def _word_dot(acc, wf, x_ptr, offs_w, w_end, stride_xk, up_off, BITS: tl.constexpr,
-              X_LOAD: tl.constexpr, GLU: tl.constexpr, X_DT: tl.constexpr):
-    x0, x1, x2, x3 = _x_planes(x_ptr, offs_w, w_end, stride_xk, up_off, BITS, X_LOAD, GLU,
-                               X_DT)
+def _word_dot(acc, wf, x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr,
+              X_LOAD: tl.constexpr):
+    x0, x1, x2, x3 = _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD)
     acc += wf[0] * x0
     acc += wf[1] * x1
     acc += wf[2] * x2
@@ -171,11 +148,11 @@ def _word_dot(acc, wf, x_ptr, offs_w, w_end, stride_xk, up_off, BITS: tl.constex
 @triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, cnt_ptr,
-    M, N, K, K_PER_SPLIT, NUM_SPLITS, UP_OFF,
+    M, N, K, K_PER_SPLIT, NUM_SPLITS,
     stride_xm, stride_xk, stride_wn, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
-    X_LOAD: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr,
+    X_LOAD: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -201,11 +178,9 @@ def _fp8_gemv_kernel(
             wf = _e4m3x4_bits(w)
         else:
             wf = _e4m3x4_cvt(w)
-        acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, UP_OFF, BITS, X_LOAD,
-                         GLU, out_ptr.dtype.element_ty)
+        acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD)
         if BLOCK_M > 1:
-            acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, UP_OFF, BITS, X_LOAD,
-                             GLU, out_ptr.dtype.element_ty)
+            acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, BITS, X_LOAD)
         w = w_next
         offs_w += BLOCK_W
     scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
@@ -244,21 +219,14 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              split_k: int | None = None, block_n: int | None = None,
              block_k: int | None = None, num_warps: int | None = None,
              waves: int | None = None, bits: bool | None = None,
-             x_load: int | None = None, glu: bool = False) -> torch.Tensor:
+             x_load: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ (weight [N, K] * scale [N])^T`` for M <= MAX_M, in x2's dtype; K a
-    multiple of 4, the weight contiguous along K. ``glu``: x2 is [M, 2K] = [gate | up] and
-    the product is taken with ``silu(gate) * up`` (rounded to x2's dtype, bit for bit what
-    ``octavo.kernels.activation.silu_and_mul`` stores), computed as the activations are read:
-    the MLP's down projection without the activation's own launch. The tuning arguments
-    (None: chosen here) exist for the benchmark's sweeps; ``bits``: convert by bit placement
-    (the default off CUDA, where the interpreter runs no inline assembly); ``x_load``: how the
-    activations are read (``_x_planes``; 2 needs bf16 x contiguous along K, else 1 is
-    used)."""
+    multiple of 4, the weight contiguous along K. The tuning arguments (None: chosen here)
+    exist for the benchmark's sweeps; ``bits``: convert by bit placement (the default off
+    CUDA, where the interpreter runs no inline assembly); ``x_load``: how the activations
+    are read (``_x_planes``; 2 needs bf16 x contiguous along K, else 1 is used)."""
     require_triton("fp8_gemv")
     m, k = x2.shape
-    if glu:
-        assert k % 2 == 0, x2.shape
-        k //= 2
     n = weight.shape[0]
     assert 1 <= m <= MAX_M and weight.shape[1] == k and k % 4 == 0, (x2.shape, weight.shape)
     scale = scale.reshape(-1)
@@ -277,22 +245,19 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     out, partial = split_k_buffers(m, n, split_k, x2)
     x_load = DEFAULT_X_LOAD if x_load is None else x_load
     xs = x2
-    up_off = k * x2.stride(1)  # the up half, in x's elements
     if x_load == 2:
         if x2.dtype == torch.bfloat16 and x2.stride(1) == 1 and x2.stride(0) % 4 == 0 \
                 and x2.data_ptr() % 8 == 0:
             xs = x2.view(torch.int64)  # 4 activations per word: the same storage
-            up_off = k // 4
         else:
             x_load = 1
     _fp8_gemv_kernel[(n_tiles, split_k)](
         xs, words, scale, out, partial, split_k_counters(x2.device, n_tiles),
-        m, n, k, k_per_split, split_k, up_off,
+        m, n, k, k_per_split, split_k,
         xs.stride(0), xs.stride(1), words.stride(0),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
-        BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, GLU=glu,
-        num_warps=num_warps,
+        BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip
     return out

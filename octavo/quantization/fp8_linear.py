@@ -85,26 +85,10 @@ def gemv_applies(layer: nn.Module, x2: torch.Tensor) -> bool:
     return layer.fp8_gemv and x2.is_cuda and x2.shape[0] <= FP8_GEMV_MAX_M
 
 
-def gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-         glu: bool = False) -> torch.Tensor:
+def gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     from octavo.kernels.fp8_gemv import fp8_gemv  # imports Triton: CUDA only
 
-    return fp8_gemv(x2, weight, scale, glu=glu)
-
-
-def gemv_glu(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-             bias: torch.Tensor | None) -> torch.Tensor | None:
-    """``LinearMethod.apply_glu`` for FP8 weights: x = [gate | up] through the FP8-weight GEMV
-    with the activation inside (``fp8_gemv(glu=True)``) for the rows the GEMV takes and the
-    CUDA float8 kernel does not (one-row decodes); None otherwise (OCTAVO_FUSED_GLU=0
-    included)."""
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if not (envs.fused_glu() and gemv_applies(layer, x2) and not cuda_fp8_rows(x2.shape[0])):
-        return None
-    y = gemv(x2, weight, scale, glu=True)
-    y = y if bias is None else y + bias
-    return y.view(*shape[:-1], y.shape[-1])
+    return fp8_gemv(x2, weight, scale)
 
 
 def fused_quant(x2: torch.Tensor, static_scale: torch.Tensor | None, min_scale: float,
@@ -243,11 +227,6 @@ class Fp8LinearMethod(LinearMethod):
         w = layer.dequantized_weight
         y = F.linear(x2, w if w.dtype == x2.dtype else w.to(x2.dtype), bias)
         return y.view(*shape[:-1], y.shape[-1])
-
-    def apply_glu(self, layer, x, bias):
-        if not layer.fp8_mm:
-            return None
-        return gemv_glu(layer, x, layer.fp8_weight, layer.fp8_weight_scale, bias)
 
     def _scaled_mm(self, layer, x2: torch.Tensor) -> torch.Tensor:
         m = x2.shape[0]

@@ -118,46 +118,6 @@ def test_bf16_activations_each_way_of_reading_them(m, k, n, tuning, bits):
     assert _rel_err(outs[2], exact) < 2.0**-7
 
 
-@pytest.mark.parametrize("bits", CONVERSIONS)
-@pytest.mark.parametrize("dtype,x_load", [(torch.bfloat16, 2), (torch.bfloat16, 1),
-                                          (torch.bfloat16, 0), (torch.float16, 2),
-                                          (torch.float32, 1)])
-@pytest.mark.parametrize("m,k,n,tuning", [
-    (1, 64, 40, {}),
-    (2, 100, 24, {"block_k": 32, "split_k": 2}),    # K tail masked in both halves
-    (1, 160, 8, {"block_k": 16, "split_k": 1}),
-])
-def test_glu_input_equals_the_activation_then_the_gemv(m, k, n, tuning, dtype, x_load, bits):
-    """``glu=True`` on [gate | up] gives the same bits as silu_and_mul's kernel followed by
-    the GEMV on its output: the same formula (activation.silu_mul), rounded to x's dtype."""
-    _skip_cvt_off_gpu(bits)
-    from octavo.kernels.activation import silu_and_mul
-
-    g = torch.Generator().manual_seed(3)
-    _, weight, scale = _case(m, k, n, dtype)
-    gate_up = (torch.randn(m, 2 * k, generator=g) * 3).to(dtype).to(DEVICE)
-    fused = fp8_gemv(gate_up, weight, scale, bits=bits, x_load=x_load, glu=True, **tuning)
-    act = silu_and_mul(gate_up)
-    separate = fp8_gemv(act, weight, scale, bits=bits, x_load=x_load, **tuning)
-    assert fused.shape == (m, n) and fused.dtype == dtype
-    assert torch.equal(fused, separate)
-    if dtype != torch.bfloat16:  # the interpreter truncates to bf16; elsewhere rounds
-        assert _rel_err(fused, fp8_gemv_ref(act, weight, scale)) < 1e-3
-
-
-def test_glu_reads_the_up_half_of_a_wider_row():
-    """A [gate | up] slice of a wider buffer (row stride > 2K): the up half is found from the
-    row's start, not from the end of the tensor."""
-    from octavo.kernels.activation import silu_and_mul
-
-    k, n = 64, 16
-    _, weight, scale = _case(2, k, n, torch.bfloat16)
-    wide = torch.randn(2, 2 * k + 32, generator=torch.Generator().manual_seed(5))
-    gate_up = wide.to(torch.bfloat16).to(DEVICE)[:, :2 * k]
-    fused = fp8_gemv(gate_up, weight, scale, glu=True)
-    assert torch.equal(fused, fp8_gemv(silu_and_mul(gate_up.contiguous()), weight, scale))
-
-
 @pytest.mark.parametrize("offset", [0, 1, 3])
 def test_word_reads_fall_back_where_x_is_not_word_aligned(offset):
     """x_load=2 views x as int64: a row that does not start on 8 bytes (a slice of a wider

@@ -323,8 +323,9 @@ def test_paged_attention_dispatch(knob, monkeypatch, device):
 
 
 def test_backend_work_list_once_per_step(monkeypatch):
-    """The backend builds the work list for decode-only GPU steps under the knob, once per
-    step (shared by layers), keyed by capture; never otherwise."""
+    """The backend builds the work list for decode-only GPU steps, by default those whose
+    grid holds two (request, KV head) programs per SM (OCTAVO_ATTN_STREAMK forces either
+    way), once per step (shared by layers), keyed by capture; never otherwise."""
     from octavo.attention import triton_backend as tb
     from tests.kernels.test_triton_backend import _decode_meta
 
@@ -343,9 +344,15 @@ def test_backend_work_list_once_per_step(monkeypatch):
         return DecodeTiles(qsl, sl, n, None, None, None, None, block_size)
 
     monkeypatch.setattr(tb, "decode_tiles", fake_decode_tiles)
+    monkeypatch.setattr(tb, "num_compute_units", lambda device: 132)
     meta = _decode_meta(5)
     monkeypatch.delenv("OCTAVO_ATTN_STREAMK", raising=False)
-    assert tb._decode_tiles(meta, FakeQ(), FakeCache(), None) is None
+    assert tb._decode_tiles(meta, FakeQ(), FakeCache(), None) is None  # 40 programs < 264
+    big = _decode_meta(33)  # 264 programs: two per SM
+    assert tb._decode_tiles(big, FakeQ(), FakeCache(), None) is not None
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK", "0")
+    assert tb._decode_tiles(_decode_meta(33), FakeQ(), FakeCache(), None) is None
+    seen.clear()
     monkeypatch.setenv("OCTAVO_ATTN_STREAMK", "1")
     monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)
     tiles = tb._decode_tiles(meta, FakeQ(), FakeCache(), None)
