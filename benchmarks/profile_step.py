@@ -48,7 +48,7 @@ from benchmarks.workloads import (  # noqa: E402
 # Kernel name patterns, first match wins (Triton kernels keep their Python names, the GEMVs
 # included; cuBLAS / CUTLASS GEMMs carry gemm / xmma / nvjet / cutlass in theirs).
 CLASSES = [
-    ("attention", r"paged_attention|split_reduce|attn|flash"),
+    ("attention", r"paged_attention|split_reduce|attn|flash|streamk|work_list"),
     ("kv_cache_write", r"reshape_and_cache"),
     ("gemm", r"gemm|gemv|swapab|dequantize|xmma|nvjet|cutlass|cublas|sm90_|splitk|s16816|wgmma|"
              r"dense_mma"),

@@ -27,5 +27,8 @@ def test_triton_gemvs_and_gemms_are_gemms():
 def test_other_classes_are_unchanged():
     assert classify("_paged_attention_kernel") == "attention"
     assert classify("_split_reduce_kernel") == "attention"
+    # stream-K decode attention and its once-per-step work list (session 27)
+    assert classify("_streamk_decode_kernel") == "attention"
+    assert classify("_work_list_kernel") == "attention"
     assert classify("_rms_norm_kernel") == "norm_rotary_act"
     assert classify("_race_kernel") == "sampling"
