@@ -76,6 +76,12 @@ class TritonAttentionImpl(AttentionImpl):
         )  # fmt: skip
 
 
+def _full_grid(meta: AttentionMetadata, num_kv_heads: int, device: torch.device) -> bool:
+    """Whether a decode launch holds at least two (request, KV head) programs per SM: where
+    the longest-first order and stream-K pay (smaller grids are split-K's)."""
+    return meta.num_reqs * num_kv_heads >= 2 * num_compute_units(device)
+
+
 def _decode_order(meta: AttentionMetadata, num_kv_heads: int,
                   device: torch.device) -> torch.Tensor | None:
     """The requests in falling context order, for a decode-only step on the GPU whose grid
@@ -91,9 +97,7 @@ def _decode_order(meta: AttentionMetadata, num_kv_heads: int,
     if not (meta.is_decode_only and device.type == "cuda"):
         return None
     forced = attn_longest_first()
-    if forced is None:
-        forced = meta.num_reqs * num_kv_heads >= 2 * num_compute_units(device)
-    if not forced:
+    if not (_full_grid(meta, num_kv_heads, device) if forced is None else forced):
         return None
     # Keyed by capture: warm-up's tensor must not be the one a captured graph reads.
     key = ("decode_order", torch.cuda.is_current_stream_capturing())
@@ -122,9 +126,7 @@ def _decode_tiles(meta: AttentionMetadata, q: torch.Tensor, key_cache: torch.Ten
         return None
     _, block_size, num_kv_heads, _ = key_cache.shape
     forced = attn_streamk()
-    if forced is None:
-        forced = meta.num_reqs * num_kv_heads >= 2 * num_compute_units(q.device)
-    if not forced:
+    if not (_full_grid(meta, num_kv_heads, q.device) if forced is None else forced):
         return None
     block_n = streamk_config(q.shape[1] // num_kv_heads, q.shape[2], q.dtype, True).block_n
     key = ("decode_tiles", block_n, block_size, torch.cuda.is_current_stream_capturing())

@@ -29,23 +29,44 @@ CUDA_DENSE_ROWS = (1, 32)
 CUDA_DENSE_MAX_BYTES = 16 << 20
 
 
+def _takes_cuda_dense(x: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None) -> bool:
+    """Whether ``linear`` sends ``x`` (any layout: only its shape and dtype count) to the CUDA
+    dense GEMM."""
+    if not (x.is_cuda and envs.cuda_dense()):
+        return False
+    from octavo.kernels import dense_mma
+
+    rows = x.numel() // max(1, x.shape[-1])
+    return (envs.cuda_dense_min_m(CUDA_DENSE_ROWS[0]) <= rows
+            <= envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1])
+            and weight.numel() * weight.element_size() <= CUDA_DENSE_MAX_BYTES
+            and dense_mma.fits(x, weight, bias) and dense_mma.available(x.device))
+
+
+def _takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``linear`` sends ``x`` to the CUDA-core GEMV (once the CUDA dense GEMM has
+    declined it)."""
+    if not (x.is_cuda and HAS_TRITON and envs.dense_gemv()):
+        return False
+    from octavo.kernels import dense_gemv
+
+    return x.numel() == GEMV_ROWS * x.shape[-1] and dense_gemv.supports(x, weight)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
-    if x.is_cuda and envs.cuda_dense():
+    if _takes_cuda_dense(x, weight, bias):
         from octavo.kernels import dense_mma
 
-        rows = x.numel() // max(1, x.shape[-1])
-        if (envs.cuda_dense_min_m(CUDA_DENSE_ROWS[0]) <= rows
-                <= envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1])
-                and weight.numel() * weight.element_size() <= CUDA_DENSE_MAX_BYTES
-                and dense_mma.fits(x, weight, bias) and dense_mma.available(x.device)):
-            return dense_mma.dense_mma(x, weight, bias)
-    if x.is_cuda and HAS_TRITON:
-        from octavo.kernels import dense_gemv, skinny_gemm
+        return dense_mma.dense_mma(x, weight, bias)
+    if _takes_gemv(x, weight):
+        from octavo.kernels import dense_gemv
 
-        if (envs.dense_gemv() and x.numel() == GEMV_ROWS * x.shape[-1]
-                and dense_gemv.supports(x, weight)):
-            return dense_gemv.dense_gemv(x, weight, bias)
+        return dense_gemv.dense_gemv(x, weight, bias)
+    if x.is_cuda and HAS_TRITON:
+        from octavo.kernels import skinny_gemm
+
         if (envs.skinny_gemm() and skinny_gemm.supports(x, weight)
                 and (skinny_gemm.preferred(weight, x.numel() // x.shape[-1])
                      or envs.skinny_gemm_all())):
@@ -56,23 +77,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor | None:
     """``linear(silu(x[..., :K]) * x[..., K:], weight, bias)`` in one launch where ``linear``
-    would take the CUDA-core GEMV (one row, a weight too large for the CUDA dense GEMM): the
-    GEMV applies the activation as it reads x. None elsewhere (OCTAVO_FUSED_GLU=0 included):
-    the caller runs the activation and ``linear``."""
-    if not (x.is_cuda and HAS_TRITON and envs.fused_glu() and envs.dense_gemv()):
+    would take the CUDA-core GEMV for the activation (one row, a weight too large for the
+    CUDA dense GEMM): the GEMV applies the activation as it reads x. None elsewhere
+    (OCTAVO_FUSED_GLU=0 included): the caller runs the activation and ``linear``."""
+    if not envs.fused_glu() or x.shape[-1] % 2:
         return None
-    from octavo.kernels import dense_gemv, dense_mma
+    act = x[..., : x.shape[-1] // 2]  # the activation's shape and dtype, as linear sees them
+    if _takes_cuda_dense(act, weight, bias) or not _takes_gemv(act, weight):
+        return None
+    from octavo.kernels import dense_gemv
 
-    rows = x.numel() // max(1, x.shape[-1])
-    k = x.shape[-1] // 2
-    if rows != GEMV_ROWS or x.shape[-1] != 2 * k or weight.dim() != 2 or weight.shape[1] != k:
-        return None
-    if (envs.cuda_dense() and envs.cuda_dense_min_m(CUDA_DENSE_ROWS[0]) <= rows
-            <= envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1])
-            and weight.numel() * weight.element_size() <= CUDA_DENSE_MAX_BYTES
-            and dense_mma.available(x.device)):
-        return None  # linear() would run the CUDA dense GEMM: left unfused
-    half = x.reshape(-1, x.shape[-1])[:, :k]
-    if not dense_gemv.supports(half, weight):
-        return None
     return dense_gemv.dense_gemv(x, weight, bias, glu=True)

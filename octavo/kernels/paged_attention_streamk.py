@@ -92,6 +92,11 @@ KEYS_MASK = 0xFFFF
 FIRST_BIT = 16
 LAST_BIT = 17
 OFFSET_SHIFT = 18
+# The same for the kernels, which read module globals only as constexprs.
+_KEYS_MASK = tl.constexpr(KEYS_MASK)
+_FIRST_BIT = tl.constexpr(FIRST_BIT)
+_LAST_BIT = tl.constexpr(LAST_BIT)
+_OFFSET_SHIFT = tl.constexpr(OFFSET_SHIFT)
 
 
 def blocks_per_tile(block_n: int, block_size: int) -> int:
@@ -263,8 +268,9 @@ def _work_list_kernel(qsl_ptr, seq_lens_ptr, order_in_ptr, bt_ptr, cu_ptr, order
             w_ok = (k < n_tiles) & (t < capacity)
             key0 = k * BLOCK_N
             keys = tl.minimum(len_j - key0, BLOCK_N)
-            info = (keys | ((k == 0).to(tl.int32) << 16) | ((k == n_tiles - 1).to(tl.int32) << 17)
-                    | ((key0 % BLOCK_SIZE) << 18))
+            info = (keys | ((k == 0).to(tl.int32) << _FIRST_BIT)
+                    | ((k == n_tiles - 1).to(tl.int32) << _LAST_BIT)
+                    | ((key0 % BLOCK_SIZE) << _OFFSET_SHIFT))
             tl.store(tile_tok_ptr + t, tok + offs_c * 0, mask=w_ok)
             tl.store(tile_info_ptr + t, info, mask=w_ok)
             tl.store(tile_req_ptr + t, j + offs_c * 0, mask=w_ok)
@@ -405,21 +411,21 @@ def _streamk_decode_kernel(
         # issued before this one's math.
         tok = tl.load(tile_tok_ptr + t).to(tl.int64)
         info = tl.load(tile_info_ptr + t)
-        first = ((info >> 16) & 1) != 0
-        last = ((info >> 17) & 1) != 0
+        first = ((info >> _FIRST_BIT) & 1) != 0
+        last = ((info >> _LAST_BIT) & 1) != 0
         # q of the tile's request (a cache hit but at request changes).
         q = tl.load(q_ptr + tok * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                     mask=o_mask, other=0.0)
         if UPCAST_DOT:
             q = q.to(tl.float32)
         # Keys of tile t: a decode sees its whole context, so only keys past it are masked.
-        n_ok = offs_n < (info & 0xFFFF)
+        n_ok = offs_n < (info & _KEYS_MASK)
         blk_row = tile_blocks_ptr + t * BPT  # capacity x BPT: the block table's size
         if BLOCK_N % BLOCK_SIZE == 0:  # tiles start on block boundaries
             blk = tl.load(blk_row + offs_n // BLOCK_SIZE).to(tl.int64)
             off = (offs_n % BLOCK_SIZE).to(tl.int64)
         else:
-            nn = (info >> 18) + offs_n
+            nn = (info >> _OFFSET_SHIFT) + offs_n
             blk = tl.load(blk_row + nn // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
             off = (nn % BLOCK_SIZE).to(tl.int64)
         # A request's first tile: a fresh softmax state (acc need not be cleared: this tile

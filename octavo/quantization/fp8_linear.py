@@ -49,18 +49,14 @@ FP8_GEMV_MAX_M = 2  # octavo.kernels.fp8_gemv.MAX_M (not imported here: it impor
 CUDA_FP8_ROWS = (2, 8)
 
 
-def cuda_fp8_rows(m: int) -> bool:
-    """Whether a batch of ``m`` rows is in the CUDA float8 kernel's range."""
-    return envs.cuda_fp8_min_m(CUDA_FP8_ROWS[0]) <= m <= envs.cuda_fp8_max_m(CUDA_FP8_ROWS[1])
-
-
 def cuda_mma(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              bias: torch.Tensor | None) -> torch.Tensor | None:
     """``x2`` [m, k] times the float8 ``weight`` [n, k] (float32 ``scale`` per row) through
     the CUDA float8 kernel where this call may take it (a CUDA batch of
     ``OCTAVO_CUDA_FP8_MIN_M``..``OCTAVO_CUDA_FP8_MAX_M`` rows, the kernel built and not turned
     off), else None."""
-    if not (x2.is_cuda and cuda_fp8_rows(x2.shape[0])):
+    if not (x2.is_cuda and envs.cuda_fp8_min_m(CUDA_FP8_ROWS[0]) <= x2.shape[0]
+            <= envs.cuda_fp8_max_m(CUDA_FP8_ROWS[1])):
         return None
     from octavo.kernels import dense_mma
 
