@@ -16,6 +16,7 @@ fraction of the HBM bandwidth.
     python benchmarks/quantized_gemm.py --cuda-sweep --m 1 16   # the CUDA kernel's plans
     python benchmarks/quantized_gemm.py --fp8 --m 1 2          # the FP8 GEMV's tiles
     python benchmarks/quantized_gemm.py --fp8 --fp8-splits --m 1  # ... its split-K counts
+    python benchmarks/quantized_gemm.py --fp8 --fp8-stages --m 1  # ... steps in flight
     python benchmarks/quantized_gemm.py --fp8-cuda --m 1 8 16 32  # float8 dense_mma's plans
 """
 
@@ -81,6 +82,9 @@ def main() -> None:
                          "runs W8A8, and bf16")
     ap.add_argument("--fp8-splits", action="store_true",
                     help="with --fp8: sweep forced split-K counts on the planned tiles instead")
+    ap.add_argument("--fp8-stages", action="store_true",
+                    help="with --fp8: sweep tiles up to 32 KB with weights one or two steps "
+                         "ahead (fp8_gemv's stages) instead")
     args = ap.parse_args()
     import torch
 
@@ -431,7 +435,13 @@ def _summary(results: list[dict], default_cfg: dict, t_bf16: float, nbytes: floa
                      "all": results}
 
 
-def _fp8_candidates(splits: bool = False) -> list[dict]:
+def _fp8_candidates(splits: bool = False, stages: bool = False) -> list[dict]:
+    if stages:  # the default, then tiles up to 32 KB with one or two steps ahead
+        return [{}] + [{"block_n": bn, "block_k": bk, "num_warps": w, "waves": wv,
+                        "stages": st}
+                       for bn in (8, 16, 32) for bk in (256, 512, 1024) for w in (4, 8)
+                       for wv in (1, 2) for st in (2, 3)
+                       if 4096 <= bn * bk <= 32768]
     if splits:  # the default, then split-K forced on the tiles the plans use
         return [{}] + [{"block_n": bn, "block_k": bk, "num_warps": w, "split_k": sk}
                        for bn, bk, w in ((32, 256, 4), (16, 512, 8), (32, 512, 8),
@@ -531,7 +541,7 @@ def fp8_sweep(args, timed, bandwidth, limits) -> None:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: x @ w for w in dense])
             t_mm = timed([lambda p=p, x=x: _scaled_mm_w8a8(x, *p) for p in weights])
-            candidates = _fp8_candidates(args.fp8_splits)
+            candidates = _fp8_candidates(args.fp8_splits, args.fp8_stages)
             results = time_each(timed, candidates, lambda c, x=x, ws=weights: [
                 lambda p=p: fp8_gemv(x, p[0], p[1], **c) for p in ws])
             default, summary = _summary(results, candidates[0], t_bf16, k * n, bandwidth)

@@ -112,6 +112,17 @@ def attn_streamk_waves() -> int | None:
     return int(value)
 
 
+def fp8_gemv_stages() -> int | None:
+    """OCTAVO_FP8_GEMV_STAGES=2|3 (unset: the kernel's default): steps of weights the FP8
+    GEMV keeps in flight, for measurements."""
+    value = os.environ.get("OCTAVO_FP8_GEMV_STAGES")
+    if not value:
+        return None
+    if value.strip() not in ("2", "3"):
+        raise ValueError(f"OCTAVO_FP8_GEMV_STAGES={value!r}: expected 2 or 3")
+    return int(value)
+
+
 def fused_kv_store() -> bool:
     """OCTAVO_FUSED_KV_STORE (default on): on CUDA, the launch that rotates q and k (Qwen3's
     q/k norm + rotary under OCTAVO_FUSED_QK_NORM_ROPE, or the rotary kernel of the other
@@ -309,10 +320,11 @@ def skinny_gemm_all() -> bool:
 
 
 def fused_glu() -> bool:
-    """OCTAVO_FUSED_GLU (default on): on CUDA, an MLP's down projection whose method can take
-    [gate | up] directly (a bf16 / fp16 weight on the one-row CUDA-core GEMV) applies
-    silu(gate) * up as it reads its activations, without the activation's own launch; off,
-    the activation kernel runs first, as for every other method."""
+    """OCTAVO_FUSED_GLU (default on): on CUDA, an MLP's silu(gate) * up runs inside a
+    projection's kernel where one can take it, without the activation's own launch: the
+    down projection's (a bf16 / fp16 weight on the one-row CUDA-core GEMV, as it reads its
+    activations) or the gate/up projection's (an fp8 weight on the FP8 GEMV, in its store);
+    off, the activation kernel runs between them, as for every other method."""
     return _flag("OCTAVO_FUSED_GLU", True)
 
 

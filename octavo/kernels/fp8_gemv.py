@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from octavo.envs import fp8_gemv_stages
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
@@ -42,6 +43,7 @@ from octavo.kernels.triton_utils import require_triton, tl, triton
 
 # How the activations are read (``_x_planes``); 0 was the only way before session 27.
 DEFAULT_X_LOAD = 2
+DEFAULT_STAGES = 2
 MAX_M = 2  # at 4 rows _scaled_mm was faster on the wide shapes (gate_up 65 vs 123 us)
 
 # _e4m3x4_bits yields weight * 2**-120 (down to 2**-129, a float32 subnormal); the activations
@@ -152,27 +154,36 @@ def _fp8_gemv_kernel(
     stride_xm, stride_xk, stride_wn, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
-    X_LOAD: tl.constexpr, PDL: tl.constexpr,
+    X_LOAD: tl.constexpr, GLU: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
+    # GLU: the weight is an MLP's [gate | up] (N = 2I); tile column 2p reads gate row p and
+    # 2p + 1 up row I + p, and the store writes silu(gate) * up to output column p.
     BLOCK_W: tl.constexpr = BLOCK_K // 4
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    rows = offs_n
+    if GLU:
+        rows = offs_n // 2 + (offs_n % 2) * (N // 2)
     x1 = x_ptr + stride_xm
     acc0 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
     w_start = pid_k * (K_PER_SPLIT // 4)
     w_end = tl.minimum(w_start + K_PER_SPLIT // 4, K // 4)
     offs_w = w_start + tl.arange(0, BLOCK_W)
-    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
+    w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_w[None, :]
     w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_w < w_end)[None, :], other=0)
+    if STAGES == 3:  # a second step's weights in flight too
+        w_ptrs += BLOCK_W
+        w_ahead = tl.load(w_ptrs, mask=n_mask[:, None] & ((offs_w + BLOCK_W) < w_end)[None, :],
+                          other=0)
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for _ in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
         w_ptrs += BLOCK_W
-        next_mask = (offs_w + BLOCK_W) < w_end
+        next_mask = (offs_w + (STAGES - 1) * BLOCK_W) < w_end
         w_next = tl.load(w_ptrs, mask=n_mask[:, None] & next_mask[None, :], other=0)
         if BITS:
             wf = _e4m3x4_bits(w)
@@ -181,9 +192,13 @@ def _fp8_gemv_kernel(
         acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD)
         if BLOCK_M > 1:
             acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, BITS, X_LOAD)
-        w = w_next
+        if STAGES == 3:
+            w = w_ahead
+            w_ahead = w_next
+        else:
+            w = w_next
         offs_w += BLOCK_W
-    scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
+    scale = tl.load(s_ptr + rows, mask=n_mask, other=0.0)
     if BITS:
         scale = scale * BITS_OUT_SCALE
     offs_m = tl.arange(0, BLOCK_M)
@@ -192,7 +207,7 @@ def _fp8_gemv_kernel(
         res = tl.where(offs_m[:, None] == 1, (tl.sum(acc1, axis=1) * scale)[None, :], res)
     store_or_reduce(res, offs_m, offs_n, (offs_m[:, None] < M) & n_mask[None, :], out_ptr,
                     stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
-                    pid_n, pid_k, NUM_SPLITS)
+                    pid_n, pid_k, NUM_SPLITS, GLU=GLU)
 
 
 def fp8_gemv_ref(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -219,12 +234,17 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              split_k: int | None = None, block_n: int | None = None,
              block_k: int | None = None, num_warps: int | None = None,
              waves: int | None = None, bits: bool | None = None,
-             x_load: int | None = None) -> torch.Tensor:
+             x_load: int | None = None, glu: bool = False,
+             stages: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ (weight [N, K] * scale [N])^T`` for M <= MAX_M, in x2's dtype; K a
     multiple of 4, the weight contiguous along K. The tuning arguments (None: chosen here)
     exist for the benchmark's sweeps; ``bits``: convert by bit placement (the default off
     CUDA, where the interpreter runs no inline assembly); ``x_load``: how the activations
-    are read (``_x_planes``; 2 needs bf16 x contiguous along K, else 1 is used)."""
+    are read (``_x_planes``; 2 needs bf16 x contiguous along K, else 1 is used);
+    ``stages``: steps of weights in flight (2: the next one; 3: two ahead). ``glu``:
+    the weight is an MLP's [gate | up] (N = 2I) and the result ``silu(gate) * up`` [M, I],
+    computed in the store (``split_k.store_or_reduce``): the bits of the unfused GEMV
+    followed by ``silu_and_mul``, without the activation's launch."""
     require_triton("fp8_gemv")
     m, k = x2.shape
     n = weight.shape[0]
@@ -232,6 +252,7 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     scale = scale.reshape(-1)
     assert scale.numel() == n and scale.dtype == torch.float32, (scale.shape, scale.dtype)
     words = weight.view(torch.int32)  # 4 weights per word: the same storage
+    assert stages in (None, 2, 3), stages
     plan = _plan(n, k)
     block_n = block_n or plan[0]
     block_k = block_k or plan[1]
@@ -243,6 +264,10 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         split_k = split_k_to_fill(n_tiles, k_steps, x2.device, waves)
     split_k, k_per_split = split_k_plan(k_steps * block_k, block_k, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
+    if glu:
+        assert n % 2 == 0, n
+        out = x2.new_empty(m, n // 2)
+        partial = out.unsqueeze(0) if split_k == 1 else partial
     x_load = DEFAULT_X_LOAD if x_load is None else x_load
     xs = x2
     if x_load == 2:
@@ -257,7 +282,9 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         xs.stride(0), xs.stride(1), words.stride(0),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
-        BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, num_warps=num_warps,
+        BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, GLU=glu,
+        STAGES=stages or fp8_gemv_stages() or DEFAULT_STAGES,
+        num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip
     return out

@@ -14,6 +14,7 @@ import dataclasses
 
 import torch
 
+from octavo.kernels.activation import silu_mul
 from octavo.kernels.triton_utils import num_compute_units, tl, triton
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -109,15 +110,36 @@ def counters(device: torch.device, tiles: int) -> torch.Tensor:
 
 
 @triton.jit
+def _store(out_ptr, acc, offs_m, offs_n, mask, stride_om, stride_on, GLU: tl.constexpr):
+    """The output tile's store. GLU: the tile's columns are pairs (2p: gate, 2p + 1: up) of
+    output column p = offs_n // 2, which gets silu(gate) * up, each of them first rounded to
+    the output dtype as a stored [gate | up] would be (so the same bits as the unfused
+    projection followed by ``silu_and_mul``)."""
+    dtype = out_ptr.dtype.element_ty
+    if GLU:
+        bm: tl.constexpr = acc.shape[0]
+        half: tl.constexpr = acc.shape[1] // 2
+        gate, up = tl.split(tl.reshape(acc.to(dtype).to(tl.float32), (bm, half, 2)))
+        ptrs = out_ptr + offs_m[:, None] * stride_om + (offs_n // 2)[None, :] * stride_on
+        ptrs, _ = tl.split(tl.reshape(ptrs, (bm, half, 2)))
+        ok, _ = tl.split(tl.reshape(mask, (bm, half, 2)))
+        tl.store(ptrs, silu_mul(gate, up).to(dtype), mask=ok)
+    else:
+        out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+        tl.store(out, acc.to(dtype), mask=mask)
+
+
+@triton.jit
 def store_or_reduce(acc, offs_m, offs_n, mask, out_ptr, stride_om, stride_on, part_ptr,
                     stride_ps, stride_pm, stride_pn, cnt_ptr, tile, pid_k, num_splits,
-                    REDUCE_UNROLL: tl.constexpr = 16):
+                    REDUCE_UNROLL: tl.constexpr = 16, GLU: tl.constexpr = False):
     """Store ``acc`` (this program's [BLOCK_M, BLOCK_N] share) as the output when K is not
     split; otherwise as partial ``pid_k``, and if this program finishes the tile last, sum
-    every partial into the output. ``tile``: this output tile's counter index."""
-    out = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    every partial into the output. ``tile``: this output tile's counter index. GLU: the
+    output is the gated activation of the tile's column pairs (``_store``); the partials
+    keep the pairs."""
     if num_splits == 1:
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        _store(out_ptr, acc, offs_m, offs_n, mask, stride_om, stride_on, GLU)
     else:
         part = part_ptr + offs_m[:, None] * stride_pm + offs_n[None, :] * stride_pn
         tl.store(part + pid_k * stride_ps, acc, mask=mask)
@@ -134,5 +156,5 @@ def store_or_reduce(acc, offs_m, offs_n, mask, out_ptr, stride_om, stride_on, pa
                                      mask=mask & ((offs_n[None, :] * 0 + k0 + j)
                                                   < num_splits), other=0.0,
                                      cache_modifier=".cg")
-            tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
+            _store(out_ptr, total, offs_m, offs_n, mask, stride_om, stride_on, GLU)
             tl.atomic_xchg(cnt_ptr + tile, 0)

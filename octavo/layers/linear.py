@@ -130,6 +130,14 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def output_partition_sizes(self) -> list[int]:
         return [s // self.tp.size for s in self.output_sizes]
 
+    def forward_gated(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``silu(gate) * up`` of ``forward(x)`` = [gate | up], in the method's own kernel
+        where it has one for this call (``LinearMethod.apply_gated``), else None: the MLP
+        then runs ``forward`` and its activation."""
+        if cpu_gemm.usable(x, self._packed_weight):
+            return None
+        return self.quant_method.apply_gated(self, x, self.bias)
+
     def shard_placement(self, shard_id) -> ShardPlacement:
         sizes = self.output_partition_sizes
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(sizes):

@@ -32,6 +32,9 @@ class LlamaMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.gate_up_proj.forward_gated(x)  # the activation in the gate/up GEMV's store
+        if h is not None:
+            return self.down_proj(h)
         gate_up = self.gate_up_proj(x)
         y = self.down_proj.forward_glu(gate_up)  # the activation inside the down GEMV
         return y if y is not None else self.down_proj(self.act(gate_up))

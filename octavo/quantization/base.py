@@ -37,6 +37,14 @@ class LinearMethod:
         None where it has not (the caller runs the activation, then ``apply``)."""
         return None
 
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor,
+                    bias: torch.Tensor | None) -> torch.Tensor | None:
+        """``silu(y[..., :I]) * y[..., I:]`` of ``y = apply(layer, x, bias)`` (the layer an
+        MLP's merged [gate | up]) computed inside the method's own kernel, where it has one
+        for this call; None where it has not (the caller runs ``apply``, then the
+        activation)."""
+        return None
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Repack or convert what the checkpoint gave (once, after every tensor is loaded)."""
 

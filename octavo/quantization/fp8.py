@@ -212,6 +212,11 @@ class Fp8LinearMethod(LinearMethod):
                                  layer.fp8_input_scale)
         return y if bias is None else y + bias
 
+    def apply_gated(self, layer, x, bias):
+        if getattr(layer, "dequantized_weight", None) is not None:
+            return None
+        return fp8_linear.gated_gemv(layer, x, layer.weight_fp8, layer.weight_scale, bias)
+
     def dense_weight(self, layer):
         return getattr(layer, "dequantized_weight", None)
 

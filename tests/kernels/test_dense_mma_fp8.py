@@ -406,8 +406,7 @@ def test_engine_fused_glu_gpu(tmp_path, monkeypatch, eager):
     GEMV) apply the MLP's silu(gate) * up inside the down projection's GEMV (calls with
     glu=True counted): the same greedy tokens and logprobs, bit for bit, as with
     OCTAVO_FUSED_GLU=0 (the activation's own kernel, then the GEMV). Here beside the fp8
-    engine tests for their engine helpers; the FP8 GEMV takes no fused activation (measured
-    slower on an H200, session 27)."""
+    engine tests for their engine helpers."""
     import json
 
     from octavo.kernels import dense_gemv
@@ -433,5 +432,41 @@ def test_engine_fused_glu_gpu(tmp_path, monkeypatch, eager):
     calls.clear()
     monkeypatch.setenv("OCTAVO_FUSED_GLU", "1")
     fused = cuda_checks.greedy_decode(tmp_path, _liven, eager, prompts=one)
+    assert any(calls)
+    assert fused == separate
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("eager", [True, False])
+def test_engine_fp8_gated_gemv_gpu(tmp_path, monkeypatch, eager):
+    """One-row fp8 decodes run the MLP's silu(gate) * up in the gate/up FP8 GEMV's store
+    (calls with glu=True counted): the same greedy tokens and logprobs, bit for bit, as with
+    OCTAVO_FUSED_GLU=0 (the plain GEMV, the activation's own kernel)."""
+    import json
+
+    from octavo.quantization import fp8_linear
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+              "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+              "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    calls = []
+    real = fp8_linear.gemv
+
+    def spy(*args, glu=False, **kw):
+        calls.append(glu)
+        return real(*args, glu=glu, **kw)
+
+    monkeypatch.setattr(fp8_linear, "gemv", spy)
+    one = cuda_checks.PROMPTS[:1]  # one row per decode step: the GEMV's
+    monkeypatch.setenv("OCTAVO_FUSED_GLU", "0")
+    separate = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
+    assert calls and not any(calls)
+    calls.clear()
+    monkeypatch.setenv("OCTAVO_FUSED_GLU", "1")
+    fused = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
     assert any(calls)
     assert fused == separate

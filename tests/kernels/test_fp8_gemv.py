@@ -50,6 +50,9 @@ def _skip_cvt_off_gpu(bits):
     (96, 16, {"block_k": 16, "block_n": 16, "split_k": 5}),
     (48, 8, {"block_k": 64, "split_k": 1}),          # one step, larger than K
     (160, 8, {"block_k": 16, "split_k": 1}),         # 10 steps: the unrolled loop's odd tail
+    (160, 8, {"block_k": 16, "split_k": 1, "stages": 3}),  # two steps ahead
+    (100, 24, {"block_k": 32, "split_k": 2, "stages": 3}),  # a split of 2 steps: 1 ahead
+    (48, 8, {"block_k": 64, "split_k": 1, "stages": 3}),    # one step: nothing ahead
 ])
 def test_matches_reference(m, k, n, tuning, bits):
     _skip_cvt_off_gpu(bits)
@@ -193,3 +196,41 @@ def test_real_shapes_gpu(m, k, n, bits):
     x, weight, scale = _case(m, k, n, torch.bfloat16, device=torch.device("cuda"))
     out = fp8_gemv(x, weight, scale, bits=bits)
     assert _rel_err(out, fp8_gemv_ref(x, weight, scale)) < 1e-2
+
+
+@pytest.mark.parametrize("bits", CONVERSIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("k,inter,tuning", [
+    (64, 20, {}),                                   # I not a multiple of the half tile
+    (100, 12, {"block_k": 32, "split_k": 2}),       # two splits: the last program's store
+    (96, 24, {"block_k": 16, "block_n": 16, "split_k": 5}),
+    (48, 4, {"block_k": 64, "split_k": 1}),
+])
+def test_glu_is_the_unfused_projection_then_silu_and_mul(m, k, inter, tuning, dtype, bits):
+    """glu=True on an MLP's [gate | up] weight gives, bit for bit, the plain GEMV's output
+    followed by the activation's own kernel (both rounded as stored, the same formula), with
+    or without split-K; the gate and up halves carry different row scales."""
+    from octavo.kernels.activation import silu_and_mul
+
+    _skip_cvt_off_gpu(bits)
+    x, weight, scale = _case(m, k, 2 * inter, dtype)
+    fused = fp8_gemv(x, weight, scale, bits=bits, glu=True, **tuning)
+    assert fused.shape == (m, inter) and fused.dtype == dtype
+    plain = fp8_gemv(x, weight, scale, bits=bits, **tuning)
+    assert torch.equal(fused, silu_and_mul(plain))
+    # and against the float32 reference (not the same rounding)
+    ref = fp8_gemv_ref(x.float(), weight, scale)
+    expect = torch.nn.functional.silu(ref[:, :inter]) * ref[:, inter:]
+    assert _rel_err(fused, expect) < (1e-5 if dtype == torch.float32 else 2.0**-6)
+
+
+def test_glu_split_counters_back_at_zero():
+    """A split GLU call leaves the split-K counters zeroed (the next call's tickets)."""
+    from octavo.kernels.split_k import counters
+
+    x, weight, scale = _case(1, 128, 32, torch.float32)
+    a = fp8_gemv(x, weight, scale, block_k=16, block_n=16, split_k=4, glu=True)
+    assert int(counters(x.device, 1).abs().sum()) == 0
+    b = fp8_gemv(x, weight, scale, block_k=16, block_n=16, split_k=4, glu=True)
+    assert torch.equal(a, b)
