@@ -49,6 +49,7 @@ CASES = {
     "l8b_16": (32, 8, 16, (128, 384), 4096),
     "w2_256": (32, 8, 256, (400, 800), 4096),  # W2's batch-256 steps (~616)
     "long_4": (16, 8, 4, (8000, 8192), 8192),
+    "long_2": (16, 8, 2, (16000, 16384), 16384),  # two long requests: stream-K's from 2
 }
 # Equal contexts at W1's shape and batch 256: the rate against context length shows each
 # program's fixed cost (q, block table, setup, store), which W1's short contexts pay most.

@@ -76,9 +76,13 @@ class TritonAttentionImpl(AttentionImpl):
         )  # fmt: skip
 
 
+# Decode steps of at least this many requests take stream-K (``_decode_tiles``).
+STREAMK_MIN_REQS = 2
+
+
 def _full_grid(meta: AttentionMetadata, num_kv_heads: int, device: torch.device) -> bool:
     """Whether a decode launch holds at least two (request, KV head) programs per SM: where
-    the longest-first order and stream-K pay (smaller grids are split-K's)."""
+    the longest-first order pays."""
     return meta.num_reqs * num_kv_heads >= 2 * num_compute_units(device)
 
 
@@ -110,8 +114,8 @@ def _decode_order(meta: AttentionMetadata, num_kv_heads: int,
 
 def _decode_tiles(meta: AttentionMetadata, q: torch.Tensor, key_cache: torch.Tensor,
                   order: torch.Tensor | None) -> DecodeTiles | None:
-    """For a decode-only step on the GPU whose grid holds at least two (request, KV head)
-    programs per SM (OCTAVO_ATTN_STREAMK forces it on or off), the stream-K work list (the
+    """For a decode-only step on the GPU of at least ``STREAMK_MIN_REQS`` requests
+    (OCTAVO_ATTN_STREAMK forces it on or off), the stream-K work list (the
     requests' KV tiles in ``order``, prefix-summed, and each tile's row, keys, flags and
     cache blocks from this step's block table): built once per step on the device (a
     captured graph rebuilds it at each replay) and shared by every layer, keyed like
@@ -119,14 +123,16 @@ def _decode_tiles(meta: AttentionMetadata, q: torch.Tensor, key_cache: torch.Ten
     replays').
 
     On an H200 (session 27) stream-K took W1's decode attention (batch 128, contexts
-    100-2,000) from 163.3 to 154.7 us and 128-key contexts at batch 256 from 51.0 to 40.8;
-    W4's batch 32 (256 programs, contexts 128-384) was slower (19.3 against 16.6 us), and
-    smaller grids are split-K's."""
+    100-2,000) from 163.3 to 154.7 us and 128-key contexts at batch 256 from 51.0 to 40.8.
+    In the engine (session 28, W4's Qwen3-0.6B at contexts 128-384, ms per token, split-K /
+    stream-K) it wins from two requests on: batch 2 0.983 / 0.954, 8 1.163 / 1.068, 16
+    1.368 / 1.301, 32 1.593 / 1.544; at one request the split parts with their merge launch
+    stay faster (0.886 / 0.950)."""
     if not (meta.is_decode_only and q.device.type == "cuda"):
         return None
     _, block_size, num_kv_heads, _ = key_cache.shape
     forced = attn_streamk()
-    if not (_full_grid(meta, num_kv_heads, q.device) if forced is None else forced):
+    if not (meta.num_reqs >= STREAMK_MIN_REQS if forced is None else forced):
         return None
     block_n = streamk_config(q.shape[1] // num_kv_heads, q.shape[2], q.dtype, True).block_n
     key = ("decode_tiles", block_n, block_size, torch.cuda.is_current_stream_capturing())

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from octavo.envs import fp8_gemv_stages
+from octavo.envs import fp8_gemv_l2_ahead, fp8_gemv_stages
+from octavo.kernels.l2_prefetch import bulk_prefetch
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
@@ -43,7 +44,6 @@ from octavo.kernels.triton_utils import require_triton, tl, triton
 
 # How the activations are read (``_x_planes``); 0 was the only way before session 27.
 DEFAULT_X_LOAD = 2
-DEFAULT_STAGES = 2
 MAX_M = 2  # at 4 rows _scaled_mm was faster on the wide shapes (gate_up 65 vs 123 us)
 
 # _e4m3x4_bits yields weight * 2**-120 (down to 2**-129, a float32 subnormal); the activations
@@ -154,7 +154,8 @@ def _fp8_gemv_kernel(
     stride_xm, stride_xk, stride_wn, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
-    X_LOAD: tl.constexpr, GLU: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+    X_LOAD: tl.constexpr, GLU: tl.constexpr, STAGES: tl.constexpr, L2_AHEAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -180,6 +181,14 @@ def _fp8_gemv_kernel(
         w_ptrs += BLOCK_W
         w_ahead = tl.load(w_ptrs, mask=n_mask[:, None] & ((offs_w + BLOCK_W) < w_end)[None, :],
                           other=0)
+    if L2_AHEAD > 0:
+        # The rows' next L2_AHEAD steps after those loaded, asked of L2 before the wait:
+        # they stream in while the previous kernel (a norm, attention) ends.
+        first = w_start + STAGES * BLOCK_W
+        words = tl.minimum(w_end - first, L2_AHEAD * BLOCK_W)
+        size = tl.where(n_mask & (words > 0), words * 4, 0)
+        addr = (w_ptr + rows * stride_wn + first).to(tl.int64, bitcast=True)
+        bulk_prefetch(addr, size.to(tl.int32))
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for _ in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
         w_ptrs += BLOCK_W
@@ -216,18 +225,22 @@ def fp8_gemv_ref(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) ->
     return (x2.to(torch.float32) @ w.t()).to(x2.dtype)
 
 
-def _plan(n: int, k: int) -> tuple[int, int, int, int]:
-    """(block_n, block_k, num_warps, waves) for an [n, k] weight, from ``python
-    benchmarks/quantized_gemm.py --fp8 --m 1`` on an H200 (session 27, Llama-3.1-8B shapes,
-    us from HBM against the earlier single rule's 16 x 512 / 32 x 256 over 4 warps, 2 waves):
-    the wide gate_up (N = 28,672) keeps 32 x 256 over 4 warps (30.1 us, 81% of HBM); the
-    long-K down (K = 14,336) 32 x 512 over 8 warps, 1 wave (16.8 against 17.0); qkv and o
-    16 x 512 over 8 warps, 1 wave (7.6 against 8.8, 6.4 against 7.1: no split-K on o)."""
+def _plan(n: int, k: int) -> tuple[int, int, int, int, int]:
+    """(block_n, block_k, num_warps, waves, stages) for an [n, k] weight, from ``python
+    benchmarks/quantized_gemm.py --fp8 --m 1`` on an H200 (Llama-3.1-8B shapes, us from HBM):
+    the wide gate_up (N = 28,672) 32 x 256 over 4 warps, 2 waves (30.1 us, 81% of HBM); the
+    long-K down (K = 14,336) 16 x 1,024 over 4 warps, 1 wave (session 28, ``--fp8-stages``:
+    16.4 against 17.0 at session 27's 32 x 512 over 8 warps); o (N = K = 4,096) 8 x 512
+    over 8 warps with two steps of weights in flight (5.5 against 6.4: a small weight whose
+    programs were short of bytes in flight); qkv 16 x 512 over 8 warps, 1 wave (7.6; no
+    other tile or depth faster)."""
     if n >= 16384:
-        return 32, 256, 4, 2
+        return 32, 256, 4, 2, 2
     if k >= 8192:
-        return 32, 512, 8, 1
-    return 16, 512, 8, 1
+        return 16, 1024, 4, 1, 2
+    if n * k <= 4096 * 4096:
+        return 8, 512, 8, 1, 3
+    return 16, 512, 8, 1, 2
 
 
 def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -235,13 +248,14 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              block_k: int | None = None, num_warps: int | None = None,
              waves: int | None = None, bits: bool | None = None,
              x_load: int | None = None, glu: bool = False,
-             stages: int | None = None) -> torch.Tensor:
+             stages: int | None = None, l2_ahead: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ (weight [N, K] * scale [N])^T`` for M <= MAX_M, in x2's dtype; K a
     multiple of 4, the weight contiguous along K. The tuning arguments (None: chosen here)
     exist for the benchmark's sweeps; ``bits``: convert by bit placement (the default off
     CUDA, where the interpreter runs no inline assembly); ``x_load``: how the activations
     are read (``_x_planes``; 2 needs bf16 x contiguous along K, else 1 is used);
-    ``stages``: steps of weights in flight (2: the next one; 3: two ahead). ``glu``:
+    ``stages``: steps of weights in flight (2: the next one; 3: two ahead); ``l2_ahead``:
+    steps after those pulled into L2 before the PDL wait (CUDA; 0: none). ``glu``:
     the weight is an MLP's [gate | up] (N = 2I) and the result ``silu(gate) * up`` [M, I],
     computed in the store (``split_k.store_or_reduce``): the bits of the unfused GEMV
     followed by ``silu_and_mul``, without the activation's launch."""
@@ -258,6 +272,8 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     block_k = block_k or plan[1]
     num_warps = num_warps or plan[2]
     waves = waves or plan[3]
+    stages = stages or fp8_gemv_stages() or plan[4]
+    l2_ahead = fp8_gemv_l2_ahead() if l2_ahead is None else l2_ahead
     n_tiles = triton.cdiv(n, block_n)
     k_steps = triton.cdiv(k, block_k)
     if split_k is None:
@@ -283,7 +299,7 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
         BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, GLU=glu,
-        STAGES=stages or fp8_gemv_stages() or DEFAULT_STAGES,
+        STAGES=stages, L2_AHEAD=l2_ahead if x2.is_cuda else 0,
         num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip

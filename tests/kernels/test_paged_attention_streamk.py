@@ -323,9 +323,9 @@ def test_paged_attention_dispatch(knob, monkeypatch, device):
 
 
 def test_backend_work_list_once_per_step(monkeypatch):
-    """The backend builds the work list for decode-only GPU steps, by default those whose
-    grid holds two (request, KV head) programs per SM (OCTAVO_ATTN_STREAMK forces either
-    way), once per step (shared by layers), keyed by capture; never otherwise."""
+    """The backend builds the work list for decode-only GPU steps, by default those of two
+    requests or more (OCTAVO_ATTN_STREAMK forces either way), once per step (shared by
+    layers), keyed by capture; never otherwise."""
     from octavo.attention import triton_backend as tb
     from tests.kernels.test_triton_backend import _decode_meta
 
@@ -347,13 +347,16 @@ def test_backend_work_list_once_per_step(monkeypatch):
     monkeypatch.setattr(tb, "num_compute_units", lambda device: 132)
     meta = _decode_meta(5)
     monkeypatch.delenv("OCTAVO_ATTN_STREAMK", raising=False)
-    assert tb._decode_tiles(meta, FakeQ(), FakeCache(), None) is None  # 40 programs < 264
-    big = _decode_meta(33)  # 264 programs: two per SM
-    assert tb._decode_tiles(big, FakeQ(), FakeCache(), None) is not None
+    one = _decode_meta(1)  # one request: the split parts and their merge launch
+    assert tb._decode_tiles(one, FakeQ(), FakeCache(), None) is None
+    assert tb._decode_tiles(_decode_meta(2), FakeQ(), FakeCache(), None) is not None
+    assert tb._decode_tiles(_decode_meta(33), FakeQ(), FakeCache(), None) is not None
     monkeypatch.setenv("OCTAVO_ATTN_STREAMK", "0")
     assert tb._decode_tiles(_decode_meta(33), FakeQ(), FakeCache(), None) is None
     seen.clear()
     monkeypatch.setenv("OCTAVO_ATTN_STREAMK", "1")
+    assert tb._decode_tiles(_decode_meta(1), FakeQ(), FakeCache(), None) is not None
+    seen.clear()
     monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)
     tiles = tb._decode_tiles(meta, FakeQ(), FakeCache(), None)
     assert tiles.block_n == 128 and tiles.block_size == 16
