@@ -123,12 +123,6 @@ def fp8_gemv_stages() -> int | None:
     return int(value)
 
 
-def fp8_gemv_l2_ahead() -> int:
-    """OCTAVO_FP8_GEMV_L2_AHEAD=N (default 0): each FP8 GEMV program asks L2 for its rows'
-    next N steps of weights before its PDL wait, for measurements."""
-    return _int("OCTAVO_FP8_GEMV_L2_AHEAD", 0, "a step count")
-
-
 def fused_kv_store() -> bool:
     """OCTAVO_FUSED_KV_STORE (default on): on CUDA, the launch that rotates q and k (Qwen3's
     q/k norm + rotary under OCTAVO_FUSED_QK_NORM_ROPE, or the rotary kernel of the other

@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.envs import fp8_gemv_l2_ahead, fp8_gemv_stages
-from octavo.kernels.l2_prefetch import bulk_prefetch
+from octavo.envs import fp8_gemv_stages
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
@@ -154,8 +153,7 @@ def _fp8_gemv_kernel(
     stride_xm, stride_xk, stride_wn, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
-    X_LOAD: tl.constexpr, GLU: tl.constexpr, STAGES: tl.constexpr, L2_AHEAD: tl.constexpr,
-    PDL: tl.constexpr,
+    X_LOAD: tl.constexpr, GLU: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -181,14 +179,6 @@ def _fp8_gemv_kernel(
         w_ptrs += BLOCK_W
         w_ahead = tl.load(w_ptrs, mask=n_mask[:, None] & ((offs_w + BLOCK_W) < w_end)[None, :],
                           other=0)
-    if L2_AHEAD > 0:
-        # The rows' next L2_AHEAD steps after those loaded, asked of L2 before the wait:
-        # they stream in while the previous kernel (a norm, attention) ends.
-        first = w_start + STAGES * BLOCK_W
-        words = tl.minimum(w_end - first, L2_AHEAD * BLOCK_W)
-        size = tl.where(n_mask & (words > 0), words * 4, 0)
-        addr = (w_ptr + rows * stride_wn + first).to(tl.int64, bitcast=True)
-        bulk_prefetch(addr, size.to(tl.int32))
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for _ in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
         w_ptrs += BLOCK_W
@@ -248,14 +238,13 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              block_k: int | None = None, num_warps: int | None = None,
              waves: int | None = None, bits: bool | None = None,
              x_load: int | None = None, glu: bool = False,
-             stages: int | None = None, l2_ahead: int | None = None) -> torch.Tensor:
+             stages: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ (weight [N, K] * scale [N])^T`` for M <= MAX_M, in x2's dtype; K a
     multiple of 4, the weight contiguous along K. The tuning arguments (None: chosen here)
     exist for the benchmark's sweeps; ``bits``: convert by bit placement (the default off
     CUDA, where the interpreter runs no inline assembly); ``x_load``: how the activations
     are read (``_x_planes``; 2 needs bf16 x contiguous along K, else 1 is used);
-    ``stages``: steps of weights in flight (2: the next one; 3: two ahead); ``l2_ahead``:
-    steps after those pulled into L2 before the PDL wait (CUDA; 0: none). ``glu``:
+    ``stages``: steps of weights in flight (2: the next one; 3: two ahead). ``glu``:
     the weight is an MLP's [gate | up] (N = 2I) and the result ``silu(gate) * up`` [M, I],
     computed in the store (``split_k.store_or_reduce``): the bits of the unfused GEMV
     followed by ``silu_and_mul``, without the activation's launch."""
@@ -273,7 +262,6 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     num_warps = num_warps or plan[2]
     waves = waves or plan[3]
     stages = stages or fp8_gemv_stages() or plan[4]
-    l2_ahead = fp8_gemv_l2_ahead() if l2_ahead is None else l2_ahead
     n_tiles = triton.cdiv(n, block_n)
     k_steps = triton.cdiv(k, block_k)
     if split_k is None:
@@ -299,7 +287,7 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
         BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, GLU=glu,
-        STAGES=stages, L2_AHEAD=l2_ahead if x2.is_cuda else 0,
+        STAGES=stages,
         num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip

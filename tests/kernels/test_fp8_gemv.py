@@ -235,22 +235,3 @@ def test_glu_split_counters_back_at_zero():
     b = fp8_gemv(x, weight, scale, block_k=16, block_n=16, split_k=4, glu=True)
     assert torch.equal(a, b)
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("l2_ahead", [1, 4, 64])
-@pytest.mark.parametrize("k,n,tuning", [
-    (4096, 6144, {}),                                  # qkv's plan
-    (14336, 512, {"split_k": 3}),                      # down's plan, K split: each range's own
-    (256, 64, {"block_k": 64, "split_k": 1}),          # fewer steps than the loads ahead
-])
-def test_l2_prefetch_ahead_changes_nothing(k, n, tuning, l2_ahead):
-    """Rows asked of L2 before the PDL wait (whole rows, a split's range, nothing left to
-    ask): the same bits as without."""
-    if DEVICE.type != "cuda":
-        pytest.skip("the bulk L2 prefetch is inline assembly: GPU only")
-    x, weight, scale = _case(1, k, n, torch.bfloat16)
-    plain = fp8_gemv(x, weight, scale, l2_ahead=0, **tuning)
-    ahead = fp8_gemv(x, weight, scale, l2_ahead=l2_ahead, **tuning)
-    assert torch.equal(plain, ahead)
-    glu = fp8_gemv(x, weight, scale, l2_ahead=l2_ahead, glu=True, **tuning)
-    assert torch.equal(glu, fp8_gemv(x, weight, scale, l2_ahead=0, glu=True, **tuning))
