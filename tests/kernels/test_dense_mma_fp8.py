@@ -398,75 +398,62 @@ def test_engine_fp8_decode_through_the_kernel_gpu(tmp_path, monkeypatch, eager):
     assert cuda_checks.compare_decodes(default_out, cuda_out) >= 3 * len(cuda_checks.PROMPTS)
 
 
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("eager", [True, False])
-def test_engine_fused_glu_gpu(tmp_path, monkeypatch, eager):
-    """One-row bf16 decodes (the CUDA dense GEMM off, so every linear runs the CUDA-core
-    GEMV) apply the MLP's silu(gate) * up inside the down projection's GEMV (calls with
-    glu=True counted): the same greedy tokens and logprobs, bit for bit, as with
-    OCTAVO_FUSED_GLU=0 (the activation's own kernel, then the GEMV). Here beside the fp8
-    engine tests for their engine helpers."""
-    import json
-
-    from octavo.kernels import dense_gemv
-
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+_LLAMA_512 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
               "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
               "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512,
               "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-    monkeypatch.setenv("OCTAVO_CUDA_DENSE", "0")  # every one-row linear on the GEMV
+
+
+def _fused_glu_decodes_match(tmp_path, monkeypatch, eager, config, owner, name, liven):
+    """Greedy one-prompt decodes with OCTAVO_FUSED_GLU=0 and =1 (``owner.name``'s calls
+    spied: glu=False only, then some glu=True): the same tokens and logprobs, bit for bit."""
+    import json
+
     (tmp_path / "config.json").write_text(json.dumps(config))
     calls = []
-    real = dense_gemv.dense_gemv
+    real = getattr(owner, name)
 
     def spy(*args, glu=False, **kw):
         calls.append(glu)
         return real(*args, glu=glu, **kw)
 
-    monkeypatch.setattr(dense_gemv, "dense_gemv", spy)
+    monkeypatch.setattr(owner, name, spy)
     one = cuda_checks.PROMPTS[:1]  # one row per decode step: the GEMV's
     monkeypatch.setenv("OCTAVO_FUSED_GLU", "0")
-    separate = cuda_checks.greedy_decode(tmp_path, _liven, eager, prompts=one)
+    separate = cuda_checks.greedy_decode(tmp_path, liven, eager, prompts=one)
     assert calls and not any(calls)
     calls.clear()
     monkeypatch.setenv("OCTAVO_FUSED_GLU", "1")
-    fused = cuda_checks.greedy_decode(tmp_path, _liven, eager, prompts=one)
+    fused = cuda_checks.greedy_decode(tmp_path, liven, eager, prompts=one)
     assert any(calls)
     assert fused == separate
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("eager", [True, False])
+def test_engine_fused_glu_gpu(tmp_path, monkeypatch, eager):
+    """One-row bf16 decodes (the CUDA dense GEMM off, so every linear runs the CUDA-core
+    GEMV) apply the MLP's silu(gate) * up inside the down projection's GEMV: the same greedy
+    tokens and logprobs as with the activation's own kernel, then the GEMV. Here beside the
+    fp8 engine tests for their engine helpers."""
+    from octavo.kernels import dense_gemv
+
+    monkeypatch.setenv("OCTAVO_CUDA_DENSE", "0")  # every one-row linear on the GEMV
+    _fused_glu_decodes_match(tmp_path, monkeypatch, eager, _LLAMA_512, dense_gemv,
+                             "dense_gemv", _liven)
 
 
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("eager", [True, False])
 def test_engine_fp8_gated_gemv_gpu(tmp_path, monkeypatch, eager):
-    """One-row fp8 decodes run the MLP's silu(gate) * up in the gate/up FP8 GEMV's store
-    (calls with glu=True counted): the same greedy tokens and logprobs, bit for bit, as with
-    OCTAVO_FUSED_GLU=0 (the plain GEMV, the activation's own kernel)."""
-    import json
-
+    """One-row fp8 decodes run the MLP's silu(gate) * up in the gate/up FP8 GEMV's store:
+    the same greedy tokens and logprobs as the plain GEMV, then the activation's own
+    kernel."""
     from octavo.quantization import fp8_linear
 
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-              "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
-              "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512,
-              "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-              "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    calls = []
-    real = fp8_linear.gemv
-
-    def spy(*args, glu=False, **kw):
-        calls.append(glu)
-        return real(*args, glu=glu, **kw)
-
-    monkeypatch.setattr(fp8_linear, "gemv", spy)
-    one = cuda_checks.PROMPTS[:1]  # one row per decode step: the GEMV's
-    monkeypatch.setenv("OCTAVO_FUSED_GLU", "0")
-    separate = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
-    assert calls and not any(calls)
-    calls.clear()
-    monkeypatch.setenv("OCTAVO_FUSED_GLU", "1")
-    fused = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
-    assert any(calls)
-    assert fused == separate
+    config = {**_LLAMA_512, "quantization_config": {"quant_method": "fp8",
+                                                     "activation_scheme": "dynamic"}}
+    _fused_glu_decodes_match(tmp_path, monkeypatch, eager, config, fp8_linear, "gemv",
+                             _liven_fp8)
