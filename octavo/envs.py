@@ -76,12 +76,7 @@ def attn_decode_tile() -> tuple[int, int, int] | None:
 def attn_decode_splits() -> int | None:
     """OCTAVO_ATTN_DECODE_SPLITS=N (unset: by grid size): split every decode-only attention
     launch's KV range into N parts (each at least the minimum part long), for measurements."""
-    value = os.environ.get("OCTAVO_ATTN_DECODE_SPLITS")
-    if not value:
-        return None
-    if not value.strip().isdigit() or not 1 <= int(value) <= 64:
-        raise ValueError(f"OCTAVO_ATTN_DECODE_SPLITS={value!r}: expected an integer 1-64")
-    return int(value)
+    return _optional_int("OCTAVO_ATTN_DECODE_SPLITS", 1, 64)
 
 
 def attn_longest_first() -> bool | None:
@@ -104,23 +99,13 @@ def attn_streamk() -> bool | None:
 def attn_streamk_waves() -> int | None:
     """OCTAVO_ATTN_STREAMK_WAVES=N (unset: the kernel's default): stream-K decode attention
     launches N programs per SM (over all KV heads), for measurements."""
-    value = os.environ.get("OCTAVO_ATTN_STREAMK_WAVES")
-    if not value:
-        return None
-    if not value.strip().isdigit() or not 1 <= int(value) <= 64:
-        raise ValueError(f"OCTAVO_ATTN_STREAMK_WAVES={value!r}: expected an integer 1-64")
-    return int(value)
+    return _optional_int("OCTAVO_ATTN_STREAMK_WAVES", 1, 64)
 
 
 def fp8_gemv_stages() -> int | None:
     """OCTAVO_FP8_GEMV_STAGES=2|3 (unset: the kernel's default): steps of weights the FP8
     GEMV keeps in flight, for measurements."""
-    value = os.environ.get("OCTAVO_FP8_GEMV_STAGES")
-    if not value:
-        return None
-    if value.strip() not in ("2", "3"):
-        raise ValueError(f"OCTAVO_FP8_GEMV_STAGES={value!r}: expected 2 or 3")
-    return int(value)
+    return _optional_int("OCTAVO_FP8_GEMV_STAGES", 2, 3)
 
 
 def fused_kv_store() -> bool:
@@ -148,6 +133,16 @@ def pdl() -> bool:
     """OCTAVO_PDL (default on): on NVIDIA sm_90+, the decode path's Triton kernels are
     launched with programmatic dependent launch (octavo/kernels/pdl.py)."""
     return _flag("OCTAVO_PDL", True)
+
+
+def _optional_int(name: str, lo: int, hi: int) -> int | None:
+    """A measurement knob: unset or empty, None; else an integer in [lo, hi]."""
+    value = os.environ.get(name)
+    if not value:
+        return None
+    if not value.strip().isdigit() or not lo <= int(value) <= hi:
+        raise ValueError(f"{name}={value!r}: expected an integer {lo}-{hi}")
+    return int(value)
 
 
 def _int(name: str, default: int, what: str) -> int:
