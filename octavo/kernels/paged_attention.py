@@ -49,6 +49,7 @@ from octavo.envs import (
     attn_split_merge,
     attn_streamk,
 )
+from octavo.kernels.online_softmax import pv_dot, softmax_step
 from octavo.kernels.paged_attention_config import (
     _MIN_SPLIT_TOKENS,
     _SPLIT_PREFILL_ROWS,
@@ -148,10 +149,7 @@ def _attn_kv_loop(
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         if CAUSAL:
             s = tl.where(n[None, :] <= pos[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i)
         v_ptrs = v_base + v_tok[:, None] + offs_d[None, :]  # [BLOCK_N, D]
         if CAUSAL:
             v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
@@ -160,12 +158,7 @@ def _attn_kv_loop(
         else:
             v = tl.load(v_ptrs)
         v = v.to(COMPUTE_DT)
-        if UPCAST_DOT:
-            # Same rounding of p as the low-precision MMA, but an fp32 dot.
-            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
-        else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv
+        acc = acc * alpha[:, None] + pv_dot(p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
     return acc, m_i, l_i
 

@@ -47,6 +47,7 @@ from typing import NamedTuple
 import torch
 
 from octavo.envs import attn_decode_tile, attn_streamk_waves
+from octavo.kernels.online_softmax import pv_dot, softmax_step
 from octavo.kernels.paged_attention_config import _Config, _pick_config
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
@@ -439,17 +440,10 @@ def _streamk_decode_kernel(
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i)
         v_ptrs = v_base + (blk * stride_vb + off * stride_vt)[:, None] + offs_d[None, :]
         v = tl.load(v_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(compute_dt)
-        if UPCAST_DOT:
-            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
-        else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv
+        acc = acc * alpha[:, None] + pv_dot(p, v, DOT_PRECISION, UPCAST_DOT)
         m_i = m_new
 
         # The request's last tile, or the program's: store its state (a branch, so a tile
