@@ -267,11 +267,8 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     if split_k is None:
         split_k = split_k_to_fill(n_tiles, k_steps, x2.device, waves)
     split_k, k_per_split = split_k_plan(k_steps * block_k, block_k, split_k)
-    out, partial = split_k_buffers(m, n, split_k, x2)
-    if glu:
-        assert n % 2 == 0, n
-        out = x2.new_empty(m, n // 2)
-        partial = out.unsqueeze(0) if split_k == 1 else partial
+    assert not glu or n % 2 == 0, n
+    out, partial = split_k_buffers(m, n, split_k, x2, out_n=n // 2 if glu else None)
     x_load = DEFAULT_X_LOAD if x_load is None else x_load
     xs = x2
     if x_load == 2:

@@ -88,11 +88,12 @@ def in_one_cta(k: int, steps: int, most_warps: int) -> WarpPlan:
     return WarpPlan(steps, per_warp * 32 * steps, -(-chunks // per_warp), 1)
 
 
-def buffers(m: int, n: int, splits: int, like: torch.Tensor
+def buffers(m: int, n: int, splits: int, like: torch.Tensor, out_n: int | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output [m, n] in ``like``'s dtype, float32 partials [splits, m, n]); with one split
-    the partials are the output itself (never written as such)."""
-    out = torch.empty(m, n, device=like.device, dtype=like.dtype)
+    """(output [m, out_n or n] in ``like``'s dtype, float32 partials [splits, m, n]); with
+    one split the partials are the output itself (never written as such). ``out_n``: an
+    output narrower than the tile columns (``store_or_reduce``'s GLU: n / 2)."""
+    out = torch.empty(m, out_n or n, device=like.device, dtype=like.dtype)
     partial = out.unsqueeze(0) if splits == 1 else torch.empty(
         splits, m, n, device=like.device, dtype=torch.float32)
     return out, partial
