@@ -40,13 +40,22 @@ def load_heads(x_ptr, token, stride_t, stride_h, num_heads, offs_h, offs_r,
 
 
 @triton.jit
+def rotate_halves(x1, x2, cos, sin):
+    """The rotation of the two float32 halves that rotate together (``cos``, ``sin`` of their
+    shape or broadcast to it), in float32: one expression for every kernel that must give the
+    bits of this one (the FP8 GEMV's rotating store, ``fp8_gemv``'s ROPE)."""
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
 def rotate_store(x_ptr, x1, x2, mask, token, stride_t, stride_h, cos, sin, offs_h, offs_r,
                   HALF: tl.constexpr, IS_NEOX: tl.constexpr):
     """Rotate ``load_heads``' halves and store them back; returns the rotated halves."""
     first, second = _head_offsets(offs_r, HALF, IS_NEOX)
     base = x_ptr + token * stride_t + offs_h[:, None] * stride_h
-    y1 = (x1 * cos[None, :] - x2 * sin[None, :]).to(x_ptr.dtype.element_ty)
-    y2 = (x2 * cos[None, :] + x1 * sin[None, :]).to(x_ptr.dtype.element_ty)
+    y1, y2 = rotate_halves(x1, x2, cos[None, :], sin[None, :])
+    y1 = y1.to(x_ptr.dtype.element_ty)
+    y2 = y2.to(x_ptr.dtype.element_ty)
     tl.store(base + first[None, :], y1, mask=mask)
     tl.store(base + second[None, :], y2, mask=mask)
     return y1, y2
