@@ -34,6 +34,7 @@ import torch
 from octavo.envs import fp8_gemv_stages
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
+from octavo.kernels.rotary import rotate_halves
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
@@ -147,18 +148,83 @@ def _word_dot(acc, wf, x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr,
 
 
 @triton.jit
+def _rope_store(res, offs_m, pid_n, M, N, Q_N, QK_N, out_ptr, stride_om, pos_ptr, cs_ptr,
+                stride_cs, kc_ptr, vc_ptr, slot_ptr, stride_cb, stride_ct, stride_ch,
+                block_size, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """ROPE's store (one K split): ``res`` [BLOCK_M, BLOCK_N] holds the tile's column pairs
+    (``_rope_rows``), each member first rounded to the output dtype as a stored [q | k | v]
+    would be. A q or k pair (x1, x2) = (head h's features i, i + D/2) becomes x1 * cos -
+    x2 * sin, x2 * cos + x1 * sin (``rotate_halves``, cos / sin of the row's position:
+    the rotary kernel's bits); q goes to ``out_ptr`` [M, Hq * D], the rotated k and the v
+    pairs (two consecutive features, as they are) into the paged caches at the row's slot,
+    as ``reshape_and_cache`` writes them (cast to the cache's dtype; slot -1: not
+    stored)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    PAIRS: tl.constexpr = BLOCK_N // 2
+    bm: tl.constexpr = res.shape[0]
+    dtype = out_ptr.dtype.element_ty
+    x1, x2 = tl.split(tl.reshape(res.to(dtype).to(tl.float32), (bm, PAIRS, 2)))
+    col = 2 * (pid_n * PAIRS + tl.arange(0, PAIRS))  # the pair's first column
+    h = col // HEAD_DIM
+    i = (col % HEAD_DIM) // 2
+    m_ok = offs_m < M
+    is_qk = col < QK_N
+    pos = tl.load(pos_ptr + offs_m, mask=m_ok, other=0).to(tl.int64)
+    cs = cs_ptr + pos[:, None] * stride_cs + i[None, :]
+    rot = m_ok[:, None] & is_qk[None, :]
+    cos = tl.load(cs, mask=rot, other=0.0).to(tl.float32)
+    sin = tl.load(cs + HALF, mask=rot, other=0.0).to(tl.float32)
+    y1, y2 = rotate_halves(x1, x2, cos, sin)
+    y1 = y1.to(dtype)
+    y2 = y2.to(dtype)
+    q_ok = m_ok[:, None] & (col < Q_N)[None, :]
+    q = out_ptr + offs_m[:, None] * stride_om + (h * HEAD_DIM + i)[None, :]
+    tl.store(q, y1, mask=q_ok)
+    tl.store(q + HALF, y2, mask=q_ok)
+    slot = tl.load(slot_ptr + offs_m, mask=m_ok, other=-1).to(tl.int64)
+    stored = m_ok & (slot >= 0)
+    row = (slot // block_size) * stride_cb + (slot % block_size) * stride_ct
+    k_ok = stored[:, None] & ((col >= Q_N) & is_qk)[None, :]
+    k = kc_ptr + row[:, None] + ((h - Q_N // HEAD_DIM) * stride_ch + i)[None, :]
+    tl.store(k, y1.to(kc_ptr.dtype.element_ty), mask=k_ok)
+    tl.store(k + HALF, y2.to(kc_ptr.dtype.element_ty), mask=k_ok)
+    e = col - QK_N  # v's feature
+    v_ok = stored[:, None] & ((col >= QK_N) & (col < N))[None, :]
+    v = vc_ptr + row[:, None] + ((e // HEAD_DIM) * stride_ch + e % HEAD_DIM)[None, :]
+    tl.store(v, x1.to(dtype).to(vc_ptr.dtype.element_ty), mask=v_ok)
+    tl.store(v + 1, x2.to(dtype).to(vc_ptr.dtype.element_ty), mask=v_ok)
+
+
+@triton.jit
+def _rope_rows(offs_n, QK_N, HEAD_DIM: tl.constexpr):
+    """ROPE's weight row of each tile column: in the q / k part (columns < QK_N) column 2p
+    reads head h's row i and 2p + 1 its row i + D/2 (the NeoX pair p = h * D/2 + i that
+    rotates together), in the v part column c reads row c."""
+    pair = offs_n // 2
+    first = (pair // (HEAD_DIM // 2)) * HEAD_DIM + pair % (HEAD_DIM // 2)
+    return tl.where(offs_n < QK_N, first + (offs_n % 2) * (HEAD_DIM // 2), offs_n)
+
+
+@triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, K_PER_SPLIT, NUM_SPLITS,
     stride_xm, stride_xk, stride_wn, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
+    pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, stride_cs, stride_cb, stride_ct, stride_ch,
+    block_size, Q_N, QK_N,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
-    X_LOAD: tl.constexpr, GLU: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+    X_LOAD: tl.constexpr, GLU: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
     # GLU: the weight is an MLP's [gate | up] (N = 2I); tile column 2p reads gate row p and
     # 2p + 1 up row I + p, and the store writes silu(gate) * up to output column p.
+    # ROPE (one K split): the weight is a qkv projection's [q | k | v] (q: Q_N rows, q and
+    # k: QK_N, heads of HEAD_DIM); the tile's column pairs are the NeoX pairs of q and k
+    # (``_rope_rows``) and the store rotates them, writes q to out_ptr and k / v into the
+    # paged KV cache (``_rope_store``); the pos_ptr .. QK_N arguments serve ROPE only.
     BLOCK_W: tl.constexpr = BLOCK_K // 4
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -167,6 +233,8 @@ def _fp8_gemv_kernel(
     rows = offs_n
     if GLU:
         rows = offs_n // 2 + (offs_n % 2) * (N // 2)
+    if ROPE:
+        rows = _rope_rows(offs_n, QK_N, HEAD_DIM)
     x1 = x_ptr + stride_xm
     acc0 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
@@ -204,9 +272,14 @@ def _fp8_gemv_kernel(
     res = tl.where(offs_m[:, None] == 0, (tl.sum(acc0, axis=1) * scale)[None, :], 0.0)
     if BLOCK_M > 1:
         res = tl.where(offs_m[:, None] == 1, (tl.sum(acc1, axis=1) * scale)[None, :], res)
-    store_or_reduce(res, offs_m, offs_n, (offs_m[:, None] < M) & n_mask[None, :], out_ptr,
-                    stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
-                    pid_n, pid_k, NUM_SPLITS, GLU=GLU)
+    if ROPE:
+        _rope_store(res, offs_m, pid_n, M, N, Q_N, QK_N, out_ptr, stride_om, pos_ptr, cs_ptr,
+                    stride_cs, kc_ptr, vc_ptr, slot_ptr, stride_cb, stride_ct, stride_ch,
+                    block_size, BLOCK_N, HEAD_DIM)
+    else:
+        store_or_reduce(res, offs_m, offs_n, (offs_m[:, None] < M) & n_mask[None, :],
+                        out_ptr, stride_om, stride_on, part_ptr, stride_ps, stride_pm,
+                        stride_pn, cnt_ptr, pid_n, pid_k, NUM_SPLITS, GLU=GLU)
 
 
 def fp8_gemv_ref(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -248,6 +321,64 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     the weight is an MLP's [gate | up] (N = 2I) and the result ``silu(gate) * up`` [M, I],
     computed in the store (``split_k.store_or_reduce``): the bits of the unfused GEMV
     followed by ``silu_and_mul``, without the activation's launch."""
+    return _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits,
+                   x_load, stages, glu=glu)
+
+
+def qkv_rope_supported(x2: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
+                       cos_sin_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
+                       head_dim: int, kv_store) -> bool:
+    """Whether :func:`fp8_gemv_qkv_rope` takes this call: M <= MAX_M rows, the weight a
+    [q | k | v] of ``num_heads`` + 2 ``num_kv_heads`` heads of an even ``head_dim``, the
+    whole head rotated (a [max_pos, head_dim] float table, cos then sin), one position and
+    one slot per row, caches [num_blocks, block_size, Hkv, D] (one layout, the last dim
+    contiguous) in x2's dtype or float8 e4m3 (``kv_cache_dtype="fp8"``)."""
+    m = x2.shape[0]
+    kc, vc, slots = kv_store.key_cache, kv_store.value_cache, kv_store.slots
+    return (1 <= m <= MAX_M and head_dim % 2 == 0 and head_dim > 0
+            and weight.shape[0] == (num_heads + 2 * num_kv_heads) * head_dim
+            and cos_sin_cache.dim() == 2 and cos_sin_cache.shape[-1] == head_dim
+            and cos_sin_cache.stride(-1) == 1 and cos_sin_cache.dtype == torch.float32
+            and positions.dim() == 1 and positions.shape[0] == m and positions.stride(0) == 1
+            and not positions.is_floating_point()
+            and slots.dim() == 1 and slots.shape[0] == m and slots.stride(0) == 1
+            and not slots.is_floating_point()
+            and kc.dim() == 4 and kc.shape == vc.shape and kc.stride() == vc.stride()
+            and tuple(kc.shape[2:]) == (num_kv_heads, head_dim) and kc.stride(-1) == 1
+            and kc.dtype == vc.dtype and kc.dtype in (x2.dtype, torch.float8_e4m3fn)
+            and all(t.device == x2.device for t in (positions, cos_sin_cache, kc, vc, slots)))
+
+
+def fp8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                      positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
+                      num_kv_heads: int, head_dim: int, kv_store,
+                      block_n: int | None = None, block_k: int | None = None,
+                      num_warps: int | None = None, bits: bool | None = None,
+                      x_load: int | None = None, stages: int | None = None
+                      ) -> torch.Tensor | None:
+    """A qkv projection's GEMV (``weight`` [(Hq + 2 Hkv) * D, K], no bias) whose store
+    applies the NeoX rotary embedding (``positions`` [M] into ``cos_sin_cache``) to q and k
+    and writes the rotated k and the v into the paged cache (``kv_store``:
+    octavo.attention.backend.KVStore; its ``v`` is not read): q [M, Hq * D] in x2's dtype,
+    the same bits as ``fp8_gemv`` followed by ``rotary_embedding(..., kv_store=...)``,
+    without the rotary launch. One K split. None, with nothing done, where
+    :func:`qkv_rope_supported` says no (the caller runs the unfused path)."""
+    if not qkv_rope_supported(x2, weight, positions, cos_sin_cache, num_heads, num_kv_heads,
+                              head_dim, kv_store):
+        return None
+    kc, vc = kv_store.key_cache, kv_store.value_cache
+    rope = (positions, cos_sin_cache, kc, vc, kv_store.slots, cos_sin_cache.stride(0),
+            kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[1], num_heads * head_dim,
+            (num_heads + num_kv_heads) * head_dim)
+    return _launch(x2, weight, scale, 1, block_n, block_k, num_warps, None, bits, x_load,
+                   stages, rope=rope, head_dim=head_dim)
+
+
+def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits, x_load,
+            stages, glu: bool = False, rope: tuple | None = None,
+            head_dim: int = 2) -> torch.Tensor:
+    """``fp8_gemv``'s launch; ``rope``: ``_fp8_gemv_kernel``'s ROPE arguments (pos_ptr ..
+    QK_N; the output then q [M, Q_N] and split_k 1), else None."""
     require_triton("fp8_gemv")
     m, k = x2.shape
     n = weight.shape[0]
@@ -268,7 +399,15 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         split_k = split_k_to_fill(n_tiles, k_steps, x2.device, waves)
     split_k, k_per_split = split_k_plan(k_steps * block_k, block_k, split_k)
     assert not glu or n % 2 == 0, n
-    out, partial = split_k_buffers(m, n, split_k, x2, out_n=n // 2 if glu else None)
+    has_rope = rope is not None
+    if has_rope:
+        assert split_k == 1 and block_n % 2 == 0 and not glu, (split_k, block_n)
+        out_n = rope[-2]
+    else:
+        out_n = n // 2 if glu else None
+    out, partial = split_k_buffers(m, n, split_k, x2, out_n=out_n)
+    if not has_rope:  # placeholders: not read without ROPE
+        rope = (x2, x2, x2, x2, x2, 0, 0, 0, 0, 1, 0, 0)
     x_load = DEFAULT_X_LOAD if x_load is None else x_load
     xs = x2
     if x_load == 2:
@@ -282,9 +421,10 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
         m, n, k, k_per_split, split_k,
         xs.stride(0), xs.stride(1), words.stride(0),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
+        *rope,
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
         BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, GLU=glu,
-        STAGES=stages,
+        ROPE=has_rope, HEAD_DIM=head_dim, STAGES=stages,
         num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip
