@@ -323,6 +323,16 @@ def fused_glu() -> bool:
     return _flag("OCTAVO_FUSED_GLU", True)
 
 
+def fused_qkv_rope() -> bool:
+    """OCTAVO_FUSED_QKV_ROPE (default off, for measurement): on CUDA, a one-row fp8 decode's
+    qkv projection on the FP8 GEMV applies the NeoX rotary embedding to q and k in its
+    store and writes the rotated k and the v into the paged KV cache (where
+    OCTAVO_FUSED_KV_STORE allows the cache to be written before attention), so the rotary
+    launch disappears; off, the GEMV stores [q | k | v] and the rotary kernel runs after
+    it."""
+    return _flag("OCTAVO_FUSED_QKV_ROPE", False)
+
+
 def fp8_gemv() -> bool:
     """OCTAVO_FP8_GEMV (default on): on CUDA, FP8-weight linears with quantized activations
     (W8A8) run decode batches of <= 2 rows through the FP8-weight GEMV

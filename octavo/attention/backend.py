@@ -43,9 +43,10 @@ class AttentionMetadata:
 class KVStore:
     """Where a step's new K/V go (``v`` [T, Hkv, D], the caches [num_blocks, block_size, Hkv,
     D], ``slots`` [T], -1 = not stored), for a kernel before attention that writes them
-    itself (fused with the rotation), so the backend does not."""
+    itself (fused with the rotation), so the backend does not. ``v`` None: the kernel computes
+    v itself (the qkv projection's store, ``QKVParallelLinear.forward_rope``)."""
 
-    v: torch.Tensor
+    v: torch.Tensor | None
     key_cache: torch.Tensor
     value_cache: torch.Tensor
     slots: torch.Tensor
@@ -63,12 +64,13 @@ class AttentionImpl:
         self.scale = scale
         self.num_kv_heads = num_kv_heads
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 kv_cache: torch.Tensor, meta: AttentionMetadata,
                 kv_stored: bool = False) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D], kv_cache [2, num_blocks, block_size, Hkv, D]
         -> [T, Hq, D]. ``kv_stored``: the caller already wrote k/v into the cache (only
-        where ``accepts_stored_kv``)."""
+        where ``accepts_stored_kv``); k and v may then be None (the fused qkv projection
+        keeps no k or v)."""
         raise NotImplementedError
 
 

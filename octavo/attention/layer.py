@@ -28,19 +28,24 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.impl = backend.make_impl(num_heads, head_dim, scale, num_kv_heads)
 
-    def kv_store(self, v: torch.Tensor, ctx: ForwardContext) -> KVStore | None:
+    def kv_store(self, v: torch.Tensor | None, ctx: ForwardContext,
+                 num_tokens: int | None = None) -> KVStore | None:
         """Where this step's new K/V go, for a kernel that writes them itself before
         attention (then ``forward(..., kv_stored=True)``); None where the backend stores them
-        (or the slot mapping does not cover every token)."""
+        (or the slot mapping does not cover every token). ``v`` None: the kernel computes v
+        itself (the qkv projection's, ``QKVParallelLinear.forward_rope``), for
+        ``num_tokens`` tokens."""
         if not self.impl.accepts_stored_kv:
             return None
         slots = ctx.attn_metadata.slot_mapping
-        if slots.shape[0] < v.shape[0]:
+        t = v.shape[0] if v is not None else num_tokens
+        if slots.shape[0] < t:
             return None
         kv_cache = ctx.kv_caches[self.layer_idx]
-        return KVStore(v, kv_cache[0], kv_cache[1], slots[: v.shape[0]])
+        return KVStore(v, kv_cache[0], kv_cache[1], slots[:t])
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 ctx: ForwardContext, kv_stored: bool = False) -> torch.Tensor:
+        """k and v may be None where ``kv_stored`` (nothing reads them then)."""
         return self.impl.forward(q, k, v, ctx.kv_caches[self.layer_idx], ctx.attn_metadata,
                                  kv_stored=kv_stored)

@@ -46,7 +46,7 @@ from octavo.kernels.triton_utils import num_compute_units  # noqa: E402
 class TritonAttentionImpl(AttentionImpl):
     accepts_stored_kv = True
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 kv_cache: torch.Tensor, meta: AttentionMetadata,
                 kv_stored: bool = False) -> torch.Tensor:
         num_tokens = q.shape[0]

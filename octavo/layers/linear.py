@@ -168,6 +168,17 @@ class QKVParallelLinear(ColumnParallelLinear):
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         return [q, kv, kv]
 
+    def forward_rope(self, x: torch.Tensor, positions: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, kv_store) -> torch.Tensor | None:
+        """q of ``forward(x)`` = [q | k | v] with the NeoX rotary embedding applied, the
+        rotated k and the v written into the paged cache (``kv_store``), in the method's own
+        kernel where it has one for this call (``LinearMethod.apply_qkv_rope``); else None,
+        with nothing done: the attention then runs ``forward`` and the rotary."""
+        if cpu_gemm.usable(x, self._packed_weight):
+            return None
+        return self.quant_method.apply_qkv_rope(self, x, self.bias, positions, cos_sin_cache,
+                                                kv_store)
+
     def shard_placement(self, shard_id) -> ShardPlacement:
         if shard_id not in ("q", "k", "v"):
             return super().shard_placement(shard_id)

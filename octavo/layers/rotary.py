@@ -16,6 +16,10 @@ class RotaryEmbedding(nn.Module):
     ``rope_max_position(max_position, rope_scaling)`` positions (longer for linear, dynamic
     and yarn scaling)."""
 
+    # NeoX pairs (x[i], x[i + D/2]) over the whole head: what the kernels that rotate in a
+    # projection's store (OCTAVO_FUSED_QKV_ROPE) assume.
+    is_neox = True
+
     def __init__(self, head_dim: int, max_position: int, base: float,
                  rope_scaling: dict | None = None) -> None:
         super().__init__()

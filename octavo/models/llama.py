@@ -81,8 +81,37 @@ class LlamaAttention(nn.Module):
 
         return HAS_TRITON and supports(q, k, self.rotary_emb.cos_sin_cache, self.head_dim)
 
+    def _fused_qkv_rope(self, positions: torch.Tensor, x: torch.Tensor,
+                        ctx: ForwardContext) -> torch.Tensor | None:
+        """Under OCTAVO_FUSED_QKV_ROPE (off by default; to measure), on CUDA, without q/k
+        norms: q [T, Hq * D] from a qkv projection whose own kernel also applied the rotary
+        embedding and wrote the rotated k and the v into the paged cache
+        (``QKVParallelLinear.forward_rope``: the FP8 GEMV's store at one-row fp8 decodes),
+        so no rotary launch runs; None, with nothing done, where it cannot."""
+        if not (x.is_cuda and self.q_norm is None and envs.fused_qkv_rope()
+                and envs.fused_kv_store() and getattr(self.rotary_emb, "is_neox", False)):
+            return None
+        store = self.attn.kv_store(None, ctx, num_tokens=x.shape[0])
+        if store is None:
+            return None
+        return self.qkv_proj.forward_rope(x, positions, self.rotary_emb.cos_sin_cache, store)
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:
+        t = x.shape[0]
+        q = self._fused_qkv_rope(positions, x, ctx)
+        if q is not None:  # rotated, k and v already in the cache
+            o = self.attn(q.view(t, self.num_heads, self.head_dim), None, None, ctx,
+                          kv_stored=True)
+        else:
+            o = self._attention(positions, x, ctx)
+        if self.prefetch is not None:
+            self.prefetch(t, o.device)
+        return self.o_proj(o.reshape(t, self.q_size))
+
+    def _attention(self, positions: torch.Tensor, x: torch.Tensor,
+                   ctx: ForwardContext) -> torch.Tensor:
+        """The projection, the rotary (and Qwen3's q/k norms), attention: the unfused path."""
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         t = x.shape[0]
@@ -102,10 +131,7 @@ class LlamaAttention(nn.Module):
             if store is None or not self.rotary_emb.rotate_and_store(positions, q, k, store):
                 store = None
                 q, k = self.rotary_emb(positions, q, k)
-        o = self.attn(q, k, v, ctx, kv_stored=store is not None)
-        if self.prefetch is not None:
-            self.prefetch(t, o.device)
-        return self.o_proj(o.reshape(t, self.q_size))
+        return self.attn(q, k, v, ctx, kv_stored=store is not None)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -45,6 +45,18 @@ class LinearMethod:
         activation)."""
         return None
 
+    def apply_qkv_rope(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                       positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                       kv_store) -> torch.Tensor | None:
+        """For a qkv projection (``layer`` a QKVParallelLinear): q [..., Hq * D] of ``y =
+        apply(layer, x, bias)`` = [q | k | v] with the NeoX rotary embedding of ``positions``
+        (``cos_sin_cache``: cos then sin, the whole head) applied, the rotated k and the v
+        written into the paged cache (``kv_store``: octavo.attention.backend.KVStore, its
+        ``v`` unused), all inside the method's own kernel where it has one for this call;
+        None, with nothing done, where it has not (the caller runs ``apply``, then the
+        rotary)."""
+        return None
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Repack or convert what the checkpoint gave (once, after every tensor is loaded)."""
 

@@ -217,6 +217,12 @@ class Fp8LinearMethod(LinearMethod):
             return None
         return fp8_linear.gated_gemv(layer, x, layer.weight_fp8, layer.weight_scale, bias)
 
+    def apply_qkv_rope(self, layer, x, bias, positions, cos_sin_cache, kv_store):
+        if getattr(layer, "dequantized_weight", None) is not None:
+            return None
+        return fp8_linear.qkv_rope_gemv(layer, x, layer.weight_fp8, layer.weight_scale, bias,
+                                        positions, cos_sin_cache, kv_store)
+
     def dense_weight(self, layer):
         return getattr(layer, "dequantized_weight", None)
 

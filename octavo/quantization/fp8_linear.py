@@ -109,6 +109,32 @@ def gated_gemv(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor, scale: t
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
+def gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                  positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
+                  num_kv_heads: int, head_dim: int, kv_store) -> torch.Tensor | None:
+    from octavo.kernels.fp8_gemv import fp8_gemv_qkv_rope  # imports Triton: CUDA only
+
+    return fp8_gemv_qkv_rope(x2, weight, scale, positions, cos_sin_cache, num_heads,
+                             num_kv_heads, head_dim, kv_store)
+
+
+def qkv_rope_gemv(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor,
+                  scale: torch.Tensor, bias: torch.Tensor | None, positions: torch.Tensor,
+                  cos_sin_cache: torch.Tensor, kv_store) -> torch.Tensor | None:
+    """A qkv projection's q with the rotary embedding applied, and its rotated k and its v
+    in the paged cache, straight from the FP8 GEMV's store (``fp8_gemv_qkv_rope``) for a
+    call that runs the GEMV on a QKVParallelLinear without a bias (OCTAVO_FUSED_QKV_ROPE,
+    off by default: to measure); None otherwise, with nothing done (the caller runs the
+    projection, then the rotary). Saves the rotary launch per layer."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if not (bias is None and envs.fused_qkv_rope() and hasattr(layer, "num_kv_heads")
+            and gemv_applies(layer, x2) and not cuda_mma_takes(x2, weight, scale)):
+        return None
+    q = gemv_qkv_rope(x2, weight, scale, positions.reshape(-1), cos_sin_cache,
+                      layer.num_heads, layer.num_kv_heads, layer.head_dim, kv_store)
+    return None if q is None else q.view(*x.shape[:-1], q.shape[-1])
+
+
 def fused_quant(x2: torch.Tensor, static_scale: torch.Tensor | None, min_scale: float,
                 small: str) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The activations to fp8 in one launch (``octavo.kernels.fp8_quant``) where it runs
@@ -250,6 +276,12 @@ class Fp8LinearMethod(LinearMethod):
         if not layer.fp8_mm:
             return None
         return gated_gemv(layer, x, layer.fp8_weight, layer.fp8_weight_scale, bias)
+
+    def apply_qkv_rope(self, layer, x, bias, positions, cos_sin_cache, kv_store):
+        if not layer.fp8_mm:
+            return None
+        return qkv_rope_gemv(layer, x, layer.fp8_weight, layer.fp8_weight_scale, bias,
+                             positions, cos_sin_cache, kv_store)
 
     def _scaled_mm(self, layer, x2: torch.Tensor) -> torch.Tensor:
         m = x2.shape[0]

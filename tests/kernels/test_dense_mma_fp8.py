@@ -457,3 +457,37 @@ def test_engine_fp8_gated_gemv_gpu(tmp_path, monkeypatch, eager):
                                                      "activation_scheme": "dynamic"}}
     _fused_glu_decodes_match(tmp_path, monkeypatch, eager, config, fp8_linear, "gemv",
                              _liven_fp8)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("eager", [True, False])
+def test_engine_fp8_qkv_rope_gemv_gpu(tmp_path, monkeypatch, eager):
+    """Under OCTAVO_FUSED_QKV_ROPE=1 one-row fp8 decodes take q from the qkv FP8 GEMV whose
+    store rotated q and k and wrote k / v into the paged cache (fused calls counted; no
+    rotary launch): the same greedy tokens and logprobs, bit for bit, as with =0 (the plain
+    GEMV, then the rotary kernel that stores k / v)."""
+    import json
+
+    from octavo.quantization import fp8_linear
+
+    config = {**_LLAMA_512, "quantization_config": {"quant_method": "fp8",
+                                                     "activation_scheme": "dynamic"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    fused_calls = []
+    real = fp8_linear.gemv_qkv_rope
+
+    def spy(*args, **kw):
+        q = real(*args, **kw)
+        fused_calls.append(q is not None)
+        return q
+
+    monkeypatch.setattr(fp8_linear, "gemv_qkv_rope", spy)
+    one = cuda_checks.PROMPTS[:1]  # one row per decode step: the GEMV's
+    monkeypatch.setenv("OCTAVO_FUSED_QKV_ROPE", "0")
+    separate = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
+    assert not fused_calls
+    monkeypatch.setenv("OCTAVO_FUSED_QKV_ROPE", "1")
+    fused = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
+    assert fused_calls and all(fused_calls)
+    assert fused == separate

@@ -5,6 +5,8 @@ against a float32 reference; small shapes through the Triton interpreter on the 
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -146,3 +148,38 @@ def test_refuses_what_it_does_not_support():
     assert call() is not None  # and the case itself runs
     assert not bool((cache == FILL).all())
 
+
+def _layer(hq, hkv, d):
+    return types.SimpleNamespace(num_heads=hq, num_kv_heads=hkv, head_dim=d, fp8_gemv=True,
+                                 output_partition_sizes=[hq * d, hkv * d, hkv * d])
+
+
+def test_linear_method_conditions(monkeypatch):
+    """``fp8_linear.qkv_rope_gemv`` (the FP8 methods' apply_qkv_rope): the fused q only
+    under OCTAVO_FUSED_QKV_ROPE, without a bias, where the one-row GEMV runs (here forced:
+    it applies on CUDA only) and not the CUDA float8 kernel; the same q as the kernel's."""
+    from octavo.quantization import fp8_linear
+
+    hq, hkv, d = 4, 2, 16
+    x, weight, scale, table, pos, cache = _case(1, hq, hkv, d, 64, torch.bfloat16)
+    slots = torch.tensor([2], device=DEVICE)
+    store = KVStore(None, cache[0], cache[1], slots)
+    layer = _layer(hq, hkv, d)
+    monkeypatch.setattr(fp8_linear, "gemv_applies", lambda layer, x2: True)
+    monkeypatch.setattr(fp8_linear, "cuda_mma_takes", lambda *a: False)
+
+    def call(bias=None):
+        return fp8_linear.qkv_rope_gemv(layer, x, weight, scale, bias, pos, table, store)
+
+    monkeypatch.delenv("OCTAVO_FUSED_QKV_ROPE", raising=False)
+    assert call() is None  # off by default
+    monkeypatch.setenv("OCTAVO_FUSED_QKV_ROPE", "1")
+    assert call(bias=torch.zeros(weight.shape[0], device=DEVICE)) is None
+    monkeypatch.setattr(fp8_linear, "cuda_mma_takes", lambda *a: True)
+    assert call() is None
+    monkeypatch.setattr(fp8_linear, "cuda_mma_takes", lambda *a: False)
+    assert bool((cache == FILL).all())
+    q = call()
+    expect = fp8_gemv_qkv_rope(x, weight, scale, pos, table, hq, hkv, d,
+                               KVStore(None, cache[0].clone(), cache[1].clone(), slots))
+    assert torch.equal(q, expect)
