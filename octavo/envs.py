@@ -324,13 +324,13 @@ def fused_glu() -> bool:
 
 
 def fused_qkv_rope() -> bool:
-    """OCTAVO_FUSED_QKV_ROPE (default off, for measurement): on CUDA, a one-row fp8 decode's
+    """OCTAVO_FUSED_QKV_ROPE (default on): on CUDA, a one-row fp8 decode's
     qkv projection on the FP8 GEMV applies the NeoX rotary embedding to q and k in its
     store and writes the rotated k and the v into the paged KV cache (where
     OCTAVO_FUSED_KV_STORE allows the cache to be written before attention), so the rotary
     launch disappears; off, the GEMV stores [q | k | v] and the rotary kernel runs after
     it."""
-    return _flag("OCTAVO_FUSED_QKV_ROPE", False)
+    return _flag("OCTAVO_FUSED_QKV_ROPE", True)
 
 
 def fp8_gemv() -> bool:

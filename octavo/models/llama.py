@@ -83,7 +83,7 @@ class LlamaAttention(nn.Module):
 
     def _fused_qkv_rope(self, positions: torch.Tensor, x: torch.Tensor,
                         ctx: ForwardContext) -> torch.Tensor | None:
-        """Under OCTAVO_FUSED_QKV_ROPE (off by default; to measure), on CUDA, without q/k
+        """Under OCTAVO_FUSED_QKV_ROPE (on by default), on CUDA, without q/k
         norms: q [T, Hq * D] from a qkv projection whose own kernel also applied the rotary
         embedding and wrote the rotated k and the v into the paged cache
         (``QKVParallelLinear.forward_rope``: the FP8 GEMV's store at one-row fp8 decodes),

@@ -124,7 +124,7 @@ def qkv_rope_gemv(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor,
     """A qkv projection's q with the rotary embedding applied, and its rotated k and its v
     in the paged cache, straight from the FP8 GEMV's store (``fp8_gemv_qkv_rope``) for a
     call that runs the GEMV on a QKVParallelLinear without a bias (OCTAVO_FUSED_QKV_ROPE,
-    off by default: to measure); None otherwise, with nothing done (the caller runs the
+    on by default); None otherwise, with nothing done (the caller runs the
     projection, then the rotary). Saves the rotary launch per layer."""
     x2 = x.reshape(-1, x.shape[-1])
     if not (bias is None and envs.fused_qkv_rope() and hasattr(layer, "num_kv_heads")

@@ -156,7 +156,7 @@ def _layer(hq, hkv, d):
 
 def test_linear_method_conditions(monkeypatch):
     """``fp8_linear.qkv_rope_gemv`` (the FP8 methods' apply_qkv_rope): the fused q only
-    under OCTAVO_FUSED_QKV_ROPE, without a bias, where the one-row GEMV runs (here forced:
+    under OCTAVO_FUSED_QKV_ROPE (on by default), without a bias, where the one-row GEMV runs (here forced:
     it applies on CUDA only) and not the CUDA float8 kernel; the same q as the kernel's."""
     from octavo.quantization import fp8_linear
 
@@ -171,9 +171,9 @@ def test_linear_method_conditions(monkeypatch):
     def call(bias=None):
         return fp8_linear.qkv_rope_gemv(layer, x, weight, scale, bias, pos, table, store)
 
-    monkeypatch.delenv("OCTAVO_FUSED_QKV_ROPE", raising=False)
-    assert call() is None  # off by default
-    monkeypatch.setenv("OCTAVO_FUSED_QKV_ROPE", "1")
+    monkeypatch.setenv("OCTAVO_FUSED_QKV_ROPE", "0")
+    assert call() is None
+    monkeypatch.delenv("OCTAVO_FUSED_QKV_ROPE", raising=False)  # on by default
     assert call(bias=torch.zeros(weight.shape[0], device=DEVICE)) is None
     monkeypatch.setattr(fp8_linear, "cuda_mma_takes", lambda *a: True)
     assert call() is None
