@@ -333,14 +333,6 @@ def fused_qkv_rope() -> bool:
     return _flag("OCTAVO_FUSED_QKV_ROPE", True)
 
 
-def fused_add_norm() -> bool:
-    """OCTAVO_FUSED_ADD_NORM (default on): on CUDA, a one-row fp8 decode's o_proj on the FP8
-    GEMV adds the residual and applies the post-attention RMSNorm in the launch's last
-    program (the same bits as the norm's own kernel), so the norm's launch disappears; off,
-    the norm kernel runs after the projection."""
-    return _flag("OCTAVO_FUSED_ADD_NORM", True)
-
-
 def fp8_gemv() -> bool:
     """OCTAVO_FP8_GEMV (default on): on CUDA, FP8-weight linears with quantized activations
     (W8A8) run decode batches of <= 2 rows through the FP8-weight GEMV

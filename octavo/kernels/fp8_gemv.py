@@ -32,17 +32,15 @@ from __future__ import annotations
 import torch
 
 from octavo.envs import fp8_gemv_stages
-from octavo.kernels.norm_tail import add_rms_norm_last
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
-from octavo.kernels.rms_norm import norm_warps
 from octavo.kernels.rotary import rotate_halves
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.split_k import to_fill as split_k_to_fill
-from octavo.kernels.triton_utils import next_power_of_2, require_triton, tl, triton
+from octavo.kernels.triton_utils import require_triton, tl, triton
 
 # How the activations are read (``_x_planes``); 0 was the only way before session 27.
 DEFAULT_X_LOAD = 2
@@ -215,10 +213,9 @@ def _fp8_gemv_kernel(
     stride_ps, stride_pm, stride_pn,
     pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, stride_cs, stride_cb, stride_ct, stride_ch,
     block_size, Q_N, QK_N,
-    res_ptr, res_out_ptr, nx_ptr, nw_ptr, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
     X_LOAD: tl.constexpr, GLU: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    NORM: tl.constexpr, NORM_BLOCK: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -228,8 +225,6 @@ def _fp8_gemv_kernel(
     # k: QK_N, heads of HEAD_DIM); the tile's column pairs are the NeoX pairs of q and k
     # (``_rope_rows``) and the store rotates them, writes q to out_ptr and k / v into the
     # paged KV cache (``_rope_store``); the pos_ptr .. QK_N arguments serve ROPE only.
-    # NORM: the launch's last program also adds the residual to the whole output and norms
-    # it (``norm_tail.add_rms_norm_last``; res_ptr .. eps serve NORM only).
     BLOCK_W: tl.constexpr = BLOCK_K // 4
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -285,9 +280,6 @@ def _fp8_gemv_kernel(
         store_or_reduce(res, offs_m, offs_n, (offs_m[:, None] < M) & n_mask[None, :],
                         out_ptr, stride_om, stride_on, part_ptr, stride_ps, stride_pm,
                         stride_pn, cnt_ptr, pid_n, pid_k, NUM_SPLITS, GLU=GLU)
-        if NORM:  # the tiles' counters are 0 .. N tiles - 1: the launch's is the next
-            add_rms_norm_last(out_ptr, stride_om, res_ptr, res_out_ptr, nx_ptr, nw_ptr, N,
-                              eps, cnt_ptr + tl.num_programs(0), BLOCK_M, NORM_BLOCK)
 
 
 def fp8_gemv_ref(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -331,33 +323,6 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     followed by ``silu_and_mul``, without the activation's launch."""
     return _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits,
                    x_load, stages, glu=glu)
-
-
-def fp8_gemv_add_norm(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                      residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                      split_k: int | None = None, block_n: int | None = None,
-                      block_k: int | None = None, bits: bool | None = None,
-                      stages: int | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``fused_add_rms_norm(fp8_gemv(x2, weight, scale), residual, norm_weight, eps)`` in
-    one launch: (normed [M, N], new residual [M, N]), the launch's last program adding and
-    norming the whole output (``norm_tail``), with the RMSNorm kernel's warps for N
-    (``rms_norm.norm_warps``: its reduction order), so the same bits as the two launches.
-    None, with nothing done, where the residual is not a contiguous [M, N] of x2's dtype, or
-    where the tile plan's warps differ (unless a tile is given: the tests' sweeps), which
-    would run the plan's tile at warps it was not measured at."""
-    m, n = x2.shape[0], weight.shape[0]
-    warps = norm_warps(n)
-    if not (1 <= m <= MAX_M and residual.shape == (m, n) and residual.is_contiguous()
-            and residual.dtype == x2.dtype and norm_weight.shape == (n,)
-            and norm_weight.is_contiguous()
-            and (block_n is not None or _plan(n, x2.shape[1])[2] == warps)):
-        return None
-    normed = torch.empty_like(residual)
-    res_out = torch.empty_like(residual)
-    _launch(x2, weight, scale, split_k, block_n, block_k, warps, None, bits, None, stages,
-            norm=(residual, res_out, normed, norm_weight, float(eps)))
-    return normed, res_out
 
 
 def qkv_rope_supported(x2: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
@@ -411,10 +376,9 @@ def fp8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
 
 def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits, x_load,
             stages, glu: bool = False, rope: tuple | None = None,
-            head_dim: int = 2, norm: tuple | None = None) -> torch.Tensor:
+            head_dim: int = 2) -> torch.Tensor:
     """``fp8_gemv``'s launch; ``rope``: ``_fp8_gemv_kernel``'s ROPE arguments (pos_ptr ..
-    QK_N; the output then q [M, Q_N] and split_k 1), else None; ``norm``: its NORM
-    arguments (res_ptr .. eps; the plan's warps), else None."""
+    QK_N; the output then q [M, Q_N] and split_k 1), else None."""
     require_triton("fp8_gemv")
     m, k = x2.shape
     n = weight.shape[0]
@@ -444,11 +408,6 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
     out, partial = split_k_buffers(m, n, split_k, x2, out_n=out_n)
     if not has_rope:  # placeholders: not read without ROPE
         rope = (x2, x2, x2, x2, x2, 0, 0, 0, 0, 1, 0, 0)
-    has_norm = norm is not None
-    if has_norm:
-        assert not (glu or has_rope) and num_warps == norm_warps(n), (glu, num_warps)
-    else:  # placeholders: not read without NORM
-        norm = (x2, x2, x2, x2, 0.0)
     x_load = DEFAULT_X_LOAD if x_load is None else x_load
     xs = x2
     if x_load == 2:
@@ -458,15 +417,14 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
         else:
             x_load = 1
     _fp8_gemv_kernel[(n_tiles, split_k)](
-        xs, words, scale, out, partial, split_k_counters(x2.device, n_tiles + has_norm),
+        xs, words, scale, out, partial, split_k_counters(x2.device, n_tiles),
         m, n, k, k_per_split, split_k,
         xs.stride(0), xs.stride(1), words.stride(0),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        *rope, *norm,
+        *rope,
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
         BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, GLU=glu,
-        ROPE=has_rope, HEAD_DIM=head_dim, NORM=has_norm,
-        NORM_BLOCK=next_power_of_2(n) if has_norm else 1, STAGES=stages,
+        ROPE=has_rope, HEAD_DIM=head_dim, STAGES=stages,
         num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip

@@ -42,25 +42,11 @@ def _rms_norm_kernel(
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
-    y = normed_row(x.to(tl.float32), w, hidden, eps, x_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def normed_row(xf, w, hidden, eps, dtype):
-    """One row's RMSNorm in float32 (``xf``, ``w``: [BLOCK] float32, zero past ``hidden``):
-    the normalised value rounded to ``dtype``, times the weight. Written once so that a
-    kernel that norms elsewhere (the FP8 GEMV's last program, octavo/kernels/norm_tail.py)
-    compiles the same expression: at the same BLOCK and warps, the same bits."""
+    xf = x.to(tl.float32)
     var = tl.sum(xf * xf, 0) / hidden
     rstd = 1.0 / tl.sqrt(var + eps)
-    return (xf * rstd).to(dtype).to(tl.float32) * w
-
-
-def norm_warps(hidden: int) -> int:
-    """The warps of a row of ``hidden`` features: this kernel's, and the count at which
-    another kernel's ``normed_row`` gives its bits."""
-    return min(16, max(1, next_power_of_2(hidden) // 512))
+    y = (xf * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + offs, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -81,7 +67,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     rows = x2.shape[0]
     if rows > 0:
         block = next_power_of_2(hidden)
-        num_warps = norm_warps(hidden)
+        num_warps = min(16, max(1, block // 512))
         _rms_norm_kernel[(rows,)](
             out, res_out, x2, res2, weight, hidden, float(eps),
             x2.stride(0), res2.stride(0), out.stride(0), res_out.stride(0),

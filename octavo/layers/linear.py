@@ -210,17 +210,6 @@ class RowParallelLinear(LinearBase):
         y = self.quant_method.apply_glu(self, x, None)
         return None if y is None else self._reduce(y)
 
-    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm
-                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``norm(forward(x), residual)`` (``norm`` an RMSNorm: (normed sum, sum)) in the
-        method's own kernel where it has one for this call (``LinearMethod.apply_add_norm``;
-        one rank, no bias: nothing to add after the projection), else None, with nothing
-        done: the caller runs ``forward``, then the norm."""
-        if (self.tp.size != 1 or self.bias is not None
-                or cpu_gemm.usable(x, self._packed_weight)):
-            return None
-        return self.quant_method.apply_add_norm(self, x, residual, norm.weight, norm.eps)
-
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
         y = self.tp.all_reduce(y)
         if self.bias is not None:  # added once, after the reduction

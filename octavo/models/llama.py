@@ -98,12 +98,6 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor,
                 ctx: ForwardContext) -> torch.Tensor:
-        o = self.attend(positions, x, ctx)
-        return self.o_proj(o)
-
-    def attend(self, positions: torch.Tensor, x: torch.Tensor,
-               ctx: ForwardContext) -> torch.Tensor:
-        """Attention's output [T, Hq * D], before o_proj."""
         t = x.shape[0]
         q = self._fused_qkv_rope(positions, x, ctx)
         if q is not None:  # rotated, k and v already in the cache
@@ -113,7 +107,7 @@ class LlamaAttention(nn.Module):
             o = self._attention(positions, x, ctx)
         if self.prefetch is not None:
             self.prefetch(t, o.device)
-        return o.reshape(t, self.q_size)
+        return self.o_proj(o.reshape(t, self.q_size))
 
     def _attention(self, positions: torch.Tensor, x: torch.Tensor,
                    ctx: ForwardContext) -> torch.Tensor:
@@ -158,14 +152,8 @@ class LlamaDecoderLayer(nn.Module):
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        o = self.self_attn.attend(positions, x, ctx)
-        # The o_proj kernel's last program may add and norm (one launch fewer), else the norm.
-        fused = self.self_attn.o_proj.forward_add_norm(o, residual,
-                                                       self.post_attention_layernorm)
-        if fused is not None:
-            x, residual = fused
-        else:
-            x, residual = self.post_attention_layernorm(self.self_attn.o_proj(o), residual)
+        x = self.self_attn(positions, x, ctx)
+        x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
 

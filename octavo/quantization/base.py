@@ -57,15 +57,6 @@ class LinearMethod:
         rotary)."""
         return None
 
-    def apply_add_norm(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor,
-                       norm_weight: torch.Tensor, eps: float
-                       ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``fused_add_rms_norm(apply(layer, x, None), residual, norm_weight, eps)``: (the
-        normed sum, the sum) inside the method's own kernel where it has one for this call;
-        None, with nothing done, where it has not (the caller runs ``apply``, then the
-        norm)."""
-        return None
-
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Repack or convert what the checkpoint gave (once, after every tensor is loaded)."""
 

@@ -223,12 +223,6 @@ class Fp8LinearMethod(LinearMethod):
         return fp8_linear.qkv_rope_gemv(layer, x, layer.weight_fp8, layer.weight_scale, bias,
                                         positions, cos_sin_cache, kv_store)
 
-    def apply_add_norm(self, layer, x, residual, norm_weight, eps):
-        if getattr(layer, "dequantized_weight", None) is not None:
-            return None
-        return fp8_linear.add_norm_gemv(layer, x, layer.weight_fp8, layer.weight_scale,
-                                        residual, norm_weight, eps)
-
     def dense_weight(self, layer):
         return getattr(layer, "dequantized_weight", None)
 

@@ -109,30 +109,6 @@ def gated_gemv(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor, scale: t
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def add_norm_gemv(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor,
-                  scale: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                  eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(rms_norm(y + residual) * norm_weight, y + residual) for ``y`` this layer's output,
-    straight from the FP8 GEMV whose last program adds and norms (``fp8_gemv_add_norm``),
-    for a call that runs the GEMV (``OCTAVO_FUSED_ADD_NORM``); None otherwise, with nothing
-    done (the caller runs the projection, then the norm). Saves the norm's launch (a
-    decoder layer's post-attention norm after o_proj)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if not (envs.fused_add_norm() and gemv_applies(layer, x2)
-            and not cuda_mma_takes(x2, weight, scale)):
-        return None
-    return gemv_add_norm(x2, weight, scale, residual.reshape(x2.shape[0], -1), norm_weight,
-                         eps)
-
-
-def gemv_add_norm(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                  residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
-                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    from octavo.kernels.fp8_gemv import fp8_gemv_add_norm  # imports Triton: CUDA only
-
-    return fp8_gemv_add_norm(x2, weight, scale, residual, norm_weight, eps)
-
-
 def gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                   positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
                   num_kv_heads: int, head_dim: int, kv_store) -> torch.Tensor | None:
@@ -306,12 +282,6 @@ class Fp8LinearMethod(LinearMethod):
             return None
         return qkv_rope_gemv(layer, x, layer.fp8_weight, layer.fp8_weight_scale, bias,
                              positions, cos_sin_cache, kv_store)
-
-    def apply_add_norm(self, layer, x, residual, norm_weight, eps):
-        if not layer.fp8_mm:
-            return None
-        return add_norm_gemv(layer, x, layer.fp8_weight, layer.fp8_weight_scale, residual,
-                             norm_weight, eps)
 
     def _scaled_mm(self, layer, x2: torch.Tensor) -> torch.Tensor:
         m = x2.shape[0]

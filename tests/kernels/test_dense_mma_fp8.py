@@ -491,38 +491,3 @@ def test_engine_fp8_qkv_rope_gemv_gpu(tmp_path, monkeypatch, eager):
     fused = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
     assert fused_calls and all(fused_calls)
     assert fused == separate
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("eager", [True, False])
-def test_engine_fp8_add_norm_gemv_gpu(tmp_path, monkeypatch, eager):
-    """Under OCTAVO_FUSED_ADD_NORM (on by default) one-row fp8 decodes take the
-    post-attention norm from the o_proj FP8 GEMV's last program (fused calls counted; no
-    norm launch after o_proj): the same greedy tokens and logprobs, bit for bit, as with =0.
-    Hidden 4,096, where the GEMV's o tile runs the norm kernel's 8 warps."""
-    import json
-
-    from octavo.quantization import fp8_linear
-
-    config = {**_LLAMA_512, "hidden_size": 4096, "num_attention_heads": 32,
-              "num_key_value_heads": 8,
-              "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    fused_calls = []
-    real = fp8_linear.gemv_add_norm
-
-    def spy(*args, **kw):
-        out = real(*args, **kw)
-        fused_calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(fp8_linear, "gemv_add_norm", spy)
-    one = cuda_checks.PROMPTS[:1]  # one row per decode step: the GEMV's
-    monkeypatch.setenv("OCTAVO_FUSED_ADD_NORM", "0")
-    separate = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
-    assert not fused_calls
-    monkeypatch.setenv("OCTAVO_FUSED_ADD_NORM", "1")
-    fused = cuda_checks.greedy_decode(tmp_path, _liven_fp8, eager, prompts=one)
-    assert fused_calls and all(fused_calls)
-    assert fused == separate
