@@ -96,6 +96,14 @@ def attn_streamk() -> bool | None:
     return _forced("OCTAVO_ATTN_STREAMK")
 
 
+def attn_early_kv() -> bool:
+    """OCTAVO_ATTN_EARLY_KV (default on): a split decode attention launch under PDL asks L2
+    for its first K/V rows of keys cached before the step (no kernel of the step writes
+    them) while the previous kernel ends, and reads its request's metadata then too; only q
+    and the step's new keys wait for it. 0: every read after the wait."""
+    return _flag("OCTAVO_ATTN_EARLY_KV", True)
+
+
 def attn_streamk_waves() -> int | None:
     """OCTAVO_ATTN_STREAMK_WAVES=N (unset: the kernel's default): stream-K decode attention
     launches N programs per SM (over all KV heads), for measurements."""

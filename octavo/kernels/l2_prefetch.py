@@ -30,7 +30,7 @@ _PER_PROGRAM = 32 * _WARPS  # one chunk per thread
 
 
 @triton.jit
-def _bulk_prefetch(addr, size):
+def bulk_prefetch(addr, size):
     # Each thread issues the prefetch of its own chunk; a chunk of 0 bytes (the table's
     # padding) is skipped by the predicate.
     tl.inline_asm_elementwise(
@@ -48,7 +48,7 @@ def _l2_prefetch_kernel(table_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     addr = tl.load(table_ptr + offs * 2)
     size = tl.load(table_ptr + offs * 2 + 1).to(tl.int32)
-    _bulk_prefetch(addr, size)
+    bulk_prefetch(addr, size)
     # Nothing is read that the step writes and nothing is written: the wait only keeps the
     # chain's order (the next kernel's wait covers the one before this launch).
     pdl_begin(PDL)

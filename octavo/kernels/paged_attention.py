@@ -46,9 +46,11 @@ import torch
 from octavo.envs import (
     attn_decode_splits,
     attn_decode_tile,
+    attn_early_kv,
     attn_split_merge,
     attn_streamk,
 )
+from octavo.kernels.l2_prefetch import bulk_prefetch
 from octavo.kernels.online_softmax import pv_dot, softmax_step
 from octavo.kernels.paged_attention_config import (
     _MIN_SPLIT_TOKENS,
@@ -69,6 +71,8 @@ from octavo.kernels.paged_attention_merge import (
 from octavo.kernels.paged_attention_streamk import DecodeTiles, streamk_decode
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
+from octavo.kernels.pdl import trigger as pdl_trigger
+from octavo.kernels.pdl import wait as pdl_wait
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import (
     next_power_of_2,
@@ -163,6 +167,21 @@ def _attn_kv_loop(
     return acc, m_i, l_i
 
 
+@triton.jit
+def _prefetch_cached_rows(k_base, v_base, bt_row_ptr, lo, end, stride_kb, stride_kt,
+                          stride_vb, stride_vt, ROWS: tl.constexpr, ROW_BYTES: tl.constexpr,
+                          BLOCK_SIZE: tl.constexpr):
+    """Ask L2 for the K and V rows (one head's ROW_BYTES each) of keys ``[lo, min(lo + ROWS,
+    end))``: one bulk prefetch per row, none past ``end``."""
+    n = lo + tl.arange(0, ROWS)
+    ok = n < end
+    blk = tl.load(bt_row_ptr + n // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+    off = (n % BLOCK_SIZE).to(tl.int64)
+    size = tl.where(ok, ROW_BYTES, 0)
+    bulk_prefetch(k_base + blk * stride_kb + off * stride_kt, size)
+    bulk_prefetch(v_base + blk * stride_vb + off * stride_vt, size)
+
+
 # Batch-dependent integers are not specialised, so changing batches never trigger recompiles.
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _paged_attention_kernel(
@@ -207,9 +226,19 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     ORDER: tl.constexpr,
+    EARLY_ROWS: tl.constexpr,
+    ROW_BYTES: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_begin(PDL)
+    # EARLY_ROWS (decodes, PDL, no ORDER): the request's metadata and the first EARLY_ROWS
+    # K/V rows of its keys cached before this step (L2 prefetch) are asked for before the
+    # wait: the step's input tensors and those rows are written by no kernel of the step
+    # (only the step's new key, the last, is). q and everything written wait as always.
+    EARLY: tl.constexpr = DECODE and EARLY_ROWS > 0 and PDL and not ORDER
+    if EARLY:
+        pdl_trigger(PDL)
+    else:
+        pdl_begin(PDL)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     if DECODE:
@@ -280,6 +309,14 @@ def _paged_attention_kernel(
     tok = (q_start + q_idx).to(tl.int64)
     pos = ctx_len + q_idx
 
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    if EARLY:
+        _prefetch_cached_rows(k_base, v_base, bt_row, lo, tl.minimum(hi, ctx_len), stride_kb,
+                              stride_kt, stride_vb, stride_vt, EARLY_ROWS, ROW_BYTES,
+                              BLOCK_SIZE)
+        pdl_wait(PDL)
     offs_d = tl.arange(0, HEAD_DIM_P)
     d_ok = offs_d < HEAD_DIM
     q_ptrs = q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
@@ -292,9 +329,6 @@ def _paged_attention_kernel(
     full_end = (ctx_len + q_first + 1) // BLOCK_N * BLOCK_N
     mid = tl.maximum(lo, tl.minimum(full_end, hi))
 
-    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    k_base = k_cache_ptr + kv_head * stride_kh
-    v_base = v_cache_ptr + kv_head * stride_vh
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -436,6 +470,7 @@ def paged_attention(
     )  # fmt: skip
     qk_scale = float(scale) * _LOG2E
     pdl = pdl_args(q.device)
+    row_bytes = head_dim * key_cache.element_size()  # one (token, KV head) row of the cache
 
     def launch(decode: bool, grid0: int, cfg: _Config, splits: int,
                order: torch.Tensor | None = None) -> None:
@@ -458,12 +493,17 @@ def paged_attention(
         # The minimum part applies to decodes; a prefill chunk's parts are its even share.
         min_split = max(cfg.block_n, keys) if decode else cfg.block_n
         cnt = split_k_counters(q.device, grid0 * num_kv_heads) if merge else seq_lens
+        # A split decode's first K/V rows asked for before its PDL wait (OCTAVO_ATTN_EARLY_KV;
+        # a row must be whole 16-byte units for the bulk prefetch).
+        early = (split_decode and pdl["PDL"] and order is None and attn_early_kv()
+                 and row_bytes % 16 == 0)
         _paged_attention_kernel[(grid0, num_kv_heads, splits)](
             *args, part_acc, part_ml, cnt, seq_lens if order is None else order, qk_scale,
             num_seqs, *strides, num_heads, splits,
             DECODE=decode, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             SPLIT=splits > 1, MERGE=merge, MIN_SPLIT=min_split,
-            SPLITS_P=next_power_of_2(splits), ORDER=order is not None, **common,
+            SPLITS_P=next_power_of_2(splits), ORDER=order is not None,
+            EARLY_ROWS=2 * cfg.block_n if early else 0, ROW_BYTES=row_bytes, **common,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **pdl,
         )  # fmt: skip

@@ -58,6 +58,21 @@ def begin(PDL: tl.constexpr):
     """Let the next kernel's programs be placed, then wait until the previous kernel has
     completed. Call before the first read of anything the step's other kernels write and
     before any write."""
+    trigger(PDL)
+    wait(PDL)
+
+
+@triton.jit
+def trigger(PDL: tl.constexpr):
+    """``begin``'s first half, for a kernel with work to do before its wait: let the next
+    kernel's programs be placed."""
     if PDL:
         gdc_launch_dependents()
+
+
+@triton.jit
+def wait(PDL: tl.constexpr):
+    """``begin``'s second half: wait until the previous kernel has completed (after
+    ``trigger``; the same contract as ``begin`` from here on)."""
+    if PDL:
         gdc_wait()
