@@ -5,16 +5,13 @@ and without, kernel and engine."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 from octavo import envs  # noqa: E402
+from tests.kernels.sm90 import compile_sm90  # noqa: E402
 
 _CONSTS = ["DECODE=1", "GROUP=4", "BLOCK_Q=1", "BLOCK_M=16", "BLOCK_N=32", "BLOCK_SIZE=16",
            "HEAD_DIM=128", "HEAD_DIM_P=128", "SPLIT=1", "MERGE=0", "MIN_SPLIT=32",
@@ -23,24 +20,16 @@ _CONSTS = ["DECODE=1", "GROUP=4", "BLOCK_Q=1", "BLOCK_M=16", "BLOCK_N=32", "BLOC
 
 
 def _compile(early_rows: int) -> tuple[str, str]:
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
-    dump = f"/tmp/attn_early_{early_rows}_{os.getpid()}"
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=root, TRITON_DEFAULT_FP_FUSION="1")
-    run = subprocess.run(
-        [sys.executable, os.path.join(root, "scripts", "triton_sass.py"),
-         "octavo.kernels.paged_attention:_paged_attention_kernel",
-         "--const", *_CONSTS, f"EARLY_ROWS={early_rows}",
-         "--ptr", "out_ptr=bf16", "q_ptr=bf16", "k_cache_ptr=bf16", "v_cache_ptr=bf16",
-         "qsl_ptr=i32", "seq_lens_ptr=i32", "block_tables_ptr=i32", "part_acc_ptr=fp32",
-         "part_ml_ptr=fp32", "cnt_ptr=i32", "order_ptr=i32",
-         "--div16", "stride_qt", "stride_ot", "stride_kb", "stride_kt", "stride_vb",
-         "stride_vt", "stride_bt", "stride_qh", "stride_oh", "stride_kh", "stride_vh",
-         "--f32", "qk_scale", "--num-warps", "4", "--num-stages", "2", "--dump", dump],
-        capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return (open(os.path.join(dump, "kernel.ptx")).read(),
-            open(os.path.join(dump, "kernel.sass")).read())
+    code = compile_sm90(
+        "octavo.kernels.paged_attention:_paged_attention_kernel",
+        "--const", *_CONSTS, f"EARLY_ROWS={early_rows}",
+        "--ptr", "out_ptr=bf16", "q_ptr=bf16", "k_cache_ptr=bf16", "v_cache_ptr=bf16",
+        "qsl_ptr=i32", "seq_lens_ptr=i32", "block_tables_ptr=i32", "part_acc_ptr=fp32",
+        "part_ml_ptr=fp32", "cnt_ptr=i32", "order_ptr=i32",
+        "--div16", "stride_qt", "stride_ot", "stride_kb", "stride_kt", "stride_vb",
+        "stride_vt", "stride_bt", "stride_qh", "stride_oh", "stride_kh", "stride_vh",
+        "--f32", "qk_scale", "--num-warps", "4", "--num-stages", "2")
+    return code.ptx, code.sass
 
 
 def test_sm90_code_reads_metadata_and_prefetches_before_the_wait():

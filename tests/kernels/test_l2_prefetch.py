@@ -3,10 +3,6 @@ the decoder's wiring, and on the GPU a kernel chain unchanged by a prefetch plac
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -14,6 +10,7 @@ pytest.importorskip("triton")
 
 from octavo import envs  # noqa: E402
 from octavo.kernels import l2_prefetch  # noqa: E402
+from tests.kernels.sm90 import compile_sm90  # noqa: E402
 
 
 def _ranges(table):
@@ -89,19 +86,9 @@ def test_the_decoder_prefetches_what_each_layer_reads_after_attention(tmp_path, 
 def test_sm90_code_issues_bulk_l2_prefetches_and_waits():
     """Compiled offline for sm_90 (scripts/triton_sass.py, in a process of its own): the bulk
     L2 prefetch (UBLKPF.L2) is in the machine code, with the PDL trigger and wait after it."""
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
-    dump = f"/tmp/l2_prefetch_sass_{os.getpid()}"
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=root, TRITON_DEFAULT_FP_FUSION="1")
-    run = subprocess.run(
-        [sys.executable, os.path.join(root, "scripts", "triton_sass.py"),
-         "octavo.kernels.l2_prefetch:_l2_prefetch_kernel", "--const", "BLOCK=32", "PDL=1",
-         "--ptr", "table_ptr=i64", "--num-warps", "1",
-         "--dump", dump],
-        capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stdout + run.stderr
-    ptx = open(os.path.join(dump, "kernel.ptx")).read()
-    sass = open(os.path.join(dump, "kernel.sass")).read()
+    code = compile_sm90("octavo.kernels.l2_prefetch:_l2_prefetch_kernel", "--const",
+                        "BLOCK=32", "PDL=1", "--ptr", "table_ptr=i64", "--num-warps", "1")
+    ptx, sass = code.ptx, code.sass
     assert "cp.async.bulk.prefetch.L2.global" in ptx
     assert "UBLKPF.L2" in sass
     assert ptx.index("cp.async.bulk.prefetch") < ptx.index("griddepcontrol.wait")

@@ -63,26 +63,19 @@ def test_default_tiles_fit_shared_memory(m, k):
     ptxas the triton package carries; in a process of its own, as the interpreter's kernels
     do not compile) fit an H200 SM's shared memory at the launch's four stages: 64 rows at
     256-wide K steps asked for 245,760 bytes on the H200, and the launch failed."""
-    import os
     import re
-    import subprocess
-    import sys
 
     from octavo.kernels.skinny_gemm import default_tiles
+    from tests.kernels.sm90 import compile_sm90
 
-    root = os.path.join(os.path.dirname(__file__), "..", "..")
     block_n, block_k = default_tiles(m, k)
-    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=root, TRITON_DEFAULT_FP_FUSION="1")
-    run = subprocess.run(
-        [sys.executable, os.path.join(root, "scripts", "triton_sass.py"),
-         "octavo.kernels.skinny_gemm:_skinny_gemm_kernel", "--const",
-         f"BLOCK_M={max(16, 1 << (m - 1).bit_length())}", f"BLOCK_N={block_n}",
-         f"BLOCK_K={block_k}", "PDL=0", "--ptr", "cnt_ptr=i32", "part_ptr=fp32",
-         "--ones", "stride_xk", "stride_wk", "stride_on", "stride_pn",
-         "--div16", "stride_xm", "stride_wn", "stride_om", "K", "K_PER_SPLIT", "stride_ps",
-         "stride_pm", "--num-warps", "4", "--num-stages", "4"],
-        capture_output=True, text=True, env=env, timeout=300)
-    found = re.search(r"shared (\d+) B", run.stdout)
-    assert found, run.stdout + run.stderr
+    code = compile_sm90(
+        "octavo.kernels.skinny_gemm:_skinny_gemm_kernel", "--const",
+        f"BLOCK_M={max(16, 1 << (m - 1).bit_length())}", f"BLOCK_N={block_n}",
+        f"BLOCK_K={block_k}", "PDL=0", "--ptr", "cnt_ptr=i32", "part_ptr=fp32",
+        "--ones", "stride_xk", "stride_wk", "stride_on", "stride_pn",
+        "--div16", "stride_xm", "stride_wn", "stride_om", "K", "K_PER_SPLIT", "stride_ps",
+        "stride_pm", "--num-warps", "4", "--num-stages", "4")
+    found = re.search(r"shared (\d+) B", code.report)
+    assert found, code.report
     assert int(found.group(1)) <= 232448, found.group(0)
