@@ -88,8 +88,9 @@ class LlamaAttention(nn.Module):
         embedding and wrote the rotated k and the v into the paged cache
         (``QKVParallelLinear.forward_rope``: the FP8 GEMV's store at one-row fp8 decodes),
         so no rotary launch runs; None, with nothing done, where it cannot."""
-        if not (x.is_cuda and self.q_norm is None and envs.fused_qkv_rope()
-                and envs.fused_kv_store() and getattr(self.rotary_emb, "is_neox", False)):
+        if not (x.is_cuda and self.q_norm is None and self.qkv_proj.quant_method.has_qkv_rope
+                and envs.fused_qkv_rope() and envs.fused_kv_store()
+                and getattr(self.rotary_emb, "is_neox", False)):
             return None
         store = self.attn.kv_store(None, ctx, num_tokens=x.shape[0])
         if store is None:

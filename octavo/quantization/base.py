@@ -18,6 +18,10 @@ from octavo.quantization.module_match import is_ignored
 class LinearMethod:
     """How a linear layer stores and applies its weight; one instance per layer."""
 
+    # Whether ``apply_qkv_rope`` can ever take a call (a kernel with a rotating store), so a
+    # caller builds its KV store only for methods that might use it.
+    has_qkv_rope: ClassVar[bool] = False
+
     def create_weights(self, layer: nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], params_dtype: torch.dtype) -> None:
         """Register the layer's parameters, each with its layout (``set_param_layout``).

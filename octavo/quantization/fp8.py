@@ -94,6 +94,8 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Ten
 
 
 class Fp8LinearMethod(LinearMethod):
+    has_qkv_rope = True
+
     def __init__(self, per_channel: bool, prequantized: bool,
                  block: tuple[int, int] | None, static_input: bool) -> None:
         self.per_channel = per_channel

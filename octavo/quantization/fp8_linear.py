@@ -183,6 +183,8 @@ class Fp8LinearMethod(LinearMethod):
     """``weight_strategy``: "tensor" | "channel"; ``activations``: None (weight-only),
     "dynamic-token", "dynamic-tensor" or "static-tensor"."""
 
+    has_qkv_rope = True
+
     def __init__(self, weight_strategy: str, activations: str | None) -> None:
         self.weight_strategy = weight_strategy
         self.activations = activations

@@ -183,3 +183,25 @@ def test_linear_method_conditions(monkeypatch):
     expect = fp8_gemv_qkv_rope(x, weight, scale, pos, table, hq, hkv, d,
                                KVStore(None, cache[0].clone(), cache[1].clone(), slots))
     assert torch.equal(q, expect)
+
+
+def test_methods_with_a_rotating_store_say_so():
+    """Every registered linear method that overrides ``apply_qkv_rope`` declares
+    ``has_qkv_rope`` (the attention builds its KV store only for those), and no other does."""
+    import importlib
+    import pkgutil
+
+    import octavo.quantization as pkg
+    from octavo.quantization.base import LinearMethod
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{info.name}")
+    seen, stack = [], [LinearMethod]
+    while stack:
+        cls = stack.pop()
+        seen.append(cls)
+        stack.extend(cls.__subclasses__())
+    overriding = {c for c in seen if c.apply_qkv_rope is not LinearMethod.apply_qkv_rope}
+    assert len(overriding) >= 2  # both FP8 methods
+    for cls in seen:
+        assert cls.has_qkv_rope == (cls in overriding), cls
