@@ -7,7 +7,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from octavo.kernels.paged_attention import paged_attention, paged_attention_ref  # noqa: E402
+from octavo.kernels.paged_attention import paged_attention  # noqa: E402
+from octavo.kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 from octavo.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 
 gpu = pytest.mark.gpu

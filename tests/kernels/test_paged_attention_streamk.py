@@ -11,8 +11,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from octavo.kernels.paged_attention import paged_attention, paged_attention_ref  # noqa: E402
+from octavo.kernels.paged_attention import paged_attention  # noqa: E402
 from octavo.kernels.paged_attention_config import _Config  # noqa: E402
+from octavo.kernels.paged_attention_ref import paged_attention_ref  # noqa: E402
 from octavo.kernels.paged_attention_streamk import (  # noqa: E402
     FIRST_BIT,
     KEYS_MASK,
