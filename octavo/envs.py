@@ -143,6 +143,16 @@ def pdl() -> bool:
     return _flag("OCTAVO_PDL", True)
 
 
+def packed_inputs() -> bool:
+    """OCTAVO_PACKED_INPUTS (default on): on CUDA, a step's input tensors (token ids,
+    positions, KV slots, query starts, sequence lengths, block-table rows, logits rows,
+    sampling parameters, in-flight token fixes) are typed views into one pinned host arena
+    mirrored by one device arena of the same layout, and a step uploads them with one
+    host-to-device copy of the byte range it wrote (octavo/worker/input_buffers.py); off, one
+    copy per tensor per step."""
+    return _flag("OCTAVO_PACKED_INPUTS", True)
+
+
 def _optional_int(name: str, lo: int, hi: int) -> int | None:
     """A measurement knob: unset or empty, None; else an integer in [lo, hi]."""
     value = os.environ.get(name)

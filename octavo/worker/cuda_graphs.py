@@ -62,6 +62,7 @@ class CudaGraphRunner:
     @torch.inference_mode()
     def capture(self) -> None:
         b = self.buf
+        b.use_decode_rows(True)  # the rows decode steps write (ModelRunner._forward)
         # Dummy decode inputs: one token per request, context of one token, slot -1 (no write).
         n = self.sizes[-1]
         b.query_start_loc.np[: n + 1] = range(n + 1)
@@ -73,6 +74,7 @@ class CudaGraphRunner:
         for buf in (b.query_start_loc, b.seq_lens, b.slot_mapping, b.input_ids, b.positions):
             buf.upload(buf.np.shape[0] if buf is b.query_start_loc else n)
         b.gather_block_tables(n)
+        b.flush()
         torch.cuda.synchronize()
         for bs in reversed(self.sizes):
             ctx = ForwardContext(self._meta(bs), self.kv_caches)
@@ -107,6 +109,7 @@ class CudaGraphRunner:
         b, r = self.buf, self.buf.max_reqs
         if r < 2 or not self.mixed_sizes:
             return
+        b.use_decode_rows(False)  # mixed steps write the max_tokens rows
         for t in reversed(self.mixed_sizes):
             # Dummy: request 0 holds all t tokens (a prefill over block 0, nothing stored).
             b.query_start_loc.np[0] = 0
@@ -118,6 +121,7 @@ class CudaGraphRunner:
             b.positions.np[:t] = 0
             b.table_slots.np[:r] = b.pad_slot
             self._upload_mixed(t)
+            b.flush()
             ctx = ForwardContext(self._mixed_meta(t), self.kv_caches)
             ids, pos = b.input_ids.gpu[:t], b.positions.gpu[:t]
             for _ in range(2):
@@ -138,7 +142,7 @@ class CudaGraphRunner:
 
     def stage_mixed(self, num_tokens: int, num_reqs: int) -> int:
         """Pad a mixed batch (host rows filled for num_tokens / num_reqs) to its graph and
-        upload the inputs; returns the graph's token count."""
+        upload the inputs (sent by the buffers' flush); returns the graph's token count."""
         t, b, r = self.mixed_size(num_tokens), self.buf, self.buf.max_reqs
         b.input_ids.np[num_tokens:t] = 0
         b.positions.np[num_tokens:t] = 0
@@ -174,7 +178,8 @@ class CudaGraphRunner:
         return self.outputs[bs][:num_reqs]
 
     def stage(self, num_reqs: int) -> int:
-        """Pad the host rows past num_reqs and upload the inputs; returns the graph size."""
+        """Pad the host rows past num_reqs and upload the inputs (sent by the buffers'
+        flush); returns the graph size."""
         bs = self.padded_size(num_reqs)
         b = self.buf
         if bs > num_reqs:

@@ -270,6 +270,7 @@ class ModelRunner:
             self._inputs_sent.synchronize()
             self._inputs_sent = None
         self._fix = []
+        self.buf.use_decode_rows(sum(num_new) == b)
         t, qsl = self._prepare(states, num_new, num_computed)
         # The step before's deferred sampling goes first on the device: after this step's
         # host preparation, before its sampling parameters, uploads and in-flight tokens.
@@ -293,13 +294,16 @@ class ModelRunner:
         return self.model(ids, pos, ForwardContext(meta, self.kv_caches)), qsl
 
     def _feed_in_flight_tokens(self) -> None:
-        """Copy the previous step's samples into the input positions that wait for them
-        (on the device, in stream order), and mark the staging buffers as sent."""
+        """Send the step's inputs (the last upload: packed, the step's one copy), copy the
+        previous step's samples into the input positions that wait for them (on the device,
+        in stream order), and mark the staging buffers as sent."""
         buf = self.buf
         if self._fix:
             self.num_tokens_fed_on_device += len(self._fix)
             dst = buf.fix_dst.put([d for d, _ in self._fix])
             src = buf.fix_src.put([r for _, r in self._fix])
+        buf.flush()
+        if self._fix:
             buf.input_ids.gpu.index_copy_(0, dst, self._prev_sampled.index_select(0, src))
         if self.device.type == "cuda":
             self._inputs_sent = torch.cuda.Event()
