@@ -266,9 +266,7 @@ class ModelRunner:
         stages more host data (sampling parameters) while the staging buffers are ours."""
         b = len(states)
         t0 = time.perf_counter()
-        if self._inputs_sent is not None:  # the device has read the last step's staging
-            self._inputs_sent.synchronize()
-            self._inputs_sent = None
+        self._wait_inputs_sent()
         self._fix = []
         self.buf.use_decode_rows(sum(num_new) == b)
         t, qsl = self._prepare(states, num_new, num_computed)
@@ -292,6 +290,13 @@ class ModelRunner:
         pos = self.buf.positions.upload(t)
         self._feed_in_flight_tokens()
         return self.model(ids, pos, ForwardContext(meta, self.kv_caches)), qsl
+
+    def _wait_inputs_sent(self) -> None:
+        """Wait until the device has read the last step's host staging (its copy is
+        asynchronous), before the host rewrites any of it."""
+        if self._inputs_sent is not None:
+            self._inputs_sent.synchronize()
+            self._inputs_sent = None
 
     def _feed_in_flight_tokens(self) -> None:
         """Send the step's inputs (the last upload: packed, the step's one copy), copy the
@@ -356,6 +361,10 @@ class ModelRunner:
         if self._deferred is not None:
             raise RuntimeError("a step was launched before the one before it was sampled")
         self.last_prepare_s = 0.0
+        # Before _update_states: a new request's slot may be one the last step still read
+        # (a request that finished in the step before was in it), and take_slot zeroes its
+        # host row, which that step's copy may not have sent yet.
+        self._wait_inputs_sent()
         self._update_states(sched)
         if sched.blocks_to_swap_out or sched.blocks_to_swap_in:  # before copies and forward
             self.swap_cache.swap(sched.blocks_to_swap_out, sched.blocks_to_swap_in)
