@@ -351,14 +351,6 @@ def fused_qkv_rope() -> bool:
     return _flag("OCTAVO_FUSED_QKV_ROPE", True)
 
 
-def qkv_kv_prefetch() -> bool:
-    """OCTAVO_QKV_KV_PREFETCH (default on): under PDL, the qkv FP8 GEMV with the rotating
-    store (OCTAVO_FUSED_QKV_ROPE) asks L2 for the cache blocks of the keys cached before the
-    step, before its wait, so the attention launch after it finds them there
-    (octavo/kernels/fp8_gemv.py)."""
-    return _flag("OCTAVO_QKV_KV_PREFETCH", True)
-
-
 def fp8_gemv() -> bool:
     """OCTAVO_FP8_GEMV (default on): on CUDA, FP8-weight linears with quantized activations
     (W8A8) run decode batches of <= 2 rows through the FP8-weight GEMV

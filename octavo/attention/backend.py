@@ -44,17 +44,12 @@ class KVStore:
     """Where a step's new K/V go (``v`` [T, Hkv, D], the caches [num_blocks, block_size, Hkv,
     D], ``slots`` [T], -1 = not stored), for a kernel before attention that writes them
     itself (fused with the rotation), so the backend does not. ``v`` None: the kernel computes
-    v itself (the qkv projection's store, ``QKVParallelLinear.forward_rope``).
-    ``block_tables`` / ``seq_lens``: the step's (``AttentionMetadata``), for a kernel that
-    asks L2 early for the keys the attention after it reads (a hint: None, or ignored,
-    changes no result)."""
+    v itself (the qkv projection's store, ``QKVParallelLinear.forward_rope``)."""
 
     v: torch.Tensor | None
     key_cache: torch.Tensor
     value_cache: torch.Tensor
     slots: torch.Tensor
-    block_tables: torch.Tensor | None = None
-    seq_lens: torch.Tensor | None = None
 
 
 class AttentionImpl:

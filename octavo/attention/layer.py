@@ -42,9 +42,7 @@ class Attention(nn.Module):
         if slots.shape[0] < t:
             return None
         kv_cache = ctx.kv_caches[self.layer_idx]
-        meta = ctx.attn_metadata
-        return KVStore(v, kv_cache[0], kv_cache[1], slots[:t], meta.block_tables,
-                       meta.seq_lens)
+        return KVStore(v, kv_cache[0], kv_cache[1], slots[:t])
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 ctx: ForwardContext, kv_stored: bool = False) -> torch.Tensor:

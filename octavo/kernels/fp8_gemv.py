@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from octavo.envs import fp8_gemv_stages, qkv_kv_prefetch
-from octavo.kernels.l2_prefetch import bulk_prefetch
+from octavo.envs import fp8_gemv_stages
 from octavo.kernels.pdl import begin as pdl_begin
-from octavo.kernels.pdl import enabled as pdl_enabled
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.rotary import rotate_halves
 from octavo.kernels.split_k import buffers as split_k_buffers
@@ -208,33 +206,16 @@ def _rope_rows(offs_n, QK_N, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_cache_blocks(kc_ptr, vc_ptr, bt_ptr, seq_ptr, stride_bt, stride_cb, blk_idx,
-                           reqs, block_size, block_bytes, BLOCK_M: tl.constexpr):
-    """Cache block ``blk_idx`` of each of the first ``reqs`` requests' contexts, where it
-    has one: its K and its V (every head, ``block_bytes`` contiguous) asked of L2 by one bulk
-    prefetch each. The step's block table and sequence lengths are written by no kernel of
-    the step, so they may be read before the PDL wait."""
-    r = tl.arange(0, BLOCK_M)
-    ok = r < reqs
-    seq = tl.load(seq_ptr + r, mask=ok, other=0)
-    ok = ok & (blk_idx * block_size < seq)
-    blk = tl.load(bt_ptr + r * stride_bt + blk_idx, mask=ok, other=0).to(tl.int64)
-    size = tl.where(ok, block_bytes, 0)
-    bulk_prefetch(kc_ptr + blk * stride_cb, size)
-    bulk_prefetch(vc_ptr + blk * stride_cb, size)
-
-
-@triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, K_PER_SPLIT, NUM_SPLITS,
     stride_xm, stride_xk, stride_wn, stride_om, stride_on,
     stride_ps, stride_pm, stride_pn,
     pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, stride_cs, stride_cb, stride_ct, stride_ch,
-    block_size, Q_N, QK_N, bt_ptr, seq_ptr, stride_bt, pf_reqs, pf_blocks, block_bytes,
+    block_size, Q_N, QK_N,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
     X_LOAD: tl.constexpr, GLU: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    STAGES: tl.constexpr, KV_PF: tl.constexpr, PDL: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -244,9 +225,6 @@ def _fp8_gemv_kernel(
     # k: QK_N, heads of HEAD_DIM); the tile's column pairs are the NeoX pairs of q and k
     # (``_rope_rows``) and the store rotates them, writes q to out_ptr and k / v into the
     # paged KV cache (``_rope_store``); the pos_ptr .. QK_N arguments serve ROPE only.
-    # KV_PF (ROPE under PDL): program p asks L2 for cache block p of the first pf_reqs
-    # requests' contexts (p < pf_blocks; bt_ptr .. block_bytes serve it), before the wait:
-    # the attention launch after this reads those keys.
     BLOCK_W: tl.constexpr = BLOCK_K // 4
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -269,10 +247,6 @@ def _fp8_gemv_kernel(
         w_ptrs += BLOCK_W
         w_ahead = tl.load(w_ptrs, mask=n_mask[:, None] & ((offs_w + BLOCK_W) < w_end)[None, :],
                           other=0)
-    if KV_PF:
-        if pid_n < pf_blocks:
-            _prefetch_cache_blocks(kc_ptr, vc_ptr, bt_ptr, seq_ptr, stride_bt, stride_cb,
-                                   pid_n, pf_reqs, block_size, block_bytes, BLOCK_M)
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for _ in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
         w_ptrs += BLOCK_W
@@ -397,46 +371,14 @@ def fp8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
             kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[1], num_heads * head_dim,
             (num_heads + num_kv_heads) * head_dim)
     return _launch(x2, weight, scale, 1, block_n, block_k, num_warps, None, bits, x_load,
-                   stages, rope=rope, head_dim=head_dim, kv_pf=kv_prefetch_args(x2, kv_store))
-
-
-# At most this many bytes of K and V asked of L2 per qkv launch (KV_PF): 64 Llama-3.1-8B
-# blocks of 16 keys (1,024 keys: the short contexts whose attention waits on latency), little
-# beside the L2 weight prefetch's 24 MiB (50 MB of L2 on an H200).
-KV_PREFETCH_BYTES = 4 << 20
-
-
-def kv_prefetch_args(x2: torch.Tensor, kv_store) -> tuple | None:
-    """``_fp8_gemv_kernel``'s KV_PF arguments (bt_ptr .. block_bytes) for a ROPE launch: the
-    step's block table and sequence lengths from ``kv_store``, the requests (at most one per
-    row of ``x2``) and blocks per request to prefetch (within KV_PREFETCH_BYTES), a block's
-    bytes; None where it does not apply (OCTAVO_QKV_KV_PREFETCH off, no PDL -- the prefetch
-    must be before a wait to gain anything, and the interpreter runs no inline assembly --,
-    no block table, or caches whose blocks are not contiguous 16-byte units)."""
-    bt, seq = kv_store.block_tables, kv_store.seq_lens
-    if bt is None or seq is None or not qkv_kv_prefetch() or not pdl_enabled(x2.device):
-        return None
-    kc, vc = kv_store.key_cache, kv_store.value_cache
-    block_bytes = kc.stride(0) * kc.element_size()
-    if not (bt.dim() == 2 and bt.dtype == torch.int32 and bt.stride(-1) == 1
-            and seq.dim() == 1 and seq.dtype == torch.int32 and seq.stride(0) == 1
-            and kc.is_contiguous() and vc.is_contiguous() and block_bytes % 16 == 0
-            and kc.data_ptr() % 16 == 0 and vc.data_ptr() % 16 == 0
-            and bt.device == seq.device == x2.device):
-        return None
-    reqs = min(x2.shape[0], bt.shape[0], seq.shape[0])
-    blocks = min(bt.shape[1], KV_PREFETCH_BYTES // (2 * block_bytes * max(1, reqs)))
-    if reqs == 0 or blocks == 0:
-        return None
-    return bt, seq, bt.stride(0), reqs, blocks, block_bytes
+                   stages, rope=rope, head_dim=head_dim)
 
 
 def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits, x_load,
             stages, glu: bool = False, rope: tuple | None = None,
-            head_dim: int = 2, kv_pf: tuple | None = None) -> torch.Tensor:
+            head_dim: int = 2) -> torch.Tensor:
     """``fp8_gemv``'s launch; ``rope``: ``_fp8_gemv_kernel``'s ROPE arguments (pos_ptr ..
-    QK_N; the output then q [M, Q_N] and split_k 1), else None; ``kv_pf``: its KV_PF
-    arguments (``kv_prefetch_args``; ROPE only), else None."""
+    QK_N; the output then q [M, Q_N] and split_k 1), else None."""
     require_triton("fp8_gemv")
     m, k = x2.shape
     n = weight.shape[0]
@@ -466,8 +408,6 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
     out, partial = split_k_buffers(m, n, split_k, x2, out_n=out_n)
     if not has_rope:  # placeholders: not read without ROPE
         rope = (x2, x2, x2, x2, x2, 0, 0, 0, 0, 1, 0, 0)
-    assert kv_pf is None or has_rope
-    pf_args = kv_pf if kv_pf is not None else (x2, x2, 0, 0, 0, 0)  # placeholders
     x_load = DEFAULT_X_LOAD if x_load is None else x_load
     xs = x2
     if x_load == 2:
@@ -481,10 +421,10 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
         m, n, k, k_per_split, split_k,
         xs.stride(0), xs.stride(1), words.stride(0),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        *rope, *pf_args,
+        *rope,
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
         BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, GLU=glu,
-        ROPE=has_rope, HEAD_DIM=head_dim, STAGES=stages, KV_PF=kv_pf is not None,
+        ROPE=has_rope, HEAD_DIM=head_dim, STAGES=stages,
         num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip
