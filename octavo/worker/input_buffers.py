@@ -72,9 +72,9 @@ class _Arena:
                 self.dev[offset: offset + size].view(dtype).view(shape))
 
     def touch(self, lo: int, hi: int) -> None:
-        if hi > lo:
-            self.lo = min(self.lo, lo)
-            self.hi = max(self.hi, hi)
+        span = copy_span([(self.lo, self.hi), (lo, hi)])
+        if span is not None:
+            self.lo, self.hi = span
 
     def pending(self) -> tuple[int, int] | None:
         return (self.lo, self.hi) if self.hi > self.lo else None
