@@ -48,17 +48,10 @@ L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 VARIANT_WARPS = (2, 3, 4, 6, 8, 10, 12)
 # fp8_gemv_x0 / _x1: the float8 GEMV reading its activations as before session 27 (a split
 # tile through shared memory) or as four strided planes (octavo.kernels.fp8_gemv._x_planes).
-# fp8_bulk_rRwWcCsS: the bulk-copy FP8 GEMV (octavo.kernels.bulk_gemv) at plan (R rows, W
-# consumer warps, C chunk bytes, S stages); fp8_gemv_glu / fp8_bulk_glu: each with the MLP's
-# silu(gate) * up in its store (N = 2I).
-BULK_PLANS = ((16, 4, 1024, 4), (8, 2, 1024, 4), (16, 4, 512, 6), (32, 8, 512, 4),
-              (16, 4, 2048, 3), (8, 4, 2048, 4), (16, 8, 1024, 4))
 VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3", "fp8_gemv_x0",
-            "fp8_gemv_x1", "fp8_bulk", "fp8_gemv_glu", "fp8_bulk_glu") + tuple(
-    f"w4_mma_w{w}{ns}" for ns in ("", "_ns") for w in VARIANT_WARPS) + tuple(
-    "fp8_bulk_r{}w{}c{}s{}".format(*p) for p in BULK_PLANS)
+            "fp8_gemv_x1") + tuple(
+    f"w4_mma_w{w}{ns}" for ns in ("", "_ns") for w in VARIANT_WARPS)
 _VARIANT = re.compile(r"w4_mma_w(\d+)(_ns)?")
-_BULK = re.compile(r"fp8_bulk_r(\d+)w(\d+)c(\d+)s(\d+)")
 
 
 def variant(kernel: str) -> dict | None:
@@ -123,17 +116,9 @@ def call(kernel: str, x, w):
         from octavo.kernels.dense_mma import dense_mma
 
         return dense_mma(x, w) if kernel == "bf16_mma" else dense_mma(x, w[0], None, w[1])
-    if kernel.startswith("fp8_bulk"):
-        from octavo.kernels.bulk_gemv import bulk_gemv
-
-        match = _BULK.fullmatch(kernel)
-        plan = tuple(int(v) for v in match.groups()) if match else None
-        return bulk_gemv(x, *w, glu=kernel.endswith("_glu"), plan=plan)
     if kernel.startswith("fp8_gemv"):
         from octavo.kernels.fp8_gemv import fp8_gemv
 
-        if kernel.endswith("_glu"):
-            return fp8_gemv(x, *w, glu=True)
         return fp8_gemv(x, *w, **({"x_load": int(kernel[-1])} if "_x" in kernel else {}))
     if kernel == "w4_mma" or variant(kernel):
         from octavo.kernels.swapab_mma import swapab_mma

@@ -359,14 +359,6 @@ def fp8_gemv() -> bool:
     return _flag("OCTAVO_FP8_GEMV", True)
 
 
-def fp8_bulk() -> bool:
-    """OCTAVO_FP8_BULK (default off until measured): decode rows that run the FP8-weight GEMV
-    go, where the weight has enough rows to fill the GPU, through the CUDA kernel whose
-    weights stream into shared memory by bulk copies (octavo/kernels/bulk_gemv.py; compute
-    capability 9.0+, nvcc); the qkv projection's rotating store stays in the Triton GEMV."""
-    return _flag("OCTAVO_FP8_BULK", False)
-
-
 def fp8_fused_quant() -> bool:
     """OCTAVO_FP8_FUSED_QUANT (default on): on CUDA, the activations of FP8 (W8A8) linears go
     to fp8 with their per-token (or static) scales in one Triton launch

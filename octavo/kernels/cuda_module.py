@@ -32,8 +32,6 @@ logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent / "cuda"
 _LOCK = threading.Lock()
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_STATIC_SHARED_LIMIT = 48 * 1024  # dynamic shared memory a launch may take without opting in
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -126,7 +124,6 @@ class Module:
         self.device = torch.device("cuda", index)
         self.cubin = build(source, f"sm_{major}{minor}")
         self._functions: dict[str, ctypes.c_void_p] = {}
-        self._shared_opt_in: dict[str, int] = {}  # the dynamic shared bytes allowed so far
         with torch.cuda.device(index):
             torch.cuda.current_stream()  # the runtime's primary context is current here
             self._module = ctypes.c_void_p()
@@ -144,16 +141,10 @@ class Module:
         return fn
 
     def launch(self, name: str, grid: tuple[int, int, int], block: int, args: list,
-               pdl: bool = False, shared_bytes: int = 0) -> None:
+               pdl: bool = False) -> None:
         """Launch kernel ``name`` on the current stream; ``args``: ctypes values in the
-        kernel's parameter order; ``shared_bytes``: its dynamic shared memory (over 48 KB
-        the function is opted in once)."""
+        kernel's parameter order."""
         fn = self.function(name)
-        if shared_bytes > max(_STATIC_SHARED_LIMIT, self._shared_opt_in.get(name, 0)):
-            _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                shared_bytes),
-                   f"{name}: {shared_bytes} bytes of dynamic shared memory")
-            self._shared_opt_in[name] = shared_bytes
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = torch.cuda.current_stream(self.device).cuda_stream
         attr = _LaunchAttribute()
@@ -162,7 +153,7 @@ class Module:
             attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value = 1
             nattr = 1
-        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, shared_bytes, stream,
+        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, 0, stream,
                                ctypes.pointer(attr), nattr)
         _check(_driver().cuLaunchKernelEx(ctypes.byref(config), fn, params, None),
                f"launching {name}")

@@ -89,10 +89,6 @@ def gemv_applies(layer: nn.Module, x2: torch.Tensor) -> bool:
 
 def gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
          glu: bool = False) -> torch.Tensor:
-    from octavo.kernels import bulk_gemv
-
-    if bulk_gemv.takes(x2, weight, scale.reshape(-1), glu):
-        return bulk_gemv.bulk_gemv(x2, weight, scale, glu=glu)
     from octavo.kernels.fp8_gemv import fp8_gemv  # imports Triton: CUDA only
 
     return fp8_gemv(x2, weight, scale, glu=glu)
