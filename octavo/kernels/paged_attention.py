@@ -532,10 +532,6 @@ def paged_attention(
                        scale, out, tiles=decode_tiles, order=decode_order,
                        max_seq_len=max_seq_len)
     elif not prefill_only:
-        cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu)
-        tile = attn_decode_tile() if on_gpu else None
-        if tile is not None:  # a measurement's override
-            cfg = _Config(cfg.block_q, cfg.block_m, *tile)
         splits = num_splits
         if splits is None:
             # Mixed batches are left unsplit: the prefill launch dominates them, and the
@@ -544,6 +540,11 @@ def paged_attention(
             if decode_only:
                 splits = attn_decode_splits() or _pick_num_splits(
                     num_seqs * num_kv_heads, kv_upper, q.device)
+        cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu,
+                           split=max(1, int(splits)) > 1)
+        tile = attn_decode_tile() if on_gpu else None
+        if tile is not None:  # a measurement's override
+            cfg = _Config(cfg.block_q, cfg.block_m, *tile)
         if decode_order is not None:
             assert decode_order.shape == (num_seqs,) and decode_order.dtype == torch.int32
         launch(True, num_seqs, cfg, max(1, int(splits)), decode_order)

@@ -22,6 +22,14 @@ class _Config:
 # Split-K: each split covers at least this many keys, so the merge stays cheap.
 _MIN_SPLIT_TOKENS = 256
 _MAX_SPLITS = 64
+# Keys per step of a split decode launch (one to ~16 requests: fewer (request, KV head)
+# programs than SMs). On an H200 (docs/benchmarks.md session 31, alternated pairs) 64 against
+# 128: Llama-3.1-8B batch 1 bf16 4.101 / 4.100 against 4.119 / 4.117 ms, fp8 2.597 / 2.596
+# against 2.611 / 2.611; Qwen3-0.6B batch 4 0.921 / 0.885 against 0.968 / 0.965, batch 16
+# 1.266 / 1.249 against 1.289 / 1.285 (batch 1 0.862 / 0.885 against 0.856 / 0.857, within
+# its noise); 32 keys lost (fp8 batch 1 2.652). Stream-K keeps 128 (session 14: 64 lost at
+# batch 32).
+_SPLIT_DECODE_BLOCK_N = 64
 # Prefill chunks over a long cached context (chunked prefill of a long prompt): a 512-token
 # chunk is only ~100 query tiles, each walking the whole context. Split their KV range too.
 _MIN_PREFILL_SPLIT_TOKENS = 1024
@@ -36,8 +44,10 @@ def _rows(rows: int, group: int) -> tuple[int, int]:
 
 
 def _pick_config(
-    decode: bool, group: int, head_dim_p: int, elem_bytes: int, on_gpu: bool
+    decode: bool, group: int, head_dim_p: int, elem_bytes: int, on_gpu: bool,
+    split: bool = False,
 ) -> _Config:
+    """``split``: a decode launch that cuts each context into parts (small grids)."""
     # GPU choices were measured on an H200 (bf16, block_size 16) with
     # tests/kernels/bench_attention.py; fp32 and head_dim > 128 halve KV tiles to fit smem.
     if not on_gpu:
@@ -45,9 +55,12 @@ def _pick_config(
         return _Config(*_rows(1 if decode else 32, group), 16, 1, 1)
     if decode:
         # Memory bound: one query per program, the GQA group fills the MMA rows; long KV
-        # tiles keep many loads in flight.
+        # tiles keep many loads in flight. A split launch's parts are at least one tile, so
+        # its tile is at most _SPLIT_DECODE_BLOCK_N keys: more, shorter parts.
         row_bytes = head_dim_p * elem_bytes
         block_n = 128 if row_bytes <= 256 else (64 if row_bytes <= 512 else 32)
+        if split:
+            block_n = min(block_n, _SPLIT_DECODE_BLOCK_N)
         return _Config(*_rows(1, group), block_n, 4, 2)
     if head_dim_p <= 64:
         return _Config(*_rows(64, group), 64, 4, 3)

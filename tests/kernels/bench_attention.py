@@ -75,7 +75,8 @@ def _with_cfg(cfg, fn):
     None: the defaults."""
     orig = pa._pick_config
     if cfg is not None:
-        pa._pick_config = lambda dec, *a: pa._Config(1, 16, *cfg) if dec else orig(dec, *a)
+        pa._pick_config = lambda dec, *a, **kw: (
+            pa._Config(1, 16, *cfg) if dec else orig(dec, *a, **kw))
     try:
         return fn()
     finally:
@@ -195,7 +196,7 @@ def decode(tune):
             (32, 2, 4),
             (16, 2, 4),
         ]:
-            pa._pick_config = lambda *a, c=cfg: pa._Config(1, 16, *c)
+            pa._pick_config = lambda *a, c=cfg, **kw: pa._Config(1, 16, *c)
             row = []
             for B, ctx in [(64, 4096), (256, 1024), (8, 4096)]:
                 q, kc, vc, qsl, sl, bt = batch([1] * B, [ctx] * B, H, Hkv, D)
@@ -238,7 +239,8 @@ def prefill(tune):
         for cfg in cfgs:
             if cfg is not None:
                 G = Hkv and H // Hkv
-                pa._pick_config = lambda *a, c=cfg, G=G: pa._Config(*pa._rows(c[0], G), *c[1:])
+                pa._pick_config = lambda *a, c=cfg, G=G, **kw: pa._Config(
+                    *pa._rows(c[0], G), *c[1:])
             ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1))
             pa._pick_config = orig
             row.append(f"{cfg}:{flops / ms / 1e9:5.0f}")
@@ -289,8 +291,8 @@ def chunk(tune):
         flops = 4 * H * D * 508 * (ctx - 508 / 2)
         for cfg in cfgs:
             if cfg is not None:
-                pa._pick_config = lambda dec, *a, c=cfg: (
-                    orig(dec, *a) if dec else pa._Config(*pa._rows(c[0], 3), *c[1:]))
+                pa._pick_config = lambda dec, *a, c=cfg, **kw: (
+                    orig(dec, *a, **kw) if dec else pa._Config(*pa._rows(c[0], 3), *c[1:]))
             row = []
             for ns in [1, 2, 3, 4, 5, 6, 7, 8, 12, None]:
                 ms = g_ms(lambda: pa.paged_attention(q, kc, vc, qsl, sl, bt, 0.1,
