@@ -54,23 +54,36 @@ def attn_split_merge() -> bool | None:
     return _forced("OCTAVO_ATTN_SPLIT_MERGE")
 
 
-def attn_decode_tile() -> tuple[int, int, int] | None:
-    """OCTAVO_ATTN_DECODE_TILE="BLOCK_N,WARPS,STAGES" (unset: chosen by
-    octavo/kernels/paged_attention_config.py): the decode attention launch's keys per step,
-    warps and pipeline stages on the GPU, for measuring other tiles in the engine (the
-    tile benchmarks time hot-L2 data)."""
-    value = os.environ.get("OCTAVO_ATTN_DECODE_TILE")
+def _tile(name: str) -> tuple[int, int, int] | None:
+    """An attention tile "BLOCK_N,WARPS,STAGES" from ``name``, or None where unset."""
+    value = os.environ.get(name)
     if not value:
         return None
     try:
         block_n, warps, stages = (int(v) for v in value.split(","))
     except ValueError:
-        raise ValueError(f"OCTAVO_ATTN_DECODE_TILE={value!r}: expected three integers "
+        raise ValueError(f"{name}={value!r}: expected three integers "
                          "BLOCK_N,WARPS,STAGES (e.g. 64,4,3)") from None
     if block_n < 16 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8) or stages < 1:
-        raise ValueError(f"OCTAVO_ATTN_DECODE_TILE={value!r}: BLOCK_N must be a power of two "
+        raise ValueError(f"{name}={value!r}: BLOCK_N must be a power of two "
                          ">= 16, WARPS 1, 2, 4 or 8, STAGES >= 1")
     return block_n, warps, stages
+
+
+def attn_decode_tile() -> tuple[int, int, int] | None:
+    """OCTAVO_ATTN_DECODE_TILE="BLOCK_N,WARPS,STAGES" (unset: chosen by
+    octavo/kernels/paged_attention_config.py): the decode attention launch's keys per step,
+    warps and pipeline stages on the GPU, for measuring other tiles in the engine (the
+    tile benchmarks time hot-L2 data). It reaches every decode launch, stream-K's too unless
+    OCTAVO_ATTN_STREAMK_TILE says otherwise."""
+    return _tile("OCTAVO_ATTN_DECODE_TILE")
+
+
+def attn_streamk_tile() -> tuple[int, int, int] | None:
+    """OCTAVO_ATTN_STREAMK_TILE="BLOCK_N,WARPS,STAGES": the stream-K decode launch's tile
+    alone (it wins over OCTAVO_ATTN_DECODE_TILE there), so its tile is measured without
+    changing the per-request launches of the same run."""
+    return _tile("OCTAVO_ATTN_STREAMK_TILE")
 
 
 def attn_decode_splits() -> int | None:

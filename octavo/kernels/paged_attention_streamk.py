@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 import torch
 
-from octavo.envs import attn_decode_tile, attn_streamk_waves
+from octavo.envs import attn_decode_tile, attn_streamk_tile, attn_streamk_waves
 from octavo.kernels.online_softmax import pv_dot, softmax_step
 from octavo.kernels.paged_attention_config import _Config, _pick_config
 from octavo.kernels.pdl import begin as pdl_begin
@@ -123,11 +123,11 @@ def tile_capacity(num_seqs: int, block_tables: torch.Tensor, block_size: int, bl
 def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool) -> _Config:
     """The stream-K launch's tile: the decode launch's with three stages on the GPU (on an
     H200, W1's attention 161.6 us at two stages, 154.7 at three; the per-request launch
-    keeps two); OCTAVO_ATTN_DECODE_TILE overrides both."""
+    keeps two); OCTAVO_ATTN_STREAMK_TILE, else OCTAVO_ATTN_DECODE_TILE, overrides both."""
     head_dim_p = max(16, next_power_of_2(head_dim))
     elem = torch.empty((), dtype=dtype).element_size()
     cfg = _pick_config(True, group, head_dim_p, elem, on_gpu)
-    tile = attn_decode_tile() if on_gpu else None
+    tile = (attn_streamk_tile() or attn_decode_tile()) if on_gpu else None
     if tile is not None:
         return _Config(cfg.block_q, cfg.block_m, *tile)
     if on_gpu:

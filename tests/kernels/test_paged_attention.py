@@ -188,6 +188,7 @@ def test_decode_splits_override_matches_the_reference(monkeypatch, device):
     ("OCTAVO_ATTN_DECODE_TILE", "64,4", "expected three integers"),
     ("OCTAVO_ATTN_DECODE_TILE", "48,4,2", "power of two"),
     ("OCTAVO_ATTN_DECODE_TILE", "64,3,2", "WARPS 1, 2, 4 or 8"),
+    ("OCTAVO_ATTN_STREAMK_TILE", "64,4,0", "STAGES >= 1"),
     ("OCTAVO_ATTN_DECODE_SPLITS", "0", "an integer 1-64"),
     ("OCTAVO_ATTN_DECODE_SPLITS", "two", "an integer 1-64"),
 ])
@@ -195,8 +196,8 @@ def test_attention_override_values_are_checked(name, value, message, monkeypatch
     from octavo import envs
 
     monkeypatch.setenv(name, value)
-    read = {"TILE": envs.attn_decode_tile,
-            "SPLITS": envs.attn_decode_splits}[name.rsplit("_", 1)[1]]
+    read = {"DECODE_TILE": envs.attn_decode_tile, "STREAMK_TILE": envs.attn_streamk_tile,
+            "DECODE_SPLITS": envs.attn_decode_splits}[name.split("ATTN_", 1)[1]]
     with pytest.raises(ValueError, match=f"{name}={value!r}.*{message}"):
         read()
     monkeypatch.setenv("OCTAVO_ATTN_DECODE_TILE", "64,4,3")

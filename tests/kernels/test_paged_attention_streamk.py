@@ -369,6 +369,39 @@ def test_backend_work_list_once_per_step(monkeypatch):
     assert tb._decode_tiles(_decode_meta(5, 4), FakeQ(), FakeCache(), None) is None
 
 
+def test_streamk_tile_knob_wins_over_the_decode_tile_knob(monkeypatch):
+    """On the GPU stream-K's tile is its default (128 keys, three stages), the decode knob's
+    where only that is set, and its own knob's where set (the per-request launches of the
+    same run keep the decode knob's)."""
+    from octavo.kernels.paged_attention_config import _pick_config
+    from octavo.kernels.paged_attention_streamk import streamk_config
+
+    monkeypatch.delenv("OCTAVO_ATTN_STREAMK_TILE", raising=False)
+    monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)
+    cfg = streamk_config(2, 128, torch.bfloat16, on_gpu=True)
+    assert (cfg.block_n, cfg.num_warps, cfg.num_stages) == (128, 4, 3)
+    monkeypatch.setenv("OCTAVO_ATTN_DECODE_TILE", "32,2,2")
+    cfg = streamk_config(2, 128, torch.bfloat16, on_gpu=True)
+    assert (cfg.block_n, cfg.num_warps, cfg.num_stages) == (32, 2, 2)
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK_TILE", "64,4,2")
+    cfg = streamk_config(2, 128, torch.bfloat16, on_gpu=True)
+    assert (cfg.block_n, cfg.num_warps, cfg.num_stages) == (64, 4, 2)
+    assert cfg.block_m == _pick_config(True, 2, 128, 2, True).block_m
+    # the interpreter's tiles ignore both knobs
+    assert streamk_config(2, 128, torch.bfloat16, on_gpu=False).block_n == 16
+
+
+def test_split_launches_take_the_shorter_tile():
+    """A split decode launch (fewer programs than SMs) steps 64 keys where a whole one steps
+    128 (bf16, head_dim 128); rows that already take 64 or fewer keep theirs."""
+    from octavo.kernels.paged_attention_config import _pick_config
+
+    assert _pick_config(True, 2, 128, 2, True).block_n == 128
+    assert _pick_config(True, 2, 128, 2, True, split=True).block_n == 64
+    assert _pick_config(True, 2, 256, 2, True, split=True).block_n == 64
+    assert _pick_config(True, 2, 256, 4, True, split=True).block_n == 32
+
+
 # --------------------------------------------------------------------------------------------
 # GPU: W1's shape
 # --------------------------------------------------------------------------------------------
