@@ -47,8 +47,11 @@ def main() -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    # W4's 128 + 256 tokens run under max_model_len 1024 as always; longer requests
+    # (--prompt-len 4096: a long one-request context) get room for their whole length.
+    max_model_len = max(1024, args.prompt_len + args.output_len)
     llm = LLM(model=write_config(args.shape), load_format="dummy", dtype="bfloat16",
-              skip_tokenizer_init=True, max_model_len=1024, max_num_seqs=max(sizes),
+              skip_tokenizer_init=True, max_model_len=max_model_len, max_num_seqs=max(sizes),
               enforce_eager=args.enforce_eager)
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
