@@ -540,14 +540,14 @@ def paged_attention(
             if decode_only:
                 splits = attn_decode_splits() or _pick_num_splits(
                     num_seqs * num_kv_heads, kv_upper, q.device)
-        cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu,
-                           split=max(1, int(splits)) > 1)
+        splits = max(1, int(splits))
+        cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu, split=splits > 1)
         tile = attn_decode_tile() if on_gpu else None
         if tile is not None:  # a measurement's override
             cfg = _Config(cfg.block_q, cfg.block_m, *tile)
         if decode_order is not None:
             assert decode_order.shape == (num_seqs,) and decode_order.dtype == torch.int32
-        launch(True, num_seqs, cfg, max(1, int(splits)), decode_order)
+        launch(True, num_seqs, cfg, splits, decode_order)
 
     if not decode_only:
         cfg = _pick_config(False, group, head_dim_p, q.element_size(), on_gpu)
