@@ -48,10 +48,15 @@ L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 VARIANT_WARPS = (2, 3, 4, 6, 8, 10, 12)
 # fp8_gemv_x0 / _x1: the float8 GEMV reading its activations as before session 27 (a split
 # tile through shared memory) or as four strided planes (octavo.kernels.fp8_gemv._x_planes).
+# fp8_mma_f16: dense_mma's float8 kernel fed fp16 activations (one cvt per two weights, no
+# bit placement); fp8_mma[_f16]_w{warps}s{steps}: its plan at other warps per SM and steps.
+FP8_MMA_PLANS = tuple(f"_w{w}s{s}" for w in (8, 12, 16, 24, 32) for s in (1, 2, 4))
 VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3", "fp8_gemv_x0",
-            "fp8_gemv_x1") + tuple(
-    f"w4_mma_w{w}{ns}" for ns in ("", "_ns") for w in VARIANT_WARPS)
+            "fp8_gemv_x1", "fp8_mma_f16") + tuple(
+    f"w4_mma_w{w}{ns}" for ns in ("", "_ns") for w in VARIANT_WARPS) + tuple(
+    f"fp8_mma{f}{p}" for f in ("", "_f16") for p in FP8_MMA_PLANS)
 _VARIANT = re.compile(r"w4_mma_w(\d+)(_ns)?")
+_FP8_MMA = re.compile(r"fp8_mma(_f16)?(?:_w(\d+)s(\d+))?")
 
 
 def variant(kernel: str) -> dict | None:
@@ -112,10 +117,16 @@ def call(kernel: str, x, w):
         from octavo.kernels.dense_gemv import dense_gemv
 
         return dense_gemv(x, w)
-    if kernel in ("bf16_mma", "fp8_mma"):
+    if kernel == "bf16_mma":
         from octavo.kernels.dense_mma import dense_mma
 
-        return dense_mma(x, w) if kernel == "bf16_mma" else dense_mma(x, w[0], None, w[1])
+        return dense_mma(x, w)
+    if kernel.startswith("fp8_mma"):
+        from octavo.kernels.dense_mma import dense_mma
+
+        match = _FP8_MMA.fullmatch(kernel)
+        plan = ({"warps_per_sm": int(match[2]), "steps": int(match[3])} if match[2] else {})
+        return dense_mma(x, w[0], None, w[1], **plan)
     if kernel.startswith("fp8_gemv"):
         from octavo.kernels.fp8_gemv import fp8_gemv
 
@@ -133,7 +144,8 @@ def call(kernel: str, x, w):
 def measure(kernel: str, k: int, ns: list[int], dev, bandwidth: float) -> dict:
     import torch
 
-    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(1, k, device=dev,
+                    dtype=torch.float16 if "_f16" in kernel else torch.bfloat16)
     points = []
     for n in ns:
         nbytes = weight_bytes(kernel, k, n)
