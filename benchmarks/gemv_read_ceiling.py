@@ -67,7 +67,8 @@ def _read_contiguous(w, out, words_per_split, BLOCK_N: tl.constexpr, BLOCK_W: tl
     tl.store(out + prog, tl.sum(acc, axis=0))
 
 
-def measure(k: int, n: int, stages_list: list[int], peak: float | None) -> list[dict]:
+def measure(k: int, n: int, stages_list: list[int], peak: float | None,
+            tiles_list: list[tuple[int, int]]) -> list[dict]:
     block_n, block_k, _, waves, _ = gemv_mod._plan(n, k)
     tiles = n // block_n
     splits = to_fill(tiles, k // block_k, torch.device("cuda"), waves)
@@ -76,7 +77,7 @@ def measure(k: int, n: int, stages_list: list[int], peak: float | None) -> list[
     copies = flush_copies(n * k)
     ws = [torch.randint(-2**31, 2**31 - 1, (n, k // 4), device="cuda", dtype=torch.int32)
           for _ in range(copies)]
-    out = torch.empty(tiles * splits, device="cuda", dtype=torch.int32)
+    out = torch.empty(4 * n, device="cuda", dtype=torch.int32)  # one word a program
     rows = []
 
     def report(pattern: str, cfg: str, ms: float) -> None:
@@ -89,6 +90,18 @@ def measure(k: int, n: int, stages_list: list[int], peak: float | None) -> list[
               flush=True)
 
     plan = f"{block_n}x{block_k}, {tiles}x{splits} programs"
+    for bn, bk in tiles_list:  # the same bytes read BLOCK_N x BLOCK_K other ways, rows only
+        t = n // bn
+        sp, kps = split_plan(k, bk, to_fill(t, k // bk, torch.device("cuda"), waves))
+
+        def run_other(bn=bn, bk=bk, t=t, sp=sp, kps=kps):
+            for w in ws:
+                _read_rows[(t, sp)](w, out, k // 4, kps // 4, BLOCK_N=bn, BLOCK_W=bk // 4,
+                                    STAGES=2)
+
+        if kps * sp == k and t * sp <= out.numel():
+            report("rows", f"{bn}x{bk}, {t}x{sp} programs, stages 2",
+                   graph_median_ms(run_other))
     for stages in stages_list:
         def run_rows(stages=stages):
             for w in ws:
@@ -121,14 +134,17 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["4096x28672", "14336x4096", "4096x6144"],
                     help="KxN weights (Llama-3.1-8B's gate_up, down, qkv)")
     ap.add_argument("--stages", nargs="+", type=int, default=[2, 3, 4])
+    ap.add_argument("--tiles", nargs="*", default=["8x1024", "16x512", "64x128"],
+                    help="other BLOCK_NxBLOCK_K row patterns timed (two stages)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    tiles_list = [tuple(int(v) for v in t.split("x")) for t in args.tiles]
     name = torch.cuda.get_device_name()
     peak = published_hbm_tbps(name)
     rows = []
     for shape in args.shapes:
         k, n = (int(v) for v in shape.lower().split("x"))
-        rows += measure(k, n, args.stages, peak)
+        rows += measure(k, n, args.stages, peak, tiles_list)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "gemv_read_ceiling", "device": name, "peak_tbps": peak,
