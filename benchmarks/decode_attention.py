@@ -104,8 +104,7 @@ def time_launch(case, env: dict, copies_min_bytes=256 << 20, reps=20,
     try:
         tiles = None
         if attn_streamk() and splits is None:  # one work list, as an engine step's layers
-            block_n = streamk_config(heads // kv_heads, q.shape[2], q.dtype, True,
-                                     sl.shape[0]).block_n
+            block_n = streamk_config(heads // kv_heads, q.shape[2], q.dtype, True).block_n
             tiles = decode_tiles(qsl, sl, bt, kc.shape[1], block_n, max_seq_len=bound)
 
         def run():

@@ -37,7 +37,7 @@ def test_stream_fit_gives_microseconds_and_bytes_per_second():
 def test_variants_are_off_by_default_and_parse_to_their_arguments():
     from benchmarks.gemv_scaling import VARIANTS, variant
 
-    assert len(VARIANTS) == 20 and not set(VARIANTS) & set(KERNELS)  # not run by default
+    assert len(VARIANTS) == 51 and not set(VARIANTS) & set(KERNELS)  # not run by default
     for name in VARIANTS:
         base = "_".join(name.split("_")[:2])  # w4_mma, w8_gemv...
         assert weight_bytes(name, 4096, 1024) == weight_bytes(base, 4096, 1024)
@@ -46,3 +46,9 @@ def test_variants_are_off_by_default_and_parse_to_their_arguments():
     assert variant("w4_mma_w12_ns") == {"warps_per_sm": 12, "split_ctas": False}
     assert variant("w4_mma") is None and variant("w4_gemv_p2") is None
     assert variant("fp8_gemv_x0") is None  # the float8 GEMV's own argument (x_load)
+    from benchmarks.gemv_scaling import _FP8_MMA
+
+    # dense_mma's float8 kernel: fp16 activations and its plan read from the name
+    assert _FP8_MMA.fullmatch("fp8_mma_f16_w12s2").groups() == ("_f16", "12", "2")
+    assert _FP8_MMA.fullmatch("fp8_mma").groups() == (None, None, None)
+    assert {"fp8_mma_f16", "fp8_mma_w16s2", "fp8_mma_f16_w32s4"} <= set(VARIANTS)

@@ -134,8 +134,7 @@ def _decode_tiles(meta: AttentionMetadata, q: torch.Tensor, key_cache: torch.Ten
     forced = attn_streamk()
     if not (meta.num_reqs >= STREAMK_MIN_REQS if forced is None else forced):
         return None
-    block_n = streamk_config(q.shape[1] // num_kv_heads, q.shape[2], q.dtype, True,
-                             meta.seq_lens.shape[0]).block_n
+    block_n = streamk_config(q.shape[1] // num_kv_heads, q.shape[2], q.dtype, True).block_n
     key = ("decode_tiles", block_n, block_size, torch.cuda.is_current_stream_capturing())
     tiles = meta.derived.get(key)
     if tiles is None:

@@ -28,7 +28,7 @@ _MAX_SPLITS = 64
 # against 2.611 / 2.611; Qwen3-0.6B batch 4 0.921 / 0.885 against 0.968 / 0.965, batch 16
 # 1.266 / 1.249 against 1.289 / 1.285; batch 1 within its noise (0.862 / 0.885 against
 # 0.856 / 0.857 in one call, 1.019 / 0.989 against 1.041 / 1.057 in another); 32 keys lost
-# (fp8 batch 1 2.652). Stream-K keeps 128 past 32 requests (paged_attention_streamk.SHORT_BATCH_SEQS).
+# (fp8 batch 1 2.652). Stream-K keeps 128 (session 14: 64 lost at batch 32).
 _SPLIT_DECODE_BLOCK_N = 64
 # Prefill chunks over a long cached context (chunked prefill of a long prompt): a 512-token
 # chunk is only ~100 query tiles, each walking the whole context. Split their KV range too.

@@ -62,13 +62,6 @@ _FP8_KV = (torch.float8_e4m3fn,)
 # in one wave, each program's share of the tiles equal.
 DEFAULT_WAVES = 2
 STAGES = 3  # software-pipeline stages on the GPU (streamk_config)
-# Batches of up to 32 requests walk 64 keys a step over two stages (BLOCK_N, warps, stages).
-# On an H200 (docs/benchmarks.md session 32, alternated) W4's Qwen3-0.6B batch 32 (contexts
-# 128-384) took 1.564 / 1.504 ms per token with it against 1.619 / 1.586 with 128 keys over
-# three, while W1 (batch 100-256, contexts 100-2,000) lost 8% (23,330 / 23,371 tok/s
-# against 25,415 / 25,484) with it everywhere: long contexts keep 128.
-SHORT_BATCH_SEQS = 32
-SHORT_BATCH_TILE = (64, 4, 2)
 
 
 class DecodeTiles(NamedTuple):
@@ -127,19 +120,14 @@ def tile_capacity(num_seqs: int, block_tables: torch.Tensor, block_size: int, bl
     return max(1, num_seqs * -(-kv_upper // block_n))
 
 
-def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool,
-                   num_seqs: int | None = None) -> _Config:
+def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool) -> _Config:
     """The stream-K launch's tile: the decode launch's with three stages on the GPU (on an
     H200, W1's attention 161.6 us at two stages, 154.7 at three; the per-request launch
-    keeps two); for a launch of at most ``SHORT_BATCH_SEQS`` requests (``num_seqs``; None:
-    not known, the long tile), ``SHORT_BATCH_TILE``. OCTAVO_ATTN_STREAMK_TILE, else
-    OCTAVO_ATTN_DECODE_TILE, overrides both."""
+    keeps two); OCTAVO_ATTN_STREAMK_TILE, else OCTAVO_ATTN_DECODE_TILE, overrides both."""
     head_dim_p = max(16, next_power_of_2(head_dim))
     elem = torch.empty((), dtype=dtype).element_size()
     cfg = _pick_config(True, group, head_dim_p, elem, on_gpu)
     tile = (attn_streamk_tile() or attn_decode_tile()) if on_gpu else None
-    if tile is None and on_gpu and num_seqs is not None and num_seqs <= SHORT_BATCH_SEQS:
-        tile = (min(cfg.block_n, SHORT_BATCH_TILE[0]), *SHORT_BATCH_TILE[1:])
     if tile is not None:
         return _Config(cfg.block_q, cfg.block_m, *tile)
     if on_gpu:
@@ -528,7 +516,7 @@ def streamk_decode(
     num_seqs = seq_lens.shape[0]
     group = num_heads // num_kv_heads
     on_gpu = q.device.type == "cuda"
-    cfg = config or streamk_config(group, head_dim, q.dtype, on_gpu, num_seqs)
+    cfg = config or streamk_config(group, head_dim, q.dtype, on_gpu)
     if tiles is None:
         tiles = decode_tiles(query_start_loc, seq_lens, block_tables, block_size, cfg.block_n,
                              order, max_seq_len=max_seq_len)

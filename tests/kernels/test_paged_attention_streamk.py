@@ -360,10 +360,8 @@ def test_backend_work_list_once_per_step(monkeypatch):
     seen.clear()
     monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)
     tiles = tb._decode_tiles(meta, FakeQ(), FakeCache(), None)
-    # five requests: the short batches' tile (the launch picks the same from its seq_lens)
-    assert tiles.block_n == 64 and tiles.block_size == 16
+    assert tiles.block_n == 128 and tiles.block_size == 16
     assert seen == [(meta.block_tables, 16, meta.max_seq_len)]
-    assert tb._decode_tiles(_decode_meta(33), FakeQ(), FakeCache(), None).block_n == 128
     assert tb._decode_tiles(meta, FakeQ(), FakeCache(), None) is tiles
     capturing[0] = True
     assert tb._decode_tiles(meta, FakeQ(), FakeCache(), None) is not tiles
@@ -391,30 +389,6 @@ def test_streamk_tile_knob_wins_over_the_decode_tile_knob(monkeypatch):
     assert cfg.block_m == _pick_config(True, 2, 128, 2, True).block_m
     # the interpreter's tiles ignore both knobs
     assert streamk_config(2, 128, torch.bfloat16, on_gpu=False).block_n == 16
-
-
-def test_short_batches_take_the_short_tile(monkeypatch):
-    """On the GPU a stream-K launch of at most SHORT_BATCH_SEQS requests walks 64 keys over two
-    stages, a larger one (or one whose size is not given) 128 over three; the knobs win over
-    both; the interpreter's tile ignores the batch."""
-    from octavo.kernels.paged_attention_streamk import SHORT_BATCH_SEQS, streamk_config
-
-    monkeypatch.delenv("OCTAVO_ATTN_STREAMK_TILE", raising=False)
-    monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)
-
-    def tile(num_seqs, on_gpu=True):
-        cfg = streamk_config(2, 128, torch.bfloat16, on_gpu, num_seqs)
-        return cfg.block_n, cfg.num_warps, cfg.num_stages
-
-    assert tile(2) == tile(SHORT_BATCH_SEQS) == (64, 4, 2)
-    assert tile(SHORT_BATCH_SEQS + 1) == tile(None) == tile(256) == (128, 4, 3)
-    assert tile(2, on_gpu=False)[0] == tile(256, on_gpu=False)[0] == 16
-    monkeypatch.setenv("OCTAVO_ATTN_STREAMK_TILE", "128,4,3")
-    assert tile(2) == (128, 4, 3)
-    monkeypatch.delenv("OCTAVO_ATTN_STREAMK_TILE")
-    # a tile already shorter than 64 keys (fp32, head_dim 256: 32) is never lengthened
-    long_rows = streamk_config(2, 256, torch.float32, True, None).block_n
-    assert streamk_config(2, 256, torch.float32, True, 2).block_n == min(long_rows, 64)
 
 
 def test_split_launches_take_the_shorter_tile():
