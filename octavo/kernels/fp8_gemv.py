@@ -215,7 +215,7 @@ def _fp8_gemv_kernel(
     block_size, Q_N, QK_N,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
     X_LOAD: tl.constexpr, GLU: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr, TILED: tl.constexpr,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -225,6 +225,10 @@ def _fp8_gemv_kernel(
     # k: QK_N, heads of HEAD_DIM); the tile's column pairs are the NeoX pairs of q and k
     # (``_rope_rows``) and the store rotates them, writes q to out_ptr and k / v into the
     # paged KV cache (``_rope_store``); the pos_ptr .. QK_N arguments serve ROPE only.
+    # TILED: the weight pre-tiled by ``fp8_tiled.tile_fp8_weight`` for these BLOCK_N x
+    # BLOCK_K (N and K multiples of them), int32 words [N / BLOCK_N, K / BLOCK_K, BLOCK_N,
+    # BLOCK_W], tile column c's row already the weight row ``rows[c]``: a step of a tile is
+    # one contiguous block, a program's K range too. Only the weight's addresses change.
     BLOCK_W: tl.constexpr = BLOCK_K // 4
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -241,15 +245,22 @@ def _fp8_gemv_kernel(
     w_start = pid_k * (K_PER_SPLIT // 4)
     w_end = tl.minimum(w_start + K_PER_SPLIT // 4, K // 4)
     offs_w = w_start + tl.arange(0, BLOCK_W)
-    w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_w[None, :]
+    if TILED:  # (tile, step) blocks of BLOCK_N x BLOCK_W words, a row's words contiguous
+        W_STEP: tl.constexpr = BLOCK_N * BLOCK_W
+        step0 = pid_n * (K // BLOCK_K) + pid_k * (K_PER_SPLIT // BLOCK_K)
+        w_ptrs = (w_ptr + step0 * W_STEP + tl.arange(0, BLOCK_N)[:, None] * BLOCK_W
+                  + tl.arange(0, BLOCK_W)[None, :])
+    else:
+        W_STEP: tl.constexpr = BLOCK_W
+        w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_w[None, :]
     w = tl.load(w_ptrs, mask=n_mask[:, None] & (offs_w < w_end)[None, :], other=0)
     if STAGES == 3:  # a second step's weights in flight too
-        w_ptrs += BLOCK_W
+        w_ptrs += W_STEP
         w_ahead = tl.load(w_ptrs, mask=n_mask[:, None] & ((offs_w + BLOCK_W) < w_end)[None, :],
                           other=0)
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for _ in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
-        w_ptrs += BLOCK_W
+        w_ptrs += W_STEP
         next_mask = (offs_w + (STAGES - 1) * BLOCK_W) < w_end
         w_next = tl.load(w_ptrs, mask=n_mask[:, None] & next_mask[None, :], other=0)
         if BITS:
@@ -311,7 +322,8 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              block_k: int | None = None, num_warps: int | None = None,
              waves: int | None = None, bits: bool | None = None,
              x_load: int | None = None, glu: bool = False,
-             stages: int | None = None) -> torch.Tensor:
+             stages: int | None = None,
+             tiled: tuple[int, int] | None = None) -> torch.Tensor:
     """``x2 [M, K] @ (weight [N, K] * scale [N])^T`` for M <= MAX_M, in x2's dtype; K a
     multiple of 4, the weight contiguous along K. The tuning arguments (None: chosen here)
     exist for the benchmark's sweeps; ``bits``: convert by bit placement (the default off
@@ -320,9 +332,16 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     ``stages``: steps of weights in flight (2: the next one; 3: two ahead). ``glu``:
     the weight is an MLP's [gate | up] (N = 2I) and the result ``silu(gate) * up`` [M, I],
     computed in the store (``split_k.store_or_reduce``): the bits of the unfused GEMV
-    followed by ``silu_and_mul``, without the activation's launch."""
+    followed by ``silu_and_mul``, without the activation's launch. ``tiled``: the
+    (block_n, block_k) that ``fp8_tiled.tile_fp8_weight`` tiled ``weight`` with (its 4-d
+    layout, made with the same ``glu``); the tile is then those blocks, the same bits."""
     return _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits,
-                   x_load, stages, glu=glu)
+                   x_load, stages, glu=glu, tiled=tiled)
+
+
+def _weight_rows(weight: torch.Tensor) -> int:
+    """N of an [N, K] weight or of its tiled layout [N / BN, K / BK, BN, BK]."""
+    return weight.shape[0] * weight.shape[2] if weight.dim() == 4 else weight.shape[0]
 
 
 def qkv_rope_supported(x2: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
@@ -336,7 +355,7 @@ def qkv_rope_supported(x2: torch.Tensor, weight: torch.Tensor, positions: torch.
     m = x2.shape[0]
     kc, vc, slots = kv_store.key_cache, kv_store.value_cache, kv_store.slots
     return (1 <= m <= MAX_M and head_dim % 2 == 0 and head_dim > 0
-            and weight.shape[0] == (num_heads + 2 * num_kv_heads) * head_dim
+            and _weight_rows(weight) == (num_heads + 2 * num_kv_heads) * head_dim
             and cos_sin_cache.dim() == 2 and cos_sin_cache.shape[-1] == head_dim
             and cos_sin_cache.stride(-1) == 1 and cos_sin_cache.dtype == torch.float32
             and positions.dim() == 1 and positions.shape[0] == m and positions.stride(0) == 1
@@ -354,15 +373,16 @@ def fp8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
                       num_kv_heads: int, head_dim: int, kv_store,
                       block_n: int | None = None, block_k: int | None = None,
                       num_warps: int | None = None, bits: bool | None = None,
-                      x_load: int | None = None, stages: int | None = None
-                      ) -> torch.Tensor | None:
+                      x_load: int | None = None, stages: int | None = None,
+                      tiled: tuple[int, int] | None = None) -> torch.Tensor | None:
     """A qkv projection's GEMV (``weight`` [(Hq + 2 Hkv) * D, K], no bias) whose store
     applies the NeoX rotary embedding (``positions`` [M] into ``cos_sin_cache``) to q and k
     and writes the rotated k and the v into the paged cache (``kv_store``:
     octavo.attention.backend.KVStore; its ``v`` is not read): q [M, Hq * D] in x2's dtype,
     the same bits as ``fp8_gemv`` followed by ``rotary_embedding(..., kv_store=...)``,
     without the rotary launch. One K split. None, with nothing done, where
-    :func:`qkv_rope_supported` says no (the caller runs the unfused path)."""
+    :func:`qkv_rope_supported` says no (the caller runs the unfused path). ``tiled``: as
+    :func:`fp8_gemv`'s, the weight tiled with ``rope=(num_heads, num_kv_heads, head_dim)``."""
     if not qkv_rope_supported(x2, weight, positions, cos_sin_cache, num_heads, num_kv_heads,
                               head_dim, kv_store):
         return None
@@ -371,21 +391,31 @@ def fp8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
             kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[1], num_heads * head_dim,
             (num_heads + num_kv_heads) * head_dim)
     return _launch(x2, weight, scale, 1, block_n, block_k, num_warps, None, bits, x_load,
-                   stages, rope=rope, head_dim=head_dim)
+                   stages, rope=rope, head_dim=head_dim, tiled=tiled)
 
 
 def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits, x_load,
             stages, glu: bool = False, rope: tuple | None = None,
-            head_dim: int = 2) -> torch.Tensor:
+            head_dim: int = 2, tiled: tuple[int, int] | None = None) -> torch.Tensor:
     """``fp8_gemv``'s launch; ``rope``: ``_fp8_gemv_kernel``'s ROPE arguments (pos_ptr ..
-    QK_N; the output then q [M, Q_N] and split_k 1), else None."""
+    QK_N; the output then q [M, Q_N] and split_k 1), else None; ``tiled``: the weight's
+    (block_n, block_k) tiling (``fp8_tiled.tile_fp8_weight``), which the tile then is."""
     require_triton("fp8_gemv")
     m, k = x2.shape
-    n = weight.shape[0]
-    assert 1 <= m <= MAX_M and weight.shape[1] == k and k % 4 == 0, (x2.shape, weight.shape)
+    n = _weight_rows(weight)
+    if tiled is not None:
+        bn, bk = tiled
+        assert weight.dim() == 4 and tuple(weight.shape[2:]) == (bn, bk) \
+            and weight.shape[1] * bk == k and weight.is_contiguous(), (weight.shape, tiled)
+        assert block_n in (None, bn) and block_k in (None, bk), (block_n, block_k, tiled)
+        block_n, block_k = bn, bk
+    else:
+        assert weight.dim() == 2 and weight.shape[1] == k, (x2.shape, weight.shape)
+    assert 1 <= m <= MAX_M and k % 4 == 0, (x2.shape, weight.shape)
     scale = scale.reshape(-1)
     assert scale.numel() == n and scale.dtype == torch.float32, (scale.shape, scale.dtype)
     words = weight.view(torch.int32)  # 4 weights per word: the same storage
+    stride_wn = k // 4 if tiled else words.stride(0)  # TILED: not read
     assert stages in (None, 2, 3), stages
     plan = _plan(n, k)
     block_n = block_n or plan[0]
@@ -419,12 +449,12 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
     _fp8_gemv_kernel[(n_tiles, split_k)](
         xs, words, scale, out, partial, split_k_counters(x2.device, n_tiles),
         m, n, k, k_per_split, split_k,
-        xs.stride(0), xs.stride(1), words.stride(0),
+        xs.stride(0), xs.stride(1), stride_wn,
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         *rope,
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
         BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, GLU=glu,
-        ROPE=has_rope, HEAD_DIM=head_dim, STAGES=stages,
+        ROPE=has_rope, HEAD_DIM=head_dim, STAGES=stages, TILED=tiled is not None,
         num_warps=num_warps,
         **pdl_args(x2.device),
     )  # fmt: skip
