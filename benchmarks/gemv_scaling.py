@@ -20,7 +20,8 @@ as the engine's decode steps run.
 Also accepted by --kernels, not run by default (``VARIANTS``): the integer GEMVs loading
 their weights two or three steps ahead (``w4_gemv_p2``, ``w8_gemv_p3``...), and the swap-AB
 CUDA kernel's plan at N warps per SM (``w4_mma_wN``), without tile splits over CTAs too
-(``w4_mma_wN_ns``).
+(``w4_mma_wN_ns``), the FP8 GEMV on a pre-tiled weight (``fp8_gemv_tiled``; ``_glu``: both
+with the GLU store, as gate_up runs).
 
     python benchmarks/gemv_scaling.py [--k 4096] [--n 1024 2048 ...] [--kernels ...] [--json F]
 """
@@ -50,9 +51,13 @@ VARIANT_WARPS = (2, 3, 4, 6, 8, 10, 12)
 # tile through shared memory) or as four strided planes (octavo.kernels.fp8_gemv._x_planes).
 # fp8_mma_f16: dense_mma's float8 kernel fed fp16 activations (one cvt per two weights, no
 # bit placement); fp8_mma[_f16]_w{warps}s{steps}: its plan at other warps per SM and steps.
+# fp8_gemv_tiled: the float8 GEMV at its default plan on the weight tiled once for that plan's
+# blocks (octavo.kernels.fp8_tiled: a tile's step one contiguous block); fp8_gemv_glu /
+# fp8_gemv_tiled_glu: the same two with the GLU store (silu(gate) * up, N / 2 outputs).
+FP8_TILED = ("fp8_gemv_tiled", "fp8_gemv_glu", "fp8_gemv_tiled_glu")
 FP8_MMA_PLANS = tuple(f"_w{w}s{s}" for w in (8, 12, 16, 24, 32) for s in (1, 2, 4))
 VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3", "fp8_gemv_x0",
-            "fp8_gemv_x1", "fp8_mma_f16") + tuple(
+            "fp8_gemv_x1", "fp8_mma_f16") + FP8_TILED + tuple(
     f"w4_mma_w{w}{ns}" for ns in ("", "_ns") for w in VARIANT_WARPS) + tuple(
     f"fp8_mma{f}{p}" for f in ("", "_f16") for p in FP8_MMA_PLANS)
 _VARIANT = re.compile(r"w4_mma_w(\d+)(_ns)?")
@@ -104,6 +109,14 @@ def make_weight(kernel: str, k: int, n: int, dev):
         return torch.randn(k, n, device=dev, dtype=torch.bfloat16)  # x @ w
     if kernel.startswith("bf16"):
         return torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+    if kernel in ("fp8_gemv_tiled", "fp8_gemv_tiled_glu"):
+        from octavo.kernels.fp8_tiled import tile_fp8_weight, tiled_plan
+
+        blocks = tiled_plan(n, k)
+        if blocks is None:
+            raise ValueError(f"the plan's blocks do not divide N={n}, K={k}")
+        weight, scale = fp8_weight(k, n, dev)
+        return tile_fp8_weight(weight, *blocks, glu=kernel.endswith("_glu")), scale, blocks
     if kernel.startswith("fp8"):
         return fp8_weight(k, n, dev)
     layout = "swapab" if kernel.endswith("mma") or variant(kernel) else "along_k"
@@ -127,6 +140,11 @@ def call(kernel: str, x, w):
         match = _FP8_MMA.fullmatch(kernel)
         plan = ({"warps_per_sm": int(match[2]), "steps": int(match[3])} if match[2] else {})
         return dense_mma(x, w[0], None, w[1], **plan)
+    if kernel in FP8_TILED:
+        from octavo.kernels.fp8_gemv import fp8_gemv
+
+        return fp8_gemv(x, w[0], w[1], glu=kernel.endswith("_glu"),
+                        tiled=w[2] if len(w) == 3 else None)
     if kernel.startswith("fp8_gemv"):
         from octavo.kernels.fp8_gemv import fp8_gemv
 
