@@ -37,7 +37,7 @@ def test_stream_fit_gives_microseconds_and_bytes_per_second():
 def test_variants_are_off_by_default_and_parse_to_their_arguments():
     from benchmarks.gemv_scaling import VARIANTS, variant
 
-    assert len(VARIANTS) == 51 and not set(VARIANTS) & set(KERNELS)  # not run by default
+    assert len(VARIANTS) == 54 and not set(VARIANTS) & set(KERNELS)  # not run by default
     for name in VARIANTS:
         base = "_".join(name.split("_")[:2])  # w4_mma, w8_gemv...
         assert weight_bytes(name, 4096, 1024) == weight_bytes(base, 4096, 1024)
