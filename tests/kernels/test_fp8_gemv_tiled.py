@@ -15,29 +15,14 @@ from octavo.attention.backend import KVStore  # noqa: E402
 from octavo.kernels.fp8_gemv import fp8_gemv, fp8_gemv_qkv_rope, fp8_gemv_ref  # noqa: E402
 from octavo.kernels.fp8_tiled import kernel_rows, tile_fp8_weight, tiled_plan  # noqa: E402
 from octavo.layers.rotary import RotaryEmbedding  # noqa: E402
-
-FP8 = torch.float8_e4m3fn
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-CONVERSIONS = [True, pytest.param(False, marks=pytest.mark.gpu)]
-
-
-def _case(m, k, n, dtype, device=DEVICE, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    weight = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(FP8)
-    scale = torch.rand(n, generator=g) * 0.01 + 1e-4
-    x = torch.randn(m, k, generator=g).to(dtype)
-    return x.to(device), weight.to(device), scale.to(device)
-
-
-def _rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
-
-
-def _skip_cvt_off_gpu(bits):
-    if not bits and DEVICE.type != "cuda":
-        pytest.skip("the hardware cvt is inline assembly: GPU only")
-
+from tests.kernels.test_fp8_gemv import (  # noqa: E402  (one set of cases for both)
+    CONVERSIONS,
+    DEVICE,
+    FP8,
+    _case,
+    _rel_err,
+    _skip_cvt_off_gpu,
+)
 
 # (k, n, block_n, block_k, tuning): N and K multiples of the tile (TILED requires it)
 CASES = [
