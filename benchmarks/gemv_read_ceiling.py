@@ -7,7 +7,7 @@ PYTHONPATH=. python benchmarks/gemv_read_ceiling.py [--shapes 4096x28672 14336x4
 
 For each weight [N, K] (float8: one byte a weight; ``KxN`` on the command line) and the FP8
 GEMV's own plan (``octavo.kernels.fp8_gemv._plan``: BLOCK_N rows x BLOCK_K bytes a step, K
-split over programs as the GEMV splits it), three timings, each a CUDA graph sweeping enough
+split over programs by the GEMV's own ``grid``), three timings, each a CUDA graph sweeping enough
 copies that L2 holds none (CUDA events, median of replays):
 
 - ``rows``: the GEMV's pattern without its arithmetic: program (tile, split) reads its
@@ -33,8 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import flush_copies, graph_median_ms, published_hbm_tbps  # noqa: E402
 from octavo.kernels import fp8_gemv as gemv_mod  # noqa: E402
-from octavo.kernels.split_k import plan as split_plan  # noqa: E402
-from octavo.kernels.split_k import to_fill  # noqa: E402
 from octavo.kernels.triton_utils import tl, triton  # noqa: E402
 
 
@@ -69,10 +67,9 @@ def _read_contiguous(w, out, words_per_split, BLOCK_N: tl.constexpr, BLOCK_W: tl
 
 def measure(k: int, n: int, stages_list: list[int], peak: float | None,
             tiles_list: list[tuple[int, int]]) -> list[dict]:
+    dev = torch.device("cuda")
     block_n, block_k, _, waves, _ = gemv_mod._plan(n, k)
-    tiles = n // block_n
-    splits = to_fill(tiles, k // block_k, torch.device("cuda"), waves)
-    splits, k_per_split = split_plan(k, block_k, splits)
+    tiles, splits, k_per_split = gemv_mod.grid(n, k, block_n, block_k, waves, dev)
     assert k_per_split * splits == k, (k, block_k, splits)
     copies = flush_copies(n * k)
     ws = [torch.randint(-2**31, 2**31 - 1, (n, k // 4), device="cuda", dtype=torch.int32)
@@ -91,8 +88,7 @@ def measure(k: int, n: int, stages_list: list[int], peak: float | None,
 
     plan = f"{block_n}x{block_k}, {tiles}x{splits} programs"
     for bn, bk in tiles_list:  # the same bytes read BLOCK_N x BLOCK_K other ways, rows only
-        t = n // bn
-        sp, kps = split_plan(k, bk, to_fill(t, k // bk, torch.device("cuda"), waves))
+        t, sp, kps = gemv_mod.grid(n, k, bn, bk, waves, dev)
 
         def run_other(bn=bn, bk=bk, t=t, sp=sp, kps=kps):
             for w in ws:

@@ -109,7 +109,7 @@ def make_weight(kernel: str, k: int, n: int, dev):
         return torch.randn(k, n, device=dev, dtype=torch.bfloat16)  # x @ w
     if kernel.startswith("bf16"):
         return torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-    if kernel in ("fp8_gemv_tiled", "fp8_gemv_tiled_glu"):
+    if kernel in FP8_TILED and "_tiled" in kernel:
         from octavo.kernels.fp8_tiled import tile_fp8_weight, tiled_plan
 
         blocks = tiled_plan(n, k)
@@ -144,7 +144,7 @@ def call(kernel: str, x, w):
         from octavo.kernels.fp8_gemv import fp8_gemv
 
         return fp8_gemv(x, w[0], w[1], glu=kernel.endswith("_glu"),
-                        tiled=w[2] if len(w) == 3 else None)
+                        tiled=w[2] if "_tiled" in kernel else None)
     if kernel.startswith("fp8_gemv"):
         from octavo.kernels.fp8_gemv import fp8_gemv
 

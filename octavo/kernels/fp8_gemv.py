@@ -394,6 +394,19 @@ def fp8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
                    stages, rope=rope, head_dim=head_dim, tiled=tiled)
 
 
+def grid(n: int, k: int, block_n: int, block_k: int, waves: int, device: torch.device,
+         split_k: int | None = None) -> tuple[int, int, int]:
+    """(N tiles, K splits, K per split) of the launch for an [n, k] weight in tiles of
+    ``block_n`` x ``block_k``: ``split_k`` (None: enough to give about ``waves`` programs per
+    SM), each split a whole number of steps, none empty."""
+    n_tiles = triton.cdiv(n, block_n)
+    k_steps = triton.cdiv(k, block_k)
+    if split_k is None:
+        split_k = split_k_to_fill(n_tiles, k_steps, device, waves)
+    split_k, k_per_split = split_k_plan(k_steps * block_k, block_k, split_k)
+    return n_tiles, split_k, k_per_split
+
+
 def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits, x_load,
             stages, glu: bool = False, rope: tuple | None = None,
             head_dim: int = 2, tiled: tuple[int, int] | None = None) -> torch.Tensor:
@@ -423,11 +436,7 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
     num_warps = num_warps or plan[2]
     waves = waves or plan[3]
     stages = stages or fp8_gemv_stages() or plan[4]
-    n_tiles = triton.cdiv(n, block_n)
-    k_steps = triton.cdiv(k, block_k)
-    if split_k is None:
-        split_k = split_k_to_fill(n_tiles, k_steps, x2.device, waves)
-    split_k, k_per_split = split_k_plan(k_steps * block_k, block_k, split_k)
+    n_tiles, split_k, k_per_split = grid(n, k, block_n, block_k, waves, x2.device, split_k)
     assert not glu or n % 2 == 0, n
     has_rope = rope is not None
     if has_rope:
