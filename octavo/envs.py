@@ -214,11 +214,14 @@ def gemv_prefetch(default: int) -> int:
 
 
 def l2_prefetch() -> frozenset[str]:
-    """OCTAVO_L2_PREFETCH (comma list of "o", "mlp", "qkv"; default all three): on NVIDIA
-    sm_90+ with PDL, a launch right after each decoder layer's attention pulls into L2 the
-    weights read next (its o_proj, its MLP, the next layer's qkv_proj) for one-token steps,
-    octavo/layers/weight_prefetch.py. "0" / "off" / "none": none."""
-    value = os.environ.get("OCTAVO_L2_PREFETCH", "o,mlp,qkv")
+    """OCTAVO_L2_PREFETCH (comma list of "o", "mlp", "qkv"; default none): on NVIDIA sm_90+
+    with PDL, a launch right after each decoder layer's attention pulls into L2 the weights
+    read next (its o_proj, its MLP, the next layer's qkv_proj) for one-token steps,
+    octavo/layers/weight_prefetch.py. "0" / "off" / "none" (the default): none. Off by
+    default since session 33: on an H200 it cost Qwen3-0.6B batch 1 0.884 -> 0.952 ms and
+    Llama-3.1-8B fp8 2.547 -> 2.594 ms, W4A16 2.558 -> 2.571, bf16 nothing; only W8A16 g128
+    gained (3.121 -> 3.079)."""
+    value = os.environ.get("OCTAVO_L2_PREFETCH", "none")
     names = frozenset(v.strip() for v in value.split(",") if v.strip())
     if names & {"0", "off", "none", "false"}:
         return frozenset()
@@ -330,11 +333,11 @@ def cuda_fp8_max_m(default: int) -> int:
 
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
-    layer), "along_k" or "swapab" (every layer the swap-AB kernel can hold), for the
-    benchmarks' comparisons."""
+    layer), "along_k", "swapab" (every layer the swap-AB kernel can hold) or "rows" (every
+    8-bit layer the rows GEMV can hold), for the benchmarks' comparisons."""
     value = os.environ.get("OCTAVO_INT_WEIGHT_LAYOUT", "auto").strip().lower() or "auto"
-    if value not in ("auto", "along_k", "swapab"):
-        raise ValueError("OCTAVO_INT_WEIGHT_LAYOUT must be auto, along_k or swapab, "
+    if value not in ("auto", "along_k", "swapab", "rows"):
+        raise ValueError("OCTAVO_INT_WEIGHT_LAYOUT must be auto, along_k, swapab or rows, "
                          f"got {value!r}")
     return value
 

@@ -5,9 +5,11 @@ they are read (its o_proj, the MLP's projections, the next layer's qkv_proj), an
 ``octavo.kernels.l2_prefetch`` over their tensors (at most ``OCTAVO_L2_PREFETCH_MB``) right
 after attention. Only on NVIDIA sm_90+ with PDL, and for steps of at most
 ``OCTAVO_L2_PREFETCH_MAX_TOKENS`` tokens (default 1): measured on an H200 (docs/benchmarks.md,
-session 17), a one-token step gains ~2% (Qwen3-0.6B 0.948 -> 0.931 ms, Llama-3.1-8B bf16 and
-W4A16 -1.3%), while two tokens and up lose (batch 32 +19%: the next kernel waits for the
-prefetch launch to land its 31.5 MB).
+session 17), a one-token step gained ~2% then (Qwen3-0.6B 0.948 -> 0.931 ms, Llama-3.1-8B bf16
+and W4A16 -1.3%), while two tokens and up lose (batch 32 +19%: the next kernel waits for the
+prefetch launch to land its 31.5 MB). Off by default since session 33 (``OCTAVO_L2_PREFETCH``):
+with today's kernels it cost one-token steps on an H200 (Qwen3-0.6B 0.884 -> 0.952 ms,
+Llama-3.1-8B fp8 2.547 -> 2.594), W8A16 g128 alone gaining 1.3%.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def test_chunk_table_stops_at_the_budget():
 
 def test_env_list(monkeypatch):
     monkeypatch.delenv("OCTAVO_L2_PREFETCH", raising=False)
-    assert envs.l2_prefetch() == {"o", "mlp", "qkv"}  # on by default (one-token steps)
+    assert envs.l2_prefetch() == frozenset()  # off by default (measured slower, session 33)
     assert envs.l2_prefetch_max_tokens() == 1
     monkeypatch.setenv("OCTAVO_L2_PREFETCH", "o, mlp,qkv")
     assert envs.l2_prefetch() == {"o", "mlp", "qkv"}
