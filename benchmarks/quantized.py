@@ -1,6 +1,7 @@
 """W8 quantized decode (../shared/BENCHMARKS.md): the Llama-3.1-8B shape with bf16, W8A16 and
 W4A16 (GPTQ layout, group 128) and fp8 weights, random (dummy) weights, one engine setting;
-``w4a16_lmhead`` is W4A16 with the LM head quantized as well (not in the default list).
+``w4a16_lmhead`` is W4A16 with the LM head quantized as well, ``w8a16_channel`` W8A16 with one
+group per output channel (neither in the default list).
 
 For each method: the weight memory, then for batch 1, 16, 64 and 256 (prompt 128, output 256)
 the time per output token (decode only: a run to 257 tokens minus a run to 1 token, over the
@@ -35,6 +36,9 @@ _GPTQ_G128 = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": 
 METHODS = {
     "bf16": (None, None),
     "w8a16": ({**_GPTQ_G128, "bits": 8}, None),
+    # 8-bit with one group per output channel (llm-compressor's W8A16 preset is channel-wise):
+    # the rows GEMV's layout (octavo/kernels/int8_gemv.py). Not in the default list.
+    "w8a16_channel": ({**_GPTQ_G128, "bits": 8, "group_size": -1}, None),
     "w4a16": (_GPTQ_G128, None),
     "fp8": (None, "fp8"),
     # W4A16 with the LM head quantized too (GPTQModel's lm_head=True; here at the model's 4

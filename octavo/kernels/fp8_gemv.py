@@ -95,6 +95,76 @@ def _e4m3x4_bits(w):
 
 
 @triton.jit
+def _u8_prmt(w, BASE_BITS, j: tl.constexpr, EXACT: tl.constexpr):
+    """Byte ``j`` of each int32 word placed in a float by one PRMT: EXACT, as the low byte of
+    2**23's bits (BASE_BITS 0x4B000000: the float 2**23 + q); else at bits 8-15 of 1.0f's
+    (BASE_BITS 0x3F800000: 1 + q * 2**-15). Both exact."""
+    if EXACT:
+        if j == 0:
+            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7650;"
+        elif j == 1:
+            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7651;"
+        elif j == 2:
+            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7652;"
+        else:
+            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7653;"
+    else:
+        if j == 0:
+            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7604;"
+        elif j == 1:
+            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7614;"
+        elif j == 2:
+            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7624;"
+        else:
+            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7634;"
+    return tl.inline_asm_elementwise(code, "=r,r,r", [w, BASE_BITS], dtype=tl.int32,
+                                     is_pure=True, pack=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _u8_shift(w, BASE_BITS, j: tl.constexpr, EXACT: tl.constexpr):
+    """``_u8_prmt``'s float by a shift and a mask-or (the interpreter runs no assembly)."""
+    if EXACT:
+        v = (w >> (8 * j)) & 0xFF
+    elif j == 0:
+        v = (w << 8) & 0xFF00
+    else:
+        v = (w >> (8 * (j - 1))) & 0xFF00
+    return (v | BASE_BITS).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _u8x4(w, BASE_BITS, ASM: tl.constexpr, EXACT: tl.constexpr):
+    """The 4 bytes of each int32 word (byte i = weight 4j + i, an unsigned 8-bit q) as
+    float32: ``2**23 + q`` (EXACT) or ``1 + q * 2**-15``, one PRMT each (``ASM``)."""
+    if ASM:
+        return (_u8_prmt(w, BASE_BITS, 0, EXACT), _u8_prmt(w, BASE_BITS, 1, EXACT),
+                _u8_prmt(w, BASE_BITS, 2, EXACT), _u8_prmt(w, BASE_BITS, 3, EXACT))
+    return (_u8_shift(w, BASE_BITS, 0, EXACT), _u8_shift(w, BASE_BITS, 1, EXACT),
+            _u8_shift(w, BASE_BITS, 2, EXACT), _u8_shift(w, BASE_BITS, 3, EXACT))
+
+
+@triton.jit
+def _group_consts(s_ptr, z_ptr, zero, rows, n_mask, word, stride_sg, stride_sn, stride_zg,
+                  stride_zn, GROUP: tl.constexpr, HAS_Z: tl.constexpr, EXACT: tl.constexpr):
+    """U8: the [BLOCK_N, 1] factors of the group holding K word ``word`` (a step lies in one
+    group), the zero ``z`` a tensor [G, N] (HAS_Z) or the one number ``zero``. EXACT:
+    (s, 2**23 + z), the step adding s sum x ((2**23 + q) - (2**23 + z)); else
+    (s * 2**15, s * (2**15 + z)), the step adding s 2**15 sum x (1 + q 2**-15) -
+    s (2**15 + z) sum x = s (sum x q - z sum x)."""
+    g = (word * 4) // GROUP
+    s = tl.load(s_ptr + g * stride_sg + rows * stride_sn, mask=n_mask, other=0.0).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + g * stride_zg + rows * stride_zn, mask=n_mask,
+                    other=0.0).to(tl.float32)
+    else:
+        z = zero
+    if EXACT:
+        return s[:, None], (8388608.0 + z + s * 0.0)[:, None]
+    return (s * 32768.0)[:, None], (s * (32768.0 + z))[:, None]
+
+
+@triton.jit
 def _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr, X_LOAD: tl.constexpr):
     """x[4j + i] for the block's words j, as 4 float32 planes i = 0..3 (times 2**64 for
     _e4m3x4_bits), each [1, BLOCK_W]. X_LOAD picks how they are read:
@@ -138,12 +208,26 @@ def _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr, X_LOAD: tl.co
 
 @triton.jit
 def _word_dot(acc, wf, x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr,
-              X_LOAD: tl.constexpr):
+              X_LOAD: tl.constexpr, U8: tl.constexpr, sq, sx):
     x0, x1, x2, x3 = _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD)
-    acc += wf[0] * x0
-    acc += wf[1] * x1
-    acc += wf[2] * x2
-    acc += wf[3] * x3
+    if U8 == 2:  # wf = 2**23 + q, sx = 2**23 + z: exact q - z (``_group_consts``)
+        p = (wf[0] - sx) * x0
+        p += (wf[1] - sx) * x1
+        p += (wf[2] - sx) * x2
+        p += (wf[3] - sx) * x3
+        acc += p * sq
+    elif U8:  # wf = 1 + q 2**-15: the step adds s (sum x q - z sum x) (``_group_consts``)
+        p = wf[0] * x0
+        p += wf[1] * x1
+        p += wf[2] * x2
+        p += wf[3] * x3
+        acc += p * sq
+        acc -= (x0 + x1 + x2 + x3) * sx
+    else:
+        acc += wf[0] * x0
+        acc += wf[1] * x1
+        acc += wf[2] * x2
+        acc += wf[3] * x3
     return acc
 
 
@@ -213,9 +297,12 @@ def _fp8_gemv_kernel(
     stride_ps, stride_pm, stride_pn,
     pos_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr, stride_cs, stride_cb, stride_ct, stride_ch,
     block_size, Q_N, QK_N,
+    z_ptr, zero, BASE_BITS, stride_sg, stride_sn, stride_zg, stride_zn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr,
     X_LOAD: tl.constexpr, GLU: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr,
     STAGES: tl.constexpr, PDL: tl.constexpr, TILED: tl.constexpr,
+    U8: tl.constexpr = 0, GROUP: tl.constexpr = 1, HAS_Z: tl.constexpr = False,
+    ASM: tl.constexpr = True,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -229,6 +316,14 @@ def _fp8_gemv_kernel(
     # BLOCK_K (N and K multiples of them), int32 words [N / BLOCK_N, K / BLOCK_K, BLOCK_N,
     # BLOCK_W], tile column c's row already the weight row ``rows[c]``: a step of a tile is
     # one contiguous block, a program's K range too. Only the weight's addresses change.
+    # U8 (``octavo.kernels.int8_gemv``): the bytes are unsigned 8-bit integers q with a scale
+    # s (s_ptr [G, N], strides stride_sg / stride_sn) and a zero z (z_ptr [G, N] if HAS_Z,
+    # else the number ``zero``) per GROUP weights of K, W = (q - z) s; GROUP a multiple of
+    # BLOCK_K, so a step lies in one group and adds s (sum x q - z sum x) (``_word_dot``):
+    # U8 = 2 with exact q - z (a subtraction per weight), U8 = 1 through 1 + q 2**-15 (one
+    # correction per word; ~2**-16 of the result, for 16-bit activations). BASE_BITS: the
+    # float bits the bytes are placed in (``_u8_prmt``), at run time (a constant is
+    # re-materialized before every PRMT).
     BLOCK_W: tl.constexpr = BLOCK_K // 4
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -258,25 +353,42 @@ def _fp8_gemv_kernel(
         w_ptrs += W_STEP
         w_ahead = tl.load(w_ptrs, mask=n_mask[:, None] & ((offs_w + BLOCK_W) < w_end)[None, :],
                           other=0)
+    sq = 0.0
+    sx = 0.0
+    if U8:  # the first step's group factors (scales are weights: before the wait)
+        sq, sx = _group_consts(s_ptr, z_ptr, zero, rows, n_mask, w_start, stride_sg,
+                               stride_sn, stride_zg, stride_zn, GROUP, HAS_Z, U8 == 2)
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
-    for _ in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
+    for wi in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
         w_ptrs += W_STEP
         next_mask = (offs_w + (STAGES - 1) * BLOCK_W) < w_end
         w_next = tl.load(w_ptrs, mask=n_mask[:, None] & next_mask[None, :], other=0)
-        if BITS:
+        if U8:
+            # The next step's group factors on their way too (the last step's: a reload).
+            sq_next, sx_next = _group_consts(
+                s_ptr, z_ptr, zero, rows, n_mask, tl.minimum(wi + BLOCK_W, w_end - 1),
+                stride_sg, stride_sn, stride_zg, stride_zn, GROUP, HAS_Z, U8 == 2)
+            wf = _u8x4(w, BASE_BITS, ASM, U8 == 2)
+        elif BITS:
             wf = _e4m3x4_bits(w)
         else:
             wf = _e4m3x4_cvt(w)
-        acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD)
+        acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD, U8, sq, sx)
         if BLOCK_M > 1:
-            acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, BITS, X_LOAD)
+            acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, BITS, X_LOAD, U8, sq, sx)
+        if U8:
+            sq = sq_next
+            sx = sx_next
         if STAGES == 3:
             w = w_ahead
             w_ahead = w_next
         else:
             w = w_next
         offs_w += BLOCK_W
-    scale = tl.load(s_ptr + rows, mask=n_mask, other=0.0)
+    if U8:  # the scales are in the sums already
+        scale = tl.full((BLOCK_N,), 1.0, tl.float32)
+    else:
+        scale = tl.load(s_ptr + rows, mask=n_mask, other=0.0)
     if BITS:
         scale = scale * BITS_OUT_SCALE
     offs_m = tl.arange(0, BLOCK_M)
@@ -409,10 +521,15 @@ def grid(n: int, k: int, block_n: int, block_k: int, waves: int, device: torch.d
 
 def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits, x_load,
             stages, glu: bool = False, rope: tuple | None = None,
-            head_dim: int = 2, tiled: tuple[int, int] | None = None) -> torch.Tensor:
+            head_dim: int = 2, tiled: tuple[int, int] | None = None,
+            u8: tuple | None = None) -> torch.Tensor:
     """``fp8_gemv``'s launch; ``rope``: ``_fp8_gemv_kernel``'s ROPE arguments (pos_ptr ..
     QK_N; the output then q [M, Q_N] and split_k 1), else None; ``tiled``: the weight's
-    (block_n, block_k) tiling (``fp8_tiled.tile_fp8_weight``), which the tile then is."""
+    (block_n, block_k) tiling (``fp8_tiled.tile_fp8_weight``), which the tile then is.
+    ``u8``: (zeros, group, exact) for unsigned 8-bit integer weights
+    (``octavo.kernels.int8_gemv``; ``scale`` then float scales [K / group, N], ``zeros`` a
+    tensor of that shape or one number; ``exact``: the kernel's U8 = 2), else None (float8
+    weights, ``scale`` float32 per row)."""
     require_triton("fp8_gemv")
     m, k = x2.shape
     n = _weight_rows(weight)
@@ -425,8 +542,6 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
     else:
         assert weight.dim() == 2 and weight.shape[1] == k, (x2.shape, weight.shape)
     assert 1 <= m <= MAX_M and k % 4 == 0, (x2.shape, weight.shape)
-    scale = scale.reshape(-1)
-    assert scale.numel() == n and scale.dtype == torch.float32, (scale.shape, scale.dtype)
     words = weight.view(torch.int32)  # 4 weights per word: the same storage
     stride_wn = k // 4 if tiled else words.stride(0)  # TILED: not read
     assert stages in (None, 2, 3), stages
@@ -436,6 +551,23 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
     num_warps = num_warps or plan[2]
     waves = waves or plan[3]
     stages = stages or fp8_gemv_stages() or plan[4]
+    if u8 is None:
+        scale = scale.reshape(-1)
+        assert scale.numel() == n and scale.dtype == torch.float32, (scale.shape, scale.dtype)
+        u8_args = (x2, 0.0, 0x3F800000, 0, 0, 0, 0)  # placeholders: not read
+        u8_meta = {}
+    else:
+        zeros, group, exact = u8
+        assert tiled is None and scale.dim() == 2 and scale.shape == (k // group, n) \
+            and k % group == 0 and group % block_k == 0, (scale.shape, k, group, block_k)
+        has_z = isinstance(zeros, torch.Tensor)
+        z = zeros if has_z else scale
+        assert not has_z or zeros.shape == scale.shape, (zeros.shape, scale.shape)
+        u8_args = (z, 0.0 if has_z else float(zeros), 0x4B000000 if exact else 0x3F800000,
+                   scale.stride(0), scale.stride(1), z.stride(0), z.stride(1))
+        u8_meta = {"U8": 2 if exact else 1, "GROUP": group, "HAS_Z": has_z,
+                   "ASM": x2.is_cuda}
+        bits = False
     n_tiles, split_k, k_per_split = grid(n, k, block_n, block_k, waves, x2.device, split_k)
     assert not glu or n % 2 == 0, n
     has_rope = rope is not None
@@ -460,11 +592,11 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
         m, n, k, k_per_split, split_k,
         xs.stride(0), xs.stride(1), stride_wn,
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        *rope,
+        *rope, *u8_args,
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k,
         BITS=not x2.is_cuda if bits is None else bits, X_LOAD=x_load, GLU=glu,
         ROPE=has_rope, HEAD_DIM=head_dim, STAGES=stages, TILED=tiled is not None,
-        num_warps=num_warps,
+        num_warps=num_warps, **u8_meta,
         **pdl_args(x2.device),
     )  # fmt: skip
     return out

@@ -19,6 +19,15 @@ at batch 1, tens won from batch 3 to 128; the small ones keep the GEMV's layout.
 keep it too: the swap-AB GEMM at one row took 1.7x the 8-bit GEMV's time per layer (W8A16
 batch 1 in the engine 6.7 ms against 3.9).
 
+- ``rows`` (``octavo.kernels.int8_gemv``, 8-bit only): uint8 [N, K], the float8 weights'
+  layout. One or two rows run the FP8 GEMV's kernel in its 8-bit integer mode (with its fused
+  gate/up activation and qkv rotary stores, ``gated`` / ``qkv_rope``); larger batches run the
+  tensor-core kernel and dequantize-then-cuBLAS of the along-K layout on the same bytes
+  through strides (``int8_gemv.as_along_k``). On CUDA the 8-bit layers whose groups let the
+  GEMV run the FP8 GEMV's full K steps take it (one group per row: compressed-tensors'
+  channel strategy, GPTQ group -1); shorter groups (g128) stay along K
+  (``int8_gemv.runs_full_steps``).
+
 On the swap-AB layout, batches of 1-8 rows run the CUDA kernel of ``swapab_mma`` where it is
 built (nvcc, an NVIDIA GPU; ``OCTAVO_CUDA_KERNELS=0`` turns it off). Llama-3.1-8B W4A16 on an
 H200 (session 19, ms per token at batch 1 / 16 / 64): Triton only 3.012 / 3.911 / 7.098;
@@ -34,12 +43,13 @@ from __future__ import annotations
 import torch
 
 from octavo import envs
-from octavo.kernels import swapab_mma
+from octavo.kernels import int8_gemv, swapab_mma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
 
 ALONG_K = "along_k"
 SWAPAB = "swapab"
+ROWS = "rows"
 SWAPAB_MIN_WEIGHTS = 1 << 25  # K * N; Llama-8B's gate_up (117M) and down (59M), not qkv / o
 SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout (OCTAVO_INT_SWAPAB_8BIT: +8)
 SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
@@ -48,11 +58,19 @@ SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> str:
     """The layout for a [K, N] integer weight on ``device`` (``OCTAVO_INT_WEIGHT_LAYOUT``
     overrides the size and bits rule, not what the kernel can hold)."""
-    if device.type != "cuda" or not swapab.supports(k, n, group_size, bits):
+    if device.type != "cuda":
         return ALONG_K
     mode = envs.int_weight_layout()
+    # 8-bit: the rows GEMV where its groups allow full K steps (per channel), unless
+    # OCTAVO_INT_SWAPAB_8BIT asks for the size rule below; "rows" forces it where it runs.
+    if bits == 8 and int8_gemv.supports(1, k, group_size) and (
+            mode == ROWS or (mode == "auto" and not envs.int_swapab_8bit()
+                             and int8_gemv.runs_full_steps(n, k, group_size))):
+        return ROWS
+    if not swapab.supports(k, n, group_size, bits):
+        return ALONG_K
     if mode != "auto":
-        return mode
+        return ALONG_K if mode == ROWS else mode
     hopper = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
     bits_ok = bits == SWAPAB_BITS or (bits == 8 and envs.int_swapab_8bit())
     large = k * n >= SWAPAB_MIN_WEIGHTS and bits_ok
@@ -61,12 +79,18 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
 
 def pack(q: torch.Tensor, bits: int, layout: str) -> torch.Tensor:
     """Integer values [K, N] in ``layout``."""
+    if layout == ROWS:
+        return int8_gemv.pack_rows(q)
     return swapab.pack_swapab(q, bits) if layout == SWAPAB else along_k.pack_along_k(q, bits)
 
 
 def linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-           group_size: int, bits: int, layout: str) -> torch.Tensor:
-    """``x [.., K] @ dequant(W) [K, N]`` in x's dtype, for a weight packed in ``layout``."""
+           group_size: int, bits: int, layout: str, zero: float | None = None) -> torch.Tensor:
+    """``x [.., K] @ dequant(W) [K, N]`` in x's dtype, for a weight packed in ``layout``.
+    ``zero``: the one zero point of every group where they are all equal (else None)."""
+    if layout == ROWS:
+        return along_k.over_rows(x, qweight.shape[0], lambda x2: _rows(
+            x2, qweight, scales, zeros, group_size, zero))
     if layout != SWAPAB:
         return along_k.w4a16_gemm(x, qweight, scales, zeros, group_size, bits)
     return along_k.over_rows(x, qweight.shape[0] * (16 // bits), lambda x2: _swapab_rows(
@@ -89,3 +113,56 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {}
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
     return x2 @ swapab.dequantize_swapab(qweight, scales, zeros, group_size, bits, x2.dtype)
+
+
+def _rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+          group_size: int, zero: float | None) -> torch.Tensor:
+    m, k = x2.shape
+    if int8_gemv.supports(m, k, group_size):
+        return int8_gemv.int8_gemv(x2, qweight, scales, zeros if zero is None else zero,
+                                   group_size)
+    words = int8_gemv.as_along_k(qweight)
+    if m <= envs.int_gemm_fused_max_m(along_k.FUSED_MAX_M):
+        return along_k.w4a16_gemm(x2, words, scales, zeros, group_size, 8, path="gemm")
+    w = along_k.dequantize(words, scales, zeros, group_size, 8, x2.dtype, rows_out=True)
+    return x2 @ w
+
+
+def _rows_input(x: torch.Tensor, group_size: int, layout: str,
+                act_perm: torch.Tensor | None) -> torch.Tensor | None:
+    """x as the rows GEMV's [M, K] input (act-order columns permuted), or None where the
+    GEMV does not take this call."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if layout != ROWS or not int8_gemv.supports(x2.shape[0], x2.shape[1], group_size):
+        return None
+    return x2 if act_perm is None else x2.index_select(-1, act_perm)
+
+
+def gated(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+          group_size: int, layout: str, zero: float | None,
+          act_perm: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``silu(gate) * up`` of an MLP's [gate | up] weight (N = 2I) from the GEMV's store, for a
+    ``rows`` weight and a batch the GEMV takes; None otherwise."""
+    x2 = _rows_input(x, group_size, layout, act_perm)
+    if x2 is None:
+        return None
+    y = int8_gemv.int8_gemv(x2, qweight, scales, zeros if zero is None else zero, group_size,
+                            glu=True)
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def qkv_rope(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+             zeros: torch.Tensor, group_size: int, layout: str, zero: float | None,
+             act_perm: torch.Tensor | None, positions: torch.Tensor,
+             cos_sin_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+             kv_store) -> torch.Tensor | None:
+    """A qkv projection's rotated q with k and v written into the paged cache, from the
+    GEMV's store (``int8_gemv.int8_gemv_qkv_rope``), for a ``rows`` weight and a batch the
+    GEMV takes; None, with nothing done, otherwise."""
+    x2 = _rows_input(x, group_size, layout, act_perm)
+    if x2 is None:
+        return None
+    q = int8_gemv.int8_gemv_qkv_rope(x2, qweight, scales, zeros if zero is None else zero,
+                                     group_size, positions.reshape(-1), cos_sin_cache,
+                                     num_heads, num_kv_heads, head_dim, kv_store)
+    return None if q is None else q.view(*x.shape[:-1], q.shape[-1])

@@ -273,16 +273,24 @@ def _dequantize_kernel(qw_ptr, s_ptr, z_ptr, w_ptr, N, stride_qk, stride_qn, str
 
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                group_size: int, bits: int, dtype: torch.dtype, block_p: int = 2,
-               block_n: int = 512, num_warps: int = 4) -> torch.Tensor:
+               block_n: int = 512, num_warps: int = 4, rows_out: bool = False) -> torch.Tensor:
     """The float weight [K, N] in ``dtype``, by a Triton kernel (``dequantize_ref``'s result):
     for large batches, dequantize-then-cuBLAS can beat the fused kernel. Tiles from
     ``benchmarks/quantized_gemm.py --dequant-sweep`` on an H200 (Llama-8B shapes): 2 packed
     rows x 512 columns was the best or within 1% of it on all four, 4- and 8-bit (gate_up
-    93.4 -> 83.1 us 4-bit, 117.6 -> 95.2 8-bit against the first 4 x 128)."""
+    93.4 -> 83.1 us 4-bit, 117.6 -> 95.2 8-bit against the first 4 x 128).
+    ``rows_out``: ``qweight`` is a transposed view of words packed along K within each row
+    of N (``int8_gemv.as_along_k``): tiles then run along K (64 packed rows x 16 columns, so
+    reads and writes are contiguous), and the result is a [K, N] view of a row-major [N, K]
+    weight."""
     require_triton("dequantize")
     pack = pack_factor(bits)
     kp, n = qweight.shape
-    w = torch.empty(kp * pack, n, device=qweight.device, dtype=dtype)
+    if rows_out:
+        w = torch.empty(n, kp * pack, device=qweight.device, dtype=dtype).t()
+        block_p, block_n = 64, 16
+    else:
+        w = torch.empty(kp * pack, n, device=qweight.device, dtype=dtype)
     while kp % block_p:  # a power of two dividing the packed rows (1 always does)
         block_p //= 2
     _dequantize_kernel[(triton.cdiv(kp, block_p), triton.cdiv(n, block_n))](

@@ -3,9 +3,11 @@ integer weights [in, out], integer zeros and float scales per group, maybe an ac
 group index, turned at load into what runs.
 
 - On CUDA (with Triton, 4 or 8 bits): a fused kernel's packed layout, chosen per layer by
-  ``octavo.kernels.int_weight_layout`` (the GEMV's along K, or the swap-AB GEMM's for the
-  large projections on Hopper), act-order rows sorted once so that groups are contiguous, the
-  activations permuted through a stored index at each call.
+  ``octavo.kernels.int_weight_layout`` (the GEMV's along K, the swap-AB GEMM's for the
+  large 4-bit projections on Hopper, rows for 8-bit weights), act-order rows sorted once so
+  that groups are contiguous, the activations permuted through a stored index at each call.
+  On the rows layout one- and two-row batches also fuse the MLP's activation and the qkv
+  projection's rotary into the GEMV's store (``apply_gated``, ``apply_qkv_rope``).
 - Elsewhere: the float weight [out, in], dequantized once with the group index, which the layer
   may pack for oneDNN (``dense_weight``). Correct, not small: the CPU issue makes it lean.
 """
@@ -18,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo import envs
 from octavo.kernels import int_weight_layout
 from octavo.kernels import w4a16_gemm as kern
 from octavo.kernels.triton_utils import HAS_TRITON
@@ -58,6 +61,8 @@ class IntWeightLinearMethod(LinearMethod):
     """Base of the GPTQ and AWQ methods: subclasses create the checkpoint's parameters and
     implement ``unpack(layer)``; this class turns the result into what ``apply`` runs."""
 
+    has_qkv_rope = True  # on the rows layout (8-bit, CUDA)
+
     def __init__(self, bits: int, group_size: int) -> None:
         self.bits = bits
         self.group_size = group_size  # -1: one group over all input features
@@ -93,6 +98,11 @@ class IntWeightLinearMethod(LinearMethod):
                                     "act_perm"), kernel):
                     layer.register_buffer(name, t, persistent=False)
                 layer.kernel_group = group
+                # One zero point for every group (symmetric checkpoints): the rows GEMV
+                # takes it as a number and reads no zeros.
+                z = layer.zeros_kernel
+                layer.kernel_zero = (float(z.reshape(-1)[0]) if z.numel()
+                                     and bool((z == z.reshape(-1)[0]).all()) else None)
                 return
             logger.warning("layer %r: act-order groups are not contiguous blocks of %d rows "
                            "after sorting; it runs on a dequantized float weight", layer.prefix,
@@ -134,8 +144,27 @@ class IntWeightLinearMethod(LinearMethod):
             x = x.index_select(-1, layer.act_perm)
         y = int_weight_layout.linear(x, layer.qweight_kernel, layer.scales_kernel,
                                      layer.zeros_kernel, layer.kernel_group, self.bits,
-                                     layer.kernel_layout)
+                                     layer.kernel_layout, layer.kernel_zero)
         return y if bias is None else y + bias
+
+    def apply_gated(self, layer, x, bias):
+        sizes = layer.output_partition_sizes
+        if not (layer.kernel_group is not None and x.is_cuda and bias is None
+                and len(sizes) == 2 and sizes[0] == sizes[1] and envs.fused_glu()):
+            return None
+        return int_weight_layout.gated(x, layer.qweight_kernel, layer.scales_kernel,
+                                       layer.zeros_kernel, layer.kernel_group,
+                                       layer.kernel_layout, layer.kernel_zero, layer.act_perm)
+
+    def apply_qkv_rope(self, layer, x, bias, positions, cos_sin_cache, kv_store):
+        if not (layer.kernel_group is not None and x.is_cuda and bias is None
+                and envs.fused_qkv_rope() and hasattr(layer, "num_kv_heads")):
+            return None
+        return int_weight_layout.qkv_rope(
+            x, layer.qweight_kernel, layer.scales_kernel, layer.zeros_kernel,
+            layer.kernel_group, layer.kernel_layout, layer.kernel_zero, layer.act_perm,
+            positions, cos_sin_cache, layer.num_heads, layer.num_kv_heads, layer.head_dim,
+            kv_store)
 
     def dense_weight(self, layer):
         return getattr(layer, "dequantized_weight", None)

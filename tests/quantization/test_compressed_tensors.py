@@ -78,6 +78,20 @@ def test_fixture_matches_transformers(name):
     assert methods["model.layers.0.mlp.down_proj"] == want
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [n for n in FIXTURES if "w8a16" in n])
+def test_w8a16_on_the_rows_gemv_matches_transformers(name, monkeypatch):
+    """Every 8-bit layer on the rows layout (octavo/kernels/int8_gemv.py: the one- and
+    two-row GEMV with its fused activation and rotary stores, the along-K kernels through
+    strides for the prompt): still transformers' tokens and logprobs (float32)."""
+    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "rows")
+    ref = _reference(name)
+    llm, outs = _run(os.path.join(ROOT, name), ref)
+    _check_against_transformers(outs, ref)
+    model = llm.llm_engine.executor.worker.runner.model
+    assert model.model.layers[0].mlp.down_proj.kernel_layout == "rows"
+
+
 def test_ignored_layers_stay_float_with_regex_ignore(tmp_path):
     """The asymmetric fixture leaves layer 1's MLP in float (llm-compressor wrote the names);
     the same checkpoint with the ignore list as a ``re:`` regex loads the same way."""

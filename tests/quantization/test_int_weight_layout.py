@@ -67,7 +67,10 @@ def test_choice_by_device_size_and_shape(hopper, monkeypatch):
     assert layout.choose(14336, 4096, 128, 4, cuda) == layout.SWAPAB  # down
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv: GEMV wins
     assert layout.choose(4096, 28672 + 8, 128, 4, cuda) == layout.ALONG_K  # N % 256
-    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K  # 8-bit: the GEMV's
+    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K  # 8-bit g128
+    assert layout.choose(4096, 28672, 4096, 8, cuda) == layout.ROWS  # 8-bit per channel
+    assert layout.choose(14336, 4096, 14336, 8, cuda) == layout.ROWS
+    assert layout.choose(4096, 6144, 16, 8, cuda) == layout.ALONG_K  # a group under a step
     assert layout.choose(4096, 28672, 128, 4, torch.device("cpu")) == layout.ALONG_K
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.ALONG_K
@@ -79,7 +82,8 @@ def test_the_size_rule_stands_where_the_cuda_kernel_runs(hopper, monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv
-    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ALONG_K  # 8-bit
+    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ALONG_K  # 8-bit g128
+    assert layout.choose(4096, 4096, 4096, 8, cuda) == layout.ROWS  # 8-bit per channel
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB  # gate_up
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB
@@ -87,7 +91,7 @@ def test_the_size_rule_stands_where_the_cuda_kernel_runs(hopper, monkeypatch):
 
 def test_8_bit_weights_take_the_size_rule_on_request(hopper, monkeypatch):
     """OCTAVO_INT_SWAPAB_8BIT=1: large 8-bit weights go to the swap-AB layout (the CUDA
-    kernel's), small ones stay in the GEMV's; 4-bit is unaffected."""
+    kernel's), small ones to the along-K GEMV's instead of rows; 4-bit is unaffected."""
     cuda = torch.device("cuda", 0)
     monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "1")
     assert layout.choose(4096, 28672, 128, 8, cuda) == layout.SWAPAB  # gate_up
@@ -95,6 +99,7 @@ def test_8_bit_weights_take_the_size_rule_on_request(hopper, monkeypatch):
     assert layout.choose(4096, 6144, 128, 8, cuda) == layout.ALONG_K  # qkv
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB
+    assert layout.choose(4096, 28672, 4096, 8, cuda) == layout.SWAPAB  # not rows
     monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "0")
     assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K
 
@@ -126,13 +131,20 @@ def test_env_overrides_the_size_rule_not_the_shape(hopper, monkeypatch):
     assert layout.choose(4096, 4104, 128, 4, cuda) == layout.ALONG_K  # cannot hold it
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "along_k")
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.ALONG_K
+    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K
+    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "rows")  # 8-bit only, any group it holds
+    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ROWS
+    assert layout.choose(4096, 4096, 16, 8, cuda) == layout.ALONG_K
+    assert layout.choose(4096, 4096, 128, 4, cuda) == layout.ALONG_K
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "marlin")
     with pytest.raises(ValueError, match="OCTAVO_INT_WEIGHT_LAYOUT.*marlin"):
         layout.choose(4096, 28672, 128, 4, cuda)
 
 
-@pytest.mark.parametrize("bits,desc_act", [(4, True), (8, False)])
-def test_gptq_layer_in_the_swapab_layout(bits, desc_act, monkeypatch):
+@pytest.mark.parametrize("bits,desc_act,chosen", [(4, True, layout.SWAPAB),
+                                                  (8, False, layout.SWAPAB),
+                                                  (8, True, layout.ROWS)])
+def test_gptq_layer_in_the_chosen_layout(bits, desc_act, chosen, monkeypatch):
     """The method packs the layer in the chosen layout (act-order rows sorted first) and runs
     it through that layout's kernels."""
     from octavo.layers.linear import RowParallelLinear
@@ -142,7 +154,7 @@ def test_gptq_layer_in_the_swapab_layout(bits, desc_act, monkeypatch):
 
     if DEVICE.type == "cpu":  # the CUDA path forced onto CPU tensors (the interpreter runs it)
         monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, b: True)
-    monkeypatch.setattr(layout, "choose", lambda k, n, g, b, device: layout.SWAPAB)
+    monkeypatch.setattr(layout, "choose", lambda k, n, g, b, device: chosen)
     torch.manual_seed(0)
     w = torch.randn(256, 128)
     qz = quantize(w, bits, 32, False, act_order=desc_act)
@@ -153,8 +165,9 @@ def test_gptq_layer_in_the_swapab_layout(bits, desc_act, monkeypatch):
         param = getattr(layer, name)
         param.weight_loader(param, t.to(DEVICE))
     layer.process_weights_after_loading()
-    assert layer.kernel_layout == layout.SWAPAB and layer.qweight_kernel.dtype == torch.int16
-    for m in (1, 130):
+    assert layer.kernel_layout == chosen
+    assert layer.qweight_kernel.dtype == (torch.int16 if chosen == layout.SWAPAB else torch.uint8)
+    for m in (1, 2, 130):
         x = torch.randn(m, 128, device=DEVICE)
         torch.testing.assert_close(layer(x), F.linear(x, qz.dequantize().to(DEVICE)),
                                    atol=1e-4, rtol=1e-4)

@@ -1,0 +1,134 @@
+"""The 8-bit integer GEMV on the rows layout (octavo/kernels/int8_gemv.py) against the along-K
+8-bit GEMV it replaces at one and two rows, and the FP8 GEMV on the same byte count: Llama-3.1-8B
+projections, microseconds per call from HBM.
+
+PYTHONPATH=. python benchmarks/int8_gemv.py [--m 1] [--sweep] [--json out.json]
+
+Each timing is a CUDA graph sweeping enough copies of the weight that L2 holds none (CUDA
+events, median of replays), g128 scales and zeros in fp16, bf16 activations. gate_up runs with
+the fused activation store where the kernel has one (rows and FP8: ``glu``). The rows kernel
+runs g128 (symmetric and not, exact q - z or 1.0-offset sums) and one group per row (its
+full K steps, what the engine's layout rule gives it). ``--sweep`` times the rows kernel's
+g128 tiles (BLOCK_N x BLOCK_K, warps, waves, steps in flight, exact or
+1.0-offset sums) besides its plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import flush_copies, graph_median_ms, published_hbm_tbps  # noqa: E402
+from octavo.kernels import int8_gemv as rows_mod  # noqa: E402
+from octavo.kernels.fp8_gemv import fp8_gemv  # noqa: E402
+from octavo.kernels.w4a16_gemv import w4a16_gemv  # noqa: E402
+
+SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
+          "down": (14336, 4096)}
+GROUP = 128
+
+
+def _sweep_plans(name: str) -> list[dict]:
+    plans = []
+    waves = 2 if name == "gate_up" else 1  # the FP8 GEMV's plans
+    for bn, bk, warps, stages in itertools.product((16, 32, 64, 128), (64, 128), (4, 8),
+                                                   (2, 3)):
+        if 2048 <= bn * bk <= 16384:
+            plans.append({"block_n": bn, "block_k": bk, "num_warps": warps, "waves": waves,
+                          "stages": stages})
+    return plans
+
+
+def measure(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
+    k, n = SHAPES[name]
+    glu = name == "gate_up"
+    copies = flush_copies(n * k)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows_w = [torch.randint(0, 256, (n, k), device="cuda", dtype=torch.uint8, generator=g)
+              for _ in range(copies)]
+    scales = torch.rand(k // GROUP, n, device="cuda").half() * 0.01
+    zeros = torch.randint(0, 256, (k // GROUP, n), device="cuda").half()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = []
+
+    def report(kernel: str, cfg: str, ms: float) -> None:
+        us = ms / copies * 1e3
+        tbps = n * k / (us * 1e-6) / 1e12
+        out.append({"shape": name, "m": m, "kernel": kernel, "config": cfg, "us": round(us, 2),
+                    "tbps": round(tbps, 3), "of_peak": peak and round(tbps / peak, 3)})
+        frac = f" ({tbps / peak:.0%} of HBM)" if peak else ""
+        print(f"{name:8s} m={m} {kernel:10s} {cfg:60s} {us:8.2f} us {tbps:.2f} TB/s{frac}",
+              flush=True)
+
+    def rows_run(zero, **t):
+        def run():
+            for w in rows_w:
+                rows_mod.int8_gemv(x, w, scales, zero, GROUP, glu=glu, **t)
+        return run
+
+    for zero, label in ((128.0, "sym"), (zeros, "asym")):
+        for exact in (False, True):
+            report("rows", f"plan g128 {label} exact={exact}",
+                   graph_median_ms(rows_run(zero, exact=exact)))
+    channel = torch.rand(1, n, device="cuda").half() * 0.01  # one group per row
+
+    def channel_run(exact):
+        def run():
+            for w in rows_w:
+                rows_mod.int8_gemv(x, w, channel, 128.0, k, glu=glu, exact=exact)
+        return run
+
+    for exact in (False, True):
+        report("rows", f"plan per channel sym exact={exact}", graph_median_ms(channel_run(exact)))
+    if sweep:
+        for t in _sweep_plans(name):
+            try:
+                report("rows", f"sym {t}", graph_median_ms(rows_run(128.0, **t)))
+            except Exception as e:  # noqa: BLE001 - a plan the compiler refuses
+                print(f"{name} {t}: {type(e).__name__}: {str(e)[:120]}")
+    along_c = [rows_mod.as_along_k(w).contiguous() for w in rows_w]  # its own layout
+
+    def along_contig():
+        for w in along_c:
+            w4a16_gemv(x, w, scales, zeros, GROUP, 8)
+
+    report("along_k", "8-bit GEMV g128 (its layout)", graph_median_ms(along_contig))
+    along_c.clear()
+    fp8 = [w.view(torch.float8_e4m3fn) for w in rows_w]
+    for w in fp8:  # no NaN codes
+        w.view(torch.uint8).bitwise_and_(0x77)
+    fscale = torch.rand(n, device="cuda")
+
+    def fp8_run():
+        for w in fp8:
+            fp8_gemv(x, w, fscale, glu=glu)
+
+    report("fp8", "FP8 GEMV plan", graph_median_ms(fp8_run))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", type=int, default=1)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    peak = published_hbm_tbps(torch.cuda.get_device_name())
+    rows = []
+    for name in args.shapes.split(","):
+        rows += measure(name, args.m, args.sweep, peak)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""8-bit integer weights (W8A16: GPTQ, AWQ-style and compressed-tensors 8-bit, a scale and a
+zero point per group of K) times bf16/fp16 activations for decode batches (M = 1..2): the FP8
+GEMV's kernel (``octavo.kernels.fp8_gemv``, its U8 mode) on the weight in rows.
+
+The layout (``rows``): uint8 [N, K], output feature n's weights contiguous along K, as the
+float8 weights are; float ``scales`` [K / group, N]; the zero points either a float tensor of
+that shape (exact integers) or one number for every group (symmetric checkpoints: 128).
+``W[k, n] = (q[n, k] - z) * s``. Viewed as int32 words [N, K / 4] and transposed, the same
+bytes are ``octavo.kernels.w4a16_gemm``'s 8-bit packing along K (byte i of word j is row
+4j + i), so the tensor-core GEMM and dequantize-then-cuBLAS read this layer's weight through
+strides (``as_along_k``): one copy of the weight serves every batch size.
+
+Why this kernel for one row: the along-K 8-bit GEMV reads [K / 4, N] words across N and sat
+at 65-73% of HBM with a 10 us floor on Llama-8B's qkv / o (docs/benchmarks.md, session 22);
+the FP8 GEMV reads the same byte count along K at 71-81%, and brings its fused stores (the
+MLP's gate/up activation, the qkv projection's rotary and KV-cache write). Per 4 weights: 4
+PRMTs place each byte in 1.0f's mantissa (1 + q 2**-15, exact, as the along-K 8-bit GEMV
+does), 4 FMAs with the activations, and per word one FMA with the group's scale and one for
+the zero and the 1.0 offsets (``fp8_gemv._word_dot``); for float32 activations each byte goes
+to 2**23 + q and one subtraction more per weight makes q - z exact (the offsets' sums keep
+~2**-16 of the result, under a 16-bit output's rounding but not float32's).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from octavo.kernels import fp8_gemv as _gemv
+
+MAX_M = _gemv.MAX_M
+SMALLEST_STEP = 32  # K per step at the least (BLOCK_K): a group is a multiple of it
+
+
+def supports(m: int, k: int, group_size: int) -> bool:
+    """Whether ``int8_gemv`` takes an [m, k] batch on a weight in groups of ``group_size``
+    (K for one group per row)."""
+    return 1 <= m <= MAX_M and k % 4 == 0 and k % group_size == 0 \
+        and group_size % SMALLEST_STEP == 0
+
+
+def runs_full_steps(n: int, k: int, group_size: int) -> bool:
+    """Whether the GEMV runs an [N, K] weight in groups of ``group_size`` with the FP8 GEMV's
+    own K step (the group a multiple of it: one group per row, or long groups). Shorter
+    groups force shorter steps, and those lose: at g128 (128-wide steps) the rows GEMV took
+    11.3 / 9.0 / 36.8 / 23.1 us on Llama-8B's qkv / o / gate_up / down against the along-K
+    8-bit GEMV's 11.2 / 9.6 / 35.1 / 21.2, and the FP8 GEMV itself slows as much at 128-wide
+    steps (qkv 7.65 -> 11.36 us); one group per row on the FP8 GEMV's steps: 10.6 / 7.1 /
+    35.2 / 17.8 (docs/benchmarks.md, session 33)."""
+    return supports(1, k, group_size) and group_size % _gemv._plan(n, k)[1] == 0
+
+
+def pack_rows(q: torch.Tensor) -> torch.Tensor:
+    """Integer values [K, N] (0 <= q < 256) -> the ``rows`` layout, uint8 [N, K]."""
+    if q.shape[0] % 4:
+        raise ValueError(f"K={q.shape[0]} is not divisible by 4 (one int32 word = 4 weights)")
+    return q.t().to(torch.uint8).contiguous()
+
+
+def as_along_k(weight: torch.Tensor) -> torch.Tensor:
+    """The ``rows`` weight uint8 [N, K] as ``w4a16_gemm``'s 8-bit int32 [K / 4, N] (a view:
+    strides (1, K / 4))."""
+    return weight.view(torch.int32).t()
+
+
+def _plan(n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
+    """(block_n, block_k, num_warps, waves, stages): the FP8 GEMV's bytes per step, with K
+    steps no longer than a group (a step's scale is one per row)."""
+    block_n, block_k, warps, waves, stages = _gemv._plan(n, k)
+    while group % block_k:
+        block_n, block_k = block_n * 2, block_k // 2
+    return block_n, max(block_k, SMALLEST_STEP), warps, waves, stages
+
+
+def _tuned(n: int, k: int, group: int, tuning: dict, x2: torch.Tensor) -> dict:
+    block_n, block_k, warps, waves, stages = _plan(n, k, group)
+    exact = tuning.get("exact")
+    return {"exact": x2.dtype == torch.float32 if exact is None else exact,
+            "split_k": tuning.get("split_k"), "block_n": tuning.get("block_n") or block_n,
+            "block_k": tuning.get("block_k") or block_k,
+            "num_warps": tuning.get("num_warps") or warps,
+            "waves": tuning.get("waves") or waves, "stages": tuning.get("stages") or stages}
+
+
+def int8_gemv(x2: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+              zeros: torch.Tensor | float, group_size: int, glu: bool = False,
+              **tuning) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(W)`` -> [M, N] in x2's dtype, for M <= MAX_M; ``weight`` uint8
+    [N, K] (``pack_rows``). ``glu``: the weight is an MLP's [gate | up] and the result
+    ``silu(gate) * up`` [M, N / 2]. ``tuning``: split_k, block_n, block_k, num_warps, waves,
+    stages, exact (None: chosen here), for the benchmark's sweeps; ``exact``: each q - z
+    exact before its product (the default for float32 activations), else the sums run on
+    1 + q 2**-15 (one correction per 4 weights; ~2**-16 of the result)."""
+    n, k = weight.shape
+    t = _tuned(n, k, group_size, tuning, x2)
+    return _gemv._launch(x2, weight, scales, t["split_k"], t["block_n"], t["block_k"],
+                         t["num_warps"], t["waves"], False, None, t["stages"], glu=glu,
+                         u8=(zeros, group_size, t["exact"]))
+
+
+def int8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                       zeros: torch.Tensor | float, group_size: int, positions: torch.Tensor,
+                       cos_sin_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
+                       head_dim: int, kv_store, **tuning) -> torch.Tensor | None:
+    """A qkv projection's one-split GEMV whose store rotates q and k and writes k and v into
+    the paged cache, as ``fp8_gemv.fp8_gemv_qkv_rope`` does for float8 weights (the same
+    conditions, ``fp8_gemv.qkv_rope_supported``); None, with nothing done, where it cannot."""
+    if not _gemv.qkv_rope_supported(x2, weight, positions, cos_sin_cache, num_heads,
+                                    num_kv_heads, head_dim, kv_store):
+        return None
+    n, k = weight.shape
+    t = _tuned(n, k, group_size, tuning, x2)
+    kc, vc = kv_store.key_cache, kv_store.value_cache
+    rope = (positions, cos_sin_cache, kc, vc, kv_store.slots, cos_sin_cache.stride(0),
+            kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[1], num_heads * head_dim,
+            (num_heads + num_kv_heads) * head_dim)
+    return _gemv._launch(x2, weight, scales, 1, t["block_n"], t["block_k"], t["num_warps"],
+                         None, False, None, t["stages"], rope=rope, head_dim=head_dim,
+                         u8=(zeros, group_size, t["exact"]))
+
+
+def dequantize_rows(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | float,
+                    group_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The float weight [K, N] of a ``rows`` weight, in torch (the reference)."""
+    q = weight.t().to(torch.float32)  # [K, N]
+    g = torch.arange(q.shape[0], device=q.device) // group_size
+    z = zeros.to(torch.float32)[g] if isinstance(zeros, torch.Tensor) else float(zeros)
+    return ((q - z) * scales.to(torch.float32)[g]).to(dtype)
+
+
+def int8_gemv_ref(x2: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                  zeros: torch.Tensor | float, group_size: int) -> torch.Tensor:
+    """The reference: float32 ``x2 @ dequant(W)``, rounded once to x2's dtype."""
+    w = dequantize_rows(weight, scales, zeros, group_size)
+    return (x2.to(torch.float32) @ w).to(x2.dtype)
