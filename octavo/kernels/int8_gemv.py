@@ -13,7 +13,13 @@ strides (``as_along_k``): one copy of the weight serves every batch size.
 Why this kernel for one row: the along-K 8-bit GEMV reads [K / 4, N] words across N and sat
 at 65-73% of HBM with a 10 us floor on Llama-8B's qkv / o (docs/benchmarks.md, session 22);
 the FP8 GEMV reads the same byte count along K at 71-81%, and brings its fused stores (the
-MLP's gate/up activation, the qkv projection's rotary and KV-cache write). Per 4 weights: 4
+MLP's gate/up activation, the qkv projection's rotary and KV-cache write). What it gave on an
+H200 (session 33, ``benchmarks/int8_gemv.py``, us from HBM, qkv / o / gate_up / down): one
+group per row, on the FP8 GEMV's own K steps, 10.5 / 7.2 / 35.8 / 17.7 against the along-K
+GEMV's 11.4 / 9.7 / 35.5 / 21.5 and the FP8 GEMV's 7.8 / 5.7 / 32.2 / 16.7; at g128 a K step
+may not cross a group, and 128-wide steps lose what the layout gains (11.3 / 9.0 / 36.8 /
+23.1 at the best tiles; the FP8 GEMV itself slows as much at 128-wide steps, qkv 7.65 ->
+11.36). So the layout is opt-in (``octavo.kernels.int_weight_layout``). Per 4 weights: 4
 PRMTs place each byte in 1.0f's mantissa (1 + q 2**-15, exact, as the along-K 8-bit GEMV
 does), 4 FMAs with the activations, and per word one FMA with the group's scale and one for
 the zero and the 1.0 offsets (``fp8_gemv._word_dot``); for float32 activations each byte goes
@@ -36,17 +42,6 @@ def supports(m: int, k: int, group_size: int) -> bool:
     (K for one group per row)."""
     return 1 <= m <= MAX_M and k % 4 == 0 and k % group_size == 0 \
         and group_size % SMALLEST_STEP == 0
-
-
-def runs_full_steps(n: int, k: int, group_size: int) -> bool:
-    """Whether the GEMV runs an [N, K] weight in groups of ``group_size`` with the FP8 GEMV's
-    own K step (the group a multiple of it: one group per row, or long groups). Shorter
-    groups force shorter steps, and those lose: at g128 (128-wide steps) the rows GEMV took
-    11.3 / 9.0 / 36.8 / 23.1 us on Llama-8B's qkv / o / gate_up / down against the along-K
-    8-bit GEMV's 11.2 / 9.6 / 35.1 / 21.2, and the FP8 GEMV itself slows as much at 128-wide
-    steps (qkv 7.65 -> 11.36 us); one group per row on the FP8 GEMV's steps: 10.6 / 7.1 /
-    35.2 / 17.8 (docs/benchmarks.md, session 33)."""
-    return supports(1, k, group_size) and group_size % _gemv._plan(n, k)[1] == 0
 
 
 def pack_rows(q: torch.Tensor) -> torch.Tensor:

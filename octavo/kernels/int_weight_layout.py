@@ -23,10 +23,11 @@ batch 1 in the engine 6.7 ms against 3.9).
   layout. One or two rows run the FP8 GEMV's kernel in its 8-bit integer mode (with its fused
   gate/up activation and qkv rotary stores, ``gated`` / ``qkv_rope``); larger batches run the
   tensor-core kernel and dequantize-then-cuBLAS of the along-K layout on the same bytes
-  through strides (``int8_gemv.as_along_k``). On CUDA the 8-bit layers whose groups let the
-  GEMV run the FP8 GEMV's full K steps take it (one group per row: compressed-tensors'
-  channel strategy, GPTQ group -1); shorter groups (g128) stay along K
-  (``int8_gemv.runs_full_steps``).
+  through strides (``int8_gemv.as_along_k``). Opt-in (``OCTAVO_INT_WEIGHT_LAYOUT=rows``),
+  measured on an H200 (session 33, Llama-3.1-8B W8A16 with one group per channel, ms per
+  token): batch 1 2.939 against the along-K layout's 3.056, but batch 16 9.016 against
+  5.758, the along-K tensor-core GEMM reading the transposed words badly; at g128 the GEMV's
+  128-wide K steps are no faster than the along-K GEMV (``octavo.kernels.int8_gemv``).
 
 On the swap-AB layout, batches of 1-8 rows run the CUDA kernel of ``swapab_mma`` where it is
 built (nvcc, an NVIDIA GPU; ``OCTAVO_CUDA_KERNELS=0`` turns it off). Llama-3.1-8B W4A16 on an
@@ -61,11 +62,8 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     if device.type != "cuda":
         return ALONG_K
     mode = envs.int_weight_layout()
-    # 8-bit: the rows GEMV where its groups allow full K steps (per channel), unless
-    # OCTAVO_INT_SWAPAB_8BIT asks for the size rule below; "rows" forces it where it runs.
-    if bits == 8 and int8_gemv.supports(1, k, group_size) and (
-            mode == ROWS or (mode == "auto" and not envs.int_swapab_8bit()
-                             and int8_gemv.runs_full_steps(n, k, group_size))):
+    # 8-bit on request only (OCTAVO_INT_WEIGHT_LAYOUT=rows): see the module's docstring.
+    if mode == ROWS and bits == 8 and int8_gemv.supports(1, k, group_size):
         return ROWS
     if not swapab.supports(k, n, group_size, bits):
         return ALONG_K
