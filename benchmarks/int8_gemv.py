@@ -8,8 +8,8 @@ Each timing is a CUDA graph sweeping enough copies of the weight that L2 holds n
 events, median of replays), g128 scales and zeros in fp16, bf16 activations. gate_up runs with
 the fused activation store where the kernel has one (rows and FP8: ``glu``). The rows kernel
 runs g128 (symmetric and not, exact q - z or 1.0-offset sums) and one group per row (its
-full K steps, what the engine's layout rule gives it). ``--sweep`` times the rows kernel's
-g128 tiles (BLOCK_N x BLOCK_K, warps, waves, steps in flight, exact or
+full K steps), and g128 on bytes pre-tiled by ``fp8_tiled.tile_fp8_weight`` (each 128-wide
+step one contiguous block). ``--sweep`` times the rows kernel's g128 tiles (BLOCK_N x BLOCK_K, warps, waves, steps in flight, exact or
 1.0-offset sums) besides its plan.
 """
 
@@ -87,6 +87,17 @@ def measure(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
 
     for exact in (False, True):
         report("rows", f"plan per channel sym exact={exact}", graph_median_ms(channel_run(exact)))
+    from octavo.kernels.fp8_tiled import tile_fp8_weight
+
+    for bn in (32, 64):  # g128 on bytes pre-tiled [N / bn, K / 128, bn, 128]
+        tiles = [tile_fp8_weight(w, bn, 128, glu=glu) for w in rows_w]
+
+        def tiled_run(tiles=tiles, bn=bn):
+            for w in tiles:
+                rows_mod.int8_gemv(x, w, scales, 128.0, GROUP, glu=glu, tiled=(bn, 128))
+
+        report("rows", f"g128 sym tiled {bn}x128", graph_median_ms(tiled_run))
+        tiles.clear()
     if sweep:
         for t in _sweep_plans(name):
             try:

@@ -558,7 +558,7 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
         u8_meta = {}
     else:
         zeros, group, exact = u8
-        assert tiled is None and scale.dim() == 2 and scale.shape == (k // group, n) \
+        assert scale.dim() == 2 and scale.shape == (k // group, n) \
             and k % group == 0 and group % block_k == 0, (scale.shape, k, group, block_k)
         has_z = isinstance(zeros, torch.Tensor)
         z = zeros if has_z else scale

@@ -82,14 +82,19 @@ def int8_gemv(x2: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
     """``x2 [M, K] @ dequant(W)`` -> [M, N] in x2's dtype, for M <= MAX_M; ``weight`` uint8
     [N, K] (``pack_rows``). ``glu``: the weight is an MLP's [gate | up] and the result
     ``silu(gate) * up`` [M, N / 2]. ``tuning``: split_k, block_n, block_k, num_warps, waves,
-    stages, exact (None: chosen here), for the benchmark's sweeps; ``exact``: each q - z
+    stages, exact, tiled (None: chosen here), for the benchmark's sweeps; ``tiled``: the
+    (block_n, block_k) that ``fp8_tiled.tile_fp8_weight`` tiled the bytes with (an experiment
+    in how 128-wide K steps stream, as for the FP8 GEMV); ``exact``: each q - z
     exact before its product (the default for float32 activations), else the sums run on
     1 + q 2**-15 (one correction per 4 weights; ~2**-16 of the result)."""
-    n, k = weight.shape
+    n, k = _gemv._weight_rows(weight), x2.shape[1]
+    tiled = tuning.get("tiled")
+    if tiled is not None:
+        tuning = {**tuning, "block_n": tiled[0], "block_k": tiled[1]}
     t = _tuned(n, k, group_size, tuning, x2)
     return _gemv._launch(x2, weight, scales, t["split_k"], t["block_n"], t["block_k"],
                          t["num_warps"], t["waves"], False, None, t["stages"], glu=glu,
-                         u8=(zeros, group_size, t["exact"]))
+                         tiled=tiled, u8=(zeros, group_size, t["exact"]))
 
 
 def int8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,

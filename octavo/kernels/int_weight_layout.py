@@ -22,12 +22,12 @@ batch 1 in the engine 6.7 ms against 3.9).
 - ``rows`` (``octavo.kernels.int8_gemv``, 8-bit only): uint8 [N, K], the float8 weights'
   layout. One or two rows run the FP8 GEMV's kernel in its 8-bit integer mode (with its fused
   gate/up activation and qkv rotary stores, ``gated`` / ``qkv_rope``); larger batches run the
-  tensor-core kernel and dequantize-then-cuBLAS of the along-K layout on the same bytes
-  through strides (``int8_gemv.as_along_k``). Opt-in (``OCTAVO_INT_WEIGHT_LAYOUT=rows``),
-  measured on an H200 (session 33, Llama-3.1-8B W8A16 with one group per channel, ms per
-  token): batch 1 2.939 against the along-K layout's 3.056, but batch 16 9.016 against
-  5.758, the along-K tensor-core GEMM reading the transposed words badly; at g128 the GEMV's
-  128-wide K steps are no faster than the along-K GEMV (``octavo.kernels.int8_gemv``).
+  tensor-core GEMM of ``int8_rows_gemm`` (up to 128 rows) and dequantize-then-cuBLAS (the
+  along-K dequantizer on the same bytes through strides, ``int8_gemv.as_along_k``).
+  Opt-in (``OCTAVO_INT_WEIGHT_LAYOUT=rows``), measured on an H200 (session 33, Llama-3.1-8B
+  W8A16 with one group per channel, ms per token): batch 1 2.939 against the along-K
+  layout's 3.056; at g128 the GEMV's 128-wide K steps are no faster than the along-K GEMV
+  (``octavo.kernels.int8_gemv``).
 
 On the swap-AB layout, batches of 1-8 rows run the CUDA kernel of ``swapab_mma`` where it is
 built (nvcc, an NVIDIA GPU; ``OCTAVO_CUDA_KERNELS=0`` turns it off). Llama-3.1-8B W4A16 on an
@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from octavo import envs
-from octavo.kernels import int8_gemv, swapab_mma
+from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_mma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
 
@@ -119,10 +119,12 @@ def _rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     if int8_gemv.supports(m, k, group_size):
         return int8_gemv.int8_gemv(x2, qweight, scales, zeros if zero is None else zero,
                                    group_size)
-    words = int8_gemv.as_along_k(qweight)
-    if m <= envs.int_gemm_fused_max_m(along_k.FUSED_MAX_M):
-        return along_k.w4a16_gemm(x2, words, scales, zeros, group_size, 8, path="gemm")
-    w = along_k.dequantize(words, scales, zeros, group_size, 8, x2.dtype, rows_out=True)
+    if m <= envs.int_gemm_fused_max_m(along_k.FUSED_MAX_M) and int8_rows_gemm.supports(
+            k, group_size):
+        return int8_rows_gemm.int8_rows_gemm(x2, qweight, scales,
+                                             zeros if zero is None else zero, group_size)
+    w = along_k.dequantize(int8_gemv.as_along_k(qweight), scales, zeros, group_size, 8,
+                           x2.dtype, rows_out=True)
     return x2 @ w
 
 

@@ -71,6 +71,18 @@ def test_matches_reference(m, k, n, group, tuning, sym, exact):
         assert _rel_err(out, int8_gemv_ref(x, w, s, z, group)) < _tol(dtype, exact)
 
 
+@pytest.mark.parametrize("glu", [False, True])
+def test_tiled_bytes_give_the_same_bits(glu):
+    """The bytes pre-tiled by fp8_tiled.tile_fp8_weight (the TILED addressing, scales per
+    original row): bit for bit the untiled GEMV."""
+    from octavo.kernels.fp8_tiled import tile_fp8_weight
+
+    x, w, s, z, _ = _case(2, 256, 32, 64, False, torch.bfloat16, seed=2)
+    tiled = tile_fp8_weight(w, 16, 64, glu=glu)
+    plain = int8_gemv(x, w, s, z, 64, glu=glu, block_n=16, block_k=64, split_k=2)
+    assert torch.equal(int8_gemv(x, tiled, s, z, 64, glu=glu, tiled=(16, 64), split_k=2), plain)
+
+
 def test_every_byte_value_and_extremes():
     """Each of the 256 byte values in each byte position of a word (rows n: q[n, k] =
     (n + 37 k) % 256), with the zero at both ends (q - z from -255 to 255): a one-hot x
