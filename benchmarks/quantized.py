@@ -36,9 +36,9 @@ _GPTQ_G128 = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": 
 METHODS = {
     "bf16": (None, None),
     "w8a16": ({**_GPTQ_G128, "bits": 8}, None),
-    # 8-bit with one group per output channel (llm-compressor's W8A16 preset is channel-wise);
-    # OCTAVO_INT_WEIGHT_LAYOUT=rows runs it on octavo/kernels/int8_gemv.py. Not in the
-    # default list.
+    # 8-bit with one group per output channel (llm-compressor's W8A16 preset is channel-wise):
+    # the rows layout (octavo/kernels/int8_gemv.py; OCTAVO_INT_WEIGHT_LAYOUT=along_k for the
+    # old one). Not in the default list.
     "w8a16_channel": ({**_GPTQ_G128, "bits": 8, "group_size": -1}, None),
     "w4a16": (_GPTQ_G128, None),
     "fp8": (None, "fp8"),

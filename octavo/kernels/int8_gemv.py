@@ -19,7 +19,9 @@ group per row, on the FP8 GEMV's own K steps, 10.5 / 7.2 / 35.8 / 17.7 against t
 GEMV's 11.4 / 9.7 / 35.5 / 21.5 and the FP8 GEMV's 7.8 / 5.7 / 32.2 / 16.7; at g128 a K step
 may not cross a group, and 128-wide steps lose what the layout gains (11.3 / 9.0 / 36.8 /
 23.1 at the best tiles; the FP8 GEMV itself slows as much at 128-wide steps, qkv 7.65 ->
-11.36). So the layout is opt-in (``octavo.kernels.int_weight_layout``). Per 4 weights: 4
+11.36), and bytes pre-tiled for 128-wide steps gained little (qkv 11.55 -> 10.92, down
+26.13 -> 24.67 us). So only layers whose groups allow the full steps take the rows layout
+(``runs_full_steps``; ``octavo.kernels.int_weight_layout``). Per 4 weights: 4
 PRMTs place each byte in 1.0f's mantissa (1 + q 2**-15, exact, as the along-K 8-bit GEMV
 does), 4 FMAs with the activations, and per word one FMA with the group's scale and one for
 the zero and the 1.0 offsets (``fp8_gemv._word_dot``); for float32 activations each byte goes
@@ -42,6 +44,13 @@ def supports(m: int, k: int, group_size: int) -> bool:
     (K for one group per row)."""
     return 1 <= m <= MAX_M and k % 4 == 0 and k % group_size == 0 \
         and group_size % SMALLEST_STEP == 0
+
+
+def runs_full_steps(n: int, k: int, group_size: int) -> bool:
+    """Whether the GEMV runs an [N, K] weight in groups of ``group_size`` on the FP8 GEMV's
+    own K steps (the group a multiple of them: one group per row, or long groups); shorter
+    groups force shorter steps, which lose (the module's docstring)."""
+    return supports(1, k, group_size) and group_size % _gemv._plan(n, k)[1] == 0
 
 
 def pack_rows(q: torch.Tensor) -> torch.Tensor:

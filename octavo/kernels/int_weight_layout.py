@@ -24,10 +24,13 @@ batch 1 in the engine 6.7 ms against 3.9).
   gate/up activation and qkv rotary stores, ``gated`` / ``qkv_rope``); larger batches run the
   tensor-core GEMM of ``int8_rows_gemm`` (up to 128 rows) and dequantize-then-cuBLAS (the
   along-K dequantizer on the same bytes through strides, ``int8_gemv.as_along_k``).
-  Opt-in (``OCTAVO_INT_WEIGHT_LAYOUT=rows``), measured on an H200 (session 33, Llama-3.1-8B
-  W8A16 with one group per channel, ms per token): batch 1 2.939 against the along-K
-  layout's 3.056; at g128 the GEMV's 128-wide K steps are no faster than the along-K GEMV
-  (``octavo.kernels.int8_gemv``).
+  On CUDA the 8-bit layers whose groups let the GEMV run the FP8 GEMV's full K steps take
+  it (one group per row: compressed-tensors' channel strategy, GPTQ group -1;
+  ``int8_gemv.runs_full_steps``), measured on an H200 (session 33, Llama-3.1-8B W8A16 per
+  channel, ms per token): batch 1 2.939 against the along-K layout's 3.056, batch 16 4.808
+  against 5.758. At g128 the GEMV's 128-wide K steps are no faster than the along-K GEMV
+  (``octavo.kernels.int8_gemv``), so those layers stay along K;
+  ``OCTAVO_INT_WEIGHT_LAYOUT=rows`` forces rows wherever the GEMV runs.
 
 On the swap-AB layout, batches of 1-8 rows run the CUDA kernel of ``swapab_mma`` where it is
 built (nvcc, an NVIDIA GPU; ``OCTAVO_CUDA_KERNELS=0`` turns it off). Llama-3.1-8B W4A16 on an
@@ -62,8 +65,11 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     if device.type != "cuda":
         return ALONG_K
     mode = envs.int_weight_layout()
-    # 8-bit on request only (OCTAVO_INT_WEIGHT_LAYOUT=rows): see the module's docstring.
-    if mode == ROWS and bits == 8 and int8_gemv.supports(1, k, group_size):
+    # 8-bit: rows where the groups allow the GEMV's full K steps (one group per row), unless
+    # OCTAVO_INT_SWAPAB_8BIT asks for the size rule below; "rows": wherever it runs.
+    if bits == 8 and int8_gemv.supports(1, k, group_size) and (
+            mode == ROWS or (mode == "auto" and not envs.int_swapab_8bit()
+                             and int8_gemv.runs_full_steps(n, k, group_size))):
         return ROWS
     if not swapab.supports(k, n, group_size, bits):
         return ALONG_K

@@ -4,7 +4,7 @@ group index, turned at load into what runs.
 
 - On CUDA (with Triton, 4 or 8 bits): a fused kernel's packed layout, chosen per layer by
   ``octavo.kernels.int_weight_layout`` (the GEMV's along K, the swap-AB GEMM's for the
-  large 4-bit projections on Hopper, rows for 8-bit ones on request), act-order rows sorted so
+  large 4-bit projections on Hopper, rows for per-channel 8-bit ones), act-order rows sorted so
   that groups are contiguous, the activations permuted through a stored index at each call.
   On the rows layout one- and two-row batches also fuse the MLP's activation and the qkv
   projection's rotary into the GEMV's store (``apply_gated``, ``apply_qkv_rope``).

@@ -120,7 +120,11 @@ def test_layout_is_the_along_k_packing_through_strides():
 
 
 def test_supports():
+    from octavo.kernels.int8_gemv import runs_full_steps
+
     assert supports(1, 4096, 128) and supports(2, 4096, 4096) and supports(2, 96, 32)
+    assert runs_full_steps(6144, 4096, 4096) and runs_full_steps(4096, 14336, 14336)
+    assert not runs_full_steps(6144, 4096, 128)  # g128: steps shorter than the FP8 GEMV's
     assert not supports(3, 4096, 128)   # three rows: the along-K kernels
     assert not supports(1, 4096, 16)    # a group shorter than the smallest step
     assert not supports(1, 4000, 128)   # K not in whole groups

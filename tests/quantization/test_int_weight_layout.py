@@ -67,8 +67,10 @@ def test_choice_by_device_size_and_shape(hopper, monkeypatch):
     assert layout.choose(14336, 4096, 128, 4, cuda) == layout.SWAPAB  # down
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv: GEMV wins
     assert layout.choose(4096, 28672 + 8, 128, 4, cuda) == layout.ALONG_K  # N % 256
-    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K  # 8-bit: the GEMV's
-    assert layout.choose(4096, 28672, 4096, 8, cuda) == layout.ALONG_K  # rows: on request
+    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K  # 8-bit g128
+    assert layout.choose(4096, 28672, 4096, 8, cuda) == layout.ROWS  # 8-bit per channel
+    assert layout.choose(14336, 4096, 14336, 8, cuda) == layout.ROWS
+    assert layout.choose(4096, 6144, 16, 8, cuda) == layout.ALONG_K  # a group under a step
     assert layout.choose(4096, 28672, 128, 4, torch.device("cpu")) == layout.ALONG_K
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.ALONG_K
@@ -80,7 +82,8 @@ def test_the_size_rule_stands_where_the_cuda_kernel_runs(hopper, monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv
-    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ALONG_K  # 8-bit
+    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ALONG_K  # 8-bit g128
+    assert layout.choose(4096, 4096, 4096, 8, cuda) == layout.ROWS  # 8-bit per channel
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB  # gate_up
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB
@@ -88,7 +91,8 @@ def test_the_size_rule_stands_where_the_cuda_kernel_runs(hopper, monkeypatch):
 
 def test_8_bit_weights_take_the_size_rule_on_request(hopper, monkeypatch):
     """OCTAVO_INT_SWAPAB_8BIT=1: large 8-bit weights go to the swap-AB layout (the CUDA
-    kernel's), small ones stay in the GEMV's; 4-bit is unaffected."""
+    kernel's), small ones stay in the GEMV's (per channel too, not rows); 4-bit is
+    unaffected."""
     cuda = torch.device("cuda", 0)
     monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "1")
     assert layout.choose(4096, 28672, 128, 8, cuda) == layout.SWAPAB  # gate_up
@@ -96,6 +100,7 @@ def test_8_bit_weights_take_the_size_rule_on_request(hopper, monkeypatch):
     assert layout.choose(4096, 6144, 128, 8, cuda) == layout.ALONG_K  # qkv
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB
+    assert layout.choose(4096, 28672, 4096, 8, cuda) == layout.SWAPAB  # not rows
     monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "0")
     assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K
 
