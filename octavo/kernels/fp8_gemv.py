@@ -41,6 +41,7 @@ from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
 from octavo.kernels.split_k import to_fill as split_k_to_fill
 from octavo.kernels.triton_utils import require_triton, tl, triton
+from octavo.kernels.w4a16_gemv import _byte_value
 
 # How the activations are read (``_x_planes``); 0 was the only way before session 27.
 DEFAULT_X_LOAD = 2
@@ -98,25 +99,18 @@ def _e4m3x4_bits(w):
 def _u8_prmt(w, BASE_BITS, j: tl.constexpr, EXACT: tl.constexpr):
     """Byte ``j`` of each int32 word placed in a float by one PRMT: EXACT, as the low byte of
     2**23's bits (BASE_BITS 0x4B000000: the float 2**23 + q); else at bits 8-15 of 1.0f's
-    (BASE_BITS 0x3F800000: 1 + q * 2**-15). Both exact."""
-    if EXACT:
-        if j == 0:
-            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7650;"
-        elif j == 1:
-            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7651;"
-        elif j == 2:
-            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7652;"
-        else:
-            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7653;"
+    (BASE_BITS 0x3F800000: 1 + q * 2**-15, the along-K 8-bit GEMV's ``_byte_value``). Both
+    exact."""
+    if not EXACT:
+        return _byte_value(w, BASE_BITS, j).to(tl.float32, bitcast=True)
+    if j == 0:
+        code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7650;"
+    elif j == 1:
+        code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7651;"
+    elif j == 2:
+        code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7652;"
     else:
-        if j == 0:
-            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7604;"
-        elif j == 1:
-            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7614;"
-        elif j == 2:
-            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7624;"
-        else:
-            code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7634;"
+        code: tl.constexpr = "prmt.b32 $0, $1, $2, 0x7653;"
     return tl.inline_asm_elementwise(code, "=r,r,r", [w, BASE_BITS], dtype=tl.int32,
                                      is_pure=True, pack=1).to(tl.float32, bitcast=True)
 

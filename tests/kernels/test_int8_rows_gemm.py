@@ -9,25 +9,16 @@ import torch
 
 pytest.importorskip("triton")
 
-from octavo.kernels.int8_gemv import int8_gemv_ref, pack_rows  # noqa: E402
+from octavo.kernels.int8_gemv import int8_gemv_ref  # noqa: E402
 from octavo.kernels.int8_rows_gemm import int8_rows_gemm, supports  # noqa: E402
-
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _case(m, k, n, group, sym, dtype, seed=0, device=DEVICE):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 256, (k, n), generator=g)
-    scales = (torch.rand(k // group, n, generator=g) * 0.01 + 1e-3).to(torch.float16)
-    zeros = 128.0 if sym else torch.randint(0, 256, (k // group, n), generator=g).to(
-        torch.float16).to(device)
-    x = torch.randn(m, k, generator=g).to(dtype)
-    return x.to(device), pack_rows(q).to(device), scales.to(device), zeros
+from tests.kernels.test_int8_gemv import _case as _gemv_case  # noqa: E402  (one set of cases)
+from tests.kernels.test_int8_gemv import _rel_err  # noqa: E402
 
 
-def _rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
+def _case(m, k, n, group, sym, dtype, seed=0, device=None):
+    x, w, s, z, _ = _gemv_case(m, k, n, group, sym, dtype, seed,
+                               **({"device": device} if device else {}))
+    return x, w, s, z
 
 
 @pytest.mark.parametrize("sym", [True, False])
