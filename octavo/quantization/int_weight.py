@@ -61,7 +61,6 @@ class IntWeightLinearMethod(LinearMethod):
     """Base of the GPTQ and AWQ methods: subclasses create the checkpoint's parameters and
     implement ``unpack(layer)``; this class turns the result into what ``apply`` runs."""
 
-    has_qkv_rope = True  # on the rows layout (8-bit, CUDA)
 
     def __init__(self, bits: int, group_size: int) -> None:
         self.bits = bits
@@ -92,6 +91,8 @@ class IntWeightLinearMethod(LinearMethod):
         if use_kernel(q.device, k, group, self.bits):
             layer.kernel_layout = int_weight_layout.choose(k, q.shape[1], group, self.bits,
                                                            q.device)
+            # Only the rows layout's GEMV has a rotating store (``apply_qkv_rope``).
+            self.has_qkv_rope = layer.kernel_layout == int_weight_layout.ROWS
             kernel = self._kernel_layout(q, zeros, scales, g_idx, group, layer.kernel_layout)
             if kernel is not None:
                 for name, t in zip(("qweight_kernel", "scales_kernel", "zeros_kernel",

@@ -168,6 +168,7 @@ def test_gptq_layer_in_the_chosen_layout(bits, desc_act, chosen, monkeypatch):
         param.weight_loader(param, t.to(DEVICE))
     layer.process_weights_after_loading()
     assert layer.kernel_layout == chosen
+    assert layer.quant_method.has_qkv_rope == (chosen == layout.ROWS)  # rotating store
     assert layer.qweight_kernel.dtype == (torch.int16 if chosen == layout.SWAPAB else torch.uint8)
     for m in (1, 2, 130):
         x = torch.randn(m, 128, device=DEVICE)
