@@ -61,6 +61,10 @@ class IntWeightLinearMethod(LinearMethod):
     """Base of the GPTQ and AWQ methods: subclasses create the checkpoint's parameters and
     implement ``unpack(layer)``; this class turns the result into what ``apply`` runs."""
 
+    # The rows layout's GEMV has a rotating store; each layer's instance says at load
+    # whether its layout is that one.
+    has_qkv_rope = True
+
 
     def __init__(self, bits: int, group_size: int) -> None:
         self.bits = bits
@@ -88,6 +92,7 @@ class IntWeightLinearMethod(LinearMethod):
         for name in self.checkpoint_params():
             delattr(layer, name)
         layer.kernel_group = None
+        self.has_qkv_rope = False
         if use_kernel(q.device, k, group, self.bits):
             layer.kernel_layout = int_weight_layout.choose(k, q.shape[1], group, self.bits,
                                                            q.device)
