@@ -223,6 +223,16 @@ def published_hbm_tbps(device_name: str) -> float | None:
     return next((v for k, v in HBM_TBPS.items() if k in device_name), None)
 
 
+def sweep_rate(nbytes: int, ms: float, copies: int, peak: float | None) -> dict:
+    """A weight sweep's timing (``ms`` for ``copies`` reads of ``nbytes``) as microseconds
+    per read, TB/s and the fraction of ``peak`` (None: unknown), plus ``"frac"``: that
+    fraction as text for a printed row ("" without a peak)."""
+    us = ms / copies * 1e3
+    tbps = nbytes / (us * 1e-6) / 1e12
+    return {"us": round(us, 2), "tbps": round(tbps, 3), "of_peak": peak and round(tbps / peak, 3),
+            "frac": f" ({tbps / peak:.0%} of HBM)" if peak else ""}
+
+
 def graph_median_ms(fn, reps: int = 20) -> float:
     """Median milliseconds of one replay of a CUDA graph of ``fn`` (called once outside the
     capture first: compiles), each replay timed alone with CUDA events."""

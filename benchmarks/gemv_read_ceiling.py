@@ -31,7 +31,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import flush_copies, graph_median_ms, published_hbm_tbps  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    flush_copies,
+    graph_median_ms,
+    published_hbm_tbps,
+    sweep_rate,
+)
 from octavo.kernels import fp8_gemv as gemv_mod  # noqa: E402
 from octavo.kernels.triton_utils import tl, triton  # noqa: E402
 
@@ -78,13 +83,11 @@ def measure(k: int, n: int, stages_list: list[int], peak: float | None,
     rows = []
 
     def report(pattern: str, cfg: str, ms: float) -> None:
-        us = ms / copies * 1e3
-        tbps = n * k / (us * 1e-6) / 1e12
-        rows.append({"k": k, "n": n, "pattern": pattern, "config": cfg, "us": round(us, 2),
-                     "tbps": round(tbps, 3), "of_peak": peak and round(tbps / peak, 3)})
-        frac = f" ({tbps / peak:.0%} of HBM)" if peak else ""
-        print(f"K={k} N={n} {pattern:10s} {cfg:34s} {us:8.2f} us  {tbps:.2f} TB/s{frac}",
-              flush=True)
+        r = sweep_rate(n * k, ms, copies, peak)
+        frac = r.pop("frac")
+        rows.append({"k": k, "n": n, "pattern": pattern, "config": cfg, **r})
+        print(f"K={k} N={n} {pattern:10s} {cfg:34s} {r['us']:8.2f} us  {r['tbps']:.2f} "
+              f"TB/s{frac}", flush=True)
 
     plan = f"{block_n}x{block_k}, {tiles}x{splits} programs"
     for bn, bk in tiles_list:  # the same bytes read BLOCK_N x BLOCK_K other ways, rows only

@@ -25,7 +25,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import flush_copies, graph_median_ms, published_hbm_tbps  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    flush_copies,
+    graph_median_ms,
+    published_hbm_tbps,
+    sweep_rate,
+)
 from octavo.kernels import int8_gemv as rows_mod  # noqa: E402
 from octavo.kernels.fp8_gemv import fp8_gemv  # noqa: E402
 from octavo.kernels.w4a16_gemv import w4a16_gemv  # noqa: E402
@@ -60,13 +65,11 @@ def measure(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
     out = []
 
     def report(kernel: str, cfg: str, ms: float) -> None:
-        us = ms / copies * 1e3
-        tbps = n * k / (us * 1e-6) / 1e12
-        out.append({"shape": name, "m": m, "kernel": kernel, "config": cfg, "us": round(us, 2),
-                    "tbps": round(tbps, 3), "of_peak": peak and round(tbps / peak, 3)})
-        frac = f" ({tbps / peak:.0%} of HBM)" if peak else ""
-        print(f"{name:8s} m={m} {kernel:10s} {cfg:60s} {us:8.2f} us {tbps:.2f} TB/s{frac}",
-              flush=True)
+        r = sweep_rate(n * k, ms, copies, peak)
+        frac = r.pop("frac")
+        out.append({"shape": name, "m": m, "kernel": kernel, "config": cfg, **r})
+        print(f"{name:8s} m={m} {kernel:10s} {cfg:60s} {r['us']:8.2f} us {r['tbps']:.2f} "
+              f"TB/s{frac}", flush=True)
 
     def rows_run(zero, **t):
         def run():

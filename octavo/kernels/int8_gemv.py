@@ -7,8 +7,9 @@ float8 weights are; float ``scales`` [K / group, N]; the zero points either a fl
 that shape (exact integers) or one number for every group (symmetric checkpoints: 128).
 ``W[k, n] = (q[n, k] - z) * s``. Viewed as int32 words [N, K / 4] and transposed, the same
 bytes are ``octavo.kernels.w4a16_gemm``'s 8-bit packing along K (byte i of word j is row
-4j + i), so the tensor-core GEMM and dequantize-then-cuBLAS read this layer's weight through
-strides (``as_along_k``): one copy of the weight serves every batch size.
+4j + i), so its dequantizer reads this layer's weight through strides (``as_along_k``) for
+dequantize-then-cuBLAS, and ``octavo.kernels.int8_rows_gemm`` runs 3-128 rows: one copy of
+the weight serves every batch size.
 
 Why this kernel for one row: the along-K 8-bit GEMV reads [K / 4, N] words across N and sat
 at 65-73% of HBM with a 10 us floor on Llama-8B's qkv / o (docs/benchmarks.md, session 22);

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
-from octavo.kernels.split_k import plan as split_k_plan
 from octavo.kernels.split_k import store_or_reduce
-from octavo.kernels.split_k import within as split_k_within
 from octavo.kernels.triton_utils import require_triton, tl, triton
 
 
@@ -70,16 +69,9 @@ def _rows_gemm_kernel(
                     pid_m * tl.num_programs(1) + pid_n, pid_k, NUM_SPLITS)
 
 
-def _block_k(group_size: int, k: int) -> int:
-    for bk in (128, 64, 32, 16):
-        if group_size % bk == 0 and k % bk == 0:
-            return bk
-    raise ValueError(f"the rows GEMM needs group_size ({group_size}) and K ({k}) divisible "
-                     "by 16")
-
-
 def supports(k: int, group_size: int) -> bool:
-    return k % group_size == 0 and group_size % 16 == 0
+    """The along-K GEMM's shape rule, which this kernel shares (K tiles dividing the group)."""
+    return along_k.kernel_supports(k, group_size, 8)
 
 
 def int8_rows_gemm(x2: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
@@ -88,23 +80,17 @@ def int8_rows_gemm(x2: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
                    block_k: int | None = None, num_warps: int | None = None,
                    num_stages: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W)`` -> [M, N] in x2's dtype (float32 accumulation); ``weight``
-    uint8 [N, K]. Tiles as the along-K GEMM's (16 x 64 up to 16 rows, else 64 x 128), the
-    tuning arguments (None: chosen here) for the benchmark's sweeps."""
+    uint8 [N, K]. Tiles and K splits as the along-K GEMM's (``w4a16_gemm.gemm_tiles``), the
+    tuning arguments (None: chosen there) for the benchmark's sweeps."""
     require_triton("int8_rows_gemm")
     m, k = x2.shape
     n = weight.shape[0]
     assert weight.shape[1] == k and weight.dtype == torch.uint8 and weight.stride(1) == 1, (
         weight.shape, weight.dtype, x2.shape)
     assert scales.shape == (k // group_size, n), (scales.shape, k, group_size, n)
-    block_k = block_k or _block_k(group_size, k)
+    block_m, block_n, block_k, m_tiles, n_tiles, split_k, k_per_split = along_k.gemm_tiles(
+        m, n, k, group_size, x2.device, split_k, block_m, block_n, block_k)
     assert group_size % block_k == 0 and k % block_k == 0, (group_size, block_k, k)
-    small = m <= 16
-    block_m = block_m or (16 if small else 64)
-    block_n = block_n or (64 if small else 128)
-    m_tiles, n_tiles, k_tiles = triton.cdiv(m, block_m), triton.cdiv(n, block_n), k // block_k
-    if split_k is None:
-        split_k = split_k_within(m_tiles * n_tiles, k_tiles, x2.device, 4 if small else 2)
-    split_k, k_per_split = split_k_plan(k, block_k, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
     has_z = isinstance(zeros, torch.Tensor)
     z = zeros if has_z else scales

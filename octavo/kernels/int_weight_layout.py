@@ -119,16 +119,22 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     return x2 @ swapab.dequantize_swapab(qweight, scales, zeros, group_size, bits, x2.dtype)
 
 
+def _zero_arg(zeros: torch.Tensor, zero: float | None) -> torch.Tensor | float:
+    """The rows kernels' zero points: the one number where every group has it, else the
+    tensor."""
+    return zeros if zero is None else zero
+
+
 def _rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
           group_size: int, zero: float | None) -> torch.Tensor:
     m, k = x2.shape
     if int8_gemv.supports(m, k, group_size):
-        return int8_gemv.int8_gemv(x2, qweight, scales, zeros if zero is None else zero,
+        return int8_gemv.int8_gemv(x2, qweight, scales, _zero_arg(zeros, zero),
                                    group_size)
     if m <= envs.int_gemm_fused_max_m(along_k.FUSED_MAX_M) and int8_rows_gemm.supports(
             k, group_size):
         return int8_rows_gemm.int8_rows_gemm(x2, qweight, scales,
-                                             zeros if zero is None else zero, group_size)
+                                             _zero_arg(zeros, zero), group_size)
     w = along_k.dequantize(int8_gemv.as_along_k(qweight), scales, zeros, group_size, 8,
                            x2.dtype, rows_out=True)
     return x2 @ w
@@ -152,7 +158,7 @@ def gated(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: t
     x2 = _rows_input(x, group_size, layout, act_perm)
     if x2 is None:
         return None
-    y = int8_gemv.int8_gemv(x2, qweight, scales, zeros if zero is None else zero, group_size,
+    y = int8_gemv.int8_gemv(x2, qweight, scales, _zero_arg(zeros, zero), group_size,
                             glu=True)
     return y.view(*x.shape[:-1], y.shape[-1])
 
@@ -168,7 +174,7 @@ def qkv_rope(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     x2 = _rows_input(x, group_size, layout, act_perm)
     if x2 is None:
         return None
-    q = int8_gemv.int8_gemv_qkv_rope(x2, qweight, scales, zeros if zero is None else zero,
+    q = int8_gemv.int8_gemv_qkv_rope(x2, qweight, scales, _zero_arg(zeros, zero),
                                      group_size, positions.reshape(-1), cos_sin_cache,
                                      num_heads, num_kv_heads, head_dim, kv_store)
     return None if q is None else q.view(*x.shape[:-1], q.shape[-1])

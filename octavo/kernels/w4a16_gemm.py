@@ -21,6 +21,8 @@ the path used where Triton cannot run.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from octavo import envs
@@ -216,19 +218,40 @@ def _dispatch(x2, qweight, scales, zeros, group_size, bits, split_k, path=None, 
     return _gemm(x2, qweight, scales, zeros, group_size, bits, split_k, **tuning)
 
 
-def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=None,
-          block_n=None, block_k=None, num_warps=None, num_stages=None, reload=False):
-    m, k = x2.shape
-    n = qweight.shape[1]
+class GemmTiles(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    m_tiles: int
+    n_tiles: int
+    split_k: int
+    k_per_split: int
+
+
+def gemm_tiles(m: int, n: int, k: int, group_size: int, device: torch.device,
+               split_k: int | None = None, block_m: int | None = None,
+               block_n: int | None = None, block_k: int | None = None) -> GemmTiles:
+    """The tiles and K splits of a weight-only tensor-core GEMM launch (this module's, and
+    ``int8_rows_gemm``'s on the rows layout): 16 x 64 up to 16 rows, else 64 x 128, K tiles
+    that divide the group, and enough K splits that small-M launches still fill the GPU
+    (None: chosen here)."""
     block_k = block_k or _block_k(group_size, k)
     small = m <= 16
     block_m = block_m or (16 if small else 64)
     block_n = block_n or (64 if small else 128)
     m_tiles, n_tiles, k_tiles = triton.cdiv(m, block_m), triton.cdiv(n, block_n), k // block_k
     if split_k is None:
-        # Enough K splits that small-M launches still fill the GPU.
-        split_k = split_k_within(m_tiles * n_tiles, k_tiles, x2.device, 4 if small else 2)
+        split_k = split_k_within(m_tiles * n_tiles, k_tiles, device, 4 if small else 2)
     split_k, k_per_split = split_k_plan(k, block_k, split_k)
+    return GemmTiles(block_m, block_n, block_k, m_tiles, n_tiles, split_k, k_per_split)
+
+
+def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=None,
+          block_n=None, block_k=None, num_warps=None, num_stages=None, reload=False):
+    m, k = x2.shape
+    n = qweight.shape[1]
+    block_m, block_n, block_k, m_tiles, n_tiles, split_k, k_per_split = gemm_tiles(
+        m, n, k, group_size, x2.device, split_k, block_m, block_n, block_k)
     # Float32 partial sums, added by the last program of each tile (octavo.kernels.split_k).
     out, partial = split_k_buffers(m, n, split_k, x2)
     _int_weight_gemm_kernel[(m_tiles, n_tiles, split_k)](
