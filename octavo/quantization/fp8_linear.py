@@ -18,9 +18,11 @@ Activations (when quantized) go to FP8 the way compressed-tensors does it: the s
   ``OCTAVO_CUDA_FP8``), those of up to ``fp8_gemv.MAX_M`` rows the FP8-weight GEMV
   (``OCTAVO_FP8_GEMV``): the same weights, the activations left unrounded (at small batches
   quantizing them costs more launches than the GEMM itself).
-- Elsewhere: the weight is dequantized once at load; the activations are quantized and
-  dequantized in the model's dtype (exactly what the reference implementation computes), then
-  a plain matmul.
+- Elsewhere, and for a float32 model on any device: the weight is dequantized once at load;
+  the activations are quantized and dequantized in the model's dtype (exactly what the
+  reference implementation computes), then a plain matmul. (The CUDA paths above give
+  16-bit outputs, and leave decode rows unrounded: a float32 model asks for the checkpoint's
+  numbers, not for speed.)
 """
 
 from __future__ import annotations
@@ -226,7 +228,11 @@ class Fp8LinearMethod(LinearMethod):
         del layer.weight, layer.weight_scale
         layer.register_buffer("act_scale", input_scale, persistent=False)
         k, n = weight.shape[1], weight.shape[0]
+        # A float32 model computes the checkpoint's arithmetic as the reference does (the
+        # path below): the FP8 kernels round their output to 16 bits and leave one- and
+        # two-row activations unrounded, which no float32 comparison can hold.
         layer.fp8_mm = (self.activations is not None and scaled_mm_usable(weight.device)
+                        and self.params_dtype != torch.float32
                         and k % 16 == 0 and n % 16 == 0)
         layer.fp8_out_dtype = None
         if layer.fp8_mm:
