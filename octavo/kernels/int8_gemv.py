@@ -49,9 +49,18 @@ def supports(m: int, k: int, group_size: int) -> bool:
 
 def runs_full_steps(n: int, k: int, group_size: int) -> bool:
     """Whether the GEMV runs an [N, K] weight in groups of ``group_size`` on the FP8 GEMV's
-    own K steps (the group a multiple of them: one group per row, or long groups); shorter
-    groups force shorter steps, which lose (the module's docstring)."""
+    own K steps (the group a multiple of them: one group per row, or long groups)."""
     return supports(1, k, group_size) and group_size % _gemv._plan(n, k)[1] == 0
+
+
+def beats_along_k(n: int, k: int, group_size: int) -> bool:
+    """Whether the rows layout's GEMV reads an [N, K] weight faster than the along-K 8-bit
+    GEMV at one row: on the FP8 GEMV's full K steps, and at g128 on ``_plan``'s 128-wide
+    tiles except for the wide gate/up (N >= 16,384: 37.2 us at the sweep's best against
+    35.3 along K; the module's docstring)."""
+    if runs_full_steps(n, k, group_size):
+        return True
+    return supports(1, k, group_size) and group_size % 128 == 0 and n < 16384
 
 
 def pack_rows(q: torch.Tensor) -> torch.Tensor:
@@ -67,17 +76,25 @@ def as_along_k(weight: torch.Tensor) -> torch.Tensor:
     return weight.view(torch.int32).t()
 
 
-def _plan(n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
-    """(block_n, block_k, num_warps, waves, stages): the FP8 GEMV's bytes per step, with K
-    steps no longer than a group (a step's scale is one per row)."""
-    block_n, block_k, warps, waves, stages = _gemv._plan(n, k)
-    while group % block_k:
-        block_n, block_k = block_n * 2, block_k // 2
-    return block_n, max(block_k, SMALLEST_STEP), warps, waves, stages
+def _plan(n: int, k: int, group: int, one_split: bool = False
+          ) -> tuple[int, int, int, int, int]:
+    """(block_n, block_k, num_warps, waves, stages): the FP8 GEMV's plan where the group
+    allows its K steps; 128-wide steps otherwise, over 4 warps and enough K splits for about
+    4 programs per SM (session 34's sweep, us from HBM at g128: qkv 9.6, o 7.4 at 64 x 128,
+    down 19.7 at 32 x 128; one program per SM had left the SMs unevenly loaded: 11.3 / 12.0 /
+    26.4). ``one_split``: the qkv rotary store's launch, which cannot split K, takes 16-row
+    tiles for enough programs."""
+    plan = _gemv._plan(n, k)
+    if group % plan[1] == 0:
+        return plan
+    block_k = 128 if group % 128 == 0 else SMALLEST_STEP * (2 if group % 64 == 0 else 1)
+    block_n = 16 if one_split else (32 if k >= 8192 else 64)
+    return block_n, block_k, 4, 4, 2
 
 
-def _tuned(n: int, k: int, group: int, tuning: dict, x2: torch.Tensor) -> dict:
-    block_n, block_k, warps, waves, stages = _plan(n, k, group)
+def _tuned(n: int, k: int, group: int, tuning: dict, x2: torch.Tensor,
+           one_split: bool = False) -> dict:
+    block_n, block_k, warps, waves, stages = _plan(n, k, group, one_split)
     exact = tuning.get("exact")
     return {"exact": x2.dtype == torch.float32 if exact is None else exact,
             "split_k": tuning.get("split_k"), "block_n": tuning.get("block_n") or block_n,
@@ -118,7 +135,7 @@ def int8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scales: torch.Ten
                                     num_kv_heads, head_dim, kv_store):
         return None
     n, k = weight.shape
-    t = _tuned(n, k, group_size, tuning, x2)
+    t = _tuned(n, k, group_size, tuning, x2, one_split=True)
     kc, vc = kv_store.key_cache, kv_store.value_cache
     rope = (positions, cos_sin_cache, kc, vc, kv_store.slots, cos_sin_cache.stride(0),
             kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[1], num_heads * head_dim,

@@ -69,7 +69,7 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     # OCTAVO_INT_SWAPAB_8BIT asks for the size rule below; "rows": wherever it runs.
     if bits == 8 and int8_gemv.supports(1, k, group_size) and (
             mode == ROWS or (mode == "auto" and not envs.int_swapab_8bit()
-                             and int8_gemv.runs_full_steps(n, k, group_size))):
+                             and int8_gemv.beats_along_k(n, k, group_size))):
         return ROWS
     if not swapab.supports(k, n, group_size, bits):
         return ALONG_K

@@ -53,6 +53,20 @@ def _tol(dtype, exact):
     return 1e-4 if exact is False else 1e-6
 
 
+def test_plan_steps_within_a_group():
+    """Each K step lies inside one group; 128-wide steps spread over about 4 programs per SM,
+    and the one-split launch (qkv with its rotary store) takes 16-row tiles."""
+    from octavo.kernels.fp8_gemv import _plan as fp8_plan
+    from octavo.kernels.int8_gemv import _plan
+
+    assert _plan(6144, 4096, 4096) == fp8_plan(6144, 4096)  # one group per row
+    assert _plan(6144, 4096, 128) == (64, 128, 4, 4, 2)
+    assert _plan(4096, 14336, 128) == (32, 128, 4, 4, 2)
+    assert _plan(6144, 4096, 128, one_split=True)[:2] == (16, 128)
+    for group in (32, 64, 128, 256):
+        assert group % _plan(4096, 4096, group)[1] == 0
+
+
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("sym", [True, False])
 @pytest.mark.parametrize("exact", [None, True, False])
@@ -120,11 +134,15 @@ def test_layout_is_the_along_k_packing_through_strides():
 
 
 def test_supports():
-    from octavo.kernels.int8_gemv import runs_full_steps
+    from octavo.kernels.int8_gemv import beats_along_k, runs_full_steps
 
     assert supports(1, 4096, 128) and supports(2, 4096, 4096) and supports(2, 96, 32)
     assert runs_full_steps(6144, 4096, 4096) and runs_full_steps(4096, 14336, 14336)
     assert not runs_full_steps(6144, 4096, 128)  # g128: steps shorter than the FP8 GEMV's
+    assert beats_along_k(6144, 4096, 4096) and beats_along_k(28672, 4096, 4096)
+    assert beats_along_k(6144, 4096, 128) and beats_along_k(4096, 14336, 128)  # qkv, down
+    assert not beats_along_k(28672, 4096, 128)  # the wide gate/up stays along K at g128
+    assert not beats_along_k(4096, 4096, 64) and not beats_along_k(4096, 4096, 16)
     assert not supports(3, 4096, 128)   # three rows: the along-K kernels
     assert not supports(1, 4096, 16)    # a group shorter than the smallest step
     assert not supports(1, 4000, 128)   # K not in whole groups
@@ -152,6 +170,7 @@ def test_glu_is_the_unfused_projection_then_silu_and_mul(m, k, inter, group, tun
 def test_qkv_rope_is_the_gemv_then_the_rotary(m, sym):
     """q and the paged cache, bit for bit, as the plain GEMV (one split, the same tile)
     followed by the rotary kernel that stores k / v."""
+    from octavo.kernels.int8_gemv import _plan
     from octavo.kernels.rotary import rotary_embedding
     from octavo.layers.rotary import RotaryEmbedding
 
@@ -164,7 +183,9 @@ def test_qkv_rope_is_the_gemv_then_the_rotary(m, sym):
         slots = torch.tensor([5, -1][:m], device=DEVICE)
         cache = torch.full((2, 4, 4, hkv, d), 7.0, dtype=dtype, device=DEVICE)
         plain_cache = cache.clone()
-        qkv = int8_gemv(x, w, s, z, group, split_k=1)
+        block_n, block_k, warps = _plan(n, k, group, one_split=True)[:3]
+        qkv = int8_gemv(x, w, s, z, group, split_k=1, block_n=block_n, block_k=block_k,
+                        num_warps=warps)
         q = qkv[:, : hq * d].view(m, hq, d)
         kk = qkv[:, hq * d: (hq + hkv) * d].view(m, hkv, d)
         v = qkv[:, (hq + hkv) * d:].view(m, hkv, d)
