@@ -50,7 +50,8 @@ def supports(m: int, k: int, group_size: int) -> bool:
 def runs_full_steps(n: int, k: int, group_size: int) -> bool:
     """Whether the GEMV runs an [N, K] weight in groups of ``group_size`` on the FP8 GEMV's
     own K steps (the group a multiple of them: one group per row, or long groups)."""
-    return supports(1, k, group_size) and group_size % _gemv._plan(n, k)[1] == 0
+    return supports(1, k, group_size) and (group_size == k
+                                           or group_size % _gemv._plan(n, k)[1] == 0)
 
 
 def beats_along_k(n: int, k: int, group_size: int) -> bool:
@@ -76,25 +77,22 @@ def as_along_k(weight: torch.Tensor) -> torch.Tensor:
     return weight.view(torch.int32).t()
 
 
-def _plan(n: int, k: int, group: int, one_split: bool = False
-          ) -> tuple[int, int, int, int, int]:
+def _plan(n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
     """(block_n, block_k, num_warps, waves, stages): the FP8 GEMV's plan where the group
     allows its K steps; 128-wide steps otherwise, over 4 warps and enough K splits for about
     4 programs per SM (session 34's sweep, us from HBM at g128: qkv 9.6, o 7.4 at 64 x 128,
     down 19.7 at 32 x 128; one program per SM had left the SMs unevenly loaded: 11.3 / 12.0 /
-    26.4). ``one_split``: the qkv rotary store's launch, which cannot split K, takes 16-row
-    tiles for enough programs."""
+    26.4)."""
     plan = _gemv._plan(n, k)
     if group % plan[1] == 0:
         return plan
     block_k = 128 if group % 128 == 0 else SMALLEST_STEP * (2 if group % 64 == 0 else 1)
-    block_n = 16 if one_split else (32 if k >= 8192 else 64)
+    block_n = 32 if k >= 8192 else 64
     return block_n, block_k, 4, 4, 2
 
 
-def _tuned(n: int, k: int, group: int, tuning: dict, x2: torch.Tensor,
-           one_split: bool = False) -> dict:
-    block_n, block_k, warps, waves, stages = _plan(n, k, group, one_split)
+def _tuned(n: int, k: int, group: int, tuning: dict, x2: torch.Tensor) -> dict:
+    block_n, block_k, warps, waves, stages = _plan(n, k, group)
     exact = tuning.get("exact")
     return {"exact": x2.dtype == torch.float32 if exact is None else exact,
             "split_k": tuning.get("split_k"), "block_n": tuning.get("block_n") or block_n,
@@ -130,12 +128,17 @@ def int8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scales: torch.Ten
                        head_dim: int, kv_store, **tuning) -> torch.Tensor | None:
     """A qkv projection's one-split GEMV whose store rotates q and k and writes k and v into
     the paged cache, as ``fp8_gemv.fp8_gemv_qkv_rope`` does for float8 weights (the same
-    conditions, ``fp8_gemv.qkv_rope_supported``); None, with nothing done, where it cannot."""
-    if not _gemv.qkv_rope_supported(x2, weight, positions, cos_sin_cache, num_heads,
-                                    num_kv_heads, head_dim, kv_store):
-        return None
+    conditions, ``fp8_gemv.qkv_rope_supported``) on the FP8 GEMV's own K steps
+    (``runs_full_steps``); None, with nothing done, where it cannot. Groups shorter than those
+    steps leave the rotary to its own launch: the store cannot split K, and 128-wide steps
+    without a split cost Llama-3.1-8B W8A16 g128 at batch 1 3.504 ms a token against 3.132
+    with the rotary launch (session 34, 16-row tiles for enough programs)."""
     n, k = weight.shape
-    t = _tuned(n, k, group_size, tuning, x2, one_split=True)
+    if not (runs_full_steps(n, k, group_size) and _gemv.qkv_rope_supported(
+            x2, weight, positions, cos_sin_cache, num_heads, num_kv_heads, head_dim,
+            kv_store)):
+        return None
+    t = _tuned(n, k, group_size, tuning, x2)
     kc, vc = kv_store.key_cache, kv_store.value_cache
     rope = (positions, cos_sin_cache, kc, vc, kv_store.slots, cos_sin_cache.stride(0),
             kc.stride(0), kc.stride(1), kc.stride(2), kc.shape[1], num_heads * head_dim,

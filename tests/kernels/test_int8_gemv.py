@@ -54,15 +54,14 @@ def _tol(dtype, exact):
 
 
 def test_plan_steps_within_a_group():
-    """Each K step lies inside one group; 128-wide steps spread over about 4 programs per SM,
-    and the one-split launch (qkv with its rotary store) takes 16-row tiles."""
+    """Each K step lies inside one group; 128-wide steps spread over about 4 programs per
+    SM."""
     from octavo.kernels.fp8_gemv import _plan as fp8_plan
     from octavo.kernels.int8_gemv import _plan
 
     assert _plan(6144, 4096, 4096) == fp8_plan(6144, 4096)  # one group per row
     assert _plan(6144, 4096, 128) == (64, 128, 4, 4, 2)
     assert _plan(4096, 14336, 128) == (32, 128, 4, 4, 2)
-    assert _plan(6144, 4096, 128, one_split=True)[:2] == (16, 128)
     for group in (32, 64, 128, 256):
         assert group % _plan(4096, 4096, group)[1] == 0
 
@@ -170,11 +169,10 @@ def test_glu_is_the_unfused_projection_then_silu_and_mul(m, k, inter, group, tun
 def test_qkv_rope_is_the_gemv_then_the_rotary(m, sym):
     """q and the paged cache, bit for bit, as the plain GEMV (one split, the same tile)
     followed by the rotary kernel that stores k / v."""
-    from octavo.kernels.int8_gemv import _plan
     from octavo.kernels.rotary import rotary_embedding
     from octavo.layers.rotary import RotaryEmbedding
 
-    hq, hkv, d, k, group = 4, 2, 16, 128, 64
+    hq, hkv, d, k, group = 4, 2, 16, 128, 128
     n = (hq + 2 * hkv) * d
     for dtype in (torch.float32, torch.bfloat16):
         x, w, s, z, _ = _case(m, k, n, group, sym, dtype, seed=5)
@@ -183,9 +181,7 @@ def test_qkv_rope_is_the_gemv_then_the_rotary(m, sym):
         slots = torch.tensor([5, -1][:m], device=DEVICE)
         cache = torch.full((2, 4, 4, hkv, d), 7.0, dtype=dtype, device=DEVICE)
         plain_cache = cache.clone()
-        block_n, block_k, warps = _plan(n, k, group, one_split=True)[:3]
-        qkv = int8_gemv(x, w, s, z, group, split_k=1, block_n=block_n, block_k=block_k,
-                        num_warps=warps)
+        qkv = int8_gemv(x, w, s, z, group, split_k=1)
         q = qkv[:, : hq * d].view(m, hq, d)
         kk = qkv[:, hq * d: (hq + hkv) * d].view(m, hkv, d)
         v = qkv[:, (hq + hkv) * d:].view(m, hkv, d)
@@ -196,6 +192,10 @@ def test_qkv_rope_is_the_gemv_then_the_rotary(m, sym):
         assert torch.equal(fused, qkv[:, : hq * d])
         assert torch.equal(cache, plain_cache)
         assert int((cache != 7.0).any(-1).any(-1).sum()) == 2  # K and V of the one slot
+    # Groups shorter than the FP8 GEMV's steps: the rotary keeps its own launch.
+    x, w, s, z, _ = _case(m, k, n, 32, sym, torch.float32, seed=5)
+    assert int8_gemv_qkv_rope(x, w, s, z, 32, pos, table, hq, hkv, d,
+                              KVStore(None, cache[0], cache[1], slots)) is None
 
 
 @pytest.mark.parametrize("m", [1, 2, 5, 130])  # the GEMV, the tensor-core kernel, dequantize

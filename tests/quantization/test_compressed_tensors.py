@@ -398,6 +398,8 @@ def test_fp8_scaled_mm_path_matches_dequantized(activations, monkeypatch):
         got = layer(x)
     except RuntimeError as e:  # pragma: no cover - depends on the torch build
         pytest.skip(f"torch._scaled_mm does not run on this CPU build: {e}")
+    if not layer.fp8_mm:  # the layer caught _scaled_mm's failure and went to the bf16 path
+        pytest.skip("torch._scaled_mm with row-wise scales does not run on this CPU build")
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=1e-2)  # a bf16 output
 
 

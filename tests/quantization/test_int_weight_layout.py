@@ -170,7 +170,9 @@ def test_gptq_layer_in_the_chosen_layout(bits, desc_act, chosen, monkeypatch):
         param.weight_loader(param, t.to(DEVICE))
     layer.process_weights_after_loading()
     assert layer.kernel_layout == chosen
-    assert layer.quant_method.has_qkv_rope == (chosen == layout.ROWS)  # rotating store
+    # The rotating store: rows only, on the FP8 GEMV's own K steps (not 32-wide groups).
+    assert not layer.quant_method.has_qkv_rope
+    assert layout.int8_gemv.runs_full_steps(256, 128, 128)  # one group per row would claim it
     assert layer.qweight_kernel.dtype == (torch.int16 if chosen == layout.SWAPAB else torch.uint8)
     for m in (1, 2, 130):
         x = torch.randn(m, 128, device=DEVICE)
