@@ -17,12 +17,13 @@ the FP8 GEMV reads the same byte count along K at 71-81%, and brings its fused s
 MLP's gate/up activation, the qkv projection's rotary and KV-cache write). What it gave on an
 H200 (session 33, ``benchmarks/int8_gemv.py``, us from HBM, qkv / o / gate_up / down): one
 group per row, on the FP8 GEMV's own K steps, 10.5 / 7.2 / 35.8 / 17.7 against the along-K
-GEMV's 11.4 / 9.7 / 35.5 / 21.5 and the FP8 GEMV's 7.8 / 5.7 / 32.2 / 16.7; at g128 a K step
-may not cross a group, and 128-wide steps lose what the layout gains (11.3 / 9.0 / 36.8 /
-23.1 at the best tiles; the FP8 GEMV itself slows as much at 128-wide steps, qkv 7.65 ->
-11.36), and bytes pre-tiled for 128-wide steps gained little (qkv 11.55 -> 10.92, down
-26.13 -> 24.67 us). So only layers whose groups allow the full steps take the rows layout
-(``runs_full_steps``; ``octavo.kernels.int_weight_layout``). Per 4 weights: 4
+GEMV's 11.4 / 9.7 / 35.5 / 21.5 and the FP8 GEMV's 7.8 / 5.7 / 32.2 / 16.7. At g128 a K
+step may not cross a group; 128-wide steps at one program per SM left the SMs unevenly loaded
+(11.3 / 12.0 / 37.6 / 26.4), at about four per SM (``_plan``, session 34) they read qkv / o /
+down in 10.1 / 7.4 / 19.9 against the along-K GEMV's 11.4 / 9.6 / 21.2 (gate/up 41.7 against
+35.2); in the engine that tied the along-K layout at batch 1 and lost at 64 and 256
+(``octavo.kernels.int_weight_layout``). So only layers whose groups allow the full steps
+take the rows layout by default (``runs_full_steps``). Per 4 weights: 4
 PRMTs place each byte in 1.0f's mantissa (1 + q 2**-15, exact, as the along-K 8-bit GEMV
 does), 4 FMAs with the activations, and per word one FMA with the group's scale and one for
 the zero and the 1.0 offsets (``fp8_gemv._word_dot``); for float32 activations each byte goes
@@ -52,16 +53,6 @@ def runs_full_steps(n: int, k: int, group_size: int) -> bool:
     own K steps (the group a multiple of them: one group per row, or long groups)."""
     return supports(1, k, group_size) and (group_size == k
                                            or group_size % _gemv._plan(n, k)[1] == 0)
-
-
-def beats_along_k(n: int, k: int, group_size: int) -> bool:
-    """Whether the rows layout's GEMV reads an [N, K] weight faster than the along-K 8-bit
-    GEMV at one row: on the FP8 GEMV's full K steps, and at g128 on ``_plan``'s 128-wide
-    tiles except for the wide gate/up (N >= 16,384: 37.2 us at the sweep's best against
-    35.3 along K; the module's docstring)."""
-    if runs_full_steps(n, k, group_size):
-        return True
-    return supports(1, k, group_size) and group_size % 128 == 0 and n < 16384
 
 
 def pack_rows(q: torch.Tensor) -> torch.Tensor:

@@ -28,8 +28,10 @@ batch 1 in the engine 6.7 ms against 3.9).
   it (one group per row: compressed-tensors' channel strategy, GPTQ group -1;
   ``int8_gemv.runs_full_steps``), measured on an H200 (session 33, Llama-3.1-8B W8A16 per
   channel, ms per token): batch 1 2.939 against the along-K layout's 3.056, batch 16 4.808
-  against 5.758. At g128 the GEMV's 128-wide K steps are no faster than the along-K GEMV
-  (``octavo.kernels.int8_gemv``), so those layers stay along K;
+  against 5.758. At g128 the rows layout (128-wide K steps at about 4 programs per SM) ties
+  the along-K one at batch 1 and loses at 64 and 256 (session 34, Llama-3.1-8B W8A16 g128
+  with gate/up along K, ms per token at 1 / 16 / 64 / 256: rows 3.111 / 5.622 / 7.850 /
+  15.688, along K 3.116 / 5.989 / 7.490 / 15.442), so those layers stay along K;
   ``OCTAVO_INT_WEIGHT_LAYOUT=rows`` forces rows wherever the GEMV runs.
 
 On the swap-AB layout, batches of 1-8 rows run the CUDA kernel of ``swapab_mma`` where it is
@@ -69,7 +71,7 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     # OCTAVO_INT_SWAPAB_8BIT asks for the size rule below; "rows": wherever it runs.
     if bits == 8 and int8_gemv.supports(1, k, group_size) and (
             mode == ROWS or (mode == "auto" and not envs.int_swapab_8bit()
-                             and int8_gemv.beats_along_k(n, k, group_size))):
+                             and int8_gemv.runs_full_steps(n, k, group_size))):
         return ROWS
     if not swapab.supports(k, n, group_size, bits):
         return ALONG_K

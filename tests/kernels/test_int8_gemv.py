@@ -133,15 +133,12 @@ def test_layout_is_the_along_k_packing_through_strides():
 
 
 def test_supports():
-    from octavo.kernels.int8_gemv import beats_along_k, runs_full_steps
+    from octavo.kernels.int8_gemv import runs_full_steps
 
     assert supports(1, 4096, 128) and supports(2, 4096, 4096) and supports(2, 96, 32)
     assert runs_full_steps(6144, 4096, 4096) and runs_full_steps(4096, 14336, 14336)
     assert not runs_full_steps(6144, 4096, 128)  # g128: steps shorter than the FP8 GEMV's
-    assert beats_along_k(6144, 4096, 4096) and beats_along_k(28672, 4096, 4096)
-    assert beats_along_k(6144, 4096, 128) and beats_along_k(4096, 14336, 128)  # qkv, down
-    assert not beats_along_k(28672, 4096, 128)  # the wide gate/up stays along K at g128
-    assert not beats_along_k(4096, 4096, 64) and not beats_along_k(4096, 4096, 16)
+    assert runs_full_steps(128, 128, 128)  # one group per row, K shorter than a step
     assert not supports(3, 4096, 128)   # three rows: the along-K kernels
     assert not supports(1, 4096, 16)    # a group shorter than the smallest step
     assert not supports(1, 4000, 128)   # K not in whole groups

@@ -67,9 +67,8 @@ def test_choice_by_device_size_and_shape(hopper, monkeypatch):
     assert layout.choose(14336, 4096, 128, 4, cuda) == layout.SWAPAB  # down
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv: GEMV wins
     assert layout.choose(4096, 28672 + 8, 128, 4, cuda) == layout.ALONG_K  # N % 256
-    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K  # 8-bit g128 gate_up
-    assert layout.choose(4096, 6144, 128, 8, cuda) == layout.ROWS  # 8-bit g128 qkv
-    assert layout.choose(14336, 4096, 128, 8, cuda) == layout.ROWS  # 8-bit g128 down
+    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K  # 8-bit g128
+    assert layout.choose(4096, 6144, 128, 8, cuda) == layout.ALONG_K
     assert layout.choose(4096, 28672, 4096, 8, cuda) == layout.ROWS  # 8-bit per channel
     assert layout.choose(14336, 4096, 14336, 8, cuda) == layout.ROWS
     assert layout.choose(4096, 6144, 16, 8, cuda) == layout.ALONG_K  # a group under a step
@@ -84,7 +83,7 @@ def test_the_size_rule_stands_where_the_cuda_kernel_runs(hopper, monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
     assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv
-    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ROWS  # 8-bit g128 o
+    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ALONG_K  # 8-bit g128
     assert layout.choose(4096, 4096, 4096, 8, cuda) == layout.ROWS  # 8-bit per channel
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB  # gate_up
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
