@@ -10,6 +10,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 classify = importlib.import_module("benchmarks.profile_step").classify
+overlap_note = importlib.import_module("benchmarks.profile_step").overlap_note
+
+
+def test_an_overlapped_table_says_so():
+    """Under PDL the kernels overlap and their times add up to more than the step."""
+    note = overlap_note(True, False, 7.912, 2.555)
+    assert note and "OCTAVO_PDL=0" in note and "7.912" in note
+    assert overlap_note(True, False, 2.6, 2.555) is None   # within 5%: the table holds
+    assert overlap_note(False, False, 7.9, 2.555) is None  # PDL off
+    assert overlap_note(True, True, 7.9, 2.555) is None    # eager: no captured chain
 
 
 def test_triton_gemvs_and_gemms_are_gemms():
