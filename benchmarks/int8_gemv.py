@@ -3,6 +3,7 @@
 projections, microseconds per call from HBM.
 
 PYTHONPATH=. python benchmarks/int8_gemv.py [--m 1] [--sweep] [--json out.json]
+(``--m`` above 2: the rows layout's tensor-core GEMM against the along-K GEMM.)
 
 Each timing is a CUDA graph sweeping enough copies of the weight that L2 holds none (CUDA
 events, median of replays), g128 scales and zeros in fp16, bf16 activations. gate_up runs with
@@ -129,6 +130,65 @@ def measure(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
     return out
 
 
+def measure_gemm(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
+    """Batches above the GEMV's two rows: ``int8_rows_gemm`` on the rows layout (per channel,
+    the engine's default for such 8-bit layers, and g128) against the along-K GEMM on its own
+    layout, the two that decide a layer's layout at 3-128 rows (session 34: per-channel rows
+    lost at batch 64, 6.974 against 6.527 ms a token). ``--sweep``: the rows GEMM's tiles."""
+    from octavo.kernels import int8_rows_gemm as rows_gemm
+    from octavo.kernels.w4a16_gemm import _gemm as along_gemm
+
+    k, n = SHAPES[name]
+    copies = flush_copies(n * k)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows_w = [torch.randint(0, 256, (n, k), device="cuda", dtype=torch.uint8, generator=g)
+              for _ in range(copies)]
+    scales = torch.rand(k // GROUP, n, device="cuda").half() * 0.01
+    channel = torch.rand(1, n, device="cuda").half() * 0.01
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = []
+
+    def report(kernel: str, cfg: str, ms: float) -> None:
+        r = sweep_rate(n * k, ms, copies, peak)
+        frac = r.pop("frac")
+        out.append({"shape": name, "m": m, "kernel": kernel, "config": cfg, **r})
+        print(f"{name:8s} m={m} {kernel:10s} {cfg:60s} {r['us']:8.2f} us {r['tbps']:.2f} "
+              f"TB/s{frac}", flush=True)
+
+    def rows_run(sc, group, **t):
+        def run():
+            for w in rows_w:
+                rows_gemm.int8_rows_gemm(x, w, sc, 128.0, group, **t)
+        return run
+
+    report("rows_gemm", "plan per channel", graph_median_ms(rows_run(channel, k)))
+    report("rows_gemm", "plan g128", graph_median_ms(rows_run(scales, GROUP)))
+    if sweep:
+        for bm, bn, bk, warps, stages in itertools.product(
+                (16, 32, 64), (64, 128, 256), (64, 128), (4, 8), (2, 3, 4)):
+            t = {"block_m": bm, "block_n": bn, "block_k": bk, "num_warps": warps,
+                 "num_stages": stages}
+            try:
+                report("rows_gemm", f"per channel {t}",
+                       graph_median_ms(rows_run(channel, k, **t)))
+            except Exception as e:  # noqa: BLE001 - a tile the compiler refuses
+                print(f"{name} {t}: {type(e).__name__}: {str(e)[:120]}")
+    along_c = [rows_mod.as_along_k(w).contiguous() for w in rows_w]  # its own layout
+    zeros = torch.full((k // GROUP, n), 128.0, device="cuda").half()
+    zeros_c = torch.full((1, n), 128.0, device="cuda").half()
+
+    def along_run(sc, z, group):
+        def run():
+            for w in along_c:
+                along_gemm(x, w, sc, z, group, 8)
+        return run
+
+    report("along_k", "GEMM per channel (its layout)",
+           graph_median_ms(along_run(channel, zeros_c, k)))
+    report("along_k", "GEMM g128 (its layout)", graph_median_ms(along_run(scales, zeros, GROUP)))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", type=int, default=1)
@@ -139,7 +199,8 @@ def main() -> None:
     peak = published_hbm_tbps(torch.cuda.get_device_name())
     rows = []
     for name in args.shapes.split(","):
-        rows += measure(name, args.m, args.sweep, peak)
+        fn = measure if args.m <= rows_mod.MAX_M else measure_gemm
+        rows += fn(name, args.m, args.sweep, peak)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
