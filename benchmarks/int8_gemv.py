@@ -53,6 +53,18 @@ def _sweep_plans(name: str) -> list[dict]:
     return plans
 
 
+def _reporter(out: list, name: str, m: int, nbytes: int, copies: int, peak: float | None):
+    """report(kernel, config, ms): one timing of ``copies`` weights of ``nbytes`` each, as a
+    row of ``out`` and a printed line."""
+    def report(kernel: str, cfg: str, ms: float) -> None:
+        r = sweep_rate(nbytes, ms, copies, peak)
+        frac = r.pop("frac")
+        out.append({"shape": name, "m": m, "kernel": kernel, "config": cfg, **r})
+        print(f"{name:8s} m={m} {kernel:10s} {cfg:60s} {r['us']:8.2f} us {r['tbps']:.2f} "
+              f"TB/s{frac}", flush=True)
+    return report
+
+
 def measure(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
     k, n = SHAPES[name]
     glu = name == "gate_up"
@@ -64,13 +76,7 @@ def measure(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
     zeros = torch.randint(0, 256, (k // GROUP, n), device="cuda").half()
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = []
-
-    def report(kernel: str, cfg: str, ms: float) -> None:
-        r = sweep_rate(n * k, ms, copies, peak)
-        frac = r.pop("frac")
-        out.append({"shape": name, "m": m, "kernel": kernel, "config": cfg, **r})
-        print(f"{name:8s} m={m} {kernel:10s} {cfg:60s} {r['us']:8.2f} us {r['tbps']:.2f} "
-              f"TB/s{frac}", flush=True)
+    report = _reporter(out, name, m, n * k, copies, peak)
 
     def rows_run(zero, **t):
         def run():
@@ -147,13 +153,7 @@ def measure_gemm(name: str, m: int, sweep: bool, peak: float | None) -> list[dic
     channel = torch.rand(1, n, device="cuda").half() * 0.01
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = []
-
-    def report(kernel: str, cfg: str, ms: float) -> None:
-        r = sweep_rate(n * k, ms, copies, peak)
-        frac = r.pop("frac")
-        out.append({"shape": name, "m": m, "kernel": kernel, "config": cfg, **r})
-        print(f"{name:8s} m={m} {kernel:10s} {cfg:60s} {r['us']:8.2f} us {r['tbps']:.2f} "
-              f"TB/s{frac}", flush=True)
+    report = _reporter(out, name, m, n * k, copies, peak)
 
     def rows_run(sc, group, **t):
         def run():

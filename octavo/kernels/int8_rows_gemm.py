@@ -34,16 +34,9 @@ def _rows_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # Grid (M tiles, N tiles, K splits); BLOCK_K divides GROUP and K_PER_SPLIT.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
+    pid_m, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, k_start, k_end = along_k.gemm_tile(
+        M, N, K, K_PER_SPLIT, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_start = pid_k * K_PER_SPLIT
-    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
@@ -52,11 +45,9 @@ def _rows_gemm_kernel(
                     mask=n_mask[:, None], other=0)
         qf = (q.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
         g = k0 // GROUP
-        s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask,
-                    other=0.0).to(tl.float32)
+        s = along_k.group_row(s_ptr, g, stride_sg, offs_n, stride_sn, n_mask)
         if HAS_Z:
-            z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=n_mask,
-                        other=0.0).to(tl.float32)
+            z = along_k.group_row(z_ptr, g, stride_zg, offs_n, stride_zn, n_mask)
             w = (qf - z[:, None]) * s[:, None]
         else:
             w = (qf - zero) * s[:, None]

@@ -86,6 +86,26 @@ def w4a16_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
 
 @triton.jit
+def gemm_tile(M, N, K, K_PER_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A weight-only GEMM program's place on the (M tiles, N tiles, K splits) grid: its rows
+    and columns with their masks, and its K range [k_start, k_end)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_start = pid_k * K_PER_SPLIT
+    return (pid_m, pid_n, pid_k, offs_m, offs_n, offs_m < M, offs_n < N, k_start,
+            tl.minimum(k_start + K_PER_SPLIT, K))
+
+
+@triton.jit
+def group_row(ptr, g, stride_g, offs_n, stride_n, n_mask):
+    """Row ``g`` (a group's scales or zeros) of a [groups, N] tensor, as float32."""
+    return tl.load(ptr + g * stride_g + offs_n * stride_n, mask=n_mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _int_weight_gemm_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, K_PER_SPLIT, NUM_SPLITS,
@@ -97,18 +117,11 @@ def _int_weight_gemm_kernel(
 ):  # fmt: skip
     # Grid (M tiles, N tiles, K splits). BLOCK_K divides GROUP, so one K tile lies in one group
     # and needs one row of scales and zeros.
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
     PACK: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    n_mask = offs_n < N
+    pid_m, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, k_start, k_end = gemm_tile(
+        M, N, K, K_PER_SPLIT, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_start = pid_k * K_PER_SPLIT
-    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
@@ -132,10 +145,8 @@ def _int_weight_gemm_kernel(
         # arithmetic on int32, the mask drops the sign bits of the top value.
         q = (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
         g = k0 // GROUP
-        s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=n_mask,
-                    other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=n_mask,
-                    other=0.0).to(tl.float32)
+        s = group_row(s_ptr, g, stride_sg, offs_n, stride_sn, n_mask)
+        z = group_row(z_ptr, g, stride_zg, offs_n, stride_zn, n_mask)
         w = q * s[None, :] - (z * s)[None, :]
         if FP32_DOT:
             acc += tl.dot(a, w, input_precision="ieee")
