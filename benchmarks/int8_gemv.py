@@ -2,7 +2,7 @@
 8-bit GEMV it replaces at one and two rows, and the FP8 GEMV on the same byte count: Llama-3.1-8B
 projections, microseconds per call from HBM.
 
-PYTHONPATH=. python benchmarks/int8_gemv.py [--m 1] [--sweep] [--json out.json]
+PYTHONPATH=. python benchmarks/int8_gemv.py [--m 1] [--sweep] [--scale-copies] [--json out.json]
 (``--m`` above 2: the rows layout's tensor-core GEMM against the along-K GEMM.)
 
 Each timing is a CUDA graph sweeping enough copies of the weight that L2 holds none (CUDA
@@ -65,7 +65,11 @@ def _reporter(out: list, name: str, m: int, nbytes: int, copies: int, peak: floa
     return report
 
 
-def measure(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
+def measure(name: str, m: int, sweep: bool, peak: float | None,
+            scale_copies: bool = False) -> list[dict]:
+    """``scale_copies``: each weight copy with its own g128 scales, as every layer has in the
+    engine (by default one scales tensor serves every copy and stays in L2; a hypothesis for
+    why session 34's microbenchmark gains did not reach the engine)."""
     k, n = SHAPES[name]
     glu = name == "gate_up"
     copies = flush_copies(n * k)
@@ -73,6 +77,8 @@ def measure(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
     rows_w = [torch.randint(0, 256, (n, k), device="cuda", dtype=torch.uint8, generator=g)
               for _ in range(copies)]
     scales = torch.rand(k // GROUP, n, device="cuda").half() * 0.01
+    copy_scales = [torch.rand_like(scales) * 0.01 if scale_copies else scales
+                   for _ in range(copies)]
     zeros = torch.randint(0, 256, (k // GROUP, n), device="cuda").half()
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = []
@@ -80,8 +86,8 @@ def measure(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
 
     def rows_run(zero, **t):
         def run():
-            for w in rows_w:
-                rows_mod.int8_gemv(x, w, scales, zero, GROUP, glu=glu, **t)
+            for w, sc in zip(rows_w, copy_scales):
+                rows_mod.int8_gemv(x, w, sc, zero, GROUP, glu=glu, **t)
         return run
 
     for zero, label in ((128.0, "sym"), (zeros, "asym")):
@@ -118,8 +124,8 @@ def measure(name: str, m: int, sweep: bool, peak: float | None) -> list[dict]:
     along_c = [rows_mod.as_along_k(w).contiguous() for w in rows_w]  # its own layout
 
     def along_contig():
-        for w in along_c:
-            w4a16_gemv(x, w, scales, zeros, GROUP, 8)
+        for w, sc in zip(along_c, copy_scales):
+            w4a16_gemv(x, w, sc, zeros, GROUP, 8)
 
     report("along_k", "8-bit GEMV g128 (its layout)", graph_median_ms(along_contig))
     along_c.clear()
@@ -194,13 +200,17 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--scale-copies", action="store_true",
+                    help="each weight copy with its own g128 scales (none left in L2)")
     ap.add_argument("--json")
     args = ap.parse_args()
     peak = published_hbm_tbps(torch.cuda.get_device_name())
     rows = []
     for name in args.shapes.split(","):
-        fn = measure if args.m <= rows_mod.MAX_M else measure_gemm
-        rows += fn(name, args.m, args.sweep, peak)
+        if args.m <= rows_mod.MAX_M:
+            rows += measure(name, args.m, args.sweep, peak, args.scale_copies)
+        else:
+            rows += measure_gemm(name, args.m, args.sweep, peak)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
