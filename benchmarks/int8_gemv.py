@@ -53,6 +53,16 @@ def _sweep_plans(name: str) -> list[dict]:
     return plans
 
 
+def _weights(k: int, n: int) -> tuple[int, list[torch.Tensor], torch.Tensor]:
+    """(copies, that many random rows-layout weights uint8 [N, K], g128 fp16 scales): enough
+    copies that a sweep over them reads HBM."""
+    copies = flush_copies(n * k)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows_w = [torch.randint(0, 256, (n, k), device="cuda", dtype=torch.uint8, generator=g)
+              for _ in range(copies)]
+    return copies, rows_w, torch.rand(k // GROUP, n, device="cuda").half() * 0.01
+
+
 def _reporter(out: list, name: str, m: int, nbytes: int, copies: int, peak: float | None):
     """report(kernel, config, ms): one timing of ``copies`` weights of ``nbytes`` each, as a
     row of ``out`` and a printed line."""
@@ -72,11 +82,7 @@ def measure(name: str, m: int, sweep: bool, peak: float | None,
     why session 34's microbenchmark gains did not reach the engine)."""
     k, n = SHAPES[name]
     glu = name == "gate_up"
-    copies = flush_copies(n * k)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    rows_w = [torch.randint(0, 256, (n, k), device="cuda", dtype=torch.uint8, generator=g)
-              for _ in range(copies)]
-    scales = torch.rand(k // GROUP, n, device="cuda").half() * 0.01
+    copies, rows_w, scales = _weights(k, n)
     copy_scales = [torch.rand_like(scales) * 0.01 if scale_copies else scales
                    for _ in range(copies)]
     zeros = torch.randint(0, 256, (k // GROUP, n), device="cuda").half()
@@ -151,11 +157,7 @@ def measure_gemm(name: str, m: int, sweep: bool, peak: float | None) -> list[dic
     from octavo.kernels.w4a16_gemm import _gemm as along_gemm
 
     k, n = SHAPES[name]
-    copies = flush_copies(n * k)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    rows_w = [torch.randint(0, 256, (n, k), device="cuda", dtype=torch.uint8, generator=g)
-              for _ in range(copies)]
-    scales = torch.rand(k // GROUP, n, device="cuda").half() * 0.01
+    copies, rows_w, scales = _weights(k, n)
     channel = torch.rand(1, n, device="cuda").half() * 0.01
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = []

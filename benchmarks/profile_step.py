@@ -44,6 +44,7 @@ from benchmarks.workloads import (  # noqa: E402
     shape_cost,
     write_config,
 )
+from octavo import envs  # noqa: E402
 
 # Kernel name patterns, first match wins (Triton kernels keep their Python names, the GEMVs
 # included; cuBLAS / CUTLASS GEMMs carry gemm / xmma / nvjet / cutlass in theirs).
@@ -229,8 +230,6 @@ def main() -> None:
         rows.append(row)
 
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:15]
-    from octavo import envs
-
     pdl_on = envs.pdl()
     result = {
         "benchmark": "profile_step", "mode": "prefill" if args.prefill else "decode",

@@ -77,7 +77,7 @@ def _plan(n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
     plan = _gemv._plan(n, k)
     if group % plan[1] == 0:
         return plan
-    block_k = 128 if group % 128 == 0 else SMALLEST_STEP * (2 if group % 64 == 0 else 1)
+    block_k = next(b for b in (128, 64, SMALLEST_STEP) if group % b == 0)  # supports()
     block_n = 32 if k >= 8192 else 64
     return block_n, block_k, 4, 4, 2
 

@@ -29,10 +29,11 @@ batch 1 in the engine 6.7 ms against 3.9).
   ``int8_gemv.runs_full_steps``), measured on an H200 (session 33, Llama-3.1-8B W8A16 per
   channel, ms per token): batch 1 2.939 against the along-K layout's 3.056, batch 16 4.808
   against 5.758; larger batches lose (session 34: batch 64 6.974 against 6.527, 256 15.775
-  against 15.350), a trade kept for decode latency. At g128 the rows layout (128-wide K steps at about 4 programs per SM) ties
-  the along-K one at batch 1 and loses at 64 and 256 (session 34, Llama-3.1-8B W8A16 g128
-  with gate/up along K, ms per token at 1 / 16 / 64 / 256: rows 3.111 / 5.622 / 7.850 /
-  15.688, along K 3.116 / 5.989 / 7.490 / 15.442), so those layers stay along K;
+  against 15.350), a trade kept for decode latency. At g128 the rows layout (128-wide K
+  steps at about 4 programs per SM) ties the along-K one at batch 1 and loses at 64 and 256
+  (session 34, Llama-3.1-8B W8A16 g128 with gate/up along K, ms per token at 1 / 16 / 64 /
+  256: rows 3.111 / 5.622 / 7.850 / 15.688, along K 3.116 / 5.989 / 7.490 / 15.442), so
+  those layers stay along K;
   ``OCTAVO_INT_WEIGHT_LAYOUT=rows`` forces rows wherever the GEMV runs.
 
 On the swap-AB layout, batches of 1-8 rows run the CUDA kernel of ``swapab_mma`` where it is
@@ -164,6 +165,12 @@ def gated(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: t
     y = int8_gemv.int8_gemv(x2, qweight, scales, _zero_arg(zeros, zero), group_size,
                             glu=True)
     return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def has_qkv_rope(layout: str, k: int, n: int, group_size: int) -> bool:
+    """Whether a [K, N] weight in ``layout`` has :func:`qkv_rope`'s rotating store: rows, on
+    the FP8 GEMV's own K steps (``int8_gemv.int8_gemv_qkv_rope``)."""
+    return layout == ROWS and int8_gemv.runs_full_steps(n, k, group_size)
 
 
 def qkv_rope(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

@@ -96,10 +96,9 @@ class IntWeightLinearMethod(LinearMethod):
         if use_kernel(q.device, k, group, self.bits):
             layer.kernel_layout = int_weight_layout.choose(k, q.shape[1], group, self.bits,
                                                            q.device)
-            # Only the rows layout's GEMV has a rotating store (``apply_qkv_rope``), on the
-            # FP8 GEMV's own K steps.
-            self.has_qkv_rope = layer.kernel_layout == int_weight_layout.ROWS and \
-                int_weight_layout.int8_gemv.runs_full_steps(q.shape[1], k, group)
+            # Only the rows layout's GEMV has a rotating store (``apply_qkv_rope``).
+            self.has_qkv_rope = int_weight_layout.has_qkv_rope(layer.kernel_layout, k,
+                                                               q.shape[1], group)
             kernel = self._kernel_layout(q, zeros, scales, g_idx, group, layer.kernel_layout)
             if kernel is not None:
                 for name, t in zip(("qweight_kernel", "scales_kernel", "zeros_kernel",
