@@ -266,15 +266,6 @@ def int_swapab_max_m(default: int) -> int:
     return _batch_size("OCTAVO_INT_SWAPAB_MAX_M", default)
 
 
-def int_wide_rows(default: tuple[int, int]) -> tuple[int, int]:
-    """OCTAVO_INT_WIDE_MIN_M / OCTAVO_INT_WIDE_MAX_M: the batches (inclusive) that a layer in
-    the swap-AB layout runs with the large-batch kernel of octavo/kernels/w4a16_swapab_wide.py
-    (octavo/kernels/int_weight_layout.py sets the default from H200 measurements; a minimum
-    above the maximum turns it off)."""
-    return (_batch_size("OCTAVO_INT_WIDE_MIN_M", default[0]),
-            _batch_size("OCTAVO_INT_WIDE_MAX_M", default[1]))
-
-
 def int_swapab_8bit() -> bool:
     """OCTAVO_INT_SWAPAB_8BIT (default off): the size rule of octavo/kernels/int_weight_layout.py
     sends large 8-bit weights (Llama-8B's gate_up and down) to the swap-AB layout as it does

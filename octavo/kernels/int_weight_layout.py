@@ -54,7 +54,6 @@ from octavo import envs
 from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_mma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
-from octavo.kernels import w4a16_swapab_wide as swapab_wide
 
 ALONG_K = "along_k"
 SWAPAB = "swapab"
@@ -62,9 +61,6 @@ ROWS = "rows"
 SWAPAB_MIN_WEIGHTS = 1 << 25  # K * N; Llama-8B's gate_up (117M) and down (59M), not qkv / o
 SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout (OCTAVO_INT_SWAPAB_8BIT: +8)
 SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
-# Batches (inclusive) that the swap-AB layout runs with the large-batch kernel (batch on the
-# MMA's M side, w4a16_swapab_wide) instead of the two above.
-WIDE_ROWS = (129, 1024)
 
 
 def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> str:
@@ -116,9 +112,6 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             m, k, qweight.shape[0] * (16 // bits), group_size, bits, x2.dtype):
         return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits,
                                      **swapab_mma.engine_plan())
-    wide_min, wide_max = envs.int_wide_rows(WIDE_ROWS)
-    if wide_min <= m <= wide_max and x2.is_cuda:
-        return swapab_wide.w4a16_swapab_wide(x2, qweight, scales, zeros, group_size, bits)
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.
