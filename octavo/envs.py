@@ -357,6 +357,13 @@ def fused_glu() -> bool:
     return _flag("OCTAVO_FUSED_GLU", True)
 
 
+def dense_glu() -> bool:
+    """OCTAVO_DENSE_GLU (default off until measured on a GPU): with OCTAVO_FUSED_GLU, a bf16 /
+    fp16 MLP's gate/up projection on the CUDA dense GEMM (1-32 rows, octavo/kernels/
+    dense_mma.py) writes silu(gate) * up from its store, without the activation's launch."""
+    return _flag("OCTAVO_DENSE_GLU", False)
+
+
 def fused_qkv_rope() -> bool:
     """OCTAVO_FUSED_QKV_ROPE (default on): on CUDA, a one-row fp8 decode's
     qkv projection on the FP8 GEMV applies the NeoX rotary embedding to q and k in its

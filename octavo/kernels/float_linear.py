@@ -74,6 +74,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def linear_gated(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                 ) -> torch.Tensor | None:
+    """``silu(y[..., :I]) * y[..., I:]`` of ``y = linear(x, weight, bias)`` (weight an MLP's
+    [gate | up]) in one launch where ``linear`` would take the CUDA dense GEMM for it (and
+    ``OCTAVO_DENSE_GLU`` asks for it): that GEMM's store applies the activation. None elsewhere:
+    the caller runs ``linear`` and the activation."""
+    if not (envs.fused_glu() and envs.dense_glu()) or bias is not None \
+            or not _takes_cuda_dense(x, weight, bias):
+        return None
+    from octavo.kernels import dense_mma
+
+    if not dense_mma.fits(x, weight, glu=True):
+        return None
+    return dense_mma.dense_mma(x, weight, glu=True)
+
+
 def linear_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor | None:
     """``linear(silu(x[..., :K]) * x[..., K:], weight, bias)`` in one launch where ``linear``
