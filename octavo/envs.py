@@ -260,6 +260,13 @@ def int_gemm_fused_max_m(default: int) -> int:
     return _batch_size("OCTAVO_INT_GEMM_FUSED_MAX_M", default)
 
 
+def int_gemm_sz_ahead() -> bool:
+    """OCTAVO_INT_GEMM_SZ_AHEAD (default off until measured on a GPU): the along-K weight-only
+    tensor-core GEMM (octavo/kernels/w4a16_gemm.py, 3-128 rows) loads each K step's scales
+    and zero points a step ahead instead of on the step's critical path."""
+    return _flag("OCTAVO_INT_GEMM_SZ_AHEAD", False)
+
+
 def int_swapab_max_m(default: int) -> int:
     """OCTAVO_INT_SWAPAB_MAX_M: the same for a layer in the swap-AB layout: the largest batch
     its GEMM runs (octavo/kernels/int_weight_layout.py)."""

@@ -113,19 +113,29 @@ def _int_weight_gemm_kernel(
     stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     GROUP: tl.constexpr, BITS: tl.constexpr, FP32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    RELOAD: tl.constexpr,
+    RELOAD: tl.constexpr, SZ_AHEAD: tl.constexpr,
 ):  # fmt: skip
     # Grid (M tiles, N tiles, K splits). BLOCK_K divides GROUP, so one K tile lies in one group
-    # and needs one row of scales and zeros.
+    # and needs one row of scales and zeros. SZ_AHEAD: each step's row loaded a step ahead
+    # (plain loads the pipeliner leaves on the step's critical path, before the dequantization;
+    # the swap-AB kernels load theirs ahead too).
     PACK: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
     pid_m, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, k_start, k_end = gemm_tile(
         M, N, K, K_PER_SPLIT, BLOCK_M, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SZ_AHEAD:
+        s = group_row(s_ptr, k_start // GROUP, stride_sg, offs_n, stride_sn, n_mask)
+        z = group_row(z_ptr, k_start // GROUP, stride_zg, offs_n, stride_zn, n_mask)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                     mask=m_mask[:, None], other=0.0)
+        if SZ_AHEAD:
+            # The next step's (past the split's end its last group again: a harmless reload).
+            g_next = tl.minimum(k0 + BLOCK_K, k_end - 1) // GROUP
+            s_next = group_row(s_ptr, g_next, stride_sg, offs_n, stride_sn, n_mask)
+            z_next = group_row(z_ptr, g_next, stride_zg, offs_n, stride_zn, n_mask)
         if RELOAD:
             # Row k reads its packed int32 itself (PACK rows share one, served from L1) and
             # shifts its own value out: no reshape of the tile.
@@ -144,14 +154,18 @@ def _int_weight_gemm_kernel(
         # Int -> float through the mantissa of 2**23 (no slow conversion instruction); >> is
         # arithmetic on int32, the mask drops the sign bits of the top value.
         q = (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        g = k0 // GROUP
-        s = group_row(s_ptr, g, stride_sg, offs_n, stride_sn, n_mask)
-        z = group_row(z_ptr, g, stride_zg, offs_n, stride_zn, n_mask)
+        if not SZ_AHEAD:
+            g = k0 // GROUP
+            s = group_row(s_ptr, g, stride_sg, offs_n, stride_sn, n_mask)
+            z = group_row(z_ptr, g, stride_zg, offs_n, stride_zn, n_mask)
         w = q * s[None, :] - (z * s)[None, :]
         if FP32_DOT:
             acc += tl.dot(a, w, input_precision="ieee")
         else:
             acc += tl.dot(a, w.to(a.dtype))
+        if SZ_AHEAD:
+            s = s_next
+            z = z_next
     store_or_reduce(acc, offs_m, offs_n, m_mask[:, None] & n_mask[None, :], out_ptr,
                     stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
                     pid_m * tl.num_programs(1) + pid_n, pid_k, NUM_SPLITS)
@@ -258,7 +272,8 @@ def gemm_tiles(m: int, n: int, k: int, group_size: int, device: torch.device,
 
 
 def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=None,
-          block_n=None, block_k=None, num_warps=None, num_stages=None, reload=False):
+          block_n=None, block_k=None, num_warps=None, num_stages=None, reload=False,
+          sz_ahead=None):
     m, k = x2.shape
     n = qweight.shape[1]
     block_m, block_n, block_k, m_tiles, n_tiles, split_k, k_per_split = gemm_tiles(
@@ -274,6 +289,7 @@ def _gemm(x2, qweight, scales, zeros, group_size, bits, split_k=None, block_m=No
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, BITS=bits, FP32_DOT=x2.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, RELOAD=bool(reload),
+        SZ_AHEAD=envs.int_gemm_sz_ahead() if sz_ahead is None else bool(sz_ahead),
         num_warps=num_warps or 4, num_stages=num_stages or 3,
     )  # fmt: skip
     return out

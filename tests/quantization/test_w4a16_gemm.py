@@ -85,6 +85,9 @@ PATHS = [  # forced path and tile overrides, each against the reference
     {"path": "gemv", "prefetch": 1, "split_k": 2},
     {"path": "gemm", "reload": True},
     {"path": "gemm", "block_m": 32, "block_n": 32, "block_k": 32}, {"path": "dequant"},
+    # Scales and zero points a step ahead: across groups, splits and the split's last step.
+    {"path": "gemm", "sz_ahead": True},
+    {"path": "gemm", "sz_ahead": True, "split_k": 3, "block_k": 16},
 ]
 
 
@@ -175,6 +178,18 @@ def test_kernel_real_shapes_gpu(m, dtype, bits, path, n):
     out = w4a16_gemm(x, qweight, scales, zeros, 128, bits, path=path)
     ref = w4a16_gemm_ref(x, qweight, scales, zeros, 128, bits)
     assert _rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [3, 16, 64, 128])
+def test_scales_a_step_ahead_give_the_same_bits_gpu(m, bits):
+    """OCTAVO_INT_GEMM_SZ_AHEAD only moves the scale loads: the same outputs bit for bit."""
+    qweight, scales, zeros, _ = _weights(4096, 6144, 128, bits, device=torch.device("cuda"))
+    x = torch.randn(m, 4096, device="cuda").to(torch.bfloat16)
+    ahead = w4a16_gemm(x, qweight, scales, zeros, 128, bits, path="gemm", sz_ahead=True)
+    assert torch.equal(ahead, w4a16_gemm(x, qweight, scales, zeros, 128, bits, path="gemm",
+                                         sz_ahead=False))
 
 
 @pytest.mark.gpu
