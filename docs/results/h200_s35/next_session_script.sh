@@ -9,4 +9,7 @@ TAILN=6 item w4_glu1 env OCTAVO_DENSE_GLU=1 python benchmarks/latency.py --batch
 TAILN=10 item q_sz0 python benchmarks/quantized.py --methods bf16,w4a16,w8a16 --batches 16 64 --skip-w2 --json $OUT/q_sz0.json
 TAILN=6 item q_sz1 env OCTAVO_INT_GEMM_SZ_AHEAD=1 python benchmarks/quantized.py --methods w4a16,w8a16 --batches 16 64 --skip-w2 --json $OUT/q_sz1.json
 TAILN=60 item cublas python benchmarks/cublas_rows.py --shape llama-3.1-8b --json $OUT/cublas_rows.json
+# Then W2 with the rule the sweep names, e.g. (the 128-row gate_up of session 35):
+TAILN=6 item w2_pad0 sh -c "python benchmarks/throughput.py --workload W2 | grep tok/s"
+TAILN=6 item w2_pad1 sh -c "OCTAVO_CUBLAS_PAD_ROWS=113-128:192/28672 python benchmarks/throughput.py --workload W2 | grep tok/s"
 echo "=== end $(date +%T)"
