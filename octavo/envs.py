@@ -325,7 +325,7 @@ def cublas_pad_rows() -> list[tuple[int, int, int, int]]:
     reaches cuBLAS with LO..HI rows (and, with /N, N output features) runs padded to TO rows
     (zeros, the extra outputs dropped), for row counts where cuBLAS's choice of kernel is
     slower than at a larger count (benchmarks/cublas_rows.py finds them). Rules as (LO, HI,
-    TO, N or 0), each checked: 0 < LO <= HI <= TO."""
+    TO, N or 0), each checked: 0 < LO <= HI <= TO, N >= 0."""
     value = os.environ.get("OCTAVO_CUBLAS_PAD_ROWS", "").strip()
     rules = []
     for part in filter(None, (p.strip() for p in value.split(","))):
@@ -338,7 +338,8 @@ def cublas_pad_rows() -> list[tuple[int, int, int, int]]:
             raise ValueError(f"OCTAVO_CUBLAS_PAD_ROWS: {part!r} is not LO-HI:TO[/N] (e.g. "
                              "'113-128:192/28672')") from None
         if not 0 < rule[0] <= rule[1] <= rule[2] or rule[3] < 0:
-            raise ValueError(f"OCTAVO_CUBLAS_PAD_ROWS: {part!r} needs 0 < LO <= HI <= TO")
+            raise ValueError(f"OCTAVO_CUBLAS_PAD_ROWS: {part!r} needs 0 < LO <= HI <= TO "
+                             "and N >= 0")
         rules.append(rule)
     return rules
 

@@ -25,7 +25,7 @@ def test_pad_rule_knob_is_parsed_and_checked(monkeypatch):
     monkeypatch.setenv("OCTAVO_CUBLAS_PAD_ROWS", "97-128:192/28672, 200-250:256")
     assert envs.cublas_pad_rows() == [(97, 128, 192, 28672), (200, 250, 256, 0)]
     for bad in ("128:192", "97-128", "a-b:c", "130-128:192", "97-128:100", "0-4:8",
-                "97-128:192/x"):
+                "97-128:192/x", "97-128:192/-1"):
         monkeypatch.setenv("OCTAVO_CUBLAS_PAD_ROWS", bad)
         with pytest.raises(ValueError, match="OCTAVO_CUBLAS_PAD_ROWS"):
             envs.cublas_pad_rows()

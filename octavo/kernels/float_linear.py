@@ -97,13 +97,12 @@ def linear_gated(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     [gate | up]) in one launch where ``linear`` would take the CUDA dense GEMM for it (and
     ``OCTAVO_DENSE_GLU`` asks for it): that GEMM's store applies the activation. None elsewhere:
     the caller runs ``linear`` and the activation."""
-    if not (envs.fused_glu() and envs.dense_glu()) or bias is not None \
-            or not _takes_cuda_dense(x, weight, bias):
+    # Without a bias, the dense GEMM taking x and weight is all its GLU kernels need.
+    if bias is not None or not (envs.fused_glu() and envs.dense_glu()) \
+            or not _takes_cuda_dense(x, weight, None):
         return None
     from octavo.kernels import dense_mma
 
-    if not dense_mma.fits(x, weight, glu=True):
-        return None
     return dense_mma.dense_mma(x, weight, glu=True)
 
 

@@ -209,7 +209,7 @@ def test_the_glu_mapping_stores_silu_gate_times_up(m, n, k, sms, per_sm, most, s
     np.testing.assert_allclose(got, gate / (1.0 + np.exp(-gate)) * up, rtol=1e-10, atol=1e-10)
 
 
-def test_glu_fits_16_bit_weights_without_bias_only():
+def test_glu_plans_one_feature_tile_per_warp():
     assert plan(32, 1024, 6144, 132, glu=True).kernel(torch.bfloat16) == \
         "dense_mma_bf16_glu_m4_n1_s4"
     with pytest.raises(ValueError, match="GLU"):
