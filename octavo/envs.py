@@ -320,30 +320,6 @@ def cuda_dense_max_m(default: int) -> int:
     return _batch_size("OCTAVO_CUDA_DENSE_MAX_M", default)
 
 
-def cublas_pad_rows() -> list[tuple[int, int, int, int]]:
-    """OCTAVO_CUBLAS_PAD_ROWS (default none): "LO-HI:TO[/N][,...]": a float linear that
-    reaches cuBLAS with LO..HI rows (and, with /N, N output features) runs padded to TO rows
-    (zeros, the extra outputs dropped), for row counts where cuBLAS's choice of kernel is
-    slower than at a larger count (benchmarks/cublas_rows.py finds them). Rules as (LO, HI,
-    TO, N or 0), each checked: 0 < LO <= HI <= TO, N >= 0."""
-    value = os.environ.get("OCTAVO_CUBLAS_PAD_ROWS", "").strip()
-    rules = []
-    for part in filter(None, (p.strip() for p in value.split(","))):
-        try:
-            rows, _, n = part.partition("/")
-            span, to = rows.split(":")
-            lo, hi = span.split("-")
-            rule = (int(lo), int(hi), int(to), int(n) if n else 0)
-        except ValueError:
-            raise ValueError(f"OCTAVO_CUBLAS_PAD_ROWS: {part!r} is not LO-HI:TO[/N] (e.g. "
-                             "'113-128:192/28672')") from None
-        if not 0 < rule[0] <= rule[1] <= rule[2] or rule[3] < 0:
-            raise ValueError(f"OCTAVO_CUBLAS_PAD_ROWS: {part!r} needs 0 < LO <= HI <= TO "
-                             "and N >= 0")
-        rules.append(rule)
-    return rules
-
-
 def cuda_fp8() -> bool:
     """OCTAVO_CUDA_FP8 (default on): on NVIDIA GPUs (compute capability 8.9+) with nvcc,
     FP8-weight linears (W8A8) run decode batches of OCTAVO_CUDA_FP8_MIN_M..OCTAVO_CUDA_FP8_MAX_M
@@ -386,13 +362,6 @@ def fused_glu() -> bool:
     activations) or the gate/up projection's (an fp8 weight on the FP8 GEMV, in its store);
     off, the activation kernel runs between them, as for every other method."""
     return _flag("OCTAVO_FUSED_GLU", True)
-
-
-def dense_glu() -> bool:
-    """OCTAVO_DENSE_GLU (default off until measured on a GPU): with OCTAVO_FUSED_GLU, a bf16 /
-    fp16 MLP's gate/up projection on the CUDA dense GEMM (1-32 rows, octavo/kernels/
-    dense_mma.py) writes silu(gate) * up from its store, without the activation's launch."""
-    return _flag("OCTAVO_DENSE_GLU", False)
 
 
 def fused_qkv_rope() -> bool:

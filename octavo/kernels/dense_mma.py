@@ -67,13 +67,8 @@ FP8_VARIANTS = frozenset([(1, 1, s) for s in (1, 2, 4)] + [(2, 1, s) for s in (1
                          + [(4, 1, 1), (4, 1, 2)])
 
 
-# silu(gate) * up in the store (16-bit weights): one feature tile per warp, as the plan runs.
-GLU_VARIANTS = frozenset([(1, 1, s) for s in (1, 2, 4, 8)] + [(mt, 1, s) for mt in (2, 4)
-                                                               for s in (1, 2, 4)])
-
-
-def _variants(fp8: bool, glu: bool = False) -> frozenset:
-    return FP8_VARIANTS if fp8 else (GLU_VARIANTS if glu else VARIANTS)
+def _variants(fp8: bool) -> frozenset:
+    return FP8_VARIANTS if fp8 else VARIANTS
 
 
 def step_k(fp8: bool) -> int:
@@ -92,15 +87,12 @@ def supports(m: int, k: int, n: int, dtype: torch.dtype, fp8: bool = False) -> b
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         scale: torch.Tensor | None = None, glu: bool = False) -> bool:
-    """Whether ``dense_mma(x, weight, bias, scale, glu=glu)`` runs as the tensors are: a
-    supported shape and dtype, the weight contiguous with 16-byte aligned rows (x's dtype; or
-    float8 e4m3 with ``scale`` float32 [N], on compute capability 8.9+), the bias (if any) [N]
-    of x's dtype; ``glu``: a 16-bit [gate | up] weight without bias or scale. (x of any
-    layout: the call copies it where its rows are not 16-byte aligned.)"""
+         scale: torch.Tensor | None = None) -> bool:
+    """Whether ``dense_mma(x, weight, bias, scale)`` runs as the tensors are: a supported
+    shape and dtype, the weight contiguous with 16-byte aligned rows (x's dtype; or float8
+    e4m3 with ``scale`` float32 [N], on compute capability 8.9+), the bias (if any) [N] of x's
+    dtype. (x of any layout: the call copies it where its rows are not 16-byte aligned.)"""
     if not x.is_cuda or weight.dim() != 2 or x.dim() == 0 or x.shape[-1] != weight.shape[1]:
-        return False
-    if glu and (bias is not None or scale is not None or weight.dtype == FP8):
         return False
     n, k = weight.shape
     fp8 = weight.dtype == FP8
@@ -124,10 +116,9 @@ class Plan:
     nt: int  # tiles of 16 features per warp
     tiles: int  # CTAs along N
     fp8: bool = False  # float8 e4m3 weights (steps of 64 K values)
-    glu: bool = False  # [gate | up] rows, silu(gate) * up stored (8 features a tile)
 
     def kernel(self, dtype: torch.dtype) -> str:
-        weights = "_e4m3" if self.fp8 else ("_glu" if self.glu else "")
+        weights = "_e4m3" if self.fp8 else ""
         return f"dense_mma_{_DTYPES[dtype]}{weights}_m{self.mt}_n{self.nt}_s{self.split.steps}"
 
 
@@ -147,18 +138,17 @@ NT = 1  # tiles of 16 features per warp: two lost at every row count in the swee
 FP8_PLAN = {1: (16, 2), 2: (8, 2), 4: (4, 2)}
 
 
-def default_steps(mt: int, nt: int, k: int, fp8: bool = False, glu: bool = False) -> int:
+def default_steps(mt: int, nt: int, k: int, fp8: bool = False) -> int:
     """The longest chunks built for (MT, NT) that K allows."""
     return next((s for s in (8, 4, 2, 1)
-                 if (mt, nt, s) in _variants(fp8, glu) and (k // step_k(fp8)) % s == 0), 1)
+                 if (mt, nt, s) in _variants(fp8) and (k // step_k(fp8)) % s == 0), 1)
 
 
 def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int | None = None,
          steps: int | None = None, most_warps: int = MAX_WARPS, nt: int | None = None,
-         fp8: bool = False, glu: bool = False) -> Plan:
+         fp8: bool = False) -> Plan:
     """The launch for ``m`` rows: about ``warps_per_sm`` warps per SM over N / (16 nt) tiles,
-    each warp a whole number of chunks of ``steps`` K steps (``split_k.over_warps``). ``glu``:
-    N the [gate | up] rows, a tile 16 of them (8 features' gate and up)."""
+    each warp a whole number of chunks of ``steps`` K steps (``split_k.over_warps``)."""
     mt = batch_tiles(m)
     nt = nt or NT
     sk = step_k(fp8)
@@ -167,16 +157,15 @@ def plan(m: int, k: int, n: int, sms: int, warps_per_sm: int | None = None,
         if (k // sk) % steps:
             steps = None
     warps_per_sm = warps_per_sm or WARPS_PER_SM
-    steps = steps or default_steps(mt, nt, k, fp8, glu)
-    if (mt, nt, steps) not in _variants(fp8, glu) or n % (16 * nt) or k % (sk * steps):
+    steps = steps or default_steps(mt, nt, k, fp8)
+    if (mt, nt, steps) not in _variants(fp8) or n % (16 * nt) or k % (sk * steps):
         raise ValueError(f"dense_mma: no kernel for M={m} (MT={mt}), NT={nt}, {steps} steps "
-                         f"at K={k}, N={n}{' (float8 weights)' if fp8 else ''}"
-                         f"{' (GLU)' if glu else ''}")
+                         f"at K={k}, N={n}{' (float8 weights)' if fp8 else ''}")
     tiles = n // (16 * nt)
     # over_warps counts 32-wide steps: a float8 step is two of them.
     split = over_warps(k * 32 // sk, tiles, steps, sms, warps_per_sm, min(most_warps, MAX_WARPS))
     split = dataclasses.replace(split, k_per_warp=split.k_per_warp * sk // 32)
-    return Plan(split, mt, nt, tiles, fp8, glu)
+    return Plan(split, mt, nt, tiles, fp8)
 
 
 def available(device: torch.device, fp8: bool = False) -> bool:
@@ -190,14 +179,11 @@ def available(device: torch.device, fp8: bool = False) -> bool:
 def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
               scale: torch.Tensor | None = None, warps_per_sm: int | None = None,
               steps: int | None = None, most_warps: int = MAX_WARPS,
-              nt: int | None = None, glu: bool = False) -> torch.Tensor:
+              nt: int | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for x [..., K] of at most MAX_M rows (float32
     accumulation, rounded once to x's dtype); for a float8 weight, of ``weight * scale[:,
-    None]`` (scale float32 [N]). ``glu``: weight an MLP's [gate | up] (N = 2I rows), the
-    result ``silu(gate) * up`` [..., I] with gate and up each rounded to x's dtype first (as
-    the projection followed by ``silu_and_mul``). The tuning arguments exist for the
-    benchmarks."""
-    if not fits(x, weight, bias, scale, glu):
+    None]`` (scale float32 [N]). The tuning arguments exist for the benchmarks."""
+    if not fits(x, weight, bias, scale):
         raise ValueError(f"dense_mma: x {tuple(x.shape)} {x.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype}, bias "
                          f"{None if bias is None else (tuple(bias.shape), bias.dtype)}, scale "
@@ -210,12 +196,11 @@ def dense_mma(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     x2 = cuda_module.aligned_rows(x2)
     mod = cuda_module.loaded(FP8_SOURCE if weight.dtype == FP8 else SOURCE, x2.device)
     p = plan(m, k, n, num_compute_units(x2.device), warps_per_sm, steps, most_warps, nt,
-             weight.dtype == FP8, glu)
-    out_n = n // 2 if glu else n
-    out, partial = split_k_buffers(m, n, p.split.splits, x2, out_n=out_n)
+             weight.dtype == FP8)
+    out, partial = split_k_buffers(m, n, p.split.splits, x2)
     cnt = split_k_counters(x2.device, p.tiles)
     args = cuda_module.arguments(x2, weight, bias, scale, out, partial, cnt, m, n, k,
                                  x2.stride(0), p.split.k_per_warp)
     mod.launch(p.kernel(x2.dtype), (p.tiles, p.split.splits, 1), 32 * p.split.warps, args,
                pdl=pdl_mod.enabled(x2.device))
-    return out.reshape(*shape[:-1], out_n)
+    return out.reshape(*shape[:-1], n)

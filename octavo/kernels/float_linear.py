@@ -71,39 +71,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                 and (skinny_gemm.preferred(weight, x.numel() // x.shape[-1])
                      or envs.skinny_gemm_all())):
             return skinny_gemm.skinny_gemm(x, weight, bias)
-    if x.is_cuda:
-        return padded_linear(x, weight, bias, envs.cublas_pad_rows())
     return F.linear(x, weight, bias)
-
-
-def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  rules: list[tuple[int, int, int, int]]) -> torch.Tensor:
-    """``F.linear`` (cuBLAS), with x's rows padded by zeros to TO where a rule (LO, HI, TO,
-    N) covers their count and the weight's N rows (N 0: any) (``OCTAVO_CUBLAS_PAD_ROWS``);
-    the padded outputs are dropped (each output row depends on its own input row only)."""
-    rows = x.numel() // max(1, x.shape[-1])
-    n = weight.shape[0]
-    to = next((t for lo, hi, t, rn in rules if lo <= rows <= hi and rn in (0, n)), rows)
-    if to <= rows:
-        return F.linear(x, weight, bias)
-    x2 = x.reshape(rows, x.shape[-1])
-    y = F.linear(F.pad(x2, (0, 0, 0, to - rows)), weight, bias)[:rows]
-    return y.reshape(*x.shape[:-1], y.shape[-1])
-
-
-def linear_gated(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-                 ) -> torch.Tensor | None:
-    """``silu(y[..., :I]) * y[..., I:]`` of ``y = linear(x, weight, bias)`` (weight an MLP's
-    [gate | up]) in one launch where ``linear`` would take the CUDA dense GEMM for it (and
-    ``OCTAVO_DENSE_GLU`` asks for it): that GEMM's store applies the activation. None elsewhere:
-    the caller runs ``linear`` and the activation."""
-    # Without a bias, the dense GEMM taking x and weight is all its GLU kernels need.
-    if bias is not None or not (envs.fused_glu() and envs.dense_glu()) \
-            or not _takes_cuda_dense(x, weight, None):
-        return None
-    from octavo.kernels import dense_mma
-
-    return dense_mma.dense_mma(x, weight, glu=True)
 
 
 def linear_glu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None

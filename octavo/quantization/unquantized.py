@@ -33,13 +33,6 @@ class UnquantizedLinearMethod(LinearMethod):
 
         return linear_glu(x, layer.weight, bias)
 
-    def apply_gated(self, layer, x, bias):
-        if not x.is_cuda:
-            return None
-        from octavo.kernels.float_linear import linear_gated
-
-        return linear_gated(x, layer.weight, bias)
-
     def dense_weight(self, layer):
         return layer.weight
 

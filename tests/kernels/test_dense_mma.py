@@ -13,13 +13,11 @@ import pytest
 import torch
 
 from octavo.kernels import cuda_module, dense_mma
-from octavo.kernels.dense_mma import FP8_VARIANTS, GLU_VARIANTS, VARIANTS, plan, supports
+from octavo.kernels.dense_mma import FP8_VARIANTS, VARIANTS, plan, supports
 from tests.kernels import cuda_checks
 
 NAMES = [f"dense_mma_{t}_m{mt}_n{nt}_s{s}" for t in ("bf16", "f16")
          for mt, nt, s in sorted(VARIANTS)]
-NAMES += [f"dense_mma_{t}_glu_m{mt}_n{nt}_s{s}" for t in ("bf16", "f16")
-          for mt, nt, s in sorted(GLU_VARIANTS)]
 FP8_NAMES = [f"dense_mma_{t}_e4m3_m{mt}_n{nt}_s{s}" for t in ("bf16", "f16")
              for mt, nt, s in sorted(FP8_VARIANTS)]
 # (N, K): Qwen3-0.6B's qkv, gate_up, o, down; Llama-3.1-8B's qkv, gate_up, o, down.
@@ -101,11 +99,8 @@ _mma = cuda_checks.mma16816
 def _emulate(x_flat, m, stride_x, w, bias, p):
     """What cuda/dense_mma.cu computes, lane by lane and in its index arithmetic: each lane's
     16-byte loads (a uint4 = 8 values, word i = values 2i, 2i+1), the registers handed to the
-    mma, the CTA's and the split's sums and the output offsets (``p.glu``: rows g and g + 8 of
-    a tile from the gate and up halves, silu(gate) * up stored)."""
+    mma, the CTA's and the split's sums and the output offsets."""
     n, k = w.shape
-    glu = p.glu
-    per_tile = 8 if glu else 16  # output features a tile of 16 weight rows holds
     mt_tiles, nt, steps, s = p.mt, p.nt, p.split.steps, p.split
     w_flat = w.reshape(-1)
 
@@ -115,9 +110,8 @@ def _emulate(x_flat, m, stride_x, w, bias, p):
     part = np.full((s.splits, m * n), np.nan)  # an output no lane writes stays NaN
     writes = np.zeros((s.splits, m * n), int)
     for tile in range(p.tiles):
-        n0 = tile * nt * per_tile
+        n0 = tile * nt * 16
         wrow = ((n0 + G) * k + 8 * T) // 8
-        second = (n // 2) * k // 8 if glu else k  # rows g + 8 of the tile, in uint4
         for split in range(s.splits):
             total = np.zeros((mt_tiles, nt, 32, 4))
             for warp in range(s.warps):
@@ -134,9 +128,9 @@ def _emulate(x_flat, m, stride_x, w, bias, p):
                                 b = np.stack([xv[:, 4 * h:4 * h + 2],
                                               xv[:, 4 * h + 2:4 * h + 4]], 1)
                                 for j in range(nt):
-                                    wa = wrow + j * (k if glu else 2 * k)
+                                    wa = wrow + j * 2 * k
                                     ca = u4(w_flat, wa + (kk // 32 + i) * 4)
-                                    cb = u4(w_flat, wa + second + (kk // 32 + i) * 4)
+                                    cb = u4(w_flat, wa + k + (kk // 32 + i) * 4)
                                     a = np.stack([ca[:, 4 * h:4 * h + 2], cb[:, 4 * h:4 * h + 2],
                                                   ca[:, 4 * h + 2:4 * h + 4],
                                                   cb[:, 4 * h + 2:4 * h + 4]], 1)
@@ -146,17 +140,12 @@ def _emulate(x_flat, m, stride_x, w, bias, p):
                 for i in range(4):
                     rows = mt * 8 + 2 * T + (i & 1)
                     for j in range(nt):
-                        feats = n0 + per_tile * j + G + (0 if i < 2 else
-                                                         (n // 2 if glu else 8))
+                        feats = n0 + 16 * j + G + (0 if i < 2 else 8)
                         ok = rows < m
                         part[split, rows[ok] * n + feats[ok]] = total[mt, j, ok, i]
                         np.add.at(writes[split], rows[ok] * n + feats[ok], 1)
     assert (writes == 1).all()  # each output once per split
     summed = part.sum(0)  # the last ticket's sum, in split order
-    if glu:
-        y = summed.reshape(m, n)
-        gate, up = y[:, : n // 2], y[:, n // 2:]
-        return gate / (1.0 + np.exp(-gate)) * up
     feats = np.arange(m * n) % n
     out = summed + (bias[feats] if bias is not None else 0.0)
     return out.reshape(m, n)
@@ -186,34 +175,6 @@ def test_the_fragment_mapping_computes_x_at_w_transposed(m, n, k, sms, per_sm, m
     ref = x_full[:, :k] @ w.T + bias
     np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-10)
     assert p.split.splits > 1 or (sms, most) != (2, 2)  # the split case does split
-
-
-@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 32])
-@pytest.mark.parametrize("n,k,sms,per_sm,most,steps", [
-    (64, 256, 132, 6, 8, None),  # I = 32: four tiles of 8 features
-    (96, 512, 2, 16, 2, 2),  # K split over CTAs
-    (32, 384, 1, 8, 8, 4),  # one tile, several warps
-])
-def test_the_glu_mapping_stores_silu_gate_times_up(m, n, k, sms, per_sm, most, steps):
-    rng = np.random.default_rng(m * 1000 + n + k)
-    w = rng.standard_normal((n, k)) / k ** 0.5
-    x = rng.standard_normal((m, k))
-    try:
-        p = plan(m, k, n, sms, per_sm, steps, most, glu=True)
-    except ValueError:
-        pytest.skip("not a built variant")
-    assert p.glu and p.kernel(torch.bfloat16) in NAMES and "_glu_" in p.kernel(torch.float16)
-    got = _emulate(x.reshape(-1), m, k, w, None, p)
-    y = x @ w.T
-    gate, up = y[:, : n // 2], y[:, n // 2:]
-    np.testing.assert_allclose(got, gate / (1.0 + np.exp(-gate)) * up, rtol=1e-10, atol=1e-10)
-
-
-def test_glu_plans_one_feature_tile_per_warp():
-    assert plan(32, 1024, 6144, 132, glu=True).kernel(torch.bfloat16) == \
-        "dense_mma_bf16_glu_m4_n1_s4"
-    with pytest.raises(ValueError, match="GLU"):
-        plan(32, 1024, 6144, 132, nt=2, glu=True)  # one feature tile per warp only
 
 
 # --- on the GPU ---------------------------------------------------------------------------
@@ -308,49 +269,6 @@ def test_strided_rows_leading_dims_and_graph_replays_gpu():
     x = torch.randn(5, 1024, device="cuda", dtype=torch.bfloat16)
     check_graph_replays(lambda xx: dense_mma.dense_mma(xx, w, bias),
                         lambda xx: xx.float() @ w.float().T + bias.float(), x)
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n,k", [(6144, 1024), (2048, 512), (28672, 4096)])
-def test_glu_store_matches_projection_then_silu_and_mul_gpu(n, k, dtype):
-    """gate_up with silu(gate) * up in the store against the projection followed by the
-    activation kernel (gate and up rounded to the dtype first in both), every batch 1-32."""
-    from octavo.kernels.activation import silu_and_mul
-
-    w, _ = _weights(n, k, dtype)
-    for m in range(1, 33):
-        x = torch.randn(m, k, device="cuda", dtype=dtype)
-        got = dense_mma.dense_mma(x, w, glu=True)
-        want = silu_and_mul(dense_mma.dense_mma(x, w))
-        assert got.shape == (m, n // 2) and got.dtype == dtype
-        torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-2)
-
-
-@pytest.mark.gpu
-@gpu
-def test_glu_split_plans_and_the_mlp_route_gpu(monkeypatch):
-    """Split-K plans give the same answer (counters left zeroed); with OCTAVO_DENSE_GLU the
-    unquantized method's gated hook takes batches the dense GEMM takes, and only those."""
-    from octavo.kernels import split_k
-    from octavo.kernels.activation import silu_and_mul
-    from octavo.kernels.float_linear import linear_gated
-
-    w, bias = _weights(6144, 1024, torch.bfloat16)
-    x = torch.randn(13, 1024, device="cuda", dtype=torch.bfloat16)
-    want = silu_and_mul(dense_mma.dense_mma(x, w))
-    for per_sm, most in ((1, 1), (64, 8), (200, 8)):
-        got = dense_mma.dense_mma(x, w, warps_per_sm=per_sm, most_warps=most, glu=True)
-        torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-2)
-    torch.cuda.synchronize()
-    assert not split_k.counters(x.device, 1).any()
-    monkeypatch.delenv("OCTAVO_DENSE_GLU", raising=False)
-    assert linear_gated(x, w) is None  # off by default
-    monkeypatch.setenv("OCTAVO_DENSE_GLU", "1")
-    torch.testing.assert_close(linear_gated(x, w), want, atol=2e-3, rtol=1e-2)
-    assert linear_gated(x, w, bias) is None  # a bias: the unfused path
-    assert linear_gated(torch.randn(33, 1024, device="cuda", dtype=torch.bfloat16), w) is None
 
 
 @pytest.mark.gpu

@@ -25,21 +25,5 @@
   OCTAVO_DENSE_MMA(TNAME, T, , T, 4, 2, 1) \
   OCTAVO_DENSE_MMA(TNAME, T, , T, 4, 2, 2)
 
-// GLU (an MLP's gate_up with silu(gate) * up in the store): one feature tile per warp, the
-// plan's choice (octavo/kernels/dense_mma.py GLU_VARIANTS).
-#define OCTAVO_DENSE_MMA_GLU_ALL(TNAME, T) \
-  OCTAVO_DENSE_MMA_GLU(TNAME, T, 1, 1, 1) \
-  OCTAVO_DENSE_MMA_GLU(TNAME, T, 1, 1, 2) \
-  OCTAVO_DENSE_MMA_GLU(TNAME, T, 1, 1, 4) \
-  OCTAVO_DENSE_MMA_GLU(TNAME, T, 1, 1, 8) \
-  OCTAVO_DENSE_MMA_GLU(TNAME, T, 2, 1, 1) \
-  OCTAVO_DENSE_MMA_GLU(TNAME, T, 2, 1, 2) \
-  OCTAVO_DENSE_MMA_GLU(TNAME, T, 2, 1, 4) \
-  OCTAVO_DENSE_MMA_GLU(TNAME, T, 4, 1, 1) \
-  OCTAVO_DENSE_MMA_GLU(TNAME, T, 4, 1, 2) \
-  OCTAVO_DENSE_MMA_GLU(TNAME, T, 4, 1, 4)
-
 OCTAVO_DENSE_MMA_ALL(bf16, __nv_bfloat16)
 OCTAVO_DENSE_MMA_ALL(f16, __half)
-OCTAVO_DENSE_MMA_GLU_ALL(bf16, __nv_bfloat16)
-OCTAVO_DENSE_MMA_GLU_ALL(f16, __half)

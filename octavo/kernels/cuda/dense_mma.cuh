@@ -17,12 +17,6 @@
 // shuffles, no shared memory in the loop. The accumulator d[0], d[1] holds feature n0 + g at
 // batch rows mt * 8 + 2t, + 1; d[2], d[3] feature n0 + g + 8 at the same rows.
 // tests/kernels/test_dense_mma.py emulates this mapping lane by lane on the CPU.
-//
-// GLU (an MLP's merged [gate | up] weight, N = 2I rows): a tile's rows g and g + 8 are gate
-// row f + g and up row I + f + g of the same 8 features f.. (f = 8 per tile), so a lane holds
-// gate and up of one feature at the same batch rows (d[0] with d[2], d[1] with d[3]) and the
-// final store writes silu(gate) * up to y [M, I], each first rounded to T as a stored
-// [gate | up] would be (the unfused GEMM followed by silu_and_mul, in one launch).
 
 #pragma once
 
@@ -113,7 +107,7 @@ struct Weights<T, E4m3> {
   }
 };
 
-template <typename T, typename W, int MT, int NT, int STEPS, bool GLU = false>
+template <typename T, typename W, int MT, int NT, int STEPS>
 __device__ __forceinline__ void dense_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const T* __restrict__ bias,
     const float* __restrict__ scale, T* __restrict__ out, float* __restrict__ part,
@@ -129,13 +123,10 @@ __device__ __forceinline__ void dense_mma(
   // This warp's K range: its share of the CTA's split (blockIdx.y).
   const int k_begin = (blockIdx.y * warps + warp) * k_per_warp;
   const int k_end = min(k_begin + k_per_warp, K);
-  // Rows n0(j) + g and n0(j) + g + 8 of tile j: step k of row R at R * K + k, 4 uint4 a step
-  // (GLU: rows n0(j) + g and I + n0(j) + g, tiles of 8 features).
-  const int n0 = tile * NT * (GLU ? 8 : 16);
+  // Rows n0(j) + g and n0(j) + g + 8 of tile j: step k of row R at R * K + k, 4 uint4 a step.
+  const int n0 = tile * NT * 16;
   const uint4* wrow = w + ((size_t)(n0 + g) * K + VALUES * t) / VALUES;
   const size_t row8 = (size_t)8 * K / VALUES;  // 8 rows further, in uint4
-  const size_t second = GLU ? (size_t)(N / 2) * K / VALUES : row8;  // a tile's rows g + 8
-  const size_t next_tile = GLU ? row8 : 2 * row8;
 
   // Software pipeline, one chunk deep: the next chunk's weights and activations are loaded
   // before this chunk's products, so no load's latency (DRAM for the weights, L2 for x) is
@@ -148,11 +139,11 @@ __device__ __forceinline__ void dense_mma(
     if (weights) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const uint4* wa = wrow + (size_t)j * next_tile;
+        const uint4* wa = wrow + (size_t)j * 2 * row8;  // tile j: 16 rows further
 #pragma unroll
         for (int i = 0; i < STEPS; ++i) {
           c.a[j][i] = __ldg(wa + (k / Wt::kStepK + i) * 4);
-          c.b[j][i] = __ldg(wa + second + (k / Wt::kStepK + i) * 4);
+          c.b[j][i] = __ldg(wa + row8 + (k / Wt::kStepK + i) * 4);
         }
       }
     }
@@ -202,14 +193,12 @@ __device__ __forceinline__ void dense_mma(
   if (!octavo::cta_sum<NT>(acc, warp, warps, lane)) return;
 
   // fn(accumulator, output feature n, offset in [M, N]) for each of the lane's outputs in
-  // the batch: d[i] is feature n0 + 16 j + g (+ 8 for i >= 2) at row mt * 8 + 2t + (i & 1)
-  // (GLU: gate feature n0 + 8 j + g for i < 2, its up row I + n0 + 8 j + g for i >= 2).
+  // the batch: d[i] is feature n0 + 16 j + g (+ 8 for i >= 2) at row mt * 8 + 2t + (i & 1).
   auto each_output = [&](auto fn) {
     octavo::each_row<MT>(t, M, [&](int mt, int i, int m) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        const int n = GLU ? n0 + 8 * j + g + (i < 2 ? 0 : N / 2)
-                          : n0 + 16 * j + g + (i < 2 ? 0 : 8);
+        const int n = n0 + 16 * j + g + (i < 2 ? 0 : 8);
         fn(acc[mt][j][i], n, (size_t)m * N + n);
       }
     });
@@ -218,44 +207,19 @@ __device__ __forceinline__ void dense_mma(
     if (scale) a *= scale[n] * Wt::kOutScale;
     out[o] = Ops::from_float(bias ? a + Ops::to_float(bias[n]) : a);
   };
-  // GLU: gate and up of feature n at batch row m (each rounded to T first) -> y [M, N / 2].
-  auto store_glu = [&](float gate, float up, int n, int m) {
-    gate = Ops::to_float(Ops::from_float(gate));
-    up = Ops::to_float(Ops::from_float(up));
-    out[(size_t)m * (N / 2) + n] = Ops::from_float(gate / (1.f + __expf(-gate)) * up);
-  };
-  // fn(gate accumulator index, up's) for GLU's pairs: d[0] with d[2], d[1] with d[3].
-  auto each_pair = [&](auto fn) {
-    octavo::each_row<MT>(t, M, [&](int mt, int i, int m) {
-      if (i >= 2) return;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) fn(acc[mt][j][i], acc[mt][j][i + 2], n0 + 8 * j + g, m);
-    });
-  };
   const int splits = gridDim.y;
   if (splits == 1) {
-    if constexpr (GLU)
-      each_pair(store_glu);
-    else
-      each_output(store);
+    each_output(store);
     return;
   }
   each_output([&](float a, int, size_t o) { part[(size_t)blockIdx.y * M * N + o] = a; });
   // Split over CTAs: the CTA that takes the tile's last ticket adds the partials in split
   // order (deterministic), writes the output and leaves the counter zeroed for the next call.
   if (!octavo::last_ticket(cnt + tile, splits, lane)) return;
-  if constexpr (GLU) {
-    each_pair([&](float, float, int n, int m) {
-      const size_t o = (size_t)m * N + n;
-      store_glu(octavo::split_sum(part, splits, (size_t)M * N, o),
-                octavo::split_sum(part, splits, (size_t)M * N, o + N / 2), n, m);
-    });
-  } else {
-    each_output([&](float, int n, size_t o) {
-      const float total = octavo::split_sum(part, splits, (size_t)M * N, o);
-      store(total, n, o);
-    });
-  }
+  each_output([&](float, int n, size_t o) {
+    const float total = octavo::split_sum(part, splits, (size_t)M * N, o);
+    store(total, n, o);
+  });
   octavo::release_tile(cnt + tile, lane);
 }
 
@@ -269,14 +233,4 @@ __device__ __forceinline__ void dense_mma(
           int* cnt, int M, int N, int K, int stride_x, int k_per_warp) {                      \
     dense_mma<T, W, MT, NT, STEPS>(x, w, bias, std::is_same<W, E4m3>::value ? scale : nullptr, \
                                    out, part, cnt, M, N, K, stride_x, k_per_warp);            \
-  }
-// dense_mma_{activations}_glu_m{MT}_n{NT}_s{STEPS}: 16-bit [gate | up] weights, y = silu(gate)
-// * up [M, N / 2] (no bias).
-#define OCTAVO_DENSE_MMA_GLU(TNAME, T, MT, NT, STEPS)                                          \
-  extern "C" __global__ void __launch_bounds__(256)                                           \
-      dense_mma_##TNAME##_glu_m##MT##_n##NT##_s##STEPS(                                       \
-          const T* x, const uint4* w, const T* bias, const float* scale, T* out, float* part, \
-          int* cnt, int M, int N, int K, int stride_x, int k_per_warp) {                      \
-    dense_mma<T, T, MT, NT, STEPS, true>(x, w, nullptr, nullptr, out, part, cnt, M, N, K,     \
-                                         stride_x, k_per_warp);                               \
   }
