@@ -66,6 +66,13 @@ def _pick_config(
         return _Config(*_rows(64, group), 64, 4, 3)
     if head_dim_p <= 128:
         block_q, block_m = _rows(128, group)
+        if elem_bytes <= 2 and block_m >= 128:
+            # 32-key steps, 4 warps, 3 stages. H200, causal TFLOP/s against the 64-key /
+            # 8-warp / 2-stage tile kept for float32 (session 36, call 3,
+            # docs/results/h200_s36/call3_probe_prefill.json): 16 prompts x 1,000 tokens,
+            # 16 / 8 heads 223 vs 188; 24 prompts of 100-1,024 186 vs 157; 32 / 8 heads 249
+            # vs 223 at 16 x 1,000, 326 vs 328 at 4 x 4,096.
+            return _Config(block_q, block_m, 32, 4, 3)
         return _Config(block_q, block_m, 64, 8 if block_m >= 128 else 4, 2)
     return _Config(*_rows(64, group), 32, 4, 2)
 
