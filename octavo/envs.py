@@ -79,6 +79,14 @@ def attn_decode_tile() -> tuple[int, int, int] | None:
     return _tile("OCTAVO_ATTN_DECODE_TILE")
 
 
+def attn_prefill_tile() -> tuple[int, int, int] | None:
+    """OCTAVO_ATTN_PREFILL_TILE="BLOCK_N,WARPS,STAGES" (unset: chosen by
+    octavo/kernels/paged_attention_config.py): the prefill attention launch's keys per step,
+    warps and pipeline stages on the GPU (its query tile keeps its rows), for measuring other
+    tiles in the engine."""
+    return _tile("OCTAVO_ATTN_PREFILL_TILE")
+
+
 def attn_streamk_tile() -> tuple[int, int, int] | None:
     """OCTAVO_ATTN_STREAMK_TILE="BLOCK_N,WARPS,STAGES": the stream-K decode launch's tile
     alone (it wins over OCTAVO_ATTN_DECODE_TILE there), so its tile is measured without

@@ -47,6 +47,7 @@ from octavo.envs import (
     attn_decode_splits,
     attn_decode_tile,
     attn_early_kv,
+    attn_prefill_tile,
     attn_split_merge,
     attn_streamk,
 )
@@ -551,6 +552,9 @@ def paged_attention(
 
     if not decode_only:
         cfg = _pick_config(False, group, head_dim_p, q.element_size(), on_gpu)
+        tile = attn_prefill_tile() if on_gpu else None
+        if tile is not None:  # a measurement's override
+            cfg = _Config(cfg.block_q, cfg.block_m, *tile)
         num_tiles = num_tokens // cfg.block_q + num_seqs
         splits = prefill_splits
         if splits is None:

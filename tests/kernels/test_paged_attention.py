@@ -189,6 +189,7 @@ def test_decode_splits_override_matches_the_reference(monkeypatch, device):
     ("OCTAVO_ATTN_DECODE_TILE", "48,4,2", "power of two"),
     ("OCTAVO_ATTN_DECODE_TILE", "64,3,2", "WARPS 1, 2, 4 or 8"),
     ("OCTAVO_ATTN_STREAMK_TILE", "64,4,0", "STAGES >= 1"),
+    ("OCTAVO_ATTN_PREFILL_TILE", "32,4", "expected three integers"),
     ("OCTAVO_ATTN_DECODE_SPLITS", "0", "an integer 1-64"),
     ("OCTAVO_ATTN_DECODE_SPLITS", "two", "an integer 1-64"),
 ])
@@ -197,11 +198,13 @@ def test_attention_override_values_are_checked(name, value, message, monkeypatch
 
     monkeypatch.setenv(name, value)
     read = {"DECODE_TILE": envs.attn_decode_tile, "STREAMK_TILE": envs.attn_streamk_tile,
-            "DECODE_SPLITS": envs.attn_decode_splits}[name.split("ATTN_", 1)[1]]
+            "PREFILL_TILE": envs.attn_prefill_tile, "DECODE_SPLITS": envs.attn_decode_splits}[name.split("ATTN_", 1)[1]]
     with pytest.raises(ValueError, match=f"{name}={value!r}.*{message}"):
         read()
     monkeypatch.setenv("OCTAVO_ATTN_DECODE_TILE", "64,4,3")
     assert envs.attn_decode_tile() == (64, 4, 3)
+    monkeypatch.setenv("OCTAVO_ATTN_PREFILL_TILE", "64,8,2")
+    assert envs.attn_prefill_tile() == (64, 8, 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
