@@ -105,9 +105,7 @@ def make_weight(kernel: str, k: int, n: int, dev):
     """One weight as ``call(x, weight)`` takes it."""
     import torch
 
-    if kernel == "bf16_cublas":
-        return torch.randn(k, n, device=dev, dtype=torch.bfloat16)  # x @ w
-    if kernel.startswith("bf16"):
+    if kernel.startswith("bf16"):  # [n, k] as the engine holds it (bf16_cublas: F.linear)
         return torch.randn(n, k, device=dev, dtype=torch.bfloat16)
     if kernel in FP8_TILED and "_tiled" in kernel:
         from octavo.kernels.fp8_tiled import tile_fp8_weight, tiled_plan
@@ -125,7 +123,9 @@ def make_weight(kernel: str, k: int, n: int, dev):
 
 def call(kernel: str, x, w):
     if kernel == "bf16_cublas":
-        return x @ w
+        import torch.nn.functional as F
+
+        return F.linear(x, w)
     if kernel == "bf16_gemv":
         from octavo.kernels.dense_gemv import dense_gemv
 

@@ -11,6 +11,8 @@ TAILN=2 item w1_new python benchmarks/throughput.py --workload W1 --json-out $OU
 TAILN=2 item w1_old env OCTAVO_ATTN_PREFILL_TILE=64,8,2 python benchmarks/throughput.py --workload W1 --json-out $OUT/w1_old_a.json; w1sum $OUT/w1_old_a.json
 TAILN=2 item w1_new python benchmarks/throughput.py --workload W1 --json-out $OUT/w1_new_b.json; w1sum $OUT/w1_new_b.json
 TAILN=2 item w1_old env OCTAVO_ATTN_PREFILL_TILE=64,8,2 python benchmarks/throughput.py --workload W1 --json-out $OUT/w1_old_b.json; w1sum $OUT/w1_old_b.json
+# 8 warps won W1's prefill shape in the tile probe (242 vs 224 TFLOP/s) and lost Llama's (179 vs 250):
+TAILN=2 item w1_w8 env OCTAVO_ATTN_PREFILL_TILE=32,8,3 python benchmarks/throughput.py --workload W1 --json-out $OUT/w1_w8.json; w1sum $OUT/w1_w8.json
 TAILN=2 item w2 python benchmarks/throughput.py --workload W2 --json-out $OUT/w2.json
 TAILN=4 item w4 python benchmarks/latency.py --batch-sizes 1,32 --repeat 3 --json-out $OUT/w4.json
 TAILN=6 item q python benchmarks/quantized.py --methods bf16,fp8,w4a16,w8a16 --batches 1 16 --skip-w2 --json $OUT/q.json
