@@ -62,6 +62,7 @@ from octavo.kernels.paged_attention_config import (
     _pick_num_splits,
     _pick_prefill_splits,
     _rows,
+    with_tile,
 )
 from octavo.kernels.paged_attention_merge import (
     _merge_in_place,
@@ -543,18 +544,14 @@ def paged_attention(
                     num_seqs * num_kv_heads, kv_upper, q.device)
         splits = max(1, int(splits))
         cfg = _pick_config(True, group, head_dim_p, q.element_size(), on_gpu, split=splits > 1)
-        tile = attn_decode_tile() if on_gpu else None
-        if tile is not None:  # a measurement's override
-            cfg = _Config(cfg.block_q, cfg.block_m, *tile)
+        cfg = with_tile(cfg, attn_decode_tile() if on_gpu else None)  # a measurement's override
         if decode_order is not None:
             assert decode_order.shape == (num_seqs,) and decode_order.dtype == torch.int32
         launch(True, num_seqs, cfg, splits, decode_order)
 
     if not decode_only:
         cfg = _pick_config(False, group, head_dim_p, q.element_size(), on_gpu)
-        tile = attn_prefill_tile() if on_gpu else None
-        if tile is not None:  # a measurement's override
-            cfg = _Config(cfg.block_q, cfg.block_m, *tile)
+        cfg = with_tile(cfg, attn_prefill_tile() if on_gpu else None)  # a measurement's override
         num_tiles = num_tokens // cfg.block_q + num_seqs
         splits = prefill_splits
         if splits is None:

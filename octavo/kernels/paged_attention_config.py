@@ -37,6 +37,12 @@ _MIN_PREFILL_SPLIT_TOKENS = 1024
 _SPLIT_PREFILL_ROWS = 128
 
 
+def with_tile(cfg: _Config, tile: tuple[int, int, int] | None) -> _Config:
+    """``cfg`` with a measurement's (BLOCK_N, WARPS, STAGES) override, its rows kept; None:
+    ``cfg`` as it is."""
+    return cfg if tile is None else _Config(cfg.block_q, cfg.block_m, *tile)
+
+
 def _rows(rows: int, group: int) -> tuple[int, int]:
     """(query tokens, rows) of a tile of about ``rows`` rows for a GQA group of ``group``."""
     block_q = max(1, rows // group)
@@ -65,15 +71,15 @@ def _pick_config(
     if head_dim_p <= 64:
         return _Config(*_rows(64, group), 64, 4, 3)
     if head_dim_p <= 128:
-        block_q, block_m = _rows(128, group)
-        if elem_bytes <= 2 and block_m >= 128:
+        block_q, block_m = _rows(128, group)  # block_m >= 128 for every group
+        if elem_bytes <= 2:
             # 32-key steps, 4 warps, 3 stages. H200, causal TFLOP/s against the 64-key /
             # 8-warp / 2-stage tile kept for float32 (session 36, call 3,
             # docs/results/h200_s36/call3_probe_prefill.json): 16 prompts x 1,000 tokens,
             # 16 / 8 heads 223 vs 188; 24 prompts of 100-1,024 186 vs 157; 32 / 8 heads 249
             # vs 223 at 16 x 1,000, 326 vs 328 at 4 x 4,096.
             return _Config(block_q, block_m, 32, 4, 3)
-        return _Config(block_q, block_m, 64, 8 if block_m >= 128 else 4, 2)
+        return _Config(block_q, block_m, 64, 8, 2)
     return _Config(*_rows(64, group), 32, 4, 2)
 
 

@@ -48,7 +48,7 @@ import torch
 
 from octavo.envs import attn_decode_tile, attn_streamk_tile, attn_streamk_waves
 from octavo.kernels.online_softmax import pv_dot, softmax_step
-from octavo.kernels.paged_attention_config import _Config, _pick_config
+from octavo.kernels.paged_attention_config import _Config, _pick_config, with_tile
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import counters as split_k_counters
@@ -129,7 +129,7 @@ def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool) 
     cfg = _pick_config(True, group, head_dim_p, elem, on_gpu)
     tile = (attn_streamk_tile() or attn_decode_tile()) if on_gpu else None
     if tile is not None:
-        return _Config(cfg.block_q, cfg.block_m, *tile)
+        return with_tile(cfg, tile)
     if on_gpu:
         cfg = _Config(cfg.block_q, cfg.block_m, cfg.block_n, cfg.num_warps, STAGES)
     return cfg
