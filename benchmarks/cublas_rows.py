@@ -3,8 +3,9 @@ kernels' 32 rows) across batch sizes, to find the row counts where cuBLAS's choi
 is slower than at a larger count: session 35 measured Llama-3.1-8B's gate_up (4096 -> 28672)
 at 103-105 us for 128 rows against 74 us for 192 (benchmarks/wide_gemm.py's bf16 column, two
 calls). Session 36 found the likely cause: that column ran ``x @ w`` on a [K, N] weight,
-another cuBLAS layout; through F.linear on the engine's [N, K] weight (this script) gate_up took 69.5
-us at 128 rows and 78.5 at 192, and padding W2's 113-128-row steps to 192 changed nothing.
+another cuBLAS layout; through F.linear on the engine's [N, K] weight (this script) gate_up
+took 69.5 us at 128 rows and 78.5 at 192, and padding W2's 113-128-row steps to 192 changed
+nothing.
 
     PYTHONPATH=. python benchmarks/cublas_rows.py [--shape llama-3.1-8b] [--m 64 72 ... 256]
         [--json out.json]

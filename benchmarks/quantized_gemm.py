@@ -112,7 +112,7 @@ def main() -> None:
                 packs[bits, layout] = _int_copies(k, n, bits, args.group, dev, layout)
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            t_bf16 = timed([lambda w=w, x=x: _bf16_linear(x, w) for w in dense])
+            t_bf16 = timed([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in dense])
             row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 1),
                    "bf16_hbm_fraction": round(k * n * 2 / (t_bf16 * 1e-6) / bandwidth, 3)}
             for bits in args.bits:
@@ -333,7 +333,7 @@ def sweep(args, timed, bandwidth, limits) -> None:
                        sc, zp) for _, sc, zp in packed]
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            t_bf16 = timed([lambda w=w, x=x: _bf16_linear(x, w) for w in dense])
+            t_bf16 = timed([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in dense])
             nbytes = _weight_bytes(k, n, bits, group)
             row = {"shape": name, "bits": bits, "K": k, "N": n, "M": m,
                    "bf16_us": round(t_bf16, 2)}
@@ -454,8 +454,8 @@ def _fp8_candidates(splits: bool = False, stages: bool = False) -> list[dict]:
 
 
 def _bf16_copies(k: int, n: int, dev) -> list:
-    """bf16 weights as the engine holds a float linear's: [n, k], run by ``_bf16_linear``
-    (``F.linear``), over enough copies to read HBM. Until session 36 this was ``x @ w`` on a
+    """bf16 weights as the engine holds a float linear's: [n, k], timed through
+    ``F.linear``, over enough copies to read HBM. Until session 36 this was ``x @ w`` on a
     [k, n] weight: another cuBLAS layout, whose kernel choice at 128 rows made Llama-8B's
     gate_up take 115 us against F.linear's 70 (docs/benchmarks.md, session 36)."""
     import torch
@@ -463,11 +463,6 @@ def _bf16_copies(k: int, n: int, dev) -> list:
     return [torch.randn(n, k, device=dev, dtype=torch.bfloat16)
             for _ in range(flush_copies(k * n * 2))]
 
-
-def _bf16_linear(x, w):
-    import torch.nn.functional as F
-
-    return F.linear(x, w)
 
 
 def fp8_weight(k: int, n: int, dev) -> tuple:
@@ -510,7 +505,7 @@ def fp8_cuda_sweep(args, timed, bandwidth, limits) -> None:
         weights = _fp8_copies(k, n, dev)
         for m in [m for m in args.m if m <= dense_mma.MAX_M]:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            t_bf16 = timed([lambda w=w, x=x: _bf16_linear(x, w) for w in dense])
+            t_bf16 = timed([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in dense])
             t_mm = timed([lambda p=p, x=x: _scaled_mm_w8a8(x, *p) for p in weights])
             t_gemv = (timed([lambda p=p, x=x: fp8_gemv(x, p[0], p[1]) for p in weights])
                       if m <= 2 else None)
@@ -548,7 +543,7 @@ def fp8_sweep(args, timed, bandwidth, limits) -> None:
 
         for m in [m for m in args.m if m <= 2]:  # fp8_gemv.MAX_M
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            t_bf16 = timed([lambda w=w, x=x: _bf16_linear(x, w) for w in dense])
+            t_bf16 = timed([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in dense])
             t_mm = timed([lambda p=p, x=x: _scaled_mm_w8a8(x, *p) for p in weights])
             candidates = _fp8_candidates(args.fp8_splits, args.fp8_stages)
             results = time_each(timed, candidates, lambda c, x=x, ws=weights: [

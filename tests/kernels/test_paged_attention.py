@@ -198,7 +198,8 @@ def test_attention_override_values_are_checked(name, value, message, monkeypatch
 
     monkeypatch.setenv(name, value)
     read = {"DECODE_TILE": envs.attn_decode_tile, "STREAMK_TILE": envs.attn_streamk_tile,
-            "PREFILL_TILE": envs.attn_prefill_tile, "DECODE_SPLITS": envs.attn_decode_splits}[name.split("ATTN_", 1)[1]]
+            "PREFILL_TILE": envs.attn_prefill_tile,
+            "DECODE_SPLITS": envs.attn_decode_splits}[name.split("ATTN_", 1)[1]]
     with pytest.raises(ValueError, match=f"{name}={value!r}.*{message}"):
         read()
     monkeypatch.setenv("OCTAVO_ATTN_DECODE_TILE", "64,4,3")
