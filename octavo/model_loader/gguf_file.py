@@ -1,14 +1,14 @@
 """A GGUF file read as a Hugging Face-style checkpoint: an HF config dict, HF parameter names and
 shapes, dequantized weights, EOS ids and chat template from the metadata, and a tokenizer.
 
-Only the metadata is parsed up front (the file is memory-mapped by ``gguf.GGUFReader``); tensors
-are dequantized one at a time in :meth:`GGUFCheckpoint.iter_weights`.
+Only the header is parsed up front (``gguf_reader.GGUFReader``: scalars and strings decoded, the
+vocabulary arrays stepped over, tensor data left in the memory map); tensors are dequantized
+one at a time in :meth:`GGUFCheckpoint.iter_weights`.
 """
 
 from __future__ import annotations
 
 import functools
-import mmap
 import os
 import re
 from collections.abc import Container, Iterator
@@ -110,12 +110,9 @@ class GGUFCheckpoint:
         if magic != GGUF_MAGIC:
             raise ValueError(f"not a GGUF file (magic {magic!r}, want {GGUF_MAGIC!r}): {path!r}")
 
-        import gguf  # deferred: only GGUF users need the package
+        from octavo.model_loader.gguf_reader import GGUFReader
 
-        try:
-            self._reader = gguf.GGUFReader(path, "r")
-        except Exception as e:  # the reader raises assorted errors on corrupt files
-            raise ValueError(f"cannot parse GGUF file {path!r}: {e}") from e
+        self._reader = GGUFReader(path)
 
         self._tensors = {t.name: t for t in self._reader.tensors}
         arch = self._meta("general.architecture")
@@ -135,29 +132,11 @@ class GGUFCheckpoint:
         self.eos_token_ids: list[int] = eos_ids
         self.chat_template: str | None = self._meta("tokenizer.chat_template")
         self.hf_config: dict[str, Any] = self._build_hf_config()
-        self._drop_large_arrays()
-
-    def _drop_large_arrays(self) -> None:
-        """Forget the parsed vocabulary arrays (tokens, merges, scores): everything this class
-        reads is read above, the tokenizer is built by transformers from the file itself, and
-        gguf-py keeps a numpy array per vocabulary string: ~165 MB of heap for the default
-        model's 49k tokens and 49k merges, for the engine's whole life (open_gguf caches us)."""
-        fields = getattr(self._reader, "fields", None)
-        if not isinstance(fields, dict):
-            return
-        for key in [k for k, f in fields.items() if len(getattr(f, "data", ())) > 4096]:
-            del fields[key]
 
     # ------------------------------------------------------------------ metadata
 
     def _meta(self, key: str, default: Any = None) -> Any:
-        field = self._reader.fields.get(key)
-        if field is None:
-            return default
-        value = field.contents()
-        if isinstance(value, np.generic):
-            value = value.item()
-        return value
+        return self._reader.fields.get(key, default)
 
     def _meta_int(self, key: str) -> int | None:
         value = self._meta(key)
@@ -273,25 +252,25 @@ class GGUFCheckpoint:
         return out
 
     def _dequantize(self, tensor: Any, dtype: torch.dtype) -> torch.Tensor:
-        from gguf import GGMLQuantizationType as Q
-        from gguf.quants import dequantize
-
-        shape = tuple(reversed([int(d) for d in tensor.shape]))  # GGUF dims are reversed
+        shape = tuple(reversed(tensor.shape))  # GGUF dims are innermost first
         qtype = tensor.tensor_type
         data = tensor.data
-        if qtype in (Q.F32, Q.F16):
+        if tensor.type_name in ("F32", "F16"):
             # memory-mapped and read-only: copy while converting
             out = torch.from_numpy(np.array(data, copy=True)).to(dtype)
-        elif qtype == Q.BF16:
+        elif tensor.type_name == "BF16":
             raw = np.array(data, copy=True).view(np.int16)
             out = torch.from_numpy(raw).view(torch.bfloat16).to(dtype)
         else:
+            from gguf import GGMLQuantizationType
+            from gguf.quants import dequantize
+
             try:
-                arr = dequantize(data, qtype)
-            except NotImplementedError as e:
+                arr = dequantize(data, GGMLQuantizationType(qtype))
+            except (NotImplementedError, ValueError) as e:
                 raise ValueError(
-                    f"GGUF tensor {tensor.name!r} in {self.path!r} has unsupported type {qtype.name}"
-                ) from e
+                    f"GGUF tensor {tensor.name!r} in {self.path!r} has unsupported type "
+                    f"{tensor.type_name}") from e
             out = torch.from_numpy(arr).to(dtype)
         return out.reshape(shape)
 
@@ -329,12 +308,7 @@ class GGUFCheckpoint:
         open and cached by open_gguf; a later read faults them in from the file again). After
         loading, every tensor has been copied, and the mapped file would otherwise count in the
         engine's RSS for its whole life (98 MB for the default model)."""
-        mm = getattr(getattr(self._reader, "data", None), "_mmap", None)
-        if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            try:
-                mm.madvise(mmap.MADV_DONTNEED)
-            except (OSError, ValueError):  # advice only
-                pass
+        self._reader.release_pages()
 
     # ------------------------------------------------------------------ tokenizer
 
@@ -363,6 +337,5 @@ class GGUFCheckpoint:
 
 @functools.lru_cache(maxsize=2)
 def open_gguf(path: str) -> GGUFCheckpoint:
-    """One parsed reader per file: config, tokenizer and weights all read the same file, and
-    parsing the vocabulary costs seconds."""
+    """One parsed reader per file: config, tokenizer and weights all read the same file."""
     return GGUFCheckpoint(path)
