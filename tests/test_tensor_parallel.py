@@ -1,5 +1,5 @@
 """Tensor parallelism on this CPU (issue 14 item 2): two worker processes joined by gloo give
-the same greedy tokens as one rank, in float32, for each family, with fewer KV heads than ranks
+the same greedy tokens as one rank, in float32, for each family (mixtures of experts too), with fewer KV heads than ranks
 (replicated), with a vocabulary that does not split evenly (vocab-parallel embedding and LM
 head, tied and not), and for a GPTQ checkpoint sharded by the same loader (its LM head
 quantized too, or not); shapes that do not divide are refused before anything starts, naming
@@ -34,6 +34,9 @@ def _tokens(path, tp, **kw):
     # row, sliced off the gathered logits (tied: the LM head shares the embedding's shard).
     ("llama", {"vocab_size": 501}),
     ("qwen3", {"vocab_size": 501}),
+    # Experts: each rank holds half of every expert's intermediate features.
+    ("qwen3_moe", {}),
+    ("mixtral", {}),
 ])
 def test_tp2_equals_tp1(tmp_path, family, overrides):
     path = make_checkpoint(family, str(tmp_path / family), **overrides)

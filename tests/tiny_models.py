@@ -14,6 +14,15 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1000000.0}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32, "rope_theta": 1000000.0,
                                                   "tie_word_embeddings": True}),
+    # Mixture of experts: 8 experts, 2 a token; Qwen3-MoE with one dense layer among three
+    # and the top-k weights not renormalised (Mixtral always renormalises).
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+        "head_dim": 32, "rope_theta": 1000000.0, "num_hidden_layers": 3, "num_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 48, "decoder_sparse_step": 1,
+        "mlp_only_layers": [1], "norm_topk_prob": False}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {
+        "rope_theta": 1000000.0, "num_local_experts": 8, "num_experts_per_tok": 2,
+        "intermediate_size": 48}),
 }
 
 

@@ -59,6 +59,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
     model's ``packed_modules_mapping``; errors name what is missing or unexpected."""
     params = dict(model.named_parameters(remove_duplicate=False))
     packed = getattr(model, "packed_modules_mapping", {})
+    # name -> (parameter name, shard id) or None: a model's own mapping (stacked experts)
+    map_name = getattr(model, "map_checkpoint_name", None)
     tied = getattr(model, "tie_word_embeddings", False)
     loaded: set[str] = set()
     for name, tensor in weights:
@@ -68,10 +70,14 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             name = name.replace(old, new)
         shard_id = None
         target = name
-        for frag, (param_frag, sid) in packed.items():
-            if f".{frag}." in name:
-                target, shard_id = name.replace(f".{frag}.", f".{param_frag}."), sid
-                break
+        mapped = None if map_name is None else map_name(name)
+        if mapped is not None:
+            target, shard_id = mapped
+        else:
+            for frag, (param_frag, sid) in packed.items():
+                if f".{frag}." in name:
+                    target, shard_id = name.replace(f".{frag}.", f".{param_frag}."), sid
+                    break
         param = params.get(target)
         if param is None:
             raise ValueError(f"checkpoint tensor {name!r} has no matching parameter")
@@ -86,8 +92,12 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             raise ValueError(f"checkpoint tensor {name!r} -> {target!r}: {e}") from e
         loaded.add(target if shard_id is None else f"{target}#{shard_id}")
     expected = set()
-    for pname in params:
+    for pname, param in params.items():
         if tied and pname.startswith("lm_head."):
+            continue
+        shards = getattr(param, "expected_shards", None)
+        if shards is not None:  # every part of a stacked parameter
+            expected.update(f"{pname}#{sid}" for sid in shards)
             continue
         frags = [(f, sid) for f, (pf, sid) in packed.items() if f".{pf}." in pname]
         if frags:

@@ -81,7 +81,8 @@ def build(layers: nn.ModuleList, x: torch.Tensor) -> FusedGGUFDecode | None:
         return None
     for layer in layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if attn is None or mlp is None or getattr(attn, "q_norm", None) is not None:
+        if (attn is None or not hasattr(mlp, "gate_up_proj")
+                or getattr(attn, "q_norm", None) is not None):
             return None
         if type(getattr(attn, "rotary_emb", None)) is not RotaryEmbedding or \
                 attn.rotary_emb.cos_sin_cache.dtype != torch.float32:

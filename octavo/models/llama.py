@@ -135,15 +135,21 @@ class LlamaAttention(nn.Module):
         return self.attn(q, k, v, ctx, kv_stored=store is not None)
 
 
+def dense_mlp(config, layer_idx: int, quant_config: QuantizationConfig | None,
+              prefix: str) -> nn.Module:
+    return LlamaMLP(config.hidden_size, config.intermediate_size, quant_config, prefix=prefix)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config, layer_idx: int, backend, qkv_bias: bool = False,
                  qk_norm: bool = False, quant_config: QuantizationConfig | None = None,
-                 rope_cache: dict | None = None, prefix: str = "") -> None:
+                 rope_cache: dict | None = None, prefix: str = "", make_mlp=dense_mlp) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, backend, qkv_bias, qk_norm,
                                         quant_config, rope_cache, prefix=f"{prefix}.self_attn")
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, quant_config,
-                            prefix=f"{prefix}.mlp")
+        # make_mlp(config, layer_idx, quant_config, prefix): the dense SwiGLU MLP, or a
+        # mixture of experts (qwen3_moe, mixtral)
+        self.mlp = make_mlp(config, layer_idx, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -160,19 +166,18 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, config, backend, qkv_bias: bool = False, qk_norm: bool = False,
-                 quant_config: QuantizationConfig | None = None, prefix: str = "model"
-                 ) -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "model",
+                 make_mlp=dense_mlp) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         rope_cache: dict = {}
         self.layers = nn.ModuleList([
             LlamaDecoderLayer(config, i, backend, qkv_bias, qk_norm, quant_config, rope_cache,
-                              prefix=f"{prefix}.layers.{i}")
+                              prefix=f"{prefix}.layers.{i}", make_mlp=make_mlp)
             for i in range(config.num_hidden_layers)
         ])
         for i, layer in enumerate(self.layers):
-            parts = {"o": [layer.self_attn.o_proj],
-                     "mlp": [layer.mlp.gate_up_proj, layer.mlp.down_proj]}
+            parts = {"o": [layer.self_attn.o_proj], "mlp": [layer.mlp]}
             if i + 1 < len(self.layers):
                 parts["qkv"] = [self.layers[i + 1].self_attn.qkv_proj]
             layer.self_attn.prefetch = WeightPrefetch(parts)
@@ -204,6 +209,8 @@ class LlamaForCausalLM(nn.Module):
     }
     qkv_bias = False
     qk_norm = False
+    # Whether a decode step of this model may be captured in a CUDA graph.
+    cuda_graph_safe = True
 
     def __init__(self, config, backend, quant_config: QuantizationConfig | None = None
                  ) -> None:
@@ -211,12 +218,18 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.check_config(config)
         self.model = LlamaModel(config, backend, self.qkv_bias, self.qk_norm, quant_config,
-                                prefix="model")
+                                prefix="model", make_mlp=self.make_mlp)
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, quant_config, "lm_head")
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.tie(self.model.embed_tokens)
         # Whether the loader skips the checkpoint's lm_head.*: a quantized head is not tied.
         self.tie_word_embeddings = self.lm_head.is_tied
+
+    @staticmethod
+    def make_mlp(config, layer_idx: int, quant_config: QuantizationConfig | None,
+                 prefix: str) -> nn.Module:
+        """Layer ``layer_idx``'s MLP (a family with experts overrides this)."""
+        return dense_mlp(config, layer_idx, quant_config, prefix)
 
     @staticmethod
     def check_config(config) -> None:

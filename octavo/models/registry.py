@@ -7,8 +7,10 @@ import importlib
 _MODELS = {
     "LlamaForCausalLM": "octavo.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "octavo.models.llama:LlamaForCausalLM",
+    "MixtralForCausalLM": "octavo.models.mixtral:MixtralForCausalLM",
     "Qwen2ForCausalLM": "octavo.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "octavo.models.qwen3:Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM": "octavo.models.qwen3_moe:Qwen3MoeForCausalLM",
 }
 
 

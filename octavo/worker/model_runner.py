@@ -153,6 +153,10 @@ class ModelRunner:
         if self.backend.name != "triton":
             logger.info("CUDA graphs need the triton backend; running eagerly")
             return
+        if not getattr(self.model, "cuda_graph_safe", True):
+            logger.info("%s is not captured in CUDA graphs yet; running eagerly",
+                        type(self.model).__name__)
+            return
         max_bs = min(cfg.scheduler_config.max_num_seqs, 512)
         self.graph_runner = CudaGraphRunner(self.model, self.buf, self.kv_caches, max_bs,
                                             cfg.scheduler_config.max_model_len)

@@ -1,0 +1,161 @@
+"""A sparse mixture-of-experts MLP: a router picks ``top_k`` of ``num_experts`` SwiGLU experts
+per token and the outputs are summed with the routing weights (Mixtral, Qwen3-MoE).
+
+The experts' weights are stacked, ``w13`` [E, 2 I, H] (gate rows, then up rows) and ``w2``
+[E, H, I], so one grouped kernel can run every expert; today every device runs a loop over the
+experts that received tokens (it reads the per-expert counts on the host, so MoE models run
+their decode steps eagerly on CUDA: ``cuda_graph_safe = False``). Under tensor parallelism each rank holds
+a slice of every expert's intermediate features (the gate/up rows column-parallel, the down
+columns row-parallel) and the partial outputs are all-reduced once, after the sum over experts.
+
+Checkpoints store one tensor per expert and projection (``experts.3.gate_proj.weight``);
+:func:`map_expert_name` tells the generic loader where each goes, and the layer's
+``weight_loader`` places it at ``shard_id = (expert, "w1" | "w3" | "w2")``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octavo.distributed.parallel_state import get_tp_group
+from octavo.layers.linear import ReplicatedLinear
+from octavo.quantization.base import QuantizationConfig
+
+_EXPERT_NAME = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
+GATE_UP_DOWN = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}  # Qwen-MoE's names
+
+
+def map_expert_name(name: str, projections: dict[str, str] = GATE_UP_DOWN
+                    ) -> tuple[str, tuple[int, str]] | None:
+    """The stacked parameter and shard id of a per-expert checkpoint tensor, e.g.
+    "model.layers.0.mlp.experts.3.gate_proj.weight" -> ("model.layers.0.mlp.experts.w13_weight",
+    (3, "w1")); None for any other name. ``projections``: the checkpoint's projection names
+    -> "w1" (gate), "w3" (up), "w2" (down)."""
+    m = _EXPERT_NAME.search(name)
+    if m is None or m.group(2) not in projections:
+        return None
+    which = projections[m.group(2)]
+    param = "w2_weight" if which == "w2" else "w13_weight"
+    return f"{name[:m.start()]}.experts.{param}", (int(m.group(1)), which)
+
+
+def _unquantized_only(quant_config: QuantizationConfig | None, prefix: str) -> None:
+    if quant_config is None or quant_config.name == "unquantized":
+        return
+    from octavo.quantization.module_match import is_ignored
+
+    if is_ignored(prefix, getattr(quant_config, "ignore", ()), {}):
+        return
+    raise ValueError(f"layer {prefix!r}: mixture-of-experts layers are not supported with "
+                     f"quantization={quant_config.name!r} (only unquantized experts)")
+
+
+class FusedMoE(nn.Module):
+    """``top_k`` of ``num_experts`` SwiGLU experts per token, weighted by the router."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 renormalize: bool, quant_config: QuantizationConfig | None = None,
+                 prefix: str = "") -> None:
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"{prefix}: top_k={top_k} must be in [1, num_experts="
+                             f"{num_experts}]")
+        _unquantized_only(quant_config, f"{prefix}.experts")
+        self.tp = get_tp_group()
+        if intermediate_size % self.tp.size:
+            raise ValueError(f"{prefix}: expert intermediate size {intermediate_size} is not "
+                             f"divisible by tensor_parallel_size={self.tp.size}")
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.prefix = prefix
+        inter = intermediate_size // self.tp.size
+        self.intermediate_per_partition = inter
+        self.gate = ReplicatedLinear(hidden_size, num_experts, prefix=f"{prefix}.gate")
+        self.experts = _Experts(num_experts, hidden_size, inter, self.tp)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routing weights [T, k] float32 and expert ids [T, k]: softmax over all experts in
+        float32, the top k, renormalised to sum to one where the model says so."""
+        probs = torch.softmax(self.gate(x).float(), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        # The weights are rounded to the activations' dtype before use, as transformers does.
+        weights = weights.to(x.dtype).float()
+        w13, w2 = self.experts.w13_weight, self.experts.w2_weight
+        return self.tp.all_reduce(_experts_loop(x, w13, w2, weights, ids))
+
+
+class _Experts(nn.Module):
+    """The stacked expert weights and their loader."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int, tp) -> None:
+        super().__init__()
+        self.tp = tp
+        self.inter = inter
+        dtype = torch.get_default_dtype()
+        for name, shape in (("w13_weight", (num_experts, 2 * inter, hidden)),
+                            ("w2_weight", (num_experts, hidden, inter))):
+            param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+            param.weight_loader = self.weight_loader
+            # What the generic loader must have seen for this parameter to be complete.
+            param.expected_shards = [(e, w) for e in range(num_experts)
+                                     for w in (("w1", "w3") if name == "w13_weight" else ("w2",))]
+            self.register_parameter(name, param)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if not (isinstance(shard_id, tuple) and len(shard_id) == 2):
+            raise ValueError(f"an expert tensor needs a shard id (expert, 'w1' | 'w3' | 'w2'), "
+                             f"got {shard_id!r}")
+        expert, which = shard_id
+        if not 0 <= expert < param.shape[0]:
+            raise ValueError(f"expert {expert} out of range (the model has {param.shape[0]})")
+        inter, rank = self.inter, self.tp.rank
+        if which in ("w1", "w3"):  # [I, H]: this rank's intermediate rows
+            target = param.data[expert].narrow(0, 0 if which == "w1" else inter, inter)
+            dim = 0
+        elif which == "w2":  # [H, I]: this rank's intermediate columns
+            target = param.data[expert]
+            dim = 1
+        else:
+            raise ValueError(f"unknown expert projection {which!r}")
+        if loaded.shape[dim] != inter * self.tp.size:
+            raise ValueError(f"expert {expert} {which}: checkpoint shape {tuple(loaded.shape)} "
+                             f"does not fit {inter * self.tp.size} intermediate features")
+        loaded = loaded.narrow(dim, rank * inter, inter)
+        if target.shape != loaded.shape:
+            raise ValueError(f"expert {expert} {which}: shape mismatch, parameter "
+                             f"{tuple(target.shape)} vs checkpoint {tuple(loaded.shape)}")
+        target.copy_(loaded)
+
+
+def _experts_loop(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                  ids: torch.Tensor) -> torch.Tensor:
+    """The eager path: each expert that received tokens runs once on its rows. Syncs with the
+    host (the per-expert counts), so it is not for captured CUDA graphs."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    inter = w2.shape[-1]
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        slots = order[start:start + n]
+        start += n
+        rows = slots // ids.shape[1]
+        gate_up = F.linear(x[rows], w13[e])
+        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        y = F.linear(h, w2[e]).float() * weights.reshape(-1)[slots, None]
+        out.index_add_(0, rows, y)
+    return out.to(x.dtype)
