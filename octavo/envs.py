@@ -47,6 +47,13 @@ def fused_qk_norm_rope() -> bool:
     return _flag("OCTAVO_FUSED_QK_NORM_ROPE", True)
 
 
+def fused_moe() -> bool:
+    """OCTAVO_FUSED_MOE (default off until it has run on a GPU): on CUDA, mixture-of-experts
+    layers run the grouped Triton kernel (octavo/kernels/fused_moe.py) instead of a loop over
+    experts, and MoE models' decode steps are captured in CUDA graphs."""
+    return _flag("OCTAVO_FUSED_MOE", False)
+
+
 def attn_split_merge() -> bool | None:
     """OCTAVO_ATTN_SPLIT_MERGE (unset: by grid size, octavo/kernels/paged_attention_config.py):
     1, a split decode attention launch merges its splits itself (the last program of each

@@ -2,9 +2,11 @@
 per token and the outputs are summed with the routing weights (Mixtral, Qwen3-MoE).
 
 The experts' weights are stacked, ``w13`` [E, 2 I, H] (gate rows, then up rows) and ``w2``
-[E, H, I], so one grouped kernel can run every expert; today every device runs a loop over the
-experts that received tokens (it reads the per-expert counts on the host, so MoE models run
-their decode steps eagerly on CUDA: ``cuda_graph_safe = False``). Under tensor parallelism each rank holds
+[E, H, I], so one grouped kernel can run every expert: on CUDA under ``OCTAVO_FUSED_MOE=1``,
+``octavo.kernels.fused_moe``, whose buffers depend only on the batch size, so decode steps
+are captured in CUDA graphs. Elsewhere (the CPU; CUDA until that kernel has run on a GPU) a
+loop over the experts that received tokens, which reads the per-expert counts on the host, so
+such steps run eagerly. Under tensor parallelism each rank holds
 a slice of every expert's intermediate features (the gate/up rows column-parallel, the down
 columns row-parallel) and the partial outputs are all-reduced once, after the sum over experts.
 
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo import envs
 from octavo.distributed.parallel_state import get_tp_group
 from octavo.layers.linear import ReplicatedLinear
 from octavo.quantization.base import QuantizationConfig
@@ -92,6 +95,11 @@ class FusedMoE(nn.Module):
         # The weights are rounded to the activations' dtype before use, as transformers does.
         weights = weights.to(x.dtype).float()
         w13, w2 = self.experts.w13_weight, self.experts.w2_weight
+        if x.is_cuda and envs.fused_moe():
+            from octavo.kernels import fused_moe as kernel
+
+            if kernel.supports(x, w13, w2):
+                return self.tp.all_reduce(kernel.fused_moe(x, w13, w2, weights, ids))
         return self.tp.all_reduce(_experts_loop(x, w13, w2, weights, ids))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from octavo import envs
 from octavo.layers.fused_moe import FusedMoE, map_expert_name
 from octavo.models.llama import LlamaForCausalLM
 from octavo.quantization.base import QuantizationConfig
@@ -13,7 +14,10 @@ _PROJECTIONS = {"w1": "w1", "w3": "w3", "w2": "w2"}
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
-    cuda_graph_safe = False  # as Qwen3-MoE: the expert loop syncs with the host
+    @property
+    def cuda_graph_safe(self) -> bool:
+        """Only with the fused kernel: the expert loop reads counts on the host."""
+        return envs.fused_moe()
 
     @staticmethod
     def make_mlp(config, layer_idx: int, quant_config: QuantizationConfig | None,

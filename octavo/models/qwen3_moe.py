@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from octavo import envs
 from octavo.layers.fused_moe import FusedMoE, map_expert_name
 from octavo.models.llama import dense_mlp
 from octavo.models.qwen3 import Qwen3ForCausalLM
@@ -12,9 +13,10 @@ from octavo.quantization.base import QuantizationConfig
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    # The eager expert loop syncs with the host; the fused kernel that would make decode steps
-    # capturable has not run on a GPU yet (octavo/kernels/fused_moe.py).
-    cuda_graph_safe = False
+    @property
+    def cuda_graph_safe(self) -> bool:
+        """Only with the fused kernel: the expert loop reads counts on the host."""
+        return envs.fused_moe()
 
     @staticmethod
     def make_mlp(config, layer_idx: int, quant_config: QuantizationConfig | None,

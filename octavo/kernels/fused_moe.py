@@ -1,0 +1,262 @@
+"""Fused mixture-of-experts MLP: each token's k routed experts, SiLU-gated, weighted and summed.
+
+``out[t] = sum_j w[t, j] * (W2[e] @ (silu(W13[e, :I] @ x[t]) * (W13[e, I:] @ x[t])))``
+with ``e = topk_ids[t, j]``, in two grouped GEMM launches instead of a loop over experts.
+
+Why it is shaped this way:
+
+- **Alignment.** The T*k (token, expert) pairs are sorted by expert and each expert's run is
+  padded to a multiple of BLOCK_M (:func:`align_by_expert`), so every BLOCK_M tile of sorted
+  rows belongs to one expert: a program loads that one expert's weight tile and runs ``tl.dot``
+  on it against a gathered tile of rows, as a dense GEMM would. Padded slots hold the sentinel
+  T*k and are masked.
+- **No host synchronisation.** The engine captures decode steps in CUDA graphs, so no buffer's
+  size may depend on the routing: the sorted index has room for the worst case,
+  ``T*k + min(E, T*k) * (BLOCK_M - 1)`` rows rounded up to a tile (at most min(E, T*k)
+  experts receive tokens, each wasting under a tile), and the grid covers all of it; tiles
+  past the routing's end read the expert sentinel E and return at once. The alignment is
+  torch ops that do not sync (counts by ``scatter_add_``, not ``bincount``, whose CUDA
+  version reads the input's max on the host; a stable ``argsort``; ``cumsum``;
+  ``searchsorted`` for each tile's expert).
+- **Gate/up with the activation in its epilogue** (:func:`_gate_up_kernel`): one program
+  accumulates the gate and the up tile of the same columns, so ``silu(gate) * up``
+  (``octavo.kernels.activation.silu_mul``, float32) is applied before the store and the
+  [T*k, 2I] pre-activation never reaches memory. The product is rounded to x's dtype once, as
+  an unfused implementation in that dtype would feed the down projection.
+- **Down projection, deterministic sum** (:func:`_down_kernel`): each (token, expert) row is
+  multiplied by its routing weight and stored in float32 at its own slot of a [T, k, H]
+  buffer; a ``sum(1)`` adds the k experts in a fixed order and rounds once. No atomics, so the
+  result does not depend on program scheduling.
+
+The intermediate activations are indexed by the (token, expert) pair (``t * k + j``), not by
+the padded sorted position, so they take [T*k, I] and padded slots are never written.
+
+Tiles (:func:`default_tiles`): BLOCK_M 16 while experts get few rows each (decode), 64 once
+they average 32 or more; BLOCK_N = BLOCK_K = 64. These GPU tiles are unmeasured defaults, not
+tuned. ``fused_moe_reference`` (a loop over experts in torch) is the reference the kernel is
+tested against and the path where Triton cannot run.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from octavo.kernels.activation import silu_mul
+from octavo.kernels.triton_utils import HAS_TRITON, interpreting, require_triton, tl, triton
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class MoeTiles(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+
+
+class Alignment(NamedTuple):
+    """The (token, expert) pairs sorted by expert, each expert's run padded to BLOCK_M.
+
+    ``sorted_ids`` int32 [padded_rows]: flat pair index ``t * k + j``, or T*k in padded slots.
+    ``tile_experts`` int32 [padded_rows // BLOCK_M]: each tile's expert, or E past the end."""
+
+    sorted_ids: torch.Tensor
+    tile_experts: torch.Tensor
+
+
+def default_tiles(num_tokens: int, topk: int, num_experts: int) -> MoeTiles:
+    """GPU tiles for a launch (unmeasured): 64-row tiles once experts average 32+ rows."""
+    block_m = 64 if num_tokens * topk >= 32 * num_experts else 16
+    return MoeTiles(block_m, 64, 64)
+
+
+def padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Rows of the sorted index for ``num_pairs`` = T*k pairs: the worst case over routings."""
+    worst = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return -(-worst // block_m) * block_m
+
+
+def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    """Sort the flattened ``topk_ids`` [T, k] by expert, padding each expert to ``block_m``
+    rows; all sizes are functions of (T, k, E, block_m) only, and nothing syncs the host."""
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    n = flat.numel()
+    device = flat.device
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_ends = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)
+    sorted_experts = flat[order]
+    # Rank of each sorted pair within its expert, placed after the expert's padded start.
+    first = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(n, device=device) - first[sorted_experts]
+    dest = (padded_ends - padded)[sorted_experts] + rank
+    rows = padded_rows(n, num_experts, block_m)
+    sorted_ids = torch.full((rows,), n, dtype=torch.int32, device=device)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    tile_starts = torch.arange(0, rows, block_m, device=device)
+    tile_experts = torch.searchsorted(padded_ends, tile_starts, right=True).to(torch.int32)
+    return Alignment(sorted_ids, tile_experts)
+
+
+@triton.jit
+def _tile_rows(sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS, BLOCK_M: tl.constexpr):
+    """A program's tile: its expert (int64; NUM_EXPERTS past the routing's end), its pair
+    indices and their mask (padded slots hold NUM_PAIRS)."""
+    pid_m = tl.program_id(0)
+    expert = tl.load(tiles_ptr + pid_m).to(tl.int64)
+    pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    return expert, pairs, pairs < NUM_PAIRS
+
+
+@triton.jit
+def _dot(a, b, acc, FP32_DOT: tl.constexpr):
+    """``acc + a @ b``; FP32_DOT: in float32 at IEEE precision (float32 inputs, not TF32; and
+    bf16 ones in the CPU interpreter, which mis-computes bf16 dots: exact products either way)."""
+    if FP32_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w_ptr, out_ptr, sorted_ptr, tiles_ptr,
+    NUM_PAIRS, NUM_EXPERTS, TOPK, H, INTER,
+    stride_xt, stride_we, stride_wn, stride_op,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):  # fmt: skip
+    # Grid (sorted tiles, INTER tiles):
+    # out[pair, n] = silu(x[t] @ W13[e, n]) * (x[t] @ W13[e, INTER + n]), in x's dtype.
+    expert, pairs, m_mask = _tile_rows(sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS, BLOCK_M)
+    if expert >= NUM_EXPERTS:
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < INTER
+    tokens = pairs // TOPK
+    w_base = w_ptr + expert * stride_we
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < H
+        a = tl.load(x_ptr + tokens[:, None] * stride_xt + offs_k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        # [BLOCK_K, BLOCK_N] views of the gate rows n and the up rows INTER + n (K contiguous).
+        w_ptrs = w_base + offs_k[:, None] + offs_n[None, :] * stride_wn
+        w_mask = k_mask[:, None] & n_mask[None, :]
+        wg = tl.load(w_ptrs, mask=w_mask, other=0.0)
+        wu = tl.load(w_ptrs + INTER * stride_wn, mask=w_mask, other=0.0)
+        acc_g = _dot(a, wg, acc_g, FP32_DOT)
+        acc_u = _dot(a, wu, acc_u, FP32_DOT)
+    h = silu_mul(acc_g, acc_u)
+    tl.store(out_ptr + pairs[:, None] * stride_op + offs_n[None, :],
+             h.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr, w_ptr, weights_ptr, out_ptr, sorted_ptr, tiles_ptr,
+    NUM_PAIRS, NUM_EXPERTS, H, INTER,
+    stride_hp, stride_we, stride_wn, stride_op,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):  # fmt: skip
+    # Grid (sorted tiles, H tiles). out[pair, n] = weight[pair] * (h[pair] @ W2[e, n]), float32.
+    expert, pairs, m_mask = _tile_rows(sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS, BLOCK_M)
+    if expert >= NUM_EXPERTS:
+        return
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < H
+    w_base = w_ptr + expert * stride_we
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < INTER
+        a = tl.load(h_ptr + pairs[:, None] * stride_hp + offs_k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(w_base + offs_k[:, None] + offs_n[None, :] * stride_wn,
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        acc = _dot(a, w, acc, FP32_DOT)
+    weight = tl.load(weights_ptr + pairs, mask=m_mask, other=0.0)
+    tl.store(out_ptr + pairs[:, None] * stride_op + offs_n[None, :], acc * weight[:, None],
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+def supports(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """True where :func:`fused_moe` can run these tensors: Triton importable, x on CUDA (or
+    the Triton interpreter on), one float16/bfloat16/float32 dtype for all three, contiguous
+    weights, x [T, H], w13 [E, 2I, H], w2 [E, H, I]."""
+    if not HAS_TRITON or not (x.is_cuda or interpreting()):
+        return False
+    if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
+        return False
+    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+        return False
+    e, two_i, h = w13.shape
+    return (two_i % 2 == 0 and two_i > 0 and h == x.shape[1] and h > 0
+            and tuple(w2.shape) == (e, h, two_i // 2)
+            and w13.is_contiguous() and w2.is_contiguous())
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+              tiles: MoeTiles | None = None) -> torch.Tensor:
+    """``x`` [T, H], ``w13`` [E, 2I, H] (gate rows then up rows), ``w2`` [E, H, I],
+    ``topk_weights`` float32 [T, k], ``topk_ids`` int [T, k] in [0, E) -> [T, H] in x's dtype:
+    ``sum_j topk_weights[t, j] * (w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t])))``.
+    The activation product is rounded to x's dtype before the down projection; accumulation
+    and the sum over experts are float32. ``tiles``: overrides :func:`default_tiles`."""
+    require_triton("fused_moe")
+    assert supports(x, w13, w2), (x.shape, x.dtype, w13.shape, w13.dtype, w2.shape, w2.dtype)
+    t, h = x.shape
+    e, two_i, _ = w13.shape
+    inter = two_i // 2
+    k = topk_ids.shape[1]
+    if t == 0:
+        return x.new_empty(0, h)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    block_m, block_n, block_k = tiles or default_tiles(t, k, e)
+    align = align_by_expert(topk_ids, e, block_m)
+    n_tiles = align.tile_experts.numel()
+    fp32_dot = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and not x.is_cuda)
+    hidden = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(n_tiles, triton.cdiv(inter, block_n))](
+        x, w13, hidden, align.sorted_ids, align.tile_experts,
+        t * k, e, k, h, inter,
+        x.stride(0), w13.stride(0), w13.stride(1), hidden.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
+        num_warps=4, num_stages=3,
+    )  # fmt: skip
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    partial = torch.empty(t * k, h, dtype=torch.float32, device=x.device)
+    _down_kernel[(n_tiles, triton.cdiv(h, block_n))](
+        hidden, w2, weights, partial, align.sorted_ids, align.tile_experts,
+        t * k, e, h, inter,
+        hidden.stride(0), w2.stride(0), w2.stride(1), partial.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
+        num_warps=4, num_stages=3,
+    )  # fmt: skip
+    return partial.view(t, k, h).sum(1).to(x.dtype)
+
+
+def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                        topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """:func:`fused_moe` as a loop over experts in torch (float32 math, the activation product
+    rounded to x's dtype, one rounding of the result)."""
+    t, h = x.shape
+    inter = w13.shape[1] // 2
+    out = torch.zeros(t, h, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for e in range(w13.shape[0]):
+        tok, slot = torch.nonzero(topk_ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        gate_up = xf[tok] @ w13[e].float().t()
+        act = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).to(x.dtype).float()
+        y = (act @ w2[e].float().t()) * topk_weights[tok, slot].float()[:, None]
+        out.index_add_(0, tok, y)
+    return out.to(x.dtype)
