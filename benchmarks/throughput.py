@@ -17,6 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.workloads import (  # noqa: E402
+    SHAPES,
     decode_bound_seconds,
     device_limits,
     shape_cost,
@@ -163,11 +164,13 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                     help="fp8: float8 KV blocks (half the bytes the decode attention reads)")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                    help="the workload's requests on another model shape (e.g. qwen3-30b-a3b)")
     args = ap.parse_args()
 
     from benchmarks.common import device_info, git_commit
 
-    shape = WORKLOAD_SHAPE[args.workload]
+    shape = args.shape or WORKLOAD_SHAPE[args.workload]
     folder = write_config(shape)
     prompts, max_tokens = w1_requests()
     assert sum(max_tokens) == 133966, sum(max_tokens)

@@ -26,6 +26,17 @@ SHAPES = {
                          rope_scaling={"rope_type": "llama3", "factor": 8.0,
                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                        "original_max_position_embeddings": 8192}),
+    # Qwen3-30B-A3B: 128 experts, 8 a token, every layer sparse (3.3B of 30.5B parameters
+    # active a token)
+    "qwen3-30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                          hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, intermediate_size=6144,
+                          moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                          decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+                          vocab_size=151936, tie_word_embeddings=False,
+                          max_position_embeddings=40960, rms_norm_eps=1e-6,
+                          rope_theta=1000000.0, torch_dtype="bfloat16", hidden_act="silu",
+                          attention_bias=False),
     # The Qwen3 layout shrunk until one CPU core makes over 20,000 tokens/s offline: the host
     # work per token dominates, as on a GPU, so it reproduces what serving costs per token
     # (W3's case) on a CPU. The vocabulary covers the benchmarks' prompt ids [0, 10000).
@@ -64,16 +75,26 @@ class ShapeCost:
 
 
 def shape_cost(shape: str, dtype_bytes: int = 2) -> ShapeCost:
+    """A mixture of experts (``num_experts``, every layer sparse) counts every expert in the
+    bytes a step reads (a large batch touches them all: the bound is for that case) and the
+    ``num_experts_per_tok`` it runs in the FLOPs."""
     c = SHAPES[shape]
     h, n_layers, inter = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"]
     hd = c.get("head_dim") or h // c["num_attention_heads"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
+    attn = h * (q + 2 * kv) + q * h
+    mlp = active = 3 * h * inter
+    if c.get("num_experts"):
+        expert = 3 * h * c["moe_intermediate_size"]
+        mlp = c["num_experts"] * expert + h * c["num_experts"]  # experts and router
+        active = c["num_experts_per_tok"] * expert + h * c["num_experts"]
     lm_head = c["vocab_size"] * h
-    params = n_layers * per_layer + lm_head  # the embedding lookup reads a few rows only
+    # the embedding lookup reads a few rows only
+    params = n_layers * (attn + mlp) + lm_head
+    active_params = n_layers * (attn + active) + lm_head
     return ShapeCost(weight_bytes=params * dtype_bytes,
                      kv_bytes_per_token=2 * n_layers * kv * dtype_bytes,
-                     flops_per_token=2.0 * params)
+                     flops_per_token=2.0 * active_params)
 
 
 def prefill_flops(shape: str, prompts: int, context: int) -> tuple[float, float]:

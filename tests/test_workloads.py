@@ -29,3 +29,36 @@ def test_prefill_flops_of_a_w1_step():
     # QK^T and PV: 2 x 2 FLOPs per (query, key <= query) pair, per head (16 x 128), layer.
     assert attn == 32 * 28 * 16 * 128 * 4.0 * (512 * 513 / 2)
     assert round(gemm / 1e12, 2) == 14.44 and round(attn / 1e9) == 964
+
+
+def test_moe_shape_counts_every_expert_read_and_the_active_ones_computed():
+    # Qwen3-30B-A3B: attention q 4096 + k 512 + v 512 rows of 2048, o 2048 x 4096; 128
+    # experts of 3 x 2048 x 768 and a 128 x 2048 router; 48 layers; LM head 151936 x 2048.
+    attn = 2048 * 5120 + 4096 * 2048
+    expert = 3 * 2048 * 768
+    params = 48 * (attn + 128 * expert + 2048 * 128) + 151936 * 2048
+    active = 48 * (attn + 8 * expert + 2048 * 128) + 151936 * 2048
+    cost = shape_cost("qwen3-30b-a3b")
+    assert cost.weight_bytes == 2 * params
+    assert cost.flops_per_token == 2.0 * active
+    assert cost.kv_bytes_per_token == 2 * 48 * 4 * 128 * 2
+
+
+def test_moe_shape_builds_the_model_it_claims():
+    """The shape's config builds Octavo's Qwen3-MoE with those parameters (meta tensors): the
+    cost model's weights plus the embedding table and the norms."""
+    import torch
+    from transformers import AutoConfig
+
+    from benchmarks.workloads import SHAPES
+    from octavo.attention.torch_backend import TorchAttentionBackend
+    from octavo.models.registry import get_model_class
+
+    cfg = dict(SHAPES["qwen3-30b-a3b"])
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    cls = get_model_class(config.architectures[0])
+    with torch.device("meta"):
+        model = cls(config, backend=TorchAttentionBackend())
+    counted = sum(p.numel() for p in model.parameters())
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    assert counted == shape_cost("qwen3-30b-a3b").weight_bytes // 2 + 151936 * 2048 + norms
