@@ -1,4 +1,4 @@
-"""Mixture-of-experts models (Qwen3-MoE, Mixtral) beyond greedy equality (test_correctness.py
+"""Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, Mixtral) beyond greedy equality (test_correctness.py
 runs them with every other family): logprobs against transformers', the layer against a
 hand-written reference, the stacked-expert loader's errors, and quantization refused by name."""
 
@@ -16,7 +16,7 @@ from tests.tiny_models import make_checkpoint
 PROMPTS = [[5, 9, 77, 300, 12], [400, 3, 3, 3, 18, 250, 61, 7, 7, 90, 11]]
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2_moe", "mixtral"])
 def moe_checkpoint(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     return make_checkpoint(request.param, str(folder), distinct_norms=True)

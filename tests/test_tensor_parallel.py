@@ -36,6 +36,7 @@ def _tokens(path, tp, **kw):
     ("qwen3", {"vocab_size": 501}),
     # Experts: each rank holds half of every expert's intermediate features.
     ("qwen3_moe", {}),
+    ("qwen2_moe", {}),  # and a shared expert, column / row parallel like a dense MLP
     ("mixtral", {}),
 ])
 def test_tp2_equals_tp1(tmp_path, family, overrides):

@@ -20,6 +20,12 @@ FAMILIES = {
         "head_dim": 32, "rope_theta": 1000000.0, "num_hidden_layers": 3, "num_experts": 8,
         "num_experts_per_tok": 2, "moe_intermediate_size": 48, "decoder_sparse_step": 1,
         "mlp_only_layers": [1], "norm_topk_prob": False}),
+    # Qwen2-MoE: q/k/v biases, a gated shared expert, the sparse layers every second one.
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
+        "rope_theta": 1000000.0, "num_hidden_layers": 3, "num_experts": 6,
+        "num_experts_per_tok": 3, "moe_intermediate_size": 40,
+        "shared_expert_intermediate_size": 72, "decoder_sparse_step": 2,
+        "norm_topk_prob": False}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {
         "rope_theta": 1000000.0, "num_local_experts": 8, "num_experts_per_tok": 2,
         "intermediate_size": 48}),
@@ -39,7 +45,7 @@ def make_checkpoint(family: str, folder: str, seed: int = 0, distinct_norms: boo
     config = getattr(transformers, cfg_name)(**kwargs)
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).to(torch.float32).eval()
-    if family == "qwen2":  # make the q/k/v biases matter
+    if family in ("qwen2", "qwen2_moe"):  # make the q/k/v biases matter
         for layer in model.model.layers:
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 torch.nn.init.normal_(proj.bias, std=0.05)

@@ -1,5 +1,6 @@
 """A sparse mixture-of-experts MLP: a router picks ``top_k`` of ``num_experts`` SwiGLU experts
-per token and the outputs are summed with the routing weights (Mixtral, Qwen3-MoE).
+per token and the outputs are summed with the routing weights (Mixtral, Qwen3-MoE; Qwen2-MoE
+adds a gated shared expert).
 
 The experts' weights are stacked, ``w13`` [E, 2 I, H] (gate rows, then up rows) and ``w2``
 [E, H, I], so one grouped kernel can run every expert: on CUDA under ``OCTAVO_FUSED_MOE=1``,
@@ -80,6 +81,15 @@ class FusedMoE(nn.Module):
         self.intermediate_per_partition = inter
         self.gate = ReplicatedLinear(hidden_size, num_experts, prefix=f"{prefix}.gate")
         self.experts = _Experts(num_experts, hidden_size, inter, self.tp)
+        # Qwen2-MoE's shared expert, added to every token's output, scaled by
+        # sigmoid(shared_expert_gate(x)) (set by the model; its MLP does its own all-reduce).
+        self.shared_expert: nn.Module | None = None
+        self.shared_expert_gate: nn.Module | None = None
+
+    def add_shared_expert(self, mlp: nn.Module, hidden_size: int) -> None:
+        self.shared_expert = mlp
+        self.shared_expert_gate = ReplicatedLinear(hidden_size, 1,
+                                                   prefix=f"{self.prefix}.shared_expert_gate")
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Routing weights [T, k] float32 and expert ids [T, k]: softmax over all experts in
@@ -91,6 +101,12 @@ class FusedMoE(nn.Module):
         return weights, ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._routed(x)
+        if self.shared_expert is not None:
+            y = y + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return y
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         # The weights are rounded to the activations' dtype before use, as transformers does.
         weights = weights.to(x.dtype).float()

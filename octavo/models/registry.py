@@ -9,6 +9,7 @@ _MODELS = {
     "MistralForCausalLM": "octavo.models.llama:LlamaForCausalLM",
     "MixtralForCausalLM": "octavo.models.mixtral:MixtralForCausalLM",
     "Qwen2ForCausalLM": "octavo.models.qwen2:Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM": "octavo.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM": "octavo.models.qwen3:Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM": "octavo.models.qwen3_moe:Qwen3MoeForCausalLM",
 }
