@@ -48,7 +48,8 @@ def map_expert_name(name: str, projections: dict[str, str] = GATE_UP_DOWN
 
 
 def _unquantized_only(quant_config: QuantizationConfig | None, prefix: str) -> None:
-    if quant_config is None or quant_config.name == "unquantized":
+    # A GGUF file's experts are dequantized at load (the other layers keep their blocks).
+    if quant_config is None or quant_config.name in ("unquantized", "gguf"):
         return
     from octavo.quantization.module_match import is_ignored
 

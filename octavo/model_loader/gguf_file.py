@@ -24,7 +24,12 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("LlamaForCausalLM", "llama"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe"),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
 }
+# Whether the top-k routing weights are renormalised when the file does not say
+# (``{arch}.expert_weights_norm``): llama.cpp's graphs for these architectures.
+_MOE_NORM_DEFAULT = {"qwen2moe": False, "qwen3moe": True}
 
 # Default rope base when the metadata omits it (llama.cpp's default).
 _DEFAULT_ROPE_THETA = 10000.0
@@ -49,7 +54,16 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # mixtures of experts: the router and the shared expert (the experts: _EXPERT_NAMES)
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# Stacked experts [E, out, in]: GGUF suffix -> the per-expert HF projection they split into.
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
+                 "ffn_down_exps": "down_proj"}
 
 # GGUF tensors with no HF parameter counterpart. `rope_freqs` holds Llama 3 rope scaling
 # factors, which HF expresses through config.rope_scaling instead.
@@ -70,6 +84,8 @@ def gguf_to_hf_name(name: str) -> str | None:
     m = _BLOCK_RE.match(name)
     if m is not None:
         layer, kind, param = m.groups()
+        if kind in _EXPERT_NAMES:  # all experts: split per expert by iter_weights
+            return f"model.layers.{layer}.mlp.experts.{{}}.{_EXPERT_NAMES[kind]}.{param}"
         module = _BLOCK_NAMES.get(kind)
         return None if module is None else f"model.layers.{layer}.{module}.{param}"
     m = _GLOBAL_RE.match(name)
@@ -196,11 +212,17 @@ class GGUFCheckpoint:
                 vocab = len(self._meta("tokenizer.ggml.tokens", []))
             vocab = int(vocab)
 
+        moe = self.arch in _MOE_NORM_DEFAULT
+        ffn = self._arch_meta("feed_forward_length")
+        if ffn is None and moe:  # every layer has experts: the dense size is unused
+            ffn = self._require("expert_feed_forward_length")
+        elif ffn is None:
+            ffn = self._require("feed_forward_length")
         cfg: dict[str, Any] = {
             "architectures": [hf_arch],
             "model_type": model_type,
             "hidden_size": hidden,
-            "intermediate_size": int(self._require("feed_forward_length")),
+            "intermediate_size": int(ffn),
             "num_hidden_layers": int(self._require("block_count")),
             "num_attention_heads": n_head,
             "num_key_value_heads": n_kv,
@@ -222,9 +244,27 @@ class GGUFCheckpoint:
             cfg["mlp_bias"] = False
         elif self.arch == "qwen3":
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
+        if moe:
+            cfg.update(self._moe_config())
         scaling = self._rope_scaling()
         if scaling is not None:
             cfg["rope_scaling"] = scaling
+        return cfg
+
+    def _moe_config(self) -> dict[str, Any]:
+        """Qwen2-MoE / Qwen3-MoE fields: every layer sparse, as llama.cpp runs them."""
+        norm = self._arch_meta("expert_weights_norm", _MOE_NORM_DEFAULT[self.arch])
+        cfg = {
+            "num_experts": int(self._require("expert_count")),
+            "num_experts_per_tok": int(self._require("expert_used_count")),
+            "moe_intermediate_size": int(self._require("expert_feed_forward_length")),
+            "norm_topk_prob": bool(norm),
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        }
+        shared = self._arch_meta("expert_shared_feed_forward_length")
+        if self.arch == "qwen2moe":
+            cfg["shared_expert_intermediate_size"] = int(shared or 0)
         return cfg
 
     # ------------------------------------------------------------------ weights
@@ -232,13 +272,16 @@ class GGUFCheckpoint:
     def weight_names(self) -> list[str]:
         """HF names of the parameters iter_weights yields, in file order."""
         names = []
-        for name in self._tensors:
+        for name, tensor in self._tensors.items():
             if name in _SKIPPED_TENSORS:
                 continue
             hf_name = gguf_to_hf_name(name)
             if hf_name is None:
                 raise ValueError(f"unknown tensor {name!r} in GGUF file {self.path!r}")
-            names.append(hf_name)
+            if "{}" in hf_name:  # stacked experts, GGUF dims [in, out, experts]
+                names.extend(hf_name.format(e) for e in range(int(tensor.shape[-1])))
+            else:
+                names.append(hf_name)
         return names
 
     def tensor_types(self) -> dict[str, int]:
@@ -291,10 +334,17 @@ class GGUFCheckpoint:
             hf_name = gguf_to_hf_name(name)
             if hf_name is None:
                 raise ValueError(f"unknown tensor {name!r} in GGUF file {self.path!r}")
+            if "{}" in hf_name:  # stacked experts [E, out, in]: one tensor per expert
+                stack = self._dequantize(tensor, dtype)
+                for e in range(stack.shape[0]):
+                    yield hf_name.format(e), stack[e]
+                continue
             if hf_name in raw:  # rows of blocks: the row permutation below applies as is
                 t = torch.from_numpy(np.array(tensor.data, copy=True))
             else:
                 t = self._dequantize(tensor, dtype)
+            if hf_name.endswith("shared_expert_gate.weight") and t.dim() == 1:
+                t = t.unsqueeze(0)  # llama.cpp stores the [1, H] gate as [H]
             if self.arch == "llama":
                 if hf_name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
                     t = unpermute_rope_rows(t, n_head)
