@@ -177,7 +177,9 @@ class LlamaModel(nn.Module):
             for i in range(config.num_hidden_layers)
         ])
         for i, layer in enumerate(self.layers):
-            parts = {"o": [layer.self_attn.o_proj], "mlp": [layer.mlp]}
+            # A mixture of experts reads only its routed experts: nothing worth prefetching.
+            dense = hasattr(layer.mlp, "gate_up_proj")
+            parts = {"o": [layer.self_attn.o_proj], "mlp": [layer.mlp] if dense else []}
             if i + 1 < len(self.layers):
                 parts["qkv"] = [self.layers[i + 1].self_attn.qkv_proj]
             layer.self_attn.prefetch = WeightPrefetch(parts)
