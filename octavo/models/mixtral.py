@@ -5,20 +5,15 @@ from __future__ import annotations
 
 from torch import nn
 
-from octavo import envs
 from octavo.layers.fused_moe import FusedMoE, map_expert_name
 from octavo.models.llama import LlamaForCausalLM
+from octavo.models.moe import MoEModel
 from octavo.quantization.base import QuantizationConfig
 
 _PROJECTIONS = {"w1": "w1", "w3": "w3", "w2": "w2"}
 
 
-class MixtralForCausalLM(LlamaForCausalLM):
-    @property
-    def cuda_graph_safe(self) -> bool:
-        """Only with the fused kernel: the expert loop reads counts on the host."""
-        return envs.fused_moe()
-
+class MixtralForCausalLM(MoEModel, LlamaForCausalLM):
     @staticmethod
     def make_mlp(config, layer_idx: int, quant_config: QuantizationConfig | None,
                  prefix: str) -> nn.Module:
@@ -28,6 +23,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
 
     @staticmethod
     def map_checkpoint_name(name: str):
+        """``block_sparse_moe`` is the ``mlp`` here; its experts as Qwen-MoE's."""
         name = name.replace(".block_sparse_moe.", ".mlp.")
         mapped = map_expert_name(name, _PROJECTIONS)
         return mapped if mapped is not None else (name, None) if ".mlp." in name else None
