@@ -178,8 +178,9 @@ class LlamaModel(nn.Module):
         ])
         for i, layer in enumerate(self.layers):
             # A mixture of experts reads only its routed experts: nothing worth prefetching.
-            dense = hasattr(layer.mlp, "gate_up_proj")
-            parts = {"o": [layer.self_attn.o_proj], "mlp": [layer.mlp] if dense else []}
+            mlp = ([layer.mlp.gate_up_proj, layer.mlp.down_proj]
+                   if hasattr(layer.mlp, "gate_up_proj") else [])
+            parts = {"o": [layer.self_attn.o_proj], "mlp": mlp}
             if i + 1 < len(self.layers):
                 parts["qkv"] = [self.layers[i + 1].self_attn.qkv_proj]
             layer.self_attn.prefetch = WeightPrefetch(parts)
