@@ -33,6 +33,7 @@ t0 = time.perf_counter()
 import octavo
 from octavo import LLM, SamplingParams
 t1 = time.perf_counter()
+print("TREE", octavo.__file__)
 llm = LLM()
 t2 = time.perf_counter()
 out = llm.generate(["Write a haiku about paging."],
@@ -58,16 +59,21 @@ print("RESULT", json.dumps({"parse_ms": 1e3 * (time.perf_counter() - t0)}))
 
 def _child(code: str, *args: str, tree: str | None = None) -> tuple[dict, float]:
     env = dict(os.environ)
-    if tree is not None:  # import octavo from that checkout
-        env["PYTHONPATH"] = os.path.abspath(tree)
+    cwd = None
+    if tree is not None:  # import octavo from that checkout (`-c` puts the cwd first)
+        cwd = env["PYTHONPATH"] = os.path.abspath(tree)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          check=False, env=env)
+                          check=False, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):]), wall
+    lines = proc.stdout.splitlines()
+    result = json.loads(next(x for x in lines if x.startswith("RESULT "))[len("RESULT "):])
+    tree_line = [x[len("TREE "):] for x in lines if x.startswith("TREE ")]
+    if tree_line:  # which checkout's octavo the child ran
+        result["octavo_file"] = tree_line[0]
+    return result, wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = samples["this"]
     parse = {name: [_child(_PARSE, name)[0]["parse_ms"] for _ in range(args.repeat)]
              for name in ("octavo", "gguf")}
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    times = [k for k in runs[0] if k.endswith("_s")]
+    med = {k: statistics.median(r[k] for r in runs) for k in times}
     result = {
         "benchmark": "startup (default model, octavo generate's path)",
         "device": device_info(), "commit": git_commit(), "date": time.strftime("%Y-%m-%d"),
@@ -98,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": None if not args.baseline else {
             "tree": args.baseline,
             "median": {k: statistics.median(r[k] for r in samples["baseline"])
-                       for k in runs[0]},
+                       for k in times},
             "runs": samples["baseline"]},
         "gguf_header_parse_ms": {k: statistics.median(v) for k, v in parse.items()},
         "gguf_header_parse_samples_ms": parse,
