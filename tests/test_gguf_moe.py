@@ -1,7 +1,7 @@
 """Mixture-of-experts GGUF files (llama.cpp's qwen3moe and qwen2moe): the config read from
 the metadata, the stacked experts split per expert, and greedy tokens equal to transformers
 loading the same file, float32 on the CPU, dequantized and with the attention layers kept in
-their GGUF blocks (the experts dequantized at load)."""
+their GGUF blocks (the experts too, where their type has a layout: gguf_experts.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from octavo.model_loader.gguf_file import GGUFCheckpoint  # noqa: E402
 H, HEADS, KV, HD, E, TOPK, INTER, SHARED, VOCAB, LAYERS = 64, 4, 2, 32, 6, 2, 32, 48, 256, 2
 
 
-def _write(path: str, arch: str, seed: int = 0) -> None:
+def _write(path: str, arch: str, seed: int = 0, experts=None) -> None:
+    """``experts``: the stacked experts' GGML type (None: float32)."""
     rng = np.random.default_rng(seed)
     # Qwen3 heads are wider than hidden / heads, as in the real models; Qwen2's cannot be.
     HD = 32 if arch == "qwen3moe" else H // HEADS  # noqa: N806
@@ -69,6 +70,8 @@ def _write(path: str, arch: str, seed: int = 0) -> None:
         # The attention projections in Q8_0 (kept in their blocks on the CPU), the rest float.
         if name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")):
             w.add_tensor(name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
+        elif "_exps." in name and experts is not None:
+            w.add_tensor(name, gguf.quants.quantize(data, experts), raw_dtype=experts)
         else:
             w.add_tensor(name, data)
     w.write_header_to_file()
@@ -77,11 +80,12 @@ def _write(path: str, arch: str, seed: int = 0) -> None:
     w.close()
 
 
-@pytest.fixture(scope="module", params=["qwen3moe", "qwen2moe"])
+@pytest.fixture(scope="module", params=["qwen3moe", "qwen2moe", "qwen3moe-Q8_0", "qwen2moe-Q4_0"])
 def moe_gguf(request, tmp_path_factory):
+    arch, _, experts = request.param.partition("-")
     path = str(tmp_path_factory.mktemp("gguf") / f"tiny-{request.param}.gguf")
-    _write(path, request.param)
-    return request.param, path
+    _write(path, arch, experts=Q[experts] if experts else None)
+    return arch, path
 
 
 PROMPTS = [[5, 9, 77, 200, 12], [100, 3, 3, 18, 250, 61, 7, 7, 90, 11, 4, 4, 4]]
@@ -100,7 +104,10 @@ def test_config_and_expert_names(moe_gguf):
     names = ck.weight_names()
     weights = dict(ck.iter_weights(torch.float32))
     assert list(weights) == names
-    stack = np.asarray(ck._tensors["blk.1.ffn_down_exps.weight"].data)
+    tensor = ck._tensors["blk.1.ffn_down_exps.weight"]
+    stack = np.asarray(tensor.data)
+    if tensor.type_name != "F32":
+        stack = gguf.quants.dequantize(stack, Q(tensor.tensor_type))
     for e in range(E):
         got = weights[f"model.layers.1.mlp.experts.{e}.down_proj.weight"]
         assert got.shape == (H, INTER) and np.array_equal(got.numpy(), stack[e])
@@ -145,6 +152,10 @@ def test_greedy_matches_transformers(moe_gguf, quantized):
     kept = [m for m in model.modules()
             if isinstance(getattr(m, "quant_method", None), GGUFLinearMethod)]
     assert len(kept) == (2 * LAYERS if quantized else 0)  # q/k/v and o, in Q8_0 blocks
+    from octavo.quantization.gguf_experts import GGUFExperts
+
+    blocks = [m for m in model.modules() if isinstance(m, GGUFExperts)]
+    assert len(blocks) == (LAYERS if quantized and "-Q" in os.path.basename(path) else 0)
     if not quantized:
         assert got == expected
     else:  # int16 activations in the Q8_0 kernels may split a near-tie late in a sequence

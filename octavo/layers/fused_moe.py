@@ -81,7 +81,12 @@ class FusedMoE(nn.Module):
         inter = intermediate_size // self.tp.size
         self.intermediate_per_partition = inter
         self.gate = ReplicatedLinear(hidden_size, num_experts, prefix=f"{prefix}.gate")
-        self.experts = _Experts(num_experts, hidden_size, inter, self.tp)
+        # A scheme may hold the experts its own way (GGUF blocks on the CPU: make_experts).
+        make = getattr(quant_config, "make_experts", None)
+        kept = None if make is None or self.tp.size > 1 else make(
+            f"{prefix}.experts", num_experts, hidden_size, inter)
+        self.experts = kept if kept is not None else _Experts(num_experts, hidden_size, inter,
+                                                              self.tp)
         # Qwen2-MoE's shared expert, added to every token's output, scaled by
         # sigmoid(shared_expert_gate(x)) (set by the model; its MLP does its own all-reduce).
         self.shared_expert: nn.Module | None = None
@@ -111,13 +116,14 @@ class FusedMoE(nn.Module):
         weights, ids = self.route(x)
         # The weights are rounded to the activations' dtype before use, as transformers does.
         weights = weights.to(x.dtype).float()
-        w13, w2 = self.experts.w13_weight, self.experts.w2_weight
-        if x.is_cuda and envs.fused_moe():
+        if x.is_cuda and envs.fused_moe() and isinstance(self.experts, _Experts):
             from octavo.kernels import fused_moe as kernel
 
+            w13, w2 = self.experts.w13_weight, self.experts.w2_weight
             if kernel.supports(x, w13, w2):
                 return self.tp.all_reduce(kernel.fused_moe(x, w13, w2, weights, ids))
-        return self.tp.all_reduce(_experts_loop(x, w13, w2, weights, ids))
+        return self.tp.all_reduce(_experts_loop(x, weights, ids, self.experts.num_experts,
+                                                self.experts.expert_forward))
 
 
 class _Experts(nn.Module):
@@ -127,6 +133,7 @@ class _Experts(nn.Module):
         super().__init__()
         self.tp = tp
         self.inter = inter
+        self.num_experts = num_experts
         dtype = torch.get_default_dtype()
         for name, shape in (("w13_weight", (num_experts, 2 * inter, hidden)),
                             ("w2_weight", (num_experts, hidden, inter))):
@@ -162,16 +169,22 @@ class _Experts(nn.Module):
                              f"{tuple(target.shape)} vs checkpoint {tuple(loaded.shape)}")
         target.copy_(loaded)
 
+    def expert_forward(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert ``e`` on rows ``x``: down(silu(gate x) * up x)."""
+        gate_up = F.linear(x, self.w13_weight[e])
+        return F.linear(F.silu(gate_up[:, :self.inter]) * gate_up[:, self.inter:],
+                        self.w2_weight[e])
 
-def _experts_loop(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor) -> torch.Tensor:
-    """The eager path: each expert that received tokens runs once on its rows. Syncs with the
-    host (the per-expert counts), so it is not for captured CUDA graphs."""
+
+def _experts_loop(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                  num_experts: int, expert_forward) -> torch.Tensor:
+    """The eager path: each expert that received tokens runs once on its rows
+    (``expert_forward(e, rows of x)``). Syncs with the host (the per-expert counts), so it is
+    not for captured CUDA graphs."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    inter = w2.shape[-1]
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
     start = 0
     for e, n in enumerate(counts):
         if n == 0:
@@ -179,8 +192,6 @@ def _experts_loop(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
         slots = order[start:start + n]
         start += n
         rows = slots // ids.shape[1]
-        gate_up = F.linear(x[rows], w13[e])
-        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = F.linear(h, w2[e]).float() * weights.reshape(-1)[slots, None]
+        y = expert_forward(e, x[rows]).float() * weights.reshape(-1)[slots, None]
         out.index_add_(0, rows, y)
     return out.to(x.dtype)

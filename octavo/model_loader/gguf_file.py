@@ -335,9 +335,11 @@ class GGUFCheckpoint:
             if hf_name is None:
                 raise ValueError(f"unknown tensor {name!r} in GGUF file {self.path!r}")
             if "{}" in hf_name:  # stacked experts [E, out, in]: one tensor per expert
-                stack = self._dequantize(tensor, dtype)
+                raw_rows = hf_name in raw
+                stack = tensor.data if raw_rows else self._dequantize(tensor, dtype)
                 for e in range(stack.shape[0]):
-                    yield hf_name.format(e), stack[e]
+                    t = torch.from_numpy(np.array(stack[e], copy=True)) if raw_rows else stack[e]
+                    yield hf_name.format(e), t
                 continue
             if hf_name in raw:  # rows of blocks: the row permutation below applies as is
                 t = torch.from_numpy(np.array(tensor.data, copy=True))
