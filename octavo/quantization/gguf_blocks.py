@@ -143,15 +143,22 @@ def unpack_blocks(raw: np.ndarray, name: str, in_features: int
 
 
 def pack_nibbles(u: torch.Tensor) -> torch.Tensor:
-    """u uint8 [N, K] with values < 16 -> [N, K/2] in the kernels' nibble order."""
+    """u uint8 [N, K] with values < 16 -> [N, K/2] in the kernels' nibble order. In numpy,
+    writing into the output's own memory: torch's uint8 shifts and ors over these strided
+    views took 24 ms a 1024 x 1024 weight against 0.3 ms (a 30B MoE model repacks 30B of
+    them at load)."""
     n, k = u.shape
+    src = u.cpu().numpy()
     full = k // 64 * 64
-    main = u[:, :full].reshape(n, -1, 2, 32)
-    parts = [(main[:, :, 0] | (main[:, :, 1] << 4)).reshape(n, -1)]
+    out = np.empty((n, k // 2), dtype=np.uint8)
+    main = src[:, :full].reshape(n, -1, 2, 32)
+    dst = out[:, :full // 2].reshape(n, -1, 32)
+    np.left_shift(main[:, :, 1], 4, out=dst)
+    np.bitwise_or(dst, main[:, :, 0], out=dst)
     if k > full:
-        tail = u[:, full:].reshape(n, 2, 16)
-        parts.append(tail[:, 0] | (tail[:, 1] << 4))
-    return torch.cat(parts, dim=1).contiguous()
+        tail = src[:, full:].reshape(n, 2, 16)
+        out[:, full // 2:] = tail[:, 0] | (tail[:, 1] << 4)
+    return torch.from_numpy(out).to(u.device)
 
 
 def unpack_nibbles(packed: torch.Tensor, in_features: int) -> torch.Tensor:
@@ -186,10 +193,12 @@ def interleave(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Row-major (qweight [N, B], scales [N, G]) -> interleaved by 16 rows (module docstring)."""
     n, nbytes = qweight.shape
-    q = qweight.view(n // ROWS, ROWS, nbytes // 4, 4).permute(0, 2, 1, 3)
-    q = q.reshape(n // ROWS, nbytes // 4, ROWS * 4).contiguous()
+    # The byte shuffle in numpy: torch's uint8 permute-copy took 12 ms a 1024 x 512 weight
+    # against 1 ms.
+    qn = qweight.cpu().numpy().reshape(n // ROWS, ROWS, nbytes // 4, 4).transpose(0, 2, 1, 3)
+    q = torch.from_numpy(np.ascontiguousarray(qn).reshape(n // ROWS, nbytes // 4, ROWS * 4))
     s, m = (t.view(n // ROWS, ROWS, -1).transpose(1, 2).contiguous() for t in (scales, mins))
-    return q, s, m
+    return q.to(qweight.device), s, m
 
 
 def deinterleave(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
