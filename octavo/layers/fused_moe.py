@@ -181,6 +181,12 @@ def _experts_loop(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     """The eager path: each expert that received tokens runs once on its rows
     (``expert_forward(e, rows of x)``). Syncs with the host (the per-expert counts), so it is
     not for captured CUDA graphs."""
+    if x.shape[0] == 1:  # one token (batch-1 decode): its k experts in order, no sorting
+        out = None
+        for e, w in zip(ids[0].tolist(), weights[0].unbind(), strict=True):
+            y = expert_forward(e, x).float() * w
+            out = y if out is None else out + y
+        return out.to(x.dtype)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
