@@ -340,6 +340,9 @@ class GGUFCheckpoint:
                 for e in range(stack.shape[0]):
                     t = torch.from_numpy(np.array(stack[e], copy=True)) if raw_rows else stack[e]
                     yield hf_name.format(e), t
+                # An MoE model's experts are most of the file: without this its pages would
+                # stay resident beside the repacked copies until the end of the load.
+                self._reader.release_pages(tensor)
                 continue
             if hf_name in raw:  # rows of blocks: the row permutation below applies as is
                 t = torch.from_numpy(np.array(tensor.data, copy=True))

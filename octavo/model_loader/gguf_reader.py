@@ -267,11 +267,19 @@ class GGUFReader:
 
     # ------------------------------------------------------------------ pages
 
-    def release_pages(self) -> None:
-        """Drop the pages read so far from the resident set (they fault back in from the file
-        when read again)."""
-        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            try:
-                self._map.madvise(mmap.MADV_DONTNEED)
-            except (OSError, ValueError):  # advice only
-                pass
+    def release_pages(self, tensor: GGUFTensor | None = None) -> None:
+        """Drop the pages read so far (of ``tensor`` only, when given: the whole pages inside
+        its bytes) from the resident set; they fault back in from the file when read again."""
+        if not (hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED")):
+            return
+        start, length = 0, len(self._map)
+        if tensor is not None:
+            page = mmap.PAGESIZE
+            start = -(-tensor.data_offset // page) * page
+            length = (tensor.data_offset + tensor.n_bytes) // page * page - start
+            if length <= 0:
+                return
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, start, length)
+        except (OSError, ValueError):  # advice only
+            pass

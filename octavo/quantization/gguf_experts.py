@@ -3,7 +3,7 @@
 The experts are almost all of an MoE model's weights (Qwen3-30B-A3B: 29 of its 30.5 billion
 parameters), so dequantizing them at load would need 4-8x the file's size in memory. Here each
 expert's gate/up and down rows arrive raw (uint8, from the file's stacked ``ffn_*_exps``
-tensors, split per expert by the loader), are repacked after loading into the layout of
+tensors, split per expert by the loader), are repacked as they arrive into the layout of
 ``gguf_blocks`` (the same kernels as GGUF linear layers), and ``expert_forward`` runs one
 expert's rows through ``gguf_matmul``. Experts are kept per expert (lists, not one stacked
 tensor): the repacked scales' dtype is chosen per tensor.
@@ -24,38 +24,50 @@ class GGUFExperts(nn.Module):
         super().__init__()
         self.num_experts = num_experts
         self.hidden, self.inter = hidden, inter
-        self.formats = {"w13_weight": fmt13, "w2_weight": fmt2}
+        self.fmt13, self.fmt2 = fmt13, fmt2
         self.interleave = interleave
-        for name, rows, cols in (("w13_weight", 2 * inter, hidden), ("w2_weight", hidden, inter)):
-            raw = torch.empty(num_experts, rows, gguf_blocks.row_bytes(self.formats[name], cols),
-                              dtype=torch.uint8)
-            param = nn.Parameter(raw, requires_grad=False)
+        self._rows13 = (2 * inter, gguf_blocks.row_bytes(fmt13, hidden))
+        self._rows2 = (hidden, gguf_blocks.row_bytes(fmt2, inter))
+        # Empty stand-ins that the generic loader addresses (and counts expected_shards of):
+        # each expert is repacked as soon as its rows arrive, so no stacked copy of the raw
+        # rows ever exists (peak memory: the repacked experts plus one expert's rows).
+        for name in ("w13_weight", "w2_weight"):
+            param = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
             param.weight_loader = self.weight_loader
             param.expected_shards = [(e, w) for e in range(num_experts)
                                      for w in (("w1", "w3") if name == "w13_weight" else ("w2",))]
             self.register_parameter(name, param)
-        self._w13: list[tuple[torch.Tensor, ...]] = []
-        self._w2: list[tuple[torch.Tensor, ...]] = []
+        self._w13: list[tuple[torch.Tensor, ...] | None] = [None] * num_experts
+        self._w2: list[tuple[torch.Tensor, ...] | None] = [None] * num_experts
+        self._half: dict[tuple[int, str], torch.Tensor] = {}  # a gate or up awaiting the other
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         expert, which = shard_id
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert {expert} out of range (the model has {self.num_experts})")
-        target = param.data[expert]
-        if which in ("w1", "w3"):
-            target = target.narrow(0, 0 if which == "w1" else self.inter, self.inter)
-        if loaded.dtype != torch.uint8 or target.shape != loaded.shape:
+        rows, cols = self._rows2 if which == "w2" else self._rows13
+        want = (rows if which == "w2" else rows // 2, cols)
+        if loaded.dtype != torch.uint8 or tuple(loaded.shape) != want:
             raise ValueError(f"expert {expert} {which}: GGUF rows {tuple(loaded.shape)} "
-                             f"{loaded.dtype} do not fit {tuple(target.shape)} uint8")
-        target.copy_(loaded)
+                             f"{loaded.dtype} do not fit {want} uint8")
+        if which == "w2":
+            self._w2[expert] = gguf_blocks.repack(loaded, self.fmt2, self.inter, self.interleave)
+            return
+        other = self._half.pop((expert, "w3" if which == "w1" else "w1"), None)
+        if other is None:
+            self._half[(expert, which)] = loaded.clone()
+            return
+        gate, up = (loaded, other) if which == "w1" else (other, loaded)
+        self._w13[expert] = gguf_blocks.repack(torch.cat([gate, up]), self.fmt13, self.hidden,
+                                               self.interleave)
 
     def process_weights_after_loading(self) -> None:
-        for name, cols, out in (("w13_weight", self.hidden, self._w13),
-                                ("w2_weight", self.inter, self._w2)):
-            raw = getattr(self, name).data
-            out[:] = [gguf_blocks.repack(raw[e], self.formats[name], cols, self.interleave)
-                      for e in range(self.num_experts)]
-            delattr(self, name)  # the raw rows are not needed any more
+        missing = [e for e in range(self.num_experts)
+                   if self._w13[e] is None or self._w2[e] is None]
+        if missing:
+            raise ValueError(f"GGUF experts {missing[:5]} never received all their rows")
+        for name in ("w13_weight", "w2_weight"):
+            delattr(self, name)
 
     def expert_forward(self, e: int, x: torch.Tensor) -> torch.Tensor:
         from octavo.quantization.gguf import gguf_matmul
