@@ -160,3 +160,27 @@ def test_greedy_matches_transformers(moe_gguf, quantized):
         assert got == expected
     else:  # int16 activations in the Q8_0 kernels may split a near-tie late in a sequence
         assert sum(a[:6] == b[:6] for a, b in zip(got, expected, strict=True)) == len(PROMPTS)
+
+
+def test_one_token_call_equals_the_expert_loop(tmp_path):
+    """Batch-1 decode's one C++ call for a token's experts (gguf_moe_token) against the loop
+    over expert_forward that larger batches take."""
+    from octavo.layers.fused_moe import FusedMoE, _experts_loop
+    from octavo.quantization.gguf_experts import GGUFExperts
+
+    path = str(tmp_path / "q.gguf")
+    _write(path, "qwen3moe", experts=Q.Q4_0)
+    llm = LLM(model=path, device="cpu", skip_tokenizer_init=True)
+    model = llm.llm_engine.executor.worker.runner.model
+    layer = next(m for m in model.modules() if isinstance(m, FusedMoE))
+    assert isinstance(layer.experts, GGUFExperts)
+    torch.manual_seed(0)
+    for _ in range(4):
+        x = torch.randn(1, H)
+        weights, ids = layer.route(x)
+        one = layer.experts.token_forward(x, ids[0].tolist(), weights[0].tolist())
+        if one is None:
+            pytest.skip("the CPU kernels are not built here")
+        loop = _experts_loop(x.repeat(2, 1), weights.repeat(2, 1), ids.repeat(2, 1),
+                             layer.num_experts, layer.experts.expert_forward)[:1]
+        torch.testing.assert_close(one, loop, atol=1e-5, rtol=1e-5)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo import envs
 from octavo.quantization import gguf_blocks
 
 
@@ -26,6 +27,9 @@ class GGUFExperts(nn.Module):
         self.hidden, self.inter = hidden, inter
         self.fmt13, self.fmt2 = fmt13, fmt2
         self.interleave = interleave
+        from octavo.quantization.gguf import ISA_CODES
+
+        self.isa = ISA_CODES[envs.cpu_quant_isa()]  # read once: os.environ costs per call
         self._rows13 = (2 * inter, gguf_blocks.row_bytes(fmt13, hidden))
         self._rows2 = (hidden, gguf_blocks.row_bytes(fmt2, inter))
         # Empty stand-ins that the generic loader addresses (and counts expected_shards of):
@@ -72,6 +76,19 @@ class GGUFExperts(nn.Module):
     def expert_forward(self, e: int, x: torch.Tensor) -> torch.Tensor:
         from octavo.quantization.gguf import gguf_matmul
 
-        gate_up = gguf_matmul(x, *self._w13[e], self.hidden)
+        gate_up = gguf_matmul(x, *self._w13[e], self.hidden, self.isa)
         h = F.silu(gate_up[:, :self.inter]) * gate_up[:, self.inter:]
-        return gguf_matmul(h, *self._w2[e], self.inter)
+        return gguf_matmul(h, *self._w2[e], self.inter, self.isa)
+
+    def token_forward(self, x: torch.Tensor, experts: list[int],
+                      weights: list[float]) -> torch.Tensor | None:
+        """One token's ``experts`` weighted by ``weights`` and summed, in one C++ call where
+        the CPU kernels are built (None elsewhere: the caller loops over expert_forward)."""
+        from octavo.quantization.gguf import _kernels
+
+        ops = _kernels(x)
+        if ops is None or not hasattr(ops, "gguf_moe_token"):
+            return None
+        params = [t for e in experts for t in (*self._w13[e], *self._w2[e])]
+        return ops.gguf_moe_token(x.contiguous(), params, weights, self.hidden, self.inter,
+                                  self.isa)

@@ -21,6 +21,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_decoder_layers", &gguf_decoder_layers,
         "A decode step through Llama-style decoder layers with GGUF linear layers -> "
         "(x, residual) before the final norm");
+  m.def("gguf_moe_token", &gguf_moe_token,
+        "One token's GGUF-quantized experts, weighted by the router and summed");
   m.def("argmax_rows", &argmax_rows, "torch.argmax(logits, dim=-1) of float32 [rows, n] logits");
   m.def("quant_isas", &quant_isas, "Instruction sets of gguf_linear built here (1 scalar, "
         "2 AVX2, 3 AVX-512 VNNI)");

@@ -36,6 +36,12 @@ at::Tensor gguf_linear_dense(const at::Tensor& x, const at::Tensor& qweight,
                              int64_t in_features);
 std::vector<int64_t> quant_isas();
 
+// One token's GGUF experts, weighted and summed (moe.cpp): params are 6 per expert (gate/up
+// q, s, m; down q, s, m).
+at::Tensor gguf_moe_token(const at::Tensor& x, const std::vector<at::Tensor>& params,
+                          const std::vector<double>& weights, int64_t hidden, int64_t inter,
+                          int64_t isa);
+
 // torch.argmax(logits, dim=-1) for float32 [rows, n] logits (argmax.cpp): greedy sampling.
 at::Tensor argmax_rows(const at::Tensor& logits);
 
