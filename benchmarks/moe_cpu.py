@@ -97,9 +97,14 @@ def write_moe_gguf(path: str, shape: dict, seed: int = 0) -> None:
 
 
 def octavo_decode(path: str, prompt: int, tokens: int, repeat: int) -> dict:
+    import resource
+
     from octavo import LLM, SamplingParams
 
+    t0 = time.perf_counter()
     llm = LLM(model=path, device="cpu", skip_tokenizer_init=True, max_model_len=4096)
+    load_s = time.perf_counter() - t0
+    load_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rng = random.Random(0)
     ids = [rng.randrange(100, 40000) for _ in range(prompt)]
 
@@ -113,8 +118,8 @@ def octavo_decode(path: str, prompt: int, tokens: int, repeat: int) -> dict:
     timed(tokens)  # warm-up
     first = min(timed(1) for _ in range(repeat))
     whole = min(timed(tokens) for _ in range(repeat))
-    return {"prefill_s": first, "request_s": whole,
-            "decode_tok_s": (tokens - 1) / (whole - first)}
+    return {"load_s": load_s, "peak_rss_mib_after_load": load_rss, "prefill_s": first,
+            "request_s": whole, "decode_tok_s": (tokens - 1) / (whole - first)}
 
 
 def llama_decode(binary: str, path: str, tokens: int, threads: int, repeat: int) -> dict:
