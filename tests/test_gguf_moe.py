@@ -23,10 +23,12 @@ H, HEADS, KV, HD, E, TOPK, INTER, SHARED, VOCAB, LAYERS = 64, 4, 2, 32, 6, 2, 32
 
 
 def _write(path: str, arch: str, seed: int = 0, experts=None) -> None:
-    """``experts``: the stacked experts' GGML type (None: float32)."""
+    """``experts``: the stacked experts' GGML type (None: float32); arch "qwen3": the same
+    file with a dense MLP (FFN rows) instead of experts, every matrix in that type."""
     rng = np.random.default_rng(seed)
     # Qwen3 heads are wider than hidden / heads, as in the real models; Qwen2's cannot be.
-    HD = 32 if arch == "qwen3moe" else H // HEADS  # noqa: N806
+    HD = 32 if arch in ("qwen3moe", "qwen3") else H // HEADS  # noqa: N806
+    dense = arch == "qwen3"
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(LAYERS)
     w.add_context_length(512)
@@ -39,9 +41,10 @@ def _write(path: str, arch: str, seed: int = 0, experts=None) -> None:
     w.add_rope_freq_base(1000000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_vocab_size(VOCAB)
-    w.add_expert_count(E)
-    w.add_expert_used_count(TOPK)
-    w.add_expert_feed_forward_length(INTER)
+    if not dense:
+        w.add_expert_count(E)
+        w.add_expert_used_count(TOPK)
+        w.add_expert_feed_forward_length(INTER)
     if arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(SHARED)
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (VOCAB, H)}
@@ -49,11 +52,16 @@ def _write(path: str, arch: str, seed: int = 0, experts=None) -> None:
         b = f"blk.{n}."
         shapes.update({b + "attn_norm.weight": (H,), b + "attn_q.weight": (HEADS * HD, H),
                        b + "attn_k.weight": (KV * HD, H), b + "attn_v.weight": (KV * HD, H),
-                       b + "attn_output.weight": (H, HEADS * HD), b + "ffn_norm.weight": (H,),
-                       b + "ffn_gate_inp.weight": (E, H), b + "ffn_gate_exps.weight": (E, INTER, H),
-                       b + "ffn_up_exps.weight": (E, INTER, H),
-                       b + "ffn_down_exps.weight": (E, H, INTER)})
-        if arch == "qwen3moe":
+                       b + "attn_output.weight": (H, HEADS * HD), b + "ffn_norm.weight": (H,)})
+        if dense:
+            shapes.update({b + "ffn_gate.weight": (96, H), b + "ffn_up.weight": (96, H),
+                           b + "ffn_down.weight": (H, 96)})
+        else:
+            shapes.update({b + "ffn_gate_inp.weight": (E, H),
+                           b + "ffn_gate_exps.weight": (E, INTER, H),
+                           b + "ffn_up_exps.weight": (E, INTER, H),
+                           b + "ffn_down_exps.weight": (E, H, INTER)})
+        if arch in ("qwen3moe", "qwen3"):
             shapes.update({b + "attn_q_norm.weight": (HD,), b + "attn_k_norm.weight": (HD,)})
         else:
             shapes.update({b + "attn_q.bias": (HEADS * HD,), b + "attn_k.bias": (KV * HD,),
@@ -70,7 +78,8 @@ def _write(path: str, arch: str, seed: int = 0, experts=None) -> None:
         # The attention projections in Q8_0 (kept in their blocks on the CPU), the rest float.
         if name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")):
             w.add_tensor(name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
-        elif "_exps." in name and experts is not None:
+        elif ("_exps." in name or (dense and ".ffn_" in name and "norm" not in name)) \
+                and experts is not None:
             w.add_tensor(name, gguf.quants.quantize(data, experts), raw_dtype=experts)
         else:
             w.add_tensor(name, data)

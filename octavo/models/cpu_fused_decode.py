@@ -2,9 +2,12 @@
 
 At batch 1 a 30-layer model is ~360 small kernel calls a step, each behind a module call,
 a dispatch and tensor views: about 60 us of Python a layer, a fifth of the step on the 2-core
-machine. When every linear layer of every decoder layer is GGUF-quantized (no biases, no q/k
-norms, one rank), a decode-only step runs ``gguf_decoder_layers`` (kernels/cpu/decoder.cpp)
-instead: the same kernels in the same order, so the tokens are the same bit for bit.
+machine. When every linear layer of every decoder layer is GGUF-quantized (no biases, one
+rank; Qwen3's q/k norms and mixture-of-experts MLPs whose experts are GGUF too included), a
+decode-only step runs ``gguf_decoder_layers`` (kernels/cpu/decoder.cpp) instead: the same
+kernels in the same order, so the tokens are the same bit for bit at batch 1 (an MoE step of
+several tokens runs each token's experts on its own there, where the Python loop groups the
+tokens by expert: the same kernels, rows summed in another order).
 ``OCTAVO_CPU_FUSED_DECODE=0`` turns it off.
 """
 
@@ -33,20 +36,39 @@ class FusedGGUFDecode:
         self.isa = ISA_CODES[envs.cpu_quant_isa()]
         self.params: list[torch.Tensor] = []
         self.in_features: list[int] = []
+        # Per layer: bit 0 q/k norms (Qwen3), bit 1 a mixture of experts (decoder.cpp).
+        self.layer_kinds: list[int] = []
+        self.moe_shape: list[int] = []
+        linears = []
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.params.append(layer.input_layernorm.weight)
             for lin in (attn.qkv_proj, attn.o_proj):
                 self.params += [lin.qweight, lin.gguf_scales, lin.gguf_mins]
+            self.in_features += [attn.qkv_proj.quant_method.in_features,
+                                 attn.o_proj.quant_method.in_features]
+            kind = 0
+            if attn.q_norm is not None:
+                self.params += [attn.q_norm.weight, attn.k_norm.weight]
+                kind |= 1
             self.params.append(layer.post_attention_layernorm.weight)
-            for lin in (mlp.gate_up_proj, mlp.down_proj):
-                self.params += [lin.qweight, lin.gguf_scales, lin.gguf_mins]
-            self.in_features += [lin.quant_method.in_features for lin in (
-                attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            if hasattr(mlp, "gate_up_proj"):
+                for lin in (mlp.gate_up_proj, mlp.down_proj):
+                    self.params += [lin.qweight, lin.gguf_scales, lin.gguf_mins]
+                    self.in_features.append(lin.quant_method.in_features)
+                linears += [mlp.gate_up_proj, mlp.down_proj]
+            else:  # FusedMoE with GGUF experts
+                kind |= 2
+                self.moe_shape = [mlp.num_experts, mlp.top_k, int(mlp.renormalize),
+                                  mlp.experts.inter]
+                self.params.append(mlp.gate.weight)
+                for e in range(mlp.num_experts):
+                    self.params += [*mlp.experts._w13[e], *mlp.experts._w2[e]]
+            linears += [attn.qkv_proj, attn.o_proj]
+            self.layer_kinds.append(kind)
         # The kernel picks one path per step for every layer: the integer one at every row
         # count only when every weight is interleaved.
-        self.dense_min_rows = min(dense_min_rows(q, self.isa) for q in self.params[1::14] +
-                                  self.params[4::14] + self.params[8::14] + self.params[11::14])
+        self.dense_min_rows = min(dense_min_rows(lin.qweight, self.isa) for lin in linears)
 
     def applies(self, x: torch.Tensor, ctx: ForwardContext) -> bool:
         meta = ctx.attn_metadata
@@ -63,8 +85,22 @@ class FusedGGUFDecode:
             x, positions, self.params, self.in_features, ctx.kv_caches,
             meta.slot_mapping[:n], meta.block_tables[:n], meta.seq_lens[:n],
             self.cos_sin_cache, self.num_heads, self.num_kv_heads, self.head_dim, self.scale,
-            self.eps, self.isa, self.dense_min_rows)
+            self.eps, self.isa, self.dense_min_rows, self.layer_kinds, self.moe_shape)
         return x, residual
+
+
+def _mlp_qualifies(mlp, x: torch.Tensor) -> bool:
+    from octavo.layers.fused_moe import FusedMoE
+    from octavo.quantization.gguf import GGUFLinearMethod
+    from octavo.quantization.gguf_experts import GGUFExperts
+
+    if isinstance(mlp, FusedMoE):  # GGUF experts, no shared expert, one rank
+        return (isinstance(mlp.experts, GGUFExperts) and mlp.shared_expert is None
+                and mlp.tp.size == 1 and mlp.gate.weight.dtype == x.dtype)
+    if not hasattr(mlp, "gate_up_proj"):
+        return False
+    return all(isinstance(lin.quant_method, GGUFLinearMethod) and lin.bias is None
+               and lin.tp.size == 1 for lin in (mlp.gate_up_proj, mlp.down_proj))
 
 
 def build(layers: nn.ModuleList, x: torch.Tensor) -> FusedGGUFDecode | None:
@@ -79,17 +115,21 @@ def build(layers: nn.ModuleList, x: torch.Tensor) -> FusedGGUFDecode | None:
     ops = cpu_kernels.ops_for(x)
     if ops is None or not hasattr(ops, "gguf_decoder_layers"):
         return None
+    eps = getattr(getattr(layers[0], "input_layernorm", None), "eps", None)
     for layer in layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if (attn is None or not hasattr(mlp, "gate_up_proj")
-                or getattr(attn, "q_norm", None) is not None):
+        if attn is None or not _mlp_qualifies(mlp, x):
+            return None
+        if attn.q_norm is not None and not (
+                attn.q_norm.eps == attn.k_norm.eps == eps
+                and attn.q_norm.weight.dtype == x.dtype):
             return None
         if type(getattr(attn, "rotary_emb", None)) is not RotaryEmbedding or \
                 attn.rotary_emb.cos_sin_cache.dtype != torch.float32:
             return None
         if not isinstance(attn.attn.impl, TorchAttentionImpl):
             return None
-        for lin in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        for lin in (attn.qkv_proj, attn.o_proj):
             if (not isinstance(lin.quant_method, GGUFLinearMethod) or lin.bias is not None
                     or lin.tp.size > 1):
                 return None

@@ -52,7 +52,8 @@ std::vector<at::Tensor> gguf_decoder_layers(
     const std::vector<int64_t>& in_features, std::vector<at::Tensor> kv_caches,
     const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
     const at::Tensor& cos_sin_cache, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-    double scale, double eps, int64_t isa, int64_t dense_min_rows);
+    double scale, double eps, int64_t isa, int64_t dense_min_rows,
+    const std::vector<int64_t>& layer_kinds, const std::vector<int64_t>& moe_shape);
 
 void check_kv_cache(const at::Tensor& kv_cache);
 void check_new_kv(const at::Tensor& x, const at::Tensor& kv_cache, int64_t tokens,
