@@ -193,3 +193,30 @@ def test_one_token_call_equals_the_expert_loop(tmp_path):
         loop = _experts_loop(x.repeat(2, 1), weights.repeat(2, 1), ids.repeat(2, 1),
                              layer.num_experts, layer.experts.expert_forward)[:1]
         torch.testing.assert_close(one, loop, atol=1e-5, rtol=1e-5)
+
+
+def test_the_benchmark_file_writer(tmp_path):
+    """benchmarks/moe_cpu.py's qwen3moe writer at a tiny shape: the file parses with the
+    metadata it claims and generates (its tokenizer is SmolLM2's, read from the file)."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from benchmarks.moe_cpu import write_moe_gguf
+
+    try:
+        from octavo.default_model import default_model_path
+
+        default_model_path()
+    except ValueError as e:
+        pytest.skip(str(e))
+    shape = dict(hidden=64, layers=1, heads=2, kv_heads=1, head_dim=32, experts=4, top_k=2,
+                 expert_inter=32)
+    path = str(tmp_path / "bench.gguf")
+    write_moe_gguf(path, shape)
+    cfg = GGUFCheckpoint(path).hf_config
+    assert (cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
+            cfg["vocab_size"]) == (4, 2, 32, 49152)
+    llm = LLM(model=path, device="cpu", max_model_len=128)
+    out = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=3,
+                                                 ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
