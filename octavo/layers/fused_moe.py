@@ -7,9 +7,11 @@ The experts' weights are stacked, ``w13`` [E, 2 I, H] (gate rows, then up rows) 
 ``octavo.kernels.fused_moe``, whose buffers depend only on the batch size, so decode steps
 are captured in CUDA graphs. Elsewhere (the CPU; CUDA until that kernel has run on a GPU) a
 loop over the experts that received tokens, which reads the per-expert counts on the host, so
-such steps run eagerly. Under tensor parallelism each rank holds
-a slice of every expert's intermediate features (the gate/up rows column-parallel, the down
-columns row-parallel) and the partial outputs are all-reduced once, after the sum over experts.
+such steps run eagerly. Under tensor parallelism each rank holds a slice of every expert's
+intermediate features (the gate/up rows column-parallel, the down columns row-parallel) and
+the partial outputs are all-reduced once, after the sum over experts. A quantization scheme
+may hold the experts itself (``make_experts``: GGUF blocks on the CPU, with a one-call path
+for a single token, ``token_forward``).
 
 Checkpoints store one tensor per expert and projection (``experts.3.gate_proj.weight``);
 :func:`map_expert_name` tells the generic loader where each goes, and the layer's
@@ -48,7 +50,8 @@ def map_expert_name(name: str, projections: dict[str, str] = GATE_UP_DOWN
 
 
 def _unquantized_only(quant_config: QuantizationConfig | None, prefix: str) -> None:
-    # A GGUF file's experts are dequantized at load (the other layers keep their blocks).
+    # A GGUF file's experts keep their blocks where the scheme can (make_experts), else they
+    # are dequantized at load.
     if quant_config is None or quant_config.name in ("unquantized", "gguf"):
         return
     from octavo.quantization.module_match import is_ignored
