@@ -176,13 +176,10 @@ def _model_config(args: EngineArgs, device_type: str) -> ModelConfig:
             "file (Octavo does not download from a model hub)")
     chat_template = None
     if is_gguf:
-        from transformers import AutoConfig
-
-        from octavo.model_loader.gguf_file import open_gguf
+        from octavo.model_loader.gguf_file import GGUFModelConfig, open_gguf
 
         ckpt = open_gguf(path)
-        cfg_dict = dict(ckpt.hf_config)
-        hf_config = AutoConfig.for_model(cfg_dict.pop("model_type"), **cfg_dict)
+        hf_config = GGUFModelConfig(ckpt.hf_config)
         eos = list(ckpt.eos_token_ids)
         chat_template = ckpt.chat_template
     else:

@@ -12,6 +12,7 @@ import functools
 import os
 import re
 from collections.abc import Container, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -109,6 +110,20 @@ def unpermute_rope_rows(t: torch.Tensor, n_head: int) -> torch.Tensor:
     half = rows // n_head // 2
     rest = tuple(t.shape[1:])
     return t.reshape(n_head, half, 2, *rest).transpose(1, 2).reshape(t.shape).contiguous()
+
+
+class GGUFModelConfig(SimpleNamespace):
+    """A GGUF file's model config: the fields :meth:`GGUFCheckpoint._build_hf_config` reads
+    from the metadata as attributes (a missing one is an AttributeError, so ``getattr``
+    defaults apply). Not a transformers config: ``AutoConfig.for_model`` imports the family's
+    config module, which pulls ``torch.distributed.tensor``: ~0.7-1 s of the default model's
+    start-up for fields the metadata already spells out."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        super().__init__(**fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
 
 
 class GGUFCheckpoint:
