@@ -450,3 +450,19 @@ def test_synthetic_quantized_matches_dequantized(synthetic):
         for tok, lp in b.items():
             # random weights: logits in the hundreds, so relative
             assert a[tok].logprob == pytest.approx(lp.logprob, rel=3e-4, abs=1e-3)
+
+
+def test_the_default_model_starts_without_a_transformers_config_module():
+    """A GGUF model's config is a namespace of its metadata (GGUFModelConfig): building the
+    engine imports no transformers model config module (AutoConfig.for_model's pulled
+    torch.distributed.tensor, ~0.7-1 s of the main job's start-up)."""
+    import subprocess
+    import sys
+
+    _smollm2_path()
+    code = ("import sys\nfrom octavo import LLM\nLLM(max_model_len=128)\n"
+            "print(sorted(m for m in sys.modules if m in ("
+            "'transformers.models.llama.configuration_llama', 'torch.distributed.tensor')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
