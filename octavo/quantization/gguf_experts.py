@@ -20,6 +20,9 @@ from octavo.quantization import gguf_blocks
 
 
 class GGUFExperts(nn.Module):
+    """A layer's experts in their GGUF blocks: ``expert_forward`` (one expert's rows, the
+    grouped loop) and ``token_forward`` (one token's experts in one C++ call)."""
+
     def __init__(self, num_experts: int, hidden: int, inter: int, fmt13: str, fmt2: str,
                  interleave: bool) -> None:
         super().__init__()
