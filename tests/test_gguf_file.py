@@ -466,3 +466,15 @@ def test_the_default_model_starts_without_a_transformers_config_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_the_gguf_config_crosses_processes(smollm2):
+    """Worker processes (the mp executor, tensor parallelism) receive the config pickled."""
+    import pickle
+
+    from octavo.model_loader.gguf_file import GGUFModelConfig
+
+    cfg = GGUFModelConfig(**smollm2.hf_config)
+    back = pickle.loads(pickle.dumps(cfg))
+    assert back == cfg and back.to_dict() == smollm2.hf_config
+    assert back.hidden_size == 576 and getattr(back, "sliding_window", None) is None

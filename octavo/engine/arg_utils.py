@@ -179,7 +179,7 @@ def _model_config(args: EngineArgs, device_type: str) -> ModelConfig:
         from octavo.model_loader.gguf_file import GGUFModelConfig, open_gguf
 
         ckpt = open_gguf(path)
-        hf_config = GGUFModelConfig(ckpt.hf_config)
+        hf_config = GGUFModelConfig(**ckpt.hf_config)
         eos = list(ckpt.eos_token_ids)
         chat_template = ckpt.chat_template
     else:

@@ -117,10 +117,8 @@ class GGUFModelConfig(SimpleNamespace):
     from the metadata as attributes (a missing one is an AttributeError, so ``getattr``
     defaults apply). Not a transformers config: ``AutoConfig.for_model`` imports the family's
     config module, which pulls ``torch.distributed.tensor``: ~0.7-1 s of the default model's
-    start-up for fields the metadata already spells out."""
-
-    def __init__(self, fields: dict[str, Any]) -> None:
-        super().__init__(**fields)
+    start-up for fields the metadata already spells out. Built as ``GGUFModelConfig(**fields)``
+    (no __init__ of its own: worker processes unpickle it through SimpleNamespace's)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
