@@ -30,6 +30,7 @@ from octavo import envs
 from octavo.distributed.parallel_state import get_tp_group
 from octavo.layers.linear import ReplicatedLinear
 from octavo.quantization.base import QuantizationConfig
+from octavo.quantization.param_layout import expert_shard, set_expert_shards
 
 _EXPERT_NAME = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
 GATE_UP_DOWN = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}  # Qwen-MoE's names
@@ -149,18 +150,10 @@ class _Experts(nn.Module):
                             ("w2_weight", (num_experts, hidden, inter))):
             param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
             param.weight_loader = self.weight_loader
-            # What the generic loader must have seen for this parameter to be complete.
-            param.expected_shards = [(e, w) for e in range(num_experts)
-                                     for w in (("w1", "w3") if name == "w13_weight" else ("w2",))]
-            self.register_parameter(name, param)
+            self.register_parameter(name, set_expert_shards(param, name, num_experts))
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        if not (isinstance(shard_id, tuple) and len(shard_id) == 2):
-            raise ValueError(f"an expert tensor needs a shard id (expert, 'w1' | 'w3' | 'w2'), "
-                             f"got {shard_id!r}")
-        expert, which = shard_id
-        if not 0 <= expert < param.shape[0]:
-            raise ValueError(f"expert {expert} out of range (the model has {param.shape[0]})")
+        expert, which = expert_shard(shard_id, self.num_experts)
         inter, rank = self.inter, self.tp.rank
         if which in ("w1", "w3"):  # [I, H]: this rank's intermediate rows
             target = param.data[expert].narrow(0, 0 if which == "w1" else inter, inter)

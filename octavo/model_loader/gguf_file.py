@@ -227,10 +227,8 @@ class GGUFCheckpoint:
 
         moe = self.arch in _MOE_NORM_DEFAULT
         ffn = self._arch_meta("feed_forward_length")
-        if ffn is None and moe:  # every layer has experts: the dense size is unused
-            ffn = self._require("expert_feed_forward_length")
-        elif ffn is None:
-            ffn = self._require("feed_forward_length")
+        if ffn is None:  # with experts in every layer the dense size is unused
+            ffn = self._require("expert_feed_forward_length" if moe else "feed_forward_length")
         cfg: dict[str, Any] = {
             "architectures": [hf_arch],
             "model_type": model_type,
@@ -275,8 +273,8 @@ class GGUFCheckpoint:
             "decoder_sparse_step": 1,
             "mlp_only_layers": [],
         }
-        shared = self._arch_meta("expert_shared_feed_forward_length")
         if self.arch == "qwen2moe":
+            shared = self._arch_meta("expert_shared_feed_forward_length")
             cfg["shared_expert_intermediate_size"] = int(shared or 0)
         return cfg
 

@@ -89,18 +89,22 @@ class FusedGGUFDecode:
         return x, residual
 
 
+def _gguf_linears(*linears) -> bool:
+    """Every one GGUF-quantized, without a bias, on one rank."""
+    from octavo.quantization.gguf import GGUFLinearMethod
+
+    return all(isinstance(lin.quant_method, GGUFLinearMethod) and lin.bias is None
+               and lin.tp.size == 1 for lin in linears)
+
+
 def _mlp_qualifies(mlp, x: torch.Tensor) -> bool:
     from octavo.layers.fused_moe import FusedMoE
-    from octavo.quantization.gguf import GGUFLinearMethod
     from octavo.quantization.gguf_experts import GGUFExperts
 
     if isinstance(mlp, FusedMoE):  # GGUF experts, no shared expert, one rank
         return (isinstance(mlp.experts, GGUFExperts) and mlp.shared_expert is None
                 and mlp.tp.size == 1 and mlp.gate.weight.dtype == x.dtype)
-    if not hasattr(mlp, "gate_up_proj"):
-        return False
-    return all(isinstance(lin.quant_method, GGUFLinearMethod) and lin.bias is None
-               and lin.tp.size == 1 for lin in (mlp.gate_up_proj, mlp.down_proj))
+    return hasattr(mlp, "gate_up_proj") and _gguf_linears(mlp.gate_up_proj, mlp.down_proj)
 
 
 def build(layers: nn.ModuleList, x: torch.Tensor) -> FusedGGUFDecode | None:
@@ -108,7 +112,6 @@ def build(layers: nn.ModuleList, x: torch.Tensor) -> FusedGGUFDecode | None:
     from octavo.attention.torch_backend import TorchAttentionImpl
     from octavo.kernels import cpu as cpu_kernels
     from octavo.layers.rotary import RotaryEmbedding
-    from octavo.quantization.gguf import GGUFLinearMethod
 
     if not envs.cpu_fused_decode() or x.device.type != "cpu" or len(layers) == 0:
         return None
@@ -129,8 +132,6 @@ def build(layers: nn.ModuleList, x: torch.Tensor) -> FusedGGUFDecode | None:
             return None
         if not isinstance(attn.attn.impl, TorchAttentionImpl):
             return None
-        for lin in (attn.qkv_proj, attn.o_proj):
-            if (not isinstance(lin.quant_method, GGUFLinearMethod) or lin.bias is not None
-                    or lin.tp.size > 1):
-                return None
+        if not _gguf_linears(attn.qkv_proj, attn.o_proj):
+            return None
     return FusedGGUFDecode(ops, layers)

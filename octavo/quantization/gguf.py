@@ -174,15 +174,15 @@ class GGUFConfig(QuantizationConfig):
         """The experts of the MoE layer at ``prefix`` ("model.layers.0.mlp.experts") kept in
         their blocks, where gate and up share a format with a layout and down has one; None
         (dequantized at load) otherwise."""
-        parts = {p: f"{prefix}.{{}}.{p}" for p in ("gate_proj", "up_proj", "down_proj")}
-        gate, up, down = self._formats(list(parts.values()))
+        parts = [f"{prefix}.{{}}.{p}" for p in ("gate_proj", "up_proj", "down_proj")]
+        gate, up, down = self._formats(parts)
         if gate is None or gate != up or down is None:
             self._tell(f"experts{gate}{up}{down}", "GGUF experts of types %s / %s / %s are "
                        "dequantized at load (e.g. %s)", gate, up, down, prefix)
             return None
         from octavo.quantization.gguf_experts import GGUFExperts
 
-        self.kept.update(f"{name}.weight" for name in parts.values())
+        self.kept.update(f"{name}.weight" for name in parts)
         return GGUFExperts(num_experts, hidden, inter, gate, down, interleave_weights())
 
     def keep_embeddings_quantized(self, model: nn.Module) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 
 from octavo import envs
 from octavo.quantization import gguf_blocks
+from octavo.quantization.param_layout import expert_shard, set_expert_shards
 
 
 class GGUFExperts(nn.Module):
@@ -41,17 +42,13 @@ class GGUFExperts(nn.Module):
         for name in ("w13_weight", "w2_weight"):
             param = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
             param.weight_loader = self.weight_loader
-            param.expected_shards = [(e, w) for e in range(num_experts)
-                                     for w in (("w1", "w3") if name == "w13_weight" else ("w2",))]
-            self.register_parameter(name, param)
+            self.register_parameter(name, set_expert_shards(param, name, num_experts))
         self._w13: list[tuple[torch.Tensor, ...] | None] = [None] * num_experts
         self._w2: list[tuple[torch.Tensor, ...] | None] = [None] * num_experts
         self._half: dict[tuple[int, str], torch.Tensor] = {}  # a gate or up awaiting the other
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        expert, which = shard_id
-        if not 0 <= expert < self.num_experts:
-            raise ValueError(f"expert {expert} out of range (the model has {self.num_experts})")
+        expert, which = expert_shard(shard_id, self.num_experts)
         rows, cols = self._rows2 if which == "w2" else self._rows13
         want = (rows if which == "w2" else rows // 2, cols)
         if loaded.dtype != torch.uint8 or tuple(loaded.shape) != want:

@@ -50,3 +50,26 @@ def param_layout(param: torch.Tensor) -> ParamLayout:
     """The layout attached by ``set_param_layout`` (all None for a plain parameter)."""
     return ParamLayout(getattr(param, "input_dim", None), getattr(param, "output_dim", None),
                        getattr(param, "packed_dim", None), getattr(param, "pack_factor", 1))
+
+
+# The parts of a stacked experts parameter: [E, 2I, H] holds gate ("w1") and up ("w3") rows,
+# [E, H, I] the down projection ("w2").
+_EXPERT_PARTS = {"w13_weight": ("w1", "w3"), "w2_weight": ("w2",)}
+
+
+def set_expert_shards(param: torch.Tensor, name: str, num_experts: int) -> torch.Tensor:
+    """Mark ``param`` (``w13_weight`` or ``w2_weight`` of a mixture-of-experts layer) with the
+    shard ids ``(expert, part)`` the generic loader must have seen for it to be complete."""
+    param.expected_shards = [(e, w) for e in range(num_experts) for w in _EXPERT_PARTS[name]]
+    return param
+
+
+def expert_shard(shard_id, num_experts: int) -> tuple[int, str]:
+    """``shard_id`` checked as an expert's part: (expert in [0, num_experts), part)."""
+    if not (isinstance(shard_id, tuple) and len(shard_id) == 2):
+        raise ValueError(f"an expert tensor needs a shard id (expert, 'w1' | 'w3' | 'w2'), "
+                         f"got {shard_id!r}")
+    expert, which = shard_id
+    if not 0 <= expert < num_experts:
+        raise ValueError(f"expert {expert} out of range (the model has {num_experts})")
+    return expert, which
