@@ -1,6 +1,7 @@
 """Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, Mixtral) beyond greedy equality (test_correctness.py
 runs them with every other family): logprobs against transformers', the layer against a
-hand-written reference, the stacked-expert loader's errors, and quantization refused by name."""
+hand-written reference, and the stacked-expert loader's errors (quantized experts:
+tests/quantization/test_quantized_moe.py)."""
 
 from __future__ import annotations
 
@@ -141,13 +142,6 @@ def test_an_expert_beyond_the_config_is_named(tmp_path):
     save_file(state, os.path.join(dst, "model.safetensors"))
     with pytest.raises(ValueError, match=r"experts\.8\.gate_proj.*expert 8 out of range"):
         LLM(model=dst, dtype="float32", skip_tokenizer_init=True)
-
-
-def test_quantized_experts_are_refused_by_name(tmp_path):
-    path = make_checkpoint("qwen3_moe", str(tmp_path / "m"))
-    with pytest.raises(ValueError, match=r"layer 'model\.layers\.0\.mlp\.experts'.*"
-                                         r"quantization='bitsandbytes'"):
-        LLM(model=path, dtype="float32", skip_tokenizer_init=True, quantization="bitsandbytes")
 
 
 def test_routing_spreads_over_experts(moe_checkpoint):

@@ -11,11 +11,13 @@ such steps run eagerly. Under tensor parallelism each rank holds a slice of ever
 intermediate features (the gate/up rows column-parallel, the down columns row-parallel) and
 the partial outputs are all-reduced once, after the sum over experts. A quantization scheme
 may hold the experts itself (``make_experts``: GGUF blocks on the CPU, with a one-call path
-for a single token, ``token_forward``).
+for a single token, ``token_forward``); any other quantization holds each expert as a quantized
+MLP of its linear methods (``quantized_experts``), run by the loop.
 
 Checkpoints store one tensor per expert and projection (``experts.3.gate_proj.weight``);
-:func:`map_expert_name` tells the generic loader where each goes, and the layer's
-``weight_loader`` places it at ``shard_id = (expert, "w1" | "w3" | "w2")``.
+for stacked experts :func:`map_expert_name` tells the generic loader where each goes, and the
+layer's ``weight_loader`` places it at ``shard_id = (expert, "w1" | "w3" | "w2")``; quantized
+experts' tensors (``experts.3.gate_proj.qweight``) reach their own linear layers by name.
 """
 
 from __future__ import annotations
@@ -50,17 +52,16 @@ def map_expert_name(name: str, projections: dict[str, str] = GATE_UP_DOWN
     return f"{name[:m.start()]}.experts.{param}", (int(m.group(1)), which)
 
 
-def _unquantized_only(quant_config: QuantizationConfig | None, prefix: str) -> None:
-    # A GGUF file's experts keep their blocks where the scheme can (make_experts), else they
-    # are dequantized at load.
+def quantizes_experts(quant_config: QuantizationConfig | None, prefix: str) -> bool:
+    """Whether the experts at ``prefix`` ("model.layers.0.mlp.experts") are held per expert
+    by the scheme's linear methods (``QuantizedExperts``): any scheme but none / unquantized /
+    GGUF (whose experts keep their blocks through ``make_experts``, or are dequantized at
+    load), unless the checkpoint leaves the experts out (its ignore list)."""
     if quant_config is None or quant_config.name in ("unquantized", "gguf"):
-        return
+        return False
     from octavo.quantization.module_match import is_ignored
 
-    if is_ignored(prefix, getattr(quant_config, "ignore", ()), {}):
-        return
-    raise ValueError(f"layer {prefix!r}: mixture-of-experts layers are not supported with "
-                     f"quantization={quant_config.name!r} (only unquantized experts)")
+    return not is_ignored(prefix, getattr(quant_config, "ignore", ()), {})
 
 
 class FusedMoE(nn.Module):
@@ -73,7 +74,6 @@ class FusedMoE(nn.Module):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"{prefix}: top_k={top_k} must be in [1, num_experts="
                              f"{num_experts}]")
-        _unquantized_only(quant_config, f"{prefix}.experts")
         self.tp = get_tp_group()
         if intermediate_size % self.tp.size:
             raise ValueError(f"{prefix}: expert intermediate size {intermediate_size} is not "
@@ -85,16 +85,28 @@ class FusedMoE(nn.Module):
         inter = intermediate_size // self.tp.size
         self.intermediate_per_partition = inter
         self.gate = ReplicatedLinear(hidden_size, num_experts, prefix=f"{prefix}.gate")
-        # A scheme may hold the experts its own way (GGUF blocks on the CPU: make_experts).
+        # A scheme may hold the experts its own way (GGUF blocks on the CPU: make_experts),
+        # or each expert as a quantized MLP of its linear methods; else they are stacked.
         make = getattr(quant_config, "make_experts", None)
         kept = None if make is None or self.tp.size > 1 else make(
             f"{prefix}.experts", num_experts, hidden_size, inter)
+        if kept is None and quantizes_experts(quant_config, f"{prefix}.experts"):
+            from octavo.layers.quantized_experts import QuantizedExperts
+
+            kept = QuantizedExperts(num_experts, hidden_size, intermediate_size, quant_config,
+                                    f"{prefix}.experts")
         self.experts = kept if kept is not None else _Experts(num_experts, hidden_size, inter,
                                                               self.tp)
         # Qwen2-MoE's shared expert, added to every token's output, scaled by
         # sigmoid(shared_expert_gate(x)) (set by the model; its MLP does its own all-reduce).
         self.shared_expert: nn.Module | None = None
         self.shared_expert_gate: nn.Module | None = None
+
+    @property
+    def stacked_experts(self) -> bool:
+        """Whether the experts are the stacked float weights (``w13_weight`` / ``w2_weight``)
+        that the fused kernel runs."""
+        return isinstance(self.experts, _Experts)
 
     def add_shared_expert(self, mlp: nn.Module, hidden_size: int) -> None:
         self.shared_expert = mlp
@@ -127,7 +139,7 @@ class FusedMoE(nn.Module):
             y = token(x, ids[0].tolist(), weights[0].tolist())
             if y is not None:
                 return self.tp.all_reduce(y)
-        if x.is_cuda and envs.fused_moe() and isinstance(self.experts, _Experts):
+        if x.is_cuda and envs.fused_moe() and self.stacked_experts:
             from octavo.kernels import fused_moe as kernel
 
             w13, w2 = self.experts.w13_weight, self.experts.w2_weight

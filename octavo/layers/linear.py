@@ -190,9 +190,19 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Input features split across ranks; partial outputs summed with an all-reduce."""
+    """Input features split across ranks; partial outputs summed with an all-reduce.
+    ``reduce_results=False`` returns this rank's partial sum instead, for a caller that adds
+    several such layers up before one all-reduce of its own (a mixture of experts)."""
 
     split = ROW
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "",
+                 reduce_results: bool = True) -> None:
+        if bias and not reduce_results:  # each rank would add it, the caller's sum n times
+            raise ValueError(f"{prefix}: a bias needs reduce_results=True")
+        self.reduce_results = reduce_results
+        super().__init__(input_size, output_size, bias, quant_config, prefix)
 
     @property
     def input_size_per_partition(self) -> int:
@@ -211,6 +221,8 @@ class RowParallelLinear(LinearBase):
         return None if y is None else self._reduce(y)
 
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
+        if not self.reduce_results:
+            return y
         y = self.tp.all_reduce(y)
         if self.bias is not None:  # added once, after the reduction
             y = y + self.bias

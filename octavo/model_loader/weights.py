@@ -59,7 +59,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
     model's ``packed_modules_mapping``; errors name what is missing or unexpected."""
     params = dict(model.named_parameters(remove_duplicate=False))
     packed = getattr(model, "packed_modules_mapping", {})
-    # name -> (parameter name, shard id) or None: a model's own mapping (stacked experts)
+    # name -> (parameter name, shard id) or None: a model's own mapping (stacked experts);
+    # (new name, None) is a rename, which the packed mapping then places like any name.
     map_name = getattr(model, "map_checkpoint_name", None)
     tied = getattr(model, "tie_word_embeddings", False)
     loaded: set[str] = set()
@@ -71,12 +72,14 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
         shard_id = None
         target = name
         mapped = None if map_name is None else map_name(name)
+        if mapped is not None and mapped[1] is None:
+            target, mapped = mapped[0], None
         if mapped is not None:
             target, shard_id = mapped
         else:
             for frag, (param_frag, sid) in packed.items():
-                if f".{frag}." in name:
-                    target, shard_id = name.replace(f".{frag}.", f".{param_frag}."), sid
+                if f".{frag}." in target:
+                    target, shard_id = target.replace(f".{frag}.", f".{param_frag}."), sid
                     break
         param = params.get(target)
         if param is None:

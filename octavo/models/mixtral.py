@@ -3,14 +3,18 @@ router's softmax, renormalised; experts ``w1`` gate, ``w3`` up, ``w2`` down) as 
 
 from __future__ import annotations
 
+import re
+
 from torch import nn
 
-from octavo.layers.fused_moe import FusedMoE, map_expert_name
+from octavo.layers.fused_moe import FusedMoE
 from octavo.models.llama import LlamaForCausalLM
 from octavo.models.moe import MoEModel
 from octavo.quantization.base import QuantizationConfig
 
-_PROJECTIONS = {"w1": "w1", "w3": "w3", "w2": "w2"}
+# Mixtral's expert projections under Qwen-MoE's names (those of our layers and mappings).
+_EXPERT_PROJ = re.compile(r"\.experts\.(\d+)\.(w[123])\.")
+_QWEN_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
 class MixtralForCausalLM(MoEModel, LlamaForCausalLM):
@@ -21,9 +25,13 @@ class MixtralForCausalLM(MoEModel, LlamaForCausalLM):
                         config.hidden_size, config.intermediate_size, True, quant_config,
                         prefix=prefix)
 
-    @staticmethod
-    def map_checkpoint_name(name: str):
-        """``block_sparse_moe`` is the ``mlp`` here; its experts as Qwen-MoE's."""
+    def map_checkpoint_name(self, name: str):
+        """``block_sparse_moe`` is the ``mlp`` here and ``experts.3.w1`` is
+        ``experts.3.gate_proj``; then as Qwen-MoE's (a rename otherwise)."""
+        if ".block_sparse_moe." not in name:
+            return None
         name = name.replace(".block_sparse_moe.", ".mlp.")
-        mapped = map_expert_name(name, _PROJECTIONS)
-        return mapped if mapped is not None else (name, None) if ".mlp." in name else None
+        name = _EXPERT_PROJ.sub(lambda m: f".experts.{m.group(1)}.{_QWEN_NAMES[m.group(2)]}.",
+                                name)
+        mapped = super().map_checkpoint_name(name)
+        return mapped if mapped is not None else (name, None)

@@ -4,7 +4,7 @@ checkpoint names, and when a decode step may be captured in a CUDA graph."""
 from __future__ import annotations
 
 from octavo import envs
-from octavo.layers.fused_moe import map_expert_name
+from octavo.layers.fused_moe import FusedMoE, map_expert_name
 
 
 def is_sparse_layer(config, layer_idx: int) -> bool:
@@ -20,9 +20,26 @@ class MoEModel:
 
     @property
     def cuda_graph_safe(self) -> bool:
-        """Only with the fused kernel: the expert loop reads counts on the host."""
-        return envs.fused_moe()
+        """Only with the fused kernel, which runs only stacked float experts: the expert loop
+        (quantized experts, or the flag off) reads counts on the host."""
+        return envs.fused_moe() and all(m.stacked_experts for m in self.modules()
+                                        if isinstance(m, FusedMoE))
 
-    @staticmethod
-    def map_checkpoint_name(name: str):
-        return map_expert_name(name)
+    def map_checkpoint_name(self, name: str):
+        """A per-expert tensor's place in a layer's stacked experts (float, or GGUF's
+        stand-ins); None where the layer holds no such parameter (quantized experts: each
+        expert's own linear layers, reached through ``packed_modules_mapping``)."""
+        mapped = map_expert_name(name)
+        if mapped is None or mapped[0] not in self._stacked_expert_params():
+            return None
+        return mapped
+
+    def _stacked_expert_params(self) -> set[str]:
+        """The names of the stacked experts' parameters (cached: the loader asks once per
+        checkpoint tensor)."""
+        found = self.__dict__.get("_stacked_params")
+        if found is None:
+            found = {n for n, _ in self.named_parameters()
+                     if n.endswith((".experts.w13_weight", ".experts.w2_weight"))}
+            self.__dict__["_stacked_params"] = found
+        return found
