@@ -33,6 +33,7 @@ from octavo.distributed.parallel_state import get_tp_group
 from octavo.layers.linear import ReplicatedLinear
 from octavo.quantization.base import QuantizationConfig
 from octavo.quantization.param_layout import expert_shard, set_expert_shards
+from octavo.quantization.unquantized import UnquantizedLinearMethod
 
 _EXPERT_NAME = re.compile(r"\.experts\.(\d+)\.(\w+)\.weight$")
 GATE_UP_DOWN = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}  # Qwen-MoE's names
@@ -84,7 +85,12 @@ class FusedMoE(nn.Module):
         self.prefix = prefix
         inter = intermediate_size // self.tp.size
         self.intermediate_per_partition = inter
-        self.gate = ReplicatedLinear(hidden_size, num_experts, prefix=f"{prefix}.gate")
+        # The router in full precision unless the scheme's checkpoint names it quantized.
+        self._router_config = quant_config if getattr(quant_config, "quantizes_routers",
+                                                      False) else None
+        self.gate = ReplicatedLinear(hidden_size, num_experts, quant_config=self._router_config,
+                                     prefix=f"{prefix}.gate")
+        self._float_router = isinstance(self.gate.quant_method, UnquantizedLinearMethod)
         # A scheme may hold the experts its own way (GGUF blocks on the CPU: make_experts),
         # or each expert as a quantized MLP of its linear methods; else they are stacked.
         make = getattr(quant_config, "make_experts", None)
@@ -111,6 +117,7 @@ class FusedMoE(nn.Module):
     def add_shared_expert(self, mlp: nn.Module, hidden_size: int) -> None:
         self.shared_expert = mlp
         self.shared_expert_gate = ReplicatedLinear(hidden_size, 1,
+                                                   quant_config=self._router_config,
                                                    prefix=f"{self.prefix}.shared_expert_gate")
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,7 +125,8 @@ class FusedMoE(nn.Module):
         float32, the top k, renormalised to sum to one where the model says so."""
         # F.linear, not the layer's call: on the CPU its oneDNN-packed path took 22 us for
         # a [64, 1024] router at one row against 6.
-        probs = torch.softmax(F.linear(x, self.gate.weight).float(), dim=-1)
+        logits = F.linear(x, self.gate.weight) if self._float_router else self.gate(x)
+        probs = torch.softmax(logits.float(), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -96,6 +96,11 @@ class QuantizationConfig:
     checkpoint_methods: ClassVar[tuple[str, ...]] = ()
     # The LM head keeps full precision unless a scheme's checkpoint says otherwise.
     quantize_lm_head: bool = False
+    # Whether a mixture of experts' routers (``mlp.gate``, ``shared_expert_gate``) are
+    # chosen a method like any layer; else they stay in full precision, as the tools leave
+    # them (GPTQModel never quantizes them, AutoAWQ lists "gate" among its modules not to
+    # convert, transformers' bitsandbytes finds no nn.Linear in them).
+    quantizes_routers: ClassVar[bool] = False
 
     def __init__(self, ignore: Iterable[str] = ()) -> None:
         self.ignore = tuple(ignore)

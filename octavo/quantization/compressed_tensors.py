@@ -53,6 +53,10 @@ def _check_unsupported(config: Mapping[str, Any]) -> None:
 
 class CompressedTensorsConfig(QuantizationConfig):
     name = "compressed-tensors"
+    # The targets and ignore list say exactly what the checkpoint holds: llm-compressor
+    # lists the routers it leaves in float (it does so by itself), so a router it quantized
+    # is one the config targets.
+    quantizes_routers = True
 
     def __init__(self, groups: Mapping[str, tuple[tuple[str, ...], Scheme]],
                  ignore=()) -> None:

@@ -28,7 +28,7 @@ from tests.quantization.test_compressed_tensors import _int_tensors
 from tests.test_moe import _reference
 from tests.tiny_models import make_checkpoint
 
-E, H, INTER = 6, 64, 32
+E, H, INTER = 8, 64, 32  # E: a packed router holds its zero points 8 a word
 
 
 class _Holder(nn.Module):
@@ -58,24 +58,30 @@ def _pack(scheme: str, w: torch.Tensor, seed: int) -> tuple[dict[str, torch.Tens
     return tensors, qz.dequantize()
 
 
-def _config(scheme: str):
+def _config(scheme: str, quantized_router: bool = False):
     if scheme == "gptq":
         return GPTQConfig(bits=4, group_size=16, desc_act=True, checkpoint_format="gptq_v2")
     if scheme == "awq":
         return AWQConfig(group_size=16)
+    # llm-compressor lists the routers it leaves in float (as it does by itself).
     return CompressedTensorsConfig.from_config({"config_groups": {"g": {
         "targets": ["Linear"], "format": "pack-quantized",
         "weights": {"num_bits": 4, "type": "int", "symmetric": False, "strategy": "group",
-                    "group_size": 16}}}})
+                    "group_size": 16}}}, "ignore": [] if quantized_router else ["mlp.gate"]})
 
 
-def _quantized_layer(scheme: str, top_k: int, renormalize: bool):
+def _quantized_layer(scheme: str, top_k: int, renormalize: bool,
+                     quantized_router: bool = False):
     """The layer loaded from packed expert tensors, and the dense weights they stand for."""
     torch.manual_seed(0)
-    layer = FusedMoE(E, top_k, H, INTER, renormalize, quant_config=_config(scheme), prefix="mlp")
+    layer = FusedMoE(E, top_k, H, INTER, renormalize,
+                     quant_config=_config(scheme, quantized_router), prefix="mlp")
     assert isinstance(layer.experts, QuantizedExperts) and not layer.stacked_experts
     gate_w = torch.randn(E, H)
     ckpt = {"mlp.gate.weight": gate_w}
+    if quantized_router:  # the checkpoint's router is packed too
+        tensors, gate_w = _pack(scheme, gate_w, seed=1)
+        ckpt = {f"mlp.gate.{k}": v for k, v in tensors.items()}
     w13, w2 = torch.empty(E, 2 * INTER, H), torch.empty(E, H, INTER)
     for e in range(E):
         for proj, shape in (("gate_proj", (INTER, H)), ("up_proj", (INTER, H)),
@@ -109,6 +115,17 @@ def test_layer_equals_a_dense_reference(scheme, top_k, renormalize, T):
     assert not hasattr(layer.gate, "qweight")  # the router stays float
     x = torch.randn(T, H)
     torch.testing.assert_close(layer(x), _reference(x, gate_w, w13, w2, top_k, renormalize),
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_a_router_the_checkpoint_quantized_loads():
+    """compressed-tensors: a router the config's targets cover (not ignored) is read as
+    quantized (GPTQ / AWQ / bitsandbytes tools never quantize routers: float for those)."""
+    layer, gate_w, w13, w2 = _quantized_layer("compressed-tensors", 2, True,
+                                              quantized_router=True)
+    assert hasattr(layer.gate, "dequantized_weight")
+    x = torch.randn(9, H)
+    torch.testing.assert_close(layer(x), _reference(x, gate_w, w13, w2, 2, True),
                                atol=1e-4, rtol=1e-4)
 
 
