@@ -284,3 +284,41 @@ def test_cuda_graphs_only_for_stacked_float_experts(tmp_path, monkeypatch):
     for path, safe in ((dense, True), (quant, False)):
         model = _llm(path).llm_engine.executor.worker.runner.model
         assert model.cuda_graph_safe is safe
+
+
+_STYLES = {  # Mixtral's expert names as the tools write them (the original: w1 / w3 / w2)
+    "gptqmodel": (".mlp.", {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}),
+    "llmcompressor": (".block_sparse_moe.", {"w1": "gate_proj", "w3": "up_proj",
+                                             "w2": "down_proj"}),
+}
+
+
+def _restyle(folder: str, dst: str, style: str) -> str:
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    block, projs = _STYLES[style]
+    shutil.copytree(folder, dst)
+    state = load_file(os.path.join(folder, "model.safetensors"))
+    out = {}
+    for name, t in state.items():
+        name = name.replace(".block_sparse_moe.", block)
+        name = re.sub(r"\.experts\.(\d+)\.(w[123])\.",
+                      lambda m: f".experts.{m.group(1)}.{projs[m.group(2)]}.", name)
+        out[name] = t
+    save_file(out, os.path.join(dst, "model.safetensors"))
+    return dst
+
+
+@pytest.mark.parametrize("style", list(_STYLES))
+def test_mixtral_expert_names_as_the_tools_write_them(tmp_path, style):
+    """GPTQModel 7.7 (over transformers 5) writes ``mlp.experts.3.gate_proj``, llm-compressor
+    0.14 ``block_sparse_moe.experts.3.gate_proj``; both, for quantized and for float experts,
+    load as the original ``block_sparse_moe.experts.3.w1`` names do."""
+    dense, quant = write_pair("mixtral", str(tmp_path), GPTQ)
+    expect = _greedy(_llm(quant))
+    assert expect == _greedy(_llm(dense))
+    for folder in (quant, dense):
+        restyled = _restyle(folder, f"{folder}-{style}", style)
+        assert _greedy(_llm(restyled)) == expect
