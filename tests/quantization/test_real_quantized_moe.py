@@ -1,0 +1,105 @@
+"""Format truth for quantized experts against the tools that make such checkpoints: tiny random
+Qwen3-MoE / Qwen2-MoE / Mixtral models whose experts (and attention, and Qwen2-MoE's shared
+expert) GPTQModel quantized to GPTQ or AWQ, or llm-compressor to compressed-tensors, load in
+Octavo with the method detected from the checkpoint and give the greedy tokens, and logprobs,
+that transformers gives loading the same checkpoint (float32, CPU). The fixtures and their
+references come from scripts/quant_fixtures/make_moe.py; this test needs only Octavo."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from octavo import LLM, SamplingParams
+from octavo.layers.fused_moe import FusedMoE
+from octavo.layers.quantized_experts import QuantizedExperts
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "moe")
+NAMES = sorted(n for n in os.listdir(FIXTURES)
+               if os.path.isfile(os.path.join(FIXTURES, n, "reference.json"))) \
+    if os.path.isdir(FIXTURES) else []
+# As test_real_gptq_awq: a step whose best two reference logprobs are closer than TIE may
+# break either way under float rounding; the exact comparison stops there.
+TIE = 1e-4
+LOGPROB_ATOL = 1e-4
+METHODS = {"gptq": "GPTQLinearMethod", "awq": "AWQLinearMethod",
+           "compressed-tensors": "CompressedTensorsIntMethod"}
+
+
+def _reference(name: str) -> dict:
+    with open(os.path.join(FIXTURES, name, "reference.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def loaded(request):
+    llm = LLM(model=os.path.join(FIXTURES, request.param), dtype="float32",
+              skip_tokenizer_init=True, max_model_len=64)
+    return request.param, _reference(request.param), llm
+
+
+def test_fixtures_present():
+    families = {_reference(n)["family"] for n in NAMES}
+    tools = {_reference(n)["tool"] for n in NAMES}
+    assert families == {"qwen3_moe", "qwen2_moe", "mixtral"}, NAMES
+    assert tools == {"gptqmodel", "llmcompressor"}, NAMES
+
+
+def test_experts_held_quantized(loaded):
+    """Every sparse layer's experts are quantized linears of the checkpoint's method, as many
+    as the reference found quantized in the checkpoint; the routers stay float."""
+    name, ref, llm = loaded
+    model = llm.llm_engine.executor.worker.runner.model
+    moes = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    assert moes and all(isinstance(m.experts, QuantizedExperts) for m in moes)
+    want = METHODS[ref["method"]]
+    for m in moes:
+        assert {type(x.quant_method).__name__ for x in m.experts.modules()
+                if hasattr(x, "quant_method")} == {want}
+        assert type(m.gate.quant_method).__name__ == "UnquantizedLinearMethod"
+    quantized = [x for x in model.modules() if type(getattr(x, "quant_method", None)).__name__
+                 == want]
+    # A merged layer holds two checkpoint modules (gate/up) or three (q/k/v).
+    parts = sum(len(x.output_partition_sizes) for x in quantized)
+    assert parts == ref["quantized_modules"], name
+
+
+def test_greedy_tokens_and_logprobs_match_transformers(loaded):
+    name, ref, llm = loaded
+    steps = len(ref["tokens"][0])
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in ref["prompts"]], params,
+                        use_tqdm=False)
+    compared = 0
+    for out, tokens, logprobs, margins in zip(outs, ref["tokens"], ref["logprobs"],
+                                              ref["margins"], strict=True):
+        got = list(out.outputs[0].token_ids)
+        got_lp = [step[t].logprob for step, t in zip(out.outputs[0].logprobs, got)]
+        n = next((i for i, m in enumerate(margins) if m < TIE), steps)
+        assert got[:n] == tokens[:n], f"{name}: prompt {out.prompt_token_ids}"
+        assert got_lp[:n] == pytest.approx(logprobs[:n], abs=LOGPROB_ATOL), name
+        compared += n
+    assert compared >= steps * len(ref["prompts"]) // 2, f"{name}: too many ties to compare"
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("qwen2_moe-gptq4")])
+def test_gpu_layout_through_the_interpreter(name, monkeypatch):
+    """The CUDA path forced on the CPU (each expert's linears repacked into the fused
+    kernel's layout, act order sorted at load, the kernel in Triton's interpreter): the
+    reference's first tokens."""
+    pytest.importorskip("triton")
+    from octavo.quantization import int_weight
+
+    ref = _reference(name)
+    monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
+    llm = LLM(model=os.path.join(FIXTURES, name), dtype="float32", skip_tokenizer_init=True,
+              max_model_len=64)
+    model = llm.llm_engine.executor.worker.runner.model
+    experts = next(m for m in model.modules() if isinstance(m, QuantizedExperts))
+    assert experts[0].down_proj.kernel_group is not None
+    assert getattr(experts[0].gate_up_proj, "act_perm", None) is not None
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": ref["prompts"][1]}], params, use_tqdm=False)
+    assert list(out[0].outputs[0].token_ids) == ref["tokens"][1][:3]
