@@ -24,6 +24,9 @@ NAMES = sorted(n for n in os.listdir(FIXTURES)
 # break either way under float rounding; the exact comparison stops there.
 TIE = 1e-4
 LOGPROB_ATOL = 1e-4
+# transformers 5.17 decompresses FP8 experts to bfloat16 whatever the dtype (recorded in the
+# reference as "reference_bfloat16"): its logprobs carry that rounding (observed 9e-3).
+BF16_REFERENCE_ATOL = 3e-2
 METHODS = {"gptq": "GPTQLinearMethod", "awq": "AWQLinearMethod",
            "compressed-tensors": "CompressedTensorsIntMethod"}
 
@@ -55,6 +58,8 @@ def test_experts_held_quantized(loaded):
     moes = [m for m in model.modules() if isinstance(m, FusedMoE)]
     assert moes and all(isinstance(m.experts, QuantizedExperts) for m in moes)
     want = METHODS[ref["method"]]
+    if ref["settings"].get("weights", {}).get("type") == "float":
+        want = "Fp8LinearMethod"
     for m in moes:
         assert {type(x.quant_method).__name__ for x in m.experts.modules()
                 if hasattr(x, "quant_method")} == {want}
@@ -72,14 +77,16 @@ def test_greedy_tokens_and_logprobs_match_transformers(loaded):
     params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in ref["prompts"]], params,
                         use_tqdm=False)
+    atol = BF16_REFERENCE_ATOL if ref.get("reference_bfloat16") else LOGPROB_ATOL
+    tie = max(TIE, atol)
     compared = 0
     for out, tokens, logprobs, margins in zip(outs, ref["tokens"], ref["logprobs"],
                                               ref["margins"], strict=True):
         got = list(out.outputs[0].token_ids)
         got_lp = [step[t].logprob for step, t in zip(out.outputs[0].logprobs, got)]
-        n = next((i for i, m in enumerate(margins) if m < TIE), steps)
+        n = next((i for i, m in enumerate(margins) if m < tie), steps)
         assert got[:n] == tokens[:n], f"{name}: prompt {out.prompt_token_ids}"
-        assert got_lp[:n] == pytest.approx(logprobs[:n], abs=LOGPROB_ATOL), name
+        assert got_lp[:n] == pytest.approx(logprobs[:n], abs=atol), name
         compared += n
     assert compared >= steps * len(ref["prompts"]) // 2, f"{name}: too many ties to compare"
 
