@@ -57,12 +57,10 @@ def quantizes_experts(quant_config: QuantizationConfig | None, prefix: str) -> b
     """Whether the experts at ``prefix`` ("model.layers.0.mlp.experts") are held per expert
     by the scheme's linear methods (``QuantizedExperts``): any scheme but none / unquantized /
     GGUF (whose experts keep their blocks through ``make_experts``, or are dequantized at
-    load), unless the checkpoint leaves the experts out (its ignore list)."""
+    load) that says it quantizes them (not where the checkpoint left them out)."""
     if quant_config is None or quant_config.name in ("unquantized", "gguf"):
         return False
-    from octavo.quantization.module_match import is_ignored
-
-    return not is_ignored(prefix, getattr(quant_config, "ignore", ()), {})
+    return quant_config.quantizes_experts(prefix)
 
 
 class FusedMoE(nn.Module):

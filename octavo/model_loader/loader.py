@@ -6,7 +6,12 @@ import torch
 from torch import nn
 
 from octavo.config import ModelConfig
-from octavo.model_loader.weights import fill_dummy_weights, iter_safetensors, load_weights
+from octavo.model_loader.weights import (
+    checkpoint_names,
+    fill_dummy_weights,
+    iter_safetensors,
+    load_weights,
+)
 from octavo.models.registry import get_model_class
 from octavo.quantization.resolve import build_quant_config
 
@@ -21,6 +26,9 @@ def load_model(model_config: ModelConfig, device: torch.device, backend,
     quant_config = build_quant_config(quantization, model_config.hf_config,
                                       None if model_config.is_gguf else model_config.model)
     quant_config.packed_modules_mapping = getattr(cls, "packed_modules_mapping", {})
+    quant_config.bind_checkpoint_names(
+        None if model_config.is_gguf or model_config.load_format == "dummy"
+        else checkpoint_names(model_config.model))
     gguf_quantized = model_config.is_gguf and quant_config.name == "gguf"
     if gguf_quantized:  # each GGUF tensor has its own block type, read from the file
         from octavo.model_loader.gguf_file import open_gguf

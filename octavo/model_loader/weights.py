@@ -36,6 +36,21 @@ def iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
+def checkpoint_names(folder: str) -> list[str] | None:
+    """The tensor names of a safetensors checkpoint, read from the files' headers only (None
+    for pytorch_model*.bin files, whose names cost a full load)."""
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        return None
+    names: list[str] = []
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            names.extend(f.keys())
+    return names
+
+
 def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
     if param.shape != loaded.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)} vs checkpoint "

@@ -97,10 +97,10 @@ class QuantizationConfig:
     # The LM head keeps full precision unless a scheme's checkpoint says otherwise.
     quantize_lm_head: bool = False
     # Whether a mixture of experts' routers (``mlp.gate``, ``shared_expert_gate``) are
-    # chosen a method like any layer; else they stay in full precision, as the tools leave
-    # them (GPTQModel never quantizes them, AutoAWQ lists "gate" among its modules not to
-    # convert, transformers' bitsandbytes finds no nn.Linear in them).
-    quantizes_routers: ClassVar[bool] = False
+    # chosen a method like any layer; else they stay in full precision, as GPTQModel and
+    # AutoAWQ leave them. Set by schemes whose checkpoints say exactly what they quantized
+    # (compressed-tensors' targets and ignore list; a bitsandbytes checkpoint's names).
+    quantizes_routers: bool = False
 
     def __init__(self, ignore: Iterable[str] = ()) -> None:
         self.ignore = tuple(ignore)
@@ -124,6 +124,18 @@ class QuantizationConfig:
         scheme whose format names tensors no parameter can carry (bitsandbytes'
         ``weight.absmax``) renames or drops them here, at the loader, not in the models."""
         return iter(weights)
+
+    def bind_checkpoint_names(self, names: Iterable[str] | None) -> None:
+        """The checkpoint's tensor names, given before the model is built (None where they
+        are not known: dummy weights, GGUF), for a scheme whose config does not say all that
+        its checkpoint quantized."""
+
+    def quantizes_experts(self, prefix: str) -> bool:
+        """Whether the mixture-of-experts experts at ``prefix``
+        ("model.layers.0.mlp.experts") are quantized by this scheme (each expert's
+        projections then choose their method like any linear layer); else they stay
+        stacked in full precision."""
+        return not is_ignored(prefix, self.ignore, {})
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
         """The method for the layer at ``prefix`` ("model.layers.0.self_attn.qkv_proj"), or

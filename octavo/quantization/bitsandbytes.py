@@ -32,6 +32,7 @@ transformers quantized each projection on its own, then narrowed for tensor para
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -52,10 +53,13 @@ from octavo.quantization.bnb_weight import (
     dequantize_packed,
 )
 from octavo.quantization.merged_parts import part_order, rank_box
+from octavo.quantization.module_match import checkpoint_modules
 
 # Checkpoint suffixes of a Linear4bit's weight -> our parameter names.
 _4BIT_SUFFIXES = ("absmax", "quant_map", "nested_absmax", "nested_quant_map")
 _QUANT_STATE = ".weight.quant_state.bitsandbytes__"
+_MIXTRAL_EXPERT = re.compile(r"\.experts\.(\d+)\.(w[123])$")
+_MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 
 
 def keeps_quantized(device: torch.device) -> bool:
@@ -255,6 +259,9 @@ class BitsAndBytesConfig(QuantizationConfig):
             fmt.code_table(quant_type)  # validates the type
         self.bits, self.quant_type, self.double_quant = bits, quant_type, double_quant
         self.blocksize, self.prequantized = blocksize, prequantized
+        # A pre-quantized checkpoint's quantized modules, from its tensor names (None: not
+        # known, every layer the config does not skip is taken as quantized).
+        self._stored_quantized: set[str] | None = None
 
     @classmethod
     def reads_checkpoint(cls, quant_method: str) -> bool:
@@ -285,6 +292,43 @@ class BitsAndBytesConfig(QuantizationConfig):
         ignore = list(config.get("llm_int8_skip_modules") or []) + ignored_modules(config)
         return cls(bits, quant_type, double_quant, prequantized=True, ignore=ignore)
 
+    def bind_checkpoint_names(self, names):
+        """Which modules a pre-quantized checkpoint holds quantized: those stored with
+        bitsandbytes' state (``.SCB``, ``.weight.absmax``, ``.weight.quant_state...``).
+        transformers quantizes nn.Linear modules only: in transformers 5 a mixture of
+        experts' experts are 3-D parameters, stored float, while Qwen2-MoE's
+        ``shared_expert_gate`` (a linear) is quantized; checkpoints written when experts
+        were linears (transformers 4) hold them quantized. The names say which."""
+        if names is None or not self.prequantized:
+            return
+        found = set()
+        for n in names:
+            if n.endswith(".SCB"):
+                found.add(n[:-len(".SCB")])
+            elif n.endswith(".weight.absmax") or _QUANT_STATE in n:
+                found.add(n[:n.index(".weight.")])
+        # Mixtral's original expert names, as our layers' checkpoint modules call them.
+        self._stored_quantized = {_MIXTRAL_EXPERT.sub(
+            lambda m: f".experts.{m.group(1)}.{_MIXTRAL_NAMES[m.group(2)]}", n) for n in found}
+        self.quantizes_routers = True  # the names say whether they are
+
+    def _stored(self, prefix: str) -> bool | None:
+        """Whether the checkpoint holds the layer at ``prefix`` quantized (None: not known)."""
+        if self._stored_quantized is None:
+            return None
+        parts = checkpoint_modules(prefix, self.packed_modules_mapping)
+        stored = [p in self._stored_quantized for p in parts]
+        if any(stored) and not all(stored):
+            raise ValueError(f"layer {prefix!r} merges {parts}, which the checkpoint stores "
+                             "partly quantized; a merged layer is quantized all or nothing")
+        return stored[0]
+
+    def quantizes_experts(self, prefix):
+        if self._stored_quantized is not None and not any(
+                m.startswith(f"{prefix}.") for m in self._stored_quantized):
+            return False
+        return super().quantizes_experts(prefix)
+
     def checkpoint_tensors(self, weights: Iterable[tuple[str, torch.Tensor]]
                            ) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
@@ -304,6 +348,8 @@ class BitsAndBytesConfig(QuantizationConfig):
             yield name, tensor
 
     def get_linear_method(self, layer, prefix):
+        if self._stored(prefix) is False:  # left in float by the writer
+            return None
         return BitsAndBytesLinearMethod(self.bits, self.quant_type, self.double_quant,
                                         self.blocksize, self.prequantized)
 

@@ -86,7 +86,15 @@ CASES: dict[str, tuple[str, str, dict]] = {
     "qwen3_moe-fp8-w8a16-channel": ("qwen3_moe", "llmcompressor", dict(
         modifier="rtn", weights=dict(num_bits=8, type="float", symmetric=True,
                                      strategy="channel"))),
+    # transformers 5's bitsandbytes leaves the experts (3-D parameters, not nn.Linear) in
+    # float and quantizes the attention: smaller shapes, the experts are stored float32.
+    "qwen3_moe-bnb-int8": ("qwen3_moe", "bitsandbytes", dict(load_in_8bit=True)),
+    "qwen2_moe-bnb-nf4": ("qwen2_moe", "bitsandbytes", dict(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype="float32")),
 }
+SMALL = dict(hidden_size=64, moe_intermediate_size=32, num_experts=4,
+             shared_expert_intermediate_size=64)
 
 
 def _checkpoint_names(folder: str) -> list[str]:
@@ -222,8 +230,52 @@ def _llmc_reference(folder: str, settings: dict) -> tuple[object, dict]:
                           "reference_bfloat16": rounded}
 
 
+def _bnb_quantize(src: str, out: str, settings: dict) -> None:
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    cfg = dict(settings)
+    if "bnb_4bit_compute_dtype" in cfg:
+        cfg["bnb_4bit_compute_dtype"] = getattr(torch, cfg["bnb_4bit_compute_dtype"])
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, device_map="cpu",
+                                                 quantization_config=BitsAndBytesConfig(**cfg))
+    model.save_pretrained(out, safe_serialization=True)
+    for name in os.listdir(src):  # tokenizer files
+        if "token" in name and not os.path.exists(os.path.join(out, name)):
+            shutil.copy(os.path.join(src, name), out)
+
+
+def _bnb_reference(folder: str, settings: dict) -> tuple[object, dict]:
+    """The saved checkpoint reloaded by transformers, each bitsandbytes layer a float Linear
+    holding the weight bitsandbytes dequantizes its saved tensors to (the weight-only
+    numerics Octavo runs; make_bitsandbytes.py's "saved_weight_only")."""
+    import bitsandbytes as bnb
+    from transformers import AutoModelForCausalLM
+
+    from scripts.quant_fixtures.make_bitsandbytes import dense_from_file, dequantized_twin
+
+    model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                       device_map="cpu",
+                                                       output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v}
+    if bad:
+        raise RuntimeError(f"{folder}: transformers did not load the checkpoint cleanly: {bad}")
+    names = _checkpoint_names(folder)
+    quantized = sorted(n for n, m in model.named_modules()
+                       if isinstance(m, (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit)))
+    experts_float = not any(".experts." in n and n.endswith((".SCB", ".absmax"))
+                            for n in names)
+    model = dequantized_twin(model, dense_from_file(folder))
+    return model.eval(), {"method": "bitsandbytes",
+                          "reference": "transformers AutoModelForCausalLM over the saved "
+                                       "checkpoint, float32, CPU; each bitsandbytes layer a "
+                                       "float Linear of the weight bitsandbytes dequantizes",
+                          "quantized_modules": len(quantized), "experts_float": experts_float,
+                          "reference_bfloat16": []}
+
+
 TOOLS = {"gptqmodel": ("gptqmodel", _gptqmodel_quantize, _gptqmodel_reference),
-         "llmcompressor": ("llmcompressor", _llmc_quantize, _llmc_reference)}
+         "llmcompressor": ("llmcompressor", _llmc_quantize, _llmc_reference),
+         "bitsandbytes": ("bitsandbytes", _bnb_quantize, _bnb_reference)}
 
 
 def _versions(tool: str) -> str:
@@ -240,8 +292,10 @@ def build(name: str, reference_only: bool) -> None:
     out = os.path.join(OUT_DIR, name)
     if not reference_only:
         with tempfile.TemporaryDirectory() as tmp:
-            src = make_checkpoint(family, os.path.join(tmp, "src"), seed=len(name),
-                                  **SHAPES[family])
+            shapes = dict(SHAPES[family])
+            if tool == "bitsandbytes":
+                shapes.update({k: v for k, v in SMALL.items() if k in shapes})
+            src = make_checkpoint(family, os.path.join(tmp, "src"), seed=len(name), **shapes)
             add_word_tokenizer(src)
             if os.path.isdir(out):
                 shutil.rmtree(out)
@@ -267,6 +321,7 @@ def main() -> None:
     ap.add_argument("--reference-only", action="store_true")
     args = ap.parse_args()
     os.makedirs(OUT_DIR, exist_ok=True)
+    # bitsandbytes sits beside llm-compressor or GPTQModel in no venv of these: its own.
     here = [n for n in CASES if importlib.util.find_spec(TOOLS[CASES[n][1]][0]) is not None]
     names = args.only or here
     if len(names) == 1:

@@ -28,7 +28,8 @@ LOGPROB_ATOL = 1e-4
 # reference as "reference_bfloat16"): its logprobs carry that rounding (observed 9e-3).
 BF16_REFERENCE_ATOL = 3e-2
 METHODS = {"gptq": "GPTQLinearMethod", "awq": "AWQLinearMethod",
-           "compressed-tensors": "CompressedTensorsIntMethod"}
+           "compressed-tensors": "CompressedTensorsIntMethod",
+           "bitsandbytes": "BitsAndBytesLinearMethod"}
 
 
 def _reference(name: str) -> dict:
@@ -47,22 +48,27 @@ def test_fixtures_present():
     families = {_reference(n)["family"] for n in NAMES}
     tools = {_reference(n)["tool"] for n in NAMES}
     assert families == {"qwen3_moe", "qwen2_moe", "mixtral"}, NAMES
-    assert tools == {"gptqmodel", "llmcompressor"}, NAMES
+    assert tools == {"gptqmodel", "llmcompressor", "bitsandbytes"}, NAMES
 
 
 def test_experts_held_quantized(loaded):
-    """Every sparse layer's experts are quantized linears of the checkpoint's method, as many
-    as the reference found quantized in the checkpoint; the routers stay float."""
+    """Every sparse layer's experts are quantized linears of the checkpoint's method (or,
+    where the tool left them float, stacked float experts), as many quantized modules as the
+    reference found in the checkpoint; the routers stay float."""
     name, ref, llm = loaded
     model = llm.llm_engine.executor.worker.runner.model
     moes = [m for m in model.modules() if isinstance(m, FusedMoE)]
-    assert moes and all(isinstance(m.experts, QuantizedExperts) for m in moes)
+    assert moes
     want = METHODS[ref["method"]]
     if ref["settings"].get("weights", {}).get("type") == "float":
         want = "Fp8LinearMethod"
     for m in moes:
-        assert {type(x.quant_method).__name__ for x in m.experts.modules()
-                if hasattr(x, "quant_method")} == {want}
+        if ref.get("experts_float"):  # transformers 5's bitsandbytes: float experts
+            assert m.stacked_experts
+        else:
+            assert isinstance(m.experts, QuantizedExperts)
+            assert {type(x.quant_method).__name__ for x in m.experts.modules()
+                    if hasattr(x, "quant_method")} == {want}
         assert type(m.gate.quant_method).__name__ == "UnquantizedLinearMethod"
     quantized = [x for x in model.modules() if type(getattr(x, "quant_method", None)).__name__
                  == want]
