@@ -43,6 +43,7 @@ def main() -> None:
                     help="prompt tokens per request (W6's decode contexts average ~110)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=30, help="decode steps timed")
+    ap.add_argument("--model", default=None, help="a GGUF file (default: the embedded model)")
     ap.add_argument("--dtype", default="auto",
                     help='"auto": the GGUF weights kept quantized (the CPU default)')
     args = ap.parse_args()
@@ -54,7 +55,8 @@ def main() -> None:
     from octavo.models.cpu_fused_decode import FusedGGUFDecode
     from octavo.sample.sampler import Sampler
 
-    llm = LLM(model=default_model_path(), dtype=args.dtype, max_num_seqs=args.batch)
+    llm = LLM(model=args.model or default_model_path(), dtype=args.dtype,
+              max_num_seqs=args.batch)
     engine = llm.llm_engine
     totals: dict[str, float] = collections.defaultdict(float)
     # The in-process model (uni executor): the one module with compute_logits.

@@ -65,10 +65,11 @@ def _run_file(path: str, fused: bool, monkeypatch, prompts) -> tuple[list, objec
     return [list(o.outputs[0].token_ids) for o in outs], model._fused
 
 
-@pytest.mark.parametrize("arch, kinds", [("qwen3", 1), ("qwen3moe", 3)])
-def test_qk_norms_and_gguf_experts_fused_bit_for_bit(tmp_path, monkeypatch, arch, kinds):
-    """Qwen3's q/k norms (kind bit 0) and Qwen3-MoE's GGUF experts (bit 1) in the one C++
-    call: one request at a time, the per-layer Python path's tokens exactly."""
+@pytest.mark.parametrize("arch, kinds", [("qwen3", 1), ("qwen3moe", 3), ("qwen2", 4)])
+def test_layer_kinds_fused_bit_for_bit(tmp_path, monkeypatch, arch, kinds):
+    """Qwen3's q/k norms (kind bit 0), Qwen3-MoE's GGUF experts (bit 1) and Qwen2's q/k/v
+    biases (bit 2) in the one C++ call: one request at a time, the per-layer Python path's
+    tokens exactly."""
     pytest.importorskip("gguf")
     if not hasattr(cpu_kernels.load(), "gguf_moe_token"):
         pytest.skip("CPU kernels not built")

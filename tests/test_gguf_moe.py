@@ -23,12 +23,13 @@ H, HEADS, KV, HD, E, TOPK, INTER, SHARED, VOCAB, LAYERS = 64, 4, 2, 32, 6, 2, 32
 
 
 def _write(path: str, arch: str, seed: int = 0, experts=None) -> None:
-    """``experts``: the stacked experts' GGML type (None: float32); arch "qwen3": the same
-    file with a dense MLP (FFN rows) instead of experts, every matrix in that type."""
+    """``experts``: the stacked experts' GGML type (None: float32); arch "qwen3" / "qwen2":
+    the same file with a dense MLP (FFN rows) instead of experts, every matrix in that type
+    (qwen2: with q/k/v biases)."""
     rng = np.random.default_rng(seed)
     # Qwen3 heads are wider than hidden / heads, as in the real models; Qwen2's cannot be.
     HD = 32 if arch in ("qwen3moe", "qwen3") else H // HEADS  # noqa: N806
-    dense = arch == "qwen3"
+    dense = arch in ("qwen3", "qwen2")
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(LAYERS)
     w.add_context_length(512)
@@ -65,7 +66,9 @@ def _write(path: str, arch: str, seed: int = 0, experts=None) -> None:
             shapes.update({b + "attn_q_norm.weight": (HD,), b + "attn_k_norm.weight": (HD,)})
         else:
             shapes.update({b + "attn_q.bias": (HEADS * HD,), b + "attn_k.bias": (KV * HD,),
-                           b + "attn_v.bias": (KV * HD,), b + "ffn_gate_inp_shexp.weight": (H,),
+                           b + "attn_v.bias": (KV * HD,)})
+        if arch == "qwen2moe":
+            shapes.update({b + "ffn_gate_inp_shexp.weight": (H,),
                            b + "ffn_gate_shexp.weight": (SHARED, H),
                            b + "ffn_up_shexp.weight": (SHARED, H),
                            b + "ffn_down_shexp.weight": (H, SHARED)})

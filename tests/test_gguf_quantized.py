@@ -75,7 +75,7 @@ def test_weights_stay_quantized(models):
     layer = quant.model.layers[0]
     qkv = layer.self_attn.qkv_proj
     assert qkv.weight is None and qkv.qweight.dtype == torch.uint8
-    rows = gguf_blocks.deinterleave(qkv.qweight, qkv.gguf_scales, qkv.gguf_mins)
+    rows = gguf_blocks.deinterleave(qkv.qweight, qkv.gguf_scales, qkv.gguf_mins, 576)
     assert rows[0].shape == (576 + 2 * 192, 576 // 2)  # Q4_1: two weights per byte
     assert rows[1].dtype == torch.float16  # Q4_1's d and m are the file's fp16
     gate_up = layer.mlp.gate_up_proj

@@ -2,8 +2,9 @@
 
 At batch 1 a 30-layer model is ~360 small kernel calls a step, each behind a module call,
 a dispatch and tensor views: about 60 us of Python a layer, a fifth of the step on the 2-core
-machine. When every linear layer of every decoder layer is GGUF-quantized (no biases, one
-rank; Qwen3's q/k norms and mixture-of-experts MLPs whose experts are GGUF too included), a
+machine. When every linear layer of every decoder layer is GGUF-quantized (one rank, no biases but
+Qwen2's on q/k/v; Qwen3's q/k norms and mixture-of-experts MLPs whose experts are GGUF too
+included), a
 decode-only step runs ``gguf_decoder_layers`` (kernels/cpu/decoder.cpp) instead: the same
 kernels in the same order, so the tokens are the same bit for bit at batch 1 (an MoE step of
 several tokens runs each token's experts on its own there, where the Python loop groups the
@@ -36,18 +37,22 @@ class FusedGGUFDecode:
         self.isa = ISA_CODES[envs.cpu_quant_isa()]
         self.params: list[torch.Tensor] = []
         self.in_features: list[int] = []
-        # Per layer: bit 0 q/k norms (Qwen3), bit 1 a mixture of experts (decoder.cpp).
+        # Per layer: bit 0 q/k norms (Qwen3), bit 1 a mixture of experts, bit 2 a qkv bias
+        # (Qwen2) (decoder.cpp).
         self.layer_kinds: list[int] = []
         self.moe_shape: list[int] = []
         linears = []
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.params.append(layer.input_layernorm.weight)
+            kind = 0
             for lin in (attn.qkv_proj, attn.o_proj):
                 self.params += [lin.qweight, lin.gguf_scales, lin.gguf_mins]
+                if lin.bias is not None:  # the qkv projection's (build checked)
+                    self.params.append(lin.bias)
+                    kind |= 4
             self.in_features += [attn.qkv_proj.quant_method.in_features,
                                  attn.o_proj.quant_method.in_features]
-            kind = 0
             if attn.q_norm is not None:
                 self.params += [attn.q_norm.weight, attn.k_norm.weight]
                 kind |= 1
@@ -89,12 +94,13 @@ class FusedGGUFDecode:
         return x, residual
 
 
-def _gguf_linears(*linears) -> bool:
-    """Every one GGUF-quantized, without a bias, on one rank."""
+def _gguf_linears(*linears, bias_dtype: torch.dtype | None = None) -> bool:
+    """Every one GGUF-quantized, on one rank, without a bias (or, given ``bias_dtype``, with
+    none or one of that dtype)."""
     from octavo.quantization.gguf import GGUFLinearMethod
 
-    return all(isinstance(lin.quant_method, GGUFLinearMethod) and lin.bias is None
-               and lin.tp.size == 1 for lin in linears)
+    return all(isinstance(lin.quant_method, GGUFLinearMethod) and lin.tp.size == 1
+               and (lin.bias is None or lin.bias.dtype == bias_dtype) for lin in linears)
 
 
 def _mlp_qualifies(mlp, x: torch.Tensor) -> bool:
@@ -132,6 +138,6 @@ def build(layers: nn.ModuleList, x: torch.Tensor) -> FusedGGUFDecode | None:
             return None
         if not isinstance(attn.attn.impl, TorchAttentionImpl):
             return None
-        if not _gguf_linears(attn.qkv_proj, attn.o_proj):
+        if not (_gguf_linears(attn.qkv_proj, bias_dtype=x.dtype) and _gguf_linears(attn.o_proj)):
             return None
     return FusedGGUFDecode(ops, layers)

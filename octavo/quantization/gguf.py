@@ -2,8 +2,10 @@
 
 Each tensor of a GGUF file has its own type, so the config maps every layer prefix to the type
 of its checkpoint tensor(s) (``bind``, from the loader). A layer whose tensor type has no
-kernel layout (Q2_K, Q3_K, IQ*, F16 ...), or a merged layer (qkv, gate_up) whose parts differ, is
-dequantized at load and runs in full precision; this is logged once per type.
+kernel layout (Q2_K, Q3_K, IQ*, F16 ...) is dequantized at load and runs in full precision;
+this is logged once per type. A merged layer (qkv, gate_up) whose parts have different types
+(llama.cpp's Q4_K_M files give v another type than q and k in half the layers) stays
+quantized, its parts stacked in the widest one's bits (``gguf_blocks.repack_parts``).
 
 Weights arrive as the file's raw rows (uint8 [out, row_bytes]) through the linear layers'
 generic loader (rows are whole, so q/k/v and gate/up land at their output offsets unchanged),
@@ -96,23 +98,60 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
 
 
 class GGUFLinearMethod(LinearMethod):
-    """One GGUF block format: raw rows while loading, the kernels' layout after."""
+    """GGUF block formats: raw rows while loading, the kernels' layout after. ``fmt``: the
+    layer's format; ``part_formats``: {shard id: format} of a merged layer whose parts differ
+    (``fmt`` is then the first part's, for messages)."""
 
-    def __init__(self, fmt: str) -> None:
+    def __init__(self, fmt: str, part_formats: Mapping | None = None) -> None:
         self.fmt = fmt
+        self.part_formats = dict(part_formats) if part_formats else None
         self.isa = ISA_CODES[envs.cpu_quant_isa()]  # read once: os.environ costs per call
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        params_dtype):
         self.in_features = input_size_per_partition
+        if self.part_formats is not None:
+            # Parts of different row widths: kept whole per shard until they are stacked.
+            self._parts: dict = {}
+            raw = _frozen(torch.empty(0, dtype=torch.uint8))
+            raw.weight_loader = self._load_part
+            layer.register_parameter("weight", raw)
+            return
         raw = torch.empty(sum(output_partition_sizes),
                           gguf_blocks.row_bytes(self.fmt, input_size_per_partition),
                           dtype=torch.uint8)
         layer.register_parameter("weight", set_param_layout(_frozen(raw), output_dim=0))
 
+    def _load_part(self, param, loaded: torch.Tensor, shard_id=None) -> None:
+        fmt = self.part_formats.get(shard_id)
+        if fmt is None:
+            raise ValueError(f"GGUF merged layer: unexpected part {shard_id!r} (parts: "
+                             f"{sorted(map(str, self.part_formats))})")
+        want = gguf_blocks.row_bytes(fmt, self.in_features)
+        if loaded.dtype != torch.uint8 or loaded.dim() != 2 or loaded.shape[1] != want:
+            raise ValueError(f"GGUF part {shard_id!r} ({fmt}): rows {tuple(loaded.shape)} "
+                             f"{loaded.dtype} are not uint8 [rows, {want}]")
+        self._parts[shard_id] = loaded.clone()
+
     def process_weights_after_loading(self, layer):
-        qweight, scales, mins = gguf_blocks.repack(layer.weight.data, self.fmt,
-                                                   self.in_features, interleave_weights())
+        if self.part_formats is not None:
+            from octavo.quantization.merged_parts import part_order, part_rows
+
+            order = part_order(layer, self.part_formats)
+            missing = [sid for sid in order if sid not in self._parts]
+            if missing:
+                raise ValueError(f"GGUF merged layer {getattr(layer, 'prefix', '')!r}: parts "
+                                 f"{missing} never arrived")
+            for sid in order:
+                if part_rows(layer, sid)[1] != self._parts[sid].shape[0]:
+                    raise ValueError(f"GGUF part {sid!r}: {self._parts[sid].shape[0]} rows, "
+                                     f"expected {part_rows(layer, sid)[1]}")
+            qweight, scales, mins = gguf_blocks.repack_parts(
+                [(self._parts.pop(sid), self.part_formats[sid]) for sid in order],
+                self.in_features, interleave_weights())
+        else:
+            qweight, scales, mins = gguf_blocks.repack(layer.weight.data, self.fmt,
+                                                       self.in_features, interleave_weights())
         layer.weight = None
         layer.qweight, layer.gguf_scales, layer.gguf_mins = (
             _frozen(qweight), _frozen(scales), _frozen(mins))
@@ -161,12 +200,11 @@ class GGUFConfig(QuantizationConfig):
             self._tell(f"type{types}", "GGUF tensor type(s) %s have no quantized kernel: "
                        "such layers (e.g. %s) are dequantized at load", types, prefix)
             return None
-        if len(set(formats)) > 1:
-            self._tell(f"mixed{sorted(set(formats))}", "GGUF layer %s merges parts of types "
-                       "%s: merged layers of mixed types are dequantized at load", prefix,
-                       formats)
-            return None
         self.kept.update(f"{p}.weight" for p in parts)
+        if len(set(formats)) > 1:
+            last = prefix.rpartition(".")[2]
+            sids = [sid for _, (frag, sid) in self.packed_modules_mapping.items() if frag == last]
+            return GGUFLinearMethod(formats[0], dict(zip(sids, formats, strict=True)))
         return GGUFLinearMethod(formats[0])
 
     def make_experts(self, prefix: str, num_experts: int, hidden: int, inter: int

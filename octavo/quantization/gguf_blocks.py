@@ -23,6 +23,13 @@ and scales regrouped by 16 rows, ``qweight [N/16, row_bytes/4, 64]`` (each 64 by
 4-byte run of each of the 16 rows) and ``scales`` / ``mins`` ``[N/16, K/G, 16]``, so the VNNI
 kernel makes 16 outputs per pass (quant_gemm.cpp). :func:`deinterleave` undoes it.
 
+Interleaved layers are stored tighter still (quant_gemm.h): the 5- and 6-bit formats (Q5_0,
+Q5_1, Q5_K, Q6_K) as the nibbles plus one or two planes of high bits, each 64-input chunk's 8
+runs of nibbles followed by their 64-bit masks (``qweight [N/16, (K/2 + h K/8)/4, 64]``), and
+the formats whose m is -2^(bits-1) d (Q4_0, Q5_0, Q8_0, Q6_K) keep no mins (an empty tensor):
+each layer then reads the file's own bytes a weight, as llama.cpp does (Q6_K's d per 16 stays
+float32).
+
 Q2_K, Q3_K and the IQ formats are not in this layout: layers holding them are dequantized at
 load instead.
 """
@@ -49,6 +56,8 @@ FORMATS = {
 }
 _BY_ID = {v[0]: name for name, v in FORMATS.items()}
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
+HIGH_PLANES = {"Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 2}  # interleaved: bits beyond a nibble
+SYMMETRIC = ("Q4_0", "Q5_0", "Q8_0", "Q6_K")  # m = -2^(bits-1) d: interleaved, no mins kept
 
 
 def format_name(qtype: int) -> str | None:
@@ -173,13 +182,13 @@ def unpack_nibbles(packed: torch.Tensor, in_features: int) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
-def _narrow_scales(d: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float16 copies of d and m when both are exactly float16, else the float32 ones."""
+def _narrow_scales(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """float16 copies of d (and m) when all are exactly float16, else the float32 ones."""
     with np.errstate(over="ignore"):
-        d16, m16 = d.astype(np.float16), m.astype(np.float16)
-    if np.array_equal(d16.astype(np.float32), d) and np.array_equal(m16.astype(np.float32), m):
-        return d16, m16
-    return d, m
+        narrow = tuple(a.astype(np.float16) for a in arrays)
+    if all(np.array_equal(h.astype(np.float32), a) for h, a in zip(narrow, arrays, strict=True)):
+        return narrow
+    return arrays
 
 
 ROWS = 16  # weight rows per interleaved group
@@ -191,25 +200,97 @@ def can_interleave(out_features: int, in_features: int) -> bool:
 
 def interleave(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row-major (qweight [N, B], scales [N, G]) -> interleaved by 16 rows (module docstring)."""
+    """Row-major (qweight [N, B], scales [N, G]) -> interleaved by 16 rows (module docstring);
+    an empty ``mins`` stays empty."""
     n, nbytes = qweight.shape
     # The byte shuffle in numpy: torch's uint8 permute-copy took 12 ms a 1024 x 512 weight
     # against 1 ms.
     qn = qweight.cpu().numpy().reshape(n // ROWS, ROWS, nbytes // 4, 4).transpose(0, 2, 1, 3)
     q = torch.from_numpy(np.ascontiguousarray(qn).reshape(n // ROWS, nbytes // 4, ROWS * 4))
-    s, m = (t.view(n // ROWS, ROWS, -1).transpose(1, 2).contiguous() for t in (scales, mins))
-    return q.to(qweight.device), s, m
+    return q.to(qweight.device), _interleave_scales(scales), _interleave_scales(mins)
 
 
-def deinterleave(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`interleave`; row-major tensors are returned as they are."""
+def _interleave_scales(t: torch.Tensor) -> torch.Tensor:
+    """[N, G] -> [N/16, G, 16]; an empty tensor stays empty."""
+    if t.numel() == 0:
+        return t
+    return t.view(t.shape[0] // ROWS, ROWS, -1).transpose(1, 2).contiguous()
+
+
+def _interleave_high(u: np.ndarray, planes: int) -> torch.Tensor:
+    """u uint8 [N, K] (values < 2^(4 + planes)) -> the interleaved nibbles-and-high-planes
+    qweight [N/16, (K/2 + planes K/8)/4, 64] (module docstring)."""
+    n, k = u.shape
+    groups, chunks = n // ROWS, k // 64
+    nib = interleave(pack_nibbles(torch.from_numpy(u & 0x0F)), torch.empty(0), torch.empty(0))[0]
+    nib = nib.numpy().reshape(groups, chunks, 512)
+    # bit p + 4 of u, as [plane, group, row r, chunk, which nibble, run j, byte b]
+    hb = np.stack([(u >> (4 + p)) & 1 for p in range(planes)])
+    hb = hb.reshape(planes, groups, ROWS, chunks, 2, 8, 4).transpose(1, 3, 5, 0, 4, 2, 6)
+    masks = np.packbits(np.ascontiguousarray(hb).reshape(groups, chunks, 8, planes, 2, 64),
+                        axis=-1, bitorder="little").reshape(groups, chunks, 128 * planes)
+    q = np.concatenate([nib, masks], axis=2).reshape(groups, -1, ROWS * 4)
+    return torch.from_numpy(np.ascontiguousarray(q))
+
+
+def stored_bits(qweight: torch.Tensor, in_features: int) -> int:
+    """Bits a weight as stored: 4 or 8 (either layout), 5 or 6 (interleaved)."""
+    rb = qweight.shape[1] * (4 if qweight.dim() == 3 else 1)
+    for b in (4, 5, 6, 8):
+        if rb * 8 == b * in_features:
+            return b
+    raise ValueError(f"qweight {tuple(qweight.shape)} does not hold {in_features} inputs a row")
+
+
+def _lane_rows(qweight: torch.Tensor, groups: torch.Tensor, lanes: torch.Tensor,
+               in_features: int) -> torch.Tensor:
+    """Rows (group, lane) of an interleaved qweight in the row-major layout: packed nibbles
+    for 4 bits, else a byte a weight."""
+    bits_ = stored_bits(qweight, in_features)
+    q = qweight[groups]
+    n, ar = len(groups), torch.arange(len(groups))
+    if bits_ in (4, 8):
+        return q.view(n, q.shape[1], ROWS, 4)[ar, :, lanes].reshape(n, -1)
+    planes, chunks = bits_ - 4, in_features // 64
+    q = q.reshape(n, chunks, 512 + 128 * planes)
+    nib = q[:, :, :512].reshape(n, chunks, 8, ROWS, 4)[ar, :, :, lanes]  # [n, chunk, j, b]
+    # bit 4 r + b of each mask: byte r // 2, bit 4 (r % 2) + b
+    byte = q[:, :, 512:].reshape(n, chunks, 8, planes, 2, 8)[ar, :, :, :, :, lanes // 2]
+    shift = (4 * (lanes % 2)).view(n, 1, 1, 1, 1, 1) + torch.arange(4).view(1, 1, 1, 1, 1, 4)
+    high = (byte.unsqueeze(-1).to(torch.int32) >> shift) & 1  # [n, chunk, j, plane, which, b]
+    high = (high << (4 + torch.arange(planes)).view(1, 1, 1, planes, 1, 1)).sum(3)
+    u = torch.stack([(nib & 0x0F) + high[:, :, :, 0], (nib >> 4) + high[:, :, :, 1]], dim=2)
+    return u.reshape(n, in_features).to(torch.uint8)
+
+
+def _lane_scales(t: torch.Tensor, groups: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    return t[groups][torch.arange(len(groups)), :, lanes]
+
+
+def _explicit_mins(scales: torch.Tensor, mins: torch.Tensor, bits_: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales, mins) with a left-out mins made explicit: m = -2^(bits-1) d (float32 for
+    both where that m is not exactly float16)."""
+    if mins.numel():
+        return scales, mins
+    m = scales.float() * -float(1 << (bits_ - 1))
+    if scales.dtype == torch.float16 and torch.equal(m.half().float(), m):
+        return scales, m.half()
+    return scales.float(), m
+
+
+def deinterleave(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                 in_features: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of the interleaved layouts: row-major packed nibbles (4 bits) or a byte a
+    weight (5, 6, 8), with explicit mins; row-major tensors are returned as they are."""
     if qweight.dim() == 2:
         return qweight, scales, mins
-    groups, runs, _ = qweight.shape
-    q = qweight.view(groups, runs, ROWS, 4).permute(0, 2, 1, 3).reshape(groups * ROWS, runs * 4)
-    s, m = (t.transpose(1, 2).reshape(groups * ROWS, -1) for t in (scales, mins))
-    return q, s, m
+    groups = torch.arange(qweight.shape[0]).repeat_interleave(ROWS)
+    lanes = torch.arange(ROWS).repeat(qweight.shape[0])
+    q = _lane_rows(qweight, groups, lanes, in_features)
+    s = _lane_scales(scales, groups, lanes)
+    m = mins if mins.numel() == 0 else _lane_scales(mins, groups, lanes)
+    return (q, *_explicit_mins(s, m, stored_bits(qweight, in_features)))
 
 
 def out_features(qweight: torch.Tensor) -> int:
@@ -220,15 +301,54 @@ def repack(raw: torch.Tensor, name: str, in_features: int, interleaved: bool = F
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GGUF rows (uint8 [N, row_bytes]) -> (qweight, scales, mins) of the kernels' layout,
     interleaved by 16 rows when asked and the shape allows."""
-    u, d, m = unpack_blocks(raw.cpu().numpy(), name, in_features)
-    d, m = _narrow_scales(d, m)
-    qweight = torch.from_numpy(u)
-    if bits(name) == 4:
-        qweight = pack_nibbles(qweight)
-    out = (qweight, torch.from_numpy(d), torch.from_numpy(m))
-    if interleaved and can_interleave(raw.shape[0], in_features):
-        out = interleave(*out)
-    dev = raw.device
+    return repack_parts([(raw, name)], in_features, interleaved)
+
+
+def _store_bits(name: str, interleaved: bool) -> int:
+    return 4 + HIGH_PLANES[name] if interleaved and name in HIGH_PLANES else bits(name)
+
+
+def repack_parts(parts: list[tuple[torch.Tensor, str]], in_features: int,
+                 interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows of several GGUF tensors, each in its own block format (a merged q/k/v whose v
+    is Q8_0 and q, k Q5_0), stacked in order into one layer of the kernels' layout: the
+    widest part's bits (a part's u fits any wider storage), per-16 scales when any part has
+    them (a per-32 scale is two equal per-16 ones), mins kept unless every part is the same
+    format whose m is -2^(bits-1) d. Exact: each row keeps its own d * u + m."""
+    names = [name for _, name in parts]
+    n = sum(raw.shape[0] for raw, _ in parts)
+    dev = parts[0][0].device
+    inter = interleaved and can_interleave(n, in_features)
+    group = min(group_size(name) for name in names)
+    store = max(_store_bits(name, inter) for name in names)
+    if inter and store == 8 and group < BLOCK:  # no interleaved kernel for this mix
+        inter, store = False, 8
+    if not inter:
+        store = 4 if all(bits(name) == 4 for name in names) else 8
+    us, ds, ms = [], [], []
+    for raw, name in parts:
+        u, d, m = unpack_blocks(raw.cpu().numpy(), name, in_features)
+        rep = group_size(name) // group  # a per-32 scale as two per-16 ones
+        us.append(u)
+        ds.append(np.repeat(d, rep, axis=1))
+        ms.append(np.repeat(m, rep, axis=1))
+    u, d, m = (np.concatenate(a) if len(a) > 1 else a[0] for a in (us, ds, ms))
+    implicit = inter and len(set(names)) == 1 and names[0] in SYMMETRIC
+    if implicit:
+        (d,) = _narrow_scales(d)
+        m = np.empty(0, d.dtype)
+    else:
+        d, m = _narrow_scales(d, m)
+    if store in (5, 6):
+        out = (_interleave_high(u, store - 4), _interleave_scales(torch.from_numpy(d)),
+               _interleave_scales(torch.from_numpy(m)))
+    else:
+        qweight = torch.from_numpy(u)
+        if store == 4:
+            qweight = pack_nibbles(qweight)
+        out = (qweight, torch.from_numpy(d), torch.from_numpy(m))
+        if inter:
+            out = interleave(*out)
     return tuple(t.to(dev) for t in out)
 
 
@@ -236,7 +356,7 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                in_features: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The float weight [N, K] of a repacked layer, row-major or interleaved (the reference
     every kernel is tested against)."""
-    qweight, scales, mins = deinterleave(qweight, scales, mins)
+    qweight, scales, mins = deinterleave(qweight, scales, mins, in_features)
     n = qweight.shape[0]
     u = qweight if qweight.shape[1] == in_features else unpack_nibbles(qweight, in_features)
     group = in_features // scales.shape[1]
@@ -248,9 +368,10 @@ def dequantize_rows(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Ten
                     ids: torch.Tensor, in_features: int, dtype: torch.dtype) -> torch.Tensor:
     """Rows ``ids`` (1-D) of the float weight: a token embedding's lookup."""
     if qweight.dim() == 3:  # the ids' 16-row groups, then their lanes
-        lane = ids % ROWS
-        q = qweight[ids // ROWS].view(len(ids), qweight.shape[1], ROWS, 4)
-        q = q[torch.arange(len(ids)), :, lane].reshape(len(ids), -1)
-        s, m = (t[ids // ROWS][torch.arange(len(ids)), :, lane] for t in (scales, mins))
+        groups, lanes = ids // ROWS, ids % ROWS
+        q = _lane_rows(qweight, groups, lanes, in_features)
+        s = _lane_scales(scales, groups, lanes)
+        m = mins if mins.numel() == 0 else _lane_scales(mins, groups, lanes)
+        s, m = _explicit_mins(s, m, stored_bits(qweight, in_features))
         return dequantize(q, s, m, in_features, dtype)
     return dequantize(qweight[ids], scales[ids], mins[ids], in_features, dtype)

@@ -36,6 +36,7 @@ def quantized_acts(x: torch.Tensor) -> torch.Tensor:
 def reference(x: torch.Tensor, qweight, scales, mins, k: int) -> torch.Tensor:
     """The kernels' arithmetic in float64: the d * u part of the weight times the rounded
     activations, plus the m part times the exact ones."""
+    qweight, scales, mins = gguf_blocks.deinterleave(qweight, scales, mins, k)  # mins explicit
     du = gguf_blocks.dequantize(qweight, scales, torch.zeros_like(mins), k).double()
     m = gguf_blocks.dequantize(torch.zeros_like(qweight), torch.zeros_like(scales), mins,
                                k).double()
@@ -155,15 +156,18 @@ def test_float16_scales_match_float32(isa, name):
                                                      k), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("name", sorted(gguf_blocks.FORMATS))
 def test_interleaved_layout_round_trips(name):
-    """16-row interleaving regroups bytes and scales only: the float weight is unchanged, and
-    an embedding's row lookup reads the same rows."""
+    """16-row interleaving regroups bytes and scales (5 and 6 bits as nibbles plus high
+    planes, the formats whose m is -2^(bits-1) d without mins): the float weight is unchanged,
+    and an embedding's row lookup reads the same rows."""
     k = 256
     rows = weights(name, 48, k)
     inter = weights(name, 48, k, interleaved=True)
-    assert inter[0].shape == (3, rows[0].shape[1] // 4, 64)
-    for a, b in zip(gguf_blocks.deinterleave(*inter), rows):
+    store = {"Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6}.get(name, gguf_blocks.bits(name))
+    assert inter[0].shape == (3, k * store // 32, 64)  # the file's bits a weight
+    assert (inter[2].numel() == 0) == (name in ("Q4_0", "Q5_0", "Q8_0", "Q6_K"))
+    for a, b in zip(gguf_blocks.deinterleave(*inter, k), rows):
         assert torch.equal(a, b)
     ids = torch.tensor([0, 17, 47, 17])
     assert torch.equal(gguf_blocks.dequantize_rows(*inter, ids, k, torch.float32),
@@ -183,3 +187,25 @@ def test_large_output_streamed(name, m):
     w = gguf_blocks.dequantize(qweight, scales, mins, k).double()
     scale = (x.double().abs() @ w.abs().T).clamp_min(1e-6)
     assert ((y.double() - reference(x, qweight, scales, mins, k)).abs() / scale).max() < 1e-5
+
+
+@pytest.mark.parametrize("isa", ISAS, ids=lambda i: ISA_NAMES[i])
+@pytest.mark.parametrize("names", [("Q5_0", "Q5_0", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K"),
+                                   ("Q4_0", "Q4_1")], ids="+".join)
+@pytest.mark.parametrize("m", [1, 5])
+def test_mixed_parts_match_reference(isa, names, m):
+    """A merged layer of parts in different formats (gguf_blocks.repack_parts), interleaved,
+    through every path: the same arithmetic as the reference on its dequantized weight."""
+    k, rows = 256, (32, 16, 16)
+    parts = [(torch.from_numpy(random_rows(name, n, k, seed=i)), name)
+             for i, (name, n) in enumerate(zip(names, rows))]
+    qweight, scales, mins = gguf_blocks.repack_parts(parts, k, interleaved=True)
+    assert qweight.dim() == 3
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    y = ops.gguf_linear(x, qweight, scales, mins, k, isa)
+    w = gguf_blocks.dequantize(qweight, scales, mins, k).double()
+    scale = (x.double().abs() @ w.abs().T).clamp_min(1e-6)
+    ref = reference(x, qweight, scales, mins, k)
+    assert ((y.double() - ref).abs() / scale).max() < 1e-5
+    dense = ops.gguf_linear_dense(x, qweight, scales, mins, k)
+    assert ((dense.double() - x.double() @ w.T).abs() / scale).max() < 1e-5

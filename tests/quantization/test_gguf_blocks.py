@@ -63,3 +63,30 @@ def test_scales_float16_only_when_exact():
     assert s.dtype == m.dtype == torch.float16
     _, s, m = gguf_blocks.repack(torch.from_numpy(random_rows("Q4_K", 3, 256)), "Q4_K", 256)
     assert s.dtype == m.dtype == torch.float32
+
+
+MIXES = [("Q5_0", "Q5_0", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K"), ("Q4_0", "Q4_1"), ("Q6_K", "Q8_0"),
+         ("Q4_0", "Q5_1")]
+
+
+@pytest.mark.parametrize("names", MIXES, ids="+".join)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_repack_parts_is_exact(names, interleaved):
+    """A merged layer whose parts have different formats (llama.cpp's Q4_K_M files: q, k
+    Q5_0 and v Q8_0): the stacked layer's float weight is each part's own dequantization."""
+    k, rows = 256, (32, 16, 16)
+    raws = [random_rows(name, n, k, seed=i) for i, (name, n) in enumerate(zip(names, rows))]
+    ref = np.concatenate([
+        gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(gguf_blocks.FORMATS[name][0]))
+        for raw, name in zip(raws, names)]).reshape(-1, k)
+    q, s, m = gguf_blocks.repack_parts([(torch.from_numpy(r), n) for r, n in zip(raws, names)],
+                                       k, interleaved)
+    n = sum(rows[:len(names)])
+    assert gguf_blocks.out_features(q) == n
+    # the widest part's bits: a 6-bit part makes 8-bit ones stay row-major (no such kernel)
+    assert q.dim() == (3 if interleaved and names != ("Q6_K", "Q8_0") else 2)
+    assert m.numel() > 0  # mixed formats keep their mins
+    w = gguf_blocks.dequantize(q, s, m, k).numpy()
+    np.testing.assert_allclose(w, ref.astype(np.float32), rtol=1e-6, atol=1e-12)
+    if not any(name == "Q6_K" for name in names):  # d * u + m is exact without Q6_K's d
+        np.testing.assert_array_equal(w, ref.astype(np.float32))

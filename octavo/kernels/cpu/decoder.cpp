@@ -3,8 +3,8 @@
 // rotary, paged attention with the K/V store, SiLU-and-mul), in the same order, one call for the
 // whole stack. At batch 1 the model is ~30 layers x ~12 small ops, and Python module calls,
 // argument checks and tensor views cost ~60 us a layer: on the 2-core machine that was about
-// a fifth of a 135M-parameter model's step. Qwen3's q/k norms and mixture-of-experts MLPs
-// with GGUF experts (Qwen3-MoE) run here too.
+// a fifth of a 135M-parameter model's step. Qwen2's q/k/v biases, Qwen3's q/k norms and
+// mixture-of-experts MLPs with GGUF experts (Qwen3-MoE) run here too.
 #include "ops.h"
 
 namespace octavo_cpu {
@@ -78,10 +78,12 @@ std::vector<at::Tensor> gguf_decoder_layers(
     return in_features[ki++];
   };
   for (int64_t l = 0; l < layers; ++l) {
-    // params of a layer: input norm; qkv (q, s, m); o (q, s, m); [q norm, k norm]; post-
-    // attention norm; then gate_up (q, s, m), down (q, s, m), or the router and every
-    // expert's (gate_up q, s, m, down q, s, m). kind: bit 0 q/k norms, bit 1 experts.
+    // params of a layer: input norm; qkv (q, s, m); [qkv bias]; o (q, s, m); [q norm, k norm];
+    // post-attention norm; then gate_up (q, s, m), down (q, s, m), or the router and every
+    // expert's (gate_up q, s, m, down q, s, m). kind: bit 0 q/k norms, bit 1 experts, bit 2
+    // a qkv bias.
     const bool qk_norm = layer_kinds[l] & 1, experts = layer_kinds[l] & 2;
+    const bool qkv_bias = layer_kinds[l] & 4;
     const at::Tensor* norm_in = take(1);
     if (l == 0) {
       residual = x;
@@ -89,7 +91,8 @@ std::vector<at::Tensor> gguf_decoder_layers(
     } else {
       fused_add_rms_norm(x, residual, norm_in[0], eps);
     }
-    const at::Tensor qkv = linear(x, take(3), features(), isa, dense_min_rows);
+    at::Tensor qkv = linear(x, take(3), features(), isa, dense_min_rows);
+    if (qkv_bias) qkv.add_(take(1)[0]);  // as the Python layer: y + bias in x's dtype
     const at::Tensor* o_proj = take(3);
     const int64_t o_in = features();
     at::Tensor q = qkv.narrow(1, 0, q_size).view({t, num_heads, head_dim});

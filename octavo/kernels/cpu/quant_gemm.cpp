@@ -170,13 +170,43 @@ inline float mins_dot(const float* wm, const float* xs, int64_t ng) {
 struct RowBuf {
   std::vector<float> s;
   std::vector<uint8_t> q;
-  explicit RowBuf(const Weights& w) : s(2 * w.ng), q(w.inter ? w.row_bytes : 0) {}
+  explicit RowBuf(const Weights& w)
+      : s(2 * w.ng), q(w.inter ? (w.bits == 4 ? w.k / 2 : w.k) : 0) {}
 };
+
+// Row r (of 16) of a 5- or 6-bit interleaved group as a byte a weight: the nibbles plus the
+// high planes' bits (layout: quant_gemm.h).
+inline void expand_high_bits(const Weights& w, const uint8_t* g, int64_t r, uint8_t* dst) {
+  const int64_t h = w.store_bits - 4;
+  for (int64_t c = 0; c < w.k / 64; ++c) {
+    const uint8_t* cq = g + c * w.chunk_bytes();
+    uint8_t* out = dst + c * 64;
+    for (int64_t j = 0; j < 8; ++j) {
+      for (int64_t b = 0; b < 4; ++b) {
+        const uint8_t byte = cq[j * 64 + 4 * r + b];
+        uint8_t lo = byte & 0x0F, hi = byte >> 4;
+        for (int64_t p = 0; p < h; ++p) {
+          const uint8_t* masks = cq + 512 + (j * h + p) * 16;
+          const int64_t bit = 4 * r + b;
+          lo |= ((masks[bit / 8] >> (bit % 8)) & 1) << (4 + p);
+          hi |= ((masks[8 + bit / 8] >> (bit % 8)) & 1) << (4 + p);
+        }
+        out[4 * j + b] = lo;
+        out[32 + 4 * j + b] = hi;
+      }
+    }
+  }
+}
 
 // Row n's bytes, row-major: a pointer into the weights, or de-interleaved into buf.q.
 inline const uint8_t* row_q(const Weights& w, int64_t n, RowBuf& buf) {
   if (!w.inter) return w.q + n * w.row_bytes;
-  const uint8_t* g = w.q + (n / kRows) * kRows * w.row_bytes + (n % kRows) * 4;
+  const uint8_t* g = w.q + (n / kRows) * kRows * w.row_bytes;
+  if (w.store_bits == 5 || w.store_bits == 6) {
+    expand_high_bits(w, g, n % kRows, buf.q.data());
+    return buf.q.data();
+  }
+  g += (n % kRows) * 4;
   for (int64_t j = 0; j < w.row_bytes / 4; ++j) std::memcpy(buf.q.data() + 4 * j, g + j * 64, 4);
   return buf.q.data();
 }
@@ -210,10 +240,13 @@ inline RowScales row_scales(const Weights& w, int64_t n, RowBuf& rb) {
   if (w.inter) {
     if (w.half) {
       gather_scales(static_cast<const c10::Half*>(w.d), n, w.ng, buf);
-      gather_scales(static_cast<const c10::Half*>(w.m), n, w.ng, buf + w.ng);
+      if (!w.implicit_m) gather_scales(static_cast<const c10::Half*>(w.m), n, w.ng, buf + w.ng);
     } else {
       gather_scales(static_cast<const float*>(w.d), n, w.ng, buf);
-      gather_scales(static_cast<const float*>(w.m), n, w.ng, buf + w.ng);
+      if (!w.implicit_m) gather_scales(static_cast<const float*>(w.m), n, w.ng, buf + w.ng);
+    }
+    if (w.implicit_m) {
+      for (int64_t g = 0; g < w.ng; ++g) buf[w.ng + g] = w.min_factor() * buf[g];
     }
     return {buf, buf + w.ng};
   }
@@ -430,21 +463,30 @@ Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
   TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.is_contiguous() &&
                   (qweight.dim() == 2 || (inter && qweight.size(2) == kRows * 4)),
               "qweight must be a contiguous uint8 [N, K or K/2] or, interleaved, "
-              "[N/16, (K or K/2)/4, 64]");
+              "[N/16, (K, K/2, 5K/8 or 3K/4)/4, 64]");
   const int64_t n = inter ? qweight.size(0) * kRows : qweight.size(0);
   const int64_t rb = inter ? qweight.size(1) * 4 : qweight.size(1);
-  const int64_t bits = rb == k ? 8 : 4;
-  TORCH_CHECK(bits == 8 || rb * 2 == k, "qweight has ", rb, " bytes per row: neither K nor K/2 "
-              "for K=", k);
   TORCH_CHECK(!inter || k % 64 == 0, "interleaved weights need in_features % 64 == 0");
+  int64_t store = 0;
+  if (rb == k) store = 8;
+  else if (rb * 2 == k) store = 4;
+  else if (inter && rb * 8 == 5 * k) store = 5;
+  else if (inter && rb * 4 == 3 * k) store = 6;
+  TORCH_CHECK(store != 0, "qweight has ", rb, " bytes per row: not K or K/2 (or, interleaved, "
+              "5K/8 or 3K/4) for K=", k);
   const int64_t sd = inter ? 3 : 2;
   TORCH_CHECK(scales.dim() == sd && scales.size(1) > 0 &&
                   (scales.size(1) * 32 == k || scales.size(1) * 16 == k),
               "scales and mins must be contiguous float32 or float16 [N, K/32] or [N, K/16] "
               "(interleaved: [N/16, K/G, 16]) for N=", n, ", K=", k);
   const int64_t ng = scales.size(1);
+  TORCH_CHECK(!inter || ng * 32 == k || store != 8,
+              "interleaved 8-bit weights need 32-input groups (16-input ones are 6-bit)");
+  const bool implicit = mins.numel() == 0;
+  TORCH_CHECK(!implicit || inter, "only interleaved weights may leave out their mins");
   const auto st = scales.scalar_type();
   for (const at::Tensor* t : {&scales, &mins}) {
+    if (implicit && t == &mins) continue;
     const bool shape_ok = inter ? (t->dim() == 3 && t->size(0) * kRows == n &&
                                    t->size(1) == ng && t->size(2) == kRows)
                                 : (t->dim() == 2 && t->size(0) == n && t->size(1) == ng);
@@ -453,8 +495,9 @@ Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
                 "scales and mins must be contiguous float32 or float16 (both the same) [N, K/32] "
                 "or [N, K/16] (interleaved: [N/16, K/G, 16]) with N=", n, ", K/G=", ng);
   }
-  return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr(), mins.data_ptr(),
-                 st == at::kHalf, inter, bits, k, k / kBlock, k / ng, ng, rb};
+  return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr(),
+                 implicit ? nullptr : mins.data_ptr(), st == at::kHalf, inter,
+                 store == 4 ? 4 : 8, k, k / kBlock, k / ng, ng, rb, store, implicit};
 }
 
 inline int64_t out_features(const Weights& w, const at::Tensor& qweight) {

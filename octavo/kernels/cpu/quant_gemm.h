@@ -52,13 +52,27 @@ struct QuantActs {
 // through a de-interleaved copy of each row.
 constexpr int64_t kRows = 16;
 
+// Interleaved weights may be stored tighter than their rows read: 5 and 6 bits a weight as the
+// 4-bit nibbles plus one or two planes of high bits (Q5_0 / Q5_1 / Q5_K, Q6_K: the file's own
+// bits a weight instead of a byte), and without mins where the format's m is -2^(bits-1) d
+// (Q4_0, Q5_0, Q8_0, Q6_K: an empty mins tensor). Per 64-input chunk of a 16-row group, the
+// 8 nibble runs (512 bytes) are followed by the high planes: for run j, plane p (bit 4 + p),
+// the 64-bit masks of its low-nibble and high-nibble vectors (bit 4 r + b: row r, byte b), so
+// a masked byte add rebuilds u in the register.
 struct Weights {
   const uint8_t* q;
   const void* d;
-  const void* m;
+  const void* m;  // null: m = -2^(store_bits-1) d (implicit_m)
   bool half;
   bool inter;  // interleaved by kRows rows
-  int64_t bits, k, nb, group, ng, row_bytes;
+  int64_t bits;  // of a row as row_q gives it: 4 (packed nibbles) or 8 (a byte a weight)
+  int64_t k, nb, group, ng, row_bytes;
+  int64_t store_bits;  // as stored: 4, 5, 6 or 8 (5 and 6 only interleaved)
+  bool implicit_m;
+
+  // Bytes of one 64-input chunk of a 16-row group in the nibble layouts (4, 5, 6 bits).
+  int64_t chunk_bytes() const { return 512 + 128 * (store_bits - 4); }
+  float min_factor() const { return -static_cast<float>(int64_t{1} << (store_bits - 1)); }
 };
 
 #if defined(OCTAVO_QUANT_VNNI)

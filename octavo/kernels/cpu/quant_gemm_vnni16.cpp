@@ -29,86 +29,95 @@ inline __m512 scales16(const Weights& w, const void* base, int64_t idx) {
   return _mm512_loadu_ps(static_cast<const float*>(base) + idx);
 }
 
+// u of one nibble vector's weights with the high planes' bits added: a masked byte add per
+// plane (the 64-bit masks follow the chunk's nibble runs, quant_gemm.h).
+template <int H>
+inline __m512i add_high(__m512i u, const uint8_t* masks) {
+  for (int p = 0; p < H; ++p) {
+    uint64_t bits;
+    std::memcpy(&bits, masks + 16 * p, 8);
+    u = _mm512_mask_add_epi8(u, _cvtu64_mask64(bits), u, _mm512_set1_epi8(16 << p));
+  }
+  return u;
+}
+
+// acc[r] += (256 dot(hi) + dot(lo)) * d * xd, the integer halves' accumulators then cleared.
+template <int MT>
+inline void flush(__m512 acc[MT], __m512i h[MT], __m512i l[MT], __m512 d, const QuantActs& a,
+                  int64_t m0, int64_t nb, int64_t block) {
+  for (int r = 0; r < MT; ++r) {
+    const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(h[r], 8), l[r]);
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                             _mm512_mul_ps(d, _mm512_set1_ps(a.d[(m0 + r) * nb + block])), acc[r]);
+    h[r] = l[r] = _mm512_setzero_si512();
+  }
+}
+
 // One group of 16 interleaved weight rows against MT activation rows: lane r of every vector is
-// weight row 16 grp + r; 4-byte runs of the activations' int8 halves are broadcast. KIND: 4
-// (4-bit weights), 8 (a byte per weight in 32-groups: Q8_0), 0 (any other: bytes in 16-groups).
-// STREAM: the outputs go out with non-temporal stores (see linear_groups_vnni).
-template <int MT, int KIND, bool STREAM>
+// weight row 16 grp + r; 4-byte runs of the activations' int8 halves are broadcast. KIND: 4, 5
+// or 6 (nibbles plus KIND - 4 high planes), 8 (a byte per weight, 32-groups: Q8_0). G16: scales
+// per 16 inputs (Q6_K: each half of a run's 8 runs is a group). STREAM: the outputs go out with
+// non-temporal stores (see linear_groups_vnni).
+template <int MT, int KIND, bool G16, bool STREAM>
 void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, float* out[MT]) {
   const uint8_t* gq = w.q + grp * kRows * w.row_bytes;
   const int64_t sbase = grp * w.ng * kRows;
   const int64_t k = w.k;
+  constexpr int H = KIND == 8 ? 0 : KIND - 4;
   __m512 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
-  if constexpr (KIND != 0) {
-    // 64-input chunk c (blocks 2c and 2c+1), 8 runs of 16 rows x 4 bytes. 4 bits: the low
-    // nibbles of run j are block 2c, the high ones block 2c+1. 8 bits in 32-groups (Q8_0): runs
-    // 16c + j and 16c + 8 + j.
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    for (int64_t c = 0; c < k / 64; ++c) {
-      __m512i h0[MT], l0[MT], h1[MT], l1[MT];
-      for (int r = 0; r < MT; ++r) {
-        h0[r] = l0[r] = h1[r] = l1[r] = _mm512_setzero_si512();
-      }
-      // Unrolled: as a loop, gcc 12 gave every accumulator a different register in each
-      // iteration and copied all 16 of them around the back edge (16 zmm moves per 16
-      // vpdpbusd; 3072x576 at M = 32 0.73 -> 0.61 ms, one thread).
+  // 64-input chunk c (blocks 2c and 2c+1), 8 runs of 16 rows x 4 bytes. Nibbles: the low
+  // nibbles of run j are block 2c, the high ones block 2c+1. 8 bits in 32-groups (Q8_0): runs
+  // 16c + j and 16c + 8 + j.
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t c = 0; c < k / 64; ++c) {
+    const uint8_t* cq = KIND == 8 ? gq + c * 1024 : gq + c * (512 + 128 * H);
+    __m512i h0[MT], l0[MT], h1[MT], l1[MT];
+    for (int r = 0; r < MT; ++r) h0[r] = l0[r] = h1[r] = l1[r] = _mm512_setzero_si512();
+    // Unrolled: as a loop, gcc 12 gave every accumulator a different register in each
+    // iteration and copied all 16 of them around the back edge (16 zmm moves per 16
+    // vpdpbusd; 3072x576 at M = 32 0.73 -> 0.61 ms, one thread).
 #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        __m512i u0, u1;
-        if constexpr (KIND == 4) {
-          const __m512i p = _mm512_loadu_si512(gq + (c * 8 + j) * 64);
-          u0 = _mm512_and_si512(p, low4);
-          u1 = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
-        } else {
-          u0 = _mm512_loadu_si512(gq + (c * 16 + j) * 64);
-          u1 = _mm512_loadu_si512(gq + (c * 16 + 8 + j) * 64);
-        }
-        for (int r = 0; r < MT; ++r) {
-          const int64_t off = (m0 + r) * k + c * 64 + 4 * j;
-          dpbusd_bcst(h0[r], u0, a.hi.data() + off);
-          dpbusd_bcst(l0[r], u0, a.lo.data() + off);
-          dpbusd_bcst(h1[r], u1, a.hi.data() + off + 32);
-          dpbusd_bcst(l1[r], u1, a.lo.data() + off + 32);
+    for (int j = 0; j < 8; ++j) {
+      __m512i u0, u1;
+      if constexpr (KIND == 8) {
+        u0 = _mm512_loadu_si512(cq + j * 64);
+        u1 = _mm512_loadu_si512(cq + (8 + j) * 64);
+      } else {
+        const __m512i p = _mm512_loadu_si512(cq + j * 64);
+        u0 = _mm512_and_si512(p, low4);
+        u1 = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+        if constexpr (H > 0) {
+          const uint8_t* masks = cq + 512 + j * 16 * H;
+          u0 = add_high<H>(u0, masks);
+          u1 = add_high<H>(u1, masks + 8);
         }
       }
-      const __m512 d0 = scales16(w, w.d, sbase + (2 * c) * kRows);
-      const __m512 d1 = scales16(w, w.d, sbase + (2 * c + 1) * kRows);
       for (int r = 0; r < MT; ++r) {
-        const float* xd = a.d.data() + (m0 + r) * w.nb + 2 * c;
-        const __m512i dot0 = _mm512_add_epi32(_mm512_slli_epi32(h0[r], 8), l0[r]);
-        const __m512i dot1 = _mm512_add_epi32(_mm512_slli_epi32(h1[r], 8), l1[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0),
-                                 _mm512_mul_ps(d0, _mm512_set1_ps(xd[0])), acc[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1),
-                                 _mm512_mul_ps(d1, _mm512_set1_ps(xd[1])), acc[r]);
+        const int64_t off = (m0 + r) * k + c * 64 + 4 * j;
+        dpbusd_bcst(h0[r], u0, a.hi.data() + off);
+        dpbusd_bcst(l0[r], u0, a.lo.data() + off);
+        dpbusd_bcst(h1[r], u1, a.hi.data() + off + 32);
+        dpbusd_bcst(l1[r], u1, a.lo.data() + off + 32);
+      }
+      if (G16 && (j == 3 || j == 7)) {  // the end of a 16-input group in both blocks
+        const int64_t half = j / 4;
+        flush<MT>(acc, h0, l0, scales16(w, w.d, sbase + (4 * c + half) * kRows), a, m0, w.nb,
+                  2 * c);
+        flush<MT>(acc, h1, l1, scales16(w, w.d, sbase + (4 * c + 2 + half) * kRows), a, m0,
+                  w.nb, 2 * c + 1);
       }
     }
-  } else {
-    // A byte per weight: group g is runs g * G/4 ... of 4 inputs each.
-    const int64_t runs = w.group / 4;
-    for (int64_t g = 0; g < w.ng; ++g) {
-      __m512i h[MT], l[MT];
-      for (int r = 0; r < MT; ++r) h[r] = l[r] = _mm512_setzero_si512();
-      for (int64_t j = 0; j < runs; ++j) {
-        const __m512i u = _mm512_loadu_si512(gq + (g * runs + j) * 64);
-        for (int r = 0; r < MT; ++r) {
-          const int64_t off = (m0 + r) * k + g * w.group + 4 * j;
-          dpbusd_bcst(h[r], u, a.hi.data() + off);
-          dpbusd_bcst(l[r], u, a.lo.data() + off);
-        }
-      }
-      const __m512 d = scales16(w, w.d, sbase + g * kRows);
-      for (int r = 0; r < MT; ++r) {
-        const float xd = a.d[(m0 + r) * w.nb + g * w.group / kBlock];
-        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(h[r], 8), l[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(xd)),
-                                 acc[r]);
-      }
+    if constexpr (!G16) {
+      flush<MT>(acc, h0, l0, scales16(w, w.d, sbase + (2 * c) * kRows), a, m0, w.nb, 2 * c);
+      flush<MT>(acc, h1, l1, scales16(w, w.d, sbase + (2 * c + 1) * kRows), a, m0, w.nb,
+                2 * c + 1);
     }
   }
   for (int64_t g = 0; g < w.ng; ++g) {  // the m-terms
-    const __m512 mv = scales16(w, w.m, sbase + g * kRows);
+    const __m512 mv = w.implicit_m
+        ? _mm512_mul_ps(scales16(w, w.d, sbase + g * kRows), _mm512_set1_ps(w.min_factor()))
+        : scales16(w, w.m, sbase + g * kRows);
     for (int r = 0; r < MT; ++r) {
       acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.s[(m0 + r) * w.ng + g]), acc[r]);
     }
@@ -124,7 +133,7 @@ void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, f
 
 constexpr int kGroupTile = 4;  // activation rows per pass over a group (registers: 5 per row)
 
-template <int KIND, bool STREAM>
+template <int KIND, bool G16, bool STREAM>
 void run_groups(const Weights& w, const QuantActs& a, int64_t m, int64_t n, float* op,
             int64_t begin, int64_t end) {
   const int64_t group_bytes = kRows * w.row_bytes;
@@ -143,6 +152,7 @@ void run_groups(const Weights& w, const QuantActs& a, int64_t m, int64_t n, floa
         for (int64_t b = lo; b < hi; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
         if (m0 == 0) {  // and its scales and mins (the same pattern)
           for (const void* base : {w.d, w.m}) {
+            if (base == nullptr) continue;
             const char* sp = static_cast<const char*>(base) + (g + 1) * scale_bytes;
             for (int64_t b = 0; b < scale_bytes; b += 64) _mm_prefetch(sp + b, _MM_HINT_T0);
           }
@@ -152,12 +162,31 @@ void run_groups(const Weights& w, const QuantActs& a, int64_t m, int64_t n, floa
       float* rows_out[kGroupTile];
       for (int r = 0; r < mt; ++r) rows_out[r] = op + (m0 + r) * n;
       switch (mt) {
-        case 4: group_vnni<4, KIND, STREAM>(w, g, a, m0, rows_out); break;
-        case 3: group_vnni<3, KIND, STREAM>(w, g, a, m0, rows_out); break;
-        case 2: group_vnni<2, KIND, STREAM>(w, g, a, m0, rows_out); break;
-        default: group_vnni<1, KIND, STREAM>(w, g, a, m0, rows_out); break;
+        case 4: group_vnni<4, KIND, G16, STREAM>(w, g, a, m0, rows_out); break;
+        case 3: group_vnni<3, KIND, G16, STREAM>(w, g, a, m0, rows_out); break;
+        case 2: group_vnni<2, KIND, G16, STREAM>(w, g, a, m0, rows_out); break;
+        default: group_vnni<1, KIND, G16, STREAM>(w, g, a, m0, rows_out); break;
       }
     }
+  }
+}
+
+template <bool STREAM>
+void dispatch(const Weights& w, const QuantActs& a, int64_t m, int64_t n, float* op,
+              int64_t begin, int64_t end) {
+  const bool g16 = w.group != kBlock;
+  switch (w.store_bits) {
+    case 4:
+      if (g16) return run_groups<4, true, STREAM>(w, a, m, n, op, begin, end);
+      return run_groups<4, false, STREAM>(w, a, m, n, op, begin, end);
+    case 5:
+      if (g16) return run_groups<5, true, STREAM>(w, a, m, n, op, begin, end);
+      return run_groups<5, false, STREAM>(w, a, m, n, op, begin, end);
+    case 6:
+      if (g16) return run_groups<6, true, STREAM>(w, a, m, n, op, begin, end);
+      return run_groups<6, false, STREAM>(w, a, m, n, op, begin, end);
+    default:  // 8 bits in 32-groups (check_weights)
+      return run_groups<8, false, STREAM>(w, a, m, n, op, begin, end);
   }
 }
 
@@ -175,16 +204,10 @@ void linear_groups_vnni(const Weights& w, const QuantActs& a, int64_t m, int64_t
                       reinterpret_cast<uintptr_t>(op) % 64 == 0;
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     if (stream) {
-      if (w.bits == 4) run_groups<4, true>(w, a, m, n, op, begin, end);
-      else if (w.group == kBlock) run_groups<8, true>(w, a, m, n, op, begin, end);
-      else run_groups<0, true>(w, a, m, n, op, begin, end);
+      dispatch<true>(w, a, m, n, op, begin, end);
       _mm_sfence();  // the streamed lines are visible before the pool's join
-    } else if (w.bits == 4) {
-      run_groups<4, false>(w, a, m, n, op, begin, end);
-    } else if (w.group == kBlock) {
-      run_groups<8, false>(w, a, m, n, op, begin, end);
     } else {
-      run_groups<0, false>(w, a, m, n, op, begin, end);
+      dispatch<false>(w, a, m, n, op, begin, end);
     }
   });
 }
