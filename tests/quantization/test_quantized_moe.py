@@ -322,3 +322,41 @@ def test_mixtral_expert_names_as_the_tools_write_them(tmp_path, style):
     for folder in (quant, dense):
         restyled = _restyle(folder, f"{folder}-{style}", style)
         assert _greedy(_llm(restyled)) == expect
+
+
+def test_bitsandbytes_checkpoint_with_quantized_experts(tmp_path):
+    """A bitsandbytes checkpoint written when experts were linears (transformers 4): int8
+    experts with their row scales (``SCB``: W = q * SCB / 127), everything else float, as the
+    checkpoint's names say. It matches its twin holding the dequantized experts."""
+    from safetensors.torch import load_file, save_file
+
+    src = make_checkpoint("qwen3_moe", str(tmp_path / "src"))
+    state = load_file(os.path.join(src, "model.safetensors"))
+    dense, quant = {}, {}
+    for name, t in state.items():
+        if ".experts." not in name:
+            dense[name] = quant[name] = t
+            continue
+        scb = t.abs().amax(dim=1).float()  # written from the format, not Octavo's code
+        q = torch.round(t / scb[:, None] * 127).clamp(-127, 127).to(torch.int8)
+        module = name[:-len(".weight")]
+        quant[name], quant[f"{module}.SCB"] = q, scb
+        dense[name] = q.float() * scb[:, None] / 127
+    folders = []
+    for sub, tensors in (("dense", dense), ("quant", quant)):
+        shutil.copytree(src, tmp_path / sub)
+        save_file(tensors, str(tmp_path / sub / "model.safetensors"))
+        folders.append(str(tmp_path / sub))
+    with open(os.path.join(folders[1], "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_8bit": True}
+    with open(os.path.join(folders[1], "config.json"), "w") as f:
+        json.dump(cfg, f)
+    llm = _llm(folders[1])
+    model = llm.llm_engine.executor.worker.runner.model
+    moe = next(m for m in model.modules() if isinstance(m, FusedMoE))
+    assert isinstance(moe.experts, QuantizedExperts)
+    assert type(moe.experts[0].down_proj.quant_method).__name__ == "BitsAndBytesLinearMethod"
+    assert type(model.model.layers[0].self_attn.qkv_proj.quant_method).__name__ == \
+        "UnquantizedLinearMethod"  # stored float: float here
+    assert _greedy(llm) == _greedy(_llm(folders[0]))
