@@ -174,10 +174,11 @@ PROMPTS = [{"prompt_token_ids": [(7 * i + 3 * n) % 500 for i in range(n)]} for n
 
 
 def write_pair(family: str, root: str, qcfg: dict, drop: str | None = None,
-               **overrides) -> tuple[str, str]:
+               keep_float=lambda name: False, **overrides) -> tuple[str, str]:
     """A tiny random ``family`` checkpoint packed by the test packers (every projection but
-    the routers: experts, shared expert, attention), and its twin holding the dequantized
-    float weights; ``drop`` leaves one tensor out of the packed one."""
+    the routers and those ``keep_float(name)`` names: experts, shared expert, attention),
+    and its twin holding the dequantized float weights; ``drop`` leaves one tensor out of
+    the packed one."""
     from safetensors.torch import load_file, save_file
 
     src = make_checkpoint(family, os.path.join(root, "src"), **{**SHAPES[family], **overrides})
@@ -186,7 +187,7 @@ def write_pair(family: str, root: str, qcfg: dict, drop: str | None = None,
     dense, quant = {}, {}
     for name, t in state.items():
         module = name.rsplit(".", 2)[-2]
-        if not name.endswith(".weight") or module not in _PROJ:
+        if not name.endswith(".weight") or module not in _PROJ or keep_float(name):
             dense[name] = quant[name] = t
             continue
         stem = name[:-len("weight")]
@@ -241,6 +242,22 @@ def test_packed_checkpoint_matches_its_dequantized_twin(tmp_path, family, qcfg):
     if family == "qwen2_moe":  # the shared expert is a quantized dense MLP
         assert hasattr(moes[0].shared_expert.gate_up_proj.quant_method, "group_size")
     assert _greedy(llm) == expect
+
+
+def test_gptq_dynamic_rules_choose_per_expert(tmp_path):
+    """GPTQModel's ``dynamic`` rules apply per expert: experts 0-2 of every layer left float
+    ("-:" rule), the others quantized; the float ones load their float weights."""
+    import re
+
+    rule = r".*\.experts\.[0-2]\..*"
+    dense, quant = write_pair("qwen3_moe", str(tmp_path), dict(GPTQ, dynamic={f"-:{rule}": {}}),
+                              keep_float=lambda n: re.match(rule, n) is not None)
+    llm = _llm(quant)
+    model = llm.llm_engine.executor.worker.runner.model
+    experts = next(m for m in model.modules() if isinstance(m, QuantizedExperts))
+    kinds = [type(e.gate_up_proj.quant_method).__name__ for e in experts]
+    assert kinds == ["UnquantizedLinearMethod"] * 3 + ["GPTQLinearMethod"] * 5
+    assert _greedy(llm) == _greedy(_llm(dense))
 
 
 def test_tensor_parallel_equals_one_rank(tmp_path):
