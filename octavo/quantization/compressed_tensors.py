@@ -90,6 +90,12 @@ class CompressedTensorsConfig(QuantizationConfig):
                 return scheme
         return None
 
+    def quantizes_experts(self, prefix):
+        # Experts that no config group targets (a recipe quantizing attention only) stay
+        # stacked in float; those it targets are held per expert.
+        return any(self._scheme_of(f"{prefix}.0.{proj}") is not None
+                   for proj in ("gate_proj", "up_proj", "down_proj"))
+
     def get_quant_method(self, layer, prefix):
         # Unlike the base class, the LM head is quantized when a group covers it and the
         # checkpoint does not ignore it (the layer then says it cannot hold that).

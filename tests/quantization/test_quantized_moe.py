@@ -118,6 +118,18 @@ def test_layer_equals_a_dense_reference(scheme, top_k, renormalize, T):
                                atol=1e-4, rtol=1e-4)
 
 
+def test_experts_no_group_targets_stay_stacked_float():
+    """compressed-tensors quantizing the attention only (or ignoring the experts): the
+    experts stay stacked in float, the fused kernel's layout."""
+    for groups, ignore in ((["re:.*self_attn.*"], []), (["Linear"], ["re:.*experts.*"])):
+        cfg = CompressedTensorsConfig.from_config({"config_groups": {"g": {
+            "targets": groups, "format": "pack-quantized",
+            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                        "group_size": 16}}}, "ignore": ignore + ["mlp.gate"]})
+        layer = FusedMoE(E, 2, H, INTER, True, quant_config=cfg, prefix="mlp")
+        assert layer.stacked_experts
+
+
 def test_a_router_the_checkpoint_quantized_loads():
     """compressed-tensors: a router the config's targets cover (not ignored) is read as
     quantized (GPTQ / AWQ / bitsandbytes tools never quantize routers: float for those)."""
