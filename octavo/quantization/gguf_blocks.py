@@ -57,6 +57,7 @@ FORMATS = {
 _BY_ID = {v[0]: name for name, v in FORMATS.items()}
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
 HIGH_PLANES = {"Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 2}  # interleaved: bits beyond a nibble
+TWO_LEVEL = ("Q4_K", "Q5_K", "Q6_K")  # interleaved: integer scales and float16 super-blocks
 SYMMETRIC = ("Q4_0", "Q5_0", "Q8_0", "Q6_K")  # m = -2^(bits-1) d: interleaved, no mins kept
 
 
@@ -149,6 +150,54 @@ def unpack_blocks(raw: np.ndarray, name: str, in_features: int
     u = np.ascontiguousarray(u, dtype=np.uint8).reshape(n, in_features)
     nb = in_features // group_size(name)
     return (u, np.asarray(d, np.float32).reshape(n, nb), np.asarray(m, np.float32).reshape(n, nb))
+
+
+def _k_integer_scales(raw: np.ndarray, name: str, in_features: int
+                      ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """A K-quant's scales as the file holds them: integer scales [N, K/G] (uint8 6-bit for
+    Q4_K / Q5_K, int8 for Q6_K), 6-bit mins [N, K/G] (None for Q6_K) and the float16
+    super-block d and dmin [N, K/256] (dmin zero for Q6_K)."""
+    _, per_block, nbytes = FORMATS[name]
+    n = raw.shape[0]
+    blocks = raw.reshape(n * in_features // per_block, nbytes)
+    if name == "Q6_K":
+        sc = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8)
+        mn, dsup = None, np.ascontiguousarray(blocks[:, 208:210]).view(np.float16)
+        dmin = np.zeros_like(dsup)
+    else:
+        sc, mn = (a.astype(np.uint8).reshape(n, -1) for a in _k_scales(blocks[:, 4:16]))
+        dsup = np.ascontiguousarray(blocks[:, 0:2]).view(np.float16)
+        dmin = np.ascontiguousarray(blocks[:, 2:4]).view(np.float16)
+    return sc.reshape(n, -1), mn, dsup.reshape(n, -1), dmin.reshape(n, -1)
+
+
+def _two_level_scales(sc: np.ndarray, dsup: np.ndarray, dmin: np.ndarray) -> torch.Tensor:
+    """The interleaved two-level scales tensor [N/16, K/G + 4 K/256, 16] (quant_gemm.h), of
+    the integer scales' dtype."""
+    groups = sc.shape[0] // ROWS
+    sub = _interleave_scales(torch.from_numpy(sc.view(np.uint8))).numpy()
+    sup = [_interleave_scales(torch.from_numpy(a)).numpy().view(np.uint8).reshape(groups, -1, ROWS)
+           for a in (dsup, dmin)]
+    out = np.ascontiguousarray(np.concatenate([sub, *sup], axis=1))
+    return torch.from_numpy(out.view(sc.dtype))
+
+
+def _two_level_float(scales: torch.Tensor, mins: torch.Tensor, in_features: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-major float32 d and m [N, K/G] of interleaved two-level scales."""
+    groups, rows, _ = scales.shape
+    nsup = in_features // 256
+    ng = rows - 4 * nsup
+    flat = lambda t: t.transpose(1, 2).reshape(groups * ROWS, -1)  # noqa: E731
+    sub = flat(scales[:, :ng]).float()
+    sup = scales[:, ng:].contiguous().view(torch.uint8).view(torch.float16)
+    sup = sup.reshape(groups, 2 * nsup, ROWS)  # d_super, then dmin, per super-block
+    dsup, dmin = (flat(sup[:, i * nsup:(i + 1) * nsup]).float().repeat_interleave(ng // nsup, 1)
+                  for i in (0, 1))
+    d = dsup * sub
+    if mins.numel() == 0:  # Q6_K: m = -32 d
+        return d, d * -32.0
+    return d, -dmin * flat(mins).float()
 
 
 def pack_nibbles(u: torch.Tensor) -> torch.Tensor:
@@ -279,18 +328,29 @@ def _explicit_mins(scales: torch.Tensor, mins: torch.Tensor, bits_: int
     return scales.float(), m
 
 
+def _rows_scales(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+                 groups: torch.Tensor, lanes: torch.Tensor, in_features: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Explicit float d and m of rows (group, lane) of an interleaved layer."""
+    if scales.dtype in (torch.uint8, torch.int8):
+        d, m = _two_level_float(scales, mins, in_features)
+        rows = groups * ROWS + lanes
+        return d[rows], m[rows]
+    s = _lane_scales(scales, groups, lanes)
+    m = mins if mins.numel() == 0 else _lane_scales(mins, groups, lanes)
+    return _explicit_mins(s, m, stored_bits(qweight, in_features))
+
+
 def deinterleave(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
                  in_features: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inverse of the interleaved layouts: row-major packed nibbles (4 bits) or a byte a
-    weight (5, 6, 8), with explicit mins; row-major tensors are returned as they are."""
+    weight (5, 6, 8), with explicit float mins; row-major tensors are returned as they are."""
     if qweight.dim() == 2:
         return qweight, scales, mins
     groups = torch.arange(qweight.shape[0]).repeat_interleave(ROWS)
     lanes = torch.arange(ROWS).repeat(qweight.shape[0])
     q = _lane_rows(qweight, groups, lanes, in_features)
-    s = _lane_scales(scales, groups, lanes)
-    m = mins if mins.numel() == 0 else _lane_scales(mins, groups, lanes)
-    return (q, *_explicit_mins(s, m, stored_bits(qweight, in_features)))
+    return (q, *_rows_scales(qweight, scales, mins, groups, lanes, in_features))
 
 
 def out_features(qweight: torch.Tensor) -> int:
@@ -334,6 +394,15 @@ def repack_parts(parts: list[tuple[torch.Tensor, str]], in_features: int,
         ms.append(np.repeat(m, rep, axis=1))
     u, d, m = (np.concatenate(a) if len(a) > 1 else a[0] for a in (us, ds, ms))
     implicit = inter and len(set(names)) == 1 and names[0] in SYMMETRIC
+    if inter and len(set(names)) == 1 and names[0] in TWO_LEVEL:
+        sc, mn, dsup, dmin = (None if a[0] is None else np.concatenate(a) for a in zip(
+            *(_k_integer_scales(raw.cpu().numpy(), name, in_features) for raw, name in parts)))
+        scales = _two_level_scales(sc, dsup, dmin)
+        mins = (torch.empty(0, dtype=torch.uint8) if mn is None
+                else _interleave_scales(torch.from_numpy(mn)))
+        qweight = (_interleave_high(u, store - 4) if store in (5, 6)
+                   else interleave(pack_nibbles(torch.from_numpy(u)), scales[:0], mins[:0])[0])
+        return tuple(t.to(dev) for t in (qweight, scales, mins))
     if implicit:
         (d,) = _narrow_scales(d)
         m = np.empty(0, d.dtype)
@@ -370,8 +439,6 @@ def dequantize_rows(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Ten
     if qweight.dim() == 3:  # the ids' 16-row groups, then their lanes
         groups, lanes = ids // ROWS, ids % ROWS
         q = _lane_rows(qweight, groups, lanes, in_features)
-        s = _lane_scales(scales, groups, lanes)
-        m = mins if mins.numel() == 0 else _lane_scales(mins, groups, lanes)
-        s, m = _explicit_mins(s, m, stored_bits(qweight, in_features))
+        s, m = _rows_scales(qweight, scales, mins, groups, lanes, in_features)
         return dequantize(q, s, m, in_features, dtype)
     return dequantize(qweight[ids], scales[ids], mins[ids], in_features, dtype)

@@ -237,6 +237,13 @@ void gather_scales(const S* src, int64_t n, int64_t ng, float* dst) {
 
 inline RowScales row_scales(const Weights& w, int64_t n, RowBuf& rb) {
   float* buf = rb.s.data();
+  if (w.two_level) {
+    for (int64_t g = 0; g < w.ng; ++g) {
+      buf[g] = w.two_level_d(n / kRows, g, n % kRows);
+      buf[w.ng + g] = w.two_level_m(n / kRows, g, n % kRows);
+    }
+    return {buf, buf + w.ng};
+  }
   if (w.inter) {
     if (w.half) {
       gather_scales(static_cast<const c10::Half*>(w.d), n, w.ng, buf);
@@ -475,6 +482,29 @@ Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
   TORCH_CHECK(store != 0, "qweight has ", rb, " bytes per row: not K or K/2 (or, interleaved, "
               "5K/8 or 3K/4) for K=", k);
   const int64_t sd = inter ? 3 : 2;
+  const auto st = scales.scalar_type();
+  const int64_t two_level = st == at::kByte ? 1 : st == at::kChar ? 2 : 0;
+  if (two_level) {  // K-quants' integer scales (quant_gemm.h)
+    TORCH_CHECK(inter && k % 256 == 0 && scales.dim() == 3 && scales.is_contiguous() &&
+                    scales.size(0) * kRows == n && scales.size(2) == kRows,
+                "integer (two-level) scales need interleaved weights, K % 256 == 0 and a "
+                "contiguous [N/16, K/G + 4 K/256, 16] tensor");
+    const int64_t ng = scales.size(1) - 4 * (k / 256);
+    TORCH_CHECK(ng * 32 == k || ng * 16 == k, "two-level scales: ", scales.size(1),
+                " rows per group do not fit K=", k);
+    const bool implicit = mins.numel() == 0;
+    TORCH_CHECK(implicit ? two_level == 2 : (two_level == 1 && mins.scalar_type() == at::kByte &&
+                                              mins.is_contiguous() && mins.dim() == 3 &&
+                                              mins.size(0) == scales.size(0) &&
+                                              mins.size(1) == ng && mins.size(2) == kRows),
+                "two-level scales: uint8 scales take uint8 mins [N/16, K/G, 16], int8 ones none");
+    TORCH_CHECK(store == 8 ? ng * 32 == k : store != 8, "interleaved 8-bit weights need "
+                "32-input groups");
+    return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr(),
+                   implicit ? nullptr : mins.data_ptr(), false, inter, store == 4 ? 4 : 8, k,
+                   k / kBlock, k / ng, ng, rb, store, implicit, two_level,
+                   scales.size(1) * kRows};
+  }
   TORCH_CHECK(scales.dim() == sd && scales.size(1) > 0 &&
                   (scales.size(1) * 32 == k || scales.size(1) * 16 == k),
               "scales and mins must be contiguous float32 or float16 [N, K/32] or [N, K/16] "
@@ -484,7 +514,6 @@ Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
               "interleaved 8-bit weights need 32-input groups (16-input ones are 6-bit)");
   const bool implicit = mins.numel() == 0;
   TORCH_CHECK(!implicit || inter, "only interleaved weights may leave out their mins");
-  const auto st = scales.scalar_type();
   for (const at::Tensor* t : {&scales, &mins}) {
     if (implicit && t == &mins) continue;
     const bool shape_ok = inter ? (t->dim() == 3 && t->size(0) * kRows == n &&
@@ -497,7 +526,7 @@ Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
   }
   return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr(),
                  implicit ? nullptr : mins.data_ptr(), st == at::kHalf, inter,
-                 store == 4 ? 4 : 8, k, k / kBlock, k / ng, ng, rb, store, implicit};
+                 store == 4 ? 4 : 8, k, k / kBlock, k / ng, ng, rb, store, implicit, 0, 0};
 }
 
 inline int64_t out_features(const Weights& w, const at::Tensor& qweight) {

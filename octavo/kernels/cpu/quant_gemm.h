@@ -59,6 +59,13 @@ constexpr int64_t kRows = 16;
 // 8 nibble runs (512 bytes) are followed by the high planes: for run j, plane p (bit 4 + p),
 // the 64-bit masks of its low-nibble and high-nibble vectors (bit 4 r + b: row r, byte b), so
 // a masked byte add rebuilds u in the register.
+//
+// K-quants (Q4_K, Q5_K, Q6_K) interleaved keep their scales in two levels, as the file does:
+// ``scales`` uint8 (Q4_K / Q5_K's 6-bit scales) or int8 (Q6_K's) [N/16, ng + 4 K/256, 16], per
+// 16-row group first the ng integer scales of each row, then K/256 x 16 float16 super-block
+// d, then (uint8 only) K/256 x 16 float16 dmin; ``mins`` uint8 [N/16, ng, 16] (the 6-bit mins:
+// m = -dmin min6) or empty (Q6_K: m = -32 d). d = d_super * scale is exact in float32 (11 and
+// 8 significant bits), the value the float32 layout held, at 1 byte per group instead of 4.
 struct Weights {
   const uint8_t* q;
   const void* d;
@@ -69,6 +76,27 @@ struct Weights {
   int64_t k, nb, group, ng, row_bytes;
   int64_t store_bits;  // as stored: 4, 5, 6 or 8 (5 and 6 only interleaved)
   bool implicit_m;
+  int64_t two_level;  // 0: float scales; 1: uint8 scales (+ mins); 2: int8 scales (no mins)
+  int64_t sstride;  // two-level: scale bytes per 16-row group
+
+  // Float16 super-block values of a 16-row group (two-level): which 0 d_super, 1 dmin.
+  const c10::Half* super16(int64_t grp, int64_t g, int which) const {
+    const int64_t nsup = k / 256, s = g / (ng * 256 / k);
+    return reinterpret_cast<const c10::Half*>(static_cast<const uint8_t*>(d) + grp * sstride +
+                                              ng * kRows) + (which * nsup + s) * kRows;
+  }
+  // Row r's d and m of group g, 16-row group grp (two-level).
+  float two_level_d(int64_t grp, int64_t g, int64_t r) const {
+    const uint8_t* sub = static_cast<const uint8_t*>(d) + grp * sstride + g * kRows + r;
+    const float sc = two_level == 1 ? static_cast<float>(*sub)
+                                    : static_cast<float>(*reinterpret_cast<const int8_t*>(sub));
+    return static_cast<float>(super16(grp, g, 0)[r]) * sc;
+  }
+  float two_level_m(int64_t grp, int64_t g, int64_t r) const {
+    if (implicit_m) return min_factor() * two_level_d(grp, g, r);
+    const uint8_t mn = static_cast<const uint8_t*>(m)[(grp * ng + g) * kRows + r];
+    return -static_cast<float>(super16(grp, g, 1)[r]) * static_cast<float>(mn);
+  }
 
   // Bytes of one 64-input chunk of a 16-row group in the nibble layouts (4, 5, 6 bits).
   int64_t chunk_bytes() const { return 512 + 128 * (store_bits - 4); }

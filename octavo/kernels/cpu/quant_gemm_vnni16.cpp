@@ -29,6 +29,31 @@ inline __m512 scales16(const Weights& w, const void* base, int64_t idx) {
   return _mm512_loadu_ps(static_cast<const float*>(base) + idx);
 }
 
+inline __m512 half16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// The 16 rows' d of group g of 16-row group grp: float scales, or (two-level) the integer
+// scale times the float16 super-block d, exact in float32.
+inline __m512 group_d(const Weights& w, int64_t grp, int64_t g) {
+  if (!w.two_level) return scales16(w, w.d, (grp * w.ng + g) * kRows);
+  const __m128i sub = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+      static_cast<const uint8_t*>(w.d) + grp * w.sstride + g * kRows));
+  const __m512i si = w.two_level == 1 ? _mm512_cvtepu8_epi32(sub) : _mm512_cvtepi8_epi32(sub);
+  return _mm512_mul_ps(half16(w.super16(grp, g, 0)), _mm512_cvtepi32_ps(si));
+}
+
+// ... and their m.
+inline __m512 group_m(const Weights& w, int64_t grp, int64_t g) {
+  if (w.implicit_m) return _mm512_mul_ps(group_d(w, grp, g), _mm512_set1_ps(w.min_factor()));
+  if (!w.two_level) return scales16(w, w.m, (grp * w.ng + g) * kRows);
+  const __m128i mn = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+      static_cast<const uint8_t*>(w.m) + (grp * w.ng + g) * kRows));
+  const __m512 dmin = half16(w.super16(grp, g, 1));
+  return _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dmin),
+                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
+}
+
 // u of one nibble vector's weights with the high planes' bits added: a masked byte add per
 // plane (the 64-bit masks follow the chunk's nibble runs, quant_gemm.h).
 template <int H>
@@ -61,7 +86,6 @@ inline void flush(__m512 acc[MT], __m512i h[MT], __m512i l[MT], __m512 d, const 
 template <int MT, int KIND, bool G16, bool STREAM>
 void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, float* out[MT]) {
   const uint8_t* gq = w.q + grp * kRows * w.row_bytes;
-  const int64_t sbase = grp * w.ng * kRows;
   const int64_t k = w.k;
   constexpr int H = KIND == 8 ? 0 : KIND - 4;
   __m512 acc[MT];
@@ -102,22 +126,20 @@ void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, f
       }
       if (G16 && (j == 3 || j == 7)) {  // the end of a 16-input group in both blocks
         const int64_t half = j / 4;
-        flush<MT>(acc, h0, l0, scales16(w, w.d, sbase + (4 * c + half) * kRows), a, m0, w.nb,
+        flush<MT>(acc, h0, l0, group_d(w, grp, 4 * c + half), a, m0, w.nb,
                   2 * c);
-        flush<MT>(acc, h1, l1, scales16(w, w.d, sbase + (4 * c + 2 + half) * kRows), a, m0,
+        flush<MT>(acc, h1, l1, group_d(w, grp, 4 * c + 2 + half), a, m0,
                   w.nb, 2 * c + 1);
       }
     }
     if constexpr (!G16) {
-      flush<MT>(acc, h0, l0, scales16(w, w.d, sbase + (2 * c) * kRows), a, m0, w.nb, 2 * c);
-      flush<MT>(acc, h1, l1, scales16(w, w.d, sbase + (2 * c + 1) * kRows), a, m0, w.nb,
+      flush<MT>(acc, h0, l0, group_d(w, grp, 2 * c), a, m0, w.nb, 2 * c);
+      flush<MT>(acc, h1, l1, group_d(w, grp, 2 * c + 1), a, m0, w.nb,
                 2 * c + 1);
     }
   }
   for (int64_t g = 0; g < w.ng; ++g) {  // the m-terms
-    const __m512 mv = w.implicit_m
-        ? _mm512_mul_ps(scales16(w, w.d, sbase + g * kRows), _mm512_set1_ps(w.min_factor()))
-        : scales16(w, w.m, sbase + g * kRows);
+    const __m512 mv = group_m(w, grp, g);
     for (int r = 0; r < MT; ++r) {
       acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.s[(m0 + r) * w.ng + g]), acc[r]);
     }
@@ -139,7 +161,9 @@ void run_groups(const Weights& w, const QuantActs& a, int64_t m, int64_t n, floa
   const int64_t group_bytes = kRows * w.row_bytes;
   const int64_t tiles = (m + kGroupTile - 1) / kGroupTile;
   const int64_t per_tile = (group_bytes / 64 + tiles - 1) / tiles * 64;
-  const int64_t scale_bytes = w.ng * kRows * (w.half ? 2 : 4);
+  const int64_t float_bytes = w.ng * kRows * (w.half ? 2 : 4);
+  const int64_t scale_bytes[2] = {w.two_level ? w.sstride : float_bytes,
+                                  w.two_level ? w.ng * kRows : float_bytes};
   for (int64_t g = begin; g < end; ++g) {
     const char* next = reinterpret_cast<const char*>(w.q + (g + 1) * group_bytes);
     for (int64_t m0 = 0; m0 < m; m0 += kGroupTile) {
@@ -151,10 +175,11 @@ void run_groups(const Weights& w, const QuantActs& a, int64_t m, int64_t n, floa
         const int64_t hi = std::min(group_bytes, lo + per_tile);
         for (int64_t b = lo; b < hi; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
         if (m0 == 0) {  // and its scales and mins (the same pattern)
-          for (const void* base : {w.d, w.m}) {
-            if (base == nullptr) continue;
-            const char* sp = static_cast<const char*>(base) + (g + 1) * scale_bytes;
-            for (int64_t b = 0; b < scale_bytes; b += 64) _mm_prefetch(sp + b, _MM_HINT_T0);
+          const void* bases[2] = {w.d, w.m};
+          for (int i = 0; i < 2; ++i) {
+            if (bases[i] == nullptr) continue;
+            const char* sp = static_cast<const char*>(bases[i]) + (g + 1) * scale_bytes[i];
+            for (int64_t b = 0; b < scale_bytes[i]; b += 64) _mm_prefetch(sp + b, _MM_HINT_T0);
           }
         }
       }
