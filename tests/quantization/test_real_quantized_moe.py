@@ -116,3 +116,23 @@ def test_gpu_layout_through_the_interpreter(name, monkeypatch):
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": ref["prompts"][1]}], params, use_tqdm=False)
     assert list(out[0].outputs[0].token_ids) == ref["tokens"][1][:3]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("qwen3_moe-awq")])
+def test_two_ranks_give_the_reference_tokens(name):
+    """The AWQ experts split over two ranks (gate/up's packed output words and down's groups
+    narrowed per rank, one all-reduce of the experts' partial sums): the reference's
+    tokens."""
+    ref = _reference(name)
+    llm = LLM(model=os.path.join(FIXTURES, name), dtype="float32", skip_tokenizer_init=True,
+              max_model_len=64, tensor_parallel_size=2)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=len(ref["tokens"][0]),
+                                ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in ref["prompts"]], params,
+                            use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    for out, tokens, margins in zip(outs, ref["tokens"], ref["margins"], strict=True):
+        n = next((i for i, m in enumerate(margins) if m < TIE), len(tokens))
+        assert list(out.outputs[0].token_ids)[:n] == tokens[:n], name
