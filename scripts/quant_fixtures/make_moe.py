@@ -10,6 +10,10 @@ make_compressed_tensors.py); run this script in each, it builds the cases of the
     GPTQMODEL_CPU_WORKERS=2 PYTHONPATH=. /work/venvs/gptqm/bin/python \\
         scripts/quant_fixtures/make_moe.py
     PYTHONPATH=. /work/venvs/llmc/bin/python scripts/quant_fixtures/make_moe.py
+    PYTHONPATH=. /work/venvs/bnb/bin/python scripts/quant_fixtures/make_moe.py
+
+(the bitsandbytes venv as make_bitsandbytes.py's). GPTQModel leaves per-run logs under
+./logs/, which are not part of the fixtures.
 
 References: GPTQ / AWQ as make_gptq_awq.py (GPTQModel's torch kernels switched to its own
 dequantization in float32); compressed-tensors as transformers decompresses the checkpoint on
