@@ -332,9 +332,10 @@ def _rows_scales(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
                  groups: torch.Tensor, lanes: torch.Tensor, in_features: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Explicit float d and m of rows (group, lane) of an interleaved layer."""
-    if scales.dtype in (torch.uint8, torch.int8):
-        d, m = _two_level_float(scales, mins, in_features)
-        rows = groups * ROWS + lanes
+    if scales.dtype in (torch.uint8, torch.int8):  # the rows' own groups only
+        d, m = _two_level_float(scales[groups], mins if mins.numel() == 0 else mins[groups],
+                                in_features)
+        rows = torch.arange(len(groups)) * ROWS + lanes
         return d[rows], m[rows]
     s = _lane_scales(scales, groups, lanes)
     m = mins if mins.numel() == 0 else _lane_scales(mins, groups, lanes)
@@ -350,6 +351,8 @@ def deinterleave(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
     groups = torch.arange(qweight.shape[0]).repeat_interleave(ROWS)
     lanes = torch.arange(ROWS).repeat(qweight.shape[0])
     q = _lane_rows(qweight, groups, lanes, in_features)
+    if scales.dtype in (torch.uint8, torch.int8):  # every row, in order
+        return (q, *_two_level_float(scales, mins, in_features))
     return (q, *_rows_scales(qweight, scales, mins, groups, lanes, in_features))
 
 
@@ -381,8 +384,6 @@ def repack_parts(parts: list[tuple[torch.Tensor, str]], in_features: int,
     inter = interleaved and can_interleave(n, in_features)
     group = min(group_size(name) for name in names)
     store = max(_store_bits(name, inter) for name in names)
-    if inter and store == 8 and group < BLOCK:  # no interleaved kernel for this mix
-        inter, store = False, 8
     if not inter:
         store = 4 if all(bits(name) == 4 for name in names) else 8
     us, ds, ms = [], [], []
@@ -400,8 +401,12 @@ def repack_parts(parts: list[tuple[torch.Tensor, str]], in_features: int,
         scales = _two_level_scales(sc, dsup, dmin)
         mins = (torch.empty(0, dtype=torch.uint8) if mn is None
                 else _interleave_scales(torch.from_numpy(mn)))
-        qweight = (_interleave_high(u, store - 4) if store in (5, 6)
-                   else interleave(pack_nibbles(torch.from_numpy(u)), scales[:0], mins[:0])[0])
+        if store in (5, 6):
+            qweight = _interleave_high(u, store - 4)
+        else:
+            qweight = torch.from_numpy(u)
+            qweight = interleave(pack_nibbles(qweight) if store == 4 else qweight,
+                                 scales[:0], mins[:0])[0]
         return tuple(t.to(dev) for t in (qweight, scales, mins))
     if implicit:
         (d,) = _narrow_scales(d)

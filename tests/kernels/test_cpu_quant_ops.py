@@ -191,7 +191,7 @@ def test_large_output_streamed(name, m):
 
 @pytest.mark.parametrize("isa", ISAS, ids=lambda i: ISA_NAMES[i])
 @pytest.mark.parametrize("names", [("Q5_0", "Q5_0", "Q8_0"), ("Q4_K", "Q4_K", "Q6_K"),
-                                   ("Q4_0", "Q4_1")], ids="+".join)
+                                   ("Q4_0", "Q4_1"), ("Q6_K", "Q8_0")], ids="+".join)
 @pytest.mark.parametrize("m", [1, 5])
 def test_mixed_parts_match_reference(isa, names, m):
     """A merged layer of parts in different formats (gguf_blocks.repack_parts), interleaved,

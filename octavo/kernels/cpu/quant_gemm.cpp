@@ -498,20 +498,16 @@ Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
                                               mins.size(0) == scales.size(0) &&
                                               mins.size(1) == ng && mins.size(2) == kRows),
                 "two-level scales: uint8 scales take uint8 mins [N/16, K/G, 16], int8 ones none");
-    TORCH_CHECK(store == 8 ? ng * 32 == k : store != 8, "interleaved 8-bit weights need "
-                "32-input groups");
     return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr(),
                    implicit ? nullptr : mins.data_ptr(), false, inter, store == 4 ? 4 : 8, k,
                    k / kBlock, k / ng, ng, rb, store, implicit, two_level,
-                   scales.size(1) * kRows};
+                   scales.size(1) * kRows, ng * 32 == k ? 3 : 4};
   }
   TORCH_CHECK(scales.dim() == sd && scales.size(1) > 0 &&
                   (scales.size(1) * 32 == k || scales.size(1) * 16 == k),
               "scales and mins must be contiguous float32 or float16 [N, K/32] or [N, K/16] "
               "(interleaved: [N/16, K/G, 16]) for N=", n, ", K=", k);
   const int64_t ng = scales.size(1);
-  TORCH_CHECK(!inter || ng * 32 == k || store != 8,
-              "interleaved 8-bit weights need 32-input groups (16-input ones are 6-bit)");
   const bool implicit = mins.numel() == 0;
   TORCH_CHECK(!implicit || inter, "only interleaved weights may leave out their mins");
   for (const at::Tensor* t : {&scales, &mins}) {
@@ -526,7 +522,7 @@ Weights check_weights(const at::Tensor& qweight, const at::Tensor& scales,
   }
   return Weights{qweight.data_ptr<uint8_t>(), scales.data_ptr(),
                  implicit ? nullptr : mins.data_ptr(), st == at::kHalf, inter,
-                 store == 4 ? 4 : 8, k, k / kBlock, k / ng, ng, rb, store, implicit, 0, 0};
+                 store == 4 ? 4 : 8, k, k / kBlock, k / ng, ng, rb, store, implicit, 0, 0, 0};
 }
 
 inline int64_t out_features(const Weights& w, const at::Tensor& qweight) {

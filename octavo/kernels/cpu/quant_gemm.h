@@ -78,10 +78,11 @@ struct Weights {
   bool implicit_m;
   int64_t two_level;  // 0: float scales; 1: uint8 scales (+ mins); 2: int8 scales (no mins)
   int64_t sstride;  // two-level: scale bytes per 16-row group
+  int64_t sup_shift;  // two-level: log2 of the groups per 256-input super-block (3 or 4)
 
   // Float16 super-block values of a 16-row group (two-level): which 0 d_super, 1 dmin.
   const c10::Half* super16(int64_t grp, int64_t g, int which) const {
-    const int64_t nsup = k / 256, s = g / (ng * 256 / k);
+    const int64_t nsup = k >> 8, s = g >> sup_shift;  // (no division: a call per group)
     return reinterpret_cast<const c10::Half*>(static_cast<const uint8_t*>(d) + grp * sstride +
                                               ng * kRows) + (which * nsup + s) * kRows;
   }

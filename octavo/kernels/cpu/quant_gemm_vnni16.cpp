@@ -11,6 +11,10 @@ namespace octavo_cpu {
 namespace quant {
 namespace {
 
+// The per-group helpers are forced inline: gcc 12 left group_d out of line, a call per
+// 16-input group of Q6_K.
+#define OCTAVO_AI inline __attribute__((always_inline))
+
 // acc += u (16 lanes x 4 unsigned bytes) . the 4 signed bytes at x, broadcast to every lane:
 // one vpdpbusd with an embedded {1to16} broadcast of its memory operand, where gcc 12 emits a
 // separate vpbroadcastd for _mm512_set1_epi32 (3072x576 at M = 32, one thread: 0.626 ->
@@ -21,7 +25,7 @@ inline void dpbusd_bcst(__m512i& acc, __m512i u, const int8_t* x) {
       : "v"(u), "m"(*reinterpret_cast<const int32_t*>(x)));
 }
 
-inline __m512 scales16(const Weights& w, const void* base, int64_t idx) {
+OCTAVO_AI __m512 scales16(const Weights& w, const void* base, int64_t idx) {
   if (w.half) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(static_cast<const c10::Half*>(base) + idx)));
@@ -29,13 +33,13 @@ inline __m512 scales16(const Weights& w, const void* base, int64_t idx) {
   return _mm512_loadu_ps(static_cast<const float*>(base) + idx);
 }
 
-inline __m512 half16(const c10::Half* p) {
+OCTAVO_AI __m512 half16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // The 16 rows' d of group g of 16-row group grp: float scales, or (two-level) the integer
 // scale times the float16 super-block d, exact in float32.
-inline __m512 group_d(const Weights& w, int64_t grp, int64_t g) {
+OCTAVO_AI __m512 group_d(const Weights& w, int64_t grp, int64_t g) {
   if (!w.two_level) return scales16(w, w.d, (grp * w.ng + g) * kRows);
   const __m128i sub = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
       static_cast<const uint8_t*>(w.d) + grp * w.sstride + g * kRows));
@@ -44,7 +48,7 @@ inline __m512 group_d(const Weights& w, int64_t grp, int64_t g) {
 }
 
 // ... and their m.
-inline __m512 group_m(const Weights& w, int64_t grp, int64_t g) {
+OCTAVO_AI __m512 group_m(const Weights& w, int64_t grp, int64_t g) {
   if (w.implicit_m) return _mm512_mul_ps(group_d(w, grp, g), _mm512_set1_ps(w.min_factor()));
   if (!w.two_level) return scales16(w, w.m, (grp * w.ng + g) * kRows);
   const __m128i mn = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
@@ -57,7 +61,7 @@ inline __m512 group_m(const Weights& w, int64_t grp, int64_t g) {
 // u of one nibble vector's weights with the high planes' bits added: a masked byte add per
 // plane (the 64-bit masks follow the chunk's nibble runs, quant_gemm.h).
 template <int H>
-inline __m512i add_high(__m512i u, const uint8_t* masks) {
+OCTAVO_AI __m512i add_high(__m512i u, const uint8_t* masks) {
   for (int p = 0; p < H; ++p) {
     uint64_t bits;
     std::memcpy(&bits, masks + 16 * p, 8);
@@ -66,22 +70,29 @@ inline __m512i add_high(__m512i u, const uint8_t* masks) {
   return u;
 }
 
-// acc[r] += (256 dot(hi) + dot(lo)) * d * xd, the integer halves' accumulators then cleared.
+// Weight group g's share: acc[r] += (256 dot(hi) + dot(lo)) * d * xd + m * sum(x over g), the
+// integer halves' accumulators then cleared. The m-term here, with the d already loaded (an
+// implicit m is a multiple of it), not in a second pass over the groups.
 template <int MT>
-inline void flush(__m512 acc[MT], __m512i h[MT], __m512i l[MT], __m512 d, const QuantActs& a,
-                  int64_t m0, int64_t nb, int64_t block) {
+OCTAVO_AI void flush(const Weights& w, int64_t grp, int64_t g, __m512 acc[MT], __m512i h[MT],
+                     __m512i l[MT], const QuantActs& a, int64_t m0, int64_t block) {
+  const __m512 d = group_d(w, grp, g);
+  const __m512 mv = w.implicit_m ? _mm512_mul_ps(d, _mm512_set1_ps(w.min_factor()))
+                                 : group_m(w, grp, g);
   for (int r = 0; r < MT; ++r) {
     const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(h[r], 8), l[r]);
     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                             _mm512_mul_ps(d, _mm512_set1_ps(a.d[(m0 + r) * nb + block])), acc[r]);
+                             _mm512_mul_ps(d, _mm512_set1_ps(a.d[(m0 + r) * w.nb + block])),
+                             acc[r]);
+    acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.s[(m0 + r) * w.ng + g]), acc[r]);
     h[r] = l[r] = _mm512_setzero_si512();
   }
 }
 
 // One group of 16 interleaved weight rows against MT activation rows: lane r of every vector is
 // weight row 16 grp + r; 4-byte runs of the activations' int8 halves are broadcast. KIND: 4, 5
-// or 6 (nibbles plus KIND - 4 high planes), 8 (a byte per weight, 32-groups: Q8_0). G16: scales
-// per 16 inputs (Q6_K: each half of a run's 8 runs is a group). STREAM: the outputs go out with
+// or 6 (nibbles plus KIND - 4 high planes), 8 (a byte per weight). G16: scales per 16 inputs
+// (Q6_K: each half of a run's 8 runs is a group). STREAM: the outputs go out with
 // non-temporal stores (see linear_groups_vnni).
 template <int MT, int KIND, bool G16, bool STREAM>
 void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, float* out[MT]) {
@@ -126,22 +137,13 @@ void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, f
       }
       if (G16 && (j == 3 || j == 7)) {  // the end of a 16-input group in both blocks
         const int64_t half = j / 4;
-        flush<MT>(acc, h0, l0, group_d(w, grp, 4 * c + half), a, m0, w.nb,
-                  2 * c);
-        flush<MT>(acc, h1, l1, group_d(w, grp, 4 * c + 2 + half), a, m0,
-                  w.nb, 2 * c + 1);
+        flush<MT>(w, grp, 4 * c + half, acc, h0, l0, a, m0, 2 * c);
+        flush<MT>(w, grp, 4 * c + 2 + half, acc, h1, l1, a, m0, 2 * c + 1);
       }
     }
     if constexpr (!G16) {
-      flush<MT>(acc, h0, l0, group_d(w, grp, 2 * c), a, m0, w.nb, 2 * c);
-      flush<MT>(acc, h1, l1, group_d(w, grp, 2 * c + 1), a, m0, w.nb,
-                2 * c + 1);
-    }
-  }
-  for (int64_t g = 0; g < w.ng; ++g) {  // the m-terms
-    const __m512 mv = group_m(w, grp, g);
-    for (int r = 0; r < MT; ++r) {
-      acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a.s[(m0 + r) * w.ng + g]), acc[r]);
+      flush<MT>(w, grp, 2 * c, acc, h0, l0, a, m0, 2 * c);
+      flush<MT>(w, grp, 2 * c + 1, acc, h1, l1, a, m0, 2 * c + 1);
     }
   }
   for (int r = 0; r < MT; ++r) {
@@ -210,7 +212,8 @@ void dispatch(const Weights& w, const QuantActs& a, int64_t m, int64_t n, float*
     case 6:
       if (g16) return run_groups<6, true, STREAM>(w, a, m, n, op, begin, end);
       return run_groups<6, false, STREAM>(w, a, m, n, op, begin, end);
-    default:  // 8 bits in 32-groups (check_weights)
+    default:  // 8 bits
+      if (g16) return run_groups<8, true, STREAM>(w, a, m, n, op, begin, end);
       return run_groups<8, false, STREAM>(w, a, m, n, op, begin, end);
   }
 }
