@@ -17,20 +17,23 @@ llama-cpp-python's source archive (``cmake --build build --target llama-bench``)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import cpu_count, device_info, git_commit, print_json_result  # noqa: E402
-from benchmarks.moe_cpu import llama_decode  # noqa: E402
 
 
 def octavo_rounds(llm, prompt: int, tokens: int, repeat: int):
-    """A function timing one round of Octavo's batch-1 decode on a loaded ``llm``."""
+    """A function timing one round of Octavo's batch-1 decode on a loaded ``llm``: one request
+    of ``prompt`` random token ids, greedy, EOS ignored; decode tok/s = (tokens - 1) / (time
+    of a ``tokens`` request - time of a 1-token one), each the best of ``repeat``."""
     from octavo import SamplingParams
 
     rng = random.Random(0)
@@ -45,12 +48,26 @@ def octavo_rounds(llm, prompt: int, tokens: int, repeat: int):
 
     timed(tokens)  # warm-up
 
-    def one_round() -> float:
+    def one_round() -> dict:
         first = min(timed(1) for _ in range(repeat))
         whole = min(timed(tokens) for _ in range(repeat))
-        return (tokens - 1) / (whole - first)
+        return {"prefill_s": first, "request_s": whole,
+                "decode_tok_s": (tokens - 1) / (whole - first)}
 
     return one_round
+
+
+def llama_decode(binary: str, path: str, tokens: int, threads: int, repeat: int) -> dict:
+    """llama.cpp's decode-only test (``llama-bench -p 0 -n tokens``) on ``path``."""
+    cmd = [binary, "-m", path, "-p", "0", "-n", str(tokens), "-t", str(threads),
+           "-r", str(repeat), "-o", "json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"llama-bench failed:\n{proc.stderr[-3000:]}")
+    rows = json.loads(proc.stdout)
+    tg = next(r for r in rows if r.get("n_gen") == tokens)
+    return {"decode_tok_s": tg["avg_ts"], "stddev_tok_s": tg.get("stddev_ts"),
+            "build": tg.get("build_commit"), "command": " ".join(cmd)}
 
 
 def bench_file(path: str, args, threads: int) -> dict:
@@ -62,7 +79,7 @@ def bench_file(path: str, args, threads: int) -> dict:
     one_round = octavo_rounds(llm, args.prompt, args.tokens, args.repeat)
     rounds = []
     for r in range(args.rounds):
-        octavo = one_round()
+        octavo = one_round()["decode_tok_s"]
         row = {"octavo_tok_s": octavo}
         if args.llama_bench:
             peer = llama_decode(args.llama_bench, path, args.tokens, threads, args.repeat)

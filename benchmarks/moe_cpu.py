@@ -20,16 +20,14 @@ all of this machine's cores unless ``--threads``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import cpu_count, device_info, git_commit, print_json_result  # noqa: E402
+from benchmarks.gguf_cpu import llama_decode, octavo_rounds  # noqa: E402
 
 SHAPE = dict(hidden=1024, layers=12, heads=16, kv_heads=4, head_dim=64, experts=64, top_k=8,
              expert_inter=512)
@@ -99,39 +97,14 @@ def write_moe_gguf(path: str, shape: dict, seed: int = 0) -> None:
 def octavo_decode(path: str, prompt: int, tokens: int, repeat: int) -> dict:
     import resource
 
-    from octavo import LLM, SamplingParams
+    from octavo import LLM
 
     t0 = time.perf_counter()
     llm = LLM(model=path, device="cpu", skip_tokenizer_init=True, max_model_len=4096)
     load_s = time.perf_counter() - t0
     load_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rng = random.Random(0)
-    ids = [rng.randrange(100, 40000) for _ in range(prompt)]
-
-    def timed(n: int) -> float:
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        t0 = time.perf_counter()
-        out = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
-        assert len(out[0].outputs[0].token_ids) == n
-        return time.perf_counter() - t0
-
-    timed(tokens)  # warm-up
-    first = min(timed(1) for _ in range(repeat))
-    whole = min(timed(tokens) for _ in range(repeat))
-    return {"load_s": load_s, "peak_rss_mib_after_load": load_rss, "prefill_s": first,
-            "request_s": whole, "decode_tok_s": (tokens - 1) / (whole - first)}
-
-
-def llama_decode(binary: str, path: str, tokens: int, threads: int, repeat: int) -> dict:
-    cmd = [binary, "-m", path, "-p", "0", "-n", str(tokens), "-t", str(threads),
-           "-r", str(repeat), "-o", "json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"llama-bench failed:\n{proc.stderr[-3000:]}")
-    rows = json.loads(proc.stdout)
-    tg = next(r for r in rows if r.get("n_gen") == tokens)
-    return {"decode_tok_s": tg["avg_ts"], "stddev_tok_s": tg.get("stddev_ts"),
-            "build": tg.get("build_commit"), "command": " ".join(cmd)}
+    return {"load_s": load_s, "peak_rss_mib_after_load": load_rss,
+            **octavo_rounds(llm, prompt, tokens, repeat)()}
 
 
 def main(argv: list[str] | None = None) -> int:

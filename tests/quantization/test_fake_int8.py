@@ -4,9 +4,7 @@ declares the method is detected and generates the same tokens as its dequantized
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 
 import pytest
 import torch
@@ -15,6 +13,7 @@ from octavo import LLM, SamplingParams
 from octavo.layers.linear import QKVParallelLinear, RowParallelLinear
 from octavo.quantization import registry as quant_registry
 from tests.quantization.fake_methods import FakeInt8Config, dequantize_int8, quantize_int8
+from tests.quantization.twins import patch_config, write_twins
 from tests.tiny_models import COMMON, make_checkpoint
 
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -69,7 +68,7 @@ def test_int8_row_parallel_layer_close_to_float():
 
 def _write_pair(src: str, root: str) -> tuple[str, str]:
     """(float folder, int8 folder) holding the same weights: the float one dequantized."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     state = {}
     for name in os.listdir(src):
@@ -85,21 +84,9 @@ def _write_pair(src: str, root: str) -> tuple[str, str]:
             int8[name[: -len("weight")] + "scales"] = s
         else:
             dense[name] = int8[name] = t
-    out = []
-    for sub, tensors in (("dense", dense), ("int8", int8)):
-        folder = os.path.join(root, sub)
-        os.makedirs(folder)
-        for name in os.listdir(src):
-            if not name.endswith(".safetensors"):
-                shutil.copy(os.path.join(src, name), folder)
-        save_file(tensors, os.path.join(folder, "model.safetensors"))
-        out.append(folder)
-    cfg_path = os.path.join(out[1], "config.json")
-    with open(cfg_path) as f:
-        cfg = json.load(f)
-    cfg["quantization_config"] = {"quant_method": "fake_int8", "modules_to_not_convert": []}
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f)
+    out = write_twins(src, root, {"dense": dense, "int8": int8})
+    patch_config(out[1], quantization_config={"quant_method": "fake_int8",
+                                              "modules_to_not_convert": []})
     return out[0], out[1]
 
 

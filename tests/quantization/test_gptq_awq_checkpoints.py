@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import zlib
 
 import pytest
@@ -14,6 +13,7 @@ import torch
 
 from octavo import LLM, SamplingParams
 from tests.quantization.packers import awq_tensors, gptq_tensors, quantize
+from tests.quantization.twins import patch_config, write_twins
 from tests.tiny_models import COMMON, make_checkpoint
 
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -72,17 +72,8 @@ def _quantize_state(state: dict, qcfg: dict) -> tuple[dict, dict]:
     return dense, quant
 
 
-def _patch_config(folder: str, **fields) -> None:
-    path = os.path.join(folder, "config.json")
-    with open(path) as f:
-        cfg = json.load(f)
-    cfg.update(fields)
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-
-
 def _write_pair(src: str, root: str, qcfg: dict, declared_in: str) -> tuple[str, str]:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     state = {}
     for name in os.listdir(src):
@@ -90,19 +81,11 @@ def _write_pair(src: str, root: str, qcfg: dict, declared_in: str) -> tuple[str,
             state.update(load_file(os.path.join(src, name)))
     torch.manual_seed(0)
     dense, quant = _quantize_state(state, qcfg)
-    out = []
-    for sub, tensors in (("dense", dense), ("quant", quant)):
-        folder = os.path.join(root, sub)
-        os.makedirs(folder)
-        for name in os.listdir(src):
-            if not name.endswith(".safetensors"):
-                shutil.copy(os.path.join(src, name), folder)
-        save_file(tensors, os.path.join(folder, "model.safetensors"))
-        out.append(folder)
+    out = write_twins(src, root, {"dense": dense, "quant": quant})
     if qcfg.get("lm_head"):  # the twin multiplies by its own (dequantized) head
-        _patch_config(out[0], tie_word_embeddings=False)
+        patch_config(out[0], tie_word_embeddings=False)
     if declared_in == "config.json":
-        _patch_config(out[1], quantization_config=qcfg)
+        patch_config(out[1], quantization_config=qcfg)
     else:
         with open(os.path.join(out[1], "quantize_config.json"), "w") as f:
             json.dump(qcfg, f)

@@ -25,6 +25,7 @@ from octavo.quantization.compressed_tensors import CompressedTensorsConfig
 from octavo.quantization.gptq import GPTQConfig
 from tests.quantization.packers import awq_tensors, gptq_tensors, quantize
 from tests.quantization.test_compressed_tensors import _int_tensors
+from tests.quantization.twins import patch_config, write_twins
 from tests.test_moe import _reference
 from tests.tiny_models import make_checkpoint
 
@@ -191,7 +192,7 @@ def write_pair(family: str, root: str, qcfg: dict, drop: str | None = None,
     the routers and those ``keep_float(name)`` names: experts, shared expert, attention),
     and its twin holding the dequantized float weights; ``drop`` leaves one tensor out of
     the packed one."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     src = make_checkpoint(family, os.path.join(root, "src"), **{**SHAPES[family], **overrides})
     state = load_file(os.path.join(src, "model.safetensors"))
@@ -210,20 +211,8 @@ def write_pair(family: str, root: str, qcfg: dict, drop: str | None = None,
         tensors = awq_tensors(qz) if awq else gptq_tensors(qz, 4, qcfg["checkpoint_format"])
         quant.update({stem + k: v for k, v in tensors.items()})
     quant.pop(drop, None)
-    out = []
-    for sub, tensors in (("dense", dense), ("quant", quant)):
-        folder = os.path.join(root, sub)
-        os.makedirs(folder)
-        for name in os.listdir(src):
-            if not name.endswith(".safetensors"):
-                shutil.copy(os.path.join(src, name), folder)
-        save_file(tensors, os.path.join(folder, "model.safetensors"))
-        out.append(folder)
-    with open(os.path.join(out[1], "config.json")) as f:
-        cfg = json.load(f)
-    cfg["quantization_config"] = qcfg
-    with open(os.path.join(out[1], "config.json"), "w") as f:
-        json.dump(cfg, f)
+    out = write_twins(src, root, {"dense": dense, "quant": quant})
+    patch_config(out[1], quantization_config=qcfg)
     return out[0], out[1]
 
 
@@ -357,7 +346,7 @@ def test_bitsandbytes_checkpoint_with_quantized_experts(tmp_path):
     """A bitsandbytes checkpoint written when experts were linears (transformers 4): int8
     experts with their row scales (``SCB``: W = q * SCB / 127), everything else float, as the
     checkpoint's names say. It matches its twin holding the dequantized experts."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     src = make_checkpoint("qwen3_moe", str(tmp_path / "src"))
     state = load_file(os.path.join(src, "model.safetensors"))
@@ -371,16 +360,9 @@ def test_bitsandbytes_checkpoint_with_quantized_experts(tmp_path):
         module = name[:-len(".weight")]
         quant[name], quant[f"{module}.SCB"] = q, scb
         dense[name] = q.float() * scb[:, None] / 127
-    folders = []
-    for sub, tensors in (("dense", dense), ("quant", quant)):
-        shutil.copytree(src, tmp_path / sub)
-        save_file(tensors, str(tmp_path / sub / "model.safetensors"))
-        folders.append(str(tmp_path / sub))
-    with open(os.path.join(folders[1], "config.json")) as f:
-        cfg = json.load(f)
-    cfg["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_8bit": True}
-    with open(os.path.join(folders[1], "config.json"), "w") as f:
-        json.dump(cfg, f)
+    folders = write_twins(src, str(tmp_path), {"dense": dense, "quant": quant})
+    patch_config(folders[1], quantization_config={"quant_method": "bitsandbytes",
+                                                  "load_in_8bit": True})
     llm = _llm(folders[1])
     model = llm.llm_engine.executor.worker.runner.model
     moe = next(m for m in model.modules() if isinstance(m, FusedMoE))
