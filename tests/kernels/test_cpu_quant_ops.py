@@ -138,6 +138,27 @@ def test_rejects_bad_shapes():
         ops.gguf_linear(torch.randn(2, 64), qweight, scales[:, :1].contiguous(), mins, 64, 0)
 
 
+def test_rejects_bad_compact_layouts():
+    """The interleaved compact forms are checked before any read: K-quant integer scales
+    with the wrong rows, mins or layout, left-out mins on row-major weights, odd row bytes."""
+    x = torch.randn(1, 256)
+    q, s, m = weights("Q4_K", 16, 256, interleaved=True)
+    assert s.dtype == torch.uint8 and m.dtype == torch.uint8
+    with pytest.raises(RuntimeError, match="two-level"):
+        ops.gguf_linear(x, q, s[:, :-1].contiguous(), m, 256, 0)  # a super-block row short
+    with pytest.raises(RuntimeError, match="uint8 scales take uint8 mins"):
+        ops.gguf_linear(x, q, s, m[:0], 256, 0)
+    q6, s6, m6 = weights("Q6_K", 16, 256, interleaved=True)
+    assert s6.dtype == torch.int8 and m6.numel() == 0
+    with pytest.raises(RuntimeError, match="int8 ones none"):
+        ops.gguf_linear(x, q6, s6, m, 256, 0)
+    rq, rs, rm = weights("Q4_0", 5, 256)
+    with pytest.raises(RuntimeError, match="only interleaved weights may leave out"):
+        ops.gguf_linear(x, rq, rs, rm[:0], 256, 0)
+    with pytest.raises(RuntimeError, match="bytes per row"):
+        ops.gguf_linear(x, q6[:, :-1].contiguous(), s6, m6, 256, 0)
+
+
 @pytest.mark.parametrize("isa", ISAS, ids=lambda i: ISA_NAMES[i])
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_1", "Q8_0"])
 def test_float16_scales_match_float32(isa, name):
