@@ -267,18 +267,19 @@ def _interleave_scales(t: torch.Tensor) -> torch.Tensor:
 
 
 def _interleave_high(u: np.ndarray, planes: int) -> torch.Tensor:
-    """u uint8 [N, K] (values < 2^(4 + planes)) -> the interleaved nibbles-and-high-planes
-    qweight [N/16, (K/2 + planes K/8)/4, 64] (module docstring)."""
+    """u uint8 [N, K] (values < 2^(4 + planes)) -> the interleaved nibbles-and-high-bits
+    qweight [N/16, (K/2 + planes K/8)/4, 64] (layout: quant_gemm.h)."""
     n, k = u.shape
-    groups, chunks = n // ROWS, k // 64
+    groups, chunks, per = n // ROWS, k // 64, 4 // planes
     nib = interleave(pack_nibbles(torch.from_numpy(u & 0x0F)), torch.empty(0), torch.empty(0))[0]
     nib = nib.numpy().reshape(groups, chunks, 512)
-    # bit p + 4 of u, as [plane, group, row r, chunk, which nibble, run j, byte b]
-    hb = np.stack([(u >> (4 + p)) & 1 for p in range(planes)])
-    hb = hb.reshape(planes, groups, ROWS, chunks, 2, 8, 4).transpose(1, 3, 5, 0, 4, 2, 6)
-    masks = np.packbits(np.ascontiguousarray(hb).reshape(groups, chunks, 8, planes, 2, 64),
-                        axis=-1, bitorder="little").reshape(groups, chunks, 128 * planes)
-    q = np.concatenate([nib, masks], axis=2).reshape(groups, -1, ROWS * 4)
+    # high bits as [group, row r, chunk, which nibble, vector t, run in vector jj, byte b]
+    hb = (u >> 4).reshape(groups, ROWS, chunks, 2, 2 * planes, per, 4).astype(np.uint16)
+    hb = hb.transpose(0, 2, 4, 1, 6, 5, 3)  # [group, chunk, t, r, b, jj, which]
+    shifts = planes * np.arange(2 * per, dtype=np.uint16).reshape(per, 2)  # slot v = 2 jj + which
+    high = (hb << shifts).sum(axis=(-2, -1)).astype(np.uint8)  # disjoint fields: sum is or
+    high = high.reshape(groups, chunks, 2 * planes * 64)
+    q = np.concatenate([nib, high], axis=2).reshape(groups, -1, ROWS * 4)
     return torch.from_numpy(np.ascontiguousarray(q))
 
 
@@ -301,14 +302,15 @@ def _lane_rows(qweight: torch.Tensor, groups: torch.Tensor, lanes: torch.Tensor,
     if bits_ in (4, 8):
         return q.view(n, q.shape[1], ROWS, 4)[ar, :, lanes].reshape(n, -1)
     planes, chunks = bits_ - 4, in_features // 64
+    per = 4 // planes
     q = q.reshape(n, chunks, 512 + 128 * planes)
     nib = q[:, :, :512].reshape(n, chunks, 8, ROWS, 4)[ar, :, :, lanes]  # [n, chunk, j, b]
-    # bit 4 r + b of each mask: byte r // 2, bit 4 (r % 2) + b
-    byte = q[:, :, 512:].reshape(n, chunks, 8, planes, 2, 8)[ar, :, :, :, :, lanes // 2]
-    shift = (4 * (lanes % 2)).view(n, 1, 1, 1, 1, 1) + torch.arange(4).view(1, 1, 1, 1, 1, 4)
-    high = (byte.unsqueeze(-1).to(torch.int32) >> shift) & 1  # [n, chunk, j, plane, which, b]
-    high = (high << (4 + torch.arange(planes)).view(1, 1, 1, planes, 1, 1)).sum(3)
-    u = torch.stack([(nib & 0x0F) + high[:, :, :, 0], (nib >> 4) + high[:, :, :, 1]], dim=2)
+    hv = q[:, :, 512:].reshape(n, chunks, 2 * planes, ROWS, 4)[ar, :, :, lanes]  # [n, c, t, b]
+    shifts = planes * torch.arange(2 * per).view(1, 1, 1, per, 2, 1)  # slot v = 2 jj + which
+    high = (hv.to(torch.int32).view(n, chunks, 2 * planes, 1, 1, 4) >> shifts) & ((1 << planes) - 1)
+    high = high.reshape(n, chunks, 8, 2, 4)  # [n, chunk, j = t per + jj, which, b]
+    u = torch.stack([(nib & 0x0F) + (high[:, :, :, 0] << 4),
+                     (nib >> 4) + (high[:, :, :, 1] << 4)], dim=2)
     return u.reshape(n, in_features).to(torch.uint8)
 
 

@@ -175,24 +175,19 @@ struct RowBuf {
 };
 
 // Row r (of 16) of a 5- or 6-bit interleaved group as a byte a weight: the nibbles plus the
-// high planes' bits (layout: quant_gemm.h).
+// high bits' fields (layout: quant_gemm.h).
 inline void expand_high_bits(const Weights& w, const uint8_t* g, int64_t r, uint8_t* dst) {
-  const int64_t h = w.store_bits - 4;
+  const int64_t h = w.store_bits - 4, per = 4 / h, field = (1 << h) - 1;
   for (int64_t c = 0; c < w.k / 64; ++c) {
     const uint8_t* cq = g + c * w.chunk_bytes();
     uint8_t* out = dst + c * 64;
     for (int64_t j = 0; j < 8; ++j) {
+      const int64_t t = j / per, v0 = 2 * (j % per);
       for (int64_t b = 0; b < 4; ++b) {
         const uint8_t byte = cq[j * 64 + 4 * r + b];
-        uint8_t lo = byte & 0x0F, hi = byte >> 4;
-        for (int64_t p = 0; p < h; ++p) {
-          const uint8_t* masks = cq + 512 + (j * h + p) * 16;
-          const int64_t bit = 4 * r + b;
-          lo |= ((masks[bit / 8] >> (bit % 8)) & 1) << (4 + p);
-          hi |= ((masks[8 + bit / 8] >> (bit % 8)) & 1) << (4 + p);
-        }
-        out[4 * j + b] = lo;
-        out[32 + 4 * j + b] = hi;
+        const uint8_t high = cq[512 + t * 64 + 4 * r + b];
+        out[4 * j + b] = (byte & 0x0F) | (((high >> (h * v0)) & field) << 4);
+        out[32 + 4 * j + b] = (byte >> 4) | (((high >> (h * (v0 + 1))) & field) << 4);
       }
     }
   }

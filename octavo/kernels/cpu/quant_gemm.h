@@ -56,9 +56,11 @@ constexpr int64_t kRows = 16;
 // 4-bit nibbles plus one or two planes of high bits (Q5_0 / Q5_1 / Q5_K, Q6_K: the file's own
 // bits a weight instead of a byte), and without mins where the format's m is -2^(bits-1) d
 // (Q4_0, Q5_0, Q8_0, Q6_K: an empty mins tensor). Per 64-input chunk of a 16-row group, the
-// 8 nibble runs (512 bytes) are followed by the high planes: for run j, plane p (bit 4 + p),
-// the 64-bit masks of its low-nibble and high-nibble vectors (bit 4 r + b: row r, byte b), so
-// a masked byte add rebuilds u in the register.
+// 8 nibble runs (512 bytes) are followed by 2 H vectors of 64 bytes holding the high bits
+// (H = bits - 4): byte 4 r + b of vector t (row r, byte b, as in a run) holds, in bits
+// H v ... H v + H - 1, the high bits of slot v = 2 (j - t 4/H) + which of runs
+// j = t 4/H ... t 4/H + 4/H - 1 (which: 0 the low nibbles' vector, 1 the high ones'), so one
+// shift and one vpternlog move a vector's high bits to bits 4.. in the register.
 //
 // K-quants (Q4_K, Q5_K, Q6_K) interleaved keep their scales in two levels, as the file does:
 // ``scales`` uint8 (Q4_K / Q5_K's 6-bit scales) or int8 (Q6_K's) [N/16, ng + 4 K/256, 16], per

@@ -58,16 +58,25 @@ OCTAVO_AI __m512 group_m(const Weights& w, int64_t grp, int64_t g) {
                        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(mn)));
 }
 
-// u of one nibble vector's weights with the high planes' bits added: a masked byte add per
-// plane (the 64-bit masks follow the chunk's nibble runs, quant_gemm.h).
-template <int H>
-OCTAVO_AI __m512i add_high(__m512i u, const uint8_t* masks) {
-  for (int p = 0; p < H; ++p) {
-    uint64_t bits;
-    std::memcpy(&bits, masks + 16 * p, 8);
-    u = _mm512_mask_add_epi8(u, _cvtu64_mask64(bits), u, _mm512_set1_epi8(16 << p));
-  }
-  return u;
+// u of one nibble vector's weights (u: its nibbles, bits 4-7 clear) with its high bits, the
+// H-bit field at bit SHIFT of each byte of hv (quant_gemm.h): a 16-bit shift (the field's
+// bits stay in their byte) and one vpternlog, u | (shifted & field mask).
+template <int H, int SHIFT>
+OCTAVO_AI __m512i add_high(__m512i u, __m512i hv) {
+  const __m512i field = _mm512_set1_epi8(static_cast<char>(((1 << H) - 1) << 4));
+  __m512i t = hv;
+  if constexpr (SHIFT < 4) t = _mm512_slli_epi16(hv, 4 - SHIFT);
+  if constexpr (SHIFT > 4) t = _mm512_srli_epi16(hv, SHIFT - 4);
+  return _mm512_ternarylogic_epi32(u, t, field, 0xF8);  // A | (B & C)
+}
+
+// Run J's two vectors (low nibbles: slot 2 (J % (4/H)), high: the next) with their high bits.
+template <int H, int J>
+OCTAVO_AI void add_high_run(__m512i& u0, __m512i& u1, const uint8_t* cq) {
+  constexpr int per = 4 / H, v0 = 2 * (J % per);
+  const __m512i hv = _mm512_loadu_si512(cq + 512 + (J / per) * 64);
+  u0 = add_high<H, H * v0>(u0, hv);
+  u1 = add_high<H, H * (v0 + 1)>(u1, hv);
 }
 
 // Weight group g's share: acc[r] += (256 dot(hi) + dot(lo)) * d * xd + m * sum(x over g), the
@@ -123,9 +132,16 @@ void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, f
         u0 = _mm512_and_si512(p, low4);
         u1 = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
         if constexpr (H > 0) {
-          const uint8_t* masks = cq + 512 + j * 16 * H;
-          u0 = add_high<H>(u0, masks);
-          u1 = add_high<H>(u1, masks + 8);
+          switch (j) {  // constant after the unroll: the shifts are immediates
+            case 0: add_high_run<H, 0>(u0, u1, cq); break;
+            case 1: add_high_run<H, 1>(u0, u1, cq); break;
+            case 2: add_high_run<H, 2>(u0, u1, cq); break;
+            case 3: add_high_run<H, 3>(u0, u1, cq); break;
+            case 4: add_high_run<H, 4>(u0, u1, cq); break;
+            case 5: add_high_run<H, 5>(u0, u1, cq); break;
+            case 6: add_high_run<H, 6>(u0, u1, cq); break;
+            default: add_high_run<H, 7>(u0, u1, cq); break;
+          }
         }
       }
       for (int r = 0; r < MT; ++r) {
