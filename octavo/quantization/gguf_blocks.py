@@ -24,11 +24,12 @@ and scales regrouped by 16 rows, ``qweight [N/16, row_bytes/4, 64]`` (each 64 by
 kernel makes 16 outputs per pass (quant_gemm.cpp). :func:`deinterleave` undoes it.
 
 Interleaved layers are stored tighter still (quant_gemm.h): the 5- and 6-bit formats (Q5_0,
-Q5_1, Q5_K, Q6_K) as the nibbles plus one or two planes of high bits, each 64-input chunk's 8
-runs of nibbles followed by their 64-bit masks (``qweight [N/16, (K/2 + h K/8)/4, 64]``), and
-the formats whose m is -2^(bits-1) d (Q4_0, Q5_0, Q8_0, Q6_K) keep no mins (an empty tensor):
-each layer then reads the file's own bytes a weight, as llama.cpp does (Q6_K's d per 16 stays
-float32).
+Q5_1, Q5_K, Q6_K) as the nibbles plus their high bits, each 64-input chunk's 8 runs of nibbles
+followed by the runs' h-bit fields packed in 2 h vectors of 64 bytes (``qweight [N/16,
+(K/2 + h K/8)/4, 64]``); the formats whose m is -2^(bits-1) d (Q4_0, Q5_0, Q8_0, Q6_K) keep no
+mins (an empty tensor); K-quants keep their integer scales under float16 super-block ones
+(uint8 / int8 ``scales``). Each layer then reads about the file's own bytes a weight, as
+llama.cpp does.
 
 Q2_K, Q3_K and the IQ formats are not in this layout: layers holding them are dequantized at
 load instead.
@@ -392,18 +393,22 @@ def repack_parts(parts: list[tuple[torch.Tensor, str]], in_features: int,
     store = max(_store_bits(name, inter) for name in names)
     if not inter:
         store = 4 if all(bits(name) == 4 for name in names) else 8
-    us, ds, ms = [], [], []
+    one = names[0] if len(set(names)) == 1 else None
+    two_level = inter and one in TWO_LEVEL
+    us, ds, ms, ks = [], [], [], []
     for raw, name in parts:
-        u, d, m = unpack_blocks(raw.cpu().numpy(), name, in_features)
-        rep = group_size(name) // group  # a per-32 scale as two per-16 ones
+        arr = raw.cpu().numpy()
+        u, d, m = unpack_blocks(arr, name, in_features)
         us.append(u)
-        ds.append(np.repeat(d, rep, axis=1))
-        ms.append(np.repeat(m, rep, axis=1))
-    u, d, m = (np.concatenate(a) if len(a) > 1 else a[0] for a in (us, ds, ms))
-    implicit = inter and len(set(names)) == 1 and names[0] in SYMMETRIC
-    if inter and len(set(names)) == 1 and names[0] in TWO_LEVEL:
-        sc, mn, dsup, dmin = (None if a[0] is None else np.concatenate(a) for a in zip(
-            *(_k_integer_scales(raw.cpu().numpy(), name, in_features) for raw, name in parts)))
+        if two_level:  # the file's integer scales instead of the float d and m
+            ks.append(_k_integer_scales(arr, name, in_features))
+        else:
+            rep = group_size(name) // group  # a per-32 scale as two per-16 ones
+            ds.append(np.repeat(d, rep, axis=1))
+            ms.append(np.repeat(m, rep, axis=1))
+    u = np.concatenate(us) if len(us) > 1 else us[0]
+    if two_level:
+        sc, mn, dsup, dmin = (None if a[0] is None else np.concatenate(a) for a in zip(*ks))
         scales = _two_level_scales(sc, dsup, dmin)
         mins = (torch.empty(0, dtype=torch.uint8) if mn is None
                 else _interleave_scales(torch.from_numpy(mn)))
@@ -414,7 +419,8 @@ def repack_parts(parts: list[tuple[torch.Tensor, str]], in_features: int,
             qweight = interleave(pack_nibbles(qweight) if store == 4 else qweight,
                                  scales[:0], mins[:0])[0]
         return tuple(t.to(dev) for t in (qweight, scales, mins))
-    if implicit:
+    d, m = (np.concatenate(a) if len(a) > 1 else a[0] for a in (ds, ms))
+    if inter and one in SYMMETRIC:
         (d,) = _narrow_scales(d)
         m = np.empty(0, d.dtype)
     else:

@@ -232,15 +232,13 @@ void gather_scales(const S* src, int64_t n, int64_t ng, float* dst) {
 
 inline RowScales row_scales(const Weights& w, int64_t n, RowBuf& rb) {
   float* buf = rb.s.data();
-  if (w.two_level) {
-    for (int64_t g = 0; g < w.ng; ++g) {
-      buf[g] = w.two_level_d(n / kRows, g, n % kRows);
-      buf[w.ng + g] = w.two_level_m(n / kRows, g, n % kRows);
-    }
-    return {buf, buf + w.ng};
-  }
   if (w.inter) {
-    if (w.half) {
+    if (w.two_level) {
+      for (int64_t g = 0; g < w.ng; ++g) {
+        buf[g] = w.two_level_d(n / kRows, g, n % kRows);
+        if (!w.implicit_m) buf[w.ng + g] = w.two_level_m(n / kRows, g, n % kRows);
+      }
+    } else if (w.half) {
       gather_scales(static_cast<const c10::Half*>(w.d), n, w.ng, buf);
       if (!w.implicit_m) gather_scales(static_cast<const c10::Half*>(w.m), n, w.ng, buf + w.ng);
     } else {

@@ -88,7 +88,7 @@ struct Weights {
     return reinterpret_cast<const c10::Half*>(static_cast<const uint8_t*>(d) + grp * sstride +
                                               ng * kRows) + (which * nsup + s) * kRows;
   }
-  // Row r's d and m of group g, 16-row group grp (two-level).
+  // Row r's d and (stored) m of group g, 16-row group grp (two-level).
   float two_level_d(int64_t grp, int64_t g, int64_t r) const {
     const uint8_t* sub = static_cast<const uint8_t*>(d) + grp * sstride + g * kRows + r;
     const float sc = two_level == 1 ? static_cast<float>(*sub)
@@ -96,7 +96,6 @@ struct Weights {
     return static_cast<float>(super16(grp, g, 0)[r]) * sc;
   }
   float two_level_m(int64_t grp, int64_t g, int64_t r) const {
-    if (implicit_m) return min_factor() * two_level_d(grp, g, r);
     const uint8_t mn = static_cast<const uint8_t*>(m)[(grp * ng + g) * kRows + r];
     return -static_cast<float>(super16(grp, g, 1)[r]) * static_cast<float>(mn);
   }

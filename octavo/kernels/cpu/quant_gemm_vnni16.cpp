@@ -82,8 +82,9 @@ OCTAVO_AI void add_high_run(__m512i& u0, __m512i& u1, const uint8_t* cq) {
 }
 
 // Weight group g's share: acc[r] += (256 dot(hi) + dot(lo)) * d * xd, the integer halves'
-// accumulators then cleared; with FOLD (the nibble layouts) the group's m-term too, m * sum(x over g) (an implicit
-// m is a multiple of the d already loaded), instead of a second pass over the groups. Folded
+// accumulators then cleared; with FOLD (the nibble layouts) the group's m-term too,
+// m * sum(x over g) (an implicit m is a multiple of the d already loaded), instead of a second
+// pass over the groups. Folded
 // is faster for the nibble layouts (Q5_0 9728x896 one thread 383-409 -> 331-338 us, Q6_K
 // 37984x1536 3409-3498 -> 2995-3034), the second pass for bytes (Q8_0 49152x576 955-973 us
 // against 1104-1144 folded), measured alternately on the 2-core EPYC.
@@ -121,8 +122,8 @@ void group_vnni(const Weights& w, int64_t grp, const QuantActs& a, int64_t m0, f
   __m512 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm512_setzero_ps();
   // 64-input chunk c (blocks 2c and 2c+1), 8 runs of 16 rows x 4 bytes. Nibbles: the low
-  // nibbles of run j are block 2c, the high ones block 2c+1. 8 bits in 32-groups (Q8_0): runs
-  // 16c + j and 16c + 8 + j.
+  // nibbles of run j are block 2c, the high ones block 2c+1. A byte a weight: runs 16c + j
+  // and 16c + 8 + j.
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int64_t c = 0; c < k / 64; ++c) {
     const uint8_t* cq = KIND == 8 ? gq + c * 1024 : gq + c * (512 + 128 * H);
