@@ -8,17 +8,20 @@ scripts/quant_fixtures/make_gptq_awq.py; this test needs only Octavo."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
 from octavo import LLM, SamplingParams
+from tests.quantization.tool_fixtures import (
+    FIXTURES_ROOT,
+    assert_matches_reference,
+    fixture_names,
+    load_reference,
+)
 
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "gptq_awq")
-NAMES = sorted(n for n in os.listdir(FIXTURES)
-               if os.path.isfile(os.path.join(FIXTURES, n, "reference.json"))) \
-    if os.path.isdir(FIXTURES) else []
+FIXTURES = os.path.join(FIXTURES_ROOT, "gptq_awq")
+NAMES = fixture_names(FIXTURES)
 # A reference step whose best two logprobs are closer than this is a tie that float rounding
 # may break either way: the exact comparison stops there. (The references differ from Octavo
 # by about 2e-6 in logprob; the smallest margin in the committed fixtures is far above this.)
@@ -27,8 +30,7 @@ LOGPROB_ATOL = 1e-4
 
 
 def _reference(name: str) -> dict:
-    with open(os.path.join(FIXTURES, name, "reference.json")) as f:
-        return json.load(f)
+    return load_reference(FIXTURES, name)
 
 
 def _llm(name: str, **kwargs) -> LLM:
@@ -64,20 +66,11 @@ def test_method_detected_from_checkpoint(loaded):
 
 def test_greedy_tokens_and_logprobs_match_transformers(loaded):
     name, ref, llm = loaded
-    steps = len(ref["tokens"][0])
-    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=0)
+    params = SamplingParams(temperature=0.0, max_tokens=len(ref["tokens"][0]), ignore_eos=True,
+                            logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in ref["prompts"]], params,
                         use_tqdm=False)
-    compared = 0
-    for out, tokens, logprobs, margins in zip(outs, ref["tokens"], ref["logprobs"],
-                                              ref["margins"]):
-        got = list(out.outputs[0].token_ids)
-        got_lp = [step[t].logprob for step, t in zip(out.outputs[0].logprobs, got)]
-        n = next((i for i, m in enumerate(margins) if m < TIE), steps)
-        assert got[:n] == tokens[:n], f"{name}: prompt {out.prompt_token_ids}"
-        assert got_lp[:n] == pytest.approx(logprobs[:n], abs=LOGPROB_ATOL), name
-        compared += n
-    assert compared >= steps * len(ref["prompts"]) // 2, f"{name}: too many ties to compare"
+    assert_matches_reference(name, ref, outs, LOGPROB_ATOL, TIE)
 
 
 @pytest.mark.parametrize("name", NAMES)

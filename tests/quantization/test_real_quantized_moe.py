@@ -7,7 +7,6 @@ references come from scripts/quant_fixtures/make_moe.py; this test needs only Oc
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -15,11 +14,16 @@ import pytest
 from octavo import LLM, SamplingParams
 from octavo.layers.fused_moe import FusedMoE
 from octavo.layers.quantized_experts import QuantizedExperts
+from tests.quantization.tool_fixtures import (
+    FIXTURES_ROOT,
+    assert_matches_reference,
+    fixture_names,
+    load_reference,
+    untied_steps,
+)
 
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "moe")
-NAMES = sorted(n for n in os.listdir(FIXTURES)
-               if os.path.isfile(os.path.join(FIXTURES, n, "reference.json"))) \
-    if os.path.isdir(FIXTURES) else []
+FIXTURES = os.path.join(FIXTURES_ROOT, "moe")
+NAMES = fixture_names(FIXTURES)
 # As test_real_gptq_awq: a step whose best two reference logprobs are closer than TIE may
 # break either way under float rounding; the exact comparison stops there.
 TIE = 1e-4
@@ -33,8 +37,7 @@ METHODS = {"gptq": "GPTQLinearMethod", "awq": "AWQLinearMethod",
 
 
 def _reference(name: str) -> dict:
-    with open(os.path.join(FIXTURES, name, "reference.json")) as f:
-        return json.load(f)
+    return load_reference(FIXTURES, name)
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -79,22 +82,12 @@ def test_experts_held_quantized(loaded):
 
 def test_greedy_tokens_and_logprobs_match_transformers(loaded):
     name, ref, llm = loaded
-    steps = len(ref["tokens"][0])
-    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=0)
+    params = SamplingParams(temperature=0.0, max_tokens=len(ref["tokens"][0]), ignore_eos=True,
+                            logprobs=0)
     outs = llm.generate([{"prompt_token_ids": p} for p in ref["prompts"]], params,
                         use_tqdm=False)
     atol = BF16_REFERENCE_ATOL if ref.get("reference_bfloat16") else LOGPROB_ATOL
-    tie = max(TIE, atol)
-    compared = 0
-    for out, tokens, logprobs, margins in zip(outs, ref["tokens"], ref["logprobs"],
-                                              ref["margins"], strict=True):
-        got = list(out.outputs[0].token_ids)
-        got_lp = [step[t].logprob for step, t in zip(out.outputs[0].logprobs, got)]
-        n = next((i for i, m in enumerate(margins) if m < tie), steps)
-        assert got[:n] == tokens[:n], f"{name}: prompt {out.prompt_token_ids}"
-        assert got_lp[:n] == pytest.approx(logprobs[:n], abs=atol), name
-        compared += n
-    assert compared >= steps * len(ref["prompts"]) // 2, f"{name}: too many ties to compare"
+    assert_matches_reference(name, ref, outs, atol, max(TIE, atol))
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("qwen2_moe-gptq4")])
@@ -134,5 +127,5 @@ def test_two_ranks_give_the_reference_tokens(name):
     finally:
         llm.llm_engine.shutdown()
     for out, tokens, margins in zip(outs, ref["tokens"], ref["margins"], strict=True):
-        n = next((i for i, m in enumerate(margins) if m < TIE), len(tokens))
+        n = untied_steps(margins, TIE)
         assert list(out.outputs[0].token_ids)[:n] == tokens[:n], name
