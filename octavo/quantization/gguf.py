@@ -58,20 +58,22 @@ def _kernels(x: torch.Tensor):
 
 
 def interleave_weights() -> bool:
-    """Whether repacked weights take the 16-row interleaved layout: where the VNNI kernel is
-    built and not switched off by OCTAVO_CPU_QUANT_ISA (other paths read it row by row)."""
+    """Whether repacked weights take the 16-row interleaved layout: where the AVX-512 VNNI or
+    the AVX2 kernel on it is built and not switched off by OCTAVO_CPU_QUANT_ISA (the scalar
+    path reads it row by row)."""
     from octavo.kernels import cpu as cpu_kernels
 
     ops = cpu_kernels.load()
-    return (ops is not None and hasattr(ops, "quant_isas")
-            and ISA_CODES["avx512"] in ops.quant_isas()
-            and envs.cpu_quant_isa() in ("auto", "avx512"))
+    if ops is None or not hasattr(ops, "quant_isas"):
+        return False
+    isas, want = ops.quant_isas(), envs.cpu_quant_isa()
+    return any(ISA_CODES[name] in isas and want in ("auto", name) for name in ("avx512", "avx2"))
 
 
 def dense_min_rows(qweight: torch.Tensor, isa: int) -> int:
     """Rows from which the dequantize-then-BLAS kernel runs instead of the integer one."""
-    if qweight.dim() == 3 and isa in (ISA_CODES["auto"], ISA_CODES["avx512"]):
-        return 1 << 62  # interleaved: the VNNI kernel at every M
+    if qweight.dim() == 3 and isa != ISA_CODES["scalar"]:
+        return 1 << 62  # interleaved: the VNNI or AVX2 kernel on it at every M
     return DEQUANT_GEMM_MIN_ROWS
 
 

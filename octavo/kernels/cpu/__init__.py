@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ("bindings.cpp", "norm.cpp", "activation.cpp", "rotary.cpp", "cache.cpp",
-           "attention.cpp", "quant_gemm.cpp", "quant_gemm_vnni16.cpp", "decoder.cpp",
+           "attention.cpp", "quant_gemm.cpp", "quant_gemm_vnni16.cpp",
+           "quant_gemm_avx2x16.cpp", "decoder.cpp",
            "argmax.cpp", "moe.cpp")
 HEADERS = ("common.h", "ops.h", "simd512.h", "attention_chunks.h", "quant_gemm.h")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-DNDEBUG")

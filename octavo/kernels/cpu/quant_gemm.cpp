@@ -72,12 +72,89 @@ inline void quantize_block_512(const float* xb, int16_t* q, int8_t* hi, int8_t* 
 }
 #endif
 
-// vector: float32 blocks through quantize_block_512 where built (off for the scalar path, the
-// portable reference end to end).
+#if defined(__AVX2__)
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hmax256(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+#if defined(OCTAVO_QUANT_AVX2X16)
+// One float32 32-block for the AVX2 kernel on interleaved weights, vectorised: q in pair order
+// (QuantActs::pair_order, for its 8-bit weights) or, with split, only the int8 halves
+// q = 256 hi + lo in input order (for its nibble weights). The same values as the portable
+// loop (round to nearest even; sums up to float association within a group).
+inline void quantize_block_avx2(const float* xb, int16_t* q, int8_t* hi, int8_t* lo, float* d,
+                                float* s, int64_t group, bool split) {
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(xb + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+  }
+  const float mx = hmax256(amax);
+  const __m256 id = _mm256_set1_ps(mx > 0.0f ? kQMax / mx : 0.0f);
+  const __m256 lim = _mm256_set1_ps(kQMax), nlim = _mm256_set1_ps(-kQMax);
+  __m256i qi[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], id),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    qi[i] = _mm256_cvtps_epi32(_mm256_max_ps(nlim, _mm256_min_ps(lim, r)));
+  }
+  // packs interleaves 128-bit lanes: a permute of 64-bit (16-bit data) or 32-bit (8-bit data)
+  // elements restores input order.
+  if (split) {
+    __m256i h[4], l[4];
+    for (int i = 0; i < 4; ++i) {
+      h[i] = _mm256_srai_epi32(_mm256_add_epi32(qi[i], _mm256_set1_epi32(128)), 8);
+      l[i] = _mm256_sub_epi32(qi[i], _mm256_slli_epi32(h[i], 8));
+    }
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i hb = _mm256_packs_epi16(_mm256_packs_epi32(h[0], h[1]),
+                                          _mm256_packs_epi32(h[2], h[3]));
+    const __m256i lb = _mm256_packs_epi16(_mm256_packs_epi32(l[0], l[1]),
+                                          _mm256_packs_epi32(l[2], l[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi), _mm256_permutevar8x32_epi32(hb, order));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo), _mm256_permutevar8x32_epi32(lb, order));
+  } else {
+    const __m256i pairs = _mm256_setr_epi32(0, 2, 1, 3, 4, 6, 5, 7);
+    for (int i = 0; i < 2; ++i) {
+      const __m256i p = _mm256_packs_epi32(_mm256_permutevar8x32_epi32(qi[2 * i], pairs),
+                                           _mm256_permutevar8x32_epi32(qi[2 * i + 1], pairs));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16 * i),
+                          _mm256_permute4x64_epi64(p, 0xD8));
+    }
+  }
+  *d = mx / kQMax;
+  const __m256 s0 = _mm256_add_ps(v[0], v[1]), s1 = _mm256_add_ps(v[2], v[3]);
+  if (group == kBlock) {
+    *s = hsum256(_mm256_add_ps(s0, s1));
+  } else {  // 16-groups
+    s[0] = hsum256(s0);
+    s[1] = hsum256(s1);
+  }
+}
+#endif
+
+// vector: float32 blocks through quantize_block_512 / _avx2 where built (off for the scalar
+// path, the portable reference end to end). For the AVX2 kernel on interleaved weights: pair,
+// q in pair order (QuantActs::pair_order); split_only, the int8 halves and not q.
 template <typename T>
 QuantActs quantize_acts(const T* x, int64_t m, int64_t k, int64_t group, bool split,
-                        bool vector) {
+                        bool vector, bool pair = false, bool split_only = false) {
+  split = split || split_only;
   QuantActs a;
+  a.pair_order = pair;
   a.k = k;
   a.nb = k / kBlock;
   a.ng = k / group;
@@ -90,8 +167,19 @@ QuantActs quantize_acts(const T* x, int64_t m, int64_t k, int64_t group, bool sp
   }
   const int64_t per = kBlock / group;  // weight groups per activation block (1 or 2)
   at::parallel_for(0, m * a.nb, row_grain(kBlock * 8), [&](int64_t begin, int64_t end) {
+#if defined(OCTAVO_QUANT_AVX2X16)
+    if (std::is_same_v<T, float> && vector && (pair || split_only)) {
+      for (int64_t i = begin; i < end; ++i) {
+        quantize_block_avx2(reinterpret_cast<const float*>(x) + i * kBlock,
+                            a.q.data() + i * kBlock, a.hi.data() + i * kBlock,
+                            a.lo.data() + i * kBlock, a.d.data() + i, a.s.data() + i * per,
+                            group, split_only);
+      }
+      return;
+    }
+#endif
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    if (std::is_same_v<T, float> && vector) {
+    if (std::is_same_v<T, float> && vector && !pair && !split_only) {
       for (int64_t i = begin; i < end; ++i) {
         quantize_block_512(reinterpret_cast<const float*>(x) + i * kBlock, a.q.data() + i * kBlock,
                            split ? a.hi.data() + i * kBlock : nullptr,
@@ -113,7 +201,9 @@ QuantActs quantize_acts(const T* x, int64_t m, int64_t k, int64_t group, bool sp
       int16_t* q = a.q.data() + i * kBlock;
       for (int j = 0; j < kBlock; ++j) {
         const float r = std::nearbyint(v[j] * id);
-        q[j] = static_cast<int16_t>(std::max(-kQMax, std::min(kQMax, r)));
+        // pair order: 4j, 4j+2, 4j+1, 4j+3 (swap the middle two of every 4)
+        const int at = pair && (j & 3) == 1 ? j + 1 : pair && (j & 3) == 2 ? j - 1 : j;
+        q[at] = static_cast<int16_t>(std::max(-kQMax, std::min(kQMax, r)));
       }
       if (split) {
         for (int j = 0; j < kBlock; ++j) {
@@ -284,12 +374,6 @@ void rows_scalar(const Weights& w, int64_t n, const QuantActs& a, int64_t m0, fl
 }
 
 #if defined(__AVX2__)
-inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // The 32 u values (bytes, in input order) of weight block b of a row.
 inline __m256i block_u8(const uint8_t* wq, int64_t bits, int64_t k, int64_t b) {
@@ -555,14 +639,28 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
   at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return out.to(x.scalar_type());
   const bool grouped = isa == kAvx512 && w.inter;
+#if defined(OCTAVO_QUANT_AVX2X16)
+  const bool grouped2 = isa == kAvx2 && w.inter;
+#else
+  const bool grouped2 = false;
+#endif
+  // The AVX2 kernel reads 8-bit weights against q in pair order, nibbles against the halves.
+  const bool bytes = w.store_bits == 8;
   QuantActs a = OCTAVO_DISPATCH(x.scalar_type(), "gguf_linear", [&] {
     return quantize_acts(x.data_ptr<scalar_t>(), m, in_features, w.group,
-                         isa == kAvx512 && (w.group == kBlock || grouped), isa != kScalar);
+                         isa == kAvx512 && (w.group == kBlock || grouped), isa != kScalar,
+                         grouped2 && bytes, grouped2 && !bytes);
   });
   float* op = out.data_ptr<float>();
 #if defined(OCTAVO_QUANT_VNNI)
   if (grouped) {
     quant::linear_groups_vnni(w, a, m, n, op);
+    return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+  }
+#endif
+#if defined(OCTAVO_QUANT_AVX2X16)
+  if (grouped2) {
+    quant::linear_groups_avx2(w, a, m, n, op);
     return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
   }
 #endif

@@ -14,6 +14,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define OCTAVO_QUANT_VNNI 1
 #endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define OCTAVO_QUANT_AVX2X16 1
+#endif
 
 namespace octavo_cpu {
 namespace quant {
@@ -38,6 +41,9 @@ struct QuantActs {
   Scratch<int8_t> hi, lo;  // q = 256 hi + lo, filled for the VNNI path only
   Scratch<float> d, s;
   int64_t k, nb, ng;
+  // q in pair order (the AVX2 kernel on interleaved weights): inputs 4j, 4j+2, 4j+1, 4j+3 of
+  // every 4, so each broadcast dword is the pair one vpmaddwd lane multiplies.
+  bool pair_order = false;
 };
 
 // Scales and mins are float32, or float16 where the file's values are exactly float16 (Q4_0,
@@ -108,6 +114,10 @@ struct Weights {
 #if defined(OCTAVO_QUANT_VNNI)
 // out [m, n] (row stride n) = activations times interleaved weights (w.inter), 16 rows a pass.
 void linear_groups_vnni(const Weights& w, const QuantActs& a, int64_t m, int64_t n, float* op);
+#endif
+#if defined(OCTAVO_QUANT_AVX2X16)
+// The same on AVX2 (quant_gemm_avx2x16.cpp): activations in pair order.
+void linear_groups_avx2(const Weights& w, const QuantActs& a, int64_t m, int64_t n, float* op);
 #endif
 
 }  // namespace quant
