@@ -22,6 +22,7 @@ namespace quant {
 namespace {
 
 #define OCTAVO_AI inline __attribute__((always_inline))
+#define OCTAVO_AI_LAMBDA __attribute__((always_inline))
 
 OCTAVO_AI __m256 half8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -186,14 +187,66 @@ OCTAVO_AI void widen(__m256i& d, __m256i& h, __m256i& l) {
   h = l = _mm256_setzero_si256();
 }
 
-// The same for nibble weights: KIND 4, 5 or 6 (nibbles plus KIND - 4 high planes).
-template <int MT, int KIND, bool G16>
+// Two-level scales (TWO = Weights::two_level: 1 uint8 scales and mins, 2 int8 scales and
+// m = min_factor d): group g's share goes into the super-block's sums in units of its float16
+// d_super / dmin, s_acc += dot * xd * scale and m_acc += min * sum(x over g) (min: the
+// scale itself for TWO = 2), and super_flush applies d_super and -dmin (or min_factor d_super)
+// once per 256 inputs: 10 operations a group and row instead of 17.
+template <int MT, int TWO>
+OCTAVO_AI void flush_two(const Weights& w, int64_t grp, int64_t g, int hf, __m256 s_acc[MT],
+                         __m256 m_acc[MT], __m256i dot[MT], const Acts& a, int64_t m0,
+                         int64_t block) {
+  const __m128i sub = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+      static_cast<const uint8_t*>(w.d) + grp * w.sstride + g * kRows + 8 * hf));
+  const __m256 sc = _mm256_cvtepi32_ps(TWO == 1 ? _mm256_cvtepu8_epi32(sub)
+                                                : _mm256_cvtepi8_epi32(sub));
+  __m256 mn = sc;
+  if constexpr (TWO == 1) {
+    mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+        static_cast<const uint8_t*>(w.m) + (grp * w.ng + g) * kRows + 8 * hf))));
+  }
+  for (int r = 0; r < MT; ++r) {
+    const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r]),
+                                   _mm256_set1_ps(a.d[(m0 + r) * w.nb + block]));
+    s_acc[r] = _mm256_fmadd_ps(t, sc, s_acc[r]);
+    m_acc[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a.s[(m0 + r) * w.ng + g]), m_acc[r]);
+    dot[r] = _mm256_setzero_si256();
+  }
+}
+
+// acc += d_super s_acc + (-dmin, or min_factor d_super) m_acc for the super-block holding
+// group g; the sums cleared.
+template <int MT, int TWO>
+OCTAVO_AI void super_flush(const Weights& w, int64_t grp, int64_t g, int hf, __m256 acc[MT],
+                           __m256 s_acc[MT], __m256 m_acc[MT]) {
+  const __m256 dsup = half8(w.super16(grp, g, 0) + 8 * hf);
+  const __m256 mfac = TWO == 1
+      ? _mm256_sub_ps(_mm256_setzero_ps(), half8(w.super16(grp, g, 1) + 8 * hf))
+      : _mm256_mul_ps(dsup, _mm256_set1_ps(w.min_factor()));
+  for (int r = 0; r < MT; ++r) {
+    acc[r] = _mm256_fmadd_ps(s_acc[r], dsup, acc[r]);
+    acc[r] = _mm256_fmadd_ps(m_acc[r], mfac, acc[r]);
+    s_acc[r] = m_acc[r] = _mm256_setzero_ps();
+  }
+}
+
+// The same for nibble weights: KIND 4, 5 or 6 (nibbles plus KIND - 4 high planes); TWO as
+// above, 0 for float scales.
+template <int MT, int KIND, bool G16, int TWO>
 void half_nibbles(const Weights& wr, int64_t grp, int hf, const Acts& ar, int64_t m0,
                 float* out[MT], const uint8_t* next) {
   const Weights w = wr;
   const Acts a = ar;
-  __m256 acc[MT];
-  for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[MT], s_acc[MT], m_acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = s_acc[r] = m_acc[r] = _mm256_setzero_ps();
+  // a group's share of the sums: the float or the two-level flush
+  auto share = [&](int64_t g, __m256i dot[MT], int64_t block) OCTAVO_AI_LAMBDA {
+    if constexpr (TWO == 0) {
+      flush<MT>(w, grp, g, hf, acc, dot, a, m0, block);
+    } else {
+      flush_two<MT, TWO>(w, grp, g, hf, s_acc, m_acc, dot, a, m0, block);
+    }
+  };
   const uint8_t* gq = w.q + grp * kRows * w.row_bytes + 32 * hf;
   const int64_t k = w.k;
   constexpr int H = KIND - 4;
@@ -245,27 +298,30 @@ void half_nibbles(const Weights& wr, int64_t grp, int hf, const Acts& ar, int64_
         }
       }
       if (group_end) {  // the end of a 16-input group in both blocks
-        flush<MT>(w, grp, 4 * c + j / 4, hf, acc, d0, a, m0, 2 * c);
-        flush<MT>(w, grp, 4 * c + 2 + j / 4, hf, acc, d1, a, m0, 2 * c + 1);
+        share(4 * c + j / 4, d0, 2 * c);
+        share(4 * c + 2 + j / 4, d1, 2 * c + 1);
       }
     }
     if constexpr (!G16) {
-      flush<MT>(w, grp, 2 * c, hf, acc, d0, a, m0, 2 * c);
-      flush<MT>(w, grp, 2 * c + 1, hf, acc, d1, a, m0, 2 * c + 1);
+      share(2 * c, d0, 2 * c);
+      share(2 * c + 1, d1, 2 * c + 1);
+    }
+    if (TWO != 0 && c % 4 == 3) {  // the end of a 256-input super-block
+      super_flush<MT, TWO>(w, grp, G16 ? 4 * c : 2 * c, hf, acc, s_acc, m_acc);
     }
   }
   for (int r = 0; r < MT; ++r) _mm256_storeu_ps(out[r] + grp * kRows + 8 * hf, acc[r]);
 }
 
 // next: the next group's weights, prefetched along the way (null: none).
-template <int MT, int KIND, bool G16>
+template <int MT, int KIND, bool G16, int TWO>
 void group_avx2(const Weights& w, int64_t grp, const Acts& a, int64_t m0, float* out[MT],
                 const uint8_t* next) {
   for (int hf = 0; hf < 2; ++hf) {
     if constexpr (KIND == 8) {
       half_bytes<MT, G16>(w, grp, hf, a, m0, out, next);
     } else {
-      half_nibbles<MT, KIND, G16>(w, grp, hf, a, m0, out, next);
+      half_nibbles<MT, KIND, G16, TWO>(w, grp, hf, a, m0, out, next);
     }
   }
 }
@@ -273,7 +329,7 @@ void group_avx2(const Weights& w, int64_t grp, const Acts& a, int64_t m0, float*
 // Activation rows per pass over a group (up to 7 accumulators a row, in 16 ymm registers).
 constexpr int kTileAvx2 = 2;
 
-template <int KIND, bool G16>
+template <int KIND, bool G16, int TWO = 0>
 void run_groups(const Weights& w, const Acts& a, int64_t m, int64_t n, float* op,
                 int64_t begin, int64_t end) {
   for (int64_t g = begin; g < end; ++g) {
@@ -285,9 +341,9 @@ void run_groups(const Weights& w, const Acts& a, int64_t m, int64_t n, float* op
       const uint8_t* next = g + 1 < end && m0 + kTileAvx2 >= m
                                 ? w.q + (g + 1) * kRows * w.row_bytes : nullptr;
       if (mt == 2) {
-        group_avx2<2, KIND, G16>(w, g, a, m0, rows_out, next);
+        group_avx2<2, KIND, G16, TWO>(w, g, a, m0, rows_out, next);
       } else {
-        group_avx2<1, KIND, G16>(w, g, a, m0, rows_out, next);
+        group_avx2<1, KIND, G16, TWO>(w, g, a, m0, rows_out, next);
       }
     }
   }
@@ -296,6 +352,12 @@ void run_groups(const Weights& w, const Acts& a, int64_t m, int64_t n, float* op
 void dispatch(const Weights& w, const Acts& a, int64_t m, int64_t n, float* op,
               int64_t begin, int64_t end) {
   const bool g16 = w.group != kBlock;
+  // The K-quants' own combinations take the two-level flush; any other two-level layout the
+  // per-group one (group_d8 reads both kinds), so as not to build every combination.
+  const int64_t bits = w.store_bits, two = w.two_level;
+  if (two == 1 && bits == 4 && !g16) return run_groups<4, false, 1>(w, a, m, n, op, begin, end);
+  if (two == 1 && bits == 5 && !g16) return run_groups<5, false, 1>(w, a, m, n, op, begin, end);
+  if (two == 2 && bits == 6 && g16) return run_groups<6, true, 2>(w, a, m, n, op, begin, end);
   switch (w.store_bits) {
     case 4:
       if (g16) return run_groups<4, true>(w, a, m, n, op, begin, end);
