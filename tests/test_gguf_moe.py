@@ -198,6 +198,30 @@ def test_one_token_call_equals_the_expert_loop(tmp_path):
         torch.testing.assert_close(one, loop, atol=1e-5, rtol=1e-5)
 
 
+def test_one_token_call_names_a_wrong_expert_shape(tmp_path):
+    """gguf_moe_token runs the experts on the pool's threads: a shape error raised there
+    reaches the caller as the error, naming the expert, and the layer still works after."""
+    from octavo.layers.fused_moe import FusedMoE
+
+    path = str(tmp_path / "q.gguf")
+    _write(path, "qwen3moe", experts=Q.Q4_0)
+    llm = LLM(model=path, device="cpu", skip_tokenizer_init=True)
+    model = llm.llm_engine.executor.worker.runner.model
+    experts = next(m for m in model.modules() if isinstance(m, FusedMoE)).experts
+    x = torch.randn(1, H)
+    good = experts.token_forward(x, [0, 1], [0.5, 0.5])
+    if good is None:
+        pytest.skip("the CPU kernels are not built here")
+    right = experts.inter
+    try:
+        experts.inter = right + 32
+        with pytest.raises(RuntimeError, match=r"expert \d+ has \d+ intermediate features"):
+            experts.token_forward(x, [0, 1], [0.5, 0.5])
+    finally:
+        experts.inter = right
+    torch.testing.assert_close(experts.token_forward(x, [0, 1], [0.5, 0.5]), good)
+
+
 def test_the_benchmark_file_writer(tmp_path):
     """benchmarks/moe_cpu.py's qwen3moe writer at a tiny shape: the file parses with the
     metadata it claims and generates (its tokenizer is SmolLM2's, read from the file)."""

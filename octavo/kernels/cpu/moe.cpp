@@ -14,14 +14,23 @@ at::Tensor gguf_moe_token(const at::Tensor& x, const std::vector<at::Tensor>& pa
               "gguf_moe_token: 6 tensors (gate/up q, s, m; down q, s, m) per expert");
   TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.size(1) == hidden && x.is_contiguous(),
               "x must be a contiguous [1, ", hidden, "]");
+  // The experts run side by side, one a thread (each one's kernels then run on that thread
+  // alone): a fork and join per layer instead of one per kernel call, which at batch 1 left
+  // the other thread waiting through most of the layer's small calls. Their outputs are
+  // summed in expert order, as before.
+  std::vector<at::Tensor> outs(k);
+  at::parallel_for(0, k, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const at::Tensor* p = params.data() + 6 * j;
+      const at::Tensor act = silu_and_mul(gguf_linear(x, p[0], p[1], p[2], hidden, isa));
+      // (a throw inside the pool is rethrown by parallel_for on the calling thread)
+      TORCH_CHECK(act.size(1) == inter, "gguf_moe_token: expert ", j, " has ", act.size(1),
+                  " intermediate features, expected ", inter);
+      outs[j] = gguf_linear(act, p[3], p[4], p[5], inter, isa);
+    }
+  });
   at::Tensor out = at::zeros({1, hidden}, x.options().dtype(at::kFloat));
-  for (int64_t j = 0; j < k; ++j) {
-    const at::Tensor* p = params.data() + 6 * j;
-    const at::Tensor act = silu_and_mul(gguf_linear(x, p[0], p[1], p[2], hidden, isa));
-    TORCH_CHECK(act.size(1) == inter, "gguf_moe_token: expert ", j, " has ", act.size(1),
-                " intermediate features, expected ", inter);
-    out.add_(gguf_linear(act, p[3], p[4], p[5], inter, isa).to(at::kFloat), weights[j]);
-  }
+  for (int64_t j = 0; j < k; ++j) out.add_(outs[j].to(at::kFloat), weights[j]);
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
