@@ -15,6 +15,8 @@ import pytest
 from octavo import LLM, SamplingParams
 from tests.quantization.tool_fixtures import (
     FIXTURES_ROOT,
+    LOGPROB_ATOL,
+    TIE,
     assert_matches_reference,
     fixture_names,
     load_reference,
@@ -22,11 +24,6 @@ from tests.quantization.tool_fixtures import (
 
 FIXTURES = os.path.join(FIXTURES_ROOT, "gptq_awq")
 NAMES = fixture_names(FIXTURES)
-# A reference step whose best two logprobs are closer than this is a tie that float rounding
-# may break either way: the exact comparison stops there. (The references differ from Octavo
-# by about 2e-6 in logprob; the smallest margin in the committed fixtures is far above this.)
-TIE = 1e-4
-LOGPROB_ATOL = 1e-4
 
 
 def _reference(name: str) -> dict:

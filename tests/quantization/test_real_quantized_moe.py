@@ -16,6 +16,8 @@ from octavo.layers.fused_moe import FusedMoE
 from octavo.layers.quantized_experts import QuantizedExperts
 from tests.quantization.tool_fixtures import (
     FIXTURES_ROOT,
+    LOGPROB_ATOL,
+    TIE,
     assert_matches_reference,
     fixture_names,
     load_reference,
@@ -24,10 +26,6 @@ from tests.quantization.tool_fixtures import (
 
 FIXTURES = os.path.join(FIXTURES_ROOT, "moe")
 NAMES = fixture_names(FIXTURES)
-# As test_real_gptq_awq: a step whose best two reference logprobs are closer than TIE may
-# break either way under float rounding; the exact comparison stops there.
-TIE = 1e-4
-LOGPROB_ATOL = 1e-4
 # transformers 5.17 decompresses FP8 experts to bfloat16 whatever the dtype (recorded in the
 # reference as "reference_bfloat16"): its logprobs carry that rounding (observed 9e-3).
 BF16_REFERENCE_ATOL = 3e-2

@@ -90,7 +90,7 @@ inline float hmax256(__m256 v) {
 
 #if defined(OCTAVO_QUANT_AVX2X16)
 // One float32 32-block for the AVX2 kernel on interleaved weights, vectorised: q in pair order
-// (QuantActs::pair_order, for its 8-bit weights) or, with split, only the int8 halves
+// (quant_gemm.h, for its 8-bit weights) or, with split, only the int8 halves
 // q = 256 hi + lo in input order (for its nibble weights). The same values as the portable
 // loop (round to nearest even; sums up to float association within a group).
 inline void quantize_block_avx2(const float* xb, int16_t* q, int8_t* hi, int8_t* lo, float* d,
@@ -148,13 +148,12 @@ inline void quantize_block_avx2(const float* xb, int16_t* q, int8_t* hi, int8_t*
 
 // vector: float32 blocks through quantize_block_512 / _avx2 where built (off for the scalar
 // path, the portable reference end to end). For the AVX2 kernel on interleaved weights: pair,
-// q in pair order (QuantActs::pair_order); split_only, the int8 halves and not q.
+// q in pair order (quant_gemm.h); split_only, the int8 halves and not q.
 template <typename T>
 QuantActs quantize_acts(const T* x, int64_t m, int64_t k, int64_t group, bool split,
                         bool vector, bool pair = false, bool split_only = false) {
   split = split || split_only;
   QuantActs a;
-  a.pair_order = pair;
   a.k = k;
   a.nb = k / kBlock;
   a.ng = k / group;

@@ -38,13 +38,13 @@ struct Scratch {
 
 struct QuantActs {
   Scratch<int16_t> q;
-  Scratch<int8_t> hi, lo;  // q = 256 hi + lo, filled for the VNNI path only
+  Scratch<int8_t> hi, lo;  // q = 256 hi + lo, filled for the VNNI and AVX2 grouped kernels
   Scratch<float> d, s;
   int64_t k, nb, ng;
-  // q in pair order (the AVX2 kernel on interleaved weights): inputs 4j, 4j+2, 4j+1, 4j+3 of
-  // every 4, so each broadcast dword is the pair one vpmaddwd lane multiplies.
-  bool pair_order = false;
 };
+
+// Pair order of q (for the AVX2 kernel's 8-bit weights): inputs 4j, 4j+2, 4j+1, 4j+3 of every
+// 4, so each broadcast dword is the pair one vpmaddwd lane multiplies.
 
 // Scales and mins are float32, or float16 where the file's values are exactly float16 (Q4_0,
 // Q4_1, Q5_0, Q5_1, Q8_0: their d and m are the file's own fp16): 5 bits per weight of a 4-bit

@@ -9,7 +9,7 @@
 //   vpmaddubsw (u8 x s8, pairs summed to int16) into int16 accumulators, widened to int32 by
 //   vpmaddwd (x 256 for hi) every W runs, W the most runs whose sums cannot saturate: a pair
 //   is at most 2 (2^bits - 1) 128, so 8 runs at 4 bits, 4 at 5, 2 at 6.
-// - Bytes (8 bits; vpmaddubsw would saturate) against q in pair order (QuantActs::pair_order:
+// - Bytes (8 bits; vpmaddubsw would saturate) against q in pair order (quant_gemm.h:
 //   inputs 4j, 4j+2, 4j+1, 4j+3 of every 4): each weight vector's even and odd bytes as 16-bit
 //   words (an and, a shift) meet one broadcast dword of pairs each in vpmaddwd.
 
