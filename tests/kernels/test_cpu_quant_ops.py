@@ -130,6 +130,30 @@ def test_dequantize_kernel(name, k, interleaved):
                                rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("name,k", [("Q4_1", 96), ("Q4_K", 256), ("Q5_K", 512), ("Q8_0", 32),
+                                    ("Q6_K", 256), ("Q5_0", 64)])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_dequantize_rows_kernel(name, k, interleaved):
+    """The embedding lookup's op: the rows asked for, in their order (repeats included), equal
+    to the torch reference's."""
+    n = 48 if interleaved else 37
+    qweight, scales, mins = weights(name, n, k, seed=3, interleaved=interleaved)
+    ids = torch.tensor([5, 0, n - 1, 17, 5, 33])
+    got = ops.gguf_dequantize_rows(qweight, scales, mins, ids, k)
+    want = gguf_blocks.dequantize_rows(qweight, scales, mins, ids, k, torch.float32)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert ops.gguf_dequantize_rows(qweight, scales, mins, ids[:0], k).shape == (0, k)
+
+
+@pytest.mark.parametrize("bad", [-1, 48, 2**62])
+def test_dequantize_rows_rejects_ids_outside_the_table(bad):
+    qweight, scales, mins = weights("Q4_K", 48, 256, interleaved=True)
+    with pytest.raises(RuntimeError, match=rf"ids\[1\] = {bad} is outside \[0, 48\)"):
+        ops.gguf_dequantize_rows(qweight, scales, mins, torch.tensor([0, bad]), 256)
+    with pytest.raises(RuntimeError, match="1-D int64"):
+        ops.gguf_dequantize_rows(qweight, scales, mins, torch.tensor([0], dtype=torch.int32), 256)
+
+
 def test_rejects_bad_shapes():
     qweight, scales, mins = weights("Q4_1", 4, 64)
     with pytest.raises(RuntimeError, match="x must be"):

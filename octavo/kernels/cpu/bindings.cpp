@@ -18,6 +18,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear_dense", &gguf_linear_dense,
         "x [M, K] @ dequant(qweight)^T in float32, the weight dequantized 64 rows at a time");
   m.def("gguf_dequantize", &gguf_dequantize, "The float32 [N, K] of a quantized weight");
+  m.def("gguf_dequantize_rows", &gguf_dequantize_rows,
+        "Rows ids of the float32 weight, [len(ids), K]: a quantized embedding's lookup");
   m.def("gguf_decoder_layers", &gguf_decoder_layers,
         "A decode step through Llama-style decoder layers with GGUF linear layers -> "
         "(x, residual) before the final norm");

@@ -29,6 +29,10 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
                        const at::Tensor& mins, int64_t in_features, int64_t isa);
 at::Tensor gguf_dequantize(const at::Tensor& qweight, const at::Tensor& scales,
                            const at::Tensor& mins, int64_t in_features);
+// Rows ids [T] of it as float32 [T, K]: a quantized token embedding's lookup.
+at::Tensor gguf_dequantize_rows(const at::Tensor& qweight, const at::Tensor& scales,
+                                const at::Tensor& mins, const at::Tensor& ids,
+                                int64_t in_features);
 // Float32 product through the dequantized weight, 64 rows at a time (never the whole weight):
 // exact, and faster than the integer kernels from about 16 activation rows on.
 at::Tensor gguf_linear_dense(const at::Tensor& x, const at::Tensor& qweight,

@@ -730,6 +730,27 @@ at::Tensor gguf_dequantize(const at::Tensor& qweight, const at::Tensor& scales,
   return out;
 }
 
+at::Tensor gguf_dequantize_rows(const at::Tensor& qweight, const at::Tensor& scales,
+                                const at::Tensor& mins, const at::Tensor& ids,
+                                int64_t in_features) {
+  const Weights w = check_weights(qweight, scales, mins, in_features);
+  TORCH_CHECK(ids.device().is_cpu() && ids.dim() == 1 && ids.scalar_type() == at::kLong,
+              "ids must be a 1-D int64 CPU tensor");
+  const at::Tensor idc = ids.contiguous();
+  const int64_t n = out_features(w, qweight), k = in_features, t = idc.size(0);
+  const int64_t* ip = idc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t; ++i) {
+    TORCH_CHECK(ip[i] >= 0 && ip[i] < n, "ids[", i, "] = ", ip[i], " is outside [0, ", n, ")");
+  }
+  at::Tensor out = at::empty({t, k}, scales.options().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, t, row_grain(k), [&](int64_t begin, int64_t end) {
+    RowBuf rb(w);
+    for (int64_t i = begin; i < end; ++i) dequant_row(w, ip[i], op + i * k, rb);
+  });
+  return out;
+}
+
 at::Tensor gguf_linear_dense(const at::Tensor& x, const at::Tensor& qweight,
                              const at::Tensor& scales, const at::Tensor& mins,
                              int64_t in_features) {
