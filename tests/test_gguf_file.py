@@ -17,6 +17,7 @@ pytest.importorskip("accelerate")  # transformers reads GGUF only with it
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 from octavo.model_loader.gguf_file import GGUFCheckpoint, unpermute_rope_rows  # noqa: E402
+from octavo.quantization import gguf_blocks  # noqa: E402
 
 
 def _smollm2_path() -> str:
@@ -472,6 +473,13 @@ def test_synthetic_quantized_matches_dequantized(synthetic):
         formats |= {m.fmt for m in methods}
         # Merged layers whose parts the cycled types made differ stay quantized too.
         mixed += [m.part_formats for m in methods if m.part_formats]
+        for layer in model.modules():  # one segment per run of one type, rows in order
+            method = getattr(layer, "quant_method", None)
+            if isinstance(method, GGUFLinearMethod) and method.part_formats:
+                segments = method.segments(layer)
+                assert 1 < len(segments) <= len(method.part_formats)
+                assert sum(gguf_blocks.out_features(q) for q, _, _ in segments) == \
+                    layer.output_size_per_partition
         formats |= {m.gguf_format for m in model.modules() if getattr(m, "gguf_format", None)}
         runs.append(llm.generate([prompt], params, use_tqdm=False)[0])
         del llm

@@ -37,6 +37,7 @@ class FusedGGUFDecode:
         self.isa = ISA_CODES[envs.cpu_quant_isa()]
         self.params: list[torch.Tensor] = []
         self.in_features: list[int] = []
+        self.segments: list[int] = []  # per linear layer, in in_features' order
         # Per layer: bit 0 q/k norms (Qwen3), bit 1 a mixture of experts, bit 2 a qkv bias
         # (Qwen2) (decoder.cpp).
         self.layer_kinds: list[int] = []
@@ -47,7 +48,7 @@ class FusedGGUFDecode:
             self.params.append(layer.input_layernorm.weight)
             kind = 0
             for lin in (attn.qkv_proj, attn.o_proj):
-                self.params += [lin.qweight, lin.gguf_scales, lin.gguf_mins]
+                self._add_linear(lin)
                 if lin.bias is not None:  # the qkv projection's (build checked)
                     self.params.append(lin.bias)
                     kind |= 4
@@ -59,7 +60,7 @@ class FusedGGUFDecode:
             self.params.append(layer.post_attention_layernorm.weight)
             if hasattr(mlp, "gate_up_proj"):
                 for lin in (mlp.gate_up_proj, mlp.down_proj):
-                    self.params += [lin.qweight, lin.gguf_scales, lin.gguf_mins]
+                    self._add_linear(lin)
                     self.in_features.append(lin.quant_method.in_features)
                 linears += [mlp.gate_up_proj, mlp.down_proj]
             else:  # FusedMoE with GGUF experts
@@ -73,7 +74,14 @@ class FusedGGUFDecode:
             self.layer_kinds.append(kind)
         # The kernel picks one path per step for every layer: the integer one at every row
         # count only when every weight is interleaved.
-        self.dense_min_rows = min(dense_min_rows(lin.qweight, self.isa) for lin in linears)
+        self.dense_min_rows = min(dense_min_rows(seg[0], self.isa) for lin in linears
+                                  for seg in lin.quant_method.segments(lin))
+
+    def _add_linear(self, lin) -> None:
+        segments = lin.quant_method.segments(lin)
+        for segment in segments:
+            self.params += segment
+        self.segments.append(len(segments))
 
     def applies(self, x: torch.Tensor, ctx: ForwardContext) -> bool:
         meta = ctx.attn_metadata
@@ -87,7 +95,7 @@ class FusedGGUFDecode:
         meta = ctx.attn_metadata
         n = meta.num_tokens
         x, residual = self.ops.gguf_decoder_layers(
-            x, positions, self.params, self.in_features, ctx.kv_caches,
+            x, positions, self.params, self.in_features, self.segments, ctx.kv_caches,
             meta.slot_mapping[:n], meta.block_tables[:n], meta.seq_lens[:n],
             self.cos_sin_cache, self.num_heads, self.num_kv_heads, self.head_dim, self.scale,
             self.eps, self.isa, self.dense_min_rows, self.layer_kinds, self.moe_shape)

@@ -11,10 +11,18 @@ namespace octavo_cpu {
 
 namespace {
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor* p, int64_t k, int64_t isa,
-                  int64_t dense_min_rows) {
-  if (x.size(0) < dense_min_rows) return gguf_linear(x, p[0], p[1], p[2], k, isa);
-  return gguf_linear_dense(x, p[0], p[1], p[2], k);
+// A linear layer of `segments` (q, s, m) weights whose outputs follow each other (a merged
+// q/k/v whose parts have different GGUF formats: one segment a format).
+at::Tensor linear(const at::Tensor& x, const at::Tensor* p, int64_t segments, int64_t k,
+                  int64_t isa, int64_t dense_min_rows) {
+  auto one = [&](const at::Tensor* s) {
+    if (x.size(0) < dense_min_rows) return gguf_linear(x, s[0], s[1], s[2], k, isa);
+    return gguf_linear_dense(x, s[0], s[1], s[2], k);
+  };
+  if (segments == 1) return one(p);
+  std::vector<at::Tensor> outs;
+  for (int64_t i = 0; i < segments; ++i) outs.push_back(one(p + 3 * i));
+  return at::cat(outs, 1);
 }
 
 // x [T, N] += bias [N] in x's dtype (each sum rounded once, as torch's add_ does): a plain
@@ -70,7 +78,8 @@ at::Tensor moe(const at::Tensor& x, const at::Tensor& router, const at::Tensor* 
 
 std::vector<at::Tensor> gguf_decoder_layers(
     const at::Tensor& hidden, const at::Tensor& positions, const std::vector<at::Tensor>& params,
-    const std::vector<int64_t>& in_features, std::vector<at::Tensor> kv_caches,
+    const std::vector<int64_t>& in_features, const std::vector<int64_t>& segments,
+    std::vector<at::Tensor> kv_caches,
     const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
     const at::Tensor& cos_sin_cache, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
     double scale, double eps, int64_t isa, int64_t dense_min_rows,
@@ -92,15 +101,27 @@ std::vector<at::Tensor> gguf_decoder_layers(
     pi += n;
     return p;
   };
-  auto features = [&]() {
-    TORCH_CHECK(ki < in_features.size(), "gguf_decoder_layers: too few in_features");
-    return in_features[ki++];
+  // The next linear layer: its weights' segments, their params and its in_features.
+  struct Lin {
+    const at::Tensor* p;
+    int64_t segments, k;
+  };
+  auto next_linear = [&]() {
+    TORCH_CHECK(ki < in_features.size() && ki < segments.size(),
+                "gguf_decoder_layers: too few in_features or segments");
+    const int64_t s = segments[ki];
+    TORCH_CHECK(s >= 1, "gguf_decoder_layers: a linear layer of ", s, " segments");
+    const at::Tensor* p = take(3 * s);
+    return Lin{p, s, in_features[ki++]};
+  };
+  auto run = [&](const at::Tensor& in, const Lin& lin) {
+    return linear(in, lin.p, lin.segments, lin.k, isa, dense_min_rows);
   };
   for (int64_t l = 0; l < layers; ++l) {
-    // params of a layer: input norm; qkv (q, s, m); [qkv bias]; o (q, s, m); [q norm, k norm];
-    // post-attention norm; then gate_up (q, s, m), down (q, s, m), or the router and every
-    // expert's (gate_up q, s, m, down q, s, m). kind: bit 0 q/k norms, bit 1 experts, bit 2
-    // a qkv bias.
+    // params of a layer: input norm; qkv (q, s, m per segment); [qkv bias]; o (q, s, m ...);
+    // [q norm, k norm]; post-attention norm; then gate_up (q, s, m ...), down (q, s, m ...),
+    // or the router and every expert's (gate_up q, s, m, down q, s, m). kind: bit 0 q/k
+    // norms, bit 1 experts, bit 2 a qkv bias.
     const bool qk_norm = layer_kinds[l] & 1, experts = layer_kinds[l] & 2;
     const bool qkv_bias = layer_kinds[l] & 4;
     const at::Tensor* norm_in = take(1);
@@ -110,10 +131,10 @@ std::vector<at::Tensor> gguf_decoder_layers(
     } else {
       fused_add_rms_norm(x, residual, norm_in[0], eps);
     }
-    at::Tensor qkv = linear(x, take(3), features(), isa, dense_min_rows);
+    const Lin qkv_proj = next_linear();
+    at::Tensor qkv = run(x, qkv_proj);
     if (qkv_bias) add_bias(qkv, take(1)[0]);  // as the Python layer: y + bias in x's dtype
-    const at::Tensor* o_proj = take(3);
-    const int64_t o_in = features();
+    const Lin o_proj = next_linear();
     at::Tensor q = qkv.narrow(1, 0, q_size).view({t, num_heads, head_dim});
     at::Tensor kk = qkv.narrow(1, q_size, kv_size).view({t, num_kv_heads, head_dim});
     const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({t, num_kv_heads, head_dim});
@@ -125,7 +146,7 @@ std::vector<at::Tensor> gguf_decoder_layers(
     rotary_embedding(positions, q, kk, cos_sin_cache, head_dim);
     const at::Tensor o = paged_decode_attention(q, kk, v, kv_caches[l], slot_mapping,
                                                 block_tables, seq_lens, scale);
-    x = linear(o.view({t, q_size}), o_proj, o_in, isa, dense_min_rows);
+    x = run(o.view({t, q_size}), o_proj);
     fused_add_rms_norm(x, residual, take(1)[0], eps);
     if (experts) {
       TORCH_CHECK(!moe_shape.empty(), "gguf_decoder_layers: an MoE layer needs moe_shape");
@@ -134,15 +155,13 @@ std::vector<at::Tensor> gguf_decoder_layers(
       x = moe(x, router[0], take(6 * n_exp), n_exp, moe_shape[1], moe_shape[2] != 0,
               x.size(1), moe_shape[3], isa);
     } else {
-      const at::Tensor* gate_up = take(3);
-      const int64_t gu_in = features();
-      const at::Tensor act = silu_and_mul(linear(x, gate_up, gu_in, isa, dense_min_rows));
-      const at::Tensor* down = take(3);
-      x = linear(act, down, features(), isa, dense_min_rows);
+      const Lin gate_up = next_linear();
+      const at::Tensor act = silu_and_mul(run(x, gate_up));
+      x = run(act, next_linear());
     }
   }
-  TORCH_CHECK(pi == params.size() && ki == in_features.size(),
-              "gguf_decoder_layers: params or in_features left over");
+  TORCH_CHECK(pi == params.size() && ki == in_features.size() && ki == segments.size(),
+              "gguf_decoder_layers: params, in_features or segments left over");
   return {x, residual};
 }
 

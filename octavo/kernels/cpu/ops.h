@@ -53,7 +53,8 @@ at::Tensor argmax_rows(const at::Tensor& logits);
 // returns (x, residual) after the last layer, before the final norm.
 std::vector<at::Tensor> gguf_decoder_layers(
     const at::Tensor& hidden, const at::Tensor& positions, const std::vector<at::Tensor>& params,
-    const std::vector<int64_t>& in_features, std::vector<at::Tensor> kv_caches,
+    const std::vector<int64_t>& in_features, const std::vector<int64_t>& segments,
+    std::vector<at::Tensor> kv_caches,
     const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
     const at::Tensor& cos_sin_cache, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
     double scale, double eps, int64_t isa, int64_t dense_min_rows,
