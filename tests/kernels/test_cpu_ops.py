@@ -85,14 +85,20 @@ def test_fused_add_rms_norm(dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 2 * 1536), (32, 2 * 1536), (3, 4, 2 * 40)])
+@pytest.mark.parametrize("shape", [(1, 2 * 1536), (32, 2 * 1536), (3, 4, 2 * 40),
+                                   (1, 2 * 8960), (3, 2 * 5003)])
 def test_silu_and_mul(dtype, shape):
+    """Split over the threads by outputs (one long row; ranges across rows): each output the
+    same as the row alone gives."""
     x = (4 * torch.randn(shape, generator=_gen())).to(dtype)
     d = shape[-1] // 2
     ref = F.silu(x[..., :d]) * x[..., d:]
     got = ops.silu_and_mul(x)
     assert got.shape == ref.shape and got.dtype == dtype
     torch.testing.assert_close(got.float(), ref.float(), **TOL[dtype])
+    rows = x.reshape(-1, 2 * d)
+    alone = torch.cat([ops.silu_and_mul(rows[i:i + 1].contiguous()) for i in range(len(rows))])
+    assert torch.equal(got.reshape(-1, d), alone)
 
 
 # ----------------------------------------------------------------------------- rotary
