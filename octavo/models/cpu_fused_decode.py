@@ -76,6 +76,8 @@ class FusedGGUFDecode:
         # count only when every weight is interleaved.
         self.dense_min_rows = min(dense_min_rows(seg[0], self.isa) for lin in linears
                                   for seg in lin.quant_method.segments(lin))
+        # The same tensors, converted to C++ once (ops.h: TensorList).
+        self.param_list = ops.TensorList(self.params)
 
     def _add_linear(self, lin) -> None:
         segments = lin.quant_method.segments(lin)
@@ -95,7 +97,7 @@ class FusedGGUFDecode:
         meta = ctx.attn_metadata
         n = meta.num_tokens
         x, residual = self.ops.gguf_decoder_layers(
-            x, positions, self.params, self.in_features, self.segments, ctx.kv_caches,
+            x, positions, self.param_list, self.in_features, self.segments, ctx.kv_caches,
             meta.slot_mapping[:n], meta.block_tables[:n], meta.seq_lens[:n],
             self.cos_sin_cache, self.num_heads, self.num_kv_heads, self.head_dim, self.scale,
             self.eps, self.isa, self.dense_min_rows, self.layer_kinds, self.moe_shape)

@@ -20,6 +20,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_dequantize", &gguf_dequantize, "The float32 [N, K] of a quantized weight");
   m.def("gguf_dequantize_rows", &gguf_dequantize_rows,
         "Rows ids of the float32 weight, [len(ids), K]: a quantized embedding's lookup");
+  pybind11::class_<TensorList>(m, "TensorList")
+      .def(pybind11::init([](std::vector<at::Tensor> t) { return TensorList{std::move(t)}; }))
+      .def("__len__", [](const TensorList& l) { return l.tensors.size(); });
   m.def("gguf_decoder_layers", &gguf_decoder_layers,
         "A decode step through Llama-style decoder layers with GGUF linear layers -> "
         "(x, residual) before the final norm");

@@ -77,7 +77,7 @@ at::Tensor moe(const at::Tensor& x, const at::Tensor& router, const at::Tensor* 
 }  // namespace
 
 std::vector<at::Tensor> gguf_decoder_layers(
-    const at::Tensor& hidden, const at::Tensor& positions, const std::vector<at::Tensor>& params,
+    const at::Tensor& hidden, const at::Tensor& positions, const TensorList& param_list,
     const std::vector<int64_t>& in_features, const std::vector<int64_t>& segments,
     std::vector<at::Tensor> kv_caches,
     const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
@@ -90,6 +90,7 @@ std::vector<at::Tensor> gguf_decoder_layers(
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be a contiguous [T, H]");
   TORCH_CHECK(moe_shape.empty() || moe_shape.size() == 4,
               "moe_shape: (experts, top_k, renormalize, intermediate)");
+  const std::vector<at::Tensor>& params = param_list.tensors;
   const int64_t t = hidden.size(0);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   at::Tensor x = hidden;

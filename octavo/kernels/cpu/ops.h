@@ -51,8 +51,14 @@ at::Tensor argmax_rows(const at::Tensor& logits);
 
 // A decode step through Llama-style decoder layers with GGUF linear layers (decoder.cpp):
 // returns (x, residual) after the last layer, before the final norm.
+// Tensors held on the C++ side across calls: a Python list is converted tensor by tensor at
+// every call, ~0.5 ms a decode step for a mixture of experts' 4,600 expert tensors.
+struct TensorList {
+  std::vector<at::Tensor> tensors;
+};
+
 std::vector<at::Tensor> gguf_decoder_layers(
-    const at::Tensor& hidden, const at::Tensor& positions, const std::vector<at::Tensor>& params,
+    const at::Tensor& hidden, const at::Tensor& positions, const TensorList& params,
     const std::vector<int64_t>& in_features, const std::vector<int64_t>& segments,
     std::vector<at::Tensor> kv_caches,
     const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
