@@ -104,6 +104,22 @@ OCTAVO_AI void add_high_run(__m256i& u0, __m256i& u1, const uint8_t* cq) {
   u1 = add_high<H, H * (v0 + 1)>(u1, hv);
 }
 
+// add_high_run for a run index j that is constant once the caller's loop is unrolled (the
+// switch folds away and the shifts stay immediates).
+template <int H>
+OCTAVO_AI void add_high_j(int j, __m256i& u0, __m256i& u1, const uint8_t* cq) {
+  switch (j) {
+    case 0: add_high_run<H, 0>(u0, u1, cq); break;
+    case 1: add_high_run<H, 1>(u0, u1, cq); break;
+    case 2: add_high_run<H, 2>(u0, u1, cq); break;
+    case 3: add_high_run<H, 3>(u0, u1, cq); break;
+    case 4: add_high_run<H, 4>(u0, u1, cq); break;
+    case 5: add_high_run<H, 5>(u0, u1, cq); break;
+    case 6: add_high_run<H, 6>(u0, u1, cq); break;
+    default: add_high_run<H, 7>(u0, u1, cq); break;
+  }
+}
+
 // dot += u (8 lanes x 4 weight bytes) . the 4 pair-ordered activations at x (8-bit weights).
 OCTAVO_AI void dot4_pairs(__m256i& dot, __m256i u, const int16_t* x) {
   const __m256i even = _mm256_and_si256(u, _mm256_set1_epi16(0x00FF));
@@ -265,18 +281,7 @@ void half_nibbles(const Weights& wr, int64_t grp, int hf, const Acts& ar, int64_
       const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cq + j * 64));
       __m256i u0 = _mm256_and_si256(p, low4);
       __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(p, 4), low4);
-      if constexpr (H > 0) {
-        switch (j) {  // constant after the unroll: the shifts are immediates
-          case 0: add_high_run<H, 0>(u0, u1, cq); break;
-          case 1: add_high_run<H, 1>(u0, u1, cq); break;
-          case 2: add_high_run<H, 2>(u0, u1, cq); break;
-          case 3: add_high_run<H, 3>(u0, u1, cq); break;
-          case 4: add_high_run<H, 4>(u0, u1, cq); break;
-          case 5: add_high_run<H, 5>(u0, u1, cq); break;
-          case 6: add_high_run<H, 6>(u0, u1, cq); break;
-          default: add_high_run<H, 7>(u0, u1, cq); break;
-        }
-      }
+      if constexpr (H > 0) add_high_j<H>(j, u0, u1, cq);
       for (int r = 0; r < MT; ++r) {
         const int64_t off = (m0 + r) * k + c * 64 + 4 * j;
         h0[r] = _mm256_add_epi16(h0[r], _mm256_maddubs_epi16(u0, bcast4(a.hi + off)));
@@ -358,19 +363,7 @@ void both_nibbles(const Weights& wr, int64_t grp, const Acts& ar, int64_t m0, fl
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cq + j * 64 + 32 * hf));
         __m256i u0 = _mm256_and_si256(p, low4);
         __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(p, 4), low4);
-        if constexpr (H > 0) {
-          const uint8_t* hq = cq + 32 * hf;
-          switch (j) {  // constant after the unroll: the shifts are immediates
-            case 0: add_high_run<H, 0>(u0, u1, hq); break;
-            case 1: add_high_run<H, 1>(u0, u1, hq); break;
-            case 2: add_high_run<H, 2>(u0, u1, hq); break;
-            case 3: add_high_run<H, 3>(u0, u1, hq); break;
-            case 4: add_high_run<H, 4>(u0, u1, hq); break;
-            case 5: add_high_run<H, 5>(u0, u1, hq); break;
-            case 6: add_high_run<H, 6>(u0, u1, hq); break;
-            default: add_high_run<H, 7>(u0, u1, hq); break;
-          }
-        }
+        if constexpr (H > 0) add_high_j<H>(j, u0, u1, cq + 32 * hf);
         h[hf][0] = _mm256_add_epi16(h[hf][0], _mm256_maddubs_epi16(u0, bcast4(hi + off)));
         l[hf][0] = _mm256_add_epi16(l[hf][0], _mm256_maddubs_epi16(u0, bcast4(lo + off)));
         h[hf][1] = _mm256_add_epi16(h[hf][1], _mm256_maddubs_epi16(u1, bcast4(hi + off + 32)));
