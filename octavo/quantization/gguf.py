@@ -105,6 +105,10 @@ def _frozen(t: torch.Tensor) -> nn.Parameter:
     return nn.Parameter(t, requires_grad=False)
 
 
+# A segment's parameters (segment i > 0: the names with "_i").
+SEGMENT_PARAMS = ("qweight", "gguf_scales", "gguf_mins")
+
+
 class GGUFLinearMethod(LinearMethod):
     """GGUF block formats: raw rows while loading, the kernels' layout after. ``fmt``: the
     layer's format; ``part_formats``: {shard id: format} of a merged layer whose parts differ
@@ -113,7 +117,8 @@ class GGUFLinearMethod(LinearMethod):
     def __init__(self, fmt: str, part_formats: Mapping | None = None) -> None:
         self.fmt = fmt
         self.part_formats = dict(part_formats) if part_formats else None
-        self.num_segments = 1
+        # Each segment's parameter names (qweight, scales, mins), in output order; set at load.
+        self.segment_names = [SEGMENT_PARAMS]
         self.isa = ISA_CODES[envs.cpu_quant_isa()]  # read once: os.environ costs per call
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
@@ -163,16 +168,16 @@ class GGUFLinearMethod(LinearMethod):
             segments = [gguf_blocks.repack(layer.weight.data, self.fmt, self.in_features,
                                            interleave_weights())]
         layer.weight = None
-        self.num_segments = len(segments)
-        for i, segment in enumerate(segments):
-            for name, t in zip(SEGMENT_PARAMS, segment, strict=True):
-                layer.register_parameter(name + (f"_{i}" if i else ""), _frozen(t))
+        self.segment_names = [tuple(name + (f"_{i}" if i else "") for name in SEGMENT_PARAMS)
+                              for i in range(len(segments))]
+        for names, segment in zip(self.segment_names, segments, strict=True):
+            for name, t in zip(names, segment, strict=True):
+                layer.register_parameter(name, _frozen(t))
 
     def segments(self, layer) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """(qweight, scales, mins) of each segment, in output order: one, unless the layer
         merges parts of different types."""
-        return [tuple(getattr(layer, name + (f"_{i}" if i else "")) for name in SEGMENT_PARAMS)
-                for i in range(self.num_segments)]
+        return [tuple(getattr(layer, name) for name in names) for names in self.segment_names]
 
     def apply(self, layer, x, bias):
         ys = [gguf_matmul(x, *segment, self.in_features, self.isa)
@@ -181,8 +186,6 @@ class GGUFLinearMethod(LinearMethod):
         return y if bias is None else y + bias
 
 
-# A segment's parameters (segment i > 0: the names with "_i").
-SEGMENT_PARAMS = ("qweight", "gguf_scales", "gguf_mins")
 
 
 def _runs(order: list, formats: Mapping) -> list[list]:
