@@ -49,6 +49,9 @@ from octavo import envs  # noqa: E402
 # Kernel name patterns, first match wins (Triton kernels keep their Python names, the GEMVs
 # included; cuBLAS / CUTLASS GEMMs carry gemm / xmma / nvjet / cutlass in theirs).
 CLASSES = [
+    # The fused MoE layer's own kernels (octavo/kernels/fused_moe.py, moe_route.py); the
+    # torch routing ops, where they run, fall under sampling / copies by their names.
+    ("moe", r"_gate_up_kernel|_down_kernel|route_align|sum_pairs"),
     ("attention", r"paged_attention|split_reduce|attn|flash|streamk|work_list"),
     ("kv_cache_write", r"reshape_and_cache"),
     ("gemm", r"gemm|gemv|swapab|dequantize|xmma|nvjet|cutlass|cublas|sm90_|splitk|s16816|wgmma|"

@@ -55,6 +55,13 @@ def fused_moe() -> bool:
     return _flag("OCTAVO_FUSED_MOE", True)
 
 
+def moe_route() -> bool:
+    """OCTAVO_MOE_ROUTE (default on): with the fused MoE kernel, decode batches route and align
+    their (token, expert) pairs in one launch (octavo/kernels/moe_route.py); off, torch ops
+    (30 a layer)."""
+    return _flag("OCTAVO_MOE_ROUTE", True)
+
+
 def attn_split_merge() -> bool | None:
     """OCTAVO_ATTN_SPLIT_MERGE (unset: by grid size, octavo/kernels/paged_attention_config.py):
     1, a split decode attention launch merges its splits itself (the last program of each

@@ -14,10 +14,12 @@ Why it is shaped this way:
   size may depend on the routing: the sorted index has room for the worst case,
   ``T*k + min(E, T*k) * (BLOCK_M - 1)`` rows rounded up to a tile (at most min(E, T*k)
   experts receive tokens, each wasting under a tile), and the grid covers all of it; tiles
-  past the routing's end read the expert sentinel E and return at once. The alignment is
-  torch ops that do not sync (counts by ``scatter_add_``, not ``bincount``, whose CUDA
-  version reads the input's max on the host; a stable ``argsort``; ``cumsum``;
-  ``searchsorted`` for each tile's expert).
+  past the routing's end read the expert sentinel E and return at once. Up to
+  ``moe_route.MAX_PAIRS`` pairs (decode) the alignment is one launch of one program
+  (``octavo.kernels.moe_route``, which can also do the routing itself); beyond, torch ops that
+  do not sync (counts by ``scatter_add_``, not ``bincount``, whose CUDA version reads the
+  input's max on the host; a stable ``argsort``; ``cumsum``; ``searchsorted`` for each
+  tile's expert). Both give the same rows.
 - **Gate/up with the activation in its epilogue** (:func:`_gate_up_kernel`): one program
   accumulates the gate and the up tile of the same columns, so ``silu(gate) * up``
   (``octavo.kernels.activation.silu_mul``, float32) is applied before the store and the
@@ -25,8 +27,8 @@ Why it is shaped this way:
   an unfused implementation in that dtype would feed the down projection.
 - **Down projection, deterministic sum** (:func:`_down_kernel`): each (token, expert) row is
   multiplied by its routing weight and stored in float32 at its own slot of a [T, k, H]
-  buffer; a ``sum(1)`` adds the k experts in a fixed order and rounds once. No atomics, so the
-  result does not depend on program scheduling.
+  buffer; one more launch (:func:`_sum_pairs_kernel`) adds the k experts in order and rounds
+  once. No atomics, so the result does not depend on program scheduling.
 
 The intermediate activations are indexed by the (token, expert) pair (``t * k + j``), not by
 the padded sorted position, so they take [T*k, I] and padded slots are never written.
@@ -44,6 +46,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from octavo.kernels import moe_route
 from octavo.kernels.activation import silu_mul
 from octavo.kernels.triton_utils import HAS_TRITON, interpreting, require_triton, tl, triton
 
@@ -54,6 +57,8 @@ class MoeTiles(NamedTuple):
     block_m: int
     block_n: int
     block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
 
 
 class Alignment(NamedTuple):
@@ -67,9 +72,13 @@ class Alignment(NamedTuple):
 
 
 def default_tiles(num_tokens: int, topk: int, num_experts: int) -> MoeTiles:
-    """GPU tiles for a launch (unmeasured): 64-row tiles once experts average 32+ rows."""
-    block_m = 64 if num_tokens * topk >= 32 * num_experts else 16
-    return MoeTiles(block_m, 64, 64)
+    """GPU tiles for a launch: 64-row tiles once experts average 32+ rows (unmeasured); below,
+    16 x 64 x 128, best or within 2% of the best of 8 at 1, 4, 16 and 64 tokens on an H100
+    (Qwen3-30B-A3B's experts, ``benchmarks/moe_kernel.py``, 2026-12-05; 34.6 us a layer at one
+    token against 38.9 for 16 x 64 x 64)."""
+    if num_tokens * topk >= 32 * num_experts:
+        return MoeTiles(64, 64, 64)
+    return MoeTiles(16, 64, 128)
 
 
 def padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -186,6 +195,18 @@ def _down_kernel(
              mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _sum_pairs_kernel(partial_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK_H: tl.constexpr):
+    # Grid (T, H tiles): out[t] = sum over j in order of partial[t * TOPK + j], rounded once.
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = cols < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        acc += tl.load(partial_ptr + (t * TOPK + j) * H + cols, mask=ok, other=0.0)
+    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 def supports(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
     """True where :func:`fused_moe` can run these tensors: Triton importable, x on CUDA (or
     the Triton interpreter on), one float16/bfloat16/float32 dtype for all three, contiguous
@@ -204,12 +225,14 @@ def supports(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-              tiles: MoeTiles | None = None) -> torch.Tensor:
+              tiles: MoeTiles | None = None,
+              alignment: Alignment | None = None) -> torch.Tensor:
     """``x`` [T, H], ``w13`` [E, 2I, H] (gate rows then up rows), ``w2`` [E, H, I],
     ``topk_weights`` float32 [T, k], ``topk_ids`` int [T, k] in [0, E) -> [T, H] in x's dtype:
     ``sum_j topk_weights[t, j] * (w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t])))``.
     The activation product is rounded to x's dtype before the down projection; accumulation
-    and the sum over experts are float32. ``tiles``: overrides :func:`default_tiles`."""
+    and the sum over experts are float32. ``tiles``: overrides :func:`default_tiles`;
+    ``alignment``: the pairs already aligned for the tiles' BLOCK_M (``moe_route``)."""
     require_triton("fused_moe")
     assert supports(x, w13, w2), (x.shape, x.dtype, w13.shape, w13.dtype, w2.shape, w2.dtype)
     t, h = x.shape
@@ -219,8 +242,14 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     if t == 0:
         return x.new_empty(0, h)
     x = x if x.stride(1) == 1 else x.contiguous()
-    block_m, block_n, block_k = tiles or default_tiles(t, k, e)
-    align = align_by_expert(topk_ids, e, block_m)
+    block_m, block_n, block_k, warps, stages = tiles or default_tiles(t, k, e)
+    align = alignment
+    if align is None:
+        if moe_route.available(x, t * k, e):
+            routed = moe_route.align(topk_ids, e, block_m)
+            align = Alignment(routed.sorted_ids, routed.tile_experts)
+        else:
+            align = align_by_expert(topk_ids, e, block_m)
     n_tiles = align.tile_experts.numel()
     fp32_dot = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and not x.is_cuda)
     hidden = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
@@ -229,7 +258,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         t * k, e, k, h, inter,
         x.stride(0), w13.stride(0), w13.stride(1), hidden.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
-        num_warps=4, num_stages=3,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     partial = torch.empty(t * k, h, dtype=torch.float32, device=x.device)
@@ -238,9 +267,13 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         t * k, e, h, inter,
         hidden.stride(0), w2.stride(0), w2.stride(1), partial.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
-        num_warps=4, num_stages=3,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    return partial.view(t, k, h).sum(1).to(x.dtype)
+    out = torch.empty(t, h, dtype=x.dtype, device=x.device)
+    block_h = 1024
+    _sum_pairs_kernel[(t, triton.cdiv(h, block_h))](partial, out, h, TOPK=k, BLOCK_H=block_h,
+                                                    num_warps=4)
+    return out
 
 
 def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

@@ -121,14 +121,16 @@ class FusedMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Routing weights [T, k] float32 and expert ids [T, k]: softmax over all experts in
         float32, the top k, renormalised to sum to one where the model says so."""
-        # F.linear, not the layer's call: on the CPU its oneDNN-packed path took 22 us for
-        # a [64, 1024] router at one row against 6.
-        logits = F.linear(x, self.gate.weight) if self._float_router else self.gate(x)
-        probs = torch.softmax(logits.float(), dim=-1)
+        probs = torch.softmax(self._logits(x).float(), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights, ids
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        # F.linear, not the layer's call: on the CPU its oneDNN-packed path took 22 us for
+        # a [64, 1024] router at one row against 6.
+        return F.linear(x, self.gate.weight) if self._float_router else self.gate(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._routed(x)
@@ -137,6 +139,22 @@ class FusedMoE(nn.Module):
         return y
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
+        fused = x.is_cuda and envs.fused_moe() and self.stacked_experts
+        if fused:
+            from octavo.kernels import fused_moe as kernel
+            from octavo.kernels import moe_route
+
+            w13, w2 = self.experts.w13_weight, self.experts.w2_weight
+            pairs = x.shape[0] * self.top_k
+            if kernel.supports(x, w13, w2) and moe_route.available(x, pairs, self.num_experts):
+                # Routing and alignment in one launch (decode batches): route() and the
+                # rounding below, then fused_moe's alignment (moe_route).
+                block_m = kernel.default_tiles(x.shape[0], self.top_k, self.num_experts).block_m
+                r = moe_route.route_and_align(self._logits(x), self.top_k, self.renormalize,
+                                              block_m, round_to=x.dtype)
+                align = kernel.Alignment(r.sorted_ids, r.tile_experts)
+                return self.tp.all_reduce(kernel.fused_moe(x, w13, w2, r.weights, r.ids,
+                                                           alignment=align))
         weights, ids = self.route(x)
         # The weights are rounded to the activations' dtype before use, as transformers does.
         weights = weights.to(x.dtype).float()
@@ -145,12 +163,8 @@ class FusedMoE(nn.Module):
             y = token(x, ids[0].tolist(), weights[0].tolist())
             if y is not None:
                 return self.tp.all_reduce(y)
-        if x.is_cuda and envs.fused_moe() and self.stacked_experts:
-            from octavo.kernels import fused_moe as kernel
-
-            w13, w2 = self.experts.w13_weight, self.experts.w2_weight
-            if kernel.supports(x, w13, w2):
-                return self.tp.all_reduce(kernel.fused_moe(x, w13, w2, weights, ids))
+        if fused and kernel.supports(x, w13, w2):
+            return self.tp.all_reduce(kernel.fused_moe(x, w13, w2, weights, ids))
         return self.tp.all_reduce(_experts_loop(x, weights, ids, self.experts.num_experts,
                                                 self.experts.expert_forward))
 

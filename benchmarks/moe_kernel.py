@@ -1,0 +1,120 @@
+"""A mixture-of-experts layer's GPU kernels at Qwen3-30B-A3B's expert shape (128 experts, 8 a
+token, hidden 2048, expert intermediate 768, bf16), at decode batches:
+
+* routing and alignment: the torch ops (softmax, topk, renormalisation, casts,
+  ``fused_moe.align_by_expert``) against ``moe_route.route_and_align``'s one launch, the
+  router's matmul included in both;
+* the grouped GEMMs (``fused_moe`` given the alignment) over tile configurations.
+
+Several layers' weights rotate (each call reads its experts from HBM, as a decode step does);
+each layer copy has its own random routing. A sweep is captured in a CUDA graph and timed by
+CUDA events over replays (``benchmarks.common.graph_timed``): microseconds per layer, and for
+the GEMMs the fraction of HBM bandwidth their experts' weights take.
+
+    python benchmarks/moe_kernel.py [--tokens 1 4 16 64] [--tiles 16,64,64,4,3 16,32,128,4,3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import (  # noqa: E402
+    device_info,
+    git_commit,
+    graph_timed,
+    print_json_result,
+    published_hbm_tbps,
+)
+
+DEFAULT_TILES = ["16,64,64,4,3", "16,32,64,4,3", "16,32,128,4,3", "16,16,128,4,3",
+                 "16,64,128,4,3", "16,32,128,4,4", "16,32,256,4,3", "16,16,256,2,3"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--inter", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=6, help="weight copies rotated per sweep")
+    ap.add_argument("--tiles", nargs="+", default=DEFAULT_TILES,
+                    help="BLOCK_M,BLOCK_N,BLOCK_K,warps,stages of the grouped GEMMs")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+
+    from octavo.kernels import fused_moe as fm
+    from octavo.kernels import moe_route
+
+    dev = torch.device("cuda")
+    dt = torch.bfloat16
+    e, k, h, inter, layers = args.experts, args.topk, args.hidden, args.inter, args.layers
+    g = torch.Generator(device=dev).manual_seed(0)
+    gate = [torch.randn(e, h, device=dev, dtype=dt, generator=g) / h ** 0.5 for _ in range(layers)]
+    w13 = [torch.randn(e, 2 * inter, h, device=dev, dtype=dt, generator=g) / h ** 0.5
+           for _ in range(layers)]
+    w2 = [torch.randn(e, h, inter, device=dev, dtype=dt, generator=g) / inter ** 0.5
+          for _ in range(layers)]
+    expert_bytes = (2 * inter * h + h * inter) * 2
+    peak = published_hbm_tbps(torch.cuda.get_device_name())
+    rows = []
+    for t in args.tokens:
+        x = [torch.randn(t, h, device=dev, dtype=dt, generator=g) for _ in range(layers)]
+        block_m = fm.default_tiles(t, k, e).block_m
+
+        def torch_route(i, block_m=block_m, x=x):
+            probs = torch.softmax(F.linear(x[i], gate[i]).float(), dim=-1)
+            weights, ids = torch.topk(probs, k, dim=-1)
+            weights = (weights / weights.sum(dim=-1, keepdim=True)).to(dt).float()
+            return weights, fm.align_by_expert(ids, e, block_m)
+
+        def kernel_route(i, block_m=block_m, x=x):
+            return moe_route.route_and_align(F.linear(x[i], gate[i]), k, True, block_m, dt)
+
+        route_us = {
+            "torch": graph_timed([lambda i=i: torch_route(i) for i in range(layers)]),
+            "moe_route": graph_timed([lambda i=i: kernel_route(i) for i in range(layers)]),
+        }
+        routed = [kernel_route(i) for i in range(layers)]
+        touched = sum(int(torch.unique(r.ids).numel()) for r in routed) / layers
+        nbytes = touched * expert_bytes
+        gemm = []
+        for spec in args.tiles:
+            bm, bn, bk, warps, stages = (int(v) for v in spec.split(","))
+            tiles = fm.MoeTiles(bm, bn, bk, warps, stages)
+            aligns = [moe_route.align(r.ids, e, bm) for r in routed]
+            fns = [lambda i=i, tiles=tiles, aligns=aligns, x=x, routed=routed: fm.fused_moe(
+                x[i], w13[i], w2[i], routed[i].weights, routed[i].ids, tiles=tiles,
+                alignment=fm.Alignment(aligns[i].sorted_ids, aligns[i].tile_experts))
+                for i in range(layers)]
+            try:
+                us = graph_timed(fns)
+            except Exception as exc:  # a tile that does not compile or fit: say so, go on
+                gemm.append({"tiles": spec, "error": f"{type(exc).__name__}: {exc}"[:200]})
+                continue
+            frac = nbytes / (us * 1e-6) / (peak * 1e12) if peak else None
+            gemm.append({"tiles": spec, "us": round(us, 2),
+                         "hbm_fraction": round(frac, 3) if frac else None})
+        best = min((r for r in gemm if "us" in r), key=lambda r: r["us"])
+        row = {"tokens": t, "experts_touched": touched, "expert_mb": round(nbytes / 1e6, 1),
+               "route_us": {key: round(v, 2) for key, v in route_us.items()},
+               "gemm": gemm, "best_tiles": best["tiles"]}
+        rows.append(row)
+        print(f"T={t}: {touched:.1f} experts ({nbytes / 1e6:.1f} MB); route torch "
+              f"{route_us['torch']:.1f} us, moe_route {route_us['moe_route']:.1f} us")
+        for r in gemm:
+            print("   ", r)
+    print_json_result({"benchmark": "moe_kernel", "device": device_info(), "commit": git_commit(),
+                       "shape": {"experts": e, "topk": k, "hidden": h, "inter": inter},
+                       "rows": rows}, args.json)
+
+
+if __name__ == "__main__":
+    main()

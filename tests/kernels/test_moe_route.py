@@ -1,0 +1,156 @@
+"""moe_route (routing and expert alignment in one launch) against the torch ops it replaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from octavo.kernels import moe_route  # noqa: E402
+from octavo.kernels.fused_moe import (  # noqa: E402
+    Alignment,
+    MoeTiles,
+    align_by_expert,
+    fused_moe,
+    fused_moe_reference,
+)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def torch_route(logits, k, renormalize, round_to):
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(round_to).float(), ids
+
+
+def distinct_logits(t, e, dtype, g):
+    """Logits without ties in ``dtype`` (multiples of 1/32 in [-2, 2): exact in bf16), so the
+    top k is one set whatever the tie rule."""
+    return (torch.rand(t, e, generator=g).argsort(1).float() / e * 4 - 2).to(dtype)
+
+
+def by_expert(align, block_m):
+    """The sorted index with each expert's run sorted: the kernel orders the pairs inside a
+    run as its atomics land (on the GPU), the torch version in the pairs' order."""
+    rows = align.sorted_ids.clone()
+    tiles = align.tile_experts.tolist()
+    i = 0
+    while i < len(tiles):
+        j = i
+        while j < len(tiles) and tiles[j] == tiles[i]:
+            j += 1
+        rows[i * block_m:j * block_m] = rows[i * block_m:j * block_m].sort().values
+        i = j
+    return rows
+
+
+def assert_same_alignment(got, ref, block_m):
+    assert torch.equal(got.tile_experts, ref.tile_experts)
+    assert torch.equal(by_expert(got, block_m), by_expert(ref, block_m))
+    if not got.sorted_ids.is_cuda:  # the interpreter's atomics land in order
+        assert torch.equal(got.sorted_ids, ref.sorted_ids)
+
+
+# (T, k, E, BLOCK_M): decode shapes (Qwen3-30B-A3B: 128 experts, 8 a token; Qwen2-MoE: 60),
+# pairs over several of the kernel's blocks, one expert, BLOCK_M 64.
+SHAPES = [(1, 8, 128, 16), (3, 2, 60, 16), (17, 4, 8, 16), (64, 8, 128, 16), (5, 1, 4, 64),
+          (40, 8, 128, 64), (33, 2, 3, 16)]
+
+
+@pytest.mark.parametrize("t,k,e,block_m", SHAPES)
+def test_align_is_the_torch_alignment(t, k, e, block_m, device):
+    g = torch.Generator().manual_seed(t * 1000 + e)
+    ids = torch.rand(t, e, generator=g).argsort(1)[:, :k]
+    got = moe_route.align(ids.to(device), e, block_m)
+    assert_same_alignment(got, align_by_expert(ids.to(device), e, block_m), block_m)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_align_every_pair_to_one_expert(dtype, device):
+    ids = torch.full((50, 2), 5, dtype=dtype)
+    ids[:, 1] = 0
+    got = moe_route.align(ids.to(device), 8, 16)
+    assert_same_alignment(got, align_by_expert(ids.to(device), 8, 16), 16)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("t,k,e,block_m", SHAPES[:5])
+def test_route_and_align(t, k, e, block_m, dtype, renormalize, device):
+    g = torch.Generator().manual_seed(t * 7 + k)
+    logits = (torch.randn(t, e, generator=g) if dtype == torch.float32
+              else distinct_logits(t, e, dtype, g)).to(device)
+    got = moe_route.route_and_align(logits, k, renormalize, block_m, round_to=dtype)
+    weights, ids = torch_route(logits, k, renormalize, dtype)
+    assert got.ids.dtype == torch.int32 and got.weights.dtype == torch.float32
+    assert torch.equal(got.ids.long(), ids)  # the same experts in the same (descending) order
+    tol = dict(rtol=2e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(got.weights, weights, **tol)
+    assert_same_alignment(got, align_by_expert(ids, e, block_m), block_m)
+
+
+def test_route_reads_strided_logits(device):
+    g = torch.Generator().manual_seed(3)
+    wide = torch.randn(6, 40, generator=g).to(device)
+    logits = wide[:, 4:36]  # rows 40 apart
+    got = moe_route.route_and_align(logits, 3, True, 16)
+    weights, ids = torch_route(logits, 3, True, torch.float32)
+    assert torch.equal(got.ids.long(), ids)
+    torch.testing.assert_close(got.weights, weights, rtol=2e-6, atol=1e-7)
+
+
+def test_ties_go_to_the_lowest_expert(device):
+    logits = torch.zeros(2, 8, device=device)
+    logits[1, 6] = logits[1, 2] = 1.0
+    got = moe_route.route_and_align(logits, 3, False, 16)
+    assert got.ids.tolist() == [[0, 1, 2], [2, 6, 0]]
+
+
+def test_availability():
+    x = torch.empty(1, 4)
+    assert moe_route.available(x, 8, 128) == moe_route.interpreting()
+    assert not moe_route.available(x, 0, 128)
+    assert not moe_route.available(x, moe_route.MAX_PAIRS + 1, 128)
+    assert not moe_route.available(x, 8, moe_route.MAX_EXPERTS + 1)
+
+
+def test_fused_moe_with_a_routed_alignment(device):
+    """The layer's decode path: route_and_align's weights, ids and alignment into fused_moe."""
+    g = torch.Generator().manual_seed(11)
+    t, h, inter, e, k = 9, 48, 40, 8, 2
+    x = torch.randn(t, h, generator=g).to(device)
+    w13 = (torch.randn(e, 2 * inter, h, generator=g) / h ** 0.5).to(device)
+    w2 = (torch.randn(e, h, inter, generator=g) / inter ** 0.5).to(device)
+    r = moe_route.route_and_align(torch.randn(t, e, generator=g).to(device), k, True, 16)
+    got = fused_moe(x, w13, w2, r.weights, r.ids, tiles=MoeTiles(16, 32, 32),
+                    alignment=Alignment(r.sorted_ids, r.tile_experts))
+    torch.testing.assert_close(got, fused_moe_reference(x, w13, w2, r.weights, r.ids),
+                               atol=1e-5, rtol=1e-5)
+
+
+@needs_cuda
+def test_no_host_sync_and_graph_capture():
+    """One launch under sync-debug "error" mode; a captured graph replays new logits."""
+    dev = torch.device("cuda")
+    logits = torch.randn(16, 128, device=dev, dtype=torch.bfloat16)
+    moe_route.route_and_align(logits, 8, True, 16, torch.bfloat16)  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        moe_route.route_and_align(logits, 8, True, 16, torch.bfloat16)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe_route.route_and_align(logits, 8, True, 16, torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    logits.copy_(distinct_logits(16, 128, torch.bfloat16, g).to(dev))
+    graph.replay()
+    weights, ids = torch_route(logits, 8, True, torch.bfloat16)
+    assert torch.equal(out.ids.long(), ids)
+    torch.testing.assert_close(out.weights, weights, rtol=1e-2, atol=1e-3)
+    assert_same_alignment(out, align_by_expert(ids, 128, 16), 16)
