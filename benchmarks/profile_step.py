@@ -39,6 +39,7 @@ from benchmarks.quantized import METHODS as QUANT_METHODS  # noqa: E402
 from benchmarks.quantized import weight_bytes as model_weight_bytes  # noqa: E402
 from benchmarks.workloads import (  # noqa: E402
     SHAPES,
+    decode_weight_bytes,
     device_limits,
     prefill_flops,
     shape_cost,
@@ -197,7 +198,7 @@ def main() -> None:
 
     bandwidth, flops, limits = device_limits()
     cost = shape_cost(args.shape)
-    weight_bytes = cost.weight_bytes
+    weight_bytes = decode_weight_bytes(args.shape, args.batch)  # a MoE's routed experts only
     if args.quantization != "bf16":  # what the model holds, less the embedding table
         weight_bytes = model_weight_bytes(engine.executor.worker.runner.model, per_step=True)
     if args.prefill:  # bound by FLOPs

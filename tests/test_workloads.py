@@ -7,7 +7,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from benchmarks.workloads import prefill_flops, shape_cost  # noqa: E402
+from benchmarks.workloads import decode_weight_bytes, prefill_flops, shape_cost  # noqa: E402
 
 
 def test_qwen3_weights_read_per_decode_step():
@@ -62,3 +62,14 @@ def test_moe_shape_builds_the_model_it_claims():
     counted = sum(p.numel() for p in model.parameters())
     norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
     assert counted == shape_cost("qwen3-30b-a3b").weight_bytes // 2 + 151936 * 2048 + norms
+
+
+def test_decode_weight_bytes_counts_the_routed_experts():
+    # Dense: every weight every step. Qwen3-30B-A3B at one token: attention, routers, LM head
+    # and 8 of 128 experts a layer; the expected experts grow with the batch towards all.
+    assert decode_weight_bytes("qwen3-0.6b", 32) == shape_cost("qwen3-0.6b").weight_bytes
+    full = shape_cost("qwen3-30b-a3b").weight_bytes
+    expert = 3 * 2048 * 768 * 2
+    assert decode_weight_bytes("qwen3-30b-a3b", 1) == full - 48 * 120 * expert
+    sizes = [decode_weight_bytes("qwen3-30b-a3b", b) for b in (1, 16, 64, 256)]
+    assert sizes == sorted(sizes) and full - sizes[-1] < 48 * expert * 0.01
