@@ -345,6 +345,18 @@ def cuda_dense_max_m(default: int) -> int:
     return _batch_size("OCTAVO_CUDA_DENSE_MAX_M", default)
 
 
+def cuda_dense_max_bytes(default: int) -> int:
+    """OCTAVO_CUDA_DENSE_MAX_BYTES: the largest weight (bytes) it takes (a measurement knob)."""
+    value = os.environ.get("OCTAVO_CUDA_DENSE_MAX_BYTES")
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("OCTAVO_CUDA_DENSE_MAX_BYTES must be an integer (bytes), got "
+                         f"{value!r}") from None
+
+
 def cuda_fp8() -> bool:
     """OCTAVO_CUDA_FP8 (default on): on NVIDIA GPUs (compute capability 8.9+) with nvcc,
     FP8-weight linears (W8A8) run decode batches of OCTAVO_CUDA_FP8_MIN_M..OCTAVO_CUDA_FP8_MAX_M

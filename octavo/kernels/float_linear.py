@@ -40,7 +40,8 @@ def _takes_cuda_dense(x: torch.Tensor, weight: torch.Tensor,
     rows = x.numel() // max(1, x.shape[-1])
     return (envs.cuda_dense_min_m(CUDA_DENSE_ROWS[0]) <= rows
             <= envs.cuda_dense_max_m(CUDA_DENSE_ROWS[1])
-            and weight.numel() * weight.element_size() <= CUDA_DENSE_MAX_BYTES
+            and (weight.numel() * weight.element_size()
+                 <= envs.cuda_dense_max_bytes(CUDA_DENSE_MAX_BYTES))
             and dense_mma.fits(x, weight, bias) and dense_mma.available(x.device))
 
 
