@@ -42,6 +42,7 @@ from benchmarks.workloads import (  # noqa: E402
     decode_weight_bytes,
     device_limits,
     prefill_flops,
+    routed_expert_bytes,
     shape_cost,
     write_config,
 )
@@ -199,6 +200,8 @@ def main() -> None:
     bandwidth, flops, limits = device_limits()
     cost = shape_cost(args.shape)
     weight_bytes = decode_weight_bytes(args.shape, args.batch)  # a MoE's routed experts only
+    # A MoE's experts are the moe class's bytes when its kernels ran (else the loop's GEMMs).
+    moe_bytes = routed_expert_bytes(args.shape, args.batch) if by_class.get("moe") else 0.0
     if args.quantization != "bf16":  # what the model holds, less the embedding table
         weight_bytes = model_weight_bytes(engine.executor.worker.runner.model, per_step=True)
     if args.prefill:  # bound by FLOPs
@@ -219,11 +222,14 @@ def main() -> None:
         row = {"class": cls, "us_per_step": round(us, 1),
                "share_of_gpu_time": round(us / gpu_us, 3) if gpu_us else None,
                "launches_per_step": round(launches.get(cls, 0) / profiled_steps, 1)}
+        if cls == "moe" and moe_bytes and not args.prefill:
+            row["bytes_per_step"] = moe_bytes
+            row["hbm_fraction"] = frac_bw(moe_bytes, us)
         if cls == "gemm":
             row["flops_per_step"] = gemm_flops
             if not args.prefill:  # a prefill step's GEMMs are bound by FLOPs, not bytes
-                row["bytes_per_step"] = weight_bytes
-                row["hbm_fraction"] = frac_bw(weight_bytes, us)
+                row["bytes_per_step"] = weight_bytes - moe_bytes
+                row["hbm_fraction"] = frac_bw(weight_bytes - moe_bytes, us)
             row["tensor_fraction"] = None if us <= 0 else gemm_flops / (us * 1e-6) / flops
         elif cls == "attention" and attn_flops is not None:
             row["flops_per_step"] = attn_flops

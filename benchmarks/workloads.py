@@ -97,19 +97,30 @@ def shape_cost(shape: str, dtype_bytes: int = 2) -> ShapeCost:
                      flops_per_token=2.0 * active_params)
 
 
-def decode_weight_bytes(shape: str, batch: int, dtype_bytes: int = 2) -> float:
-    """Weight bytes a decode step of ``batch`` tokens reads: ``shape_cost``'s for a dense
-    model; for a mixture of experts only the experts the batch routes to, in expectation under
-    uniform routing (each token picks k of E distinct experts, so an expert goes unread with
-    probability (1 - k/E) ** batch; Qwen3-30B-A3B: 8 at one token, 82 at 16, all 128 at 256)."""
+def routed_expert_bytes(shape: str, batch: int, dtype_bytes: int = 2) -> float:
+    """Expert weight bytes a decode step of ``batch`` tokens reads (0 for a dense model): only
+    the experts the batch routes to, in expectation under uniform routing (each token picks k
+    of E distinct experts, so an expert goes unread with probability (1 - k/E) ** batch;
+    Qwen3-30B-A3B: 8 a layer at one token, 82 at 16, all 128 at 256)."""
     c = SHAPES[shape]
-    full = shape_cost(shape, dtype_bytes).weight_bytes
     e = c.get("num_experts")
     if not e:
-        return full
+        return 0.0
     touched = e * (1.0 - (1.0 - c["num_experts_per_tok"] / e) ** batch)
-    expert = 3 * c["hidden_size"] * c["moe_intermediate_size"] * dtype_bytes
-    return full - c["num_hidden_layers"] * (e - touched) * expert
+    return c["num_hidden_layers"] * touched * 3 * c["hidden_size"] * c["moe_intermediate_size"] \
+        * dtype_bytes
+
+
+def decode_weight_bytes(shape: str, batch: int, dtype_bytes: int = 2) -> float:
+    """Weight bytes a decode step of ``batch`` tokens reads: ``shape_cost``'s, with a mixture
+    of experts' experts counted as :func:`routed_expert_bytes`."""
+    c = SHAPES[shape]
+    full = shape_cost(shape, dtype_bytes).weight_bytes
+    if not c.get("num_experts"):
+        return full
+    every = c["num_hidden_layers"] * c["num_experts"] * 3 * c["hidden_size"] \
+        * c["moe_intermediate_size"] * dtype_bytes
+    return full - every + routed_expert_bytes(shape, batch, dtype_bytes)
 
 
 def prefill_flops(shape: str, prompts: int, context: int) -> tuple[float, float]:

@@ -7,7 +7,12 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from benchmarks.workloads import decode_weight_bytes, prefill_flops, shape_cost  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
+    decode_weight_bytes,
+    prefill_flops,
+    routed_expert_bytes,
+    shape_cost,
+)
 
 
 def test_qwen3_weights_read_per_decode_step():
@@ -73,3 +78,5 @@ def test_decode_weight_bytes_counts_the_routed_experts():
     assert decode_weight_bytes("qwen3-30b-a3b", 1) == full - 48 * 120 * expert
     sizes = [decode_weight_bytes("qwen3-30b-a3b", b) for b in (1, 16, 64, 256)]
     assert sizes == sorted(sizes) and full - sizes[-1] < 48 * expert * 0.01
+    assert routed_expert_bytes("qwen3-0.6b", 4) == 0
+    assert routed_expert_bytes("qwen3-30b-a3b", 1) == 48 * 8 * expert
