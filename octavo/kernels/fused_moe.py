@@ -71,14 +71,16 @@ class Alignment(NamedTuple):
     tile_experts: torch.Tensor
 
 
-def default_tiles(num_tokens: int, topk: int, num_experts: int) -> MoeTiles:
+def default_tiles(num_tokens: int, topk: int, num_experts: int,
+                  dtype: torch.dtype = torch.bfloat16) -> MoeTiles:
     """GPU tiles for a launch: 64-row tiles once experts average 32+ rows (unmeasured); below,
     16 x 64 x 128, best or within 2% of the best of 8 at 1, 4, 16 and 64 tokens on an H100
     (Qwen3-30B-A3B's experts, ``benchmarks/moe_kernel.py``, 2026-12-05; 34.6 us a layer at one
-    token against 38.9 for 16 x 64 x 64)."""
+    token against 38.9 for 16 x 64 x 64). Float32 keeps K steps of 64: three stages of 128
+    would take 216 KB of shared memory."""
     if num_tokens * topk >= 32 * num_experts:
         return MoeTiles(64, 64, 64)
-    return MoeTiles(16, 64, 128)
+    return MoeTiles(16, 64, 64 if dtype == torch.float32 else 128)
 
 
 def padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -242,7 +244,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     if t == 0:
         return x.new_empty(0, h)
     x = x if x.stride(1) == 1 else x.contiguous()
-    block_m, block_n, block_k, warps, stages = tiles or default_tiles(t, k, e)
+    block_m, block_n, block_k, warps, stages = tiles or default_tiles(t, k, e, x.dtype)
     align = alignment
     if align is None:
         if moe_route.available(x, t * k, e):

@@ -11,6 +11,7 @@ pytest.importorskip("triton")
 from octavo.kernels.fused_moe import (  # noqa: E402
     MoeTiles,
     align_by_expert,
+    default_tiles,
     fused_moe,
     fused_moe_reference,
     padded_rows,
@@ -69,6 +70,10 @@ def test_all_tokens_to_one_expert(device):
 def test_default_tiles(device):
     # 64-row tiles (T * k >= 32 E) and 64-wide N / K tiles over H = 48, I = 40.
     check(*make_case(64, 48, 40, 4, 2, torch.float32, device, seed=7), tiles=None)
+    # Decode tiles: K steps of 128 in bf16 (past H = 48 and I = 40: the masks), 64 in float32.
+    check(*make_case(3, 48, 40, 4, 2, torch.bfloat16, device, seed=8), tiles=None)
+    assert default_tiles(3, 2, 4, torch.bfloat16) == MoeTiles(16, 64, 128)
+    assert default_tiles(3, 2, 4, torch.float32) == MoeTiles(16, 64, 64)
 
 
 def test_empty_batch(device):
@@ -141,15 +146,18 @@ def test_no_host_sync_and_graph_capture():
 
 @pytest.mark.parametrize("kernel", ["_gate_up_kernel", "_down_kernel"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_default_tiles_compile_for_sm90(kernel, dtype):
-    """The largest default tiles (64 x 64 x 64, three stages) compile for sm_90 offline
-    (scripts/triton_sass.py, in a process of its own) without spills and within an H200 SM's
-    shared memory (the early return on the sentinel expert included)."""
+@pytest.mark.parametrize("tokens", [1, 512])
+def test_default_tiles_compile_for_sm90(kernel, dtype, tokens):
+    """The default tiles (decode: 16 x 64 x 128, float32 16 x 64 x 64; 64 x 64 x 64 once
+    experts average 32 rows), three stages, compile for sm_90 offline (scripts/triton_sass.py,
+    in a process of its own) without spills and within an H200 SM's shared memory (the early
+    return on the sentinel expert included)."""
     import re
 
     from tests.kernels.sm90 import compile_sm90
 
     fp32 = dtype == "fp32"
+    tiles = default_tiles(tokens, 8, 128, torch.float32 if fp32 else torch.bfloat16)
     ptrs = ["sorted_ptr=i32", "tiles_ptr=i32"]
     if kernel == "_gate_up_kernel":
         ptrs += [f"{name}={dtype}" for name in ("x_ptr", "w_ptr", "out_ptr")]
@@ -159,9 +167,10 @@ def test_default_tiles_compile_for_sm90(kernel, dtype):
         ptrs += ["weights_ptr=fp32", "out_ptr=fp32"]
         div16 = ["stride_hp", "stride_we", "stride_wn", "stride_op", "H", "INTER"]
     code = compile_sm90(
-        f"octavo.kernels.fused_moe:{kernel}", "--const", "BLOCK_M=64", "BLOCK_N=64",
-        "BLOCK_K=64", f"FP32_DOT={int(fp32)}", "--ptr", *ptrs, "--div16", *div16,
-        "--num-warps", "4", "--num-stages", "3")
+        f"octavo.kernels.fused_moe:{kernel}", "--const", f"BLOCK_M={tiles.block_m}",
+        f"BLOCK_N={tiles.block_n}", f"BLOCK_K={tiles.block_k}", f"FP32_DOT={int(fp32)}",
+        "--ptr", *ptrs, "--div16", *div16, "--num-warps", str(tiles.num_warps),
+        "--num-stages", str(tiles.num_stages))
     found = re.search(r"local (\d+) B\s+shared (\d+) B", code.report)
     assert found, code.report
     assert int(found.group(1)) == 0, code.report  # no spills

@@ -154,3 +154,22 @@ def test_no_host_sync_and_graph_capture():
     assert torch.equal(out.ids.long(), ids)
     torch.testing.assert_close(out.weights, weights, rtol=1e-2, atol=1e-3)
     assert_same_alignment(out, align_by_expert(ids, 128, 16), 16)
+
+
+@pytest.mark.parametrize("route", [0, 1])
+@pytest.mark.parametrize("block_t,block_p", [(1, 16), (4, 128)])
+def test_compiles_for_sm90(route, block_t, block_p):
+    """The launch at Qwen3-30B-A3B's routing (128 experts, 8 a token) compiles for sm_90
+    offline (scripts/triton_sass.py, a process of its own) without spills."""
+    import re
+
+    from tests.kernels.sm90 import compile_sm90
+
+    code = compile_sm90(
+        "octavo.kernels.moe_route:_route_align_kernel", "--const", "TOPK=8", f"ROUTE={route}",
+        "RENORM=1", "ROUND=2", "BLOCK_M=16", "E_PAD=128", "K_PAD=8", f"BLOCK_T={block_t}",
+        f"BLOCK_P={block_p}", "BLOCK_R=128", "BLOCK_TILES=32", "--ptr", "logits_ptr=bf16",
+        "ids_ptr=i32", "weights_ptr=fp32", "rank_ptr=i32", "cnt_ptr=i32", "sorted_ptr=i32",
+        "tiles_ptr=i32", "ticket_ptr=i32", "--num-warps", "4")
+    found = re.search(r"local (\d+) B", code.report)
+    assert found and int(found.group(1)) == 0, code.report
