@@ -77,6 +77,7 @@ def _align(ids_ptr, rank_ptr, cnt_ptr, sorted_ptr, tiles_ptr, n, E, ROWS,
         pairs = p0 + prow
         ok = pairs < n
         e = tl.load(ids_ptr + pairs, mask=ok, other=0, cache_modifier=".cg").to(tl.int32)
+        e = tl.minimum(tl.maximum(e, 0), E - 1)  # never a count outside the experts'
         tl.store(rank_ptr + pairs, tl.atomic_add(cnt_ptr + e, 1, mask=ok), mask=ok)
     tl.debug_barrier()
 
@@ -93,6 +94,7 @@ def _align(ids_ptr, rank_ptr, cnt_ptr, sorted_ptr, tiles_ptr, n, E, ROWS,
         pairs = p0 + prow
         ok = pairs < n
         e = tl.load(ids_ptr + pairs, mask=ok, other=0, cache_modifier=".cg").to(tl.int32)
+        e = tl.minimum(tl.maximum(e, 0), E - 1)
         # The expert's start from the registers (a load would wait on L2 once more).
         start = tl.sum(tl.where(e[:, None] == cols[None, :], starts[None, :], 0), 1)
         rank = tl.load(rank_ptr + pairs, mask=ok, other=0, cache_modifier=".cg")
@@ -127,6 +129,10 @@ def _route_align_kernel(
         lg = tl.where(ok[:, None], lg, 0.0)  # rows past T: finite, never stored
         p = tl.exp(lg - tl.max(lg, 1)[:, None])
         probs = p / tl.sum(p, 1)[:, None]
+        # A NaN or infinite logit makes its row's probabilities NaN. Placed at -0.5 (under
+        # every real probability, over the -1 of padded and picked experts), such a row
+        # takes its lowest experts, distinct and in range, and its weights stay NaN.
+        probs = tl.where(probs == probs, probs, -0.5)
         probs = tl.where(real[None, :], probs, -1.0)  # padded experts are never chosen
         w = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
         ids = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
@@ -134,6 +140,8 @@ def _route_align_kernel(
             best = tl.max(probs, 1)
             # The lowest index among equal maxima (as argmax).
             pick = tl.min(tl.where(probs == best[:, None], cols[None, :], E_PAD), 1)
+            pick = tl.minimum(pick, E - 1)
+            best = tl.where(best == -0.5, float("nan"), best)
             w = tl.where(kcols[None, :] == j, best[:, None], w)
             ids = tl.where(kcols[None, :] == j, pick[:, None], ids)
             probs = tl.where(cols[None, :] == pick[:, None], -1.0, probs)

@@ -173,3 +173,24 @@ def test_compiles_for_sm90(route, block_t, block_p):
         "tiles_ptr=i32", "ticket_ptr=i32", "--num-warps", "4")
     found = re.search(r"local (\d+) B", code.report)
     assert found and int(found.group(1)) == 0, code.report
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_logits_route_in_range(bad, device):
+    """A NaN or infinite logit (an overflowed activation) makes its row's softmax NaN: the
+    launch still picks k distinct experts in range (never a count or a weight tile outside
+    the experts), the other rows route as torch does, and the row's weights stay NaN."""
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(3, 16, generator=g)
+    logits[1, 5] = bad
+    if bad == float("-inf"):
+        logits[1] = bad  # every logit -inf: -inf - -inf is NaN
+    got = moe_route.route_and_align(logits.to(device), 4, True, 16)
+    ids = got.ids.cpu()
+    assert ((ids >= 0) & (ids < 16)).all()
+    assert all(len(set(row.tolist())) == 4 for row in ids)
+    weights, ref_ids = torch_route(logits[[0, 2]], 4, True, torch.float32)
+    assert torch.equal(ids[[0, 2]].long(), ref_ids)
+    torch.testing.assert_close(got.weights.cpu()[[0, 2]], weights, rtol=2e-6, atol=1e-7)
+    assert got.weights.cpu()[1].isnan().all()
+    assert_same_alignment(got, align_by_expert(got.ids, 16, 16), 16)
