@@ -15,6 +15,8 @@ TAILN=3 item lat_route0 env OCTAVO_MOE_ROUTE=0 python benchmarks/latency.py --sh
 TAILN=3 item lat_dense32 env OCTAVO_CUDA_DENSE_MAX_BYTES=33554432 python benchmarks/latency.py --shape qwen3-30b-a3b --batch-sizes 1,16 --json-out $OUT/moe_lat_dense32.json
 TAILN=30 item prof_moe_b1 env OCTAVO_PDL=0 python benchmarks/profile_step.py --shape qwen3-30b-a3b --batch 1 --context 128 --steps 8 --json $OUT/prof_moe_b1.json
 TAILN=30 item moe_kernel python benchmarks/moe_kernel.py --tiles 16,64,128,4,3 16,64,64,4,3 16,32,256,4,3 --json $OUT/moe_kernel.json
+# prefill-sized MoE tiles (64-row tiles from T*k >= 32E; never measured)
+TAILN=30 item moe_kernel_prefill python benchmarks/moe_kernel.py --tokens 1024 4096 --tiles 64,64,64,4,3 64,128,64,4,3 64,128,64,8,3 128,128,64,8,3 64,64,128,4,3 --json $OUT/moe_kernel_prefill.json
 TAILN=40 item prof_w4_b32 env OCTAVO_PDL=0 python benchmarks/profile_step.py --batch 32 --context 256 --json $OUT/prof_b32.json
 TAILN=4 item w4 python benchmarks/latency.py --batch-sizes 1,32 --repeat 3 --json-out $OUT/w4.json
 echo "=== end $(date +%T)"
