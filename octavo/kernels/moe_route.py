@@ -171,6 +171,16 @@ def available(x: torch.Tensor, num_pairs: int, num_experts: int) -> bool:
             and 0 < num_pairs <= MAX_PAIRS and num_experts <= MAX_EXPERTS)
 
 
+def blocks(t: int, n: int, e_pad: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_P, BLOCK_TILES) for ``t`` tokens, ``n`` pairs and ``e_pad`` padded
+    experts: each [block, E_PAD] register tile at most ~4K elements (2K for the float routing
+    tile), and no wider than the tokens or pairs there are."""
+    block_t = max(1, min(next_power_of_2(t), 2048 // e_pad, 4))
+    block_p = max(16, min(128, next_power_of_2(n), 4096 // e_pad))
+    block_tiles = max(4, min(32, 4096 // e_pad))
+    return block_t, block_p, block_tiles
+
+
 def _launch(logits, ids, weights, t: int, k: int, e: int, block_m: int, renormalize: bool,
             round_to: torch.dtype | None, route: bool) -> Routed:
     from octavo.kernels.fused_moe import padded_rows
@@ -184,16 +194,13 @@ def _launch(logits, ids, weights, t: int, k: int, e: int, block_m: int, renormal
     # Scratch: each pair's rank, each expert's count.
     scratch = torch.empty(n + e_pad, dtype=torch.int32, device=device)
     rank, cnt = scratch[:n], scratch[n:]
-    # Tokens per program: a [BLOCK_T, E_PAD] tile of at most 2K elements, no wider than T.
-    block_t = max(1, min(next_power_of_2(t), 2048 // e_pad, 4))
-    # Pairs per alignment step: [BLOCK_P, E_PAD] selections, no wider than the pairs.
-    block_p = max(16, min(128, next_power_of_2(n)))
+    block_t, block_p, block_tiles = blocks(t, n, e_pad)
     _route_align_kernel[(triton.cdiv(t, block_t) if route else 1,)](
         logits, ids, weights, rank, cnt, sorted_ids, tile_experts,
         split_k_counters(device, 1), t, e, logits.stride(0), rows,
         TOPK=k, ROUTE=route, RENORM=renormalize, ROUND=_ROUND[round_to], BLOCK_M=block_m,
         E_PAD=e_pad, K_PAD=max(2, next_power_of_2(k)), BLOCK_T=block_t, BLOCK_P=block_p,
-        BLOCK_R=128, BLOCK_TILES=32, num_warps=4,
+        BLOCK_R=128, BLOCK_TILES=block_tiles, num_warps=4,
     )  # fmt: skip
     return Routed(weights, ids, sorted_ids, tile_experts)
 

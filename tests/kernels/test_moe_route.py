@@ -56,9 +56,10 @@ def assert_same_alignment(got, ref, block_m):
 
 
 # (T, k, E, BLOCK_M): decode shapes (Qwen3-30B-A3B: 128 experts, 8 a token; Qwen2-MoE: 60),
-# pairs over several of the kernel's blocks, one expert, BLOCK_M 64.
+# pairs over several of the kernel's blocks, one expert, BLOCK_M 64, 300 experts (512 padded:
+# narrower register tiles).
 SHAPES = [(1, 8, 128, 16), (3, 2, 60, 16), (17, 4, 8, 16), (64, 8, 128, 16), (5, 1, 4, 64),
-          (40, 8, 128, 64), (33, 2, 3, 16)]
+          (40, 8, 128, 64), (33, 2, 3, 16), (9, 8, 300, 16)]
 
 
 @pytest.mark.parametrize("t,k,e,block_m", SHAPES)
@@ -79,7 +80,7 @@ def test_align_every_pair_to_one_expert(dtype, device):
 
 @pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("t,k,e,block_m", SHAPES[:5])
+@pytest.mark.parametrize("t,k,e,block_m", SHAPES[:5] + SHAPES[-1:])
 def test_route_and_align(t, k, e, block_m, dtype, renormalize, device):
     g = torch.Generator().manual_seed(t * 7 + k)
     logits = (torch.randn(t, e, generator=g) if dtype == torch.float32
@@ -157,20 +158,23 @@ def test_no_host_sync_and_graph_capture():
 
 
 @pytest.mark.parametrize("route", [0, 1])
-@pytest.mark.parametrize("block_t,block_p", [(1, 16), (4, 128)])
-def test_compiles_for_sm90(route, block_t, block_p):
-    """The launch at Qwen3-30B-A3B's routing (128 experts, 8 a token) compiles for sm_90
-    offline (scripts/triton_sass.py, a process of its own) without spills."""
+@pytest.mark.parametrize("tokens,experts", [(1, 128), (64, 128), (256, 512)])
+def test_compiles_for_sm90(route, tokens, experts):
+    """The launch compiles for sm_90 offline (scripts/triton_sass.py, a process of its own)
+    without spills: Qwen3-30B-A3B's routing (128 experts, 8 a token) at one and 64 tokens,
+    and 512 experts (the register tiles shrink with the experts)."""
     import re
 
     from tests.kernels.sm90 import compile_sm90
 
+    block_t, block_p, block_tiles = moe_route.blocks(tokens, tokens * 8, experts)
     code = compile_sm90(
         "octavo.kernels.moe_route:_route_align_kernel", "--const", "TOPK=8", f"ROUTE={route}",
-        "RENORM=1", "ROUND=2", "BLOCK_M=16", "E_PAD=128", "K_PAD=8", f"BLOCK_T={block_t}",
-        f"BLOCK_P={block_p}", "BLOCK_R=128", "BLOCK_TILES=32", "--ptr", "logits_ptr=bf16",
-        "ids_ptr=i32", "weights_ptr=fp32", "rank_ptr=i32", "cnt_ptr=i32", "sorted_ptr=i32",
-        "tiles_ptr=i32", "ticket_ptr=i32", "--num-warps", "4")
+        "RENORM=1", "ROUND=2", "BLOCK_M=16", f"E_PAD={experts}", "K_PAD=8",
+        f"BLOCK_T={block_t}", f"BLOCK_P={block_p}", "BLOCK_R=128",
+        f"BLOCK_TILES={block_tiles}", "--ptr", "logits_ptr=bf16", "ids_ptr=i32",
+        "weights_ptr=fp32", "rank_ptr=i32", "cnt_ptr=i32", "sorted_ptr=i32", "tiles_ptr=i32",
+        "ticket_ptr=i32", "--num-warps", "4")
     found = re.search(r"local (\d+) B", code.report)
     assert found and int(found.group(1)) == 0, code.report
 
