@@ -246,6 +246,10 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     x = x if x.stride(1) == 1 else x.contiguous()
     block_m, block_n, block_k, warps, stages = tiles or default_tiles(t, k, e, x.dtype)
     align = alignment
+    if align is not None and align.sorted_ids.numel() != padded_rows(t * k, e, block_m):
+        raise ValueError(f"fused_moe: the alignment holds {align.sorted_ids.numel()} rows, "
+                         f"not the {padded_rows(t * k, e, block_m)} of {t * k} pairs in "
+                         f"tiles of {block_m}")
     if align is None:
         if moe_route.available(x, t * k, e):
             routed = moe_route.align(topk_ids, e, block_m)

@@ -44,8 +44,9 @@ from octavo import envs
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import HAS_TRITON, interpreting, next_power_of_2, tl, triton
 
-# Pairs (T * k) up to which the one-program launch replaces the torch ops: pass 2 walks the
-# pairs in blocks of a few dozen, so ~2,048 pairs (batch 256 at k = 8) is ~60 short steps.
+# Pairs (T * k) up to which the launch replaces the torch ops: its alignment walks the pairs
+# in one program, in blocks of up to 128, so 2,048 pairs (batch 256 at k = 8) take 16 short
+# steps a pass.
 MAX_PAIRS = 4096
 MAX_EXPERTS = 1024
 # Float dtypes the weights may be rounded to (``round_to``), as codes for the kernel.
@@ -188,6 +189,9 @@ def _launch(logits, ids, weights, t: int, k: int, e: int, block_m: int, renormal
     n = t * k
     device = ids.device
     rows = padded_rows(n, e, block_m)
+    if n == 0:  # nothing to route: empty outputs, no launch (a grid of zero programs)
+        empty = torch.empty(0, dtype=torch.int32, device=device)
+        return Routed(weights, ids, empty, empty)
     sorted_ids = torch.empty(rows, dtype=torch.int32, device=device)
     tile_experts = torch.empty(rows // block_m, dtype=torch.int32, device=device)
     e_pad = max(16, next_power_of_2(e))
@@ -211,6 +215,8 @@ def route_and_align(logits: torch.Tensor, top_k: int, renormalize: bool, block_m
     (descending), renormalised to sum to one if ``renormalize``, rounded to ``round_to`` and
     back to float32; and the pairs' alignment for tiles of ``block_m`` rows."""
     t, e = logits.shape
+    if not 1 <= top_k <= e:
+        raise ValueError(f"route_and_align: top_k={top_k} must be in [1, {e}] (the experts)")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     weights = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)

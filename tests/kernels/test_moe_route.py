@@ -131,6 +131,9 @@ def test_fused_moe_with_a_routed_alignment(device):
                     alignment=Alignment(r.sorted_ids, r.tile_experts))
     torch.testing.assert_close(got, fused_moe_reference(x, w13, w2, r.weights, r.ids),
                                atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="tiles of 64"):  # aligned for 16-row tiles
+        fused_moe(x, w13, w2, r.weights, r.ids, tiles=MoeTiles(64, 32, 32),
+                  alignment=Alignment(r.sorted_ids, r.tile_experts))
 
 
 @needs_cuda
@@ -198,3 +201,14 @@ def test_non_finite_logits_route_in_range(bad, device):
     torch.testing.assert_close(got.weights.cpu()[[0, 2]], weights, rtol=2e-6, atol=1e-7)
     assert got.weights.cpu()[1].isnan().all()
     assert_same_alignment(got, align_by_expert(got.ids, 16, 16), 16)
+
+
+def test_empty_batch_and_bad_top_k(device):
+    logits = torch.empty(0, 8, device=device)
+    got = moe_route.route_and_align(logits, 2, True, 16)
+    assert got.ids.shape == (0, 2) and got.sorted_ids.numel() == 0
+    assert got.tile_experts.numel() == 0
+    assert moe_route.align(torch.empty(0, 2, dtype=torch.int32, device=device), 8,
+                           16).sorted_ids.numel() == 0
+    with pytest.raises(ValueError, match="top_k=9"):
+        moe_route.route_and_align(torch.zeros(1, 8, device=device), 9, True, 16)
