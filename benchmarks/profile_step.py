@@ -202,6 +202,7 @@ def main() -> None:
     weight_bytes = decode_weight_bytes(args.shape, args.batch)  # a MoE's routed experts only
     # A MoE's experts are the moe class's bytes when its kernels ran (else the loop's GEMMs).
     moe_bytes = routed_expert_bytes(args.shape, args.batch) if by_class.get("moe") else 0.0
+    dense_bytes = weight_bytes - moe_bytes  # what the gemm class reads
     if args.quantization != "bf16":  # what the model holds, less the embedding table
         weight_bytes = model_weight_bytes(engine.executor.worker.runner.model, per_step=True)
     if args.prefill:  # bound by FLOPs
@@ -228,8 +229,8 @@ def main() -> None:
         if cls == "gemm":
             row["flops_per_step"] = gemm_flops
             if not args.prefill:  # a prefill step's GEMMs are bound by FLOPs, not bytes
-                row["bytes_per_step"] = weight_bytes - moe_bytes
-                row["hbm_fraction"] = frac_bw(weight_bytes - moe_bytes, us)
+                row["bytes_per_step"] = dense_bytes
+                row["hbm_fraction"] = frac_bw(dense_bytes, us)
             row["tensor_fraction"] = None if us <= 0 else gemm_flops / (us * 1e-6) / flops
         elif cls == "attention" and attn_flops is not None:
             row["flops_per_step"] = attn_flops

@@ -74,6 +74,11 @@ class ShapeCost:
     flops_per_token: float
 
 
+def _expert_bytes(c: dict, dtype_bytes: int) -> int:
+    """One expert's gate, up and down weights."""
+    return 3 * c["hidden_size"] * c["moe_intermediate_size"] * dtype_bytes
+
+
 def shape_cost(shape: str, dtype_bytes: int = 2) -> ShapeCost:
     """A mixture of experts (``num_experts``, every layer sparse) counts every expert in the
     bytes a step reads (a large batch touches them all: the bound is for that case) and the
@@ -85,7 +90,7 @@ def shape_cost(shape: str, dtype_bytes: int = 2) -> ShapeCost:
     attn = h * (q + 2 * kv) + q * h
     mlp = active = 3 * h * inter
     if c.get("num_experts"):
-        expert = 3 * h * c["moe_intermediate_size"]
+        expert = _expert_bytes(c, 1)  # parameters
         mlp = c["num_experts"] * expert + h * c["num_experts"]  # experts and router
         active = c["num_experts_per_tok"] * expert + h * c["num_experts"]
     lm_head = c["vocab_size"] * h
@@ -107,8 +112,7 @@ def routed_expert_bytes(shape: str, batch: int, dtype_bytes: int = 2) -> float:
     if not e:
         return 0.0
     touched = e * (1.0 - (1.0 - c["num_experts_per_tok"] / e) ** batch)
-    return c["num_hidden_layers"] * touched * 3 * c["hidden_size"] * c["moe_intermediate_size"] \
-        * dtype_bytes
+    return c["num_hidden_layers"] * touched * _expert_bytes(c, dtype_bytes)
 
 
 def decode_weight_bytes(shape: str, batch: int, dtype_bytes: int = 2) -> float:
@@ -116,10 +120,8 @@ def decode_weight_bytes(shape: str, batch: int, dtype_bytes: int = 2) -> float:
     of experts' experts counted as :func:`routed_expert_bytes`."""
     c = SHAPES[shape]
     full = shape_cost(shape, dtype_bytes).weight_bytes
-    if not c.get("num_experts"):
-        return full
-    every = c["num_hidden_layers"] * c["num_experts"] * 3 * c["hidden_size"] \
-        * c["moe_intermediate_size"] * dtype_bytes
+    e = c.get("num_experts")
+    every = c["num_hidden_layers"] * e * _expert_bytes(c, dtype_bytes) if e else 0
     return full - every + routed_expert_bytes(shape, batch, dtype_bytes)
 
 

@@ -347,14 +347,7 @@ def cuda_dense_max_m(default: int) -> int:
 
 def cuda_dense_max_bytes(default: int) -> int:
     """OCTAVO_CUDA_DENSE_MAX_BYTES: the largest weight (bytes) it takes (a measurement knob)."""
-    value = os.environ.get("OCTAVO_CUDA_DENSE_MAX_BYTES")
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError("OCTAVO_CUDA_DENSE_MAX_BYTES must be an integer (bytes), got "
-                         f"{value!r}") from None
+    return _int("OCTAVO_CUDA_DENSE_MAX_BYTES", default, "bytes")
 
 
 def cuda_fp8() -> bool:

@@ -139,14 +139,15 @@ class FusedMoE(nn.Module):
         return y
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
-        fused = x.is_cuda and envs.fused_moe() and self.stacked_experts
-        if fused:
+        kernel = None
+        if x.is_cuda and envs.fused_moe() and self.stacked_experts:
             from octavo.kernels import fused_moe as kernel
             from octavo.kernels import moe_route
 
             w13, w2 = self.experts.w13_weight, self.experts.w2_weight
-            pairs = x.shape[0] * self.top_k
-            if kernel.supports(x, w13, w2) and moe_route.available(x, pairs, self.num_experts):
+            if not kernel.supports(x, w13, w2):
+                kernel = None
+            elif moe_route.available(x, x.shape[0] * self.top_k, self.num_experts):
                 # Routing and alignment in one launch (decode batches): route() and the
                 # rounding below, then fused_moe's alignment (moe_route).
                 block_m = kernel.default_tiles(x.shape[0], self.top_k, self.num_experts).block_m
@@ -163,7 +164,7 @@ class FusedMoE(nn.Module):
             y = token(x, ids[0].tolist(), weights[0].tolist())
             if y is not None:
                 return self.tp.all_reduce(y)
-        if fused and kernel.supports(x, w13, w2):
+        if kernel is not None:
             return self.tp.all_reduce(kernel.fused_moe(x, w13, w2, weights, ids))
         return self.tp.all_reduce(_experts_loop(x, weights, ids, self.experts.num_experts,
                                                 self.experts.expert_forward))
