@@ -6,9 +6,10 @@ group per output channel (neither in the default list).
 For each method: the weight memory, then for batch 1, 16, 64 and 256 (prompt 128, output 256)
 the time per output token (decode only: a run to 257 tokens minus a run to 1 token, over the
 256 steps between) and output tok/s; then W2's 256-request workload. Speedups are against
-bf16 measured in the same call.
+bf16 measured in the same call. ``--shape qwen3-30b-a3b`` runs the mixture-of-experts shape
+(its integer experts on the grouped kernel, ``octavo/kernels/fused_moe_int.py``).
 
-    python benchmarks/quantized.py [--methods bf16,w8a16,w4a16,fp8] [--json out.json]
+    python benchmarks/quantized.py [--methods bf16,w8a16,w4a16,fp8] [--shape S] [--json out.json]
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ METHODS = {
 }
 
 
-def model_folder(method: str) -> str:
+def model_folder(method: str, shape: str = SHAPE) -> str:
     qcfg = METHODS[method][0]
-    return write_config(SHAPE, **({} if qcfg is None else {"quantization_config": qcfg}))
+    return write_config(shape, **({} if qcfg is None else {"quantization_config": qcfg}))
 
 
 def weight_bytes(model, per_step: bool = False) -> int:
@@ -70,7 +71,7 @@ def weight_bytes(model, per_step: bool = False) -> int:
 def run_method(method: str, args) -> dict:
     from octavo import LLM, SamplingParams
 
-    llm = LLM(model=model_folder(method), quantization=METHODS[method][1], load_format="dummy",
+    llm = LLM(model=model_folder(method, args.shape), quantization=METHODS[method][1], load_format="dummy",
               dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048,
               max_num_seqs=256, gpu_memory_utilization=0.9)
     model = llm.llm_engine.executor.worker.runner.model
@@ -111,6 +112,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--skip-w2", action="store_true")
+    ap.add_argument("--shape", default=SHAPE)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from octavo.quantization.registry import known_methods
@@ -142,7 +144,7 @@ def main() -> None:
                   for row in r["batches"])
               + (f"; W2 {r['w2']['output_tok_s']} tok/s x{r['w2'].get('vs_bf16', '-')}"
                  if "w2" in r else ""))
-    print_json_result({"benchmark": "quantized (W8)", "shape": SHAPE, "device": device_info(),
+    print_json_result({"benchmark": "quantized (W8)", "shape": args.shape, "device": device_info(),
                        "commit": git_commit(), "results": results}, args.json)
 
 

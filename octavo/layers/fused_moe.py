@@ -53,6 +53,12 @@ def map_expert_name(name: str, projections: dict[str, str] = GATE_UP_DOWN
     return f"{name[:m.start()]}.experts.{param}", (int(m.group(1)), which)
 
 
+def on_kernel_device(x: torch.Tensor) -> bool:
+    """Whether ``x`` is where the grouped kernels run (CUDA; tests point this at Triton's
+    CPU interpreter)."""
+    return x.is_cuda
+
+
 def quantizes_experts(quant_config: QuantizationConfig | None, prefix: str) -> bool:
     """Whether the experts at ``prefix`` ("model.layers.0.mlp.experts") are held per expert
     by the scheme's linear methods (``QuantizedExperts``): any scheme but none / unquantized /
@@ -138,24 +144,50 @@ class FusedMoE(nn.Module):
             y = y + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return y
 
-    def _routed(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = None
-        if x.is_cuda and envs.fused_moe() and self.stacked_experts:
+    @property
+    def grouped_experts(self) -> bool:
+        """Whether the experts are ones a grouped kernel runs: stacked float experts, or
+        integer experts stacked at load (``QuantizedExperts.stacked``)."""
+        return self.stacked_experts or getattr(self.experts, "stacked", None) is not None
+
+    def _grouped(self, x: torch.Tensor):
+        """``(run, block_m)``: the grouped kernel for ``x``'s batch, ``run(x, weights, ids,
+        alignment=None)``, and the rows of its tiles; None where the loop runs instead."""
+        if not (on_kernel_device(x) and envs.fused_moe() and self.grouped_experts):
+            return None
+        t, k = x.shape[0], self.top_k
+        if self.stacked_experts:
             from octavo.kernels import fused_moe as kernel
-            from octavo.kernels import moe_route
 
             w13, w2 = self.experts.w13_weight, self.experts.w2_weight
             if not kernel.supports(x, w13, w2):
-                kernel = None
-            elif moe_route.available(x, x.shape[0] * self.top_k, self.num_experts):
+                return None
+            return ((lambda x, w, i, alignment=None: kernel.fused_moe(
+                x, w13, w2, w, i, alignment=alignment)),
+                kernel.default_tiles(t, k, self.num_experts, x.dtype).block_m)
+        from octavo.kernels import fused_moe_int as kernel
+
+        stacked = self.experts.stacked
+        if not kernel.supports(x, stacked):
+            return None
+        return ((lambda x, w, i, alignment=None: kernel.fused_moe_int(
+            x, stacked, w, i, alignment=alignment)),
+            kernel.default_tiles(t, k, stacked).block_m)
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
+        grouped = self._grouped(x)
+        if grouped is not None:
+            from octavo.kernels import fused_moe as kernel
+            from octavo.kernels import moe_route
+
+            run, block_m = grouped
+            if moe_route.available(x, x.shape[0] * self.top_k, self.num_experts):
                 # Routing and alignment in one launch (decode batches): route() and the
-                # rounding below, then fused_moe's alignment (moe_route).
-                block_m = kernel.default_tiles(x.shape[0], self.top_k, self.num_experts).block_m
+                # rounding below, then the kernel's alignment (moe_route).
                 r = moe_route.route_and_align(self._logits(x), self.top_k, self.renormalize,
                                               block_m, round_to=x.dtype)
                 align = kernel.Alignment(r.sorted_ids, r.tile_experts)
-                return self.tp.all_reduce(kernel.fused_moe(x, w13, w2, r.weights, r.ids,
-                                                           alignment=align))
+                return self.tp.all_reduce(run(x, r.weights, r.ids, alignment=align))
         weights, ids = self.route(x)
         # The weights are rounded to the activations' dtype before use, as transformers does.
         weights = weights.to(x.dtype).float()
@@ -164,8 +196,8 @@ class FusedMoE(nn.Module):
             y = token(x, ids[0].tolist(), weights[0].tolist())
             if y is not None:
                 return self.tp.all_reduce(y)
-        if kernel is not None:
-            return self.tp.all_reduce(kernel.fused_moe(x, w13, w2, weights, ids))
+        if grouped is not None:
+            return self.tp.all_reduce(grouped[0](x, weights, ids))
         return self.tp.all_reduce(_experts_loop(x, weights, ids, self.experts.num_experts,
                                                 self.experts.expert_forward))
 

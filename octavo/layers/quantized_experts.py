@@ -10,8 +10,15 @@ device the scheme runs on; the checkpoint's names reach them through the model's
 ``packed_modules_mapping`` (gate_proj / up_proj -> gate_up_proj) like a dense MLP's.
 
 The down projection does not all-reduce: ``FusedMoE`` sums the routed experts' partial outputs
-and all-reduces once. The experts run in ``FusedMoE``'s loop (the grouped Triton kernel takes
-only stacked float experts), which reads per-expert counts on the host: not for CUDA graphs.
+and all-reduces once.
+
+Weight-only integer experts (GPTQ, AWQ, compressed-tensors W4A16 / W8A16) on the kernel path
+are packed along K (``int_layout``) and, once loaded, stacked (``finish_loading``) into the
+``IntExperts`` that ``octavo.kernels.fused_moe_int`` runs in two grouped launches, whose
+decode steps are captured in CUDA graphs. Each expert's linear layers keep views into the
+stacked tensors, so the weights are held once. Every other scheme, and experts that do not
+stack (mixed bits, groups or layouts), run in ``FusedMoE``'s loop, which reads per-expert
+counts on the host: not for CUDA graphs.
 """
 
 from __future__ import annotations
@@ -20,8 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.kernels.fused_moe_int import IntExperts
+from octavo.kernels.int_weight_layout import ALONG_K
 from octavo.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from octavo.quantization.base import QuantizationConfig
+
+_KERNEL_BUFFERS = ("qweight_kernel", "scales_kernel", "zeros_kernel")
 
 
 class _Expert(nn.Module):
@@ -35,6 +46,8 @@ class _Expert(nn.Module):
                                                        prefix=f"{prefix}.gate_up_proj")
         self.down_proj = RowParallelLinear(intermediate, hidden, quant_config=quant_config,
                                            prefix=f"{prefix}.down_proj", reduce_results=False)
+        for layer in (self.gate_up_proj, self.down_proj):
+            layer.int_layout = ALONG_K  # integer schemes: the layout the grouped kernel stacks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The methods' fused activations where they have them (as LlamaMLP), else plain.
@@ -58,7 +71,65 @@ class QuantizedExperts(nn.ModuleList):
         super().__init__(_Expert(hidden, intermediate, quant_config, f"{prefix}.{e}")
                          for e in range(num_experts))
         self.num_experts = num_experts
+        self.stacked: IntExperts | None = None
+
+    def finish_loading(self) -> None:
+        """Stack the experts for the grouped kernel where they are integer experts on its
+        path (each expert's layers then hold views into the stacked tensors)."""
+        self.stacked = stack_int_experts(self)
 
     def expert_forward(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on rows ``x``: this rank's partial down(silu(gate x) * up x)."""
         return self[e](x)
+
+
+def _stackable(layers: list[nn.Module]) -> tuple[int, int] | None:
+    """(bits, group) shared by ``layers`` where each is a weight-only integer layer packed
+    along K for the kernel, without bias, with one scales dtype; else None."""
+    first = layers[0]
+    bits = getattr(getattr(first, "quant_method", None), "bits", None)
+    if bits not in (4, 8) or getattr(first, "kernel_group", None) is None:
+        return None
+    for layer in layers:
+        if (getattr(layer, "kernel_group", None) != first.kernel_group
+                or getattr(layer, "kernel_layout", None) != ALONG_K
+                or getattr(layer.quant_method, "bits", None) != bits
+                or getattr(layer, "bias", None) is not None
+                or layer.scales_kernel.dtype != first.scales_kernel.dtype
+                or layer.qweight_kernel.shape != first.qweight_kernel.shape):
+            return None
+    return bits, first.kernel_group
+
+
+def _perms(layers: list[nn.Module], width: int) -> torch.Tensor | None:
+    """The layers' act-order input permutations as int32 [E, width] (identity for a layer
+    without one), or None where no layer has one."""
+    perms = [getattr(layer, "act_perm", None) for layer in layers]
+    if all(p is None for p in perms):
+        return None
+    device = layers[0].qweight_kernel.device
+    ident = torch.arange(width, device=device)
+    return torch.stack([ident if p is None else p for p in perms]).to(torch.int32)
+
+
+def stack_int_experts(experts: QuantizedExperts) -> IntExperts | None:
+    """``experts`` as one ``IntExperts`` (their layers' kernel buffers replaced by views into
+    it), or None where they are not all integer experts of one shape on the kernel path."""
+    gate_up = [ex.gate_up_proj for ex in experts]
+    down = [ex.down_proj for ex in experts]
+    a, b = _stackable(gate_up), _stackable(down)
+    if a is None or b is None or a[0] != b[0]:
+        return None
+    if gate_up[0].scales_kernel.dtype != down[0].scales_kernel.dtype:
+        return None
+    stacked = {}
+    for tag, layers in (("13", gate_up), ("2", down)):
+        for name, short in zip(_KERNEL_BUFFERS, ("w", "s", "z"), strict=True):
+            whole = torch.stack([getattr(layer, name) for layer in layers])
+            for e, layer in enumerate(layers):
+                setattr(layer, name, whole[e])  # a view: the weights are held once
+            stacked[short + tag] = whole
+    hidden = gate_up[0].qweight_kernel.shape[0] * (32 // a[0])
+    inter = down[0].qweight_kernel.shape[0] * (32 // a[0])
+    return IntExperts(group13=a[1], group2=b[1], bits=a[0], perm13=_perms(gate_up, hidden),
+                      perm2=_perms(down, inter), **stacked)

@@ -57,4 +57,10 @@ def load_model(model_config: ModelConfig, device: torch.device, backend,
         after_loading = getattr(module, "process_weights_after_loading", None)
         if after_loading is not None:
             after_loading()
+    # Modules that combine their children's processed weights (a mixture-of-experts layer
+    # stacking its quantized experts), once every module above has run.
+    for module in model.modules():
+        finish = getattr(module, "finish_loading", None)
+        if finish is not None:
+            finish()
     return model.eval()

@@ -20,9 +20,10 @@ class MoEModel:
 
     @property
     def cuda_graph_safe(self) -> bool:
-        """Only with the fused kernel, which runs only stacked float experts: the expert loop
-        (quantized experts, or the flag off) reads counts on the host."""
-        return envs.fused_moe() and all(m.stacked_experts for m in self.modules()
+        """Only with the grouped kernels, which run stacked float experts and integer experts
+        stacked at load: the expert loop (other quantized experts, or the flag off) reads
+        counts on the host."""
+        return envs.fused_moe() and all(m.grouped_experts for m in self.modules()
                                         if isinstance(m, FusedMoE))
 
     def map_checkpoint_name(self, name: str):

@@ -294,9 +294,32 @@ def test_an_expert_width_the_groups_do_not_divide_is_named(tmp_path):
         _llm(quant)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,qcfg", [("qwen3_moe", GPTQ), ("mixtral", AWQ)])
+def test_grouped_integer_experts_on_the_gpu_match_the_loop(tmp_path, monkeypatch, family, qcfg):
+    """On CUDA the integer experts are stacked at load and run by ``fused_moe_int`` (decode
+    steps in CUDA graphs) under OCTAVO_FUSED_MOE=1: the loop's greedy tokens, float32."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    _, quant = write_pair(family, str(tmp_path), qcfg)
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("OCTAVO_FUSED_MOE", flag)
+        llm = _llm(quant)
+        runner = llm.llm_engine.executor.worker.runner
+        experts = next(m for m in runner.model.modules() if isinstance(m, QuantizedExperts))
+        assert experts.stacked is not None
+        assert (runner.graph_runner is not None) == (flag == "1")
+        runs[flag] = _greedy(llm)
+        llm.llm_engine.shutdown()
+    assert runs["1"] == runs["0"]
+
+
 def test_cuda_graphs_only_for_stacked_float_experts(tmp_path, monkeypatch):
-    """Under OCTAVO_FUSED_MOE=1 the fused kernel (and so CUDA graphs) takes stacked float
-    experts only; quantized experts stay on the loop, which syncs with the host."""
+    """Under OCTAVO_FUSED_MOE=1 the grouped kernels (and so CUDA graphs) take stacked float
+    experts, and integer experts only where they were stacked on the kernel path (CUDA; see
+    the GPU test above): here, on the CPU, quantized experts stay on the loop, which syncs
+    with the host."""
     monkeypatch.setenv("OCTAVO_FUSED_MOE", "1")
     dense, quant = write_pair("mixtral", str(tmp_path), AWQ)
     for path, safe in ((dense, True), (quant, False)):

@@ -88,25 +88,68 @@ def test_greedy_tokens_and_logprobs_match_transformers(loaded):
     assert_matches_reference(name, ref, outs, atol, max(TIE, atol))
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("qwen2_moe-gptq4")])
-def test_gpu_layout_through_the_interpreter(name, monkeypatch):
-    """The CUDA path forced on the CPU (each expert's linears repacked into the fused
-    kernel's layout, act order sorted at load, the kernel in Triton's interpreter): the
-    reference's first tokens."""
+_INT_NAMES = [n for n in NAMES if "bnb" not in n and "fp8" not in n]
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["loop", "grouped"])
+@pytest.mark.parametrize("name", [n for n in _INT_NAMES if n.startswith("qwen2_moe-gptq4")])
+def test_gpu_layout_through_the_interpreter(name, grouped, monkeypatch):
+    """The CUDA path forced on the CPU (each expert's linears repacked into the kernel's
+    along-K layout, act order sorted at load, the experts stacked; the kernels in Triton's
+    interpreter), run by the loop over the stacked views or by the grouped launches of
+    ``fused_moe_int``: the reference's first tokens."""
     pytest.importorskip("triton")
+    ref = _reference(name)
+    experts = _forced_kernel_path(name, grouped, monkeypatch)
+    assert experts[0].down_proj.kernel_group is not None
+    assert getattr(experts[0].gate_up_proj, "act_perm", None) is not None
+    assert experts.stacked.perm13 is not None
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    out = experts.llm.generate([{"prompt_token_ids": ref["prompts"][1]}], params,
+                               use_tqdm=False)
+    assert list(out[0].outputs[0].token_ids) == ref["tokens"][1][:3]
+    assert bool(experts.grouped_calls) == grouped
+
+
+def _forced_kernel_path(name, grouped, monkeypatch):
+    """The fixture loaded with the CUDA kernels' layouts forced on the CPU and, where
+    ``grouped``, the grouped kernels run in the interpreter: its first QuantizedExperts (with
+    ``.llm`` and ``.grouped_calls``, one entry per launch of ``fused_moe_int``)."""
+    from octavo.layers import fused_moe
     from octavo.quantization import int_weight
 
-    ref = _reference(name)
     monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
+    calls = []
+    if grouped:
+        from octavo.kernels import fused_moe_int
+
+        real = fused_moe_int.fused_moe_int
+        monkeypatch.setattr(fused_moe, "on_kernel_device", lambda x: True)
+        monkeypatch.setattr(fused_moe_int, "fused_moe_int",
+                            lambda *a, **kw: calls.append(1) or real(*a, **kw))
     llm = LLM(model=os.path.join(FIXTURES, name), dtype="float32", skip_tokenizer_init=True,
               max_model_len=64)
     model = llm.llm_engine.executor.worker.runner.model
     experts = next(m for m in model.modules() if isinstance(m, QuantizedExperts))
-    assert experts[0].down_proj.kernel_group is not None
-    assert getattr(experts[0].gate_up_proj, "act_perm", None) is not None
-    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-    out = llm.generate([{"prompt_token_ids": ref["prompts"][1]}], params, use_tqdm=False)
-    assert list(out[0].outputs[0].token_ids) == ref["tokens"][1][:3]
+    assert experts.stacked is not None
+    assert model.cuda_graph_safe
+    experts.llm, experts.grouped_calls = llm, calls
+    return experts
+
+
+@pytest.mark.parametrize("name", [n for n in _INT_NAMES if not n.startswith("qwen2_moe-gptq4")])
+def test_grouped_integer_experts_through_the_interpreter(name, monkeypatch):
+    """Every other integer fixture (GPTQ v1 / v2 zeros, AWQ, compressed-tensors 4-bit
+    symmetric and 8-bit per channel; Mixtral, Qwen2-MoE, Qwen3-MoE) on the grouped kernels:
+    the reference's first two tokens."""
+    pytest.importorskip("triton")
+    ref = _reference(name)
+    experts = _forced_kernel_path(name, True, monkeypatch)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    out = experts.llm.generate([{"prompt_token_ids": ref["prompts"][0]}], params,
+                               use_tqdm=False)
+    assert list(out[0].outputs[0].token_ids) == ref["tokens"][0][:2]
+    assert experts.grouped_calls
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("qwen3_moe-awq")])
