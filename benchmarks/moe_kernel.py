@@ -4,7 +4,9 @@ token, hidden 2048, expert intermediate 768, bf16), at decode batches:
 * routing and alignment: the torch ops (softmax, topk, renormalisation, casts,
   ``fused_moe.align_by_expert``) against ``moe_route.route_and_align``'s one launch, the
   router's matmul included in both;
-* the grouped GEMMs (``fused_moe`` given the alignment) over tile configurations.
+* the grouped GEMMs (``fused_moe`` given the alignment) over tile configurations; with
+  ``--bits 4`` or ``8``, the integer experts' (``fused_moe_int``: random packed values,
+  bf16 scales and zeros of ``--group``).
 
 Several layers' weights rotate (each call reads its experts from HBM, as a decode step does);
 each layer copy has its own random routing. A sweep is captured in a CUDA graph and timed by
@@ -12,6 +14,7 @@ CUDA events over replays (``benchmarks.common.graph_timed``): microseconds per l
 the GEMMs the fraction of HBM bandwidth their experts' weights take.
 
     python benchmarks/moe_kernel.py [--tokens 1 4 16 64] [--tiles 16,64,64,4,3 16,32,128,4,3]
+        [--bits 4 --group 128]
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=6, help="weight copies rotated per sweep")
     ap.add_argument("--tiles", nargs="+", default=DEFAULT_TILES,
                     help="BLOCK_M,BLOCK_N,BLOCK_K,warps,stages of the grouped GEMMs")
+    ap.add_argument("--bits", type=int, default=16, choices=[4, 8, 16],
+                    help="expert weights: bf16 (16) or packed integers")
+    ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -63,6 +69,13 @@ def main() -> None:
     w2 = [torch.randn(e, h, inter, device=dev, dtype=dt, generator=g) / inter ** 0.5
           for _ in range(layers)]
     expert_bytes = (2 * inter * h + h * inter) * 2
+    if args.bits < 16:
+        from octavo.kernels import fused_moe_int as fmi
+
+        experts = [_int_experts(e, h, inter, args.bits, args.group, dev, g)
+                   for _ in range(layers)]
+        # values, then a bf16 scale and zero per group and output
+        expert_bytes = (3 * inter * h) * (args.bits / 8 + 4 / args.group)
     peak = published_hbm_tbps(torch.cuda.get_device_name())
     rows = []
     for t in args.tokens:
@@ -90,10 +103,17 @@ def main() -> None:
             bm, bn, bk, warps, stages = (int(v) for v in spec.split(","))
             tiles = fm.MoeTiles(bm, bn, bk, warps, stages)
             aligns = [moe_route.align(r.ids, e, bm) for r in routed]
-            fns = [lambda i=i, tiles=tiles, aligns=aligns, x=x, routed=routed: fm.fused_moe(
-                x[i], w13[i], w2[i], routed[i].weights, routed[i].ids, tiles=tiles,
-                alignment=fm.Alignment(aligns[i].sorted_ids, aligns[i].tile_experts))
-                for i in range(layers)]
+            if args.bits < 16:
+                fns = [lambda i=i, tiles=tiles, aligns=aligns, x=x, routed=routed:
+                       fmi.fused_moe_int(
+                           x[i], experts[i], routed[i].weights, routed[i].ids, tiles=tiles,
+                           alignment=fm.Alignment(aligns[i].sorted_ids, aligns[i].tile_experts))
+                       for i in range(layers)]
+            else:
+                fns = [lambda i=i, tiles=tiles, aligns=aligns, x=x, routed=routed: fm.fused_moe(
+                    x[i], w13[i], w2[i], routed[i].weights, routed[i].ids, tiles=tiles,
+                    alignment=fm.Alignment(aligns[i].sorted_ids, aligns[i].tile_experts))
+                    for i in range(layers)]
             try:
                 us = graph_timed(fns)
             except Exception as exc:  # a tile that does not compile or fit: say so, go on
@@ -112,8 +132,30 @@ def main() -> None:
         for r in gemm:
             print("   ", r)
     print_json_result({"benchmark": "moe_kernel", "device": device_info(), "commit": git_commit(),
-                       "shape": {"experts": e, "topk": k, "hidden": h, "inter": inter},
+                       "shape": {"experts": e, "topk": k, "hidden": h, "inter": inter,
+                                 "bits": args.bits, "group": args.group},
                        "rows": rows}, args.json)
+
+
+def _int_experts(e, h, inter, bits, group, dev, g):
+    """Random stacked integer experts (packed along K) with bf16 scales and zeros."""
+    import torch
+
+    from octavo.kernels import fused_moe_int as fmi
+
+    pack = 32 // bits
+
+    def packed(k, n):
+        return torch.randint(-2**31, 2**31 - 1, (e, k // pack, n), device=dev,
+                             dtype=torch.int32, generator=g)
+
+    def groups(k, n, lo):
+        return (torch.rand(e, k // group, n, device=dev, generator=g) * lo).to(torch.bfloat16)
+
+    return fmi.IntExperts(packed(h, 2 * inter), groups(h, 2 * inter, 0.01),
+                          groups(h, 2 * inter, 1 << bits), packed(inter, h),
+                          groups(inter, h, 0.01), groups(inter, h, 1 << bits), group, group,
+                          bits)
 
 
 if __name__ == "__main__":

@@ -3,16 +3,17 @@ per token and the outputs are summed with the routing weights (Mixtral, Qwen3-Mo
 adds a gated shared expert).
 
 The experts' weights are stacked, ``w13`` [E, 2 I, H] (gate rows, then up rows) and ``w2``
-[E, H, I], so one grouped kernel can run every expert: on CUDA under ``OCTAVO_FUSED_MOE=1``,
-``octavo.kernels.fused_moe``, whose buffers depend only on the batch size, so decode steps
-are captured in CUDA graphs. Elsewhere (the CPU; CUDA until that kernel has run on a GPU) a
-loop over the experts that received tokens, which reads the per-expert counts on the host, so
-such steps run eagerly. Under tensor parallelism each rank holds a slice of every expert's
+[E, H, I], so one grouped kernel can run every expert: on CUDA under ``OCTAVO_FUSED_MOE=1``
+(the default), ``octavo.kernels.fused_moe``, whose buffers depend only on the batch size, so
+decode steps are captured in CUDA graphs. Weight-only integer experts stacked at load
+(``QuantizedExperts.stacked``) run the same way through ``octavo.kernels.fused_moe_int``.
+Elsewhere (the CPU, other quantized experts) a loop over the experts that received tokens,
+which reads the per-expert counts on the host, so such steps run eagerly. Under tensor parallelism each rank holds a slice of every expert's
 intermediate features (the gate/up rows column-parallel, the down columns row-parallel) and
 the partial outputs are all-reduced once, after the sum over experts. A quantization scheme
 may hold the experts itself (``make_experts``: GGUF blocks on the CPU, with a one-call path
 for a single token, ``token_forward``); any other quantization holds each expert as a quantized
-MLP of its linear methods (``quantized_experts``), run by the loop.
+MLP of its linear methods (``quantized_experts``), run by the loop unless stacked.
 
 Checkpoints store one tensor per expert and projection (``experts.3.gate_proj.weight``);
 for stacked experts :func:`map_expert_name` tells the generic loader where each goes, and the
