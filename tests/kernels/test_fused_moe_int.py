@@ -74,6 +74,29 @@ def test_matches_reference(bits, dtype, t, k, device):
     check(make_experts(bits=bits, device=device, seed=bits), t, k, dtype, device, seed=t)
 
 
+@pytest.mark.parametrize("magic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_4bit_as_biased_16bit_floats_or_dequantized(magic, dtype, device):
+    """Both weight paths of 4-bit experts under 16-bit activations against the reference
+    (which rounds each dequantized weight to x's dtype: the biased path does not)."""
+    ex = make_experts(device=device, seed=8)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(5, ex.hidden, generator=g).to(device, dtype)
+    weights, ids = make_routing(5, ex.num_experts, 2, device, seed=9)
+    got = fused_moe_int(x, ex, weights, ids, magic=magic)
+    ref = fused_moe_int_reference(x, ex, weights, ids)
+    torch.testing.assert_close(got.float(), ref.float(), **TOL[dtype])
+
+
+def test_magic_needs_4bit_and_16bit_activations(device):
+    ex = make_experts(device=device)
+    x = torch.randn(2, ex.hidden, device=device)
+    weights, ids = make_routing(2, ex.num_experts, 2, device)
+    with pytest.raises(ValueError, match="magic needs 4-bit experts and 16-bit x, not 4-bit "
+                                         "and torch.float32"):
+        fused_moe_int(x, ex, weights, ids, magic=True)
+
+
 @pytest.mark.parametrize("sym", [True, False])
 def test_act_order_groups_and_symmetric_zeros(sym, device):
     # Each expert's rows in its own order (desc_act sorted at load), groups of 16 on gate/up
