@@ -12,8 +12,8 @@ device the scheme runs on; the checkpoint's names reach them through the model's
 The down projection does not all-reduce: ``FusedMoE`` sums the routed experts' partial outputs
 and all-reduces once.
 
-Weight-only integer experts (GPTQ, AWQ, compressed-tensors W4A16 / W8A16) on the kernel path
-are packed along K (``int_layout``) and, once loaded, stacked (``finish_loading``) into the
+Weight-only integer experts (GPTQ, AWQ, compressed-tensors W4A16 / W8A16, bitsandbytes int8)
+on the kernel path are packed along K (``int_layout``) and, once loaded, stacked (``finish_loading``) into the
 ``IntExperts`` that ``octavo.kernels.fused_moe_int`` runs in two grouped launches, whose
 decode steps are captured in CUDA graphs. Each expert's linear layers keep views into the
 stacked tensors, so the weights are held once. Every other scheme, and experts that do not
@@ -83,22 +83,35 @@ class QuantizedExperts(nn.ModuleList):
         return self[e](x)
 
 
+def _kernel_spec(layer: nn.Module) -> tuple[int, int] | None:
+    """(bits, group) of a layer holding an along-K integer weight for the kernel
+    (``qweight_kernel`` / ``scales_kernel`` / ``zeros_kernel``): GPTQ / AWQ /
+    compressed-tensors on the kernel path, or bitsandbytes int8 (one group per row, zero
+    point 128); None for anything else."""
+    if getattr(layer, "bias", None) is not None:
+        return None
+    if getattr(layer, "bnb_kind", None) == "int8_kernel":
+        return 8, layer.qweight_kernel.shape[0] * 4
+    bits = getattr(getattr(layer, "quant_method", None), "bits", None)
+    group = getattr(layer, "kernel_group", None)
+    if bits not in (4, 8) or group is None or getattr(layer, "kernel_layout", None) != ALONG_K:
+        return None
+    return bits, group
+
+
 def _stackable(layers: list[nn.Module]) -> tuple[int, int] | None:
-    """(bits, group) shared by ``layers`` where each is a weight-only integer layer packed
-    along K for the kernel, without bias, with one scales dtype; else None."""
+    """(bits, group) shared by ``layers`` where each holds an along-K integer weight for the
+    kernel (:func:`_kernel_spec`) of one shape and one scales dtype; else None."""
     first = layers[0]
-    bits = getattr(getattr(first, "quant_method", None), "bits", None)
-    if bits not in (4, 8) or getattr(first, "kernel_group", None) is None:
+    spec = _kernel_spec(first)
+    if spec is None:
         return None
     for layer in layers:
-        if (getattr(layer, "kernel_group", None) != first.kernel_group
-                or getattr(layer, "kernel_layout", None) != ALONG_K
-                or getattr(layer.quant_method, "bits", None) != bits
-                or getattr(layer, "bias", None) is not None
+        if (_kernel_spec(layer) != spec
                 or layer.scales_kernel.dtype != first.scales_kernel.dtype
                 or layer.qweight_kernel.shape != first.qweight_kernel.shape):
             return None
-    return bits, first.kernel_group
+    return spec
 
 
 def _perms(layers: list[nn.Module], width: int) -> torch.Tensor | None:

@@ -294,6 +294,29 @@ def test_an_expert_width_the_groups_do_not_divide_is_named(tmp_path):
         _llm(quant)
 
 
+def test_bitsandbytes_int8_experts_stack_for_the_grouped_kernel(tmp_path, monkeypatch):
+    """bitsandbytes 8-bit at load with the CUDA layout forced on the CPU: the int8 experts
+    (one group per row, zero point 128) stack, and the grouped launches (Triton's
+    interpreter) give the loop's output over the same stacked views."""
+    pytest.importorskip("triton")
+    from octavo.layers import fused_moe
+    from octavo.quantization import bitsandbytes
+
+    monkeypatch.setattr(bitsandbytes, "keeps_quantized", lambda device: True)
+    monkeypatch.setattr(bitsandbytes, "use_int8_kernel", lambda device, k: True)
+    path = make_checkpoint("qwen3_moe", str(tmp_path / "m"))
+    llm = _llm(path, quantization="bitsandbytes")
+    layer = next(m for m in llm.llm_engine.executor.worker.runner.model.modules()
+                 if isinstance(m, FusedMoE))
+    stacked = layer.experts.stacked
+    assert stacked is not None and stacked.bits == 8
+    assert stacked.group13 == stacked.hidden and stacked.group2 == stacked.inter
+    x = torch.randn(5, layer.gate.input_size)
+    loop = layer(x)
+    monkeypatch.setattr(fused_moe, "on_kernel_device", lambda x: True)
+    torch.testing.assert_close(layer(x), loop, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family,qcfg", [("qwen3_moe", GPTQ), ("mixtral", AWQ)])
 def test_grouped_integer_experts_on_the_gpu_match_the_loop(tmp_path, monkeypatch, family, qcfg):

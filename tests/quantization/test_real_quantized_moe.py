@@ -116,9 +116,10 @@ def _forced_kernel_path(name, grouped, monkeypatch):
     ``grouped``, the grouped kernels run in the interpreter: its first QuantizedExperts (with
     ``.llm`` and ``.grouped_calls``, one entry per launch of ``fused_moe_int``)."""
     from octavo.layers import fused_moe
-    from octavo.quantization import int_weight
+    from octavo.quantization import bitsandbytes, int_weight
 
     monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
+    monkeypatch.setattr(bitsandbytes, "use_int8_kernel", lambda device, k: True)
     calls = []
     if grouped:
         from octavo.kernels import fused_moe_int
