@@ -156,6 +156,32 @@ def _biased_step(a, qw_ptr, s_ptr, z_ptr, k0, offs_n, n_mask, stride_qk, stride_
 
 
 @triton.jit
+def _step(a, qw_ptr, s_ptr, z_ptr, k0, offs_n, n_mask, stride_qk, stride_sg, acc,
+          GROUP: tl.constexpr, BITS: tl.constexpr, MAGIC: tl.constexpr, FP32_DOT: tl.constexpr,
+          BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``acc + a @ W[k0:k0 + BLOCK_K, offs_n]`` on either weight path (``MAGIC``)."""
+    if MAGIC:
+        return _biased_step(a, qw_ptr, s_ptr, z_ptr, k0, offs_n, n_mask, stride_qk, stride_sg,
+                            acc, GROUP, FP32_DOT, BLOCK_K, BLOCK_N)
+    w = _weight_tile(qw_ptr, s_ptr, z_ptr, k0, offs_n, n_mask, stride_qk, stride_sg, GROUP,
+                     BITS, BLOCK_K, BLOCK_N)
+    return moe._dot(a, w.to(a.dtype), acc, FP32_DOT)
+
+
+@triton.jit
+def _expert_tile(qw_ptr, s_ptr, z_ptr, perm_ptr, sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS,
+                 N, stride_qe, stride_se, stride_pe, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """A program's tile (``moe._tile_rows``), its columns of N with their mask, and its
+    expert's weight, scales, zeros and permutation pointers."""
+    expert, pairs, m_mask = moe._tile_rows(sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS,
+                                           BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return (expert, pairs, m_mask, offs_n, offs_n < N, qw_ptr + expert * stride_qe,
+            s_ptr + expert * stride_se, z_ptr + expert * stride_se, perm_ptr + expert * stride_pe)
+
+
+@triton.jit
 def _columns(perm_ptr, k0, BLOCK_K: tl.constexpr, PERM: tl.constexpr):
     """The A tile's columns for K rows k0..: the expert's act-order permutation, or k."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -173,35 +199,22 @@ def _int_gate_up_kernel(
     MAGIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # Grid (sorted tiles, INTER tiles): out[pair, n] = silu(x[t] @ Wg) * (x[t] @ Wu), x's dtype.
-    expert, pairs, m_mask = moe._tile_rows(sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS,
-                                           BLOCK_M)
+    expert, pairs, m_mask, offs_n, n_mask, qw, s, z, perm = _expert_tile(
+        qw_ptr, s_ptr, z_ptr, perm_ptr, sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS, INTER,
+        stride_qe, stride_se, stride_pe, BLOCK_M, BLOCK_N)
     if expert >= NUM_EXPERTS:
         return
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < INTER
     tokens = pairs // TOPK
-    qw = qw_ptr + expert * stride_qe
-    s = s_ptr + expert * stride_se
-    z = z_ptr + expert * stride_se
-    perm = perm_ptr + expert * stride_pe
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
         cols = _columns(perm, k0, BLOCK_K, PERM)
         a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :], mask=m_mask[:, None],
                     other=0.0)
-        if MAGIC:
-            acc_g = _biased_step(a, qw, s, z, k0, offs_n, n_mask, stride_qk, stride_sg, acc_g,
-                                 GROUP, FP32_DOT, BLOCK_K, BLOCK_N)
-            acc_u = _biased_step(a, qw, s, z, k0, offs_n + INTER, n_mask, stride_qk, stride_sg,
-                                 acc_u, GROUP, FP32_DOT, BLOCK_K, BLOCK_N)
-        else:
-            wg = _weight_tile(qw, s, z, k0, offs_n, n_mask, stride_qk, stride_sg, GROUP, BITS,
-                              BLOCK_K, BLOCK_N)
-            wu = _weight_tile(qw, s, z, k0, offs_n + INTER, n_mask, stride_qk, stride_sg,
-                              GROUP, BITS, BLOCK_K, BLOCK_N)
-            acc_g = moe._dot(a, wg.to(a.dtype), acc_g, FP32_DOT)
-            acc_u = moe._dot(a, wu.to(a.dtype), acc_u, FP32_DOT)
+        acc_g = _step(a, qw, s, z, k0, offs_n, n_mask, stride_qk, stride_sg, acc_g, GROUP, BITS,
+                      MAGIC, FP32_DOT, BLOCK_K, BLOCK_N)
+        acc_u = _step(a, qw, s, z, k0, offs_n + INTER, n_mask, stride_qk, stride_sg, acc_u,
+                      GROUP, BITS, MAGIC, FP32_DOT, BLOCK_K, BLOCK_N)
     h = silu_mul(acc_g, acc_u)
     tl.store(out_ptr + pairs[:, None] * stride_op + offs_n[None, :],
              h.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
@@ -216,28 +229,18 @@ def _int_down_kernel(
     MAGIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # Grid (sorted tiles, H tiles): out[pair, n] = weight[pair] * (h[pair] @ W2[e][:, n]), f32.
-    expert, pairs, m_mask = moe._tile_rows(sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS,
-                                           BLOCK_M)
+    expert, pairs, m_mask, offs_n, n_mask, qw, s, z, perm = _expert_tile(
+        qw_ptr, s_ptr, z_ptr, perm_ptr, sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS, H,
+        stride_qe, stride_se, stride_pe, BLOCK_M, BLOCK_N)
     if expert >= NUM_EXPERTS:
         return
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < H
-    qw = qw_ptr + expert * stride_qe
-    s = s_ptr + expert * stride_se
-    z = z_ptr + expert * stride_se
-    perm = perm_ptr + expert * stride_pe
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, INTER, BLOCK_K):
         cols = _columns(perm, k0, BLOCK_K, PERM)
         a = tl.load(h_ptr + pairs[:, None] * stride_hp + cols[None, :], mask=m_mask[:, None],
                     other=0.0)
-        if MAGIC:
-            acc = _biased_step(a, qw, s, z, k0, offs_n, n_mask, stride_qk, stride_sg, acc,
-                               GROUP, FP32_DOT, BLOCK_K, BLOCK_N)
-        else:
-            w = _weight_tile(qw, s, z, k0, offs_n, n_mask, stride_qk, stride_sg, GROUP, BITS,
-                             BLOCK_K, BLOCK_N)
-            acc = moe._dot(a, w.to(a.dtype), acc, FP32_DOT)
+        acc = _step(a, qw, s, z, k0, offs_n, n_mask, stride_qk, stride_sg, acc, GROUP, BITS,
+                    MAGIC, FP32_DOT, BLOCK_K, BLOCK_N)
     weight = tl.load(weights_ptr + pairs, mask=m_mask, other=0.0)
     tl.store(out_ptr + pairs[:, None] * stride_op + offs_n[None, :], acc * weight[:, None],
              mask=m_mask[:, None] & n_mask[None, :])
