@@ -183,10 +183,11 @@ def _expert_tile(qw_ptr, s_ptr, z_ptr, perm_ptr, sorted_ptr, tiles_ptr, NUM_PAIR
 
 @triton.jit
 def _columns(perm_ptr, k0, BLOCK_K: tl.constexpr, PERM: tl.constexpr):
-    """The A tile's columns for K rows k0..: the expert's act-order permutation, or k."""
+    """The A tile's columns for K rows k0..: the expert's act-order permutation (int32), or
+    k (one type on both branches: compiled Triton requires it, the interpreter does not)."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     if PERM:
-        return tl.load(perm_ptr + offs_k).to(tl.int64)
+        return tl.load(perm_ptr + offs_k)
     return offs_k
 
 

@@ -144,6 +144,30 @@ def test_bad_inputs_are_named(device):
         fused_moe_int(torch.randn(2, 48, device=device), ex, weights, ids)
 
 
+@pytest.mark.parametrize("kernel", ["_int_gate_up_kernel", "_int_down_kernel"])
+@pytest.mark.parametrize("bits,magic,perm,fp32", [(4, 1, 0, 0), (4, 1, 1, 0), (4, 0, 1, 0),
+                                                  (8, 0, 0, 0), (8, 0, 1, 1)])
+def test_compiles_for_sm90(kernel, bits, magic, perm, fp32):
+    """Each launch compiles for sm_90 offline (scripts/triton_sass.py) without spills, on
+    both weight paths, with and without act order, bf16 and float32 (the interpreter runs
+    code compiled Triton rejects, e.g. branches returning different types)."""
+    import re
+
+    from tests.kernels.sm90 import compile_sm90
+
+    x = "fp32" if fp32 else "bf16"
+    code = compile_sm90(
+        f"octavo.kernels.fused_moe_int:{kernel}", "--const", "GROUP=128", f"BITS={bits}",
+        f"PERM={perm}", f"FP32_DOT={fp32}", f"MAGIC={magic}", "BLOCK_M=16", "BLOCK_N=64",
+        "BLOCK_K=64", "--ptr", "qw_ptr=i32", "sorted_ptr=i32", "tiles_ptr=i32", "perm_ptr=i32",
+        "weights_ptr=fp32", f"x_ptr={x}", f"h_ptr={x}",
+        f"out_ptr={'fp32' if kernel == '_int_down_kernel' else x}", "--div16", "H", "INTER",
+        "stride_xt", "stride_hp", "stride_qe", "stride_qk", "stride_se", "stride_sg",
+        "stride_pe", "stride_op", "--num-warps", "4")
+    found = re.search(r"local (\d+) B", code.report)
+    assert found and int(found.group(1)) == 0, code.report
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("bits", [4, 8])
