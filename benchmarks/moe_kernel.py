@@ -99,19 +99,15 @@ def main() -> None:
         touched = sum(int(torch.unique(r.ids).numel()) for r in routed) / layers
         nbytes = touched * expert_bytes
         gemm = []
-        specs = [(spec, None) for spec in args.tiles]
-        if args.bits == 4:  # both weight paths of fused_moe_int (magic: bias + q floats)
-            specs = [(spec, magic) for spec in args.tiles for magic in (True, False)]
-        for spec, magic in specs:
+        for spec in args.tiles:
             bm, bn, bk, warps, stages = (int(v) for v in spec.split(","))
             tiles = fm.MoeTiles(bm, bn, bk, warps, stages)
             aligns = [moe_route.align(r.ids, e, bm) for r in routed]
             if args.bits < 16:
-                fns = [lambda i=i, tiles=tiles, aligns=aligns, x=x, routed=routed, magic=magic:
+                fns = [lambda i=i, tiles=tiles, aligns=aligns, x=x, routed=routed:
                        fmi.fused_moe_int(
                            x[i], experts[i], routed[i].weights, routed[i].ids, tiles=tiles,
-                           alignment=fm.Alignment(aligns[i].sorted_ids, aligns[i].tile_experts),
-                           magic=magic)
+                           alignment=fm.Alignment(aligns[i].sorted_ids, aligns[i].tile_experts))
                        for i in range(layers)]
             else:
                 fns = [lambda i=i, tiles=tiles, aligns=aligns, x=x, routed=routed: fm.fused_moe(
@@ -121,11 +117,10 @@ def main() -> None:
             try:
                 us = graph_timed(fns)
             except Exception as exc:  # a tile that does not compile or fit: say so, go on
-                gemm.append({"tiles": spec, "magic": magic,
-                             "error": f"{type(exc).__name__}: {exc}"[:200]})
+                gemm.append({"tiles": spec, "error": f"{type(exc).__name__}: {exc}"[:200]})
                 continue
             frac = nbytes / (us * 1e-6) / (peak * 1e12) if peak else None
-            gemm.append({"tiles": spec, "magic": magic, "us": round(us, 2),
+            gemm.append({"tiles": spec, "us": round(us, 2),
                          "hbm_fraction": round(frac, 3) if frac else None})
         best = min((r for r in gemm if "us" in r), key=lambda r: r["us"])
         row = {"tokens": t, "experts_touched": touched, "expert_mb": round(nbytes / 1e6, 1),

@@ -15,15 +15,13 @@ Alignment, routing, the SiLU-gated epilogue, the routing weight on the down proj
 float32 rows and the ordered k-sum are ``fused_moe``'s (same helpers, same rounding points:
 the activation product is rounded to x's dtype once before the down projection).
 
-The weight tile, two ways. 4-bit weights under 16-bit activations (the default there,
-``magic``): each value becomes the 16-bit float ``bias + q`` exactly by one OR into the
-exponent's bit pattern (bf16 128 + q, fp16 1024 + q), the dot runs on those, and zero points
-and scales are applied to the tile's sums, ``s * (a @ (bias + q) - (bias + z) * rowsum(a))``,
-a K tile lying in one group: per weight a shift, a LOP3 and the narrowing, where the float
-path below also subtracts 2**23, multiplies by the scale and rounds (offline sm_90 SASS of
-the gate/up loop at 16 x 64 x 64: 8.1 instructions per weight on the float path). Otherwise
-(8-bit, float32) each value is put into 2**23's mantissa, ``(q - z) * s`` is computed in
-float32 and rounded to x's dtype before the dot, as the dense integer GEMM does.
+Each weight value is put into 2**23's mantissa (no conversion instruction), ``(q - z) * s``
+is computed in float32 and rounded to x's dtype before the dot, as the dense integer GEMM
+does. Measured and dropped (H100, session 42): 4-bit values as exact ``bias + q`` 16-bit
+floats by one OR into the exponent's pattern, zero points and scales applied to the tile's
+sums: 8% fewer loop instructions offline, but 1.2-2.3x slower (Qwen3-30B-A3B's experts,
+one token: 62-113 us a layer against 43-50).
+
 ``fused_moe_int_reference`` (dequantize each routed expert, then the float reference) is what
 the kernel is tested against.
 """
@@ -81,9 +79,17 @@ def block_k(experts: IntExperts) -> int:
 
 
 def default_tiles(num_tokens: int, topk: int, experts: IntExperts) -> moe.MoeTiles:
-    """``fused_moe``'s rows per tile (16 in decode, 64 once experts average 32 rows) with
-    64 columns and :func:`block_k`. Unmeasured on a GPU."""
+    """``fused_moe``'s rows per tile (16 in decode, 64 once experts average 32 rows). Columns
+    and K steps from ``benchmarks/moe_kernel.py --bits 4`` on an H100 (Qwen3-30B-A3B's
+    experts, g128, session 42): with fewer (token, expert) pairs than experts, 32 columns
+    and K steps of 128 over 4 stages where the groups allow (43.3 us a layer at one token
+    against 49.8 for 64 x 64 x 3); otherwise 64 x :func:`block_k` (198 us at 16 tokens,
+    the best of 7)."""
     rows = moe.default_tiles(num_tokens, topk, experts.num_experts).block_m
+    wide = all(g % 128 == 0 for g in (experts.group13, experts.group2, experts.hidden,
+                                      experts.inter))
+    if num_tokens * topk < experts.num_experts and wide:
+        return moe.MoeTiles(rows, 32, 128, 4, 4)
     return moe.MoeTiles(rows, 64, block_k(experts))
 
 
@@ -125,44 +131,10 @@ def _weight_tile(qw_ptr, s_ptr, z_ptr, k0, offs_n, n_mask, stride_qk, stride_sg,
 
 
 @triton.jit
-def _biased_tile(qw_ptr, k0, offs_n, n_mask, stride_qk, DTYPE: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """4-bit values as 16-bit floats ``bias + q``, exact, by one OR into the exponent's
-    pattern: bf16 0x4300 | q = 128 + q, fp16 0x6400 | q = 1024 + q (no conversion, no
-    arithmetic); the bias, zero points and scales are applied on the dot's sums."""
-    offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    packed = tl.load(qw_ptr + offs_p[:, None] * stride_qk + offs_n[None, :],
-                     mask=n_mask[None, :], other=0)
-    shifts = tl.arange(0, 8) * 4
-    bits = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
-    magic: tl.constexpr = 0x4300 if DTYPE == tl.bfloat16 else 0x6400
-    return (bits | magic).to(tl.int16).to(DTYPE, bitcast=True)
-
-
-@triton.jit
-def _biased_step(a, qw_ptr, s_ptr, z_ptr, k0, offs_n, n_mask, stride_qk, stride_sg, acc,
-                 GROUP: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_K: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    """``acc + a @ W`` for one K tile of 4-bit weights through :func:`_biased_tile`:
-    ``s * (a @ (bias + q) - (bias + z) * rowsum(a))``, the tile lying in one group."""
-    w = _biased_tile(qw_ptr, k0, offs_n, n_mask, stride_qk, a.dtype, BLOCK_K, BLOCK_N)
-    part = moe._dot(a, w, tl.zeros((a.shape[0], BLOCK_N), dtype=tl.float32), FP32_DOT)
-    bias: tl.constexpr = 128.0 if a.dtype == tl.bfloat16 else 1024.0
-    g = k0 // GROUP
-    s = along_k.group_row(s_ptr, g, stride_sg, offs_n, 1, n_mask)
-    z = along_k.group_row(z_ptr, g, stride_sg, offs_n, 1, n_mask) + bias
-    rowsum = tl.sum(a.to(tl.float32), axis=1)
-    return acc + s[None, :] * (part - z[None, :] * rowsum[:, None])
-
-
-@triton.jit
 def _step(a, qw_ptr, s_ptr, z_ptr, k0, offs_n, n_mask, stride_qk, stride_sg, acc,
-          GROUP: tl.constexpr, BITS: tl.constexpr, MAGIC: tl.constexpr, FP32_DOT: tl.constexpr,
+          GROUP: tl.constexpr, BITS: tl.constexpr, FP32_DOT: tl.constexpr,
           BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """``acc + a @ W[k0:k0 + BLOCK_K, offs_n]`` on either weight path (``MAGIC``)."""
-    if MAGIC:
-        return _biased_step(a, qw_ptr, s_ptr, z_ptr, k0, offs_n, n_mask, stride_qk, stride_sg,
-                            acc, GROUP, FP32_DOT, BLOCK_K, BLOCK_N)
+    """``acc + a @ W[k0:k0 + BLOCK_K, offs_n]``, the weight tile rounded to a's dtype."""
     w = _weight_tile(qw_ptr, s_ptr, z_ptr, k0, offs_n, n_mask, stride_qk, stride_sg, GROUP,
                      BITS, BLOCK_K, BLOCK_N)
     return moe._dot(a, w.to(a.dtype), acc, FP32_DOT)
@@ -197,7 +169,7 @@ def _int_gate_up_kernel(
     NUM_PAIRS, NUM_EXPERTS, TOPK, H, INTER,
     stride_xt, stride_qe, stride_qk, stride_se, stride_sg, stride_pe, stride_op,
     GROUP: tl.constexpr, BITS: tl.constexpr, PERM: tl.constexpr, FP32_DOT: tl.constexpr,
-    MAGIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # Grid (sorted tiles, INTER tiles): out[pair, n] = silu(x[t] @ Wg) * (x[t] @ Wu), x's dtype.
     expert, pairs, m_mask, offs_n, n_mask, qw, s, z, perm = _expert_tile(
@@ -213,9 +185,9 @@ def _int_gate_up_kernel(
         a = tl.load(x_ptr + tokens[:, None] * stride_xt + cols[None, :], mask=m_mask[:, None],
                     other=0.0)
         acc_g = _step(a, qw, s, z, k0, offs_n, n_mask, stride_qk, stride_sg, acc_g, GROUP, BITS,
-                      MAGIC, FP32_DOT, BLOCK_K, BLOCK_N)
+                      FP32_DOT, BLOCK_K, BLOCK_N)
         acc_u = _step(a, qw, s, z, k0, offs_n + INTER, n_mask, stride_qk, stride_sg, acc_u,
-                      GROUP, BITS, MAGIC, FP32_DOT, BLOCK_K, BLOCK_N)
+                      GROUP, BITS, FP32_DOT, BLOCK_K, BLOCK_N)
     h = silu_mul(acc_g, acc_u)
     tl.store(out_ptr + pairs[:, None] * stride_op + offs_n[None, :],
              h.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
@@ -227,7 +199,7 @@ def _int_down_kernel(
     NUM_PAIRS, NUM_EXPERTS, H, INTER,
     stride_hp, stride_qe, stride_qk, stride_se, stride_sg, stride_pe, stride_op,
     GROUP: tl.constexpr, BITS: tl.constexpr, PERM: tl.constexpr, FP32_DOT: tl.constexpr,
-    MAGIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # Grid (sorted tiles, H tiles): out[pair, n] = weight[pair] * (h[pair] @ W2[e][:, n]), f32.
     expert, pairs, m_mask, offs_n, n_mask, qw, s, z, perm = _expert_tile(
@@ -241,7 +213,7 @@ def _int_down_kernel(
         a = tl.load(h_ptr + pairs[:, None] * stride_hp + cols[None, :], mask=m_mask[:, None],
                     other=0.0)
         acc = _step(a, qw, s, z, k0, offs_n, n_mask, stride_qk, stride_sg, acc, GROUP, BITS,
-                    MAGIC, FP32_DOT, BLOCK_K, BLOCK_N)
+                    FP32_DOT, BLOCK_K, BLOCK_N)
     weight = tl.load(weights_ptr + pairs, mask=m_mask, other=0.0)
     tl.store(out_ptr + pairs[:, None] * stride_op + offs_n[None, :], acc * weight[:, None],
              mask=m_mask[:, None] & n_mask[None, :])
@@ -268,13 +240,10 @@ def _check(experts: IntExperts) -> None:
 
 def fused_moe_int(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, *, tiles: moe.MoeTiles | None = None,
-                  alignment: moe.Alignment | None = None,
-                  magic: bool | None = None) -> torch.Tensor:
+                  alignment: moe.Alignment | None = None) -> torch.Tensor:
     """``fused_moe`` over stacked integer experts: ``x`` [T, H], ``topk_weights`` float32
     [T, k], ``topk_ids`` [T, k] in [0, E) -> [T, H] in x's dtype. ``tiles`` overrides
-    :func:`default_tiles`; ``alignment``: the pairs already aligned for its BLOCK_M;
-    ``magic``: 4-bit weights as ``bias + q`` 16-bit floats with the zero points and scales on
-    the sums (default: wherever it applies, 4-bit weights and 16-bit x)."""
+    :func:`default_tiles`; ``alignment``: the pairs already aligned for its BLOCK_M."""
     require_triton("fused_moe_int")
     if not supports(x, experts):
         raise ValueError(f"fused_moe_int: x {tuple(x.shape)} {x.dtype} on {x.device} with "
@@ -304,11 +273,6 @@ def fused_moe_int(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tens
     n_tiles = align.tile_experts.numel()
     fp32_dot = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and not x.is_cuda)
     perm13, perm2 = experts.perm13, experts.perm2
-    can_magic = experts.bits == 4 and x.dtype in (torch.float16, torch.bfloat16)
-    if magic and not can_magic:
-        raise ValueError(f"fused_moe_int: magic needs 4-bit experts and 16-bit x, not "
-                         f"{experts.bits}-bit and {x.dtype}")
-    magic = can_magic if magic is None else magic
     hidden = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     _int_gate_up_kernel[(n_tiles, triton.cdiv(inter, block_n))](
         x, experts.w13, experts.s13, experts.z13, perm13 if perm13 is not None else x,
@@ -317,7 +281,7 @@ def fused_moe_int(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tens
         x.stride(0), experts.w13.stride(0), experts.w13.stride(1), experts.s13.stride(0),
         experts.s13.stride(1), h, hidden.stride(0),
         GROUP=experts.group13, BITS=experts.bits, PERM=perm13 is not None, FP32_DOT=fp32_dot,
-        MAGIC=magic, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     partial = torch.empty(t * k, h, dtype=torch.float32, device=x.device)
@@ -328,7 +292,7 @@ def fused_moe_int(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tens
         hidden.stride(0), experts.w2.stride(0), experts.w2.stride(1), experts.s2.stride(0),
         experts.s2.stride(1), inter, partial.stride(0),
         GROUP=experts.group2, BITS=experts.bits, PERM=perm2 is not None, FP32_DOT=fp32_dot,
-        MAGIC=magic, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk, num_warps=warps, num_stages=stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     out = torch.empty(t, h, dtype=x.dtype, device=x.device)
     block_h = 1024

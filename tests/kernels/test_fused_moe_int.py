@@ -12,6 +12,7 @@ from octavo.kernels.fused_moe import MoeTiles, align_by_expert  # noqa: E402
 from octavo.kernels.fused_moe_int import (  # noqa: E402
     IntExperts,
     block_k,
+    default_tiles,
     dequantize,
     fused_moe_int,
     fused_moe_int_reference,
@@ -56,13 +57,20 @@ def make_routing(t, e, k, device, seed=0):
     return weights, ids
 
 
-def check(experts, t, k, dtype, device, tiles=None, seed=0):
+def check(experts, t, k, dtype, device, tiles=None, seed=0, scaled=False):
+    """The kernel against the reference; ``scaled``: errors measured against the output's
+    largest magnitude (real shapes: outputs in the hundreds, where a bf16 rounding of the
+    activation product moves a near-zero output by more than any elementwise tolerance)."""
     g = torch.Generator().manual_seed(seed + 2)
     x = torch.randn(t, experts.hidden, generator=g).to(device, dtype)
     weights, ids = make_routing(t, experts.num_experts, k, device, seed)
     got = fused_moe_int(x, experts, weights, ids, tiles=tiles)
     assert got.shape == x.shape and got.dtype == x.dtype
     ref = fused_moe_int_reference(x, experts, weights, ids)
+    if scaled:
+        err = (got.float() - ref.float()).abs().max() / ref.float().abs().max()
+        assert err < 1e-2, f"max error {err:.2e} of the largest output"
+        return
     torch.testing.assert_close(got.float(), ref.float(), **TOL[dtype])
 
 
@@ -72,29 +80,6 @@ def check(experts, t, k, dtype, device, tiles=None, seed=0):
 def test_matches_reference(bits, dtype, t, k, device):
     # inter = 96: the 64-column tiles leave a tail of 32 gate and 32 up columns to the masks.
     check(make_experts(bits=bits, device=device, seed=bits), t, k, dtype, device, seed=t)
-
-
-@pytest.mark.parametrize("magic", [False, True])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_4bit_as_biased_16bit_floats_or_dequantized(magic, dtype, device):
-    """Both weight paths of 4-bit experts under 16-bit activations against the reference
-    (which rounds each dequantized weight to x's dtype: the biased path does not)."""
-    ex = make_experts(device=device, seed=8)
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(5, ex.hidden, generator=g).to(device, dtype)
-    weights, ids = make_routing(5, ex.num_experts, 2, device, seed=9)
-    got = fused_moe_int(x, ex, weights, ids, magic=magic)
-    ref = fused_moe_int_reference(x, ex, weights, ids)
-    torch.testing.assert_close(got.float(), ref.float(), **TOL[dtype])
-
-
-def test_magic_needs_4bit_and_16bit_activations(device):
-    ex = make_experts(device=device)
-    x = torch.randn(2, ex.hidden, device=device)
-    weights, ids = make_routing(2, ex.num_experts, 2, device)
-    with pytest.raises(ValueError, match="magic needs 4-bit experts and 16-bit x, not 4-bit "
-                                         "and torch.float32"):
-        fused_moe_int(x, ex, weights, ids, magic=True)
 
 
 @pytest.mark.parametrize("sym", [True, False])
@@ -145,11 +130,11 @@ def test_bad_inputs_are_named(device):
 
 
 @pytest.mark.parametrize("kernel", ["_int_gate_up_kernel", "_int_down_kernel"])
-@pytest.mark.parametrize("bits,magic,perm,fp32", [(4, 1, 0, 0), (4, 1, 1, 0), (4, 0, 1, 0),
-                                                  (8, 0, 0, 0), (8, 0, 1, 1)])
-def test_compiles_for_sm90(kernel, bits, magic, perm, fp32):
-    """Each launch compiles for sm_90 offline (scripts/triton_sass.py) without spills, on
-    both weight paths, with and without act order, bf16 and float32 (the interpreter runs
+@pytest.mark.parametrize("bits,perm,fp32,tiles", [(4, 0, 0, (32, 128, 4)), (4, 1, 0, (64, 64, 3)),
+                                                  (8, 0, 0, (32, 128, 4)), (8, 1, 1, (64, 64, 3))])
+def test_compiles_for_sm90(kernel, bits, perm, fp32, tiles):
+    """Each launch compiles for sm_90 offline (scripts/triton_sass.py) without spills at
+    both default tiles, with and without act order, bf16 and float32 (the interpreter runs
     code compiled Triton rejects, e.g. branches returning different types)."""
     import re
 
@@ -158,12 +143,12 @@ def test_compiles_for_sm90(kernel, bits, magic, perm, fp32):
     x = "fp32" if fp32 else "bf16"
     code = compile_sm90(
         f"octavo.kernels.fused_moe_int:{kernel}", "--const", "GROUP=128", f"BITS={bits}",
-        f"PERM={perm}", f"FP32_DOT={fp32}", f"MAGIC={magic}", "BLOCK_M=16", "BLOCK_N=64",
-        "BLOCK_K=64", "--ptr", "qw_ptr=i32", "sorted_ptr=i32", "tiles_ptr=i32", "perm_ptr=i32",
+        f"PERM={perm}", f"FP32_DOT={fp32}", "BLOCK_M=16", f"BLOCK_N={tiles[0]}",
+        f"BLOCK_K={tiles[1]}", "--ptr", "qw_ptr=i32", "sorted_ptr=i32", "tiles_ptr=i32", "perm_ptr=i32",
         "weights_ptr=fp32", f"x_ptr={x}", f"h_ptr={x}",
         f"out_ptr={'fp32' if kernel == '_int_down_kernel' else x}", "--div16", "H", "INTER",
         "stride_xt", "stride_hp", "stride_qe", "stride_qk", "stride_se", "stride_sg",
-        "stride_pe", "stride_op", "--num-warps", "4")
+        "stride_pe", "stride_op", "--num-warps", "4", "--num-stages", str(tiles[2]))
     found = re.search(r"local (\d+) B", code.report)
     assert found and int(found.group(1)) == 0, code.report
 
@@ -176,4 +161,13 @@ def test_real_shape_on_the_gpu(bits, t):
     """Qwen3-30B-A3B's experts (E 128, H 2048, I 768, top 8), group 128, bf16."""
     ex = make_experts(e=128, h=2048, inter=768, bits=bits, groups=(128, 128), device="cuda",
                       scale_dtype=torch.bfloat16, seed=7)
-    check(ex, t, 8, torch.bfloat16, "cuda", seed=t)
+    check(ex, t, 8, torch.bfloat16, "cuda", seed=t, scaled=True)
+
+
+def test_default_tiles_follow_the_h100_sweep():
+    """32 columns, K steps of 128 over 4 stages while pairs are fewer than experts (where the
+    groups allow); 64 x 64 beyond, and wherever 128 does not divide the groups."""
+    ex = make_experts(e=128, h=256, inter=128, groups=(128, 128), device="cpu")
+    assert tuple(default_tiles(1, 8, ex)) == (16, 32, 128, 4, 4)
+    assert tuple(default_tiles(16, 8, ex)) == (16, 64, 64, 4, 3)
+    assert tuple(default_tiles(1, 8, ex._replace(group2=64)))[:3] == (16, 64, 64)
