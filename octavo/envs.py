@@ -56,6 +56,14 @@ def fused_moe() -> bool:
     return _flag("OCTAVO_FUSED_MOE", True)
 
 
+def moe_int_gemv_max_pairs() -> int:
+    """OCTAVO_MOE_INT_GEMV (default 0, off): integer MoE experts (octavo/kernels/
+    fused_moe_int.py) run batches of up to this many (token, expert) pairs through the
+    grouped CUDA-core GEMV (octavo/kernels/w4a16_gemv.py) instead of the tensor-core
+    launches; a measurement knob until the GEMV has been timed on a GPU."""
+    return _int("OCTAVO_MOE_INT_GEMV", 0, "(token, expert) pairs")
+
+
 def moe_route() -> bool:
     """OCTAVO_MOE_ROUTE (default on): with the fused MoE kernel, decode batches route and align
     their (token, expert) pairs in one launch (octavo/kernels/moe_route.py); off, torch ops

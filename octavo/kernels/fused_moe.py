@@ -198,15 +198,33 @@ def _down_kernel(
 
 
 @triton.jit
-def _sum_pairs_kernel(partial_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK_H: tl.constexpr):
-    # Grid (T, H tiles): out[t] = sum over j in order of partial[t * TOPK + j], rounded once.
+def _sum_pairs_kernel(partial_ptr, out_ptr, weights_ptr, H, TOPK: tl.constexpr,
+                      BLOCK_H: tl.constexpr, WEIGHTED: tl.constexpr = False):
+    # Grid (T, H tiles): out[t] = sum over j in order of partial[t * TOPK + j] (times
+    # weights[t * TOPK + j] where WEIGHTED), in float32, rounded once.
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = cols < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for j in tl.static_range(TOPK):
-        acc += tl.load(partial_ptr + (t * TOPK + j) * H + cols, mask=ok, other=0.0)
+        row = tl.load(partial_ptr + (t * TOPK + j) * H + cols, mask=ok, other=0.0)
+        if WEIGHTED:
+            row = row.to(tl.float32) * tl.load(weights_ptr + t * TOPK + j)
+        acc += row
     tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def sum_pairs(partial: torch.Tensor, t: int, k: int, dtype: torch.dtype,
+              weights: torch.Tensor | None = None) -> torch.Tensor:
+    """[T, H] in ``dtype``: each token's k rows of ``partial`` [T * k, H] added in order in
+    float32 (each times its float32 routing weight where ``weights`` [T * k] is given)."""
+    h = partial.shape[1]
+    out = torch.empty(t, h, dtype=dtype, device=partial.device)
+    block_h = 1024
+    _sum_pairs_kernel[(t, triton.cdiv(h, block_h))](
+        partial, out, partial if weights is None else weights, h, TOPK=k, BLOCK_H=block_h,
+        WEIGHTED=weights is not None, num_warps=4)
+    return out
 
 
 def supports(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
@@ -275,11 +293,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    block_h = 1024
-    _sum_pairs_kernel[(t, triton.cdiv(h, block_h))](partial, out, h, TOPK=k, BLOCK_H=block_h,
-                                                    num_warps=4)
-    return out
+    return sum_pairs(partial, t, k, x.dtype)
 
 
 def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

@@ -32,10 +32,12 @@ from typing import NamedTuple
 
 import torch
 
+from octavo import envs
 from octavo.kernels import fused_moe as moe
 from octavo.kernels import moe_route
 from octavo.kernels import w4a16_gemm as along_k
-from octavo.kernels.activation import silu_mul
+from octavo.kernels import w4a16_gemv as gemv
+from octavo.kernels.activation import silu_and_mul, silu_mul
 from octavo.kernels.triton_utils import HAS_TRITON, interpreting, require_triton, tl, triton
 
 
@@ -255,6 +257,8 @@ def fused_moe_int(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tens
     if t == 0:
         return x.new_empty(0, h)
     x = x if x.stride(1) == 1 else x.contiguous()
+    if tiles is None and gemv_applies(experts, t * k):
+        return _gemv_path(x, experts, topk_weights, topk_ids)
     block_m, block_n, bk, warps, stages = tiles or default_tiles(t, k, experts)
     if any(g % bk for g in (experts.group13, experts.group2, h, inter)):
         raise ValueError(f"fused_moe_int: BLOCK_K={bk} must divide the groups "
@@ -294,11 +298,34 @@ def fused_moe_int(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tens
         GROUP=experts.group2, BITS=experts.bits, PERM=perm2 is not None, FP32_DOT=fp32_dot,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=bk, num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    out = torch.empty(t, h, dtype=x.dtype, device=x.device)
-    block_h = 1024
-    moe._sum_pairs_kernel[(t, triton.cdiv(h, block_h))](partial, out, h, TOPK=k,
-                                                        BLOCK_H=block_h, num_warps=4)
-    return out
+    return moe.sum_pairs(partial, t, k, x.dtype)
+
+
+def gemv_applies(experts: IntExperts, num_pairs: int) -> bool:
+    """Whether :func:`fused_moe_int` takes the grouped GEMV for ``num_pairs`` (token, expert)
+    pairs: up to ``OCTAVO_MOE_INT_GEMV`` of them (default 0: never), experts without act
+    order whose groups the GEMV's steps fit."""
+    return (0 < num_pairs <= envs.moe_int_gemv_max_pairs()
+            and experts.perm13 is None and experts.perm2 is None
+            and gemv.supports(1, experts.hidden, experts.group13, experts.bits)
+            and gemv.supports(1, experts.inter, experts.group2, experts.bits))
+
+
+def _gemv_path(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tensor,
+               topk_ids: torch.Tensor) -> torch.Tensor:
+    """Decode on CUDA cores, no sorting: the grouped GEMV gives each (token, expert) pair its
+    gate/up row (rounded to x's dtype, as the loop over experts stores it), the activation,
+    the grouped GEMV again for the down rows, then each token's k rows weighted and added in
+    order in float32."""
+    t, k = topk_ids.shape
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    pairs = torch.arange(t * k, device=x.device, dtype=torch.int32)
+    gate_up = gemv.w4a16_gemv(x, experts.w13, experts.s13, experts.z13, experts.group13,
+                              experts.bits, rows=pairs // k, experts=ids)
+    down = gemv.w4a16_gemv(silu_and_mul(gate_up), experts.w2, experts.s2, experts.z2,
+                           experts.group2, experts.bits, rows=pairs, experts=ids)
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    return moe.sum_pairs(down, t, k, x.dtype, weights)
 
 
 def dequantize(experts: IntExperts, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

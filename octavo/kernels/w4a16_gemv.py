@@ -167,9 +167,10 @@ def _int_weight_gemv_kernel(
     M, N, K, K_PER_SPLIT, NUM_SPLITS, ONE_BITS,
     stride_xm, stride_qk, stride_qn, stride_sg, stride_sn,
     stride_zg, stride_zn, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
+    rows_ptr, experts_ptr, stride_qe, stride_se, stride_ze,
     GROUP: tl.constexpr, FLUSH: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, PAIRED: tl.constexpr, BYTES: tl.constexpr,
-    ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, GROUPED: tl.constexpr,
 ):  # fmt: skip
     # ONE_BITS: 0x3F800000, the bits of 1.0f, passed at run time: as a constant, ptxas
     # re-materializes a mask into a register before every mask-or (one move per weight).
@@ -177,8 +178,20 @@ def _int_weight_gemv_kernel(
     # FLUSH input rows (a multiple of the step dividing GROUP) are summed before the scales
     # are applied; K_PER_SPLIT is a multiple of FLUSH. BLOCK_M is 1, 2 or 4, one accumulator
     # per row of x (rows past M read row 0 and are not stored).
+    # GROUPED (mixture-of-experts decode): grid (N tiles, K splits, M); output row m is x row
+    # rows[m] times expert experts[m]'s weight ([E, K / pack, N] and [E, groups, N] through
+    # the stride_*e strides); BLOCK_M is 1.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    tile = pid_n
+    if GROUPED:
+        pid_m = tl.program_id(2)
+        x_ptr += tl.load(rows_ptr + pid_m).to(tl.int64) * stride_xm
+        expert = tl.load(experts_ptr + pid_m).to(tl.int64)
+        qw_ptr += expert * stride_qe
+        s_ptr += expert * stride_se
+        z_ptr += expert * stride_ze
+        tile = pid_m * tl.num_programs(0) + pid_n
     PACK: tl.constexpr = 32 // BITS
     STEP: tl.constexpr = BLOCK_P * PACK
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]  # [1, N]: the tile's layout
@@ -256,6 +269,8 @@ def _int_weight_gemv_kernel(
             out3 += _flush(acc3, xs3, xt3, s, z, BITS, PAIRED, BYTES)
     offs_m = tl.arange(0, BLOCK_M)
     res = tl.where(offs_m[:, None] == 0, out0, 0.0)
+    if GROUPED:
+        offs_m += pid_m
     if BLOCK_M > 1:
         res = tl.where(offs_m[:, None] == 1, out1, res)
     if BLOCK_M > 2:
@@ -264,7 +279,7 @@ def _int_weight_gemv_kernel(
     offs_n = offs_n.reshape(BLOCK_N)
     store_or_reduce(res, offs_m, offs_n, (offs_m[:, None] < M) & (offs_n < N)[None, :], out_ptr,
                     stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
-                    pid_n, pid_k, NUM_SPLITS)
+                    tile, pid_k, NUM_SPLITS)
 
 
 def supports(m: int, k: int, group_size: int, bits: int) -> bool:
@@ -296,14 +311,26 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                block_n: int | None = None, block_p: int | None = None,
                num_warps: int | None = None, flush: int | None = None,
                waves: int | None = None, paired: bool | None = None,
-               maxnreg: int | None = None, prefetch: int | None = None) -> torch.Tensor:
+               maxnreg: int | None = None, prefetch: int | None = None,
+               rows: torch.Tensor | None = None,
+               experts: torch.Tensor | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` for M <= MAX_M, in x2's dtype. The tuning arguments
     (None: chosen here) exist for the benchmark's sweeps and the tests (``maxnreg``: a cap on
     registers per thread, for occupancy; ``prefetch``: how many steps ahead the weights are
-    loaded, 1-3)."""
+    loaded, 1-3).
+
+    Grouped (mixture-of-experts decode): with ``experts`` (int32 [R]) the weight, scales and
+    zeros are stacked per expert ([E, K / pack, N], [E, groups, N]) and the result is
+    [R, N], row r being ``x2[rows[r]] @ dequant(W[experts[r]])`` (``rows`` int32 [R]; any
+    R)."""
     require_triton("w4a16_gemv")
     if x2.stride(1) != 1:  # the kernel reads each row of x with stride 1
         x2 = x2.contiguous()
+    grouped = experts is not None
+    if grouped:
+        return _grouped(x2, qweight, scales, zeros, group_size, bits, rows, experts,
+                        split_k, block_n, block_p, num_warps, flush, waves, paired, maxnreg,
+                        prefetch)
     m, k = x2.shape
     n = qweight.shape[1]
     pack = 32 // bits
@@ -333,10 +360,58 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         x2.stride(0), qweight.stride(0), qweight.stride(1),
         scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
+        None, None, 0, 0, 0,
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_P=block_p, PAIRED=bool(paired), BYTES=bits == 8 and x2.dtype != torch.float32,
         ASM=not interpreting(), PREFETCH=prefetch or envs.gemv_prefetch(PREFETCH[bits]),
-        num_warps=num_warps, num_stages=1,
+        GROUPED=False, num_warps=num_warps, num_stages=1,
+        **pdl_args(x2.device), **({"maxnreg": maxnreg} if maxnreg else {}),
+    )  # fmt: skip
+    return out
+
+
+def _grouped(x2, qweight, scales, zeros, group_size, bits, rows, experts, split_k, block_n,
+             block_p, num_warps, flush, waves, paired, maxnreg, prefetch) -> torch.Tensor:
+    """``w4a16_gemv``'s grouped form: one row per (x row, expert) pair, one program per
+    (N tile, K split, pair)."""
+    r = experts.numel()
+    e, kp, n = qweight.shape
+    k = x2.shape[1]
+    pack = 32 // bits
+    if kp * pack != k or tuple(scales.shape) != (e, k // group_size, n) or \
+            scales.shape != zeros.shape or rows is None or rows.numel() != r:
+        raise ValueError(f"w4a16_gemv (grouped): x {tuple(x2.shape)}, qweight "
+                         f"{tuple(qweight.shape)}, scales {tuple(scales.shape)}, zeros "
+                         f"{tuple(zeros.shape)}, {r} experts, "
+                         f"{None if rows is None else rows.numel()} rows do not fit")
+    num_warps = num_warps or 4
+    # The dense GEMV's 512 columns (3.7 loop instructions a weight in sm_90 SASS against 4.7
+    # at 128, where each thread holds one column), with split-K filling the GPU. Unmeasured.
+    block_n = block_n or 512
+    block_p = _block_p(group_size, pack, block_p or 4)
+    step = block_p * pack
+    assert group_size % step == 0 and k % group_size == 0, (group_size, step, k)
+    paired = bits == 4 and (x2.dtype != torch.float32 if paired is None else paired)
+    n_tiles = triton.cdiv(n, block_n)
+    if split_k is None:
+        waves = waves or WAVES
+        split_k = max(1, triton.cdiv(waves * num_compute_units(x2.device), n_tiles * r))
+    flush = _flush_len(group_size, step, flush or 512, k, split_k)
+    split_k, k_per_split = split_k_plan(k, flush, split_k)
+    out, partial = split_k_buffers(r, n, split_k, x2)
+    if r == 0:
+        return out
+    _int_weight_gemv_kernel[(n_tiles, split_k, r)](
+        x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, n_tiles * r),
+        r, n, k, k_per_split, split_k, 0x3F800000,
+        x2.stride(0), qweight.stride(1), qweight.stride(2),
+        scales.stride(1), scales.stride(2), zeros.stride(1), zeros.stride(2),
+        out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
+        rows, experts, qweight.stride(0), scales.stride(0), zeros.stride(0),
+        GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=1, BLOCK_N=block_n,
+        BLOCK_P=block_p, PAIRED=bool(paired), BYTES=bits == 8 and x2.dtype != torch.float32,
+        ASM=not interpreting(), PREFETCH=prefetch or envs.gemv_prefetch(PREFETCH[bits]),
+        GROUPED=True, num_warps=num_warps, num_stages=1,
         **pdl_args(x2.device), **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return out

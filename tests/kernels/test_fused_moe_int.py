@@ -171,3 +171,73 @@ def test_default_tiles_follow_the_h100_sweep():
     assert tuple(default_tiles(1, 8, ex)) == (16, 32, 128, 4, 4)
     assert tuple(default_tiles(16, 8, ex)) == (16, 64, 64, 4, 3)
     assert tuple(default_tiles(1, 8, ex._replace(group2=64)))[:3] == (16, 64, 64)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_grouped_gemv_rows(bits, dtype, split_k, device):
+    """``w4a16_gemv``'s grouped form: row r of the result is x[rows[r]] through expert
+    experts[r]'s weight, split over K or not (the split's counters are per (tile, row))."""
+    from octavo.kernels.w4a16_gemm import w4a16_gemm_ref
+    from octavo.kernels.w4a16_gemv import w4a16_gemv
+
+    ex = make_experts(e=3, h=64, inter=32, bits=bits, groups=(32, 32), device=device,
+                      seed=10)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 64, generator=g).to(device, dtype)
+    rows = torch.tensor([1, 0, 1, 1, 0], dtype=torch.int32, device=device)
+    experts = torch.tensor([2, 2, 0, 1, 1], dtype=torch.int32, device=device)
+    got = w4a16_gemv(x, ex.w13, ex.s13, ex.z13, 32, bits, rows=rows, experts=experts,
+                     split_k=split_k, block_n=32)
+    assert got.shape == (5, 64) and got.dtype == dtype
+    for r in range(5):
+        e = int(experts[r])
+        want = w4a16_gemm_ref(x[int(rows[r])][None].float(), ex.w13[e], ex.s13[e], ex.z13[e],
+                              32, bits)
+        torch.testing.assert_close(got[r].float(), want[0], **TOL[dtype])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gemv_path_matches_reference(bits, dtype, device, monkeypatch):
+    """OCTAVO_MOE_INT_GEMV=N: up to N (token, expert) pairs run the grouped GEMV (no
+    sorting); act order keeps the tensor-core launches."""
+    from octavo.kernels import fused_moe_int as fmi
+
+    monkeypatch.setenv("OCTAVO_MOE_INT_GEMV", "8")
+    ex = make_experts(bits=bits, device=device, seed=12)
+    assert fmi.gemv_applies(ex, 8) and not fmi.gemv_applies(ex, 9)
+    assert not fmi.gemv_applies(make_experts(perm=True, device=device), 2)
+    calls = []
+    real = fmi._gemv_path
+    monkeypatch.setattr(fmi, "_gemv_path", lambda *a: calls.append(1) or real(*a))
+    check(ex, 4, 2, dtype, device, seed=13)
+    assert calls
+
+
+def test_the_gemv_path_is_off_by_default(monkeypatch):
+    from octavo.kernels import fused_moe_int as fmi
+
+    monkeypatch.delenv("OCTAVO_MOE_INT_GEMV", raising=False)
+    assert not fmi.gemv_applies(make_experts(), 1)
+    monkeypatch.setenv("OCTAVO_MOE_INT_GEMV", "-3")
+    with pytest.raises(ValueError, match="OCTAVO_MOE_INT_GEMV must be a non-negative integer"):
+        fmi.gemv_applies(make_experts(), 1)
+
+
+def test_grouped_gemv_compiles_for_sm90():
+    import re
+
+    from tests.kernels.sm90 import compile_sm90
+
+    code = compile_sm90(
+        "octavo.kernels.w4a16_gemv:_int_weight_gemv_kernel", "--const", "GROUP=128",
+        "FLUSH=128", "BITS=4", "BLOCK_M=1", "BLOCK_N=512", "BLOCK_P=4", "PAIRED=1", "BYTES=0",
+        "ASM=1", "PREFETCH=1", "PDL=0", "GROUPED=1", "--ptr", "qw_ptr=i32", "cnt_ptr=i32",
+        "part_ptr=fp32", "rows_ptr=i32", "experts_ptr=i32", "--ones", "stride_qn",
+        "stride_sn", "stride_zn", "stride_on", "stride_pn", "--div16", "stride_xm",
+        "stride_qk", "N", "K", "K_PER_SPLIT", "stride_sg", "stride_zg", "stride_om",
+        "stride_ps", "stride_pm", "stride_qe", "stride_se", "stride_ze", "--num-warps", "4")
+    found = re.search(r"local (\d+) B", code.report)
+    assert found and int(found.group(1)) == 0, code.report

@@ -171,3 +171,25 @@ def test_two_ranks_give_the_reference_tokens(name):
     for out, tokens, margins in zip(outs, ref["tokens"], ref["margins"], strict=True):
         n = untied_steps(margins, TIE)
         assert list(out.outputs[0].token_ids)[:n] == tokens[:n], name
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe-gptq4-g32", "qwen2_moe-w8a16-channel"])
+def test_grouped_gemv_through_the_interpreter(name, monkeypatch):
+    """OCTAVO_MOE_INT_GEMV on: decode steps' experts on the grouped GEMV (4-bit GPTQ, 8-bit
+    per channel): the reference's first two tokens."""
+    pytest.importorskip("triton")
+    if name not in _INT_NAMES:
+        pytest.skip(f"fixture {name} missing")
+    from octavo.kernels import fused_moe_int
+
+    monkeypatch.setenv("OCTAVO_MOE_INT_GEMV", "64")
+    used = []
+    real = fused_moe_int._gemv_path
+    monkeypatch.setattr(fused_moe_int, "_gemv_path", lambda *a: used.append(1) or real(*a))
+    ref = _reference(name)
+    experts = _forced_kernel_path(name, True, monkeypatch)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    out = experts.llm.generate([{"prompt_token_ids": ref["prompts"][0]}], params,
+                               use_tqdm=False)
+    assert list(out[0].outputs[0].token_ids) == ref["tokens"][0][:2]
+    assert used
