@@ -6,7 +6,8 @@ token, hidden 2048, expert intermediate 768, bf16), at decode batches:
   router's matmul included in both;
 * the grouped GEMMs (``fused_moe`` given the alignment) over tile configurations; with
   ``--bits 4`` or ``8``, the integer experts' (``fused_moe_int``: random packed values,
-  bf16 scales and zeros of ``--group``).
+  bf16 scales and zeros of ``--group``), and their grouped GEMV (``OCTAVO_MOE_INT_GEMV``'s
+  path) as the row "gemv".
 
 Several layers' weights rotate (each call reads its experts from HBM, as a decode step does);
 each layer copy has its own random routing. A sweep is captured in a CUDA graph and timed by
@@ -121,6 +122,12 @@ def main() -> None:
                 continue
             frac = nbytes / (us * 1e-6) / (peak * 1e12) if peak else None
             gemm.append({"tiles": spec, "us": round(us, 2),
+                         "hbm_fraction": round(frac, 3) if frac else None})
+        if args.bits < 16:  # the grouped CUDA-core GEMV (OCTAVO_MOE_INT_GEMV), no sorting
+            us = graph_timed([lambda i=i, x=x, routed=routed: fmi._gemv_path(
+                x[i], experts[i], routed[i].weights, routed[i].ids) for i in range(layers)])
+            frac = nbytes / (us * 1e-6) / (peak * 1e12) if peak else None
+            gemm.append({"tiles": "gemv", "us": round(us, 2),
                          "hbm_fraction": round(frac, 3) if frac else None})
         best = min((r for r in gemm if "us" in r), key=lambda r: r["us"])
         row = {"tokens": t, "experts_touched": touched, "expert_mb": round(nbytes / 1e6, 1),
