@@ -134,6 +134,10 @@ def _forced_kernel_path(name, grouped, monkeypatch):
     experts = next(m for m in model.modules() if isinstance(m, QuantizedExperts))
     assert experts.stacked is not None
     assert model.cuda_graph_safe
+    # Held once: each expert's layers point into the stacked tensors.
+    last = experts[len(experts) - 1].down_proj
+    assert last.qweight_kernel.untyped_storage().data_ptr() == \
+        experts.stacked.w2.untyped_storage().data_ptr()
     experts.llm, experts.grouped_calls = llm, calls
     return experts
 
