@@ -148,7 +148,8 @@ class FusedMoE(nn.Module):
     @property
     def grouped_experts(self) -> bool:
         """Whether the experts are ones a grouped kernel runs: stacked float experts, or
-        integer experts stacked at load (``QuantizedExperts.stacked``)."""
+        quantized experts stacked at load (``QuantizedExperts.stacked``: integer, or float
+        weights dequantized at load)."""
         return self.stacked_experts or getattr(self.experts, "stacked", None) is not None
 
     def _grouped(self, x: torch.Tensor):
@@ -166,9 +167,17 @@ class FusedMoE(nn.Module):
             return ((lambda x, w, i, alignment=None: kernel.fused_moe(
                 x, w13, w2, w, i, alignment=alignment)),
                 kernel.default_tiles(t, k, self.num_experts, x.dtype).block_m)
+        stacked = self.experts.stacked
+        if not hasattr(stacked, "bits"):  # float experts stacked at load (FloatExperts)
+            from octavo.kernels import fused_moe as kernel
+
+            if not kernel.supports(x, stacked.w13, stacked.w2):
+                return None
+            return ((lambda x, w, i, alignment=None: kernel.fused_moe(
+                x, stacked.w13, stacked.w2, w, i, alignment=alignment)),
+                kernel.default_tiles(t, k, self.num_experts, x.dtype).block_m)
         from octavo.kernels import fused_moe_int as kernel
 
-        stacked = self.experts.stacked
         if not kernel.supports(x, stacked):
             return None
         return ((lambda x, w, i, alignment=None: kernel.fused_moe_int(

@@ -23,6 +23,8 @@ counts on the host: not for CUDA graphs.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,6 +35,13 @@ from octavo.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from octavo.quantization.base import QuantizationConfig
 
 _KERNEL_BUFFERS = ("qweight_kernel", "scales_kernel", "zeros_kernel")
+
+
+class FloatExperts(NamedTuple):
+    """Experts whose layers are exactly ``x W^T``, stacked for ``octavo.kernels.fused_moe``."""
+
+    w13: torch.Tensor  # [E, 2I, H]
+    w2: torch.Tensor  # [E, H, I]
 
 
 class _Expert(nn.Module):
@@ -71,12 +80,15 @@ class QuantizedExperts(nn.ModuleList):
         super().__init__(_Expert(hidden, intermediate, quant_config, f"{prefix}.{e}")
                          for e in range(num_experts))
         self.num_experts = num_experts
-        self.stacked: IntExperts | None = None
+        self.stacked: IntExperts | FloatExperts | None = None
 
     def finish_loading(self) -> None:
-        """Stack the experts for the grouped kernel where they are integer experts on its
-        path (each expert's layers then hold views into the stacked tensors)."""
-        self.stacked = stack_int_experts(self)
+        """Stack the experts for a grouped kernel: integer experts on the kernel path, or
+        experts whose layers are exactly ``x W^T`` with a float weight (block-scaled FP8 and
+        FP8 W8A16 dequantized at load, GPTQ experts left unquantized by ``dynamic`` rules),
+        on the kernels' device. Each expert's layers then hold views into the stacked
+        tensors."""
+        self.stacked = stack_int_experts(self) or stack_float_experts(self)
 
     def expert_forward(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on rows ``x``: this rank's partial down(silu(gate x) * up x)."""
@@ -146,3 +158,46 @@ def stack_int_experts(experts: QuantizedExperts) -> IntExperts | None:
     inter = down[0].qweight_kernel.shape[0] * (32 // a[0])
     return IntExperts(group13=a[1], group2=b[1], bits=a[0], perm13=_perms(gate_up, hidden),
                       perm2=_perms(down, inter), **stacked)
+
+
+def _dense_holder(layer: nn.Module) -> str | None:
+    """The attribute holding ``layer``'s float [out, in] weight where its method's ``apply``
+    is exactly ``x W^T`` (``dense_weight``) and it has no bias; else None."""
+    if getattr(layer, "bias", None) is not None:
+        return None
+    dense = layer.quant_method.dense_weight(layer)
+    if dense is None:
+        return None
+    for name in ("dequantized_weight", "weight"):
+        if getattr(layer, name, None) is dense:
+            return name
+    return None
+
+
+def stack_float_experts(experts: QuantizedExperts) -> FloatExperts | None:
+    """``experts`` as stacked float weights (their layers' weights replaced by views into
+    them), or None where any layer is not a plain float ``x W^T`` of the common shape and
+    dtype, or the weights are not where the grouped kernel runs."""
+    from octavo.layers import fused_moe  # the kernels' device rule (patched by tests)
+
+    stacked = []
+    for layers in ([ex.gate_up_proj for ex in experts], [ex.down_proj for ex in experts]):
+        names = [_dense_holder(layer) for layer in layers]
+        if any(n is None for n in names):
+            return None
+        weights = [getattr(layer, n) for layer, n in zip(layers, names, strict=True)]
+        if len({(tuple(w.shape), w.dtype) for w in weights}) != 1 or \
+                not fused_moe.on_kernel_device(weights[0]):
+            return None
+        stacked.append((layers, names, weights))
+    out = []
+    for layers, names, weights in stacked:
+        whole = torch.stack([w.detach() for w in weights])
+        for e, (layer, name) in enumerate(zip(layers, names, strict=True)):
+            view = whole[e]
+            if isinstance(getattr(layer, name), nn.Parameter):
+                view = nn.Parameter(view, requires_grad=False)
+            setattr(layer, name, view)
+            layer._packed_weight = None  # a CPU copy of the old weight (none on CUDA)
+        out.append(whole)
+    return FloatExperts(*out)

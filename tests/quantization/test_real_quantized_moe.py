@@ -197,3 +197,57 @@ def test_grouped_gemv_through_the_interpreter(name, monkeypatch):
                                use_tqdm=False)
     assert list(out[0].outputs[0].token_ids) == ref["tokens"][0][:2]
     assert used
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if "fp8" in n])
+def test_float_experts_stack_for_the_grouped_kernel(name, monkeypatch):
+    """Experts whose layers are a plain float ``x W^T`` after load (FP8 W8A16 dequantized
+    at load) stack as float weights where the grouped kernel runs (forced onto the CPU
+    interpreter here): the fused float launches give the loop's layer output, and the
+    experts' layers hold views into the stack."""
+    pytest.importorskip("triton")
+    import torch
+
+    from octavo.layers import fused_moe
+
+    monkeypatch.setattr(fused_moe, "on_kernel_device", lambda x: True)
+    llm = LLM(model=os.path.join(FIXTURES, name), dtype="float32", skip_tokenizer_init=True,
+              max_model_len=64)
+    model = llm.llm_engine.executor.worker.runner.model
+    layer = next(m for m in model.modules() if isinstance(m, FusedMoE))
+    stacked = layer.experts.stacked
+    assert stacked is not None and not hasattr(stacked, "bits") and model.cuda_graph_safe
+    assert layer.experts[1].gate_up_proj.dequantized_weight.untyped_storage().data_ptr() == \
+        stacked.w13.untyped_storage().data_ptr()
+    x = torch.randn(5, layer.gate.input_size)
+    grouped = layer(x)
+    monkeypatch.setattr(fused_moe, "on_kernel_device", lambda x: False)
+    torch.testing.assert_close(grouped, layer(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [n for n in NAMES if "fp8" in n or "gptq4-g32" in n])
+def test_stacked_quantized_experts_on_the_gpu_match_the_loop(name, monkeypatch):
+    """On CUDA: the FP8 W8A16 fixture's experts stack as float weights and the GPTQ ones as
+    integers; under OCTAVO_FUSED_MOE=1 the grouped launches (decode steps in CUDA graphs)
+    give the loop's greedy tokens, float32."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    ref = _reference(name)
+    params = SamplingParams(temperature=0.0, max_tokens=len(ref["tokens"][0]), ignore_eos=True)
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("OCTAVO_FUSED_MOE", flag)
+        llm = LLM(model=os.path.join(FIXTURES, name), dtype="float32", skip_tokenizer_init=True,
+                  max_model_len=64)
+        runner = llm.llm_engine.executor.worker.runner
+        experts = next(m for m in runner.model.modules() if isinstance(m, QuantizedExperts))
+        assert experts.stacked is not None
+        assert (runner.graph_runner is not None) == (flag == "1")
+        outs = llm.generate([{"prompt_token_ids": p} for p in ref["prompts"]], params,
+                            use_tqdm=False)
+        runs[flag] = [list(o.outputs[0].token_ids) for o in outs]
+        llm.llm_engine.shutdown()
+    assert runs["1"] == runs["0"]

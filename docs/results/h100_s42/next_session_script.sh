@@ -10,7 +10,7 @@ START=$(date +%s); BUDGET=${BUDGET:-560}
 item() { local left=$((BUDGET - ($(date +%s) - START))); if [ $left -lt 40 ]; then echo "skip $1 (budget)"; return; fi; echo "=== $1 $(date +%T)"; shift; timeout -k 5 $left "$@" > /tmp/item.log 2>&1; echo "rc=$?"; grep -v "^RESULT_JSON" /tmp/item.log | grep -v Warning | tail -${TAILN:-6}; cp /tmp/item.log $OUT/log_$(date +%s).txt; }
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 TAILN=8 item int_tests python -m pytest -q -rf tests/kernels/test_fused_moe_int.py -k "not sm90"
-TAILN=6 item engine_tests python -m pytest -m gpu -q -rf tests/quantization/test_quantized_moe.py
+TAILN=6 item engine_tests python -m pytest -m gpu -q -rf tests/quantization/test_quantized_moe.py tests/quantization/test_real_quantized_moe.py
 TAILN=30 item moe_int4 python benchmarks/moe_kernel.py --bits 4 --tokens 1 4 16 --tiles 16,32,128,4,4 16,64,64,4,3 --json $OUT/moe_int4.json
 TAILN=20 item moe_int8 python benchmarks/moe_kernel.py --bits 8 --tokens 1 16 --tiles 16,32,128,4,4 16,64,64,4,3 --json $OUT/moe_int8.json
 TAILN=12 item q_moe python benchmarks/quantized.py --shape qwen3-30b-a3b --methods w4a16,bf16,w8a16 --batches 1 16 --skip-w2 --json $OUT/q_moe.json
