@@ -142,6 +142,13 @@ def _forced_kernel_path(name, grouped, monkeypatch):
     return experts
 
 
+def _assert_first_tokens(llm, ref, n=2):
+    """The reference's first ``n`` greedy tokens of its first prompt."""
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": ref["prompts"][0]}], params, use_tqdm=False)
+    assert list(out[0].outputs[0].token_ids) == ref["tokens"][0][:n]
+
+
 @pytest.mark.parametrize("name", [n for n in _INT_NAMES if not n.startswith("qwen2_moe-gptq4")])
 def test_grouped_integer_experts_through_the_interpreter(name, monkeypatch):
     """Every other integer fixture (GPTQ v1 / v2 zeros, AWQ, compressed-tensors 4-bit
@@ -150,10 +157,7 @@ def test_grouped_integer_experts_through_the_interpreter(name, monkeypatch):
     pytest.importorskip("triton")
     ref = _reference(name)
     experts = _forced_kernel_path(name, True, monkeypatch)
-    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    out = experts.llm.generate([{"prompt_token_ids": ref["prompts"][0]}], params,
-                               use_tqdm=False)
-    assert list(out[0].outputs[0].token_ids) == ref["tokens"][0][:2]
+    _assert_first_tokens(experts.llm, ref)
     assert experts.grouped_calls
 
 
@@ -192,10 +196,7 @@ def test_grouped_gemv_through_the_interpreter(name, monkeypatch):
     monkeypatch.setattr(fused_moe_int, "_gemv_path", lambda *a: used.append(1) or real(*a))
     ref = _reference(name)
     experts = _forced_kernel_path(name, True, monkeypatch)
-    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    out = experts.llm.generate([{"prompt_token_ids": ref["prompts"][0]}], params,
-                               use_tqdm=False)
-    assert list(out[0].outputs[0].token_ids) == ref["tokens"][0][:2]
+    _assert_first_tokens(experts.llm, ref)
     assert used
 
 
