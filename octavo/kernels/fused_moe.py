@@ -113,6 +113,24 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> A
     return Alignment(sorted_ids, tile_experts)
 
 
+def resolve_alignment(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int,
+                      alignment: Alignment | None, caller: str) -> Alignment:
+    """``alignment`` where given (checked against the rows tiles of ``block_m`` need), else
+    the pairs of ``topk_ids`` aligned now: ``moe_route``'s one launch where it serves this
+    size, else :func:`align_by_expert`."""
+    pairs = topk_ids.numel()
+    if alignment is not None:
+        rows = padded_rows(pairs, num_experts, block_m)
+        if alignment.sorted_ids.numel() != rows:
+            raise ValueError(f"{caller}: the alignment holds {alignment.sorted_ids.numel()} "
+                             f"rows, not the {rows} of {pairs} pairs in tiles of {block_m}")
+        return alignment
+    if moe_route.available(x, pairs, num_experts):
+        routed = moe_route.align(topk_ids, num_experts, block_m)
+        return Alignment(routed.sorted_ids, routed.tile_experts)
+    return align_by_expert(topk_ids, num_experts, block_m)
+
+
 @triton.jit
 def _tile_rows(sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS, BLOCK_M: tl.constexpr):
     """A program's tile: its expert (int64; NUM_EXPERTS past the routing's end), its pair
@@ -263,17 +281,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
         return x.new_empty(0, h)
     x = x if x.stride(1) == 1 else x.contiguous()
     block_m, block_n, block_k, warps, stages = tiles or default_tiles(t, k, e, x.dtype)
-    align = alignment
-    if align is not None and align.sorted_ids.numel() != padded_rows(t * k, e, block_m):
-        raise ValueError(f"fused_moe: the alignment holds {align.sorted_ids.numel()} rows, "
-                         f"not the {padded_rows(t * k, e, block_m)} of {t * k} pairs in "
-                         f"tiles of {block_m}")
-    if align is None:
-        if moe_route.available(x, t * k, e):
-            routed = moe_route.align(topk_ids, e, block_m)
-            align = Alignment(routed.sorted_ids, routed.tile_experts)
-        else:
-            align = align_by_expert(topk_ids, e, block_m)
+    align = resolve_alignment(x, topk_ids, e, block_m, alignment, "fused_moe")
     n_tiles = align.tile_experts.numel()
     fp32_dot = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and not x.is_cuda)
     hidden = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)

@@ -34,7 +34,6 @@ import torch
 
 from octavo import envs
 from octavo.kernels import fused_moe as moe
-from octavo.kernels import moe_route
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_gemv as gemv
 from octavo.kernels.activation import silu_and_mul, silu_mul
@@ -263,17 +262,7 @@ def fused_moe_int(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tens
     if any(g % bk for g in (experts.group13, experts.group2, h, inter)):
         raise ValueError(f"fused_moe_int: BLOCK_K={bk} must divide the groups "
                          f"({experts.group13}, {experts.group2}) and K ({h}, {inter})")
-    align = alignment
-    rows = moe.padded_rows(t * k, e, block_m)
-    if align is not None and align.sorted_ids.numel() != rows:
-        raise ValueError(f"fused_moe_int: the alignment holds {align.sorted_ids.numel()} "
-                         f"rows, not the {rows} of {t * k} pairs in tiles of {block_m}")
-    if align is None:
-        if moe_route.available(x, t * k, e):
-            routed = moe_route.align(topk_ids, e, block_m)
-            align = moe.Alignment(routed.sorted_ids, routed.tile_experts)
-        else:
-            align = moe.align_by_expert(topk_ids, e, block_m)
+    align = moe.resolve_alignment(x, topk_ids, e, block_m, alignment, "fused_moe_int")
     n_tiles = align.tile_experts.numel()
     fp32_dot = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and not x.is_cuda)
     perm13, perm2 = experts.perm13, experts.perm2

@@ -327,91 +327,69 @@ def w4a16_gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if x2.stride(1) != 1:  # the kernel reads each row of x with stride 1
         x2 = x2.contiguous()
     grouped = experts is not None
-    if grouped:
-        return _grouped(x2, qweight, scales, zeros, group_size, bits, rows, experts,
-                        split_k, block_n, block_p, num_warps, flush, waves, paired, maxnreg,
-                        prefetch)
-    m, k = x2.shape
-    n = qweight.shape[1]
+    k = x2.shape[1]
     pack = 32 // bits
-    block_m = 1 if m == 1 else (2 if m == 2 else 4)
+    if grouped:
+        _check_grouped(x2, qweight, scales, zeros, group_size, bits, rows, experts)
+        # Expert 0's [K / pack, N] and [groups, N] views; the kernel steps by these strides.
+        expert_strides = (qweight.stride(0), scales.stride(0), zeros.stride(0))
+        qweight, scales, zeros = qweight[0], scales[0], zeros[0]
+        m = experts.numel()
+    else:
+        expert_strides = (0, 0, 0)
+        m = x2.shape[0]
+    n = qweight.shape[1]
+    block_m = 1 if m == 1 or grouped else (2 if m == 2 else 4)
     num_warps = num_warps or 4
     # Each thread holds 4 (one 16-byte load) x BLOCK_N / (128 x warps) columns of BLOCK_P rows.
     # Defaults from benchmarks/quantized_gemm.py --sweep on an H200 (Llama-8B projections):
     # at M = 1, 512 columns and 4 programs per SM are the best or within 2% of it on three of
     # the four shapes, 4- and 8-bit (o_proj 11.7 vs 10.3 us); at M = 2, 2 programs per SM and
     # 1024 columns for the wide projections (within 2% of the best on all four, 4-bit).
-    block_n = block_n or (256 if block_m == 4 else (1024 if m > 1 and n >= 16384 else 512))
+    # Grouped rows take M = 1's (unmeasured there; sm_90 SASS: 3.7 loop instructions a weight
+    # at 512 columns against 4.7 at 128, where each thread holds one column).
+    block_n = block_n or (256 if block_m == 4 else
+                          (1024 if m > 1 and n >= 16384 and not grouped else 512))
     block_p = _block_p(group_size, pack, block_p or 4)
     step = block_p * pack
     assert group_size % step == 0 and k % group_size == 0, (group_size, step, k)
     # Pairs of 4-bit values only (two 8-bit values do not fit bits 12-22).
     paired = bits == 4 and (x2.dtype != torch.float32 if paired is None else paired)
     n_tiles = triton.cdiv(n, block_n)
+    tiles = n_tiles * m if grouped else n_tiles  # output tiles, one split-K counter each
     if split_k is None:  # enough programs to fill the GPU
-        waves = waves or (WAVES if m == 1 else 2)
-        split_k = max(1, triton.cdiv(waves * num_compute_units(x2.device), n_tiles))
+        waves = waves or (WAVES if block_m == 1 else 2)
+        split_k = max(1, triton.cdiv(waves * num_compute_units(x2.device), tiles))
     flush = _flush_len(group_size, step, flush or 512, k, split_k)
     split_k, k_per_split = split_k_plan(k, flush, split_k)
     out, partial = split_k_buffers(m, n, split_k, x2)
-    _int_weight_gemv_kernel[(n_tiles, split_k)](
-        x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, n_tiles),
+    if grouped and m == 0:
+        return out
+    _int_weight_gemv_kernel[(n_tiles, split_k, m) if grouped else (n_tiles, split_k)](
+        x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, tiles),
         m, n, k, k_per_split, split_k, 0x3F800000,
         x2.stride(0), qweight.stride(0), qweight.stride(1),
         scales.stride(0), scales.stride(1), zeros.stride(0), zeros.stride(1),
         out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        None, None, 0, 0, 0,
+        rows, experts, *expert_strides,
         GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_P=block_p, PAIRED=bool(paired), BYTES=bits == 8 and x2.dtype != torch.float32,
         ASM=not interpreting(), PREFETCH=prefetch or envs.gemv_prefetch(PREFETCH[bits]),
-        GROUPED=False, num_warps=num_warps, num_stages=1,
+        GROUPED=grouped, num_warps=num_warps, num_stages=1,
         **pdl_args(x2.device), **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
     return out
 
 
-def _grouped(x2, qweight, scales, zeros, group_size, bits, rows, experts, split_k, block_n,
-             block_p, num_warps, flush, waves, paired, maxnreg, prefetch) -> torch.Tensor:
-    """``w4a16_gemv``'s grouped form: one row per (x row, expert) pair, one program per
-    (N tile, K split, pair)."""
+def _check_grouped(x2, qweight, scales, zeros, group_size, bits, rows, experts) -> None:
+    """A grouped call's shapes: stacked [E, K / pack, N] weights with [E, K / group, N] scales
+    and zeros, one x row index per expert index."""
     r = experts.numel()
     e, kp, n = qweight.shape
     k = x2.shape[1]
-    pack = 32 // bits
-    if kp * pack != k or tuple(scales.shape) != (e, k // group_size, n) or \
+    if kp * (32 // bits) != k or tuple(scales.shape) != (e, k // group_size, n) or \
             scales.shape != zeros.shape or rows is None or rows.numel() != r:
         raise ValueError(f"w4a16_gemv (grouped): x {tuple(x2.shape)}, qweight "
                          f"{tuple(qweight.shape)}, scales {tuple(scales.shape)}, zeros "
                          f"{tuple(zeros.shape)}, {r} experts, "
                          f"{None if rows is None else rows.numel()} rows do not fit")
-    num_warps = num_warps or 4
-    # The dense GEMV's 512 columns (3.7 loop instructions a weight in sm_90 SASS against 4.7
-    # at 128, where each thread holds one column), with split-K filling the GPU. Unmeasured.
-    block_n = block_n or 512
-    block_p = _block_p(group_size, pack, block_p or 4)
-    step = block_p * pack
-    assert group_size % step == 0 and k % group_size == 0, (group_size, step, k)
-    paired = bits == 4 and (x2.dtype != torch.float32 if paired is None else paired)
-    n_tiles = triton.cdiv(n, block_n)
-    if split_k is None:
-        waves = waves or WAVES
-        split_k = max(1, triton.cdiv(waves * num_compute_units(x2.device), n_tiles * r))
-    flush = _flush_len(group_size, step, flush or 512, k, split_k)
-    split_k, k_per_split = split_k_plan(k, flush, split_k)
-    out, partial = split_k_buffers(r, n, split_k, x2)
-    if r == 0:
-        return out
-    _int_weight_gemv_kernel[(n_tiles, split_k, r)](
-        x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, n_tiles * r),
-        r, n, k, k_per_split, split_k, 0x3F800000,
-        x2.stride(0), qweight.stride(1), qweight.stride(2),
-        scales.stride(1), scales.stride(2), zeros.stride(1), zeros.stride(2),
-        out.stride(0), out.stride(1), partial.stride(0), partial.stride(1), partial.stride(2),
-        rows, experts, qweight.stride(0), scales.stride(0), zeros.stride(0),
-        GROUP=group_size, FLUSH=flush, BITS=bits, BLOCK_M=1, BLOCK_N=block_n,
-        BLOCK_P=block_p, PAIRED=bool(paired), BYTES=bits == 8 and x2.dtype != torch.float32,
-        ASM=not interpreting(), PREFETCH=prefetch or envs.gemv_prefetch(PREFETCH[bits]),
-        GROUPED=True, num_warps=num_warps, num_stages=1,
-        **pdl_args(x2.device), **({"maxnreg": maxnreg} if maxnreg else {}),
-    )  # fmt: skip
-    return out

@@ -5,11 +5,12 @@ adds a gated shared expert).
 The experts' weights are stacked, ``w13`` [E, 2 I, H] (gate rows, then up rows) and ``w2``
 [E, H, I], so one grouped kernel can run every expert: on CUDA under ``OCTAVO_FUSED_MOE=1``
 (the default), ``octavo.kernels.fused_moe``, whose buffers depend only on the batch size, so
-decode steps are captured in CUDA graphs. Weight-only integer experts stacked at load
-(``QuantizedExperts.stacked``) run the same way through ``octavo.kernels.fused_moe_int``.
-Elsewhere (the CPU, other quantized experts) a loop over the experts that received tokens,
-which reads the per-expert counts on the host, so such steps run eagerly. Under tensor parallelism each rank holds a slice of every expert's
-intermediate features (the gate/up rows column-parallel, the down columns row-parallel) and
+decode steps are captured in CUDA graphs. Quantized experts stacked at load
+(``QuantizedExperts.stacked``) run the same way: weight-only integer ones through
+``octavo.kernels.fused_moe_int``, ones dequantized at load through ``fused_moe``. Elsewhere
+(the CPU, other quantized experts) a loop over the experts that received tokens, which reads
+the per-expert counts on the host, so such steps run eagerly. Under tensor parallelism each
+rank holds a slice of every expert's intermediate features (the gate/up rows column-parallel, the down columns row-parallel) and
 the partial outputs are all-reduced once, after the sum over experts. A quantization scheme
 may hold the experts itself (``make_experts``: GGUF blocks on the CPU, with a one-call path
 for a single token, ``token_forward``); any other quantization holds each expert as a quantized
@@ -157,32 +158,25 @@ class FusedMoE(nn.Module):
         alignment=None)``, and the rows of its tiles; None where the loop runs instead."""
         if not (on_kernel_device(x) and envs.fused_moe() and self.grouped_experts):
             return None
+        from octavo.kernels import fused_moe, fused_moe_int
+
         t, k = x.shape[0], self.top_k
-        if self.stacked_experts:
-            from octavo.kernels import fused_moe as kernel
-
-            w13, w2 = self.experts.w13_weight, self.experts.w2_weight
-            if not kernel.supports(x, w13, w2):
+        stacked = None if self.stacked_experts else self.experts.stacked
+        if isinstance(stacked, fused_moe_int.IntExperts):
+            if not fused_moe_int.supports(x, stacked):
                 return None
-            return ((lambda x, w, i, alignment=None: kernel.fused_moe(
-                x, w13, w2, w, i, alignment=alignment)),
-                kernel.default_tiles(t, k, self.num_experts, x.dtype).block_m)
-        stacked = self.experts.stacked
-        if not hasattr(stacked, "bits"):  # float experts stacked at load (FloatExperts)
-            from octavo.kernels import fused_moe as kernel
-
-            if not kernel.supports(x, stacked.w13, stacked.w2):
-                return None
-            return ((lambda x, w, i, alignment=None: kernel.fused_moe(
-                x, stacked.w13, stacked.w2, w, i, alignment=alignment)),
-                kernel.default_tiles(t, k, self.num_experts, x.dtype).block_m)
-        from octavo.kernels import fused_moe_int as kernel
-
-        if not kernel.supports(x, stacked):
+            return ((lambda x, w, i, alignment=None: fused_moe_int.fused_moe_int(
+                x, stacked, w, i, alignment=alignment)),
+                fused_moe_int.default_tiles(t, k, stacked).block_m)
+        # Float experts: the layer's own stacked weights, or ones stacked at load
+        # (``FloatExperts``).
+        w13, w2 = ((self.experts.w13_weight, self.experts.w2_weight) if stacked is None
+                   else (stacked.w13, stacked.w2))
+        if not fused_moe.supports(x, w13, w2):
             return None
-        return ((lambda x, w, i, alignment=None: kernel.fused_moe_int(
-            x, stacked, w, i, alignment=alignment)),
-            kernel.default_tiles(t, k, stacked).block_m)
+        return ((lambda x, w, i, alignment=None: fused_moe.fused_moe(
+            x, w13, w2, w, i, alignment=alignment)),
+            fused_moe.default_tiles(t, k, self.num_experts, x.dtype).block_m)
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         grouped = self._grouped(x)

@@ -96,8 +96,9 @@ class IntWeightLinearMethod(LinearMethod):
         if use_kernel(q.device, k, group, self.bits):
             # A layer may ask for a layout (a mixture-of-experts layer's experts: along K,
             # which its grouped kernel stacks); else the size and bits rule.
-            layer.kernel_layout = getattr(layer, "int_layout", None) or int_weight_layout.choose(
-                k, q.shape[1], group, self.bits, q.device)
+            layer.kernel_layout = (getattr(layer, "int_layout", None)
+                                   or int_weight_layout.choose(k, q.shape[1], group, self.bits,
+                                                               q.device))
             # Only the rows layout's GEMV has a rotating store (``apply_qkv_rope``).
             self.has_qkv_rope = int_weight_layout.has_qkv_rope(layer.kernel_layout, k,
                                                                q.shape[1], group)
