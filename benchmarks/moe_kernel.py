@@ -65,10 +65,11 @@ def main() -> None:
     e, k, h, inter, layers = args.experts, args.topk, args.hidden, args.inter, args.layers
     g = torch.Generator(device=dev).manual_seed(0)
     gate = [torch.randn(e, h, device=dev, dtype=dt, generator=g) / h ** 0.5 for _ in range(layers)]
+    float_layers = layers if args.bits == 16 else 0  # the bf16 experts, where timed
     w13 = [torch.randn(e, 2 * inter, h, device=dev, dtype=dt, generator=g) / h ** 0.5
-           for _ in range(layers)]
+           for _ in range(float_layers)]
     w2 = [torch.randn(e, h, inter, device=dev, dtype=dt, generator=g) / inter ** 0.5
-          for _ in range(layers)]
+          for _ in range(float_layers)]
     expert_bytes = (2 * inter * h + h * inter) * 2
     if args.bits < 16:
         from octavo.kernels import fused_moe_int as fmi
@@ -77,6 +78,12 @@ def main() -> None:
                    for _ in range(layers)]
         # values, then a bf16 scale and zero per group and output
         expert_bytes = (3 * inter * h) * (args.bits / 8 + 4 / args.group)
+
+    def grouped(i, x, weights, ids, **kw):  # layer copy i's grouped launches
+        if args.bits < 16:
+            return fmi.fused_moe_int(x, experts[i], weights, ids, **kw)
+        return fm.fused_moe(x, w13[i], w2[i], weights, ids, **kw)
+
     peak = published_hbm_tbps(torch.cuda.get_device_name())
     rows = []
     for t in args.tokens:
@@ -104,17 +111,10 @@ def main() -> None:
             bm, bn, bk, warps, stages = (int(v) for v in spec.split(","))
             tiles = fm.MoeTiles(bm, bn, bk, warps, stages)
             aligns = [moe_route.align(r.ids, e, bm) for r in routed]
-            if args.bits < 16:
-                fns = [lambda i=i, tiles=tiles, aligns=aligns, x=x, routed=routed:
-                       fmi.fused_moe_int(
-                           x[i], experts[i], routed[i].weights, routed[i].ids, tiles=tiles,
-                           alignment=fm.Alignment(aligns[i].sorted_ids, aligns[i].tile_experts))
-                       for i in range(layers)]
-            else:
-                fns = [lambda i=i, tiles=tiles, aligns=aligns, x=x, routed=routed: fm.fused_moe(
-                    x[i], w13[i], w2[i], routed[i].weights, routed[i].ids, tiles=tiles,
-                    alignment=fm.Alignment(aligns[i].sorted_ids, aligns[i].tile_experts))
-                    for i in range(layers)]
+            fns = [lambda i=i, tiles=tiles, aligns=aligns, x=x, routed=routed: grouped(
+                i, x[i], routed[i].weights, routed[i].ids, tiles=tiles,
+                alignment=fm.Alignment(aligns[i].sorted_ids, aligns[i].tile_experts))
+                for i in range(layers)]
             try:
                 us = graph_timed(fns)
             except Exception as exc:  # a tile that does not compile or fit: say so, go on

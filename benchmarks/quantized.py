@@ -71,8 +71,8 @@ def weight_bytes(model, per_step: bool = False) -> int:
 def run_method(method: str, args) -> dict:
     from octavo import LLM, SamplingParams
 
-    llm = LLM(model=model_folder(method, args.shape), quantization=METHODS[method][1], load_format="dummy",
-              dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048,
+    llm = LLM(model=model_folder(method, args.shape), quantization=METHODS[method][1],
+              load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048,
               max_num_seqs=256, gpu_memory_utilization=0.9)
     model = llm.llm_engine.executor.worker.runner.model
     out = {"method": method, "weight_bytes": weight_bytes(model), "batches": []}
@@ -144,8 +144,9 @@ def main() -> None:
                   for row in r["batches"])
               + (f"; W2 {r['w2']['output_tok_s']} tok/s x{r['w2'].get('vs_bf16', '-')}"
                  if "w2" in r else ""))
-    print_json_result({"benchmark": "quantized (W8)", "shape": args.shape, "device": device_info(),
-                       "commit": git_commit(), "results": results}, args.json)
+    print_json_result({"benchmark": "quantized (W8)", "shape": args.shape,
+                       "device": device_info(), "commit": git_commit(), "results": results},
+                      args.json)
 
 
 if __name__ == "__main__":
