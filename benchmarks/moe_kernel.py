@@ -7,7 +7,8 @@ token, hidden 2048, expert intermediate 768, bf16), at decode batches:
 * the grouped GEMMs (``fused_moe`` given the alignment) over tile configurations; with
   ``--bits 4`` or ``8``, the integer experts' (``fused_moe_int``: random packed values,
   bf16 scales and zeros of ``--group``), and their grouped GEMV (``OCTAVO_MOE_INT_GEMV``'s
-  path) as the row "gemv".
+  path) as the row "gemv"; with ``--fp8 rows`` or ``blocks``, FP8 experts (``fused_moe``'s
+  FP8 path: float32 scales per row, or per 128 x 128 block as Qwen3-30B-A3B-FP8 ships).
 
 Several layers' weights rotate (each call reads its experts from HBM, as a decode step does);
 each layer copy has its own random routing. A sweep is captured in a CUDA graph and timed by
@@ -15,7 +16,7 @@ CUDA events over replays (``benchmarks.common.graph_timed``): microseconds per l
 the GEMMs the fraction of HBM bandwidth their experts' weights take.
 
     python benchmarks/moe_kernel.py [--tokens 1 4 16 64] [--tiles 16,64,64,4,3 16,32,128,4,3]
-        [--bits 4 --group 128]
+        [--bits 4 --group 128] [--fp8 blocks]
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def main() -> None:
     ap.add_argument("--bits", type=int, default=16, choices=[4, 8, 16],
                     help="expert weights: bf16 (16) or packed integers")
     ap.add_argument("--group", type=int, default=128)
+    ap.add_argument("--fp8", choices=["rows", "blocks"], default=None,
+                    help="FP8 experts with scales per row or per 128 x 128 block")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -65,7 +68,7 @@ def main() -> None:
     e, k, h, inter, layers = args.experts, args.topk, args.hidden, args.inter, args.layers
     g = torch.Generator(device=dev).manual_seed(0)
     gate = [torch.randn(e, h, device=dev, dtype=dt, generator=g) / h ** 0.5 for _ in range(layers)]
-    float_layers = layers if args.bits == 16 else 0  # the bf16 experts, where timed
+    float_layers = layers if args.bits == 16 and not args.fp8 else 0  # bf16, where timed
     w13 = [torch.randn(e, 2 * inter, h, device=dev, dtype=dt, generator=g) / h ** 0.5
            for _ in range(float_layers)]
     w2 = [torch.randn(e, h, inter, device=dev, dtype=dt, generator=g) / inter ** 0.5
@@ -78,8 +81,14 @@ def main() -> None:
                    for _ in range(layers)]
         # values, then a bf16 scale and zero per group and output
         expert_bytes = (3 * inter * h) * (args.bits / 8 + 4 / args.group)
+    if args.fp8:
+        block = (128, 128) if args.fp8 == "blocks" else None
+        fp8 = [_fp8_experts(e, h, inter, block, dev, g) for _ in range(layers)]
+        expert_bytes = 3 * inter * h  # one byte a weight (the scales: 0.02% or less)
 
     def grouped(i, x, weights, ids, **kw):  # layer copy i's grouped launches
+        if args.fp8:
+            return fm.fused_moe(x, fp8[i].w13, fp8[i].w2, weights, ids, fp8=fp8[i], **kw)
         if args.bits < 16:
             return fmi.fused_moe_int(x, experts[i], weights, ids, **kw)
         return fm.fused_moe(x, w13[i], w2[i], weights, ids, **kw)
@@ -123,7 +132,7 @@ def main() -> None:
             frac = nbytes / (us * 1e-6) / (peak * 1e12) if peak else None
             gemm.append({"tiles": spec, "us": round(us, 2),
                          "hbm_fraction": round(frac, 3) if frac else None})
-        if args.bits < 16:  # the grouped CUDA-core GEMV (OCTAVO_MOE_INT_GEMV), no sorting
+        if args.bits < 16 and not args.fp8:  # the grouped CUDA-core GEMV (OCTAVO_MOE_INT_GEMV), no sorting
             us = graph_timed([lambda i=i, x=x, routed=routed: fmi._gemv_path(
                 x[i], experts[i], routed[i].weights, routed[i].ids) for i in range(layers)])
             frac = nbytes / (us * 1e-6) / (peak * 1e12) if peak else None
@@ -140,8 +149,22 @@ def main() -> None:
             print("   ", r)
     print_json_result({"benchmark": "moe_kernel", "device": device_info(), "commit": git_commit(),
                        "shape": {"experts": e, "topk": k, "hidden": h, "inter": inter,
-                                 "bits": args.bits, "group": args.group},
+                                 "bits": args.bits, "group": args.group, "fp8": args.fp8},
                        "rows": rows}, args.json)
+
+
+def _fp8_experts(e, h, inter, block, dev, g):
+    """Random stacked FP8 experts with float32 scales per row (block None) or block."""
+    import torch
+
+    from octavo.kernels import fused_moe as fm
+
+    out = []
+    for n, k in ((2 * inter, h), (h, inter)):
+        w = (torch.randn(e, n, k, device=dev, generator=g) * 100).clamp(-448, 448).to(fm.FP8)
+        shape = (e, n) if block is None else (e, -(-n // block[0]), -(-k // block[1]))
+        out += [w, torch.rand(shape, device=dev, generator=g) * 1e-4]
+    return fm.Fp8Experts(w13=out[0], s13=out[1], w2=out[2], s2=out[3], block=block)
 
 
 def _int_experts(e, h, inter, bits, group, dev, g):

@@ -57,11 +57,13 @@ def fused_moe() -> bool:
 
 
 def moe_int_gemv_max_pairs() -> int:
-    """OCTAVO_MOE_INT_GEMV (default 0, off): integer MoE experts (octavo/kernels/
-    fused_moe_int.py) run batches of up to this many (token, expert) pairs through the
-    grouped CUDA-core GEMV (octavo/kernels/w4a16_gemv.py) instead of the tensor-core
-    launches; a measurement knob until the GEMV has been timed on a GPU."""
-    return _int("OCTAVO_MOE_INT_GEMV", 0, "(token, expert) pairs")
+    """OCTAVO_MOE_INT_GEMV (default 128; 0 turns it off): integer MoE experts
+    (octavo/kernels/fused_moe_int.py) run batches of up to this many (token, expert) pairs
+    through the grouped CUDA-core GEMV (octavo/kernels/w4a16_gemv.py) instead of the
+    tensor-core launches. H100, Qwen3-30B-A3B W4A16 (session 43): 23.6 against 43.7 us a
+    layer at 8 pairs, 137 against 198 at 128; the engine's batch 1 4.22 -> 3.30 ms per token,
+    batch 16 11.35 -> 9.68. Beyond 128 pairs: not measured."""
+    return _int("OCTAVO_MOE_INT_GEMV", 128, "(token, expert) pairs")
 
 
 def moe_route() -> bool:

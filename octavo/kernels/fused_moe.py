@@ -72,14 +72,18 @@ class Alignment(NamedTuple):
 
 
 def default_tiles(num_tokens: int, topk: int, num_experts: int,
-                  dtype: torch.dtype = torch.bfloat16) -> MoeTiles:
+                  dtype: torch.dtype = torch.bfloat16, fp8: bool = False) -> MoeTiles:
     """GPU tiles for a launch: 64-row tiles once experts average 32+ rows (unmeasured); below,
     16 x 64 x 128, best or within 2% of the best of 8 at 1, 4, 16 and 64 tokens on an H100
     (Qwen3-30B-A3B's experts, ``benchmarks/moe_kernel.py``, 2026-12-05; 34.6 us a layer at one
     token against 38.9 for 16 x 64 x 64). Float32 keeps K steps of 64: three stages of 128
-    would take 216 KB of shared memory."""
+    would take 216 KB of shared memory. FP8 weights (``fp8``) decode in 16 x 32 x 128 tiles
+    of four stages: 30.1 / 154.6 us a layer at 1 / 16 tokens against 36.6 / 164.7 for 16 x
+    64 x 128 (H100, 128 x 128 blocks, session 43)."""
     if num_tokens * topk >= 32 * num_experts:
         return MoeTiles(64, 64, 64)
+    if fp8 and dtype != torch.float32:
+        return MoeTiles(16, 32, 128, 4, 4)
     return MoeTiles(16, 64, 64 if dtype == torch.float32 else 128)
 
 
@@ -151,12 +155,46 @@ def _dot(a, b, acc, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
+def _scale(s_ptr, expert, rows, n_mask, k0, stride_se, stride_sn, SCALE_N, SCALE_K):
+    """float32 [BLOCK_N]: the scales of weight rows ``rows`` for the K step at ``k0`` (a
+    block-scaled FP8 expert's ``s[e, row // SCALE_N, k0 // SCALE_K]``; per-row scales are
+    blocks of one row spanning K)."""
+    return tl.load(s_ptr + expert * stride_se + (rows // SCALE_N) * stride_sn + k0 // SCALE_K,
+                   mask=n_mask, other=0.0)
+
+
+@triton.jit
+def _scaled_dot(a, w, acc, s_ptr, expert, rows, n_mask, k0, stride_se, stride_sn, SCALE_N,
+                SCALE_K, SCALED: tl.constexpr, FP32_DOT: tl.constexpr):
+    """``acc + a @ w`` for a [BLOCK_K, BLOCK_N] weight tile as stored: float (SCALED 0), or
+    FP8 converted exactly to a's dtype, times its rows' scales at the end (SCALED 1, one per
+    row: :func:`_row_scaled`) or per K step (SCALED 2, blocks whose K side the step divides)."""
+    if SCALED == 0:
+        return _dot(a, w, acc, FP32_DOT)
+    w = w.to(a.dtype)
+    if SCALED == 1:
+        return _dot(a, w, acc, FP32_DOT)
+    part = _dot(a, w, tl.zeros(acc.shape, dtype=tl.float32), FP32_DOT)
+    s = _scale(s_ptr, expert, rows, n_mask, k0, stride_se, stride_sn, SCALE_N, SCALE_K)
+    return acc + part * s[None, :]
+
+
+@triton.jit
+def _row_scaled(acc, s_ptr, expert, rows, n_mask, stride_se, stride_sn, SCALED: tl.constexpr):
+    """The accumulator times its rows' scales where they were left to the end (SCALED 1)."""
+    if SCALED == 1:
+        s = _scale(s_ptr, expert, rows, n_mask, 0, stride_se, stride_sn, 1, 1)
+        return acc * s[None, :]
+    return acc
+
+
+@triton.jit
 def _gate_up_kernel(
-    x_ptr, w_ptr, out_ptr, sorted_ptr, tiles_ptr,
+    x_ptr, w_ptr, out_ptr, sorted_ptr, tiles_ptr, s_ptr,
     NUM_PAIRS, NUM_EXPERTS, TOPK, H, INTER,
-    stride_xt, stride_we, stride_wn, stride_op,
+    stride_xt, stride_we, stride_wn, stride_op, stride_se, stride_sn, SCALE_N, SCALE_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr, SCALED: tl.constexpr = 0,
 ):  # fmt: skip
     # Grid (sorted tiles, INTER tiles):
     # out[pair, n] = silu(x[t] @ W13[e, n]) * (x[t] @ W13[e, INTER + n]), in x's dtype.
@@ -179,8 +217,13 @@ def _gate_up_kernel(
         w_mask = k_mask[:, None] & n_mask[None, :]
         wg = tl.load(w_ptrs, mask=w_mask, other=0.0)
         wu = tl.load(w_ptrs + INTER * stride_wn, mask=w_mask, other=0.0)
-        acc_g = _dot(a, wg, acc_g, FP32_DOT)
-        acc_u = _dot(a, wu, acc_u, FP32_DOT)
+        acc_g = _scaled_dot(a, wg, acc_g, s_ptr, expert, offs_n, n_mask, k0, stride_se,
+                            stride_sn, SCALE_N, SCALE_K, SCALED, FP32_DOT)
+        acc_u = _scaled_dot(a, wu, acc_u, s_ptr, expert, INTER + offs_n, n_mask, k0, stride_se,
+                            stride_sn, SCALE_N, SCALE_K, SCALED, FP32_DOT)
+    acc_g = _row_scaled(acc_g, s_ptr, expert, offs_n, n_mask, stride_se, stride_sn, SCALED)
+    acc_u = _row_scaled(acc_u, s_ptr, expert, INTER + offs_n, n_mask, stride_se, stride_sn,
+                        SCALED)
     h = silu_mul(acc_g, acc_u)
     tl.store(out_ptr + pairs[:, None] * stride_op + offs_n[None, :],
              h.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
@@ -188,11 +231,11 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    h_ptr, w_ptr, weights_ptr, out_ptr, sorted_ptr, tiles_ptr,
+    h_ptr, w_ptr, weights_ptr, out_ptr, sorted_ptr, tiles_ptr, s_ptr,
     NUM_PAIRS, NUM_EXPERTS, H, INTER,
-    stride_hp, stride_we, stride_wn, stride_op,
+    stride_hp, stride_we, stride_wn, stride_op, stride_se, stride_sn, SCALE_N, SCALE_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr, SCALED: tl.constexpr = 0,
 ):  # fmt: skip
     # Grid (sorted tiles, H tiles). out[pair, n] = weight[pair] * (h[pair] @ W2[e, n]), float32.
     expert, pairs, m_mask = _tile_rows(sorted_ptr, tiles_ptr, NUM_PAIRS, NUM_EXPERTS, BLOCK_M)
@@ -209,7 +252,9 @@ def _down_kernel(
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_base + offs_k[:, None] + offs_n[None, :] * stride_wn,
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = _dot(a, w, acc, FP32_DOT)
+        acc = _scaled_dot(a, w, acc, s_ptr, expert, offs_n, n_mask, k0, stride_se, stride_sn,
+                          SCALE_N, SCALE_K, SCALED, FP32_DOT)
+    acc = _row_scaled(acc, s_ptr, expert, offs_n, n_mask, stride_se, stride_sn, SCALED)
     weight = tl.load(weights_ptr + pairs, mask=m_mask, other=0.0)
     tl.store(out_ptr + pairs[:, None] * stride_op + offs_n[None, :], acc * weight[:, None],
              mask=m_mask[:, None] & n_mask[None, :])
@@ -245,13 +290,34 @@ def sum_pairs(partial: torch.Tensor, t: int, k: int, dtype: torch.dtype,
     return out
 
 
-def supports(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
+class Fp8Experts(NamedTuple):
+    """Stacked FP8 (e4m3) experts, weight-only: ``W = w * s`` with float32 scales per output
+    row (``block`` None: ``s13`` [E, 2I], ``s2`` [E, H]) or per block of ``block`` = (rows,
+    columns) of each weight (``s13`` [E, ceil(2I / rows), ceil(H / columns)], ``s2`` [E,
+    ceil(H / rows), ceil(I / columns)]; the gate/up split must fall on a block edge)."""
+
+    w13: torch.Tensor  # float8_e4m3fn [E, 2I, H]
+    w2: torch.Tensor  # float8_e4m3fn [E, H, I]
+    s13: torch.Tensor
+    s2: torch.Tensor
+    block: tuple[int, int] | None = None
+
+
+FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+def supports(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+             fp8: Fp8Experts | None = None) -> bool:
     """True where :func:`fused_moe` can run these tensors: Triton importable, x on CUDA (or
-    the Triton interpreter on), one float16/bfloat16/float32 dtype for all three, contiguous
+    the Triton interpreter on), one float16/bfloat16/float32 dtype for all three (FP8
+    weights where ``fp8`` holds them: on CUDA from compute capability 8.9), contiguous
     weights, x [T, H], w13 [E, 2I, H], w2 [E, H, I]."""
     if not HAS_TRITON or not (x.is_cuda or interpreting()):
         return False
-    if x.dtype not in _DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:
+    wdt = x.dtype if fp8 is None else FP8
+    if x.dtype not in _DTYPES or w13.dtype != wdt or w2.dtype != wdt:
+        return False
+    if fp8 is not None and x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 9):
         return False
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         return False
@@ -261,18 +327,46 @@ def supports(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
             and w13.is_contiguous() and w2.is_contiguous())
 
 
+def _scale_args(fp8: Fp8Experts | None, which: str, n: int, k: int, block_k: int, dummy):
+    """(scales, stride_se, stride_sn, SCALE_N, SCALE_K, SCALED) of one launch's weight [E, n,
+    k]; errors name the shape that does not fit."""
+    if fp8 is None:
+        return dummy, 0, 0, 1, 1, 0
+    s = getattr(fp8, "s" + which)
+    e = getattr(fp8, "w" + which).shape[0]
+    if fp8.block is None:
+        if tuple(s.shape) != (e, n) or s.dtype != torch.float32 or s.stride(1) != 1:
+            raise ValueError(f"fused_moe: s{which} is {tuple(s.shape)} {s.dtype}, not float32 "
+                             f"{(e, n)} (one scale per row)")
+        return s, s.stride(0), 1, 1, 1, 1
+    bn, bk = fp8.block
+    want = (e, -(-n // bn), -(-k // bk))
+    if tuple(s.shape) != want or s.dtype != torch.float32 or not s.is_contiguous():
+        raise ValueError(f"fused_moe: s{which} is {tuple(s.shape)} {s.dtype}, not float32 "
+                         f"{want} (blocks of {fp8.block})")
+    if bk % block_k:
+        raise ValueError(f"fused_moe: a K step of {block_k} does not divide the scale blocks' "
+                         f"{bk} columns")
+    return s, s.stride(0), s.stride(1), bn, bk, 2
+
+
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
               tiles: MoeTiles | None = None,
-              alignment: Alignment | None = None) -> torch.Tensor:
+              alignment: Alignment | None = None,
+              fp8: Fp8Experts | None = None) -> torch.Tensor:
     """``x`` [T, H], ``w13`` [E, 2I, H] (gate rows then up rows), ``w2`` [E, H, I],
     ``topk_weights`` float32 [T, k], ``topk_ids`` int [T, k] in [0, E) -> [T, H] in x's dtype:
     ``sum_j topk_weights[t, j] * (w2[e] @ (silu(w13[e, :I] @ x[t]) * (w13[e, I:] @ x[t])))``.
     The activation product is rounded to x's dtype before the down projection; accumulation
     and the sum over experts are float32. ``tiles``: overrides :func:`default_tiles`;
-    ``alignment``: the pairs already aligned for the tiles' BLOCK_M (``moe_route``)."""
+    ``alignment``: the pairs already aligned for the tiles' BLOCK_M (``moe_route``);
+    ``fp8``: the weights are its FP8 ones (pass ``fp8.w13``, ``fp8.w2``), each tile converted
+    exactly to x's dtype in the main loop, its scales applied to the float32 sums (per K
+    step for blocks, at the end for rows)."""
     require_triton("fused_moe")
-    assert supports(x, w13, w2), (x.shape, x.dtype, w13.shape, w13.dtype, w2.shape, w2.dtype)
+    assert supports(x, w13, w2, fp8), (x.shape, x.dtype, w13.shape, w13.dtype, w2.shape,
+                                       w2.dtype)
     t, h = x.shape
     e, two_i, _ = w13.shape
     inter = two_i // 2
@@ -280,28 +374,49 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     if t == 0:
         return x.new_empty(0, h)
     x = x if x.stride(1) == 1 else x.contiguous()
-    block_m, block_n, block_k, warps, stages = tiles or default_tiles(t, k, e, x.dtype)
+    block_m, block_n, block_k, warps, stages = tiles or default_tiles(t, k, e, x.dtype,
+                                                                      fp8 is not None)
+    if fp8 is not None and fp8.block is not None:
+        block_k = min(block_k, fp8.block[1])
+        if inter % fp8.block[0]:
+            raise ValueError(f"fused_moe: the gate/up split at row {inter} is not on an edge "
+                             f"of the {fp8.block} scale blocks")
+    s13 = _scale_args(fp8, "13", two_i, h, block_k, w13)
+    s2 = _scale_args(fp8, "2", h, inter, block_k, w2)
     align = resolve_alignment(x, topk_ids, e, block_m, alignment, "fused_moe")
     n_tiles = align.tile_experts.numel()
     fp32_dot = x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and not x.is_cuda)
     hidden = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(n_tiles, triton.cdiv(inter, block_n))](
-        x, w13, hidden, align.sorted_ids, align.tile_experts,
+        x, w13, hidden, align.sorted_ids, align.tile_experts, s13[0],
         t * k, e, k, h, inter,
-        x.stride(0), w13.stride(0), w13.stride(1), hidden.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
+        x.stride(0), w13.stride(0), w13.stride(1), hidden.stride(0), *s13[1:5],
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot, SCALED=s13[5],
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     partial = torch.empty(t * k, h, dtype=torch.float32, device=x.device)
     _down_kernel[(n_tiles, triton.cdiv(h, block_n))](
-        hidden, w2, weights, partial, align.sorted_ids, align.tile_experts,
+        hidden, w2, weights, partial, align.sorted_ids, align.tile_experts, s2[0],
         t * k, e, h, inter,
-        hidden.stride(0), w2.stride(0), w2.stride(1), partial.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot,
+        hidden.stride(0), w2.stride(0), w2.stride(1), partial.stride(0), *s2[1:5],
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, FP32_DOT=fp32_dot, SCALED=s2[5],
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return sum_pairs(partial, t, k, x.dtype)
+
+
+def dequantize_fp8_experts(fp8: Fp8Experts) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w13, w2) float32: each FP8 weight times its row's or block's scale."""
+    out = []
+    for w, s in ((fp8.w13, fp8.s13), (fp8.w2, fp8.s2)):
+        if fp8.block is None:
+            out.append(w.float() * s.float()[:, :, None])
+            continue
+        bn, bk = fp8.block
+        full = s.float().repeat_interleave(bn, 1).repeat_interleave(bk, 2)
+        out.append(w.float() * full[:, :w.shape[1], :w.shape[2]])
+    return out[0], out[1]
 
 
 def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

@@ -292,7 +292,7 @@ def fused_moe_int(x: torch.Tensor, experts: IntExperts, topk_weights: torch.Tens
 
 def gemv_applies(experts: IntExperts, num_pairs: int) -> bool:
     """Whether :func:`fused_moe_int` takes the grouped GEMV for ``num_pairs`` (token, expert)
-    pairs: up to ``OCTAVO_MOE_INT_GEMV`` of them (default 0: never), experts without act
+    pairs: up to ``OCTAVO_MOE_INT_GEMV`` of them (default 128), experts without act
     order whose groups the GEMV's steps fit."""
     return (0 < num_pairs <= envs.moe_int_gemv_max_pairs()
             and experts.perm13 is None and experts.perm2 is None

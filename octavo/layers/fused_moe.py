@@ -169,13 +169,14 @@ class FusedMoE(nn.Module):
                 x, stacked, w, i, alignment=alignment)),
                 fused_moe_int.default_tiles(t, k, stacked).block_m)
         # Float experts: the layer's own stacked weights, or ones stacked at load
-        # (``FloatExperts``).
+        # (``FloatExperts``, or ``Fp8Experts`` with their scales).
         w13, w2 = ((self.experts.w13_weight, self.experts.w2_weight) if stacked is None
                    else (stacked.w13, stacked.w2))
-        if not fused_moe.supports(x, w13, w2):
+        fp8 = stacked if isinstance(stacked, fused_moe.Fp8Experts) else None
+        if not fused_moe.supports(x, w13, w2, fp8):
             return None
         return ((lambda x, w, i, alignment=None: fused_moe.fused_moe(
-            x, w13, w2, w, i, alignment=alignment)),
+            x, w13, w2, w, i, alignment=alignment, fp8=fp8)),
             fused_moe.default_tiles(t, k, self.num_experts, x.dtype).block_m)
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:

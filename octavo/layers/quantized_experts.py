@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo import envs
+from octavo.kernels.fused_moe import Fp8Experts
 from octavo.kernels.fused_moe_int import IntExperts
 from octavo.kernels.int_weight_layout import ALONG_K
 from octavo.layers.linear import MergedColumnParallelLinear, RowParallelLinear
@@ -57,6 +59,7 @@ class _Expert(nn.Module):
                                            prefix=f"{prefix}.down_proj", reduce_results=False)
         for layer in (self.gate_up_proj, self.down_proj):
             layer.int_layout = ALONG_K  # integer schemes: the layout the grouped kernel stacks
+            layer.keeps_fp8 = keeps_fp8  # FP8 schemes: kept as they are for the grouped kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The methods' fused activations where they have them (as LlamaMLP), else plain.
@@ -80,15 +83,16 @@ class QuantizedExperts(nn.ModuleList):
         super().__init__(_Expert(hidden, intermediate, quant_config, f"{prefix}.{e}")
                          for e in range(num_experts))
         self.num_experts = num_experts
-        self.stacked: IntExperts | FloatExperts | None = None
+        self.stacked: IntExperts | Fp8Experts | FloatExperts | None = None
 
     def finish_loading(self) -> None:
-        """Stack the experts for a grouped kernel: integer experts on the kernel path, or
-        experts whose layers are exactly ``x W^T`` with a float weight (block-scaled FP8 and
+        """Stack the experts for a grouped kernel: integer experts on the kernel path, FP8
+        experts kept in FP8 (``keeps_fp8``), or experts whose layers are exactly ``x W^T`` with a float weight (block-scaled FP8 and
         FP8 W8A16 dequantized at load, GPTQ experts left unquantized by ``dynamic`` rules),
         on the kernels' device. Each expert's layers then hold views into the stacked
         tensors."""
-        self.stacked = stack_int_experts(self) or stack_float_experts(self)
+        self.stacked = (stack_int_experts(self) or stack_fp8_experts(self)
+                        or stack_float_experts(self))
 
     def expert_forward(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert ``e`` on rows ``x``: this rank's partial down(silu(gate x) * up x)."""
@@ -201,3 +205,53 @@ def stack_float_experts(experts: QuantizedExperts) -> FloatExperts | None:
             layer._packed_weight = None  # a CPU copy of the old weight (none on CUDA)
         out.append(whole)
     return FloatExperts(*out)
+
+
+def keeps_fp8(weight: torch.Tensor) -> bool:
+    """At load, for an expert's FP8 layer: keep its FP8 weight and scales (per row or per
+    block) as they are, for ``fused_moe``'s FP8 path: the grouped kernels on (``OCTAVO_FUSED_MOE``),
+    ``weight`` where they run (CUDA of compute capability 8.9 and above, whose Triton
+    converts e4m3). Elsewhere the layer dequantizes as any FP8 layer does."""
+    from octavo.layers import fused_moe  # the kernels' device rule (patched by tests)
+
+    if not (envs.fused_moe() and fused_moe.on_kernel_device(weight)):
+        return False
+    return not weight.is_cuda or torch.cuda.get_device_capability(weight.device) >= (8, 9)
+
+
+def _fp8_spec(layer: nn.Module):
+    """(shape, block or None) of a layer holding an FP8 weight with row or block scales for
+    ``fused_moe`` (``weight_fp8`` with ``weight_scale`` or ``weight_block_scale``) and no
+    bias; else None."""
+    if getattr(layer, "bias", None) is not None or getattr(layer, "weight_fp8", None) is None:
+        return None
+    if getattr(layer, "weight_block_scale", None) is not None:
+        return tuple(layer.weight_fp8.shape), layer.quant_method.block
+    return tuple(layer.weight_fp8.shape), None
+
+
+def stack_fp8_experts(experts: QuantizedExperts) -> Fp8Experts | None:
+    """``experts`` as one ``Fp8Experts`` (their layers' FP8 weights and scales replaced by
+    views into it), or None where they are not all FP8 layers of one shape and one scale
+    kind on the kernels' device."""
+    from octavo.layers import fused_moe  # the kernels' device rule (patched by tests)
+
+    groups = ([ex.gate_up_proj for ex in experts], [ex.down_proj for ex in experts])
+    specs = [{_fp8_spec(layer) for layer in layers} for layers in groups]
+    if any(len(sp) != 1 or None in sp for sp in specs):
+        return None
+    blocks = {next(iter(sp))[1] for sp in specs}
+    if len(blocks) != 1 or not fused_moe.on_kernel_device(groups[0][0].weight_fp8):
+        return None
+    block = blocks.pop()
+    if block is not None and groups[1][0].weight_fp8.shape[1] % block[0]:
+        return None  # the gate/up split is not on a block edge
+    scale_name = "weight_scale" if block is None else "weight_block_scale"
+    out = []
+    for layers in groups:
+        for name in ("weight_fp8", scale_name):
+            whole = torch.stack([getattr(layer, name) for layer in layers])
+            for e, layer in enumerate(layers):
+                setattr(layer, name, whole[e])  # a view: the weights are held once
+            out.append(whole)
+    return Fp8Experts(w13=out[0], s13=out[1], w2=out[2], s2=out[3], block=block)

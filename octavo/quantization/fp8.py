@@ -158,6 +158,33 @@ class Fp8LinearMethod(LinearMethod):
         s = s.expand(w.shape[0]) if s.numel() == 1 else s
         return w[r0:r0 + rows, c0:c0 + cols], s[r0:r0 + rows]
 
+    def _blocks_kept(self, layer, parts) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(fp8 weight [n, k], float32 scales [ceil(n / bo), ceil(k / bi)]) of this rank's
+        parts, kept in their blocks, where every part's slice starts on a block edge and
+        every part but the last spans whole blocks of rows; else None (dequantize)."""
+        bo, bi = self.block
+        weights, scales = [], []
+        order = part_order(layer, parts)
+        for i, sid in enumerate(order):
+            part = parts[sid]
+            if any(name not in part for name in self.checkpoint_params()):
+                return None  # _part names what is missing
+            w, s = part["weight"], part["weight_scale_inv"].float()
+            r0, rows, c0, cols = part["box"]
+            offset, _ = part_rows(layer, sid)
+            full_r, full_c = w.shape
+            if tuple(s.shape) != (-(-full_r // bo), -(-full_c // bi)):
+                raise ValueError(f"layer {layer.prefix!r}: weight_scale_inv of part {sid!r} is "
+                                 f"{tuple(s.shape)}, not one per {self.block} block of "
+                                 f"{(full_r, full_c)}")
+            last = i == len(order) - 1
+            if (r0 % bo or c0 % bi or offset % bo or (rows % bo and not last)
+                    or (cols % bi and c0 + cols != full_c)):
+                return None
+            weights.append(w[r0:r0 + rows, c0:c0 + cols])
+            scales.append(s[r0 // bo:r0 // bo + -(-rows // bo), c0 // bi:c0 // bi + -(-cols // bi)])
+        return torch.cat(weights), torch.cat(scales).contiguous()
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         parts = layer.fp8_parts
         del layer.fp8_parts
@@ -166,6 +193,19 @@ class Fp8LinearMethod(LinearMethod):
         for name in names:
             delattr(layer, name)
         n, k = layer.output_size_per_partition, layer.input_size_per_partition
+        # A grouped mixture-of-experts kernel that runs FP8 weights as they are
+        # (``QuantizedExperts`` sets ``keeps_fp8``, its device rule).
+        keep = getattr(layer, "keeps_fp8", None)
+        kept = keep is not None and keep(torch.empty(0, device=device))
+        layer.fp8_runs = False  # the weight_fp8 / weight_scale paths of apply() run
+        layer.fp8_gemv = False
+        if self.block and kept and parts:
+            blocked = self._blocks_kept(layer, parts)
+            if blocked is not None:
+                layer.register_buffer("weight_fp8", blocked[0], persistent=False)
+                layer.register_buffer("weight_block_scale", blocked[1], persistent=False)
+                layer.fp8_input_scale = None
+                return
         if not parts:  # load_format="dummy": random weights, quantized as at load
             q, s = quantize_fp8(torch.empty(n, k, device=device).uniform_(-1e-3, 1e-3),
                                 self.per_channel)
@@ -187,17 +227,29 @@ class Fp8LinearMethod(LinearMethod):
             weight[offset:offset + rows] = w
             row_scale[offset:offset + rows] = s
         layer.fp8_input_scale = input_scale
-        if weight.dtype == FP8 and use_scaled_mm(device) and n % 16 == 0 and k % 16 == 0:
+        runs = use_scaled_mm(device) and n % 16 == 0 and k % 16 == 0
+        if weight.dtype == FP8 and (runs or kept):
             layer.register_buffer("weight_fp8", weight, persistent=False)
             layer.register_buffer("weight_scale", row_scale, persistent=False)
-            layer.fp8_gemv = fp8_linear.gemv_available()
+            layer.fp8_runs = runs
+            layer.fp8_gemv = runs and fp8_linear.gemv_available()
             return
         dense = weight.float() if weight.dtype != FP8 else dequantize_fp8(weight, row_scale)
         layer.register_buffer("dequantized_weight", dense.to(self.params_dtype),
                               persistent=False)
 
+    def _kept_dense(self, layer) -> torch.Tensor:
+        """A weight kept in FP8 for a grouped kernel only, dequantized (float32) for a call
+        that runs elsewhere (the experts' loop)."""
+        block = getattr(layer, "weight_block_scale", None)
+        if block is not None:
+            return dequantize_blocks(layer.weight_fp8, block, self.block)
+        return dequantize_fp8(layer.weight_fp8, layer.weight_scale)
+
     def apply(self, layer, x, bias):
         w = getattr(layer, "dequantized_weight", None)
+        if w is None and not layer.fp8_runs:
+            w = self._kept_dense(layer)
         if w is not None:
             return F.linear(x, w if w.dtype == x.dtype else w.to(x.dtype), bias)
         x2 = x.reshape(-1, x.shape[-1])
@@ -215,12 +267,12 @@ class Fp8LinearMethod(LinearMethod):
         return y if bias is None else y + bias
 
     def apply_gated(self, layer, x, bias):
-        if getattr(layer, "dequantized_weight", None) is not None:
+        if not layer.fp8_runs:
             return None
         return fp8_linear.gated_gemv(layer, x, layer.weight_fp8, layer.weight_scale, bias)
 
     def apply_qkv_rope(self, layer, x, bias, positions, cos_sin_cache, kv_store):
-        if getattr(layer, "dequantized_weight", None) is not None:
+        if not layer.fp8_runs:
             return None
         return fp8_linear.qkv_rope_gemv(layer, x, layer.weight_fp8, layer.weight_scale, bias,
                                         positions, cos_sin_cache, kv_store)

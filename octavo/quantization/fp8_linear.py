@@ -242,6 +242,13 @@ class Fp8LinearMethod(LinearMethod):
                                   persistent=False)
             layer.fp8_gemv = gemv_available()
             return
+        keep = getattr(layer, "keeps_fp8", None)  # a grouped MoE kernel's device rule
+        if self.activations is None and keep is not None and keep(weight):
+            # Weight-only experts kept as stored for ``fused_moe``'s FP8 path.
+            layer.register_buffer("weight_fp8", weight, persistent=False)
+            layer.register_buffer("weight_scale", scale.reshape(-1).contiguous(),
+                                  persistent=False)
+            return
         self._dequantize(layer, weight, scale)
 
     def _dequantize(self, layer, weight, scale) -> None:
@@ -276,7 +283,9 @@ class Fp8LinearMethod(LinearMethod):
                 del layer.fp8_weight, layer.fp8_weight_scale
         if self.activations is not None:
             x2 = qdq_fp8(x2, self._input_scale(layer, x2))
-        w = layer.dequantized_weight
+        w = getattr(layer, "dequantized_weight", None)
+        if w is None:  # kept in FP8 for a grouped kernel; a call that runs elsewhere
+            w = layer.weight_fp8.float() * layer.weight_scale[:, None]
         y = F.linear(x2, w if w.dtype == x2.dtype else w.to(x2.dtype), bias)
         return y.view(*shape[:-1], y.shape[-1])
 

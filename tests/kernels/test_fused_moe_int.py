@@ -24,6 +24,13 @@ TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2
        torch.float16: dict(atol=2e-3, rtol=2e-3)}
 
 
+@pytest.fixture(autouse=True)
+def _tensor_core_launches(monkeypatch):
+    """The grouped GEMMs unless a test asks for the GEMV (OCTAVO_MOE_INT_GEMV, default 128
+    pairs, which would otherwise take every small case here)."""
+    monkeypatch.setenv("OCTAVO_MOE_INT_GEMV", "0")
+
+
 def _packed(g: torch.Generator, e: int, k: int, n: int, bits: int, group: int, sym: bool):
     q = torch.randint(0, 1 << bits, (e, k, n), generator=g)
     # Weights of about the same size at both widths (8-bit values span 16x the range).
@@ -216,10 +223,12 @@ def test_the_gemv_path_matches_reference(bits, dtype, device, monkeypatch):
     assert calls
 
 
-def test_the_gemv_path_is_off_by_default(monkeypatch):
+def test_the_gemv_path_takes_decode_batches_by_default(monkeypatch):
     from octavo.kernels import fused_moe_int as fmi
 
     monkeypatch.delenv("OCTAVO_MOE_INT_GEMV", raising=False)
+    assert fmi.gemv_applies(make_experts(), 128) and not fmi.gemv_applies(make_experts(), 129)
+    monkeypatch.setenv("OCTAVO_MOE_INT_GEMV", "0")
     assert not fmi.gemv_applies(make_experts(), 1)
     monkeypatch.setenv("OCTAVO_MOE_INT_GEMV", "-3")
     with pytest.raises(ValueError, match="OCTAVO_MOE_INT_GEMV must be a non-negative integer"):

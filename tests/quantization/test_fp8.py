@@ -147,8 +147,9 @@ def _write_fp8_checkpoint(src: str, dst: str, qcfg: dict, block=None) -> str:
     return dst
 
 
-def _dequantized_twin(quant: str, dst: str) -> str:
-    """A float checkpoint holding exactly what the fp8 one stands for."""
+def _dequantized_twin(quant: str, dst: str, block=None) -> str:
+    """A float checkpoint holding exactly what the fp8 one (per tensor, or in ``block``s)
+    stands for."""
     from safetensors.torch import load_file, save_file
 
     os.makedirs(dst)
@@ -160,7 +161,9 @@ def _dequantized_twin(quant: str, dst: str) -> str:
     for name, t in state.items():
         if name.endswith(("_scale", "_scale_inv")):
             continue
-        if t.dtype == torch.float8_e4m3fn:
+        if t.dtype == torch.float8_e4m3fn and block is not None:
+            out[name] = fp8.dequantize_blocks(t, state[name + "_scale_inv"], block)
+        elif t.dtype == torch.float8_e4m3fn:
             out[name] = t.float() * state[name + "_scale"].float()
         else:
             out[name] = t

@@ -155,6 +155,7 @@ def test_grouped_integer_experts_through_the_interpreter(name, monkeypatch):
     symmetric and 8-bit per channel; Mixtral, Qwen2-MoE, Qwen3-MoE) on the grouped kernels:
     the reference's first two tokens."""
     pytest.importorskip("triton")
+    monkeypatch.setenv("OCTAVO_MOE_INT_GEMV", "0")  # the tensor-core launches (GEMV: below)
     ref = _reference(name)
     experts = _forced_kernel_path(name, True, monkeypatch)
     _assert_first_tokens(experts.llm, ref)
@@ -183,7 +184,7 @@ def test_two_ranks_give_the_reference_tokens(name):
 
 @pytest.mark.parametrize("name", ["qwen3_moe-gptq4-g32", "qwen2_moe-w8a16-channel"])
 def test_grouped_gemv_through_the_interpreter(name, monkeypatch):
-    """OCTAVO_MOE_INT_GEMV on: decode steps' experts on the grouped GEMV (4-bit GPTQ, 8-bit
+    """OCTAVO_MOE_INT_GEMV (on by default): decode steps' experts on the grouped GEMV (4-bit GPTQ, 8-bit
     per channel): the reference's first two tokens."""
     pytest.importorskip("triton")
     if name not in _INT_NAMES:
@@ -201,14 +202,15 @@ def test_grouped_gemv_through_the_interpreter(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if "fp8" in n])
-def test_float_experts_stack_for_the_grouped_kernel(name, monkeypatch):
-    """Experts whose layers are a plain float ``x W^T`` after load (FP8 W8A16 dequantized
-    at load) stack as float weights where the grouped kernel runs (forced onto the CPU
-    interpreter here): the fused float launches give the loop's layer output, and the
-    experts' layers hold views into the stack."""
+def test_fp8_experts_stack_for_the_grouped_kernel(name, monkeypatch):
+    """llm-compressor's FP8 W8A16 experts stay FP8 (one byte a weight, row scales) and
+    stack where the grouped kernel runs (forced onto the CPU interpreter here): the fused
+    launches give the loop's layer output, and the experts' layers hold views into the
+    stack."""
     pytest.importorskip("triton")
     import torch
 
+    from octavo.kernels.fused_moe import FP8, Fp8Experts
     from octavo.layers import fused_moe
 
     monkeypatch.setattr(fused_moe, "on_kernel_device", lambda x: True)
@@ -217,8 +219,9 @@ def test_float_experts_stack_for_the_grouped_kernel(name, monkeypatch):
     model = llm.llm_engine.executor.worker.runner.model
     layer = next(m for m in model.modules() if isinstance(m, FusedMoE))
     stacked = layer.experts.stacked
-    assert stacked is not None and not hasattr(stacked, "bits") and model.cuda_graph_safe
-    assert layer.experts[1].gate_up_proj.dequantized_weight.untyped_storage().data_ptr() == \
+    assert isinstance(stacked, Fp8Experts) and stacked.block is None and model.cuda_graph_safe
+    assert stacked.w13.dtype == FP8 and stacked.w2.dtype == FP8
+    assert layer.experts[1].gate_up_proj.weight_fp8.untyped_storage().data_ptr() == \
         stacked.w13.untyped_storage().data_ptr()
     x = torch.randn(5, layer.gate.input_size)
     grouped = layer(x)
@@ -229,7 +232,7 @@ def test_float_experts_stack_for_the_grouped_kernel(name, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [n for n in NAMES if "fp8" in n or "gptq4-g32" in n])
 def test_stacked_quantized_experts_on_the_gpu_match_the_loop(name, monkeypatch):
-    """On CUDA: the FP8 W8A16 fixture's experts stack as float weights and the GPTQ ones as
+    """On CUDA: the FP8 W8A16 fixture's experts stack in FP8 and the GPTQ ones as
     integers; under OCTAVO_FUSED_MOE=1 the grouped launches (decode steps in CUDA graphs)
     give the loop's greedy tokens, float32."""
     import torch
