@@ -43,6 +43,11 @@ METHODS = {
     "w8a16_channel": ({**_GPTQ_G128, "bits": 8, "group_size": -1}, None),
     "w4a16": (_GPTQ_G128, None),
     "fp8": (None, "fp8"),
+    # A block-scaled FP8 checkpoint (128 x 128, as Qwen3-30B-A3B-FP8 ships): MoE experts keep
+    # their blocks (fused_moe's FP8 path); dense layers' dummy weights take per-tensor FP8
+    # (a real block checkpoint's dense layers dequantize at load). Not in the default list.
+    "fp8_block": ({"quant_method": "fp8", "activation_scheme": "dynamic",
+                   "weight_block_size": [128, 128]}, None),
     # W4A16 with the LM head quantized too (GPTQModel's lm_head=True; here at the model's 4
     # bits and group 128), the head being the largest single weight a decode step reads.
     "w4a16_lmhead": ({**_GPTQ_G128, "lm_head": True}, None),

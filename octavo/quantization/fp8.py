@@ -199,6 +199,15 @@ class Fp8LinearMethod(LinearMethod):
         kept = keep is not None and keep(torch.empty(0, device=device))
         layer.fp8_runs = False  # the weight_fp8 / weight_scale paths of apply() run
         layer.fp8_gemv = False
+        if self.block and kept and not parts:  # load_format="dummy": random blocks
+            bo, bi = self.block
+            layer.register_buffer("weight_fp8", quantize_fp8(
+                torch.empty(n, k, device=device).uniform_(-1e-3, 1e-3), False)[0],
+                persistent=False)
+            layer.register_buffer("weight_block_scale", torch.full(
+                (-(-n // bo), -(-k // bi)), 1e-3 / FP8_MAX, device=device), persistent=False)
+            layer.fp8_input_scale = None
+            return
         if self.block and kept and parts:
             blocked = self._blocks_kept(layer, parts)
             if blocked is not None:

@@ -136,20 +136,42 @@ def test_no_fp8_kept_with_the_grouped_kernels_off(float_moe, monkeypatch):
 @pytest.mark.parametrize("which", ["blocks", "online"])
 def test_on_the_gpu_grouped_matches_the_loop(block_moe, float_moe, which, monkeypatch):
     """On CUDA (compute capability 8.9+): the experts stay FP8 and run in the grouped
-    launches, decode steps in CUDA graphs, under OCTAVO_FUSED_MOE=1; with it off they run
-    the loop (blocks dequantized at load, row-scaled ones through torch._scaled_mm). Equal greedy tokens, float32."""
+    launches, decode steps in CUDA graphs, under OCTAVO_FUSED_MOE=1; with it off they
+    dequantize at load and run the loop. Equal greedy tokens, float32."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("needs CUDA with e4m3 (compute capability 8.9)")
     path, kw = (block_moe[0], {}) if which == "blocks" else (float_moe, {"quantization": "fp8"})
+    if which == "online":  # every layer weight-only in both runs (torch._scaled_mm, which
+        # the loop's experts would take, rounds the activations to FP8)
+        from octavo.quantization import fp8
+
+        monkeypatch.setattr(fp8, "use_scaled_mm", lambda device: False)
     runs = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("OCTAVO_FUSED_MOE", flag)
         llm = LLM(model=path, dtype="float32", skip_tokenizer_init=True, max_model_len=64,
                   **kw)
         runner = llm.llm_engine.executor.worker.runner
-        if flag == "1" or which == "blocks":  # online: row-scaled FP8 stacks either way
-            assert isinstance(_moe(llm).experts.stacked, Fp8Experts) == (flag == "1")
+        assert isinstance(_moe(llm).experts.stacked, Fp8Experts) == (flag == "1")
         assert (runner.graph_runner is not None) == (flag == "1")
         runs[flag] = _greedy(llm)
         llm.llm_engine.shutdown()
     assert runs["1"] == runs["0"]
+
+
+def test_dummy_weights_keep_blocks(float_moe, tmp_path, monkeypatch):
+    """load_format="dummy" on a block-scaled config (benchmarks/quantized.py's fp8_block):
+    the experts get random FP8 blocks and stack as the checkpoint's would."""
+    import json
+    import shutil
+
+    path = str(tmp_path / "m")
+    shutil.copytree(float_moe, path)
+    with open(f"{path}/config.json") as f:
+        cfg = json.load(f)
+    with open(f"{path}/config.json", "w") as f:
+        json.dump({**cfg, "quantization_config": BLOCK_QCFG}, f)
+    monkeypatch.setattr(fused_moe, "on_kernel_device", lambda x: True)
+    layer = _moe(_llm(path, load_format="dummy"))
+    _assert_held_in_fp8(layer, (16, 32))
+    _grouped_equals_loop(monkeypatch, layer)
