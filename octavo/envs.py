@@ -415,6 +415,22 @@ def fused_qkv_rope() -> bool:
     return _flag("OCTAVO_FUSED_QKV_ROPE", True)
 
 
+def fp8_block_kept() -> bool:
+    """OCTAVO_FP8_BLOCK_KEPT (default off until timed on a GPU): on CUDA of compute
+    capability 8.9+, dense layers of block-scaled FP8 checkpoints (``weight_block_size``,
+    e.g. Qwen3-8B-FP8) keep their FP8 blocks instead of dequantizing at load, half the
+    memory: 1-2 rows through the FP8 GEMV's block mode (octavo/kernels/fp8_gemv.py, U8 = 3),
+    up to OCTAVO_FP8_BLOCK_GEMM_MAX_M rows through octavo/kernels/fp8_block_gemm.py, larger
+    batches dequantized per call into cuBLAS."""
+    return _flag("OCTAVO_FP8_BLOCK_KEPT", False)
+
+
+def fp8_block_gemm_max_m() -> int:
+    """OCTAVO_FP8_BLOCK_GEMM_MAX_M (default 256, not measured): the most rows a kept
+    block-scaled FP8 layer runs through its Triton GEMM before dequantize-then-cuBLAS."""
+    return _int("OCTAVO_FP8_BLOCK_GEMM_MAX_M", 256, "rows")
+
+
 def fp8_gemv() -> bool:
     """OCTAVO_FP8_GEMV (default on): on CUDA, FP8-weight linears with quantized activations
     (W8A8) run decode batches of <= 2 rows through the FP8-weight GEMV

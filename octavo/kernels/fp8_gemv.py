@@ -46,6 +46,7 @@ from octavo.kernels.w4a16_gemv import _byte_value
 # How the activations are read (``_x_planes``); 0 was the only way before session 27.
 DEFAULT_X_LOAD = 2
 MAX_M = 2  # at 4 rows _scaled_mm was faster on the wide shapes (gate_up 65 vs 123 us)
+SMALLEST_STEP = 32  # K per step at the least (BLOCK_K) where scales come in groups of K
 
 # _e4m3x4_bits yields weight * 2**-120 (down to 2**-129, a float32 subnormal); the activations
 # take 2**64 and the row scale 2**56, so a product is w * x * 2**-56: still a normal float32
@@ -140,13 +141,18 @@ def _u8x4(w, BASE_BITS, ASM: tl.constexpr, EXACT: tl.constexpr):
 
 @triton.jit
 def _group_consts(s_ptr, z_ptr, zero, rows, n_mask, word, stride_sg, stride_sn, stride_zg,
-                  stride_zn, GROUP: tl.constexpr, HAS_Z: tl.constexpr, EXACT: tl.constexpr):
+                  stride_zn, GROUP: tl.constexpr, HAS_Z: tl.constexpr, EXACT: tl.constexpr,
+                  ROW_BLOCK: tl.constexpr = 1):
     """U8: the [BLOCK_N, 1] factors of the group holding K word ``word`` (a step lies in one
     group), the zero ``z`` a tensor [G, N] (HAS_Z) or the one number ``zero``. EXACT:
     (s, 2**23 + z), the step adding s sum x ((2**23 + q) - (2**23 + z)); else
     (s * 2**15, s * (2**15 + z)), the step adding s 2**15 sum x (1 + q 2**-15) -
-    s (2**15 + z) sum x = s (sum x q - z sum x)."""
+    s (2**15 + z) sum x = s (sum x q - z sum x). Block-scaled FP8 (U8 = 3) takes the EXACT
+    pair and reads only s. ROW_BLOCK: one scale per that many rows (block-scaled FP8: row
+    ``rows // ROW_BLOCK`` of the scales)."""
     g = (word * 4) // GROUP
+    if ROW_BLOCK > 1:
+        rows = rows // ROW_BLOCK
     s = tl.load(s_ptr + g * stride_sg + rows * stride_sn, mask=n_mask, other=0.0).to(tl.float32)
     if HAS_Z:
         z = tl.load(z_ptr + g * stride_zg + rows * stride_zn, mask=n_mask,
@@ -204,7 +210,13 @@ def _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr, X_LOAD: tl.co
 def _word_dot(acc, wf, x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr,
               X_LOAD: tl.constexpr, U8: tl.constexpr, sq, sx):
     x0, x1, x2, x3 = _x_planes(x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD)
-    if U8 == 2:  # wf = 2**23 + q, sx = 2**23 + z: exact q - z (``_group_consts``)
+    if U8 == 3:  # e4m3 weights with a scale per group: the step adds s sum x w
+        p = wf[0] * x0
+        p += wf[1] * x1
+        p += wf[2] * x2
+        p += wf[3] * x3
+        acc += p * sq
+    elif U8 == 2:  # wf = 2**23 + q, sx = 2**23 + z: exact q - z (``_group_consts``)
         p = (wf[0] - sx) * x0
         p += (wf[1] - sx) * x1
         p += (wf[2] - sx) * x2
@@ -296,7 +308,7 @@ def _fp8_gemv_kernel(
     X_LOAD: tl.constexpr, GLU: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr,
     STAGES: tl.constexpr, PDL: tl.constexpr, TILED: tl.constexpr,
     U8: tl.constexpr = 0, GROUP: tl.constexpr = 1, HAS_Z: tl.constexpr = False,
-    ASM: tl.constexpr = True,
+    ASM: tl.constexpr = True, ROW_BLOCK: tl.constexpr = 1,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -317,7 +329,10 @@ def _fp8_gemv_kernel(
     # U8 = 2 with exact q - z (a subtraction per weight), U8 = 1 through 1 + q 2**-15 (one
     # correction per word; ~2**-16 of the result, for 16-bit activations). BASE_BITS: the
     # float bits the bytes are placed in (``_u8_prmt``), at run time (a constant is
-    # re-materialized before every PRMT).
+    # re-materialized before every PRMT). U8 = 3: the bytes are e4m3 (converted as without
+    # U8) with a float32 scale per GROUP weights of K and ROW_BLOCK rows (block-scaled FP8
+    # checkpoints: s_ptr the [ceil(N / ROW_BLOCK), ceil(K / GROUP)] scales read through
+    # stride_sn / stride_sg), no zero point.
     BLOCK_W: tl.constexpr = BLOCK_K // 4
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -351,7 +366,8 @@ def _fp8_gemv_kernel(
     sx = 0.0
     if U8:  # the first step's group factors (scales are weights: before the wait)
         sq, sx = _group_consts(s_ptr, z_ptr, zero, rows, n_mask, w_start, stride_sg,
-                               stride_sn, stride_zg, stride_zn, GROUP, HAS_Z, U8 == 2)
+                               stride_sn, stride_zg, stride_zn, GROUP, HAS_Z, U8 != 1,
+                               ROW_BLOCK)
     pdl_begin(PDL)  # the first weights are on their way while the previous kernel ends
     for wi in tl.range(w_start, w_end, BLOCK_W, loop_unroll_factor=2):
         w_ptrs += W_STEP
@@ -361,7 +377,8 @@ def _fp8_gemv_kernel(
             # The next step's group factors on their way too (the last step's: a reload).
             sq_next, sx_next = _group_consts(
                 s_ptr, z_ptr, zero, rows, n_mask, tl.minimum(wi + BLOCK_W, w_end - 1),
-                stride_sg, stride_sn, stride_zg, stride_zn, GROUP, HAS_Z, U8 == 2)
+                stride_sg, stride_sn, stride_zg, stride_zn, GROUP, HAS_Z, U8 != 1, ROW_BLOCK)
+        if U8 == 1 or U8 == 2:
             wf = _u8x4(w, BASE_BITS, ASM, U8 == 2)
         elif BITS:
             wf = _e4m3x4_bits(w)
@@ -423,6 +440,21 @@ def _plan(n: int, k: int) -> tuple[int, int, int, int, int]:
     return 16, 512, 8, 1, 2
 
 
+def group_plan(n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
+    """:func:`_plan` for weights with a scale per ``group`` of K (a step may not cross one:
+    ``int8_gemv``, block-scaled FP8): the FP8 GEMV's plan where the group allows its K
+    steps; 128-wide steps otherwise, over 4 warps and enough K splits for about 4 programs
+    per SM (session 34's sweep, us from HBM at g128: qkv 9.6, o 7.4 at 64 x 128, down 19.7
+    at 32 x 128; one program per SM had left the SMs unevenly loaded: 11.3 / 12.0 /
+    26.4)."""
+    plan = _plan(n, k)
+    if group % plan[1] == 0:
+        return plan
+    block_k = next(b for b in (128, 64, SMALLEST_STEP) if group % b == 0)
+    block_n = 32 if k >= 8192 else 64
+    return block_n, block_k, 4, 4, 2
+
+
 def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
              split_k: int | None = None, block_n: int | None = None,
              block_k: int | None = None, num_warps: int | None = None,
@@ -443,6 +475,25 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     layout, made with the same ``glu``); the tile is then those blocks, the same bits."""
     return _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits,
                    x_load, stages, glu=glu, tiled=tiled)
+
+
+def block_supported(m: int, k: int, block: tuple[int, int]) -> bool:
+    """Whether :func:`fp8_block_gemv` takes [m, k] activations on a weight scaled in
+    ``block`` = (rows, columns) blocks: m <= MAX_M, K a multiple of 4, the columns a multiple
+    of the smallest K step."""
+    return 1 <= m <= MAX_M and k % 4 == 0 and block[0] > 0 and block[1] % SMALLEST_STEP == 0
+
+
+def fp8_block_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                   block: tuple[int, int], glu: bool = False) -> torch.Tensor:
+    """``x2 [M, K] @ W^T`` for M <= MAX_M in x2's dtype, ``W = weight * scale`` of each
+    ``block`` = (rows, columns) block (DeepSeek / Qwen3-FP8 checkpoints' ``weight_scale_inv``:
+    float32 [ceil(N / rows), ceil(K / columns)]): the FP8 GEMV with each K step inside one
+    block column, its sum times the block's scale (U8 = 3). ``glu`` as :func:`fp8_gemv`."""
+    n, k = weight.shape
+    block_n, block_k, warps, waves, stages = group_plan(n, k, block[1])
+    return _launch(x2, weight, scale, None, block_n, block_k, warps, waves, None, None, stages,
+                   glu=glu, block=block)
 
 
 def _weight_rows(weight: torch.Tensor) -> int:
@@ -516,14 +567,16 @@ def grid(n: int, k: int, block_n: int, block_k: int, waves: int, device: torch.d
 def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits, x_load,
             stages, glu: bool = False, rope: tuple | None = None,
             head_dim: int = 2, tiled: tuple[int, int] | None = None,
-            u8: tuple | None = None) -> torch.Tensor:
+            u8: tuple | None = None, block: tuple[int, int] | None = None) -> torch.Tensor:
     """``fp8_gemv``'s launch; ``rope``: ``_fp8_gemv_kernel``'s ROPE arguments (pos_ptr ..
     QK_N; the output then q [M, Q_N] and split_k 1), else None; ``tiled``: the weight's
     (block_n, block_k) tiling (``fp8_tiled.tile_fp8_weight``), which the tile then is.
     ``u8``: (zeros, group, exact) for unsigned 8-bit integer weights
     (``octavo.kernels.int8_gemv``; ``scale`` then float scales [K / group, N], ``zeros`` a
     tensor of that shape or one number; ``exact``: the kernel's U8 = 2), else None (float8
-    weights, ``scale`` float32 per row)."""
+    weights, ``scale`` float32 per row); ``block``: (rows, columns) of the blocks of a
+    block-scaled float8 weight, ``scale`` then float32 [ceil(N / rows), ceil(K / columns)]
+    (the kernel's U8 = 3)."""
     require_triton("fp8_gemv")
     m, k = x2.shape
     n = _weight_rows(weight)
@@ -545,7 +598,13 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
     num_warps = num_warps or plan[2]
     waves = waves or plan[3]
     stages = stages or fp8_gemv_stages() or plan[4]
-    if u8 is None:
+    if block is not None:
+        bo, bi = block
+        assert scale.dtype == torch.float32 and tuple(scale.shape) == (-(-n // bo), -(-k // bi)) \
+            and bi % block_k == 0, (scale.shape, scale.dtype, n, k, block, block_k)
+        u8_args = (scale, 0.0, 0x3F800000, scale.stride(1), scale.stride(0), 0, 0)
+        u8_meta = {"U8": 3, "GROUP": bi, "HAS_Z": False, "ASM": x2.is_cuda, "ROW_BLOCK": bo}
+    elif u8 is None:
         scale = scale.reshape(-1)
         assert scale.numel() == n and scale.dtype == torch.float32, (scale.shape, scale.dtype)
         u8_args = (x2, 0.0, 0x3F800000, 0, 0, 0, 0)  # placeholders: not read

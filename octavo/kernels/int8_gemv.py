@@ -38,7 +38,7 @@ import torch
 from octavo.kernels import fp8_gemv as _gemv
 
 MAX_M = _gemv.MAX_M
-SMALLEST_STEP = 32  # K per step at the least (BLOCK_K): a group is a multiple of it
+SMALLEST_STEP = _gemv.SMALLEST_STEP
 
 
 def supports(m: int, k: int, group_size: int) -> bool:
@@ -68,22 +68,8 @@ def as_along_k(weight: torch.Tensor) -> torch.Tensor:
     return weight.view(torch.int32).t()
 
 
-def _plan(n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
-    """(block_n, block_k, num_warps, waves, stages): the FP8 GEMV's plan where the group
-    allows its K steps; 128-wide steps otherwise, over 4 warps and enough K splits for about
-    4 programs per SM (session 34's sweep, us from HBM at g128: qkv 9.6, o 7.4 at 64 x 128,
-    down 19.7 at 32 x 128; one program per SM had left the SMs unevenly loaded: 11.3 / 12.0 /
-    26.4)."""
-    plan = _gemv._plan(n, k)
-    if group % plan[1] == 0:
-        return plan
-    block_k = next(b for b in (128, 64, SMALLEST_STEP) if group % b == 0)  # supports()
-    block_n = 32 if k >= 8192 else 64
-    return block_n, block_k, 4, 4, 2
-
-
 def _tuned(n: int, k: int, group: int, tuning: dict, x2: torch.Tensor) -> dict:
-    block_n, block_k, warps, waves, stages = _plan(n, k, group)
+    block_n, block_k, warps, waves, stages = _gemv.group_plan(n, k, group)
     exact = tuning.get("exact")
     return {"exact": x2.dtype == torch.float32 if exact is None else exact,
             "split_k": tuning.get("split_k"), "block_n": tuning.get("block_n") or block_n,

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo import envs
 from octavo.quantization import fp8_linear
 from octavo.quantization.base import LinearMethod, QuantizationConfig, ignored_modules
 from octavo.quantization.merged_parts import part_order, part_rows, rank_box
@@ -65,6 +66,15 @@ def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor,
     rows, cols = q.shape
     s = scale_inv.float().repeat_interleave(bo, 0)[:rows].repeat_interleave(bi, 1)[:, :cols]
     return q.float() * s
+
+
+def blocks_kept_dense(device: torch.device, k: int) -> bool:
+    """Whether a dense layer of a block-scaled checkpoint keeps its FP8 blocks
+    (``OCTAVO_FP8_BLOCK_KEPT``, CUDA of compute capability 8.9+, Triton importable); else it
+    dequantizes at load."""
+    from octavo.kernels.triton_utils import HAS_TRITON
+
+    return envs.fp8_block_kept() and HAS_TRITON and use_scaled_mm(device) and k % 4 == 0
 
 
 def use_scaled_mm(device: torch.device) -> bool:
@@ -196,7 +206,8 @@ class Fp8LinearMethod(LinearMethod):
         # A grouped mixture-of-experts kernel that runs FP8 weights as they are
         # (``QuantizedExperts`` sets ``keeps_fp8``, its device rule).
         keep = getattr(layer, "keeps_fp8", None)
-        kept = keep is not None and keep(torch.empty(0, device=device))
+        kept = keep(torch.empty(0, device=device)) if keep is not None else (
+            self.block is not None and blocks_kept_dense(device, k))
         layer.fp8_runs = False  # the weight_fp8 / weight_scale paths of apply() run
         layer.fp8_gemv = False
         if self.block and kept and not parts:  # load_format="dummy": random blocks
@@ -247,6 +258,30 @@ class Fp8LinearMethod(LinearMethod):
         layer.register_buffer("dequantized_weight", dense.to(self.params_dtype),
                               persistent=False)
 
+    def _block_apply(self, layer, x: torch.Tensor, glu: bool = False) -> torch.Tensor | None:
+        """A dense layer's kept FP8 blocks on CUDA (``blocks_kept_dense``): 1-2 rows through
+        the FP8 GEMV's block mode, up to OCTAVO_FP8_BLOCK_GEMM_MAX_M rows through
+        ``fp8_block_gemm``; None for larger batches (dequantized per call) and, with
+        ``glu``, where the GEMV does not run."""
+        from octavo.kernels.triton_utils import interpreting
+
+        x2 = x.reshape(-1, x.shape[-1])
+        m = x2.shape[0]
+        if not (x2.is_cuda or interpreting()):
+            return None
+        from octavo.kernels import fp8_gemv
+
+        w, s = layer.weight_fp8, layer.weight_block_scale
+        if fp8_gemv.block_supported(m, x2.shape[1], self.block):
+            y = fp8_gemv.fp8_block_gemv(x2, w, s, self.block, glu=glu)
+        elif glu or m > envs.fp8_block_gemm_max_m():
+            return None
+        else:
+            from octavo.kernels.fp8_block_gemm import fp8_block_gemm
+
+            y = fp8_block_gemm(x2, w, s, self.block)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
     def _kept_dense(self, layer) -> torch.Tensor:
         """A weight kept in FP8 for a grouped kernel only, dequantized (float32) for a call
         that runs elsewhere (the experts' loop)."""
@@ -257,6 +292,11 @@ class Fp8LinearMethod(LinearMethod):
 
     def apply(self, layer, x, bias):
         w = getattr(layer, "dequantized_weight", None)
+        if w is None and getattr(layer, "weight_block_scale", None) is not None \
+                and getattr(layer, "keeps_fp8", None) is None:
+            y = self._block_apply(layer, x)
+            if y is not None:
+                return y if bias is None else y + bias
         if w is None and not layer.fp8_runs:
             w = self._kept_dense(layer)
         if w is not None:
@@ -276,6 +316,11 @@ class Fp8LinearMethod(LinearMethod):
         return y if bias is None else y + bias
 
     def apply_gated(self, layer, x, bias):
+        if getattr(layer, "weight_block_scale", None) is not None and bias is None \
+                and getattr(layer, "keeps_fp8", None) is None and envs.fused_glu():
+            sizes = layer.output_partition_sizes
+            if len(sizes) == 2 and sizes[0] == sizes[1]:
+                return self._block_apply(layer, x, glu=True)
         if not layer.fp8_runs:
             return None
         return fp8_linear.gated_gemv(layer, x, layer.weight_fp8, layer.weight_scale, bias)

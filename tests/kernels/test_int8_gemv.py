@@ -57,7 +57,7 @@ def test_plan_steps_within_a_group():
     """Each K step lies inside one group; 128-wide steps spread over about 4 programs per
     SM."""
     from octavo.kernels.fp8_gemv import _plan as fp8_plan
-    from octavo.kernels.int8_gemv import _plan
+    from octavo.kernels.fp8_gemv import group_plan as _plan
 
     assert _plan(6144, 4096, 4096) == fp8_plan(6144, 4096)  # one group per row
     assert _plan(6144, 4096, 128) == (64, 128, 4, 4, 2)
