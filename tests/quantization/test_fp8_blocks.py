@@ -1,5 +1,5 @@
-"""Dense layers of block-scaled FP8 checkpoints kept in FP8 (``OCTAVO_FP8_BLOCK_KEPT``, CUDA
-8.9+; forced here with the kernels in Triton's CPU interpreter): the weights stay one byte
+"""Dense layers of block-scaled FP8 checkpoints kept in FP8 (``OCTAVO_FP8_BLOCK_KEPT``, on
+by default on CUDA 8.9+; forced here with the kernels in Triton's CPU interpreter): the weights stay one byte
 each with their block scales, 1-2 rows run the FP8 GEMV's block mode, larger batches the
 block GEMM, the largest dequantize per call, and the greedy tokens are the dequantized
 twin's (float32)."""
@@ -75,7 +75,10 @@ def test_kept_blocks_give_the_twins_tokens(pair, monkeypatch):
     assert 1 in gemv and set(gemm) >= {3, 6} and 13 not in gemm and dense
 
 
-def test_off_by_default_blocks_dequantize_at_load(pair):
+def test_off_the_gpu_or_turned_off_blocks_dequantize_at_load(pair, monkeypatch):
+    assert not fp8.blocks_kept_dense(torch.device("cpu"), 64)
+    monkeypatch.setenv("OCTAVO_FP8_BLOCK_KEPT", "0")
+    assert not fp8.blocks_kept_dense(torch.device("cuda"), 64)
     llm = _llm(pair[0])
     qkv = llm.llm_engine.executor.worker.runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.dequantized_weight.dtype == torch.float32
@@ -92,3 +95,20 @@ def test_slices_off_the_blocks_dequantize(tmp_path, monkeypatch):
     layer = _llm(quant).llm_engine.executor.worker.runner.model.model.layers[0]
     assert layer.self_attn.qkv_proj.dequantized_weight is not None
     assert layer.mlp.down_proj.weight_fp8.dtype == fp8.FP8
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_kept_blocks_give_the_dequantized_tokens(pair, monkeypatch):
+    """On CUDA (8.9+), float32: the kept blocks' kernels give the tokens of the layers
+    dequantized at load (OCTAVO_FP8_BLOCK_KEPT=0)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs CUDA with e4m3 (compute capability 8.9)")
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("OCTAVO_FP8_BLOCK_KEPT", flag)
+        llm = LLM(model=pair[0], dtype="float32", skip_tokenizer_init=True, max_model_len=64)
+        qkv = llm.llm_engine.executor.worker.runner.model.model.layers[0].self_attn.qkv_proj
+        assert (getattr(qkv, "weight_block_scale", None) is not None) == (flag == "1")
+        runs[flag] = _greedy(llm)
+        llm.llm_engine.shutdown()
+    assert runs["1"] == runs["0"]
