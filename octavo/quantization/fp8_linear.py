@@ -228,6 +228,15 @@ class Fp8LinearMethod(LinearMethod):
         del layer.weight, layer.weight_scale
         layer.register_buffer("act_scale", input_scale, persistent=False)
         k, n = weight.shape[1], weight.shape[0]
+        keep = getattr(layer, "keeps_fp8", None)  # a grouped MoE kernel's device rule
+        if keep is not None and keep(weight):
+            # Experts kept as stored for ``fused_moe``'s FP8 path, which runs them
+            # weight-only (activations not rounded to FP8, W8A8 schemes included).
+            layer.fp8_mm = False
+            layer.register_buffer("weight_fp8", weight, persistent=False)
+            layer.register_buffer("weight_scale", scale.reshape(-1).contiguous(),
+                                  persistent=False)
+            return
         # A float32 model computes the checkpoint's arithmetic as the reference does (the
         # path below): the FP8 kernels round their output to 16 bits and leave one- and
         # two-row activations unrounded, which no float32 comparison can hold.
@@ -241,13 +250,6 @@ class Fp8LinearMethod(LinearMethod):
             layer.register_buffer("fp8_weight_scale", scale.reshape(1, -1).contiguous(),
                                   persistent=False)
             layer.fp8_gemv = gemv_available()
-            return
-        keep = getattr(layer, "keeps_fp8", None)  # a grouped MoE kernel's device rule
-        if self.activations is None and keep is not None and keep(weight):
-            # Weight-only experts kept as stored for ``fused_moe``'s FP8 path.
-            layer.register_buffer("weight_fp8", weight, persistent=False)
-            layer.register_buffer("weight_scale", scale.reshape(-1).contiguous(),
-                                  persistent=False)
             return
         self._dequantize(layer, weight, scale)
 

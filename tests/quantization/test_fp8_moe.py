@@ -175,3 +175,61 @@ def test_dummy_weights_keep_blocks(float_moe, tmp_path, monkeypatch):
     layer = _moe(_llm(path, load_format="dummy"))
     _assert_held_in_fp8(layer, (16, 32))
     _grouped_equals_loop(monkeypatch, layer)
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor"])
+def test_compressed_tensors_w8a8_experts_stack_weight_only(strategy, monkeypatch):
+    """llm-compressor's FP8 W8A8 (dynamic per-token activations, as its FP8_DYNAMIC preset)
+    experts stack in FP8 where the grouped kernel runs, and it runs them weight-only: the
+    dense reference over the dequantized weights, activations unrounded."""
+    from torch import nn
+
+    from octavo.layers.quantized_experts import QuantizedExperts
+    from octavo.model_loader.weights import load_weights
+    from octavo.models.llama import LlamaForCausalLM
+    from octavo.quantization.compressed_tensors import CompressedTensorsConfig
+    from tests.test_moe import _reference
+
+    e, h, inter = 4, 64, 32
+    cfg = CompressedTensorsConfig.from_config({"config_groups": {"g": {
+        "targets": ["Linear"], "format": "float-quantized",
+        "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy},
+        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                              "dynamic": True}}}, "ignore": ["mlp.gate"]})
+
+    class Holder(nn.Module):
+        packed_modules_mapping = LlamaForCausalLM.packed_modules_mapping
+
+        def __init__(self):
+            super().__init__()
+            self.mlp = FusedMoE(e, 2, h, inter, True, quant_config=cfg, prefix="mlp")
+
+    monkeypatch.setattr(fused_moe, "on_kernel_device", lambda x: True)
+    holder = Holder()
+    assert isinstance(holder.mlp.experts, QuantizedExperts)
+    g = torch.Generator().manual_seed(0)
+    gate_w = torch.randn(e, h, generator=g)
+    ckpt = {"mlp.gate.weight": gate_w}
+    w13, w2 = torch.empty(e, 2 * inter, h), torch.empty(e, h, inter)
+    for ex in range(e):
+        for proj, rows, cols in (("gate_proj", inter, h), ("up_proj", inter, h),
+                                 ("down_proj", h, inter)):
+            w = (torch.randn(rows, cols, generator=g) * 50).clamp(-448, 448).to(FP8)
+            s = torch.rand(rows, 1, generator=g) / 500 + 1e-4 if strategy == "channel" \
+                else torch.rand(1, generator=g) / 500 + 1e-4
+            ckpt[f"mlp.experts.{ex}.{proj}.weight"] = w
+            ckpt[f"mlp.experts.{ex}.{proj}.weight_scale"] = s
+            dense = w.float() * s.reshape(-1, 1)
+            if proj == "down_proj":
+                w2[ex] = dense
+            else:
+                w13[ex, (0 if proj == "gate_proj" else inter):][:inter] = dense
+    load_weights(holder, ckpt.items())
+    for m in holder.modules():
+        if m is not holder and hasattr(m, "process_weights_after_loading"):
+            m.process_weights_after_loading()
+    holder.mlp.experts.finish_loading()
+    assert isinstance(holder.mlp.experts.stacked, Fp8Experts)
+    x = torch.randn(6, h, generator=g)
+    torch.testing.assert_close(holder.mlp(x), _reference(x, gate_w, w13, w2, 2, True),
+                               atol=1e-4, rtol=1e-4)
