@@ -113,6 +113,12 @@ class CompressedTensorsConfig(QuantizationConfig):
 
             return CompressedTensorsIntMethod(scheme)
         assert isinstance(scheme, Fp8Scheme), scheme
+        if scheme.block is not None:  # the fp8 method's blocks, the scale named weight_scale
+            from octavo.quantization import fp8
+
+            return fp8.Fp8LinearMethod(False, True, scheme.block, False,
+                                       block_scale_name="weight_scale",
+                                       act_group=scheme.act_group)
         from octavo.quantization.fp8_linear import Fp8LinearMethod
 
         return Fp8LinearMethod(scheme.weight_strategy, scheme.activations)

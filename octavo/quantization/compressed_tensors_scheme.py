@@ -42,9 +42,14 @@ class IntWeightScheme:
 @dataclass(frozen=True)
 class Fp8Scheme:
     """FP8 (e4m3) weights with a per-tensor or per-channel scale; activations quantized to FP8
-    per token or per tensor (dynamic), with a stored ``input_scale`` (static), or not at all."""
-    weight_strategy: str  # "tensor" | "channel"
+    per token or per tensor (dynamic), with a stored ``input_scale`` (static), or not at all.
+    Strategy "block" (llm-compressor's FP8_BLOCK): a scale per ``block`` = (rows, columns)
+    of the weight, run weight-only whatever the activations say (dynamic per group of
+    columns in the preset)."""
+    weight_strategy: str  # "tensor" | "channel" | "block"
     activations: str | None  # None | "dynamic-token" | "dynamic-tensor" | "static-tensor"
+    block: tuple[int, int] | None = None
+    act_group: int | None = None  # block: dynamic activations per group of columns
 
 
 Scheme = IntWeightScheme | Fp8Scheme
@@ -110,12 +115,33 @@ def parse_scheme(name: str, group: Mapping[str, Any], default_format: str | None
         if fmt not in FLOAT_FORMATS:
             raise ValueError(f"compressed-tensors {what}: format {fmt!r} is not supported for "
                              f"FP8 weights (supported: {list(FLOAT_FORMATS)})")
-        if strategy not in ("tensor", "channel"):
+        if strategy not in ("tensor", "channel", "block"):
             raise ValueError(f"compressed-tensors {what}: FP8 weight strategy {strategy!r} is "
-                             "not supported (supported: 'tensor', 'channel')")
+                             "not supported (supported: 'tensor', 'channel', 'block')")
         if not weights.get("symmetric", True):
             raise ValueError(f"compressed-tensors {what}: asymmetric FP8 weights are not "
                              "supported")
+        if strategy == "block":
+            block = weights.get("block_structure")
+            if not (isinstance(block, (list, tuple)) and len(block) == 2
+                    and all(isinstance(b, int) and b > 0 for b in block)):
+                raise ValueError(f"compressed-tensors {what}: block strategy needs "
+                                 f"block_structure [rows, columns], got {block!r}")
+            act_group = None
+            if acts:
+                if not acts.get("dynamic", False):
+                    raise ValueError(f"compressed-tensors {what}: FP8 blocks with static "
+                                     "activation scales are not supported")
+                if str(acts.get("strategy")).lower() == "group":
+                    act_group = acts.get("group_size")
+                    if not isinstance(act_group, int) or act_group <= 0:
+                        raise ValueError(f"compressed-tensors {what}: group activations need "
+                                         f"a positive group_size, got {act_group!r}")
+                elif str(acts.get("strategy")).lower() != "token":
+                    raise ValueError(f"compressed-tensors {what}: FP8 blocks with "
+                                     f"{acts.get('strategy')!r} activations are not supported "
+                                     "(dynamic per group or per token)")
+            return Fp8Scheme("block", None, (block[0], block[1]), act_group)
         return Fp8Scheme(strategy, _fp8_activations(what, acts))
     raise ValueError(f"compressed-tensors {what}: weight type {wtype!r} is not supported")
 

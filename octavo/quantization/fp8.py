@@ -107,17 +107,26 @@ class Fp8LinearMethod(LinearMethod):
     has_qkv_rope = True
 
     def __init__(self, per_channel: bool, prequantized: bool,
-                 block: tuple[int, int] | None, static_input: bool) -> None:
+                 block: tuple[int, int] | None, static_input: bool,
+                 block_scale_name: str = "weight_scale_inv",
+                 act_group: int | None = None) -> None:
         self.per_channel = per_channel
         self.prequantized = prequantized
         self.block = block
         self.static_input = static_input
+        # The blocks' scales: weight_scale_inv (DeepSeek, transformers' FP8) or weight_scale
+        # (compressed-tensors' block strategy).
+        self.block_scale_name = block_scale_name
+        # Dynamic FP8 activations per group of this many columns (compressed-tensors' FP8_BLOCK
+        # preset): applied where the weight is dequantized (the CPU, calls outside the FP8
+        # kernels); the kept blocks' GPU kernels run weight-only.
+        self.act_group = act_group
 
     def checkpoint_params(self) -> dict[str, torch.dtype | None]:
         if not self.prequantized:
             return {"weight": None}
         names = {"weight": FP8}
-        names["weight_scale_inv" if self.block else "weight_scale"] = torch.float32
+        names[self.block_scale_name if self.block else "weight_scale"] = torch.float32
         if self.static_input:
             names["input_scale"] = torch.float32
         return names
@@ -159,7 +168,7 @@ class Fp8LinearMethod(LinearMethod):
             return w, s if s.dim() else s.expand(w.shape[0])
         r0, rows, c0, cols = part["box"]
         if self.block:
-            dense = dequantize_blocks(w, part["weight_scale_inv"], self.block)
+            dense = dequantize_blocks(w, part[self.block_scale_name], self.block)
             return dense[r0:r0 + rows, c0:c0 + cols], torch.ones(rows, device=w.device)
         s = part["weight_scale"].float().reshape(-1)
         if s.numel() not in (1, w.shape[0]):
@@ -179,12 +188,12 @@ class Fp8LinearMethod(LinearMethod):
             part = parts[sid]
             if any(name not in part for name in self.checkpoint_params()):
                 return None  # _part names what is missing
-            w, s = part["weight"], part["weight_scale_inv"].float()
+            w, s = part["weight"], part[self.block_scale_name].float()
             r0, rows, c0, cols = part["box"]
             offset, _ = part_rows(layer, sid)
             full_r, full_c = w.shape
             if tuple(s.shape) != (-(-full_r // bo), -(-full_c // bi)):
-                raise ValueError(f"layer {layer.prefix!r}: weight_scale_inv of part {sid!r} is "
+                raise ValueError(f"layer {layer.prefix!r}: {self.block_scale_name} of part {sid!r} is "
                                  f"{tuple(s.shape)}, not one per {self.block} block of "
                                  f"{(full_r, full_c)}")
             last = i == len(order) - 1
@@ -299,6 +308,8 @@ class Fp8LinearMethod(LinearMethod):
                 return y if bias is None else y + bias
         if w is None and not layer.fp8_runs:
             w = self._kept_dense(layer)
+        if w is not None and self.act_group:
+            x = fp8_linear.qdq_fp8_groups(x, self.act_group)
         if w is not None:
             return F.linear(x, w if w.dtype == x.dtype else w.to(x.dtype), bias)
         x2 = x.reshape(-1, x.shape[-1])
@@ -332,7 +343,8 @@ class Fp8LinearMethod(LinearMethod):
                                         positions, cos_sin_cache, kv_store)
 
     def dense_weight(self, layer):
-        return getattr(layer, "dequantized_weight", None)
+        # With FP8 activation groups the layer is not ``x W^T``: no oneDNN shortcut.
+        return None if self.act_group else getattr(layer, "dequantized_weight", None)
 
 
 class Fp8Config(QuantizationConfig):

@@ -156,6 +156,17 @@ def activation_scale(x: torch.Tensor, per_token: bool) -> torch.Tensor:
     return torch.where(scale > 0, scale, torch.finfo(x.dtype).eps)
 
 
+def qdq_fp8_groups(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``x`` [..., K] rounded through FP8 with a dynamic scale per ``group`` columns of each
+    row (compressed-tensors' dynamic "group" activations; a last partial group its own)."""
+    k = x.shape[-1]
+    pad = -k % group
+    xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
+    g = xp.reshape(*x.shape[:-1], -1, group)
+    out = qdq_fp8(g, activation_scale(g, per_token=True)).reshape(xp.shape)
+    return out[..., :k] if pad else out
+
+
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 

@@ -86,6 +86,15 @@ CASES = {
                           input_activations={"num_bits": 8, "type": "float",
                                              "symmetric": True, "strategy": "tensor",
                                              "dynamic": False})}, ["lm_head"]),
+    # llm-compressor's FP8_BLOCK preset at this tiny shape's scale: 32 x 32 weight blocks,
+    # activations dynamic per group of 32 columns (Octavo runs the blocks weight-only).
+    "qwen3-fp8-block": ("qwen3", "rtn", {
+        "group_0": _group({"num_bits": 8, "type": "float", "symmetric": True,
+                           "strategy": "block", "block_structure": [32, 32]},
+                          input_activations={"num_bits": 8, "type": "float",
+                                             "symmetric": True, "strategy": "group",
+                                             "group_size": 32, "dynamic": True})},
+        ["lm_head"]),
 }
 
 

@@ -56,22 +56,32 @@ def _methods(llm: LLM) -> dict[str, str]:
             if hasattr(m, "quant_method")}
 
 
-def _check_against_transformers(outs, ref) -> None:
+# FP8 activations rounded in groups of 32 columns (the FP8_BLOCK preset): every linear's
+# input equals transformers' to ~1e-6 and its output equals transformers' exactly on
+# transformers' input, but an input a last bit away can round to the neighbouring FP8 value
+# (6% of that element), so the logprobs stay within this (observed 1.3e-2), not 1e-4.
+GROUP_ACT_LOGPROB_ATOL = 3e-2
+
+
+def _check_against_transformers(outs, ref, atol: float = 1e-4) -> None:
     for out, run in zip(outs, ref["transformers_runs"]):
         assert list(out.token_ids) == run["token_ids"], run["prompt_token_ids"]
         last = out.logprobs[-1]
         for tok, lp in run["last_top_logprobs"].items():
             assert int(tok) in last, (tok, sorted(last))
-            assert last[int(tok)].logprob == pytest.approx(lp, abs=1e-4)
+            assert last[int(tok)].logprob == pytest.approx(lp, abs=atol)
 
 
 # --- checkpoints made by llm-compressor ------------------------------------------------------
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_fixture_matches_transformers(name):
+def test_fixture_matches_transformers(name, monkeypatch):
+    # On a GPU, kept FP8 blocks run weight-only (the activations unrounded): the scheme's
+    # arithmetic is the dequantized layers'.
+    monkeypatch.setenv("OCTAVO_FP8_BLOCK_KEPT", "0")
     ref = _reference(name)
     llm, outs = _run(os.path.join(ROOT, name), ref)
-    _check_against_transformers(outs, ref)
+    _check_against_transformers(outs, ref, GROUP_ACT_LOGPROB_ATOL if "block" in name else 1e-4)
     methods = _methods(llm)
     want = "Fp8LinearMethod" if "fp8" in name else "CompressedTensorsIntMethod"
     assert methods["model.layers.0.self_attn.qkv_proj"] == want
@@ -466,8 +476,11 @@ def test_detected_from_config_json():
       "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group",
                   "group_size": 16}}, {}, r"4-bit float weights \(NVFP4"),
     ({**W4_GROUP, "format": "float-quantized",
-      "weights": {"num_bits": 8, "type": "float", "strategy": "block",
-                  "block_structure": [128, 128]}}, {}, r"FP8 weight strategy 'block'"),
+      "weights": {"num_bits": 8, "type": "float", "strategy": "block"}}, {},
+     r"block strategy needs block_structure \[rows, columns\], got None"),
+    ({**W4_GROUP, "format": "float-quantized",
+      "weights": {"num_bits": 8, "type": "float", "strategy": "tensor_group"}}, {},
+     r"FP8 weight strategy 'tensor_group' is not supported"),
     ({**W4_GROUP, "weights": {**W4_GROUP["weights"], "num_bits": 3}}, {},
      r"3-bit integer weights are not supported"),
     (W4_GROUP, {"kv_cache_scheme": {"num_bits": 8, "type": "float"}}, r"kv_cache_scheme"),
