@@ -145,7 +145,8 @@ def test_wrong_quantization_for_the_checkpoint_is_an_error(pair):
         _llm(dense, quantization=wrong)
 
 
-@pytest.mark.parametrize("layout", ["along_k", "swapab"])
+# swapab: 24 s in CI's interpreter (its kernels have their own tests): slow.
+@pytest.mark.parametrize("layout", ["along_k", pytest.param("swapab", marks=pytest.mark.slow)])
 def test_gpu_layout_through_the_interpreter_matches(pair, layout, monkeypatch):
     """The CUDA path (repack into a kernel layout, act order sorted at load, Triton kernel)
     forced on the CPU, where the kernel runs in Triton's interpreter: same greedy tokens.

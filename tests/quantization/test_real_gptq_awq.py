@@ -79,8 +79,10 @@ def test_wrong_quantization_is_a_clear_error(name):
         _llm(name, quantization=wrong)
 
 
+# The quantized LM head's case: 15 s in CI's interpreter, slow.
 @pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("qwen2-gptq4")]
-                         + [n for n in NAMES if n.startswith("llama-gptq4-g32-lmhead")])
+                         + [pytest.param(n, marks=pytest.mark.slow) for n in NAMES
+                            if n.startswith("llama-gptq4-g32-lmhead")])
 def test_gpu_layout_through_the_interpreter(name, monkeypatch):
     """The CUDA path (repack into the fused kernel's layout, act order sorted at load) forced on
     the CPU, the kernel in Triton's interpreter: same tokens on GPTQModel's act-order g_idx,
