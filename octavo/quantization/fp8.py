@@ -180,8 +180,11 @@ class Fp8LinearMethod(LinearMethod):
     def _blocks_kept(self, layer, parts) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(fp8 weight [n, k], float32 scales [ceil(n / bo), ceil(k / bi)]) of this rank's
         parts, kept in their blocks, where every part's slice starts on a block edge and
-        every part but the last spans whole blocks of rows; else None (dequantize)."""
+        every part but the last spans whole blocks of rows, and the kernels' K steps fit the
+        block columns (a power of two, 32 or more); else None (dequantize)."""
         bo, bi = self.block
+        if bi < 32 or bi & (bi - 1):
+            return None
         weights, scales = [], []
         order = part_order(layer, parts)
         for i, sid in enumerate(order):

@@ -112,3 +112,17 @@ def test_on_the_gpu_kept_blocks_give_the_dequantized_tokens(pair, monkeypatch):
         runs[flag] = _greedy(llm)
         llm.llm_engine.shutdown()
     assert runs["1"] == runs["0"]
+
+
+def test_blocks_the_kernels_cannot_step_through_dequantize(tmp_path, monkeypatch):
+    """48-column blocks: no power-of-two K step fits them, so every layer dequantizes at
+    load (and the tokens are the twin's)."""
+    src = make_checkpoint("qwen2", str(tmp_path / "src"))
+    qcfg = {**QCFG, "weight_block_size": [32, 48]}
+    quant = _write_fp8_checkpoint(src, str(tmp_path / "q"), qcfg, block=(32, 48))
+    twin = _dequantized_twin(quant, str(tmp_path / "twin"), block=(32, 48))
+    monkeypatch.setattr(fp8, "blocks_kept_dense", lambda device, k: True)
+    llm = _llm(quant)
+    layer = llm.llm_engine.executor.worker.runner.model.model.layers[0]
+    assert layer.mlp.down_proj.dequantized_weight is not None
+    assert _greedy(llm) == _greedy(_llm(twin))
