@@ -1,21 +1,44 @@
 """Block-scaled FP8 weights (DeepSeek / Qwen3-FP8 checkpoints: e4m3 [N, K] with a float32
 ``weight_scale_inv`` per block of (rows, columns), usually 128 x 128) times bf16/fp16
-activations, weight-only, for the batches between the GEMV's rows and a prefill:
-``fused_moe``'s down-projection launch with one expert. Each program's rows are a plain run
-of the batch (the alignment of one expert is the identity), its weight tiles converted
-exactly in the main loop and each K step's float32 sum times its block's scale; the float32
-result is rounded once (``fused_moe.sum_pairs`` with one pair a row).
+activations, weight-only:
 
-``octavo.kernels.fp8_gemv.fp8_block_gemv`` takes 1-2 rows; large batches dequantize and run
-cuBLAS (``octavo.quantization.fp8``). ``fp8_block_gemm_reference`` is what it is tested
-against."""
+- 1-2 rows (:func:`fp8_block_gemv`): the FP8 GEMV (``octavo.kernels.fp8_gemv``) in its
+  block mode (U8 = 3), each K step inside one block column, its sum times the block's scale.
+- More rows (:func:`fp8_block_gemm`): ``fused_moe``'s down-projection launch with one
+  expert. Each program's rows are a plain run of the batch (the alignment of one expert is
+  the identity), its weight tiles converted exactly in the main loop and each K step's
+  float32 sum times its block's scale; the float32 result is rounded once.
+
+Large batches dequantize and run cuBLAS (``octavo.quantization.fp8``).
+``fp8_block_gemm_reference`` is what both are tested against."""
 
 from __future__ import annotations
 
 import torch
 
+from octavo.kernels import fp8_gemv as gemv
 from octavo.kernels import fused_moe as moe
 from octavo.kernels.triton_utils import require_triton, triton
+
+
+def block_supported(m: int, k: int, block: tuple[int, int]) -> bool:
+    """Whether :func:`fp8_block_gemv` takes [m, k] activations on a weight scaled in
+    ``block`` = (rows, columns) blocks: m <= MAX_M, K a multiple of 4, the columns a multiple
+    of the GEMV's smallest K step."""
+    return (1 <= m <= gemv.MAX_M and k % 4 == 0 and block[0] > 0
+            and block[1] % gemv.SMALLEST_STEP == 0)
+
+
+def fp8_block_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                   block: tuple[int, int], glu: bool = False) -> torch.Tensor:
+    """``x2 [M, K] @ W^T`` for M <= MAX_M in x2's dtype, ``W = weight * scale`` of each
+    ``block`` = (rows, columns) block (float32 scales [ceil(N / rows), ceil(K / columns)]):
+    the FP8 GEMV with each K step inside one block column (``fp8_gemv.group_plan``).
+    ``glu`` as ``fp8_gemv.fp8_gemv``."""
+    n, k = weight.shape
+    block_n, block_k, warps, waves, stages = gemv.group_plan(n, k, block[1])
+    return gemv._launch(x2, weight, scale, None, block_n, block_k, warps, waves, None, None,
+                        stages, glu=glu, block=block)
 
 
 def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -60,7 +83,4 @@ def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 def fp8_block_gemm_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                              block: tuple[int, int]) -> torch.Tensor:
     """float32 ``x @ W^T`` over the dequantized weight, rounded once to x's dtype."""
-    bo, bi = block
-    n, k = weight.shape
-    s = scale.float().repeat_interleave(bo, 0)[:n].repeat_interleave(bi, 1)[:, :k]
-    return (x.float() @ (weight.float() * s).t()).to(x.dtype)
+    return (x.float() @ moe.dequantize_fp8_weight(weight, scale, block).t()).to(x.dtype)

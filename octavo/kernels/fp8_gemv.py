@@ -34,7 +34,7 @@ import torch
 from octavo.envs import fp8_gemv_stages
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
-from octavo.kernels.rotary import rotate_halves
+from octavo.kernels.qkv_rope_store import rope_rows, rope_store
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.split_k import plan as split_k_plan
@@ -238,64 +238,6 @@ def _word_dot(acc, wf, x_ptr, offs_w, w_end, stride_xk, BITS: tl.constexpr,
 
 
 @triton.jit
-def _rope_store(res, offs_m, pid_n, M, N, Q_N, QK_N, out_ptr, stride_om, pos_ptr, cs_ptr,
-                stride_cs, kc_ptr, vc_ptr, slot_ptr, stride_cb, stride_ct, stride_ch,
-                block_size, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """ROPE's store (one K split): ``res`` [BLOCK_M, BLOCK_N] holds the tile's column pairs
-    (``_rope_rows``), each member first rounded to the output dtype as a stored [q | k | v]
-    would be. A q or k pair (x1, x2) = (head h's features i, i + D/2) becomes x1 * cos -
-    x2 * sin, x2 * cos + x1 * sin (``rotate_halves``, cos / sin of the row's position:
-    the rotary kernel's bits); q goes to ``out_ptr`` [M, Hq * D], the rotated k and the v
-    pairs (two consecutive features, as they are) into the paged caches at the row's slot,
-    as ``reshape_and_cache`` writes them (cast to the cache's dtype; slot -1: not
-    stored)."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    PAIRS: tl.constexpr = BLOCK_N // 2
-    bm: tl.constexpr = res.shape[0]
-    dtype = out_ptr.dtype.element_ty
-    x1, x2 = tl.split(tl.reshape(res.to(dtype).to(tl.float32), (bm, PAIRS, 2)))
-    col = 2 * (pid_n * PAIRS + tl.arange(0, PAIRS))  # the pair's first column
-    h = col // HEAD_DIM
-    i = (col % HEAD_DIM) // 2
-    m_ok = offs_m < M
-    is_qk = col < QK_N
-    pos = tl.load(pos_ptr + offs_m, mask=m_ok, other=0).to(tl.int64)
-    cs = cs_ptr + pos[:, None] * stride_cs + i[None, :]
-    rot = m_ok[:, None] & is_qk[None, :]
-    cos = tl.load(cs, mask=rot, other=0.0).to(tl.float32)
-    sin = tl.load(cs + HALF, mask=rot, other=0.0).to(tl.float32)
-    y1, y2 = rotate_halves(x1, x2, cos, sin)
-    y1 = y1.to(dtype)
-    y2 = y2.to(dtype)
-    q_ok = m_ok[:, None] & (col < Q_N)[None, :]
-    q = out_ptr + offs_m[:, None] * stride_om + (h * HEAD_DIM + i)[None, :]
-    tl.store(q, y1, mask=q_ok)
-    tl.store(q + HALF, y2, mask=q_ok)
-    slot = tl.load(slot_ptr + offs_m, mask=m_ok, other=-1).to(tl.int64)
-    stored = m_ok & (slot >= 0)
-    row = (slot // block_size) * stride_cb + (slot % block_size) * stride_ct
-    k_ok = stored[:, None] & ((col >= Q_N) & is_qk)[None, :]
-    k = kc_ptr + row[:, None] + ((h - Q_N // HEAD_DIM) * stride_ch + i)[None, :]
-    tl.store(k, y1.to(kc_ptr.dtype.element_ty), mask=k_ok)
-    tl.store(k + HALF, y2.to(kc_ptr.dtype.element_ty), mask=k_ok)
-    e = col - QK_N  # v's feature
-    v_ok = stored[:, None] & ((col >= QK_N) & (col < N))[None, :]
-    v = vc_ptr + row[:, None] + ((e // HEAD_DIM) * stride_ch + e % HEAD_DIM)[None, :]
-    tl.store(v, x1.to(dtype).to(vc_ptr.dtype.element_ty), mask=v_ok)
-    tl.store(v + 1, x2.to(dtype).to(vc_ptr.dtype.element_ty), mask=v_ok)
-
-
-@triton.jit
-def _rope_rows(offs_n, QK_N, HEAD_DIM: tl.constexpr):
-    """ROPE's weight row of each tile column: in the q / k part (columns < QK_N) column 2p
-    reads head h's row i and 2p + 1 its row i + D/2 (the NeoX pair p = h * D/2 + i that
-    rotates together), in the v part column c reads row c."""
-    pair = offs_n // 2
-    first = (pair // (HEAD_DIM // 2)) * HEAD_DIM + pair % (HEAD_DIM // 2)
-    return tl.where(offs_n < QK_N, first + (offs_n % 2) * (HEAD_DIM // 2), offs_n)
-
-
-@triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, K_PER_SPLIT, NUM_SPLITS,
@@ -316,8 +258,9 @@ def _fp8_gemv_kernel(
     # 2p + 1 up row I + p, and the store writes silu(gate) * up to output column p.
     # ROPE (one K split): the weight is a qkv projection's [q | k | v] (q: Q_N rows, q and
     # k: QK_N, heads of HEAD_DIM); the tile's column pairs are the NeoX pairs of q and k
-    # (``_rope_rows``) and the store rotates them, writes q to out_ptr and k / v into the
-    # paged KV cache (``_rope_store``); the pos_ptr .. QK_N arguments serve ROPE only.
+    # (``qkv_rope_store.rope_rows``) and the store rotates them, writes q to out_ptr and k / v
+    # into the paged KV cache (``qkv_rope_store.rope_store``); the pos_ptr .. QK_N arguments
+    # serve ROPE only.
     # TILED: the weight pre-tiled by ``fp8_tiled.tile_fp8_weight`` for these BLOCK_N x
     # BLOCK_K (N and K multiples of them), int32 words [N / BLOCK_N, K / BLOCK_K, BLOCK_N,
     # BLOCK_W], tile column c's row already the weight row ``rows[c]``: a step of a tile is
@@ -342,7 +285,7 @@ def _fp8_gemv_kernel(
     if GLU:
         rows = offs_n // 2 + (offs_n % 2) * (N // 2)
     if ROPE:
-        rows = _rope_rows(offs_n, QK_N, HEAD_DIM)
+        rows = rope_rows(offs_n, QK_N, HEAD_DIM)
     x1 = x_ptr + stride_xm
     acc0 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
@@ -407,7 +350,7 @@ def _fp8_gemv_kernel(
     if BLOCK_M > 1:
         res = tl.where(offs_m[:, None] == 1, (tl.sum(acc1, axis=1) * scale)[None, :], res)
     if ROPE:
-        _rope_store(res, offs_m, pid_n, M, N, Q_N, QK_N, out_ptr, stride_om, pos_ptr, cs_ptr,
+        rope_store(res, offs_m, pid_n, M, N, Q_N, QK_N, out_ptr, stride_om, pos_ptr, cs_ptr,
                     stride_cs, kc_ptr, vc_ptr, slot_ptr, stride_cb, stride_ct, stride_ch,
                     block_size, BLOCK_N, HEAD_DIM)
     else:
@@ -475,25 +418,6 @@ def fp8_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     layout, made with the same ``glu``); the tile is then those blocks, the same bits."""
     return _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits,
                    x_load, stages, glu=glu, tiled=tiled)
-
-
-def block_supported(m: int, k: int, block: tuple[int, int]) -> bool:
-    """Whether :func:`fp8_block_gemv` takes [m, k] activations on a weight scaled in
-    ``block`` = (rows, columns) blocks: m <= MAX_M, K a multiple of 4, the columns a multiple
-    of the smallest K step."""
-    return 1 <= m <= MAX_M and k % 4 == 0 and block[0] > 0 and block[1] % SMALLEST_STEP == 0
-
-
-def fp8_block_gemv(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                   block: tuple[int, int], glu: bool = False) -> torch.Tensor:
-    """``x2 [M, K] @ W^T`` for M <= MAX_M in x2's dtype, ``W = weight * scale`` of each
-    ``block`` = (rows, columns) block (DeepSeek / Qwen3-FP8 checkpoints' ``weight_scale_inv``:
-    float32 [ceil(N / rows), ceil(K / columns)]): the FP8 GEMV with each K step inside one
-    block column, its sum times the block's scale (U8 = 3). ``glu`` as :func:`fp8_gemv`."""
-    n, k = weight.shape
-    block_n, block_k, warps, waves, stages = group_plan(n, k, block[1])
-    return _launch(x2, weight, scale, None, block_n, block_k, warps, waves, None, None, stages,
-                   glu=glu, block=block)
 
 
 def _weight_rows(weight: torch.Tensor) -> int:

@@ -24,8 +24,8 @@ def kernel_rows(n: int, glu: bool = False, rope: tuple[int, int, int] | None = N
                 device: torch.device | str | None = None) -> torch.Tensor:
     """The weight row that ``_fp8_gemv_kernel``'s tile column c reads, for c < n: c; GLU
     ([gate | up], n = 2I): 2p -> p, 2p + 1 -> I + p; ROPE (``rope`` = (num_heads,
-    num_kv_heads, head_dim), a [q | k | v] weight): ``_rope_rows``, the NeoX pair (h * D + i,
-    h * D + i + D/2) of q and k next to each other, v as it is."""
+    num_kv_heads, head_dim), a [q | k | v] weight): ``qkv_rope_store.rope_rows``, the NeoX
+    pair (h * D + i, h * D + i + D/2) of q and k next to each other, v as it is."""
     c = torch.arange(n, device=device)
     assert not (glu and rope), "GLU and ROPE are different weights"
     if glu:

@@ -406,17 +406,21 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     return sum_pairs(partial, t, k, x.dtype)
 
 
+def dequantize_fp8_weight(w: torch.Tensor, s: torch.Tensor,
+                          block: tuple[int, int] | None) -> torch.Tensor:
+    """FP8 weights [..., N, K] times their scales, float32: per row (``block`` None, ``s``
+    [..., N]) or per ``block`` = (rows, columns) (``s`` [..., ceil(N / rows), ceil(K /
+    columns)])."""
+    if block is None:
+        return w.float() * s.float()[..., None]
+    full = s.float().repeat_interleave(block[0], -2).repeat_interleave(block[1], -1)
+    return w.float() * full[..., :w.shape[-2], :w.shape[-1]]
+
+
 def dequantize_fp8_experts(fp8: Fp8Experts) -> tuple[torch.Tensor, torch.Tensor]:
     """(w13, w2) float32: each FP8 weight times its row's or block's scale."""
-    out = []
-    for w, s in ((fp8.w13, fp8.s13), (fp8.w2, fp8.s2)):
-        if fp8.block is None:
-            out.append(w.float() * s.float()[:, :, None])
-            continue
-        bn, bk = fp8.block
-        full = s.float().repeat_interleave(bn, 1).repeat_interleave(bk, 2)
-        out.append(w.float() * full[:, :w.shape[1], :w.shape[2]])
-    return out[0], out[1]
+    return (dequantize_fp8_weight(fp8.w13, fp8.s13, fp8.block),
+            dequantize_fp8_weight(fp8.w2, fp8.s2, fp8.block))
 
 
 def fused_moe_reference(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

@@ -130,6 +130,15 @@ def _stackable(layers: list[nn.Module]) -> tuple[int, int] | None:
     return spec
 
 
+def _stack_views(layers: list[nn.Module], name: str) -> torch.Tensor:
+    """The layers' ``name`` tensors stacked, each layer's attribute replaced by its view into
+    the stack (the weights are held once)."""
+    whole = torch.stack([getattr(layer, name) for layer in layers])
+    for e, layer in enumerate(layers):
+        setattr(layer, name, whole[e])
+    return whole
+
+
 def _perms(layers: list[nn.Module], width: int) -> torch.Tensor | None:
     """The layers' act-order input permutations as int32 [E, width] (identity for a layer
     without one), or None where no layer has one."""
@@ -154,10 +163,7 @@ def stack_int_experts(experts: QuantizedExperts) -> IntExperts | None:
     stacked = {}
     for tag, layers in (("13", gate_up), ("2", down)):
         for name, short in zip(_KERNEL_BUFFERS, ("w", "s", "z"), strict=True):
-            whole = torch.stack([getattr(layer, name) for layer in layers])
-            for e, layer in enumerate(layers):
-                setattr(layer, name, whole[e])  # a view: the weights are held once
-            stacked[short + tag] = whole
+            stacked[short + tag] = _stack_views(layers, name)
     hidden = gate_up[0].qweight_kernel.shape[0] * (32 // a[0])
     inter = down[0].qweight_kernel.shape[0] * (32 // a[0])
     return IntExperts(group13=a[1], group2=b[1], bits=a[0], perm13=_perms(gate_up, hidden),
@@ -247,11 +253,6 @@ def stack_fp8_experts(experts: QuantizedExperts) -> Fp8Experts | None:
     if block is not None and groups[1][0].weight_fp8.shape[1] % block[0]:
         return None  # the gate/up split is not on a block edge
     scale_name = "weight_scale" if block is None else "weight_block_scale"
-    out = []
-    for layers in groups:
-        for name in ("weight_fp8", scale_name):
-            whole = torch.stack([getattr(layer, name) for layer in layers])
-            for e, layer in enumerate(layers):
-                setattr(layer, name, whole[e])  # a view: the weights are held once
-            out.append(whole)
-    return Fp8Experts(w13=out[0], s13=out[1], w2=out[2], s2=out[3], block=block)
+    (w13, s13), (w2, s2) = ([_stack_views(layers, name) for name in ("weight_fp8", scale_name)]
+                            for layers in groups)
+    return Fp8Experts(w13=w13, s13=s13, w2=w2, s2=s2, block=block)

@@ -54,8 +54,7 @@ def quantize_fp8(w: torch.Tensor, per_channel: bool) -> tuple[torch.Tensor, torc
     return q, scale
 
 
-def dequantize_fp8(q: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
-    return q.float() * row_scale.float()[:, None]
+dequantize_fp8 = fp8_linear.dequantize_fp8
 
 
 def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor,
@@ -281,17 +280,15 @@ class Fp8LinearMethod(LinearMethod):
         m = x2.shape[0]
         if not (x2.is_cuda or interpreting()):
             return None
-        from octavo.kernels import fp8_gemv
+        from octavo.kernels import fp8_block_gemm as kernels
 
         w, s = layer.weight_fp8, layer.weight_block_scale
-        if fp8_gemv.block_supported(m, x2.shape[1], self.block):
-            y = fp8_gemv.fp8_block_gemv(x2, w, s, self.block, glu=glu)
+        if kernels.block_supported(m, x2.shape[1], self.block):
+            y = kernels.fp8_block_gemv(x2, w, s, self.block, glu=glu)
         elif glu or m > envs.fp8_block_gemm_max_m():
             return None
         else:
-            from octavo.kernels.fp8_block_gemm import fp8_block_gemm
-
-            y = fp8_block_gemm(x2, w, s, self.block)
+            y = kernels.fp8_block_gemm(x2, w, s, self.block)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def _kept_dense(self, layer) -> torch.Tensor:
@@ -302,10 +299,16 @@ class Fp8LinearMethod(LinearMethod):
             return dequantize_blocks(layer.weight_fp8, block, self.block)
         return dequantize_fp8(layer.weight_fp8, layer.weight_scale)
 
+    @staticmethod
+    def _dense_blocks(layer) -> bool:
+        """Whether ``layer`` is a dense layer (not an expert's, which the grouped kernel
+        runs) holding its FP8 blocks for ``fp8_block_gemm``'s kernels."""
+        return (getattr(layer, "weight_block_scale", None) is not None
+                and getattr(layer, "keeps_fp8", None) is None)
+
     def apply(self, layer, x, bias):
         w = getattr(layer, "dequantized_weight", None)
-        if w is None and getattr(layer, "weight_block_scale", None) is not None \
-                and getattr(layer, "keeps_fp8", None) is None:
+        if w is None and self._dense_blocks(layer):
             y = self._block_apply(layer, x)
             if y is not None:
                 return y if bias is None else y + bias
@@ -330,8 +333,7 @@ class Fp8LinearMethod(LinearMethod):
         return y if bias is None else y + bias
 
     def apply_gated(self, layer, x, bias):
-        if getattr(layer, "weight_block_scale", None) is not None and bias is None \
-                and getattr(layer, "keeps_fp8", None) is None and envs.fused_glu():
+        if self._dense_blocks(layer) and bias is None and envs.fused_glu():
             sizes = layer.output_partition_sizes
             if len(sizes) == 2 and sizes[0] == sizes[1]:
                 return self._block_apply(layer, x, glu=True)

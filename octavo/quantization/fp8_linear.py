@@ -167,6 +167,11 @@ def qdq_fp8_groups(x: torch.Tensor, group: int) -> torch.Tensor:
     return out[..., :k] if pad else out
 
 
+def dequantize_fp8(q: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+    """An FP8 weight [out, in] times its float scale per output row, float32."""
+    return q.float() * row_scale.float().reshape(-1)[:, None]
+
+
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
@@ -265,7 +270,7 @@ class Fp8LinearMethod(LinearMethod):
         self._dequantize(layer, weight, scale)
 
     def _dequantize(self, layer, weight, scale) -> None:
-        w = (weight.to(torch.float32) * scale).to(self.params_dtype)
+        w = dequantize_fp8(weight, scale).to(self.params_dtype)
         layer.register_buffer("dequantized_weight", w, persistent=False)
 
     def _input_scale(self, layer, x2: torch.Tensor) -> torch.Tensor:
@@ -298,7 +303,7 @@ class Fp8LinearMethod(LinearMethod):
             x2 = qdq_fp8(x2, self._input_scale(layer, x2))
         w = getattr(layer, "dequantized_weight", None)
         if w is None:  # kept in FP8 for a grouped kernel; a call that runs elsewhere
-            w = layer.weight_fp8.float() * layer.weight_scale[:, None]
+            w = dequantize_fp8(layer.weight_fp8, layer.weight_scale)
         y = F.linear(x2, w if w.dtype == x2.dtype else w.to(x2.dtype), bias)
         return y.view(*shape[:-1], y.shape[-1])
 

@@ -1,5 +1,5 @@
 """Block-scaled FP8 weights (e4m3 with a float32 scale per block of rows x columns): the FP8
-GEMV's block mode (``fp8_gemv.fp8_block_gemv``, U8 = 3) and the block GEMM
+GEMV's block mode (``fp8_block_gemm.fp8_block_gemv``, U8 = 3) and the block GEMM
 (``fp8_block_gemm``, fused_moe's down launch with one expert) against the float32 reference
 over the dequantized weight: small shapes in Triton's CPU interpreter (or the GPU where
 there is one), an sm_90 compile of the GEMV's block mode, Llama-3.1-8B's shapes on the
@@ -13,8 +13,12 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from octavo.kernels.fp8_block_gemm import fp8_block_gemm, fp8_block_gemm_reference  # noqa: E402
-from octavo.kernels.fp8_gemv import block_supported, fp8_block_gemv  # noqa: E402
+from octavo.kernels.fp8_block_gemm import (  # noqa: E402
+    block_supported,
+    fp8_block_gemm,
+    fp8_block_gemm_reference,
+    fp8_block_gemv,
+)
 
 FP8 = torch.float8_e4m3fn
 
