@@ -60,6 +60,17 @@ VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3", "fp8_gemv_x0
             "fp8_gemv_x1", "fp8_mma_f16") + FP8_TILED + tuple(
     f"w4_mma_w{w}{ns}" for ns in ("", "_ns") for w in VARIANT_WARPS) + tuple(
     f"fp8_mma{f}{p}" for f in ("", "_f16") for p in FP8_MMA_PLANS)
+# fp8_block_gemv: 128 x 128 block-scaled float8 (``fp8_block_gemm.fp8_block_gemv``, its
+# plan ``fp8_gemv.group_plan``); fp8_block_gemv_{block_n}_{block_k}_{warps}_{waves}_{stages}
+# forces a plan (block_k dividing 128).
+# fp8_block_fold: the same weights through ``fp8_block_gemv.fp8_block_gemv_folded`` (scales
+# folded into the activations, the row-scaled GEMV's plan); *_glu: both with the GLU store.
+FP8_BLOCK = ("fp8_block_gemv", "fp8_block_gemv_glu", "fp8_block_fold", "fp8_block_fold_glu"
+             ) + tuple(
+    f"fp8_block_gemv_{bn}_{bk}_{w}_{v}_{s}" for bn in (16, 32, 64, 128) for bk in (64, 128)
+    for w in (4, 8) for v in (1, 2, 4) for s in (2, 3))
+VARIANTS += FP8_BLOCK
+_FP8_BLOCK = re.compile(r"fp8_block_gemv_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)")
 _VARIANT = re.compile(r"w4_mma_w(\d+)(_ns)?")
 _FP8_MMA = re.compile(r"fp8_mma(_f16)?(?:_w(\d+)s(\d+))?")
 
@@ -76,6 +87,8 @@ def weight_bytes(kernel: str, k: int, n: int, group: int = 128) -> float:
     """Bytes one call reads for its weight (and scales / zero points)."""
     if kernel.startswith("bf16"):
         return 2.0 * k * n
+    if kernel.startswith("fp8_block"):
+        return k * n + 4.0 * -(-n // 128) * -(-k // 128)
     if kernel.startswith("fp8"):
         return k * n + 4.0 * n
     return _weight_bytes(k, n, int(kernel[1]), group)
@@ -115,6 +128,9 @@ def make_weight(kernel: str, k: int, n: int, dev):
             raise ValueError(f"the plan's blocks do not divide N={n}, K={k}")
         weight, scale = fp8_weight(k, n, dev)
         return tile_fp8_weight(weight, *blocks, glu=kernel.endswith("_glu")), scale, blocks
+    if kernel.startswith("fp8_block"):
+        weight, _ = fp8_weight(k, n, dev)
+        return weight, torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
     if kernel.startswith("fp8"):
         return fp8_weight(k, n, dev)
     layout = "swapab" if kernel.endswith("mma") or variant(kernel) else "along_k"
@@ -140,6 +156,21 @@ def call(kernel: str, x, w):
         match = _FP8_MMA.fullmatch(kernel)
         plan = ({"warps_per_sm": int(match[2]), "steps": int(match[3])} if match[2] else {})
         return dense_mma(x, w[0], None, w[1], **plan)
+    if kernel.startswith("fp8_block"):
+        from octavo.kernels import fp8_gemv
+        from octavo.kernels.fp8_block_gemm import fp8_block_gemv
+
+        glu = kernel.endswith("_glu")
+        if kernel.startswith("fp8_block_fold"):
+            from octavo.kernels.fp8_block_gemv import fp8_block_gemv_folded
+
+            return fp8_block_gemv_folded(x, *w, (128, 128), glu=glu)
+        match = _FP8_BLOCK.fullmatch(kernel)
+        if match is None:
+            return fp8_block_gemv(x, *w, (128, 128), glu=glu)
+        bn, bk, warps, waves, stages = (int(g) for g in match.groups())
+        return fp8_gemv._launch(x, w[0], w[1], None, bn, bk, warps, waves, None, None,
+                                stages, block=(128, 128))
     if kernel in FP8_TILED:
         from octavo.kernels.fp8_gemv import fp8_gemv
 

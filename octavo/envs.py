@@ -427,10 +427,36 @@ def fp8_block_kept() -> bool:
     return _flag("OCTAVO_FP8_BLOCK_KEPT", True)
 
 
+def fp8_block_fold() -> bool:
+    """OCTAVO_FP8_BLOCK_FOLD (default on; 0: the FP8 GEMV's block mode, a scale per step of
+    at most one block column): kept block-scaled FP8 layers run 1-2 rows through
+    octavo/kernels/fp8_block_gemv.py (the scales folded into the activations, the
+    row-scaled GEMV's wide K steps) where its plan takes the shape. Llama-3.1-8B shape,
+    128 x 128 blocks, one H200 (session 44): 2.766 against 3.264 ms per token at batch 1,
+    3.702 against 4.298 at batch 2."""
+    return _flag("OCTAVO_FP8_BLOCK_FOLD", True)
+
+
 def fp8_block_gemm_max_m() -> int:
-    """OCTAVO_FP8_BLOCK_GEMM_MAX_M (default 256, not measured): the most rows a kept
-    block-scaled FP8 layer runs through its Triton GEMM before dequantize-then-cuBLAS."""
-    return _int("OCTAVO_FP8_BLOCK_GEMM_MAX_M", 256, "rows")
+    """OCTAVO_FP8_BLOCK_GEMM_MAX_M (default 64): where the W8A8 blockwise ``torch._scaled_mm``
+    (OCTAVO_FP8_BLOCK_SCALED_MM) does not run, the most rows a kept block-scaled FP8 layer
+    runs through its weight-only Triton GEMM (octavo/kernels/fp8_block_gemm.py) before
+    dequantizing per call. Llama-3.1-8B's projections on one H100 (session 44,
+    ``benchmarks/fp8_block_gemm.py``), against a bf16 GEMM's time: the GEMM 0.75-0.87x at
+    4-16 rows (gate_up 1.5x faster), 0.43-0.75x at 32-64, 0.3x from 256; dequantizing
+    0.4-0.5x at 16-256 rows, 0.7x at 1,024; ``_scaled_mm``'s 1.0-1.7x at 16-1,024 rows."""
+    return _int("OCTAVO_FP8_BLOCK_GEMM_MAX_M", 64, "rows")
+
+
+def fp8_block_scaled_mm() -> bool:
+    """OCTAVO_FP8_BLOCK_SCALED_MM (default on): kept block-scaled FP8 layers run batches of 3+
+    rows as W8A8 on the FP8 tensor cores (activations rounded per 128 columns, as the
+    checkpoints' reference implementations do; torch._scaled_mm's blockwise recipe, sm_90
+    with cuBLAS 12.9+); off (or where it does not run), the weight-only Triton GEMM up to
+    OCTAVO_FP8_BLOCK_GEMM_MAX_M rows, then dequantized per call. Llama-3.1-8B shape, one H100
+    (session 44): batch 32 / 64 / 256 1.20x / 1.18x / 1.32x bf16 (0.48x / 0.41x at 64 / 256
+    before), W2 1.24x bf16 (0.51x)."""
+    return _flag("OCTAVO_FP8_BLOCK_SCALED_MM", True)
 
 
 def fp8_gemv() -> bool:

@@ -271,9 +271,11 @@ class Fp8LinearMethod(LinearMethod):
 
     def _block_apply(self, layer, x: torch.Tensor, glu: bool = False) -> torch.Tensor | None:
         """A dense layer's kept FP8 blocks on CUDA (``blocks_kept_dense``): 1-2 rows through
-        the FP8 GEMV's block mode, up to OCTAVO_FP8_BLOCK_GEMM_MAX_M rows through
-        ``fp8_block_gemm``; None for larger batches (dequantized per call) and, with
-        ``glu``, where the GEMV does not run."""
+        the block GEMV (weight-only), more through ``block_scaled_mm`` (W8A8 on the FP8
+        tensor cores, OCTAVO_FP8_BLOCK_SCALED_MM) or, where that does not run, up to
+        OCTAVO_FP8_BLOCK_GEMM_MAX_M rows through ``fp8_block_gemm`` (weight-only); None past
+        those (the caller dequantizes per call) and, with ``glu``, where the GEMV does not
+        run."""
         from octavo.kernels.triton_utils import interpreting
 
         x2 = x.reshape(-1, x.shape[-1])
@@ -285,16 +287,27 @@ class Fp8LinearMethod(LinearMethod):
         w, s = layer.weight_fp8, layer.weight_block_scale
         if kernels.block_supported(m, x2.shape[1], self.block):
             y = kernels.fp8_block_gemv(x2, w, s, self.block, glu=glu)
-        elif glu or m > envs.fp8_block_gemm_max_m():
+        elif glu:
             return None
         else:
-            y = kernels.fp8_block_gemm(x2, w, s, self.block)
+            y = kernels.block_scaled_mm(x2, w, s, self.block) if envs.fp8_block_scaled_mm() \
+                else None
+            if y is None and m <= envs.fp8_block_gemm_max_m():
+                y = kernels.fp8_block_gemm(x2, w, s, self.block)
+            if y is None:
+                return None
         return y.view(*x.shape[:-1], y.shape[-1])
 
-    def _kept_dense(self, layer) -> torch.Tensor:
-        """A weight kept in FP8 for a grouped kernel only, dequantized (float32) for a call
-        that runs elsewhere (the experts' loop)."""
+    def _kept_dense(self, layer, dtype: torch.dtype) -> torch.Tensor:
+        """A weight kept in FP8 for a grouped kernel or the decode kernels only, dequantized
+        for a call that runs elsewhere (the experts' loop; a kept dense layer's batches past
+        OCTAVO_FP8_BLOCK_GEMM_MAX_M rows): on CUDA straight to ``dtype`` in one launch, else
+        float32."""
         block = getattr(layer, "weight_block_scale", None)
+        if block is not None and layer.weight_fp8.is_cuda:
+            from octavo.kernels.fp8_block_gemm import dequantize
+
+            return dequantize(layer.weight_fp8, block, self.block, dtype)
         if block is not None:
             return dequantize_blocks(layer.weight_fp8, block, self.block)
         return dequantize_fp8(layer.weight_fp8, layer.weight_scale)
@@ -313,7 +326,7 @@ class Fp8LinearMethod(LinearMethod):
             if y is not None:
                 return y if bias is None else y + bias
         if w is None and not layer.fp8_runs:
-            w = self._kept_dense(layer)
+            w = self._kept_dense(layer, x.dtype)
         if w is not None and self.act_group:
             x = fp8_linear.qdq_fp8_groups(x, self.act_group)
         if w is not None:

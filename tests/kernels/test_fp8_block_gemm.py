@@ -102,3 +102,20 @@ def test_llama_8b_shapes_on_the_gpu(n, k, m):
     x, w, s = _case(m, n, k, (128, 128), torch.bfloat16, "cuda")
     got = fp8_block_gemv(x, w, s, (128, 128)) if m <= 2 else fp8_block_gemm(x, w, s, (128, 128))
     assert _rel(got, fp8_block_gemm_reference(x, w, s, (128, 128))) < 1e-2
+
+
+@pytest.mark.parametrize("n,k,block", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dequantize_rounds_each_weight_once(n, k, block, dtype, device):
+    from octavo.kernels.fp8_block_gemm import dequantize
+    from octavo.kernels.fused_moe import dequantize_fp8_weight
+
+    _, w, s = _case(1, n, k, block, dtype, device)
+    got = dequantize(w, s, block, dtype)
+    want = dequantize_fp8_weight(w, s, block)
+    assert got.dtype == dtype
+    if dtype == torch.bfloat16 and str(device) == "cpu":
+        # Triton's interpreter truncates float32 to bfloat16 (the GPU rounds to nearest)
+        assert ((got.float() - want).abs() <= want.abs() * 2.0 ** -7).all()
+    else:
+        assert torch.equal(got, want.to(dtype))

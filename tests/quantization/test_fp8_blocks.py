@@ -126,3 +126,27 @@ def test_blocks_the_kernels_cannot_step_through_dequantize(tmp_path, monkeypatch
     layer = llm.llm_engine.executor.worker.runner.model.model.layers[0]
     assert layer.mlp.down_proj.dequantized_weight is not None
     assert _greedy(llm) == _greedy(_llm(twin))
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_bf16_batches_run_w8a8_close_to_the_dequantized_layers(pair, monkeypatch):
+    """bfloat16 on sm_90: prefills and batches of 3+ rows take ``block_scaled_mm`` (W8A8 on
+    the FP8 tensor cores), and the prompts' logprobs stay within FP8 activation rounding of
+    the layers dequantized at load."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    from octavo.kernels import fp8_block_gemm
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("OCTAVO_FP8_BLOCK_KEPT", flag)
+        calls = _count(monkeypatch, fp8_block_gemm, "block_scaled_mm")
+        llm = LLM(model=pair[0], dtype="bfloat16", skip_tokenizer_init=True, max_model_len=64)
+        outs = llm.generate(PROMPTS[1:], params, use_tqdm=False)
+        runs[flag] = [lp for o in outs for d in o.prompt_logprobs[1:] for lp in
+                      (v.logprob for v in d.values())]
+        llm.llm_engine.shutdown()
+        assert bool(calls) == (flag == "1")
+    diffs = [abs(a - b) for a, b in zip(runs["0"], runs["1"])]
+    assert len(diffs) == len(runs["0"]) > 10 and max(diffs) < 0.25 and sum(diffs) / len(diffs) < 0.05
