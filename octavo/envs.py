@@ -419,11 +419,12 @@ def fp8_block_kept() -> bool:
     """OCTAVO_FP8_BLOCK_KEPT (default on; 0: dequantize at load): on CUDA of compute
     capability 8.9+, dense layers of block-scaled FP8 checkpoints (``weight_block_size``,
     e.g. Qwen3-8B-FP8) keep their FP8 blocks instead of dequantizing at load: 1-2 rows
-    through the FP8 GEMV's block mode (octavo/kernels/fp8_gemv.py, U8 = 3), up to
-    OCTAVO_FP8_BLOCK_GEMM_MAX_M rows through octavo/kernels/fp8_block_gemm.py, larger batches
-    dequantized per call into cuBLAS. Llama-3.1-8B shape, 128 x 128 blocks, one H100
-    (session 43): 8.46 GiB against the dequantized 14.96, 3.98 ms per token at batch 1
-    against 5.43, 6.30 against 6.52 at batch 16; prefill and batches past 16: not measured."""
+    through octavo/kernels/fp8_block_gemv.py (OCTAVO_FP8_BLOCK_FOLD), 3+ rows as W8A8
+    through torch._scaled_mm's blockwise recipe (OCTAVO_FP8_BLOCK_SCALED_MM; where it does
+    not run, octavo/kernels/fp8_block_gemm.py up to OCTAVO_FP8_BLOCK_GEMM_MAX_M rows, then
+    dequantized per call). Llama-3.1-8B shape, 128 x 128 blocks (session 44): 8.46 GiB
+    against the dequantized 14.96; H200 batch 1 2.77 ms per token against 4.10; H100
+    1.29-1.32x bf16 at batches 4-256, W2 1.24x."""
     return _flag("OCTAVO_FP8_BLOCK_KEPT", True)
 
 
