@@ -42,6 +42,9 @@ from benchmarks.workloads import device_limits  # noqa: E402
 
 KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_gemv",
            "w4_mma", "w8_gemv")
+# nf4_gemv: bitsandbytes NF4 (blocks of 64) through ``bnb4_gemv.bnb4_gemv``; nf4_dequant: the
+# path before it (``bnb_weight.dequantize_packed`` per call, then F.linear).
+NF4 = ("nf4_gemv", "nf4_dequant")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 # Variants timed on request (--kernels), not by default: the integer GEMVs loading their
 # weights two or three steps ahead instead of one (*_p2, *_p3), swapab_mma's plan at other
@@ -64,12 +67,15 @@ VARIANTS = ("w4_gemv_p2", "w8_gemv_p2", "w4_gemv_p3", "w8_gemv_p3", "fp8_gemv_x0
 # plan ``fp8_gemv.group_plan``); fp8_block_gemv_{block_n}_{block_k}_{warps}_{waves}_{stages}
 # forces a plan (block_k dividing 128).
 # fp8_block_fold: the same weights through ``fp8_block_gemv.fp8_block_gemv_folded`` (scales
-# folded into the activations, the row-scaled GEMV's plan); *_glu: both with the GLU store.
+# folded into the activations, the row-scaled GEMV's plan); *_glu: both with the GLU store;
+# fp8_block_fold_{block_n}_{block_k}_{warps}_{waves}_{stages}: the folded kernel at a plan.
 FP8_BLOCK = ("fp8_block_gemv", "fp8_block_gemv_glu", "fp8_block_fold", "fp8_block_fold_glu"
              ) + tuple(
+    f"fp8_block_fold_{bn}_{bk}_{w}_{v}_{s}" for bn in (8, 16, 32) for bk in (256, 512, 1024)
+    for w in (4, 8) for v in (1, 2) for s in (2, 3)) + tuple(
     f"fp8_block_gemv_{bn}_{bk}_{w}_{v}_{s}" for bn in (16, 32, 64, 128) for bk in (64, 128)
     for w in (4, 8) for v in (1, 2, 4) for s in (2, 3))
-VARIANTS += FP8_BLOCK
+VARIANTS += FP8_BLOCK + NF4
 _FP8_BLOCK = re.compile(r"fp8_block_gemv_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)")
 _VARIANT = re.compile(r"w4_mma_w(\d+)(_ns)?")
 _FP8_MMA = re.compile(r"fp8_mma(_f16)?(?:_w(\d+)s(\d+))?")
@@ -89,6 +95,8 @@ def weight_bytes(kernel: str, k: int, n: int, group: int = 128) -> float:
         return 2.0 * k * n
     if kernel.startswith("fp8_block"):
         return k * n + 4.0 * -(-n // 128) * -(-k // 128)
+    if kernel.startswith("nf4"):
+        return k * n / 2 + 4.0 * n * k / 64
     if kernel.startswith("fp8"):
         return k * n + 4.0 * n
     return _weight_bytes(k, n, int(kernel[1]), group)
@@ -128,6 +136,13 @@ def make_weight(kernel: str, k: int, n: int, dev):
             raise ValueError(f"the plan's blocks do not divide N={n}, K={k}")
         weight, scale = fp8_weight(k, n, dev)
         return tile_fp8_weight(weight, *blocks, glu=kernel.endswith("_glu")), scale, blocks
+    if kernel.startswith("nf4"):
+        from octavo.quantization import bnb_format as fmt
+        from octavo.quantization.bnb_weight import byte_table
+
+        packed, absmax = fmt.quantize_4bit(torch.randn(n, k, device=dev) * 0.05, "nf4", 64)
+        return (packed.reshape(n, k // 2).contiguous(), absmax.float().reshape(n, k // 64),
+                byte_table(fmt.code_table("nf4", dev)))
     if kernel.startswith("fp8_block"):
         weight, _ = fp8_weight(k, n, dev)
         return weight, torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
@@ -156,6 +171,16 @@ def call(kernel: str, x, w):
         match = _FP8_MMA.fullmatch(kernel)
         plan = ({"warps_per_sm": int(match[2]), "steps": int(match[3])} if match[2] else {})
         return dense_mma(x, w[0], None, w[1], **plan)
+    if kernel == "nf4_gemv":
+        from octavo.kernels.bnb4_gemv import bnb4_gemv
+
+        return bnb4_gemv(x, *w, 64)
+    if kernel == "nf4_dequant":
+        import torch.nn.functional as F
+
+        from octavo.quantization.bnb_weight import dequantize_packed
+
+        return F.linear(x, dequantize_packed(w[0], w[1], None, 64, x.dtype, table=w[2]))
     if kernel.startswith("fp8_block"):
         from octavo.kernels import fp8_gemv
         from octavo.kernels.fp8_block_gemm import fp8_block_gemv
@@ -164,7 +189,9 @@ def call(kernel: str, x, w):
         if kernel.startswith("fp8_block_fold"):
             from octavo.kernels.fp8_block_gemv import fp8_block_gemv_folded
 
-            return fp8_block_gemv_folded(x, *w, (128, 128), glu=glu)
+            plan = kernel.removeprefix("fp8_block_fold").strip("_").removesuffix("glu")
+            tiles = tuple(int(v) for v in plan.split("_") if v) or None
+            return fp8_block_gemv_folded(x, *w, (128, 128), glu=glu, tiles=tiles)
         match = _FP8_BLOCK.fullmatch(kernel)
         if match is None:
             return fp8_block_gemv(x, *w, (128, 128), glu=glu)

@@ -85,9 +85,9 @@ def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     return out.to(x.dtype)
 
 
-# (device index) -> whether torch._scaled_mm ran the blockwise recipe there (learned on the
-# first call: cuBLAS 12.9+ on sm_90 runs it, other builds and devices raise).
-_SCALED_MM_RUNS: dict[int, bool] = {}
+# (device index, activation dtype) -> whether torch._scaled_mm ran the blockwise recipe
+# there (learned on the first call: cuBLAS 12.9+ on sm_90 runs it, other builds raise).
+_SCALED_MM_RUNS: dict[tuple[int, torch.dtype], bool] = {}
 MIN_SCALE = 1e-12  # an all-zero activation group's scale (any positive one gives zeros)
 
 
@@ -98,14 +98,15 @@ def block_scaled_mm(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     checkpoints' own activation rounding), then ``torch._scaled_mm``'s 1 x 128 x 128 x 128
     blockwise recipe (cuBLAS 12.9+, sm_90). None where it does not run: not CUDA sm_90, not
     128 x 128 blocks, float32 activations, or a torch / cuBLAS without the recipe (learned
-    on the first call per device; the caller then dequantizes)."""
+    on the first call per device and dtype; the caller then falls back)."""
     from octavo.kernels.fp8_group_quant import fp8_group_quant
 
     if not (x2.is_cuda and block == (128, 128) and x2.dtype in (torch.bfloat16, torch.float16)
             and torch.cuda.get_device_capability(x2.device)[0] == 9
             and weight.shape[0] % 16 == 0 and x2.shape[1] % 128 == 0):
         return None
-    index = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    index = (x2.device.index if x2.device.index is not None else torch.cuda.current_device(),
+             x2.dtype)
     if _SCALED_MM_RUNS.get(index) is False:
         return None
     m = x2.shape[0]

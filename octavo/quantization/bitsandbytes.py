@@ -19,10 +19,11 @@ products) to the compute dtype, then matmul.
 
 - CPU: each layer's weight is dequantized once at load to the model dtype (oneDNN packs it).
 - CUDA: 8-bit stays int8, through the W8A16 Triton GEMM (``w4a16_gemm``, one group over K,
-  zero point 128) where it runs, else ``(x @ q^T) * scale``; 4-bit stays packed and is
-  dequantized per call (one gather per byte from a 256-entry table of code pairs, times the
-  block's absmax, in float32), then matmul: a memory saving, not a speedup (no fused NF4
-  kernel yet).
+  zero point 128) where it runs, else ``(x @ q^T) * scale``; 4-bit stays packed: decode
+  rows (1-2) run the fused GEMV of ``octavo.kernels.bnb4_gemv`` (one gather per byte from a
+  256-entry table of code pairs, each word's sum times its block's absmax, float32),
+  larger batches dequantize in one launch (the same values, rounded to the activations'
+  dtype) and run cuBLAS.
 
 Checkpoint tensor names ``<layer>.weight.absmax`` (etc.) become parameters ``weight_absmax``
 through ``checkpoint_tensors``; each merged part (q/k/v, gate/up) is decoded on its own, as
@@ -39,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo import envs
 from octavo.kernels import w4a16_gemm as kern
 from octavo.kernels.triton_utils import HAS_TRITON
 from octavo.quantization import bnb_format as fmt
@@ -65,6 +67,14 @@ _MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
 def keeps_quantized(device: torch.device) -> bool:
     """Whether layers on ``device`` keep int8 / 4-bit weights (else dense at load)."""
     return device.type == "cuda"
+
+
+def kernels_run(x: torch.Tensor) -> bool:
+    """Whether packed 4-bit layers run ``octavo.kernels.bnb4_gemv`` on ``x``: CUDA, or the
+    CPU under Triton's interpreter (the tests of the CUDA layout)."""
+    from octavo.kernels.triton_utils import interpreting
+
+    return HAS_TRITON and (x.is_cuda or interpreting())
 
 
 def use_int8_kernel(device: torch.device, k: int) -> bool:
@@ -209,7 +219,10 @@ class BitsAndBytesLinearMethod(LinearMethod):
                 layer.bnb_kind = "int8"
             return
         if keeps_quantized(device) and isinstance(weight, Blocks4bit):
-            layer.register_buffer("qweight", weight.packed.contiguous(), persistent=False)
+            packed = weight.packed.contiguous()
+            if packed.data_ptr() % 16:  # a view into a checkpoint's bytes: the GEMV reads words
+                packed = packed.clone()
+            layer.register_buffer("qweight", packed, persistent=False)
             layer.register_buffer("absmax", weight.absmax.contiguous(), persistent=False)
             layer.register_buffer("code_pairs", byte_table(weight.code), persistent=False)
             layer.bnb_blocksize = weight.blocksize
@@ -232,10 +245,30 @@ class BitsAndBytesLinearMethod(LinearMethod):
             # The scale is per output row: apply it after the matmul (ints are exact in bf16).
             y = F.linear(x, layer.qweight.to(x.dtype)) * layer.weight_scale.to(x.dtype)
         else:
-            w = dequantize_packed(layer.qweight, layer.absmax, None, layer.bnb_blocksize,
-                                  x.dtype, table=layer.code_pairs)
-            return F.linear(x, w, bias)
+            return self._apply_4bit(layer, x, bias)
         return y if bias is None else y + bias
+
+    @staticmethod
+    def _apply_4bit(layer, x, bias):
+        """Packed 4-bit weights on CUDA: decode rows through the fused GEMV
+        (``octavo.kernels.bnb4_gemv``, OCTAVO_BNB4_GEMV), larger batches dequantized in one
+        launch, then cuBLAS; elsewhere the torch dequantization."""
+        x2 = x.reshape(-1, x.shape[-1])
+        bs = layer.bnb_blocksize
+        if kernels_run(x):
+            from octavo.kernels import bnb4_gemv as kernels
+
+            if envs.bnb4_gemv() and kernels.supported(x2.shape[0], x2.shape[1], bs):
+                y = kernels.bnb4_gemv(x2, layer.qweight, layer.absmax, layer.code_pairs, bs)
+                y = y.view(*x.shape[:-1], y.shape[-1])
+                return y if bias is None else y + bias
+            if x2.shape[1] % bs == 0:
+                w = kernels.dequantize_4bit(layer.qweight, layer.absmax, layer.code_pairs, bs,
+                                            x.dtype)
+                return F.linear(x, w, bias)
+        w = dequantize_packed(layer.qweight, layer.absmax, None, bs, x.dtype,
+                              table=layer.code_pairs)
+        return F.linear(x, w, bias)
 
     def dense_weight(self, layer):
         return getattr(layer, "dequantized_weight", None)

@@ -202,9 +202,41 @@ def test_cuda_layout_torch_path_on_cpu(case, monkeypatch):
     packed, dequantized per call by lookup) forced on the CPU: same tokens."""
     monkeypatch.setattr(bnb_method, "keeps_quantized", lambda device: True)
     monkeypatch.setattr(bnb_method, "use_int8_kernel", lambda device, k: False)
+    monkeypatch.setattr(bnb_method, "kernels_run", lambda x: False)
     llm = _llm(case)
     assert _kinds(llm) == {"int8" if case.endswith("int8") else "4bit"}
     _check_against_reference(case, *_run(llm), "saved_weight_only")
+
+
+@pytest.mark.parametrize("case", ["qwen2-nf4-dq", "llama-fp4"])
+def test_4bit_kernels_through_the_interpreter(case, monkeypatch):
+    """4-bit kept packed as on CUDA, run by ``octavo.kernels.bnb4_gemv`` in Triton's
+    interpreter: decode rows through the fused GEMV, prefills dequantized in one launch;
+    the tokens and logprobs of the weight-only reference."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter case is for machines without CUDA")
+    from octavo.kernels import bnb4_gemv
+
+    monkeypatch.setattr(bnb_method, "keeps_quantized", lambda device: True)
+    calls = {"gemv": 0, "dequantize": 0}
+    for name, key in (("bnb4_gemv", "gemv"), ("dequantize_4bit", "dequantize")):
+        real = getattr(bnb4_gemv, name)
+
+        def counted(*a, _real=real, _key=key, **kw):
+            calls[_key] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(bnb4_gemv, name, counted)
+    llm = _llm(case)
+    assert _kinds(llm) == {"4bit"}
+    _check_against_reference(case, *_run(llm), "saved_weight_only")
+    assert calls["dequantize"]  # the prefills
+    # one prompt alone: its decode steps are one row each, through the GEMV
+    params = SamplingParams(temperature=0.0, max_tokens=REF["max_new_tokens"])
+    out = llm.generate(PROMPTS[:1], params, use_tqdm=False)[0]
+    assert list(out.outputs[0].token_ids) == REF["cases"][case]["saved_weight_only"]["tokens"][0]
+    assert calls["gemv"]
 
 
 def test_cuda_int8_kernel_through_the_interpreter(monkeypatch):
