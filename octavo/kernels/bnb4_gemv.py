@@ -27,7 +27,7 @@ from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
-from octavo.kernels.split_k import store_or_reduce
+from octavo.kernels.split_k import store_rows
 from octavo.kernels.triton_utils import require_triton, tl, triton
 
 MAX_M = 2
@@ -93,13 +93,8 @@ def _bnb4_gemv_kernel(
             acc1 = _word_dot(acc1, w, t_ptr, a, x_ptr + stride_xm, offs_w, w_ok, X_PAIRS)
         w = w_next
         offs_w += BLOCK_W
-    offs_m = tl.arange(0, BLOCK_M)
-    res = tl.where(offs_m[:, None] == 0, tl.sum(acc0, axis=1)[None, :], 0.0)
-    if BLOCK_M > 1:
-        res = tl.where(offs_m[:, None] == 1, tl.sum(acc1, axis=1)[None, :], res)
-    store_or_reduce(res, offs_m, offs_n, (offs_m[:, None] < M) & n_mask[None, :], out_ptr,
-                    stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
-                    pid_n, pid_k, NUM_SPLITS)
+    store_rows(acc0, acc1, offs_n, n_mask, M, out_ptr, stride_om, stride_on, part_ptr,
+               stride_ps, stride_pm, stride_pn, cnt_ptr, pid_n, pid_k, NUM_SPLITS, BLOCK_M)
 
 
 def supported(m: int, k: int, blocksize: int) -> bool:

@@ -201,14 +201,7 @@ def fp8_block_gemv_folded(x2: torch.Tensor, weight: torch.Tensor, scale: torch.T
     block_n, block_k, num_warps, waves, stages = chosen
     n_tiles, split_k, k_per_split = gemv.grid(n, k, block_n, block_k, waves, x2.device)
     out, partial = split_k_buffers(m, n, split_k, x2, out_n=n // 2 if glu else None)
-    x_load = gemv.DEFAULT_X_LOAD if x_load is None else x_load
-    xs = x2
-    if x_load == 2:
-        if x2.dtype == torch.bfloat16 and x2.stride(1) == 1 and x2.stride(0) % 4 == 0 \
-                and x2.data_ptr() % 8 == 0:
-            xs = x2.view(torch.int64)  # 4 activations per word: the same storage
-        else:
-            x_load = 1
+    xs, x_load = gemv.x_view(x2, x_load)
     _fp8_block_gemv_kernel[(n_tiles, split_k)](
         xs, weight.view(torch.int32), scale, out, partial, split_k_counters(x2.device, n_tiles),
         m, n, k, k_per_split, split_k,

@@ -488,6 +488,19 @@ def grid(n: int, k: int, block_n: int, block_k: int, waves: int, device: torch.d
     return n_tiles, split_k, k_per_split
 
 
+def x_view(x2: torch.Tensor, x_load: int | None) -> tuple[torch.Tensor, int]:
+    """(the activations as ``_x_planes`` reads them, the X_LOAD that applies): X_LOAD 2 (the
+    default) reads bf16 rows as int64 words of 4, a view of the same storage, where the
+    layout allows; else the activations as they are, X_LOAD 1."""
+    x_load = DEFAULT_X_LOAD if x_load is None else x_load
+    if x_load != 2:
+        return x2, x_load
+    if x2.dtype == torch.bfloat16 and x2.stride(1) == 1 and x2.stride(0) % 4 == 0 \
+            and x2.data_ptr() % 8 == 0:
+        return x2.view(torch.int64), 2  # 4 activations per word: the same storage
+    return x2, 1
+
+
 def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits, x_load,
             stages, glu: bool = False, rope: tuple | None = None,
             head_dim: int = 2, tiled: tuple[int, int] | None = None,
@@ -556,14 +569,7 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
     out, partial = split_k_buffers(m, n, split_k, x2, out_n=out_n)
     if not has_rope:  # placeholders: not read without ROPE
         rope = (x2, x2, x2, x2, x2, 0, 0, 0, 0, 1, 0, 0)
-    x_load = DEFAULT_X_LOAD if x_load is None else x_load
-    xs = x2
-    if x_load == 2:
-        if x2.dtype == torch.bfloat16 and x2.stride(1) == 1 and x2.stride(0) % 4 == 0 \
-                and x2.data_ptr() % 8 == 0:
-            xs = x2.view(torch.int64)  # 4 activations per word: the same storage
-        else:
-            x_load = 1
+    xs, x_load = x_view(x2, x_load)
     _fp8_gemv_kernel[(n_tiles, split_k)](
         xs, words, scale, out, partial, split_k_counters(x2.device, n_tiles),
         m, n, k, k_per_split, split_k,

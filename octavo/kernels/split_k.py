@@ -159,3 +159,19 @@ def store_or_reduce(acc, offs_m, offs_n, mask, out_ptr, stride_om, stride_on, pa
                                      cache_modifier=".cg")
             _store(out_ptr, total, offs_m, offs_n, mask, stride_om, stride_on, GLU)
             tl.atomic_xchg(cnt_ptr + tile, 0)
+
+
+@triton.jit
+def store_rows(acc0, acc1, offs_n, n_mask, M, out_ptr, stride_om, stride_on, part_ptr,
+               stride_ps, stride_pm, stride_pn, cnt_ptr, tile, pid_k, num_splits,
+               BLOCK_M: tl.constexpr, GLU: tl.constexpr = False):
+    """The one- or two-row GEMVs' end: row 0's accumulator ``acc0`` and row 1's ``acc1``
+    ([BLOCK_N, W] each, BLOCK_M = 2) summed along W into output rows 0 and 1, then
+    :func:`store_or_reduce`."""
+    offs_m = tl.arange(0, BLOCK_M)
+    res = tl.where(offs_m[:, None] == 0, tl.sum(acc0, axis=1)[None, :], 0.0)
+    if BLOCK_M > 1:
+        res = tl.where(offs_m[:, None] == 1, tl.sum(acc1, axis=1)[None, :], res)
+    store_or_reduce(res, offs_m, offs_n, (offs_m[:, None] < M) & n_mask[None, :], out_ptr,
+                    stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
+                    tile, pid_k, num_splits, GLU=GLU)

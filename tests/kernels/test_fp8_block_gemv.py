@@ -16,20 +16,7 @@ pytest.importorskip("triton")
 
 from octavo.kernels.fp8_block_gemm import fp8_block_gemm_reference, fp8_block_gemv  # noqa: E402
 from octavo.kernels.fp8_block_gemv import fp8_block_gemv_folded, plan  # noqa: E402
-
-FP8 = torch.float8_e4m3fn
-
-
-def _case(m, n, k, block, dtype, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    w = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(FP8)
-    s = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) / (200 * k ** 0.5) + 1e-6
-    x = torch.randn(m, k, generator=g).to(dtype)
-    return x.to(device), w.to(device), s.to(device)
-
-
-def _rel(got, want):
-    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+from tests.kernels.test_fp8_block_gemm import _case, _rel  # noqa: E402
 
 
 def _want(x, w, s, block, glu):

@@ -5,11 +5,7 @@
 # the row-scaled GEMV's 5.53), then W1 / W2 / W4 and issue 12's batch-1 / 16 figures, last
 # re-measured on an H200 in session 39. Session 44's bitsandbytes 4-bit GEMV ran 10 GPU tests
 # before a timeout cut its call: the whole bitsandbytes GPU file runs here first.
-set -u
-export OCTAVO_CACHE_DIR=$PWD/.snap/cache PYTHONPATH=.
-START=$(date +%s); BUDGET=${BUDGET:-570}
-mkdir -p /tmp/res
-item() { local left=$((BUDGET - ($(date +%s) - START))); if [ $left -lt 40 ]; then echo "skip $1 (budget)"; return; fi; echo "=== $1 $(date +%T)"; local name=$1; shift; timeout -k 5 $left "$@" > /tmp/res/$name.log 2>&1; echo "rc=$?"; grep -v "^RESULT_JSON" /tmp/res/$name.log | grep -v Warning | tail -${TAILN:-6}; tar czf $OUT/res.tgz -C /tmp res; }
+. scripts/device_items.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 TAILN=8 item gpu_tests python -m pytest -m gpu -q -rf tests/kernels/test_fp8_group_quant.py tests/kernels/test_fp8_block_gemv.py tests/quantization/test_fp8_blocks.py tests/quantization/test_compressed_tensors.py tests/kernels/test_bnb4_gemv.py tests/quantization/test_bitsandbytes.py
 F="fp8_gemv fp8_block_fold fp8_block_fold_16_512_4_1_2 fp8_block_fold_16_512_4_2_2 fp8_block_fold_16_512_4_1_3 fp8_block_fold_32_512_4_1_2 fp8_block_fold_16_1024_4_1_2 fp8_block_fold_32_256_4_2_2 fp8_block_fold_16_256_4_2_3"
