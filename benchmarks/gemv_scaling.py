@@ -42,9 +42,10 @@ from benchmarks.workloads import device_limits  # noqa: E402
 
 KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_gemv",
            "w4_mma", "w8_gemv")
-# nf4_gemv: bitsandbytes NF4 (blocks of 64) through ``bnb4_gemv.bnb4_gemv``; nf4_dequant: the
-# path before it (``bnb_weight.dequantize_packed`` per call, then F.linear).
-NF4 = ("nf4_gemv", "nf4_dequant")
+# nf4_gemv: bitsandbytes NF4 (blocks of 64) through ``bnb4_gemv.bnb4_gemv``, a gather per
+# nibble from the 16 codes; nf4_gemv256: a gather per byte from the 256 code pairs;
+# nf4_dequant: the path before both (``bnb_weight.dequantize_packed`` per call, F.linear).
+NF4 = ("nf4_gemv", "nf4_gemv256", "nf4_dequant")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 # Variants timed on request (--kernels), not by default: the integer GEMVs loading their
 # weights two or three steps ahead instead of one (*_p2, *_p3), swapab_mma's plan at other
@@ -141,8 +142,9 @@ def make_weight(kernel: str, k: int, n: int, dev):
         from octavo.quantization.bnb_weight import byte_table
 
         packed, absmax = fmt.quantize_4bit(torch.randn(n, k, device=dev) * 0.05, "nf4", 64)
+        code = fmt.code_table("nf4", dev).float().contiguous()
         return (packed.reshape(n, k // 2).contiguous(), absmax.float().reshape(n, k // 64),
-                byte_table(fmt.code_table("nf4", dev)))
+                byte_table(code), code)
     if kernel.startswith("fp8_block"):
         weight, _ = fp8_weight(k, n, dev)
         return weight, torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
@@ -171,10 +173,10 @@ def call(kernel: str, x, w):
         match = _FP8_MMA.fullmatch(kernel)
         plan = ({"warps_per_sm": int(match[2]), "steps": int(match[3])} if match[2] else {})
         return dense_mma(x, w[0], None, w[1], **plan)
-    if kernel == "nf4_gemv":
+    if kernel.startswith("nf4_gemv"):
         from octavo.kernels.bnb4_gemv import bnb4_gemv
 
-        return bnb4_gemv(x, *w, 64)
+        return bnb4_gemv(x, w[0], w[1], w[2] if kernel.endswith("256") else w[3], 64)
     if kernel == "nf4_dequant":
         import torch.nn.functional as F
 

@@ -438,6 +438,18 @@ def bnb4_gemv() -> bool:
     return _flag("OCTAVO_BNB4_GEMV", True)
 
 
+def bnb4_table() -> int:
+    """OCTAVO_BNB4_TABLE (16, the default, or 256): how the bitsandbytes 4-bit GEMV looks up
+    code values: a gather per nibble from the 16 codes (64 bytes, one cache line for a
+    warp's 32 gathers) or a gather per byte from the 256 code pairs (2 KB: up to 16 lines a
+    warp, each an L1 pass; the table the first H100 timing used, 14% of HBM). 16 is chosen by
+    that count, not yet timed (session 44)."""
+    value = _int("OCTAVO_BNB4_TABLE", 16, "entries")
+    if value not in (16, 256):
+        raise ValueError(f"OCTAVO_BNB4_TABLE must be 16 or 256, got {value}")
+    return value
+
+
 def fp8_block_fold() -> bool:
     """OCTAVO_FP8_BLOCK_FOLD (default on; 0: the FP8 GEMV's block mode, a scale per step of
     at most one block column): kept block-scaled FP8 layers run 1-2 rows through

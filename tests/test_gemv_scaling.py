@@ -35,9 +35,11 @@ def test_stream_fit_gives_microseconds_and_bytes_per_second():
 
 
 def test_variants_are_off_by_default_and_parse_to_their_arguments():
-    from benchmarks.gemv_scaling import VARIANTS, variant
+    from benchmarks.gemv_scaling import FP8_BLOCK, NF4, VARIANTS, variant
 
-    assert len(VARIANTS) == 54 and not set(VARIANTS) & set(KERNELS)  # not run by default
+    # 54 before session 44, then the block-scaled FP8 GEMVs' plans and the 4-bit bnb kernels
+    assert len(VARIANTS) == 54 + len(FP8_BLOCK) + len(NF4)
+    assert not set(VARIANTS) & set(KERNELS)  # not run by default
     for name in VARIANTS:
         base = "_".join(name.split("_")[:2])  # w4_mma, w8_gemv...
         assert weight_bytes(name, 4096, 1024) == weight_bytes(base, 4096, 1024)
@@ -52,3 +54,17 @@ def test_variants_are_off_by_default_and_parse_to_their_arguments():
     assert _FP8_MMA.fullmatch("fp8_mma_f16_w12s2").groups() == ("_f16", "12", "2")
     assert _FP8_MMA.fullmatch("fp8_mma").groups() == (None, None, None)
     assert {"fp8_mma_f16", "fp8_mma_w16s2", "fp8_mma_f16_w32s4"} <= set(VARIANTS)
+
+
+def test_block_fp8_and_nf4_variants():
+    from benchmarks.gemv_scaling import _FP8_BLOCK, FP8_BLOCK
+
+    # 128 x 128 block scales: a float32 per block on top of a byte per weight
+    assert weight_bytes("fp8_block_gemv", 4096, 1024) == 4096 * 1024 + 4 * 8 * 32
+    assert weight_bytes("fp8_block_fold_glu", 4096, 1024) == weight_bytes("fp8_block_gemv",
+                                                                          4096, 1024)
+    # NF4 in blocks of 64: half a byte per weight plus a float32 absmax per block
+    assert weight_bytes("nf4_gemv", 4096, 1024) == 4096 * 1024 / 2 + 4 * 4096 * 1024 / 64
+    assert _FP8_BLOCK.fullmatch("fp8_block_gemv_32_128_4_2_2").groups() == (
+        "32", "128", "4", "2", "2")
+    assert {"fp8_block_fold_16_512_4_1_2", "fp8_block_gemv_64_128_8_1_3"} <= set(FP8_BLOCK)

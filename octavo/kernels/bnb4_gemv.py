@@ -3,10 +3,11 @@ float32 absmax per ``blocksize`` consecutive weights of a row) on CUDA, without 
 copy per call:
 
 - :func:`bnb4_gemv`, decode rows (M <= MAX_M): the weight is read as int32 words (4 bytes,
-  8 weights), each byte one gather from a 256-entry table of code pairs
-  (``bnb_weight.byte_table``, read as int64: the two float32 values of its high and low
-  nibble), the pair meets two activations, and each word's sum is multiplied by its block's
-  absmax. A program takes BLOCK_N rows and BLOCK_K weights per step, its next step's words
+  8 weights), each nibble one gather from the 16 float32 code values (64 bytes: a warp's
+  gathers stay in one cache line), or each byte one gather from a 256-entry table of code
+  pairs (``bnb_weight.byte_table`` read as int64; 2 KB, so a warp's gathers spread over up to
+  16 cache lines: what the first H100 timing, 14% of HBM, points at), and each word's sum is
+  multiplied by its block's absmax. A program takes BLOCK_N rows and BLOCK_K weights per step, its next step's words
   loaded before this step's arithmetic; K is split over programs as far as needed to fill
   the GPU (``split_k``, the last program of a tile adds the partials).
 - :func:`dequantize_4bit`, what larger batches still dequantize: one launch writing the
@@ -34,15 +35,23 @@ MAX_M = 2
 
 
 @triton.jit
-def _word_dot(acc, w, t_ptr, a, x_ptr, offs_w, w_ok, X_PAIRS: tl.constexpr):
+def _word_dot(acc, w, t_ptr, a, x_ptr, offs_w, w_ok, X_PAIRS: tl.constexpr,
+              TABLE: tl.constexpr):
     """acc [BLOCK_N, BLOCK_W] plus one row of x times the int32 words ``w`` (4 bytes, 8
-    weights each: byte i holds weights 8w + 2i (high nibble) and 8w + 2i + 1), each byte one
-    gather of its code pair, each word's sum times its block's absmax ``a``."""
+    weights each: byte i holds weights 8w + 2i (high nibble) and 8w + 2i + 1), each word's
+    sum times its block's absmax ``a``. The code values: TABLE 16, one gather per nibble
+    from the 16 float32 codes (64 bytes: a warp's gathers stay in one cache line); TABLE 256,
+    one gather per byte from the 256 code pairs (2 KB: a warp's 32 gathers spread over up to
+    16 lines, each line another pass of the L1)."""
     p = tl.zeros(acc.shape, dtype=tl.float32)
     for i in tl.static_range(4):
-        pair = tl.load(t_ptr + ((w >> (8 * i)) & 0xFF))  # int64: low word = high nibble
-        w0 = pair.to(tl.int32).to(tl.float32, bitcast=True)
-        w1 = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        if TABLE == 16:
+            w0 = tl.load(t_ptr + ((w >> (8 * i + 4)) & 0xF))
+            w1 = tl.load(t_ptr + ((w >> (8 * i)) & 0xF))
+        else:
+            pair = tl.load(t_ptr + ((w >> (8 * i)) & 0xFF))  # int64: low word = high nibble
+            w0 = pair.to(tl.int32).to(tl.float32, bitcast=True)
+            w1 = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
         if X_PAIRS:  # bf16 activations read as int32 pairs, split by bit placement
             v = tl.load(x_ptr + 4 * offs_w + i, mask=w_ok, other=0)
             x0 = (v << 16).to(tl.float32, bitcast=True)
@@ -61,10 +70,11 @@ def _bnb4_gemv_kernel(
     M, N, K, K_PER_SPLIT, NUM_SPLITS,
     stride_xm, stride_qn, stride_an, stride_om, stride_on, stride_ps, stride_pm, stride_pn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BS: tl.constexpr,
-    X_PAIRS: tl.constexpr, PDL: tl.constexpr,
+    X_PAIRS: tl.constexpr, PDL: tl.constexpr, TABLE: tl.constexpr = 256,
 ):  # fmt: skip
     # Grid (N tiles, K splits). q_ptr: the packed weight as int32 words [N, K / 8] (stride
-    # stride_qn words); a_ptr: float32 absmax [N, K / BS]; t_ptr: int64 [256] code pairs.
+    # stride_qn words); a_ptr: float32 absmax [N, K / BS]; t_ptr: float32 [16] codes
+    # (TABLE 16) or int64 [256] code pairs (TABLE 256).
     # x_ptr: x [M, K], or its int32 view (two bf16 a word, X_PAIRS; strides then in words).
     # A step: BLOCK_K weights (BLOCK_W words) of BLOCK_N rows.
     BLOCK_W: tl.constexpr = BLOCK_K // 8
@@ -88,9 +98,10 @@ def _bnb4_gemv_kernel(
         w_ok = offs_w < w_end
         mask = n_mask[:, None] & w_ok[None, :]
         a = tl.load(a_rows + ((8 * offs_w) // BS)[None, :], mask=mask, other=0.0)
-        acc0 = _word_dot(acc0, w, t_ptr, a, x_ptr, offs_w, w_ok, X_PAIRS)
+        acc0 = _word_dot(acc0, w, t_ptr, a, x_ptr, offs_w, w_ok, X_PAIRS, TABLE)
         if BLOCK_M > 1:
-            acc1 = _word_dot(acc1, w, t_ptr, a, x_ptr + stride_xm, offs_w, w_ok, X_PAIRS)
+            acc1 = _word_dot(acc1, w, t_ptr, a, x_ptr + stride_xm, offs_w, w_ok, X_PAIRS,
+                             TABLE)
         w = w_next
         offs_w += BLOCK_W
     store_rows(acc0, acc1, offs_n, n_mask, M, out_ptr, stride_om, stride_on, part_ptr,
@@ -115,8 +126,9 @@ def bnb4_gemv(x2: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor,
               tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """``x2 [M, K] @ W^T`` for M <= MAX_M in x2's dtype, ``W[n, k] = code[nibble] *
     absmax[n, k // blocksize]`` of the packed ``qweight`` uint8 [N, K / 2] (high nibble
-    first), ``absmax`` float32 [N, K / blocksize] and ``table`` float32 [256, 2]
-    (``bnb_weight.byte_table``). ``tiles``: a plan (:func:`plan`'s tuple) for sweeps."""
+    first) and ``absmax`` float32 [N, K / blocksize]; ``table``: the 16 float32 code values
+    (a gather per nibble) or their [256, 2] pairs (``bnb_weight.byte_table``, a gather per
+    byte: the kernel's TABLE). ``tiles``: a plan (:func:`plan`'s tuple) for sweeps."""
     require_triton("bnb4_gemv")
     m, k = x2.shape
     n = qweight.shape[0]
@@ -124,7 +136,9 @@ def bnb4_gemv(x2: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor,
     assert qweight.dtype == torch.uint8 and qweight.stride(1) == 1, (qweight.dtype,
                                                                       qweight.stride())
     assert tuple(absmax.shape) == (n, k // blocksize) and absmax.stride(1) == 1, absmax.shape
-    assert table.shape == (256, 2) and table.dtype == torch.float32 and table.is_contiguous()
+    assert tuple(table.shape) in ((16,), (256, 2)) and table.dtype == torch.float32 \
+        and table.is_contiguous(), (table.shape, table.dtype)
+    entries = table.shape[0]
     block_n, block_k, num_warps, waves = tiles or plan(n, k)
     assert block_k % 8 == 0 and qweight.stride(0) % 4 == 0 and qweight.data_ptr() % 4 == 0
     n_tiles, split_k, k_per_split = grid(n, k, block_n, block_k, waves, x2.device)
@@ -134,12 +148,12 @@ def bnb4_gemv(x2: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor,
     xs = x2.view(torch.int32) if pairs else x2
     words = qweight.view(torch.int32)
     _bnb4_gemv_kernel[(n_tiles, split_k)](
-        xs, words, absmax, table.view(torch.int64).reshape(256), out, partial,
-        split_k_counters(x2.device, n_tiles), m, n, k, k_per_split, split_k,
+        xs, words, absmax, table if entries == 16 else table.view(torch.int64).reshape(256),
+        out, partial, split_k_counters(x2.device, n_tiles), m, n, k, k_per_split, split_k,
         xs.stride(0), words.stride(0), absmax.stride(0), out.stride(0), out.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         BLOCK_M=m, BLOCK_N=block_n, BLOCK_K=block_k, BS=blocksize, X_PAIRS=pairs,
-        num_warps=num_warps, **pdl_args(x2.device),
+        TABLE=entries, num_warps=num_warps, **pdl_args(x2.device),
     )  # fmt: skip
     return out
 

@@ -225,6 +225,7 @@ class BitsAndBytesLinearMethod(LinearMethod):
             layer.register_buffer("qweight", packed, persistent=False)
             layer.register_buffer("absmax", weight.absmax.contiguous(), persistent=False)
             layer.register_buffer("code_pairs", byte_table(weight.code), persistent=False)
+            layer.register_buffer("code", weight.code.float().contiguous(), persistent=False)
             layer.bnb_blocksize = weight.blocksize
             layer.bnb_kind = "4bit"
             return
@@ -259,7 +260,8 @@ class BitsAndBytesLinearMethod(LinearMethod):
             from octavo.kernels import bnb4_gemv as kernels
 
             if envs.bnb4_gemv() and kernels.supported(x2.shape[0], x2.shape[1], bs):
-                y = kernels.bnb4_gemv(x2, layer.qweight, layer.absmax, layer.code_pairs, bs)
+                table = layer.code if envs.bnb4_table() == 16 else layer.code_pairs
+                y = kernels.bnb4_gemv(x2, layer.qweight, layer.absmax, table, bs)
                 y = y.view(*x.shape[:-1], y.shape[-1])
                 return y if bias is None else y + bias
             if x2.shape[1] % bs == 0:

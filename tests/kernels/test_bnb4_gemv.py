@@ -46,9 +46,12 @@ CASES = [
 @pytest.mark.parametrize("n,k,blocksize,quant_type,tiles", CASES)
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("entries", [16, 256])
 def test_gemv_matches_the_dequantized_product(n, k, blocksize, quant_type, tiles, m, dtype,
-                                              device):
+                                              entries, device):
     q, a, t, b = _weight(n, k, blocksize, quant_type, device, seed=n + m)
+    if entries == 16:  # the 16 codes themselves: a gather per nibble
+        t = b.code.float().contiguous().to(device)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)).to(dtype).to(device)
     got = bnb4_gemv(x, q, a, t, blocksize, tiles)
     want = x.float() @ dequantize_packed(b.packed, b.absmax, b.code, blocksize,
@@ -78,17 +81,19 @@ def test_supported():
     assert not supported(1, 96, 12)  # a word's 8 weights in one block
 
 
-def test_gemv_compiles_for_sm90_without_spills():
-    """Two rows, bf16 pairs, the default plan (32 x 256 over 4 warps)."""
+@pytest.mark.parametrize("entries", [16, 256])
+def test_gemv_compiles_for_sm90_without_spills(entries):
+    """Two rows, bf16 pairs, the default plan (32 x 256 over 4 warps), either table."""
     import re
 
     from tests.kernels.sm90 import compile_sm90
 
     code = compile_sm90(
         "octavo.kernels.bnb4_gemv:_bnb4_gemv_kernel", "--const", "BLOCK_M=2", "BLOCK_N=32",
-        "BLOCK_K=256", "BS=64", "X_PAIRS=1", "PDL=1", "--ptr", "x_ptr=i32", "q_ptr=i32",
-        "a_ptr=fp32", "t_ptr=i64", "out_ptr=bf16", "part_ptr=fp32", "cnt_ptr=i32", "--div16",
-        "K", "N", "K_PER_SPLIT", "stride_xm", "stride_qn", "stride_an", "--num-warps", "4")
+        "BLOCK_K=256", "BS=64", "X_PAIRS=1", "PDL=1", f"TABLE={entries}", "--ptr",
+        "x_ptr=i32", "q_ptr=i32", "a_ptr=fp32", f"t_ptr={'fp32' if entries == 16 else 'i64'}",
+        "out_ptr=bf16", "part_ptr=fp32", "cnt_ptr=i32", "--div16", "K", "N", "K_PER_SPLIT",
+        "stride_xm", "stride_qn", "stride_an", "--num-warps", "4")
     found = re.search(r"local (\d+) B", code.report)
     assert found and int(found.group(1)) == 0, code.report
 
@@ -104,3 +109,4 @@ def test_llama_8b_shapes_on_the_gpu(n, k, m):
     w = dequantize_4bit(q, a, t, 64, torch.float32)
     assert torch.equal(w, dequantize_packed(q, a, None, 64, torch.float32, table=t))
     assert _rel(bnb4_gemv(x, q, a, t, 64), x.float() @ w.t()) < 1e-2
+    assert _rel(bnb4_gemv(x, q, a, b.code.float().cuda(), 64), x.float() @ w.t()) < 1e-2
