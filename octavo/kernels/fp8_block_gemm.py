@@ -4,12 +4,16 @@ activations, weight-only:
 
 - 1-2 rows (:func:`fp8_block_gemv`): the FP8 GEMV (``octavo.kernels.fp8_gemv``) in its
   block mode (U8 = 3), each K step inside one block column, its sum times the block's scale.
-- More rows (:func:`fp8_block_gemm`): ``fused_moe``'s down-projection launch with one
-  expert. Each program's rows are a plain run of the batch (the alignment of one expert is
-  the identity), its weight tiles converted exactly in the main loop and each K step's
-  float32 sum times its block's scale; the float32 result is rounded once.
+- More rows, W8A8 (:func:`block_scaled_mm`): the activations rounded to FP8 per 128
+  columns, then ``torch._scaled_mm``'s blockwise recipe on the FP8 tensor cores.
+- More rows where that recipe does not run (:func:`fp8_block_gemm`): ``fused_moe``'s
+  down-projection launch with one expert. Each program's rows are a plain run of the batch
+  (the alignment of one expert is the identity), its weight tiles converted exactly in the
+  main loop and each K step's float32 sum times its block's scale; the float32 result is
+  rounded once.
 
-Large batches dequantize and run cuBLAS (``octavo.quantization.fp8``).
+Past that GEMM's rows a layer dequantizes (:func:`dequantize`) and runs cuBLAS
+(``octavo.quantization.fp8``).
 ``fp8_block_gemm_reference`` is what both are tested against."""
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from octavo.envs import fp8_block_fold
 from octavo.kernels import fp8_block_gemv as folded
 from octavo.kernels import fp8_gemv as gemv
 from octavo.kernels import fused_moe as moe
+from octavo.kernels.fp8_group_quant import fp8_group_quant
 from octavo.kernels.triton_utils import require_triton, tl, triton
 
 
@@ -85,8 +90,9 @@ def fp8_block_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     return out.to(x.dtype)
 
 
-# (device index, activation dtype) -> whether torch._scaled_mm ran the blockwise recipe
-# there (learned on the first call: cuBLAS 12.9+ on sm_90 runs it, other builds raise).
+# (device index, activation dtype) -> whether torch._scaled_mm runs the blockwise recipe
+# there (learned on the first call: False off sm_90; on sm_90, cuBLAS 12.9+ runs it, other
+# builds raise).
 _SCALED_MM_RUNS: dict[tuple[int, torch.dtype], bool] = {}
 MIN_SCALE = 1e-12  # an all-zero activation group's scale (any positive one gives zeros)
 
@@ -99,15 +105,15 @@ def block_scaled_mm(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     blockwise recipe (cuBLAS 12.9+, sm_90). None where it does not run: not CUDA sm_90, not
     128 x 128 blocks, float32 activations, or a torch / cuBLAS without the recipe (learned
     on the first call per device and dtype; the caller then falls back)."""
-    from octavo.kernels.fp8_group_quant import fp8_group_quant
-
     if not (x2.is_cuda and block == (128, 128) and x2.dtype in (torch.bfloat16, torch.float16)
-            and torch.cuda.get_device_capability(x2.device)[0] == 9
             and weight.shape[0] % 16 == 0 and x2.shape[1] % 128 == 0):
         return None
-    index = (x2.device.index if x2.device.index is not None else torch.cuda.current_device(),
-             x2.dtype)
-    if _SCALED_MM_RUNS.get(index) is False:
+    device = x2.device.index if x2.device.index is not None else torch.cuda.current_device()
+    index = (device, x2.dtype)
+    runs = _SCALED_MM_RUNS.get(index)
+    if runs is None and torch.cuda.get_device_capability(device)[0] != 9:
+        runs = _SCALED_MM_RUNS[index] = False  # the recipe is sm_90's only
+    if runs is False:
         return None
     m = x2.shape[0]
     q, s = fp8_group_quant(x2 if x2.stride(1) == 1 else x2.contiguous(), block[1], MIN_SCALE,

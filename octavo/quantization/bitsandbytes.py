@@ -264,10 +264,9 @@ class BitsAndBytesLinearMethod(LinearMethod):
                 y = kernels.bnb4_gemv(x2, layer.qweight, layer.absmax, table, bs)
                 y = y.view(*x.shape[:-1], y.shape[-1])
                 return y if bias is None else y + bias
-            if x2.shape[1] % bs == 0:
-                w = kernels.dequantize_4bit(layer.qweight, layer.absmax, layer.code_pairs, bs,
-                                            x.dtype)
-                return F.linear(x, w, bias)
+            w = kernels.dequantize_4bit(layer.qweight, layer.absmax, layer.code_pairs, bs,
+                                        x.dtype)
+            return F.linear(x, w, bias)
         w = dequantize_packed(layer.qweight, layer.absmax, None, bs, x.dtype,
                               table=layer.code_pairs)
         return F.linear(x, w, bias)

@@ -60,11 +60,11 @@ dequantize_fp8 = fp8_linear.dequantize_fp8
 def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor,
                       block: tuple[int, int]) -> torch.Tensor:
     """A block-scaled fp8 weight [out, in] -> float32 (``scale_inv`` [ceil(out / bo),
-    ceil(in / bi)] multiplies each block, as DeepSeek-V3 and vLLM read it)."""
-    bo, bi = block
-    rows, cols = q.shape
-    s = scale_inv.float().repeat_interleave(bo, 0)[:rows].repeat_interleave(bi, 1)[:, :cols]
-    return q.float() * s
+    ceil(in / bi)] multiplies each block, as DeepSeek-V3 and vLLM read it):
+    ``fused_moe.dequantize_fp8_weight``, which the FP8 kernels' references share."""
+    from octavo.kernels.fused_moe import dequantize_fp8_weight
+
+    return dequantize_fp8_weight(q, scale_inv, block)
 
 
 def blocks_kept_dense(device: torch.device, k: int) -> bool:
@@ -300,7 +300,8 @@ class Fp8LinearMethod(LinearMethod):
 
     def _kept_dense(self, layer, dtype: torch.dtype) -> torch.Tensor:
         """A weight kept in FP8 for a grouped kernel or the decode kernels only, dequantized
-        for a call that runs elsewhere (the experts' loop; a kept dense layer's batches past
+        for a call that runs elsewhere (the experts' loop; a kept dense layer's batch that
+        ``_block_apply`` leaves: no blockwise ``_scaled_mm`` and more than
         OCTAVO_FP8_BLOCK_GEMM_MAX_M rows): on CUDA straight to ``dtype`` in one launch, else
         float32."""
         block = getattr(layer, "weight_block_scale", None)
