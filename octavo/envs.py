@@ -439,12 +439,12 @@ def bnb4_gemv() -> bool:
 
 
 def bnb4_table() -> int:
-    """OCTAVO_BNB4_TABLE (16, the default, or 256): how the bitsandbytes 4-bit GEMV looks up
-    code values: a gather per nibble from the 16 codes (64 bytes, one cache line for a
-    warp's 32 gathers) or a gather per byte from the 256 code pairs (2 KB: up to 16 lines a
-    warp, each an L1 pass; the table the first H100 timing used, 14% of HBM). 16 is chosen by
-    that count, not yet timed (session 44)."""
-    value = _int("OCTAVO_BNB4_TABLE", 16, "entries")
+    """OCTAVO_BNB4_TABLE (256, the default, or 16): how the bitsandbytes 4-bit GEMV looks up
+    code values: a gather per byte from the 256 code pairs (2 KB) or a gather per nibble from
+    the 16 codes (64 bytes, one cache line for a warp's 32 gathers, but twice the gathers).
+    One H200 (session 45, ``benchmarks/gemv_scaling.py``, one row): 4096 x 4096 30.4 against
+    33.8 us, 28672 x 4096 159.1 against 191.5: the pairs win. Both read at 7-9% of HBM."""
+    value = _int("OCTAVO_BNB4_TABLE", 256, "entries")
     if value not in (16, 256):
         raise ValueError(f"OCTAVO_BNB4_TABLE must be 16 or 256, got {value}")
     return value
@@ -469,6 +469,15 @@ def fp8_block_gemm_max_m() -> int:
     4-16 rows (gate_up 1.5x faster), 0.43-0.75x at 32-64, 0.3x from 256; dequantizing
     0.4-0.5x at 16-256 rows, 0.7x at 1,024; ``_scaled_mm``'s 1.0-1.7x at 16-1,024 rows."""
     return _int("OCTAVO_FP8_BLOCK_GEMM_MAX_M", 64, "rows")
+
+
+def fp8_rows_gemm_max_m() -> int:
+    """OCTAVO_FP8_ROWS_GEMM_MAX_M (default 0, off until measured in the engine): the most rows
+    a row-scaled FP8 layer (``quantization="fp8"``) runs weight-only through the Triton GEMM
+    of octavo/kernels/fp8_rows_gemm.py, past what the CUDA float8 kernel and the GEMV take,
+    instead of quantizing its activations for ``torch._scaled_mm``'s row-wise recipe (which
+    ran at 0.91x bf16 at 16 rows on an H200, session 45)."""
+    return _int("OCTAVO_FP8_ROWS_GEMM_MAX_M", 0, "rows")
 
 
 def fp8_block_scaled_mm() -> bool:

@@ -3,11 +3,11 @@ float32 absmax per ``blocksize`` consecutive weights of a row) on CUDA, without 
 copy per call:
 
 - :func:`bnb4_gemv`, decode rows (M <= MAX_M): the weight is read as int32 words (4 bytes,
-  8 weights), each nibble one gather from the 16 float32 code values (64 bytes: a warp's
-  gathers stay in one cache line), or each byte one gather from a 256-entry table of code
-  pairs (``bnb_weight.byte_table`` read as int64; 2 KB, so a warp's gathers spread over up to
-  16 cache lines: what the first H100 timing, 14% of HBM, points at), and each word's sum is
-  multiplied by its block's absmax. A program takes BLOCK_N rows and BLOCK_K weights per step, its next step's words
+  8 weights), each byte one gather from a 256-entry table of code pairs
+  (``bnb_weight.byte_table`` read as int64, 2 KB; the default, ``OCTAVO_BNB4_TABLE``) or
+  each nibble one gather from the 16 float32 code values (64 bytes, one cache line a warp,
+  but twice the gathers: 10-20% slower on an H200); each word's sum is multiplied by its
+  block's absmax. Either reads at 7-9% of an H200's HBM: gather-bound. A program takes BLOCK_N rows and BLOCK_K weights per step, its next step's words
   loaded before this step's arithmetic; K is split over programs as far as needed to fill
   the GPU (``split_k``, the last program of a tile adds the partials).
 - :func:`dequantize_4bit`, what larger batches still dequantize: one launch writing the

@@ -341,6 +341,12 @@ class Fp8LinearMethod(LinearMethod):
             # quantizing them costs more launches than the GEMM).
             y = fp8_linear.gemv(x2, layer.weight_fp8, layer.weight_scale).view(
                 *x.shape[:-1], layer.weight_fp8.shape[0])
+        elif layer.fp8_gemv and x2.shape[0] <= envs.fp8_rows_gemm_max_m():
+            # Decode batches past the CUDA kernel's rows: weight-only, activations unrounded
+            from octavo.kernels.fp8_rows_gemm import fp8_rows_gemm
+
+            y = fp8_rows_gemm(x2, layer.weight_fp8, layer.weight_scale).view(
+                *x.shape[:-1], layer.weight_fp8.shape[0])
         else:
             y = scaled_mm_linear(x, layer.weight_fp8, layer.weight_scale,
                                  layer.fp8_input_scale)
