@@ -8,16 +8,21 @@ layers (``fp8_group_quant`` + the blockwise recipe) ran 1.15x (session 45). This
 
 - ``bf16``: ``F.linear`` on the dequantized bf16 weight; ``bf16_mma``: the CUDA dense kernel
   the engine runs for bf16 at up to 32 rows (``dense_mma``), where it takes the shape;
-- ``rowwise``: ``fp8.scaled_mm_linear`` (quantizer + row-wise ``_scaled_mm``: the engine's
-  path at 9+ rows); ``rowwise_mm``: its ``_scaled_mm`` alone, ``quant``: its quantizer alone;
+- ``rowwise``: ``fp8.scaled_mm_linear`` without OCTAVO_FP8_TENSORWISE (quantizer + row-wise
+  ``_scaled_mm``: the engine's path at 9+ rows before session 45); ``rowwise_mm``: its
+  ``_scaled_mm`` alone, ``quant``: its quantizer alone;
 - ``tensorwise_mm``: ``_scaled_mm`` with one scale per operand (pre-quantized);
 - ``blockwise``: ``fp8_group_quant`` + the blockwise recipe on all-ones 128 x 128 scales
   (what the GEMM kernel itself costs; row scales would still need applying);
-- ``mma``: the CUDA float8 kernel (``dense_mma`` with the row scales; the engine's 2-8 rows);
-- ``triton BMxBNxBKxWxS``: the weight-only Triton GEMM (``fused_moe``'s down launch, one
-  expert, row scales applied to the float32 sums at the end).
+- ``unit``: ``fp8.scaled_mm_linear`` with OCTAVO_FP8_TENSORWISE (quantizer, ``_scaled_mm``
+  with unit scales into float32, ``outer_scale``: the engine's path at 9+ rows since
+  session 45);
+- ``mma``: the CUDA float8 kernel (``dense_mma`` with the row scales; the engine's 2-8 rows).
 
-    python benchmarks/fp8_rows_gemm.py [--m 8 16 32 64] [--tiles ...] [--json F]
+Session 45's first run also timed fused_moe's down launch as a weight-only row-scaled GEMM
+(8 tiles): 1.3-5x slower than bf16 everywhere, so it was dropped.
+
+    python benchmarks/fp8_rows_gemm.py [--m 8 16 32 64 256] [--json F]
 """
 
 from __future__ import annotations
@@ -34,27 +39,15 @@ from benchmarks.common import graph_timed as timed  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}
-TILES = ("16x32x128x4x4", "16x64x128x4x4", "16x64x256x4x3", "16x128x128x4x4",
-         "32x64x128x4x4", "32x128x128x4x3", "64x64x128x4x3", "64x128x128x4x3")
-
-
-def _row_gemm(x, w, s, tiles):
-    from octavo.kernels.fp8_rows_gemm import fp8_rows_gemm
-
-    return fp8_rows_gemm(x, w, s, tiles)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, nargs="+", default=[8, 16, 32, 64])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--tiles", nargs="+", default=list(TILES))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
 
-    from benchmarks.fp8_block_gemm import parse_tile
     from octavo.kernels import dense_mma
     from octavo.kernels.fp8_block_gemm import block_scaled_mm
     from octavo.kernels.fp8_quant import fp8_quant
@@ -79,8 +72,9 @@ def main() -> None:
             row["bf16"] = timed([partial(F.linear, x, d) for d in dense])
             if dense_mma.fits(x, dense[0]) and dense_mma.available(dev):
                 row["bf16_mma"] = timed([partial(dense_mma.dense_mma, x, d) for d in dense])
-            row["rowwise"] = timed([partial(scaled_mm_linear, x, w, s, None)
-                                    for w, s in copies])
+            for key, flag in (("rowwise", "0"), ("unit", "1")):
+                os.environ["OCTAVO_FP8_TENSORWISE"] = flag
+                row[key] = timed([partial(scaled_mm_linear, x, w, s, None) for w, s in copies])
             row["quant"] = timed([partial(fp8_quant, x, None, 1e-12, "clamp")] * 8)
             row["rowwise_mm"] = timed([partial(torch._scaled_mm, xq, w.t(), xs, s.view(1, -1),
                                                out_dtype=torch.bfloat16) for w, s in copies])
@@ -95,12 +89,6 @@ def main() -> None:
                     and dense_mma.available(dev, fp8=True):
                 row["mma"] = timed([partial(dense_mma.dense_mma, x, w, None, s)
                                     for w, s in copies])
-            for text in args.tiles:
-                try:
-                    row["triton " + text] = timed([partial(_row_gemm, x, w, s, parse_tile(text))
-                                                   for w, s in copies])
-                except Exception as e:  # noqa: BLE001 - a tile that does not fit: recorded
-                    row["triton " + text] = f"{type(e).__name__}: {e}"[:120]
             timings = {key: v for key, v in row.items() if isinstance(v, float)}
             best = min((v, key) for key, v in timings.items() if key != "quant")
             row["best"] = best[1]

@@ -471,13 +471,14 @@ def fp8_block_gemm_max_m() -> int:
     return _int("OCTAVO_FP8_BLOCK_GEMM_MAX_M", 64, "rows")
 
 
-def fp8_rows_gemm_max_m() -> int:
-    """OCTAVO_FP8_ROWS_GEMM_MAX_M (default 0, off until measured in the engine): the most rows
-    a row-scaled FP8 layer (``quantization="fp8"``) runs weight-only through the Triton GEMM
-    of octavo/kernels/fp8_rows_gemm.py, past what the CUDA float8 kernel and the GEMV take,
-    instead of quantizing its activations for ``torch._scaled_mm``'s row-wise recipe (which
-    ran at 0.91x bf16 at 16 rows on an H200, session 45)."""
-    return _int("OCTAVO_FP8_ROWS_GEMM_MAX_M", 0, "rows")
+def fp8_tensorwise() -> bool:
+    """OCTAVO_FP8_TENSORWISE (default on): row-scaled FP8 layers (``quantization="fp8"``,
+    per-channel and per-tensor checkpoints) past the CUDA float8 kernel's rows run
+    ``torch._scaled_mm`` with unit scales into float32 and apply the per-token and per-row
+    scales in one more launch (octavo/kernels/outer_scale.py); off, ``_scaled_mm``'s row-wise
+    recipe. Llama-3.1-8B's four projections at 16 rows on one H200 (session 45,
+    ``benchmarks/fp8_rows_gemm.py``): 69 us a layer unit-scaled, 117 row-wise, 126 bf16."""
+    return _flag("OCTAVO_FP8_TENSORWISE", True)
 
 
 def fp8_block_scaled_mm() -> bool:

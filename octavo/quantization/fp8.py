@@ -82,9 +82,14 @@ def use_scaled_mm(device: torch.device) -> bool:
 
 
 def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Tensor,
-                     input_scale: torch.Tensor | None) -> torch.Tensor:
-    """``x @ (weight * row_scale)^T`` through ``torch._scaled_mm``: x quantized per token
-    (``input_scale`` None) or with the static scale; float32 scales, bfloat16 output."""
+                     input_scale: torch.Tensor | None,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ (weight * row_scale)^T + bias`` through ``torch._scaled_mm``: x quantized per
+    token (``input_scale`` None) or with the static scale; float32 scales. Where
+    OCTAVO_FP8_TENSORWISE and Triton allow, the GEMM runs with unit scales into float32 and
+    one launch applies the token and row scales and the bias (``outer_scale``: cuBLAS's
+    unit-scaled kernels ran about twice as fast as the row-wise recipe at decode batches);
+    else the row-wise recipe with bfloat16 output, the bias added after."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     fused = fp8_linear.fused_quant(x2, input_scale, _MIN_SCALE, "clamp")
@@ -97,9 +102,37 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Ten
         else:
             x_scale = input_scale.float().reshape(1, 1).expand(x2.shape[0], 1).contiguous()
         xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    out_shape = (*shape[:-1], weight.shape[0])
+    if fused is not None and envs.fp8_tensorwise():
+        from octavo.kernels.outer_scale import outer_scale
+
+        one = _unit_scale(x.device)
+        acc_dtype = _ACC_DTYPE.get(x.device, torch.float32)
+        try:
+            acc = torch._scaled_mm(xq, weight.t(), one, one, out_dtype=acc_dtype)
+        except RuntimeError:  # a build without float32 output: bf16 sums, rounded twice
+            if acc_dtype != torch.float32:
+                raise
+            acc_dtype = _ACC_DTYPE[x.device] = torch.bfloat16
+            acc = torch._scaled_mm(xq, weight.t(), one, one, out_dtype=acc_dtype)
+        return outer_scale(acc, x_scale, row_scale, bias, x.dtype).view(out_shape)
     y = torch._scaled_mm(xq, weight.t(), x_scale, row_scale.view(1, -1),
                          out_dtype=torch.bfloat16)
-    return y.to(x.dtype).view(*shape[:-1], weight.shape[0])
+    y = y.to(x.dtype).view(out_shape)
+    return y if bias is None else y + bias
+
+
+_UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
+_ACC_DTYPE: dict[torch.device, torch.dtype] = {}  # where float32 output is refused
+
+
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    """A float32 scalar 1 on ``device``, made once (outside any graph capture after the
+    first call)."""
+    one = _UNIT_SCALES.get(device)
+    if one is None:
+        one = _UNIT_SCALES[device] = torch.ones((), device=device, dtype=torch.float32)
+    return one
 
 
 class Fp8LinearMethod(LinearMethod):
@@ -341,15 +374,9 @@ class Fp8LinearMethod(LinearMethod):
             # quantizing them costs more launches than the GEMM).
             y = fp8_linear.gemv(x2, layer.weight_fp8, layer.weight_scale).view(
                 *x.shape[:-1], layer.weight_fp8.shape[0])
-        elif layer.fp8_gemv and x2.shape[0] <= envs.fp8_rows_gemm_max_m():
-            # Decode batches past the CUDA kernel's rows: weight-only, activations unrounded
-            from octavo.kernels.fp8_rows_gemm import fp8_rows_gemm
-
-            y = fp8_rows_gemm(x2, layer.weight_fp8, layer.weight_scale).view(
-                *x.shape[:-1], layer.weight_fp8.shape[0])
         else:
-            y = scaled_mm_linear(x, layer.weight_fp8, layer.weight_scale,
-                                 layer.fp8_input_scale)
+            return scaled_mm_linear(x, layer.weight_fp8, layer.weight_scale,
+                                    layer.fp8_input_scale, bias)
         return y if bias is None else y + bias
 
     def apply_gated(self, layer, x, bias):
