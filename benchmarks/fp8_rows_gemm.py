@@ -10,7 +10,8 @@ layers (``fp8_group_quant`` + the blockwise recipe) ran 1.15x (session 45). This
   the engine runs for bf16 at up to 32 rows (``dense_mma``), where it takes the shape;
 - ``rowwise``: ``fp8.scaled_mm_linear`` without OCTAVO_FP8_TENSORWISE (quantizer + row-wise
   ``_scaled_mm``: the engine's path at 9+ rows before session 45); ``rowwise_mm``: its
-  ``_scaled_mm`` alone, ``quant``: its quantizer alone;
+  ``_scaled_mm`` alone, ``quant``: its quantizer alone (``quant_2048``: in the 2,048-wide
+  steps it took before session 45);
 - ``tensorwise_mm``: ``_scaled_mm`` with one scale per operand (pre-quantized);
 - ``blockwise``: ``fp8_group_quant`` + the blockwise recipe on all-ones 128 x 128 scales
   (what the GEMM kernel itself costs; row scales would still need applying);
@@ -76,6 +77,7 @@ def main() -> None:
                 os.environ["OCTAVO_FP8_TENSORWISE"] = flag
                 row[key] = timed([partial(scaled_mm_linear, x, w, s, None) for w, s in copies])
             row["quant"] = timed([partial(fp8_quant, x, None, 1e-12, "clamp")] * 8)
+            row["quant_2048"] = timed([partial(fp8_quant, x, None, 1e-12, "clamp", 2048)] * 8)
             row["rowwise_mm"] = timed([partial(torch._scaled_mm, xq, w.t(), xs, s.view(1, -1),
                                                out_dtype=torch.bfloat16) for w, s in copies])
             one = torch.ones((), device=dev)
@@ -90,7 +92,7 @@ def main() -> None:
                 row["mma"] = timed([partial(dense_mma.dense_mma, x, w, None, s)
                                     for w, s in copies])
             timings = {key: v for key, v in row.items() if isinstance(v, float)}
-            best = min((v, key) for key, v in timings.items() if key != "quant")
+            best = min((v, key) for key, v in timings.items() if not key.startswith("quant"))
             row["best"] = best[1]
             print(f"{name:8} m={m:3} " + " ".join(f"{key} {v:.2f}" for key, v in timings.items())
                   + f" | best {best[1]}", flush=True)

@@ -481,6 +481,15 @@ def fp8_tensorwise() -> bool:
     return _flag("OCTAVO_FP8_TENSORWISE", True)
 
 
+def fp8_tensorwise_max_m() -> int:
+    """OCTAVO_FP8_TENSORWISE_MAX_M (default 128): the most rows OCTAVO_FP8_TENSORWISE's
+    unit-scaled GEMM takes; larger batches run the row-wise recipe, whose float32-free
+    output costs less there. One H200 (session 45), Llama-3.1-8B's four projections, us a
+    layer with the quantizer: 64 rows 104 unit-scaled against 126 row-wise, 256 rows 148
+    against 144."""
+    return _int("OCTAVO_FP8_TENSORWISE_MAX_M", 128, "rows")
+
+
 def fp8_block_scaled_mm() -> bool:
     """OCTAVO_FP8_BLOCK_SCALED_MM (default on): kept block-scaled FP8 layers run batches of 3+
     rows as W8A8 on the FP8 tensor cores (activations rounded per 128 columns, as the

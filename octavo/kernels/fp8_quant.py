@@ -81,9 +81,13 @@ def fp8_quant(x2: torch.Tensor, static_scale: torch.Tensor | None, min_scale: fl
         scales = torch.empty(m, 1, device=x2.device, dtype=torch.float32)
     if m == 0:
         return q, scales
-    block = block or min(2048, next_power_of_2(k))
+    # One step per pass for rows of up to 16K: a program per row, so a short batch's few
+    # programs walk their rows in as few dependent loads as the warps allow (Llama-3.1-8B's
+    # down input, 16 x 14,336, took 7.1 us in 2,048-wide steps on an H200).
+    block = block or min(16384, next_power_of_2(k))
+    warps = 16 if block >= 8192 else 8 if block >= 4096 else 4 if block >= 1024 else 2
     _fp8_quant_kernel[(m,)](
         x2, q, scales, scales if static_scale is None else static_scale, k, x2.stride(0),
         q.stride(0), float(min_scale), STATIC=static_scale is not None,
-        CLAMP_SMALL=small == "clamp", BLOCK=block, num_warps=4 if block >= 1024 else 2)
+        CLAMP_SMALL=small == "clamp", BLOCK=block, num_warps=warps)
     return q, scales

@@ -85,11 +85,10 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Ten
                      input_scale: torch.Tensor | None,
                      bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ (weight * row_scale)^T + bias`` through ``torch._scaled_mm``: x quantized per
-    token (``input_scale`` None) or with the static scale; float32 scales. Where
-    OCTAVO_FP8_TENSORWISE and Triton allow, the GEMM runs with unit scales into float32 and
-    one launch applies the token and row scales and the bias (``outer_scale``: cuBLAS's
-    unit-scaled kernels ran about twice as fast as the row-wise recipe at decode batches);
-    else the row-wise recipe with bfloat16 output, the bias added after."""
+    token (``input_scale`` None) or with the static scale; float32 scales. Up to
+    OCTAVO_FP8_TENSORWISE_MAX_M rows the GEMM runs with unit scales
+    (``fp8_linear.unit_scaled_mm``); else the row-wise recipe with bfloat16 output, the
+    bias added after."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     fused = fp8_linear.fused_quant(x2, input_scale, _MIN_SCALE, "clamp")
@@ -103,36 +102,13 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Ten
             x_scale = input_scale.float().reshape(1, 1).expand(x2.shape[0], 1).contiguous()
         xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     out_shape = (*shape[:-1], weight.shape[0])
-    if fused is not None and envs.fp8_tensorwise():
-        from octavo.kernels.outer_scale import outer_scale
-
-        one = _unit_scale(x.device)
-        acc_dtype = _ACC_DTYPE.get(x.device, torch.float32)
-        try:
-            acc = torch._scaled_mm(xq, weight.t(), one, one, out_dtype=acc_dtype)
-        except RuntimeError:  # a build without float32 output: bf16 sums, rounded twice
-            if acc_dtype != torch.float32:
-                raise
-            acc_dtype = _ACC_DTYPE[x.device] = torch.bfloat16
-            acc = torch._scaled_mm(xq, weight.t(), one, one, out_dtype=acc_dtype)
-        return outer_scale(acc, x_scale, row_scale, bias, x.dtype).view(out_shape)
+    if fused is not None and (y := fp8_linear.unit_scaled_mm(xq, x_scale, weight, row_scale,
+                                                             bias, x.dtype)) is not None:
+        return y.view(out_shape)
     y = torch._scaled_mm(xq, weight.t(), x_scale, row_scale.view(1, -1),
                          out_dtype=torch.bfloat16)
     y = y.to(x.dtype).view(out_shape)
     return y if bias is None else y + bias
-
-
-_UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
-_ACC_DTYPE: dict[torch.device, torch.dtype] = {}  # where float32 output is refused
-
-
-def _unit_scale(device: torch.device) -> torch.Tensor:
-    """A float32 scalar 1 on ``device``, made once (outside any graph capture after the
-    first call)."""
-    one = _UNIT_SCALES.get(device)
-    if one is None:
-        one = _UNIT_SCALES[device] = torch.ones((), device=device, dtype=torch.float32)
-    return one
 
 
 class Fp8LinearMethod(LinearMethod):
