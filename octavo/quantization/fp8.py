@@ -18,8 +18,12 @@ Compute:
   scales: the activations quantized to fp8 per token (dynamic, ``amax / 448`` per row) or with
   the checkpoint's static scale, the weight's per-row scale; output in bfloat16 (row-wise
   scaling's output type), cast to the model dtype. Needs in/out features divisible by 16.
-  Decode batches of 1-2 rows run the FP8-weight GEMV instead (``OCTAVO_FP8_GEMV``): the same
-  fp8 weight and row scales, the activations not rounded to fp8.
+  Up to OCTAVO_FP8_TENSORWISE_MAX_M rows the same products run as a unit-scaled
+  ``_scaled_mm`` into float32 plus one epilogue launch for the scales and the bias
+  (``fp8_linear.unit_scaled_mm``: cuBLAS's unit-scaled kernel is 1.5-1.8x faster there).
+  Decode batches of 1-2 rows run the FP8-weight GEMV instead (``OCTAVO_FP8_GEMV``), 2-8 the
+  CUDA float8 kernel: the same fp8 weight and row scales, the activations not rounded to
+  fp8.
 - Elsewhere: the weight dequantized once at load (``fp8 * scale``) to the model dtype,
   activations unquantized: the weight's rounding is kept, the matmul is a float one.
 
