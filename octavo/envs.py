@@ -481,6 +481,14 @@ def fp8_tensorwise() -> bool:
     return _flag("OCTAVO_FP8_TENSORWISE", True)
 
 
+def fp8_unit_glu() -> bool:
+    """OCTAVO_FP8_UNIT_GLU (default off until measured): an MLP's merged gate/up FP8 layer on
+    the unit-scaled GEMM (OCTAVO_FP8_TENSORWISE's rows) applies silu(gate) * up in the same
+    launch as its scales (octavo/kernels/outer_scale.py's GLU mode), one launch and the
+    [tokens, 2 x intermediate] bf16 round trip fewer per layer."""
+    return _flag("OCTAVO_FP8_UNIT_GLU", False)
+
+
 def fp8_tensorwise_max_m() -> int:
     """OCTAVO_FP8_TENSORWISE_MAX_M (default 128): the most rows OCTAVO_FP8_TENSORWISE's
     unit-scaled GEMM takes; larger batches run the row-wise recipe, whose float32-free

@@ -87,14 +87,19 @@ def use_scaled_mm(device: torch.device) -> bool:
 
 def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Tensor,
                      input_scale: torch.Tensor | None,
-                     bias: torch.Tensor | None = None) -> torch.Tensor:
+                     bias: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """``x @ (weight * row_scale)^T + bias`` through ``torch._scaled_mm``: x quantized per
     token (``input_scale`` None) or with the static scale; float32 scales. Up to
     OCTAVO_FP8_TENSORWISE_MAX_M rows the GEMM runs with unit scales
     (``fp8_linear.unit_scaled_mm``); else the row-wise recipe with bfloat16 output, the
-    bias added after."""
+    bias added after. ``glu`` (a call ``fp8_linear.unit_gated_applies`` took, no bias):
+    ``silu(gate) * up`` of the merged [gate | up] output, from the unit GEMM's epilogue."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
+    if glu:
+        xq, x_scale = fp8_linear.fused_quant(x2, input_scale, _MIN_SCALE, "clamp")
+        y = fp8_linear.unit_scaled_mm(xq, x_scale, weight, row_scale, None, x.dtype, glu=True)
+        return y.view(*shape[:-1], y.shape[-1])
     fused = fp8_linear.fused_quant(x2, input_scale, _MIN_SCALE, "clamp")
     if fused is not None:
         xq, x_scale = fused
@@ -366,7 +371,12 @@ class Fp8LinearMethod(LinearMethod):
                 return self._block_apply(layer, x, glu=True)
         if not layer.fp8_runs:
             return None
-        return fp8_linear.gated_gemv(layer, x, layer.weight_fp8, layer.weight_scale, bias)
+        y = fp8_linear.gated_gemv(layer, x, layer.weight_fp8, layer.weight_scale, bias)
+        if y is None and fp8_linear.unit_gated_applies(
+                layer, x.reshape(-1, x.shape[-1]), layer.weight_fp8, layer.weight_scale, bias):
+            y = scaled_mm_linear(x, layer.weight_fp8, layer.weight_scale,
+                                 layer.fp8_input_scale, glu=True)
+        return y
 
     def apply_qkv_rope(self, layer, x, bias, positions, cos_sin_cache, kv_store):
         if not layer.fp8_runs:

@@ -111,6 +111,20 @@ def gated_gemv(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor, scale: t
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
+def unit_gated_applies(layer: nn.Module, x2: torch.Tensor, weight: torch.Tensor,
+                       scale: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether an MLP's merged [gate | up] FP8 layer (two equal parts, no bias) takes this
+    call's gated activation into the unit-scaled GEMM's epilogue (``unit_scaled_mm`` with
+    ``glu``; OCTAVO_FP8_UNIT_GLU): rows the GEMV and the CUDA float8 kernel leave, within
+    OCTAVO_FP8_TENSORWISE_MAX_M."""
+    sizes = layer.output_partition_sizes
+    return (bias is None and len(sizes) == 2 and sizes[0] == sizes[1] and x2.is_cuda
+            and HAS_TRITON and envs.fp8_unit_glu() and envs.fp8_tensorwise()
+            and envs.fp8_fused_quant()
+            and x2.shape[0] <= envs.fp8_tensorwise_max_m()
+            and not gemv_applies(layer, x2) and not cuda_mma_takes(x2, weight, scale))
+
+
 def gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                   positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
                   num_kv_heads: int, head_dim: int, kv_store) -> torch.Tensor | None:
@@ -154,7 +168,7 @@ _ACC_DTYPE: dict[torch.device, torch.dtype] = {}  # where float32 output is refu
 
 def unit_scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                    row_scale: torch.Tensor, bias: torch.Tensor | None,
-                   dtype: torch.dtype) -> torch.Tensor | None:
+                   dtype: torch.dtype, glu: bool = False) -> torch.Tensor | None:
     """``(xq * x_scale) @ (weight * row_scale)^T + bias`` in ``dtype`` for FP8 ``xq`` [m, k]
     with float32 ``x_scale`` ([m, 1] per token, or one number) and float32 ``row_scale``
     per output row: ``torch._scaled_mm`` with unit scales into float32, then one launch
@@ -162,7 +176,8 @@ def unit_scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor
     On an H200 cuBLAS's unit-scaled kernels ran Llama-3.1-8B's projections at 16 rows in 69
     us a layer where the row-wise recipe took 117 (session 45). None where this does not run
     (OCTAVO_FP8_TENSORWISE off, more than OCTAVO_FP8_TENSORWISE_MAX_M rows, no Triton):
-    the caller runs the row-wise recipe."""
+    the caller runs the row-wise recipe. ``glu``: the weight is an MLP's [gate | up]; the
+    epilogue returns ``silu(gate) * up`` (``outer_scale``'s GLU mode)."""
     if not (xq.is_cuda and HAS_TRITON and envs.fp8_tensorwise()
             and xq.shape[0] <= envs.fp8_tensorwise_max_m()):
         return None
@@ -180,7 +195,7 @@ def unit_scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor
             raise
         acc_dtype = _ACC_DTYPE[device] = torch.bfloat16
         acc = torch._scaled_mm(xq, weight.t(), one, one, out_dtype=acc_dtype)
-    return outer_scale(acc, x_scale, row_scale, bias, dtype)
+    return outer_scale(acc, x_scale, row_scale, bias, dtype, glu=glu)
 
 
 def activation_scale(x: torch.Tensor, per_token: bool) -> torch.Tensor:

@@ -68,3 +68,40 @@ def test_unit_scaled_fp8_linear_on_the_gpu(n, k, m, bias, monkeypatch):
 
     assert got.dtype == torch.bfloat16 and got.shape == (m, n)
     assert rel(got) < 4e-3 and rel(got) <= rel(rowwise) * 1.05 + 1e-4, (rel(got), rel(rowwise))
+
+
+@pytest.mark.parametrize("m,half", [(1, 40), (6, 1100)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_glu_mode_gives_the_unfused_bits(m, half, dtype, device):
+    """silu(gate) * up in the epilogue: the bits of the epilogue's plain output fed to the
+    gated activation's own kernel (``activation.silu_and_mul``)."""
+    from octavo.kernels.activation import silu_and_mul
+
+    g = torch.Generator().manual_seed(m + half)
+    acc = (torch.randn(m, 2 * half, generator=g) * 1e3).to(device)
+    a = (torch.rand(m, generator=g) + 0.1).to(device)
+    b = (torch.rand(2 * half, generator=g) * 1e-3).to(device)
+    got = outer_scale(acc, a, b, None, dtype, glu=True)
+    want = silu_and_mul(outer_scale(acc, a, b, None, dtype))
+    assert got.shape == (m, half) and got.dtype == dtype
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [9, 64])
+def test_unit_scaled_glu_on_the_gpu(m, monkeypatch):
+    """Llama-3.1-8B's gate_up: the GLU epilogue's bits equal the plain epilogue's output
+    through the activation kernel."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs CUDA with e4m3 (compute capability 8.9)")
+    from octavo.kernels.activation import silu_and_mul
+    from octavo.quantization.fp8 import scaled_mm_linear
+
+    g = torch.Generator().manual_seed(m)
+    w = (torch.randn(28672, 4096, generator=g) * 64).clamp(-448, 448).to(
+        torch.float8_e4m3fn).cuda()
+    s = (torch.rand(28672, generator=g) * 1e-3 + 1e-4).cuda()
+    x = torch.randn(m, 4096, generator=g).to(torch.bfloat16).cuda()
+    monkeypatch.setenv("OCTAVO_FP8_TENSORWISE", "1")
+    got = scaled_mm_linear(x, w, s, None, glu=True)
+    assert torch.equal(got, silu_and_mul(scaled_mm_linear(x, w, s, None)))
