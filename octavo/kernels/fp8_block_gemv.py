@@ -160,15 +160,22 @@ def _fp8_block_gemv_kernel(
                     stride_pn, cnt_ptr, pid_n, pid_k, NUM_SPLITS, GLU=GLU)
 
 
-def plan(n: int, k: int, block: tuple[int, int], glu: bool = False
+def plan(n: int, k: int, block: tuple[int, int], glu: bool = False, m: int = 1
          ) -> tuple[int, int, int, int, int] | None:
     """(block_n, block_k, num_warps, waves, stages) for an [n, k] weight in ``block`` =
     (rows, columns) blocks, or None where the folded kernel cannot take it: the row-scaled
     GEMV's plan (``fp8_gemv._plan``) where each accumulator's rows lie inside one block row
     (with ``glu``, the halves' rows too: n / 2 a multiple of the block rows) and a word's 4
-    weights inside one block column."""
+    weights inside one block column. ``m``: the rows of x (one row has a plan of its own
+    for o's shape)."""
     rows, cols = block
     block_n, block_k, warps, waves, stages = gemv._plan(n, k)
+    if m == 1 and n * k <= 4096 * 4096 and k % 1024 == 0:
+        # o's shape (4,096 x 4,096) on an H200 (session 45, benchmarks/gemv_scaling.py):
+        # 16 x 1,024 over 4 warps, 1 wave, 6.65 us from HBM against the row-scaled plan's
+        # (8 x 512 over 8 warps) 7.68 (qkv and down: the row-scaled plans were best). Not
+        # for two rows: there it compiles to 255 registers with local loads in the loop.
+        block_n, block_k, warps, waves, stages = 16, 1024, 4, 1, 2
     half = block_n // 2 if glu else block_n
     if (cols % 4 or k % 4 or rows % half
             or (glu and (n % 2 or (n // 2) % rows))):
@@ -194,7 +201,7 @@ def fp8_block_gemv_folded(x2: torch.Tensor, weight: torch.Tensor, scale: torch.T
         x2.shape, weight.shape)
     assert scale.dtype == torch.float32 and tuple(scale.shape) == (
         -(-n // block[0]), -(-k // block[1])), (scale.shape, scale.dtype, n, k, block)
-    chosen = tiles or plan(n, k, block, glu)
+    chosen = tiles or plan(n, k, block, glu, m)
     if chosen is None:
         raise ValueError(f"fp8_block_gemv: no folded plan for [{n}, {k}] in {block} blocks"
                          f"{' (glu)' if glu else ''}")

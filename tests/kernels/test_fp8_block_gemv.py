@@ -73,6 +73,9 @@ def test_plan_refuses_what_the_kernel_cannot_hold():
     for n, k, glu in [(6144, 4096, False), (4096, 4096, False), (28672, 4096, True),
                       (4096, 14336, False)]:
         assert plan(n, k, (128, 128), glu) is not None
+    # o's shape at one row: its own plan (session 45's sweep); two rows keep the GEMV's
+    assert plan(4096, 4096, (128, 128)) == (16, 1024, 4, 1, 2)
+    assert plan(4096, 4096, (128, 128), m=2) == (8, 512, 8, 1, 3)
     assert plan(6144, 4096, (8, 128)) is None  # a program's 16 rows span two block rows
     assert plan(4096, 4096, (128, 6)) is None  # a word's 4 weights span two block columns
     assert plan(28672 + 128, 4096, (128, 128), glu=True) is None  # the up half off a block row
@@ -96,6 +99,23 @@ def test_folded_gemv_compiles_for_sm90_without_spills():
         "stride_xm", "stride_wn", "stride_sn", "--ones", "stride_sg", "--num-warps", "4")
     found = re.search(r"local (\d+) B", code.report)
     assert found and int(found.group(1)) == 0, code.report
+
+
+def test_one_row_plan_for_o_compiles_for_sm90_without_spills():
+    """One row, o's plan (16 x 1,024 over 4 warps, one step ahead)."""
+    import re
+
+    from tests.kernels.sm90 import compile_sm90
+
+    code = compile_sm90(
+        "octavo.kernels.fp8_block_gemv:_fp8_block_gemv_kernel", "--const", "BLOCK_M=1",
+        "BLOCK_N=16", "BLOCK_K=1024", "BITS=0", "X_LOAD=2", "GLU=0", "STAGES=2", "PDL=1",
+        "GROUP=128", "ROW_BLOCK=128", "--ptr", "x_ptr=i64", "w_ptr=i32", "s_ptr=fp32",
+        "out_ptr=bf16", "part_ptr=fp32", "cnt_ptr=i32", "--div16", "K", "N", "K_PER_SPLIT",
+        "stride_xm", "stride_wn", "stride_sn", "--ones", "stride_sg", "--num-warps", "4")
+    found = re.search(r"local (\d+) B", code.report)
+    assert found and int(found.group(1)) == 0, code.report
+    assert "LDL" not in code.sass and "STL" not in code.sass
 
 
 @pytest.mark.gpu
