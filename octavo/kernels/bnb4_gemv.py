@@ -7,7 +7,9 @@ copy per call:
   (``bnb_weight.byte_table`` read as int64, 2 KB; the default, ``OCTAVO_BNB4_TABLE``) or
   each nibble one gather from the 16 float32 code values (64 bytes, one cache line a warp,
   but twice the gathers: 10-20% slower on an H200); each word's sum is multiplied by its
-  block's absmax. Either reads at 7-9% of an H200's HBM: gather-bound. A program takes BLOCK_N rows and BLOCK_K weights per step, its next step's words
+  block's absmax. Either reads at 7-9% of an H200's HBM: gather-bound (9 sm_90
+  instructions a weight, each byte's gather costing an extract, a 64-bit address and a
+  load). A program takes BLOCK_N rows and BLOCK_K weights per step, its next step's words
   loaded before this step's arithmetic; K is split over programs as far as needed to fill
   the GPU (``split_k``, the last program of a tile adds the partials).
 - :func:`dequantize_4bit`, what larger batches still dequantize: one launch writing the
