@@ -44,8 +44,11 @@ KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_ge
            "w4_mma", "w8_gemv")
 # nf4_gemv: bitsandbytes NF4 (blocks of 64) through ``bnb4_gemv.bnb4_gemv``, a gather per
 # nibble from the 16 codes; nf4_gemv256: a gather per byte from the 256 code pairs;
-# nf4_dequant: the path before both (``bnb_weight.dequantize_packed`` per call, F.linear).
-NF4 = ("nf4_gemv", "nf4_gemv256", "nf4_dequant")
+# nf4_dequant: the path before both (``bnb_weight.dequantize_packed`` per call, F.linear);
+# nf4_cuda: the CUDA C++ GEMV (``bnb4_cuda``, codes in shared memory), nf4_cuda_r{R} at R
+# rows a block.
+NF4 = ("nf4_gemv", "nf4_gemv256", "nf4_dequant", "nf4_cuda", "nf4_cuda_r8", "nf4_cuda_r32",
+       "nf4_cuda_r128")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 # Variants timed on request (--kernels), not by default: the integer GEMVs loading their
 # weights two or three steps ahead instead of one (*_p2, *_p3), swapab_mma's plan at other
@@ -177,6 +180,11 @@ def call(kernel: str, x, w):
         from octavo.kernels.bnb4_gemv import bnb4_gemv
 
         return bnb4_gemv(x, w[0], w[1], w[2] if kernel.endswith("256") else w[3], 64)
+    if kernel.startswith("nf4_cuda"):
+        from octavo.kernels.bnb4_cuda import bnb4_gemv_cuda
+
+        rows = int(kernel.rsplit("_r", 1)[1]) if "_r" in kernel else None
+        return bnb4_gemv_cuda(x, w[0], w[1], w[3], 64, rows=rows)
     if kernel == "nf4_dequant":
         import torch.nn.functional as F
 

@@ -51,6 +51,10 @@ METHODS = {
     # W4A16 with the LM head quantized too (GPTQModel's lm_head=True; here at the model's 4
     # bits and group 128), the head being the largest single weight a decode step reads.
     "w4a16_lmhead": ({**_GPTQ_G128, "lm_head": True}, None),
+    # bitsandbytes NF4 (blocks of 64) quantized at load from the dummy bf16 weights; decode
+    # rows through the Triton GEMV, or OCTAVO_BNB4_CUDA=1 the CUDA one. Not in the default
+    # list.
+    "nf4": (None, "bitsandbytes-nf4"),
 }
 
 

@@ -259,6 +259,17 @@ class BitsAndBytesLinearMethod(LinearMethod):
         if kernels_run(x):
             from octavo.kernels import bnb4_gemv as kernels
 
+            if envs.bnb4_cuda() and x.is_cuda:
+                from octavo.kernels import bnb4_cuda
+
+                q = layer.qweight
+                if bnb4_cuda.supported(x2.shape[0], x2.shape[1], bs, x2.dtype) \
+                        and q.stride(0) % 16 == 0 and q.data_ptr() % 16 == 0 \
+                        and bnb4_cuda.available(x.device):
+                    y = bnb4_cuda.bnb4_gemv_cuda(x2, layer.qweight, layer.absmax, layer.code,
+                                                 bs)
+                    y = y.view(*x.shape[:-1], y.shape[-1])
+                    return y if bias is None else y + bias
             if envs.bnb4_gemv() and kernels.supported(x2.shape[0], x2.shape[1], bs):
                 table = layer.code if envs.bnb4_table() == 16 else layer.code_pairs
                 y = kernels.bnb4_gemv(x2, layer.qweight, layer.absmax, table, bs)

@@ -1,0 +1,70 @@
+"""bitsandbytes 4-bit decode rows on CUDA cores in CUDA C++ (``cuda/bnb4_gemv.cu``): the 16
+code values in shared memory, so a weight costs a shift, a mask, a conflict-free shared load
+and an FMA (4 sm_90 instructions, 9 in the Triton GEMV of ``bnb4_gemv.py``, whose code
+lookups are global gathers with 64-bit addresses: 7-9% of an H200's HBM).
+
+A block takes 1,024 weights of K for a tile of rows; each lane keeps its 32 activations (per
+row of x) in float32 registers across the rows it visits, and the chunks' sums meet in a
+float32 output by atomics (zeroed first, then rounded to x's dtype: two small launches
+around the kernel). The chunks add in the order the hardware picks: float32 sums that may
+differ in their last bits between runs. ``OCTAVO_BNB4_CUDA`` (off until measured on a GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from octavo import envs
+from octavo.kernels import cuda_module
+
+SOURCE = "bnb4_gemv.cu"
+CHUNK = 1024  # weights of K a block covers (32 a lane)
+WARPS = 8
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def supported(m: int, k: int, blocksize: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel takes [m, k] activations of ``dtype`` on a weight in ``blocksize``
+    blocks: one or two rows, bf16 / fp16, K whole chunks, a lane's 32 weights in one block."""
+    return 1 <= m <= 2 and dtype in _DTYPES and k % CHUNK == 0 and blocksize % 32 == 0
+
+
+def available(device: torch.device) -> bool:
+    """Whether bitsandbytes 4-bit layers use this kernel on ``device``: turned on
+    (``OCTAVO_BNB4_CUDA``) and built (nvcc, an NVIDIA GPU)."""
+    return envs.bnb4_cuda() and cuda_module.module(SOURCE, device) is not None
+
+
+def rows_per_block(n: int, k: int, device: torch.device) -> int:
+    """Rows a block takes: about 8 blocks of 8 warps per SM over the (rows, chunks) grid,
+    at least a row per warp (unmeasured: the benchmark's ``rows`` sweeps it)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rows = -(-n * (k // CHUNK) // (8 * sms))
+    return max(WARPS, -(-rows // WARPS) * WARPS)
+
+
+def bnb4_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor,
+                   code: torch.Tensor, blocksize: int, rows: int | None = None) -> torch.Tensor:
+    """``x2 [M, K] @ W^T`` in x2's dtype for M <= 2, ``W[n, k] = code[nibble] * absmax[n, k //
+    blocksize]`` of the packed ``qweight`` uint8 [N, K / 2] (high nibble first, rows 16-byte
+    aligned), ``absmax`` float32 [N, K / blocksize], ``code`` the 16 float32 code values.
+    ``rows``: rows a block takes (:func:`rows_per_block` by default)."""
+    m, k = x2.shape
+    n = qweight.shape[0]
+    if not supported(m, k, blocksize, x2.dtype):
+        raise ValueError(f"bnb4_gemv_cuda: x {tuple(x2.shape)} {x2.dtype} with blocks of "
+                         f"{blocksize} is not supported")
+    assert qweight.dtype == torch.uint8 and qweight.shape[1] * 2 == k and qweight.stride(1) == 1
+    assert qweight.stride(0) % 16 == 0 and qweight.data_ptr() % 16 == 0, qweight.stride()
+    assert tuple(absmax.shape) == (n, k // blocksize) and absmax.dtype == torch.float32 \
+        and absmax.stride(1) == 1, (absmax.shape, absmax.dtype)
+    assert code.shape == (16,) and code.dtype == torch.float32 and code.is_contiguous()
+    x2 = cuda_module.aligned_rows(x2)
+    mod = cuda_module.loaded(SOURCE, x2.device)
+    out = torch.zeros(m, n, device=x2.device, dtype=torch.float32)
+    rows = rows or rows_per_block(n, k, x2.device)
+    args = cuda_module.arguments(qweight, absmax, code, x2, out, n, qweight.stride(0),
+                                 absmax.stride(0), x2.stride(0), blocksize, rows)
+    mod.launch(f"bnb4_gemv_{_DTYPES[x2.dtype]}_m{m}", (-(-n // rows), k // CHUNK, 1),
+               32 * WARPS, args)
+    return out.to(x2.dtype)

@@ -1,0 +1,120 @@
+"""The CUDA C++ bitsandbytes 4-bit GEMV (``octavo/kernels/bnb4_cuda.py``, ``cuda/bnb4_gemv.cu``):
+its source builds for sm_90 without spills (nvcc, no GPU needed); its index arithmetic,
+emulated on the CPU lane by lane, gives the dequantized product; on the GPU, against that
+product at small and Llama-3.1-8B shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from octavo.kernels import bnb4_cuda
+from octavo.quantization import bnb_format as fmt
+from octavo.quantization.bnb_weight import blocks_or_dense, dequantize_packed
+from tests.kernels import cuda_checks
+
+NAMES = [f"bnb4_gemv_{t}_m{m}" for t in ("bf16", "f16") for m in (1, 2)]
+
+
+def test_the_source_builds_for_hopper_without_spills(tmp_path, monkeypatch):
+    from octavo.kernels import cuda_module
+
+    if cuda_module.nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    spills = cuda_checks.build_once(bnb4_cuda.SOURCE, NAMES, tmp_path, monkeypatch)
+    assert not any(spills.values()), spills
+
+
+def _weight(n, k, blocksize, quant_type, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    packed, absmax = fmt.quantize_4bit(w, quant_type, blocksize)
+    return blocks_or_dense(packed, absmax, fmt.code_table(quant_type, w.device), blocksize,
+                           n, k)
+
+
+def _emulate(x, q, absmax, code, bs, rows):
+    """What cuda/bnb4_gemv.cu computes, in its index arithmetic: block (bx, chunk), warp w
+    visiting rows w, w + 8, ...; lane l's 16-byte load of its row's bytes, little-endian
+    words, byte b of word i holding weights 8i + 2b (high nibble) and 8i + 2b + 1; the lane's
+    sum times absmax[r, k0 / bs]; the warp's sum added to out[m, r]."""
+    m, k = x.shape
+    n = q.shape[0]
+    qb = q.numpy().astype(np.uint32)
+    out = np.zeros((m, n))
+    hits = np.zeros((m, n), int)
+    for bx in range(-(-n // rows)):
+        for chunk in range(k // bnb4_cuda.CHUNK):
+            for warp in range(bnb4_cuda.WARPS):
+                for r in range(bx * rows + warp, min(n, bx * rows + rows), bnb4_cuda.WARPS):
+                    total = np.zeros(m)
+                    for lane in range(32):
+                        k0 = chunk * 1024 + lane * 32
+                        raw = qb[r, k0 // 2:k0 // 2 + 16]
+                        words = raw[0::4] | raw[1::4] << 8 | raw[2::4] << 16 | raw[3::4] << 24
+                        s = np.zeros(m)
+                        for i in range(4):
+                            for b in range(4):
+                                hi = code[(words[i] >> (8 * b + 4)) & 0xF]
+                                lo = code[(words[i] >> (8 * b)) & 0xF]
+                                s += hi * x[:, k0 + 8 * i + 2 * b] + lo * x[:, k0 + 8 * i + 2 * b + 1]
+                        total += s * absmax[r, k0 // bs]
+                    out[:, r] += total
+                    hits[:, r] += 1
+    assert (hits == k // bnb4_cuda.CHUNK).all()  # every row, once per chunk
+    return out
+
+
+@pytest.mark.parametrize("n,k,bs,quant_type,rows", [(24, 1024, 64, "nf4", 8),
+                                                    (40, 2048, 32, "fp4", 16)])
+def test_the_index_arithmetic_gives_the_dequantized_product(n, k, bs, quant_type, rows):
+    b = _weight(n, k, bs, quant_type, seed=n)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+    got = _emulate(x.numpy(), b.packed, b.absmax.double().numpy(), b.code.double().numpy(), bs,
+                   rows)
+    want = x @ dequantize_packed(b.packed, b.absmax, b.code, bs, torch.float64).t()
+    # the reference rounds each code * absmax to float32 first; a wrong index is O(1) off
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_switch(monkeypatch):
+    cuda_checks.check_switch(monkeypatch, bnb4_cuda, "OCTAVO_BNB4_CUDA", default=False)
+
+
+def test_supported_shapes():
+    assert bnb4_cuda.supported(1, 4096, 64, torch.bfloat16)
+    assert bnb4_cuda.supported(2, 14336, 64, torch.float16)
+    assert not bnb4_cuda.supported(3, 4096, 64, torch.bfloat16)  # decode rows only
+    assert not bnb4_cuda.supported(1, 4096, 64, torch.float32)  # the Triton GEMV's
+    assert not bnb4_cuda.supported(1, 1536, 64, torch.bfloat16)  # K not whole chunks
+    assert not bnb4_cuda.supported(1, 4096, 16, torch.bfloat16)  # a lane's 32 in 2 blocks
+
+
+def _gpu(monkeypatch):
+    monkeypatch.setenv("OCTAVO_BNB4_CUDA", "1")
+    if not torch.cuda.is_available() or not bnb4_cuda.available(torch.device("cuda")):
+        pytest.skip("needs CUDA and nvcc")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,bs,quant_type", [(24, 1024, 64, "nf4"), (40, 2048, 32, "fp4"),
+                                               (4096, 4096, 64, "nf4"),
+                                               (28672, 4096, 64, "nf4"),
+                                               (4096, 14336, 64, "nf4")])
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_on_the_gpu(n, k, bs, quant_type, m, dtype, monkeypatch):
+    _gpu(monkeypatch)
+    b = _weight(n, k, bs, quant_type, seed=n + m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)).to(dtype).cuda()
+    got = bnb4_cuda.bnb4_gemv_cuda(x, b.packed.cuda(), b.absmax.float().cuda(),
+                                   b.code.float().cuda(), bs)
+    want = x.float() @ dequantize_packed(b.packed, b.absmax, b.code, bs,
+                                         torch.float32).cuda().t()
+    assert got.shape == (m, n) and got.dtype == dtype
+    assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
+    for rows in (8, 64):  # other block sizes give the same sums up to their order
+        other = bnb4_cuda.bnb4_gemv_cuda(x, b.packed.cuda(), b.absmax.float().cuda(),
+                                         b.code.float().cuda(), bs, rows=rows)
+        assert ((other.float() - got.float()).norm() / want.norm()).item() < 1e-2
