@@ -84,38 +84,33 @@ def test_plan_refuses_what_the_kernel_cannot_hold():
         fp8_block_gemv_folded(x, w, s, (4, 32))
 
 
-def test_folded_gemv_compiles_for_sm90_without_spills():
-    """Two rows, GLU, the gate_up plan (32 x 256 over 4 warps, two steps ahead): the largest
-    register set this kernel takes."""
+def _compile_without_spills(m, block_n, block_k, glu, stages):
+    """The folded kernel compiled for sm_90 at a plan over 4 warps: no local memory."""
     import re
 
     from tests.kernels.sm90 import compile_sm90
 
     code = compile_sm90(
-        "octavo.kernels.fp8_block_gemv:_fp8_block_gemv_kernel", "--const", "BLOCK_M=2",
-        "BLOCK_N=32", "BLOCK_K=256", "BITS=0", "X_LOAD=2", "GLU=1", "STAGES=3", "PDL=1",
-        "GROUP=128", "ROW_BLOCK=128", "--ptr", "x_ptr=i64", "w_ptr=i32", "s_ptr=fp32",
-        "out_ptr=bf16", "part_ptr=fp32", "cnt_ptr=i32", "--div16", "K", "N", "K_PER_SPLIT",
-        "stride_xm", "stride_wn", "stride_sn", "--ones", "stride_sg", "--num-warps", "4")
+        "octavo.kernels.fp8_block_gemv:_fp8_block_gemv_kernel", "--const", f"BLOCK_M={m}",
+        f"BLOCK_N={block_n}", f"BLOCK_K={block_k}", "BITS=0", "X_LOAD=2", f"GLU={int(glu)}",
+        f"STAGES={stages}", "PDL=1", "GROUP=128", "ROW_BLOCK=128", "--ptr", "x_ptr=i64",
+        "w_ptr=i32", "s_ptr=fp32", "out_ptr=bf16", "part_ptr=fp32", "cnt_ptr=i32", "--div16",
+        "K", "N", "K_PER_SPLIT", "stride_xm", "stride_wn", "stride_sn", "--ones", "stride_sg",
+        "--num-warps", "4")
     found = re.search(r"local (\d+) B", code.report)
     assert found and int(found.group(1)) == 0, code.report
+    assert "LDL" not in code.sass and "STL" not in code.sass
+
+
+def test_folded_gemv_compiles_for_sm90_without_spills():
+    """Two rows, GLU, the gate_up plan (32 x 256 over 4 warps, two steps ahead): the largest
+    register set this kernel takes."""
+    _compile_without_spills(2, 32, 256, True, 3)
 
 
 def test_one_row_plan_for_o_compiles_for_sm90_without_spills():
     """One row, o's plan (16 x 1,024 over 4 warps, one step ahead)."""
-    import re
-
-    from tests.kernels.sm90 import compile_sm90
-
-    code = compile_sm90(
-        "octavo.kernels.fp8_block_gemv:_fp8_block_gemv_kernel", "--const", "BLOCK_M=1",
-        "BLOCK_N=16", "BLOCK_K=1024", "BITS=0", "X_LOAD=2", "GLU=0", "STAGES=2", "PDL=1",
-        "GROUP=128", "ROW_BLOCK=128", "--ptr", "x_ptr=i64", "w_ptr=i32", "s_ptr=fp32",
-        "out_ptr=bf16", "part_ptr=fp32", "cnt_ptr=i32", "--div16", "K", "N", "K_PER_SPLIT",
-        "stride_xm", "stride_wn", "stride_sn", "--ones", "stride_sg", "--num-warps", "4")
-    found = re.search(r"local (\d+) B", code.report)
-    assert found and int(found.group(1)) == 0, code.report
-    assert "LDL" not in code.sass and "STL" not in code.sass
+    _compile_without_spills(1, 16, 1024, False, 2)
 
 
 @pytest.mark.gpu
