@@ -440,7 +440,7 @@ def bnb4_gemv() -> bool:
 
 def bnb4_cuda() -> bool:
     """OCTAVO_BNB4_CUDA (default off until measured on a GPU): bitsandbytes 4-bit decode rows
-    (1-2, bf16 / fp16, K a multiple of 1,024) run the CUDA C++ GEMV of
+    (1-2, bf16 / fp16, K a multiple of 32) run the CUDA C++ GEMV of
     octavo/kernels/bnb4_cuda.py (code values in shared memory, 4 sm_90 instructions a
     weight) instead of the Triton one (global gathers, 9)."""
     return _flag("OCTAVO_BNB4_CUDA", False)

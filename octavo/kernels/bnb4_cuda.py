@@ -3,7 +3,7 @@ code values in shared memory, so a weight costs a shift, a mask, a conflict-free
 and an FMA (4 sm_90 instructions, 9 in the Triton GEMV of ``bnb4_gemv.py``, whose code
 lookups are global gathers with 64-bit addresses: 7-9% of an H200's HBM).
 
-A block takes 1,024 weights of K for a tile of rows; each lane keeps its 32 activations (per
+A block takes 1,024 weights of K (the last chunk maybe fewer) for a tile of rows; each lane keeps its 32 activations (per
 row of x) in float32 registers across the rows it visits, and the chunks' sums meet in a
 float32 output by atomics (zeroed first, then rounded to x's dtype: two small launches
 around the kernel). The chunks add in the order the hardware picks: float32 sums that may
@@ -25,8 +25,10 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 def supported(m: int, k: int, blocksize: int, dtype: torch.dtype) -> bool:
     """Whether the kernel takes [m, k] activations of ``dtype`` on a weight in ``blocksize``
-    blocks: one or two rows, bf16 / fp16, K whole chunks, a lane's 32 weights in one block."""
-    return 1 <= m <= 2 and dtype in _DTYPES and k % CHUNK == 0 and blocksize % 32 == 0
+    blocks: one or two rows, bf16 / fp16, K a multiple of 32 (a lane's weights) and of the
+    blocksize, a lane's 32 weights in one block."""
+    return (1 <= m <= 2 and dtype in _DTYPES and k % 32 == 0 and blocksize % 32 == 0
+            and k % blocksize == 0)
 
 
 def available(device: torch.device) -> bool:
@@ -39,7 +41,7 @@ def rows_per_block(n: int, k: int, device: torch.device) -> int:
     """Rows a block takes: about 8 blocks of 8 warps per SM over the (rows, chunks) grid,
     at least a row per warp (unmeasured: the benchmark's ``rows`` sweeps it)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    rows = -(-n * (k // CHUNK) // (8 * sms))
+    rows = -(-n * -(-k // CHUNK) // (8 * sms))
     return max(WARPS, -(-rows // WARPS) * WARPS)
 
 
@@ -63,8 +65,8 @@ def bnb4_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor
     mod = cuda_module.loaded(SOURCE, x2.device)
     out = torch.zeros(m, n, device=x2.device, dtype=torch.float32)
     rows = rows or rows_per_block(n, k, x2.device)
-    args = cuda_module.arguments(qweight, absmax, code, x2, out, n, qweight.stride(0),
+    args = cuda_module.arguments(qweight, absmax, code, x2, out, n, k, qweight.stride(0),
                                  absmax.stride(0), x2.stride(0), blocksize, rows)
-    mod.launch(f"bnb4_gemv_{_DTYPES[x2.dtype]}_m{m}", (-(-n // rows), k // CHUNK, 1),
+    mod.launch(f"bnb4_gemv_{_DTYPES[x2.dtype]}_m{m}", (-(-n // rows), -(-k // CHUNK), 1),
                32 * WARPS, args)
     return out.to(x2.dtype)

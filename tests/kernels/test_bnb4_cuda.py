@@ -44,13 +44,16 @@ def _emulate(x, q, absmax, code, bs, rows):
     qb = q.numpy().astype(np.uint32)
     out = np.zeros((m, n))
     hits = np.zeros((m, n), int)
+    chunks = -(-k // bnb4_cuda.CHUNK)
     for bx in range(-(-n // rows)):
-        for chunk in range(k // bnb4_cuda.CHUNK):
+        for chunk in range(chunks):
             for warp in range(bnb4_cuda.WARPS):
                 for r in range(bx * rows + warp, min(n, bx * rows + rows), bnb4_cuda.WARPS):
                     total = np.zeros(m)
                     for lane in range(32):
                         k0 = chunk * 1024 + lane * 32
+                        if k0 >= k:  # the last chunk's idle lanes
+                            continue
                         raw = qb[r, k0 // 2:k0 // 2 + 16]
                         words = raw[0::4] | raw[1::4] << 8 | raw[2::4] << 16 | raw[3::4] << 24
                         s = np.zeros(m)
@@ -62,12 +65,13 @@ def _emulate(x, q, absmax, code, bs, rows):
                         total += s * absmax[r, k0 // bs]
                     out[:, r] += total
                     hits[:, r] += 1
-    assert (hits == k // bnb4_cuda.CHUNK).all()  # every row, once per chunk
+    assert (hits == chunks).all()  # every row, once per chunk
     return out
 
 
 @pytest.mark.parametrize("n,k,bs,quant_type,rows", [(24, 1024, 64, "nf4", 8),
-                                                    (40, 2048, 32, "fp4", 16)])
+                                                    (40, 2048, 32, "fp4", 16),
+                                                    (16, 1536, 64, "nf4", 8)])  # half a chunk
 def test_the_index_arithmetic_gives_the_dequantized_product(n, k, bs, quant_type, rows):
     b = _weight(n, k, bs, quant_type, seed=n)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
@@ -87,7 +91,8 @@ def test_supported_shapes():
     assert bnb4_cuda.supported(2, 14336, 64, torch.float16)
     assert not bnb4_cuda.supported(3, 4096, 64, torch.bfloat16)  # decode rows only
     assert not bnb4_cuda.supported(1, 4096, 64, torch.float32)  # the Triton GEMV's
-    assert not bnb4_cuda.supported(1, 1536, 64, torch.bfloat16)  # K not whole chunks
+    assert bnb4_cuda.supported(1, 1536, 64, torch.bfloat16)  # the last chunk half idle
+    assert not bnb4_cuda.supported(1, 1000, 8, torch.bfloat16)  # K not a multiple of 32
     assert not bnb4_cuda.supported(1, 4096, 16, torch.bfloat16)  # a lane's 32 in 2 blocks
 
 
@@ -99,6 +104,7 @@ def _gpu(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k,bs,quant_type", [(24, 1024, 64, "nf4"), (40, 2048, 32, "fp4"),
+                                               (48, 1536, 64, "nf4"), (8960, 1536, 64, "nf4"),
                                                (4096, 4096, 64, "nf4"),
                                                (28672, 4096, 64, "nf4"),
                                                (4096, 14336, 64, "nf4")])

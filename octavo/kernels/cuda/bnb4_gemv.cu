@@ -6,15 +6,16 @@
 // weights of a row ([N, K / bs], rows `lda` floats apart); the 16 float32 code values.
 // W[n, k] = code[nibble(n, k)] * absmax[n, k / bs].
 //
-// Grid (ceil(N / rows_per_cta), K / 1024), WARPS warps a block. A block covers 1,024 weights
-// of K (its chunk): lane l of every warp always takes the chunk's weights 32 l .. 32 l + 31,
+// Grid (ceil(N / rows_per_cta), ceil(K / 1024)), WARPS warps a block. A block covers 1,024
+// weights of K (its chunk; K a multiple of 32, the last chunk's lanes past K idle): lane l of
+// every warp always takes the chunk's weights 32 l .. 32 l + 31,
 // so it converts its 32 activations (per row of x) to float32 once, into registers, and keeps
 // them for every weight row it visits; warp w visits rows w, w + WARPS, ... of the block's
 // rows. A row's visit is one 16-byte load a lane (the warp reads 512 contiguous bytes), 32
 // code lookups (shared memory: 16 words in 16 banks, so a warp's lookups never conflict) and
 // 32 FMAs a row of x, the lane's sum times its block's absmax (32 weights lie in one block:
 // bs a multiple of 32), summed over the warp by shuffles; lane 0 adds it to `out` (float32
-// [MR, N], zeroed by the caller) with an atomic, one per chunk. K / 1,024 chunks add in an
+// [MR, N], zeroed by the caller) with an atomic, one per chunk. The chunks add in an
 // order the hardware picks: float32 sums, not bit-reproducible across runs.
 
 #include <cuda_bf16.h>
@@ -31,20 +32,21 @@ __device__ __forceinline__ void bnb4_gemv(const uint8_t* __restrict__ q,
                                           const float* __restrict__ absmax,
                                           const float* __restrict__ code,
                                           const T* __restrict__ x, float* __restrict__ out,
-                                          int n, int ldq, int lda, int ldx, int bs,
+                                          int n, int k, int ldq, int lda, int ldx, int bs,
                                           int rows_per_cta) {
   __shared__ float table[16];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   if (threadIdx.x < 16) table[threadIdx.x] = code[threadIdx.x];
   const int k0 = blockIdx.y * 1024 + lane * 32;  // this lane's first weight
+  const bool active = k0 < k;                      // K is a multiple of 32
   float xr[MR][32];
 #pragma unroll
   for (int m = 0; m < MR; ++m) {
-    const uint4* xv = reinterpret_cast<const uint4*>(x + (size_t)m * ldx + k0);
+    const uint4* xv = reinterpret_cast<const uint4*>(x + (size_t)m * ldx + (active ? k0 : 0));
 #pragma unroll
-    for (int v = 0; v < 4; ++v) {  // 4 x 16 bytes = 32 activations
-      uint4 raw = xv[v];
+    for (int v = 0; v < 4; ++v) {  // 4 x 16 bytes = 32 activations (zeros past K)
+      uint4 raw = active ? xv[v] : make_uint4(0, 0, 0, 0);
       const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int j = 0; j < 8; ++j) xr[m][v * 8 + j] = to_float(e[j]);
@@ -54,8 +56,9 @@ __device__ __forceinline__ void bnb4_gemv(const uint8_t* __restrict__ q,
   const int row0 = blockIdx.x * rows_per_cta;
   const int row_end = min(n, row0 + rows_per_cta);
   for (int r = row0 + warp; r < row_end; r += WARPS) {
-    const uint4 w = *reinterpret_cast<const uint4*>(q + (size_t)r * ldq + k0 / 2);
-    const float a = absmax[(size_t)r * lda + k0 / bs];
+    const uint4 w = active ? *reinterpret_cast<const uint4*>(q + (size_t)r * ldq + k0 / 2)
+                           : make_uint4(0, 0, 0, 0);
+    const float a = active ? absmax[(size_t)r * lda + k0 / bs] : 0.f;
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
     float s[MR];
 #pragma unroll
@@ -88,9 +91,9 @@ __device__ __forceinline__ void bnb4_gemv(const uint8_t* __restrict__ q,
 #define OCTAVO_BNB4_GEMV(TNAME, T, MR)                                                        \
   extern "C" __global__ void __launch_bounds__(256)                                           \
       bnb4_gemv_##TNAME##_m##MR(const uint8_t* q, const float* absmax, const float* code,     \
-                                const T* x, float* out, int n, int ldq, int lda, int ldx,     \
-                                int bs, int rows_per_cta) {                                   \
-    bnb4_gemv<T, MR, 8>(q, absmax, code, x, out, n, ldq, lda, ldx, bs, rows_per_cta);         \
+                                const T* x, float* out, int n, int k, int ldq, int lda,       \
+                                int ldx, int bs, int rows_per_cta) {                          \
+    bnb4_gemv<T, MR, 8>(q, absmax, code, x, out, n, k, ldq, lda, ldx, bs, rows_per_cta);      \
   }
 
 OCTAVO_BNB4_GEMV(bf16, __nv_bfloat16, 1)
