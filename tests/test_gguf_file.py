@@ -418,6 +418,13 @@ def test_qwen2_real(qwen2_path):
     assert cfg["num_attention_heads"] == 14 and cfg["num_key_value_heads"] == 2
     assert cfg["vocab_size"] == 151936
     assert ck.eos_token_ids
+
+
+@pytest.mark.slow  # 61 s on CI's 2 cores: both loaders dequantize 0.5B weights through numpy
+def test_qwen2_real_weights_equal_transformers(qwen2_path):
+    """Every weight of llama.cpp's Qwen2.5-Coder-0.5B file as transformers loads it (names,
+    shapes, values; the synthetic qwen2 files above check the same mapping on every CI run)."""
+    ck = GGUFCheckpoint(qwen2_path)
     model = _hf_model(qwen2_path)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     del model
