@@ -77,6 +77,24 @@ def kernels_run(x: torch.Tensor) -> bool:
     return HAS_TRITON and (x.is_cuda or interpreting())
 
 
+def _decode_gemv(layer: nn.Module, x2: torch.Tensor, bs: int) -> torch.Tensor | None:
+    """A packed 4-bit layer's decode rows through the CUDA C++ GEMV (``bnb4_cuda``,
+    OCTAVO_BNB4_CUDA) where it takes the call, else the Triton one (``bnb4_gemv``,
+    OCTAVO_BNB4_GEMV); None for the batches neither takes. (``qweight`` is 16-byte aligned
+    since the load, its rows K / 2 bytes apart.)"""
+    from octavo.kernels import bnb4_cuda
+    from octavo.kernels import bnb4_gemv as kernels
+
+    m, k = x2.shape
+    if x2.is_cuda and bnb4_cuda.supported(m, k, bs, x2.dtype) and bnb4_cuda.available(
+            x2.device):
+        return bnb4_cuda.bnb4_gemv_cuda(x2, layer.qweight, layer.absmax, layer.code, bs)
+    if envs.bnb4_gemv() and kernels.supported(m, k, bs):
+        table = layer.code if envs.bnb4_table() == 16 else layer.code_pairs
+        return kernels.bnb4_gemv(x2, layer.qweight, layer.absmax, table, bs)
+    return None
+
+
 def use_int8_kernel(device: torch.device, k: int) -> bool:
     return device.type == "cuda" and HAS_TRITON and kern.kernel_supports(k, k, 8)
 
@@ -251,28 +269,16 @@ class BitsAndBytesLinearMethod(LinearMethod):
 
     @staticmethod
     def _apply_4bit(layer, x, bias):
-        """Packed 4-bit weights on CUDA: decode rows through the fused GEMV
-        (``octavo.kernels.bnb4_gemv``, OCTAVO_BNB4_GEMV), larger batches dequantized in one
-        launch, then cuBLAS; elsewhere the torch dequantization."""
+        """Packed 4-bit weights on CUDA: decode rows through a fused GEMV (``_decode_gemv``),
+        larger batches dequantized in one launch, then cuBLAS; elsewhere the torch
+        dequantization."""
         x2 = x.reshape(-1, x.shape[-1])
         bs = layer.bnb_blocksize
         if kernels_run(x):
             from octavo.kernels import bnb4_gemv as kernels
 
-            if envs.bnb4_cuda() and x.is_cuda:
-                from octavo.kernels import bnb4_cuda
-
-                q = layer.qweight
-                if bnb4_cuda.supported(x2.shape[0], x2.shape[1], bs, x2.dtype) \
-                        and q.stride(0) % 16 == 0 and q.data_ptr() % 16 == 0 \
-                        and bnb4_cuda.available(x.device):
-                    y = bnb4_cuda.bnb4_gemv_cuda(x2, layer.qweight, layer.absmax, layer.code,
-                                                 bs)
-                    y = y.view(*x.shape[:-1], y.shape[-1])
-                    return y if bias is None else y + bias
-            if envs.bnb4_gemv() and kernels.supported(x2.shape[0], x2.shape[1], bs):
-                table = layer.code if envs.bnb4_table() == 16 else layer.code_pairs
-                y = kernels.bnb4_gemv(x2, layer.qweight, layer.absmax, table, bs)
+            y = _decode_gemv(layer, x2, bs)
+            if y is not None:
                 y = y.view(*x.shape[:-1], y.shape[-1])
                 return y if bias is None else y + bias
             w = kernels.dequantize_4bit(layer.qweight, layer.absmax, layer.code_pairs, bs,

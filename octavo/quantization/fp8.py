@@ -96,10 +96,6 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Ten
     ``silu(gate) * up`` of the merged [gate | up] output, from the unit GEMM's epilogue."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    if glu:
-        xq, x_scale = fp8_linear.fused_quant(x2, input_scale, _MIN_SCALE, "clamp")
-        y = fp8_linear.unit_scaled_mm(xq, x_scale, weight, row_scale, None, x.dtype, glu=True)
-        return y.view(*shape[:-1], y.shape[-1])
     fused = fp8_linear.fused_quant(x2, input_scale, _MIN_SCALE, "clamp")
     if fused is not None:
         xq, x_scale = fused
@@ -110,13 +106,13 @@ def scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Ten
         else:
             x_scale = input_scale.float().reshape(1, 1).expand(x2.shape[0], 1).contiguous()
         xq = (x2.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    out_shape = (*shape[:-1], weight.shape[0])
-    if fused is not None and (y := fp8_linear.unit_scaled_mm(xq, x_scale, weight, row_scale,
-                                                             bias, x.dtype)) is not None:
-        return y.view(out_shape)
+    if fused is not None and (y := fp8_linear.unit_scaled_mm(
+            xq, x_scale, weight, row_scale, bias, x.dtype, glu=glu)) is not None:
+        return y.view(*shape[:-1], y.shape[-1])
+    assert not glu, "the gated epilogue runs only where unit_gated_applies said so"
     y = torch._scaled_mm(xq, weight.t(), x_scale, row_scale.view(1, -1),
                          out_dtype=torch.bfloat16)
-    y = y.to(x.dtype).view(out_shape)
+    y = y.to(x.dtype).view(*shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
 
 

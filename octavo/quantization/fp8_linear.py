@@ -118,10 +118,8 @@ def unit_gated_applies(layer: nn.Module, x2: torch.Tensor, weight: torch.Tensor,
     ``glu``; OCTAVO_FP8_UNIT_GLU): rows the GEMV and the CUDA float8 kernel leave, within
     OCTAVO_FP8_TENSORWISE_MAX_M."""
     sizes = layer.output_partition_sizes
-    return (bias is None and len(sizes) == 2 and sizes[0] == sizes[1] and x2.is_cuda
-            and HAS_TRITON and envs.fp8_unit_glu() and envs.fp8_tensorwise()
-            and envs.fp8_fused_quant()
-            and x2.shape[0] <= envs.fp8_tensorwise_max_m()
+    return (bias is None and len(sizes) == 2 and sizes[0] == sizes[1] and envs.fp8_unit_glu()
+            and unit_scaled_mm_runs(x2) and envs.fp8_fused_quant()
             and not gemv_applies(layer, x2) and not cuda_mma_takes(x2, weight, scale))
 
 
@@ -166,6 +164,13 @@ _UNIT_SCALES: dict[torch.device, torch.Tensor] = {}
 _ACC_DTYPE: dict[torch.device, torch.dtype] = {}  # where float32 output is refused
 
 
+def unit_scaled_mm_runs(x2: torch.Tensor) -> bool:
+    """Whether :func:`unit_scaled_mm` takes a batch of ``x2``'s rows (else it returns None):
+    CUDA with Triton, OCTAVO_FP8_TENSORWISE on, at most OCTAVO_FP8_TENSORWISE_MAX_M rows."""
+    return (x2.is_cuda and HAS_TRITON and envs.fp8_tensorwise()
+            and x2.shape[0] <= envs.fp8_tensorwise_max_m())
+
+
 def unit_scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
                    row_scale: torch.Tensor, bias: torch.Tensor | None,
                    dtype: torch.dtype, glu: bool = False) -> torch.Tensor | None:
@@ -178,8 +183,7 @@ def unit_scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor
     (OCTAVO_FP8_TENSORWISE off, more than OCTAVO_FP8_TENSORWISE_MAX_M rows, no Triton):
     the caller runs the row-wise recipe. ``glu``: the weight is an MLP's [gate | up]; the
     epilogue returns ``silu(gate) * up`` (``outer_scale``'s GLU mode)."""
-    if not (xq.is_cuda and HAS_TRITON and envs.fp8_tensorwise()
-            and xq.shape[0] <= envs.fp8_tensorwise_max_m()):
+    if not unit_scaled_mm_runs(xq):
         return None
     from octavo.kernels.outer_scale import outer_scale  # imports Triton: CUDA only
 
