@@ -83,7 +83,7 @@ def test_the_index_arithmetic_gives_the_dequantized_product(n, k, bs, quant_type
 
 
 def test_the_switch(monkeypatch):
-    cuda_checks.check_switch(monkeypatch, bnb4_cuda, "OCTAVO_BNB4_CUDA", default=False)
+    cuda_checks.check_switch(monkeypatch, bnb4_cuda, "OCTAVO_BNB4_CUDA", default=True)
 
 
 def test_supported_shapes():
