@@ -1,0 +1,121 @@
+"""Weight-only integer linear switches (GPTQ / AWQ / compressed-tensors layouts, the
+swap-AB CUDA kernel, the integer GEMV and GEMM) and bitsandbytes 4-bit ones."""
+
+from __future__ import annotations
+
+import os
+
+from octavo.envs._parse import _batch_size, _flag, _int
+
+
+def swapab_warps_per_sm(default: int) -> int:
+    """OCTAVO_SWAPAB_WARPS_PER_SM: the warps per SM the CUDA integer kernel's launch plan aims
+    for (octavo/kernels/swapab_mma.py)."""
+    return max(1, _int("OCTAVO_SWAPAB_WARPS_PER_SM", default, "warps per SM"))
+
+
+def swapab_split_ctas() -> bool | None:
+    """OCTAVO_SWAPAB_SPLIT_CTAS: 1, the CUDA integer kernel splits a tile's K over CTAs
+    wherever its plan asks; 0, never where the tiles fill the SMs; unset (None), the plan's
+    own rule (octavo/kernels/swapab_mma.py)."""
+    value = os.environ.get("OCTAVO_SWAPAB_SPLIT_CTAS", "").strip()
+    return _flag("OCTAVO_SWAPAB_SPLIT_CTAS", True) if value else None
+
+
+def gemv_prefetch(default: int) -> int:
+    """OCTAVO_GEMV_PREFETCH (1, 2 or 3): how many steps ahead the integer GEMV
+    (octavo/kernels/w4a16_gemv.py) loads its weights, for 4- and 8-bit alike (default: its
+    per-bits choice)."""
+    out = _int("OCTAVO_GEMV_PREFETCH", default, "1, 2 or 3")
+    if out not in (1, 2, 3):
+        raise ValueError(f"OCTAVO_GEMV_PREFETCH must be 1, 2 or 3, got {out}")
+    return out
+
+
+def int_gemm_fused_max_m(default: int) -> int:
+    """OCTAVO_INT_GEMM_FUSED_MAX_M: the largest batch the weight-only integer GEMM runs with
+    its fused tensor-core kernel; larger batches dequantize the weight into a temporary and
+    use cuBLAS (octavo/kernels/w4a16_gemm.py sets the default from H200 measurements)."""
+    return _batch_size("OCTAVO_INT_GEMM_FUSED_MAX_M", default)
+
+
+def int_gemm_sz_ahead() -> bool:
+    """OCTAVO_INT_GEMM_SZ_AHEAD (default on; 0 turns it off): the along-K weight-only
+    tensor-core GEMM (octavo/kernels/w4a16_gemm.py, 3-128 rows) loads each K step's scales
+    and zero points a step ahead instead of on the step's critical path. H200, Llama-8B shape
+    (session 36): W8A16 g128 batch 64 7.470 -> 6.547 ms a token, batch 16 5.984 -> 5.795;
+    W4A16 g128 batch 16 / 64 3.771 / 7.072 -> 3.796 / 7.002 (within the runs' spread)."""
+    return _flag("OCTAVO_INT_GEMM_SZ_AHEAD", True)
+
+
+def int_swapab_max_m(default: int) -> int:
+    """OCTAVO_INT_SWAPAB_MAX_M: the same for a layer in the swap-AB layout: the largest batch
+    its GEMM runs (octavo/kernels/int_weight_layout.py)."""
+    return _batch_size("OCTAVO_INT_SWAPAB_MAX_M", default)
+
+
+def int_swapab_8bit() -> bool:
+    """OCTAVO_INT_SWAPAB_8BIT (default off): the size rule of octavo/kernels/int_weight_layout.py
+    sends large 8-bit weights (Llama-8B's gate_up and down) to the swap-AB layout as it does
+    4-bit ones, so that their batches of 1-8 rows run the CUDA kernel (swapab_mma.cu's one
+    operand per byte), to measure it against the 8-bit GEMV of the default layout.
+    OCTAVO_INT_WEIGHT_LAYOUT=swapab moves every layer instead."""
+    return _flag("OCTAVO_INT_SWAPAB_8BIT", False)
+
+
+def cuda_kernels() -> bool:
+    """OCTAVO_CUDA_KERNELS (default on): on NVIDIA GPUs with nvcc, weight-only integer layers
+    in the swap-AB layout run decode batches of 1-8 rows (OCTAVO_CUDA_KERNELS_MAX_M) through
+    the CUDA C++ kernel octavo/kernels/cuda/swapab_mma.cu (built at first use,
+    octavo/kernels/cuda_module.py). Measured on an H200 (docs/benchmarks.md, session 19),
+    Llama-3.1-8B W4A16: batch 1 2.80 ms per token against the Triton kernels' 3.01; at 16
+    rows the kernel lost in the engine (4.30 against 3.91), so larger batches keep Triton."""
+    return _flag("OCTAVO_CUDA_KERNELS", True)
+
+
+def cuda_kernels_max_m(default: int) -> int:
+    """OCTAVO_CUDA_KERNELS_MAX_M: the largest batch (1-16) the CUDA integer kernel runs;
+    larger ones take the Triton kernels of the layer's layout."""
+    return _batch_size("OCTAVO_CUDA_KERNELS_MAX_M", default)
+
+
+def int_weight_layout() -> str:
+    """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
+    layer), "along_k", "swapab" (every layer the swap-AB kernel can hold) or "rows" (every
+    8-bit layer the rows GEMV can hold), for the benchmarks' comparisons."""
+    value = os.environ.get("OCTAVO_INT_WEIGHT_LAYOUT", "auto").strip().lower() or "auto"
+    if value not in ("auto", "along_k", "swapab", "rows"):
+        raise ValueError("OCTAVO_INT_WEIGHT_LAYOUT must be auto, along_k, swapab or rows, "
+                         f"got {value!r}")
+    return value
+
+
+def bnb4_gemv() -> bool:
+    """OCTAVO_BNB4_GEMV (default on): on CUDA, bitsandbytes 4-bit (NF4 / FP4) layers run decode
+    rows (1-2) through octavo/kernels/bnb4_gemv.py, reading the packed bytes, instead of
+    dequantizing the weight per call. One H100, one row, K 4,096 (session 44): N 28,672
+    159.3 us against 1,180.7 for the per-call dequantization (7.4x), N 4,096 29.3 against
+    180.4; a bf16 GEMM takes 83.1 at N 28,672 (the GEMV reads at 14% of HBM: a table gather
+    per byte bounds it)."""
+    return _flag("OCTAVO_BNB4_GEMV", True)
+
+
+def bnb4_cuda() -> bool:
+    """OCTAVO_BNB4_CUDA (default on where nvcc builds it): bitsandbytes 4-bit decode rows
+    (1-2, bf16 / fp16, K a multiple of 32) run the CUDA C++ GEMV of
+    octavo/kernels/bnb4_cuda.py (code values in shared memory, 4 sm_90 instructions a
+    weight) instead of the Triton one (global gathers, 9). One H100 (session 46),
+    Llama-3.1-8B NF4 ms per token at batch 1 / 2: 3.885 / 5.872 against 11.673 / 15.289."""
+    return _flag("OCTAVO_BNB4_CUDA", True)
+
+
+def bnb4_table() -> int:
+    """OCTAVO_BNB4_TABLE (256, the default, or 16): how the bitsandbytes 4-bit GEMV looks up
+    code values: a gather per byte from the 256 code pairs (2 KB) or a gather per nibble from
+    the 16 codes (64 bytes, one cache line for a warp's 32 gathers, but twice the gathers).
+    One H200 (session 45, ``benchmarks/gemv_scaling.py``, one row): 4096 x 4096 30.4 against
+    33.8 us, 28672 x 4096 159.1 against 191.5: the pairs win. Both read at 7-9% of HBM."""
+    value = _int("OCTAVO_BNB4_TABLE", 256, "entries")
+    if value not in (16, 256):
+        raise ValueError(f"OCTAVO_BNB4_TABLE must be 16 or 256, got {value}")
+    return value
