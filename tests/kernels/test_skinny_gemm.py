@@ -57,7 +57,10 @@ def test_only_tall_k_weights_are_preferred():
     assert not preferred(torch.empty(4096, 1024), 32)
 
 
-@pytest.mark.parametrize("m,k", [(16, 1024), (32, 1024), (64, 1024), (64, 3072)])
+# CI compiles the largest tile; the others (2.5 s each on 2 cores) with the slow tests.
+@pytest.mark.parametrize("m,k", [pytest.param(16, 1024, marks=pytest.mark.slow),
+                                 pytest.param(32, 1024, marks=pytest.mark.slow),
+                                 pytest.param(64, 1024, marks=pytest.mark.slow), (64, 3072)])
 def test_default_tiles_fit_shared_memory(m, k):
     """The default tiles compiled for sm_90 (offline, by scripts/triton_sass.py with the
     ptxas the triton package carries; in a process of its own, as the interpreter's kernels
