@@ -109,6 +109,12 @@ def bnb4_cuda() -> bool:
     return _flag("OCTAVO_BNB4_CUDA", True)
 
 
+def bnb4_cuda_max_m(default: int) -> int:
+    """OCTAVO_BNB4_CUDA_MAX_M: the most rows the CUDA bitsandbytes 4-bit GEMV takes (up to 4
+    a launch, one launch per group of 4; larger batches dequantize, then cuBLAS)."""
+    return _int("OCTAVO_BNB4_CUDA_MAX_M", default, "rows")
+
+
 def bnb4_table() -> int:
     """OCTAVO_BNB4_TABLE (256, the default, or 16): how the bitsandbytes 4-bit GEMV looks up
     code values: a gather per byte from the 256 code pairs (2 KB) or a gather per nibble from

@@ -1,10 +1,11 @@
-"""bitsandbytes 4-bit decode rows on CUDA cores in CUDA C++ (``cuda/bnb4_gemv.cu``): the 16
+"""bitsandbytes 4-bit small batches on CUDA cores in CUDA C++ (``cuda/bnb4_gemv.cu``): the 16
 code values in shared memory, so a weight costs a shift, a mask, a conflict-free shared load
 and an FMA (4 sm_90 instructions, 9 in the Triton GEMV of ``bnb4_gemv.py``, whose code
 lookups are global gathers with 64-bit addresses: 7-9% of an H200's HBM).
 
-A block takes 1,024 weights of K (the last chunk maybe fewer) for a tile of rows; each lane keeps its 32 activations (per
-row of x) in float32 registers across the rows it visits, and the chunks' sums meet in a
+A block takes 1,024 weights of K (the last chunk maybe fewer) for a tile of weight rows; each
+lane keeps its 32 activations (per row of x, up to 4 rows a launch) in float32 registers
+across the weight rows it visits (a batch of more rows takes a launch per 4), and the chunks' sums meet in a
 float32 output by atomics (zeroed first, then rounded to x's dtype: two small launches
 around the kernel). The chunks add in the order the hardware picks: float32 sums that may
 differ in their last bits between runs. ``OCTAVO_BNB4_CUDA`` (on; session 46, one H100:
@@ -22,15 +23,17 @@ SOURCE = "bnb4_gemv.cu"
 CHUNK = 1024  # weights of K a block covers (32 a lane)
 WARPS = 8
 MIN_ROWS = 32  # rows a block takes at least (4 a warp)
+LAUNCH_M = 4  # rows of x a launch takes (a lane keeps 32 activations of each in registers)
+MAX_M = 16  # rows the kernel takes by default, a launch per LAUNCH_M (OCTAVO_BNB4_CUDA_MAX_M)
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def supported(m: int, k: int, blocksize: int, dtype: torch.dtype) -> bool:
     """Whether the kernel takes [m, k] activations of ``dtype`` on a weight in ``blocksize``
-    blocks: one or two rows, bf16 / fp16, K a multiple of 32 (a lane's weights) and of the
-    blocksize, a lane's 32 weights in one block."""
-    return (1 <= m <= 2 and dtype in _DTYPES and k % 32 == 0 and blocksize % 32 == 0
-            and k % blocksize == 0)
+    blocks: 1 to OCTAVO_BNB4_CUDA_MAX_M rows, bf16 / fp16, K a multiple of 32 (a lane's
+    weights) and of the blocksize, a lane's 32 weights in one block."""
+    return (1 <= m <= envs.bnb4_cuda_max_m(MAX_M) and dtype in _DTYPES and k % 32 == 0
+            and blocksize % 32 == 0 and k % blocksize == 0)
 
 
 def available(device: torch.device) -> bool:
@@ -51,7 +54,7 @@ def rows_per_block(n: int, k: int, device: torch.device) -> int:
 
 def bnb4_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor,
                    code: torch.Tensor, blocksize: int, rows: int | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ W^T`` in x2's dtype for M <= 2, ``W[n, k] = code[nibble] * absmax[n, k //
+    """``x2 [M, K] @ W^T`` in x2's dtype (a launch per 4 rows), ``W[n, k] = code[nibble] * absmax[n, k //
     blocksize]`` of the packed ``qweight`` uint8 [N, K / 2] (high nibble first, rows 16-byte
     aligned), ``absmax`` float32 [N, K / blocksize], ``code`` the 16 float32 code values.
     ``rows``: rows a block takes (:func:`rows_per_block` by default)."""
@@ -69,8 +72,10 @@ def bnb4_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor
     mod = cuda_module.loaded(SOURCE, x2.device)
     out = torch.zeros(m, n, device=x2.device, dtype=torch.float32)
     rows = rows or rows_per_block(n, k, x2.device)
-    args = cuda_module.arguments(qweight, absmax, code, x2, out, n, k, qweight.stride(0),
-                                 absmax.stride(0), x2.stride(0), blocksize, rows)
-    mod.launch(f"bnb4_gemv_{_DTYPES[x2.dtype]}_m{m}", (-(-n // rows), -(-k // CHUNK), 1),
-               32 * WARPS, args)
+    for i in range(0, m, LAUNCH_M):  # each launch reads the whole weight once
+        xi, oi = x2[i:i + LAUNCH_M], out[i:i + LAUNCH_M]
+        args = cuda_module.arguments(qweight, absmax, code, xi, oi, n, k, qweight.stride(0),
+                                     absmax.stride(0), x2.stride(0), blocksize, rows)
+        mod.launch(f"bnb4_gemv_{_DTYPES[x2.dtype]}_m{xi.shape[0]}",
+                   (-(-n // rows), -(-k // CHUNK), 1), 32 * WARPS, args)
     return out.to(x2.dtype)

@@ -78,9 +78,10 @@ def kernels_run(x: torch.Tensor) -> bool:
 
 
 def _decode_gemv(layer: nn.Module, x2: torch.Tensor, bs: int) -> torch.Tensor | None:
-    """A packed 4-bit layer's decode rows through the CUDA C++ GEMV (``bnb4_cuda``,
-    OCTAVO_BNB4_CUDA) where it takes the call, else the Triton one (``bnb4_gemv``,
-    OCTAVO_BNB4_GEMV); None for the batches neither takes. (``qweight`` is 16-byte aligned
+    """A packed 4-bit layer's small batches through the CUDA C++ GEMV (``bnb4_cuda``,
+    OCTAVO_BNB4_CUDA: 1-16 rows, a launch per 4) where it takes the call, else decode rows
+    (1-2) through the Triton one (``bnb4_gemv``, OCTAVO_BNB4_GEMV); None for the batches
+    neither takes. (``qweight`` is 16-byte aligned
     since the load, its rows K / 2 bytes apart.)"""
     from octavo.kernels import bnb4_cuda
     from octavo.kernels import bnb4_gemv as kernels

@@ -14,7 +14,7 @@ from octavo.quantization import bnb_format as fmt
 from octavo.quantization.bnb_weight import blocks_or_dense, dequantize_packed
 from tests.kernels import cuda_checks
 
-NAMES = [f"bnb4_gemv_{t}_m{m}" for t in ("bf16", "f16") for m in (1, 2)]
+NAMES = [f"bnb4_gemv_{t}_m{m}" for t in ("bf16", "f16") for m in (1, 2, 3, 4)]
 
 
 def test_the_source_builds_for_hopper_without_spills(tmp_path, monkeypatch):
@@ -86,14 +86,53 @@ def test_the_switch(monkeypatch):
     cuda_checks.check_switch(monkeypatch, bnb4_cuda, "OCTAVO_BNB4_CUDA", default=True)
 
 
-def test_supported_shapes():
+def test_supported_shapes(monkeypatch):
+    monkeypatch.delenv("OCTAVO_BNB4_CUDA_MAX_M", raising=False)
     assert bnb4_cuda.supported(1, 4096, 64, torch.bfloat16)
     assert bnb4_cuda.supported(2, 14336, 64, torch.float16)
-    assert not bnb4_cuda.supported(3, 4096, 64, torch.bfloat16)  # decode rows only
+    assert bnb4_cuda.supported(16, 4096, 64, torch.bfloat16)
+    assert not bnb4_cuda.supported(17, 4096, 64, torch.bfloat16)  # dequantize, then cuBLAS
+    monkeypatch.setenv("OCTAVO_BNB4_CUDA_MAX_M", "2")
+    assert not bnb4_cuda.supported(3, 4096, 64, torch.bfloat16)
+    monkeypatch.delenv("OCTAVO_BNB4_CUDA_MAX_M")
     assert not bnb4_cuda.supported(1, 4096, 64, torch.float32)  # the Triton GEMV's
     assert bnb4_cuda.supported(1, 1536, 64, torch.bfloat16)  # the last chunk half idle
     assert not bnb4_cuda.supported(1, 1000, 8, torch.bfloat16)  # K not a multiple of 32
     assert not bnb4_cuda.supported(1, 4096, 16, torch.bfloat16)  # a lane's 32 in 2 blocks
+
+
+class _Recorder:
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, name, grid, block, args):
+        self.launches.append((name, grid, block, [a.value for a in args]))
+
+
+@pytest.mark.parametrize("m,names", [(1, ["m1"]), (4, ["m4"]), (6, ["m4", "m2"]),
+                                     (11, ["m4", "m4", "m3"])])
+def test_a_batch_takes_a_launch_per_four_rows(m, names, monkeypatch):
+    """Rows 4i .. 4i + 3 of x and of the output go to launch i, each reading the whole
+    weight: the kernel named for its row count, x's and out's pointers moved by 4i rows, the
+    same grid and strides."""
+    from octavo.kernels import cuda_module
+
+    rec = _Recorder()
+    monkeypatch.setattr(cuda_module, "loaded", lambda source, device: rec)
+    n, k, bs = 48, 2048, 64
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    q = torch.zeros(n, k // 2, dtype=torch.uint8)
+    absmax = torch.ones(n, k // bs)
+    out = bnb4_cuda.bnb4_gemv_cuda(x, q, absmax, torch.zeros(16), bs, rows=16)
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    assert [name for name, *_ in rec.launches] == [f"bnb4_gemv_bf16_{s}" for s in names]
+    xs = [args[3] for *_, args in rec.launches]
+    outs = [args[4] for *_, args in rec.launches]
+    assert all(b - a == 4 * x.stride(0) * 2 for a, b in zip(xs, xs[1:]))  # 4 bf16 rows
+    assert all(b - a == 4 * n * 4 for a, b in zip(outs, outs[1:]))  # 4 float32 rows
+    assert {(grid, block) for _, grid, block, _ in rec.launches} == {((3, 2, 1), 256)}
+    assert {tuple(args[5:]) for *_, args in rec.launches} == {
+        (n, k, k // 2, k // bs, x.stride(0), bs, 16)}
 
 
 def _gpu(monkeypatch):
@@ -108,7 +147,7 @@ def _gpu(monkeypatch):
                                                (4096, 4096, 64, "nf4"),
                                                (28672, 4096, 64, "nf4"),
                                                (4096, 14336, 64, "nf4")])
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 16])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemv_on_the_gpu(n, k, bs, quant_type, m, dtype, monkeypatch):
     _gpu(monkeypatch)

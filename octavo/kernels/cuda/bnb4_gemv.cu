@@ -1,4 +1,4 @@
-// bitsandbytes 4-bit weights (NF4 / FP4) times one or two rows of activations, on CUDA cores,
+// bitsandbytes 4-bit weights (NF4 / FP4) times one to four rows of activations, on CUDA cores,
 // the 16 code values looked up in shared memory: octavo/kernels/bnb4_cuda.py.
 //
 // Weights: uint8 [N, K / 2] (rows `ldq` bytes apart, 16-byte aligned), byte j of a row holding
@@ -98,5 +98,9 @@ __device__ __forceinline__ void bnb4_gemv(const uint8_t* __restrict__ q,
 
 OCTAVO_BNB4_GEMV(bf16, __nv_bfloat16, 1)
 OCTAVO_BNB4_GEMV(bf16, __nv_bfloat16, 2)
+OCTAVO_BNB4_GEMV(bf16, __nv_bfloat16, 3)
+OCTAVO_BNB4_GEMV(bf16, __nv_bfloat16, 4)
 OCTAVO_BNB4_GEMV(f16, __half, 1)
 OCTAVO_BNB4_GEMV(f16, __half, 2)
+OCTAVO_BNB4_GEMV(f16, __half, 3)
+OCTAVO_BNB4_GEMV(f16, __half, 4)
