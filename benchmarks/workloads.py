@@ -154,16 +154,35 @@ def decode_bound_seconds(prompt_lens: list[int], out_lens: list[int], cost: Shap
 # Published figures for the H200 (HBM3e bandwidth, dense bf16 tensor-core rate).
 H200_BANDWIDTH = 4.8e12
 H200_BF16_FLOPS = 989e12
+# Published (bytes/s, dense bf16 FLOP/s) by a substring of torch's device name, most specific
+# first: the H200; the H100 SXM5 ("NVIDIA H100 80GB HBM3": 3.35 TB/s, 989 TFLOP/s), NVL
+# (3.9 TB/s, 835) and PCIe (2.0 TB/s, 756). Every fraction of a bound is then against the
+# card's datasheet, not a measured copy (an H100 SXM copies at ~3.0 of its 3.35 TB/s).
+PUBLISHED = (("H200", H200_BANDWIDTH, H200_BF16_FLOPS),
+             ("H100 NVL", 3.9e12, 835e12),
+             ("H100 PCIe", 2.0e12, 756e12),
+             ("H100 80GB HBM3", 3.35e12, 989e12))
+
+
+def published_limits(name: str) -> tuple[float, float] | None:
+    """(bytes/s, FLOP/s) of the card torch names ``name``, None for a card not listed."""
+    for key, bandwidth, flops in PUBLISHED:
+        if key in name:
+            return bandwidth, flops
+    return None
 
 
 def device_limits() -> tuple[float, float, str]:
-    """(bytes/s, FLOP/s, source) for the current CUDA device: the H200's published figures,
-    else a measured copy bandwidth and a nominal FLOP rate."""
+    """(bytes/s, FLOP/s, source) for the current CUDA device: its published figures
+    (``PUBLISHED``), else a measured copy bandwidth and a nominal FLOP rate."""
     import torch
 
     name = torch.cuda.get_device_name(0)
-    if "H200" in name:
-        return H200_BANDWIDTH, H200_BF16_FLOPS, f"{name}: published 4.8 TB/s, 989 TFLOP/s bf16"
+    published = published_limits(name)
+    if published is not None:
+        bandwidth, flops = published
+        return (bandwidth, flops, f"{name}: published {bandwidth / 1e12:.2f} TB/s, "
+                f"{flops / 1e12:.0f} TFLOP/s bf16")
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     y.copy_(x)

@@ -10,6 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks.workloads import (  # noqa: E402
     decode_weight_bytes,
     prefill_flops,
+    published_limits,
     routed_expert_bytes,
     shape_cost,
 )
@@ -80,3 +81,13 @@ def test_decode_weight_bytes_counts_the_routed_experts():
     assert sizes == sorted(sizes) and full - sizes[-1] < 48 * expert * 0.01
     assert routed_expert_bytes("qwen3-0.6b", 4) == 0
     assert routed_expert_bytes("qwen3-30b-a3b", 1) == 48 * 8 * expert
+
+
+def test_published_limits_by_card_name():
+    """Fractions of a bound are against the card's datasheet: torch's names for the H200 and
+    the three H100s map to their own figures (the NVL and PCIe names before the SXM one's)."""
+    assert published_limits("NVIDIA H200") == (4.8e12, 989e12)
+    assert published_limits("NVIDIA H100 80GB HBM3") == (3.35e12, 989e12)
+    assert published_limits("NVIDIA H100 NVL") == (3.9e12, 835e12)
+    assert published_limits("NVIDIA H100 PCIe") == (2.0e12, 756e12)
+    assert published_limits("NVIDIA A100-SXM4-80GB") is None  # measured there
