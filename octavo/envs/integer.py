@@ -110,8 +110,9 @@ def bnb4_cuda() -> bool:
 
 
 def bnb4_cuda_max_m(default: int) -> int:
-    """OCTAVO_BNB4_CUDA_MAX_M: the most rows the CUDA bitsandbytes 4-bit GEMV takes (up to 4
-    a launch, one launch per group of 4; larger batches dequantize, then cuBLAS)."""
+    """OCTAVO_BNB4_CUDA_MAX_M (default 2, octavo/kernels/bnb4_cuda.py's MAX_M): the most rows
+    the CUDA bitsandbytes 4-bit GEMV takes (up to 4 a launch, a launch per group of 4; larger
+    batches dequantize, then cuBLAS). 3-16 rows are built and CPU-tested, not yet measured."""
     return _int("OCTAVO_BNB4_CUDA_MAX_M", default, "rows")
 
 

@@ -24,7 +24,11 @@ CHUNK = 1024  # weights of K a block covers (32 a lane)
 WARPS = 8
 MIN_ROWS = 32  # rows a block takes at least (4 a warp)
 LAUNCH_M = 4  # rows of x a launch takes (a lane keeps 32 activations of each in registers)
-MAX_M = 16  # rows the kernel takes by default, a launch per LAUNCH_M (OCTAVO_BNB4_CUDA_MAX_M)
+# Rows the kernel takes by default, a launch per LAUNCH_M (OCTAVO_BNB4_CUDA_MAX_M): 2 until
+# 3-16 rows are measured on a GPU against dequantize-then-cuBLAS (session 46 built and
+# CPU-tested them, with no device time left; Llama-8B NF4 batch 16 took 19.1 ms per token,
+# 0.35x bf16, on that path on an H100).
+MAX_M = 2
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 

@@ -90,10 +90,10 @@ def test_supported_shapes(monkeypatch):
     monkeypatch.delenv("OCTAVO_BNB4_CUDA_MAX_M", raising=False)
     assert bnb4_cuda.supported(1, 4096, 64, torch.bfloat16)
     assert bnb4_cuda.supported(2, 14336, 64, torch.float16)
+    assert not bnb4_cuda.supported(3, 4096, 64, torch.bfloat16)  # by default, until measured
+    monkeypatch.setenv("OCTAVO_BNB4_CUDA_MAX_M", "16")
     assert bnb4_cuda.supported(16, 4096, 64, torch.bfloat16)
     assert not bnb4_cuda.supported(17, 4096, 64, torch.bfloat16)  # dequantize, then cuBLAS
-    monkeypatch.setenv("OCTAVO_BNB4_CUDA_MAX_M", "2")
-    assert not bnb4_cuda.supported(3, 4096, 64, torch.bfloat16)
     monkeypatch.delenv("OCTAVO_BNB4_CUDA_MAX_M")
     assert not bnb4_cuda.supported(1, 4096, 64, torch.float32)  # the Triton GEMV's
     assert bnb4_cuda.supported(1, 1536, 64, torch.bfloat16)  # the last chunk half idle
@@ -119,6 +119,7 @@ def test_a_batch_takes_a_launch_per_four_rows(m, names, monkeypatch):
 
     rec = _Recorder()
     monkeypatch.setattr(cuda_module, "loaded", lambda source, device: rec)
+    monkeypatch.setenv("OCTAVO_BNB4_CUDA_MAX_M", "16")
     n, k, bs = 48, 2048, 64
     x = torch.randn(m, k, dtype=torch.bfloat16)
     q = torch.zeros(n, k // 2, dtype=torch.uint8)
@@ -137,6 +138,7 @@ def test_a_batch_takes_a_launch_per_four_rows(m, names, monkeypatch):
 
 def _gpu(monkeypatch):
     monkeypatch.setenv("OCTAVO_BNB4_CUDA", "1")
+    monkeypatch.setenv("OCTAVO_BNB4_CUDA_MAX_M", "16")
     if not torch.cuda.is_available() or not bnb4_cuda.available(torch.device("cuda")):
         pytest.skip("needs CUDA and nvcc")
 
