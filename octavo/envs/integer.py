@@ -101,8 +101,8 @@ def bnb4_gemv() -> bool:
 
 
 def bnb4_cuda() -> bool:
-    """OCTAVO_BNB4_CUDA (default on where nvcc builds it): bitsandbytes 4-bit decode rows
-    (1-2, bf16 / fp16, K a multiple of 32) run the CUDA C++ GEMV of
+    """OCTAVO_BNB4_CUDA (default on where nvcc builds it): bitsandbytes 4-bit batches of 1 to
+    OCTAVO_BNB4_CUDA_MAX_M rows (bf16 / fp16, K a multiple of 32) run the CUDA C++ GEMV of
     octavo/kernels/bnb4_cuda.py (code values in shared memory, 4 sm_90 instructions a
     weight) instead of the Triton one (global gathers, 9). One H100 (session 46),
     Llama-3.1-8B NF4 ms per token at batch 1 / 2: 3.885 / 5.872 against 11.673 / 15.289."""
