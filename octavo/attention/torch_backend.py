@@ -138,7 +138,10 @@ class TorchAttentionImpl(AttentionImpl):
         bufs = _SCRATCH.setdefault((kv_cache.device, kv_cache.dtype), [None, None])
         buf = bufs[which]
         bs, d = kv_cache.shape[3], kv_cache.shape[4]
-        if buf is None or buf.shape[0] < rows or buf.shape[1:] != (bs, d):
+        # A buffer made under inference mode (an engine step) cannot be written outside it
+        # (a direct call of the backend after an engine ran in the process): a fresh one then.
+        if buf is None or buf.shape[0] < rows or buf.shape[1:] != (bs, d) or (
+                buf.is_inference() and not torch.is_inference_mode_enabled()):
             buf = bufs[which] = torch.empty((max(rows, 64), bs, d), dtype=kv_cache.dtype,
                                             device=kv_cache.device)
         return buf[:rows]

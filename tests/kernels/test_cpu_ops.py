@@ -357,3 +357,21 @@ def test_greedy_identical_with_kernels_on_and_off(family, tmp_path, monkeypatch)
     monkeypatch.setattr(cpu_kernels, "ops_for", lambda x: None)
     off = run()
     assert on == off
+
+
+def test_scratch_made_in_an_engine_step_serves_calls_outside_inference_mode(monkeypatch):
+    """The gather's reused buffers: one made under inference mode (an engine step) is
+    replaced, not written, by a call outside it (a direct call after an engine ran in the
+    process), which torch would refuse; inside inference mode it is reused."""
+    from octavo.attention import torch_backend as tb
+
+    monkeypatch.setattr(tb, "_SCRATCH", {})
+    impl = object.__new__(tb.TorchAttentionImpl)
+    cache = torch.zeros(2, 4, 2, 16, 8)
+    with torch.inference_mode():
+        made = impl._scratch(0, 8, cache)
+        assert made.is_inference() and impl._scratch(0, 8, cache).data_ptr() == made.data_ptr()
+    out = impl._scratch(0, 8, cache)
+    assert not out.is_inference()
+    torch.index_select(torch.ones(8, 16, 8), 0, torch.arange(8), out=out)  # writable
+    assert out.sum().item() == 8 * 16 * 8
