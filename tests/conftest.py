@@ -40,6 +40,24 @@ def pytest_configure(config):
     llm_engine.LLMEngine.__init__ = tracking_init
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Captured output with a lone surrogate (the hostile-input tests log such text) written
+    as its backslash escape: a report must encode as UTF-8 to cross a process boundary
+    (pytest-xdist's workers), and it reads the same on a terminal."""
+    outcome = yield
+    report = outcome.get_result()
+    report.sections = [(title, _utf8_safe(text)) for title, text in report.sections]
+
+
+def _utf8_safe(text: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def pytest_collection_modifyitems(config, items):
     if not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
