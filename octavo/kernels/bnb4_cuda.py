@@ -4,9 +4,9 @@ and an FMA (4 sm_90 instructions, 9 in the Triton GEMV of ``bnb4_gemv.py``, whos
 lookups are global gathers with 64-bit addresses: 7-9% of an H200's HBM).
 
 A block takes 1,024 weights of K (the last chunk maybe fewer) for a tile of weight rows; each
-lane keeps its 32 activations (per row of x, up to 4 rows a launch) in float32 registers
-across the weight rows it visits (a batch of more rows takes a launch per 4), and the chunks' sums meet in a
-float32 output by atomics (zeroed first, then rounded to x's dtype: two small launches
+lane keeps its 32 activations (per row of x, up to 4 rows a launch: a larger batch takes a
+launch per 4) in float32 registers across the weight rows it visits, and the chunks' sums
+meet in a float32 output by atomics (zeroed first, then rounded to x's dtype: two small launches
 around the kernel). The chunks add in the order the hardware picks: float32 sums that may
 differ in their last bits between runs. ``OCTAVO_BNB4_CUDA`` (on; session 46, one H100:
 Llama-3.1-8B NF4 at batch 1 3.885 ms per token against the Triton GEMV's 11.673).
@@ -58,9 +58,10 @@ def rows_per_block(n: int, k: int, device: torch.device) -> int:
 
 def bnb4_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor,
                    code: torch.Tensor, blocksize: int, rows: int | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ W^T`` in x2's dtype (a launch per 4 rows), ``W[n, k] = code[nibble] * absmax[n, k //
-    blocksize]`` of the packed ``qweight`` uint8 [N, K / 2] (high nibble first, rows 16-byte
-    aligned), ``absmax`` float32 [N, K / blocksize], ``code`` the 16 float32 code values.
+    """``x2 [M, K] @ W^T`` in x2's dtype (a launch per 4 rows of x), ``W[n, k] =
+    code[nibble] * absmax[n, k // blocksize]`` of the packed ``qweight`` uint8 [N, K / 2]
+    (high nibble first, rows 16-byte aligned), ``absmax`` float32 [N, K / blocksize], ``code``
+    the 16 float32 code values.
     ``rows``: rows a block takes (:func:`rows_per_block` by default)."""
     m, k = x2.shape
     n = qweight.shape[0]
