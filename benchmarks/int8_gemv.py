@@ -8,8 +8,7 @@ PYTHONPATH=. python benchmarks/int8_gemv.py [--m 1] [--sweep] [--scale-copies] [
 Each timing is a CUDA graph sweeping enough copies of the weight that L2 holds none (CUDA
 events, median of replays), g128 scales and zeros in fp16, bf16 activations. gate_up runs with
 the fused activation store where the kernel has one (rows and FP8: ``glu``). The rows kernel
-runs g128 (symmetric and not, exact q - z or 1.0-offset sums) on its 128-wide steps and
-on the FP8 GEMV's own plan (WIDE: each word its group's scale), and one group per row (its
+runs g128 (symmetric and not, exact q - z or 1.0-offset sums) and one group per row (its
 full K steps), and g128 on bytes pre-tiled by ``fp8_tiled.tile_fp8_weight`` (each 128-wide
 step one contiguous block). ``--sweep`` times the rows kernel's g128 tiles (BLOCK_N x BLOCK_K, warps, waves, steps in flight, exact or
 1.0-offset sums) besides its plan.
@@ -34,7 +33,6 @@ from benchmarks.common import (  # noqa: E402
     sweep_rate,
 )
 from octavo.kernels import int8_gemv as rows_mod  # noqa: E402
-from octavo.kernels.fp8_gemv import _plan as fp8_plan  # noqa: E402
 from octavo.kernels.fp8_gemv import fp8_gemv  # noqa: E402
 from octavo.kernels.w4a16_gemv import w4a16_gemv  # noqa: E402
 
@@ -102,14 +100,6 @@ def measure(name: str, m: int, sweep: bool, peak: float | None,
         for exact in (False, True):
             report("rows", f"plan g128 {label} exact={exact}",
                    graph_median_ms(rows_run(zero, exact=exact)))
-    # g128 on the FP8 GEMV's own plan (the kernel's WIDE mode: each word its group's scale,
-    # what OCTAVO_GEMV_WIDE_GROUPS gives the engine).
-    fp8_tiles = dict(zip(("block_n", "block_k", "num_warps", "waves", "stages"),
-                         fp8_plan(n, k)))
-    for zero, label in ((128.0, "sym"), (zeros, "asym")):
-        for exact in (False, True):
-            report("rows", f"wide g128 {label} exact={exact}",
-                   graph_median_ms(rows_run(zero, exact=exact, **fp8_tiles)))
     channel = torch.rand(1, n, device="cuda").half() * 0.01  # one group per row
 
     def channel_run(exact):

@@ -126,11 +126,3 @@ def bnb4_table() -> int:
     if value not in (16, 256):
         raise ValueError(f"OCTAVO_BNB4_TABLE must be 16 or 256, got {value}")
     return value
-
-
-def gemv_wide_groups() -> bool:
-    """OCTAVO_GEMV_WIDE_GROUPS: 1, the 8-bit rows GEMV and the block-scaled FP8 GEMV run
-    groups shorter than the FP8 GEMV's own K steps (g128) on those steps, each word taking
-    its group's scale (``fp8_gemv``'s WIDE mode), so such 8-bit layers take the rows layout
-    and its fused stores; 0 (default until measured on a GPU), 128-wide steps."""
-    return _flag("OCTAVO_GEMV_WIDE_GROUPS", False)

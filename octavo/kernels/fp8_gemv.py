@@ -32,7 +32,6 @@ from __future__ import annotations
 import torch
 
 from octavo.envs import fp8_gemv_stages
-from octavo.envs import gemv_wide_groups as fp8_gemv_wide_groups
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
 from octavo.kernels.qkv_rope_store import rope_rows, rope_store
@@ -138,36 +137,6 @@ def _u8x4(w, BASE_BITS, ASM: tl.constexpr, EXACT: tl.constexpr):
                 _u8_prmt(w, BASE_BITS, 2, EXACT), _u8_prmt(w, BASE_BITS, 3, EXACT))
     return (_u8_shift(w, BASE_BITS, 0, EXACT), _u8_shift(w, BASE_BITS, 1, EXACT),
             _u8_shift(w, BASE_BITS, 2, EXACT), _u8_shift(w, BASE_BITS, 3, EXACT))
-
-
-@triton.jit
-def _word_groups(s_ptr, z_ptr, zero, rows, n_mask, words, stride_sg, stride_sn, stride_zg,
-                 stride_zn, GROUP: tl.constexpr, HAS_Z: tl.constexpr,
-                 ROW_BLOCK: tl.constexpr = 1):
-    """WIDE (a K step spans several groups): the scale s [BLOCK_N, BLOCK_W] of each word of
-    ``words`` [BLOCK_W] (a word lies in one group: GROUP a multiple of 4) and its zero z
-    (a tensor of that shape where HAS_Z, else the one number ``zero``), as stored; the
-    step's factors come from them at use (``_wide_factors``), so a symmetric layer keeps
-    one tile of them in flight, not two."""
-    g = (words * 4) // GROUP
-    if ROW_BLOCK > 1:
-        rows = rows // ROW_BLOCK
-    s = tl.load(s_ptr + g[None, :] * stride_sg + rows[:, None] * stride_sn,
-                mask=n_mask[:, None], other=0.0).to(tl.float32)
-    if HAS_Z:
-        z = tl.load(z_ptr + g[None, :] * stride_zg + rows[:, None] * stride_zn,
-                    mask=n_mask[:, None], other=0.0).to(tl.float32)
-    else:
-        z = zero
-    return s, z
-
-
-@triton.jit
-def _wide_factors(s, z, EXACT: tl.constexpr):
-    """``_group_consts``' pair (sq, sx) from a word's scale and zero (``_word_groups``)."""
-    if EXACT:
-        return s, 8388608.0 + z + s * 0.0
-    return s * 32768.0, s * (32768.0 + z)
 
 
 @triton.jit
@@ -281,7 +250,7 @@ def _fp8_gemv_kernel(
     X_LOAD: tl.constexpr, GLU: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr,
     STAGES: tl.constexpr, PDL: tl.constexpr, TILED: tl.constexpr,
     U8: tl.constexpr = 0, GROUP: tl.constexpr = 1, HAS_Z: tl.constexpr = False,
-    ASM: tl.constexpr = True, ROW_BLOCK: tl.constexpr = 1, WIDE: tl.constexpr = False,
+    ASM: tl.constexpr = True, ROW_BLOCK: tl.constexpr = 1,
 ):  # fmt: skip
     # Grid (N tiles, K splits). w_ptr: the weight as int32 words [N, K / 4]; BLOCK_K counts
     # weights. One accumulator [BLOCK_N, BLOCK_K / 4] per row of x (BLOCK_M = M, 1 or 2).
@@ -306,9 +275,7 @@ def _fp8_gemv_kernel(
     # re-materialized before every PRMT). U8 = 3: the bytes are e4m3 (converted as without
     # U8) with a float32 scale per GROUP weights of K and ROW_BLOCK rows (block-scaled FP8
     # checkpoints: s_ptr the [ceil(N / ROW_BLOCK), ceil(K / GROUP)] scales read through
-    # stride_sn / stride_sg), no zero point. WIDE (U8): GROUP < BLOCK_K, a step spans
-    # BLOCK_K / GROUP groups and each word takes its own group's factors (``_word_groups``):
-    # the FP8 GEMV's own K steps (and so its fused stores) for groups shorter than them.
+    # stride_sn / stride_sg), no zero point.
     BLOCK_W: tl.constexpr = BLOCK_K // 4
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -340,11 +307,7 @@ def _fp8_gemv_kernel(
                           other=0)
     sq = 0.0
     sx = 0.0
-    if WIDE:  # the first step's words' scales (scales are weights: before the wait)
-        gs, gz = _word_groups(s_ptr, z_ptr, zero, rows, n_mask, tl.minimum(offs_w, w_end - 1),
-                              stride_sg, stride_sn, stride_zg, stride_zn, GROUP, HAS_Z,
-                              ROW_BLOCK)
-    elif U8:  # the first step's group factors (scales are weights: before the wait)
+    if U8:  # the first step's group factors (scales are weights: before the wait)
         sq, sx = _group_consts(s_ptr, z_ptr, zero, rows, n_mask, w_start, stride_sg,
                                stride_sn, stride_zg, stride_zn, GROUP, HAS_Z, U8 != 1,
                                ROW_BLOCK)
@@ -353,13 +316,7 @@ def _fp8_gemv_kernel(
         w_ptrs += W_STEP
         next_mask = (offs_w + (STAGES - 1) * BLOCK_W) < w_end
         w_next = tl.load(w_ptrs, mask=n_mask[:, None] & next_mask[None, :], other=0)
-        if WIDE:
-            # The next step's words' scales on their way too (past the end: the last word's).
-            gs_next, gz_next = _word_groups(
-                s_ptr, z_ptr, zero, rows, n_mask, tl.minimum(offs_w + BLOCK_W, w_end - 1),
-                stride_sg, stride_sn, stride_zg, stride_zn, GROUP, HAS_Z, ROW_BLOCK)
-            fq, fx = _wide_factors(gs, gz, U8 != 1)
-        elif U8:
+        if U8:
             # The next step's group factors on their way too (the last step's: a reload).
             sq_next, sx_next = _group_consts(
                 s_ptr, z_ptr, zero, rows, n_mask, tl.minimum(wi + BLOCK_W, w_end - 1),
@@ -370,16 +327,10 @@ def _fp8_gemv_kernel(
             wf = _e4m3x4_bits(w)
         else:
             wf = _e4m3x4_cvt(w)
-        if not WIDE:
-            fq = sq
-            fx = sx
-        acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD, U8, fq, fx)
+        acc0 = _word_dot(acc0, wf, x_ptr, offs_w, w_end, stride_xk, BITS, X_LOAD, U8, sq, sx)
         if BLOCK_M > 1:
-            acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, BITS, X_LOAD, U8, fq, fx)
-        if WIDE:
-            gs = gs_next
-            gz = gz_next
-        elif U8:
+            acc1 = _word_dot(acc1, wf, x1, offs_w, w_end, stride_xk, BITS, X_LOAD, U8, sq, sx)
+        if U8:
             sq = sq_next
             sx = sx_next
         if STAGES == 3:
@@ -432,22 +383,15 @@ def _plan(n: int, k: int) -> tuple[int, int, int, int, int]:
     return 16, 512, 8, 1, 2
 
 
-def steps_fit(group: int, block_k: int) -> bool:
-    """Whether K steps of ``block_k`` serve a weight with a scale per ``group`` of K: each step
-    in one group, or (the kernel's WIDE mode) each step whole groups of whole words."""
-    return group % block_k == 0 or (block_k % group == 0 and group % 4 == 0)
-
-
 def group_plan(n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
     """:func:`_plan` for weights with a scale per ``group`` of K (a step may not cross one:
     ``int8_gemv``, block-scaled FP8): the FP8 GEMV's plan where the group allows its K
     steps; 128-wide steps otherwise, over 4 warps and enough K splits for about 4 programs
     per SM (session 34's sweep, us from HBM at g128: qkv 9.6, o 7.4 at 64 x 128, down 19.7
     at 32 x 128; one program per SM had left the SMs unevenly loaded: 11.3 / 12.0 /
-    26.4). ``OCTAVO_GEMV_WIDE_GROUPS``: the FP8 GEMV's own plan for groups that divide its
-    steps too (the kernel's WIDE mode, each word its group's scale)."""
+    26.4)."""
     plan = _plan(n, k)
-    if group % plan[1] == 0 or (fp8_gemv_wide_groups() and steps_fit(group, plan[1])):
+    if group % plan[1] == 0:
         return plan
     block_k = next(b for b in (128, 64, SMALLEST_STEP) if group % b == 0)
     block_n = 32 if k >= 8192 else 64
@@ -594,10 +538,9 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
     if block is not None:
         bo, bi = block
         assert scale.dtype == torch.float32 and tuple(scale.shape) == (-(-n // bo), -(-k // bi)) \
-            and steps_fit(bi, block_k), (scale.shape, scale.dtype, n, k, block, block_k)
+            and bi % block_k == 0, (scale.shape, scale.dtype, n, k, block, block_k)
         u8_args = (scale, 0.0, 0x3F800000, scale.stride(1), scale.stride(0), 0, 0)
-        u8_meta = {"U8": 3, "GROUP": bi, "HAS_Z": False, "ASM": x2.is_cuda, "ROW_BLOCK": bo,
-                   "WIDE": bi < block_k}
+        u8_meta = {"U8": 3, "GROUP": bi, "HAS_Z": False, "ASM": x2.is_cuda, "ROW_BLOCK": bo}
     elif u8 is None:
         scale = scale.reshape(-1)
         assert scale.numel() == n and scale.dtype == torch.float32, (scale.shape, scale.dtype)
@@ -606,14 +549,14 @@ def _launch(x2, weight, scale, split_k, block_n, block_k, num_warps, waves, bits
     else:
         zeros, group, exact = u8
         assert scale.dim() == 2 and scale.shape == (k // group, n) \
-            and k % group == 0 and steps_fit(group, block_k), (scale.shape, k, group, block_k)
+            and k % group == 0 and group % block_k == 0, (scale.shape, k, group, block_k)
         has_z = isinstance(zeros, torch.Tensor)
         z = zeros if has_z else scale
         assert not has_z or zeros.shape == scale.shape, (zeros.shape, scale.shape)
         u8_args = (z, 0.0 if has_z else float(zeros), 0x4B000000 if exact else 0x3F800000,
                    scale.stride(0), scale.stride(1), z.stride(0), z.stride(1))
         u8_meta = {"U8": 2 if exact else 1, "GROUP": group, "HAS_Z": has_z,
-                   "ASM": x2.is_cuda, "WIDE": group < block_k}
+                   "ASM": x2.is_cuda}
         bits = False
     n_tiles, split_k, k_per_split = grid(n, k, block_n, block_k, waves, x2.device, split_k)
     assert not glu or n % 2 == 0, n

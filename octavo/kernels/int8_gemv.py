@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import torch
 
-from octavo import envs
 from octavo.kernels import fp8_gemv as _gemv
 
 MAX_M = _gemv.MAX_M
@@ -51,12 +50,9 @@ def supports(m: int, k: int, group_size: int) -> bool:
 
 def runs_full_steps(n: int, k: int, group_size: int) -> bool:
     """Whether the GEMV runs an [N, K] weight in groups of ``group_size`` on the FP8 GEMV's
-    own K steps (the group a multiple of them: one group per row, or long groups; with
-    ``OCTAVO_GEMV_WIDE_GROUPS``, groups that divide them too, each word its group's scale)."""
-    step = _gemv._plan(n, k)[1]
-    return supports(1, k, group_size) and (
-        group_size == k or group_size % step == 0
-        or (envs.gemv_wide_groups() and _gemv.steps_fit(group_size, step)))
+    own K steps (the group a multiple of them: one group per row, or long groups)."""
+    return supports(1, k, group_size) and (group_size == k
+                                           or group_size % _gemv._plan(n, k)[1] == 0)
 
 
 def pack_rows(q: torch.Tensor) -> torch.Tensor:

@@ -43,9 +43,7 @@ SHAPES = [(96, 256, (32, 64)), (70, 200, (16, 64)), (128, 384, (128, 128))]
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("glu", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("wide", ["0", "1"])  # OCTAVO_GEMV_WIDE_GROUPS: the FP8 GEMV's steps
-def test_gemv_block_mode(n, k, block, m, glu, dtype, wide, device, monkeypatch):
-    monkeypatch.setenv("OCTAVO_GEMV_WIDE_GROUPS", wide)
+def test_gemv_block_mode(n, k, block, m, glu, dtype, device):
     x, w, s = _case(m, n, k, block, dtype, device, seed=n + m)
     want = fp8_block_gemm_reference(x.float(), w, s, block)
     if glu:
@@ -88,7 +86,7 @@ def test_gemv_block_mode_compiles_for_sm90():
         "octavo.kernels.fp8_gemv:_fp8_gemv_kernel", "--const", "BLOCK_M=1", "BLOCK_N=32",
         "BLOCK_K=128", "BITS=0", "X_LOAD=2", "GLU=0", "ROPE=0", "HEAD_DIM=2", "STAGES=2",
         "PDL=1", "TILED=0", "U8=3", "GROUP=128", "HAS_Z=0", "ASM=1", "ROW_BLOCK=128",
-        "WIDE=0", "--ptr", "x_ptr=i64", "w_ptr=i32", "s_ptr=fp32", "out_ptr=bf16", "part_ptr=fp32",
+        "--ptr", "x_ptr=i64", "w_ptr=i32", "s_ptr=fp32", "out_ptr=bf16", "part_ptr=fp32",
         "cnt_ptr=i32", "z_ptr=fp32", "--div16", "K", "N", "K_PER_SPLIT", "stride_xm",
         "stride_wn", "stride_sn", "--ones", "stride_sg", "--f32", "zero", "--num-warps", "4")
     found = re.search(r"local (\d+) B", code.report)

@@ -66,19 +66,6 @@ def test_plan_steps_within_a_group():
         assert group % _plan(4096, 4096, group)[1] == 0
 
 
-def test_wide_groups_plan_the_fp8_steps(monkeypatch):
-    """OCTAVO_GEMV_WIDE_GROUPS: a group that divides the FP8 GEMV's K step runs that plan."""
-    from octavo.kernels.fp8_gemv import _plan as fp8_plan
-    from octavo.kernels.fp8_gemv import group_plan, steps_fit
-
-    monkeypatch.setenv("OCTAVO_GEMV_WIDE_GROUPS", "1")
-    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
-        assert group_plan(n, k, 128) == fp8_plan(n, k)
-    assert group_plan(4096, 4096, 96) == (64, 32, 4, 4, 2)  # 96 divides no step: 32-wide
-    assert steps_fit(128, 512) and steps_fit(512, 128) and not steps_fit(96, 512)
-    assert not steps_fit(2, 8)  # a word in two groups
-
-
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("sym", [True, False])
 @pytest.mark.parametrize("exact", [None, True, False])
@@ -88,9 +75,6 @@ def test_wide_groups_plan_the_fp8_steps(monkeypatch):
     (256, 16, 256, {"block_k": 64, "block_n": 16}),        # one group per row (per channel)
     (192, 8, 64, {"block_k": 32, "stages": 3}),            # two steps ahead, 6 steps
     (160, 8, 32, {"block_k": 32, "split_k": 1}),           # 5 steps: the unrolled loop's tail
-    (384, 24, 32, {"block_k": 128}),                       # WIDE: 4 groups a step, 3 steps
-    (320, 16, 64, {"block_k": 256, "split_k": 1}),         # WIDE: the last step part-masked
-    (512, 8, 128, {"block_k": 256, "split_k": 2, "stages": 3}),  # WIDE, two splits
 ])
 def test_matches_reference(m, k, n, group, tuning, sym, exact):
     for dtype in (torch.float32, torch.bfloat16):
@@ -166,7 +150,6 @@ def test_supports():
 @pytest.mark.parametrize("k,inter,group,tuning", [
     (128, 20, 32, {}),
     (256, 12, 64, {"block_k": 32, "split_k": 2}),          # two splits: the last program stores
-    (256, 12, 32, {"block_k": 128, "split_k": 2}),         # WIDE steps, two splits
 ])
 def test_glu_is_the_unfused_projection_then_silu_and_mul(m, k, inter, group, tuning):
     from octavo.kernels.activation import silu_and_mul
@@ -212,39 +195,6 @@ def test_qkv_rope_is_the_gemv_then_the_rotary(m, sym):
                               KVStore(None, cache[0], cache[1], slots)) is None
 
 
-@pytest.mark.parametrize("sym", [True, False])
-def test_wide_groups_take_the_fused_qkv_store(monkeypatch, sym):
-    """OCTAVO_GEMV_WIDE_GROUPS: groups shorter than the FP8 GEMV's K steps run those steps
-    (each word its group's scale), so the qkv projection's rotary store applies: q and the
-    cache bit for bit as the plain GEMV on the same plan, then the rotary."""
-    from octavo.kernels.fp8_gemv import group_plan
-    from octavo.kernels.int8_gemv import runs_full_steps
-    from octavo.kernels.rotary import rotary_embedding
-    from octavo.layers.rotary import RotaryEmbedding
-
-    monkeypatch.setenv("OCTAVO_GEMV_WIDE_GROUPS", "1")
-    hq, hkv, d, k, group, m = 4, 2, 16, 256, 32, 2
-    n = (hq + 2 * hkv) * d
-    assert runs_full_steps(n, k, group) and group_plan(n, k, group)[1] > group
-    x, w, s, z, _ = _case(m, k, n, group, sym, torch.float32, seed=6)
-    table = RotaryEmbedding(d, 4096, 10000.0).cos_sin_cache.to(DEVICE)
-    pos = torch.tensor([100, 7], device=DEVICE)
-    slots = torch.tensor([3, 9], device=DEVICE)
-    cache = torch.zeros((2, 4, 4, hkv, d), device=DEVICE)
-    plain_cache = cache.clone()
-    qkv = int8_gemv(x, w, s, z, group, split_k=1)
-    assert _rel_err(qkv, int8_gemv_ref(x, w, s, z, group)) < 1e-6
-    q = qkv[:, : hq * d].view(m, hq, d)
-    kk = qkv[:, hq * d: (hq + hkv) * d].view(m, hkv, d)
-    v = qkv[:, (hq + hkv) * d:].view(m, hkv, d)
-    rotary_embedding(pos, q, kk, table, d,
-                     kv_store=KVStore(v, plain_cache[0], plain_cache[1], slots))
-    fused = int8_gemv_qkv_rope(x, w, s, z, group, pos, table, hq, hkv, d,
-                               KVStore(None, cache[0], cache[1], slots))
-    assert fused is not None and torch.equal(fused, qkv[:, : hq * d])
-    assert torch.equal(cache, plain_cache)
-
-
 @pytest.mark.parametrize("m", [1, 2, 5, 130])  # the GEMV, the tensor-core kernel, dequantize
 def test_rows_layout_linear_every_batch_size(m):
     k, n, group = 128, 64, 32
@@ -265,37 +215,9 @@ def test_rows_layout_linear_every_batch_size(m):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("k,n", [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)])
-@pytest.mark.parametrize("wide", ["0", "1"])
-def test_real_shapes_gpu(m, k, n, wide, monkeypatch):
-    monkeypatch.setenv("OCTAVO_GEMV_WIDE_GROUPS", wide)
+def test_real_shapes_gpu(m, k, n):
     for sym, group in ((True, 128), (False, 128), (True, k), (False, k)):
         x, w, s, z, _ = _case(m, k, n, group, sym, torch.bfloat16, device=torch.device("cuda"))
         for exact in (True, False):
             out = int8_gemv(x, w, s, z, group, exact=exact)
             assert _rel_err(out, int8_gemv_ref(x, w, s, z, group)) < 2.0**-7
-
-
-@pytest.mark.parametrize("u8,has_z,m,block_n,block_k,glu,stages", [
-    (1, 0, 2, 32, 256, 1, 2),    # gate_up's plan, symmetric, two rows, the GLU store
-    (2, 1, 2, 16, 1024, 0, 2),   # down's plan, asymmetric, exact q - z
-    (1, 1, 1, 8, 512, 0, 3),     # o's plan, two steps ahead
-])
-def test_wide_steps_compile_for_sm90_without_spills(u8, has_z, m, block_n, block_k, glu,
-                                                    stages):
-    """WIDE (g128 on the FP8 GEMV's own plans): the per-word scale tiles in flight fit the
-    registers at sm_90."""
-    import re
-
-    from tests.kernels.sm90 import compile_sm90
-
-    code = compile_sm90(
-        "octavo.kernels.fp8_gemv:_fp8_gemv_kernel", "--const", f"BLOCK_M={m}",
-        f"BLOCK_N={block_n}", f"BLOCK_K={block_k}", "BITS=0", "X_LOAD=2", f"GLU={glu}",
-        "ROPE=0", "HEAD_DIM=2", f"STAGES={stages}", "PDL=1", "TILED=0", f"U8={u8}",
-        "GROUP=128", f"HAS_Z={has_z}", "ASM=1", "ROW_BLOCK=1", "WIDE=1",
-        "--ptr", "x_ptr=i64", "w_ptr=i32", "s_ptr=fp16", "out_ptr=bf16", "part_ptr=fp32",
-        "cnt_ptr=i32", "z_ptr=fp16", "--div16", "K", "N", "K_PER_SPLIT", "stride_xm",
-        "stride_wn", "stride_sg", "stride_zg", "--ones", "stride_sn", "stride_zn",
-        "--f32", "zero", "--num-warps", "8" if block_k == 512 else "4")
-    found = re.search(r"local (\d+) B", code.report)
-    assert found and int(found.group(1)) == 0, code.report
