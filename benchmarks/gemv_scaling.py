@@ -23,7 +23,10 @@ CUDA kernel's plan at N warps per SM (``w4_mma_wN``), without tile splits over C
 (``w4_mma_wN_ns``), the FP8 GEMV on a pre-tiled weight (``fp8_gemv_tiled``; ``_glu``: both
 with the GLU store, as gate_up runs).
 
-    python benchmarks/gemv_scaling.py [--k 4096] [--n 1024 2048 ...] [--kernels ...] [--json F]
+    python benchmarks/gemv_scaling.py [--k 4096] [--n 1024 2048 ...] [--kernels ...] [--m 1]
+        [--json F]
+
+``--m``: rows of x (1 by default; the kernels that take more, e.g. nf4_cuda_a*).
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_ge
 # nibble from the 16 codes; nf4_gemv256: a gather per byte from the 256 code pairs;
 # nf4_dequant: the path before both (``bnb_weight.dequantize_packed`` per call, F.linear);
 # nf4_cuda: the CUDA C++ GEMV (``bnb4_cuda``, codes in shared memory), nf4_cuda_r{R} at R
-# rows a block.
+# rows a block, nf4_cuda_a{A} with A weight rows a warp in flight (OCTAVO_BNB4_CUDA_AHEAD).
 NF4 = ("nf4_gemv", "nf4_gemv256", "nf4_dequant", "nf4_cuda", "nf4_cuda_r8", "nf4_cuda_r32",
-       "nf4_cuda_r128")
+       "nf4_cuda_r128", "nf4_cuda_a1", "nf4_cuda_a4", "nf4_cuda_a8")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 # Variants timed on request (--kernels), not by default: the integer GEMVs loading their
 # weights two or three steps ahead instead of one (*_p2, *_p3), swapab_mma's plan at other
@@ -184,6 +187,9 @@ def call(kernel: str, x, w):
         from octavo.kernels.bnb4_cuda import bnb4_gemv_cuda
 
         rows = int(kernel.rsplit("_r", 1)[1]) if "_r" in kernel else None
+        if "_a" in kernel:  # read at each call
+            os.environ["OCTAVO_BNB4_CUDA_AHEAD"] = kernel.rsplit("_a", 1)[1]
+            os.environ.setdefault("OCTAVO_BNB4_CUDA_MAX_M", "16")
         return bnb4_gemv_cuda(x, w[0], w[1], w[3], 64, rows=rows)
     if kernel == "nf4_dequant":
         import torch.nn.functional as F
@@ -227,10 +233,10 @@ def call(kernel: str, x, w):
                       **({"prefetch": int(kernel[-1])} if "_p" in kernel else {}))
 
 
-def measure(kernel: str, k: int, ns: list[int], dev, bandwidth: float) -> dict:
+def measure(kernel: str, k: int, ns: list[int], dev, bandwidth: float, m: int = 1) -> dict:
     import torch
 
-    x = torch.randn(1, k, device=dev,
+    x = torch.randn(m, k, device=dev,
                     dtype=torch.float16 if "_f16" in kernel else torch.bfloat16)
     points = []
     for n in ns:
@@ -263,6 +269,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+",
                     default=[1024, 2048, 4096, 8192, 16384, 28672])
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS + VARIANTS)
+    ap.add_argument("--m", type=int, default=1, help="rows of x (default 1)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
@@ -273,7 +280,7 @@ def main() -> None:
     for k in args.k:
         for kernel in args.kernels:
             try:
-                results.append(measure(kernel, k, args.n, dev, bandwidth))
+                results.append(measure(kernel, k, args.n, dev, bandwidth, args.m))
             except Exception as e:  # noqa: BLE001 - recorded, the other kernels go on
                 print(f"{kernel} K={k}: {type(e).__name__}: {e}"[:300], flush=True)
                 results.append({"kernel": kernel, "k": k,
@@ -284,7 +291,7 @@ def main() -> None:
             print(f"{r['kernel']:22} {r['k']:>6} {r['floor_us']:>9} {r['fixed_us']:>9} "
                   f"{r['stream_tb_s']:>6} {r['stream_fraction']:>7.0%}")
     print_json_result({"benchmark": "gemv_scaling", "device": device_info(), "limits": limits,
-                       "commit": git_commit(), "m": 1, "results": results}, args.json)
+                       "commit": git_commit(), "m": args.m, "results": results}, args.json)
 
 
 if __name__ == "__main__":

@@ -126,3 +126,12 @@ def bnb4_table() -> int:
     if value not in (16, 256):
         raise ValueError(f"OCTAVO_BNB4_TABLE must be 16 or 256, got {value}")
     return value
+
+
+def bnb4_cuda_ahead(default: int) -> int:
+    """OCTAVO_BNB4_CUDA_AHEAD (1, 4 or 8): weight rows a warp of the CUDA NF4 / FP4 GEMV loads
+    before their arithmetic (octavo/kernels/bnb4_cuda.py)."""
+    out = _int("OCTAVO_BNB4_CUDA_AHEAD", default, "1, 4 or 8")
+    if out not in (1, 4, 8):
+        raise ValueError(f"OCTAVO_BNB4_CUDA_AHEAD must be 1, 4 or 8, got {out}")
+    return out

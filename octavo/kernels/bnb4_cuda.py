@@ -29,6 +29,9 @@ LAUNCH_M = 4  # rows of x a launch takes (a lane keeps 32 activations of each in
 # CPU-tested them, with no device time left; Llama-8B NF4 batch 16 took 19.1 ms per token,
 # 0.35x bf16, on that path on an H100).
 MAX_M = 2
+# Weight rows a warp loads before their arithmetic (OCTAVO_BNB4_CUDA_AHEAD, 1, 4 or 8): 4 keeps
+# 2 KB a warp in flight where a 4-row launch's registers (~160 a lane) leave one block an SM.
+AHEAD = 4
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -77,10 +80,11 @@ def bnb4_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor
     mod = cuda_module.loaded(SOURCE, x2.device)
     out = torch.zeros(m, n, device=x2.device, dtype=torch.float32)
     rows = rows or rows_per_block(n, k, x2.device)
+    ahead = envs.bnb4_cuda_ahead(AHEAD)
     for i in range(0, m, LAUNCH_M):  # each launch reads the whole weight once
         xi, oi = x2[i:i + LAUNCH_M], out[i:i + LAUNCH_M]
         args = cuda_module.arguments(qweight, absmax, code, xi, oi, n, k, qweight.stride(0),
                                      absmax.stride(0), x2.stride(0), blocksize, rows)
-        mod.launch(f"bnb4_gemv_{_DTYPES[x2.dtype]}_m{xi.shape[0]}",
+        mod.launch(f"bnb4_gemv_{_DTYPES[x2.dtype]}_m{xi.shape[0]}_a{ahead}",
                    (-(-n // rows), -(-k // CHUNK), 1), 32 * WARPS, args)
     return out.to(x2.dtype)

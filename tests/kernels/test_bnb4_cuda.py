@@ -14,7 +14,8 @@ from octavo.quantization import bnb_format as fmt
 from octavo.quantization.bnb_weight import blocks_or_dense, dequantize_packed
 from tests.kernels import cuda_checks
 
-NAMES = [f"bnb4_gemv_{t}_m{m}" for t in ("bf16", "f16") for m in (1, 2, 3, 4)]
+NAMES = [f"bnb4_gemv_{t}_m{m}_a{a}" for t in ("bf16", "f16") for m in (1, 2, 3, 4)
+         for a in (1, 4, 8)]
 
 
 def test_the_source_builds_for_hopper_without_spills(tmp_path, monkeypatch):
@@ -109,8 +110,8 @@ class _Recorder:
         self.launches.append((name, grid, block, [a.value for a in args]))
 
 
-@pytest.mark.parametrize("m,names", [(1, ["m1"]), (4, ["m4"]), (6, ["m4", "m2"]),
-                                     (11, ["m4", "m4", "m3"])])
+@pytest.mark.parametrize("m,names", [(1, ["m1_a4"]), (4, ["m4_a4"]), (6, ["m4_a4", "m2_a4"]),
+                                     (11, ["m4_a1", "m4_a1", "m3_a1"])])
 def test_a_batch_takes_a_launch_per_four_rows(m, names, monkeypatch):
     """Rows 4i .. 4i + 3 of x and of the output go to launch i, each reading the whole
     weight: the kernel named for its row count, x's and out's pointers moved by 4i rows, the
@@ -120,6 +121,8 @@ def test_a_batch_takes_a_launch_per_four_rows(m, names, monkeypatch):
     rec = _Recorder()
     monkeypatch.setattr(cuda_module, "loaded", lambda source, device: rec)
     monkeypatch.setenv("OCTAVO_BNB4_CUDA_MAX_M", "16")
+    if names[0].endswith("_a1"):  # a row a warp in flight (OCTAVO_BNB4_CUDA_AHEAD)
+        monkeypatch.setenv("OCTAVO_BNB4_CUDA_AHEAD", "1")
     n, k, bs = 48, 2048, 64
     x = torch.randn(m, k, dtype=torch.bfloat16)
     q = torch.zeros(n, k // 2, dtype=torch.uint8)
@@ -165,3 +168,7 @@ def test_gemv_on_the_gpu(n, k, bs, quant_type, m, dtype, monkeypatch):
         other = bnb4_cuda.bnb4_gemv_cuda(x, b.packed.cuda(), b.absmax.float().cuda(),
                                          b.code.float().cuda(), bs, rows=rows)
         assert ((other.float() - got.float()).norm() / want.norm()).item() < 1e-2
+    monkeypatch.setenv("OCTAVO_BNB4_CUDA_AHEAD", "1")  # a row a warp in flight: the same sums
+    one = bnb4_cuda.bnb4_gemv_cuda(x, b.packed.cuda(), b.absmax.float().cuda(),
+                                   b.code.float().cuda(), bs, rows=40)  # 5 rows a warp
+    assert ((one.float() - got.float()).norm() / want.norm()).item() < 1e-2

@@ -11,7 +11,8 @@
 // every warp always takes the chunk's weights 32 l .. 32 l + 31,
 // so it converts its 32 activations (per row of x) to float32 once, into registers, and keeps
 // them for every weight row it visits; warp w visits rows w, w + WARPS, ... of the block's
-// rows. A row's visit is one 16-byte load a lane (the warp reads 512 contiguous bytes), 32
+// rows, AHEAD of them at a time (their loads issued together). A row's visit is one 16-byte
+// load a lane (the warp reads 512 contiguous bytes), 32
 // code lookups (shared memory: 16 words in 16 banks, so a warp's lookups never conflict) and
 // 32 FMAs a row of x, the lane's sum times its block's absmax (32 weights lie in one block:
 // bs a multiple of 32), summed over the warp by shuffles; lane 0 adds it to `out` (float32
@@ -27,7 +28,7 @@ namespace {
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 
-template <typename T, int MR, int WARPS>
+template <typename T, int MR, int WARPS, int AHEAD>
 __device__ __forceinline__ void bnb4_gemv(const uint8_t* __restrict__ q,
                                           const float* __restrict__ absmax,
                                           const float* __restrict__ code,
@@ -55,52 +56,73 @@ __device__ __forceinline__ void bnb4_gemv(const uint8_t* __restrict__ q,
   __syncthreads();
   const int row0 = blockIdx.x * rows_per_cta;
   const int row_end = min(n, row0 + rows_per_cta);
-  for (int r = row0 + warp; r < row_end; r += WARPS) {
-    const uint4 w = active ? *reinterpret_cast<const uint4*>(q + (size_t)r * ldq + k0 / 2)
-                           : make_uint4(0, 0, 0, 0);
-    const float a = active ? absmax[(size_t)r * lda + k0 / bs] : 0.f;
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-    float s[MR];
+  for (int r0 = row0 + warp; r0 < row_end; r0 += WARPS * AHEAD) {
+    // AHEAD rows' bytes and scales loaded before any arithmetic: AHEAD x 512 bytes a warp in
+    // flight (one row's loads alone left a 4-row launch, ~160 registers a lane and so one
+    // block an SM, short of bytes in flight).
+    uint4 w[AHEAD];
+    float a[AHEAD];
 #pragma unroll
-    for (int m = 0; m < MR; ++m) s[m] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {  // byte b of word i: weights 8i + 2b (high), + 1 (low)
-        const float hi = table[(words[i] >> (8 * b + 4)) & 0xF];
-        const float lo = table[(words[i] >> (8 * b)) & 0xF];
-#pragma unroll
-        for (int m = 0; m < MR; ++m) {
-          s[m] = fmaf(hi, xr[m][8 * i + 2 * b], s[m]);
-          s[m] = fmaf(lo, xr[m][8 * i + 2 * b + 1], s[m]);
-        }
-      }
+    for (int u = 0; u < AHEAD; ++u) {
+      const int r = r0 + u * WARPS;
+      const bool ok = active && r < row_end;
+      w[u] = ok ? *reinterpret_cast<const uint4*>(q + (size_t)r * ldq + k0 / 2)
+                : make_uint4(0, 0, 0, 0);
+      a[u] = ok ? absmax[(size_t)r * lda + k0 / bs] : 0.f;
     }
 #pragma unroll
-    for (int m = 0; m < MR; ++m) {
-      float v = s[m] * a;
+    for (int u = 0; u < AHEAD; ++u) {
+      const int r = r0 + u * WARPS;
+      if (r >= row_end) break;  // the same for the whole warp
+      const uint32_t words[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+      float s[MR];
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0) atomicAdd(out + (size_t)m * n + r, v);
+      for (int m = 0; m < MR; ++m) s[m] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {  // byte b of word i: weights 8i + 2b (high), + 1 (low)
+          const float hi = table[(words[i] >> (8 * b + 4)) & 0xF];
+          const float lo = table[(words[i] >> (8 * b)) & 0xF];
+#pragma unroll
+          for (int m = 0; m < MR; ++m) {
+            s[m] = fmaf(hi, xr[m][8 * i + 2 * b], s[m]);
+            s[m] = fmaf(lo, xr[m][8 * i + 2 * b + 1], s[m]);
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < MR; ++m) {
+        float v = s[m] * a[u];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) atomicAdd(out + (size_t)m * n + r, v);
+      }
     }
   }
 }
 
 }  // namespace
 
-#define OCTAVO_BNB4_GEMV(TNAME, T, MR)                                                        \
+#define OCTAVO_BNB4_GEMV(TNAME, T, MR, AHEAD)                                                 \
   extern "C" __global__ void __launch_bounds__(256)                                           \
-      bnb4_gemv_##TNAME##_m##MR(const uint8_t* q, const float* absmax, const float* code,     \
-                                const T* x, float* out, int n, int k, int ldq, int lda,       \
-                                int ldx, int bs, int rows_per_cta) {                          \
-    bnb4_gemv<T, MR, 8>(q, absmax, code, x, out, n, k, ldq, lda, ldx, bs, rows_per_cta);      \
+      bnb4_gemv_##TNAME##_m##MR##_a##AHEAD(const uint8_t* q, const float* absmax,             \
+                                           const float* code, const T* x, float* out, int n,  \
+                                           int k, int ldq, int lda, int ldx, int bs,          \
+                                           int rows_per_cta) {                                \
+    bnb4_gemv<T, MR, 8, AHEAD>(q, absmax, code, x, out, n, k, ldq, lda, ldx, bs,             \
+                               rows_per_cta);                                                 \
   }
 
-OCTAVO_BNB4_GEMV(bf16, __nv_bfloat16, 1)
-OCTAVO_BNB4_GEMV(bf16, __nv_bfloat16, 2)
-OCTAVO_BNB4_GEMV(bf16, __nv_bfloat16, 3)
-OCTAVO_BNB4_GEMV(bf16, __nv_bfloat16, 4)
-OCTAVO_BNB4_GEMV(f16, __half, 1)
-OCTAVO_BNB4_GEMV(f16, __half, 2)
-OCTAVO_BNB4_GEMV(f16, __half, 3)
-OCTAVO_BNB4_GEMV(f16, __half, 4)
+#define OCTAVO_BNB4_GEMV_ROWS(TNAME, T, AHEAD) \
+  OCTAVO_BNB4_GEMV(TNAME, T, 1, AHEAD)         \
+  OCTAVO_BNB4_GEMV(TNAME, T, 2, AHEAD)         \
+  OCTAVO_BNB4_GEMV(TNAME, T, 3, AHEAD)         \
+  OCTAVO_BNB4_GEMV(TNAME, T, 4, AHEAD)
+
+OCTAVO_BNB4_GEMV_ROWS(bf16, __nv_bfloat16, 1)
+OCTAVO_BNB4_GEMV_ROWS(bf16, __nv_bfloat16, 4)
+OCTAVO_BNB4_GEMV_ROWS(bf16, __nv_bfloat16, 8)
+OCTAVO_BNB4_GEMV_ROWS(f16, __half, 1)
+OCTAVO_BNB4_GEMV_ROWS(f16, __half, 4)
+OCTAVO_BNB4_GEMV_ROWS(f16, __half, 8)
