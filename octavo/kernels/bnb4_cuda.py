@@ -30,8 +30,9 @@ LAUNCH_M = 4  # rows of x a launch takes (a lane keeps 32 activations of each in
 # 0.35x bf16, on that path on an H100).
 MAX_M = 2
 # Weight rows a warp loads before their arithmetic (OCTAVO_BNB4_CUDA_AHEAD, 1, 4 or 8): 4 keeps
-# 2 KB a warp in flight where a 4-row launch's registers (~160 a lane) leave one block an SM.
-AHEAD = 4
+# 2 KB a warp in flight where a 4-row launch's registers (168 a lane) leave one block an SM.
+# 1 (the kernel as session 46 measured it) until 4 and 8 are measured on a GPU.
+AHEAD = 1
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
