@@ -51,7 +51,7 @@ KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_ge
 # nf4_cuda: the CUDA C++ GEMV (``bnb4_cuda``, codes in shared memory), nf4_cuda_r{R} at R
 # rows a block, nf4_cuda_a{A} with A weight rows a warp in flight (OCTAVO_BNB4_CUDA_AHEAD).
 NF4 = ("nf4_gemv", "nf4_gemv256", "nf4_dequant", "nf4_cuda", "nf4_cuda_r8", "nf4_cuda_r32",
-       "nf4_cuda_r128", "nf4_cuda_a1", "nf4_cuda_a4", "nf4_cuda_a8")
+       "nf4_cuda_r128", "nf4_cuda_a1", "nf4_cuda_a8")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 # Variants timed on request (--kernels), not by default: the integer GEMVs loading their
 # weights two or three steps ahead instead of one (*_p2, *_p3), swapab_mma's plan at other

@@ -110,9 +110,9 @@ def bnb4_cuda() -> bool:
 
 
 def bnb4_cuda_max_m(default: int) -> int:
-    """OCTAVO_BNB4_CUDA_MAX_M (default 2, octavo/kernels/bnb4_cuda.py's MAX_M): the most rows
+    """OCTAVO_BNB4_CUDA_MAX_M (default 8, octavo/kernels/bnb4_cuda.py's MAX_M): the most rows
     the CUDA bitsandbytes 4-bit GEMV takes (up to 4 a launch, a launch per group of 4; larger
-    batches dequantize, then cuBLAS). 3-16 rows are built and CPU-tested, not yet measured."""
+    batches dequantize, then cuBLAS)."""
     return _int("OCTAVO_BNB4_CUDA_MAX_M", default, "rows")
 
 
@@ -129,9 +129,10 @@ def bnb4_table() -> int:
 
 
 def bnb4_cuda_ahead(default: int) -> int:
-    """OCTAVO_BNB4_CUDA_AHEAD (1, 4 or 8): weight rows a warp of the CUDA NF4 / FP4 GEMV loads
-    before their arithmetic (octavo/kernels/bnb4_cuda.py)."""
-    out = _int("OCTAVO_BNB4_CUDA_AHEAD", default, "1, 4 or 8")
-    if out not in (1, 4, 8):
-        raise ValueError(f"OCTAVO_BNB4_CUDA_AHEAD must be 1, 4 or 8, got {out}")
+    """OCTAVO_BNB4_CUDA_AHEAD (1 or 8): weight rows a warp of the CUDA NF4 / FP4 GEMV loads
+    before their arithmetic, for every launch (default: 1 for one row of x, 8 for 2-4;
+    octavo/kernels/bnb4_cuda.py)."""
+    out = _int("OCTAVO_BNB4_CUDA_AHEAD", default, "1 or 8")
+    if out not in (1, 8):
+        raise ValueError(f"OCTAVO_BNB4_CUDA_AHEAD must be 1 or 8, got {out}")
     return out

@@ -9,7 +9,8 @@ launch per 4) in float32 registers across the weight rows it visits, and the chu
 meet in a float32 output by atomics (zeroed first, then rounded to x's dtype: two small launches
 around the kernel). The chunks add in the order the hardware picks: float32 sums that may
 differ in their last bits between runs. ``OCTAVO_BNB4_CUDA`` (on; session 46, one H100:
-Llama-3.1-8B NF4 at batch 1 3.885 ms per token against the Triton GEMV's 11.673).
+Llama-3.1-8B NF4 at batch 1 3.885 ms per token against the Triton GEMV's 11.673; session 47:
+up to 8 rows, batch 4 9.679 against 18.673 dequantizing, bf16 6.079).
 """
 
 from __future__ import annotations
@@ -24,15 +25,23 @@ CHUNK = 1024  # weights of K a block covers (32 a lane)
 WARPS = 8
 MIN_ROWS = 32  # rows a block takes at least (4 a warp)
 LAUNCH_M = 4  # rows of x a launch takes (a lane keeps 32 activations of each in registers)
-# Rows the kernel takes by default, a launch per LAUNCH_M (OCTAVO_BNB4_CUDA_MAX_M): 2 until
-# 3-16 rows are measured on a GPU against dequantize-then-cuBLAS (session 46 built and
-# CPU-tested them, with no device time left; Llama-8B NF4 batch 16 took 19.1 ms per token,
-# 0.35x bf16, on that path on an H100).
-MAX_M = 2
-# Weight rows a warp loads before their arithmetic (OCTAVO_BNB4_CUDA_AHEAD, 1, 4 or 8): 4 keeps
-# 2 KB a warp in flight where a 4-row launch's registers (168 a lane) leave one block an SM.
-# 1 (the kernel as session 46 measured it) until 4 and 8 are measured on a GPU.
-AHEAD = 1
+# Rows the kernel takes, a launch per LAUNCH_M (OCTAVO_BNB4_CUDA_MAX_M); larger batches
+# dequantize, then cuBLAS. One H100, session 47, Llama-3.1-8B NF4, ms per token with the
+# ``ahead`` rule below: batch 3 / 4 9.633 / 9.679 against 18.659 / 18.673 dequantizing,
+# 6 / 8 17.881 / 17.902 (two launches) against ~18.7; batch 16's four launches had taken
+# 39.5 (at one row a warp in flight) against 19.1.
+MAX_M = 8
+
+
+def ahead(rows: int) -> int:
+    """Weight rows a warp loads before their arithmetic, for a launch of ``rows`` rows of x
+    (``OCTAVO_BNB4_CUDA_AHEAD``: 1 or 8 for every launch). Two to four rows hold 97-180
+    registers a lane (one or two 256-thread blocks an SM), so one 512-byte row a warp in
+    flight left HBM idle: 8 ahead (one H100, session 47, Llama-3.1-8B NF4, ms per token) took
+    batch 2 5.684 -> 5.298, 3 11.040 -> 9.633, 4 11.176 -> 9.679. One row (55 registers,
+    four blocks an SM) loses by it: batch 1 3.823 at 1, 4.096 at 4 ahead; gate_up alone
+    43.9 / 47.2 / 53.4 us at 1 / 4 / 8."""
+    return envs.bnb4_cuda_ahead(1 if rows == 1 else 8)
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -81,11 +90,10 @@ def bnb4_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor
     mod = cuda_module.loaded(SOURCE, x2.device)
     out = torch.zeros(m, n, device=x2.device, dtype=torch.float32)
     rows = rows or rows_per_block(n, k, x2.device)
-    ahead = envs.bnb4_cuda_ahead(AHEAD)
     for i in range(0, m, LAUNCH_M):  # each launch reads the whole weight once
         xi, oi = x2[i:i + LAUNCH_M], out[i:i + LAUNCH_M]
         args = cuda_module.arguments(qweight, absmax, code, xi, oi, n, k, qweight.stride(0),
                                      absmax.stride(0), x2.stride(0), blocksize, rows)
-        mod.launch(f"bnb4_gemv_{_DTYPES[x2.dtype]}_m{xi.shape[0]}_a{ahead}",
+        mod.launch(f"bnb4_gemv_{_DTYPES[x2.dtype]}_m{xi.shape[0]}_a{ahead(xi.shape[0])}",
                    (-(-n // rows), -(-k // CHUNK), 1), 32 * WARPS, args)
     return out.to(x2.dtype)

@@ -79,7 +79,7 @@ def kernels_run(x: torch.Tensor) -> bool:
 
 def _decode_gemv(layer: nn.Module, x2: torch.Tensor, bs: int) -> torch.Tensor | None:
     """A packed 4-bit layer's small batches through the CUDA C++ GEMV (``bnb4_cuda``,
-    OCTAVO_BNB4_CUDA: up to OCTAVO_BNB4_CUDA_MAX_M rows, 2 by default, a launch per 4) where
+    OCTAVO_BNB4_CUDA: up to OCTAVO_BNB4_CUDA_MAX_M rows, 8 by default, a launch per 4) where
     it takes the call, else decode rows (1-2) through the Triton one (``bnb4_gemv``,
     OCTAVO_BNB4_GEMV); None for the batches neither takes. (``qweight`` is 16-byte aligned
     since the load, its rows K / 2 bytes apart.)"""

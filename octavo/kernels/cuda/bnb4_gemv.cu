@@ -121,8 +121,6 @@ __device__ __forceinline__ void bnb4_gemv(const uint8_t* __restrict__ q,
   OCTAVO_BNB4_GEMV(TNAME, T, 4, AHEAD)
 
 OCTAVO_BNB4_GEMV_ROWS(bf16, __nv_bfloat16, 1)
-OCTAVO_BNB4_GEMV_ROWS(bf16, __nv_bfloat16, 4)
 OCTAVO_BNB4_GEMV_ROWS(bf16, __nv_bfloat16, 8)
 OCTAVO_BNB4_GEMV_ROWS(f16, __half, 1)
-OCTAVO_BNB4_GEMV_ROWS(f16, __half, 4)
 OCTAVO_BNB4_GEMV_ROWS(f16, __half, 8)
