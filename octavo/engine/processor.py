@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +15,11 @@ from octavo.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 from octavo.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
+
+# bad_words lists tokenized lately. A server tokenizes a request's list on a worker thread
+# when it validates, then the engine thread adds the request (each sample of n > 1 again):
+# a list of 100k words takes seconds to tokenize, which must not happen on the engine thread.
+BAD_WORDS_CACHE_SIZE = 16
 
 PromptType = str | list[int] | Mapping[str, Any]
 
@@ -57,6 +64,8 @@ class Processor:
         self.max_logprobs = getattr(model_config, "max_logprobs", 20)
         self.max_n = max_n  # None: no cap on n / best_of
         self._warned: set[str] = set()
+        self._bad_words_cache: OrderedDict[tuple[str, ...], list[list[int]]] = OrderedDict()
+        self._bad_words_lock = threading.Lock()
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None,
                 priority: int = 0, arrival_time: float | None = None
@@ -151,15 +160,29 @@ class Processor:
                         f"[0, {self.vocab_size})")
 
     def _bad_words(self, words: list[str]) -> list[list[int]]:
+        """Each word's token ids, alone and after a space, without duplicates (shared with
+        every request that sends the same list: read-only)."""
         if self.tokenizer is None:
             raise InvalidRequestError("bad_words", f"bad_words={words!r} needs a tokenizer")
-        seqs: list[list[int]] = []
+        key = tuple(words)
+        with self._bad_words_lock:
+            seqs = self._bad_words_cache.get(key)
+            if seqs is not None:
+                self._bad_words_cache.move_to_end(key)
+                return seqs
+        seqs = []
+        seen: set[tuple[int, ...]] = set()  # (a list scan per word was quadratic)
         for word in words:
             # The word alone and after a space tokenize differently in most vocabularies.
             for text in (word, " " + word.lstrip()):
                 ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-                if ids and ids not in seqs:
+                if ids and tuple(ids) not in seen:
+                    seen.add(tuple(ids))
                     seqs.append(ids)
+        with self._bad_words_lock:
+            self._bad_words_cache[key] = seqs
+            while len(self._bad_words_cache) > BAD_WORDS_CACHE_SIZE:
+                self._bad_words_cache.popitem(last=False)
         return seqs
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:

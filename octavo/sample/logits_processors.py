@@ -21,7 +21,7 @@ class RowContext:
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    bad_words_token_ids: list[list[int]] | None = None
+    bad_words_token_ids: list[list[int]] | BadWordIndex | None = None
     banned: list[int] | None = None  # e.g. EOS while short of min_tokens
 
 
@@ -47,14 +47,33 @@ def apply_frequency_presence(logits: torch.Tensor, counts: torch.Tensor, frequen
     return logits - counts * frequency - (counts > 0).to(logits.dtype) * presence
 
 
-def _bad_word_bans(output: list[int], bad_words: list[list[int]]) -> list[int]:
+class BadWordIndex:
+    """A request's bad words (token sequences) indexed by prefix: a step's bans cost one dict
+    lookup per distinct word length, not a comparison per word (a request may send 100k
+    words, and every step of the batch would wait on the scan)."""
+
+    def __init__(self, words: list[list[int]]) -> None:
+        self.always = sorted({w[0] for w in words if len(w) == 1})
+        # prefix length -> prefix -> the last tokens of the words that start with it
+        self.by_prefix: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        for w in words:
+            if len(w) > 1:
+                table = self.by_prefix.setdefault(len(w) - 1, {})
+                table.setdefault(tuple(w[:-1]), []).append(w[-1])
+
+    def bans(self, output: list[int]) -> list[int]:
+        """Last tokens of bad words whose prefix the output currently ends with."""
+        out = list(self.always)
+        for n, table in self.by_prefix.items():
+            if n <= len(output):
+                out += table.get(tuple(output[-n:]), ())
+        return out
+
+
+def _bad_word_bans(output: list[int], bad_words: list[list[int]] | BadWordIndex) -> list[int]:
     """Last tokens of bad words whose prefix the output currently ends with."""
-    bans = []
-    for word in bad_words:
-        prefix = word[:-1]
-        if not prefix or output[-len(prefix):] == prefix:
-            bans.append(word[-1])
-    return bans
+    index = bad_words if isinstance(bad_words, BadWordIndex) else BadWordIndex(bad_words)
+    return index.bans(output)
 
 
 def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],

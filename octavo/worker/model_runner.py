@@ -20,7 +20,7 @@ from octavo.config import EngineConfig
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.model_loader.loader import TORCH_DTYPES, load_model
 from octavo.sample.grammar_mask import GrammarMask
-from octavo.sample.logits_processors import RowContext, needs_processing
+from octavo.sample.logits_processors import BadWordIndex, RowContext, needs_processing
 from octavo.sample.metadata import SamplingMetadata
 from octavo.sample.sampler import Sampler, SamplerOutput
 from octavo.sampling_params import SamplingType
@@ -173,7 +173,8 @@ class ModelRunner:
             self._drop(new.req_id)
             self.states[new.req_id] = CachedRequestState(
                 new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling_params,
-                list(new.block_ids), new.num_computed_tokens, new.bad_words_token_ids,
+                list(new.block_ids), new.num_computed_tokens,
+                BadWordIndex(new.bad_words_token_ids) if new.bad_words_token_ids else None,
                 slot=self.buf.take_slot())
         for c in sched.cached_reqs:
             st = self.states[c.req_id]

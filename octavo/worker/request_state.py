@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from octavo.sample.logits_processors import BadWordIndex
 from octavo.sampling_params import SamplingParams
 
 
@@ -15,7 +16,8 @@ class CachedRequestState:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
-    bad_words_token_ids: list[list[int]] | None = None
+    # Built once from the scheduler's token sequences (see BadWordIndex).
+    bad_words_token_ids: BadWordIndex | None = None
     slot: int = -1  # row of the persistent block table (InputBuffers.req_tables)
     table_len: int = 0  # how many of block_ids that row holds already
 
