@@ -353,8 +353,30 @@ def test_request_failed_in_engine(engine, apps, monkeypatch, app_name, path, bod
 
 
 # ------------------------------------------------------------------ chat template bound
+def test_request_chat_template_needs_trust(engine):
+    """A request's chat_template is code: ``{{ 7 ** 10**9 }}`` would hold the GIL (every
+    thread of the server) for hours, past any time bound. Refused unless the server trusts
+    its clients (vLLM's --trust-request-chat-template)."""
+    echo = {**CHAT, "chat_template": "{{ messages[0]['content'] }}"}
+    for body in (echo, {**CHAT, "chat_template": "{{ 7 ** 10**9 }}"}):
+        err = expect_refused(engine, build_app(engine, ServerSettings(shutdown_engine=False)),
+                             "/v1/chat/completions", body, "chat_template")
+        assert "--trust-request-chat-template" in err["message"]
+    trusted = build_app(engine, ServerSettings(shutdown_engine=False,
+                                               trust_request_chat_template=True))
+
+    async def main():
+        async with _client(trusted) as c:
+            r = await _post(c, "/v1/chat/completions", echo)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["prompt_tokens"] == 4  # "Name a colour." alone
+
+    asyncio.run(main())
+
+
 def test_chat_template_time_bound(engine):
-    app = build_app(engine, ServerSettings(shutdown_engine=False, chat_template_timeout=0.2))
+    app = build_app(engine, ServerSettings(shutdown_engine=False, chat_template_timeout=0.2,
+                                           trust_request_chat_template=True))
     # About a second of Jinja loops: far past the bound, short enough to let it finish.
     slow = ("{% for i in range(100000) %}{% for j in range(100) %}{% endfor %}{% endfor %}"
             "{{ messages[0]['content'] }}")

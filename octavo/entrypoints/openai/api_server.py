@@ -70,6 +70,10 @@ class ServerSettings:
     chat_template_timeout: float = DEFAULT_RENDER_TIMEOUT_S
     # tool_choice "auto" reads tool calls out of the model's text with this parser.
     tool_call_parser: str | None = None
+    # A request's own chat_template is code the server runs: refused unless trusted (vLLM's
+    # --trust-request-chat-template). The time bound cannot stop a C-level operation such as
+    # {{ 7 ** 10**9 }}, which holds the GIL and with it every thread of the server.
+    trust_request_chat_template: bool = False
 
 
 def build_app(engine: EngineClient, settings: ServerSettings | None = None) -> FastAPI:
@@ -81,7 +85,8 @@ def build_app(engine: EngineClient, settings: ServerSettings | None = None) -> F
     completions = OpenAIServingCompletion(engine, names)
     chat = OpenAIServingChat(engine, names, s.chat_template,
                              render_timeout=s.chat_template_timeout,
-                             tool_call_parser=s.tool_call_parser)
+                             tool_call_parser=s.tool_call_parser,
+                             trust_request_chat_template=s.trust_request_chat_template)
     metrics = metrics_exporter(engine, names[0])
     engine.stat_loggers.append(metrics)
 
@@ -201,6 +206,9 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
                    help="largest request body accepted (413 above)")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="accept a chat_template in chat requests (it is code the server runs: "
+                   "only for trusted clients); without it such a request is a 400")
     p.add_argument("--guided-decoding-backend", default="xgrammar",
                    help="grammar backend for structured outputs (response_format, guided_*, "
                    "forced tool calls): xgrammar or auto")
@@ -411,7 +419,8 @@ def run_server(args: argparse.Namespace) -> int:
         served_model_names=args.served_model_name, api_key=args.api_key,
         rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
         chat_template=_read_template(args.chat_template),
-        tool_call_parser=getattr(args, "tool_call_parser", None))
+        tool_call_parser=getattr(args, "tool_call_parser", None),
+        trust_request_chat_template=getattr(args, "trust_request_chat_template", False))
     app = build_app(engine, settings)
     from octavo.startup_heap import freeze_startup_heap
 

@@ -41,8 +41,10 @@ class OpenAIServingChat(OpenAIServing):
     def __init__(self, engine: AsyncLLM, served_model_names: list[str],
                  chat_template: str | None = None, offload: Offload | None = None,
                  render_timeout: float = DEFAULT_RENDER_TIMEOUT_S,
-                 tool_call_parser: str | None = None) -> None:
+                 tool_call_parser: str | None = None,
+                 trust_request_chat_template: bool = False) -> None:
         super().__init__(engine, served_model_names, offload)
+        self.trust_request_chat_template = trust_request_chat_template
         self.chat_template = chat_template or engine.model_config.chat_template
         self.render_timeout = render_timeout
         # tool_choice "auto": the parser that reads the model's tool-call text.
@@ -85,6 +87,10 @@ class OpenAIServingChat(OpenAIServing):
         model = self.check_model(req.model)
         self.check_alive()
         req.check_tools(self.tool_parser is not None)
+        if req.chat_template is not None and not self.trust_request_chat_template:
+            raise APIError(400, "chat_template in a request is code the server would run; this "
+                           "server refuses it (start it with --trust-request-chat-template to "
+                           "accept templates from trusted clients)", param="chat_template")
         prompt = await self.render(req.messages, req.chat_template, req.add_generation_prompt,
                                    req.tool_dicts())
         tools = self._tool_handler(req)
