@@ -86,6 +86,18 @@ class XgrammarBackend:
 
     # ------------------------------------------------------------------ compile
     def compile(self, params: StructuredOutputsParams) -> Any:
+        compiled = self._compile(params)
+        # A grammar whose language is empty ("root ::= root", a regex of an empty class)
+        # compiles, then allows no first token: every request using it would fail in the
+        # engine after a 200. One bitmask fill (cached with the grammar) refuses it here.
+        mask = self.allocate_bitmask(1)
+        self.fill_bitmask([self.new_matcher(compiled)], mask)
+        if not bool(mask.any()):
+            raise GrammarCompileError(f"the {params.kind} accepts no output (no token may "
+                                      "start it)")
+        return compiled
+
+    def _compile(self, params: StructuredOutputsParams) -> Any:
         kind, spec = params.kind, params.spec
         c = self.compiler
         try:
