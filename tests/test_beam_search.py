@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from octavo import LLM, BeamSearchParams, SamplingParams
-from octavo.engine.beam_search import BeamSearch, BeamSearchConfig
+from octavo.engine.beam_search import BeamSearch, BeamSearchConfig, beam_score
 from octavo.outputs import Logprob
 from tests.tiny_models import COMMON, add_word_tokenizer, copy_with_eos, make_checkpoint
 
@@ -248,6 +248,25 @@ def test_early_stopping_modes(early_stopping, steps, tokens):
     assert search.num_generated == steps
     assert search.finished[0].tokens == tokens
     assert search.finished[0].score == pytest.approx(-1.0 if steps == 1 else -1.6 / 2)
+
+
+@pytest.mark.parametrize("length_penalty", [1e38, -1e30, 1e300, -1e300])
+def test_extreme_length_penalties_saturate(llm, length_penalty):
+    """Found by scripts/fuzz_server.py: a 500 ("float division by zero", "Numerical result
+    out of range") for beam search or best_of with a finite but huge length_penalty."""
+    for n in (1, 2, 1000):
+        score = beam_score(-1.5, n, length_penalty)
+        assert score == beam_score(-1.5, n, length_penalty) and score <= 0.0  # not NaN
+    assert beam_score(-1.5, 1, length_penalty) == -1.5
+    assert beam_score(-1.5, 2, 1e38) == 0.0 and beam_score(-1.5, 2, -1e30) == float("-inf")
+    prompt = [{"prompt_token_ids": [1, 5, 9]}]
+    for params in (SamplingParams(use_beam_search=True, temperature=0.0, n=2, max_tokens=3,
+                                  length_penalty=length_penalty, early_stopping="never"),
+                   SamplingParams(n=1, best_of=3, max_tokens=3, seed=0,
+                                  length_penalty=length_penalty)):
+        out = llm.generate(prompt, params, use_tqdm=False)[0]
+        assert all(len(c.token_ids) >= 1 for c in out.outputs)
+    assert not llm.llm_engine.has_unfinished_requests()
 
 
 # ------------------------------------------------------------------ engine behaviour

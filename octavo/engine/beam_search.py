@@ -20,14 +20,26 @@ with ``logprobs=num_candidates``) and applies one step of transformers' ``_beam_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from octavo.outputs import Logprob
 
 
 def beam_score(cum_logprob: float, num_tokens: int, length_penalty: float) -> float:
-    """Length-penalised score of a sequence of ``num_tokens`` generated tokens."""
-    return cum_logprob / (max(num_tokens, 1) ** length_penalty)
+    """Length-penalised score of a sequence of ``num_tokens`` generated tokens. Any finite
+    length_penalty is valid (vLLM's range): a length factor past the float range saturates
+    (2 ** 1e38 raised OverflowError, 2 ** -1e30 is 0.0 and divided by zero) instead of
+    failing the request."""
+    try:
+        factor = max(num_tokens, 1) ** length_penalty
+    except OverflowError:
+        factor = math.inf
+    if factor == 0.0:
+        return -math.inf if cum_logprob < 0 else 0.0
+    if math.isinf(factor):
+        return -math.inf if math.isinf(cum_logprob) else -0.0
+    return cum_logprob / factor
 
 
 @dataclass(frozen=True)
