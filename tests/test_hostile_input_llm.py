@@ -170,3 +170,21 @@ def test_requests_of_one_group_share_a_group_id(llm):
     assert groups["g-0"] == "g" and groups["solo"] == "solo"
     assert {g for rid, g in groups.items() if rid.startswith("g-1")} == {"g"}
     _still_serves(llm)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"prompts": None}, "prompts"), ({"prompts": 5}, "prompts"),
+    ({"prompts": b"hi"}, "prompts"),
+    # A string or a dict would have been iterated into characters or keys: "got 6
+    # sampling_params for 1 prompts" (found by fuzzing the offline API).
+    ({"prompts": "hi", "sampling_params": "greedy"}, "sampling_params"),
+    ({"prompts": "hi", "sampling_params": {"max_tokens": 2}}, "sampling_params"),
+    ({"prompts": ["a", "b"], "sampling_params": [SamplingParams()]}, "sampling_params"),
+    ({"prompts": "hi", "priority": 1}, "priority"),
+    ({"prompts": ["a", "b"], "priority": [1]}, "priority"),
+])
+def test_generate_arguments_of_the_wrong_shape(llm, kwargs, field):
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate(**kwargs, use_tqdm=False)
+    assert info.value.param == field and field in str(info.value)
+    _still_serves(llm)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from octavo.beam_search import BeamSearchOutput
@@ -17,7 +17,7 @@ from octavo.engine.beam_runner import (
 from octavo.engine.llm_engine import LLMEngine
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.chat_utils import Conversation, apply_chat_template
-from octavo.errors import InvalidRequestError
+from octavo.errors import InvalidRequestError, short_repr
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -29,6 +29,15 @@ def _with_prompt_index(error: ValueError, index: int) -> ValueError:
         return InvalidRequestError(error.param, f"prompt {index}: {error}")
     return ValueError(f"prompt {index}: {error}")
 
+
+
+def _as_list(name: str, value: Any, what: str) -> list[Any]:
+    """``value`` (a sequence) as a list; InvalidRequestError naming ``name`` for anything
+    else (a string or a dict would be iterated into characters or keys, None not at all)."""
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidRequestError(name, f"{name} must be {what}, got "
+                                  f"{short_repr(value)} ({type(value).__name__})")
+    return list(value)
 
 class LLM:
     """An engine for offline batched generation.
@@ -89,17 +98,23 @@ class LLM:
         if isinstance(prompts, str | dict) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _as_list("prompts", prompts, "a prompt (text, token ids or a dict) or a list "
+                           "of prompts")
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:
-            params = list(sampling_params)
+            params = _as_list("sampling_params", sampling_params,
+                              "SamplingParams or a list of them, one per prompt")
             if len(params) != len(prompts):
-                raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
-        if priority is not None and len(priority) != len(prompts):
-            raise ValueError(f"got {len(priority)} priorities for {len(prompts)} prompts")
+                raise InvalidRequestError("sampling_params", f"got {len(params)} "
+                                          f"sampling_params for {len(prompts)} prompts")
+        if priority is not None:
+            priority = _as_list("priority", priority, "a list of integers, one per prompt")
+            if len(priority) != len(prompts):
+                raise InvalidRequestError("priority", f"got {len(priority)} priority values for "
+                                          f"{len(prompts)} prompts")
         engine = self.llm_engine
         if self._replicas is not None:
             return self._generate_on_replicas(prompts, params, priority, use_tqdm)
