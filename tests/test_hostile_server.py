@@ -307,14 +307,20 @@ def test_unexpected_exception_is_json_500(engine, which):
 
 def test_malformed_bodies(engine, apps):
     deep = b"[" * 100_000 + b"]" * 100_000
+    # Each says why (the OpenAI app said "There was an error parsing the body" for the
+    # bodies FastAPI cannot decode, and "JSON decode error" without the reason).
+    cases = [(b"{not json", "Expecting property name"), (deep, "nested too deeply"),
+             (b'{"prompt": "hi", "n": 1' + b"0" * 5000 + b"}", "4300 digits"),
+             (b'{"prompt": "hi", "user": "\xff"}', "can't decode byte 0xff"),
+             (b'{"prompt": "hi", "temperature": NaN}', "temperature")]
     for app, path in ((apps["openai"], "/v1/completions"), (apps["simple"], "/generate")):
-        for raw in (b"{not json", deep, b'{"prompt": "hi", "n": 1' + b"0" * 5000 + b"}",
-                    b'{"prompt": "hi", "temperature": NaN}'):
-            async def main(app=app, path=path, raw=raw):
+        for raw, why in cases:
+            async def main(app=app, path=path, raw=raw, why=why):
                 async with _client(app) as c:
                     r = await _post(c, path, raw)
                     assert r.status_code == 400, (raw[:40], r.text)
-                    assert r.json()["error"]["code"] == 400
+                    err = r.json()["error"]
+                    assert err["code"] == 400 and why in err["message"], (raw[:40], err)
             asyncio.run(main())
 
 

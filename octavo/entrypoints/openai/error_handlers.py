@@ -23,6 +23,14 @@ def error_response(status: int, message: str, param: str | None = None,
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
+def body_error(cause: BaseException) -> str:
+    """Why a request body could not be read as JSON (bytes that are not UTF-8, an integer
+    of thousands of digits, nesting deeper than the parser's recursion limit)."""
+    if isinstance(cause, RecursionError):
+        return "the request body is not valid JSON: it is nested too deeply"
+    return f"the request body is not valid JSON: {type(cause).__name__}: {cause}"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -35,6 +43,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            # FastAPI's "There was an error parsing the body" hides why: say it.
+            return error_response(400, body_error(exc.__cause__))
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(EngineDeadError)
