@@ -476,7 +476,7 @@ def validation_error(errors: list[dict[str, Any]], shown: int = 5) -> tuple[str,
             loc = loc[1:]
         if e.get("type") == "json_invalid":
             reason = (e.get("ctx") or {}).get("error") or e.get("msg")
-            at = f" at character {loc[0]}" if loc and isinstance(loc[0], int) else ""
+            at = f" (character {loc[0]})" if loc and isinstance(loc[0], int) else ""
             parts.append(f"the request body is not valid JSON: {reason}{at}")
             continue
         if param is None and loc:
