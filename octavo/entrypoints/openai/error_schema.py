@@ -162,7 +162,26 @@ def dataclass_body_schema(cls: type, fields: Iterable[str],
                             for name in sorted(fields)}
     spec.update(extra or {})
     model = create_model(f"{cls.__name__}Body", __config__=ConfigDict(extra="forbid"), **spec)
-    return model.model_json_schema()
+    return _inline_defs(model.model_json_schema())
+
+
+def _inline_defs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with its ``$defs`` references replaced by the definitions: inside an
+    operation's requestBody, "#/$defs/..." would point at the OpenAPI document's root, where
+    no such definitions are (schemathesis then generated a single case for /generate)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)
 
 
 def json_request_body(body_schema: dict[str, Any]) -> dict[str, Any]:
