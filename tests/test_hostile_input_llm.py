@@ -188,3 +188,21 @@ def test_generate_arguments_of_the_wrong_shape(llm, kwargs, field):
         llm.generate(**kwargs, use_tqdm=False)
     assert info.value.param == field and field in str(info.value)
     _still_serves(llm)
+
+
+@pytest.mark.parametrize("messages,what", [
+    ([{"role": "user", "content": 5}], "messages[0].content"),
+    ([{"role": "user", "content": {"text": "hi"}}], "messages[0].content"),
+    ([{"role": "user", "content": ["hi"]}], "messages[0].content"),
+    ([{"role": "user", "content": "hi"}, {"role": 7, "content": "x"}], "messages[1].role"),
+    ([{"role": "user", "content": "hi"}, "not a message"], "messages[1]"),
+    ([[]], "messages is empty"),  # one conversation, empty
+])
+def test_chat_messages_of_the_wrong_type(llm, messages, what):
+    """LLM.chat's messages: a content that is not text, None or a list of parts, a role that
+    is not a string, a message that is not a dict: an InvalidRequestError naming the message
+    (``content=5`` reached the template, which raised a bare TypeError)."""
+    with pytest.raises(InvalidRequestError) as info:
+        llm.chat(messages, use_tqdm=False)
+    assert info.value.param == "messages" and what in str(info.value)
+    _still_serves(llm)

@@ -6,15 +6,36 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from octavo.errors import InvalidRequestError
+
 Conversation = Sequence[Mapping[str, str]]
 
 
 def validate_conversation(messages: Conversation) -> None:
+    """Each message a dict with a string ``role`` and a ``content`` that is text, None or a
+    list of content parts (dicts): anything else reached the template, which failed with a
+    bare TypeError or rendered the value's repr."""
     if not messages:
-        raise ValueError("messages is empty")
+        raise InvalidRequestError("messages", "messages is empty")
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}")
+            raise InvalidRequestError(
+                "messages", f"messages[{i}] must be a dict with 'role' and 'content', "
+                f"got {_short(m)}")
+        if not isinstance(m["role"], str):
+            raise InvalidRequestError(
+                "messages", f"messages[{i}].role must be a string, got {_short(m['role'])}")
+        content = m["content"]
+        if not (content is None or isinstance(content, str) or (
+                isinstance(content, list) and all(isinstance(p, Mapping) for p in content))):
+            raise InvalidRequestError(
+                "messages", f"messages[{i}].content must be a string, None or a list of "
+                f"content parts (dicts), got {_short(content)}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
 
 
 def _template_message(message: Mapping[str, Any]) -> dict[str, Any]:
