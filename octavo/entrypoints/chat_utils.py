@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from octavo.errors import InvalidRequestError
+from octavo.errors import InvalidRequestError, short_repr
 
 Conversation = Sequence[Mapping[str, str]]
 
@@ -34,8 +34,7 @@ def validate_conversation(messages: Conversation) -> None:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+    return f"{short_repr(value)} ({type(value).__name__})"
 
 
 def _template_message(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,6 @@ def _with_prompt_index(error: ValueError, index: int) -> ValueError:
     return ValueError(f"prompt {index}: {error}")
 
 
-
 def _as_list(name: str, value: Any, what: str) -> list[Any]:
     """``value`` (a sequence) as a list; InvalidRequestError naming ``name`` for anything
     else (a string or a dict would be iterated into characters or keys, None not at all)."""
@@ -38,6 +37,7 @@ def _as_list(name: str, value: Any, what: str) -> list[Any]:
         raise InvalidRequestError(name, f"{name} must be {what}, got "
                                   f"{short_repr(value)} ({type(value).__name__})")
     return list(value)
+
 
 class LLM:
     """An engine for offline batched generation.

@@ -42,6 +42,8 @@ def ahead(rows: int) -> int:
     four blocks an SM) loses by it: batch 1 3.823 at 1, 4.096 at 4 ahead; gate_up alone
     43.9 / 47.2 / 53.4 us at 1 / 4 / 8."""
     return envs.bnb4_cuda_ahead(1 if rows == 1 else 8)
+
+
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 

@@ -58,7 +58,7 @@ __device__ __forceinline__ void bnb4_gemv(const uint8_t* __restrict__ q,
   const int row_end = min(n, row0 + rows_per_cta);
   for (int r0 = row0 + warp; r0 < row_end; r0 += WARPS * AHEAD) {
     // AHEAD rows' bytes and scales loaded before any arithmetic: AHEAD x 512 bytes a warp in
-    // flight (one row's loads alone left a 4-row launch, ~160 registers a lane and so one
+    // flight (one row's loads alone left a 4-row launch, 168 registers a lane and so one
     // block an SM, short of bytes in flight).
     uint4 w[AHEAD];
     float a[AHEAD];
