@@ -22,11 +22,21 @@ class InvalidRequestError(ValueError):
 
 
 class RequestFailedError(RuntimeError):
-    """A request ended by a fault traced to it while a step ran; others were unaffected."""
+    """A request ended by a fault traced to it while a step ran; others were unaffected.
 
-    def __init__(self, request_id: str, message: str) -> None:
+    ``param`` is set when the request's own fields are at fault, found only once it ran (a
+    structured-output grammar that its ``min_tokens`` or ``allowed_token_ids`` leave no
+    token): a client error (``status`` 400) naming that field. Without it the fault was the
+    engine's or user code's (a logits processor, detokenization): ``status`` 500."""
+
+    def __init__(self, request_id: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.request_id = request_id
+        self.param = param
+
+    @property
+    def status(self) -> int:
+        return 500 if self.param is None else 400
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

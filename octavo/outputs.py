@@ -78,13 +78,16 @@ class RequestOutput:
     num_cached_tokens: int | None = 0
     # Set when a fault traced to this request ended it (finish_reason "error"): the reason.
     error: str | None = None
+    # With ``error``: the request's own field at fault (its constraints conflicted), or None
+    # when the fault was not the client's (RequestFailedError.param).
+    error_param: str | None = None
 
     def __reduce__(self):
         # The fields by position: an engine process pickles one of these per request per
         # step, and the default (a state dict set on a bare object) loaded 7x slower.
         return (type(self), (self.request_id, self.prompt, self.prompt_token_ids,
                              self.prompt_logprobs, self.outputs, self.finished, self.metrics,
-                             self.num_cached_tokens, self.error))
+                             self.num_cached_tokens, self.error, self.error_param))
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output for the same request into this one.
@@ -95,7 +98,8 @@ class RequestOutput:
         self.finished |= next_output.finished
         self.metrics = next_output.metrics
         self.num_cached_tokens = next_output.num_cached_tokens
-        self.error = next_output.error or self.error
+        if next_output.error is not None:
+            self.error, self.error_param = next_output.error, next_output.error_param
         by_index = {c.index: i for i, c in enumerate(self.outputs)}
         for nxt in next_output.outputs:
             i = by_index.get(nxt.index)

@@ -370,7 +370,8 @@ class AsyncLLM:
             if out.error is not None:  # a fault of this request's own: it alone fails
                 del self._streams[out.request_id]
                 finished.append(FinishedRequestStats("error", now - stream.arrival, None))
-                self._put(stream, RequestFailedError(out.request_id, out.error))
+                self._put(stream, RequestFailedError(out.request_id, out.error,
+                                                     out.error_param))
                 continue
             if out.finished:
                 del self._streams[out.request_id]
@@ -403,7 +404,7 @@ class AsyncLLM:
         job_id = self._beams.job_of(out.request_id).request_id
         try:
             if out.error is not None:
-                raise RequestFailedError(job_id, out.error)
+                raise RequestFailedError(job_id, out.error, out.error_param)
             job = self._beams.consume(out)
             if job is None:
                 return

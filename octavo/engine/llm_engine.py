@@ -21,6 +21,7 @@ from octavo.executor.registry import get_executor_class
 from octavo.metrics.step_timings import StepTimings, StepTrace
 from octavo.outputs import CompletionOutput, RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
+from octavo.structured_output.request_state import conflict as grammar_conflict
 
 logger = logging.getLogger(__name__)
 
@@ -309,11 +310,11 @@ class LLMEngine:
                 num_prompt += req.num_prompt_tokens
                 state.num_cached_tokens = req.num_cached_tokens
             if state.grammar is not None and not state.grammar.accept(token):
-                # Only when other constraints (min_tokens, allowed_token_ids, logit_bias)
-                # left no token the grammar allows: end this request, not the batch.
-                failed[req.request_id] = (f"the sampled token {token} is not allowed by the "
-                                          "request's structured output grammar (its other "
-                                          "sampling constraints left no allowed token)")
+                # Only when other constraints (min_tokens, allowed_token_ids, bad_words)
+                # left no token the grammar allows: end this request, not the batch, with
+                # a client error naming the field.
+                failed[req.request_id] = grammar_conflict(state.params,
+                                                          req.num_output_tokens - 1)
                 continue
             try:
                 out, done = self._output_for(req, state, token, finished_ids, lp, stopped)
@@ -370,13 +371,15 @@ class LLMEngine:
             state.plain = True
         return out, done
 
-    def _fail_requests(self, failed: dict[str, str]) -> list[RequestOutput]:
+    def _fail_requests(self, failed: dict[str, str | tuple[str, str]]) -> list[RequestOutput]:
         """End requests whose own step work failed: their blocks go back to the pool now and
         each user request gets one final output carrying the error. A failed sample fails its
-        whole parent (its siblings are aborted)."""
+        whole parent (its siblings are aborted). A value is the reason, or (reason, field)
+        when the request's own fields were at fault."""
         outputs: list[RequestOutput] = []
         done_parents: set[str] = set()
         for rid, message in failed.items():
+            message, param = message if isinstance(message, tuple) else (message, None)
             state = self.states.pop(rid, None)
             link = self._child_parent.pop(rid, None)
             self.scheduler.finish_requests([rid], RequestStatus.FINISHED_ERROR)
@@ -395,7 +398,8 @@ class LLMEngine:
                 outputs=[CompletionOutput(index=0, text="", token_ids=[],
                                           cumulative_logprob=None, logprobs=None,
                                           finish_reason="error")],
-                finished=True, error=str(RequestFailedError(user_id, message)))
+                finished=True, error=str(RequestFailedError(user_id, message)),
+                error_param=param)
             outputs.append(out)
         return outputs
 

@@ -14,8 +14,10 @@ Replica -> router (a list of these per send):
     ("delta", request_id, index, text, token_ids)
                                      a later unfinished one of one completion without
                                      logprobs (most of a stream), as plain values
-    ("fail", request_id, kind, text) kind: "invalid" (ValueError), "failed" (the request
-                                     failed in the engine), "dead" (the engine died)
+    ("fail", request_id, kind, text, param)
+                                     kind: "invalid" (ValueError), "failed" (the request
+                                     failed in the engine), "dead" (the engine died);
+                                     param: the request's field at fault, or None
     ("stats", snapshot, stuck_s)     every STATS_INTERVAL_S: the replica's Prometheus
                                      snapshot (``metrics.snapshot``) and the seconds its
                                      engine has had requests without finishing a step;
@@ -29,7 +31,7 @@ import threading
 from dataclasses import dataclass
 
 from octavo.engine.arg_utils import EngineArgs
-from octavo.errors import RequestFailedError
+from octavo.errors import InvalidRequestError, RequestFailedError
 
 # A replica sends its stats (and so shows it is alive) this often, busy or idle.
 STATS_INTERVAL_S = 0.5
@@ -88,11 +90,13 @@ def fail_message(request_id: str, error: BaseException) -> tuple:
         kind = "invalid"
     else:
         kind = "failed"
-    return ("fail", request_id, kind, str(error))
+    return ("fail", request_id, kind, str(error), getattr(error, "param", None))
 
 
-def fail_error(request_id: str, kind: str, text: str, replica: int) -> BaseException:
+def fail_error(request_id: str, kind: str, text: str, param: str | None,
+               replica: int) -> BaseException:
     """The exception a ("fail", ...) message stands for, on the router's side."""
-    if kind == "invalid":
-        return ValueError(text)
-    return RequestFailedError(request_id, f"replica {replica}: {text}")
+    if kind == "invalid":  # the field named, as the replica's InvalidRequestError did
+        return InvalidRequestError(param, text)
+    return RequestFailedError(request_id, f"replica {replica}: {text}",
+                              param if kind == "failed" else None)

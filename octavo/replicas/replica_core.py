@@ -104,7 +104,7 @@ class ReplicaCore:
                 return
             if request_id in self._live:
                 self.outbox.put(("fail", request_id, "invalid",
-                                 f"request_id {request_id!r} is already in use"))
+                                 f"request_id {request_id!r} is already in use", None))
                 return
             if not self._live:  # busy from now: the step clock runs from here
                 self._clock.last = time.monotonic()

@@ -299,7 +299,7 @@ class ReplicaRouter:
             else:
                 del self._streams[request_id]
                 slot.in_flight -= 1
-                deliveries.append((stream, fail_error(request_id, msg[2], msg[3], slot.index)))
+                deliveries.append((stream, fail_error(request_id, *msg[2:5], slot.index)))
         _deliver_all(deliveries)
 
     def _on_death(self, slot: ReplicaSlot, handle, why: str) -> None:

@@ -13,6 +13,7 @@ from octavo.entrypoints.openai.protocol import (
     APIError,
     error_body,
     error_param,
+    failed_error,
     validation_error,
 )
 from octavo.errors import RequestFailedError
@@ -58,4 +59,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestFailedError)
     async def _failed(request: Request, exc: RequestFailedError):
-        return error_response(500, f"the request failed in the engine: {exc}")
+        return error_response(*failed_error(exc))

@@ -4,7 +4,9 @@ Every field is strict: a boolean is not an integer or a token id, ``"yes"`` is n
 ``1.5`` is not an integer and ``"0.5"`` is not a number (float fields still take JSON
 integers). Integers are bounded here, so the OpenAPI schema says so and a 2**63 is a 400
 naming its field instead of an overflow deep in the engine; limits that depend on the model
-(vocabulary, ``max_logprobs``, ``max_n``, the context) are the engine processor's. Text
+(vocabulary, ``max_logprobs``, ``max_n``, the context) are the engine processor's. Lists
+whose items cost the engine work (prompts, stop strings, bad words, token ids, messages) are
+capped too (``octavo.entrypoints.request_limits``), checked before their items. Text
 must be encodable as UTF-8: a lone surrogate such as ``"\\ud800"`` is refused by name.
 """
 
@@ -17,15 +19,29 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
     StrictBool,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
-from octavo.errors import InvalidRequestError
+from octavo.entrypoints.request_limits import (
+    LIST_LIMITS,
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORDS,
+    MAX_MESSAGES,
+    MAX_PROMPTS,
+    MAX_STOP,
+    MAX_STOP_TOKEN_IDS,
+    prompt_count,
+    too_many,
+)
+from octavo.errors import InvalidRequestError, RequestFailedError
 from octavo.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from octavo.structured_output.params import KINDS as STRUCTURED_KINDS
 from octavo.structured_output.params import as_structured_outputs
@@ -40,8 +56,8 @@ class APIError(Exception):
     """An error returned to the client as {"error": {message, type, param, code}}."""
 
     TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-             413: "RequestEntityTooLarge", 429: "RateLimitError", 500: "InternalServerError",
-             503: "ServiceUnavailableError"}
+             408: "RequestTimeoutError", 413: "RequestEntityTooLarge", 429: "RateLimitError",
+             500: "InternalServerError", 503: "ServiceUnavailableError"}
 
     def __init__(self, status: int, message: str, param: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -85,6 +101,14 @@ def error_param(e: BaseException) -> str | None:
 SAMPLING_FIELD_NAMES = frozenset(SamplingParams.__dataclass_fields__)
 
 
+def failed_error(e: RequestFailedError) -> tuple[int, str, str | None]:
+    """(status, message, param) for a request that failed while it ran: a 400 naming the
+    field when its own constraints were at fault, else a 500."""
+    if e.param is not None:
+        return 400, f"the request cannot be completed: {e}", e.param
+    return 500, f"the request failed in the engine: {e}", None
+
+
 # ------------------------------------------------------------------ strict field types
 def _encodable(text: str) -> str:
     try:
@@ -118,6 +142,21 @@ NonNegInt = Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]
 TokenId = Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]
 Int64 = Annotated[int, Strict(), Field(ge=INT64_MIN, le=INT64_MAX)]
 _DIGITS = re.compile(r"[0-9]{1,10}")
+
+
+def _refuse_too_many(value: Any, limit: int, what: str = "entries") -> Any:
+    """``value`` unless it is a list longer than ``limit`` (request_limits): checked before
+    pydantic validates a million items one by one on the event loop."""
+    reason = too_many(value, limit, what)
+    if reason is not None:
+        raise PydanticCustomError("too_long", reason)
+    return value
+
+
+def _capped(limit: int, what: str) -> BeforeValidator:
+    """A list type's cap (its ``Field(max_length=...)`` states it in the schema), checked
+    before the items."""
+    return BeforeValidator(lambda value: _refuse_too_many(value, limit, what))
 
 
 class StreamOptions(BaseModel):
@@ -163,8 +202,8 @@ class _SamplingRequest(BaseModel):
     seed: Annotated[int, Strict(), Field(ge=INT64_MIN, le=2**64 - 1)] | None = None
     # vLLM's extension: lower values are served first under --scheduling-policy priority.
     priority: Int64 = 0
-    stop: Text | list[Text] | None = None
-    stop_token_ids: list[TokenId] | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=MAX_STOP)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     presence_penalty: Annotated[Float, Field(ge=-2, le=2)] = 0.0
@@ -177,8 +216,9 @@ class _SamplingRequest(BaseModel):
     user: Text | None = None
     # OpenAI's field: token id (a string of digits, JSON keys being strings) -> bias.
     logit_bias: dict[Text, Annotated[Float, Field(ge=-100, le=100)]] | None = None
-    allowed_token_ids: list[TokenId] | None = None
-    bad_words: list[Text] | None = None
+    allowed_token_ids: Annotated[list[TokenId],
+                                 Field(max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
+    bad_words: Annotated[list[Text], Field(max_length=MAX_BAD_WORDS)] | None = None
     # Keep only the last k prompt tokens (-1: the model's maximum length).
     truncate_prompt_tokens: Annotated[int, Strict(), Field(ge=-1, le=INT32_MAX)] | None = None
     # Structured outputs: OpenAI's response_format, vLLM's structured_outputs (the fields of
@@ -191,6 +231,12 @@ class _SamplingRequest(BaseModel):
     guided_grammar: Text | None = None
     guided_decoding_backend: Text | None = None
     guided_whitespace_pattern: Text | None = None
+
+    @field_validator(*LIST_LIMITS, mode="before")
+    @classmethod
+    def _list_limits(cls, value: Any, info: ValidationInfo) -> Any:
+        # Before the union (stop: a string or a list) reports its first member's error.
+        return _refuse_too_many(value, LIST_LIMITS[info.field_name])
 
     @field_validator("logit_bias")
     @classmethod
@@ -284,7 +330,8 @@ class _SamplingRequest(BaseModel):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    prompt: (Text | Annotated[list[Text], Field(max_length=MAX_PROMPTS)] | list[TokenId]
+             | Annotated[list[list[TokenId]], Field(max_length=MAX_PROMPTS)])
     max_tokens: Count | None = 16
     echo: StrictBool = False
     logprobs: NonNegInt | None = None
@@ -295,6 +342,13 @@ class CompletionRequest(_SamplingRequest):
     use_beam_search: StrictBool = False
     length_penalty: Float = 1.0
     early_stopping: StrictBool | Literal["never"] = False
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_limit(cls, value: Any) -> Any:
+        if prompt_count(value) > 1:  # (a list of token ids is one prompt, of any length)
+            _refuse_too_many(value, MAX_PROMPTS, "prompts")
+        return value
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
                          stream: bool) -> SamplingParams:
@@ -348,7 +402,8 @@ class NamedToolChoice(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingRequest):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES),
+                        _capped(MAX_MESSAGES, "messages")]
     # Tool calls: the tools reach the chat template; tool_choice "required" and a named
     # function are enforced with structured outputs, "auto" is parsed (--tool-call-parser).
     tools: list[ChatTool] | None = None
@@ -428,7 +483,8 @@ class ChatCompletionRequest(_SamplingRequest):
 class TokenizeRequest(BaseModel):
     model: Text | None = None
     prompt: Text | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES),
+                        _capped(MAX_MESSAGES, "messages")] | None = None
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
 

@@ -19,7 +19,7 @@ from fastapi.responses import Response
 
 from octavo.engine.async_llm import AsyncLLM, EngineDeadError
 from octavo.engine.processor import PromptType, check_context_length
-from octavo.entrypoints.openai.protocol import APIError, error_body, error_param
+from octavo.entrypoints.openai.protocol import APIError, error_body, error_param, failed_error
 from octavo.errors import InvalidRequestError, RequestFailedError
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
@@ -287,7 +287,7 @@ class OpenAIServing:
                 if raw_request is not None and await raw_request.is_disconnected():
                     return None
         except RequestFailedError as e:
-            raise APIError(500, f"the request failed in the engine: {e}") from None
+            raise APIError(*failed_error(e)) from None
         finally:
             if not task.done():
                 task.cancel()
@@ -344,7 +344,7 @@ def stream_error(e: BaseException) -> dict[str, Any]:
     if isinstance(e, EngineDeadError):
         return error_body(503, str(e))
     if isinstance(e, RequestFailedError):
-        return error_body(500, f"the request failed in the engine: {e}")
+        return error_body(*failed_error(e))
     if isinstance(e, ValueError):
         return error_body(400, str(e), error_param(e))
     logger.error("stream ended by an unexpected error", exc_info=e)
