@@ -237,6 +237,65 @@ def test_async_logits_processor_fault_fails_its_stream_only(tiny_dir):
         allm.shutdown()
 
 
+def _raiser(exc_type):
+    def processor(output_ids, logits):
+        if len(output_ids) == 2:
+            raise exc_type("from user code")
+        return logits
+    return processor
+
+
+@pytest.mark.parametrize("exc_type", [SystemExit, KeyboardInterrupt, GeneratorExit,
+                                      asyncio.CancelledError])
+def test_async_base_exception_from_a_processor_fails_its_stream_only(tiny_dir, exc_type):
+    """Not an Exception: raised as it was, it ended the engine thread (EngineDeadError for
+    every request, the server gone). On the engine thread it is user code's, not Ctrl-C."""
+    allm = AsyncLLM.from_engine_args(_args(tiny_dir))
+
+    async def main():
+        ok = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+        bad = SamplingParams(max_tokens=5, ignore_eos=True,
+                             logits_processors=[_raiser(exc_type)])
+        results = await asyncio.gather(
+            _collect(allm, {"prompt_token_ids": PROMPTS[0]}, ok, "ok"),
+            _collect(allm, {"prompt_token_ids": PROMPTS[1]}, bad, "bad"),
+            return_exceptions=True)
+        assert isinstance(results[1], RequestFailedError), results[1]
+        assert exc_type.__name__ in str(results[1]) and "from user code" in str(results[1])
+        assert len(results[0][-1].outputs[0].token_ids) == 5
+        later = await _collect(allm, {"prompt_token_ids": PROMPTS[2]}, ok, "later")
+        assert len(later[-1].outputs[0].token_ids) == 5
+
+    try:
+        asyncio.run(main())
+        assert allm.num_restarts == 0 and not allm.errored
+        assert _pool_is_full(allm.engine)
+    finally:
+        allm.shutdown()
+
+
+def test_offline_system_exit_from_a_processor_fails_its_request(llm):
+    greedy = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    bad = SamplingParams(max_tokens=5, ignore_eos=True, logits_processors=[_raiser(SystemExit)])
+    got = llm.generate(_ids(PROMPTS[:2]), [greedy, bad], use_tqdm=False)
+    assert got[0].error is None and len(got[0].outputs[0].token_ids) == 5
+    assert "SystemExit('from user code')" in got[1].error
+    assert _pool_is_full(llm.llm_engine)
+
+
+def test_offline_keyboard_interrupt_still_stops_generate_and_loses_nothing(llm):
+    """On the main thread a KeyboardInterrupt may be Ctrl-C: it stops the caller, and the
+    engine drops the batch's requests on the way out, so the LLM serves on."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    bad = SamplingParams(max_tokens=5, ignore_eos=True,
+                         logits_processors=[_raiser(KeyboardInterrupt)])
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(_ids(PROMPTS[:2]), [greedy, bad], use_tqdm=False)
+    assert not llm.llm_engine.states and _pool_is_full(llm.llm_engine)
+    again = llm.generate(_ids(PROMPTS[:1]), greedy, use_tqdm=False)
+    assert len(again[0].outputs[0].token_ids) == 5
+
+
 def test_metrics_follow_the_engine_across_a_restart(tiny_dir):
     pytest.importorskip("prometheus_client")
     from octavo.metrics.prometheus import PrometheusStatLogger

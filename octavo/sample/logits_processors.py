@@ -8,6 +8,7 @@ it; the other rows cost nothing.
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -133,8 +134,21 @@ def _user_processor(fn, ctx: RowContext, row: torch.Tensor) -> torch.Tensor:
         three = len(inspect.signature(fn).parameters) == 3
     except (TypeError, ValueError):  # builtins without a signature: the common form
         three = False
-    out = (fn(list(ctx.prompt_token_ids), list(ctx.output_token_ids), row) if three
-           else fn(list(ctx.output_token_ids), row))
+    try:
+        out = (fn(list(ctx.prompt_token_ids), list(ctx.output_token_ids), row) if three
+               else fn(list(ctx.output_token_ids), row))
+    except Exception:
+        raise
+    except BaseException as e:
+        # SystemExit, GeneratorExit, CancelledError... from user code. Raised as they are,
+        # they killed the engine thread, and every request of a server with it; as an
+        # Exception this request alone ends. Only KeyboardInterrupt on the main thread goes
+        # on as it is: there it may be Ctrl-C (signals reach only the main thread), which
+        # must still stop the caller (the engine drops its requests on the way out).
+        if isinstance(e, KeyboardInterrupt) and threading.current_thread() is \
+                threading.main_thread():
+            raise
+        raise RuntimeError(f"logits processor {fn!r} raised {e!r}") from e
     if not isinstance(out, torch.Tensor) or out.shape != row.shape:
         raise ValueError(f"logits processor {fn!r} must return a tensor of shape "
                          f"{tuple(row.shape)}, got {type(out).__name__}"
