@@ -212,6 +212,19 @@ def test_accepted_prompt_forms_agree(tiny, baseline):
     assert tiny.generate([], GREEDY, use_tqdm=False) == []
 
 
+def test_offline_batches_are_not_capped_like_server_requests(tiny):
+    """The servers' request limits (request_limits.py) are theirs: a user's offline batch
+    may hold more prompts, and its params more stop token ids, than one HTTP request."""
+    from octavo.entrypoints.request_limits import MAX_PROMPTS, MAX_STOP_TOKEN_IDS
+
+    prompts = [[3 + i % (VOCAB - 3)] for i in range(MAX_PROMPTS + 1)]
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
+                            stop_token_ids=[VOCAB - 1] * (MAX_STOP_TOKEN_IDS + 1))
+    outs = tiny.generate(prompts, params, use_tqdm=False)
+    assert len(outs) == MAX_PROMPTS + 1
+    assert all(len(o.outputs[0].token_ids) == 1 for o in outs)
+
+
 def test_output_order_and_per_prompt_params(tiny, baseline):
     # The first prompt runs longest and the last shortest: they finish in reverse order.
     lengths = [12, 9, 5, 1]

@@ -45,6 +45,7 @@ from octavo.entrypoints.openai.serving_engine import (
     random_id,
     stream_error,
 )
+from octavo.entrypoints.request_limits import LIST_LIMITS, too_many
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
@@ -90,6 +91,10 @@ def parse_generate_request(body: bytes) -> tuple[str, bool, SamplingParams]:
         raise APIError(400, f"unknown field(s) {[u[:40] for u in unknown[:5]]}; accepted: "
                        f"prompt, stream, and the SamplingParams fields "
                        f"{sorted(SAMPLING_FIELDS)}", param=unknown[0][:40])
+    for field, limit in LIST_LIMITS.items():  # before SamplingParams checks every item
+        reason = too_many(data.get(field), limit)
+        if reason is not None:
+            raise APIError(400, f"{field}: {reason}", param=field)
     try:
         params = SamplingParams(**data, output_kind=RequestOutputKind.CUMULATIVE)
     except (ValueError, TypeError, OverflowError) as e:

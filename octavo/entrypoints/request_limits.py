@@ -1,0 +1,55 @@
+"""How much one request to the servers may send: caps on the lists behind per-request and
+per-step work in the engine, so that a request with a million stop strings or a hundred
+thousand prompts is a 400 (naming the field, the count and the limit) before anything is
+validated item by item, tokenized or queued.
+
+Server limits only: offline ``LLM.generate`` takes any number of prompts, stop strings and
+so on from its own user. Each cap is generous next to real use (OpenAI's API takes at most 4
+stop sequences); vLLM has none. Not capped here: ``logit_bias``, whose keys are distinct
+token ids, each checked against the vocabulary before the request is queued.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Prompts in one completions request (strings or token-id lists): each is tokenized and
+# becomes an engine request of its own.
+MAX_PROMPTS = 1024
+# Stop strings: each is searched for in the new text after every token.
+MAX_STOP = 1024
+# Words to ban: each is tokenized twice (alone and after a space) and indexed.
+MAX_BAD_WORDS = 4096
+# Stop token ids: looked up in the list after every token (and made a set every step while
+# short of min_tokens).
+MAX_STOP_TOKEN_IDS = 1024
+# Allowed token ids: every step builds a tensor of the list. As many as the largest
+# vocabularies hold (262,144 tokens): a longer list can only repeat ids.
+MAX_ALLOWED_TOKEN_IDS = 2**18
+# Chat messages (chat completions, /tokenize): each is validated and rendered by the chat
+# template.
+MAX_MESSAGES = 4096
+
+# Sampling fields both servers take -> the most entries a request may send.
+LIST_LIMITS: dict[str, int] = {
+    "stop": MAX_STOP,
+    "bad_words": MAX_BAD_WORDS,
+    "stop_token_ids": MAX_STOP_TOKEN_IDS,
+    "allowed_token_ids": MAX_ALLOWED_TOKEN_IDS,
+}
+
+
+def too_many(value: Any, limit: int, what: str = "entries") -> str | None:
+    """Why ``value`` (a request's list) is refused, or None when it fits. Anything but a list
+    (a single stop string, a wrong type) is left to the field's own validation."""
+    if isinstance(value, list) and len(value) > limit:
+        return (f"{len(value)} {what}, more than this server's limit of {limit} per request")
+    return None
+
+
+def prompt_count(prompt: Any) -> int:
+    """How many prompts a completions ``prompt`` holds: a list of token ids is one prompt,
+    a list of strings or of token-id lists one per item."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return len(prompt)
+    return 1

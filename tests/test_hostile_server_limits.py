@@ -1,0 +1,157 @@
+"""Hostile requests that ask the servers for too much (found by the fuzz campaign): lists of
+a million items (stop strings, prompts, bad words, token ids, chat messages).
+
+Each is refused up front in OpenAI's error shape, naming the field and the limit, and leaves
+the server serving a normal request with every KV block back in the pool. Offline
+``LLM.generate`` takes any number of prompts (tests/test_offline_api.py): these are server
+limits (octavo/entrypoints/request_limits.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+try:
+    import httpx
+except ImportError:  # newer openai releases ship the same client as httpx2
+    httpx = pytest.importorskip("httpx2")
+
+from octavo.engine.arg_utils import EngineArgs  # noqa: E402
+from octavo.engine.async_llm import AsyncLLM  # noqa: E402
+from octavo.entrypoints import api_server as simple_server  # noqa: E402
+from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # noqa: E402
+from octavo.entrypoints.request_limits import (  # noqa: E402
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORDS,
+    MAX_MESSAGES,
+    MAX_PROMPTS,
+    MAX_STOP,
+    MAX_STOP_TOKEN_IDS,
+)
+from tests.running_server import wait_idle  # noqa: E402
+from tests.test_hostile_server import (  # noqa: E402
+    CHAT,
+    COMPLETION,
+    GENERATE,
+    VOCAB,
+    _client,
+    _post,
+    expect_refused,
+)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    llm = AsyncLLM.from_engine_args(EngineArgs(max_model_len=512, max_num_seqs=64))
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def apps(engine):
+    return {"openai": build_app(engine, ServerSettings(shutdown_engine=False)),
+            "simple": simple_server.build_app(engine, shutdown_engine=False)}
+
+
+@pytest.fixture(autouse=True)
+def _settle(engine):
+    yield
+    wait_idle(engine)
+
+
+@pytest.fixture
+def generate_calls(engine, monkeypatch) -> list[str]:
+    """The request ids the servers hand the engine (AsyncLLM.generate), in order."""
+    calls: list[str] = []
+    real = engine.generate
+
+    async def counting(prompt, params, request_id, **kw):
+        calls.append(request_id)
+        stream = real(prompt, params, request_id, **kw)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            await stream.aclose()
+
+    monkeypatch.setattr(engine, "generate", counting)
+    return calls
+
+
+# ------------------------------------------------------------------ too many items
+_MESSAGE = {"role": "user", "content": "hi"}
+# field -> (a value over the limit, the limit)
+_LISTS = {
+    "stop": (["x"] * 10**6, MAX_STOP),
+    "bad_words": ([f"w{i}" for i in range(MAX_BAD_WORDS + 1)], MAX_BAD_WORDS),
+    "stop_token_ids": ([1] * 100_000, MAX_STOP_TOKEN_IDS),
+    "allowed_token_ids": ([1] * (MAX_ALLOWED_TOKEN_IDS + 1), MAX_ALLOWED_TOKEN_IDS),
+}
+_TOO_MANY = [
+    *[("openai", "/v1/completions", {**COMPLETION, f: v}, f, len(v), lim)
+      for f, (v, lim) in _LISTS.items()],
+    ("openai", "/v1/completions", {**COMPLETION, "prompt": ["hi"] * 100_000}, "prompt",
+     100_000, MAX_PROMPTS),
+    ("openai", "/v1/completions", {**COMPLETION, "prompt": [[1, 2]] * 100_000}, "prompt",
+     100_000, MAX_PROMPTS),
+    *[("openai", "/v1/chat/completions", {**CHAT, f: v}, f, len(v), lim)
+      for f, (v, lim) in _LISTS.items()],
+    ("openai", "/v1/chat/completions", {**CHAT, "messages": [_MESSAGE] * (MAX_MESSAGES + 1)},
+     "messages", MAX_MESSAGES + 1, MAX_MESSAGES),
+    ("openai", "/tokenize", {"messages": [_MESSAGE] * 100_000}, "messages", 100_000,
+     MAX_MESSAGES),
+    *[("simple", "/generate", {**GENERATE, f: v}, f, len(v), lim)
+      for f, (v, lim) in _LISTS.items()],
+]
+
+
+@pytest.mark.parametrize("app_name, path, body, param, count, limit", [
+    pytest.param(*case, id=f"{case[1]}:{case[3]}") for case in _TOO_MANY])
+def test_too_many_items_refused_up_front(engine, apps, generate_calls, app_name, path, body,
+                                         param, count, limit):
+    t0 = time.monotonic()
+    err = expect_refused(engine, apps[app_name], path, body, param)
+    assert f"{count} " in err["message"] and f"limit of {limit} per request" in err["message"]
+    assert err["message"].startswith(f"{param}: "), err
+    # Nothing of the refused request reached the engine: only the normal one that followed.
+    assert len(generate_calls) == (0 if path == "/tokenize" else 1), generate_calls
+    print(f"{path} {param}: refused and served again in {time.monotonic() - t0:.2f} s")
+
+
+def test_lists_at_the_limit_are_served(engine, apps):
+    """The caps leave room: every list at its limit is a normal request on both servers."""
+    at_limit = {"stop": [f"zq{i}" for i in range(MAX_STOP)],
+                "bad_words": [f"zq{i}" for i in range(MAX_BAD_WORDS)],
+                "stop_token_ids": [VOCAB - 1] * MAX_STOP_TOKEN_IDS,
+                "allowed_token_ids": [i % VOCAB for i in range(MAX_ALLOWED_TOKEN_IDS)]}
+
+    async def main():
+        for app, path, base in ((apps["openai"], "/v1/completions", COMPLETION),
+                                (apps["openai"], "/v1/chat/completions", CHAT),
+                                (apps["simple"], "/generate", GENERATE)):
+            async with _client(app) as c:
+                r = await _post(c, path, {**base, **at_limit})
+                assert r.status_code == 200, (path, r.text[:300])
+
+    asyncio.run(main())
+
+
+def test_schema_states_the_list_limits(apps):
+    schemas = apps["openai"].openapi()["components"]["schemas"]
+    props = schemas["CompletionRequest"]["properties"]
+
+    def max_items(spec: dict) -> list[int]:
+        return [s["maxItems"] for s in spec.get("anyOf", [spec]) if "maxItems" in s]
+
+    assert max_items(props["prompt"]) == [MAX_PROMPTS, MAX_PROMPTS]
+    assert max_items(props["stop"]) == [MAX_STOP]
+    assert max_items(props["bad_words"]) == [MAX_BAD_WORDS]
+    assert max_items(props["stop_token_ids"]) == [MAX_STOP_TOKEN_IDS]
+    assert max_items(props["allowed_token_ids"]) == [MAX_ALLOWED_TOKEN_IDS]
+    assert max_items(schemas["ChatCompletionRequest"]["properties"]["messages"]) == [
+        MAX_MESSAGES]
