@@ -1,15 +1,18 @@
 """Hostile requests that ask the servers for too much (found by the fuzz campaign): lists of
-a million items (stop strings, prompts, bad words, token ids, chat messages).
+a million items (stop strings, prompts, bad words, token ids, chat messages), a body
+trickled a byte at a time (slowloris).
 
 Each is refused up front in OpenAI's error shape, naming the field and the limit, and leaves
 the server serving a normal request with every KV block back in the pool. Offline
 ``LLM.generate`` takes any number of prompts (tests/test_offline_api.py): these are server
-limits (octavo/entrypoints/request_limits.py).
+limits (octavo/entrypoints/request_limits.py, --request-body-timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 
 import pytest
@@ -33,11 +36,12 @@ from octavo.entrypoints.request_limits import (  # noqa: E402
     MAX_STOP,
     MAX_STOP_TOKEN_IDS,
 )
-from tests.running_server import wait_idle  # noqa: E402
+from tests.running_server import RunningServer, wait_idle  # noqa: E402
 from tests.test_hostile_server import (  # noqa: E402
     CHAT,
     COMPLETION,
     GENERATE,
+    NORMAL,
     VOCAB,
     _client,
     _post,
@@ -155,3 +159,97 @@ def test_schema_states_the_list_limits(apps):
     assert max_items(props["allowed_token_ids"]) == [MAX_ALLOWED_TOKEN_IDS]
     assert max_items(schemas["ChatCompletionRequest"]["properties"]["messages"]) == [
         MAX_MESSAGES]
+
+
+# ------------------------------------------------------------------ a body trickled in
+def _read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, bool]:
+    """What the server sends until it closes the connection (True) or ``limit_s`` passes."""
+    out = b""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:  # reset: the server closed while bytes were still on their way
+            return out, True
+        if not chunk:
+            return out, True
+        out += chunk
+    return out, False
+
+
+def _trickle(port: int, path: str, limit_s: float) -> tuple[float, bytes, bool]:
+    """Send headers, then the body a byte every 0.05 s (never all of it) until the server
+    answers. (seconds until the answer, the answer, whether the server closed)"""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=0.05)
+    try:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json"
+                     f"\r\nContent-Length: 100000\r\n\r\n".encode())
+        t0 = time.monotonic()
+        answer = b""
+        while not answer and time.monotonic() - t0 < limit_s:
+            try:
+                sock.sendall(b" ")
+                answer = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:  # closed under us: the answer, if any, is still to read
+                break
+        elapsed = time.monotonic() - t0
+        rest, closed = _read_until_closed(sock, limit_s)
+        return elapsed, answer + rest, closed
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("which", ["openai", "simple"])
+def test_slow_body_is_a_408(engine, which):
+    timeout = 0.5
+    app = (build_app(engine, ServerSettings(shutdown_engine=False,
+                                            request_body_timeout=timeout))
+           if which == "openai" else
+           simple_server.build_app(engine, shutdown_engine=False, request_body_timeout=timeout))
+    path = "/v1/completions" if which == "openai" else "/generate"
+    srv = RunningServer(app)
+    try:
+        elapsed, raw, closed = _trickle(srv.port, path, limit_s=10)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), raw[:300]
+        assert b"content-type: application/json" in head.lower()
+        assert b"connection: close" in head.lower()  # the rest of the body is never read
+        assert closed, "the server kept the connection open"
+        err = json.loads(body)["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        assert err["code"] == 408 and err["type"] == "RequestTimeoutError"
+        assert "0.5 s" in err["message"] and "--request-body-timeout" in err["message"]
+        # The deadline is for the whole body, not between bytes (which came every 0.05 s).
+        assert timeout <= elapsed < timeout + 3, elapsed
+        with httpx.Client(base_url=srv.base_url, timeout=60) as c:
+            assert c.get("/health").status_code == 200
+            ok = c.post(path, json=NORMAL[path])
+            assert ok.status_code == 200, ok.text
+    finally:
+        srv.stop()
+    wait_idle(engine)
+    pool = engine.engine.scheduler.kv.pool
+    assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_body_arriving_in_time_is_served(engine):
+    """A body sent in pieces within the bound is read whole (the bound is not per read)."""
+    app = build_app(engine, ServerSettings(shutdown_engine=False, request_body_timeout=5.0))
+    raw = json.dumps(COMPLETION).encode()
+    srv = RunningServer(app)
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: "
+                         b"application/json\r\nConnection: close\r\nContent-Length: "
+                         + str(len(raw)).encode() + b"\r\n\r\n")
+            for i in range(0, len(raw), 8):
+                sock.sendall(raw[i:i + 8])
+                time.sleep(0.02)
+            answer, _ = _read_until_closed(sock, 30)
+    finally:
+        srv.stop()
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]

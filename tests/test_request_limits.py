@@ -1,5 +1,6 @@
 """The request limits as flags: --max-logprobs (vLLM's) and --max-n (at most
---max-num-seqs), from the command line to the engine's processor."""
+--max-num-seqs), from the command line to the engine's processor; --request-body-timeout,
+from the command line to both servers' apps."""
 
 from __future__ import annotations
 
@@ -30,3 +31,35 @@ def test_flags_reach_engine_args():
 def test_bad_limits_are_refused_at_startup(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EngineArgs(**kwargs).create_engine_config()
+
+
+def test_request_body_timeout_flag_reaches_both_apps(monkeypatch):
+    """--request-body-timeout (both servers, default 30 s) is the BodyLimitMiddleware's bound
+    on reading a body; 0 or less is refused at startup."""
+    from octavo.entrypoints import api_server as simple_server
+    from octavo.entrypoints.openai import api_server
+    from octavo.entrypoints.openai.middleware import BodyLimitMiddleware
+
+    engine = object()
+    built: list[float] = []
+    monkeypatch.setattr(api_server, "start_engine", lambda args: engine)
+    monkeypatch.setattr(simple_server, "start_engine", lambda args: engine)
+    monkeypatch.setattr(api_server, "build_app",
+                        lambda e, s: built.append(s.request_body_timeout) or "app")
+    monkeypatch.setattr(simple_server, "build_app",
+                        lambda e, *a, **k: built.append(k["request_body_timeout"]) or "app")
+    monkeypatch.setattr(api_server, "serve", lambda app, e, **k: 0)
+    import octavo.entrypoints.launcher as launcher
+    monkeypatch.setattr(launcher, "serve", lambda app, e, **k: 0)
+    monkeypatch.setenv("OCTAVO_FREEZE_STARTUP_HEAP", "0")
+    assert api_server.run_server(make_arg_parser().parse_args([])) == 0
+    assert api_server.run_server(make_arg_parser().parse_args(
+        ["--request-body-timeout", "2.5"])) == 0
+    assert simple_server.run_server(simple_server.make_parser().parse_args(
+        ["--request-body-timeout", "7"])) == 0
+    assert built == [30.0, 2.5, 7.0]
+    for bad in ("0", "-1", "nan"):
+        args = make_arg_parser().parse_args(["--request-body-timeout", bad])
+        assert any("--request-body-timeout must be > 0" in p
+                   for p in api_server.unsupported_flags(args)), bad
+    assert BodyLimitMiddleware(None, 1).timeout == 30.0

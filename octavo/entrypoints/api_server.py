@@ -36,7 +36,11 @@ from octavo.entrypoints.openai.error_schema import (
     document_errors,
     json_request_body,
 )
-from octavo.entrypoints.openai.middleware import AuthRateLimitMiddleware, BodyLimitMiddleware
+from octavo.entrypoints.openai.middleware import (
+    DEFAULT_REQUEST_BODY_TIMEOUT_S,
+    AuthRateLimitMiddleware,
+    BodyLimitMiddleware,
+)
 from octavo.entrypoints.openai.protocol import APIError, error_param
 from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,
@@ -111,7 +115,8 @@ def _texts(prompt: str, out: RequestOutput) -> list[str]:
 def build_app(engine: EngineClient, served_model_names: Sequence[str] | None = None,
               api_key: str | None = None, rate_limit: int | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              shutdown_engine: bool = True) -> FastAPI:
+              shutdown_engine: bool = True,
+              request_body_timeout: float = DEFAULT_REQUEST_BODY_TIMEOUT_S) -> FastAPI:
     names = list(served_model_names or [engine.model_config.served_model_name])
     serving = OpenAIServing(engine, names)
 
@@ -154,7 +159,8 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] | None = N
         return await serving.json_response(lambda: {"text": _texts(prompt, finals[0])})
 
     app.add_middleware(AuthRateLimitMiddleware, api_key=api_key, rate_limit=rate_limit)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes,
+                       timeout=request_body_timeout)
     # Outside everything: whatever escapes is a JSON 500, logged.
     app.add_middleware(ErrorGuardMiddleware)
     return app
@@ -184,7 +190,8 @@ def run_server(args: argparse.Namespace) -> int:
     if engine is None:
         return 2
     app = build_app(engine, args.served_model_name, api_key=args.api_key,
-                    rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes)
+                    rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
+                    request_body_timeout=args.request_body_timeout)
     return serve(app, engine, host=args.host or DEFAULT_HOST, port=args.port,
                  log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
                  forwarded_allow_ips=args.forwarded_allow_ips)

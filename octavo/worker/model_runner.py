@@ -34,6 +34,8 @@ from octavo.worker.step_handle import PendingSample, StepHandle
 logger = logging.getLogger(__name__)
 
 _SEED_STRIDE = 0x9E3779B1  # spreads (seed, step) pairs over the generator's seed space
+# Float32 logits a prompt_logprobs slice may hold at once (its log-softmax doubles it).
+PROMPT_LOGPROBS_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -457,19 +459,31 @@ class ModelRunner:
             if end <= nc:
                 continue
             start = int(qsl[i])
-            lp = torch.log_softmax(
-                self.model.compute_logits(hidden[start: start + end - nc]).float(), dim=-1)
             targets = st.token_ids[nc + 1: end + 1]
-            tgt = torch.tensor(targets, device=lp.device).unsqueeze(1)
-            tok_lp = lp.gather(1, tgt)
-            ranks = (lp > tok_lp).sum(dim=-1) + 1
             k = vocab if k == -1 else k
-            tops = lp.topk(k, dim=-1) if k > 0 else None
+            # A slice of rows at a time: a whole chunk's float32 logits (8,192 positions of
+            # a 128k vocabulary: 4 GiB, twice with the log-softmax) is memory the start-up
+            # profile never saw, so one request could push the device out of memory.
+            rows = max(1, PROMPT_LOGPROBS_BYTES // (4 * vocab))
+            tok_lps: list[float] = []
+            ranks: list[int] = []
+            top_ids: list | None = [] if k > 0 else None
+            top_lps: list | None = [] if k > 0 else None
+            for a in range(0, end - nc, rows):
+                b = min(a + rows, end - nc)
+                lp = torch.log_softmax(
+                    self.model.compute_logits(hidden[start + a: start + b]).float(), dim=-1)
+                tgt = torch.tensor(targets[a:b], device=lp.device).unsqueeze(1)
+                tok_lp = lp.gather(1, tgt)
+                ranks += ((lp > tok_lp).sum(dim=-1) + 1).tolist()
+                tok_lps += tok_lp.squeeze(1).tolist()
+                if k > 0:
+                    tops = lp.topk(k, dim=-1)
+                    top_ids += tops.indices.tolist()
+                    top_lps += tops.values.tolist()
+                del lp
             result = result or {}
-            result[st.req_id] = (
-                nc, targets, tok_lp.squeeze(1).tolist(), ranks.tolist(),
-                tops.indices.tolist() if tops is not None else None,
-                tops.values.tolist() if tops is not None else None)
+            result[st.req_id] = (nc, targets, tok_lps, ranks, top_ids, top_lps)
         return result
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:

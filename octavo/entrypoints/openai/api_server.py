@@ -30,6 +30,7 @@ from octavo.entrypoints.launcher import DEFAULT_HOST, DEFAULT_SHUTDOWN_TIMEOUT, 
 from octavo.entrypoints.openai.error_handlers import install_error_handlers
 from octavo.entrypoints.openai.error_schema import document_errors
 from octavo.entrypoints.openai.middleware import (
+    DEFAULT_REQUEST_BODY_TIMEOUT_S,
     AuthRateLimitMiddleware,
     BodyLimitMiddleware,
     TrustedHosts,
@@ -64,6 +65,8 @@ class ServerSettings:
     api_key: str | None = None
     rate_limit: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # A request body must have arrived within this many seconds of its headers (408 after).
+    request_body_timeout: float = DEFAULT_REQUEST_BODY_TIMEOUT_S
     chat_template: str | None = None
     shutdown_engine: bool = True  # stop the engine loop when the app stops
     # A chat template (the server's or a request's) must render within this many seconds.
@@ -170,7 +173,8 @@ def build_app(engine: EngineClient, settings: ServerSettings | None = None) -> F
 
     # Outermost first: size limit, then key and rate limit.
     app.add_middleware(AuthRateLimitMiddleware, api_key=s.api_key, rate_limit=s.rate_limit)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=s.max_body_bytes,
+                       timeout=s.request_body_timeout)
     # Outside everything: whatever escapes is a JSON 500, logged.
     app.add_middleware(ErrorGuardMiddleware)
     return app
@@ -204,6 +208,10 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
                    "them with an error")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                    help="largest request body accepted (413 above)")
+    p.add_argument("--request-body-timeout", type=float, default=DEFAULT_REQUEST_BODY_TIMEOUT_S,
+                   help="seconds a request body may take to arrive after its headers (408 "
+                   "and the connection closed after that: a client trickling its body cannot "
+                   "hold a connection)")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one")
     p.add_argument("--trust-request-chat-template", action="store_true",
@@ -312,6 +320,9 @@ def unsupported_flags(args: argparse.Namespace) -> list[str]:
                         f"{args.port}, got {args.metrics_port}")
     if args.max_body_bytes < 1:
         problems.append(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    if not args.request_body_timeout > 0:
+        problems.append(f"--request-body-timeout must be > 0 seconds, got "
+                        f"{args.request_body_timeout}")
     if not args.shutdown_timeout >= 0:
         problems.append(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if args.forwarded_allow_ips is not None:
@@ -418,6 +429,7 @@ def run_server(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         served_model_names=args.served_model_name, api_key=args.api_key,
         rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
+        request_body_timeout=args.request_body_timeout,
         chat_template=_read_template(args.chat_template),
         tool_call_parser=getattr(args, "tool_call_parser", None),
         trust_request_chat_template=getattr(args, "trust_request_chat_template", False))

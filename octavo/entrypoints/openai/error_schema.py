@@ -38,6 +38,8 @@ ERROR_DESCRIPTIONS = {
          "the model cannot take (the message and param name the field)",
     401: "Missing or wrong API key (the server was started with --api-key)",
     404: "The model named in the request is not served here",
+    408: "The request body did not all arrive within --request-body-timeout seconds (the "
+         "connection is closed)",
     413: "The request body is larger than --max-body-bytes",
     429: "Too many requests (--rate-limit) or failed authentications from this address; "
          "the Retry-After header says when to retry",
@@ -78,7 +80,7 @@ def error_statuses(method: str, path: str, operation: dict[str, Any], schema: di
     if has_body:
         statuses.append(400)
     if method.upper() in ("POST", "PUT", "PATCH"):
-        statuses.append(413)  # BodyLimitMiddleware, before anything reads the body
+        statuses += [408, 413]  # BodyLimitMiddleware, before anything reads the body
     if path not in OPEN_PATHS:
         if api_key:
             statuses.append(401)

@@ -1,5 +1,5 @@
 """ASGI middleware at the server's edge: client address behind trusted proxies, body size
-limit, API key, per-client rate limits.
+and read-time limits, API key, per-client rate limits.
 
 Each answers with OpenAI's error shape. They are plain ASGI (not BaseHTTPMiddleware) so a
 streaming response still sees the client's disconnect.
@@ -7,6 +7,7 @@ streaming response still sees the client's disconnect.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
@@ -20,6 +21,9 @@ from octavo.entrypoints.openai.protocol import error_body
 
 # Paths that stay open without a key and are never rate limited (probes and scrapes).
 OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics"})
+# Seconds a request body may take to arrive (--request-body-timeout): the default
+# --max-body-bytes (8 MiB) at about 280 KB/s.
+DEFAULT_REQUEST_BODY_TIMEOUT_S = 30.0
 
 
 async def send_error(send, status: int, message: str, headers: dict[str, str] | None = None,
@@ -39,13 +43,18 @@ def _header(scope, name: bytes) -> str | None:
 
 
 class BodyLimitMiddleware:
-    """413 for request bodies over ``max_bytes`` (by Content-Length, or counted when chunked).
+    """413 for request bodies over ``max_bytes`` (by Content-Length, or counted when chunked);
+    408 for a body that has not all arrived ``timeout`` seconds after the request's headers,
+    so that a client trickling its body a byte at a time (slowloris) cannot hold a connection
+    and a task for ever. The 408 closes the connection: the rest of the body is never read.
     The body is read here once and replayed; later receive() calls reach the client, so
     disconnects are still seen."""
 
-    def __init__(self, app, max_bytes: int) -> None:
+    def __init__(self, app, max_bytes: int,
+                 timeout: float = DEFAULT_REQUEST_BODY_TIMEOUT_S) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -55,9 +64,17 @@ class BodyLimitMiddleware:
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await send_error(send, 413, too_big)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
         chunks, size, more = [], 0, True
         while more:
-            msg = await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:  # (TimeoutError itself only from Python 3.11)
+                return await send_error(
+                    send, 408, f"the request body did not arrive within {self.timeout:g} s "
+                    f"(--request-body-timeout): {size} bytes came in that time",
+                    headers={"Connection": "close"})
             if msg["type"] == "http.disconnect":
                 return None
             body = msg.get("body", b"")
