@@ -1,6 +1,6 @@
 """Hostile requests that ask the servers for too much (found by the fuzz campaign): lists of
 a million items (stop strings, prompts, bad words, token ids, chat messages), a body
-trickled a byte at a time (slowloris).
+trickled a byte at a time (slowloris), a Content-Length that is no number.
 
 Each is refused up front in OpenAI's error shape, naming the field and the limit, and leaves
 the server serving a normal request with every KV block back in the pool. Offline
@@ -253,3 +253,23 @@ def test_body_arriving_in_time_is_served(engine):
     finally:
         srv.stop()
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+
+
+# ------------------------------------------------------------------ a broken Content-Length
+@pytest.mark.parametrize("length", [b"-1", b"abc", b"1e3"])
+def test_bad_content_length_then_serving(engine, apps, length):
+    """uvicorn's HTTP parser (h11) refuses these before the app is called, with its own
+    plain-text 400 ("Invalid HTTP request received."): no JSON body is possible without
+    replacing uvicorn's protocol class. What the servers owe is the 400 and serving on."""
+    srv = RunningServer(apps["openai"])
+    try:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: " + length + b"\r\n\r\n{}")
+            answer, _ = _read_until_closed(sock, 10)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+        with httpx.Client(base_url=srv.base_url, timeout=60) as c:
+            ok = c.post("/v1/completions", json=COMPLETION)
+            assert ok.status_code == 200, ok.text
+    finally:
+        srv.stop()
