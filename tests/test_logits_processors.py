@@ -10,6 +10,7 @@ import torch
 
 from octavo import LLM, SamplingParams
 from octavo.sample.logits_processors import (
+    RowCache,
     RowContext,
     _bad_word_bans,
     apply_logits_processors,
@@ -23,6 +24,27 @@ def _rows(logits, params, prompts, outputs):
     rows = [RowContext(i, p, pr, out) for i, (p, pr, out) in
             enumerate(zip(params, prompts, outputs))]
     return apply_logits_processors(logits.clone(), rows)
+
+
+def test_a_row_cache_gives_every_step_the_same_logits():
+    """The tensors kept across steps (allowed mask, logit_bias, the repetition penalty's seen
+    set marked incrementally) give what building them each step gives, over growing outputs,
+    a prompt-only first step, and a sequence that got shorter (rebuilt)."""
+    gen = torch.Generator().manual_seed(3)
+    params = SamplingParams(repetition_penalty=1.4, logit_bias={3: 2.0, 500: -5.0, 7: 1.5},
+                            allowed_token_ids=list(range(0, VOCAB, 3)))
+    prompt = [1, 5, 9, 300]
+    cache = RowCache()
+    steps = [[], [4], [4, 8], [4, 8, 8, 301], [4], [4, 8, 12, 13, 14]]  # step 4 is shorter
+    for output in steps:
+        logits = torch.randn(1, VOCAB, generator=gen) * 3
+        fresh = apply_logits_processors(logits.clone(), [RowContext(0, params, prompt, output)])
+        kept = apply_logits_processors(logits.clone(),
+                                       [RowContext(0, params, prompt, output, cache=cache)])
+        assert torch.equal(fresh, kept), output
+        assert cache.seen_upto == len(prompt) + len(output)
+        assert set(cache.seen.nonzero().flatten().tolist()) == set(prompt + output)
+    assert cache.allowed is not None and cache.bias is not None
 
 
 @pytest.mark.parametrize("penalty", [0.7, 1.3, 2.0])

@@ -59,6 +59,8 @@ class Request:
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
+        # A set: every new token is looked up in it (a list of 1,024 ids was scanned).
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority
         self.max_tokens = sampling_params.max_tokens if max_tokens is None else max_tokens

@@ -397,7 +397,7 @@ class Scheduler:
         if req.num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and token in req.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED
-            if params.stop_token_ids and token in params.stop_token_ids:
+            if token in req.stop_token_ids:
                 req.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
         if req.max_tokens is not None and req.num_output_tokens >= req.max_tokens:

@@ -2,7 +2,11 @@
 penalties, logit_bias, allowed_token_ids, bad_words and min_tokens bans.
 
 Applied to the raw logits (before temperature), in that order, only to the rows that ask for
-it; the other rows cost nothing.
+it; the other rows cost nothing. What a request's processing needs every step from its
+fixed fields (the allowed-token mask, the logit_bias tensors, the set of tokens seen so far for
+the repetition penalty) is built once and kept in its ``RowCache``: rebuilt each step, a
+vocabulary-sized ``logit_bias`` cost ~8 ms, a 128k-token prompt's repetition mask ~6 ms, per
+request per step, and a batch of such requests stalled every other request with them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,16 @@ from octavo.sampling_params import SamplingParams
 
 
 @dataclass
+class RowCache:
+    """One request's tensors, kept across steps by the worker's request state."""
+
+    allowed: torch.Tensor | None = None  # 0 at allowed_token_ids, -inf elsewhere
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # logit_bias ids and values
+    seen: torch.Tensor | None = None  # bool [vocab]: in the prompt or the output so far
+    seen_upto: int = 0  # how many of prompt + output tokens ``seen`` holds
+
+
+@dataclass
 class RowContext:
     row: int
     params: SamplingParams
@@ -24,6 +38,7 @@ class RowContext:
     output_token_ids: list[int]
     bad_words_token_ids: list[list[int]] | BadWordIndex | None = None
     banned: list[int] | None = None  # e.g. EOS while short of min_tokens
+    cache: RowCache | None = None  # None: everything built for this step only
 
 
 def needs_processing(params: SamplingParams) -> bool:
@@ -99,25 +114,26 @@ def _process_row(row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
     vocab = row.shape[-1]
     dev = row.device
     p = ctx.params
+    cache = ctx.cache if ctx.cache is not None else RowCache()
     if p.repetition_penalty != 1.0:
-        seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
-        ids = ctx.prompt_token_ids + ctx.output_token_ids
-        seen[torch.tensor(ids, dtype=torch.long, device=dev)] = True
-        row = apply_repetition_penalty(row, seen, p.repetition_penalty)
+        row = apply_repetition_penalty(row, _seen(ctx, cache, vocab, dev), p.repetition_penalty)
     if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and ctx.output_token_ids:
         counts = torch.bincount(torch.tensor(ctx.output_token_ids, device=dev),
                                 minlength=vocab)[:vocab].to(row.dtype)
         row = apply_frequency_presence(row, counts, p.frequency_penalty, p.presence_penalty)
     if p.logit_bias:
-        ids = torch.tensor([t for t in p.logit_bias if t < vocab], device=dev)
-        bias = torch.tensor([v for t, v in p.logit_bias.items() if t < vocab],
-                            dtype=row.dtype, device=dev)
+        if cache.bias is None:
+            cache.bias = (torch.tensor([t for t in p.logit_bias if t < vocab], device=dev),
+                          torch.tensor([v for t, v in p.logit_bias.items() if t < vocab],
+                                       dtype=row.dtype, device=dev))
+        ids, bias = cache.bias
         row = row.index_add(0, ids, bias) if ids.numel() else row
     if p.allowed_token_ids is not None:
-        keep = torch.full((vocab,), float("-inf"), dtype=row.dtype, device=dev)
-        allowed = torch.tensor(p.allowed_token_ids, device=dev)
-        keep[allowed] = 0.0
-        row = row + keep
+        if cache.allowed is None:
+            keep = torch.full((vocab,), float("-inf"), dtype=row.dtype, device=dev)
+            keep[torch.tensor(p.allowed_token_ids, device=dev)] = 0.0
+            cache.allowed = keep
+        row = row + cache.allowed
     for fn in p.logits_processors or ():
         row = _user_processor(fn, ctx, row)
     bans = list(ctx.banned or [])
@@ -126,6 +142,22 @@ def _process_row(row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
     if bans:
         row = row.index_fill(0, torch.tensor(bans, device=dev), float("-inf"))
     return row
+
+
+def _seen(ctx: RowContext, cache: RowCache, vocab: int, dev: torch.device) -> torch.Tensor:
+    """Which tokens the prompt and the output so far hold, as a bool [vocab] mask: marked
+    once, then only each step's new tokens (rebuilt if the sequence got shorter)."""
+    prompt, output = ctx.prompt_token_ids, ctx.output_token_ids
+    total = len(prompt) + len(output)
+    if cache.seen is None or cache.seen_upto > total:
+        cache.seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
+        cache.seen_upto = 0
+    done = cache.seen_upto
+    if done < total:
+        new = (prompt[done:] + output) if done < len(prompt) else output[done - len(prompt):]
+        cache.seen[torch.tensor(new, dtype=torch.long, device=dev)] = True
+        cache.seen_upto = total
+    return cache.seen
 
 
 def _user_processor(fn, ctx: RowContext, row: torch.Tensor) -> torch.Tensor:

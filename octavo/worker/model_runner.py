@@ -20,7 +20,12 @@ from octavo.config import EngineConfig
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.model_loader.loader import TORCH_DTYPES, load_model
 from octavo.sample.grammar_mask import GrammarMask
-from octavo.sample.logits_processors import BadWordIndex, RowContext, needs_processing
+from octavo.sample.logits_processors import (
+    BadWordIndex,
+    RowCache,
+    RowContext,
+    needs_processing,
+)
 from octavo.sample.metadata import SamplingMetadata
 from octavo.sample.sampler import Sampler, SamplerOutput
 from octavo.sampling_params import SamplingType
@@ -519,8 +524,10 @@ class ModelRunner:
                 banned = sorted(ids) or None
             if banned or needs_processing(p):
                 n = st.num_prompt_tokens
+                if st.row_cache is None:
+                    st.row_cache = RowCache()
                 contexts.append(RowContext(row, p, st.token_ids[:n], st.token_ids[n:],
-                                           st.bad_words_token_ids, banned))
+                                           st.bad_words_token_ids, banned, st.row_cache))
         if all(t == SamplingType.GREEDY for t in types):
             return SamplingMetadata(True, None, None, None, None, {}, max_lp, contexts)
         dev = self.device
