@@ -52,11 +52,12 @@ def test_request_body_timeout_flag_reaches_both_apps(monkeypatch):
     import octavo.entrypoints.launcher as launcher
     monkeypatch.setattr(launcher, "serve", lambda app, e, **k: 0)
     monkeypatch.setenv("OCTAVO_FREEZE_STARTUP_HEAP", "0")
-    assert api_server.run_server(make_arg_parser().parse_args([])) == 0
+    # --port 0: run_server binds its socket before the engine starts (any free port here)
+    assert api_server.run_server(make_arg_parser().parse_args(["--port", "0"])) == 0
     assert api_server.run_server(make_arg_parser().parse_args(
-        ["--request-body-timeout", "2.5"])) == 0
+        ["--port", "0", "--request-body-timeout", "2.5"])) == 0
     assert simple_server.run_server(simple_server.make_parser().parse_args(
-        ["--request-body-timeout", "7"])) == 0
+        ["--port", "0", "--request-body-timeout", "7"])) == 0
     assert built == [30.0, 2.5, 7.0]
     for bad in ("0", "-1", "nan"):
         args = make_arg_parser().parse_args(["--request-body-timeout", bad])

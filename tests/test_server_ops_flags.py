@@ -73,7 +73,8 @@ def test_metrics_port_serves_the_same_registry_as_the_main_port(monkeypatch, use
     seen = {}
 
     def fake_serve(app, engine, **kwargs):
-        assert engine is allm and kwargs["port"] == 8000
+        assert engine is allm and kwargs["port"] == 0
+        assert kwargs["sock"].getsockname()[0] == "127.0.0.1"  # bound before the engine
         assert any(isinstance(sl, LoggingStatLogger) and sl.interval == 30.0
                    for sl in engine.stat_loggers), "--metric-interval 30 not attached"
         seen["before"] = scrape(port)
@@ -97,7 +98,8 @@ def test_metrics_port_serves_the_same_registry_as_the_main_port(monkeypatch, use
 
     monkeypatch.setattr(api_server, "serve", fake_serve)
     args = api_server.make_arg_parser().parse_args([
-        "--host", "127.0.0.1", "--metrics-port", str(port), "--metric-interval", "30"])
+        "--host", "127.0.0.1", "--port", "0", "--metrics-port", str(port),
+        "--metric-interval", "30"])
     assert api_server.run_server(args) == 0
     before, main, separate = seen["before"], seen["main"], seen["separate"]
     assert "octavo:num_requests_running" in before and "octavo:kv_cache_usage_perc" in before
@@ -119,7 +121,7 @@ def test_metrics_port_in_use_is_a_clear_error(monkeypatch, use_engine, allm, cap
         busy.listen()
         port = busy.getsockname()[1]
         args = api_server.make_arg_parser().parse_args(
-            ["--host", "127.0.0.1", "--metrics-port", str(port)])
+            ["--host", "127.0.0.1", "--port", "0", "--metrics-port", str(port)])
         assert api_server.run_server(args) == 2
     assert f"--metrics-port {port}" in capsys.readouterr().err
     assert stopped == [True]
@@ -138,7 +140,7 @@ def test_no_metrics_port_no_extra_server(monkeypatch, use_engine):
     monkeypatch.setattr(api_server, "start_metrics_server", lambda *a: started.append(a))
     monkeypatch.setattr(api_server, "serve", lambda *a, **k: 0)
     assert api_server.run_server(api_server.make_arg_parser().parse_args(
-        ["--disable-log-stats"])) == 0
+        ["--disable-log-stats", "--port", "0"])) == 0
     assert started == []
 
 
@@ -160,16 +162,57 @@ def test_servers_listen_on_loopback_unless_asked(monkeypatch, use_engine):
 
     monkeypatch.setattr(api_server, "start_metrics_server", start_and_record)
     assert api_server.run_server(api_server.make_arg_parser().parse_args(
-        ["--disable-log-stats", "--metrics-port", str(port)])) == 0
+        ["--disable-log-stats", "--port", "0", "--metrics-port", str(port)])) == 0
     assert hosts == ["127.0.0.1"] and bound == ["127.0.0.1"]
     assert api_server.run_server(api_server.make_arg_parser().parse_args(
-        ["--disable-log-stats", "--host", "0.0.0.0"])) == 0
+        ["--disable-log-stats", "--host", "0.0.0.0", "--port", "0"])) == 0
     assert hosts[-1] == "0.0.0.0"
     import octavo.entrypoints.launcher as launcher
     monkeypatch.setattr(launcher, "serve", lambda *a, **k: hosts.append(k["host"]) or 0)
     assert simple_server.run_server(simple_server.make_parser().parse_args(
-        ["--disable-log-stats"])) == 0
+        ["--disable-log-stats", "--port", "0"])) == 0
     assert hosts[-1] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("server", ["openai", "simple"])
+@pytest.mark.parametrize("flags, says", [
+    ("busy", "Address already in use"),
+    (["--port", "70000"], "port must be 0-65535, got 70000"),
+    (["--port", "-1"], "port must be 0-65535, got -1"),
+    (["--host", "no-such-host.invalid"], "cannot listen on no-such-host.invalid"),
+])
+def test_a_port_that_cannot_be_had_is_said_before_the_engine_loads(monkeypatch, capsys, server,
+                                                                   flags, says):
+    """The socket is bound before the engine starts (minutes for a large model): a port in
+    use or out of range, or a host that does not resolve, is an error at once, exit 2, with
+    no engine started (was a traceback, or uvicorn's error, after the model loaded)."""
+    from octavo.entrypoints import api_server as simple_server
+
+    module = api_server if server == "openai" else simple_server
+    monkeypatch.setattr(module, "start_engine", lambda args: pytest.fail("engine started"))
+    parse = (api_server.make_arg_parser() if server == "openai"
+             else simple_server.make_parser()).parse_args
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        if flags == "busy":
+            flags = ["--port", str(busy.getsockname()[1])]
+        assert module.run_server(parse(flags)) == 2
+    err = capsys.readouterr().err
+    assert "octavo: error: cannot listen on" in err and says in err, err
+
+
+def test_the_bound_socket_refuses_connections_until_served():
+    """Bound, not listening: a client that comes while the engine loads is refused, not left
+    hanging in a backlog."""
+    from octavo.entrypoints.launcher import listen_socket
+
+    sock = listen_socket("127.0.0.1", 0)
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(sock.getsockname(), timeout=5).close()
+    finally:
+        sock.close()
 
 
 async def _hit(app, n: int) -> list[int]:

@@ -184,17 +184,24 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    from octavo.entrypoints.launcher import DEFAULT_HOST, serve
+    from octavo.entrypoints.launcher import DEFAULT_HOST, bind_or_explain, serve
 
+    sock = bind_or_explain(args.host or DEFAULT_HOST, args.port)
+    if sock is None:
+        return 2
     engine = start_engine(args)
     if engine is None:
+        sock.close()
         return 2
     app = build_app(engine, args.served_model_name, api_key=args.api_key,
                     rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
                     request_body_timeout=args.request_body_timeout)
-    return serve(app, engine, host=args.host or DEFAULT_HOST, port=args.port,
-                 log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
-                 forwarded_allow_ips=args.forwarded_allow_ips)
+    try:
+        return serve(app, engine, host=args.host or DEFAULT_HOST, port=args.port,
+                     log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
+                     forwarded_allow_ips=args.forwarded_allow_ips, sock=sock)
+    finally:
+        sock.close()  # (uvicorn closed it already when it served)
 
 
 def main(argv: list[str] | None = None) -> int:

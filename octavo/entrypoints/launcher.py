@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
+import sys
 import time
 
 import uvicorn
@@ -114,16 +116,46 @@ class GracefulServer(uvicorn.Server):
 DEFAULT_HOST = "127.0.0.1"
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the engine loads (minutes for a large model): a port
+    in use, a port out of range or a host that does not resolve is said at once, and nothing
+    takes the port meanwhile. Bound, not listening, so a client that connects before the
+    server is ready is refused rather than left waiting. OSError says why."""
+    if not 0 <= port <= 65535:
+        raise OSError(f"port must be 0-65535, got {port}")
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_or_explain(host: str, port: int) -> socket.socket | None:
+    """``listen_socket``, or None with the reason printed (the servers then exit 2)."""
+    try:
+        return listen_socket(host, port)
+    except OSError as e:
+        print(f"octavo: error: cannot listen on {host}:{port}: {e.strerror or e}",
+              file=sys.stderr)
+        return None
+
+
 def serve(app, engine: AsyncLLM, *, host: str, port: int, log_level: str = "info",
           shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-          forwarded_allow_ips: str | None = None) -> int:
+          forwarded_allow_ips: str | None = None, sock: socket.socket | None = None) -> int:
     """Serve ``app`` (whose requests run on ``engine``) until a signal (returns 0 after a
-    clean shutdown) or the engine's death (returns 1)."""
+    clean shutdown) or the engine's death (returns 1). ``sock``: ``listen_socket``'s, bound
+    before the engine started (else uvicorn binds ``host:port`` itself)."""
     gate = DrainGate(ForwardedForMiddleware(app, forwarded_allow_ips))
     # proxy_headers off: X-Forwarded-For is honoured only from --forwarded-allow-ips, by
     # ForwardedForMiddleware (uvicorn's own default would trust 127.0.0.1).
     config = uvicorn.Config(gate, host=host, port=port, log_level=log_level,
                             proxy_headers=False, timeout_graceful_shutdown=_FINISH_TIMEOUT)
     server = GracefulServer(config, engine, gate, shutdown_timeout)
-    server.run()
+    server.run(sockets=None if sock is None else [sock])
     return 1 if server.fatal is not None else 0

@@ -26,7 +26,12 @@ from octavo.entrypoints.engine_client import (
     replica_flag_problems,
     wants_engine_process,
 )
-from octavo.entrypoints.launcher import DEFAULT_HOST, DEFAULT_SHUTDOWN_TIMEOUT, serve
+from octavo.entrypoints.launcher import (
+    DEFAULT_HOST,
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    bind_or_explain,
+    serve,
+)
 from octavo.entrypoints.openai.error_handlers import install_error_handlers
 from octavo.entrypoints.openai.error_schema import document_errors
 from octavo.entrypoints.openai.middleware import (
@@ -423,8 +428,12 @@ def start_metrics_server(app: FastAPI, host: str | None, port: int):
 
 
 def run_server(args: argparse.Namespace) -> int:
+    sock = bind_or_explain(args.host or DEFAULT_HOST, args.port)
+    if sock is None:
+        return 2
     engine = start_engine(args)
     if engine is None:
+        sock.close()
         return 2
     settings = ServerSettings(
         served_model_names=args.served_model_name, api_key=args.api_key,
@@ -444,12 +453,14 @@ def run_server(args: argparse.Namespace) -> int:
         except OSError as e:  # a port in use: say so instead of a traceback
             print(f"octavo: error: --metrics-port {args.metrics_port}: {e}", file=sys.stderr)
             engine.shutdown()
+            sock.close()
             return 2
     try:
         return serve(app, engine, host=args.host or DEFAULT_HOST, port=args.port,
                      log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
-                     forwarded_allow_ips=args.forwarded_allow_ips)
+                     forwarded_allow_ips=args.forwarded_allow_ips, sock=sock)
     finally:
+        sock.close()  # (uvicorn closed it already when it served)
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()
