@@ -1,0 +1,19 @@
+# The next session's first device call (copy to .snap/, carry [".snap"]; session 48 had no
+# device time). It measures session 48's fused bitsandbytes 4-bit GEMM (octavo/kernels/
+# bnb4_gemm.py, off by default: OCTAVO_BNB4_GEMM_MAX_M) against what NF4 batches past the
+# CUDA GEMV run today (dequantize the whole weight, then cuBLAS), kernel and engine, then
+# re-reads issue 12 / 15's figures. Flip the default (envs.bnb4_gemm_max_m) to the rows where
+# the GEMM wins, and OCTAVO_BNB4_CUDA_MAX_M down if it also beats the CUDA GEMV at 3-8 rows.
+. scripts/device_items.sh
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+TAILN=4 item gpu_tests python -m pytest -m gpu -q -x -rf tests/kernels/test_bnb4_gemm.py tests/kernels/test_bnb4_cuda.py tests/quantization/test_bitsandbytes.py
+for m in 4 16 64 256; do
+  TAILN=8 item k_m$m python benchmarks/gemv_scaling.py --k 4096 --n 4096 6144 28672 --m $m --kernels nf4_gemm nf4_dequant_triton bf16_cublas
+done
+TAILN=12 item e_dequant python benchmarks/quantized.py --methods bf16,nf4 --batches 4 8 16 64 256 --skip-w2 --json /tmp/res/e_dequant.json
+OCTAVO_BNB4_GEMM_MAX_M=256 TAILN=12 item e_gemm python benchmarks/quantized.py --methods nf4 --batches 4 8 16 64 256 --skip-w2 --json /tmp/res/e_gemm.json
+OCTAVO_BNB4_GEMM_MAX_M=256 OCTAVO_BNB4_CUDA_MAX_M=2 TAILN=8 item e_gemm_small python benchmarks/quantized.py --methods nf4 --batches 3 4 8 --skip-w2 --json /tmp/res/e_gemm_small.json
+echo "=== end $(date +%T)"
+# A second call (the figures, as session 47's script): quantized.py --methods
+# bf16,fp8,fp8_block,w4a16,w8a16 --batches 1 16 --skip-w2; throughput.py --workload W1 / W2;
+# latency.py --batch-sizes 1,32 --repeat 3.
