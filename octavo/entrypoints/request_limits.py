@@ -20,11 +20,12 @@ MAX_PROMPTS = 1024
 MAX_STOP = 1024
 # Words to ban: each is tokenized twice (alone and after a space) and indexed.
 MAX_BAD_WORDS = 4096
-# Stop token ids: looked up in the list after every token (and made a set every step while
-# short of min_tokens).
+# Stop token ids: copied into a set per request, and every step while short of min_tokens
+# (the tokens to ban).
 MAX_STOP_TOKEN_IDS = 1024
-# Allowed token ids: every step builds a tensor of the list. As many as the largest
-# vocabularies hold (262,144 tokens): a longer list can only repeat ids.
+# Allowed token ids: de-duplicated, then a vocabulary mask built from them once per request.
+# As many as the largest vocabularies hold (262,144 tokens): a longer list can only repeat
+# ids.
 MAX_ALLOWED_TOKEN_IDS = 2**18
 # Chat messages (chat completions, /tokenize): each is validated and rendered by the chat
 # template.
