@@ -2,43 +2,68 @@
 penalties, logit_bias, allowed_token_ids, bad_words and min_tokens bans.
 
 Applied to the raw logits (before temperature), in that order, only to the rows that ask for
-it; the other rows cost nothing. What a request's processing needs every step from its
-fixed fields (the allowed-token mask, the logit_bias tensors, the set of tokens seen so far for
-the repetition penalty) is built once and kept in its ``RowCache``: rebuilt each step, a
-vocabulary-sized ``logit_bias`` cost ~8 ms, a 128k-token prompt's repetition mask ~6 ms, per
-request per step, and a batch of such requests stalled every other request with them.
+it; the other rows cost nothing. A step's rows are processed together: the penalties touch
+only the tokens a request has seen (its prompt and output, kept as a ``TokenTally`` updated
+with each step's new tokens), so every penalized row's tokens are read in one gather and
+written in one scatter, as are logit_bias entries and bans. Row by row, with a vocabulary-
+sized tensor or two per row, a batch of 256 requests asking for a frequency penalty took
+~0.9 s a step on the CPU (152k vocabulary), and on a GPU each row's boolean-mask indexing
+synchronized with the host. What a request needs every step from its fixed fields (the
+allowed-token mask, the logit_bias tensors, the tallies) is built once and kept in its
+``RowCache``. User logits processors run per row, as written.
 """
 
 from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from octavo.sample.token_tally import TokenSpan, TokenTally
 from octavo.sampling_params import SamplingParams
 
 
 @dataclass
 class RowCache:
-    """One request's tensors, kept across steps by the worker's request state."""
+    """One request's processing state, kept across steps by the worker's request state."""
 
     allowed: torch.Tensor | None = None  # 0 at allowed_token_ids, -inf elsewhere
     bias: tuple[torch.Tensor, torch.Tensor] | None = None  # logit_bias ids and values
-    seen: torch.Tensor | None = None  # bool [vocab]: in the prompt or the output so far
-    seen_upto: int = 0  # how many of prompt + output tokens ``seen`` holds
+    seen: TokenTally | None = None  # the prompt and output so far (repetition penalty)
+    output: TokenTally | None = None  # the output so far (frequency / presence penalties)
 
 
 @dataclass
 class RowContext:
     row: int
     params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
     bad_words_token_ids: list[list[int]] | BadWordIndex | None = None
     banned: list[int] | None = None  # e.g. EOS while short of min_tokens
     cache: RowCache | None = None  # None: everything built for this step only
+
+    @classmethod
+    def over(cls, row: int, params: SamplingParams, token_ids: list[int], num_prompt: int,
+             bad_words_token_ids: BadWordIndex | None = None, banned: list[int] | None = None,
+             cache: RowCache | None = None) -> RowContext:
+        """A row whose prompt and output are views of one list (prompt then output: the
+        worker's), copied only where a step needs them."""
+        end = len(token_ids)
+        return cls(row, params, TokenSpan(token_ids, 0, num_prompt),
+                   TokenSpan(token_ids, num_prompt, end), bad_words_token_ids, banned, cache)
+
+    def all_token_ids(self) -> Sequence[int]:
+        """The prompt then the output."""
+        p, o = self.prompt_token_ids, self.output_token_ids
+        if isinstance(p, TokenSpan) and isinstance(o, TokenSpan) and p.seq is o.seq \
+                and p.end == o.start:
+            return TokenSpan(p.seq, p.start, o.end)
+        return list(p) + list(o)
 
 
 def needs_processing(params: SamplingParams) -> bool:
@@ -46,21 +71,6 @@ def needs_processing(params: SamplingParams) -> bool:
             or params.presence_penalty != 0.0 or bool(params.logit_bias)
             or params.allowed_token_ids is not None or bool(params.bad_words)
             or bool(params.logits_processors))
-
-
-def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor,
-                             penalty: float) -> torch.Tensor:
-    """transformers' rule over prompt + output tokens: positive logits divided by the penalty,
-    negative ones multiplied."""
-    picked = logits[seen]
-    logits[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
-    return logits
-
-
-def apply_frequency_presence(logits: torch.Tensor, counts: torch.Tensor, frequency: float,
-                             presence: float) -> torch.Tensor:
-    """OpenAI's rule over generated tokens: logit -= count * frequency + (count > 0) * presence."""
-    return logits - counts * frequency - (counts > 0).to(logits.dtype) * presence
 
 
 class BadWordIndex:
@@ -92,72 +102,113 @@ def _bad_word_bans(output: list[int], bad_words: list[list[int]] | BadWordIndex)
     return index.bans(output)
 
 
+class _Step:
+    """What a step's rows ask for, gathered per row, then applied to the batch at once."""
+
+    def __init__(self) -> None:
+        self.rep: list[tuple[int, TokenTally, float]] = []
+        self.freq: list[tuple[int, TokenTally, float, float]] = []
+        self.bias: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.allowed: list[tuple[int, torch.Tensor]] = []
+        self.user: list[RowContext] = []
+        self.bans: list[tuple[int, list[int]]] = []
+
+    def add(self, ctx: RowContext, vocab: int, dev: torch.device) -> None:
+        p = ctx.params
+        cache = ctx.cache if ctx.cache is not None else RowCache()
+        if p.repetition_penalty != 1.0:
+            cache.seen = cache.seen or TokenTally()
+            cache.seen.update(ctx.all_token_ids())
+            self.rep.append((ctx.row, cache.seen, p.repetition_penalty))
+        if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+            cache.output = cache.output or TokenTally()
+            cache.output.update(ctx.output_token_ids)
+            self.freq.append((ctx.row, cache.output, p.frequency_penalty, p.presence_penalty))
+        if p.logit_bias:
+            if cache.bias is None:
+                cache.bias = (torch.tensor([t for t in p.logit_bias if t < vocab], device=dev,
+                                           dtype=torch.long),
+                              torch.tensor([v for t, v in p.logit_bias.items() if t < vocab],
+                                           dtype=torch.float32, device=dev))
+            self.bias.append((ctx.row, *cache.bias))
+        if p.allowed_token_ids is not None:
+            if cache.allowed is None:
+                keep = torch.full((vocab,), float("-inf"), dtype=torch.float32, device=dev)
+                keep[torch.tensor(p.allowed_token_ids, device=dev, dtype=torch.long)] = 0.0
+                cache.allowed = keep
+            self.allowed.append((ctx.row, cache.allowed))
+        if p.logits_processors:
+            self.user.append(ctx)
+        bans = list(ctx.banned or [])
+        if ctx.bad_words_token_ids:
+            bans += _bad_word_bans(ctx.output_token_ids, ctx.bad_words_token_ids)
+        if bans:
+            self.bans.append((ctx.row, bans))
+
+
+def _entries(tallies: list, vocab: int, dev: torch.device, *per_row: list[float]
+             ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """(flat indices ``row * vocab + token`` into the logits, counts, each per-row value
+    repeated per token) of the tallies' distinct tokens, concatenated on the host and sent to
+    ``dev`` in one copy each."""
+    lens = np.array([t.n for _, t, *_ in tallies], dtype=np.int64)
+    rows = np.repeat(np.array([r for r, *_ in tallies], dtype=np.int64) * vocab, lens)
+    flat = rows + np.concatenate([t.ids[:t.n] for _, t, *_ in tallies])
+    counts = np.concatenate([t.counts[:t.n] for _, t, *_ in tallies])
+    values = [torch.from_numpy(np.repeat(np.array(v, dtype=np.float32), lens)).to(dev)
+              for v in per_row]
+    return torch.from_numpy(flat).to(dev), torch.from_numpy(counts).to(dev), values
+
+
 def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],
                             failed: dict[int, BaseException] | None = None) -> torch.Tensor:
-    """logits [B, V] (float32) -> processed logits; rows not listed are left as they are.
+    """logits [B, V] (float32) -> processed logits (in place where ``logits`` is contiguous);
+    rows not listed are left as they are.
 
-    With ``failed``, an exception while processing one row (a user's logits processor, say)
-    is recorded there under the row and that row keeps its raw logits, so one request's fault
-    never stops the batch; without it, the exception propagates."""
+    With ``failed``, an exception while preparing one row or in its user logits processor is
+    recorded there under the row, whose result is then not to be used (its request ends with
+    the error), so one request's fault never stops the batch; without it, the exception
+    propagates."""
+    vocab, dev = logits.shape[-1], logits.device
+    logits = logits.contiguous()  # (indexed flat: row * vocab + token)
+    flat = logits.view(-1)
+    step = _Step()
     for ctx in rows:
-        if failed is None:
-            logits[ctx.row] = _process_row(logits[ctx.row], ctx)
-            continue
         try:
-            logits[ctx.row] = _process_row(logits[ctx.row], ctx)
+            step.add(ctx, vocab, dev)
         except Exception as e:  # noqa: BLE001 - attributed to this row's request
+            if failed is None:
+                raise
             failed[ctx.row] = e
+    if step.rep:  # transformers' rule: positive logits divided by the penalty, others times
+        at, _, (pen,) = _entries(step.rep, vocab, dev, [p for *_, p in step.rep])
+        v = flat.index_select(0, at)
+        flat.index_copy_(0, at, torch.where(v > 0, v / pen, v * pen))
+    if step.freq:  # OpenAI's: logit -= count * frequency + (count > 0) * presence
+        at, n, (f, pres) = _entries(step.freq, vocab, dev, [f for *_, f, _ in step.freq],
+                                    [p for *_, p in step.freq])
+        flat.index_copy_(0, at, flat.index_select(0, at) - n * f - pres)
+    if step.bias:
+        r = torch.cat([torch.full_like(ids, row) for row, ids, _ in step.bias])
+        logits.index_put_((r, torch.cat([ids for _, ids, _ in step.bias])),
+                          torch.cat([b for *_, b in step.bias]), accumulate=True)
+    for row, mask in step.allowed:
+        logits[row] += mask
+    for ctx in step.user:
+        try:
+            row = logits[ctx.row]
+            for fn in ctx.params.logits_processors:
+                row = _user_processor(fn, ctx, row)
+            logits[ctx.row] = row
+        except Exception as e:  # noqa: BLE001 - attributed to this row's request
+            if failed is None:
+                raise
+            failed[ctx.row] = e
+    if step.bans:
+        r = torch.tensor([row for row, b in step.bans for _ in b], device=dev)
+        c = torch.tensor([t for _, b in step.bans for t in b], device=dev, dtype=torch.long)
+        logits[r, c] = float("-inf")
     return logits
-
-
-def _process_row(row: torch.Tensor, ctx: RowContext) -> torch.Tensor:
-    vocab = row.shape[-1]
-    dev = row.device
-    p = ctx.params
-    cache = ctx.cache if ctx.cache is not None else RowCache()
-    if p.repetition_penalty != 1.0:
-        row = apply_repetition_penalty(row, _seen(ctx, cache, vocab, dev), p.repetition_penalty)
-    if (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and ctx.output_token_ids:
-        counts = torch.bincount(torch.tensor(ctx.output_token_ids, device=dev),
-                                minlength=vocab)[:vocab].to(row.dtype)
-        row = apply_frequency_presence(row, counts, p.frequency_penalty, p.presence_penalty)
-    if p.logit_bias:
-        if cache.bias is None:
-            cache.bias = (torch.tensor([t for t in p.logit_bias if t < vocab], device=dev),
-                          torch.tensor([v for t, v in p.logit_bias.items() if t < vocab],
-                                       dtype=row.dtype, device=dev))
-        ids, bias = cache.bias
-        row = row.index_add(0, ids, bias) if ids.numel() else row
-    if p.allowed_token_ids is not None:
-        if cache.allowed is None:
-            keep = torch.full((vocab,), float("-inf"), dtype=row.dtype, device=dev)
-            keep[torch.tensor(p.allowed_token_ids, device=dev)] = 0.0
-            cache.allowed = keep
-        row = row + cache.allowed
-    for fn in p.logits_processors or ():
-        row = _user_processor(fn, ctx, row)
-    bans = list(ctx.banned or [])
-    if ctx.bad_words_token_ids:
-        bans += _bad_word_bans(ctx.output_token_ids, ctx.bad_words_token_ids)
-    if bans:
-        row = row.index_fill(0, torch.tensor(bans, device=dev), float("-inf"))
-    return row
-
-
-def _seen(ctx: RowContext, cache: RowCache, vocab: int, dev: torch.device) -> torch.Tensor:
-    """Which tokens the prompt and the output so far hold, as a bool [vocab] mask: marked
-    once, then only each step's new tokens (rebuilt if the sequence got shorter)."""
-    prompt, output = ctx.prompt_token_ids, ctx.output_token_ids
-    total = len(prompt) + len(output)
-    if cache.seen is None or cache.seen_upto > total:
-        cache.seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
-        cache.seen_upto = 0
-    done = cache.seen_upto
-    if done < total:
-        new = (prompt[done:] + output) if done < len(prompt) else output[done - len(prompt):]
-        cache.seen[torch.tensor(new, dtype=torch.long, device=dev)] = True
-        cache.seen_upto = total
-    return cache.seen
 
 
 def _user_processor(fn, ctx: RowContext, row: torch.Tensor) -> torch.Tensor:

@@ -526,8 +526,8 @@ class ModelRunner:
                 n = st.num_prompt_tokens
                 if st.row_cache is None:
                     st.row_cache = RowCache()
-                contexts.append(RowContext(row, p, st.token_ids[:n], st.token_ids[n:],
-                                           st.bad_words_token_ids, banned, st.row_cache))
+                contexts.append(RowContext.over(row, p, st.token_ids, n,
+                                                st.bad_words_token_ids, banned, st.row_cache))
         if all(t == SamplingType.GREEDY for t in types):
             return SamplingMetadata(True, None, None, None, None, {}, max_lp, contexts)
         dev = self.device
