@@ -42,6 +42,7 @@ from octavo.entrypoints.openai.middleware import (
     BodyLimitMiddleware,
 )
 from octavo.entrypoints.openai.protocol import APIError, error_param
+from octavo.entrypoints.openai.request_body import parse_body
 from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,
     ErrorGuardMiddleware,
@@ -140,10 +141,11 @@ def build_app(engine: EngineClient, served_model_names: Sequence[str] | None = N
     @app.post("/generate", openapi_extra=json_request_body(dataclass_body_schema(
         SamplingParams, SAMPLING_FIELDS, {"prompt": (str, ...), "stream": (bool, False)})))
     async def generate(raw_request: Request):
-        # Off the event loop: a big body's parameters, then tokenization and the engine's
+        # Off the event loop: a large body's parameters, then tokenization and the engine's
         # checks (the engine then receives token ids and never tokenizes).
         body = await raw_request.body()
-        prompt, stream, params = await serving.offload.run(parse_generate_request, body)
+        prompt, stream, params = await parse_body(serving.offload, parse_generate_request,
+                                                  body)
         if not stream:  # one answer at the end: a request lost with a replica can be retried
             params.output_kind = RequestOutputKind.FINAL_ONLY
         serving.check_alive()

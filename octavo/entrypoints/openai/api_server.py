@@ -51,6 +51,7 @@ from octavo.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from octavo.entrypoints.openai.request_body import offloaded_body_route
 from octavo.entrypoints.openai.serving_chat import OpenAIServingChat
 from octavo.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from octavo.entrypoints.openai.serving_engine import (
@@ -110,6 +111,8 @@ def build_app(engine: EngineClient, settings: ServerSettings | None = None) -> F
                   lifespan=lifespan)
     app.state.engine = engine
     app.state.metrics = metrics
+    # A large JSON body is parsed and validated on the offload pool, not the event loop.
+    app.router.route_class = offloaded_body_route(completions.offload)
     document_errors(app, api_key=s.api_key is not None, rate_limit=s.rate_limit is not None)
 
     install_error_handlers(app)
