@@ -38,6 +38,14 @@ def engine_kwargs(folder: str, args) -> dict:
                 kv_cache_dtype=args.kv_cache_dtype)
 
 
+def penalties(args) -> dict:
+    """--penalties: every request asks for OpenAI's frequency and presence penalties and
+    transformers' repetition penalty (the logits processing a step then does for each row)."""
+    if not getattr(args, "penalties", False):
+        return {}
+    return {"frequency_penalty": 0.5, "presence_penalty": 0.3, "repetition_penalty": 1.1}
+
+
 def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> dict:
     from benchmarks.common import timed_generate
     from octavo import LLM, SamplingParams
@@ -46,7 +54,8 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
     engine = llm.llm_engine
     llm.generate([{"prompt_token_ids": prompts[0][:64]}],
                  SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
-    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m) for m in max_tokens]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m,
+                             **penalties(args)) for m in max_tokens]
 
     runs = []
     for _ in range(args.runs):
@@ -164,6 +173,8 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                     help="fp8: float8 KV blocks (half the bytes the decode attention reads)")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--penalties", action="store_true",
+                    help="every request with frequency 0.5, presence 0.3, repetition 1.1")
     ap.add_argument("--shape", default=None, choices=sorted(SHAPES),
                     help="the workload's requests on another model shape (e.g. qwen3-30b-a3b)")
     args = ap.parse_args()
@@ -182,7 +193,7 @@ def main() -> None:
               "device": device_info(), "commit": git_commit(), "limits": source,
               "bound_output_tok_s": bound, "date": time.strftime("%Y-%m-%d"), "runs": [],
               # (the bound counts bf16 KV bytes: an fp8 cache reads half of them)
-              "kv_cache_dtype": args.kv_cache_dtype}
+              "kv_cache_dtype": args.kv_cache_dtype, "penalties": penalties(args) or None}
     print(f"{result['workload']} on {source}; commit {result['commit']}")
     print(f"memory-bandwidth bound: {bound:,.0f} output tok/s")
     octavo = run_octavo(folder, prompts, max_tokens, args, args.executors.split(",")[0])
