@@ -1,5 +1,6 @@
 # The next session's first device call (copy to .snap/, carry [".snap"]; session 48 had no
-# device time). It measures session 48's fused bitsandbytes 4-bit GEMM (octavo/kernels/
+# device time). Before it, here: `git archive 6d1ab6a octavo | tar -x -C .snap/old` (the
+# row-by-row logits processing, for the W1 --penalties pair below). It measures session 48's fused bitsandbytes 4-bit GEMM (octavo/kernels/
 # bnb4_gemm.py, off by default: OCTAVO_BNB4_GEMM_MAX_M) against what NF4 batches past the
 # CUDA GEMV run today (dequantize the whole weight, then cuBLAS), kernel and engine, then
 # re-reads issue 12 / 15's figures. Flip the default (envs.bnb4_gemm_max_m) to the rows where
@@ -13,6 +14,11 @@ done
 TAILN=12 item e_dequant python benchmarks/quantized.py --methods bf16,nf4 --batches 4 8 16 64 256 --skip-w2 --json /tmp/res/e_dequant.json
 OCTAVO_BNB4_GEMM_MAX_M=256 TAILN=12 item e_gemm python benchmarks/quantized.py --methods nf4 --batches 4 8 16 64 256 --skip-w2 --json /tmp/res/e_gemm.json
 OCTAVO_BNB4_GEMM_MAX_M=256 OCTAVO_BNB4_CUDA_MAX_M=2 TAILN=8 item e_gemm_small python benchmarks/quantized.py --methods nf4 --batches 3 4 8 --skip-w2 --json /tmp/res/e_gemm_small.json
+# The step's logits processing batched (a7a4967) against row by row (6d1ab6a), W1 with every
+# request asking for frequency / presence / repetition penalties, and W1 plain for reference.
+TAILN=5 item w1_pen python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen.json
+PYTHONPATH=.snap/old:. TAILN=5 item w1_pen_old python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen_old.json
+TAILN=5 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
 echo "=== end $(date +%T)"
 # A second call (the figures, as session 47's script): quantized.py --methods
 # bf16,fp8,fp8_block,w4a16,w8a16 --batches 1 16 --skip-w2; throughput.py --workload W1 / W2;
