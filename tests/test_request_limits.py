@@ -48,8 +48,8 @@ def test_request_body_timeout_flag_reaches_both_apps(monkeypatch):
                         lambda e, s: built.append(s.request_body_timeout) or "app")
     monkeypatch.setattr(simple_server, "build_app",
                         lambda e, *a, **k: built.append(k["request_body_timeout"]) or "app")
-    monkeypatch.setattr(api_server, "serve", lambda app, e, **k: 0)
     import octavo.entrypoints.launcher as launcher
+
     monkeypatch.setattr(launcher, "serve", lambda app, e, **k: 0)
     monkeypatch.setenv("OCTAVO_FREEZE_STARTUP_HEAP", "0")
     # --port 0: run_server binds its socket before the engine starts (any free port here)

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from octavo.engine.arg_utils import EngineArgs  # noqa: E402
 from octavo.engine.async_llm import AsyncLLM  # noqa: E402
+from octavo.entrypoints import launcher  # noqa: E402
 from octavo.entrypoints.openai import api_server  # noqa: E402
 from octavo.metrics.log_stats import LoggingStatLogger  # noqa: E402
 from tests.running_server import free_port, openai_http_library  # noqa: E402
@@ -96,7 +97,7 @@ def test_metrics_port_serves_the_same_registry_as_the_main_port(monkeypatch, use
         seen["separate"] = scrape(port)
         return 0
 
-    monkeypatch.setattr(api_server, "serve", fake_serve)
+    monkeypatch.setattr(launcher, "serve", fake_serve)
     args = api_server.make_arg_parser().parse_args([
         "--host", "127.0.0.1", "--port", "0", "--metrics-port", str(port),
         "--metric-interval", "30"])
@@ -113,7 +114,7 @@ def test_metrics_port_serves_the_same_registry_as_the_main_port(monkeypatch, use
 
 
 def test_metrics_port_in_use_is_a_clear_error(monkeypatch, use_engine, allm, capsys):
-    monkeypatch.setattr(api_server, "serve", lambda *a, **k: pytest.fail("served anyway"))
+    monkeypatch.setattr(launcher, "serve", lambda *a, **k: pytest.fail("served anyway"))
     stopped = []  # run_server stops the engine it started (the module's: only recorded)
     monkeypatch.setattr(allm, "shutdown", lambda *a, **k: stopped.append(True))
     with socket.socket() as busy:
@@ -138,7 +139,7 @@ def test_run_server_in_process_left_the_heap_unfrozen():
 def test_no_metrics_port_no_extra_server(monkeypatch, use_engine):
     started = []
     monkeypatch.setattr(api_server, "start_metrics_server", lambda *a: started.append(a))
-    monkeypatch.setattr(api_server, "serve", lambda *a, **k: 0)
+    monkeypatch.setattr(launcher, "serve", lambda *a, **k: 0)
     assert api_server.run_server(api_server.make_arg_parser().parse_args(
         ["--disable-log-stats", "--port", "0"])) == 0
     assert started == []
@@ -150,7 +151,7 @@ def test_servers_listen_on_loopback_unless_asked(monkeypatch, use_engine):
     from octavo.entrypoints import api_server as simple_server
 
     hosts = []
-    monkeypatch.setattr(api_server, "serve", lambda *a, **k: hosts.append(k["host"]) or 0)
+    monkeypatch.setattr(launcher, "serve", lambda *a, **k: hosts.append(k["host"]) or 0)
     port = free_port()
     bound = []
     real_start = api_server.start_metrics_server
@@ -167,7 +168,6 @@ def test_servers_listen_on_loopback_unless_asked(monkeypatch, use_engine):
     assert api_server.run_server(api_server.make_arg_parser().parse_args(
         ["--disable-log-stats", "--host", "0.0.0.0", "--port", "0"])) == 0
     assert hosts[-1] == "0.0.0.0"
-    import octavo.entrypoints.launcher as launcher
     monkeypatch.setattr(launcher, "serve", lambda *a, **k: hosts.append(k["host"]) or 0)
     assert simple_server.run_server(simple_server.make_parser().parse_args(
         ["--disable-log-stats", "--port", "0"])) == 0

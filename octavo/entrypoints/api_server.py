@@ -186,24 +186,16 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    from octavo.entrypoints.launcher import DEFAULT_HOST, bind_or_explain, serve
+    from octavo.entrypoints.launcher import bind_and_start, serve_flags
 
-    sock = bind_or_explain(args.host or DEFAULT_HOST, args.port)
-    if sock is None:
+    started = bind_and_start(args, start_engine)
+    if started is None:
         return 2
-    engine = start_engine(args)
-    if engine is None:
-        sock.close()
-        return 2
+    sock, engine = started
     app = build_app(engine, args.served_model_name, api_key=args.api_key,
                     rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
                     request_body_timeout=args.request_body_timeout)
-    try:
-        return serve(app, engine, host=args.host or DEFAULT_HOST, port=args.port,
-                     log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
-                     forwarded_allow_ips=args.forwarded_allow_ips, sock=sock)
-    finally:
-        sock.close()  # (uvicorn closed it already when it served)
+    return serve_flags(app, engine, args, sock)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -145,6 +145,29 @@ def bind_or_explain(host: str, port: int) -> socket.socket | None:
         return None
 
 
+def bind_and_start(args, start_engine) -> tuple[socket.socket, AsyncLLM] | None:
+    """A server's socket (bound first: ``listen_socket``) and then its engine, from its
+    parsed flags; None, the reason printed, when either cannot be had."""
+    sock = bind_or_explain(args.host or DEFAULT_HOST, args.port)
+    if sock is None:
+        return None
+    engine = start_engine(args)
+    if engine is None:
+        sock.close()
+        return None
+    return sock, engine
+
+
+def serve_flags(app, engine: AsyncLLM, args, sock: socket.socket) -> int:
+    """``serve`` with a server's parsed flags, on the socket ``bind_and_start`` bound."""
+    try:
+        return serve(app, engine, host=args.host or DEFAULT_HOST, port=args.port,
+                     log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
+                     forwarded_allow_ips=args.forwarded_allow_ips, sock=sock)
+    finally:
+        sock.close()  # (uvicorn closed it already when it served)
+
+
 def serve(app, engine: AsyncLLM, *, host: str, port: int, log_level: str = "info",
           shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
           forwarded_allow_ips: str | None = None, sock: socket.socket | None = None) -> int:

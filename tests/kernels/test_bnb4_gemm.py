@@ -13,31 +13,14 @@ import torch
 pytest.importorskip("triton")
 
 from octavo.kernels.bnb4_gemm import block_k, bnb4_gemm, plan, supported  # noqa: E402
-from octavo.quantization import bnb_format as fmt  # noqa: E402
-from octavo.quantization.bnb_weight import (  # noqa: E402
-    blocks_or_dense,
-    byte_table,
-    dequantize_packed,
-)
-
-
-def _weight(n, k, blocksize, quant_type, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * 0.05
-    packed, absmax = fmt.quantize_4bit(w, quant_type, blocksize)
-    b = blocks_or_dense(packed, absmax, fmt.code_table(quant_type, w.device), blocksize, n, k)
-    return (b.packed.contiguous().to(device), b.absmax.contiguous().to(device),
-            byte_table(b.code).to(device), b)
+from octavo.quantization.bnb_weight import dequantize_packed  # noqa: E402
+from tests.kernels.test_bnb4_gemv import _rel, _weight  # noqa: E402
 
 
 def _want(x, b, blocksize, device):
     """The dequantize-then-matmul path's result: the weight rounded once to x's dtype."""
     w = dequantize_packed(b.packed, b.absmax, b.code, blocksize, torch.float32)
     return x.float() @ w.to(x.dtype).float().to(device).t()
-
-
-def _rel(got, want):
-    return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
 # (m, n, k, blocksize, quant type, split_k: None = the plan's)

@@ -29,8 +29,8 @@ from octavo.entrypoints.engine_client import (
 from octavo.entrypoints.launcher import (
     DEFAULT_HOST,
     DEFAULT_SHUTDOWN_TIMEOUT,
-    bind_or_explain,
-    serve,
+    bind_and_start,
+    serve_flags,
 )
 from octavo.entrypoints.openai.error_handlers import install_error_handlers
 from octavo.entrypoints.openai.error_schema import document_errors
@@ -431,13 +431,10 @@ def start_metrics_server(app: FastAPI, host: str | None, port: int):
 
 
 def run_server(args: argparse.Namespace) -> int:
-    sock = bind_or_explain(args.host or DEFAULT_HOST, args.port)
-    if sock is None:
+    started = bind_and_start(args, start_engine)
+    if started is None:
         return 2
-    engine = start_engine(args)
-    if engine is None:
-        sock.close()
-        return 2
+    sock, engine = started
     settings = ServerSettings(
         served_model_names=args.served_model_name, api_key=args.api_key,
         rate_limit=args.rate_limit, max_body_bytes=args.max_body_bytes,
@@ -459,11 +456,8 @@ def run_server(args: argparse.Namespace) -> int:
             sock.close()
             return 2
     try:
-        return serve(app, engine, host=args.host or DEFAULT_HOST, port=args.port,
-                     log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
-                     forwarded_allow_ips=args.forwarded_allow_ips, sock=sock)
+        return serve_flags(app, engine, args, sock)
     finally:
-        sock.close()  # (uvicorn closed it already when it served)
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()
