@@ -31,6 +31,7 @@ from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # no
 from octavo.entrypoints.request_limits import (  # noqa: E402
     MAX_ALLOWED_TOKEN_IDS,
     MAX_BAD_WORDS,
+    MAX_MESSAGE_EXTRA_VALUES,
     MAX_MESSAGES,
     MAX_PROMPTS,
     MAX_STOP,
@@ -125,6 +126,44 @@ def test_too_many_items_refused_up_front(engine, apps, generate_calls, app_name,
     # Nothing of the refused request reached the engine: only the normal one that followed.
     assert len(generate_calls) == (0 if path == "/tokenize" else 1), generate_calls
     print(f"{path} {param}: refused and served again in {time.monotonic() - t0:.2f} s")
+
+
+_TOOL_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+@pytest.mark.parametrize("extra", [
+    {"extra": [[0]] * 1_000_000},  # one field of nested lists (~3 s in the template's walk)
+    {"tool_calls": [_TOOL_CALL] * 9000},  # ~70k values: past the limit
+    {f"k{i}": i for i in range(MAX_MESSAGE_EXTRA_VALUES)},  # many small fields
+])
+def test_message_fields_past_the_value_limit_refused(engine, apps, generate_calls, path,
+                                                     extra):
+    """Fields besides role and content reach the chat template, which walks every value:
+    more than MAX_MESSAGE_EXTRA_VALUES across a request's messages is a 400 naming messages,
+    before the messages are validated or rendered."""
+    body = {"messages": [{"role": "assistant", "content": None, **extra}]}
+    if path != "/tokenize":
+        body = {**CHAT, **body}
+    err = expect_refused(engine, apps["openai"], path, body, "messages")
+    assert f"limit of {MAX_MESSAGE_EXTRA_VALUES} JSON values" in err["message"], err
+    assert len(generate_calls) == (0 if path == "/tokenize" else 1), generate_calls
+
+
+def test_message_fields_within_the_value_limit_are_served(engine, apps):
+    """A conversation's tool calls well inside the limit (a few thousand of them)."""
+    calls = [{"role": "user", "content": "hi"},
+             {"role": "assistant", "content": None, "tool_calls": [_TOOL_CALL] * 4000},
+             {"role": "tool", "content": "ok", "tool_call_id": "c1"},
+             {"role": "user", "content": "and?"}]
+
+    async def go():
+        async with _client(apps["openai"]) as c:
+            return await _post(c, "/tokenize", {"messages": calls})
+
+    r = asyncio.run(go())
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["count"] > 0
 
 
 def test_lists_at_the_limit_are_served(engine, apps):

@@ -31,6 +31,12 @@ MAX_ALLOWED_TOKEN_IDS = 2**18
 # template.
 MAX_MESSAGES = 4096
 
+# JSON values in the chat messages' fields other than role and content (name, tool_calls,
+# tool_call_id, ... : they reach the chat template, and transformers walks every value of
+# them before rendering, ~4.5 us each: 8 MB of nested lists in one such field took ~5 s of
+# CPU). A long agent conversation's tool calls hold a few tens of thousands.
+MAX_MESSAGE_EXTRA_VALUES = 2**16
+
 # Sampling fields both servers take -> the most entries a request may send.
 LIST_LIMITS: dict[str, int] = {
     "stop": MAX_STOP,
@@ -46,6 +52,34 @@ def too_many(value: Any, limit: int, what: str = "entries") -> str | None:
     if isinstance(value, list) and len(value) > limit:
         return (f"{len(value)} {what}, more than this server's limit of {limit} per request")
     return None
+
+
+def message_extra_values(messages: Any, limit: int) -> int:
+    """How many JSON values the messages' fields other than role and content hold, counted
+    up to just past ``limit`` (a huge field is not walked to its end)."""
+    count = 0
+    stack: list[Any] = []
+    for m in messages if isinstance(messages, list) else ():
+        if isinstance(m, dict):
+            extra = [v for k, v in m.items() if k not in ("role", "content")]
+            count += len(extra)  # their keys
+            if count + len(extra) > limit:
+                return limit + 1
+            stack.extend(extra)
+        while stack:
+            v = stack.pop()
+            count += 1
+            if isinstance(v, dict):
+                count += len(v)  # the keys
+                items = v.values()
+            elif isinstance(v, list):
+                items = v
+            else:
+                continue
+            if count + len(items) > limit:
+                return limit + 1
+            stack.extend(items)
+    return count
 
 
 def prompt_count(prompt: Any) -> int:

@@ -34,10 +34,12 @@ from octavo.entrypoints.request_limits import (
     LIST_LIMITS,
     MAX_ALLOWED_TOKEN_IDS,
     MAX_BAD_WORDS,
+    MAX_MESSAGE_EXTRA_VALUES,
     MAX_MESSAGES,
     MAX_PROMPTS,
     MAX_STOP,
     MAX_STOP_TOKEN_IDS,
+    message_extra_values,
     prompt_count,
     too_many,
 )
@@ -151,6 +153,17 @@ def _refuse_too_many(value: Any, limit: int, what: str = "entries") -> Any:
     if reason is not None:
         raise PydanticCustomError("too_long", reason)
     return value
+
+
+def _extras_bounded(messages: Any) -> Any:
+    """``messages`` unless their fields besides role and content hold more JSON values than
+    ``MAX_MESSAGE_EXTRA_VALUES`` (request_limits); counted before pydantic validates them."""
+    if message_extra_values(messages, MAX_MESSAGE_EXTRA_VALUES) > MAX_MESSAGE_EXTRA_VALUES:
+        raise PydanticCustomError(
+            "too_long", f"the messages' fields other than role and content (name, tool_calls, "
+            f"...) hold more than this server's limit of {MAX_MESSAGE_EXTRA_VALUES} JSON "
+            "values per request")
+    return messages
 
 
 def _capped(limit: int, what: str) -> BeforeValidator:
@@ -403,7 +416,8 @@ class NamedToolChoice(BaseModel):
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES),
-                        _capped(MAX_MESSAGES, "messages")]
+                        # (before-validators run last first: the count cap, then this)
+                        BeforeValidator(_extras_bounded), _capped(MAX_MESSAGES, "messages")]
     # Tool calls: the tools reach the chat template; tool_choice "required" and a named
     # function are enforced with structured outputs, "auto" is parsed (--tool-call-parser).
     tools: list[ChatTool] | None = None
@@ -484,6 +498,7 @@ class TokenizeRequest(BaseModel):
     model: Text | None = None
     prompt: Text | None = None
     messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES),
+                        BeforeValidator(_extras_bounded),
                         _capped(MAX_MESSAGES, "messages")] | None = None
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
