@@ -24,14 +24,13 @@ try:
 except ImportError:  # newer openai releases ship the same client as httpx2
     httpx = pytest.importorskip("httpx2")
 
-from octavo.engine.arg_utils import EngineArgs  # noqa: E402
-from octavo.engine.async_llm import AsyncLLM  # noqa: E402
 from octavo.entrypoints import api_server as simple_server  # noqa: E402
 from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # noqa: E402
 from octavo.entrypoints.openai.protocol import error_body  # noqa: E402
 from octavo.entrypoints.openai.serving_engine import default_offload  # noqa: E402
 from octavo.errors import RequestFailedError  # noqa: E402
 from tests.running_server import RunningServer, wait_idle  # noqa: E402
+from tests.server_apps import both_apps, in_process_engine  # noqa: E402
 
 MAX_LEN = 512
 VOCAB = 49152  # the embedded default model's vocabulary
@@ -48,16 +47,14 @@ NORMAL = {"/v1/completions": COMPLETION, "/v1/chat/completions": CHAT,
 
 @pytest.fixture(scope="module")
 def engine():
-    llm = AsyncLLM.from_engine_args(EngineArgs(max_model_len=MAX_LEN, max_num_seqs=64))
-    assert llm.model_config.hf_config.vocab_size == VOCAB
-    yield llm
-    llm.shutdown()
+    for llm in in_process_engine(MAX_LEN, 64):
+        assert llm.model_config.hf_config.vocab_size == VOCAB
+        yield llm
 
 
 @pytest.fixture(scope="module")
 def apps(engine):
-    return {"openai": build_app(engine, ServerSettings(shutdown_engine=False)),
-            "simple": simple_server.build_app(engine, shutdown_engine=False)}
+    return both_apps(engine)
 
 
 @pytest.fixture(autouse=True)

@@ -24,8 +24,6 @@ try:
 except ImportError:  # newer openai releases ship the same client as httpx2
     httpx = pytest.importorskip("httpx2")
 
-from octavo.engine.arg_utils import EngineArgs  # noqa: E402
-from octavo.engine.async_llm import AsyncLLM  # noqa: E402
 from octavo.entrypoints import api_server as simple_server  # noqa: E402
 from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # noqa: E402
 from octavo.entrypoints.request_limits import (  # noqa: E402
@@ -38,6 +36,7 @@ from octavo.entrypoints.request_limits import (  # noqa: E402
     MAX_STOP_TOKEN_IDS,
 )
 from tests.running_server import RunningServer, wait_idle  # noqa: E402
+from tests.server_apps import both_apps, in_process_engine  # noqa: E402
 from tests.test_hostile_server import (  # noqa: E402
     CHAT,
     COMPLETION,
@@ -52,15 +51,12 @@ from tests.test_hostile_server import (  # noqa: E402
 
 @pytest.fixture(scope="module")
 def engine():
-    llm = AsyncLLM.from_engine_args(EngineArgs(max_model_len=512, max_num_seqs=64))
-    yield llm
-    llm.shutdown()
+    yield from in_process_engine(512, 64)
 
 
 @pytest.fixture(scope="module")
 def apps(engine):
-    return {"openai": build_app(engine, ServerSettings(shutdown_engine=False)),
-            "simple": simple_server.build_app(engine, shutdown_engine=False)}
+    return both_apps(engine)
 
 
 @pytest.fixture(autouse=True)

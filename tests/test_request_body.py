@@ -26,14 +26,12 @@ from typing import Annotated  # noqa: E402
 from fastapi import Body, Request  # noqa: E402
 from fastapi.routing import APIRoute  # noqa: E402
 
-from octavo.engine.arg_utils import EngineArgs  # noqa: E402
-from octavo.engine.async_llm import AsyncLLM  # noqa: E402
-from octavo.entrypoints import api_server as simple_server  # noqa: E402
 from octavo.entrypoints.openai import api_server as openai_server  # noqa: E402
 from octavo.entrypoints.openai import protocol, request_body  # noqa: E402
 from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # noqa: E402
 from octavo.entrypoints.openai.protocol import APIError, CompletionRequest  # noqa: E402
 from tests.running_server import wait_idle  # noqa: E402
+from tests.server_apps import both_apps, in_process_engine  # noqa: E402
 
 LARGE = request_body.LARGE_BODY_BYTES
 JSON = {"content-type": "application/json"}
@@ -41,15 +39,12 @@ JSON = {"content-type": "application/json"}
 
 @pytest.fixture(scope="module")
 def engine():
-    llm = AsyncLLM.from_engine_args(EngineArgs(max_model_len=256, max_num_seqs=8))
-    yield llm
-    llm.shutdown()
+    yield from in_process_engine(256, 8)
 
 
 @pytest.fixture(scope="module")
 def apps(engine):
-    return {"openai": build_app(engine, ServerSettings(shutdown_engine=False)),
-            "simple": simple_server.build_app(engine, shutdown_engine=False)}
+    return both_apps(engine)
 
 
 @pytest.fixture(autouse=True)
