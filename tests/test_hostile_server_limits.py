@@ -29,6 +29,7 @@ from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # no
 from octavo.entrypoints.request_limits import (  # noqa: E402
     MAX_ALLOWED_TOKEN_IDS,
     MAX_BAD_WORDS,
+    MAX_CHOICES,
     MAX_MESSAGE_EXTRA_VALUES,
     MAX_MESSAGES,
     MAX_PROMPTS,
@@ -160,6 +161,54 @@ def test_message_fields_within_the_value_limit_are_served(engine, apps):
     r = asyncio.run(go())
     assert r.status_code == 200, r.text[:300]
     assert r.json()["count"] > 0
+
+
+_WORDS = [f"c{i:05d}" for i in range(MAX_CHOICES + 1)]
+_BIG_SCHEMA = {"type": "string", "enum": ["x" * 100] * 3000}  # ~312k characters as JSON
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"a": _BIG_SCHEMA}}}}
+_CONSTRAINTS = [
+    ("openai", "/v1/completions", {**COMPLETION, "guided_choice": _WORDS}, "guided_choice",
+     f"{MAX_CHOICES + 1} choices"),
+    ("openai", "/v1/completions", {**COMPLETION, "structured_outputs": {"choice": _WORDS}},
+     "structured_outputs", f"{MAX_CHOICES + 1} choices"),
+    ("openai", "/v1/completions", {**COMPLETION, "guided_regex": "(ab|cd)" * 40_000},
+     "guided_regex", "280000 characters"),
+    ("openai", "/v1/chat/completions", {**CHAT, "guided_json": _BIG_SCHEMA}, "guided_json",
+     "characters"),
+    ("openai", "/v1/chat/completions", {**CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": _BIG_SCHEMA}}},
+     "response_format", "characters"),
+    ("openai", "/v1/chat/completions", {**CHAT, "tools": [_TOOL], "tool_choice": "required"},
+     "tools", "characters"),
+    ("simple", "/generate", {**GENERATE, "structured_outputs": {"grammar": "root ::= "
+                                                                + '"a" ' * 70_000}},
+     "structured_outputs", "characters"),
+]
+
+
+@pytest.mark.parametrize("app_name, path, body, param, says", [
+    pytest.param(*case, id=f"{case[1]}:{case[3]}") for case in _CONSTRAINTS])
+def test_constraints_too_big_to_compile_refused(engine, apps, generate_calls, app_name, path,
+                                                body, param, says):
+    """An output constraint is compiled on the worker that validates its request (200k
+    choices: 22 s): more than MAX_CHOICES choices or MAX_CONSTRAINT_CHARS characters is a
+    400 naming the field, before anything is compiled or queued."""
+    err = expect_refused(engine, apps[app_name], path, body, param)
+    assert says in err["message"] and "this server's limit" in err["message"], err
+    assert len(generate_calls) == 1, generate_calls  # only the normal request after it
+
+
+def test_a_constraint_at_the_limit_is_served(engine, apps):
+    """MAX_CHOICES choices compile and constrain the output."""
+    async def go():
+        async with _client(apps["openai"]) as c:
+            return await _post(c, "/v1/completions", {**COMPLETION, "max_tokens": 8,
+                                                      "guided_choice": _WORDS[:MAX_CHOICES]})
+
+    r = asyncio.run(go())
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["choices"][0]["text"] in _WORDS[:MAX_CHOICES]
 
 
 def test_lists_at_the_limit_are_served(engine, apps):

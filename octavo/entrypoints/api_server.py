@@ -50,7 +50,7 @@ from octavo.entrypoints.openai.serving_engine import (
     random_id,
     stream_error,
 )
-from octavo.entrypoints.request_limits import LIST_LIMITS, too_many
+from octavo.entrypoints.request_limits import LIST_LIMITS, constraint_too_big, too_many
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
@@ -106,6 +106,9 @@ def parse_generate_request(body: bytes) -> tuple[str, bool, SamplingParams]:
         param = error_param(e)
         raise APIError(400, str(e), param=param if param in SAMPLING_FIELDS else None
                        ) from None
+    reason = constraint_too_big(params.structured_outputs)
+    if reason is not None:
+        raise APIError(400, f"structured_outputs: {reason}", param="structured_outputs")
     return prompt, stream, params
 
 

@@ -11,6 +11,7 @@ token ids, each checked against the vocabulary before the request is queued.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 # Prompts in one completions request (strings or token-id lists): each is tokenized and
@@ -36,6 +37,13 @@ MAX_MESSAGES = 4096
 # them before rendering, ~4.5 us each: 8 MB of nested lists in one such field took ~5 s of
 # CPU). A long agent conversation's tool calls hold a few tens of thousands.
 MAX_MESSAGE_EXTRA_VALUES = 2**16
+
+# An output constraint's size: choices, and the characters of its regex, grammar, JSON schema
+# (as JSON text) or choices together. Compiling one takes the offload pool's worker that
+# validates the request (~4.5 s a MB of regex alternation; 200k choices took 22 s), and a
+# few such requests would hold every worker, so no other request could be tokenized.
+MAX_CHOICES = 8192
+MAX_CONSTRAINT_CHARS = 256 * 1024
 
 # Sampling fields both servers take -> the most entries a request may send.
 LIST_LIMITS: dict[str, int] = {
@@ -80,6 +88,29 @@ def message_extra_values(messages: Any, limit: int) -> int:
                 return limit + 1
             stack.extend(items)
     return count
+
+
+def constraint_too_big(so: Any) -> str | None:
+    """Why a StructuredOutputsParams is refused (``MAX_CHOICES``, ``MAX_CONSTRAINT_CHARS``),
+    or None when it fits."""
+    if so is None:
+        return None
+    choices = so.choice or ()
+    if len(choices) > MAX_CHOICES:
+        return (f"{len(choices)} choices, more than this server's limit of {MAX_CHOICES} per "
+                "request")
+    schema = so.json
+    if schema is not None and not isinstance(schema, str):
+        try:
+            schema = json.dumps(schema)
+        except (TypeError, ValueError):  # a model class (offline only): not a server's
+            schema = ""
+    size = sum(len(c) for c in choices) + sum(
+        len(t) for t in (so.regex, so.grammar, schema, so.structural_tag) if t)
+    if size > MAX_CONSTRAINT_CHARS:
+        return (f"a constraint of {size} characters, more than this server's limit of "
+                f"{MAX_CONSTRAINT_CHARS} per request")
+    return None
 
 
 def prompt_count(prompt: Any) -> int:

@@ -34,11 +34,13 @@ from octavo.entrypoints.request_limits import (
     LIST_LIMITS,
     MAX_ALLOWED_TOKEN_IDS,
     MAX_BAD_WORDS,
+    MAX_CHOICES,
     MAX_MESSAGE_EXTRA_VALUES,
     MAX_MESSAGES,
     MAX_PROMPTS,
     MAX_STOP,
     MAX_STOP_TOKEN_IDS,
+    constraint_too_big,
     message_extra_values,
     prompt_count,
     too_many,
@@ -166,6 +168,15 @@ def _extras_bounded(messages: Any) -> Any:
     return messages
 
 
+def _bounded(so: StructuredOutputsParams | None, field: str | None
+             ) -> StructuredOutputsParams | None:
+    """``so`` unless it is larger than a server compiles (request_limits)."""
+    reason = constraint_too_big(so)
+    if reason is not None:
+        raise APIError(400, f"{field}: {reason}", param=field)
+    return so
+
+
 def _capped(limit: int, what: str) -> BeforeValidator:
     """A list type's cap (its ``Field(max_length=...)`` states it in the schema), checked
     before the items."""
@@ -240,7 +251,8 @@ class _SamplingRequest(BaseModel):
     structured_outputs: dict[str, Any] | None = None
     guided_json: Text | dict[str, Any] | None = None
     guided_regex: Text | None = None
-    guided_choice: list[Text] | None = None
+    guided_choice: Annotated[list[Text], Field(max_length=MAX_CHOICES),
+                             _capped(MAX_CHOICES, "choices")] | None = None
     guided_grammar: Text | None = None
     guided_decoding_backend: Text | None = None
     guided_whitespace_pattern: Text | None = None
@@ -317,6 +329,9 @@ class _SamplingRequest(BaseModel):
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         """The output constraint this request asks for, errors named by its own field."""
         source = self.structured_source()
+        return _bounded(self._constraint(source), source)
+
+    def _constraint(self, source: str | None) -> StructuredOutputsParams | None:
         if source is None:
             return None
         extra: dict[str, Any] = {}
@@ -490,7 +505,7 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def structured_outputs_params(self) -> StructuredOutputsParams | None:
         if self.structured_source() == "tool_choice":
-            return self._forced_tools()
+            return _bounded(self._forced_tools(), "tools")
         return super().structured_outputs_params()
 
 
