@@ -35,6 +35,9 @@ from octavo.entrypoints.request_limits import (  # noqa: E402
     MAX_PROMPTS,
     MAX_STOP,
     MAX_STOP_TOKEN_IDS,
+    MAX_TOOL_VALUES,
+    json_values,
+    message_extra_values,
 )
 from tests.running_server import RunningServer, wait_idle  # noqa: E402
 from tests.server_apps import both_apps, in_process_engine  # noqa: E402
@@ -145,6 +148,25 @@ def test_message_fields_past_the_value_limit_refused(engine, apps, generate_call
     err = expect_refused(engine, apps["openai"], path, body, "messages")
     assert f"limit of {MAX_MESSAGE_EXTRA_VALUES} JSON values" in err["message"], err
     assert len(generate_calls) == (0 if path == "/tokenize" else 1), generate_calls
+
+
+def test_tools_past_the_value_limit_refused(engine, apps, generate_calls):
+    """Tool definitions reach the chat template too (walked value by value), tool_choice
+    auto included: more than MAX_TOOL_VALUES is a 400 naming tools."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}}}}}
+    err = expect_refused(engine, apps["openai"], "/v1/chat/completions",
+                         {**CHAT, "tools": [tool] * 10_000}, "tools")
+    assert f"limit of {MAX_TOOL_VALUES} JSON values" in err["message"], err
+    assert len(generate_calls) == 1
+
+
+def test_json_values_counts_every_value_and_stops_past_the_limit():
+    assert json_values([{"a": [1, 2]}], 100) == 5  # the dict, its key, the list, 1, 2
+    assert json_values([[0] * 10], 5) == 6  # stopped at the list: not walked
+    assert json_values(["x"] * 7, 5) == 6
+    assert message_extra_values([{"role": "user", "content": "x", "name": "n",
+                                  "tool_calls": [{"id": "1"}]}], 100) == 7
 
 
 def test_message_fields_within_the_value_limit_are_served(engine, apps):

@@ -37,6 +37,9 @@ MAX_MESSAGES = 4096
 # them before rendering, ~4.5 us each: 8 MB of nested lists in one such field took ~5 s of
 # CPU). A long agent conversation's tool calls hold a few tens of thousands.
 MAX_MESSAGE_EXTRA_VALUES = 2**16
+# JSON values in a chat request's tools (their definitions reach the chat template, walked
+# the same way).
+MAX_TOOL_VALUES = 2**16
 
 # An output constraint's size: choices, and the characters of its regex, grammar, JSON schema
 # (as JSON text) or choices together. Compiling one takes the offload pool's worker that
@@ -62,31 +65,39 @@ def too_many(value: Any, limit: int, what: str = "entries") -> str | None:
     return None
 
 
+def json_values(roots: list, limit: int, count: int = 0) -> int:
+    """``count`` plus the JSON values of ``roots`` (each root and all inside it; a mapping's
+    keys count too), counted up to just past ``limit``: a huge value is not walked to its
+    end."""
+    if count + len(roots) > limit:
+        return limit + 1
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        count += 1
+        if isinstance(v, dict):
+            count += len(v)  # the keys
+            items = v.values()
+        elif isinstance(v, list):
+            items = v
+        else:
+            continue
+        if count + len(items) > limit:
+            return limit + 1
+        stack.extend(items)
+    return count
+
+
 def message_extra_values(messages: Any, limit: int) -> int:
-    """How many JSON values the messages' fields other than role and content hold, counted
-    up to just past ``limit`` (a huge field is not walked to its end)."""
+    """How many JSON values the messages' fields other than role and content hold (their
+    keys too), counted up to just past ``limit``."""
     count = 0
-    stack: list[Any] = []
     for m in messages if isinstance(messages, list) else ():
         if isinstance(m, dict):
             extra = [v for k, v in m.items() if k not in ("role", "content")]
-            count += len(extra)  # their keys
-            if count + len(extra) > limit:
-                return limit + 1
-            stack.extend(extra)
-        while stack:
-            v = stack.pop()
-            count += 1
-            if isinstance(v, dict):
-                count += len(v)  # the keys
-                items = v.values()
-            elif isinstance(v, list):
-                items = v
-            else:
-                continue
-            if count + len(items) > limit:
-                return limit + 1
-            stack.extend(items)
+            count = json_values(extra, limit, count + len(extra))
+            if count > limit:
+                return count
     return count
 
 

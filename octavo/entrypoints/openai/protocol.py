@@ -40,7 +40,9 @@ from octavo.entrypoints.request_limits import (
     MAX_PROMPTS,
     MAX_STOP,
     MAX_STOP_TOKEN_IDS,
+    MAX_TOOL_VALUES,
     constraint_too_big,
+    json_values,
     message_extra_values,
     prompt_count,
     too_many,
@@ -166,6 +168,16 @@ def _extras_bounded(messages: Any) -> Any:
             f"...) hold more than this server's limit of {MAX_MESSAGE_EXTRA_VALUES} JSON "
             "values per request")
     return messages
+
+
+def _tools_bounded(tools: Any) -> Any:
+    """``tools`` unless they hold more JSON values than ``MAX_TOOL_VALUES`` (request_limits);
+    counted before pydantic validates them."""
+    if isinstance(tools, list) and json_values(tools, MAX_TOOL_VALUES) > MAX_TOOL_VALUES:
+        raise PydanticCustomError(
+            "too_long", f"the tools' definitions hold more than this server's limit of "
+            f"{MAX_TOOL_VALUES} JSON values per request")
+    return tools
 
 
 def _bounded(so: StructuredOutputsParams | None, field: str | None
@@ -435,7 +447,7 @@ class ChatCompletionRequest(_SamplingRequest):
                         BeforeValidator(_extras_bounded), _capped(MAX_MESSAGES, "messages")]
     # Tool calls: the tools reach the chat template; tool_choice "required" and a named
     # function are enforced with structured outputs, "auto" is parsed (--tool-call-parser).
-    tools: list[ChatTool] | None = None
+    tools: Annotated[list[ChatTool], BeforeValidator(_tools_bounded)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     max_tokens: Count | None = None
