@@ -30,6 +30,7 @@ from octavo.entrypoints.request_limits import (  # noqa: E402
     MAX_ALLOWED_TOKEN_IDS,
     MAX_BAD_WORDS,
     MAX_CHOICES,
+    MAX_DETOKENIZE_TOKENS,
     MAX_MESSAGE_EXTRA_VALUES,
     MAX_MESSAGES,
     MAX_PROMPTS,
@@ -110,6 +111,8 @@ _TOO_MANY = [
      "messages", MAX_MESSAGES + 1, MAX_MESSAGES),
     ("openai", "/tokenize", {"messages": [_MESSAGE] * 100_000}, "messages", 100_000,
      MAX_MESSAGES),
+    ("openai", "/detokenize", {"tokens": [1] * (MAX_DETOKENIZE_TOKENS + 1)}, "tokens",
+     MAX_DETOKENIZE_TOKENS + 1, MAX_DETOKENIZE_TOKENS),
     *[("simple", "/generate", {**GENERATE, f: v}, f, len(v), lim)
       for f, (v, lim) in _LISTS.items()],
 ]
@@ -124,7 +127,7 @@ def test_too_many_items_refused_up_front(engine, apps, generate_calls, app_name,
     assert f"{count} " in err["message"] and f"limit of {limit} per request" in err["message"]
     assert err["message"].startswith(f"{param}: "), err
     # Nothing of the refused request reached the engine: only the normal one that followed.
-    assert len(generate_calls) == (0 if path == "/tokenize" else 1), generate_calls
+    assert len(generate_calls) == (0 if path in ("/tokenize", "/detokenize") else 1), generate_calls
     print(f"{path} {param}: refused and served again in {time.monotonic() - t0:.2f} s")
 
 

@@ -35,6 +35,7 @@ from octavo.entrypoints.request_limits import (
     MAX_ALLOWED_TOKEN_IDS,
     MAX_BAD_WORDS,
     MAX_CHOICES,
+    MAX_DETOKENIZE_TOKENS,
     MAX_MESSAGE_EXTRA_VALUES,
     MAX_MESSAGES,
     MAX_PROMPTS,
@@ -533,7 +534,8 @@ class TokenizeRequest(BaseModel):
 
 class DetokenizeRequest(BaseModel):
     model: Text | None = None
-    tokens: list[TokenId]
+    tokens: Annotated[list[TokenId], Field(max_length=MAX_DETOKENIZE_TOKENS),
+                      _capped(MAX_DETOKENIZE_TOKENS, "token ids")]
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
