@@ -96,3 +96,17 @@ def test_a_batch_equals_each_row_alone():
                             banned=[1, 2] if r == 0 else None)])[0]
             assert torch.allclose(got[r], alone, rtol=0, atol=1e-6), r
             assert got[r][5] == float("-inf") and got[r][9] == float("-inf")
+
+
+def test_ids_past_the_logits_width_change_nothing_and_never_reach_the_next_row():
+    """Flat indices are row * vocab + token: a token at or past the width (a tokenizer's
+    added token beyond the model's logits) would land in the next row. It is skipped, as a
+    ban on it is."""
+    logits = torch.randn(2, 10)
+    params = SamplingParams(repetition_penalty=2.0, frequency_penalty=1.0)
+    got = apply_logits_processors(logits.clone(), [
+        RowContext(0, params, [1, 12, 3], [15, 2], banned=[4, 11])])
+    assert torch.equal(got[1], logits[1])
+    want = apply_logits_processors(logits[:1].clone(), [
+        RowContext(0, params, [1, 3], [2], banned=[4])])[0]
+    assert torch.equal(got[0], want)

@@ -153,11 +153,15 @@ def _entries(tallies: list, vocab: int, dev: torch.device, *per_row: list[float]
     ``dev`` in one copy each."""
     lens = np.array([t.n for _, t, *_ in tallies], dtype=np.int64)
     rows = np.repeat(np.array([r for r, *_ in tallies], dtype=np.int64) * vocab, lens)
-    flat = rows + np.concatenate([t.ids[:t.n] for _, t, *_ in tallies])
+    ids = np.concatenate([t.ids[:t.n] for _, t, *_ in tallies])
     counts = np.concatenate([t.counts[:t.n] for _, t, *_ in tallies])
-    values = [torch.from_numpy(np.repeat(np.array(v, dtype=np.float32), lens)).to(dev)
-              for v in per_row]
-    return torch.from_numpy(flat).to(dev), torch.from_numpy(counts).to(dev), values
+    values = [np.repeat(np.array(v, dtype=np.float32), lens) for v in per_row]
+    if ids.size and ids.max() >= vocab:  # past the logits' width: no logit to change there
+        keep = ids < vocab
+        rows, ids, counts = rows[keep], ids[keep], counts[keep]
+        values = [v[keep] for v in values]
+    return (torch.from_numpy(rows + ids).to(dev), torch.from_numpy(counts).to(dev),
+            [torch.from_numpy(v).to(dev) for v in values])
 
 
 def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],
@@ -204,9 +208,10 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],
             if failed is None:
                 raise
             failed[ctx.row] = e
-    if step.bans:
-        r = torch.tensor([row for row, b in step.bans for _ in b], device=dev)
-        c = torch.tensor([t for _, b in step.bans for t in b], device=dev, dtype=torch.long)
+    pairs = [(row, t) for row, b in step.bans for t in b if t < vocab]
+    if pairs:
+        r = torch.tensor([row for row, _ in pairs], device=dev)
+        c = torch.tensor([t for _, t in pairs], device=dev, dtype=torch.long)
         logits[r, c] = float("-inf")
     return logits
 
