@@ -208,6 +208,20 @@ def test_cuda_layout_torch_path_on_cpu(case, monkeypatch):
     _check_against_reference(case, *_run(llm), "saved_weight_only")
 
 
+def _count_calls(monkeypatch, targets: dict) -> dict[str, int]:
+    """Each ``name -> (module, function)`` wrapped to count its calls; the counts."""
+    calls = dict.fromkeys(targets, 0)
+    for key, (module, name) in targets.items():
+        real = getattr(module, name)
+
+        def counted(*a, _real=real, _key=key, **kw):
+            calls[_key] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 @pytest.mark.parametrize("case", ["qwen2-nf4-dq"])  # FP4: tests/kernels/test_bnb4_gemv.py
 def test_4bit_kernels_through_the_interpreter(case, monkeypatch):
     """4-bit kept packed as on CUDA, run by ``octavo.kernels.bnb4_gemv`` in Triton's
@@ -219,15 +233,8 @@ def test_4bit_kernels_through_the_interpreter(case, monkeypatch):
     from octavo.kernels import bnb4_gemv
 
     monkeypatch.setattr(bnb_method, "keeps_quantized", lambda device: True)
-    calls = {"gemv": 0, "dequantize": 0}
-    for name, key in (("bnb4_gemv", "gemv"), ("dequantize_4bit", "dequantize")):
-        real = getattr(bnb4_gemv, name)
-
-        def counted(*a, _real=real, _key=key, **kw):
-            calls[_key] += 1
-            return _real(*a, **kw)
-
-        monkeypatch.setattr(bnb4_gemv, name, counted)
+    calls = _count_calls(monkeypatch, {"gemv": (bnb4_gemv, "bnb4_gemv"),
+                                       "dequantize": (bnb4_gemv, "dequantize_4bit")})
     llm = _llm(case)
     assert _kinds(llm) == {"4bit"}
     _check_against_reference(case, *_run(llm), "saved_weight_only")
@@ -251,16 +258,8 @@ def test_4bit_fused_gemm_through_the_interpreter(case, monkeypatch):
 
     monkeypatch.setattr(bnb_method, "keeps_quantized", lambda device: True)
     monkeypatch.setenv("OCTAVO_BNB4_GEMM_MAX_M", "4096")
-    calls = {"gemm": 0, "dequantize": 0}
-    for module, name, key in ((bnb4_gemm, "bnb4_gemm", "gemm"),
-                              (bnb4_gemv, "dequantize_4bit", "dequantize")):
-        real = getattr(module, name)
-
-        def counted(*a, _real=real, _key=key, **kw):
-            calls[_key] += 1
-            return _real(*a, **kw)
-
-        monkeypatch.setattr(module, name, counted)
+    calls = _count_calls(monkeypatch, {"gemm": (bnb4_gemm, "bnb4_gemm"),
+                                       "dequantize": (bnb4_gemv, "dequantize_4bit")})
     llm = _llm(case)
     _check_against_reference(case, *_run(llm), "saved_weight_only")
     assert calls["gemm"] and not calls["dequantize"]
