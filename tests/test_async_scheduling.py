@@ -86,6 +86,30 @@ def test_requests_needing_host_history_mixed_in(folder):
     assert llm.llm_engine.timings.tokens == want
 
 
+def _no_repeat(output_ids, logits):
+    """Bans the previous output token: wrong at once if a step sampled without it."""
+    if output_ids:
+        logits[output_ids[-1]] = float("-inf")
+    return logits
+
+
+def test_penalties_and_processors_overlap_and_see_the_latest_token(folder):
+    """Requests whose sampling reads their latest tokens (penalties, a logits processor over
+    the output, min_tokens) no longer stop the overlap: each step's forward pass is launched
+    while the step before is in flight, and the sampling waits for that step's tokens. Every
+    request here is one of them, so any overlap (tokens fed on the device) is theirs; the
+    outputs equal synchronous scheduling's token for token."""
+    kinds = [dict(repetition_penalty=1.8), dict(frequency_penalty=1.5, presence_penalty=0.5),
+             dict(logits_processors=[_no_repeat]),
+             dict(min_tokens=6, stop_token_ids=[7, 8, 9, 10, 11, 12])]
+    params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=14,
+                             **kinds[i % len(kinds)]) for i in range(10)]
+    llm, outs = _both(folder, _prompts(), params)
+    for o in outs[2::4]:  # the no-repeat processor's requests
+        toks = o[0][0]
+        assert all(a != b for a, b in zip(toks, toks[1:])), toks
+
+
 def test_abort_while_a_step_is_in_flight(folder):
     llm = LLM(model=folder, dtype="float32", skip_tokenizer_init=True, max_model_len=256,
               async_scheduling=True)

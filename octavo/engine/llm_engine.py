@@ -69,7 +69,9 @@ class LLMEngine:
         self._inflight: tuple | None = None
         self._wait_s = 0.0
         self.timings = StepTimings()
-        # Requests with structured outputs still in the engine (pruned as they finish).
+        # Requests still in the engine whose sampling waits for the step before to be
+        # processed: structured outputs, penalties, bans, logits processors, min_tokens
+        # (output_processor.samples_after_history; pruned as they finish).
         self._guided: set[str] = set()
 
     def _new_scheduler(self) -> Scheduler:
@@ -122,6 +124,7 @@ class LLMEngine:
             # compiled and cached.
             state.grammar = self.processor.structured.new_state(
                 req.sampling_params.structured_outputs)
+        if state.samples_late:
             self._guided.add(req.request_id)
         return state
 
@@ -225,8 +228,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         inflight, self._inflight = self._inflight, None
         if inflight is not None and not self._can_overlap():
-            # Some request needs its latest token on the host before its next step
-            # (penalties, logprobs ...): finish the step in flight first.
+            # Some request reads its step's results back (logprobs): finish the step in
+            # flight first.
             outputs, num_prompt, num_gen = self._process(*inflight)
             self._account(None, t0, t0, t0, num_prompt, num_gen)  # launched nothing
             return outputs
@@ -258,7 +261,7 @@ class LLMEngine:
         return outputs
 
     def _guided_samplers(self, sched) -> list[str]:
-        """The guided requests that sample a token in ``sched``, in batch order."""
+        """The requests of ``_guided`` that sample a token in ``sched``, in batch order."""
         for rid in [r for r in self._guided if r not in self.states]:
             self._guided.discard(rid)  # finished, aborted, failed
         requests = self.scheduler.requests

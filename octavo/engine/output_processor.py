@@ -12,17 +12,20 @@ from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
 def needs_host_history(params: SamplingParams) -> bool:
-    """Whether building a request's next step reads its latest sampled token on the host
-    (logits processors over the history, min_tokens) or its step's results are read back
-    beyond the token (logprobs): such requests are not overlapped with the next step.
+    """Whether a request's step results are read back beyond its token (logprobs, prompt
+    logprobs): such requests are not overlapped with the next step."""
+    return params.logprobs is not None or params.prompt_logprobs is not None
 
-    Structured outputs are not among them: their next token's bitmask comes from the matcher
-    after it accepted the latest token, but only the sampling waits for it. With
-    asynchronous scheduling the engine launches a guided step's forward pass while the step
-    before is in flight, then processes that step (advancing the matchers), fills the
-    bitmask and samples (``LLMEngine._step``)."""
+
+def samples_after_history(params: SamplingParams) -> bool:
+    """Whether a request's sampling reads its latest tokens on the host: penalties, bad
+    words, logit processors over the output, min_tokens (and structured outputs, whose
+    matcher must have accepted the latest token). With asynchronous scheduling its step's
+    forward pass is launched while the step before is in flight; the engine then processes
+    that step (the worker's token lists and the matchers take its tokens) and only then
+    samples (``LLMEngine._step``, the worker's ``defer_sampling``)."""
     return (needs_processing(params) or params.min_tokens > 0
-            or params.logprobs is not None or params.prompt_logprobs is not None)
+            or params.structured_outputs is not None)
 
 
 @dataclass
@@ -56,8 +59,10 @@ class RequestState:
         self.prompt = prompt
         self.prompt_token_ids = request.prompt_token_ids
         self.params: SamplingParams = request.sampling_params
-        # The next step needs this request's latest token on the host (no overlap).
+        # The next step reads this step's results back (logprobs): no overlap.
         self.needs_sync = needs_host_history(self.params)
+        # Its sampling waits for the step before to be processed (no overlap lost).
+        self.samples_late = samples_after_history(self.params)
         # The request's grammar matcher (structured outputs), set by the engine.
         self.grammar = None
         self.detok = (IncrementalDetokenizer(tokenizer, request.prompt_token_ids, self.params)

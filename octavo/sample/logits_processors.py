@@ -52,17 +52,17 @@ class RowContext:
              bad_words_token_ids: BadWordIndex | None = None, banned: list[int] | None = None,
              cache: RowCache | None = None) -> RowContext:
         """A row whose prompt and output are views of one list (prompt then output: the
-        worker's), copied only where a step needs them."""
-        end = len(token_ids)
+        worker's), copied only where a step needs them; the output runs to the list's end
+        when read (a deferred sampling sees the token the step before appended)."""
         return cls(row, params, TokenSpan(token_ids, 0, num_prompt),
-                   TokenSpan(token_ids, num_prompt, end), bad_words_token_ids, banned, cache)
+                   TokenSpan(token_ids, num_prompt), bad_words_token_ids, banned, cache)
 
     def all_token_ids(self) -> Sequence[int]:
         """The prompt then the output."""
         p, o = self.prompt_token_ids, self.output_token_ids
         if isinstance(p, TokenSpan) and isinstance(o, TokenSpan) and p.seq is o.seq \
                 and p.end == o.start:
-            return TokenSpan(p.seq, p.start, o.end)
+            return TokenSpan(p.seq, p.start, None if o.open else o.end)
         return list(p) + list(o)
 
 

@@ -12,14 +12,24 @@ import numpy as np
 
 class TokenSpan(Sequence):
     """``seq[start:end]`` without the copy: the worker's token list is prompt then output,
-    and a step needs only a few of its tokens (the new ones, a bad word's prefix)."""
+    and a step needs only a few of its tokens (the new ones, a bad word's prefix). With
+    ``end`` None the span runs to the list's end as it is when read: a step whose sampling
+    waits for the step before (``defer_sampling``) sees the token that step appended."""
 
-    __slots__ = ("seq", "start", "end")
+    __slots__ = ("seq", "start", "_end")
 
     def __init__(self, seq: list[int], start: int = 0, end: int | None = None) -> None:
         self.seq = seq
         self.start = start
-        self.end = len(seq) if end is None else end
+        self._end = end
+
+    @property
+    def end(self) -> int:
+        return len(self.seq) if self._end is None else self._end
+
+    @property
+    def open(self) -> bool:
+        return self._end is None
 
     def __len__(self) -> int:
         return self.end - self.start
