@@ -14,8 +14,9 @@ done
 TAILN=12 item e_dequant python benchmarks/quantized.py --methods bf16,nf4 --batches 4 8 16 64 256 --skip-w2 --json /tmp/res/e_dequant.json
 OCTAVO_BNB4_GEMM_MAX_M=256 TAILN=12 item e_gemm python benchmarks/quantized.py --methods nf4 --batches 4 8 16 64 256 --skip-w2 --json /tmp/res/e_gemm.json
 OCTAVO_BNB4_GEMM_MAX_M=256 OCTAVO_BNB4_CUDA_MAX_M=2 TAILN=8 item e_gemm_small python benchmarks/quantized.py --methods nf4 --batches 3 4 8 --skip-w2 --json /tmp/res/e_gemm_small.json
-# The step's logits processing batched (a7a4967) against row by row (6d1ab6a), W1 with every
-# request asking for frequency / presence / repetition penalties, and W1 plain for reference.
+# The step's logits processing batched (a7a4967), with penalty requests kept on asynchronous
+# scheduling (f4b07bf), against row by row and synchronous (6d1ab6a): W1 with every request
+# asking for frequency / presence / repetition penalties, and W1 plain for reference.
 TAILN=5 item w1_pen python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen.json
 PYTHONPATH=.snap/old:. TAILN=5 item w1_pen_old python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen_old.json
 TAILN=5 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
