@@ -235,8 +235,7 @@ class LLMEngine:
             return outputs
         sched = self.scheduler.schedule()
         guided = self._guided_samplers(sched) if self._guided else []
-        if inflight is None and not any(
-                getattr(self.states.get(rid), "grammar", None) is not None for rid in guided):
+        if inflight is None and all(self.states[rid].grammar is None for rid in guided):
             guided = []  # nothing in flight, no bitmask to fill: they sample at once
         sched.defer_sampling = bool(guided)
         t1 = time.perf_counter()

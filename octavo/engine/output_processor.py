@@ -11,7 +11,7 @@ from octavo.sample.logits_processors import needs_processing
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
-def needs_host_history(params: SamplingParams) -> bool:
+def reads_results_back(params: SamplingParams) -> bool:
     """Whether a request's step results are read back beyond its token (logprobs, prompt
     logprobs): such requests are not overlapped with the next step."""
     return params.logprobs is not None or params.prompt_logprobs is not None
@@ -60,7 +60,7 @@ class RequestState:
         self.prompt_token_ids = request.prompt_token_ids
         self.params: SamplingParams = request.sampling_params
         # The next step reads this step's results back (logprobs): no overlap.
-        self.needs_sync = needs_host_history(self.params)
+        self.needs_sync = reads_results_back(self.params)
         # Its sampling waits for the step before to be processed (no overlap lost).
         self.samples_late = samples_after_history(self.params)
         # The request's grammar matcher (structured outputs), set by the engine.

@@ -135,21 +135,16 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def bind_or_explain(host: str, port: int) -> socket.socket | None:
-    """``listen_socket``, or None with the reason printed (the servers then exit 2)."""
-    try:
-        return listen_socket(host, port)
-    except OSError as e:
-        print(f"octavo: error: cannot listen on {host}:{port}: {e.strerror or e}",
-              file=sys.stderr)
-        return None
-
-
 def bind_and_start(args, start_engine) -> tuple[socket.socket, AsyncLLM] | None:
     """A server's socket (bound first: ``listen_socket``) and then its engine, from its
-    parsed flags; None, the reason printed, when either cannot be had."""
-    sock = bind_or_explain(args.host or DEFAULT_HOST, args.port)
-    if sock is None:
+    parsed flags; None, the reason printed, when either cannot be had (the servers then
+    exit 2)."""
+    host = args.host or DEFAULT_HOST
+    try:
+        sock = listen_socket(host, args.port)
+    except OSError as e:
+        print(f"octavo: error: cannot listen on {host}:{args.port}: {e.strerror or e}",
+              file=sys.stderr)
         return None
     engine = start_engine(args)
     if engine is None:

@@ -69,10 +69,12 @@ def too_many(value: Any, limit: int, what: str = "entries") -> str | None:
     return None
 
 
-def json_values(roots: list, limit: int, count: int = 0) -> int:
+def json_values(roots: Any, limit: int, count: int = 0) -> int:
     """``count`` plus the JSON values of ``roots`` (each root and all inside it; a mapping's
     keys count too), counted up to just past ``limit``: a huge value is not walked to its
-    end."""
+    end. ``roots`` not a list (a field's wrong type, left to its validation): none."""
+    if not isinstance(roots, list):
+        return count
     if count + len(roots) > limit:
         return limit + 1
     stack = list(roots)
@@ -110,10 +112,10 @@ def constraint_too_big(so: Any) -> str | None:
     or None when it fits."""
     if so is None:
         return None
+    reason = too_many(so.choice, MAX_CHOICES, "choices")
+    if reason is not None:
+        return reason
     choices = so.choice or ()
-    if len(choices) > MAX_CHOICES:
-        return (f"{len(choices)} choices, more than this server's limit of {MAX_CHOICES} per "
-                "request")
     schema = so.json
     if schema is not None and not isinstance(schema, str):
         try:

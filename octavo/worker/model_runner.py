@@ -22,7 +22,6 @@ from octavo.model_loader.loader import TORCH_DTYPES, load_model
 from octavo.sample.grammar_mask import GrammarMask
 from octavo.sample.logits_processors import (
     BadWordIndex,
-    RowCache,
     RowContext,
     needs_processing,
 )
@@ -524,8 +523,6 @@ class ModelRunner:
                 banned = sorted(ids) or None
             if banned or needs_processing(p):
                 n = st.num_prompt_tokens
-                if st.row_cache is None:
-                    st.row_cache = RowCache()
                 contexts.append(RowContext.over(row, p, st.token_ids, n,
                                                 st.bad_words_token_ids, banned, st.row_cache))
         if all(t == SamplingType.GREEDY for t in types):

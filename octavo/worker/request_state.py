@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from octavo.sample.logits_processors import BadWordIndex, RowCache
 from octavo.sampling_params import SamplingParams
@@ -20,8 +20,8 @@ class CachedRequestState:
     bad_words_token_ids: BadWordIndex | None = None
     slot: int = -1  # row of the persistent block table (InputBuffers.req_tables)
     table_len: int = 0  # how many of block_ids that row holds already
-    # Its logits processing's tensors, built on its first processed step (RowCache).
-    row_cache: RowCache | None = None
+    # Its logits processing's state, kept across steps (RowCache: filled on first use).
+    row_cache: RowCache = field(default_factory=RowCache)
 
     @property
     def num_output_tokens(self) -> int:

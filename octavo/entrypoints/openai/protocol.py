@@ -160,25 +160,22 @@ def _refuse_too_many(value: Any, limit: int, what: str = "entries") -> Any:
     return value
 
 
-def _extras_bounded(messages: Any) -> Any:
-    """``messages`` unless their fields besides role and content hold more JSON values than
-    ``MAX_MESSAGE_EXTRA_VALUES`` (request_limits); counted before pydantic validates them."""
-    if message_extra_values(messages, MAX_MESSAGE_EXTRA_VALUES) > MAX_MESSAGE_EXTRA_VALUES:
-        raise PydanticCustomError(
-            "too_long", f"the messages' fields other than role and content (name, tool_calls, "
-            f"...) hold more than this server's limit of {MAX_MESSAGE_EXTRA_VALUES} JSON "
-            "values per request")
-    return messages
+def _values_capped(count, limit: int, what: str) -> BeforeValidator:
+    """A cap on the JSON values ``count(value, limit)`` finds in a field (request_limits),
+    checked before pydantic validates them."""
+    def check(value: Any) -> Any:
+        if count(value, limit) > limit:
+            raise PydanticCustomError("too_long", f"{what} hold more than this server's limit "
+                                      f"of {limit} JSON values per request")
+        return value
+    return BeforeValidator(check)
 
 
-def _tools_bounded(tools: Any) -> Any:
-    """``tools`` unless they hold more JSON values than ``MAX_TOOL_VALUES`` (request_limits);
-    counted before pydantic validates them."""
-    if isinstance(tools, list) and json_values(tools, MAX_TOOL_VALUES) > MAX_TOOL_VALUES:
-        raise PydanticCustomError(
-            "too_long", f"the tools' definitions hold more than this server's limit of "
-            f"{MAX_TOOL_VALUES} JSON values per request")
-    return tools
+# Fields besides role and content reach the chat template, as do tools' definitions.
+_EXTRAS_CAPPED = _values_capped(
+    message_extra_values, MAX_MESSAGE_EXTRA_VALUES,
+    "the messages' fields other than role and content (name, tool_calls, ...)")
+_TOOLS_CAPPED = _values_capped(json_values, MAX_TOOL_VALUES, "the tools' definitions")
 
 
 def _bounded(so: StructuredOutputsParams | None, field: str | None
@@ -445,10 +442,10 @@ class NamedToolChoice(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES),
                         # (before-validators run last first: the count cap, then this)
-                        BeforeValidator(_extras_bounded), _capped(MAX_MESSAGES, "messages")]
+                        _EXTRAS_CAPPED, _capped(MAX_MESSAGES, "messages")]
     # Tool calls: the tools reach the chat template; tool_choice "required" and a named
     # function are enforced with structured outputs, "auto" is parsed (--tool-call-parser).
-    tools: Annotated[list[ChatTool], BeforeValidator(_tools_bounded)] | None = None
+    tools: Annotated[list[ChatTool], _TOOLS_CAPPED] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     max_tokens: Count | None = None
@@ -526,8 +523,7 @@ class TokenizeRequest(BaseModel):
     model: Text | None = None
     prompt: Text | None = None
     messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES),
-                        BeforeValidator(_extras_bounded),
-                        _capped(MAX_MESSAGES, "messages")] | None = None
+                        _EXTRAS_CAPPED, _capped(MAX_MESSAGES, "messages")] | None = None
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
 
