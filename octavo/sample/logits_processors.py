@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from octavo.sample.token_tally import TokenSpan, TokenTally
+from octavo.sample.upload import to_device
 from octavo.sampling_params import SamplingParams
 
 
@@ -126,15 +127,15 @@ class _Step:
             self.freq.append((ctx.row, cache.output, p.frequency_penalty, p.presence_penalty))
         if p.logit_bias:
             if cache.bias is None:
-                cache.bias = (torch.tensor([t for t in p.logit_bias if t < vocab], device=dev,
-                                           dtype=torch.long),
-                              torch.tensor([v for t, v in p.logit_bias.items() if t < vocab],
-                                           dtype=torch.float32, device=dev))
+                cache.bias = (to_device([t for t in p.logit_bias if t < vocab], dev,
+                                        torch.long),
+                              to_device([v for t, v in p.logit_bias.items() if t < vocab],
+                                        dev, torch.float32))
             self.bias.append((ctx.row, *cache.bias))
         if p.allowed_token_ids is not None:
             if cache.allowed is None:
                 keep = torch.full((vocab,), float("-inf"), dtype=torch.float32, device=dev)
-                keep[torch.tensor(p.allowed_token_ids, device=dev, dtype=torch.long)] = 0.0
+                keep[to_device(p.allowed_token_ids, dev, torch.long)] = 0.0
                 cache.allowed = keep
             self.allowed.append((ctx.row, cache.allowed))
         if p.logits_processors:
@@ -150,7 +151,7 @@ def _entries(tallies: list, vocab: int, dev: torch.device, *per_row: list[float]
              ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """(flat indices ``row * vocab + token`` into the logits, counts, each per-row value
     repeated per token) of the tallies' distinct tokens, concatenated on the host and sent to
-    ``dev`` in one copy each."""
+    ``dev`` in one queued copy each."""
     lens = np.array([t.n for _, t, *_ in tallies], dtype=np.int64)
     rows = np.repeat(np.array([r for r, *_ in tallies], dtype=np.int64) * vocab, lens)
     ids = np.concatenate([t.ids[:t.n] for _, t, *_ in tallies])
@@ -160,8 +161,8 @@ def _entries(tallies: list, vocab: int, dev: torch.device, *per_row: list[float]
         keep = ids < vocab
         rows, ids, counts = rows[keep], ids[keep], counts[keep]
         values = [v[keep] for v in values]
-    return (torch.from_numpy(rows + ids).to(dev), torch.from_numpy(counts).to(dev),
-            [torch.from_numpy(v).to(dev) for v in values])
+    return (to_device(rows + ids, dev), to_device(counts, dev),
+            [to_device(v, dev) for v in values])
 
 
 def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],
@@ -210,8 +211,8 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],
             failed[ctx.row] = e
     pairs = [(row, t) for row, b in step.bans for t in b if t < vocab]
     if pairs:
-        r = torch.tensor([row for row, _ in pairs], device=dev)
-        c = torch.tensor([t for _, t in pairs], device=dev, dtype=torch.long)
+        r = to_device([row for row, _ in pairs], dev, torch.long)
+        c = to_device([t for _, t in pairs], dev, torch.long)
         logits[r, c] = float("-inf")
     return logits
 

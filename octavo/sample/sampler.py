@@ -15,6 +15,7 @@ from octavo.kernels.triton_available import HAS_TRITON
 from octavo.sample.grammar_mask import apply_token_bitmask
 from octavo.sample.logits_processors import apply_logits_processors
 from octavo.sample.metadata import SamplingMetadata
+from octavo.sample.upload import to_device
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
@@ -90,8 +91,7 @@ class Sampler:
             seeds = [-1] * logits.shape[0]
             for row, gen in meta.generators.items():
                 seeds[row] = gen.initial_seed()
-            row_seeds = torch.tensor(seeds, dtype=torch.int64).pin_memory().to(
-                logits.device, non_blocking=True)
+            row_seeds = to_device(seeds, logits.device, torch.int64)
         from octavo.kernels.sample_race import race_sample  # Triton: imported on CUDA only
 
         return race_sample(logits, meta.temperature, base, row_seeds)

@@ -27,6 +27,7 @@ from octavo.sample.logits_processors import (
 )
 from octavo.sample.metadata import SamplingMetadata
 from octavo.sample.sampler import Sampler, SamplerOutput
+from octavo.sample.upload import to_device
 from octavo.sampling_params import SamplingType
 from octavo.structured_output.bitmask import GrammarBitmask
 from octavo.worker.cuda_graphs import CudaGraphRunner
@@ -493,8 +494,8 @@ class ModelRunner:
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks (every layer); dim 1 is the block dim in every backend's
         layout."""
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src = to_device([s for s, _ in copies], self.device, torch.long)
+        dst = to_device([d for _, d in copies], self.device, torch.long)
         for cache in self.kv_caches:
             if cache.element_size() == 1:  # float8 blocks: copied as bytes
                 cache = cache.view(torch.uint8)
@@ -565,10 +566,10 @@ class ModelRunner:
         bitmask = grammar.bitmask
         if src != list(range(bitmask.shape[0])):
             bitmask = bitmask[torch.tensor(src)]
-        bitmask = bitmask.to(self.device, non_blocking=True)
+        bitmask = to_device(bitmask, self.device)
         if rows == list(range(len(rows))):
             return GrammarMask(bitmask, None)
-        return GrammarMask(bitmask, torch.tensor(rows, device=self.device))
+        return GrammarMask(bitmask, to_device(rows, self.device, torch.long))
 
     @staticmethod
     def _logprobs_dict(states, out: SamplerOutput):

@@ -1,0 +1,64 @@
+"""A step's host data reaches the device without the host waiting for it: the penalties'
+flat indices, logit_bias, allowed ids and bans, copied from pinned memory in stream order
+(a pageable copy synchronizes the stream, and the step's overlap with the device is lost)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from octavo import SamplingParams
+from octavo.sample.logits_processors import RowCache, RowContext, apply_logits_processors
+from octavo.sample.upload import to_device
+
+VOCAB = 1000
+
+
+@pytest.mark.parametrize("values, dtype, want", [
+    ([3, 1, 2], torch.long, torch.long),
+    ([0.5, -1.0], torch.float32, torch.float32),
+    (np.array([7, 8], dtype=np.int64), None, torch.int64),
+    (np.arange(6, dtype=np.int64)[::2], None, torch.int64),  # not contiguous
+    (torch.tensor([1, 2], dtype=torch.int32), torch.long, torch.long),
+    ([], torch.long, torch.long),
+])
+def test_to_device_keeps_values_and_dtype(values, dtype, want):
+    out = to_device(values, torch.device("cpu"), dtype)
+    assert out.dtype == want
+    assert out.tolist() == [float(v) if want.is_floating_point else int(v)
+                            for v in (values.tolist() if hasattr(values, "tolist") else values)]
+
+
+def _rows(prompt_len: int, out_len: int, n: int) -> list[RowContext]:
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(n):
+        tokens = rng.integers(0, VOCAB, prompt_len + out_len).tolist()
+        params = SamplingParams(repetition_penalty=1.2, frequency_penalty=0.4,
+                                presence_penalty=0.3, logit_bias={5: 1.0, 9: -2.0},
+                                allowed_token_ids=list(range(0, VOCAB, 2)) if i % 2 else None)
+        rows.append(RowContext.over(i, params, tokens, prompt_len, banned=[i, 11],
+                                    cache=RowCache()))
+    return rows
+
+
+@pytest.mark.gpu
+def test_logits_processing_queues_its_copies_without_a_host_wait():
+    """Every kind of processing on a CUDA batch, first step (caches built) and later steps,
+    under torch's sync debug mode set to raise: no operation waits for the device. The result
+    equals the same processing on the CPU."""
+    dev = torch.device("cuda")
+    logits = torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(1))
+    want = apply_logits_processors(logits.clone(), _rows(50, 20, 8))
+    rows = _rows(50, 20, 8)
+    gpu = logits.to(dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = apply_logits_processors(gpu.clone(), rows)
+        again = apply_logits_processors(gpu.clone(), rows)  # the kept caches
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(again.cpu(), want)
