@@ -62,3 +62,32 @@ def test_logits_processing_queues_its_copies_without_a_host_wait():
         torch.cuda.set_sync_debug_mode(0)
     torch.testing.assert_close(got.cpu(), want)
     torch.testing.assert_close(again.cpu(), want)
+
+
+def _sample_processed(device: str) -> torch.Tensor:
+    """Rows with allowed ids (even tokens) and a logit_bias that makes token 6 win, drawn at
+    temperature 1 through the Sampler: on CUDA the race kernel takes the processed logits."""
+    from octavo.sample.metadata import SamplingMetadata
+    from octavo.sample.sampler import Sampler
+
+    dev = torch.device(device)
+    b = 64
+    logits = torch.randn(b, VOCAB, generator=torch.Generator().manual_seed(2)).to(dev)
+    rows = []
+    for i in range(b):
+        params = SamplingParams(temperature=1.0, allowed_token_ids=list(range(0, VOCAB, 2)),
+                                logit_bias={6: 60.0} if i % 2 else None,
+                                repetition_penalty=1.3)
+        rows.append(RowContext.over(i, params, [1, 2, 3, 6], 4, cache=RowCache()))
+    temp = torch.ones(b, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    meta = SamplingMetadata(False, temp, None, None, None, {}, None, rows, gen)
+    return Sampler()(logits, meta).sampled.cpu()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_processed_rows_are_drawn_from_the_processed_logits(device):
+    sampled = _sample_processed(device)
+    assert (sampled % 2 == 0).all(), sampled  # allowed_token_ids held
+    assert (sampled[1::2] == 6).all(), sampled  # the +60 bias won (penalty 1.3 or not)
+    assert len(set(sampled[0::2].tolist())) > 4  # the others are still drawn

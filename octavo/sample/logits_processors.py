@@ -135,7 +135,9 @@ class _Step:
         if p.allowed_token_ids is not None:
             if cache.allowed is None:
                 keep = torch.full((vocab,), float("-inf"), dtype=torch.float32, device=dev)
-                keep[to_device(p.allowed_token_ids, dev, torch.long)] = 0.0
+                # index_fill_ takes the value as a number; an indexed assignment sends it
+                # as a pageable one-element tensor, a stream synchronization.
+                keep.index_fill_(0, to_device(p.allowed_token_ids, dev, torch.long), 0.0)
                 cache.allowed = keep
             self.allowed.append((ctx.row, cache.allowed))
         if p.logits_processors:
@@ -209,11 +211,9 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],
             if failed is None:
                 raise
             failed[ctx.row] = e
-    pairs = [(row, t) for row, b in step.bans for t in b if t < vocab]
-    if pairs:
-        r = to_device([row for row, _ in pairs], dev, torch.long)
-        c = to_device([t for _, t in pairs], dev, torch.long)
-        logits[r, c] = float("-inf")
+    flat_bans = [row * vocab + t for row, b in step.bans for t in b if t < vocab]
+    if flat_bans:
+        flat.index_fill_(0, to_device(flat_bans, dev, torch.long), float("-inf"))
     return logits
 
 

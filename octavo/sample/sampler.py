@@ -46,7 +46,8 @@ class SamplerOutput:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
-        if self._races(logits, meta):  # one pass over the raw logits, no float32 copy
+        if not meta.row_contexts and meta.grammar is None and meta.max_num_logprobs is None \
+                and self._races(logits, meta):  # one pass over the raw logits, no float32 copy
             return SamplerOutput(sampled=self._race(logits, meta))
         logits = logits.float()
         if meta.grammar is not None:
@@ -64,6 +65,8 @@ class Sampler:
                                              meta.row_contexts, failed)
         if meta.all_greedy:
             sampled = argmax(logits)
+        elif self._races(logits, meta):  # the processed logits, in the same one pass
+            sampled = self._race(logits, meta)
         else:
             sampled = self._sample(logits, meta)
         out = SamplerOutput(sampled=sampled, failed_rows=failed or None)
@@ -73,12 +76,13 @@ class Sampler:
 
     @staticmethod
     def _races(logits: torch.Tensor, meta: SamplingMetadata) -> bool:
-        """The common case on CUDA (temperature and greedy rows only, no logprobs, no logits
-        processing) runs as one kernel: octavo/kernels/sample_race.py."""
+        """Whether the draw runs as one kernel on CUDA (octavo/kernels/sample_race.py):
+        temperature and greedy rows only, no top-k / top-p / min-p (those need the sorted
+        distribution). Penalties, biases, bans and grammar masks are applied to the logits
+        before it; logprobs are read from the raw logits beside it."""
         return (logits.is_cuda and HAS_TRITON and not meta.all_greedy
                 and meta.top_k is None and meta.top_p is None and meta.min_p is None
-                and not meta.row_contexts and meta.max_num_logprobs is None
-                and meta.grammar is None and envs.sample_kernel())
+                and envs.sample_kernel())
 
     @staticmethod
     def _race(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
