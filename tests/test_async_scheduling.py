@@ -128,3 +128,22 @@ def test_abort_while_a_step_is_in_flight(folder):
     assert set(finished) == {"0", "3"}
     assert all(len(o.outputs[0].token_ids) == 50 for o in finished.values())
     assert engine.scheduler.kv.num_free_blocks == engine.scheduler.kv.pool.num_blocks
+
+
+def test_penalized_requests_preempted_rebuild_their_counts(folder):
+    """Penalty counts live in the worker's device rows under asynchronous scheduling, counted
+    as tokens are sampled; a preempted request gives its row back and rebuilds it from its
+    token lists when it resumes. Outputs equal synchronous scheduling's (host tallies)."""
+    kinds = [dict(repetition_penalty=1.8), dict(frequency_penalty=1.5, presence_penalty=0.5),
+             dict(repetition_penalty=0.7, frequency_penalty=-0.5)]
+    params = [SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True,
+                             **kinds[i % len(kinds)]) for i in range(10)]
+    llm, _ = _both(folder, _prompts(), params, num_gpu_blocks_override=30, block_size=4,
+                   max_model_len=110, max_num_batched_tokens=16, max_num_seqs=6)
+    assert llm.llm_engine.scheduler.num_preemptions > 0
+    runner = llm.llm_engine.executor.worker.runner
+    rows = runner.penalty_rows
+    # Every row given back but those of requests the worker still holds (the last to
+    # finish is dropped by the next step's schedule).
+    held = sum(st.row_cache.penalty is not None for st in runner.states.values())
+    assert rows is not None and rows.capacity - len(rows.free) == held <= 1

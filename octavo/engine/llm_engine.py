@@ -70,7 +70,7 @@ class LLMEngine:
         self._wait_s = 0.0
         self.timings = StepTimings()
         # Requests still in the engine whose sampling waits for the step before to be
-        # processed: structured outputs, penalties, bans, logits processors, min_tokens
+        # processed: structured outputs, bad words, logits processors, min_tokens
         # (output_processor.samples_after_history; pruned as they finish).
         self._guided: set[str] = set()
 

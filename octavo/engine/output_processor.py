@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from octavo.core.request import Request
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.outputs import CompletionOutput, Logprob, RequestOutput
-from octavo.sample.logits_processors import needs_processing
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -18,14 +17,16 @@ def reads_results_back(params: SamplingParams) -> bool:
 
 
 def samples_after_history(params: SamplingParams) -> bool:
-    """Whether a request's sampling reads its latest tokens on the host: penalties, bad
-    words, logit processors over the output, min_tokens (and structured outputs, whose
-    matcher must have accepted the latest token). With asynchronous scheduling its step's
-    forward pass is launched while the step before is in flight; the engine then processes
-    that step (the worker's token lists and the matchers take its tokens) and only then
-    samples (``LLMEngine._step``, the worker's ``defer_sampling``)."""
-    return (needs_processing(params) or params.min_tokens > 0
-            or params.structured_outputs is not None)
+    """Whether a request's sampling reads its latest tokens on the host: bad words, logit
+    processors over the output, min_tokens (and structured outputs, whose matcher must have
+    accepted the latest token). With asynchronous scheduling its step's forward pass is
+    launched while the step before is in flight; the engine then processes that step (the
+    worker's token lists and the matchers take its tokens) and only then samples
+    (``LLMEngine._step``, the worker's ``defer_sampling``). Penalties do not: under
+    asynchronous scheduling the worker counts sampled tokens on the device
+    (``octavo.sample.penalty_rows``); logit_bias and allowed_token_ids are fixed."""
+    return (bool(params.bad_words) or bool(params.logits_processors)
+            or params.min_tokens > 0 or params.structured_outputs is not None)
 
 
 @dataclass

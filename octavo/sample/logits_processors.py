@@ -2,15 +2,15 @@
 penalties, logit_bias, allowed_token_ids, bad_words and min_tokens bans.
 
 Applied to the raw logits (before temperature), in that order, only to the rows that ask for
-it; the other rows cost nothing. A step's rows are processed together: the penalties touch
-only the tokens a request has seen (its prompt and output, kept as a ``TokenTally`` updated
-with each step's new tokens), so every penalized row's tokens are read in one gather and
-written in one scatter, as are logit_bias entries and bans. Row by row, with a vocabulary-
-sized tensor or two per row, a batch of 256 requests asking for a frequency penalty took
-~0.9 s a step on the CPU (152k vocabulary), and on a GPU each row's boolean-mask indexing
-synchronized with the host. What a request needs every step from its fixed fields (the
-allowed-token mask, the logit_bias tensors, the tallies) is built once and kept in its
-``RowCache``. User logits processors run per row, as written.
+it; the other rows cost nothing. A step's rows are processed together. Where the worker keeps
+``PenaltyRows`` (on CUDA, and under asynchronous scheduling) the penalties come from token
+counts on the device, counted as tokens are sampled: a step sends only the rows' indices and
+parameters. Elsewhere (the CPU, synchronous) they touch only the tokens a request has seen
+(its prompt and output, kept as a ``TokenTally`` updated with each step's new tokens), every
+penalized row's tokens read in one gather and written in one scatter. logit_bias entries and
+bans are applied the same way. What a request needs every step from its fixed fields (the
+allowed-token mask, the logit_bias tensors, the tallies or its penalty row) is built once and
+kept in its ``RowCache``. User logits processors run per row, as written.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from octavo.sample.penalty_rows import PenaltyRow, PenaltyRows
 from octavo.sample.token_tally import TokenSpan, TokenTally
 from octavo.sample.upload import to_device
 from octavo.sampling_params import SamplingParams
@@ -36,6 +37,7 @@ class RowCache:
     bias: tuple[torch.Tensor, torch.Tensor] | None = None  # logit_bias ids and values
     seen: TokenTally | None = None  # the prompt and output so far (repetition penalty)
     output: TokenTally | None = None  # the output so far (frequency / presence penalties)
+    penalty: PenaltyRow | None = None  # its row of the worker's PenaltyRows, where it has one
 
 
 @dataclass
@@ -106,7 +108,9 @@ def _bad_word_bans(output: list[int], bad_words: list[list[int]] | BadWordIndex)
 class _Step:
     """What a step's rows ask for, gathered per row, then applied to the batch at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: PenaltyRows | None) -> None:
+        self.pool = pool
+        self.pooled: list[tuple[int, PenaltyRow, Sequence[int], float, float, float]] = []
         self.rep: list[tuple[int, TokenTally, float]] = []
         self.freq: list[tuple[int, TokenTally, float, float]] = []
         self.bias: list[tuple[int, torch.Tensor, torch.Tensor]] = []
@@ -117,11 +121,20 @@ class _Step:
     def add(self, ctx: RowContext, vocab: int, dev: torch.device) -> None:
         p = ctx.params
         cache = ctx.cache if ctx.cache is not None else RowCache()
-        if p.repetition_penalty != 1.0:
+        penalized = (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+                     or p.presence_penalty != 0.0)
+        if penalized and self.pool is not None and ctx.cache is not None:
+            if cache.penalty is None:
+                cache.penalty = self.pool.acquire(ctx.prompt_token_ids, ctx.output_token_ids,
+                                                  vocab, dev)
+            self.pooled.append((ctx.row, cache.penalty, ctx.output_token_ids,
+                                p.repetition_penalty, p.frequency_penalty, p.presence_penalty))
+            penalized = False  # counted on the device, not in the host tallies below
+        if penalized and p.repetition_penalty != 1.0:
             cache.seen = cache.seen or TokenTally()
             cache.seen.update(ctx.all_token_ids())
             self.rep.append((ctx.row, cache.seen, p.repetition_penalty))
-        if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+        if penalized and (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0):
             cache.output = cache.output or TokenTally()
             cache.output.update(ctx.output_token_ids)
             self.freq.append((ctx.row, cache.output, p.frequency_penalty, p.presence_penalty))
@@ -168,9 +181,14 @@ def _entries(tallies: list, vocab: int, dev: torch.device, *per_row: list[float]
 
 
 def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],
-                            failed: dict[int, BaseException] | None = None) -> torch.Tensor:
+                            failed: dict[int, BaseException] | None = None,
+                            penalties: PenaltyRows | None = None) -> torch.Tensor:
     """logits [B, V] (float32) -> processed logits (in place where ``logits`` is contiguous);
     rows not listed are left as they are.
+
+    With ``penalties``, the penalties of rows with a ``cache`` come from that pool's counts
+    (a row taken on first use, kept in the cache), and the caller counts the sampled tokens
+    with ``penalties.count_sampled``; without, from host tallies of the rows' token lists.
 
     With ``failed``, an exception while preparing one row or in its user logits processor is
     recorded there under the row, whose result is then not to be used (its request ends with
@@ -179,7 +197,9 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],
     vocab, dev = logits.shape[-1], logits.device
     logits = logits.contiguous()  # (indexed flat: row * vocab + token)
     flat = logits.view(-1)
-    step = _Step()
+    if penalties is not None:
+        penalties.new_step()
+    step = _Step(penalties)
     for ctx in rows:
         try:
             step.add(ctx, vocab, dev)
@@ -187,6 +207,8 @@ def apply_logits_processors(logits: torch.Tensor, rows: list[RowContext],
             if failed is None:
                 raise
             failed[ctx.row] = e
+    if step.pooled:
+        penalties.apply(logits, step.pooled)
     if step.rep:  # transformers' rule: positive logits divided by the penalty, others times
         at, _, (pen,) = _entries(step.rep, vocab, dev, [p for *_, p in step.rep])
         v = flat.index_select(0, at)

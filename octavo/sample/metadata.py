@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from octavo.sample.grammar_mask import GrammarMask
+from octavo.sample.penalty_rows import PenaltyRows
 
 
 @dataclass
@@ -25,3 +26,5 @@ class SamplingMetadata:
     generator: torch.Generator | None = None
     # Structured outputs: the guided rows' token bitmask (octavo.sample.grammar_mask).
     grammar: GrammarMask | None = None
+    # The worker's penalty counts (penalty_rows.PenaltyRows); None: host tallies.
+    penalties: PenaltyRows | None = None

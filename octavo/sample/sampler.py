@@ -62,13 +62,15 @@ class Sampler:
             # float32) took ~75 ms on the CPU.
             keep_raw = meta.max_num_logprobs is not None
             logits = apply_logits_processors(logits.clone() if keep_raw else logits,
-                                             meta.row_contexts, failed)
+                                             meta.row_contexts, failed, meta.penalties)
         if meta.all_greedy:
             sampled = argmax(logits)
         elif self._races(logits, meta):  # the processed logits, in the same one pass
             sampled = self._race(logits, meta)
         else:
             sampled = self._sample(logits, meta)
+        if meta.row_contexts and meta.penalties is not None:
+            meta.penalties.count_sampled(sampled)  # the next step's penalties include them
         out = SamplerOutput(sampled=sampled, failed_rows=failed or None)
         if meta.max_num_logprobs is not None:
             self._logprobs(raw, sampled, meta.max_num_logprobs, out)

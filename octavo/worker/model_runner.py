@@ -26,6 +26,7 @@ from octavo.sample.logits_processors import (
     needs_processing,
 )
 from octavo.sample.metadata import SamplingMetadata
+from octavo.sample.penalty_rows import PenaltyRows
 from octavo.sample.sampler import Sampler, SamplerOutput
 from octavo.sample.upload import to_device
 from octavo.sampling_params import SamplingType
@@ -84,6 +85,11 @@ class ModelRunner:
         self.graph_runner: CudaGraphRunner | None = None
         self.last_prepare_s = 0.0
         self.sampler = Sampler()
+        # Penalty counts where the logits are (sample/penalty_rows.py): on CUDA, and wherever
+        # steps are launched ahead of their history reaching the host (async scheduling);
+        # else the rows' host tallies.
+        self.penalty_rows = (PenaltyRows() if device.type == "cuda" or sc.async_scheduling
+                             else None)
         # Asynchronous scheduling: the last step's sampled tokens stay on the device for
         # the next step's inputs; host staging buffers are rewritten only once the device
         # has read them (event); sampled tokens come back through two pinned buffers.
@@ -205,6 +211,8 @@ class ModelRunner:
         st = self.states.pop(req_id, None)
         if st is not None:
             self.buf.release_slot(st.slot)
+            if st.row_cache.penalty is not None:
+                self.penalty_rows.release(st.row_cache.penalty)
 
     def _append_table(self, st: CachedRequestState) -> None:
         """Write the request's block ids not yet in its row of the persistent table."""
@@ -527,7 +535,8 @@ class ModelRunner:
                 contexts.append(RowContext.over(row, p, st.token_ids, n,
                                                 st.bad_words_token_ids, banned, st.row_cache))
         if all(t == SamplingType.GREEDY for t in types):
-            return SamplingMetadata(True, None, None, None, None, {}, max_lp, contexts)
+            return SamplingMetadata(True, None, None, None, None, {}, max_lp, contexts,
+                                    penalties=self.penalty_rows)
         dev = self.device
         buf = self.buf
         temp = buf.temperature.put([0.0 if t == SamplingType.GREEDY else p.temperature
@@ -552,7 +561,7 @@ class ModelRunner:
                 gen.manual_seed(seed % (2 ** 63))
                 gens[row] = gen
         return SamplingMetadata(False, temp, top_k, top_p, min_p, gens, max_lp, contexts,
-                                self.generator)
+                                self.generator, penalties=self.penalty_rows)
 
     def _grammar_mask(self, states: list[CachedRequestState],
                       grammar: GrammarBitmask) -> GrammarMask | None:
