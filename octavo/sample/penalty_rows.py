@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from octavo.kernels.triton_available import HAS_TRITON
 from octavo.sample.upload import to_device
 
 
@@ -38,7 +39,7 @@ class PenaltyRows:
 
     def __init__(self) -> None:
         self.counts: torch.Tensor | None = None  # [rows, vocab] int32: output counts
-        self.prompt: torch.Tensor | None = None  # [rows, vocab] bool: in the prompt
+        self.prompt: torch.Tensor | None = None  # [rows, vocab] uint8: 1 where in the prompt
         self.free: list[int] = []
         self._step: tuple[torch.Tensor, torch.Tensor, list[PenaltyRow]] | None = None
 
@@ -50,7 +51,7 @@ class PenaltyRows:
         old = self.capacity
         n = max(8, 2 * old)
         counts = torch.zeros((n, vocab), dtype=torch.int32, device=device)
-        prompt = torch.zeros((n, vocab), dtype=torch.bool, device=device)
+        prompt = torch.zeros((n, vocab), dtype=torch.uint8, device=device)
         if self.counts is not None:
             counts[:old] = self.counts
             prompt[:old] = self.prompt
@@ -71,7 +72,7 @@ class PenaltyRows:
         self.prompt[row.index].zero_()
         ids = [t for t in prompt_ids if t < vocab]
         if ids:
-            self.prompt[row.index].index_fill_(0, to_device(ids, device, torch.long), True)
+            self.prompt[row.index].index_fill_(0, to_device(ids, device, torch.long), 1)
         self._add(device, [(row, output_ids)])
         return row
 
@@ -103,18 +104,17 @@ class PenaltyRows:
         self._add(dev, [(row, output) for _, row, output, *_ in entries])
         at = to_device([r for r, *_ in entries], dev, torch.long)
         rows = to_device([row.index for _, row, *_ in entries], dev, torch.long)
-        counts = self.counts.index_select(0, rows)
-        present = counts > 0
-        x = logits.index_select(0, at)
-        if any(rep != 1.0 for *_, rep, _, _ in entries):
-            rep = to_device([rep for *_, rep, _, _ in entries], dev, x.dtype).unsqueeze(1)
-            seen = self.prompt.index_select(0, rows) | present
-            x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
-        if any(f != 0.0 or p != 0.0 for *_, f, p in entries):
-            f = to_device([f for *_, f, _ in entries], dev, x.dtype).unsqueeze(1)
-            p = to_device([p for *_, p in entries], dev, x.dtype).unsqueeze(1)
-            x = x - counts.to(x.dtype) * f - present.to(x.dtype) * p
-        logits.index_copy_(0, at, x)
+        # One upload for the three parameters: [3, R] float32.
+        params = to_device([[e[3] for e in entries], [e[4] for e in entries],
+                            [e[5] for e in entries]], dev, torch.float32)
+        args = (logits, at, rows, self.counts, self.prompt, params[0], params[1], params[2])
+        if logits.is_cuda and HAS_TRITON and logits.dtype == torch.float32 \
+                and logits.stride(1) == 1:
+            from octavo.kernels.penalties import apply_penalties  # Triton: on CUDA only
+
+            apply_penalties(*args)
+        else:
+            penalize(*args)
         self._step = (at, rows, [row for _, row, *_ in entries])
 
     def new_step(self) -> None:
@@ -133,3 +133,20 @@ class PenaltyRows:
         self.counts.view(-1).index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
         for row in held:
             row.counted += 1
+
+
+def penalize(logits: torch.Tensor, at: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor,
+             prompt: torch.Tensor, rep: torch.Tensor, freq: torch.Tensor,
+             pres: torch.Tensor) -> None:
+    """Penalize ``logits`` [B, V] in place: row ``at[i]`` with the counts and prompt marks of
+    row ``rows[i]`` of ``counts`` [N, V] int32 / ``prompt`` [N, V] uint8 and that row's
+    ``rep`` / ``freq`` / ``pres`` [R] (torch; on CUDA ``octavo.kernels.penalties`` does it
+    in one pass)."""
+    c = counts.index_select(0, rows)
+    present = c > 0
+    x = logits.index_select(0, at)
+    seen = prompt.index_select(0, rows).bool() | present
+    x = torch.where(seen, torch.where(x > 0, x / rep[:, None], x * rep[:, None]), x)
+    x = x - c.to(x.dtype) * freq[:, None]
+    x = x - present.to(x.dtype) * pres[:, None]
+    logits.index_copy_(0, at, x)

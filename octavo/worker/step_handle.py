@@ -57,7 +57,10 @@ class PendingSample:
     def enqueue(self) -> StepHandle:
         if self._handle is None:
             enqueue, self._enqueue = self._enqueue, None
-            self._handle = enqueue()
+            # As every other step of the runner: its persistent tensors (penalty counts,
+            # caches) are inference tensors, updated in place only in inference mode.
+            with torch.inference_mode():
+                self._handle = enqueue()
         return self._handle
 
     def is_ready(self) -> bool:
