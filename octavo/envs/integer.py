@@ -79,6 +79,13 @@ def cuda_kernels_max_m(default: int) -> int:
     return _batch_size("OCTAVO_CUDA_KERNELS_MAX_M", default)
 
 
+def cuda_kernels_small_max_m(default: int) -> int:
+    """OCTAVO_CUDA_KERNELS_SMALL_MAX_M: the largest batch (1-16) the CUDA integer kernel runs
+    for a small layer (K * N under the swap-AB size rule's threshold, as qkv and o of
+    Llama-8B) in the swap-AB layout; default that of every layer."""
+    return _batch_size("OCTAVO_CUDA_KERNELS_SMALL_MAX_M", default)
+
+
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k", "swapab" (every layer the swap-AB kernel can hold) or "rows" (every

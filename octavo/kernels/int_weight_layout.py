@@ -108,8 +108,12 @@ def linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
 def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor, group_size: int, bits: int) -> torch.Tensor:
     m, k = x2.shape
-    if m <= swapab_mma.max_rows() and swapab_mma.available(x2.device) and swapab_mma.supports(
-            m, k, qweight.shape[0] * (16 // bits), group_size, bits, x2.dtype):
+    n = qweight.shape[0] * (16 // bits)
+    most = swapab_mma.max_rows()
+    if k * n < SWAPAB_MIN_WEIGHTS:  # a small layer (in this layout by OCTAVO_INT_WEIGHT_LAYOUT)
+        most = min(swapab_mma.MAX_M, envs.cuda_kernels_small_max_m(most))
+    if m <= most and swapab_mma.available(x2.device) and swapab_mma.supports(
+            m, k, n, group_size, bits, x2.dtype):
         return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits,
                                      **swapab_mma.engine_plan())
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
