@@ -123,14 +123,6 @@ def bnb4_cuda_max_m(default: int) -> int:
     return _int("OCTAVO_BNB4_CUDA_MAX_M", default, "rows")
 
 
-def bnb4_gemm_max_m(default: int = 0) -> int:
-    """OCTAVO_BNB4_GEMM_MAX_M (default 0: off until measured on a GPU): bitsandbytes 4-bit
-    batches past the GEMVs and up to this many rows run the fused tensor-core GEMM of
-    octavo/kernels/bnb4_gemm.py (the packed bytes decoded in its main loop) instead of
-    dequantizing the weight for cuBLAS every call."""
-    return _int("OCTAVO_BNB4_GEMM_MAX_M", default, "rows")
-
-
 def bnb4_table() -> int:
     """OCTAVO_BNB4_TABLE (256, the default, or 16): how the bitsandbytes 4-bit GEMV looks up
     code values: a gather per byte from the 256 code pairs (2 KB) or a gather per nibble from
