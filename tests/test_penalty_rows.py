@@ -71,3 +71,10 @@ def test_a_step_whose_sampling_never_came_is_not_counted_later():
     apply_logits_processors(torch.zeros(1, VOCAB), [], None, pool)
     pool.count_sampled(torch.tensor([9]))
     assert pool.counts[cache.penalty.index].sum() == 0
+
+
+def test_growth_stops_at_the_most_requests_in_flight():
+    pool = PenaltyRows(max_rows=10)
+    rows = [pool.acquire([1], [], VOCAB, torch.device("cpu")) for _ in range(10)]
+    assert pool.capacity == 10 and not pool.free  # 8, then 10 (not 16)
+    assert sorted(r.index for r in rows) == list(range(10))

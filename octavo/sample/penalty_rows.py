@@ -37,7 +37,8 @@ class PenaltyRow:
 class PenaltyRows:
     """The rows of the penalized requests in flight, grown as they arrive."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_rows: int | None = None) -> None:
+        self.max_rows = max_rows  # the most requests in flight (max_num_seqs): growth stops there
         self.counts: torch.Tensor | None = None  # [rows, vocab] int32: output counts
         self.prompt: torch.Tensor | None = None  # [rows, vocab] uint8: 1 where in the prompt
         self.free: list[int] = []
@@ -50,6 +51,8 @@ class PenaltyRows:
     def _grow(self, vocab: int, device: torch.device) -> None:
         old = self.capacity
         n = max(8, 2 * old)
+        if self.max_rows is not None:
+            n = max(old + 1, min(n, self.max_rows))
         counts = torch.zeros((n, vocab), dtype=torch.int32, device=device)
         prompt = torch.zeros((n, vocab), dtype=torch.uint8, device=device)
         if self.counts is not None:

@@ -88,8 +88,8 @@ class ModelRunner:
         # Penalty counts where the logits are (sample/penalty_rows.py): on CUDA, and wherever
         # steps are launched ahead of their history reaching the host (async scheduling);
         # else the rows' host tallies.
-        self.penalty_rows = (PenaltyRows() if device.type == "cuda" or sc.async_scheduling
-                             else None)
+        self.penalty_rows = (PenaltyRows(max(sc.max_num_seqs, 1))
+                             if device.type == "cuda" or sc.async_scheduling else None)
         # Asynchronous scheduling: the last step's sampled tokens stay on the device for
         # the next step's inputs; host staging buffers are rewritten only once the device
         # has read them (event); sampled tokens come back through two pinned buffers.
