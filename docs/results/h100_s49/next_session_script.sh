@@ -1,0 +1,16 @@
+# The next session's first device call (copy to .snap/, carry [".snap"]). It re-reads issue
+# 12 / 15's figures at HEAD and the two leads session 49 left (docs/benchmarks.md, session 49):
+# W1 with penalties against plain W1 in the same call, and W4A16 with every 4-bit layer in the
+# swap-AB layout at 1-256 rows, beside the default and bf16. For an A/B against an older
+# tree, run the benchmark from inside a `git archive` export (cd there): the scripts put
+# their own checkout first on sys.path, so PYTHONPATH does not select a tree.
+. scripts/device_items.sh
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+TAILN=4 item gpu_tests python -m pytest -m gpu -q -x -rf tests/test_device_upload.py tests/kernels/test_penalties.py tests/kernels/test_sample_race.py tests/kernels/test_swapab_mma.py
+TAILN=5 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
+TAILN=5 item w1_pen python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen.json
+TAILN=10 item q_base python benchmarks/quantized.py --methods bf16,w4a16,w8a16,fp8 --batches 1 16 64 256 --skip-w2 --json /tmp/res/q_base.json
+OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 TAILN=6 item q_small16 python benchmarks/quantized.py --methods w4a16 --batches 1 16 32 64 128 --skip-w2 --json /tmp/res/q_small16.json
+OCTAVO_PDL=0 OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 TAILN=30 item prof_small64 python benchmarks/profile_step.py --shape llama-3.1-8b --quantization w4a16 --batch 64 --context 128 --json /tmp/res/prof_small64.json
+TAILN=5 item w4 python benchmarks/latency.py --batch-sizes 1,32 --repeat 3
+echo "=== end $(date +%T)"
