@@ -22,6 +22,7 @@ from octavo.model_loader.loader import TORCH_DTYPES, load_model
 from octavo.sample.grammar_mask import GrammarMask
 from octavo.sample.logits_processors import (
     BadWordIndex,
+    RowCache,
     RowContext,
     needs_processing,
 )
@@ -152,12 +153,48 @@ class ModelRunner:
         hidden, _ = self._forward(states, lens, [0] * num_reqs)
         for st in states:
             self.buf.release_slot(st.slot)
-        self.model.compute_logits(hidden[: min(n, sc.max_num_seqs)])
+        logits = self.model.compute_logits(hidden[: min(n, sc.max_num_seqs)])
+        del hidden
+        try:
+            self.profile_sampler(logits)
+        except Exception as e:  # noqa: BLE001 - the KV cache is then sized without it
+            logger.warning("the sampler's worst case could not be profiled (%s: %s); the "
+                           "KV cache leaves it only gpu_memory_utilization's headroom",
+                           type(e).__name__, e)
+        del logits
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         self.kv_caches = []
         torch.cuda.empty_cache()
         return peak
+
+    @torch.inference_mode()
+    def profile_sampler(self, logits: torch.Tensor) -> None:
+        """Sample ``logits`` [rows, V] as the costliest batch could ask: every row with
+        penalties (a penalty row each, in a pool of its own, freed after), top-k, top-p,
+        min-p and the most logprobs allowed. Run inside ``profile_peak_memory``, so that the
+        sampler's temporaries (the float32 copy, the sort of top-p, log-softmax) and the
+        penalty rows count in the peak the KV cache is sized after: a full batch of hostile
+        requests then finds its memory. On CUDA it also compiles the penalties kernel
+        before the first request needs it."""
+        from octavo.sampling_params import SamplingParams
+
+        rows, vocab = logits.shape
+        most = self.config.model_config.max_logprobs
+        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.01,
+                                repetition_penalty=1.1, frequency_penalty=0.1,
+                                presence_penalty=0.1)
+        prompt = list(range(min(vocab, 8)))
+        contexts = [RowContext.over(r, params, prompt + [r % vocab], len(prompt),
+                                    cache=RowCache()) for r in range(rows)]
+        dev = logits.device
+        full = torch.ones(rows, dtype=torch.float32, device=dev)
+        meta = SamplingMetadata(
+            False, full, torch.full((rows,), 50, dtype=torch.long, device=dev), full * 0.9,
+            full * 0.01, {}, vocab if most == -1 else most, contexts,
+            torch.Generator(device=dev).manual_seed(0),  # the engine's stream untouched
+            penalties=PenaltyRows(rows))
+        self.sampler(logits, meta)
 
     def capture_cuda_graphs(self) -> None:
         cfg = self.config

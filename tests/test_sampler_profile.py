@@ -1,0 +1,62 @@
+"""The KV cache is sized after a profile that includes the sampler's worst case: a full batch
+with penalties, top-k / top-p / min-p and the most logprobs allowed (``profile_sampler``), so
+a batch of such requests finds its memory. On the CPU the profile's code runs as it would;
+on CUDA its peak is measured."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+
+from octavo import LLM
+from tests.tiny_models import make_checkpoint
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    folder = make_checkpoint("llama", str(tmp_path_factory.mktemp("sampler_profile")))
+    llm = LLM(model=folder, dtype="float32", skip_tokenizer_init=True, max_model_len=64,
+              max_num_seqs=8)
+    return llm.llm_engine.executor.worker.runner
+
+
+def test_the_worst_case_runs_every_sampler_path_and_keeps_nothing(runner):
+    vocab = runner.config.model_config.hf_config.vocab_size
+    pool = runner.penalty_rows
+    calls = []
+    original = runner.sampler.__class__._logprobs
+
+    def spy(raw, sampled, k, out):
+        calls.append(k)
+        return original(raw, sampled, k, out)
+
+    runner.sampler.__class__._logprobs = staticmethod(spy)
+    try:
+        with torch.inference_mode():
+            runner.profile_sampler(torch.randn(8, vocab))
+    finally:
+        runner.sampler.__class__._logprobs = staticmethod(original)
+    assert calls == [runner.config.model_config.max_logprobs]
+    assert runner.penalty_rows is pool  # its own pool, not the runner's
+    assert pool is None or pool.capacity == 0
+
+
+@pytest.mark.gpu
+def test_the_profile_peak_includes_the_sampler():
+    """On CUDA: the sampler's worst case on a [rows, V] batch allocates at least the float32
+    copy and the penalty rows (9 bytes per entry) beyond the logits."""
+    folder = make_checkpoint("llama", tempfile.mkdtemp())
+    llm = LLM(model=folder, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=64,
+              max_num_seqs=64, gpu_memory_utilization=0.3)
+    runner = llm.llm_engine.executor.worker.runner
+    vocab = runner.config.model_config.hf_config.vocab_size
+    logits = torch.randn(64, vocab, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.inference_mode():
+        runner.profile_sampler(logits)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - base >= 64 * vocab * 9
