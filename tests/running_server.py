@@ -68,14 +68,16 @@ def wait_idle(allm, timeout: float = 20.0) -> None:
 
 
 class RunningServer:
-    def __init__(self, app) -> None:
+    def __init__(self, app, http="auto") -> None:
+        """``http``: uvicorn's protocol choice, or a protocol class."""
         import uvicorn  # the server test modules import it after pytest.importorskip
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                                    http=http))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        daemon=True)
         self.thread.start()

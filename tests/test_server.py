@@ -302,6 +302,8 @@ def test_error_statuses(client, server):
     big = {"model": "smol", "prompt": "x" * (BODY_LIMIT + 1)}
     r = httpx.post(server.base_url + "/v1/completions", json=big)
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+    # Refused before it was read: the connection closes, the client cannot go on sending it.
+    assert r.headers["connection"] == "close"
 
 
 def test_api_key_and_rate_limit(engine):

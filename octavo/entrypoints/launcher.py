@@ -25,6 +25,10 @@ import time
 import uvicorn
 
 from octavo.engine.async_llm import AsyncLLM
+from octavo.entrypoints.header_deadline import (
+    DEFAULT_REQUEST_HEADER_TIMEOUT_S,
+    head_deadline_protocol,
+)
 from octavo.entrypoints.openai.middleware import ForwardedForMiddleware
 from octavo.entrypoints.openai.protocol import error_body
 
@@ -158,22 +162,26 @@ def serve_flags(app, engine: AsyncLLM, args, sock: socket.socket) -> int:
     try:
         return serve(app, engine, host=args.host or DEFAULT_HOST, port=args.port,
                      log_level=args.uvicorn_log_level, shutdown_timeout=args.shutdown_timeout,
-                     forwarded_allow_ips=args.forwarded_allow_ips, sock=sock)
+                     forwarded_allow_ips=args.forwarded_allow_ips, sock=sock,
+                     header_timeout=args.request_header_timeout)
     finally:
         sock.close()  # (uvicorn closed it already when it served)
 
 
 def serve(app, engine: AsyncLLM, *, host: str, port: int, log_level: str = "info",
           shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-          forwarded_allow_ips: str | None = None, sock: socket.socket | None = None) -> int:
+          forwarded_allow_ips: str | None = None, sock: socket.socket | None = None,
+          header_timeout: float = DEFAULT_REQUEST_HEADER_TIMEOUT_S) -> int:
     """Serve ``app`` (whose requests run on ``engine``) until a signal (returns 0 after a
     clean shutdown) or the engine's death (returns 1). ``sock``: ``listen_socket``'s, bound
-    before the engine started (else uvicorn binds ``host:port`` itself)."""
+    before the engine started (else uvicorn binds ``host:port`` itself). ``header_timeout``:
+    seconds a connection may wait for a request's head (``header_deadline``)."""
     gate = DrainGate(ForwardedForMiddleware(app, forwarded_allow_ips))
     # proxy_headers off: X-Forwarded-For is honoured only from --forwarded-allow-ips, by
     # ForwardedForMiddleware (uvicorn's own default would trust 127.0.0.1).
     config = uvicorn.Config(gate, host=host, port=port, log_level=log_level,
-                            proxy_headers=False, timeout_graceful_shutdown=_FINISH_TIMEOUT)
+                            proxy_headers=False, timeout_graceful_shutdown=_FINISH_TIMEOUT,
+                            http=head_deadline_protocol(header_timeout))
     server = GracefulServer(config, engine, gate, shutdown_timeout)
     server.run(sockets=None if sock is None else [sock])
     return 1 if server.fatal is not None else 0

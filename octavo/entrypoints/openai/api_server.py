@@ -26,6 +26,7 @@ from octavo.entrypoints.engine_client import (
     replica_flag_problems,
     wants_engine_process,
 )
+from octavo.entrypoints.header_deadline import DEFAULT_REQUEST_HEADER_TIMEOUT_S
 from octavo.entrypoints.launcher import (
     DEFAULT_HOST,
     DEFAULT_SHUTDOWN_TIMEOUT,
@@ -220,6 +221,11 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None,
                    help="seconds a request body may take to arrive after its headers (408 "
                    "and the connection closed after that: a client trickling its body cannot "
                    "hold a connection)")
+    p.add_argument("--request-header-timeout", type=float,
+                   default=DEFAULT_REQUEST_HEADER_TIMEOUT_S,
+                   help="seconds a connection may wait for a request's line and headers "
+                   "(new, or between requests) before it is closed: a client sending them a "
+                   "byte at a time, or nothing, cannot hold a connection")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, or a file holding one")
     p.add_argument("--trust-request-chat-template", action="store_true",
@@ -331,6 +337,9 @@ def unsupported_flags(args: argparse.Namespace) -> list[str]:
     if not args.request_body_timeout > 0:
         problems.append(f"--request-body-timeout must be > 0 seconds, got "
                         f"{args.request_body_timeout}")
+    if not args.request_header_timeout > 0:
+        problems.append(f"--request-header-timeout must be > 0 seconds, got "
+                        f"{args.request_header_timeout}")
     if not args.shutdown_timeout >= 0:
         problems.append(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if args.forwarded_allow_ips is not None:

@@ -62,8 +62,11 @@ class BodyLimitMiddleware:
         too_big = (f"request body is larger than the server's limit of {self.max_bytes} "
                    "bytes (--max-body-bytes)")
         length = _header(scope, b"content-length")
+        # Answered before the body is read: the connection closes after the answer, or a
+        # client could go on sending (trickling) the body it was refused.
+        close = {"Connection": "close"}
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await send_error(send, 413, too_big)
+            return await send_error(send, 413, too_big, headers=close)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         chunks, size, more = [], 0, True
@@ -74,13 +77,13 @@ class BodyLimitMiddleware:
                 return await send_error(
                     send, 408, f"the request body did not arrive within {self.timeout:g} s "
                     f"(--request-body-timeout): {size} bytes came in that time",
-                    headers={"Connection": "close"})
+                    headers=close)
             if msg["type"] == "http.disconnect":
                 return None
             body = msg.get("body", b"")
             size += len(body)
             if size > self.max_bytes:
-                return await send_error(send, 413, too_big)
+                return await send_error(send, 413, too_big, headers=close)
             chunks.append(body)
             more = msg.get("more_body", False)
         replayed = False
