@@ -51,9 +51,10 @@ KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_ge
 # nf4_cuda: the CUDA C++ GEMV (``bnb4_cuda``, codes in shared memory), nf4_cuda_r{R} at R
 # rows a block, nf4_cuda_a{A} with A weight rows a warp in flight (OCTAVO_BNB4_CUDA_AHEAD);
 # nf4_dequant_triton: what batches past the GEMVs run (``bnb4_gemv.dequantize_4bit``, then
-# cuBLAS).
+# cuBLAS); nf4_dequant_select: the same with the select-tree dequantizer
+# (``dequantize_4bit_select``, OCTAVO_BNB4_DEQUANT=select).
 NF4 = ("nf4_gemv", "nf4_gemv256", "nf4_dequant", "nf4_cuda", "nf4_cuda_r8", "nf4_cuda_r32",
-       "nf4_cuda_r128", "nf4_cuda_a1", "nf4_cuda_a8", "nf4_dequant_triton")
+       "nf4_cuda_r128", "nf4_cuda_a1", "nf4_cuda_a8", "nf4_dequant_triton", "nf4_dequant_select")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 # Variants timed on request (--kernels), not by default: the integer GEMVs loading their
 # weights two or three steps ahead instead of one (*_p2, *_p3), swapab_mma's plan at other
@@ -152,7 +153,7 @@ def make_weight(kernel: str, k: int, n: int, dev):
         packed, absmax = fmt.quantize_4bit(torch.randn(n, k, device=dev) * 0.05, "nf4", 64)
         code = fmt.code_table("nf4", dev).float().contiguous()
         return (packed.reshape(n, k // 2).contiguous(), absmax.float().reshape(n, k // 64),
-                byte_table(code), code)
+                byte_table(code), code, tuple(code.tolist()))  # the codes as numbers: no sync
     if kernel.startswith("fp8_block"):
         weight, _ = fp8_weight(k, n, dev)
         return weight, torch.rand(-(-n // 128), -(-k // 128), device=dev) * 0.01
@@ -193,6 +194,12 @@ def call(kernel: str, x, w):
             os.environ["OCTAVO_BNB4_CUDA_AHEAD"] = kernel.rsplit("_a", 1)[1]
             os.environ.setdefault("OCTAVO_BNB4_CUDA_MAX_M", "16")
         return bnb4_gemv_cuda(x, w[0], w[1], w[3], 64, rows=rows)
+    if kernel == "nf4_dequant_select":
+        import torch.nn.functional as F
+
+        from octavo.kernels.bnb4_gemv import dequantize_4bit_select
+
+        return F.linear(x, dequantize_4bit_select(w[0], w[1], w[4], 64, x.dtype))
     if kernel == "nf4_dequant_triton":
         import torch.nn.functional as F
 

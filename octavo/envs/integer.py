@@ -135,6 +135,18 @@ def bnb4_table() -> int:
     return value
 
 
+def bnb4_dequant() -> str:
+    """OCTAVO_BNB4_DEQUANT ("table", the default, or "select"): how bitsandbytes 4-bit batches
+    past the GEMVs dequantize before cuBLAS on CUDA: a gather per byte from the 256 code pairs
+    (7% of HBM on an H100, session 49: 45 us for a 4096 x 4096 weight) or a tree of selects on
+    each nibble's bits with the codes compiled into the kernel (octavo/kernels/bnb4_gemv.py
+    ``dequantize_4bit_select``; not yet measured on a GPU)."""
+    value = os.environ.get("OCTAVO_BNB4_DEQUANT", "table").strip().lower() or "table"
+    if value not in ("table", "select"):
+        raise ValueError(f"OCTAVO_BNB4_DEQUANT must be table or select, got {value!r}")
+    return value
+
+
 def bnb4_cuda_ahead(default: int) -> int:
     """OCTAVO_BNB4_CUDA_AHEAD (1 or 8): weight rows a warp of the CUDA NF4 / FP4 GEMV loads
     before their arithmetic, for every launch (default: 1 for one row of x, 8 for 2-4;

@@ -180,6 +180,81 @@ def _dequantize_kernel(q_ptr, a_ptr, t_ptr, out_ptr, N, K, stride_qn, stride_an,
              mask=(offs_n < N)[:, None] & (offs_k < K)[None, :])
 
 
+@triton.jit
+def _code_of(v, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+             C4: tl.constexpr, C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr,
+             C8: tl.constexpr, C9: tl.constexpr, C10: tl.constexpr, C11: tl.constexpr,
+             C12: tl.constexpr, C13: tl.constexpr, C14: tl.constexpr, C15: tl.constexpr):
+    """Code value ``C[v]`` of 4-bit ``v`` (int32) by a tree of 15 selects on its bits, the
+    codes in the instructions: no table, no gather."""
+    b = (v & 1) != 0
+    l0 = tl.where(b, C1, C0)
+    l1 = tl.where(b, C3, C2)
+    l2 = tl.where(b, C5, C4)
+    l3 = tl.where(b, C7, C6)
+    l4 = tl.where(b, C9, C8)
+    l5 = tl.where(b, C11, C10)
+    l6 = tl.where(b, C13, C12)
+    l7 = tl.where(b, C15, C14)
+    b = (v & 2) != 0
+    m0 = tl.where(b, l1, l0)
+    m1 = tl.where(b, l3, l2)
+    m2 = tl.where(b, l5, l4)
+    m3 = tl.where(b, l7, l6)
+    b = (v & 4) != 0
+    n0 = tl.where(b, m1, m0)
+    n1 = tl.where(b, m3, m2)
+    return tl.where((v & 8) != 0, n1, n0)
+
+
+@triton.jit
+def _dequantize_select_kernel(
+    q_ptr, a_ptr, out_ptr, N, K, stride_qn, stride_an, stride_on,
+    BS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr,
+    C4: tl.constexpr, C5: tl.constexpr, C6: tl.constexpr, C7: tl.constexpr,
+    C8: tl.constexpr, C9: tl.constexpr, C10: tl.constexpr, C11: tl.constexpr,
+    C12: tl.constexpr, C13: tl.constexpr, C14: tl.constexpr, C15: tl.constexpr,
+):  # fmt: skip
+    # As _dequantize_kernel, the codes decoded by _code_of instead of a table gather.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    ok = (offs_n < N)[:, None] & (offs_b < K // 2)[None, :]
+    q = tl.load(q_ptr + offs_n[:, None] * stride_qn + offs_b[None, :], mask=ok,
+                other=0).to(tl.int32)
+    a = tl.load(a_ptr + offs_n[:, None] * stride_an + (2 * offs_b[None, :]) // BS, mask=ok,
+                other=0.0)
+    w0 = _code_of(q >> 4, C0, C1, C2, C3, C4, C5, C6, C7, C8, C9, C10, C11, C12, C13, C14,
+                  C15) * a
+    w1 = _code_of(q & 15, C0, C1, C2, C3, C4, C5, C6, C7, C8, C9, C10, C11, C12, C13, C14,
+                  C15) * a
+    w = tl.reshape(tl.join(w0, w1), (BLOCK_N, 2 * BLOCK_B))
+    offs_k = tl.program_id(1) * (2 * BLOCK_B) + tl.arange(0, 2 * BLOCK_B)
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * stride_on + offs_k[None, :],
+             w.to(out_ptr.dtype.element_ty),
+             mask=(offs_n < N)[:, None] & (offs_k < K)[None, :])
+
+
+def dequantize_4bit_select(qweight: torch.Tensor, absmax: torch.Tensor,
+                           codes: tuple[float, ...], blocksize: int,
+                           dtype: torch.dtype) -> torch.Tensor:
+    """``dequantize_4bit``'s result with the 16 code values (float32 numbers, e.g. the
+    layer's ``code.tolist()``) compiled into the kernel and picked by selects on each
+    nibble's bits: the table version reads at 7-9% of HBM, bound by its gathers. Off the
+    engine's path until measured on a GPU (``OCTAVO_BNB4_DEQUANT=select``)."""
+    require_triton("bnb4.dequantize_4bit_select")
+    assert len(codes) == 16, codes
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    assert qweight.stride(1) == 1 and tuple(absmax.shape) == (n, k // blocksize)
+    out = torch.empty(n, k, dtype=dtype, device=qweight.device)
+    block_n, block_b = 16, 128
+    consts = {f"C{i}": float(c) for i, c in enumerate(codes)}
+    _dequantize_select_kernel[(triton.cdiv(n, block_n), triton.cdiv(k // 2, block_b))](
+        qweight, absmax, out, n, k, qweight.stride(0), absmax.stride(0), out.stride(0),
+        BS=blocksize, BLOCK_N=block_n, BLOCK_B=block_b, num_warps=4, **consts)
+    return out
+
+
 def dequantize_4bit(qweight: torch.Tensor, absmax: torch.Tensor, table: torch.Tensor,
                     blocksize: int, dtype: torch.dtype) -> torch.Tensor:
     """The [N, K] weight in ``dtype`` (``bnb_weight.dequantize_packed``'s values: the float32

@@ -245,6 +245,7 @@ class BitsAndBytesLinearMethod(LinearMethod):
             layer.register_buffer("absmax", weight.absmax.contiguous(), persistent=False)
             layer.register_buffer("code_pairs", byte_table(weight.code), persistent=False)
             layer.register_buffer("code", weight.code.float().contiguous(), persistent=False)
+            layer.code_values = tuple(layer.code.tolist())  # the select-tree dequantizer's
             layer.bnb_blocksize = weight.blocksize
             layer.bnb_kind = "4bit"
             return
@@ -282,8 +283,12 @@ class BitsAndBytesLinearMethod(LinearMethod):
             if y is not None:
                 y = y.view(*x.shape[:-1], y.shape[-1])
                 return y if bias is None else y + bias
-            w = kernels.dequantize_4bit(layer.qweight, layer.absmax, layer.code_pairs, bs,
-                                        x.dtype)
+            if envs.bnb4_dequant() == "select":
+                w = kernels.dequantize_4bit_select(layer.qweight, layer.absmax,
+                                                   layer.code_values, bs, x.dtype)
+            else:
+                w = kernels.dequantize_4bit(layer.qweight, layer.absmax, layer.code_pairs, bs,
+                                            x.dtype)
             return F.linear(x, w, bias)
         w = dequantize_packed(layer.qweight, layer.absmax, None, bs, x.dtype,
                               table=layer.code_pairs)

@@ -246,6 +246,25 @@ def test_4bit_kernels_through_the_interpreter(case, monkeypatch):
     assert calls["gemv"]
 
 
+def test_4bit_select_dequantizer_through_the_interpreter(monkeypatch):
+    """OCTAVO_BNB4_DEQUANT=select: prefills dequantize by the select tree (the layer's codes
+    compiled into the kernel), not the table gather; the weight-only reference's tokens and
+    logprobs."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter case is for machines without CUDA")
+    from octavo.kernels import bnb4_gemv
+
+    case = "qwen2-nf4-dq"
+    monkeypatch.setattr(bnb_method, "keeps_quantized", lambda device: True)
+    monkeypatch.setenv("OCTAVO_BNB4_DEQUANT", "select")
+    calls = _count_calls(monkeypatch, {"select": (bnb4_gemv, "dequantize_4bit_select"),
+                                       "table": (bnb4_gemv, "dequantize_4bit")})
+    llm = _llm(case)
+    _check_against_reference(case, *_run(llm), "saved_weight_only")
+    assert calls["select"] and not calls["table"]
+
+
 def test_cuda_int8_kernel_through_the_interpreter(monkeypatch):
     """8-bit in the W8A16 Triton kernel's layout (q + 128, zero point 128, one group over K),
     run by Triton's interpreter on the CPU: same tokens."""
