@@ -51,10 +51,11 @@ KERNELS = ("bf16_cublas", "bf16_gemv", "bf16_mma", "fp8_gemv", "fp8_mma", "w4_ge
 # nf4_cuda: the CUDA C++ GEMV (``bnb4_cuda``, codes in shared memory), nf4_cuda_r{R} at R
 # rows a block, nf4_cuda_a{A} with A weight rows a warp in flight (OCTAVO_BNB4_CUDA_AHEAD);
 # nf4_dequant_triton: what batches past the GEMVs run (``bnb4_gemv.dequantize_4bit``, then
-# cuBLAS); nf4_dequant_select: the same with the select-tree dequantizer
+# cuBLAS); nf4_gemm: the fused tensor-core GEMM for those batches (``bnb4_gemm``, codes
+# decoded by selects, OCTAVO_BNB4_GEMM_MAX_M); nf4_dequant_select: the same with the select-tree dequantizer
 # (``dequantize_4bit_select``, OCTAVO_BNB4_DEQUANT=select).
 NF4 = ("nf4_gemv", "nf4_gemv256", "nf4_dequant", "nf4_cuda", "nf4_cuda_r8", "nf4_cuda_r32",
-       "nf4_cuda_r128", "nf4_cuda_a1", "nf4_cuda_a8", "nf4_dequant_triton", "nf4_dequant_select")
+       "nf4_cuda_r128", "nf4_cuda_a1", "nf4_cuda_a8", "nf4_dequant_triton", "nf4_dequant_select", "nf4_gemm")
 L2_MAX_BYTES = 40 << 20  # the L2 timing only where one copy stays resident
 # Variants timed on request (--kernels), not by default: the integer GEMVs loading their
 # weights two or three steps ahead instead of one (*_p2, *_p3), swapab_mma's plan at other
@@ -194,6 +195,10 @@ def call(kernel: str, x, w):
             os.environ["OCTAVO_BNB4_CUDA_AHEAD"] = kernel.rsplit("_a", 1)[1]
             os.environ.setdefault("OCTAVO_BNB4_CUDA_MAX_M", "16")
         return bnb4_gemv_cuda(x, w[0], w[1], w[3], 64, rows=rows)
+    if kernel == "nf4_gemm":
+        from octavo.kernels.bnb4_gemm import bnb4_gemm
+
+        return bnb4_gemm(x, w[0], w[1], w[4], 64)
     if kernel == "nf4_dequant_select":
         import torch.nn.functional as F
 

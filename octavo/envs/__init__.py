@@ -54,6 +54,7 @@ from octavo.envs.integer import (
     bnb4_cuda_ahead,
     bnb4_cuda_max_m,
     bnb4_dequant,
+    bnb4_gemm_max_m,
     bnb4_gemv,
     bnb4_table,
     cuda_kernels,
@@ -97,7 +98,7 @@ from octavo.envs.sampling import (
 __all__ = [
     "attn_decode_splits", "attn_decode_tile", "attn_early_kv", "attn_longest_first",
     "attn_prefill_tile", "attn_split_merge", "attn_streamk", "attn_streamk_tile",
-    "attn_streamk_waves", "bnb4_cuda", "bnb4_cuda_ahead", "bnb4_dequant",
+    "attn_streamk_waves", "bnb4_cuda", "bnb4_cuda_ahead", "bnb4_dequant", "bnb4_gemm_max_m",
     "bnb4_cuda_max_m", "bnb4_gemv", "bnb4_table",
     "cache_dir", "cpu_fused_decode",
     "cpu_keep_heap", "cpu_kernels", "cpu_packed_gemm", "cpu_quant_isa", "cuda_dense",

@@ -135,6 +135,14 @@ def bnb4_table() -> int:
     return value
 
 
+def bnb4_gemm_max_m(default: int = 0) -> int:
+    """OCTAVO_BNB4_GEMM_MAX_M (default 0: off until measured on a GPU): bitsandbytes 4-bit
+    batches past the GEMVs and up to this many rows run the fused tensor-core GEMM of
+    octavo/kernels/bnb4_gemm.py (the packed bytes decoded by selects in its main loop)
+    instead of dequantizing the weight for cuBLAS every call."""
+    return _int("OCTAVO_BNB4_GEMM_MAX_M", default, "rows")
+
+
 def bnb4_dequant() -> str:
     """OCTAVO_BNB4_DEQUANT ("table", the default, or "select"): how bitsandbytes 4-bit batches
     past the GEMVs dequantize before cuBLAS on CUDA: a gather per byte from the 256 code pairs

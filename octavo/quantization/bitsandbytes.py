@@ -96,6 +96,18 @@ def _decode_gemv(layer: nn.Module, x2: torch.Tensor, bs: int) -> torch.Tensor | 
     return None
 
 
+def _fused_gemm(layer: nn.Module, x2: torch.Tensor, bs: int) -> torch.Tensor | None:
+    """Batches past the GEMVs, up to OCTAVO_BNB4_GEMM_MAX_M rows (off by default until
+    measured), through the fused tensor-core GEMM (``bnb4_gemm``, codes decoded by selects);
+    None where it does not take the call (the caller dequantizes, then cuBLAS)."""
+    from octavo.kernels import bnb4_gemm
+
+    m, k = x2.shape
+    if m > envs.bnb4_gemm_max_m() or not bnb4_gemm.supported(m, k, bs):
+        return None
+    return bnb4_gemm.bnb4_gemm(x2, layer.qweight, layer.absmax, layer.code_values, bs)
+
+
 def use_int8_kernel(device: torch.device, k: int) -> bool:
     return device.type == "cuda" and HAS_TRITON and kern.kernel_supports(k, k, 8)
 
@@ -280,6 +292,8 @@ class BitsAndBytesLinearMethod(LinearMethod):
             from octavo.kernels import bnb4_gemv as kernels
 
             y = _decode_gemv(layer, x2, bs)
+            if y is None:
+                y = _fused_gemm(layer, x2, bs)
             if y is not None:
                 y = y.view(*x.shape[:-1], y.shape[-1])
                 return y if bias is None else y + bias

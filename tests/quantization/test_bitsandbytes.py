@@ -265,6 +265,25 @@ def test_4bit_select_dequantizer_through_the_interpreter(monkeypatch):
     assert calls["select"] and not calls["table"]
 
 
+def test_4bit_fused_gemm_through_the_interpreter(monkeypatch):
+    """OCTAVO_BNB4_GEMM_MAX_M on: prefills run the fused GEMM (``octavo.kernels.bnb4_gemm``,
+    the packed bytes decoded by selects in its main loop) instead of dequantize-then-matmul;
+    the tokens and logprobs of the weight-only reference."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter case is for machines without CUDA")
+    from octavo.kernels import bnb4_gemm, bnb4_gemv
+
+    case = "qwen2-nf4-dq"
+    monkeypatch.setattr(bnb_method, "keeps_quantized", lambda device: True)
+    monkeypatch.setenv("OCTAVO_BNB4_GEMM_MAX_M", "4096")
+    calls = _count_calls(monkeypatch, {"gemm": (bnb4_gemm, "bnb4_gemm"),
+                                       "dequantize": (bnb4_gemv, "dequantize_4bit")})
+    llm = _llm(case)
+    _check_against_reference(case, *_run(llm), "saved_weight_only")
+    assert calls["gemm"] and not calls["dequantize"]
+
+
 def test_cuda_int8_kernel_through_the_interpreter(monkeypatch):
     """8-bit in the W8A16 Triton kernel's layout (q + 128, zero point 128, one group over K),
     run by Triton's interpreter on the CPU: same tokens."""
