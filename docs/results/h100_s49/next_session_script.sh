@@ -6,7 +6,15 @@
 # their own checkout first on sys.path, so PYTHONPATH does not select a tree.
 . scripts/device_items.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-TAILN=4 item gpu_tests python -m pytest -m gpu -q -x -rf tests/test_device_upload.py tests/kernels/test_penalties.py tests/kernels/test_sample_race.py tests/kernels/test_swapab_mma.py
+TAILN=4 item gpu_tests python -m pytest -m gpu -q -x -rf tests/test_device_upload.py tests/kernels/test_penalties.py tests/kernels/test_sample_race.py tests/kernels/test_swapab_mma.py tests/test_sampler_profile.py tests/kernels/test_bnb4_gemm.py tests/kernels/test_bnb4_dequant_select.py tests/quantization/test_bitsandbytes.py
+# Session 49's NF4 builds (select-decoded codes, no gathers), kernel then engine. Flip
+# envs.bnb4_gemm_max_m's default to the rows where the GEMM beats dequantize-then-cuBLAS, and
+# OCTAVO_BNB4_DEQUANT's to select if it beats the table.
+for m in 16 64 256; do
+  TAILN=8 item k_nf4_m$m python benchmarks/gemv_scaling.py --k 4096 --n 4096 6144 28672 --m $m --kernels nf4_gemm nf4_dequant_select nf4_dequant_triton bf16_cublas --json /tmp/res/k_nf4_m$m.json
+done
+OCTAVO_BNB4_GEMM_MAX_M=256 TAILN=8 item e_nf4_gemm python benchmarks/quantized.py --methods bf16,nf4 --batches 4 16 64 256 --skip-w2 --json /tmp/res/e_nf4_gemm.json
+OCTAVO_BNB4_DEQUANT=select TAILN=4 item e_nf4_select python benchmarks/quantized.py --methods nf4 --batches 16 256 --skip-w2 --json /tmp/res/e_nf4_select.json
 TAILN=5 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
 TAILN=5 item w1_pen python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen.json
 TAILN=10 item q_base python benchmarks/quantized.py --methods bf16,w4a16,w8a16,fp8 --batches 1 16 64 256 --skip-w2 --json /tmp/res/q_base.json
