@@ -13,11 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from octavo import envs
 from octavo.attention.backend import AttentionMetadata
 from octavo.attention.layer import ForwardContext
 from octavo.attention.registry import select_backend
 from octavo.config import EngineConfig
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from octavo.kernels.triton_available import HAS_TRITON
 from octavo.model_loader.loader import TORCH_DTYPES, load_model
 from octavo.sample.grammar_mask import GrammarMask
 from octavo.sample.logits_processors import (
@@ -195,6 +197,18 @@ class ModelRunner:
             torch.Generator(device=dev).manual_seed(0),  # the engine's stream untouched
             penalties=PenaltyRows(rows))
         self.sampler(logits, meta)
+        if logits.is_cuda and HAS_TRITON and envs.sample_kernel():
+            # The one-pass draw's variants a run can reach (Triton specializes on whether the
+            # vocabulary is split over programs: small batches are, full ones may not be; on
+            # the logits as computed and on float32 processed ones), compiled now rather than
+            # as a stall of every request in the step that first needs one (~0.2-0.3 s
+            # each on an H100, session 49).
+            from octavo.kernels.sample_race import race_sample
+
+            base = torch.zeros(1, dtype=torch.int64, device=dev)
+            for x in (logits, logits.float()):
+                for b in sorted({1, rows}):
+                    race_sample(x[:b], full[:b], base)
 
     def capture_cuda_graphs(self) -> None:
         cfg = self.config
