@@ -246,42 +246,33 @@ def test_4bit_kernels_through_the_interpreter(case, monkeypatch):
     assert calls["gemv"]
 
 
-def test_4bit_select_dequantizer_through_the_interpreter(monkeypatch):
-    """OCTAVO_BNB4_DEQUANT=select: prefills dequantize by the select tree (the layer's codes
-    compiled into the kernel), not the table gather; the weight-only reference's tokens and
+@pytest.mark.parametrize("env, value, module, function", [
+    # prefills dequantize by the select tree (the layer's codes compiled into the kernel)
+    ("OCTAVO_BNB4_DEQUANT", "select", "bnb4_gemv", "dequantize_4bit_select"),
+    # prefills run the fused GEMM (the packed bytes decoded by selects in its main loop)
+    ("OCTAVO_BNB4_GEMM_MAX_M", "4096", "bnb4_gemm", "bnb4_gemm"),
+])
+def test_4bit_select_decoding_through_the_interpreter(monkeypatch, env, value, module,
+                                                      function):
+    """The select-decoded 4-bit kernels, each switched on by its variable, take the prefills
+    instead of the table-gather dequantizer; the weight-only reference's tokens and
     logprobs."""
     pytest.importorskip("triton")
     if torch.cuda.is_available():
         pytest.skip("the interpreter case is for machines without CUDA")
+    import importlib
+
     from octavo.kernels import bnb4_gemv
 
     case = "qwen2-nf4-dq"
     monkeypatch.setattr(bnb_method, "keeps_quantized", lambda device: True)
-    monkeypatch.setenv("OCTAVO_BNB4_DEQUANT", "select")
-    calls = _count_calls(monkeypatch, {"select": (bnb4_gemv, "dequantize_4bit_select"),
+    monkeypatch.setenv(env, value)
+    target = importlib.import_module(f"octavo.kernels.{module}")
+    calls = _count_calls(monkeypatch, {"select": (target, function),
                                        "table": (bnb4_gemv, "dequantize_4bit")})
     llm = _llm(case)
     _check_against_reference(case, *_run(llm), "saved_weight_only")
     assert calls["select"] and not calls["table"]
-
-
-def test_4bit_fused_gemm_through_the_interpreter(monkeypatch):
-    """OCTAVO_BNB4_GEMM_MAX_M on: prefills run the fused GEMM (``octavo.kernels.bnb4_gemm``,
-    the packed bytes decoded by selects in its main loop) instead of dequantize-then-matmul;
-    the tokens and logprobs of the weight-only reference."""
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("the interpreter case is for machines without CUDA")
-    from octavo.kernels import bnb4_gemm, bnb4_gemv
-
-    case = "qwen2-nf4-dq"
-    monkeypatch.setattr(bnb_method, "keeps_quantized", lambda device: True)
-    monkeypatch.setenv("OCTAVO_BNB4_GEMM_MAX_M", "4096")
-    calls = _count_calls(monkeypatch, {"gemm": (bnb4_gemm, "bnb4_gemm"),
-                                       "dequantize": (bnb4_gemv, "dequantize_4bit")})
-    llm = _llm(case)
-    _check_against_reference(case, *_run(llm), "saved_weight_only")
-    assert calls["gemm"] and not calls["dequantize"]
 
 
 def test_cuda_int8_kernel_through_the_interpreter(monkeypatch):
