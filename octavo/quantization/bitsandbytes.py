@@ -100,10 +100,12 @@ def _fused_gemm(layer: nn.Module, x2: torch.Tensor, bs: int) -> torch.Tensor | N
     """Batches past the GEMVs, up to OCTAVO_BNB4_GEMM_MAX_M rows (off by default until
     measured), through the fused tensor-core GEMM (``bnb4_gemm``, codes decoded by selects);
     None where it does not take the call (the caller dequantizes, then cuBLAS)."""
+    m, k = x2.shape
+    if m > envs.bnb4_gemm_max_m():
+        return None
     from octavo.kernels import bnb4_gemm
 
-    m, k = x2.shape
-    if m > envs.bnb4_gemm_max_m() or not bnb4_gemm.supported(m, k, bs):
+    if not bnb4_gemm.supported(m, k, bs):
         return None
     return bnb4_gemm.bnb4_gemm(x2, layer.qweight, layer.absmax, layer.code_values, bs)
 
