@@ -35,6 +35,7 @@ from octavo.entrypoints.request_limits import (  # noqa: E402
     MAX_MESSAGES,
     MAX_PROMPTS,
     MAX_STOP,
+    MAX_STOP_CHARS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOOL_VALUES,
     json_values,
@@ -115,6 +116,13 @@ _TOO_MANY = [
      MAX_DETOKENIZE_TOKENS + 1, MAX_DETOKENIZE_TOKENS),
     *[("simple", "/generate", {**GENERATE, f: v}, f, len(v), lim)
       for f, (v, lim) in _LISTS.items()],
+    # stop strings too long together (each is searched for after every token)
+    ("openai", "/v1/completions", {**COMPLETION, "stop": ["y" * 8000] * 16}, "stop", 128000,
+     MAX_STOP_CHARS),
+    ("openai", "/v1/chat/completions", {**CHAT, "stop": "y" * 70000}, "stop", 70000,
+     MAX_STOP_CHARS),
+    ("simple", "/generate", {**GENERATE, "stop": ["y" * 8000] * 16}, "stop", 128000,
+     MAX_STOP_CHARS),
 ]
 
 

@@ -50,7 +50,12 @@ from octavo.entrypoints.openai.serving_engine import (
     random_id,
     stream_error,
 )
-from octavo.entrypoints.request_limits import LIST_LIMITS, constraint_too_big, too_many
+from octavo.entrypoints.request_limits import (
+    LIST_LIMITS,
+    constraint_too_big,
+    stop_too_long,
+    too_many,
+)
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
@@ -100,6 +105,9 @@ def parse_generate_request(body: bytes) -> tuple[str, bool, SamplingParams]:
         reason = too_many(data.get(field), limit)
         if reason is not None:
             raise APIError(400, f"{field}: {reason}", param=field)
+    reason = stop_too_long(data.get("stop"))
+    if reason is not None:
+        raise APIError(400, f"stop: {reason}", param="stop")
     try:
         params = SamplingParams(**data, output_kind=RequestOutputKind.CUMULATIVE)
     except (ValueError, TypeError, OverflowError) as e:

@@ -19,6 +19,10 @@ from typing import Any
 MAX_PROMPTS = 1024
 # Stop strings: each is searched for in the new text after every token.
 MAX_STOP = 1024
+# Characters of a request's stop strings together: after every token each one is searched
+# for in a window of the text as long as the longest (1,024 strings of 8,000 characters:
+# ~3 ms of the engine thread a step, which every request of the batch waits for).
+MAX_STOP_CHARS = 2**16
 # Words to ban: each is tokenized twice (alone and after a space) and indexed.
 MAX_BAD_WORDS = 4096
 # Stop token ids: copied into a set per request, and every step while short of min_tokens
@@ -59,6 +63,17 @@ LIST_LIMITS: dict[str, int] = {
     "stop_token_ids": MAX_STOP_TOKEN_IDS,
     "allowed_token_ids": MAX_ALLOWED_TOKEN_IDS,
 }
+
+
+def stop_too_long(stop: Any) -> str | None:
+    """Why a request's ``stop`` (a string or a list of them) is refused for its length, or
+    None when it fits (other types are left to the field's own validation)."""
+    items = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    total = sum(len(s) for s in items if isinstance(s, str))
+    if total > MAX_STOP_CHARS:
+        return (f"{total} characters of stop strings, more than this server's limit of "
+                f"{MAX_STOP_CHARS} per request")
+    return None
 
 
 def too_many(value: Any, limit: int, what: str = "entries") -> str | None:

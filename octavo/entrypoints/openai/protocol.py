@@ -46,6 +46,7 @@ from octavo.entrypoints.request_limits import (
     json_values,
     message_extra_values,
     prompt_count,
+    stop_too_long,
     too_many,
 )
 from octavo.errors import InvalidRequestError, RequestFailedError
@@ -271,7 +272,11 @@ class _SamplingRequest(BaseModel):
     @classmethod
     def _list_limits(cls, value: Any, info: ValidationInfo) -> Any:
         # Before the union (stop: a string or a list) reports its first member's error.
-        return _refuse_too_many(value, LIST_LIMITS[info.field_name])
+        value = _refuse_too_many(value, LIST_LIMITS[info.field_name])
+        reason = stop_too_long(value) if info.field_name == "stop" else None
+        if reason is not None:
+            raise PydanticCustomError("too_long", reason)
+        return value
 
     @field_validator("logit_bias")
     @classmethod
