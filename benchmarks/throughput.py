@@ -38,12 +38,16 @@ def engine_kwargs(folder: str, args) -> dict:
                 kv_cache_dtype=args.kv_cache_dtype)
 
 
-def penalties(args) -> dict:
+def sampling_extras(args) -> dict:
     """--penalties: every request asks for OpenAI's frequency and presence penalties and
-    transformers' repetition penalty (the logits processing a step then does for each row)."""
-    if not getattr(args, "penalties", False):
-        return {}
-    return {"frequency_penalty": 0.5, "presence_penalty": 0.3, "repetition_penalty": 1.1}
+    transformers' repetition penalty (the logits processing a step then does for each row);
+    --logprobs K: for its tokens' logprobs and top K."""
+    out = {}
+    if getattr(args, "penalties", False):
+        out.update(frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.1)
+    if getattr(args, "logprobs", None) is not None:  # --logprobs K: K top logprobs a token
+        out["logprobs"] = args.logprobs
+    return out
 
 
 def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> dict:
@@ -55,7 +59,7 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
     llm.generate([{"prompt_token_ids": prompts[0][:64]}],
                  SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
     params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m,
-                             **penalties(args)) for m in max_tokens]
+                             **sampling_extras(args)) for m in max_tokens]
 
     runs = []
     for _ in range(args.runs):
@@ -175,6 +179,8 @@ def main() -> None:
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--penalties", action="store_true",
                     help="every request with frequency 0.5, presence 0.3, repetition 1.1")
+    ap.add_argument("--logprobs", type=int, default=None, metavar="K",
+                    help="every request asks for its tokens' logprobs and the top K")
     ap.add_argument("--shape", default=None, choices=sorted(SHAPES),
                     help="the workload's requests on another model shape (e.g. qwen3-30b-a3b)")
     args = ap.parse_args()
@@ -193,7 +199,7 @@ def main() -> None:
               "device": device_info(), "commit": git_commit(), "limits": source,
               "bound_output_tok_s": bound, "date": time.strftime("%Y-%m-%d"), "runs": [],
               # (the bound counts bf16 KV bytes: an fp8 cache reads half of them)
-              "kv_cache_dtype": args.kv_cache_dtype, "penalties": penalties(args) or None}
+              "kv_cache_dtype": args.kv_cache_dtype, "sampling_extras": sampling_extras(args) or None}
     print(f"{result['workload']} on {source}; commit {result['commit']}")
     print(f"memory-bandwidth bound: {bound:,.0f} output tok/s")
     octavo = run_octavo(folder, prompts, max_tokens, args, args.executors.split(",")[0])

@@ -73,12 +73,14 @@ def test_seeded_sampling_and_parallel_samples(folder):
 
 
 def test_requests_needing_host_history_mixed_in(folder):
-    """A penalty or logprobs request makes the engine finish the step in flight first."""
+    """A prompt_logprobs request makes the engine finish the step in flight first (its
+    logprobs are read at its step's launch); penalties and sampled logprobs overlap."""
     # Those requests end early; the rest then run overlapped.
     params = [SamplingParams(temperature=0.0, ignore_eos=True,
                              max_tokens=4 if i % 2 or i % 3 == 0 else 16,
                              repetition_penalty=1.5 if i % 2 else 1.0,
-                             logprobs=2 if i % 3 == 0 else None) for i in range(10)]
+                             logprobs=2 if i % 3 == 0 else None,
+                             prompt_logprobs=1 if i == 3 else None) for i in range(10)]
     llm, _ = _both(folder, _prompts(), params)
     # Steps that only finished the one in flight launch nothing and are not counted: the
     # engine computed each prompt and every output token but the last, once.
@@ -147,3 +149,29 @@ def test_penalized_requests_preempted_rebuild_their_counts(folder):
     # finish is dropped by the next step's schedule).
     held = sum(st.row_cache.penalty is not None for st in runner.states.values())
     assert rows is not None and rows.capacity - len(rows.free) == held <= 1
+
+
+def test_sampled_logprobs_overlap_and_equal_synchronous_ones(folder):
+    """Requests asking for logprobs (and best_of, ranked by them) no longer stop the overlap:
+    their logprobs come back with the tokens. Tokens, logprobs, ranks and top-k equal
+    synchronous scheduling's."""
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, ignore_eos=True,
+                             max_tokens=10, logprobs=3 if i % 3 else 0) for i in range(8)]
+    got = {}
+    for mode in (False, True):
+        llm = LLM(model=folder, dtype="float32", skip_tokenizer_init=True, max_model_len=256,
+                  async_scheduling=mode)
+        outs = llm.generate([{"prompt_token_ids": p} for p in _prompts(8)], params,
+                            use_tqdm=False)
+        got[mode] = [(o.outputs[0].token_ids,
+                      [{t: (lp.logprob, lp.rank) for t, lp in d.items()}
+                       for d in o.outputs[0].logprobs]) for o in outs]
+        if mode:
+            assert llm.llm_engine.executor.worker.runner.num_tokens_fed_on_device > 0
+    for (toks_s, lps_s), (toks_a, lps_a) in zip(got[False], got[True]):
+        assert toks_a == toks_s
+        assert len(lps_a) == len(lps_s) == len(toks_s)
+        for a, b in zip(lps_a, lps_s):
+            assert a.keys() == b.keys()
+            for t in a:
+                assert a[t][1] == b[t][1] and abs(a[t][0] - b[t][0]) < 1e-5

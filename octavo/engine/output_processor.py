@@ -11,9 +11,10 @@ from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
 def reads_results_back(params: SamplingParams) -> bool:
-    """Whether a request's step results are read back beyond its token (logprobs, prompt
-    logprobs): such requests are not overlapped with the next step."""
-    return params.logprobs is not None or params.prompt_logprobs is not None
+    """Whether a request's step results are read back at its step's launch (prompt logprobs,
+    computed from the prefill chunk's hidden states): such requests are not overlapped with
+    the next step. Sampled logprobs are not: they come back with the sampled tokens."""
+    return params.prompt_logprobs is not None
 
 
 def samples_after_history(params: SamplingParams) -> bool:

@@ -488,6 +488,15 @@ class ModelRunner:
             host = self._sampled_host[self._flip][: len(sample_states)]
             self._flip ^= 1
             host.copy_(out.sampled, non_blocking=True)
+            if out.sampled_logprobs is not None:
+                # Read back with the tokens, in stream order: result() then reads host
+                # memory, and a logprobs request leaves the next step overlapped (a
+                # .tolist() of the device tensors would wait for that step's forward too).
+                for field in ("sampled_logprobs", "sampled_ranks", "topk_ids", "topk_logprobs"):
+                    t = getattr(out, field)
+                    if t is not None:
+                        pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                        setattr(out, field, pinned.copy_(t, non_blocking=True))
             ready = torch.cuda.Event()
             ready.record()
         else:

@@ -17,6 +17,8 @@ OCTAVO_BNB4_GEMM_MAX_M=256 TAILN=8 item e_nf4_gemm python benchmarks/quantized.p
 OCTAVO_BNB4_DEQUANT=select TAILN=4 item e_nf4_select python benchmarks/quantized.py --methods nf4 --batches 16 256 --skip-w2 --json /tmp/res/e_nf4_select.json
 TAILN=5 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
 TAILN=5 item w1_pen python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen.json
+# Sampled logprobs no longer make the engine synchronous (session 49, after its device time):
+TAILN=5 item w1_lp python benchmarks/throughput.py --workload W1 --logprobs 5 --json-out /tmp/res/w1_lp.json
 TAILN=10 item q_base python benchmarks/quantized.py --methods bf16,w4a16,w8a16,fp8 --batches 1 16 64 256 --skip-w2 --json /tmp/res/q_base.json
 OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 TAILN=6 item q_small16 python benchmarks/quantized.py --methods w4a16 --batches 1 16 32 64 128 --skip-w2 --json /tmp/res/q_small16.json
 OCTAVO_PDL=0 OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 TAILN=30 item prof_small64 python benchmarks/profile_step.py --shape llama-3.1-8b --quantization w4a16 --batch 64 --context 128 --json /tmp/res/prof_small64.json
