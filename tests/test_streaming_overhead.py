@@ -119,3 +119,36 @@ def test_a_long_silent_run_does_not_grow_the_decode_window():
     d.flush()
     assert d.text == "xx"
     assert max(seen) <= 16
+
+
+class _Letters:
+    """Token t decodes to one letter, t % 26 after 'a'; 26 decodes to a two-line break."""
+
+    def decode(self, ids, **kwargs):
+        return "".join("\r\n" if t == 26 else chr(97 + t % 26) for t in ids)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_long_text_is_read_by_its_end_and_cut_at_its_stop(include):
+    """The text kept as a buffer (a step reads only its end) equals the plain string over a
+    long output, line breaks untranslated; a stop string found late cuts it where the plain
+    string would be cut."""
+    toks = [(i * 7) % 27 for i in range(6000)]
+    want = _Letters().decode(toks)
+    d = IncrementalDetokenizer(_Letters(), [1, 2], SamplingParams(max_tokens=10**5))
+    for i, t in enumerate(toks):
+        assert not d.add_token(t)
+        if i % 997 == 0:
+            assert d.text_since(max(0, d.text_len - 50)) == want[:d.text_len][-50:]
+    d.flush()
+    assert d.text == want and d.text_len == len(want)
+    assert d.text_since(100, 150) == want[100:150] and d.text_since(150, 100) == ""
+    stop = "zzq"  # not in the text yet: appended as three tokens
+    d = IncrementalDetokenizer(_Letters(), [1, 2], SamplingParams(
+        stop=["never", stop], include_stop_str_in_output=include, max_tokens=10**5))
+    for t in toks:
+        d.add_token(t)
+    hits = [d.add_token(t) for t in (25, 25, 16)]  # the request ends at the hit
+    assert hits == [False, False, True]
+    end = len(want) + (3 if include else 0)
+    assert d.text == (want + stop)[:end] and d.stop_reason == stop and d.text_len == end

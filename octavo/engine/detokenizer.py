@@ -4,10 +4,16 @@ Decoding the whole output every step is quadratic; decoding one token at a time 
 multi-token characters and leading spaces. We decode a short window: the text of
 ids[prefix:read] versus ids[prefix:], and emit the difference once it is complete (no
 trailing replacement character).
+
+The text grows in an ``io.StringIO``: ``str += delta`` on an attribute copies the whole text
+every token (a 32k-token output took 0.14 s of the engine thread, a 128k one 5.9 s); a
+step's readers take only its end (``text_since``), and the whole text is joined only where
+an output needs it (``text``).
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 
 from octavo.sampling_params import SamplingParams
@@ -52,7 +58,8 @@ class IncrementalDetokenizer:
         self.ids = ctx
         self.prefix_offset = 0
         self.read_offset = len(ctx)
-        self.text = ""
+        self._text = io.StringIO(newline="")  # no newline translation
+        self.text_len = 0
         self.stop_reason: str | None = None
         self.max_stop_len = max((len(s) for s in params.stop), default=0)
         self.num_output_tokens = 0
@@ -89,7 +96,7 @@ class IncrementalDetokenizer:
         delta = full[len(prefix):]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
-        self.text += delta
+        self._append(delta)
         if self.num_output_tokens <= self.params.min_tokens:
             return False  # as in vLLM, stop strings count only once min_tokens tokens are out
         return self._check_stop(len(delta))
@@ -100,22 +107,43 @@ class IncrementalDetokenizer:
             prefix = self._prefix_text()
             full = self._decode(self.ids[self.prefix_offset:])
             if len(full) > len(prefix):
-                self.text += full[len(prefix):]
+                self._append(full[len(prefix):])
             self.read_offset = len(self.ids)
+
+    @property
+    def text(self) -> str:
+        """The output text so far (joined: O(its length))."""
+        return self._text.getvalue()
+
+    def text_since(self, start: int, end: int | None = None) -> str:
+        """``text[start:end]``, reading only that part."""
+        end = self.text_len if end is None else min(end, self.text_len)
+        if start >= end:
+            return ""
+        self._text.seek(start)
+        return self._text.read(end - start)
+
+    def _append(self, delta: str) -> None:
+        self._text.seek(self.text_len)
+        self._text.write(delta)
+        self.text_len += len(delta)
 
     def _check_stop(self, delta_len: int) -> bool:
         if not self.params.stop:
             return False
-        start = max(0, len(self.text) - delta_len - self.max_stop_len + 1)
+        start = max(0, self.text_len - delta_len - self.max_stop_len + 1)
+        window = self.text_since(start)
         best = None
         for stop in self.params.stop:
-            idx = self.text.find(stop, start)
+            idx = window.find(stop)
             if idx != -1 and (best is None or idx < best[0]):
                 best = (idx, stop)
         if best is None:
             return False
         idx, stop = best
-        end = idx + len(stop) if self.params.include_stop_str_in_output else idx
-        self.text = self.text[:end]
+        end = start + (idx + len(stop) if self.params.include_stop_str_in_output else idx)
+        self._text.seek(end)
+        self._text.truncate()
+        self.text_len = end
         self.stop_reason = stop
         return True

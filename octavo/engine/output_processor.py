@@ -131,9 +131,10 @@ class RequestState:
     def _take_delta(self, finished: bool) -> tuple[str, list[int], list | None]:
         """(text, token ids, logprobs) not sent yet, marked sent. Unfinished, the text that
         may turn out to start a stop string is held back."""
-        text = self.detok.text if self.detok is not None else ""
-        upto = max(self.sent_text, len(text) - (0 if finished else self._hold))
-        text, self.sent_text = text[self.sent_text:upto], upto
+        text = ""
+        if self.detok is not None:  # only the part not sent yet is read
+            upto = max(self.sent_text, self.detok.text_len - (0 if finished else self._hold))
+            text, self.sent_text = self.detok.text_since(self.sent_text, upto), upto
         n = self.sent_tokens
         token_ids = self.token_ids[n:]
         logprobs = self.logprobs[n:] if self.logprobs is not None else None
