@@ -73,8 +73,7 @@ def test_seeded_sampling_and_parallel_samples(folder):
 
 
 def test_requests_needing_host_history_mixed_in(folder):
-    """A prompt_logprobs request makes the engine finish the step in flight first (its
-    logprobs are read at its step's launch); penalties and sampled logprobs overlap."""
+    """Penalties, sampled logprobs and prompt logprobs mixed in: every step overlaps."""
     # Those requests end early; the rest then run overlapped.
     params = [SamplingParams(temperature=0.0, ignore_eos=True,
                              max_tokens=4 if i % 2 or i % 3 == 0 else 16,
@@ -152,25 +151,31 @@ def test_penalized_requests_preempted_rebuild_their_counts(folder):
 
 
 def test_sampled_logprobs_overlap_and_equal_synchronous_ones(folder):
-    """Requests asking for logprobs (and best_of, ranked by them) no longer stop the overlap:
-    their logprobs come back with the tokens. Tokens, logprobs, ranks and top-k equal
-    synchronous scheduling's."""
+    """Requests asking for logprobs or prompt logprobs (and best_of, ranked by logprobs) no
+    longer stop the overlap: their values come back with the tokens. Tokens, logprobs,
+    prompt logprobs, ranks and top-k equal synchronous scheduling's, chunked prefills
+    included."""
     params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, ignore_eos=True,
-                             max_tokens=10, logprobs=3 if i % 3 else 0) for i in range(8)]
+                             max_tokens=10, logprobs=3 if i % 3 else 0,
+                             prompt_logprobs=(2 if i % 2 else 0) if i % 4 != 3 else None)
+              for i in range(8)]
     got = {}
     for mode in (False, True):
         llm = LLM(model=folder, dtype="float32", skip_tokenizer_init=True, max_model_len=256,
-                  async_scheduling=mode)
+                  async_scheduling=mode, max_num_batched_tokens=48)  # chunked prefills
         outs = llm.generate([{"prompt_token_ids": p} for p in _prompts(8)], params,
                             use_tqdm=False)
         got[mode] = [(o.outputs[0].token_ids,
                       [{t: (lp.logprob, lp.rank) for t, lp in d.items()}
-                       for d in o.outputs[0].logprobs]) for o in outs]
+                       for d in o.outputs[0].logprobs + [
+                           d for d in (o.prompt_logprobs or []) if d is not None]])
+                     for o in outs]
+        assert sum(1 for o in outs if o.prompt_logprobs) == 6
         if mode:
             assert llm.llm_engine.executor.worker.runner.num_tokens_fed_on_device > 0
     for (toks_s, lps_s), (toks_a, lps_a) in zip(got[False], got[True]):
         assert toks_a == toks_s
-        assert len(lps_a) == len(lps_s) == len(toks_s)
+        assert len(lps_a) == len(lps_s) >= len(toks_s)
         for a, b in zip(lps_a, lps_s):
             assert a.keys() == b.keys()
             for t in a:

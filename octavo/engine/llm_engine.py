@@ -283,8 +283,8 @@ class LLMEngine:
         return self.processor.structured.step_bitmask(grammars)
 
     def _can_overlap(self) -> bool:
-        return (self.config.scheduler_config.async_scheduling
-                and not any(st.needs_sync for st in self.states.values()))
+        # Every request overlaps: logprobs and prompt logprobs come back with the tokens.
+        return self.config.scheduler_config.async_scheduling
 
     def _process(self, sched, handle) -> tuple[list[RequestOutput | StepDelta], int, int]:
         """Wait for a launched step's tokens and turn them into outputs."""

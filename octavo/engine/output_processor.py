@@ -10,13 +10,6 @@ from octavo.outputs import CompletionOutput, Logprob, RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
-def reads_results_back(params: SamplingParams) -> bool:
-    """Whether a request's step results are read back at its step's launch (prompt logprobs,
-    computed from the prefill chunk's hidden states): such requests are not overlapped with
-    the next step. Sampled logprobs are not: they come back with the sampled tokens."""
-    return params.prompt_logprobs is not None
-
-
 def samples_after_history(params: SamplingParams) -> bool:
     """Whether a request's sampling reads its latest tokens on the host: bad words, logit
     processors over the output, min_tokens (and structured outputs, whose matcher must have
@@ -61,8 +54,6 @@ class RequestState:
         self.prompt = prompt
         self.prompt_token_ids = request.prompt_token_ids
         self.params: SamplingParams = request.sampling_params
-        # The next step reads this step's results back (logprobs): no overlap.
-        self.needs_sync = reads_results_back(self.params)
         # Its sampling waits for the step before to be processed (no overlap lost).
         self.samples_late = samples_after_history(self.params)
         # The request's grammar matcher (structured outputs), set by the engine.

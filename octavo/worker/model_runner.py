@@ -58,6 +58,34 @@ class _Sample:
         return self.run(grammar)
 
 
+def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` copied to pinned host memory in stream order (CUDA), or as it is (CPU)."""
+    if t is None or not t.is_cuda:
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+
+def _resolve_prompt_logprobs(raw):
+    """``_prompt_logprobs``' host copies as the engine's lists (their copies are done): request
+    id -> (first position, targets, token logprobs, ranks, top ids or None, top logprobs or
+    None)."""
+    if raw is None:
+        return None
+    out = {}
+    for rid, (nc, targets, with_top, parts) in raw.items():
+        tok_lps, ranks = [], []
+        top_ids: list | None = [] if with_top else None
+        top_lps: list | None = [] if with_top else None
+        for lp, rank, ids, vals in parts:
+            tok_lps += lp.tolist()
+            ranks += rank.tolist()
+            if with_top:
+                top_ids += ids.tolist()
+                top_lps += vals.tolist()
+        out[rid] = (nc, targets, tok_lps, ranks, top_ids, top_lps)
+    return out
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
         self.config = config
@@ -466,8 +494,16 @@ class ModelRunner:
         prepare_s = self.last_prepare_s
         prompt_lp = self._prompt_logprobs(states, num_new, num_computed, hidden, qsl)
         if not rows:
-            return _Sample(lambda _: StepHandle.done(
-                ModelRunnerOutput([], [], prompt_logprobs=prompt_lp, prepare_s=prepare_s)), [])
+            if prompt_lp is None:
+                return _Sample(lambda _: StepHandle.done(
+                    ModelRunnerOutput([], [], prepare_s=prepare_s)), [])
+            ready = None
+            if self.device.type == "cuda":  # after the prompt logprobs' copies to the host
+                ready = torch.cuda.Event()
+                ready.record()
+            return _Sample(lambda _: StepHandle(lambda _tokens: ModelRunnerOutput(
+                [], [], prompt_logprobs=_resolve_prompt_logprobs(prompt_lp),
+                prepare_s=prepare_s), None, ready), [])
         last_hidden = hidden[staged["idx"]] if "idx" in staged else hidden
         logits = self.model.compute_logits(last_hidden)
         meta = staged["meta"]
@@ -510,7 +546,7 @@ class ModelRunner:
                 req_ids=[st.req_id for st in sample_states],
                 sampled_token_ids=tokens,
                 logprobs=self._logprobs_dict(sample_states, out),
-                prompt_logprobs=prompt_lp,
+                prompt_logprobs=_resolve_prompt_logprobs(prompt_lp),
                 failed=({sample_states[r].req_id: f"{type(e).__name__}: {e}"
                          for r, e in out.failed_rows.items()} if out.failed_rows else None),
                 prepare_s=prepare_s,
@@ -520,7 +556,10 @@ class ModelRunner:
 
     def _prompt_logprobs(self, states, num_new, num_computed, hidden, qsl):
         """For requests asking prompt_logprobs: the logprob (and rank, and top-k) of each
-        prompt token given the tokens before it, over this step's prefill chunk."""
+        prompt token given the tokens before it, over this step's prefill chunk. The values
+        are copied to the host in stream order (pinned memory on CUDA) and read as lists by
+        ``_resolve_prompt_logprobs`` once the step's copies are done: reading them here
+        waited for the device, so such a request made the engine synchronous."""
         result = None
         vocab = self.config.model_config.hf_config.vocab_size
         for i, st in enumerate(states):
@@ -538,25 +577,21 @@ class ModelRunner:
             # a 128k vocabulary: 4 GiB, twice with the log-softmax) is memory the start-up
             # profile never saw, so one request could push the device out of memory.
             rows = max(1, PROMPT_LOGPROBS_BYTES // (4 * vocab))
-            tok_lps: list[float] = []
-            ranks: list[int] = []
-            top_ids: list | None = [] if k > 0 else None
-            top_lps: list | None = [] if k > 0 else None
+            parts = []
             for a in range(0, end - nc, rows):
                 b = min(a + rows, end - nc)
                 lp = torch.log_softmax(
                     self.model.compute_logits(hidden[start + a: start + b]).float(), dim=-1)
-                tgt = torch.tensor(targets[a:b], device=lp.device).unsqueeze(1)
+                tgt = to_device(targets[a:b], lp.device, torch.long).unsqueeze(1)
                 tok_lp = lp.gather(1, tgt)
-                ranks += ((lp > tok_lp).sum(dim=-1) + 1).tolist()
-                tok_lps += tok_lp.squeeze(1).tolist()
-                if k > 0:
-                    tops = lp.topk(k, dim=-1)
-                    top_ids += tops.indices.tolist()
-                    top_lps += tops.values.tolist()
+                tops = lp.topk(k, dim=-1) if k > 0 else None
+                parts.append(tuple(_to_host(t) for t in (
+                    tok_lp.squeeze(1), (lp > tok_lp).sum(dim=-1) + 1,
+                    tops.indices if tops is not None else None,
+                    tops.values if tops is not None else None)))
                 del lp
             result = result or {}
-            result[st.req_id] = (nc, targets, tok_lps, ranks, top_ids, top_lps)
+            result[st.req_id] = (nc, targets, k > 0, parts)
         return result
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
