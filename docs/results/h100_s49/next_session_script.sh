@@ -6,7 +6,12 @@
 # their own checkout first on sys.path, so PYTHONPATH does not select a tree.
 . scripts/device_items.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-TAILN=4 item gpu_tests python -m pytest -m gpu -q -x -rf tests/test_device_upload.py tests/kernels/test_penalties.py tests/kernels/test_sample_race.py tests/kernels/test_swapab_mma.py tests/test_sampler_profile.py tests/kernels/test_bnb4_gemm.py tests/kernels/test_bnb4_dequant_select.py tests/quantization/test_bitsandbytes.py
+# About 9-10 minutes in all: run it as two calls if the first stops short (item() skips what
+# the budget no longer fits, and says so).
+# Session 49's CUDA-only paths (logprobs / prompt logprobs copied to pinned memory, the
+# sampler profile at start-up) ran only on the CPU: the async tests on the GPU first.
+TAILN=4 item async_tests python -m pytest -q -rf tests/test_async_scheduling.py tests/test_penalty_rows.py tests/test_logits_processors.py tests/test_prompt_logprobs_slices.py
+TAILN=4 item gpu_tests python -m pytest -m gpu -q -rf tests/test_device_upload.py tests/kernels/test_penalties.py tests/kernels/test_sample_race.py tests/kernels/test_swapab_mma.py tests/test_sampler_profile.py tests/kernels/test_bnb4_gemm.py tests/kernels/test_bnb4_dequant_select.py tests/quantization/test_bitsandbytes.py
 # Session 49's NF4 builds (select-decoded codes, no gathers), kernel then engine. Flip
 # envs.bnb4_gemm_max_m's default to the rows where the GEMM beats dequantize-then-cuBLAS, and
 # OCTAVO_BNB4_DEQUANT's to select if it beats the table.
