@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import sys
@@ -33,6 +34,25 @@ def _site() -> str:
             rel = os.path.relpath(frame.filename, os.path.dirname(ROOT))
             return f"{rel}:{frame.lineno} ({frame.name})"
     return "(outside octavo)"
+
+
+@contextlib.contextmanager
+def counting_syncs(sites: collections.Counter):
+    """Count every synchronizing CUDA operation inside the block into ``sites``, by the
+    Octavo source line that made it (torch's sync debug mode, its warnings recorded)."""
+    import torch
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        sites[_site()] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield sites
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
 
 def params(args):
@@ -79,19 +99,10 @@ def main() -> None:
         steps += 1
         return original_step()
 
-    def record(message, category, filename, lineno, file=None, line=None):
-        sites[_site()] += 1
-
     engine.step = counted_step
     torch.cuda.synchronize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = record
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            llm.generate(prompts, params(args), use_tqdm=False)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+    with counting_syncs(sites):
+        llm.generate(prompts, params(args), use_tqdm=False)
     rows = [{"site": s, "syncs": c, "per_step": round(c / max(steps, 1), 3)}
             for s, c in sites.most_common()]
     print(f"{steps} engine steps, {sum(sites.values())} synchronizing operations")

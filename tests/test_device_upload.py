@@ -91,3 +91,20 @@ def test_processed_rows_are_drawn_from_the_processed_logits(device):
     assert (sampled % 2 == 0).all(), sampled  # allowed_token_ids held
     assert (sampled[1::2] == 6).all(), sampled  # the +60 bias won (penalty 1.3 or not)
     assert len(set(sampled[0::2].tolist())) > 4  # the others are still drawn
+
+
+@pytest.mark.gpu
+def test_the_sync_counter_sees_a_pageable_upload_and_not_a_pinned_one():
+    """benchmarks/host_syncs.py's counter: a pageable upload is counted, ``to_device``'s
+    pinned one is not."""
+    import collections
+
+    from benchmarks.host_syncs import counting_syncs
+
+    sites: collections.Counter = collections.Counter()
+    with counting_syncs(sites):
+        to_device([1, 2, 3], torch.device("cuda"), torch.long)
+    assert not sites, sites
+    with counting_syncs(sites):
+        torch.tensor([1, 2, 3], device="cuda")
+    assert sum(sites.values()) >= 1, sites
