@@ -15,7 +15,10 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The checkout after PYTHONPATH's entries: a tree given there (a `git archive` export, for
+# an A/B) is the octavo imported; before the installed packages.
+sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SIZES = [4096, 65536, 256 * 4096, 1024 * 4096]  # elements: batch 1 .. 1024 of hidden 4096
 

@@ -21,7 +21,10 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The checkout after PYTHONPATH's entries: a tree given there (a `git archive` export, for
+# an A/B) is the octavo imported; before the installed packages.
+sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _wrap(owner, name: str, key: str, totals: dict[str, float]) -> None:

@@ -21,7 +21,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The checkout after PYTHONPATH's entries: a tree given there (a `git archive` export, for
+# an A/B) is the octavo imported; before the installed packages.
+sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # SmolLM2-135M's shape with a 16k position limit, so that an 8k prompt and its neighbours fit.
 SMALL_SHAPE = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=576,

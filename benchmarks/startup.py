@@ -23,7 +23,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The checkout after PYTHONPATH's entries: a tree given there (a `git archive` export, for
+# an A/B) is the octavo imported; before the installed packages.
+sys.path.insert(1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import device_info, git_commit, print_json_result  # noqa: E402
 

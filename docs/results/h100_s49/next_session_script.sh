@@ -2,8 +2,9 @@
 # 12 / 15's figures at HEAD and the two leads session 49 left (docs/benchmarks.md, session 49):
 # W1 with penalties against plain W1 in the same call, and W4A16 with every 4-bit layer in the
 # swap-AB layout at 1-256 rows, beside the default and bf16. For an A/B against an older
-# tree, run the benchmark from inside a `git archive` export (cd there): the scripts put
-# their own checkout first on sys.path, so PYTHONPATH does not select a tree.
+# tree: `git archive <commit> octavo | tar -x -C .snap/old`, then PYTHONPATH=.snap/old:.
+# (since session 49 the benchmarks put their checkout after PYTHONPATH's entries; before,
+# it came first and such "old tree" runs ran the current code).
 . scripts/device_items.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 # About 9-10 minutes in all: run it as two calls if the first stops short (item() skips what
