@@ -100,3 +100,20 @@ def test_a_long_stream_and_the_next_kept_alive_request_go_through(server):
             assert got.startswith(b"HTTP/1.1 200 "), got
             if path == "/slow":
                 assert all(b"%d" % i in got for i in range(4))
+
+
+def test_an_http10_stream_is_close_delimited(server):
+    """HTTP/1.0 has no chunked framing: a response without Content-Length is sent as it
+    comes and ended by the close (httptools chunked it; a 1.0 proxy passed the chunk sizes
+    on as text). HTTP/1.1 keeps its chunks."""
+    for version, chunked in (("1.0", False), ("1.1", True)):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(f"GET /slow HTTP/{version}\r\nHost: test\r\nConnection: close"
+                         "\r\n\r\n".encode())
+            got = b""
+            while chunk := sock.recv(65536):
+                got += chunk
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert (b"transfer-encoding: chunked" in head.lower()) == chunked, head
+        if not chunked:
+            assert body == b"0123ok", body

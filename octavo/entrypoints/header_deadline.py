@@ -69,6 +69,32 @@ class _HeadDeadline:
             self.transport.close()
 
 
+def _close_delimited(cycle) -> None:
+    """An HTTP/1.0 request's response without a Content-Length is sent as it comes and ended
+    by closing the connection, as HTTP/1.0 defines: uvicorn's httptools protocol sent it with
+    ``Transfer-Encoding: chunked`` (an HTTP/1.1 framing a 1.0 client does not undo: a proxy
+    speaking HTTP/1.0 to its upstream, nginx's default, passed the chunk sizes on as text).
+    h11 already does this. The cycle's own send is given the byte counts it checks."""
+    send = cycle.send
+    state = {"open": False}
+
+    async def send_close_delimited(message) -> None:
+        if message["type"] == "http.response.start" and not cycle.response_started:
+            framed = any(k.lower() in (b"content-length", b"transfer-encoding")
+                         for k, _ in message.get("headers", []))
+            if not framed and cycle.scope["method"] != "HEAD" and \
+                    message["status"] not in (204, 304):
+                cycle.chunked_encoding = False  # no chunks: the body runs to the close
+                cycle.expected_content_length = 1 << 62
+                state["open"] = True
+        elif message["type"] == "http.response.body" and state["open"] and \
+                not message.get("more_body", False):
+            cycle.expected_content_length = len(message.get("body", b""))
+        await send(message)
+
+    cycle.send = send_close_delimited
+
+
 def head_deadline_protocol(timeout: float = DEFAULT_REQUEST_HEADER_TIMEOUT_S,
                            http: str = "auto") -> type:
     """A uvicorn HTTP protocol class (``uvicorn.Config(http=...)``) closing connections that
@@ -83,6 +109,8 @@ def head_deadline_protocol(timeout: float = DEFAULT_REQUEST_HEADER_TIMEOUT_S,
             def on_headers_complete(self) -> None:
                 super().on_headers_complete()
                 self._head_arrived()
+                if self.cycle is not None and self.scope.get("http_version") == "1.0":
+                    _close_delimited(self.cycle)
     elif http == "h11":
         from uvicorn.protocols.http.h11_impl import H11Protocol as base
 
