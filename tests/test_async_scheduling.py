@@ -81,8 +81,7 @@ def test_requests_needing_host_history_mixed_in(folder):
                              logprobs=2 if i % 3 == 0 else None,
                              prompt_logprobs=1 if i == 3 else None) for i in range(10)]
     llm, _ = _both(folder, _prompts(), params)
-    # Steps that only finished the one in flight launch nothing and are not counted: the
-    # engine computed each prompt and every output token but the last, once.
+    # The engine computed each prompt and every output token but the last, once.
     want = sum(len(p) for p in _prompts()) + sum(p.max_tokens - 1 for p in params)
     assert llm.llm_engine.timings.tokens == want
 

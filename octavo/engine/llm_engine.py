@@ -227,12 +227,6 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput | StepDelta]:
         t0 = time.perf_counter()
         inflight, self._inflight = self._inflight, None
-        if inflight is not None and not self._can_overlap():
-            # Some request reads its step's results back (logprobs): finish the step in
-            # flight first.
-            outputs, num_prompt, num_gen = self._process(*inflight)
-            self._account(None, t0, t0, t0, num_prompt, num_gen)  # launched nothing
-            return outputs
         sched = self.scheduler.schedule()
         guided = self._guided_samplers(sched) if self._guided else []
         if inflight is None and all(self.states[rid].grammar is None for rid in guided):
@@ -281,10 +275,6 @@ class LLMEngine:
             if state is not None and state.grammar is not None:
                 grammars[rid] = state.grammar
         return self.processor.structured.step_bitmask(grammars)
-
-    def _can_overlap(self) -> bool:
-        # Every request overlaps: logprobs and prompt logprobs come back with the tokens.
-        return self.config.scheduler_config.async_scheduling
 
     def _process(self, sched, handle) -> tuple[list[RequestOutput | StepDelta], int, int]:
         """Wait for a launched step's tokens and turn them into outputs."""
@@ -410,8 +400,7 @@ class LLMEngine:
 
     def _account(self, sched, t0: float, t1: float, t2: float, num_prompt: int,
                  num_gen: int) -> None:
-        """Timings, trace and stats of one step() call; ``sched`` is the step it launched
-        (None when it only finished the step in flight)."""
+        """Timings, trace and stats of one step() call; ``sched`` is the step it launched."""
         t3 = time.perf_counter()
         wait, self._wait_s = self._wait_s, 0.0
         tm = self.timings
@@ -419,12 +408,11 @@ class LLMEngine:
         tm.execute_s += t2 - t1 + wait
         tm.output_s += t3 - t2 - wait
         tm.wall_s += t3 - t0
-        num_tokens = 0 if sched is None else sched.total_num_scheduled_tokens
-        if sched is not None:
-            tm.steps += 1
-            tm.decode_steps += num_tokens == len(sched.num_scheduled_tokens)
-            tm.tokens += num_tokens
-        if tm.trace is not None and sched is not None:
+        num_tokens = sched.total_num_scheduled_tokens
+        tm.steps += 1
+        tm.decode_steps += num_tokens == len(sched.num_scheduled_tokens)
+        tm.tokens += num_tokens
+        if tm.trace is not None:
             running = self.scheduler.running
             tm.trace.append(StepTrace(
                 len(running), len(sched.num_scheduled_tokens),
