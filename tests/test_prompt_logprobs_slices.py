@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from octavo import LLM, SamplingParams
-from octavo.worker import model_runner
+from octavo.worker import logprobs
 from tests.tiny_models import make_checkpoint
 
 PROMPT = [1] + [(7 * i + 3) % 250 + 2 for i in range(45)]
@@ -32,7 +32,7 @@ def _prompt_logprobs(tiny, **engine_kw):
 def test_slices_give_the_same_prompt_logprobs(tiny, monkeypatch):
     vocab, whole = _prompt_logprobs(tiny)
     assert whole[0] is None and len(whole) == len(PROMPT)
-    monkeypatch.setattr(model_runner, "PROMPT_LOGPROBS_BYTES", 4 * vocab * 4)  # 4 rows
+    monkeypatch.setattr(logprobs, "PROMPT_LOGPROBS_BYTES", 4 * vocab * 4)  # 4 rows
     shapes = []
     log_softmax = torch.log_softmax
     monkeypatch.setattr(torch, "log_softmax",

@@ -30,10 +30,11 @@ from octavo.sample.logits_processors import (
 )
 from octavo.sample.metadata import SamplingMetadata
 from octavo.sample.penalty_rows import PenaltyRows
-from octavo.sample.sampler import Sampler, SamplerOutput
+from octavo.sample.sampler import Sampler
 from octavo.sample.upload import to_device
 from octavo.sampling_params import SamplingType
 from octavo.structured_output.bitmask import GrammarBitmask
+from octavo.worker import logprobs
 from octavo.worker.cuda_graphs import CudaGraphRunner
 from octavo.worker.input_buffers import InputBuffers
 from octavo.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
@@ -43,8 +44,6 @@ from octavo.worker.step_handle import PendingSample, StepHandle
 logger = logging.getLogger(__name__)
 
 _SEED_STRIDE = 0x9E3779B1  # spreads (seed, step) pairs over the generator's seed space
-# Float32 logits a prompt_logprobs slice may hold at once (its log-softmax doubles it).
-PROMPT_LOGPROBS_BYTES = 256 * 2**20
 
 
 @dataclass
@@ -56,34 +55,6 @@ class _Sample:
 
     def __call__(self, grammar: GrammarBitmask | None) -> StepHandle:
         return self.run(grammar)
-
-
-def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
-    """``t`` copied to pinned host memory in stream order (CUDA), or as it is (CPU)."""
-    if t is None or not t.is_cuda:
-        return t
-    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-
-
-def _resolve_prompt_logprobs(raw):
-    """``_prompt_logprobs``' host copies as the engine's lists (their copies are done): request
-    id -> (first position, targets, token logprobs, ranks, top ids or None, top logprobs or
-    None)."""
-    if raw is None:
-        return None
-    out = {}
-    for rid, (nc, targets, with_top, parts) in raw.items():
-        tok_lps, ranks = [], []
-        top_ids: list | None = [] if with_top else None
-        top_lps: list | None = [] if with_top else None
-        for lp, rank, ids, vals in parts:
-            tok_lps += lp.tolist()
-            ranks += rank.tolist()
-            if with_top:
-                top_ids += ids.tolist()
-                top_lps += vals.tolist()
-        out[rid] = (nc, targets, tok_lps, ranks, top_ids, top_lps)
-    return out
 
 
 class ModelRunner:
@@ -228,9 +199,8 @@ class ModelRunner:
         if logits.is_cuda and HAS_TRITON and envs.sample_kernel():
             # The one-pass draw's variants a run can reach (Triton specializes on whether the
             # vocabulary is split over programs: small batches are, full ones may not be; on
-            # the logits as computed and on float32 processed ones), compiled now rather than
-            # as a stall of every request in the step that first needs one (~0.2-0.3 s
-            # each on an H100, session 49).
+            # the logits as computed and on float32 processed ones), compiled now, not as a
+            # stall of the step that first needs one (~0.2-0.3 s each on an H100).
             from octavo.kernels.sample_race import race_sample
 
             base = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -492,7 +462,9 @@ class ModelRunner:
 
         hidden, qsl = self._forward(states, num_new, num_computed, before_launch)
         prepare_s = self.last_prepare_s
-        prompt_lp = self._prompt_logprobs(states, num_new, num_computed, hidden, qsl)
+        prompt_lp = logprobs.prompt_logprobs(
+            self.model, self.config.model_config.hf_config.vocab_size, states, num_new,
+            num_computed, hidden, qsl)
         if not rows:
             if prompt_lp is None:
                 return _Sample(lambda _: StepHandle.done(
@@ -502,7 +474,7 @@ class ModelRunner:
                 ready = torch.cuda.Event()
                 ready.record()
             return _Sample(lambda _: StepHandle(lambda _tokens: ModelRunnerOutput(
-                [], [], prompt_logprobs=_resolve_prompt_logprobs(prompt_lp),
+                [], [], prompt_logprobs=logprobs.resolve_prompt_logprobs(prompt_lp),
                 prepare_s=prepare_s), None, ready), [])
         last_hidden = hidden[staged["idx"]] if "idx" in staged else hidden
         logits = self.model.compute_logits(last_hidden)
@@ -524,15 +496,7 @@ class ModelRunner:
             host = self._sampled_host[self._flip][: len(sample_states)]
             self._flip ^= 1
             host.copy_(out.sampled, non_blocking=True)
-            if out.sampled_logprobs is not None:
-                # Read back with the tokens, in stream order: result() then reads host
-                # memory, and a logprobs request leaves the next step overlapped (a
-                # .tolist() of the device tensors would wait for that step's forward too).
-                for field in ("sampled_logprobs", "sampled_ranks", "topk_ids", "topk_logprobs"):
-                    t = getattr(out, field)
-                    if t is not None:
-                        pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                        setattr(out, field, pinned.copy_(t, non_blocking=True))
+            logprobs.sampled_to_host(out)  # read back with the tokens
             ready = torch.cuda.Event()
             ready.record()
         else:
@@ -545,54 +509,14 @@ class ModelRunner:
             return ModelRunnerOutput(
                 req_ids=[st.req_id for st in sample_states],
                 sampled_token_ids=tokens,
-                logprobs=self._logprobs_dict(sample_states, out),
-                prompt_logprobs=_resolve_prompt_logprobs(prompt_lp),
+                logprobs=logprobs.sampled_logprobs(sample_states, out),
+                prompt_logprobs=logprobs.resolve_prompt_logprobs(prompt_lp),
                 failed=({sample_states[r].req_id: f"{type(e).__name__}: {e}"
                          for r, e in out.failed_rows.items()} if out.failed_rows else None),
                 prepare_s=prepare_s,
             )
 
         return StepHandle(finish, host, ready)
-
-    def _prompt_logprobs(self, states, num_new, num_computed, hidden, qsl):
-        """For requests asking prompt_logprobs: the logprob (and rank, and top-k) of each
-        prompt token given the tokens before it, over this step's prefill chunk. The values
-        are copied to the host in stream order (pinned memory on CUDA) and read as lists by
-        ``_resolve_prompt_logprobs`` once the step's copies are done: reading them here
-        waited for the device, so such a request made the engine synchronous."""
-        result = None
-        vocab = self.config.model_config.hf_config.vocab_size
-        for i, st in enumerate(states):
-            k = st.sampling_params.prompt_logprobs
-            if k is None:
-                continue
-            nc = num_computed[i]
-            end = min(nc + num_new[i], st.num_prompt_tokens - 1)  # position p predicts p+1
-            if end <= nc:
-                continue
-            start = int(qsl[i])
-            targets = st.token_ids[nc + 1: end + 1]
-            k = vocab if k == -1 else k
-            # A slice of rows at a time: a whole chunk's float32 logits (8,192 positions of
-            # a 128k vocabulary: 4 GiB, twice with the log-softmax) is memory the start-up
-            # profile never saw, so one request could push the device out of memory.
-            rows = max(1, PROMPT_LOGPROBS_BYTES // (4 * vocab))
-            parts = []
-            for a in range(0, end - nc, rows):
-                b = min(a + rows, end - nc)
-                lp = torch.log_softmax(
-                    self.model.compute_logits(hidden[start + a: start + b]).float(), dim=-1)
-                tgt = to_device(targets[a:b], lp.device, torch.long).unsqueeze(1)
-                tok_lp = lp.gather(1, tgt)
-                tops = lp.topk(k, dim=-1) if k > 0 else None
-                parts.append(tuple(_to_host(t) for t in (
-                    tok_lp.squeeze(1), (lp > tok_lp).sum(dim=-1) + 1,
-                    tops.indices if tops is not None else None,
-                    tops.values if tops is not None else None)))
-                del lp
-            result = result or {}
-            result[st.req_id] = (nc, targets, k > 0, parts)
-        return result
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks (every layer); dim 1 is the block dim in every backend's
@@ -674,21 +598,3 @@ class ModelRunner:
         if rows == list(range(len(rows))):
             return GrammarMask(bitmask, None)
         return GrammarMask(bitmask, to_device(rows, self.device, torch.long))
-
-    @staticmethod
-    def _logprobs_dict(states, out: SamplerOutput):
-        if out.sampled_logprobs is None:
-            return None
-        lps = out.sampled_logprobs.tolist()
-        ranks = out.sampled_ranks.tolist()
-        top_ids = out.topk_ids.tolist() if out.topk_ids is not None else None
-        top_lps = out.topk_logprobs.tolist() if out.topk_logprobs is not None else None
-        result = {}
-        for i, st in enumerate(states):
-            k = st.sampling_params.logprobs
-            if k is None:
-                continue
-            k = len(top_ids[i]) if (k == -1 and top_ids) else k
-            tops = list(zip(top_ids[i][:k], top_lps[i][:k])) if (top_ids and k) else []
-            result[st.req_id] = (lps[i], ranks[i], tops)
-        return result
