@@ -9,6 +9,9 @@ import weakref
 
 import pytest
 
+# Fixtures of the in-process server tests (they take the module's own ``engine``).
+pytest_plugins = ("tests.server_apps",)
+
 
 def _share_cores_between_workers() -> None:
     """Under pytest-xdist, each worker's torch takes its share of the cores, not all of them:

@@ -1,9 +1,17 @@
 """The in-process servers of the hostile-input tests: one AsyncLLM on the embedded default
-model behind both apps (the OpenAI one and the simple /generate one), shared by a module."""
+model behind both apps (the OpenAI one and the simple /generate one), shared by a module.
+
+A module defines its own ``engine`` fixture (``yield from in_process_engine(...)``); the
+fixtures here (a plugin of tests/conftest.py) take that engine: ``apps``, and
+``settle_engine``, which a module asks for with ``pytestmark = pytest.mark.usefixtures(...)``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+
+import pytest
+
+from tests.running_server import wait_idle
 
 
 def in_process_engine(max_model_len: int, max_num_seqs: int) -> Iterator:
@@ -24,3 +32,26 @@ def both_apps(engine) -> dict:
 
     return {"openai": build_app(engine, ServerSettings(shutdown_engine=False)),
             "simple": simple_server.build_app(engine, shutdown_engine=False)}
+
+
+@pytest.fixture(scope="module")
+def apps(engine):
+    return both_apps(engine)
+
+
+@pytest.fixture
+def settle_engine(engine):
+    # Before the conftest leak check: let aborted requests reach the engine thread.
+    yield
+    wait_idle(engine)
+
+
+def asgi_client(app):
+    """An httpx AsyncClient (httpx2 where the openai client is built on it) calling ``app``
+    in process."""
+    try:
+        import httpx
+    except ImportError:
+        import httpx2 as httpx
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://asgi",
+                             timeout=60)

@@ -30,7 +30,8 @@ from octavo.entrypoints.openai.protocol import error_body  # noqa: E402
 from octavo.entrypoints.openai.serving_engine import default_offload  # noqa: E402
 from octavo.errors import RequestFailedError  # noqa: E402
 from tests.running_server import RunningServer, wait_idle  # noqa: E402
-from tests.server_apps import both_apps, in_process_engine  # noqa: E402
+from tests.server_apps import asgi_client as _client  # noqa: E402
+from tests.server_apps import in_process_engine  # noqa: E402
 
 MAX_LEN = 512
 VOCAB = 49152  # the embedded default model's vocabulary
@@ -45,28 +46,15 @@ NORMAL = {"/v1/completions": COMPLETION, "/v1/chat/completions": CHAT,
           "/generate": GENERATE}
 
 
+# Each test waits for the engine to go idle after it (tests/server_apps.py).
+pytestmark = pytest.mark.usefixtures("settle_engine")
+
+
 @pytest.fixture(scope="module")
 def engine():
     for llm in in_process_engine(MAX_LEN, 64):
         assert llm.model_config.hf_config.vocab_size == VOCAB
         yield llm
-
-
-@pytest.fixture(scope="module")
-def apps(engine):
-    return both_apps(engine)
-
-
-@pytest.fixture(autouse=True)
-def _settle(engine):
-    # Before the conftest leak check: let aborted requests reach the engine thread.
-    yield
-    wait_idle(engine)
-
-
-def _client(app) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://asgi",
-                             timeout=60)
 
 
 def _post(client, path: str, body) -> asyncio.Future:

@@ -42,7 +42,7 @@ from octavo.entrypoints.request_limits import (  # noqa: E402
     message_extra_values,
 )
 from tests.running_server import RunningServer, wait_idle  # noqa: E402
-from tests.server_apps import both_apps, in_process_engine  # noqa: E402
+from tests.server_apps import in_process_engine  # noqa: E402
 from tests.test_hostile_server import (  # noqa: E402
     CHAT,
     COMPLETION,
@@ -54,21 +54,13 @@ from tests.test_hostile_server import (  # noqa: E402
     expect_refused,
 )
 
+# Each test waits for the engine to go idle after it (tests/server_apps.py).
+pytestmark = pytest.mark.usefixtures("settle_engine")
+
 
 @pytest.fixture(scope="module")
 def engine():
     yield from in_process_engine(512, 64)
-
-
-@pytest.fixture(scope="module")
-def apps(engine):
-    return both_apps(engine)
-
-
-@pytest.fixture(autouse=True)
-def _settle(engine):
-    yield
-    wait_idle(engine)
 
 
 @pytest.fixture

@@ -30,32 +30,20 @@ from octavo.entrypoints.openai import api_server as openai_server  # noqa: E402
 from octavo.entrypoints.openai import protocol, request_body  # noqa: E402
 from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # noqa: E402
 from octavo.entrypoints.openai.protocol import APIError, CompletionRequest  # noqa: E402
-from tests.running_server import wait_idle  # noqa: E402
-from tests.server_apps import both_apps, in_process_engine  # noqa: E402
+from tests.server_apps import asgi_client as _client  # noqa: E402
+from tests.server_apps import in_process_engine  # noqa: E402
 
 LARGE = request_body.LARGE_BODY_BYTES
 JSON = {"content-type": "application/json"}
 
 
+# Each test waits for the engine to go idle after it (tests/server_apps.py).
+pytestmark = pytest.mark.usefixtures("settle_engine")
+
+
 @pytest.fixture(scope="module")
 def engine():
     yield from in_process_engine(256, 8)
-
-
-@pytest.fixture(scope="module")
-def apps(engine):
-    return both_apps(engine)
-
-
-@pytest.fixture(autouse=True)
-def _settle(engine):
-    yield
-    wait_idle(engine)
-
-
-def _client(app) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://asgi",
-                             timeout=60)
 
 
 def _raw(body) -> bytes:
