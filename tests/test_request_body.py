@@ -46,6 +46,16 @@ def engine():
     yield from in_process_engine(256, 8)
 
 
+def _post_on_loop(app, path: str, **kwargs):
+    """POST to ``app`` in process: (the event loop's thread, the response)."""
+    async def main():
+        async with _client(app) as c:
+            r = await c.post(path, **kwargs)
+        return threading.get_ident(), r
+
+    return asyncio.run(main())
+
+
 def _raw(body) -> bytes:
     return body if isinstance(body, bytes) else json.dumps(body).encode()
 
@@ -72,12 +82,8 @@ def test_large_completion_is_parsed_and_validated_off_the_loop(apps, monkeypatch
     monkeypatch.setattr(protocol, "prompt_count", count)
     body = {"prompt": [[7] * 30] * 2000, "max_tokens": 1}  # 2000 prompts: over the cap
 
-    async def main():
-        async with _client(apps["openai"]) as c:
-            r = await c.post("/v1/completions", content=_raw(body), headers=JSON)
-        return threading.get_ident(), r
-
-    loop_thread, r = asyncio.run(main())
+    loop_thread, r = _post_on_loop(apps["openai"], "/v1/completions", content=_raw(body),
+                                   headers=JSON)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
     assert "2000 prompts" in r.json()["error"]["message"]
     assert len(loads.calls) == 1 and len(count.calls) == 1  # FastAPI did not validate again
@@ -92,12 +98,8 @@ def test_small_body_keeps_the_event_loop(apps, monkeypatch):
     count = _Recorder(protocol.prompt_count)
     monkeypatch.setattr(protocol, "prompt_count", count)
 
-    async def main():
-        async with _client(apps["openai"]) as c:
-            r = await c.post("/v1/completions", json={"prompt": [[7, 8]] * 2000})
-        return threading.get_ident(), r
-
-    loop_thread, r = asyncio.run(main())
+    loop_thread, r = _post_on_loop(apps["openai"], "/v1/completions",
+                                   json={"prompt": [[7, 8]] * 2000})
     assert r.status_code == 400
     assert [t for t, _ in count.calls] == [loop_thread]
 
@@ -110,12 +112,7 @@ def test_accepted_large_request_is_served_validated_once(apps, monkeypatch):
     monkeypatch.setattr(protocol, "_refuse_too_many", capped)
     body = {"messages": [{"role": "user", "content": "Name a colour. " * 5000}]}
 
-    async def main():
-        async with _client(apps["openai"]) as c:
-            r = await c.post("/tokenize", content=_raw(body), headers=JSON)
-        return threading.get_ident(), r
-
-    loop_thread, r = asyncio.run(main())
+    loop_thread, r = _post_on_loop(apps["openai"], "/tokenize", content=_raw(body), headers=JSON)
     assert r.status_code == 200 and r.json()["count"] > 15_000, r.text
     (thread, _), = capped.calls
     assert thread != loop_thread
@@ -126,12 +123,8 @@ def test_large_generate_is_parsed_off_the_loop_with_the_collector_paused(apps, m
     monkeypatch.setattr(json, "loads", loads)
     body = {"prompt": "hi", "stop": [[0]] * 20_000}
 
-    async def main():
-        async with _client(apps["simple"]) as c:
-            r = await c.post("/generate", content=_raw(body), headers=JSON)
-        return threading.get_ident(), r
-
-    loop_thread, r = asyncio.run(main())
+    loop_thread, r = _post_on_loop(apps["simple"], "/generate", content=_raw(body),
+                                   headers=JSON)
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
     (thread, gc_on), = loads.calls
     assert thread != loop_thread and not gc_on
