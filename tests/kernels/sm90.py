@@ -5,6 +5,7 @@ kernels do not compile), with the ptxas the triton package carries."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -17,6 +18,13 @@ class Compiled:
     report: str  # triton_sass.py's summary: registers, shared memory, the hot loop
     ptx: str
     sass: str
+
+    @property
+    def local_bytes(self) -> int:
+        """Local memory (register spills) the report states; fails where it states none."""
+        found = re.search(r"local (\d+) B", self.report)
+        assert found, self.report
+        return int(found.group(1))
 
 
 def compile_sm90(kernel: str, *args: str) -> Compiled:
