@@ -75,7 +75,11 @@ def main() -> None:
                          "the float weight written")
     ap.add_argument("--cuda-sweep", action="store_true",
                     help="the CUDA swap-AB kernel (--bits) over launch plans: warps per SM, "
-                         "K steps per chunk, warps per CTA")
+                         "K steps per chunk, warps per CTA (--stages: chunks in flight "
+                         "through shared memory instead, 4-step chunks)")
+    ap.add_argument("--stages", type=int, nargs="+", default=None,
+                    help="with --cuda-sweep: stages to sweep (0 = the registers' pipeline) "
+                         "over warps per SM 4-16 at 4-step chunks and CTAs of up to 8 warps")
     ap.add_argument("--fp8-cuda", action="store_true",
                     help="float8 weights through the CUDA dense_mma kernel: its launch plans "
                          "against bf16 cuBLAS, torch._scaled_mm and the FP8 GEMV")
@@ -163,8 +167,12 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
     from octavo.kernels.swapab_mma import swapab_mma
 
     dev = torch.device("cuda")
-    plans = [{"warps_per_sm": w, "steps": st, "most_warps": mw}
-             for w in (4, 6, 10, 16) for st in (2, 4) for mw in (4, 8)]
+    if args.stages:
+        plans = [{"warps_per_sm": w, "steps": 4, "most_warps": 8, "stages": sg}
+                 for sg in args.stages for w in (4, 6, 8, 12, 16)]
+    else:
+        plans = [{"warps_per_sm": w, "steps": st, "most_warps": mw}
+                 for w in (4, 6, 10, 16) for st in (2, 4) for mw in (4, 8)]
     rows = []
     for bits in args.bits:
         for name, (k, n) in SHAPES.items():
@@ -179,8 +187,9 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
                     results.append({**cfg, "us": round(t, 2),
                                     "hbm_fraction": round(nbytes / (t * 1e-6) / bandwidth, 3)})
                 best = min(results, key=lambda r: r["us"])
-                default = next(r for r in results if r["warps_per_sm"] == 6 and r["steps"] == 4
-                               and r["most_warps"] == 8)
+                default = next((r for r in results if r["warps_per_sm"] == 6
+                                and r["steps"] == 4 and r["most_warps"] == 8
+                                and not r.get("stages")), best)
                 row = {"bits": bits, "shape": name, "M": m, "best": best, "default": default,
                        "all": results}
                 rows.append(row)

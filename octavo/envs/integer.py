@@ -14,6 +14,16 @@ def swapab_warps_per_sm(default: int) -> int:
     return max(1, _int("OCTAVO_SWAPAB_WARPS_PER_SM", default, "warps per SM"))
 
 
+def swapab_stages(default: int) -> int:
+    """OCTAVO_SWAPAB_STAGES (0, 3 or 4): the chunks in flight per warp of the CUDA integer
+    kernel through shared memory (cp.async); 0 keeps its registers' one-chunk pipeline
+    (octavo/kernels/swapab_mma.py)."""
+    out = _int("OCTAVO_SWAPAB_STAGES", default, "0, 3 or 4")
+    if out not in (0, 3, 4):
+        raise ValueError(f"OCTAVO_SWAPAB_STAGES must be 0, 3 or 4, got {out}")
+    return out
+
+
 def swapab_split_ctas() -> bool | None:
     """OCTAVO_SWAPAB_SPLIT_CTAS: 1, the CUDA integer kernel splits a tile's K over CTAs
     wherever its plan asks; 0, never where the tiles fill the SMs; unset (None), the plan's

@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent / "cuda"
 _LOCK = threading.Lock()
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+STATIC_SHARED_LIMIT = 48 * 1024  # dynamic shared memory past this needs the attribute raised
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -124,6 +126,7 @@ class Module:
         self.device = torch.device("cuda", index)
         self.cubin = build(source, f"sm_{major}{minor}")
         self._functions: dict[str, ctypes.c_void_p] = {}
+        self._shared: dict[str, int] = {}  # the dynamic shared memory each kernel may take
         with torch.cuda.device(index):
             torch.cuda.current_stream()  # the runtime's primary context is current here
             self._module = ctypes.c_void_p()
@@ -141,10 +144,15 @@ class Module:
         return fn
 
     def launch(self, name: str, grid: tuple[int, int, int], block: int, args: list,
-               pdl: bool = False) -> None:
+               pdl: bool = False, shared_bytes: int = 0) -> None:
         """Launch kernel ``name`` on the current stream; ``args``: ctypes values in the
-        kernel's parameter order."""
+        kernel's parameter order; ``shared_bytes``: its dynamic shared memory (past 48 KiB
+        the kernel's limit is raised first, once)."""
         fn = self.function(name)
+        if shared_bytes > max(STATIC_SHARED_LIMIT, self._shared.get(name, 0)):
+            _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared_bytes),
+                   f"raising {name}'s dynamic shared memory to {shared_bytes} bytes")
+            self._shared[name] = shared_bytes
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = torch.cuda.current_stream(self.device).cuda_stream
         attr = _LaunchAttribute()
@@ -153,7 +161,7 @@ class Module:
             attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value = 1
             nattr = 1
-        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, 0, stream,
+        config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, shared_bytes, stream,
                                ctypes.pointer(attr), nattr)
         _check(_driver().cuLaunchKernelEx(ctypes.byref(config), fn, params, None),
                f"launching {name}")

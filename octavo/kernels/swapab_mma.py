@@ -102,13 +102,35 @@ def available(device: torch.device) -> bool:
 ENGINE_MAX_M = 8
 
 
+# Chunks in flight per warp through shared memory (cp.async; 0: the registers' one-chunk
+# pipeline). Kernels with stages exist for 4-step chunks (groups of 128 and their multiples).
+STAGES = 0
+STAGED_STEPS = 4
+STAGE_CHOICES = (0, 3, 4)
+
+
 def engine_plan() -> dict:
     """The engine's launch arguments: the plan's warps per SM
-    (``OCTAVO_SWAPAB_WARPS_PER_SM``) and whether it splits tiles over CTAs
+    (``OCTAVO_SWAPAB_WARPS_PER_SM``), whether it splits tiles over CTAs
     (``OCTAVO_SWAPAB_SPLIT_CTAS``: 1 where the plan asks, 0 never where the tiles fill the
-    SMs; unset: ``plan``'s rule)."""
+    SMs; unset: ``plan``'s rule) and the chunks in flight (``OCTAVO_SWAPAB_STAGES``)."""
     return {"warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM),
-            "split_ctas": envs.swapab_split_ctas()}
+            "split_ctas": envs.swapab_split_ctas(), "stages": envs.swapab_stages(STAGES)}
+
+
+def stage_bytes(m: int, steps: int, bits: int) -> int:
+    """Shared memory of one warp's stage: weights (2 x 16 bytes a lane a step), activations
+    (16 bytes a lane a step per 8 batch rows), the tile's scales and zeros (4 x 16 bytes a
+    4-bit value column block) -- swapab_mma.cu's STAGE, in bytes."""
+    batch_tiles = 1 if m <= 8 else 2
+    return 16 * (steps * 64 + batch_tiles * steps * 32 + 4 * (16 // bits))
+
+
+def staged_warps(m: int, steps: int, bits: int, stages: int, most_warps: int,
+                 shared_limit: int) -> int:
+    """The most warps a CTA may have where each holds ``stages`` stages within
+    ``shared_limit`` bytes (at least one)."""
+    return max(1, min(most_warps, shared_limit // (stages * stage_bytes(m, steps, bits))))
 
 
 def max_rows() -> int:
@@ -120,11 +142,12 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                warps_per_sm: int = WARPS_PER_SM,
                steps: int | None = None, most_warps: int = MAX_WARPS,
-               split_ctas: bool | None = None) -> torch.Tensor:
+               split_ctas: bool | None = None, stages: int = STAGES) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout, scales and (float) zeros
-    [K / group, N] in bf16 or fp16 (either, whatever x2's dtype). The tuning arguments exist
-    for the benchmarks."""
+    [K / group, N] in bf16 or fp16 (either, whatever x2's dtype). ``stages``: chunks in
+    flight per warp through shared memory (3 or 4, with 4-step chunks; else the registers'
+    pipeline). The tuning arguments exist for the benchmarks."""
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
     if not supports(m, k, n, group_size, bits, x2.dtype):
@@ -140,8 +163,15 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     x2 = cuda_module.aligned_rows(x2)
     mod = cuda_module.loaded(SOURCE, x2.device)
     steps = steps or default_steps(group_size)
+    if stages not in STAGE_CHOICES:
+        raise ValueError(f"swapab_mma: stages must be one of {STAGE_CHOICES}, got {stages}")
+    if steps != STAGED_STEPS or any(t.data_ptr() % 16 for t in (scales, zeros, qweight)):
+        stages = 0  # the copies take 16-byte pieces of the tile's scales and zeros
     name = (f"swapab_mma_{_DTYPES[x2.dtype]}_{_DTYPES[scales.dtype]}_w{bits}"
-            f"_m{8 if m <= 8 else 16}_s{steps}")
+            f"_m{8 if m <= 8 else 16}_s{steps}" + (f"_p{stages}" if stages else ""))
+    if stages:
+        most_warps = staged_warps(m, steps, bits, stages, most_warps,
+                                  _shared_limit(x2.device))
     p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps,
              bits, split_ctas)
     tiles = qweight.shape[0] // ROWS
@@ -149,5 +179,18 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     cnt = split_k_counters(x2.device, tiles)
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, cnt, m, n, k,
                                  x2.stride(0), p.k_per_warp, group_size)
-    mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device))
+    shared = p.warps * stages * stage_bytes(m, steps, bits)
+    mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device),
+               shared_bytes=shared)
     return out
+
+
+_SHARED_LIMITS: dict[torch.device, int] = {}
+
+
+def _shared_limit(device: torch.device) -> int:
+    """The dynamic shared memory a CTA may take on ``device`` (sm_90: 227 KiB)."""
+    if device not in _SHARED_LIMITS:
+        props = torch.cuda.get_device_properties(device)
+        _SHARED_LIMITS[device] = int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
+    return _SHARED_LIMITS[device]

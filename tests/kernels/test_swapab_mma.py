@@ -18,7 +18,9 @@ from octavo.kernels.swapab_mma import plan, supports
 from tests.kernels import cuda_checks
 
 NAMES = [f"swapab_mma_{t}_{sc}_w{b}_m{m}_s{s}" for t in ("bf16", "f16")
-         for sc in ("bf16", "f16") for b in (4, 8) for m in (8, 16) for s in (1, 2, 4)]
+         for sc in ("bf16", "f16") for b in (4, 8) for m in (8, 16) for s in (1, 2, 4)] + [
+    f"swapab_mma_{t}_{sc}_w{b}_m{m}_s4_p{p}" for t in ("bf16", "f16")
+    for sc in ("bf16", "f16") for b in (4, 8) for m in (8, 16) for p in (3, 4)]
 
 
 @pytest.mark.parametrize("k,n,group", [(4096, 28672, 128), (4096, 4096, 128),
@@ -68,12 +70,13 @@ def test_by_default_a_tile_stays_in_one_cta_where_its_warps_walk_few_chunks():
 
 def test_the_engine_plan_follows_its_switches(monkeypatch):
     assert swapab_mma.engine_plan() == {"warps_per_sm": swapab_mma.WARPS_PER_SM,
-                                        "split_ctas": None}
+                                        "split_ctas": None, "stages": swapab_mma.STAGES}
     monkeypatch.setenv("OCTAVO_SWAPAB_SPLIT_CTAS", "1")
     assert swapab_mma.engine_plan()["split_ctas"] is True
     monkeypatch.setenv("OCTAVO_SWAPAB_SPLIT_CTAS", "0")
     monkeypatch.setenv("OCTAVO_SWAPAB_WARPS_PER_SM", "4")
-    assert swapab_mma.engine_plan() == {"warps_per_sm": 4, "split_ctas": False}
+    assert swapab_mma.engine_plan() == {"warps_per_sm": 4, "split_ctas": False,
+                                        "stages": swapab_mma.STAGES}
     monkeypatch.setenv("OCTAVO_SWAPAB_WARPS_PER_SM", "four")
     with pytest.raises(ValueError, match="OCTAVO_SWAPAB_WARPS_PER_SM"):
         swapab_mma.engine_plan()
@@ -101,6 +104,46 @@ def test_the_source_builds_for_hopper_without_spills(tmp_path, monkeypatch):
     # most a word or two (ptxas chose 128 registers for one, 4 bytes spilled).
     for name, spilled in spills.items():
         assert spilled <= (0 if "_m8_" in name else 8), (name, spilled)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_stage_s_scale_segments_hold_every_lane_s_columns(bits):
+    """The staged kernels copy a tile's scales and zeros as VALUES segments of 16 columns,
+    col0 + 64 c + [0, 16) (col0 the column of the tile's first int16 row), and lane g reads
+    entries g and g + 8 of each: those must be the columns of its rows (n0 + 64 c,
+    n1 + 64 c), for every tile of a wide layer."""
+    values = 16 // bits
+    for tile in range(64):
+        col0 = _column(bits, tile * 16)
+        for g in range(8):
+            n0, n1 = _column(bits, tile * 16 + g), _column(bits, tile * 16 + g + 8)
+            for c in range(values):
+                assert col0 + 64 * c + g == n0 + 64 * c and col0 + 64 * c + g + 8 == n1 + 64 * c
+    src = (Path(cuda_module.SOURCE_DIR) / swapab_mma.SOURCE).read_text()
+    assert "col0 + 64 * ((lane >> 1) % VALUES) + 8 * (lane & 1)" in src
+    assert "sv[c][0] = sz[16 * c + g]; sv[c][1] = sz[16 * c + g + 8];" in src
+
+
+@pytest.mark.parametrize("m,bits", [(1, 4), (8, 4), (9, 4), (16, 4), (16, 8)])
+def test_staged_ctas_fit_the_shared_memory(m, bits):
+    limit = 227 * 1024
+    for stages in (3, 4):
+        warps = swapab_mma.staged_warps(m, 4, bits, stages, 8, limit)
+        assert 1 <= warps <= 8
+        assert warps * stages * swapab_mma.stage_bytes(m, 4, bits) <= limit
+        # The reduction of the CTA's warps reuses the rings: (warps - 1) x the accumulators.
+        acc_bytes = (1 if m <= 8 else 2) * (16 // bits) * 4 * 32 * 4
+        assert (warps - 1) * acc_bytes <= warps * stages * swapab_mma.stage_bytes(m, 4, bits)
+    assert swapab_mma.stage_bytes(16, 4, 4) == 16 * (256 + 256 + 16)  # the source's STAGE
+    assert swapab_mma.staged_warps(16, 4, 4, 4, 8, limit) == 6  # 8 would need 264 KiB
+
+
+def test_stages_outside_the_choices_are_refused(monkeypatch):
+    monkeypatch.setenv("OCTAVO_SWAPAB_STAGES", "2")
+    with pytest.raises(ValueError, match="OCTAVO_SWAPAB_STAGES must be 0, 3 or 4, got 2"):
+        swapab_mma.engine_plan()
+    monkeypatch.setenv("OCTAVO_SWAPAB_STAGES", "3")
+    assert swapab_mma.engine_plan()["stages"] == 3
 
 
 def test_a_source_that_does_not_compile_names_nvcc_s_error(tmp_path, monkeypatch):
@@ -383,6 +426,33 @@ def test_matches_the_float64_reference_gpu(bits, dtype, m, k, n, group):
     # The output's own rounding (bf16: 2**-9) dominates; a wrong nibble, column or group
     # gives errors of order 1.
     assert _rel(out, ref) < (8e-3 if dtype == torch.bfloat16 else 2e-3)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("stages", [3, 4])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype,scale_dtype", [(torch.bfloat16, torch.bfloat16),
+                                               (torch.float16, torch.float16),
+                                               (torch.bfloat16, torch.float16)])
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 16])
+def test_staged_kernels_match_the_float64_reference_gpu(stages, bits, dtype, scale_dtype, m):
+    """The shared-memory pipeline (cp.async, ``stages`` chunks in flight): Llama shapes,
+    groups of 128 and 256 and one group per column, one CTA or K split over CTAs, fewer
+    chunks than stages, and bit-equal to the registers' pipeline on the same plan."""
+    for k, n, group, per_sm, most in [(4096, 4096, 128, 6, 8), (14336, 4096, 128, 6, 8),
+                                      (1024, 512, 256, 64, 8), (256, 512, 128, 6, 8),
+                                      (2048, 1024, 2048, 6, 8), (2048, 1024, 128, 200, 2)]:
+        x, qw, s, z, ref = _case(m, k, n, group, dtype, seed=m, bits=bits,
+                                 scale_dtype=scale_dtype)
+        out = swapab_mma.swapab_mma(x, qw, s, z, group, bits, warps_per_sm=per_sm,
+                                    most_warps=most, stages=stages)
+        assert out.dtype == dtype and out.shape == (m, n) and torch.isfinite(out).all()
+        assert _rel(out, ref) < (8e-3 if dtype == torch.bfloat16 else 2e-3), (k, n, group)
+        plain = swapab_mma.swapab_mma(x, qw, s, z, group, bits, warps_per_sm=per_sm,
+                                      most_warps=swapab_mma.staged_warps(
+                                          m, 4, bits, stages, most, 227 * 1024), stages=0)
+        assert torch.equal(out, plain), (k, n, group)
 
 
 @pytest.mark.gpu

@@ -79,11 +79,12 @@ __device__ __forceinline__ void load_x(uint4 (&nx)[MT][SV], const T* __restrict_
 }
 
 // The CTA's warps hold K ranges of the same tile: add the lanes' accumulators acc[mt][c][i]
-// (c < C of D: those holding outputs) up in warp 0 through shared memory. False in the other
-// warps, which are then done.
+// (c < C of D: those holding outputs) up in warp 0 through shared memory at ``red``
+// ([warps - 1][MT * D * 4][32] floats). False in the other warps, which are then done.
 template <int C, int MT, int D>
-__device__ __forceinline__ bool cta_sum(float (&acc)[MT][D][4], int warp, int warps, int lane) {
-  __shared__ float red[kMaxWarps - 1][MT * D * 4][32];
+__device__ __forceinline__ bool cta_sum_at(float* red, float (&acc)[MT][D][4], int warp,
+                                           int warps, int lane) {
+  constexpr int R = MT * D * 4;
   auto each_acc = [&](auto fn) {  // fn(accumulator, its row in red)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -93,12 +94,39 @@ __device__ __forceinline__ bool cta_sum(float (&acc)[MT][D][4], int warp, int wa
         for (int i = 0; i < 4; ++i) fn(acc[mt][c][i], (mt * D + c) * 4 + i);
   };
   if (warps > 1) {
-    if (warp > 0) each_acc([&](float& a, int r) { red[warp - 1][r][lane] = a; });
+    if (warp > 0) each_acc([&](float& a, int r) { red[((warp - 1) * R + r) * 32 + lane] = a; });
     __syncthreads();
     if (warp > 0) return false;
-    for (int v = 0; v < warps - 1; ++v) each_acc([&](float& a, int r) { a += red[v][r][lane]; });
+    for (int v = 0; v < warps - 1; ++v)
+      each_acc([&](float& a, int r) { a += red[(v * R + r) * 32 + lane]; });
   }
   return true;
+}
+
+// cta_sum_at in a static shared buffer of its own.
+template <int C, int MT, int D>
+__device__ __forceinline__ bool cta_sum(float (&acc)[MT][D][4], int warp, int warps, int lane) {
+  __shared__ float red[kMaxWarps - 1][MT * D * 4][32];
+  return cta_sum_at<C>(&red[0][0][0], acc, warp, warps, lane);
+}
+
+// cp.async: 16 bytes from global to shared memory without passing through registers (zeros
+// where ``fill`` is false: nothing is read then), in the calling thread's current group;
+// commit closes the group, wait<N> returns once at most N of the thread's groups are pending
+// (their bytes then visible to the thread; to the warp after a __syncwarp).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool fill = true) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+               :: "r"(d), "l"(src), "r"(fill ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
 // fn(mt, i, m) for each accumulator register i of each batch tile mt whose batch row

@@ -87,7 +87,7 @@ __device__ __forceinline__ int column(int row) {  // of value 0; value v is 64 v
   return BITS == 4 ? (row >> 6) * 256 + (row & 63) : (row >> 6) * 128 + (row & 63);
 }
 
-template <typename T, typename S, int BITS, int MT, int STEPS>
+template <typename T, typename S, int BITS, int MT, int STEPS, int STAGES>
 __device__ __forceinline__ void swapab_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const unsigned short* __restrict__ s,
     const unsigned short* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
@@ -110,32 +110,6 @@ __device__ __forceinline__ void swapab_mma(
   const int n0 = column<BITS>(row);
   const int n1 = column<BITS>(row + 8);
 
-  // Software pipeline, one chunk deep: the next chunk's weights, activations, scales and
-  // zeros are loaded before this chunk's arithmetic, so no load's latency (DRAM for the
-  // weights, scales and zeros; L2 for x) is waited for inside a chunk.
-  uint4 na[STEPS], nb[STEPS];
-  uint4 nx[MT][STEPS];
-  unsigned short ns[VALUES][2], nz[VALUES][2];
-  auto load_weights = [&](int k) {
-#pragma unroll
-    for (int i = 0; i < STEPS; ++i) {
-      na[i] = __ldg(wa + (k / 32 + i) * 4);
-      nb[i] = __ldg(wb + (k / 32 + i) * 4);
-    }
-    const size_t base = (size_t)(k / group) * N;
-#pragma unroll
-    for (int c = 0; c < VALUES; ++c) {
-      ns[c][0] = __ldg(s + base + n0 + 64 * c);
-      ns[c][1] = __ldg(s + base + n1 + 64 * c);
-      nz[c][0] = __ldg(z + base + n0 + 64 * c);
-      nz[c][1] = __ldg(z + base + n1 + 64 * c);
-    }
-  };
-  auto load_x = [&](int k) { octavo::load_x(nx, x, M, stride_x, k, g, t); };
-  if (k_begin < k_end) load_weights(k_begin);
-  pdl_wait();  // the first weights are on their way while the previous kernel ends
-  if (k_begin < k_end) load_x(k_begin);
-
   float acc[MT][VALUES][4];
   float tmp[MT][VALUES][4];
   float xs[MT][4];
@@ -149,25 +123,10 @@ __device__ __forceinline__ void swapab_mma(
     }
   }
 
-  for (int k = k_begin; k < k_end; k += CHUNK) {
-    uint4 ca[STEPS], cb[STEPS], xv[MT][STEPS];
-    unsigned short sv[VALUES][2], zv[VALUES][2];
-#pragma unroll
-    for (int i = 0; i < STEPS; ++i) {
-      ca[i] = na[i];
-      cb[i] = nb[i];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) xv[mt][i] = nx[mt][i];
-    }
-#pragma unroll
-    for (int c = 0; c < VALUES; ++c) {
-      sv[c][0] = ns[c][0]; sv[c][1] = ns[c][1];
-      zv[c][0] = nz[c][0]; zv[c][1] = nz[c][1];
-    }
-    if (k + CHUNK < k_end) {
-      load_weights(k + CHUNK);
-      load_x(k + CHUNK);
-    }
+  // One chunk's operands (weights, activations, scales, zeros), then its arithmetic.
+  uint4 ca[STEPS], cb[STEPS], xv[MT][STEPS];
+  unsigned short sv[VALUES][2], zv[VALUES][2];
+  auto chunk = [&](int k) {
 #pragma unroll
     for (int i = 0; i < STEPS; ++i) {
 #pragma unroll
@@ -233,10 +192,137 @@ __device__ __forceinline__ void swapab_mma(
 #pragma unroll
         for (int i = 0; i < 4; ++i) xs[mt][i] = 0.f;
     }
+  };
+
+  if constexpr (STAGES == 0) {
+    // Software pipeline, one chunk deep in registers: the next chunk's weights, activations,
+    // scales and zeros are loaded before this chunk's arithmetic.
+    uint4 na[STEPS], nb[STEPS];
+    uint4 nx[MT][STEPS];
+    unsigned short ns[VALUES][2], nz[VALUES][2];
+    auto load_weights = [&](int k) {
+#pragma unroll
+      for (int i = 0; i < STEPS; ++i) {
+        na[i] = __ldg(wa + (k / 32 + i) * 4);
+        nb[i] = __ldg(wb + (k / 32 + i) * 4);
+      }
+      const size_t base = (size_t)(k / group) * N;
+#pragma unroll
+      for (int c = 0; c < VALUES; ++c) {
+        ns[c][0] = __ldg(s + base + n0 + 64 * c);
+        ns[c][1] = __ldg(s + base + n1 + 64 * c);
+        nz[c][0] = __ldg(z + base + n0 + 64 * c);
+        nz[c][1] = __ldg(z + base + n1 + 64 * c);
+      }
+    };
+    auto load_x = [&](int k) { octavo::load_x(nx, x, M, stride_x, k, g, t); };
+    if (k_begin < k_end) load_weights(k_begin);
+    pdl_wait();  // the first weights are on their way while the previous kernel ends
+    if (k_begin < k_end) load_x(k_begin);
+    for (int k = k_begin; k < k_end; k += CHUNK) {
+#pragma unroll
+      for (int i = 0; i < STEPS; ++i) {
+        ca[i] = na[i];
+        cb[i] = nb[i];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) xv[mt][i] = nx[mt][i];
+      }
+#pragma unroll
+      for (int c = 0; c < VALUES; ++c) {
+        sv[c][0] = ns[c][0]; sv[c][1] = ns[c][1];
+        zv[c][0] = nz[c][0]; zv[c][1] = nz[c][1];
+      }
+      if (k + CHUNK < k_end) {
+        load_weights(k + CHUNK);
+        load_x(k + CHUNK);
+      }
+      chunk(k);
+    }
+  } else {
+    // STAGES chunks in flight through shared memory (cp.async): each warp a ring of its own,
+    // each lane copying and reading back its own weights and activations; the tile's scales
+    // and zeros (VALUES segments of 16 columns each, col0 + 64 c + [0, 16): lane g's columns
+    // n0 = col0 + g and n1 = n0 + 8) are copied by 4 VALUES lanes and read by all, so the
+    // warp syncs before reading a stage and before overwriting one.
+    constexpr int X_OFF = STEPS * 64;  // uint4: weights [STEPS][2][32]
+    constexpr int SZ_OFF = X_OFF + MT * STEPS * 32;  // activations [MT][STEPS][32]
+    constexpr int STAGE = SZ_OFF + 4 * VALUES;  // scales, zeros [2][VALUES][2] (16 columns each)
+    extern __shared__ uint4 ring_base[];
+    uint4* ring = ring_base + warp * STAGES * STAGE;
+    const int col0 = column<BITS>(tile * 16);
+    const int chunks = k_begin < k_end ? (k_end - k_begin + CHUNK - 1) / CHUNK : 0;
+    auto issue_weights = [&](uint4* st, int k) {
+#pragma unroll
+      for (int i = 0; i < STEPS; ++i) {
+        octavo::cp_async16(st + (2 * i) * 32 + lane, wa + (k / 32 + i) * 4);
+        octavo::cp_async16(st + (2 * i + 1) * 32 + lane, wb + (k / 32 + i) * 4);
+      }
+      if (lane < 4 * VALUES) {
+        const unsigned short* src = (lane < 2 * VALUES ? s : z) + (size_t)(k / group) * N +
+                                    col0 + 64 * ((lane >> 1) % VALUES) + 8 * (lane & 1);
+        octavo::cp_async16(st + SZ_OFF + lane, src);
+      }
+    };
+    auto issue_x = [&](uint4* st, int k) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int m = mt * 8 + g;
+#pragma unroll
+        for (int i = 0; i < STEPS; ++i)
+          octavo::cp_async16(st + X_OFF + (mt * STEPS + i) * 32 + lane,
+                             m < M ? x + (size_t)m * stride_x + k + 32 * i + 8 * t : x, m < M);
+      }
+    };
+    auto stage = [&](int j) { return ring + (j % STAGES) * STAGE; };
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; ++j)
+      if (j < chunks) issue_weights(stage(j), k_begin + j * CHUNK);
+    pdl_wait();  // the first weights are on their way while the previous kernel ends
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; ++j) {
+      if (j < chunks) issue_x(stage(j), k_begin + j * CHUNK);
+      octavo::cp_async_commit();
+    }
+    for (int j = 0; j < chunks; ++j) {
+      const int k = k_begin + j * CHUNK;
+      __syncwarp();  // every lane is done with the stage the next copy overwrites
+      if (j + STAGES - 1 < chunks) {
+        uint4* st = stage(j + STAGES - 1);
+        issue_weights(st, k + (STAGES - 1) * CHUNK);
+        issue_x(st, k + (STAGES - 1) * CHUNK);
+      }
+      octavo::cp_async_commit();
+      octavo::cp_async_wait<STAGES - 1>();  // chunk j's group is in
+      __syncwarp();
+      const uint4* st = stage(j);
+#pragma unroll
+      for (int i = 0; i < STEPS; ++i) {
+        ca[i] = st[(2 * i) * 32 + lane];
+        cb[i] = st[(2 * i + 1) * 32 + lane];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) xv[mt][i] = st[X_OFF + (mt * STEPS + i) * 32 + lane];
+      }
+      const unsigned short* sz = reinterpret_cast<const unsigned short*>(st + SZ_OFF);
+#pragma unroll
+      for (int c = 0; c < VALUES; ++c) {
+        sv[c][0] = sz[16 * c + g]; sv[c][1] = sz[16 * c + g + 8];
+        zv[c][0] = sz[16 * (VALUES + c) + g]; zv[c][1] = sz[16 * (VALUES + c) + g + 8];
+      }
+      chunk(k);
+    }
+    octavo::cp_async_wait<0>();
   }
 
-  // The CTA's warps hold K ranges of the same tile: add them up in warp 0.
-  if (!octavo::cta_sum<VALUES>(acc, warp, warps, lane)) return;
+  // The CTA's warps hold K ranges of the same tile: add them up in warp 0 (pipelined: in the
+  // rings, once every warp is done with its own).
+  if constexpr (STAGES == 0) {
+    if (!octavo::cta_sum<VALUES>(acc, warp, warps, lane)) return;
+  } else {
+    extern __shared__ uint4 ring_base[];
+    if (warps > 1) __syncthreads();
+    if (!octavo::cta_sum_at<VALUES>(reinterpret_cast<float*>(ring_base), acc, warp, warps, lane))
+      return;
+  }
 
   // fn(accumulator, offset in [M, N]) for each of the lane's outputs in the batch.
   auto each_output = [&](auto fn) {
@@ -266,22 +352,27 @@ __device__ __forceinline__ void swapab_mma(
 
 }  // namespace
 
-#define OCTAVO_SWAPAB_MMA(NAME, T, S, BITS, MT, STEPS)                                     \
+#define OCTAVO_SWAPAB_MMA(NAME, T, S, BITS, MT, STEPS, STAGES)                             \
   extern "C" __global__ void __launch_bounds__(256) NAME(                                     \
       const T* x, const uint4* w, const unsigned short* s, const unsigned short* z, T* out,   \
       float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_warp, int group) {  \
-    swapab_mma<T, S, BITS, MT, STEPS>(x, w, s, z, out, part, cnt, M, N, K, stride_x,         \
-                                      k_per_warp, group);                                     \
+    swapab_mma<T, S, BITS, MT, STEPS, STAGES>(x, w, s, z, out, part, cnt, M, N, K, stride_x, \
+                                              k_per_warp, group);                             \
   }
 
-// swapab_mma_{activations}_{scales}_w{bits}_m{8,16}_s{steps}
-#define OCTAVO_SWAPAB_MMA_ALL(TN, T, SN, S, BITS)                                  \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s1, T, S, BITS, 1, 1)    \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s2, T, S, BITS, 1, 2)    \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4, T, S, BITS, 1, 4)    \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s1, T, S, BITS, 2, 1)   \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s2, T, S, BITS, 2, 2)   \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4, T, S, BITS, 2, 4)
+// swapab_mma_{activations}_{scales}_w{bits}_m{8,16}_s{steps}[_p{stages}]: without _p the
+// registers' one-chunk pipeline, with it STAGES chunks in flight through shared memory.
+#define OCTAVO_SWAPAB_MMA_ALL(TN, T, SN, S, BITS)                                        \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s1, T, S, BITS, 1, 1, 0)       \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s2, T, S, BITS, 1, 2, 0)       \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4, T, S, BITS, 1, 4, 0)       \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s1, T, S, BITS, 2, 1, 0)      \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s2, T, S, BITS, 2, 2, 0)      \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4, T, S, BITS, 2, 4, 0)      \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4_p3, T, S, BITS, 1, 4, 3)    \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4_p4, T, S, BITS, 1, 4, 4)    \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4_p3, T, S, BITS, 2, 4, 3)   \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4_p4, T, S, BITS, 2, 4, 4)
 
 #define OCTAVO_SWAPAB_MMA_SCALES(TN, T, BITS)                  \
   OCTAVO_SWAPAB_MMA_ALL(TN, T, bf16, __nv_bfloat16, BITS)      \
