@@ -14,11 +14,13 @@ def swapab_warps_per_sm(default: int) -> int:
     return max(1, _int("OCTAVO_SWAPAB_WARPS_PER_SM", default, "warps per SM"))
 
 
-def swapab_stages(default: int) -> int:
+def swapab_stages() -> int | None:
     """OCTAVO_SWAPAB_STAGES (0, 3 or 4): the chunks in flight per warp of the CUDA integer
-    kernel through shared memory (cp.async); 0 keeps its registers' one-chunk pipeline
-    (octavo/kernels/swapab_mma.py)."""
-    out = _int("OCTAVO_SWAPAB_STAGES", default, "0, 3 or 4")
+    kernel through shared memory (cp.async) on every layer; 0 keeps its registers' one-chunk
+    pipeline; unset (None), the kernel's own rule by shape (octavo/kernels/swapab_mma.py)."""
+    if not os.environ.get("OCTAVO_SWAPAB_STAGES", "").strip():
+        return None
+    out = _int("OCTAVO_SWAPAB_STAGES", 0, "0, 3 or 4")
     if out not in (0, 3, 4):
         raise ValueError(f"OCTAVO_SWAPAB_STAGES must be 0, 3 or 4, got {out}")
     return out

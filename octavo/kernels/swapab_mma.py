@@ -104,9 +104,21 @@ ENGINE_MAX_M = 8
 
 # Chunks in flight per warp through shared memory (cp.async; 0: the registers' one-chunk
 # pipeline). Kernels with stages exist for 4-step chunks (groups of 128 and their multiples).
-STAGES = 0
+# Measured on an H100 (benchmarks/quantized_gemm.py --cuda-sweep --stages 0 3 4, Llama-8B
+# 4-bit g128 projections, us, 6 warps per SM, stages 0 / 3): at one row qkv 7.65 / 7.16,
+# o 6.45 / 6.09, down 18.07 / 17.10, but gate_up 25.11 / 31.35 (its 448 tiles already keep
+# 74% of HBM busy); at 16 rows every shape lost (qkv 9.34 / 9.70, down 32.51 / 32.89).
+# So by default 3 stages run at 1-8 rows on layers of at most STAGED_MAX_TILES tiles.
 STAGED_STEPS = 4
 STAGE_CHOICES = (0, 3, 4)
+STAGED_MAX_TILES = 128  # 64-column tiles: N <= 8,192 at 4 bits (qkv, o, down; not gate_up)
+STAGED_MAX_M = 8
+
+
+def default_stages(m: int, n: int, bits: int) -> int:
+    """The rule above: 3 stages for 1-8 rows on layers of few tiles, else 0."""
+    tiles = n // (16 // bits * ROWS)
+    return 3 if m <= STAGED_MAX_M and tiles <= STAGED_MAX_TILES else 0
 
 
 def engine_plan() -> dict:
@@ -115,7 +127,7 @@ def engine_plan() -> dict:
     (``OCTAVO_SWAPAB_SPLIT_CTAS``: 1 where the plan asks, 0 never where the tiles fill the
     SMs; unset: ``plan``'s rule) and the chunks in flight (``OCTAVO_SWAPAB_STAGES``)."""
     return {"warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM),
-            "split_ctas": envs.swapab_split_ctas(), "stages": envs.swapab_stages(STAGES)}
+            "split_ctas": envs.swapab_split_ctas(), "stages": envs.swapab_stages()}
 
 
 def stage_bytes(m: int, steps: int, bits: int) -> int:
@@ -142,12 +154,12 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                warps_per_sm: int = WARPS_PER_SM,
                steps: int | None = None, most_warps: int = MAX_WARPS,
-               split_ctas: bool | None = None, stages: int = STAGES) -> torch.Tensor:
+               split_ctas: bool | None = None, stages: int | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout, scales and (float) zeros
     [K / group, N] in bf16 or fp16 (either, whatever x2's dtype). ``stages``: chunks in
-    flight per warp through shared memory (3 or 4, with 4-step chunks; else the registers'
-    pipeline). The tuning arguments exist for the benchmarks."""
+    flight per warp through shared memory (3 or 4, with 4-step chunks; 0 the registers'
+    pipeline; None ``default_stages``). The tuning arguments exist for the benchmarks."""
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
     if not supports(m, k, n, group_size, bits, x2.dtype):
@@ -163,6 +175,8 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     x2 = cuda_module.aligned_rows(x2)
     mod = cuda_module.loaded(SOURCE, x2.device)
     steps = steps or default_steps(group_size)
+    if stages is None:
+        stages = default_stages(m, n, bits)
     if stages not in STAGE_CHOICES:
         raise ValueError(f"swapab_mma: stages must be one of {STAGE_CHOICES}, got {stages}")
     if steps != STAGED_STEPS or any(t.data_ptr() % 16 for t in (scales, zeros, qweight)):

@@ -70,13 +70,13 @@ def test_by_default_a_tile_stays_in_one_cta_where_its_warps_walk_few_chunks():
 
 def test_the_engine_plan_follows_its_switches(monkeypatch):
     assert swapab_mma.engine_plan() == {"warps_per_sm": swapab_mma.WARPS_PER_SM,
-                                        "split_ctas": None, "stages": swapab_mma.STAGES}
+                                        "split_ctas": None, "stages": None}
     monkeypatch.setenv("OCTAVO_SWAPAB_SPLIT_CTAS", "1")
     assert swapab_mma.engine_plan()["split_ctas"] is True
     monkeypatch.setenv("OCTAVO_SWAPAB_SPLIT_CTAS", "0")
     monkeypatch.setenv("OCTAVO_SWAPAB_WARPS_PER_SM", "4")
     assert swapab_mma.engine_plan() == {"warps_per_sm": 4, "split_ctas": False,
-                                        "stages": swapab_mma.STAGES}
+                                        "stages": None}
     monkeypatch.setenv("OCTAVO_SWAPAB_WARPS_PER_SM", "four")
     with pytest.raises(ValueError, match="OCTAVO_SWAPAB_WARPS_PER_SM"):
         swapab_mma.engine_plan()
@@ -144,6 +144,18 @@ def test_stages_outside_the_choices_are_refused(monkeypatch):
         swapab_mma.engine_plan()
     monkeypatch.setenv("OCTAVO_SWAPAB_STAGES", "3")
     assert swapab_mma.engine_plan()["stages"] == 3
+    monkeypatch.setenv("OCTAVO_SWAPAB_STAGES", "0")
+    assert swapab_mma.engine_plan()["stages"] == 0
+
+
+def test_by_default_stages_run_on_few_tiles_at_one_to_eight_rows():
+    for m in (1, 8):
+        assert swapab_mma.default_stages(m, 6144, 4) == 3  # qkv: 96 tiles
+        assert swapab_mma.default_stages(m, 4096, 4) == 3  # o, down
+        assert swapab_mma.default_stages(m, 28672, 4) == 0  # gate_up: 448 tiles
+        assert swapab_mma.default_stages(m, 4096, 8) == 3  # 8-bit: 128-column tiles
+    assert swapab_mma.default_stages(9, 4096, 4) == 0
+    assert swapab_mma.default_stages(16, 6144, 4) == 0
 
 
 def test_a_source_that_does_not_compile_names_nvcc_s_error(tmp_path, monkeypatch):
