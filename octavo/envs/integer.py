@@ -147,11 +147,14 @@ def bnb4_table() -> int:
     return value
 
 
-def bnb4_gemm_max_m(default: int = 0) -> int:
-    """OCTAVO_BNB4_GEMM_MAX_M (default 0: off until measured on a GPU): bitsandbytes 4-bit
-    batches past the GEMVs and up to this many rows run the fused tensor-core GEMM of
+def bnb4_gemm_max_m(default: int = 16) -> int:
+    """OCTAVO_BNB4_GEMM_MAX_M (default 16; 0 turns it off): bitsandbytes 4-bit batches past
+    the GEMVs and up to this many rows run the fused tensor-core GEMM of
     octavo/kernels/bnb4_gemm.py (the packed bytes decoded by selects in its main loop)
-    instead of dequantizing the weight for cuBLAS every call."""
+    instead of dequantizing the weight for cuBLAS every call. One H100 (session 50,
+    Llama-3.1-8B NF4, ms per token): batch 16 13.33 against 18.97 dequantizing, batch 64
+    53.84 against 19.59 (K = N = 4096 alone: 32.0 against 45.7 us at 16 rows, 118.5 against
+    44.9 at 64)."""
     return _int("OCTAVO_BNB4_GEMM_MAX_M", default, "rows")
 
 

@@ -16,10 +16,12 @@ idle (``octavo.kernels.split_k``: the last program of a tile adds the partials).
 
 Session 48's version gathered each byte's code pair from a table in global memory. On an H100
 it read at 3-4% of HBM and lost to dequantize-then-cuBLAS at every batch (session 49). This
-one has no gathers; it is off until measured (``OCTAVO_BNB4_GEMM_MAX_M``). Decoding costs
-about as many instructions a weight as the 4-bit integer kernels' dequantization, paid once
-per M tile, so a Llama-3.1-8B step should be compute-bound near 5 ms at 16-64 rows (bf16:
-6.4-7.0 ms on an H100), against 19-20 ms dequantizing.
+one has no gathers. On an H100 (session 50) it wins at 16 rows and loses at 64: K = N = 4096
+32.0 against 45.7 us dequantizing at 16 rows, 118.5 against 44.9 at 64; Llama-3.1-8B NF4
+batch 16 13.33 against 18.97 ms per token, batch 64 53.84 against 19.59. Decoding costs about
+20 instructions a weight, paid once per M tile, so the kernel is compute-bound and its cost
+grows with the M tiles: it takes batches past the GEMVs up to ``OCTAVO_BNB4_GEMM_MAX_M``
+(default 16) rows.
 """
 
 from __future__ import annotations

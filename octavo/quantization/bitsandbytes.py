@@ -97,8 +97,8 @@ def _decode_gemv(layer: nn.Module, x2: torch.Tensor, bs: int) -> torch.Tensor | 
 
 
 def _fused_gemm(layer: nn.Module, x2: torch.Tensor, bs: int) -> torch.Tensor | None:
-    """Batches past the GEMVs, up to OCTAVO_BNB4_GEMM_MAX_M rows (off by default until
-    measured), through the fused tensor-core GEMM (``bnb4_gemm``, codes decoded by selects);
+    """Batches past the GEMVs, up to OCTAVO_BNB4_GEMM_MAX_M rows (16 by default: it lost
+    at 64 on an H100), through the fused tensor-core GEMM (``bnb4_gemm``, codes decoded by selects);
     None where it does not take the call (the caller dequantizes, then cuBLAS)."""
     m, k = x2.shape
     if m > envs.bnb4_gemm_max_m():
