@@ -23,9 +23,10 @@ class Logprob:
 
 
 # One dict per generated position: token id -> Logprob (sampled token + top-k alternatives).
-SampleLogprobs = list[dict[int, Logprob]]
+# The engine hands out an ``octavo.flat_logprobs.FlatLogprobs``, which reads as this list.
+SampleLogprobs = Sequence[dict[int, Logprob]]
 # One entry per prompt position; the first is None (nothing predicts the first token).
-PromptLogprobs = list[dict[int, Logprob] | None]
+PromptLogprobs = Sequence[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -114,7 +115,12 @@ class RequestOutput:
             cur.text += nxt.text
             cur.token_ids = list(cur.token_ids) + list(nxt.token_ids)
             if nxt.logprobs is not None:
-                cur.logprobs = (cur.logprobs or []) + list(nxt.logprobs)
+                from octavo.flat_logprobs import FlatLogprobs  # it imports this module
+
+                merged = (cur.logprobs[:] if isinstance(cur.logprobs, FlatLogprobs)
+                          else FlatLogprobs(cur.logprobs or ()))
+                merged.extend(nxt.logprobs)
+                cur.logprobs = merged
             cur.cumulative_logprob = nxt.cumulative_logprob
             cur.finish_reason = nxt.finish_reason
             cur.stop_reason = nxt.stop_reason

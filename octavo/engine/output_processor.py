@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from octavo.core.request import Request
 from octavo.engine.detokenizer import IncrementalDetokenizer
-from octavo.outputs import CompletionOutput, Logprob, RequestOutput
+from octavo.flat_logprobs import FlatLogprobs
+from octavo.outputs import CompletionOutput, RequestOutput
 from octavo.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -61,12 +62,14 @@ class RequestState:
         self.detok = (IncrementalDetokenizer(tokenizer, request.prompt_token_ids, self.params)
                       if tokenizer is not None and self.params.detokenize else None)
         self.token_ids: list[int] = []
-        self.logprobs: list[dict[int, Logprob]] | None = (
-            [] if self.params.logprobs is not None else None)
+        # Flat lists, not a dict of Logprob objects per position (octavo/flat_logprobs.py:
+        # the garbage collector's full passes walked every one of them).
+        self.logprobs: FlatLogprobs | None = (
+            FlatLogprobs() if self.params.logprobs is not None else None)
         self.cumulative_logprob: float | None = (
             0.0 if self.params.logprobs is not None else None)
-        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
-            [None] if self.params.prompt_logprobs is not None else None)
+        self.prompt_logprobs: FlatLogprobs | None = (
+            FlatLogprobs([None]) if self.params.prompt_logprobs is not None else None)
         self.sent_prompt_logprobs = False
         self.num_cached_tokens = 0
         self.request = request  # for timing metrics (arrival, first scheduled)
@@ -86,11 +89,9 @@ class RequestState:
         keeps the token out of the text (the EOS / stop token that ended the request)."""
         self.token_ids.append(token)
         if logprob_info is not None and self.logprobs is not None:
-            lp, rank, tops = logprob_info
+            lp, rank, top_ids, top_lps = logprob_info
             self.cumulative_logprob += lp
-            entry = {tid: Logprob(v, r + 1, self._tok(tid)) for r, (tid, v) in enumerate(tops)}
-            entry[token] = Logprob(lp, rank, self._tok(token))
-            self.logprobs.append(entry)
+            self.logprobs.append_position(token, lp, rank, top_ids, top_lps, self._decode)
         return self.detok.add_token(token) if self.detok is not None and detokenize else False
 
     def add_prompt_logprobs(self, chunk) -> None:
@@ -100,15 +101,14 @@ class RequestState:
         for j, (tok, lp, rank) in enumerate(zip(targets, lps, ranks)):
             if len(self.prompt_logprobs) != start + j + 1:
                 continue
-            entry = {}
-            if top_ids is not None:
-                entry = {t: Logprob(v, r + 1, self._tok(t))
-                         for r, (t, v) in enumerate(zip(top_ids[j], top_lps[j]))}
-            entry[tok] = Logprob(lp, rank, self._tok(tok))
-            self.prompt_logprobs.append(entry)
+            self.prompt_logprobs.append_position(
+                tok, lp, rank, top_ids[j] if top_ids is not None else (),
+                top_lps[j] if top_ids is not None else (), self._decode)
 
-    def _tok(self, tid: int) -> str | None:
-        return self.tokenizer.convert_ids_to_tokens(tid) if self.tokenizer is not None else None
+    @property
+    def _decode(self):
+        """id -> its token string, or None without a tokenizer."""
+        return self.tokenizer.convert_ids_to_tokens if self.tokenizer is not None else None
 
     def plain_delta(self) -> StepDelta | None:
         """The step's new text and token ids, as ``make_output`` would put them in a DELTA

@@ -33,7 +33,7 @@ def sampled_to_host(out: SamplerOutput) -> None:
 
 
 def sampled_logprobs(states, out: SamplerOutput):
-    """request id -> (logprob, rank, [(top id, top logprob)]) of the sampled token, for the
+    """request id -> (logprob, rank, top ids, top logprobs) of the sampled token, for the
     requests of ``states`` (the step's sampling rows) that asked; None when none did."""
     if out.sampled_logprobs is None:
         return None
@@ -46,9 +46,13 @@ def sampled_logprobs(states, out: SamplerOutput):
         k = st.sampling_params.logprobs
         if k is None:
             continue
-        k = len(top_ids[i]) if (k == -1 and top_ids) else k
-        tops = list(zip(top_ids[i][:k], top_lps[i][:k])) if (top_ids and k) else []
-        result[st.req_id] = (lps[i], ranks[i], tops)
+        if top_ids and k:
+            ids, vals = top_ids[i], top_lps[i]
+            if k != -1 and k < len(ids):
+                ids, vals = ids[:k], vals[:k]
+            result[st.req_id] = (lps[i], ranks[i], ids, vals)
+        else:
+            result[st.req_id] = (lps[i], ranks[i], (), ())
     return result
 
 
