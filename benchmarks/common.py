@@ -267,3 +267,42 @@ def time_each(timed, candidates: list[dict], calls) -> list[dict]:
         except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
             results.append({"cfg": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
     return results
+
+
+class TritonCompiles:
+    """Triton's JIT compiles while it is entered (``triton.knobs`` hooks, Triton >= 3.4):
+    each compile's kernel, specialization key and seconds. A compile inside a timed run is a
+    stall of the whole step that needed it."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self._start: dict = {}
+        self._saved = None
+
+    def __enter__(self) -> TritonCompiles:
+        try:
+            from triton import knobs
+        except ImportError:
+            return self
+        rt = knobs.runtime
+        self._saved = (rt.jit_cache_hook, rt.jit_post_compile_hook)
+
+        def before(*, key, repr, fn, **_):
+            self._start[id(key)] = time.perf_counter()
+            return None  # None: compile as usual (truthy would skip the compile)
+
+        def after(*, key, repr, fn, **_):
+            t0 = self._start.pop(id(key), None)
+            self.events.append({"kernel": getattr(fn, "name", str(fn)),
+                                "seconds": round(time.perf_counter() - t0, 3) if t0 else None,
+                                "key": str(key)[:400]})
+            return None
+
+        rt.jit_cache_hook, rt.jit_post_compile_hook = before, after
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._saved is not None:
+            from triton import knobs
+
+            knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._saved

@@ -54,7 +54,7 @@ def sampling_extras(args) -> dict:
 
 
 def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> dict:
-    from benchmarks.common import timed_generate
+    from benchmarks.common import TritonCompiles, timed_generate
     from octavo import LLM, SamplingParams
 
     llm = LLM(**engine_kwargs(folder, args), distributed_executor_backend=backend)
@@ -71,7 +71,9 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
         llm.reset_prefix_cache()
         engine.timings.trace = []
         engine.timings.reset()
-        wall, outs = timed_generate(llm, [{"prompt_token_ids": p} for p in prompts], params)
+        with TritonCompiles() as compiles:
+            wall, outs = timed_generate(llm, [{"prompt_token_ids": p} for p in prompts],
+                                        params)
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
         tm = engine.timings
         cfg = engine.config
@@ -79,7 +81,9 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
                      "step_profile": tm.summary(),
                      "step_breakdown": step_breakdown(tm.trace),
                      "w5_kv_utilization": tm.kv_utilization(
-                         cfg.scheduler_config.max_model_len, cfg.cache_config.block_size)})
+                         cfg.scheduler_config.max_model_len, cfg.cache_config.block_size),
+                     # Triton compiles inside the timed run (each a stall of its step)
+                     "triton_compiles": compiles.events})
     first = runs[0]
     engine.shutdown()
     return {"engine": "octavo" if backend == "uni" else f"octavo ({backend} executor)",
@@ -213,6 +217,8 @@ def main() -> None:
           f"bound)")
     print("step profile:", json.dumps(octavo["step_profile"]))
     print("step breakdown:", json.dumps(octavo["step_breakdown"]))
+    for ev in octavo["triton_compiles"]:
+        print(f"Triton compile in the timed run: {ev['kernel']} {ev['seconds']} s {ev['key']}")
     w5 = octavo["w5_kv_utilization"]
     if w5:
         print(f"W5 KV utilization: paged {w5['paged_time_avg']:.1%} time-averaged "

@@ -73,8 +73,38 @@ def test_a_step_whose_sampling_never_came_is_not_counted_later():
     assert pool.counts[cache.penalty.index].sum() == 0
 
 
-def test_growth_stops_at_the_most_requests_in_flight():
+def test_a_bounded_pool_takes_all_its_rows_at_once():
+    """With max_rows (max_num_seqs) the first request takes every row: no growth, no copy
+    of the rows in flight, inside a later step."""
     pool = PenaltyRows(max_rows=10)
-    rows = [pool.acquire([1], [], VOCAB, torch.device("cpu")) for _ in range(10)]
-    assert pool.capacity == 10 and not pool.free  # 8, then 10 (not 16)
+    first = pool.acquire([1], [], VOCAB, torch.device("cpu"))
+    assert pool.capacity == 10 and len(pool.free) == 9
+    counts = pool.counts
+    rows = [first] + [pool.acquire([1], [], VOCAB, torch.device("cpu")) for _ in range(9)]
+    assert pool.counts is counts and not pool.free
     assert sorted(r.index for r in rows) == list(range(10))
+
+
+def test_the_parameters_upload_keeps_each_row_16_byte_aligned(monkeypatch):
+    """rep / freq / pres go up as one [3, R] tensor: R is padded to a multiple of 4 so the
+    freq and pres rows start 16-byte aligned whatever the batch (Triton compiles a kernel
+    again for an unaligned pointer), and the kernel sees exactly R values each."""
+    import octavo.sample.penalty_rows as pr
+
+    pool = PenaltyRows(max_rows=8)
+    seen = {}
+
+    def fake_penalize(logits, at, rows, counts, prompt, rep, freq, pres):
+        seen.update(rep=rep, freq=freq, pres=pres)
+
+    monkeypatch.setattr(pr, "penalize", fake_penalize)
+    for r in (1, 3, 5, 8):
+        rows = [pool.acquire([1], [], VOCAB, torch.device("cpu")) for _ in range(r)]
+        pool.apply(torch.zeros(r, VOCAB), [(i, row, [], 1.1, 0.2, 0.3)
+                                           for i, row in enumerate(rows)])
+        for name, want in (("rep", 1.1), ("freq", 0.2), ("pres", 0.3)):
+            t = seen[name]
+            assert t.shape == (r,) and torch.allclose(t, torch.full((r,), want)), name
+            assert t.data_ptr() % 16 == 0, (name, r)
+        for row in rows:
+            pool.release(row)

@@ -49,10 +49,11 @@ class PenaltyRows:
         return 0 if self.counts is None else self.counts.shape[0]
 
     def _grow(self, vocab: int, device: torch.device) -> None:
+        # With a known bound, every row at once: the KV-cache profile sized the cache with a
+        # full batch's rows in its peak (``profile_sampler``), and each growth allocates and
+        # copies [rows, vocab] x 5 bytes (up to ~200 MB at 256 x 152k) inside a step.
         old = self.capacity
-        n = max(8, 2 * old)
-        if self.max_rows is not None:
-            n = max(old + 1, min(n, self.max_rows))
+        n = max(8, 2 * old) if self.max_rows is None else max(old + 1, self.max_rows)
         counts = torch.zeros((n, vocab), dtype=torch.int32, device=device)
         prompt = torch.zeros((n, vocab), dtype=torch.uint8, device=device)
         if self.counts is not None:
@@ -107,10 +108,15 @@ class PenaltyRows:
         self._add(dev, [(row, output) for _, row, output, *_ in entries])
         at = to_device([r for r, *_ in entries], dev, torch.long)
         rows = to_device([row.index for _, row, *_ in entries], dev, torch.long)
-        # One upload for the three parameters: [3, R] float32.
-        params = to_device([[e[3] for e in entries], [e[4] for e in entries],
-                            [e[5] for e in entries]], dev, torch.float32)
-        args = (logits, at, rows, self.counts, self.prompt, params[0], params[1], params[2])
+        # One upload for the three parameters: [3, R] float32, R padded to a multiple of 4
+        # so each row starts 16-byte aligned (Triton specializes a pointer argument on that:
+        # an unaligned row would compile the kernel again, a stall of the whole step).
+        pad = [0.0] * (-len(entries) % 4)
+        params = to_device([[e[3] for e in entries] + pad, [e[4] for e in entries] + pad,
+                            [e[5] for e in entries] + pad], dev, torch.float32)
+        n = len(entries)
+        args = (logits, at, rows, self.counts, self.prompt, params[0, :n], params[1, :n],
+                params[2, :n])
         if logits.is_cuda and HAS_TRITON and logits.dtype == torch.float32 \
                 and logits.stride(1) == 1:
             from octavo.kernels.penalties import apply_penalties  # Triton: on CUDA only
