@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from contextlib import contextmanager
 
 logger = logging.getLogger(__name__)
 
@@ -32,3 +33,24 @@ def freeze_startup_heap() -> None:
     gc.freeze()
     logger.debug("froze %d startup objects in %.0f ms", gc.get_freeze_count(),
                  1e3 * (time.perf_counter() - t0))
+
+
+@contextmanager
+def heap_frozen_while_running():
+    """For one offline run (``LLM.generate``'s engine loop, in the caller's process): the
+    objects alive when it starts (the engine's startup heap, the caller's own) are frozen
+    until it ends, then handed back to the collector (``gc.unfreeze``), so nothing becomes
+    uncollectable. Without it a full collection inside the run walks them all: W1 with
+    penalties or logprobs on an H100 had one decode step of 250-290 ms. A no-op where
+    something froze objects already (a serving process, a nested run), where the collector
+    is off, or with OCTAVO_FREEZE_STARTUP_HEAP=0."""
+    from octavo import envs
+
+    if not envs.freeze_startup_heap() or not gc.isenabled() or gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

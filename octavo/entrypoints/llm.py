@@ -20,6 +20,7 @@ from octavo.entrypoints.chat_utils import Conversation, apply_chat_template
 from octavo.errors import InvalidRequestError, short_repr
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from octavo.startup_heap import heap_frozen_while_running
 
 
 def _with_prompt_index(error: ValueError, index: int) -> ValueError:
@@ -247,28 +248,29 @@ class LLM:
                        postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")
         t0 = time.perf_counter()
         in_toks = out_toks = 0
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if beams is not None and beams.owns(out.request_id):
-                    job = beams.consume(out)
-                    if job is None:
+        with heap_frozen_while_running():  # no full GC pass over the startup heap
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if beams is not None and beams.owns(out.request_id):
+                        job = beams.consume(out)
+                        if job is None:
+                            continue
+                        results[order[job.request_id]] = beam_output(job)
+                        num_in = len(job.prompt_token_ids)
+                        num_out = sum(len(beam.tokens) for beam in job.search.finished)
+                    elif out.finished and out.request_id in order:
+                        results[order[out.request_id]] = out
+                        num_in = len(out.prompt_token_ids)
+                        num_out = sum(len(c.token_ids) for c in out.outputs)
+                    else:
                         continue
-                    results[order[job.request_id]] = beam_output(job)
-                    num_in = len(job.prompt_token_ids)
-                    num_out = sum(len(beam.tokens) for beam in job.search.finished)
-                elif out.finished and out.request_id in order:
-                    results[order[out.request_id]] = out
-                    num_in = len(out.prompt_token_ids)
-                    num_out = sum(len(c.token_ids) for c in out.outputs)
-                else:
-                    continue
-                if bar is not None:
-                    in_toks += num_in
-                    out_toks += num_out
-                    dt = time.perf_counter() - t0
-                    bar.postfix = (f"est. speed input: {in_toks / dt:.2f} toks/s, "
-                                   f"output: {out_toks / dt:.2f} toks/s")
-                    bar.update(1)
+                    if bar is not None:
+                        in_toks += num_in
+                        out_toks += num_out
+                        dt = time.perf_counter() - t0
+                        bar.postfix = (f"est. speed input: {in_toks / dt:.2f} toks/s, "
+                                       f"output: {out_toks / dt:.2f} toks/s")
+                        bar.update(1)
         if bar is not None:
             bar.close()
         missing = [ids[i] for i, r in enumerate(results) if r is None]
