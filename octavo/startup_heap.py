@@ -40,8 +40,9 @@ def heap_frozen_while_running():
     """For one offline run (``LLM.generate``'s engine loop, in the caller's process): the
     objects alive when it starts (the engine's startup heap, the caller's own) are frozen
     until it ends, then handed back to the collector (``gc.unfreeze``), so nothing becomes
-    uncollectable. Without it a full collection inside the run walks them all: W1 with
-    penalties or logprobs on an H100 had one decode step of 250-290 ms. A no-op where
+    uncollectable. Without it a full collection inside the run walks them all (on this
+    2-core CPU 148 ms with a tiny model's engine built, 6 ms frozen: a stall of every
+    request; runs asking for penalties or logprobs allocate enough to meet one). A no-op where
     something froze objects already (a serving process, a nested run), where the collector
     is off, or with OCTAVO_FREEZE_STARTUP_HEAP=0."""
     from octavo import envs
