@@ -115,14 +115,18 @@ def step_breakdown(trace) -> dict:
     slowest steps (a JIT compile or an allocator stall shows up there)."""
     prefill = [r for r in trace if r.num_scheduled_tokens > r.num_scheduled_reqs]
     decode = [r for r in trace if r.num_scheduled_tokens == r.num_scheduled_reqs]
-    slow = sorted(trace, key=lambda r: -r.wall_s)[:5]
+    slow = sorted(range(len(trace)), key=lambda i: -trace[i].wall_s)[:5]
     return {
         "prefill_steps": len(prefill), "prefill_s": sum(r.wall_s for r in prefill),
         "decode_steps": len(decode), "decode_s": sum(r.wall_s for r in decode),
         "mean_decode_batch": sum(r.num_scheduled_reqs for r in decode) / max(len(decode), 1),
         "decode_by_batch": decode_by_batch(decode),
-        "slowest_steps": [{"tokens": r.num_scheduled_tokens, "reqs": r.num_scheduled_reqs,
-                           "ms": round(1e3 * r.wall_s, 2)} for r in slow],
+        "slowest_steps": [{"step": i, "tokens": trace[i].num_scheduled_tokens,
+                           "reqs": trace[i].num_scheduled_reqs, "running": trace[i].num_running,
+                           "ms": round(1e3 * trace[i].wall_s, 2),
+                           "schedule_ms": round(1e3 * trace[i].schedule_s, 2),
+                           "execute_ms": round(1e3 * trace[i].execute_s, 2),
+                           "output_ms": round(1e3 * trace[i].output_s, 2)} for i in slow],
     }
 
 

@@ -14,6 +14,10 @@ class StepTrace:
     wall_s: float
     stored_tokens: int  # KV entries written for running requests (sum of computed tokens)
     used_blocks: int  # blocks referenced by some request
+    # The step's wall time by phase (a slow step then names where it stalled).
+    schedule_s: float = 0.0
+    execute_s: float = 0.0  # the runner, the wait for the device included
+    output_s: float = 0.0
 
 
 @dataclass
