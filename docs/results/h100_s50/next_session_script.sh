@@ -11,10 +11,10 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 TAILN=6 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
 TAILN=9 item w1_pen python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen.json
 TAILN=9 item w1_lp python benchmarks/throughput.py --workload W1 --logprobs 5 --json-out /tmp/res/w1_lp.json
-TAILN=20 item sweep_swapab python benchmarks/quantized_gemm.py --sweep --swapab-only --bits 4 --m 32 64 128 --json /tmp/res/sweep_swapab.json
 TAILN=8 item q_base python benchmarks/quantized.py --methods bf16,w4a16 --batches 1 16 32 64 128 --skip-w2 --json /tmp/res/q_base.json
 OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 TAILN=6 item q_c python benchmarks/quantized.py --methods w4a16 --batches 1 16 32 64 128 --skip-w2 --json /tmp/res/q_c.json
 OCTAVO_BNB4_GEMM_MAX_M=32 TAILN=4 item e_nf4_32 python benchmarks/quantized.py --methods nf4 --batches 24 32 --skip-w2 --json /tmp/res/e_nf4_32.json
 OCTAVO_BNB4_GEMM_MAX_M=16 TAILN=4 item e_nf4_16 python benchmarks/quantized.py --methods nf4 --batches 24 32 --skip-w2 --json /tmp/res/e_nf4_16.json
+TAILN=20 item sweep_swapab python benchmarks/quantized_gemm.py --sweep --paths swapab --bits 4 --m 32 64 128 --json /tmp/res/sweep_swapab.json
 TAILN=5 item w2 python benchmarks/throughput.py --workload W2 --json-out /tmp/res/w2.json
 echo "=== end $(date +%T)"
