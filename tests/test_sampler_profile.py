@@ -60,3 +60,28 @@ def test_the_profile_peak_includes_the_sampler():
         runner.profile_sampler(logits)
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - base >= 64 * vocab * 9
+
+
+@pytest.mark.gpu
+def test_after_the_profile_no_draw_compiles_the_race_kernel():
+    """Every variant of the one-pass draw a run reaches (raw and float32 logits, batches
+    split over programs or not, rows with their own seeds) is compiled by the profile: a
+    compile inside a step stalls every request of it (0.2-0.3 s on an H100)."""
+    from benchmarks.common import TritonCompiles
+    from octavo.kernels.sample_race import race_sample
+
+    folder = make_checkpoint("llama", tempfile.mkdtemp())
+    llm = LLM(model=folder, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=64,
+              max_num_seqs=64, gpu_memory_utilization=0.3)
+    runner = llm.llm_engine.executor.worker.runner
+    vocab = runner.config.model_config.hf_config.vocab_size
+    base = torch.zeros(1, dtype=torch.int64, device="cuda")
+    with TritonCompiles() as compiles:
+        for dtype in (torch.bfloat16, torch.float32):
+            for b in (1, 3, 17, 64):
+                x = torch.randn(b, vocab, device="cuda", dtype=dtype)
+                t = torch.ones(b, device="cuda")
+                race_sample(x, t, base)
+                race_sample(x, t, base, torch.arange(b, device="cuda"))
+        torch.cuda.synchronize()
+    assert not compiles.events, compiles.events

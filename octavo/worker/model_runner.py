@@ -199,14 +199,17 @@ class ModelRunner:
         if logits.is_cuda and HAS_TRITON and envs.sample_kernel():
             # The one-pass draw's variants a run can reach (Triton specializes on whether the
             # vocabulary is split over programs: small batches are, full ones may not be; on
-            # the logits as computed and on float32 processed ones), compiled now, not as a
-            # stall of the step that first needs one (~0.2-0.3 s each on an H100).
+            # the logits as computed and on float32 processed ones; with and without rows
+            # of their own seed), compiled now, not as a stall of the step that first needs
+            # one (~0.2-0.3 s each on an H100).
             from octavo.kernels.sample_race import race_sample
 
             base = torch.zeros(1, dtype=torch.int64, device=dev)
+            seeds = torch.zeros(rows, dtype=torch.int64, device=dev)
             for x in (logits, logits.float()):
                 for b in sorted({1, rows}):
                     race_sample(x[:b], full[:b], base)
+                    race_sample(x[:b], full[:b], base, seeds[:b])
 
     def capture_cuda_graphs(self) -> None:
         cfg = self.config
