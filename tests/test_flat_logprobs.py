@@ -109,3 +109,33 @@ def test_the_garbage_collector_tracks_a_few_objects_whatever_the_length():
     n_dicts, _ = tracked(lambda: [_dict_position(*p, decode=str) for p in positions])
     assert n_flat < 20
     assert n_dicts > 5000
+
+
+def test_token_strings_read_the_vocabulary_table_as_the_tokenizer_would():
+    import weakref
+
+    from octavo.engine.output_processor import _TOKEN_TABLES, token_strings
+
+    class Tok:
+        calls = 0
+
+        def __len__(self):
+            return 50
+
+        def convert_ids_to_tokens(self, ids):
+            Tok.calls += 1
+            return [f"t{i}" for i in ids] if isinstance(ids, list) else f"t{ids}"
+
+    before = len(_TOKEN_TABLES)
+    tok = Tok()
+    decode = token_strings(tok)
+    assert len(_TOKEN_TABLES) == before + 1
+    assert [decode(i) for i in (0, 7, 49)] == ["t0", "t7", "t49"]
+    assert decode(50) == "t50" and decode(10**9) == "t1000000000"  # past the table: asked
+    assert Tok.calls == 3  # the table once, then one call per id past it
+    token_strings(tok)(3)
+    assert Tok.calls == 3  # the table is kept per tokenizer
+    ref = weakref.ref(tok)
+    del tok, decode
+    gc.collect()
+    assert ref() is None and len(_TOKEN_TABLES) <= before  # no tokenizer kept alive
