@@ -98,6 +98,15 @@ def cuda_kernels_small_max_m(default: int) -> int:
     return _batch_size("OCTAVO_CUDA_KERNELS_SMALL_MAX_M", default)
 
 
+def swapab_cuda_chunked_max_m() -> int:
+    """OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M (default 0, off): a small layer in the swap-AB layout
+    (qkv, o) runs batches past the CUDA integer kernel's 16 rows, up to this many, as that
+    kernel 16 rows at a time (its weights from L2 after the first) instead of the Triton
+    swap-AB GEMM, which lost to the along-K layout's kernels there (octavo/kernels/
+    int_weight_layout.py)."""
+    return _int("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", 0, "rows")
+
+
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k", "swapab" (every layer the swap-AB kernel can hold) or "rows" (every

@@ -110,12 +110,21 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
     most = swapab_mma.max_rows()
+    chunked = 0
     if k * n < SWAPAB_MIN_WEIGHTS:  # a small layer (in this layout by OCTAVO_INT_WEIGHT_LAYOUT)
         most = min(swapab_mma.MAX_M, envs.cuda_kernels_small_max_m(most))
-    if m <= most and swapab_mma.available(x2.device) and swapab_mma.supports(
-            m, k, n, group_size, bits, x2.dtype):
-        return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits,
-                                     **swapab_mma.engine_plan())
+        chunked = envs.swapab_cuda_chunked_max_m() if most == swapab_mma.MAX_M else 0
+    rows = min(m, swapab_mma.MAX_M)
+    if (m <= most or m <= chunked) and swapab_mma.available(x2.device) and \
+            swapab_mma.supports(rows, k, n, group_size, bits, x2.dtype):
+        plan = swapab_mma.engine_plan()
+        if m <= swapab_mma.MAX_M:
+            return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits, **plan)
+        # 16 rows at a time (OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M): the layer's weights come from
+        # L2 after the first launch.
+        return torch.cat([swapab_mma.swapab_mma(x2[i:i + swapab_mma.MAX_M], qweight, scales,
+                                                zeros, group_size, bits, **plan)
+                          for i in range(0, m, swapab_mma.MAX_M)])
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.

@@ -125,6 +125,45 @@ def test_cuda_kernel_rows_capped_by_env(monkeypatch):
                      ("cuda", 1), ("cuda", 8), ("cuda", 9), ("cuda", 16)]
 
 
+def test_small_layers_can_run_the_cuda_kernel_16_rows_at_a_time(monkeypatch):
+    """OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M: a small layer in the swap-AB layout whose CUDA kernel
+    takes 16 rows runs larger batches, up to that many rows, as 16-row launches whose
+    outputs are stacked in order; past it, or where the kernel stops short of 16 rows, the
+    Triton GEMM."""
+    calls = []
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
+
+    def cuda(x2, *a, **k):
+        calls.append(("cuda", x2.shape[0]))
+        return x2[:, :1].expand(-1, 256).clone()  # each output row names its input row
+
+    monkeypatch.setattr(layout.swapab_mma, "swapab_mma", cuda)
+    monkeypatch.setattr(layout.swapab, "w4a16_swapab",
+                        lambda x2, *a, **k: calls.append(("triton", x2.shape[0])) or "triton")
+    q = torch.zeros(64, 256, dtype=torch.int16)  # K 256, N 256: a small layer
+    s = torch.ones(2, 256, dtype=torch.bfloat16)
+
+    def run(m):
+        x = torch.arange(m, dtype=torch.bfloat16)[:, None].expand(m, 256).contiguous()
+        return layout._swapab_rows(x, q, s, s, 128, 4)
+
+    monkeypatch.setenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", "64")
+    run(40)  # the CUDA kernel stops at 8 rows here: the chunks need it at 16
+    assert calls == [("triton", 40)]
+    calls.clear()
+    monkeypatch.setenv("OCTAVO_CUDA_KERNELS_SMALL_MAX_M", "16")
+    out = run(40)
+    assert calls == [("cuda", 16), ("cuda", 16), ("cuda", 8)]
+    assert out.shape == (40, 256) and torch.equal(out[:, 0], torch.arange(40.0).bfloat16())
+    calls.clear()
+    run(16), run(64), run(65)
+    assert calls == [("cuda", 16)] + [("cuda", 16)] * 4 + [("triton", 65)]
+    calls.clear()
+    monkeypatch.delenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M")
+    run(17)
+    assert calls == [("triton", 17)]
+
+
 def test_env_overrides_the_size_rule_not_the_shape(hopper, monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
@@ -191,3 +230,20 @@ def test_real_shape_every_batch_size_gpu(m, bits):
                         bits, layout.SWAPAB)
     ref = w4a16_gemm_ref(x, pack_along_k(q, bits).cuda(), scales, zeros, group, bits)
     assert rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [17, 40, 64, 65])
+def test_small_layer_in_16_row_launches_gpu(m, monkeypatch):
+    """OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M=64 with the kernel at 16 rows on small layers: qkv's
+    shape in the swap-AB layout, against the reference, past and within the chunked rows."""
+    monkeypatch.setenv("OCTAVO_CUDA_KERNELS_SMALL_MAX_M", "16")
+    monkeypatch.setenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", "64")
+    k, n, group = 4096, 6144, 128
+    q, scales, zeros = _weights(k, n, group, 4, device=torch.device("cuda"))
+    scales, zeros = scales.bfloat16(), zeros.bfloat16()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = layout.linear(x, layout.pack(q, 4, layout.SWAPAB).cuda(), scales, zeros, group, 4,
+                        layout.SWAPAB)
+    ref = w4a16_gemm_ref(x, pack_along_k(q, 4).cuda(), scales, zeros, group, 4)
+    assert out.shape == (m, n) and rel_err(out, ref) < 1e-2
