@@ -5,16 +5,20 @@
 #    session 50's routing "c" (every 4-bit layer swap-AB, the CUDA kernel to 16 rows on
 #    qkv / o) gave batch 16 1.65x bf16 against the default's 1.54x but batch 64 0.84x against
 #    0.94x; the Triton swap-AB GEMM's tiles for qkv / o at 32-128 rows were never swept.
+#    OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M=128 runs qkv / o past 16 rows as 16-row CUDA launches
+#    (weights from L2 after the first): if q_c_chunked keeps batch 16's gain and loses
+#    nothing at 32-128 against q_base, make routing c with chunks the default.
 # 3. The NF4 GEMM at 17-32 rows (default takes up to 16; at 64 it lost).
 . scripts/device_items.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 # Session 50's GPU-only test written after its device time: no race-kernel compile after the profile.
-TAILN=4 item t_profile python -m pytest -m gpu -q -rf tests/test_sampler_profile.py
+TAILN=4 item t_profile python -m pytest -m gpu -q -rf tests/test_sampler_profile.py tests/quantization/test_int_weight_layout.py -k "sampler or no_draw or 16_row_launches"
 TAILN=6 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
 TAILN=9 item w1_pen python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen.json
 TAILN=9 item w1_lp python benchmarks/throughput.py --workload W1 --logprobs 5 --json-out /tmp/res/w1_lp.json
 TAILN=8 item q_base python benchmarks/quantized.py --methods bf16,w4a16 --batches 1 16 32 64 128 --skip-w2 --json /tmp/res/q_base.json
 OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 TAILN=6 item q_c python benchmarks/quantized.py --methods w4a16 --batches 1 16 32 64 128 --skip-w2 --json /tmp/res/q_c.json
+OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M=128 TAILN=6 item q_c_chunked python benchmarks/quantized.py --methods w4a16 --batches 1 16 32 64 128 --skip-w2 --json /tmp/res/q_c_chunked.json
 OCTAVO_BNB4_GEMM_MAX_M=32 TAILN=4 item e_nf4_32 python benchmarks/quantized.py --methods nf4 --batches 24 32 --skip-w2 --json /tmp/res/e_nf4_32.json
 OCTAVO_BNB4_GEMM_MAX_M=16 TAILN=4 item e_nf4_16 python benchmarks/quantized.py --methods nf4 --batches 24 32 --skip-w2 --json /tmp/res/e_nf4_16.json
 TAILN=20 item sweep_swapab python benchmarks/quantized_gemm.py --sweep --paths swapab --bits 4 --m 32 64 128 --json /tmp/res/sweep_swapab.json
