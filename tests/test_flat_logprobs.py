@@ -139,3 +139,25 @@ def test_token_strings_read_the_vocabulary_table_as_the_tokenizer_would():
     del tok, decode
     gc.collect()
     assert ref() is None and len(_TOKEN_TABLES) <= before  # no tokenizer kept alive
+
+
+@pytest.mark.parametrize("first", ["flat", "list", "none"])
+def test_aggregated_deltas_keep_every_position(first):
+    """RequestOutput.add(aggregate=True), as a DELTA stream that fell behind merges its
+    outputs: the logprobs of both deltas, in order, flat whatever the first held."""
+    from octavo.outputs import CompletionOutput, RequestOutput
+
+    positions = _random_positions(9, seed=4)
+    ref = [_dict_position(*p) for p in positions]
+    head = FlatLogprobs(ref[:4])
+    tail = FlatLogprobs(ref[4:])
+    start = {"flat": head, "list": list(head), "none": None}[first]
+    a = RequestOutput("r", "p", [1], None,
+                      [CompletionOutput(0, "a", [1, 2, 3, 4], -1.0, start)], False)
+    b = RequestOutput("r", "p", [1], None,
+                      [CompletionOutput(0, "b", [5, 6, 7, 8, 9], -2.0, tail)], True)
+    a.add(b, aggregate=True)
+    merged = a.outputs[0].logprobs
+    assert isinstance(merged, FlatLogprobs)
+    assert merged == (ref if first != "none" else ref[4:])
+    assert head == ref[:4]  # the first output's own logprobs are not changed in place
