@@ -19,6 +19,10 @@ when each nibble was its own mma product). The CTA's warps
 split K and add up in shared memory; a tile split over several CTAs is finished by the CTA
 that takes the last ticket (``octavo.kernels.split_k``'s counters).
 
+A staged variant (``stages`` 3 or 4, 4-step chunks) copies each warp's chunks into a ring in
+shared memory with ``cp.async`` instead (83 registers at 1-8 rows against 189): faster on the
+layers of few tiles at 1-8 rows, the default there (``default_stages``, session 50).
+
 Measured (H200, docs/benchmarks.md sessions 18-19): one Llama-3.1-8B layer's 4-bit GEMMs
 55.4 us at one row against the Triton GEMV's 62.0, 92.9 at 16 rows against the swap-AB
 GEMM's 100.1; in the engine batch 1 is 7% faster (2.80 against 3.01 ms per token) and 16
