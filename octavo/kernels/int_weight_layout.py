@@ -120,11 +120,14 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         plan = swapab_mma.engine_plan()
         if m <= swapab_mma.MAX_M:
             return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits, **plan)
-        # 16 rows at a time (OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M): the layer's weights come from
-        # L2 after the first launch.
-        return torch.cat([swapab_mma.swapab_mma(x2[i:i + swapab_mma.MAX_M], qweight, scales,
-                                                zeros, group_size, bits, **plan)
-                          for i in range(0, m, swapab_mma.MAX_M)])
+        # 16 rows at a time (OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M), each launch writing its rows
+        # of one output: the layer's weights come from L2 after the first launch.
+        out = x2.new_empty(m, n)
+        for i in range(0, m, swapab_mma.MAX_M):
+            j = min(i + swapab_mma.MAX_M, m)
+            swapab_mma.swapab_mma(x2[i:j], qweight, scales, zeros, group_size, bits,
+                                  out=out[i:j], **plan)
+        return out
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.

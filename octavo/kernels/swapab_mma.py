@@ -158,12 +158,15 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                warps_per_sm: int = WARPS_PER_SM,
                steps: int | None = None, most_warps: int = MAX_WARPS,
-               split_ctas: bool | None = None, stages: int | None = None) -> torch.Tensor:
+               split_ctas: bool | None = None, stages: int | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout, scales and (float) zeros
     [K / group, N] in bf16 or fp16 (either, whatever x2's dtype). ``stages``: chunks in
     flight per warp through shared memory (3 or 4, with 4-step chunks; 0 the registers'
-    pipeline; None ``default_stages``). The tuning arguments exist for the benchmarks."""
+    pipeline; None ``default_stages``). ``out``: an [M, N] tensor of contiguous rows to write
+    (rows of a larger batch's output), else a new one. The tuning arguments exist for the
+    benchmarks."""
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
     if not supports(m, k, n, group_size, bits, x2.dtype):
@@ -193,7 +196,12 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps,
              bits, split_ctas)
     tiles = qweight.shape[0] // ROWS
-    out, partial = split_k_buffers(m, n, p.splits, x2)
+    if out is None:
+        out, partial = split_k_buffers(m, n, p.splits, x2)
+    else:
+        assert out.shape == (m, n) and out.dtype == x2.dtype and out.stride() == (n, 1), (
+            out.shape, out.stride())
+        partial = out.unsqueeze(0) if p.splits == 1 else split_k_buffers(m, n, p.splits, x2)[1]
     cnt = split_k_counters(x2.device, tiles)
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, cnt, m, n, k,
                                  x2.stride(0), p.k_per_warp, group_size)

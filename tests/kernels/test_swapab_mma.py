@@ -621,3 +621,19 @@ def test_plans_without_cta_splits_match_the_reference_gpu(k, n):
             out = swapab_mma.swapab_mma(x, qw, s, z, 128, warps_per_sm=per_sm,
                                         split_ctas=False)
             assert _rel(out, ref) < 8e-3, (m, per_sm)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("per_sm", [6, 200])
+def test_writes_into_rows_of_a_given_output_gpu(per_sm):
+    """``out=``: the kernel writes its rows of a larger batch's output (one CTA a tile, or K
+    split over CTAs with partials of their own), leaving the other rows alone."""
+    x, qw, s, z, ref = _case(16, 2048, 1024, 128, torch.bfloat16, seed=3)
+    big = torch.full((40, 1024), 7.0, device="cuda", dtype=torch.bfloat16)
+    got = swapab_mma.swapab_mma(x, qw, s, z, 128, 4, warps_per_sm=per_sm, out=big[8:24])
+    assert got.data_ptr() == big[8:24].data_ptr()
+    assert torch.equal(big[8:24], swapab_mma.swapab_mma(x, qw, s, z, 128, 4,
+                                                        warps_per_sm=per_sm))
+    assert (big[:8] == 7).all() and (big[24:] == 7).all()
+    assert _rel(big[8:24], ref) < 8e-3
