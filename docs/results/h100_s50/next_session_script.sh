@@ -12,7 +12,7 @@
 . scripts/device_items.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 # Session 50's GPU-only test written after its device time: no race-kernel compile after the profile.
-TAILN=4 item t_profile python -m pytest -m gpu -q -rf tests/test_sampler_profile.py tests/quantization/test_int_weight_layout.py -k "sampler or no_draw or 16_row_launches"
+TAILN=4 item t_profile python -m pytest -m gpu -q -rf tests/test_sampler_profile.py tests/quantization/test_int_weight_layout.py tests/kernels/test_swapab_mma.py -k "sampler or no_draw or 16_row_launches or writes_into_rows"
 TAILN=6 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
 TAILN=9 item w1_pen python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen.json
 TAILN=9 item w1_lp python benchmarks/throughput.py --workload W1 --logprobs 5 --json-out /tmp/res/w1_lp.json
