@@ -8,6 +8,9 @@
 #    OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M=128 runs qkv / o past 16 rows as 16-row CUDA launches
 #    (weights from L2 after the first): if q_c_chunked keeps batch 16's gain and loses
 #    nothing at 32-128 against q_base, make routing c with chunks the default.
+#    Routing c with the stages rule (2.791 ms at batch 1, session 50 call 2) ran slower than
+#    session 49's c with the registers' pipeline everywhere (2.656) and call 1's c with 4
+#    stages everywhere (2.609): different calls, so q_c_p0 / p3 / p4 settle it in one.
 # 3. The NF4 GEMM at 17-32 rows (default takes up to 16; at 64 it lost).
 . scripts/device_items.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
@@ -19,6 +22,9 @@ TAILN=9 item w1_lp python benchmarks/throughput.py --workload W1 --logprobs 5 --
 TAILN=8 item q_base python benchmarks/quantized.py --methods bf16,w4a16 --batches 1 16 32 64 128 --skip-w2 --json /tmp/res/q_base.json
 OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 TAILN=6 item q_c python benchmarks/quantized.py --methods w4a16 --batches 1 16 32 64 128 --skip-w2 --json /tmp/res/q_c.json
 OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M=128 TAILN=6 item q_c_chunked python benchmarks/quantized.py --methods w4a16 --batches 1 16 32 64 128 --skip-w2 --json /tmp/res/q_c_chunked.json
+OCTAVO_SWAPAB_STAGES=0 OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 TAILN=4 item q_c_p0 python benchmarks/quantized.py --methods w4a16 --batches 1 16 --skip-w2 --json /tmp/res/q_c_p0.json
+OCTAVO_SWAPAB_STAGES=3 OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 TAILN=4 item q_c_p3 python benchmarks/quantized.py --methods w4a16 --batches 1 16 --skip-w2 --json /tmp/res/q_c_p3.json
+OCTAVO_SWAPAB_STAGES=4 OCTAVO_INT_WEIGHT_LAYOUT=swapab OCTAVO_CUDA_KERNELS_SMALL_MAX_M=16 TAILN=4 item q_c_p4 python benchmarks/quantized.py --methods w4a16 --batches 1 16 --skip-w2 --json /tmp/res/q_c_p4.json
 OCTAVO_BNB4_GEMM_MAX_M=32 TAILN=4 item e_nf4_32 python benchmarks/quantized.py --methods nf4 --batches 24 32 --skip-w2 --json /tmp/res/e_nf4_32.json
 OCTAVO_BNB4_GEMM_MAX_M=16 TAILN=4 item e_nf4_16 python benchmarks/quantized.py --methods nf4 --batches 24 32 --skip-w2 --json /tmp/res/e_nf4_16.json
 TAILN=20 item sweep_swapab python benchmarks/quantized_gemm.py --sweep --paths swapab --bits 4 --m 32 64 128 --json /tmp/res/sweep_swapab.json
