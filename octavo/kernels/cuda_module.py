@@ -167,6 +167,19 @@ class Module:
                f"launching {name}")
 
 
+_SHARED_OPTIN = 97  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+
+
+def shared_optin(device: torch.device) -> int:
+    """The most shared memory a CTA may take on ``device`` once its kernel opts in (the
+    driver's figure: sm_90 227 KiB)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    value = ctypes.c_int()
+    _check(_driver().cuDeviceGetAttribute(ctypes.byref(value), _SHARED_OPTIN, index),
+           "reading the device's opt-in shared memory")
+    return value.value
+
+
 def aligned_rows(x2: torch.Tensor) -> torch.Tensor:
     """``x2`` [M, K] as the mma kernels read activations (cuda/mma_common.cuh ``load_x``):
     16-byte pieces of contiguous rows; a copy where its rows are not so."""

@@ -218,5 +218,6 @@ def _shared_limit(device: torch.device) -> int:
     """The dynamic shared memory a CTA may take on ``device`` (sm_90: 227 KiB)."""
     if device not in _SHARED_LIMITS:
         props = torch.cuda.get_device_properties(device)
-        _SHARED_LIMITS[device] = int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
+        limit = getattr(props, "shared_memory_per_block_optin", None)
+        _SHARED_LIMITS[device] = int(limit) if limit else cuda_module.shared_optin(device)
     return _SHARED_LIMITS[device]
