@@ -99,11 +99,11 @@ def cuda_kernels_small_max_m(default: int) -> int:
 
 
 def swapab_cuda_chunked_max_m() -> int:
-    """OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M (default 0, off): a small layer in the swap-AB layout
-    (qkv, o) runs batches past the CUDA integer kernel's 16 rows, up to this many, as that
-    kernel 16 rows at a time (its weights from L2 after the first) instead of the Triton
-    swap-AB GEMM, which lost to the along-K layout's kernels there (octavo/kernels/
-    int_weight_layout.py)."""
+    """OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M (default 0, off; at most 128): a small layer in the
+    swap-AB layout (qkv, o) runs batches past the CUDA integer kernel's 16 rows, up to this
+    many, through that kernel in 16-row chunks of one launch (its weights from L2 after the
+    first chunk) instead of the Triton swap-AB GEMM, which lost to the along-K layout's
+    kernels there (octavo/kernels/int_weight_layout.py)."""
     return _int("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", 0, "rows")
 
 

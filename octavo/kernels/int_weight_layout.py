@@ -113,21 +113,15 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     chunked = 0
     if k * n < SWAPAB_MIN_WEIGHTS:  # a small layer (in this layout by OCTAVO_INT_WEIGHT_LAYOUT)
         most = min(swapab_mma.MAX_M, envs.cuda_kernels_small_max_m(most))
-        chunked = envs.swapab_cuda_chunked_max_m() if most == swapab_mma.MAX_M else 0
+        chunked = min(envs.swapab_cuda_chunked_max_m(), swapab_mma.MAX_ROWS) \
+            if most == swapab_mma.MAX_M else 0
     rows = min(m, swapab_mma.MAX_M)
     if (m <= most or m <= chunked) and swapab_mma.available(x2.device) and \
             swapab_mma.supports(rows, k, n, group_size, bits, x2.dtype):
-        plan = swapab_mma.engine_plan()
-        if m <= swapab_mma.MAX_M:
-            return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits, **plan)
-        # 16 rows at a time (OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M), each launch writing its rows
-        # of one output: the layer's weights come from L2 after the first launch.
-        out = x2.new_empty(m, n)
-        for i in range(0, m, swapab_mma.MAX_M):
-            j = min(i + swapab_mma.MAX_M, m)
-            swapab_mma.swapab_mma(x2[i:j], qweight, scales, zeros, group_size, bits,
-                                  out=out[i:j], **plan)
-        return out
+        # (Past 16 rows, OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M: one launch of 16-row chunks, the
+        # layer's weights read from L2 by the chunks after the first.)
+        return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits,
+                                     **swapab_mma.engine_plan())
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.

@@ -43,7 +43,8 @@ from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "swapab_mma.cu"
-MAX_M = 16
+MAX_M = 16  # rows a CTA takes
+MAX_ROWS = 128  # rows a launch takes, in 16-row chunks (a small layer's larger batches)
 ROWS = 16  # int16 rows of the layout per warp tile: 64 output columns
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -160,7 +161,8 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                steps: int | None = None, most_warps: int = MAX_WARPS,
                split_ctas: bool | None = None, stages: int | None = None,
                out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16) for ``qweight`` in ``pack_swapab``'s
+    """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16; up to ``MAX_ROWS`` in 16-row chunks of
+    one launch) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout, scales and (float) zeros
     [K / group, N] in bf16 or fp16 (either, whatever x2's dtype). ``stages``: chunks in
     flight per warp through shared memory (3 or 4, with 4-step chunks; 0 the registers'
@@ -169,9 +171,10 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     benchmarks."""
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
-    if not supports(m, k, n, group_size, bits, x2.dtype):
+    if not (m <= MAX_ROWS and supports(min(m, MAX_M), k, n, group_size, bits, x2.dtype)):
         raise ValueError(f"swapab_mma: M={m}, K={k}, N={n}, group {group_size}, {bits}-bit, "
                          f"{x2.dtype} is not a supported shape")
+    chunks = -(-m // MAX_M)  # past 16 rows: 16-row chunks on the grid's third axis
     # The kernel reads 16-bit scales and zeros of one dtype as stored (GPTQ's float16 under
     # a bf16 model included): anything else is converted here, per call.
     if scales.dtype not in _DTYPES:
@@ -202,12 +205,12 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         assert out.shape == (m, n) and out.dtype == x2.dtype and out.stride() == (n, 1), (
             out.shape, out.stride())
         partial = out.unsqueeze(0) if p.splits == 1 else split_k_buffers(m, n, p.splits, x2)[1]
-    cnt = split_k_counters(x2.device, tiles)
+    cnt = split_k_counters(x2.device, tiles * chunks)
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, cnt, m, n, k,
                                  x2.stride(0), p.k_per_warp, group_size)
     shared = p.warps * stages * stage_bytes(m, steps, bits)
-    mod.launch(name, (tiles, p.splits, 1), 32 * p.warps, args, pdl=pdl_mod.enabled(x2.device),
-               shared_bytes=shared)
+    mod.launch(name, (tiles, p.splits, chunks), 32 * p.warps, args,
+               pdl=pdl_mod.enabled(x2.device), shared_bytes=shared)
     return out
 
 

@@ -637,3 +637,26 @@ def test_writes_into_rows_of_a_given_output_gpu(per_sm):
                                                         warps_per_sm=per_sm))
     assert (big[:8] == 7).all() and (big[24:] == 7).all()
     assert _rel(big[8:24], ref) < 8e-3
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [17, 24, 33, 64, 100, 128])
+@pytest.mark.parametrize("per_sm", [6, 200])
+def test_batches_past_16_rows_in_chunks_of_one_launch_gpu(m, per_sm):
+    """17-128 rows: 16-row chunks on the grid's third axis, each with its own outputs,
+    partials and tickets; each chunk's rows bit-equal to a 16-row launch of them."""
+    x, qw, s, z, ref = _case(m, 2048, 1024, 128, torch.bfloat16, seed=m)
+    out = swapab_mma.swapab_mma(x, qw, s, z, 128, 4, warps_per_sm=per_sm)
+    assert out.shape == (m, 1024) and _rel(out, ref) < 8e-3
+    for i in range(0, m, 16):
+        one = swapab_mma.swapab_mma(x[i:i + 16], qw, s, z, 128, 4, warps_per_sm=per_sm,
+                                    stages=0)
+        assert torch.equal(out[i:i + 16], one), i
+    from octavo.kernels import split_k
+
+    torch.cuda.synchronize()
+    assert not split_k.counters(x.device, 1).any()
+    with pytest.raises(ValueError, match="M=129"):
+        swapab_mma.swapab_mma(torch.zeros(129, 2048, device="cuda", dtype=torch.bfloat16),
+                              qw, s, z, 128, 4)

@@ -125,47 +125,36 @@ def test_cuda_kernel_rows_capped_by_env(monkeypatch):
                      ("cuda", 1), ("cuda", 8), ("cuda", 9), ("cuda", 16)]
 
 
-def test_small_layers_can_run_the_cuda_kernel_16_rows_at_a_time(monkeypatch):
+def test_small_layers_can_run_the_cuda_kernel_in_16_row_chunks(monkeypatch):
     """OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M: a small layer in the swap-AB layout whose CUDA kernel
-    takes 16 rows runs larger batches, up to that many rows, as 16-row launches whose
-    outputs are stacked in order; past it, or where the kernel stops short of 16 rows, the
-    Triton GEMM."""
+    takes 16 rows sends it larger batches too, up to that many rows (at most 128: 16-row
+    chunks of one launch); past it, or where the kernel stops short of 16 rows, the Triton
+    GEMM."""
     calls = []
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
-
-    def cuda(x2, *a, out=None, **k):
-        calls.append(("cuda", x2.shape[0]))
-        rows = x2[:, :1].expand(-1, 256)  # each output row names its input row
-        if out is None:
-            return rows.clone()
-        out.copy_(rows)
-        return out
-
-    monkeypatch.setattr(layout.swapab_mma, "swapab_mma", cuda)
+    monkeypatch.setattr(layout.swapab_mma, "swapab_mma",
+                        lambda x2, *a, **k: calls.append(("cuda", x2.shape[0])) or "cuda")
     monkeypatch.setattr(layout.swapab, "w4a16_swapab",
                         lambda x2, *a, **k: calls.append(("triton", x2.shape[0])) or "triton")
     q = torch.zeros(64, 256, dtype=torch.int16)  # K 256, N 256: a small layer
     s = torch.ones(2, 256, dtype=torch.bfloat16)
 
-    def run(m):
-        x = torch.arange(m, dtype=torch.bfloat16)[:, None].expand(m, 256).contiguous()
-        return layout._swapab_rows(x, q, s, s, 128, 4)
+    def run(*ms):
+        for m in ms:
+            layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 4)
 
     monkeypatch.setenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", "64")
     run(40)  # the CUDA kernel stops at 8 rows here: the chunks need it at 16
-    assert calls == [("triton", 40)]
-    calls.clear()
     monkeypatch.setenv("OCTAVO_CUDA_KERNELS_SMALL_MAX_M", "16")
-    out = run(40)
-    assert calls == [("cuda", 16), ("cuda", 16), ("cuda", 8)]
-    assert out.shape == (40, 256) and torch.equal(out[:, 0], torch.arange(40.0).bfloat16())
-    calls.clear()
-    run(16), run(64), run(65)
-    assert calls == [("cuda", 16)] + [("cuda", 16)] * 4 + [("triton", 65)]
-    calls.clear()
+    run(16, 40, 64, 65)
+    monkeypatch.setenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", "1000")  # capped at 128
+    run(128)
+    monkeypatch.setenv("OCTAVO_INT_SWAPAB_MAX_M", "256")  # the Triton GEMM past the cap
+    run(129)
     monkeypatch.delenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M")
     run(17)
-    assert calls == [("triton", 17)]
+    assert calls == [("triton", 40), ("cuda", 16), ("cuda", 40), ("cuda", 64), ("triton", 65),
+                     ("cuda", 128), ("triton", 129), ("triton", 17)]
 
 
 def test_env_overrides_the_size_rule_not_the_shape(hopper, monkeypatch):

@@ -16,7 +16,7 @@
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 python -c "import torch; from octavo.kernels import swapab_mma as s; d=torch.device('cuda'); print('CTA shared limit', getattr(torch.cuda.get_device_properties(d), 'shared_memory_per_block_optin', None), s._shared_limit(d), 'staged warps m1 p3', s.staged_warps(1, 4, 4, 3, 8, s._shared_limit(d)))"
 # Session 50's GPU-only test written after its device time: no race-kernel compile after the profile.
-TAILN=4 item t_profile python -m pytest -m gpu -q -rf tests/test_sampler_profile.py tests/quantization/test_int_weight_layout.py tests/kernels/test_swapab_mma.py -k "sampler or no_draw or 16_row_launches or writes_into_rows"
+TAILN=4 item t_profile python -m pytest -m gpu -q -rf tests/test_sampler_profile.py tests/quantization/test_int_weight_layout.py tests/kernels/test_swapab_mma.py -k "sampler or no_draw or 16_row_launches or writes_into_rows or past_16_rows or matches_the_float64 or split_and_cta"
 TAILN=6 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
 TAILN=9 item w1_pen python benchmarks/throughput.py --workload W1 --penalties --json-out /tmp/res/w1_pen.json
 TAILN=9 item w1_lp python benchmarks/throughput.py --workload W1 --logprobs 5 --json-out /tmp/res/w1_lp.json

@@ -91,7 +91,9 @@ template <typename T, typename S, int BITS, int MT, int STEPS, int STAGES>
 __device__ __forceinline__ void swapab_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const unsigned short* __restrict__ s,
     const unsigned short* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
-    int* __restrict__ cnt, int M, int N, int K, int stride_x, int k_per_warp, int group) {
+    int* __restrict__ cnt, int M, int M_all, int N, int K, int stride_x, int k_per_warp,
+    int group) {
+  // M: this CTA's rows (at most 16); M_all: the output's (the split partials' row count).
   constexpr int CHUNK = 32 * STEPS;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -337,14 +339,14 @@ __device__ __forceinline__ void swapab_mma(
     if (splits == 1)
       out[o] = Type<T>::from_float(a);
     else
-      part[(size_t)blockIdx.y * M * N + o] = a;
+      part[(size_t)blockIdx.y * M_all * N + o] = a;
   });
   if (splits == 1) return;
   // Split over CTAs: the CTA that takes the tile's last ticket adds the partials in split
   // order (deterministic), writes the output and leaves the counter zeroed for the next call.
   if (!octavo::last_ticket(cnt + tile, splits, lane)) return;
   each_output([&](float, size_t o) {
-    const float total = octavo::split_sum(part, splits, (size_t)M * N, o);
+    const float total = octavo::split_sum(part, splits, (size_t)M_all * N, o);
     out[o] = Type<T>::from_float(total);
   });
   octavo::release_tile(cnt + tile, lane);
@@ -352,12 +354,17 @@ __device__ __forceinline__ void swapab_mma(
 
 }  // namespace
 
+// Grid (tiles, K splits, row chunks): chunk z takes rows 16 z .. 16 z + 15 of a batch of up
+// to 16 gridDim.z rows (one chunk: the whole batch, M <= 16), its outputs, partials and
+// tickets its own; its weights come from L2 where another chunk's CTAs read them first.
 #define OCTAVO_SWAPAB_MMA(NAME, T, S, BITS, MT, STEPS, STAGES)                             \
   extern "C" __global__ void __launch_bounds__(256) NAME(                                     \
       const T* x, const uint4* w, const unsigned short* s, const unsigned short* z, T* out,   \
       float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_warp, int group) {  \
-    swapab_mma<T, S, BITS, MT, STEPS, STAGES>(x, w, s, z, out, part, cnt, M, N, K, stride_x, \
-                                              k_per_warp, group);                             \
+    const int m0 = blockIdx.z * 16;                                                           \
+    swapab_mma<T, S, BITS, MT, STEPS, STAGES>(                                                \
+        x + (size_t)m0 * stride_x, w, s, z, out + (size_t)m0 * N, part + (size_t)m0 * N,     \
+        cnt + blockIdx.z * gridDim.x, min(M - m0, 16), M, N, K, stride_x, k_per_warp, group); \
   }
 
 // swapab_mma_{activations}_{scales}_w{bits}_m{8,16}_s{steps}[_p{stages}]: without _p the
