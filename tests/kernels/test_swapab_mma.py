@@ -652,7 +652,10 @@ def test_batches_past_16_rows_in_chunks_of_one_launch_gpu(m, per_sm):
     for i in range(0, m, 16):
         one = swapab_mma.swapab_mma(x[i:i + 16], qw, s, z, 128, 4, warps_per_sm=per_sm,
                                     stages=0)
-        assert torch.equal(out[i:i + 16], one), i
+        if i + 16 <= m:  # the same 16-row kernel: the same sums
+            assert torch.equal(out[i:i + 16], one), i
+        else:  # a short last chunk: the 16-row kernel here, the 8-row one alone
+            assert _rel(out[i:], one) < 1e-3, i
     from octavo.kernels import split_k
 
     torch.cuda.synchronize()
