@@ -106,21 +106,31 @@ def test_8_bit_weights_take_the_size_rule_on_request(hopper, monkeypatch):
     assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K
 
 
-def test_cuda_kernel_rows_capped_by_env(monkeypatch):
-    """Batches above 8 rows (OCTAVO_CUDA_KERNELS_MAX_M) take the Triton swap-AB GEMM."""
+def _routed_rows(monkeypatch):
+    """A small 4-bit layer in the swap-AB layout (K 256, N 256: 4 columns per int16 row)
+    whose kernels only note which one a batch reached: (run(*batch sizes), calls)."""
     calls = []
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
     monkeypatch.setattr(layout.swapab_mma, "swapab_mma",
                         lambda x2, *a, **k: calls.append(("cuda", x2.shape[0])) or "cuda")
     monkeypatch.setattr(layout.swapab, "w4a16_swapab",
                         lambda x2, *a, **k: calls.append(("triton", x2.shape[0])) or "triton")
-    q = torch.zeros(64, 256, dtype=torch.int16)  # K 256, N 256 (4-bit: 4 columns per row)
+    q = torch.zeros(64, 256, dtype=torch.int16)
     s = torch.ones(2, 256, dtype=torch.bfloat16)
-    for m in (1, 8, 9, 16):
-        layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 4)
+
+    def run(*ms):
+        for m in ms:
+            layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 4)
+
+    return run, calls
+
+
+def test_cuda_kernel_rows_capped_by_env(monkeypatch):
+    """Batches above 8 rows (OCTAVO_CUDA_KERNELS_MAX_M) take the Triton swap-AB GEMM."""
+    run, calls = _routed_rows(monkeypatch)
+    run(1, 8, 9, 16)
     monkeypatch.setenv("OCTAVO_CUDA_KERNELS_MAX_M", "16")
-    for m in (1, 8, 9, 16):
-        layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 4)
+    run(1, 8, 9, 16)
     assert calls == [("cuda", 1), ("cuda", 8), ("triton", 9), ("triton", 16),
                      ("cuda", 1), ("cuda", 8), ("cuda", 9), ("cuda", 16)]
 
@@ -130,19 +140,7 @@ def test_small_layers_can_run_the_cuda_kernel_in_16_row_chunks(monkeypatch):
     takes 16 rows sends it larger batches too, up to that many rows (at most 128: 16-row
     chunks of one launch); past it, or where the kernel stops short of 16 rows, the Triton
     GEMM."""
-    calls = []
-    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
-    monkeypatch.setattr(layout.swapab_mma, "swapab_mma",
-                        lambda x2, *a, **k: calls.append(("cuda", x2.shape[0])) or "cuda")
-    monkeypatch.setattr(layout.swapab, "w4a16_swapab",
-                        lambda x2, *a, **k: calls.append(("triton", x2.shape[0])) or "triton")
-    q = torch.zeros(64, 256, dtype=torch.int16)  # K 256, N 256: a small layer
-    s = torch.ones(2, 256, dtype=torch.bfloat16)
-
-    def run(*ms):
-        for m in ms:
-            layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 4)
-
+    run, calls = _routed_rows(monkeypatch)
     monkeypatch.setenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", "64")
     run(40)  # the CUDA kernel stops at 8 rows here: the chunks need it at 16
     monkeypatch.setenv("OCTAVO_CUDA_KERNELS_SMALL_MAX_M", "16")
