@@ -216,10 +216,16 @@ __device__ __forceinline__ void dense_mma(
   // Split over CTAs: the CTA that takes the tile's last ticket adds the partials in split
   // order (deterministic), writes the output and leaves the counter zeroed for the next call.
   if (!octavo::last_ticket(cnt + tile, splits, lane)) return;
-  each_output([&](float, int n, size_t o) {
-    const float total = octavo::split_sum(part, splits, (size_t)M * N, o);
-    store(total, n, o);
-  });
+  // The accumulators become the sums of the partials in split order (deterministic), read
+  // from L2 where the other SMs wrote them (.cg: not a stale L1 line): each split's partials
+  // of all the lane's outputs at once, one L2 round trip a split; an output at a time cost
+  // one round trip an output (in the one warp that adds them).
+  each_output([&](float& a, int, size_t) { a = 0.f; });
+  for (int sp = 0; sp < splits; ++sp) {
+    const float* ps = part + (size_t)sp * M * N;
+    each_output([&](float& a, int, size_t o) { a += __ldcg(ps + o); });
+  }
+  each_output([&](float& a, int n, size_t o) { store(a, n, o); });
   octavo::release_tile(cnt + tile, lane);
 }
 

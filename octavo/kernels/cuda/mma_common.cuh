@@ -143,14 +143,6 @@ __device__ __forceinline__ void each_row(int t, int M, F&& fn) {
   }
 }
 
-// Output o's partials [splits][size] added in split order (deterministic), read from L2 where
-// the other SMs wrote them (.cg: not a stale L1 line).
-__device__ __forceinline__ float split_sum(const float* part, int splits, size_t size, size_t o) {
-  float total = 0.f;
-  for (int sp = 0; sp < splits; ++sp) total += __ldcg(part + (size_t)sp * size + o);
-  return total;
-}
-
 // Split over CTAs, called by the warp that stored this CTA's partials: whether it took the
 // tile's last ticket (then it adds the partials in split order, deterministic, writes the
 // output and calls release_tile). The warp's barrier orders its partial stores before lane
