@@ -1,4 +1,4 @@
-# The next session's first device call (copy to .snap/, carry [".snap"]). About 6-7 minutes.
+# The next session's first device calls (copy to .snap/, carry [".snap"]). About 12-15 minutes in all: run it as two calls (item() skips what the first call's budget no longer fits; start the second from there). The tests come first: session 50 changed the CUDA kernels' split-tile epilogue and added the chunked grid after its device time.
 # 1. The one 240-320 ms decode step left in W1 with penalties or logprobs (session 50): the
 #    slowest steps now print their index and schedule / execute / output split.
 # 2. Whether qkv / o can take the swap-AB layout without losing batches of 17-128 rows:
