@@ -203,13 +203,19 @@ __device__ __forceinline__ void dense_mma(
       }
     });
   };
-  auto store = [&](float a, int n, size_t o) {
-    if (scale) a *= scale[n] * Wt::kOutScale;
-    out[o] = Ops::from_float(bias ? a + Ops::to_float(bias[n]) : a);
+  // The epilogue in two passes: every output's scale and bias first (their loads all in
+  // flight at once), then the stores. One pass loaded, computed and stored an output at a
+  // time: a store may alias the next output's scale or bias as far as the compiler knows,
+  // so each output waited for its loads (SASS: LDG LDG FMUL FADD STG, output by output).
+  // (The scale and bias tests outside the passes: a branch per output kept them apart too.)
+  auto store = [&]() {
+    if (scale) each_output([&](float& a, int n, size_t) { a *= scale[n] * Wt::kOutScale; });
+    if (bias) each_output([&](float& a, int n, size_t) { a += Ops::to_float(bias[n]); });
+    each_output([&](float& a, int, size_t o) { out[o] = Ops::from_float(a); });
   };
   const int splits = gridDim.y;
   if (splits == 1) {
-    each_output(store);
+    store();
     return;
   }
   each_output([&](float a, int, size_t o) { part[(size_t)blockIdx.y * M * N + o] = a; });
@@ -225,7 +231,7 @@ __device__ __forceinline__ void dense_mma(
     const float* ps = part + (size_t)sp * M * N;
     each_output([&](float& a, int, size_t o) { a += __ldcg(ps + o); });
   }
-  each_output([&](float& a, int n, size_t o) { store(a, n, o); });
+  store();
   octavo::release_tile(cnt + tile, lane);
 }
 
