@@ -13,18 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from octavo import envs
 from octavo.attention.backend import AttentionMetadata
 from octavo.attention.layer import ForwardContext
 from octavo.attention.registry import select_backend
 from octavo.config import EngineConfig
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from octavo.kernels.triton_available import HAS_TRITON
 from octavo.model_loader.loader import TORCH_DTYPES, load_model
 from octavo.sample.grammar_mask import GrammarMask
 from octavo.sample.logits_processors import (
     BadWordIndex,
-    RowCache,
     RowContext,
     needs_processing,
 )
@@ -39,6 +36,7 @@ from octavo.worker.cuda_graphs import CudaGraphRunner
 from octavo.worker.input_buffers import InputBuffers
 from octavo.worker.kv_cache import allocate_kv_caches, kv_bytes_per_block
 from octavo.worker.request_state import CachedRequestState
+from octavo.worker.sampler_profile import sample_worst_case
 from octavo.worker.step_handle import PendingSample, StepHandle
 
 logger = logging.getLogger(__name__)
@@ -171,45 +169,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def profile_sampler(self, logits: torch.Tensor) -> None:
-        """Sample ``logits`` [rows, V] as the costliest batch could ask: every row with
-        penalties (a penalty row each, in a pool of its own, freed after), top-k, top-p,
-        min-p and the most logprobs allowed. Run inside ``profile_peak_memory``, so that the
-        sampler's temporaries (the float32 copy, the sort of top-p, log-softmax) and the
-        penalty rows count in the peak the KV cache is sized after: a full batch of hostile
-        requests then finds its memory. On CUDA it also compiles the penalties kernel
-        before the first request needs it."""
-        from octavo.sampling_params import SamplingParams
-
-        rows, vocab = logits.shape
-        most = self.config.model_config.max_logprobs
-        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.01,
-                                repetition_penalty=1.1, frequency_penalty=0.1,
-                                presence_penalty=0.1)
-        prompt = list(range(min(vocab, 8)))
-        contexts = [RowContext.over(r, params, prompt + [r % vocab], len(prompt),
-                                    cache=RowCache()) for r in range(rows)]
-        dev = logits.device
-        full = torch.ones(rows, dtype=torch.float32, device=dev)
-        meta = SamplingMetadata(
-            False, full, torch.full((rows,), 50, dtype=torch.long, device=dev), full * 0.9,
-            full * 0.01, {}, vocab if most == -1 else most, contexts,
-            torch.Generator(device=dev).manual_seed(0),  # the engine's stream untouched
-            penalties=PenaltyRows(rows))
-        self.sampler(logits, meta)
-        if logits.is_cuda and HAS_TRITON and envs.sample_kernel():
-            # The one-pass draw's variants a run can reach (Triton specializes on whether the
-            # vocabulary is split over programs: small batches are, full ones may not be; on
-            # the logits as computed and on float32 processed ones; with and without rows
-            # of their own seed), compiled now, not as a stall of the step that first needs
-            # one (~0.2-0.3 s each on an H100).
-            from octavo.kernels.sample_race import race_sample
-
-            base = torch.zeros(1, dtype=torch.int64, device=dev)
-            seeds = torch.zeros(rows, dtype=torch.int64, device=dev)
-            for x in (logits, logits.float()):
-                for b in sorted({1, rows}):
-                    race_sample(x[:b], full[:b], base)
-                    race_sample(x[:b], full[:b], base, seeds[:b])
+        """The sampler's worst case on ``logits``, inside the KV cache's memory profile
+        (``octavo.worker.sampler_profile``)."""
+        sample_worst_case(self.sampler, logits, self.config.model_config.max_logprobs)
 
     def capture_cuda_graphs(self) -> None:
         cfg = self.config
