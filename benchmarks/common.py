@@ -306,3 +306,49 @@ class TritonCompiles:
             from triton import knobs
 
             knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = self._saved
+
+
+class StackSampler:
+    """The calling thread's Python stack every ``interval`` seconds while entered (a daemon
+    thread reads ``sys._current_frames()``): where the host was during a slow step, waiting
+    on the device (a synchronize, a copy to the host) or in its own work. ``during(t0, t1)``
+    gives the samples' stacks in that ``time.perf_counter()`` window, most frequent first."""
+
+    def __init__(self, interval: float = 0.002, depth: int = 10) -> None:
+        self.interval, self.depth = interval, depth
+        self.samples: list[tuple[float, tuple[str, ...]]] = []
+        self._stop = None
+        self._thread = None
+
+    def __enter__(self) -> StackSampler:
+        import threading
+
+        target = threading.get_ident()
+        self._stop = threading.Event()
+
+        def run() -> None:
+            while not self._stop.wait(self.interval):
+                frame = sys._current_frames().get(target)
+                stack = []
+                while frame is not None and len(stack) < self.depth:
+                    code = frame.f_code
+                    stack.append(f"{os.path.basename(code.co_filename)}:{frame.f_lineno} "
+                                 f"{code.co_name}")
+                    frame = frame.f_back
+                self.samples.append((time.perf_counter(), tuple(stack)))
+
+        self._thread = threading.Thread(target=run, daemon=True, name="stack-sampler")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def during(self, t0: float, t1: float, top: int = 3) -> list[dict]:
+        counts: dict[tuple[str, ...], int] = {}
+        for t, stack in self.samples:
+            if t0 <= t <= t1:
+                counts[stack] = counts.get(stack, 0) + 1
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+        return [{"samples": n, "stack": list(stack)} for stack, n in ranked]

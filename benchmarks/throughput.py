@@ -54,7 +54,9 @@ def sampling_extras(args) -> dict:
 
 
 def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> dict:
-    from benchmarks.common import TritonCompiles, timed_generate
+    import contextlib
+
+    from benchmarks.common import StackSampler, TritonCompiles, timed_generate
     from octavo import LLM, SamplingParams
 
     llm = LLM(**engine_kwargs(folder, args), distributed_executor_backend=backend)
@@ -71,7 +73,8 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
         llm.reset_prefix_cache()
         engine.timings.trace = []
         engine.timings.reset()
-        with TritonCompiles() as compiles:
+        stacks = StackSampler() if args.stall_stacks else None
+        with TritonCompiles() as compiles, stacks or contextlib.nullcontext():
             wall, outs = timed_generate(llm, [{"prompt_token_ids": p} for p in prompts],
                                         params)
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -84,6 +87,8 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
                          cfg.scheduler_config.max_model_len, cfg.cache_config.block_size),
                      # Triton compiles inside the timed run (each a stall of its step)
                      "triton_compiles": compiles.events})
+        if stacks is not None:  # the host's stacks through the slowest steps
+            runs[-1]["slow_step_stacks"] = slow_step_stacks(tm.trace, stacks)
     first = runs[0]
     engine.shutdown()
     return {"engine": "octavo" if backend == "uni" else f"octavo ({backend} executor)",
@@ -128,6 +133,15 @@ def step_breakdown(trace) -> dict:
                            "execute_ms": round(1e3 * trace[i].execute_s, 2),
                            "output_ms": round(1e3 * trace[i].output_s, 2)} for i in slow],
     }
+
+
+def slow_step_stacks(trace, stacks, count: int = 3) -> list[dict]:
+    """The sampled host stacks (``benchmarks.common.StackSampler``) inside the ``count``
+    slowest steps, most frequent first."""
+    slow = sorted(range(len(trace)), key=lambda i: -trace[i].wall_s)[:count]
+    return [{"step": i, "ms": round(1e3 * trace[i].wall_s, 2),
+             "stacks": stacks.during(trace[i].start_s, trace[i].start_s + trace[i].wall_s)}
+            for i in slow]
 
 
 DECODE_BUCKETS = (1, 17, 33, 65, 129, 193, 257)  # lower bounds: batches 1-16, 17-32, ...
@@ -192,6 +206,9 @@ def main() -> None:
                     help="every request with frequency 0.5, presence 0.3, repetition 1.1")
     ap.add_argument("--logprobs", type=int, default=None, metavar="K",
                     help="every request asks for its tokens' logprobs and the top K")
+    ap.add_argument("--stall-stacks", action="store_true",
+                    help="sample the host's Python stack every 2 ms through the timed run and "
+                         "print the most frequent stacks inside the three slowest steps")
     ap.add_argument("--shape", default=None, choices=sorted(SHAPES),
                     help="the workload's requests on another model shape (e.g. qwen3-30b-a3b)")
     args = ap.parse_args()
@@ -223,6 +240,10 @@ def main() -> None:
     print("step breakdown:", json.dumps(octavo["step_breakdown"]))
     for ev in octavo["triton_compiles"]:
         print(f"Triton compile in the timed run: {ev['kernel']} {ev['seconds']} s {ev['key']}")
+    for slow in octavo.get("slow_step_stacks", []):
+        print(f"host stacks in step {slow['step']} ({slow['ms']} ms):")
+        for st in slow["stacks"]:
+            print(f"  {st['samples']} samples: " + " <- ".join(st["stack"]))
     w5 = octavo["w5_kv_utilization"]
     if w5:
         print(f"W5 KV utilization: paged {w5['paged_time_avg']:.1%} time-averaged "

@@ -419,7 +419,7 @@ class LLMEngine:
                 sched.total_num_scheduled_tokens, t3 - t0,
                 sum(r.num_computed_tokens for r in running),
                 self.scheduler.kv.pool.num_used_blocks, t1 - t0, t2 - t1 + wait,
-                t3 - t2 - wait))
+                t3 - t2 - wait, t0))
         self.last_stats = StepStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),

@@ -93,18 +93,17 @@ def cuda_kernels_max_m(default: int) -> int:
 
 def cuda_kernels_small_max_m(default: int) -> int:
     """OCTAVO_CUDA_KERNELS_SMALL_MAX_M: the largest batch (1-16) the CUDA integer kernel runs
-    for a small layer (K * N under the swap-AB size rule's threshold, as qkv and o of
-    Llama-8B) in the swap-AB layout; default that of every layer."""
+    for a small layer (K * N under int_weight_layout.SMALL_WEIGHTS, as qkv and o of
+    Llama-8B) in the swap-AB layout; default 16 (one CTA's rows)."""
     return _batch_size("OCTAVO_CUDA_KERNELS_SMALL_MAX_M", default)
 
 
-def swapab_cuda_chunked_max_m() -> int:
-    """OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M (default 0, off; at most 128): a small layer in the
+def swapab_cuda_chunked_max_m(default: int) -> int:
+    """OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M (at most 128; 0 turns it off): a small layer in the
     swap-AB layout (qkv, o) runs batches past the CUDA integer kernel's 16 rows, up to this
     many, through that kernel in 16-row chunks of one launch (its weights from L2 after the
-    first chunk) instead of the Triton swap-AB GEMM, which lost to the along-K layout's
-    kernels there (octavo/kernels/int_weight_layout.py)."""
-    return _int("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", 0, "rows")
+    first chunk) instead of the Triton swap-AB GEMM (octavo/kernels/int_weight_layout.py)."""
+    return _int("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", default, "rows")
 
 
 def int_weight_layout() -> str:

@@ -36,6 +36,14 @@ batch 1 in the engine 6.7 ms against 3.9).
   those layers stay along K;
   ``OCTAVO_INT_WEIGHT_LAYOUT=rows`` forces rows wherever the GEMV runs.
 
+Since session 51 the small 4-bit projections of at least ``SWAPAB_MIN_WEIGHTS`` values (Llama-8B's
+qkv and o) take the swap-AB layout too where the CUDA kernel runs, with that kernel to 16 rows
+and in 16-row chunks of one launch to ``CHUNKED_MAX_M``; past 16 rows the Triton swap-AB GEMM
+aims at two programs per SM. Llama-3.1-8B W4A16 on an H100 (session 51, ms per token at batch
+1 / 16 / 32 / 64 / 128, one call): the size rule alone 2.625 / 4.137 / 5.372 / 7.504 / 10.693;
+every layer swap-AB with the CUDA kernel to 16 rows on qkv / o 2.516 / 3.870 / 6.198 / 8.386 /
+11.064, and with the chunks to 128 rows 2.520 / 3.892 / 4.980 / 7.476 / 11.174.
+
 On the swap-AB layout, batches of 1-8 rows run the CUDA kernel of ``swapab_mma`` where it is
 built (nvcc, an NVIDIA GPU; ``OCTAVO_CUDA_KERNELS=0`` turns it off). Llama-3.1-8B W4A16 on an
 H200 (session 19, ms per token at batch 1 / 16 / 64): Triton only 3.012 / 3.911 / 7.098;
@@ -58,7 +66,11 @@ from octavo.kernels import w4a16_swapab as swapab
 ALONG_K = "along_k"
 SWAPAB = "swapab"
 ROWS = "rows"
-SWAPAB_MIN_WEIGHTS = 1 << 25  # K * N; Llama-8B's gate_up (117M) and down (59M), not qkv / o
+SWAPAB_MIN_WEIGHTS = 1 << 24  # K * N; every Llama-8B projection (o: 4096 x 4096 = 2**24)
+SMALL_WEIGHTS = 1 << 25  # K * N under it: a "small" layer (Llama-8B's qkv 25M and o 17M)
+# A small layer's batches past the CUDA kernel's one CTA (16 rows), up to this many, run
+# that kernel in 16-row chunks of one launch (OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M).
+CHUNKED_MAX_M = 64
 SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout (OCTAVO_INT_SWAPAB_8BIT: +8)
 SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 
@@ -81,8 +93,11 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
         return ALONG_K if mode == ROWS else mode
     hopper = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
     bits_ok = bits == SWAPAB_BITS or (bits == 8 and envs.int_swapab_8bit())
-    large = k * n >= SWAPAB_MIN_WEIGHTS and bits_ok
-    return SWAPAB if hopper and large else ALONG_K
+    # A small layer gains from the layout only through the CUDA kernel (at one row the
+    # Triton swap-AB GEMM lost to the GEMV: qkv 15.3 against 11.1 us on an H200).
+    large = k * n >= SMALL_WEIGHTS or (k * n >= SWAPAB_MIN_WEIGHTS
+                                       and swapab_mma.available(device))
+    return SWAPAB if hopper and large and bits_ok else ALONG_K
 
 
 def pack(q: torch.Tensor, bits: int, layout: str) -> torch.Tensor:
@@ -111,9 +126,9 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     n = qweight.shape[0] * (16 // bits)
     most = swapab_mma.max_rows()
     chunked = 0
-    if k * n < SWAPAB_MIN_WEIGHTS:  # a small layer (in this layout by OCTAVO_INT_WEIGHT_LAYOUT)
-        most = min(swapab_mma.MAX_M, envs.cuda_kernels_small_max_m(most))
-        chunked = min(envs.swapab_cuda_chunked_max_m(), swapab_mma.MAX_ROWS) \
+    if k * n < SMALL_WEIGHTS:  # a small layer: the CUDA kernel to 16 rows, then in chunks
+        most = min(swapab_mma.MAX_M, envs.cuda_kernels_small_max_m(swapab_mma.MAX_M))
+        chunked = min(envs.swapab_cuda_chunked_max_m(CHUNKED_MAX_M), swapab_mma.MAX_ROWS) \
             if most == swapab_mma.MAX_M else 0
     rows = min(m, swapab_mma.MAX_M)
     if (m <= most or m <= chunked) and swapab_mma.available(x2.device) and \
@@ -128,7 +143,13 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # Batch tiles of 8 (130 registers, 1.8 SASS instructions per weight against 200 and
         # 2.1) measured slower at one row: gate_up 34.7 vs 30.4 us, down 23.5 vs 22.3, and
         # the engine's batch 1 3.62 vs 3.17 ms.
-        tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {}
+        # Past 16 rows two programs per SM (the K split's aim) against four: measured on an
+        # H100 (session 51, quantized_gemm.py --sweep --paths swapab, us at 32 / 64 / 128
+        # rows, waves 4 -> 2) qkv 34.7 -> 23.4 / 35.9 -> 26.8 / 42.2 -> 38.8, o 22.4 -> 22.6
+        # / 32.4 -> 21.6 / 34.4 -> 26.6, gate_up 51.6 -> 41.5 / 72.7 -> 54.9 / 106.7 -> 105.0,
+        # down 31.2 -> 31.0 / 52.0 -> 39.4 / 69.3 -> 60.1 (the best tile of the sweep or
+        # within 2% of it everywhere but qkv at 32 rows, 22.1).
+        tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {"waves": 2}
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
     return x2 @ swapab.dequantize_swapab(qweight, scales, zeros, group_size, bits, x2.dtype)
 

@@ -18,6 +18,7 @@ class StepTrace:
     schedule_s: float = 0.0
     execute_s: float = 0.0  # the runner, the wait for the device included
     output_s: float = 0.0
+    start_s: float = 0.0  # time.perf_counter() at the step's start
 
 
 @dataclass

@@ -77,17 +77,24 @@ def test_choice_by_device_size_and_shape(hopper, monkeypatch):
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.ALONG_K
 
 
-def test_the_size_rule_stands_where_the_cuda_kernel_runs(hopper, monkeypatch):
-    """The CUDA kernel runs the swap-AB layers' small batches; it does not move qkv / o out
-    of the GEMV's layout (every layer in the swap-AB layout lost from 16 rows up)."""
+def test_small_4_bit_layers_take_the_swapab_layout_where_the_cuda_kernel_runs(hopper,
+                                                                             monkeypatch):
+    """Where the CUDA kernel runs, 4-bit layers from 2**24 weights (Llama-8B's qkv and o) take
+    the swap-AB layout too (session 51: the kernel to 16 rows, then in chunks); smaller ones
+    and 8-bit layers keep theirs."""
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
-    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # qkv
+    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB  # qkv
+    assert layout.choose(4096, 4096, 128, 4, cuda) == layout.SWAPAB  # o: 2**24
+    assert layout.choose(4096, 4096 - 256, 128, 4, cuda) == layout.ALONG_K
+    assert layout.choose(1024, 4096, 128, 4, cuda) == layout.ALONG_K  # Qwen3-0.6B's qkv
     assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ALONG_K  # 8-bit g128
     assert layout.choose(4096, 4096, 4096, 8, cuda) == layout.ROWS  # 8-bit per channel
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB  # gate_up
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: False)
+    assert layout.choose(4096, 4096, 128, 4, cuda) == layout.ALONG_K
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
-    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB
+    assert layout.choose(4096, 4096, 128, 4, cuda) == layout.SWAPAB
 
 
 def test_8_bit_weights_take_the_size_rule_on_request(hopper, monkeypatch):
@@ -126,33 +133,48 @@ def _routed_rows(monkeypatch):
 
 
 def test_cuda_kernel_rows_capped_by_env(monkeypatch):
-    """Batches above 8 rows (OCTAVO_CUDA_KERNELS_MAX_M) take the Triton swap-AB GEMM."""
+    """A large layer: batches above 8 rows (OCTAVO_CUDA_KERNELS_MAX_M) take the Triton swap-AB
+    GEMM, and no chunks."""
+    monkeypatch.setattr(layout, "SMALL_WEIGHTS", 1)  # the test's layer counts as large
     run, calls = _routed_rows(monkeypatch)
-    run(1, 8, 9, 16)
+    run(1, 8, 9, 16, 40)
     monkeypatch.setenv("OCTAVO_CUDA_KERNELS_MAX_M", "16")
-    run(1, 8, 9, 16)
-    assert calls == [("cuda", 1), ("cuda", 8), ("triton", 9), ("triton", 16),
-                     ("cuda", 1), ("cuda", 8), ("cuda", 9), ("cuda", 16)]
+    run(1, 8, 9, 16, 40)
+    assert calls == [("cuda", 1), ("cuda", 8), ("triton", 9), ("triton", 16), ("triton", 40),
+                     ("cuda", 1), ("cuda", 8), ("cuda", 9), ("cuda", 16), ("triton", 40)]
 
 
-def test_small_layers_can_run_the_cuda_kernel_in_16_row_chunks(monkeypatch):
-    """OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M: a small layer in the swap-AB layout whose CUDA kernel
-    takes 16 rows sends it larger batches too, up to that many rows (at most 128: 16-row
-    chunks of one launch); past it, or where the kernel stops short of 16 rows, the Triton
-    GEMM."""
+def test_small_layers_run_the_cuda_kernel_in_16_row_chunks(monkeypatch):
+    """A small layer in the swap-AB layout runs the CUDA kernel to 16 rows, then in 16-row
+    chunks of one launch up to 64 rows (OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M, at most 128); past
+    it, or where OCTAVO_CUDA_KERNELS_SMALL_MAX_M stops the kernel short of 16 rows, the
+    Triton GEMM."""
     run, calls = _routed_rows(monkeypatch)
-    monkeypatch.setenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", "64")
-    run(40)  # the CUDA kernel stops at 8 rows here: the chunks need it at 16
-    monkeypatch.setenv("OCTAVO_CUDA_KERNELS_SMALL_MAX_M", "16")
-    run(16, 40, 64, 65)
+    run(1, 16, 17, 40, 64, 65)
+    monkeypatch.setenv("OCTAVO_CUDA_KERNELS_SMALL_MAX_M", "8")  # no chunks then
+    run(8, 9, 40)
+    monkeypatch.delenv("OCTAVO_CUDA_KERNELS_SMALL_MAX_M")
     monkeypatch.setenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", "1000")  # capped at 128
     run(128)
     monkeypatch.setenv("OCTAVO_INT_SWAPAB_MAX_M", "256")  # the Triton GEMM past the cap
     run(129)
-    monkeypatch.delenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M")
+    monkeypatch.setenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", "0")
     run(17)
-    assert calls == [("triton", 40), ("cuda", 16), ("cuda", 40), ("cuda", 64), ("triton", 65),
+    assert calls == [("cuda", 1), ("cuda", 16), ("cuda", 17), ("cuda", 40), ("cuda", 64),
+                     ("triton", 65), ("cuda", 8), ("triton", 9), ("triton", 40),
                      ("cuda", 128), ("triton", 129), ("triton", 17)]
+
+
+def test_triton_swapab_tiles_by_batch(monkeypatch):
+    """Up to 16 rows 16-row tiles at eight programs' worth per SM; past 16, two."""
+    tiles = []
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: False)
+    monkeypatch.setattr(layout.swapab, "w4a16_swapab", lambda x2, *a, **k: tiles.append(k))
+    q = torch.zeros(64, 256, dtype=torch.int16)
+    s = torch.ones(2, 256, dtype=torch.bfloat16)
+    for m in (1, 16, 17, 128):
+        layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 4)
+    assert tiles == [{"block_r": 16, "waves": 8}] * 2 + [{"waves": 2}] * 2
 
 
 def test_env_overrides_the_size_rule_not_the_shape(hopper, monkeypatch):
@@ -226,10 +248,8 @@ def test_real_shape_every_batch_size_gpu(m, bits):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [17, 40, 64, 65])
 def test_small_layer_in_16_row_launches_gpu(m, monkeypatch):
-    """OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M=64 with the kernel at 16 rows on small layers: qkv's
+    """The default chunks (to 64 rows) with the kernel at 16 rows on small layers: qkv's
     shape in the swap-AB layout, against the reference, past and within the chunked rows."""
-    monkeypatch.setenv("OCTAVO_CUDA_KERNELS_SMALL_MAX_M", "16")
-    monkeypatch.setenv("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", "64")
     k, n, group = 4096, 6144, 128
     q, scales, zeros = _weights(k, n, group, 4, device=torch.device("cuda"))
     scales, zeros = scales.bfloat16(), zeros.bfloat16()
