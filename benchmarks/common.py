@@ -312,11 +312,14 @@ class StackSampler:
     """The calling thread's Python stack every ``interval`` seconds while entered (a daemon
     thread reads ``sys._current_frames()``): where the host was during a slow step, waiting
     on the device (a synchronize, a copy to the host) or in its own work. ``during(t0, t1)``
-    gives the samples' stacks in that ``time.perf_counter()`` window, most frequent first."""
+    gives the samples' stacks in that ``time.perf_counter()`` window, most frequent first.
+    Few samples in a long window mean the GIL was held throughout (a C call that keeps it,
+    or a garbage collection: ``gc_during`` lists those)."""
 
     def __init__(self, interval: float = 0.002, depth: int = 10) -> None:
         self.interval, self.depth = interval, depth
         self.samples: list[tuple[float, tuple[str, ...]]] = []
+        self.collections: list[tuple[float, float, int, int]] = []
         self._stop = None
         self._thread = None
 
@@ -339,11 +342,31 @@ class StackSampler:
 
         self._thread = threading.Thread(target=run, daemon=True, name="stack-sampler")
         self._thread.start()
+        import gc
+
+        gc.callbacks.append(self._on_gc)
         return self
 
+    def _on_gc(self, phase: str, info: dict) -> None:
+        # Collections hold the GIL: a long one starves the sampler, so they are timed here.
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif getattr(self, "_gc_start", None) is not None:
+            self.collections.append((self._gc_start, time.perf_counter(),
+                                     info.get("generation"), info.get("collected")))
+            self._gc_start = None
+
     def __exit__(self, *exc) -> None:
+        import gc
+
+        gc.callbacks.remove(self._on_gc)
         self._stop.set()
         self._thread.join()
+
+    def gc_during(self, t0: float, t1: float) -> list[dict]:
+        """The garbage collections that started in the window: generation, ms, collected."""
+        return [{"generation": g, "ms": round(1e3 * (b - a), 2), "collected": n}
+                for a, b, g, n in self.collections if t0 <= a <= t1]
 
     def during(self, t0: float, t1: float, top: int = 3) -> list[dict]:
         counts: dict[tuple[str, ...], int] = {}

@@ -74,6 +74,7 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
         engine.timings.trace = []
         engine.timings.reset()
         stacks = StackSampler() if args.stall_stacks else None
+        mem0 = device_memory_counters()
         with TritonCompiles() as compiles, stacks or contextlib.nullcontext():
             wall, outs = timed_generate(llm, [{"prompt_token_ids": p} for p in prompts],
                                         params)
@@ -86,7 +87,11 @@ def run_octavo(folder: str, prompts, max_tokens, args, backend: str = "uni") -> 
                      "w5_kv_utilization": tm.kv_utilization(
                          cfg.scheduler_config.max_model_len, cfg.cache_config.block_size),
                      # Triton compiles inside the timed run (each a stall of its step)
-                     "triton_compiles": compiles.events})
+                     "triton_compiles": compiles.events,
+                     # cudaMalloc / cudaFree calls, retries and pinned host allocations
+                     # inside the timed run (each may stall its step)
+                     "device_memory_events": {k: v - mem0.get(k, 0) for k, v in
+                                              device_memory_counters().items()}})
         if stacks is not None:  # the host's stacks through the slowest steps
             runs[-1]["slow_step_stacks"] = slow_step_stacks(tm.trace, stacks)
     first = runs[0]
@@ -135,13 +140,36 @@ def step_breakdown(trace) -> dict:
     }
 
 
+def device_memory_counters() -> dict:
+    """The CUDA caching allocators' event counters (device and pinned host) now; {} without
+    CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    out = {k: stats.get(k, 0) for k in ("num_alloc_retries", "num_device_alloc",
+                                        "num_device_free", "num_ooms")}
+    host = getattr(torch.cuda, "host_memory_stats", None)
+    if host is not None:
+        try:
+            h = host()
+            out.update({f"host_{k}": h.get(k, 0) for k in ("num_host_alloc", "num_host_free")})
+        except RuntimeError:
+            pass
+    return out
+
+
 def slow_step_stacks(trace, stacks, count: int = 3) -> list[dict]:
     """The sampled host stacks (``benchmarks.common.StackSampler``) inside the ``count``
     slowest steps, most frequent first."""
     slow = sorted(range(len(trace)), key=lambda i: -trace[i].wall_s)[:count]
-    return [{"step": i, "ms": round(1e3 * trace[i].wall_s, 2),
-             "stacks": stacks.during(trace[i].start_s, trace[i].start_s + trace[i].wall_s)}
-            for i in slow]
+    out = []
+    for i in slow:
+        t0, t1 = trace[i].start_s, trace[i].start_s + trace[i].wall_s
+        out.append({"step": i, "ms": round(1e3 * trace[i].wall_s, 2),
+                    "stacks": stacks.during(t0, t1), "gc": stacks.gc_during(t0, t1)})
+    return out
 
 
 DECODE_BUCKETS = (1, 17, 33, 65, 129, 193, 257)  # lower bounds: batches 1-16, 17-32, ...
@@ -238,10 +266,13 @@ def main() -> None:
           f"bound)")
     print("step profile:", json.dumps(octavo["step_profile"]))
     print("step breakdown:", json.dumps(octavo["step_breakdown"]))
+    if octavo.get("device_memory_events"):
+        print("allocator events in the timed run:", octavo["device_memory_events"])
     for ev in octavo["triton_compiles"]:
         print(f"Triton compile in the timed run: {ev['kernel']} {ev['seconds']} s {ev['key']}")
     for slow in octavo.get("slow_step_stacks", []):
-        print(f"host stacks in step {slow['step']} ({slow['ms']} ms):")
+        print(f"host stacks in step {slow['step']} ({slow['ms']} ms); garbage collections "
+              f"in it: {slow['gc']}")
         for st in slow["stacks"]:
             print(f"  {st['samples']} samples: " + " <- ".join(st["stack"]))
     w5 = octavo["w5_kv_utilization"]

@@ -35,3 +35,16 @@ def test_slow_step_stacks_name_the_stalling_function():
     # Nothing sampled outside the window counts in it.
     assert all("_busy" not in " ".join(s["stack"]) for s in slow[0]["stacks"])
     assert stacks.during(0.0, 1.0) == []
+
+
+def test_garbage_collections_inside_a_step_are_listed():
+    import gc
+
+    with StackSampler(interval=0.002) as stacks:
+        t0 = time.perf_counter()
+        gc.collect()
+        t1 = time.perf_counter()
+    trace = [SimpleNamespace(start_s=t0, wall_s=t1 - t0)]
+    (slow,) = slow_step_stacks(trace, stacks, count=1)
+    assert [c["generation"] for c in slow["gc"]] == [2] and slow["gc"][0]["ms"] >= 0
+    assert gc.callbacks.count(stacks._on_gc) == 0  # removed on exit
