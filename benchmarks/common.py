@@ -319,7 +319,7 @@ class StackSampler:
     def __init__(self, interval: float = 0.002, depth: int = 10) -> None:
         self.interval, self.depth = interval, depth
         self.samples: list[tuple[float, tuple[str, ...]]] = []
-        self.collections: list[tuple[float, float, int, int]] = []
+        self.collections: list[tuple] = []
         self._stop = None
         self._thread = None
 
@@ -349,11 +349,23 @@ class StackSampler:
 
     def _on_gc(self, phase: str, info: dict) -> None:
         # Collections hold the GIL: a long one starves the sampler, so they are timed here.
+        # A full collection also notes what it walks (counted before its clock starts).
         if phase == "start":
+            self._gc_walk = None
+            if info.get("generation") == 2:
+                import collections
+                import gc
+
+                objs = gc.get_objects(2)
+                top = collections.Counter(type(o).__name__ for o in objs).most_common(8)
+                self._gc_walk = {"objects": len(objs), "frozen": gc.get_freeze_count(),
+                                 "types": top}
+                del objs
             self._gc_start = time.perf_counter()
         elif getattr(self, "_gc_start", None) is not None:
             self.collections.append((self._gc_start, time.perf_counter(),
-                                     info.get("generation"), info.get("collected")))
+                                     info.get("generation"), info.get("collected"),
+                                     self._gc_walk))
             self._gc_start = None
 
     def __exit__(self, *exc) -> None:
@@ -365,8 +377,9 @@ class StackSampler:
 
     def gc_during(self, t0: float, t1: float) -> list[dict]:
         """The garbage collections that started in the window: generation, ms, collected."""
-        return [{"generation": g, "ms": round(1e3 * (b - a), 2), "collected": n}
-                for a, b, g, n in self.collections if t0 <= a <= t1]
+        return [{"generation": g, "ms": round(1e3 * (b - a), 2), "collected": n,
+                 **({"walked": walk} if walk else {})}
+                for a, b, g, n, walk in self.collections if t0 <= a <= t1]
 
     def during(self, t0: float, t1: float, top: int = 3) -> list[dict]:
         counts: dict[tuple[str, ...], int] = {}

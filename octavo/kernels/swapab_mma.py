@@ -26,7 +26,8 @@ layers of few tiles at 1-8 rows, the default there (``default_stages``, session 
 Measured (H200, docs/benchmarks.md sessions 18-19): one Llama-3.1-8B layer's 4-bit GEMMs
 55.4 us at one row against the Triton GEMV's 62.0, 92.9 at 16 rows against the swap-AB
 GEMM's 100.1; in the engine batch 1 is 7% faster (2.80 against 3.01 ms per token) and 16
-rows slower, so the engine sends it batches of up to ``ENGINE_MAX_M`` rows.
+rows were slower until the split tiles' sums were fixed (session 51: faster, the engine sends
+it batches of up to ``ENGINE_MAX_M`` = 16 rows; a small layer's larger ones in chunks).
 """
 
 from __future__ import annotations
@@ -101,10 +102,13 @@ def available(device: torch.device) -> bool:
     return envs.cuda_kernels() and cuda_module.module(SOURCE, device) is not None
 
 
-# Rows the engine sends here: at 16 rows the kernel lost in the engine (Llama-3.1-8B W4A16
-# batch 16: 4.298 ms per token against the Triton swap-AB GEMM's 3.911, session 19), though
-# one layer alone measured faster (92.9 against 100.1 us, session 18).
-ENGINE_MAX_M = 8
+# Rows the engine sends here. At 16 rows the kernel had lost in the engine (Llama-3.1-8B
+# W4A16 batch 16: 4.298 ms per token against the Triton swap-AB GEMM's 3.911, session 19):
+# the last CTA of a split tile summed its outputs one L2 round trip at a time. With the
+# partials loaded at once (session 50) it won on an H100 (session 51, us at 16 rows, Triton
+# swap-AB / this kernel): gate_up 43.7 / 28.3, down 25.5 / 17.6, one layer 107.9 / 64.0;
+# the engine's batch 16 3.940 -> 3.424 ms per token.
+ENGINE_MAX_M = 16
 
 
 # Chunks in flight per warp through shared memory (cp.async; 0: the registers' one-chunk
