@@ -26,13 +26,19 @@ def freeze_startup_heap() -> None:
     collected. OCTAVO_FREEZE_STARTUP_HEAP=0 turns it off."""
     from octavo import envs
 
+    global _serving_frozen
     if not envs.freeze_startup_heap():
         return
     t0 = time.perf_counter()
     gc.collect()
     gc.freeze()
+    _serving_frozen = True
     logger.debug("froze %d startup objects in %.0f ms", gc.get_freeze_count(),
                  1e3 * (time.perf_counter() - t0))
+
+
+_serving_frozen = False  # freeze_startup_heap ran in this process: it stays frozen
+_depth = 0  # offline runs in progress (a nested one leaves the heap to the outermost)
 
 
 @contextmanager
@@ -41,17 +47,23 @@ def heap_frozen_while_running():
     objects alive when it starts (the engine's startup heap, the caller's own) are frozen
     until it ends, then handed back to the collector (``gc.unfreeze``), so nothing becomes
     uncollectable. Without it a full collection inside the run walks them all (on this
-    2-core CPU 148 ms with a tiny model's engine built, 6 ms frozen: a stall of every
-    request; runs asking for penalties or logprobs allocate enough to meet one). A no-op where
-    something froze objects already (a serving process, a nested run), where the collector
-    is off, or with OCTAVO_FREEZE_STARTUP_HEAP=0."""
+    2-core CPU 148 ms with a tiny model's engine built, 6 ms frozen; on an H100 ~480k objects,
+    221 ms: a stall of every request; runs asking for penalties or logprobs allocate enough
+    to meet one). Objects some library froze before are frozen with the rest and handed back
+    too (a library froze 375 on the H100's Python 3.12, and a no-op there left W1's runs
+    with that stall). A no-op in a serving process (``freeze_startup_heap``), in a nested
+    run, where the collector is off, or with OCTAVO_FREEZE_STARTUP_HEAP=0."""
+    global _depth
     from octavo import envs
 
-    if not envs.freeze_startup_heap() or not gc.isenabled() or gc.get_freeze_count():
+    if (not envs.freeze_startup_heap() or not gc.isenabled() or _serving_frozen
+            or _depth):
         yield
         return
+    _depth += 1
     gc.freeze()
     try:
         yield
     finally:
+        _depth -= 1
         gc.unfreeze()

@@ -4,6 +4,7 @@ own heap would keep later tests' garbage alive."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -47,7 +48,10 @@ def test_gc_timer_counts_collections_by_generation():
 
 
 RUN_CHILD = """
-import gc, sys, time
+import gc
+gc.freeze()  # as a library might: what is alive at its import
+early = gc.get_freeze_count()
+import sys, time
 sys.path.insert(0, "benchmarks")
 from workloads import write_config
 from octavo import LLM, SamplingParams
@@ -60,22 +64,19 @@ def counted_step():
     seen.append(gc.get_freeze_count())
     return step()
 llm.llm_engine.step = counted_step
-startup = gc.get_freeze_count()
 outs = llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 3,
                     SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
-after = gc.get_freeze_count()
-gc.freeze()  # something else froze: generate leaves that alone
-outs = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2),
-                    use_tqdm=False)
-print(startup, min(seen[:5]), after, gc.get_freeze_count() > 0, len(outs))
+print(early, min(seen), gc.get_freeze_count(), len(outs))
 """
 
 
 @pytest.mark.parametrize("flag", [None, "0"])
 def test_an_offline_run_freezes_the_heap_until_it_ends(flag):
     """LLM.generate's loop runs with the objects alive at its start frozen (no full
-    collection walks them: 148 ms on this CPU) and unfreezes them after,
-    so nothing stays out of the collector's reach; already-frozen objects are left frozen."""
+    collection walks them: 148 ms on this CPU) and unfreezes them after, so nothing stays out
+    of the collector's reach. Objects a library froze before do not stop it (on the H100's
+    Python 3.12 one had frozen 375, and the old rule's no-op left a 221 ms collection in W1);
+    they are handed back with the rest."""
     env = dict(os.environ)
     env.pop("OCTAVO_FREEZE_STARTUP_HEAP", None)
     if flag is not None:
@@ -83,6 +84,26 @@ def test_an_offline_run_freezes_the_heap_until_it_ends(flag):
     out = subprocess.run([sys.executable, "-c", RUN_CHILD], env=env, capture_output=True,
                          text=True, check=True, cwd=os.path.dirname(os.path.dirname(
                              os.path.abspath(__file__)))).stdout.split()
-    startup, during, after, still, n = int(out[0]), int(out[1]), int(out[2]), out[3], out[4]
-    assert startup == 0 and after == 0 and still == "True" and n == "1"
-    assert (during > 10000) == (flag is None)
+    early, during, after, n = map(int, out)
+    assert early > 0 and n == 3
+    if flag is None:
+        assert during > early + 10000 and after == 0
+    else:
+        assert during < early + 1000 and after < early + 1000  # no run-sized freeze
+
+
+def test_serving_and_nested_runs_leave_the_heap_alone(monkeypatch):
+    from octavo import startup_heap
+
+    monkeypatch.delenv("OCTAVO_FREEZE_STARTUP_HEAP", raising=False)
+    assert gc.get_freeze_count() == 0
+    with startup_heap.heap_frozen_while_running():
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with startup_heap.heap_frozen_while_running():  # nested: the outer one owns it
+            [object() for _ in range(10)]
+        assert gc.get_freeze_count() == frozen
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(startup_heap, "_serving_frozen", True)
+    with startup_heap.heap_frozen_while_running():
+        assert gc.get_freeze_count() == 0
