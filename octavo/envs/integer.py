@@ -106,6 +106,13 @@ def swapab_cuda_chunked_max_m(default: int) -> int:
     return _int("OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M", default, "rows")
 
 
+def swapab_cuda_chunked_large_max_m() -> int:
+    """OCTAVO_SWAPAB_CUDA_CHUNKED_LARGE_MAX_M (default 0, off; at most 128): the same for a
+    large layer (gate_up, down), whose batches past 16 rows otherwise take the Triton
+    swap-AB GEMM; its chunks read the weights from L2 where a tile's first chunk did."""
+    return _int("OCTAVO_SWAPAB_CUDA_CHUNKED_LARGE_MAX_M", 0, "rows")
+
+
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k", "swapab" (every layer the swap-AB kernel can hold) or "rows" (every

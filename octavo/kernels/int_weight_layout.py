@@ -125,11 +125,12 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
     most = swapab_mma.max_rows()
-    chunked = 0
     if k * n < SMALL_WEIGHTS:  # a small layer: the CUDA kernel to 16 rows, then in chunks
         most = min(swapab_mma.MAX_M, envs.cuda_kernels_small_max_m(swapab_mma.MAX_M))
-        chunked = min(envs.swapab_cuda_chunked_max_m(CHUNKED_MAX_M), swapab_mma.MAX_ROWS) \
-            if most == swapab_mma.MAX_M else 0
+        chunked = envs.swapab_cuda_chunked_max_m(CHUNKED_MAX_M)
+    else:
+        chunked = envs.swapab_cuda_chunked_large_max_m()
+    chunked = min(chunked, swapab_mma.MAX_ROWS) if most == swapab_mma.MAX_M else 0
     rows = min(m, swapab_mma.MAX_M)
     if (m <= most or m <= chunked) and swapab_mma.available(x2.device) and \
             swapab_mma.supports(rows, k, n, group_size, bits, x2.dtype):

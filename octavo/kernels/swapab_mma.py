@@ -178,7 +178,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if not (m <= MAX_ROWS and supports(min(m, MAX_M), k, n, group_size, bits, x2.dtype)):
         raise ValueError(f"swapab_mma: M={m}, K={k}, N={n}, group {group_size}, {bits}-bit, "
                          f"{x2.dtype} is not a supported shape")
-    chunks = -(-m // MAX_M)  # past 16 rows: 16-row chunks on the grid's third axis
+    chunks = -(-m // MAX_M)  # past 16 rows: 16-row chunks, a tile's side by side on grid x
     # The kernel reads 16-bit scales and zeros of one dtype as stored (GPTQ's float16 under
     # a bf16 model included): anything else is converted here, per call.
     if scales.dtype not in _DTYPES:
@@ -213,7 +213,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, cnt, m, n, k,
                                  x2.stride(0), p.k_per_warp, group_size)
     shared = p.warps * stages * stage_bytes(m, steps, bits)
-    mod.launch(name, (tiles, p.splits, chunks), 32 * p.warps, args,
+    mod.launch(name, (tiles * chunks, p.splits, 1), 32 * p.warps, args,
                pdl=pdl_mod.enabled(x2.device), shared_bytes=shared)
     return out
 

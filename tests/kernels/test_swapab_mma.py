@@ -644,7 +644,7 @@ def test_writes_into_rows_of_a_given_output_gpu(per_sm):
 @pytest.mark.parametrize("m", [17, 24, 33, 64, 100, 128])
 @pytest.mark.parametrize("per_sm", [6, 200])
 def test_batches_past_16_rows_in_chunks_of_one_launch_gpu(m, per_sm):
-    """17-128 rows: 16-row chunks on the grid's third axis, each with its own outputs,
+    """17-128 rows: 16-row chunks of one launch (a tile's side by side), each with its own outputs,
     partials and tickets; each chunk's rows bit-equal to a 16-row launch of them."""
     x, qw, s, z, ref = _case(m, 2048, 1024, 128, torch.bfloat16, seed=m)
     out = swapab_mma.swapab_mma(x, qw, s, z, 128, 4, warps_per_sm=per_sm)

@@ -134,15 +134,19 @@ def _routed_rows(monkeypatch):
 
 def test_cuda_kernel_rows_capped_by_env(monkeypatch):
     """A large layer: batches above 16 rows (OCTAVO_CUDA_KERNELS_MAX_M) take the Triton
-    swap-AB GEMM, and no chunks."""
+    swap-AB GEMM, and chunks only with OCTAVO_SWAPAB_CUDA_CHUNKED_LARGE_MAX_M."""
     monkeypatch.setattr(layout, "SMALL_WEIGHTS", 1)  # the test's layer counts as large
     run, calls = _routed_rows(monkeypatch)
     run(1, 8, 9, 16, 17, 40)
     monkeypatch.setenv("OCTAVO_CUDA_KERNELS_MAX_M", "8")
     run(1, 8, 9, 16, 40)
+    monkeypatch.delenv("OCTAVO_CUDA_KERNELS_MAX_M")
+    monkeypatch.setenv("OCTAVO_SWAPAB_CUDA_CHUNKED_LARGE_MAX_M", "32")  # chunks on request
+    run(17, 32, 33)
     assert calls == [("cuda", 1), ("cuda", 8), ("cuda", 9), ("cuda", 16), ("triton", 17),
                      ("triton", 40),
-                     ("cuda", 1), ("cuda", 8), ("triton", 9), ("triton", 16), ("triton", 40)]
+                     ("cuda", 1), ("cuda", 8), ("triton", 9), ("triton", 16), ("triton", 40),
+                     ("cuda", 17), ("cuda", 32), ("triton", 33)]
 
 
 def test_small_layers_run_the_cuda_kernel_in_16_row_chunks(monkeypatch):

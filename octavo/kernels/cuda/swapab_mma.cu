@@ -92,15 +92,15 @@ __device__ __forceinline__ void swapab_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const unsigned short* __restrict__ s,
     const unsigned short* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
     int* __restrict__ cnt, int M, int M_all, int N, int K, int stride_x, int k_per_warp,
-    int group) {
-  // M: this CTA's rows (at most 16); M_all: the output's (the split partials' row count).
+    int group, int tile) {
+  // M: this CTA's rows (at most 16); M_all: the output's (the split partials' row count);
+  // tile: its 16 int16 rows of the layout.
   constexpr int CHUNK = 32 * STEPS;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warps = blockDim.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int tile = blockIdx.x;
   const int k_begin = (blockIdx.y * warps + warp) * k_per_warp;
   const int k_end = min(k_begin + k_per_warp, K);
   const int row = tile * 16 + g;  // this lane's int16 rows: row and row + 8
@@ -360,17 +360,22 @@ __device__ __forceinline__ void swapab_mma(
 
 }  // namespace
 
-// Grid (tiles, K splits, row chunks): chunk z takes rows 16 z .. 16 z + 15 of a batch of up
-// to 16 gridDim.z rows (one chunk: the whole batch, M <= 16), its outputs, partials and
-// tickets its own; its weights come from L2 where another chunk's CTAs read them first.
+// Grid (tiles x row chunks, K splits): CTA x takes tile x / chunks and chunk x % chunks, rows
+// 16 c .. 16 c + 15 of a batch of up to 16 chunks rows (one chunk: the whole batch, M <= 16),
+// its outputs, partials and tickets its own. A tile's chunks are neighbours in launch order,
+// so they run together and all but one read its weights from L2 (a layer larger than the L2
+// too: chunks on the grid's slowest axis re-read it from HBM).
 #define OCTAVO_SWAPAB_MMA(NAME, T, S, BITS, MT, STEPS, STAGES)                             \
   extern "C" __global__ void __launch_bounds__(256) NAME(                                     \
       const T* x, const uint4* w, const unsigned short* s, const unsigned short* z, T* out,   \
       float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_warp, int group) {  \
-    const int m0 = blockIdx.z * 16;                                                           \
+    const int chunks = (M + 15) / 16;                                                         \
+    const int chunk = blockIdx.x % chunks;                                                    \
+    const int m0 = chunk * 16;                                                                \
     swapab_mma<T, S, BITS, MT, STEPS, STAGES>(                                                \
         x + (size_t)m0 * stride_x, w, s, z, out + (size_t)m0 * N, part + (size_t)m0 * N,     \
-        cnt + blockIdx.z * gridDim.x, min(M - m0, 16), M, N, K, stride_x, k_per_warp, group); \
+        cnt + chunk * (gridDim.x / chunks), min(M - m0, 16), M, N, K, stride_x, k_per_warp,  \
+        group, blockIdx.x / chunks);                                                          \
   }
 
 // swapab_mma_{activations}_{scales}_w{bits}_m{8,16}_s{steps}[_p{stages}]: without _p the
