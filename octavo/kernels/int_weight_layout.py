@@ -95,7 +95,7 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     bits_ok = bits == SWAPAB_BITS or (bits == 8 and envs.int_swapab_8bit())
     # A small layer gains from the layout only through the CUDA kernel (at one row the
     # Triton swap-AB GEMM lost to the GEMV: qkv 15.3 against 11.1 us on an H200).
-    large = k * n >= SMALL_WEIGHTS or (k * n >= SWAPAB_MIN_WEIGHTS
+    large = k * n >= SMALL_WEIGHTS or (k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
                                        and swapab_mma.available(device))
     return SWAPAB if hopper and large and bits_ok else ALONG_K
 

@@ -102,11 +102,12 @@ def test_8_bit_weights_take_the_size_rule_on_request(hopper, monkeypatch):
     kernel's), small ones stay in the GEMV's (per channel too, not rows); 4-bit is
     unaffected."""
     cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
     monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "1")
     assert layout.choose(4096, 28672, 128, 8, cuda) == layout.SWAPAB  # gate_up
     assert layout.choose(14336, 4096, 128, 8, cuda) == layout.SWAPAB  # down
     assert layout.choose(4096, 6144, 128, 8, cuda) == layout.ALONG_K  # qkv
-    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K
+    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB  # 4-bit qkv: the kernel's
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB
     assert layout.choose(4096, 28672, 4096, 8, cuda) == layout.SWAPAB  # not rows
     monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "0")
