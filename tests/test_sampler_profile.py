@@ -28,16 +28,16 @@ def test_the_worst_case_runs_every_sampler_path_and_keeps_nothing(runner):
     calls = []
     original = runner.sampler.__class__._logprobs
 
-    def spy(raw, sampled, k, out):
+    def spy(self, raw, sampled, k, out):
         calls.append(k)
-        return original(raw, sampled, k, out)
+        return original(self, raw, sampled, k, out)
 
-    runner.sampler.__class__._logprobs = staticmethod(spy)
+    runner.sampler.__class__._logprobs = spy
     try:
         with torch.inference_mode():
             runner.profile_sampler(torch.randn(8, vocab))
     finally:
-        runner.sampler.__class__._logprobs = staticmethod(original)
+        runner.sampler.__class__._logprobs = original
     assert calls == [runner.config.model_config.max_logprobs]
     assert runner.penalty_rows is pool  # its own pool, not the runner's
     assert pool is None or pool.capacity == 0
@@ -64,10 +64,12 @@ def test_the_profile_peak_includes_the_sampler():
 
 @pytest.mark.gpu
 def test_after_the_profile_no_draw_compiles_the_race_kernel():
-    """Every variant of the one-pass draw a run reaches (raw and float32 logits, batches
-    split over programs or not, rows with their own seeds) is compiled by the profile: a
-    compile inside a step stalls every request of it (0.2-0.3 s on an H100)."""
+    """Every variant of the one-pass draw (and of the logprob statistics) a run reaches (raw
+    and float32 logits, batches split over programs or not, rows with their own seeds) is
+    compiled by the profile: a compile inside a step stalls every request of it (0.2-0.3 s
+    on an H100)."""
     from benchmarks.common import TritonCompiles
+    from octavo.kernels.logprob_stats import logprob_stats
     from octavo.kernels.sample_race import race_sample
 
     folder = make_checkpoint("llama", tempfile.mkdtemp())
@@ -83,5 +85,6 @@ def test_after_the_profile_no_draw_compiles_the_race_kernel():
                 t = torch.ones(b, device="cuda")
                 race_sample(x, t, base)
                 race_sample(x, t, base, torch.arange(b, device="cuda"))
+                logprob_stats(x, torch.arange(b, device="cuda"))
         torch.cuda.synchronize()
     assert not compiles.events, compiles.events

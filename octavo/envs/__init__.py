@@ -95,6 +95,7 @@ from octavo.envs.runtime import (
 from octavo.envs.sampling import (
     grammar_fill_threads,
     grammar_mask_kernel,
+    logprob_kernel,
     sample_kernel,
 )
 
@@ -115,6 +116,6 @@ __all__ = [
     "grammar_mask_kernel", "int_gemm_fused_max_m", "int_gemm_sz_ahead", "int_swapab_8bit",
     "int_swapab_max_m", "int_weight_layout", "l2_prefetch", "l2_prefetch_max_tokens",
     "l2_prefetch_mb", "log_step_timings", "moe_int_gemv_max_pairs", "moe_route", "packed_inputs",
-    "pdl", "profile_dir", "profile_steps", "replica_direct_send", "sample_kernel", "skinny_gemm",
+    "pdl", "profile_dir", "profile_steps", "replica_direct_send", "logprob_kernel", "sample_kernel", "skinny_gemm",
     "skinny_gemm_all", "swapab_cuda_chunked_large_max_m", "swapab_cuda_chunked_max_m", "swapab_split_ctas", "swapab_stages", "swapab_warps_per_sm", "tokenizer_cache",
 ]

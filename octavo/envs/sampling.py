@@ -9,9 +9,17 @@ from octavo.envs._parse import _flag
 
 def sample_kernel() -> bool:
     """OCTAVO_SAMPLE_KERNEL (default on): on CUDA, temperature sampling in one Triton pass
-    over the logits (octavo/kernels/sample_race.py) when no row needs top-k / top-p / min-p,
-    logprobs or logits processing; off, the torch sampler runs every step."""
+    over the logits (octavo/kernels/sample_race.py) when no row needs top-k / top-p / min-p
+    or logits processing (logprobs too, with OCTAVO_LOGPROB_KERNEL); off, the torch sampler
+    runs every step."""
     return _flag("OCTAVO_SAMPLE_KERNEL", True)
+
+
+def logprob_kernel() -> bool:
+    """OCTAVO_LOGPROB_KERNEL (default on): on CUDA, the sampled tokens' logprobs and ranks
+    in one Triton pass over the logits in their own dtype (octavo/kernels/logprob_stats.py),
+    the top k from the logits; off, through the float32 log-softmax."""
+    return _flag("OCTAVO_LOGPROB_KERNEL", True)
 
 
 def grammar_mask_kernel() -> bool:

@@ -46,9 +46,20 @@ class SamplerOutput:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
-        if not meta.row_contexts and meta.grammar is None and meta.max_num_logprobs is None \
-                and self._races(logits, meta):  # one pass over the raw logits, no float32 copy
-            return SamplerOutput(sampled=self._race(logits, meta))
+        if not meta.row_contexts and meta.grammar is None and (
+                meta.max_num_logprobs is None or self._stats_kernel(logits)):
+            # One pass over the raw logits for the draw (and one for the logprobs), no
+            # float32 copy.
+            sampled = None
+            if self._races(logits, meta):
+                sampled = self._race(logits, meta)
+            elif meta.all_greedy and meta.max_num_logprobs is not None:
+                sampled = logits.argmax(dim=-1)  # a float copy's argmax, the same index
+            if sampled is not None:
+                out = SamplerOutput(sampled=sampled)
+                if meta.max_num_logprobs is not None:
+                    self._logprobs(logits, sampled, meta.max_num_logprobs, out)
+                return out
         logits = logits.float()
         if meta.grammar is not None:
             # Before everything else, as vLLM: logprobs are those of the constrained
@@ -122,7 +133,21 @@ class Sampler:
         return torch.where(greedy_rows, greedy_tokens, sampled)
 
     @staticmethod
-    def _logprobs(raw: torch.Tensor, sampled: torch.Tensor, k: int, out: SamplerOutput) -> None:
+    def _stats_kernel(logits: torch.Tensor) -> bool:
+        """Whether logprobs come from octavo/kernels/logprob_stats.py (CUDA): one pass over
+        the logits in their own dtype, no [B, V] float32 log-softmax."""
+        return logits.is_cuda and HAS_TRITON and envs.logprob_kernel()
+
+    def _logprobs(self, raw: torch.Tensor, sampled: torch.Tensor, k: int,
+                  out: SamplerOutput) -> None:
+        if self._stats_kernel(raw) and raw.stride(-1) == 1:
+            from octavo.kernels.logprob_stats import logprob_stats  # Triton: CUDA only
+
+            log_z, out.sampled_logprobs, out.sampled_ranks = logprob_stats(raw, sampled)
+            if k > 0:  # log-softmax is monotonic: the top k of the logits themselves
+                vals, ids = raw.topk(min(k, raw.shape[-1]), dim=-1)
+                out.topk_ids, out.topk_logprobs = ids, vals.float() - log_z.unsqueeze(1)
+            return
         logprobs = torch.log_softmax(raw, dim=-1)
         token_lp = logprobs.gather(1, sampled.unsqueeze(1)).squeeze(1)
         out.sampled_logprobs = token_lp

@@ -5,8 +5,8 @@ Every row of a full batch asks for penalties (a penalty row each, in a pool of i
 freed after), top-k, top-p, min-p and the most logprobs allowed, so the sampler's temporaries
 (the float32 copy, the sort of top-p, log-softmax) and the penalty rows count in the peak
 the KV cache is sized after: a full batch of hostile requests then finds its memory. On CUDA
-it also compiles the penalties kernel and the one-pass draw's variants before the first
-request needs them.
+it also compiles the penalties kernel, the one-pass draw's variants and the logprob
+statistics' before the first request needs them.
 """
 
 from __future__ import annotations
@@ -53,3 +53,12 @@ def sample_worst_case(sampler, logits: torch.Tensor, max_logprobs: int) -> None:
             for b in sorted({1, rows}):
                 race_sample(x[:b], full[:b], base)
                 race_sample(x[:b], full[:b], base, seeds[:b])
+    if logits.is_cuda and HAS_TRITON and envs.logprob_kernel():
+        # The logprob statistics' variants too (the raw logits' dtype and float32; the
+        # vocabulary split or not).
+        from octavo.kernels.logprob_stats import logprob_stats
+
+        tokens = torch.zeros(rows, dtype=torch.int64, device=dev)
+        for x in (logits, logits.float()):
+            for b in sorted({1, rows}):
+                logprob_stats(x[:b], tokens[:b])

@@ -7,8 +7,15 @@
 # 2. Where W4A16's batch-32 step goes (1.38x bf16): qkv / o in CUDA chunks, gate_up / down in
 #    the Triton swap-AB GEMM at 2 programs per SM.
 # 3. Baselines on the machine of the call: W4 and W1.
+# 0. FIRST: the logprob statistics kernel (written after session 51's device time; on by
+#    default on CUDA for every request with logprobs): its GPU tests, then W1 --logprobs 5
+#    against OCTAVO_LOGPROB_KERNEL=0 in the same call (session 51: 18,026 tok/s = 89.0% of
+#    plain W1). If the tests fail, set logprob_kernel()'s default off (octavo/envs/sampling.py).
 . scripts/device_items.sh
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+TAILN=3 item t_lp python -m pytest -m gpu -q -rf tests/kernels/test_logprob_stats.py tests/test_sampler_profile.py
+TAILN=4 item w1_lp python benchmarks/throughput.py --workload W1 --logprobs 5 --json-out /tmp/res/w1_lp.json
+OCTAVO_LOGPROB_KERNEL=0 TAILN=4 item w1_lp_off python benchmarks/throughput.py --workload W1 --logprobs 5 --json-out /tmp/res/w1_lp_off.json
 TAILN=3 item t_route python -m pytest -m gpu -q -rf tests/quantization/test_int_weight_layout.py
 TAILN=10 item q_big python benchmarks/quantized.py --methods bf16,w4a16 --batches 128 256 --json /tmp/res/q_big.json
 OCTAVO_INT_SWAPAB_MAX_M=256 TAILN=6 item q_big_swapab python benchmarks/quantized.py --methods w4a16 --batches 128 256 --json /tmp/res/q_big_swapab.json
