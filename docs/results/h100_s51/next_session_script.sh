@@ -21,6 +21,9 @@ TAILN=10 item q_big python benchmarks/quantized.py --methods bf16,w4a16 --batche
 OCTAVO_INT_SWAPAB_MAX_M=256 TAILN=6 item q_big_swapab python benchmarks/quantized.py --methods w4a16 --batches 128 256 --json /tmp/res/q_big_swapab.json
 TAILN=20 item sweep256 python benchmarks/quantized_gemm.py --sweep --paths swapab --bits 4 --m 256 --json /tmp/res/sweep256.json
 OCTAVO_PDL=0 TAILN=14 item prof_l32 python benchmarks/profile_step.py --shape llama-3.1-8b --batch 32 --context 256 --quantization w4a16 --json /tmp/res/prof_l32.json
+# dense_mma's plans at 16-32 rows since the split tiles' sums were fixed (Qwen3-0.6B batch 32:
+# 786 us of a 1.8 ms step at ~33% of HBM; the plan was swept on an H200 in session 19).
+TAILN=20 item dense_sweep python benchmarks/skinny_gemm.py --cuda-sweep --m 1 16 32 --json /tmp/res/dense_sweep.json
 TAILN=5 item w4 python benchmarks/latency.py --batch-sizes 1,32 --repeat 3
 TAILN=4 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
 echo "=== end $(date +%T)"
