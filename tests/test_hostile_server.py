@@ -26,7 +26,7 @@ except ImportError:  # newer openai releases ship the same client as httpx2
 
 from octavo.entrypoints import api_server as simple_server  # noqa: E402
 from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # noqa: E402
-from octavo.entrypoints.openai.protocol import error_body  # noqa: E402
+from octavo.entrypoints.openai.errors import error_body  # noqa: E402
 from octavo.entrypoints.openai.serving_engine import default_offload  # noqa: E402
 from octavo.errors import RequestFailedError  # noqa: E402
 from tests.running_server import RunningServer, wait_idle  # noqa: E402

@@ -29,7 +29,8 @@ from fastapi.routing import APIRoute  # noqa: E402
 from octavo.entrypoints.openai import api_server as openai_server  # noqa: E402
 from octavo.entrypoints.openai import protocol, request_body  # noqa: E402
 from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # noqa: E402
-from octavo.entrypoints.openai.protocol import APIError, CompletionRequest  # noqa: E402
+from octavo.entrypoints.openai.errors import APIError  # noqa: E402
+from octavo.entrypoints.openai.protocol import CompletionRequest
 from tests.server_apps import asgi_client as _client  # noqa: E402
 from tests.server_apps import in_process_engine  # noqa: E402
 

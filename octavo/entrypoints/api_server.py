@@ -36,12 +36,12 @@ from octavo.entrypoints.openai.error_schema import (
     document_errors,
     json_request_body,
 )
+from octavo.entrypoints.openai.errors import APIError, error_param
 from octavo.entrypoints.openai.middleware import (
     DEFAULT_REQUEST_BODY_TIMEOUT_S,
     AuthRateLimitMiddleware,
     BodyLimitMiddleware,
 )
-from octavo.entrypoints.openai.protocol import APIError, error_param
 from octavo.entrypoints.openai.request_body import parse_body
 from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,

@@ -29,8 +29,8 @@ from octavo.entrypoints.header_deadline import (
     DEFAULT_REQUEST_HEADER_TIMEOUT_S,
     head_deadline_protocol,
 )
+from octavo.entrypoints.openai.errors import error_body
 from octavo.entrypoints.openai.middleware import ForwardedForMiddleware
-from octavo.entrypoints.openai.protocol import error_body
 
 logger = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ from octavo.entrypoints.launcher import (
 )
 from octavo.entrypoints.openai.error_handlers import install_error_handlers
 from octavo.entrypoints.openai.error_schema import document_errors
+from octavo.entrypoints.openai.errors import APIError
 from octavo.entrypoints.openai.middleware import (
     DEFAULT_REQUEST_BODY_TIMEOUT_S,
     AuthRateLimitMiddleware,
@@ -46,7 +47,6 @@ from octavo.entrypoints.openai.middleware import (
 # app.add_middleware(RateLimitMiddleware, requests_per_minute=100) (the server's own limiter).
 from octavo.entrypoints.openai.middleware import RateLimitMiddleware as RateLimitMiddleware
 from octavo.entrypoints.openai.protocol import (
-    APIError,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from octavo.engine.async_llm import EngineDeadError
-from octavo.entrypoints.openai.protocol import (
+from octavo.entrypoints.openai.errors import (
     APIError,
     error_body,
     error_param,

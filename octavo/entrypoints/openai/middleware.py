@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
-from octavo.entrypoints.openai.protocol import error_body
+from octavo.entrypoints.openai.errors import error_body
 
 # Paths that stay open without a key and are never rate limited (probes and scrapes).
 OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics"})

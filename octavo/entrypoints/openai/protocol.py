@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI-compatible API (pydantic), and the OpenAI error shape.
+"""Request bodies of the OpenAI-compatible API (pydantic); the error shape is errors.py's.
 
 Every field is strict: a boolean is not an integer or a token id, ``"yes"`` is not ``true``,
 ``1.5`` is not an integer and ``"0.5"`` is not a number (float fields still take JSON
@@ -30,6 +30,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from octavo.entrypoints.openai.errors import APIError, error_param
 from octavo.entrypoints.request_limits import (
     LIST_LIMITS,
     MAX_ALLOWED_TOKEN_IDS,
@@ -49,74 +50,13 @@ from octavo.entrypoints.request_limits import (
     stop_too_long,
     too_many,
 )
-from octavo.errors import InvalidRequestError, RequestFailedError
+from octavo.errors import InvalidRequestError
 from octavo.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from octavo.structured_output.params import KINDS as STRUCTURED_KINDS
 from octavo.structured_output.params import as_structured_outputs
 
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-# Longest error message sent back: a message must never echo a megabyte prompt.
-MAX_ERROR_CHARS = 2000
-
-
-class APIError(Exception):
-    """An error returned to the client as {"error": {message, type, param, code}}."""
-
-    TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-             408: "RequestTimeoutError", 413: "RequestEntityTooLarge", 429: "RateLimitError",
-             500: "InternalServerError", 503: "ServiceUnavailableError"}
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, self.param)
-
-
-def printable(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """``text`` safe to put in a response: lone surrogates (which UTF-8 cannot encode, so
-    they would make the response itself fail) become ``\\udXXX`` escapes, and it is cut to
-    ``limit`` characters."""
-    if len(text) > limit:
-        text = text[:limit] + "...(truncated)"
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": printable(str(message)),
-                      "type": APIError.TYPES.get(status, "APIError"),
-                      "param": None if param is None else printable(str(param), 200),
-                      "code": status}}
-
-
-def error_param(e: BaseException) -> str | None:
-    """The field an engine error names: ``InvalidRequestError.param`` (any ValueError that
-    carries a ``param``), else the leading ``field=...`` / ``field ...`` word of the message
-    when it is a SamplingParams field (the engine's older messages)."""
-    param = getattr(e, "param", None)
-    if isinstance(param, str):
-        return param
-    first = str(e).split(" ", 1)[0].split("=", 1)[0]
-    return first if first in SAMPLING_FIELD_NAMES else None
-
-
-SAMPLING_FIELD_NAMES = frozenset(SamplingParams.__dataclass_fields__)
-
-
-def failed_error(e: RequestFailedError) -> tuple[int, str, str | None]:
-    """(status, message, param) for a request that failed while it ran: a 400 naming the
-    field when its own constraints were at fault, else a 500."""
-    if e.param is not None:
-        return 400, f"the request cannot be completed: {e}", e.param
-    return 500, f"the request failed in the engine: {e}", None
-
-
 # ------------------------------------------------------------------ strict field types
 def _encodable(text: str) -> str:
     try:
@@ -559,42 +499,3 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             content = "\n".join(texts)
         out.append({**(m.model_extra or {}), "role": m.role, "content": content or ""})
     return out
-
-
-# pydantic's names for the members of a union, in an error's location: not the client's.
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none)$|[\[(]")
-
-
-def validation_error(errors: list[dict[str, Any]], shown: int = 5) -> tuple[str, str | None]:
-    """(message, param) for request validation errors: param is the top-level field of the
-    first error (what OpenAI's ``param`` names), the message lists the first few in full."""
-    parts: list[str] = []
-    param: str | None = None
-    seen: set[str] = set()
-    for e in errors:
-        loc = [p for p in e.get("loc", ()) if not (isinstance(p, str) and _UNION_TAG.search(p))]
-        if loc and loc[0] == "body":
-            loc = loc[1:]
-        if e.get("type") == "json_invalid":
-            reason = (e.get("ctx") or {}).get("error") or e.get("msg")
-            at = f" (character {loc[0]})" if loc and isinstance(loc[0], int) else ""
-            parts.append(f"the request body is not valid JSON: {reason}{at}")
-            continue
-        if param is None and loc:
-            param = str(loc[0])
-        where = ".".join(str(p) for p in loc) or "body"
-        # A union reports every member that failed; its first member says enough.
-        if where in seen:
-            continue
-        seen.add(where)
-        if len(seen) > shown:
-            parts.append("and more")
-            break
-        got = e.get("input")
-        shown_input = ""
-        if isinstance(got, bool | int | float | str) and str(e.get("type", "")).endswith(
-                ("_type", "than", "than_equal", "finite_number", "parsing")):
-            text = repr(got)
-            shown_input = f", got {text if len(text) <= 40 else text[:40] + '...'}"
-        parts.append(f"{where}: {e.get('msg')}{shown_input}")
-    return "; ".join(parts) or "invalid request", param

@@ -42,7 +42,7 @@ from starlette.responses import Response
 
 from octavo.entrypoints.openai.collector_pause import collector_paused
 from octavo.entrypoints.openai.error_handlers import invalid_request, unreadable_body
-from octavo.entrypoints.openai.protocol import APIError
+from octavo.entrypoints.openai.errors import APIError
 from octavo.entrypoints.openai.serving_engine import Offload
 
 T = TypeVar("T")

@@ -10,8 +10,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from octavo.engine.async_llm import AsyncLLM
 from octavo.entrypoints.chat_utils import apply_chat_template
+from octavo.entrypoints.openai.errors import APIError
 from octavo.entrypoints.openai.protocol import (
-    APIError,
     ChatCompletionRequest,
     NamedToolChoice,
     message_dicts,

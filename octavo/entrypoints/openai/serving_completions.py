@@ -10,7 +10,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from octavo.engine.beam_runner import validation_params
 from octavo.engine.processor import PromptType
-from octavo.entrypoints.openai.protocol import APIError, CompletionRequest
+from octavo.entrypoints.openai.errors import APIError
+from octavo.entrypoints.openai.protocol import CompletionRequest
 from octavo.entrypoints.openai.serving_engine import (
     CLIENT_GONE_STATUS,
     ChunkFramer,

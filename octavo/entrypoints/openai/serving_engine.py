@@ -19,7 +19,7 @@ from fastapi.responses import Response
 
 from octavo.engine.async_llm import AsyncLLM, EngineDeadError
 from octavo.engine.processor import PromptType, check_context_length
-from octavo.entrypoints.openai.protocol import APIError, error_body, error_param, failed_error
+from octavo.entrypoints.openai.errors import APIError, error_body, error_param, failed_error
 from octavo.errors import InvalidRequestError, RequestFailedError
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
