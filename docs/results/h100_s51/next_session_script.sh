@@ -1,4 +1,4 @@
-# The next session's first device call (copy to .snap/, carry [".snap"]), about 8 minutes.
+# The next session's first device calls (copy to .snap/, carry [".snap"]), about 12-14 minutes: run it as two calls with BUDGET=570 (item() skips what no longer fits; start the second call from the first skipped item).
 # 1. W4A16 past 128 rows: batches 129-256 dequantize every weight to bf16 and call cuBLAS
 #    (W2 0.85x bf16, batch 128 0.81x). The Triton swap-AB GEMM got 2 programs per SM past
 #    16 rows in session 51 (gate_up 106.7 -> 105.0 us at 128 rows, down 69.3 -> 60.1):
