@@ -125,7 +125,7 @@ def step_breakdown(trace) -> dict:
     slowest steps (a JIT compile or an allocator stall shows up there)."""
     prefill = [r for r in trace if r.num_scheduled_tokens > r.num_scheduled_reqs]
     decode = [r for r in trace if r.num_scheduled_tokens == r.num_scheduled_reqs]
-    slow = sorted(range(len(trace)), key=lambda i: -trace[i].wall_s)[:5]
+    slow = slowest_steps(trace, 5)
     return {
         "prefill_steps": len(prefill), "prefill_s": sum(r.wall_s for r in prefill),
         "decode_steps": len(decode), "decode_s": sum(r.wall_s for r in decode),
@@ -138,6 +138,11 @@ def step_breakdown(trace) -> dict:
                            "execute_ms": round(1e3 * trace[i].execute_s, 2),
                            "output_ms": round(1e3 * trace[i].output_s, 2)} for i in slow],
     }
+
+
+def slowest_steps(trace, count: int) -> list[int]:
+    """Indices of the ``count`` slowest steps of ``trace``, slowest first."""
+    return sorted(range(len(trace)), key=lambda i: -trace[i].wall_s)[:count]
 
 
 def device_memory_counters() -> dict:
@@ -163,9 +168,8 @@ def device_memory_counters() -> dict:
 def slow_step_stacks(trace, stacks, count: int = 3) -> list[dict]:
     """The sampled host stacks (``benchmarks.common.StackSampler``) inside the ``count``
     slowest steps, most frequent first."""
-    slow = sorted(range(len(trace)), key=lambda i: -trace[i].wall_s)[:count]
     out = []
-    for i in slow:
+    for i in slowest_steps(trace, count):
         t0, t1 = trace[i].start_s, trace[i].start_s + trace[i].wall_s
         out.append({"step": i, "ms": round(1e3 * trace[i].wall_s, 2),
                     "stacks": stacks.during(t0, t1), "gc": stacks.gc_during(t0, t1)})

@@ -16,10 +16,10 @@ import torch
 
 from octavo.kernels.triton_utils import (
     next_power_of_2,
-    num_compute_units,
     require_triton,
     tl,
     triton,
+    vocab_splits,
 )
 
 
@@ -63,11 +63,7 @@ def logprob_stats(logits: torch.Tensor,
     assert logits.dim() == 2 and logits.stride(-1) == 1, (logits.shape, logits.stride())
     b, vocab = logits.shape
     block = max(16, min(2048, next_power_of_2(vocab)))
-    target = 2 * num_compute_units(logits.device)
-    splits = max(1, min(-(-target // max(b, 1)), -(-vocab // (4 * block))))
-    cols_per_split = -(-vocab // splits)
-    cols_per_split = -(-cols_per_split // block) * block  # whole blocks
-    splits = -(-vocab // cols_per_split)
+    splits, cols_per_split = vocab_splits(b, vocab, block, logits.device)
     dev = logits.device
     maxes = torch.empty((b, splits), dtype=torch.float32, device=dev)
     sums = torch.empty((b, splits), dtype=torch.float32, device=dev)

@@ -21,10 +21,10 @@ import torch
 from octavo.kernels.triton_utils import (
     interpreting,
     next_power_of_2,
-    num_compute_units,
     require_triton,
     tl,
     triton,
+    vocab_splits,
 )
 
 _GREEDY_EPS = 1e-5  # as the sampler: temperatures below this are greedy
@@ -108,12 +108,7 @@ def race_sample(logits: torch.Tensor, temperature: torch.Tensor, base_seed: torc
     assert logits.dim() == 2 and logits.stride(-1) == 1
     b, vocab = logits.shape
     block = max(4, min(4096, next_power_of_2(vocab)))  # whole counters of 4 draws
-    # Enough programs to fill the device, each at least a few blocks of the vocabulary.
-    target = 2 * num_compute_units(logits.device)
-    splits = max(1, min(-(-target // max(b, 1)), -(-vocab // (4 * block))))
-    cols_per_split = -(-vocab // splits)
-    cols_per_split = -(-cols_per_split // block) * block
-    splits = -(-vocab // cols_per_split)
+    splits, cols_per_split = vocab_splits(b, vocab, block, logits.device)
     vals = torch.empty((b, splits), dtype=torch.float32, device=logits.device)
     idx = torch.empty((b, splits), dtype=torch.int32, device=logits.device)
     _race_kernel[(b, splits)](

@@ -72,3 +72,14 @@ def num_compute_units(device: torch.device) -> int:
         index = device.index if device.index is not None else torch.cuda.current_device()
         return _cuda_sm_count(index)
     return 4
+
+
+def vocab_splits(rows: int, vocab: int, block: int, device: torch.device) -> tuple[int, int]:
+    """(programs per row, columns each) for a one-pass kernel over [rows, vocab] logits in
+    blocks of ``block``: enough programs to fill ``device`` (about two per SM), each at least
+    a few blocks of the vocabulary and a whole number of blocks."""
+    target = 2 * num_compute_units(device)
+    splits = max(1, min(-(-target // max(rows, 1)), -(-vocab // (4 * block))))
+    cols_per_split = -(-vocab // splits)
+    cols_per_split = -(-cols_per_split // block) * block
+    return -(-vocab // cols_per_split), cols_per_split
