@@ -47,7 +47,7 @@ class SamplerOutput:
 class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         if not meta.row_contexts and meta.grammar is None and (
-                meta.max_num_logprobs is None or self._stats_kernel(logits)):
+                meta.max_num_logprobs is None or stats_kernel(logits)):
             # One pass over the raw logits for the draw (and one for the logprobs), no
             # float32 copy.
             sampled = None
@@ -132,29 +132,38 @@ class Sampler:
         sampled = argmax(probs.div_(q))
         return torch.where(greedy_rows, greedy_tokens, sampled)
 
-    @staticmethod
-    def _stats_kernel(logits: torch.Tensor) -> bool:
-        """Whether logprobs come from octavo/kernels/logprob_stats.py (CUDA): one pass over
-        the logits in their own dtype, no [B, V] float32 log-softmax."""
-        return logits.is_cuda and HAS_TRITON and envs.logprob_kernel()
-
     def _logprobs(self, raw: torch.Tensor, sampled: torch.Tensor, k: int,
                   out: SamplerOutput) -> None:
-        if self._stats_kernel(raw) and raw.stride(-1) == 1:
-            from octavo.kernels.logprob_stats import logprob_stats  # Triton: CUDA only
+        (out.sampled_logprobs, out.sampled_ranks, out.topk_ids,
+         out.topk_logprobs) = token_logprobs(raw, sampled, min(k, raw.shape[-1]))
 
-            log_z, out.sampled_logprobs, out.sampled_ranks = logprob_stats(raw, sampled)
-            if k > 0:  # log-softmax is monotonic: the top k of the logits themselves
-                vals, ids = raw.topk(min(k, raw.shape[-1]), dim=-1)
-                out.topk_ids, out.topk_logprobs = ids, vals.float() - log_z.unsqueeze(1)
-            return
-        logprobs = torch.log_softmax(raw, dim=-1)
-        token_lp = logprobs.gather(1, sampled.unsqueeze(1)).squeeze(1)
-        out.sampled_logprobs = token_lp
-        out.sampled_ranks = (logprobs > token_lp.unsqueeze(1)).sum(dim=-1) + 1
-        if k > 0:
-            vals, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
-            out.topk_ids, out.topk_logprobs = ids, vals
+
+def stats_kernel(logits: torch.Tensor) -> bool:
+    """Whether logprobs come from octavo/kernels/logprob_stats.py (CUDA): one pass over the
+    logits in their own dtype, no [B, V] float32 log-softmax."""
+    return logits.is_cuda and HAS_TRITON and envs.logprob_kernel()
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int):
+    """Each row's logprob of ``tokens`` [B] under log-softmax(``logits`` [B, V]), its rank
+    (1 + the logits above it) and, for ``k`` > 0, the row's top k ids and logprobs (else
+    None, None): float32 logprobs, int64 ranks and ids. The sampled tokens' and the prompt's
+    (octavo/worker/logprobs.py) alike."""
+    if stats_kernel(logits) and logits.stride(-1) == 1:
+        from octavo.kernels.logprob_stats import logprob_stats  # Triton: CUDA only
+
+        log_z, token_lp, ranks = logprob_stats(logits, tokens)
+        if k <= 0:
+            return token_lp, ranks, None, None
+        vals, ids = logits.topk(k, dim=-1)  # log-softmax is monotonic: the logits' top k
+        return token_lp, ranks, ids, vals.float() - log_z.unsqueeze(1)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    token_lp = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    ranks = (logprobs > token_lp.unsqueeze(1)).sum(dim=-1) + 1
+    if k <= 0:
+        return token_lp, ranks, None, None
+    vals, ids = logprobs.topk(k, dim=-1)
+    return token_lp, ranks, ids, vals
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,

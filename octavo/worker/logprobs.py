@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.sample.sampler import SamplerOutput
+from octavo.sample.sampler import SamplerOutput, token_logprobs
 from octavo.sample.upload import to_device
 
 # Float32 logits a prompt_logprobs slice may hold at once (its log-softmax doubles it).
@@ -79,16 +79,10 @@ def prompt_logprobs(model, vocab: int, states, num_new, num_computed, hidden, qs
         parts = []
         for a in range(0, end - nc, rows):
             b = min(a + rows, end - nc)
-            lp = torch.log_softmax(
-                model.compute_logits(hidden[start + a: start + b]).float(), dim=-1)
-            tgt = to_device(targets[a:b], lp.device, torch.long).unsqueeze(1)
-            tok_lp = lp.gather(1, tgt)
-            tops = lp.topk(k, dim=-1) if k > 0 else None
-            parts.append(tuple(to_host(t) for t in (
-                tok_lp.squeeze(1), (lp > tok_lp).sum(dim=-1) + 1,
-                tops.indices if tops is not None else None,
-                tops.values if tops is not None else None)))
-            del lp
+            logits = model.compute_logits(hidden[start + a: start + b])
+            tgt = to_device(targets[a:b], logits.device, torch.long)
+            parts.append(tuple(to_host(t) for t in token_logprobs(logits, tgt, k)))
+            del logits
         result = result or {}
         result[st.req_id] = (nc, targets, k > 0, parts)
     return result
