@@ -112,3 +112,21 @@ def test_the_sampler_takes_the_kernel_without_a_float_copy(device, greedy, monke
     vals, ids = lp.topk(5, dim=-1)
     assert out.topk_ids.tolist() == ids.tolist()
     torch.testing.assert_close(out.topk_logprobs, vals, atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_token_logprobs_gpu():
+    """The sampled and prompt tokens' logprobs on CUDA (the kernel and the logits' own top k)
+    against the float32 log-softmax, bf16 logits of W1's vocabulary."""
+    from octavo.sample.sampler import token_logprobs
+
+    x, tokens = _case(33, 151936, torch.bfloat16, torch.device("cuda"), seed=5)
+    token_lp, ranks, ids, vals = token_logprobs(x, tokens, 5)
+    lp = torch.log_softmax(x.float(), dim=-1)
+    rows = torch.arange(33, device="cuda")
+    torch.testing.assert_close(token_lp, lp[rows, tokens], atol=2e-5, rtol=0)
+    assert ranks.tolist() == ((lp > lp[rows, tokens].unsqueeze(1)).sum(-1) + 1).tolist()
+    want_vals, want_ids = lp.topk(5, dim=-1)
+    torch.testing.assert_close(vals, want_vals, atol=2e-5, rtol=0)
+    assert torch.equal(lp.gather(1, ids), lp.gather(1, want_ids))  # ties may reorder
+    assert token_logprobs(x, tokens, 0)[2:] == (None, None)
