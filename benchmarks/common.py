@@ -3,11 +3,14 @@ a timed generate call."""
 
 from __future__ import annotations
 
+import collections
+import gc
 import json
 import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -322,10 +325,10 @@ class StackSampler:
         self.collections: list[tuple] = []
         self._stop = None
         self._thread = None
+        self._gc_start: float | None = None
+        self._gc_walk: dict | None = None
 
     def __enter__(self) -> StackSampler:
-        import threading
-
         target = threading.get_ident()
         self._stop = threading.Event()
 
@@ -342,8 +345,6 @@ class StackSampler:
 
         self._thread = threading.Thread(target=run, daemon=True, name="stack-sampler")
         self._thread.start()
-        import gc
-
         gc.callbacks.append(self._on_gc)
         return self
 
@@ -353,24 +354,19 @@ class StackSampler:
         if phase == "start":
             self._gc_walk = None
             if info.get("generation") == 2:
-                import collections
-                import gc
-
                 objs = gc.get_objects(2)
                 top = collections.Counter(type(o).__name__ for o in objs).most_common(8)
                 self._gc_walk = {"objects": len(objs), "frozen": gc.get_freeze_count(),
                                  "types": top}
                 del objs
             self._gc_start = time.perf_counter()
-        elif getattr(self, "_gc_start", None) is not None:
+        elif self._gc_start is not None:
             self.collections.append((self._gc_start, time.perf_counter(),
                                      info.get("generation"), info.get("collected"),
                                      self._gc_walk))
             self._gc_start = None
 
     def __exit__(self, *exc) -> None:
-        import gc
-
         gc.callbacks.remove(self._on_gc)
         self._stop.set()
         self._thread.join()
