@@ -14,8 +14,9 @@ item() {
     echo "=== $1 $(date +%T)"
     local name=$1
     shift
+    local t0=$(date +%s)
     timeout -k 5 $left "$@" > /tmp/res/$name.log 2>&1
-    echo "rc=$?"
+    echo "rc=$? ($(($(date +%s) - t0)) s)"
     grep -v "^RESULT_JSON" /tmp/res/$name.log | grep -v Warning | tail -${TAILN:-6}
     tar czf $OUT/res.tgz -C /tmp res
 }
