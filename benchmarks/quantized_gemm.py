@@ -515,7 +515,7 @@ def fp8_cuda_sweep(args, timed, bandwidth, limits) -> None:
     for name, (k, n) in SHAPES.items():
         dense = _bf16_copies(k, n, dev)
         weights = _fp8_copies(k, n, dev)
-        for m in [m for m in args.m if m <= dense_mma.FP8_MAX_M]:
+        for m in [m for m in args.m if m <= dense_mma.MAX_M]:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             t_bf16 = timed([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in dense])
             t_mm = timed([lambda p=p, x=x: _scaled_mm_w8a8(x, *p) for p in weights])

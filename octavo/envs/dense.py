@@ -37,7 +37,7 @@ def cuda_dense_min_m(default: int) -> int:
 
 
 def cuda_dense_max_m(default: int) -> int:
-    """OCTAVO_CUDA_DENSE_MAX_M: the largest batch it takes (default 32; the kernel is built to 64)."""
+    """OCTAVO_CUDA_DENSE_MAX_M: the largest batch it takes (at most its 32)."""
     return _batch_size("OCTAVO_CUDA_DENSE_MAX_M", default)
 
 

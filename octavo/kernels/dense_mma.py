@@ -50,22 +50,16 @@ SOURCE = "dense_mma.cu"
 # The float8 kernels, their own module: a model of 16-bit weights builds (10-20 s) and loads
 # only its own.
 FP8_SOURCE = "dense_mma_fp8.cu"
-# Rows: up to 32 the engine's default (float_linear.CUDA_DENSE_ROWS); 33-64 (tiles of 8 rows
-# x 8, one feature tile per warp) built for OCTAVO_CUDA_DENSE_MAX_M=64, where W1's mid-batch
-# steps run cuBLAS at about a third of HBM on Qwen3-0.6B's small weights.
-MAX_M = 64
-FP8_MAX_M = 32  # float8 weights: FP8_VARIANTS to 4 batch tiles
+MAX_M = 32
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 FP8 = torch.float8_e4m3fn
 # (MT, NT, STEPS) built (cuda/dense_mma.cu): the register budget of two chunks of operands,
 # (2 NT + MT) STEPS uint4 twice, within 255 registers and no spills. Registers per thread
 # (ptxas, sm_90, bf16 = fp16): m1 n1 s1/2/4/8 48/72/120/222, m1 n2 s1/2/4 64/114/198,
-# m2 n1 s1/2/4 62/94/158, m2 n2 s1/2/4 90/138/234, m4 n1 s1/2/4 94/146/240, m4 n2 s1/2 124/192,
-# m8 n1 s1/2 144/212 (m8 n2's CTA sum needs 56 KB of static shared memory: not built).
+# m2 n1 s1/2/4 62/94/158, m2 n2 s1/2/4 90/138/234, m4 n1 s1/2/4 94/146/240, m4 n2 s1/2 124/192.
 VARIANTS = frozenset(
     [(1, 1, s) for s in (1, 2, 4, 8)] + [(mt, nt, s) for mt, nt in ((1, 2), (2, 1), (2, 2), (4, 1))
-                                         for s in (1, 2, 4)] + [(4, 2, 1), (4, 2, 2), (8, 1, 1),
-                                                                (8, 1, 2)])
+                                         for s in (1, 2, 4)] + [(4, 2, 1), (4, 2, 2)])
 # Float8 weights, one feature tile per warp: a step is 64 K values, its activations two uint4
 # per batch tile. Registers (ptxas, sm_90, bf16 / fp16): m1 s1/2/4 61/91/158 / 61/90/154, m2
 # s1/2/4 80/128/230 / 80/128/227, m4 s1/2 126/218 / 124/208.
@@ -83,12 +77,12 @@ def step_k(fp8: bool) -> int:
 
 
 def batch_tiles(m: int) -> int:
-    """MT: tiles of 8 rows for ``m`` rows (1, 2, 4 or 8)."""
-    return 1 if m <= 8 else (2 if m <= 16 else (4 if m <= 32 else 8))
+    """MT: tiles of 8 rows for ``m`` rows (1, 2 or 4)."""
+    return 1 if m <= 8 else (2 if m <= 16 else 4)
 
 
 def supports(m: int, k: int, n: int, dtype: torch.dtype, fp8: bool = False) -> bool:
-    return (1 <= m <= (FP8_MAX_M if fp8 else MAX_M) and dtype in _DTYPES and k > 0 and k % step_k(fp8) == 0
+    return (1 <= m <= MAX_M and dtype in _DTYPES and k > 0 and k % step_k(fp8) == 0
             and n % 16 == 0)
 
 
