@@ -50,6 +50,9 @@ SOURCE = "dense_mma.cu"
 # The float8 kernels, their own module: a model of 16-bit weights builds (10-20 s) and loads
 # only its own.
 FP8_SOURCE = "dense_mma_fp8.cu"
+# 32 rows at most: 8 batch tiles (33-64 rows, one feature tile per warp) were built and lost
+# to cuBLAS on an H200 (one Qwen3-0.6B layer 34.5-37.1 us at 40-64 rows against 25.2-25.3;
+# docs/benchmarks.md session 52): each warp then loads 4x its weights' bytes of activations.
 MAX_M = 32
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 FP8 = torch.float8_e4m3fn
