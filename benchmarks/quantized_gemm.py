@@ -57,7 +57,9 @@ def main() -> None:
                     help="w4a16_gemm paths to time side by side: default (the dispatch), gemv, "
                          "gemm, dequant, swapab (its own packed layout), swapab_dequant "
                          "(dequantize that layout, then cuBLAS), cuda (the CUDA C++ kernel on "
-                         "that layout, octavo/kernels/swapab_mma.py, M <= 16), layout "
+                         "that layout, octavo/kernels/swapab_mma.py, M <= 16), wide (the CUDA "
+                         "wide-tile kernel on that layout, octavo/kernels/swapab_wide.py, "
+                         "4-bit, any M), layout "
                          "(the engine's dispatch "
                          "for a layer in the swap-AB layout), dequant_only / "
                          "swapab_dequant_only (the dequantization alone: its HBM fraction "
@@ -214,7 +216,8 @@ def _weight_bytes(k: int, n: int, bits: int, group: int) -> float:
 
 
 def _layout(path: str) -> str:
-    return "swapab" if path.startswith("swapab") or path in ("layout", "cuda") else "along_k"
+    return ("swapab" if path.startswith("swapab") or path in ("layout", "cuda", "wide")
+            else "along_k")
 
 
 def _run(path: str, x, p, group: int, bits: int, kw: dict):
@@ -227,6 +230,10 @@ def _run(path: str, x, p, group: int, bits: int, kw: dict):
         from octavo.kernels.swapab_mma import swapab_mma
 
         return swapab_mma(x, *p, group, bits)
+    if path == "wide":
+        from octavo.kernels.swapab_wide import swapab_wide
+
+        return swapab_wide(x, *p, group, bits)
     if path == "layout":  # what the engine runs for a layer in the swap-AB layout
         return int_weight_layout.linear(x, *p, group, bits, int_weight_layout.SWAPAB)
     if path == "swapab_dequant":

@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch
 
 from octavo import envs
-from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_mma
+from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_mma, swapab_wide
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
 
@@ -138,6 +138,10 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # layer's weights read from L2 by the chunks after the first.)
         return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits,
                                      **swapab_mma.engine_plan())
+    wide = envs.swapab_wide_min_m()
+    if wide and m >= wide and swapab_wide.available(x2.device) and \
+            swapab_wide.supports(m, k, n, group_size, bits, x2.dtype):
+        return swapab_wide.swapab_wide(x2, qweight, scales, zeros, group_size, bits)
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.
