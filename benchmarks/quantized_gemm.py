@@ -79,6 +79,10 @@ def main() -> None:
                     help="the CUDA swap-AB kernel (--bits) over launch plans: warps per SM, "
                          "K steps per chunk, warps per CTA (--stages: chunks in flight "
                          "through shared memory instead, 4-step chunks)")
+    ap.add_argument("--wide-sweep", action="store_true",
+                    help="the CUDA wide-tile 4-bit kernel (octavo/kernels/swapab_wide.py) over "
+                         "batch tiles (NT 4 / 8) and CTAs per SM (the K split's aim), against "
+                         "dequantize-then-cuBLAS and bf16")
     ap.add_argument("--stages", type=int, nargs="+", default=None,
                     help="with --cuda-sweep: stages to sweep (0 = the registers' pipeline) "
                          "over warps per SM 4-16 at 4-step chunks and CTAs of up to 8 warps")
@@ -111,6 +115,8 @@ def main() -> None:
         return dequant_sweep(args, timed, bandwidth, limits)
     if args.cuda_sweep:
         return cuda_sweep(args, timed, bandwidth, limits)
+    if args.wide_sweep:
+        return wide_sweep(args, timed, bandwidth, limits)
 
     rows = []
     for name, (k, n) in SHAPES.items():
@@ -200,6 +206,43 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
             del packs
             torch.cuda.empty_cache()
     print_json_result({"benchmark": "quantized_gemm_cuda_sweep", "device": device_info(),
+                       "limits": limits, "commit": git_commit(), "rows": rows}, args.json)
+
+
+def wide_sweep(args, timed, bandwidth, limits) -> None:
+    """The CUDA wide-tile 4-bit kernel over its launch plans per Llama-8B shape and M, with
+    bf16 cuBLAS and dequantize-then-cuBLAS (the engine's path past 128 rows) beside it."""
+    import torch
+
+    from octavo.kernels.swapab_wide import swapab_wide
+    from octavo.kernels.w4a16_swapab import dequantize_swapab
+
+    dev = torch.device("cuda")
+    plans = [{"nt": nt, "ctas_per_sm": c} for nt in (4, 8) for c in (1, 2, 3, 4)]
+    rows = []
+    for name, (k, n) in SHAPES.items():
+        dense = _bf16_copies(k, n, dev)
+        packs = _int_copies(k, n, 4, args.group, dev, "swapab")
+        for m in args.m:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            t_bf16 = timed([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in dense])
+            t_deq = timed([lambda p=p, x=x: x @ dequantize_swapab(*p, args.group, 4, x.dtype)
+                           for p in packs])
+            results = time_each(timed, plans, lambda cfg, x=x, ps=packs: [
+                lambda p=p: swapab_wide(x, *p, args.group, 4, **cfg) for p in ps])
+            ok = [r for r in results if "us" in r]
+            best = min(ok, key=lambda r: r["us"]) if ok else None
+            default = next((r for r in ok if r["cfg"]["nt"] == (4 if m <= 32 else 8)
+                            and r["cfg"]["ctas_per_sm"] == 2), None)
+            row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 1),
+                   "dequant_cublas_us": round(t_deq, 1), "default": default, "best": best,
+                   "all": results}
+            rows.append(row)
+            print(f"{name} M={m}: bf16 {t_bf16:.1f} us, dequantize + cuBLAS {t_deq:.1f}, wide "
+                  f"default {default and default['us']}, best {best}", flush=True)
+        del dense, packs
+        torch.cuda.empty_cache()
+    print_json_result({"benchmark": "quantized_gemm_wide_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "rows": rows}, args.json)
 
 

@@ -13,6 +13,7 @@
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 TAILN=4 item t_wide python -m pytest -m gpu -q -rf -x tests/kernels/test_swapab_wide.py
 TAILN=12 item g_wide python benchmarks/quantized_gemm.py --bits 4 --paths layout swapab swapab_dequant wide --m 32 64 128 256 --json /tmp/res/g_wide.json
+TAILN=14 item wide_sweep python benchmarks/quantized_gemm.py --wide-sweep --m 64 128 256 --json /tmp/res/wide_sweep.json
 TAILN=8 item q_base python benchmarks/quantized.py --methods bf16,w4a16 --batches 64 128 256 --json /tmp/res/q_base.json
 OCTAVO_SWAPAB_WIDE_MIN_M=129 TAILN=6 item q_wide129 python benchmarks/quantized.py --methods w4a16 --batches 128 256 --json /tmp/res/q_wide129.json
 OCTAVO_SWAPAB_WIDE_MIN_M=17 TAILN=6 item q_wide17 python benchmarks/quantized.py --methods w4a16 --batches 64 128 256 --skip-w2 --json /tmp/res/q_wide17.json
