@@ -25,14 +25,13 @@
 
 namespace {
 
+using octavo::nibbles;
+using octavo::stored_float;
 using octavo::word;
 
 template <typename T>
-struct Wide : octavo::MmaType<T> {
+struct Wide : octavo::MmaType<T>, octavo::Int4<T> {
   static constexpr bool kBf16 = octavo::MmaType<T>::kBf16;
-  // (q | magic) is exactly bias + q: bf16 128 + q, fp16 1024 + q.
-  static constexpr uint32_t kMagic = kBf16 ? 0x43004300u : 0x64006400u;
-  static constexpr float kBias = kBf16 ? 128.0f : 1024.0f;
   static __device__ __forceinline__ uint32_t pair(float v) {  // v in both halves
     const T h = octavo::MmaType<T>::from_float(v);
     const uint32_t b = *reinterpret_cast<const unsigned short*>(&h);
@@ -51,23 +50,6 @@ struct Wide : octavo::MmaType<T> {
     return r;
   }
 };
-
-// Nibble C of both int16 halves of v as two 16-bit floats bias + q.
-template <typename T, int C>
-__device__ __forceinline__ uint32_t nibbles(uint32_t v) {
-  uint32_t r;
-  if (C) v >>= 4 * C;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(v), "n"(0x000F000F), "n"(Wide<T>::kMagic));
-  return r;
-}
-
-template <typename S>
-__device__ __forceinline__ float stored_float(unsigned short v) {
-  if constexpr (octavo::MmaType<S>::kBf16)
-    return __uint_as_float((uint32_t)v << 16);
-  else
-    return __half2float(__ushort_as_half(v));
-}
 
 constexpr int kWarps = 4;  // per CTA: one 64-row block of the layout
 constexpr int kChunk = 64;  // K per chunk: two 32-wide steps
