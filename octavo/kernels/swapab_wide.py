@@ -12,9 +12,10 @@ own A fragments in registers (one shift and LOP3 for bias + q, then (v - (bias +
 the 16-bit type: exact difference, one rounding, the value the dequantization writes), the
 activations [8 NT rows, 64 K] and the group's scales and zeros come through shared memory
 with ``cp.async`` (3 stages), and each fragment feeds 4 NT products. A CTA is 4 warps over
-one 64-row block of the layout (256 output columns) and 8 NT batch rows (NT 4 to 32 rows,
-8 past them); K is split over CTAs where the tiles do not fill the GPU, each warp finishing
-its own outputs by a ticket (``octavo.kernels.split_k``'s counters).
+one 64-row block of the layout (256 output columns; 8 warps: two blocks sharing the
+activations' tile) and 8 NT batch rows (NT 4 to 32 rows, 8 past them); K is split over CTAs
+where the tiles do not fill the GPU, each warp finishing its own outputs by a ticket
+(``octavo.kernels.split_k``'s counters).
 
 Unmeasured on a GPU when written (session 52): the engine sends it nothing unless
 ``OCTAVO_SWAPAB_WIDE_MIN_M`` names the smallest batch to take (``int_weight_layout``).
@@ -34,11 +35,11 @@ from octavo.kernels.split_k import counters as split_k_counters
 from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "swapab_wide.cu"
-BLOCK_COLUMNS = 256  # output columns of a CTA: one 64-row block of int16 rows, 4 values each
+BLOCK_COLUMNS = 256  # output columns of a 64-row block of int16 rows, 4 values each
 CHUNK = 64  # K per pipeline stage
-WARPS = 4
+WARPS = 4  # per CTA by default: one block (8: two)
+BUILT = {(nt, warps) for nt in (4, 8) for warps in (4, 8)}  # (NT, warps) built
 STAGES = 3
-BATCH_TILES = (4, 8)  # NT built: 8 NT batch rows per CTA
 CTAS_PER_SM = 2  # the split's aim (254 registers x 128 threads: two CTAs fit an SM)
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -56,27 +57,31 @@ def batch_tiles(m: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     nt: int  # batch tiles of 8 rows per CTA
+    warps: int  # per CTA: 16 int16 rows (64 output columns) each
     blocks: int  # CTAs along N
     row_tiles: int  # CTAs along M
     splits: int  # CTAs along K
     k_per_split: int
 
     def kernel(self, dtype: torch.dtype, scale_dtype: torch.dtype) -> str:
-        return f"swapab_wide_{_DTYPES[dtype]}_{_DTYPES[scale_dtype]}_m{self.nt}_p{STAGES}"
+        return (f"swapab_wide_{_DTYPES[dtype]}_{_DTYPES[scale_dtype]}_m{self.nt}_w{self.warps}"
+                f"_p{STAGES}")
 
 
 def plan(m: int, k: int, n: int, sms: int, nt: int | None = None,
-         ctas_per_sm: int = CTAS_PER_SM, splits: int | None = None) -> Plan:
-    """Tiles of 256 columns x 8 NT rows; K split over CTAs (whole chunks, none empty) until
-    the grid holds about ``ctas_per_sm`` CTAs per SM (or into ``splits``)."""
+         ctas_per_sm: int = CTAS_PER_SM, splits: int | None = None,
+         warps: int = WARPS) -> Plan:
+    """Tiles of 64 ``warps`` columns x 8 NT rows; K split over CTAs (whole chunks, none
+    empty) until the grid holds about ``ctas_per_sm`` CTAs per SM (or into ``splits``)."""
     nt = nt or batch_tiles(m)
-    if nt not in BATCH_TILES:
-        raise ValueError(f"swapab_wide: no kernel for {nt} batch tiles (built: {BATCH_TILES})")
-    blocks, row_tiles = n // BLOCK_COLUMNS, -(-m // (8 * nt))
+    if (nt, warps) not in BUILT or n % (64 * warps):
+        raise ValueError(f"swapab_wide: no kernel for {nt} batch tiles and {warps} warps at "
+                         f"N={n} (built: {sorted(BUILT)}, N a multiple of 64 x warps)")
+    blocks, row_tiles = n // (64 * warps), -(-m // (8 * nt))
     chunks = k // CHUNK
     want = splits or -(-ctas_per_sm * sms // (blocks * row_tiles))
     per = -(-chunks // max(1, min(want, chunks)))  # chunks per split
-    return Plan(nt, blocks, row_tiles, -(-chunks // per), per * CHUNK)
+    return Plan(nt, warps, blocks, row_tiles, -(-chunks // per), per * CHUNK)
 
 
 def available(device: torch.device) -> bool:
@@ -86,7 +91,8 @@ def available(device: torch.device) -> bool:
 
 def swapab_wide(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                 zeros: torch.Tensor, group_size: int, bits: int = 4, nt: int | None = None,
-                ctas_per_sm: int = CTAS_PER_SM, splits: int | None = None) -> torch.Tensor:
+                ctas_per_sm: int = CTAS_PER_SM, splits: int | None = None,
+                warps: int = WARPS) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` for ``qweight`` in ``pack_swapab``'s 4-bit layout,
     scales and (float) zeros [K / group, N] in bf16 or fp16. The tuning arguments exist for
     the benchmarks."""
@@ -104,11 +110,11 @@ def swapab_wide(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         scales, zeros = scales.clone(), zeros.clone()
     x2 = cuda_module.aligned_rows(x2)
     mod = cuda_module.loaded(SOURCE, x2.device)
-    p = plan(m, k, n, num_compute_units(x2.device), nt, ctas_per_sm, splits)
+    p = plan(m, k, n, num_compute_units(x2.device), nt, ctas_per_sm, splits, warps)
     out, partial = split_k_buffers(m, n, p.splits, x2)
-    cnt = split_k_counters(x2.device, p.blocks * p.row_tiles * WARPS)
+    cnt = split_k_counters(x2.device, p.blocks * p.row_tiles * p.warps)
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, cnt, m, n, k,
                                  x2.stride(0), p.k_per_split, group_size)
-    mod.launch(p.kernel(x2.dtype, scales.dtype), (p.blocks, p.row_tiles, p.splits), 32 * WARPS,
+    mod.launch(p.kernel(x2.dtype, scales.dtype), (p.blocks, p.row_tiles, p.splits), 32 * p.warps,
                args, pdl=pdl_mod.enabled(x2.device))
     return out

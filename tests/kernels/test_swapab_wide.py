@@ -17,8 +17,8 @@ from octavo.kernels.swapab_wide import plan, supports
 from tests.kernels import cuda_checks
 from tests.kernels.test_swapab_mma import _data, _halves, _nibbles
 
-NAMES = [f"swapab_wide_{t}_{sc}_m{nt}_p3" for t in ("bf16", "f16") for sc in ("bf16", "f16")
-         for nt in (4, 8)]
+NAMES = [f"swapab_wide_{t}_{sc}_m{nt}_w{w}_p3" for t in ("bf16", "f16")
+         for sc in ("bf16", "f16") for nt in (4, 8) for w in (4, 8)]
 SRC = Path(swapab_wide.__file__).parent / "cuda" / swapab_wide.SOURCE
 
 
@@ -29,7 +29,7 @@ SRC = Path(swapab_wide.__file__).parent / "cuda" / swapab_wide.SOURCE
 def test_plan_covers_every_row_column_and_k_once(m, k, n, sms):
     p = plan(m, k, n, sms)
     assert p.nt == (4 if m <= 32 else 8)
-    assert p.blocks * 256 == n and (p.row_tiles - 1) * 8 * p.nt < m <= p.row_tiles * 8 * p.nt
+    assert p.blocks * 64 * p.warps == n and (p.row_tiles - 1) * 8 * p.nt < m <= p.row_tiles * 8 * p.nt
     assert p.k_per_split % 64 == 0
     assert p.splits * p.k_per_split >= k > (p.splits - 1) * p.k_per_split  # none empty
     assert p.splits == 1 or p.blocks * p.row_tiles * (p.splits - 1) < 2 * sms  # ~2 per SM
@@ -42,6 +42,9 @@ def test_plan_splits_only_where_the_tiles_leave_sms_idle():
     assert plan(256, 14336, 4096, 132, splits=2).splits == 2
     with pytest.raises(ValueError, match="batch tiles"):
         plan(64, 4096, 4096, 132, nt=2)
+    assert plan(64, 4096, 4096, 132, warps=8).blocks == 8  # two layout blocks a CTA
+    with pytest.raises(ValueError, match="multiple of 64 x warps"):
+        plan(64, 4096, 768, 132, warps=8)
 
 
 def test_supports():
@@ -65,12 +68,12 @@ def test_the_source_builds_for_hopper_without_spills(tmp_path, monkeypatch):
 
 def test_the_emulated_constants_are_the_source_s():
     src = SRC.read_text()
-    assert "constexpr int kWarps = 4;" in src and swapab_wide.WARPS == 4
     assert "constexpr int kChunk = 64;" in src and swapab_wide.CHUNK == 64
+    assert "constexpr int COLS = 64 * WARPS;" in src
     # The swizzle: written and read with the same piece ^ 4 (row & 1).
     assert len(re.findall(r"\^ \(\(r & 1\) << 2\)", src)) == 2
-    assert "OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 4, 3)" in src
-    assert "OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 8, 3)" in src
+    for nt, warps in sorted(swapab_wide.BUILT):
+        assert f"OCTAVO_SWAPAB_WIDE(TN, T, SN, S, {nt}, {warps}, 3)" in src
 
 
 # --- the kernel's mapping, emulated on the CPU ----------------------------------------------
@@ -78,20 +81,21 @@ def test_the_emulated_constants_are_the_source_s():
 G, T = cuda_checks.G, cuda_checks.T
 
 
-def _stage(x, scales, zeros, m0, bm, k, block, group):
-    """One stage of shared memory as ``issue`` fills it: [bm * 8 + 64] pieces of 8 values
-    (the activations' piece p of row r at r * 8 + (p ^ 4 (r & 1)), zeros past M; then the
-    block's scales and zeros of the chunk's group, 8 columns a piece)."""
+def _stage(x, scales, zeros, m0, bm, k, col0, cols, group):
+    """One stage of shared memory as ``issue`` fills it: [bm * 8 + cols / 4] pieces of 8
+    values (the activations' piece p of row r at r * 8 + (p ^ 4 (r & 1)), zeros past M; then
+    the CTA's ``cols`` scales and as many zeros of the chunk's group, 8 columns a piece)."""
     m = x.shape[0]
-    st = np.full((bm * 8 + 64, 8), np.nan)
+    sz = cols // 8
+    st = np.full((bm * 8 + 2 * sz, 8), np.nan)
     for r in range(bm):
         for p in range(8):
             st[r * 8 + (p ^ ((r & 1) << 2))] = (x[m0 + r, k + 8 * p:k + 8 * p + 8]
                                                 if m0 + r < m else 0.0)
     grp = k // group
-    for i in range(64):
-        src = scales if i < 32 else zeros
-        st[bm * 8 + i] = src[grp, block * 256 + 8 * (i & 31):block * 256 + 8 * (i & 31) + 8]
+    for i in range(2 * sz):
+        src = scales if i < sz else zeros
+        st[bm * 8 + i] = src[grp, col0 + 8 * (i % sz):col0 + 8 * (i % sz) + 8]
     return st
 
 
@@ -109,27 +113,30 @@ def _emulate(x, packed, scales, zeros, group, dtype, p):
     words = u16[:, 0::2] | (u16[:, 1::2] << 16)
     s64, z64 = scales.double().numpy(), zeros.double().numpy()
     bm = 8 * p.nt
+    cols = 64 * p.warps
     out = np.full((m, n), np.nan)
     for block in range(p.blocks):
+        col0 = block * cols
         for rt in range(p.row_tiles):
             m0 = rt * bm
-            for warp in range(4):
+            for warp in range(p.warps):
                 total = np.zeros((p.nt, 4, 32, 4))
                 for split in range(p.splits):
                     acc = np.zeros((p.nt, 4, 32, 4))
                     k_begin = split * p.k_per_split
                     k_end = min(k_begin + p.k_per_split, k)
-                    ra_row = block * 64 + warp * 16 + G
+                    ra_row = block * 16 * p.warps + warp * 16 + G
                     rb_row = ra_row + 8
+                    n0 = (ra_row >> 6) * 256 + (ra_row & 63)
                     for kc in range(k_begin, k_end, 64):
-                        st = _stage(x, s64, z64, m0, bm, kc, block, group)
-                        sz = st[bm * 8:].reshape(-1)  # the ushort view: 256 scales, 256 zeros
+                        st = _stage(x, s64, z64, m0, bm, kc, col0, cols, group)
+                        sz = st[bm * 8:].reshape(-1)  # the ushort view: scales, then zeros
                         sc = np.zeros((4, 2, 32))
                         zb = np.zeros((4, 2, 32))
                         for c in range(4):
                             for r in range(2):
-                                col = warp * 16 + G + 8 * r + 64 * c
-                                sc[c, r], zb[c, r] = sz[col], sz[256 + col] + bias
+                                col = n0 - col0 + 8 * r + 64 * c
+                                sc[c, r], zb[c, r] = sz[col], sz[cols + col] + bias
                         for i in range(2):
                             a = np.zeros((2, 4, 32, 4, 2))
                             for h in range(2):
@@ -151,7 +158,6 @@ def _emulate(x, packed, scales, zeros, group, dtype, p):
                                     for c in range(4):
                                         cuda_checks.mma16816(acc[jt, c], a[h, c], b)
                     total += acc  # the last ticket's sum, in split order
-                n0 = block * 256 + warp * 16 + G
                 for jt in range(p.nt):
                     for i in range(4):
                         row = m0 + jt * 8 + 2 * T + (i & 1)
@@ -163,14 +169,17 @@ def _emulate(x, packed, scales, zeros, group, dtype, p):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m,k,n,group,splits", [
-    (5, 128, 256, 64, 1),  # one partial row tile
-    (33, 256, 512, 128, 2),  # 8 batch tiles, two blocks, a split inside a group
-    (70, 192, 256, 64, 3),  # two row tiles (the second partial), three splits
+@pytest.mark.parametrize("m,k,n,group,splits,warps", [
+    (5, 128, 256, 64, 1, 4),  # one partial row tile
+    (33, 256, 512, 128, 2, 4),  # 8 batch tiles, two CTAs, a split inside a group
+    (70, 192, 256, 64, 3, 4),  # two row tiles (the second partial), three splits
+    (20, 128, 1024, 64, 2, 8),  # 8 warps: two layout blocks a CTA
+    (40, 192, 512, 64, 1, 8),
 ])
-def test_the_fragment_mapping_computes_x_at_dequantized_w(dtype, m, k, n, group, splits):
+def test_the_fragment_mapping_computes_x_at_dequantized_w(dtype, m, k, n, group, splits,
+                                                          warps):
     x, packed, scales, zeros, ref = _data(m, k, n, group, 4, dtype)
-    p = plan(m, k, n, 132, splits=splits)
+    p = plan(m, k, n, 132, splits=splits, warps=warps)
     assert p.splits == splits
     got = _emulate(x, packed, scales, zeros, group, dtype, p)
     np.testing.assert_array_equal(got, ref)
@@ -179,7 +188,7 @@ def test_the_fragment_mapping_computes_x_at_dequantized_w(dtype, m, k, n, group,
 def test_a_wrong_swizzle_read_fails():
     x, packed, scales, zeros, ref = _data(16, 64, 256, 64, 4, torch.bfloat16)
     p = plan(16, 64, 256, 132)
-    st = _stage(x, scales.double().numpy(), zeros.double().numpy(), 0, 32, 0, 0, 64)
+    st = _stage(x, scales.double().numpy(), zeros.double().numpy(), 0, 32, 0, 0, 256, 64)
     r = 1 * 8 + G  # batch tile 1: rows 8-15, odd rows swizzled
     right = st[r * 8 + ((4 * 0 + T) ^ ((r & 1) << 2))]
     wrong = st[r * 8 + (4 * 0 + T)]
@@ -231,14 +240,16 @@ def test_matches_the_float64_reference_gpu(dtype, scale_dtype, m, k, n, group):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("splits", [1, 2, 7])
-@pytest.mark.parametrize("nt", [4, 8])
-def test_every_split_gives_the_same_answer_and_leaves_the_counters_zeroed_gpu(splits, nt):
+@pytest.mark.parametrize("nt,warps", sorted(swapab_wide.BUILT))
+def test_every_plan_gives_the_same_answer_and_leaves_the_counters_zeroed_gpu(splits, nt,
+                                                                             warps):
     from octavo.kernels import split_k
 
     x, qw, s, z, ref = _case(80, 2048, 1024, 128, torch.bfloat16)
-    out = swapab_wide.swapab_wide(x, qw, s, z, 128, nt=nt, splits=splits)
+    kw = {"nt": nt, "splits": splits, "warps": warps}
+    out = swapab_wide.swapab_wide(x, qw, s, z, 128, **kw)
     assert _rel(out, ref) < 8e-3
-    again = swapab_wide.swapab_wide(x, qw, s, z, 128, nt=nt, splits=splits)
+    again = swapab_wide.swapab_wide(x, qw, s, z, 128, **kw)
     assert torch.equal(again, out)  # the split sums in a fixed order
     torch.cuda.synchronize()
     assert not split_k.counters(x.device, 1).any()

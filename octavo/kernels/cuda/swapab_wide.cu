@@ -4,9 +4,10 @@
 // and says why it exists (past 128 rows the engine dequantized the whole weight to bf16 and
 // called cuBLAS: 4.5 bytes a weight through HBM against bf16's 2).
 //
-// A CTA is 4 warps over one 64-row block of int16 rows (256 output columns: nibble c of int16
-// row R is column (R / 64) * 256 + 64 c + R % 64) and BM = 8 NT batch rows, over a range of K
-// (its split, blockIdx.z). Warp w takes int16 rows 16 w .. 16 w + 15 of the block, in
+// A CTA is WARPS (4 or 8) warps over WARPS / 4 64-row blocks of int16 rows (256 output
+// columns each: nibble c of int16 row R is column (R / 64) * 256 + 64 c + R % 64) and BM = 8 NT
+// batch rows, over a range of K (its split, blockIdx.z). Warp w takes int16 rows 16 w ..
+// 16 w + 15 of the CTA's, in
 // swapab_mma.cu's fragment mapping: lane (g, t) loads 16 bytes of rows g and g + 8 at
 // k + 8t per 32-wide step, one chunk (two steps) ahead in registers, and the two m16n8k16
 // products of a step (h = 0, 1) take physical K 8t + 4h + {0..3} as their logical columns
@@ -51,44 +52,45 @@ struct Wide : octavo::MmaType<T>, octavo::Int4<T> {
   }
 };
 
-constexpr int kWarps = 4;  // per CTA: one 64-row block of the layout
 constexpr int kChunk = 64;  // K per chunk: two 32-wide steps
 
-template <typename T, typename S, int NT, int STAGES>
+template <typename T, typename S, int NT, int WARPS, int STAGES>
 __device__ __forceinline__ void swapab_wide(
     const T* __restrict__ x, const uint4* __restrict__ w, const unsigned short* __restrict__ s,
     const unsigned short* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
     int* __restrict__ cnt, int M, int N, int K, int stride_x, int k_per_split, int group) {
   using W = Wide<T>;
   constexpr int BM = 8 * NT;
-  constexpr int PIECES = BM * kChunk / 8;  // 16-byte pieces of a stage
-  __shared__ uint4 xs[STAGES][PIECES + 64];
+  constexpr int PIECES = BM * kChunk / 8;  // 16-byte pieces of a stage's activations
+  constexpr int COLS = 64 * WARPS;  // output columns of the CTA
+  constexpr int SZ = COLS / 8;  // 16-byte pieces of a group's scales (of its zeros as many)
+  __shared__ uint4 xs[STAGES][PIECES + 2 * SZ];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int block = blockIdx.x, m0 = blockIdx.y * BM;
+  const int m0 = blockIdx.y * BM, col0 = blockIdx.x * COLS;
   const int k_begin = blockIdx.z * k_per_split;
   const int k_end = min(k_begin + k_per_split, K);
   const int chunks = k_begin < k_end ? (k_end - k_begin) / kChunk : 0;
-  const int row = block * 64 + warp * 16 + g;  // the lane's int16 rows: row and row + 8
+  const int row = blockIdx.x * 16 * WARPS + warp * 16 + g;  // the lane's rows: row, row + 8
   const uint4* wa = w + ((size_t)row * K + 8 * t) / 8;
   const uint4* wb = w + ((size_t)(row + 8) * K + 8 * t) / 8;
-  const int n0 = block * 256 + warp * 16 + g;  // columns of value 0 of rows row, row + 8
+  const int n0 = (row >> 6) * 256 + (row & 63);  // columns of value 0 of rows row, row + 8
   const int n1 = n0 + 8;
 
   // A stage: the chunk's activations [BM, 64] (16-byte pieces, swizzled), then the CTA's
   // 256 columns of the chunk's group: scales, then zero points, as stored.
   auto issue = [&](int stage, int k) {
 #pragma unroll
-    for (int i = 0; i < PIECES / (32 * kWarps); ++i) {
-      const int idx = threadIdx.x + 32 * kWarps * i;
+    for (int i = 0; i < PIECES / (32 * WARPS); ++i) {
+      const int idx = threadIdx.x + 32 * WARPS * i;
       const int r = idx >> 3, p = idx & 7;
       const bool in = m0 + r < M;
       octavo::cp_async16(&xs[stage][r * 8 + (p ^ ((r & 1) << 2))],
                          in ? x + (size_t)(m0 + r) * stride_x + k + 8 * p : x, in);
     }
-    if (threadIdx.x < 64) {  // 32 pieces of scales, 32 of zeros
-      const unsigned short* src = (threadIdx.x < 32 ? s : z) + (size_t)(k / group) * N +
-                                  block * 256 + 8 * (threadIdx.x & 31);
+    if (threadIdx.x < 2 * SZ) {  // SZ pieces of scales, SZ of zeros
+      const unsigned short* src = (threadIdx.x < SZ ? s : z) + (size_t)(k / group) * N + col0 +
+                                  8 * (threadIdx.x % SZ);
       octavo::cp_async16(&xs[stage][PIECES + threadIdx.x], src);
     }
   };
@@ -107,9 +109,9 @@ __device__ __forceinline__ void swapab_wide(
     for (int c = 0; c < 4; ++c)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int col = warp * 16 + g + 8 * r + 64 * c;
+        const int col = n0 - col0 + 8 * r + 64 * c;
         sc[c][r] = W::pair(stored_float<S>(sz[col]));
-        zb[c][r] = W::pair(stored_float<S>(sz[256 + col]) + W::kBias);
+        zb[c][r] = W::pair(stored_float<S>(sz[COLS + col]) + W::kBias);
       }
   };
 
@@ -192,7 +194,7 @@ __device__ __forceinline__ void swapab_wide(
     return;
   }
   each_output([&](float a, size_t o) { part[(size_t)blockIdx.z * M * N + o] = a; });
-  int* ticket = cnt + ((size_t)blockIdx.y * gridDim.x + block) * kWarps + warp;
+  int* ticket = cnt + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WARPS + warp;
   if (!octavo::last_ticket(ticket, splits, lane)) return;
   each_output([&](float& a, size_t) { a = 0.f; });
   for (int sp = 0; sp < splits; ++sp) {
@@ -205,21 +207,23 @@ __device__ __forceinline__ void swapab_wide(
 
 }  // namespace
 
-// swapab_wide_{activations}_{scales}_m{8 NT}_p{stages}: grid (N / 256 blocks, batch tiles of
-// 8 NT rows, K splits), 128 threads.
-#define OCTAVO_SWAPAB_WIDE(TN, T, SN, S, NT, STAGES)                                          \
-  extern "C" __global__ void __launch_bounds__(128)                                            \
-      swapab_wide_##TN##_##SN##_m##NT##_p##STAGES(                                             \
+// swapab_wide_{activations}_{scales}_m{NT}_w{WARPS}_p{STAGES}: grid (N / (64 WARPS) column
+// tiles, batch tiles of 8 NT rows, K splits), 32 WARPS threads.
+#define OCTAVO_SWAPAB_WIDE(TN, T, SN, S, NT, WARPS, STAGES)                                   \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS)                                     \
+      swapab_wide_##TN##_##SN##_m##NT##_w##WARPS##_p##STAGES(                                  \
           const T* x, const uint4* w, const unsigned short* s, const unsigned short* z,        \
           T* out, float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_split,   \
           int group) {                                                                         \
-    swapab_wide<T, S, NT, STAGES>(x, w, s, z, out, part, cnt, M, N, K, stride_x, k_per_split, \
-                                  group);                                                      \
+    swapab_wide<T, S, NT, WARPS, STAGES>(x, w, s, z, out, part, cnt, M, N, K, stride_x,       \
+                                         k_per_split, group);                                  \
   }
 
 #define OCTAVO_SWAPAB_WIDE_ALL(TN, T, SN, S) \
-  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 4, 3)     \
-  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 8, 3)
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 4, 4, 3)  \
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 8, 4, 3)  \
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 4, 8, 3)  \
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 8, 8, 3)
 
 OCTAVO_SWAPAB_WIDE_ALL(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
 OCTAVO_SWAPAB_WIDE_ALL(bf16, __nv_bfloat16, f16, __half)
