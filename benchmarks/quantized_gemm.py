@@ -218,8 +218,10 @@ def wide_sweep(args, timed, bandwidth, limits) -> None:
     from octavo.kernels.w4a16_swapab import dequantize_swapab
 
     dev = torch.device("cuda")
-    plans = [{"nt": nt, "ctas_per_sm": c, "warps": w} for nt in (4, 8) for w in (4, 8)
-             for c in (1, 2, 3)]
+    from octavo.kernels.swapab_wide import BUILT
+
+    plans = [{"nt": nt, "warps": w, "wsmem": ws, "ctas_per_sm": c}
+             for nt, w, _, ws in sorted(BUILT) for c in (1, 2, 3)]
     rows = []
     for name, (k, n) in SHAPES.items():
         dense = _bf16_copies(k, n, dev)
@@ -234,7 +236,8 @@ def wide_sweep(args, timed, bandwidth, limits) -> None:
             ok = [r for r in results if "us" in r]
             best = min(ok, key=lambda r: r["us"]) if ok else None
             default = next((r for r in ok if r["cfg"]["nt"] == (4 if m <= 32 else 8)
-                            and r["cfg"]["ctas_per_sm"] == 2 and r["cfg"]["warps"] == 4), None)
+                            and r["cfg"]["ctas_per_sm"] == 2 and r["cfg"]["warps"] == 4
+                            and not r["cfg"]["wsmem"]), None)
             row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 1),
                    "dequant_cublas_us": round(t_deq, 1), "default": default, "best": best,
                    "all": results}

@@ -11,7 +11,8 @@ shared memory on the warps that wait for the tensor cores. Here each lane dequan
 own A fragments in registers (one shift and LOP3 for bias + q, then (v - (bias + z)) * s in
 the 16-bit type: exact difference, one rounding, the value the dequantization writes), the
 activations [8 NT rows, 64 K] and the group's scales and zeros come through shared memory
-with ``cp.async`` (3 stages), and each fragment feeds 4 NT products. A CTA is 4 warps over
+with ``cp.async`` (3 stages; or 4 with the weights through it too, ``wsmem``), and each
+fragment feeds 4 NT products. A CTA is 4 warps over
 one 64-row block of the layout (256 output columns; 8 warps: two blocks sharing the
 activations' tile) and 8 NT batch rows (NT 4 to 32 rows, 8 past them); K is split over CTAs
 where the tiles do not fill the GPU, each warp finishing its own outputs by a ticket
@@ -38,8 +39,10 @@ SOURCE = "swapab_wide.cu"
 BLOCK_COLUMNS = 256  # output columns of a 64-row block of int16 rows, 4 values each
 CHUNK = 64  # K per pipeline stage
 WARPS = 4  # per CTA by default: one block (8: two)
-BUILT = {(nt, warps) for nt in (4, 8) for warps in (4, 8)}  # (NT, warps) built
-STAGES = 3
+# (NT, warps, stages, the weights through shared memory too) built (cuda/swapab_wide.cu);
+# registers (ptxas, sm_90, bf16): 189 / 254 / 174 / 255, then 163 / 246 / 244, no spills.
+BUILT = frozenset({(4, 4, 3, False), (8, 4, 3, False), (4, 8, 3, False), (8, 8, 3, False),
+                   (4, 4, 4, True), (8, 4, 4, True), (8, 8, 4, True)})
 CTAS_PER_SM = 2  # the split's aim (254 registers x 128 threads: two CTAs fit an SM)
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -58,6 +61,8 @@ def batch_tiles(m: int) -> int:
 class Plan:
     nt: int  # batch tiles of 8 rows per CTA
     warps: int  # per CTA: 16 int16 rows (64 output columns) each
+    stages: int  # chunks in flight through shared memory
+    wsmem: bool  # the weights through shared memory too (else a chunk ahead in registers)
     blocks: int  # CTAs along N
     row_tiles: int  # CTAs along M
     splits: int  # CTAs along K
@@ -65,23 +70,36 @@ class Plan:
 
     def kernel(self, dtype: torch.dtype, scale_dtype: torch.dtype) -> str:
         return (f"swapab_wide_{_DTYPES[dtype]}_{_DTYPES[scale_dtype]}_m{self.nt}_w{self.warps}"
-                f"_p{STAGES}")
+                f"_p{self.stages}" + ("_ws" if self.wsmem else ""))
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.stages * stage_bytes(self.nt, self.warps, self.wsmem)
+
+
+def stage_bytes(nt: int, warps: int, wsmem: bool) -> int:
+    """One stage's shared memory (cuda/swapab_wide.cu's stage_pieces, in bytes): activations
+    [8 NT, 64], the CTA's scales and zeros of a group, (wsmem) each warp's two steps of
+    weights."""
+    return 16 * (8 * nt * CHUNK // 8 + 2 * (64 * warps // 8) + (warps * 128 if wsmem else 0))
 
 
 def plan(m: int, k: int, n: int, sms: int, nt: int | None = None,
          ctas_per_sm: int = CTAS_PER_SM, splits: int | None = None,
-         warps: int = WARPS) -> Plan:
+         warps: int = WARPS, wsmem: bool = False) -> Plan:
     """Tiles of 64 ``warps`` columns x 8 NT rows; K split over CTAs (whole chunks, none
     empty) until the grid holds about ``ctas_per_sm`` CTAs per SM (or into ``splits``)."""
     nt = nt or batch_tiles(m)
-    if (nt, warps) not in BUILT or n % (64 * warps):
-        raise ValueError(f"swapab_wide: no kernel for {nt} batch tiles and {warps} warps at "
-                         f"N={n} (built: {sorted(BUILT)}, N a multiple of 64 x warps)")
+    stages = 4 if wsmem else 3
+    if (nt, warps, stages, wsmem) not in BUILT or n % (64 * warps):
+        raise ValueError(f"swapab_wide: no kernel for {nt} batch tiles, {warps} warps"
+                         f"{', weights staged' if wsmem else ''} at N={n} (built: "
+                         f"{sorted(BUILT)}, N a multiple of 64 x warps)")
     blocks, row_tiles = n // (64 * warps), -(-m // (8 * nt))
     chunks = k // CHUNK
     want = splits or -(-ctas_per_sm * sms // (blocks * row_tiles))
     per = -(-chunks // max(1, min(want, chunks)))  # chunks per split
-    return Plan(nt, warps, blocks, row_tiles, -(-chunks // per), per * CHUNK)
+    return Plan(nt, warps, stages, wsmem, blocks, row_tiles, -(-chunks // per), per * CHUNK)
 
 
 def available(device: torch.device) -> bool:
@@ -92,7 +110,7 @@ def available(device: torch.device) -> bool:
 def swapab_wide(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                 zeros: torch.Tensor, group_size: int, bits: int = 4, nt: int | None = None,
                 ctas_per_sm: int = CTAS_PER_SM, splits: int | None = None,
-                warps: int = WARPS) -> torch.Tensor:
+                warps: int = WARPS, wsmem: bool = False) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` for ``qweight`` in ``pack_swapab``'s 4-bit layout,
     scales and (float) zeros [K / group, N] in bf16 or fp16. The tuning arguments exist for
     the benchmarks."""
@@ -110,11 +128,11 @@ def swapab_wide(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         scales, zeros = scales.clone(), zeros.clone()
     x2 = cuda_module.aligned_rows(x2)
     mod = cuda_module.loaded(SOURCE, x2.device)
-    p = plan(m, k, n, num_compute_units(x2.device), nt, ctas_per_sm, splits, warps)
+    p = plan(m, k, n, num_compute_units(x2.device), nt, ctas_per_sm, splits, warps, wsmem)
     out, partial = split_k_buffers(m, n, p.splits, x2)
     cnt = split_k_counters(x2.device, p.blocks * p.row_tiles * p.warps)
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, cnt, m, n, k,
                                  x2.stride(0), p.k_per_split, group_size)
     mod.launch(p.kernel(x2.dtype, scales.dtype), (p.blocks, p.row_tiles, p.splits), 32 * p.warps,
-               args, pdl=pdl_mod.enabled(x2.device))
+               args, pdl=pdl_mod.enabled(x2.device), shared_bytes=p.shared_bytes)
     return out

@@ -17,8 +17,9 @@ from octavo.kernels.swapab_wide import plan, supports
 from tests.kernels import cuda_checks
 from tests.kernels.test_swapab_mma import _data, _halves, _nibbles
 
-NAMES = [f"swapab_wide_{t}_{sc}_m{nt}_w{w}_p3" for t in ("bf16", "f16")
-         for sc in ("bf16", "f16") for nt in (4, 8) for w in (4, 8)]
+NAMES = [f"swapab_wide_{t}_{sc}_m{nt}_w{w}_p{st}" + ("_ws" if ws else "")
+         for t in ("bf16", "f16") for sc in ("bf16", "f16")
+         for nt, w, st, ws in sorted(swapab_wide.BUILT)]
 SRC = Path(swapab_wide.__file__).parent / "cuda" / swapab_wide.SOURCE
 
 
@@ -72,8 +73,14 @@ def test_the_emulated_constants_are_the_source_s():
     assert "constexpr int COLS = 64 * WARPS;" in src
     # The swizzle: written and read with the same piece ^ 4 (row & 1).
     assert len(re.findall(r"\^ \(\(r & 1\) << 2\)", src)) == 2
-    for nt, warps in sorted(swapab_wide.BUILT):
-        assert f"OCTAVO_SWAPAB_WIDE(TN, T, SN, S, {nt}, {warps}, 3)" in src
+    for nt, warps, stages, ws in sorted(swapab_wide.BUILT):
+        suffix = "true, _ws" if ws else "false, "
+        assert f"OCTAVO_SWAPAB_WIDE(TN, T, SN, S, {nt}, {warps}, {stages}, {suffix})" in src
+    # The staged weights: each lane reads back the pieces it copied.
+    assert src.count("(2 * i) * 32 + lane") == 2 and src.count("(2 * i + 1) * 32 + lane") == 2
+    assert ("return 8 * NT * kChunk / 8 + 2 * (64 * WARPS / 8) + (WSMEM ? WARPS * 128 : 0);"
+            in src)
+    assert swapab_wide.stage_bytes(8, 4, True) == 16 * (512 + 64 + 512)
 
 
 # --- the kernel's mapping, emulated on the CPU ----------------------------------------------
@@ -240,13 +247,14 @@ def test_matches_the_float64_reference_gpu(dtype, scale_dtype, m, k, n, group):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("splits", [1, 2, 7])
-@pytest.mark.parametrize("nt,warps", sorted(swapab_wide.BUILT))
+@pytest.mark.parametrize("nt,warps,stages,wsmem", sorted(swapab_wide.BUILT))
 def test_every_plan_gives_the_same_answer_and_leaves_the_counters_zeroed_gpu(splits, nt,
-                                                                             warps):
+                                                                             warps, stages,
+                                                                             wsmem):
     from octavo.kernels import split_k
 
     x, qw, s, z, ref = _case(80, 2048, 1024, 128, torch.bfloat16)
-    kw = {"nt": nt, "splits": splits, "warps": warps}
+    kw = {"nt": nt, "splits": splits, "warps": warps, "wsmem": wsmem}
     out = swapab_wide.swapab_wide(x, qw, s, z, 128, **kw)
     assert _rel(out, ref) < 8e-3
     again = swapab_wide.swapab_wide(x, qw, s, z, 128, **kw)

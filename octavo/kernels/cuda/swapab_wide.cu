@@ -54,7 +54,15 @@ struct Wide : octavo::MmaType<T>, octavo::Int4<T> {
 
 constexpr int kChunk = 64;  // K per chunk: two 32-wide steps
 
-template <typename T, typename S, int NT, int WARPS, int STAGES>
+// Shared memory of one stage, in 16-byte pieces: activations [8 NT rows, 64 K], the CTA's
+// 64 WARPS columns of scales and of zeros, and (WSMEM) each warp's weights (2 steps x rows
+// g, g + 8 x 32 lanes). octavo/kernels/swapab_wide.py's stage_bytes says the same.
+template <int NT, int WARPS, bool WSMEM>
+__host__ __device__ constexpr int stage_pieces() {
+  return 8 * NT * kChunk / 8 + 2 * (64 * WARPS / 8) + (WSMEM ? WARPS * 128 : 0);
+}
+
+template <typename T, typename S, int NT, int WARPS, int STAGES, bool WSMEM>
 __device__ __forceinline__ void swapab_wide(
     const T* __restrict__ x, const uint4* __restrict__ w, const unsigned short* __restrict__ s,
     const unsigned short* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
@@ -64,7 +72,8 @@ __device__ __forceinline__ void swapab_wide(
   constexpr int PIECES = BM * kChunk / 8;  // 16-byte pieces of a stage's activations
   constexpr int COLS = 64 * WARPS;  // output columns of the CTA
   constexpr int SZ = COLS / 8;  // 16-byte pieces of a group's scales (of its zeros as many)
-  __shared__ uint4 xs[STAGES][PIECES + 2 * SZ];
+  constexpr int STAGE = stage_pieces<NT, WARPS, WSMEM>();
+  extern __shared__ uint4 ring[];  // STAGES stages of STAGE pieces
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.y * BM, col0 = blockIdx.x * COLS;
@@ -78,23 +87,33 @@ __device__ __forceinline__ void swapab_wide(
   const int n1 = n0 + 8;
 
   // A stage: the chunk's activations [BM, 64] (16-byte pieces, swizzled), then the CTA's
-  // 256 columns of the chunk's group: scales, then zero points, as stored.
+  // columns of the chunk's group: scales, then zero points, as stored; then (WSMEM) the
+  // warps' weights, each lane copying the 4 pieces it reads back.
+  auto stage_at = [&](int stage) { return ring + stage * STAGE; };
+  auto issue_weights = [&](int stage, int k) {
+    uint4* ws = stage_at(stage) + PIECES + 2 * SZ + warp * 128;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      octavo::cp_async16(ws + (2 * i) * 32 + lane, wa + (k / 32 + i) * 4);
+      octavo::cp_async16(ws + (2 * i + 1) * 32 + lane, wb + (k / 32 + i) * 4);
+    }
+  };
   auto issue = [&](int stage, int k) {
 #pragma unroll
     for (int i = 0; i < PIECES / (32 * WARPS); ++i) {
       const int idx = threadIdx.x + 32 * WARPS * i;
       const int r = idx >> 3, p = idx & 7;
       const bool in = m0 + r < M;
-      octavo::cp_async16(&xs[stage][r * 8 + (p ^ ((r & 1) << 2))],
+      octavo::cp_async16(stage_at(stage) + r * 8 + (p ^ ((r & 1) << 2)),
                          in ? x + (size_t)(m0 + r) * stride_x + k + 8 * p : x, in);
     }
     if (threadIdx.x < 2 * SZ) {  // SZ pieces of scales, SZ of zeros
       const unsigned short* src = (threadIdx.x < SZ ? s : z) + (size_t)(k / group) * N + col0 +
                                   8 * (threadIdx.x % SZ);
-      octavo::cp_async16(&xs[stage][PIECES + threadIdx.x], src);
+      octavo::cp_async16(stage_at(stage) + PIECES + threadIdx.x, src);
     }
   };
-  uint4 na[2], nb[2];  // the next chunk's weights
+  uint4 na[2], nb[2];  // the next chunk's weights (not WSMEM)
   auto load_weights = [&](int k) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -123,8 +142,16 @@ __device__ __forceinline__ void swapab_wide(
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[j][c][i] = 0.f;
 
-  if (chunks > 0) load_weights(k_begin);
-  octavo::pdl_wait();  // the weights are constants: on their way while the last kernel ends
+  // The weights are constants: on their way while the last kernel ends (WSMEM: the first
+  // stages' copies join the first stage's group).
+  if constexpr (WSMEM) {
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; ++j)
+      if (j < chunks) issue_weights(j, k_begin + j * kChunk);
+  } else {
+    if (chunks > 0) load_weights(k_begin);
+  }
+  octavo::pdl_wait();
 #pragma unroll
   for (int j = 0; j < STAGES - 1; ++j) {
     if (j < chunks) issue(j, k_begin + j * kChunk);
@@ -133,17 +160,31 @@ __device__ __forceinline__ void swapab_wide(
   for (int j = 0; j < chunks; ++j) {
     const int k = k_begin + j * kChunk;
     uint4 ca[2], cb[2];
+    if constexpr (!WSMEM) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      ca[i] = na[i];
-      cb[i] = nb[i];
+      for (int i = 0; i < 2; ++i) {
+        ca[i] = na[i];
+        cb[i] = nb[i];
+      }
+      if (j + 1 < chunks) load_weights(k + kChunk);
     }
-    if (j + 1 < chunks) load_weights(k + kChunk);
     octavo::cp_async_wait<STAGES - 2>();  // this thread's copies of chunk j are in
     __syncthreads();  // everyone's are, and everyone is done with chunk j - 1's stage
-    if (j + STAGES - 1 < chunks) issue((j + STAGES - 1) % STAGES, k + (STAGES - 1) * kChunk);
+    if (j + STAGES - 1 < chunks) {
+      const int next = (j + STAGES - 1) % STAGES, kn = k + (STAGES - 1) * kChunk;
+      if constexpr (WSMEM) issue_weights(next, kn);
+      issue(next, kn);
+    }
     octavo::cp_async_commit();
-    const uint4* st = xs[j % STAGES];
+    const uint4* st = stage_at(j % STAGES);
+    if constexpr (WSMEM) {
+      const uint4* ws = st + PIECES + 2 * SZ + warp * 128;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        ca[i] = ws[(2 * i) * 32 + lane];
+        cb[i] = ws[(2 * i + 1) * 32 + lane];
+      }
+    }
     if (j == 0 || k % group == 0) take_group(st);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -207,23 +248,27 @@ __device__ __forceinline__ void swapab_wide(
 
 }  // namespace
 
-// swapab_wide_{activations}_{scales}_m{NT}_w{WARPS}_p{STAGES}: grid (N / (64 WARPS) column
-// tiles, batch tiles of 8 NT rows, K splits), 32 WARPS threads.
-#define OCTAVO_SWAPAB_WIDE(TN, T, SN, S, NT, WARPS, STAGES)                                   \
+// swapab_wide_{activations}_{scales}_m{NT}_w{WARPS}_p{STAGES}[_ws]: grid (N / (64 WARPS)
+// column tiles, batch tiles of 8 NT rows, K splits), 32 WARPS threads, STAGES stages of
+// dynamic shared memory; _ws: the weights through it too.
+#define OCTAVO_SWAPAB_WIDE(TN, T, SN, S, NT, WARPS, STAGES, WSMEM, SUFFIX)                     \
   extern "C" __global__ void __launch_bounds__(32 * WARPS)                                     \
-      swapab_wide_##TN##_##SN##_m##NT##_w##WARPS##_p##STAGES(                                  \
+      swapab_wide_##TN##_##SN##_m##NT##_w##WARPS##_p##STAGES##SUFFIX(                          \
           const T* x, const uint4* w, const unsigned short* s, const unsigned short* z,        \
           T* out, float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_split,   \
           int group) {                                                                         \
-    swapab_wide<T, S, NT, WARPS, STAGES>(x, w, s, z, out, part, cnt, M, N, K, stride_x,       \
-                                         k_per_split, group);                                  \
+    swapab_wide<T, S, NT, WARPS, STAGES, WSMEM>(x, w, s, z, out, part, cnt, M, N, K,          \
+                                                stride_x, k_per_split, group);                 \
   }
 
-#define OCTAVO_SWAPAB_WIDE_ALL(TN, T, SN, S) \
-  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 4, 4, 3)  \
-  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 8, 4, 3)  \
-  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 4, 8, 3)  \
-  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 8, 8, 3)
+#define OCTAVO_SWAPAB_WIDE_ALL(TN, T, SN, S)             \
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 4, 4, 3, false, )     \
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 8, 4, 3, false, )     \
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 4, 8, 3, false, )     \
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 8, 8, 3, false, )     \
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 4, 4, 4, true, _ws)   \
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 8, 4, 4, true, _ws)   \
+  OCTAVO_SWAPAB_WIDE(TN, T, SN, S, 8, 8, 4, true, _ws)
 
 OCTAVO_SWAPAB_WIDE_ALL(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
 OCTAVO_SWAPAB_WIDE_ALL(bf16, __nv_bfloat16, f16, __half)
