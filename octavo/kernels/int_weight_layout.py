@@ -139,7 +139,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits,
                                      **swapab_mma.engine_plan())
     wide = envs.swapab_wide_min_m()
-    if wide and m >= wide and swapab_wide.available(x2.device) and \
+    if wide and wide <= m <= swapab_wide.ENGINE_MAX_M and swapab_wide.available(x2.device) and \
             swapab_wide.supports(m, k, n, group_size, bits, x2.dtype):
         return swapab_wide.swapab_wide(x2, qweight, scales, zeros, group_size, bits)
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):

@@ -44,6 +44,10 @@ WARPS = 4  # per CTA by default: one block (8: two)
 BUILT = frozenset({(4, 4, 3, False), (8, 4, 3, False), (4, 8, 3, False), (8, 8, 3, False),
                    (4, 4, 4, True), (8, 4, 4, True), (8, 8, 4, True)})
 CTAS_PER_SM = 2  # the split's aim (254 registers x 128 threads: two CTAs fit an SM)
+# The largest batch the engine sends here: past it (prefill chunks) a GEMM is bound by the
+# tensor cores, where cuBLAS's wgmma outruns mma.sync by more than the dequantization costs
+# (Llama-8B gate_up: ~60 us to dequantize against ~5 ms of GEMM at 16,384 rows).
+ENGINE_MAX_M = 512
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 

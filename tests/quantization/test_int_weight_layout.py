@@ -210,10 +210,11 @@ def test_the_wide_kernel_takes_the_opted_in_batches_after_the_16_row_kernel(monk
     assert calls == [("cuda", 16), ("triton", 65), ("dequant", None)]
     calls.clear()
     monkeypatch.setenv("OCTAVO_SWAPAB_WIDE_MIN_M", "17")
-    for m in (16, 65, 129, 300):
+    for m in (16, 65, 129, 300, 513):
         run(m)
     run(300, group=32)  # a group inside one 64-wide chunk: not the wide kernel's
-    assert calls == [("cuda", 16), ("wide", 65), ("wide", 129), ("wide", 300), ("dequant", None)]
+    assert calls == [("cuda", 16), ("wide", 65), ("wide", 129), ("wide", 300),
+                     ("dequant", None), ("dequant", None)]  # past ENGINE_MAX_M: a prefill
     calls.clear()
     monkeypatch.setattr(layout.swapab_wide, "available", lambda device: False)  # no nvcc
     run(129)
