@@ -29,7 +29,7 @@ import dataclasses
 import torch
 
 from octavo import envs
-from octavo.kernels import cuda_module
+from octavo.kernels import cuda_module, swapab_mma
 from octavo.kernels import pdl as pdl_mod
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
@@ -123,11 +123,7 @@ def swapab_wide(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if not supports(m, k, n, group_size, bits, x2.dtype):
         raise ValueError(f"swapab_wide: M={m}, K={k}, N={n}, group {group_size}, {bits}-bit, "
                          f"{x2.dtype} is not a supported shape")
-    if scales.dtype not in _DTYPES:
-        scales = scales.to(x2.dtype)
-    if zeros.dtype != scales.dtype:
-        zeros = zeros.to(scales.dtype)
-    scales, zeros, qweight = scales.contiguous(), zeros.contiguous(), qweight.contiguous()
+    qweight, scales, zeros = swapab_mma.stored_operands(x2, qweight, scales, zeros)
     if scales.data_ptr() % 16 or zeros.data_ptr() % 16:  # copied in 16-byte pieces
         scales, zeros = scales.clone(), zeros.clone()
     x2 = cuda_module.aligned_rows(x2)
