@@ -116,9 +116,9 @@ def swapab_cuda_chunked_large_max_m() -> int:
 def swapab_wide_min_m() -> int:
     """OCTAVO_SWAPAB_WIDE_MIN_M (default 0, off): the smallest batch (rows) a 4-bit layer in
     the swap-AB layout sends to the CUDA wide-tile GEMM (octavo/kernels/swapab_wide.py)
-    instead of the Triton swap-AB GEMM or dequantize-then-cuBLAS, up to its ENGINE_MAX_M (512:
-    prefill chunks keep cuBLAS); batches the CUDA 1-16-row kernel takes stay there. Unmeasured on a GPU when written (session 52): a measurement
-    knob until it is."""
+    instead of the Triton swap-AB GEMM or dequantize-then-cuBLAS, up to its ENGINE_MAX_M
+    (512: prefill chunks keep cuBLAS); batches the CUDA 1-16-row kernel takes stay there.
+    Unmeasured on a GPU when written (session 52): a measurement knob until it is."""
     return _int("OCTAVO_SWAPAB_WIDE_MIN_M", 0, "rows")
 
 

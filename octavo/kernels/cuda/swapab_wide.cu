@@ -7,11 +7,11 @@
 // A CTA is WARPS (4 or 8) warps over WARPS / 4 64-row blocks of int16 rows (256 output
 // columns each: nibble c of int16 row R is column (R / 64) * 256 + 64 c + R % 64) and BM = 8 NT
 // batch rows, over a range of K (its split, blockIdx.z). Warp w takes int16 rows 16 w ..
-// 16 w + 15 of the CTA's, in
-// swapab_mma.cu's fragment mapping: lane (g, t) loads 16 bytes of rows g and g + 8 at
-// k + 8t per 32-wide step, one chunk (two steps) ahead in registers, and the two m16n8k16
-// products of a step (h = 0, 1) take physical K 8t + 4h + {0..3} as their logical columns
-// {2t, 2t+1, 2t+8, 2t+9}. Unlike swapab_mma.cu (1-16 rows, zero points and scales applied
+// 16 w + 15 of the CTA's, in swapab_mma.cu's fragment mapping: lane (g, t) loads 16 bytes
+// of rows g and g + 8 at k + 8t per 32-wide step, one chunk (two steps) ahead in registers
+// (WSMEM: copied into the stages with the activations, STAGES chunks ahead), and the two
+// m16n8k16 products of a step (h = 0, 1) take physical K 8t + 4h + {0..3} as their logical
+// columns {2t, 2t+1, 2t+8, 2t+9}. Unlike swapab_mma.cu (1-16 rows, zero points and scales applied
 // per group on the accumulators) each weight pair is dequantized in the 16-bit type before
 // its products: (bias + q) - (bias + z) is exact, times s rounded once, the value
 // dequantize_swapab writes; one set of accumulators then holds 4 values x NT batch tiles.
