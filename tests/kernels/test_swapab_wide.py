@@ -15,7 +15,7 @@ import torch
 from octavo.kernels import cuda_module, int_weight_layout, swapab_wide
 from octavo.kernels.swapab_wide import plan, supports
 from tests.kernels import cuda_checks
-from tests.kernels.test_swapab_mma import _data, _halves, _nibbles
+from tests.kernels.test_swapab_mma import _case, _data, _halves, _nibbles, _rel
 
 NAMES = [f"swapab_wide_{t}_{sc}_m{nt}_w{w}_p{st}" + ("_ws" if ws else "")
          for t in ("bf16", "f16") for sc in ("bf16", "f16")
@@ -206,25 +206,6 @@ def test_a_wrong_swizzle_read_fails():
 
 # --- on the GPU ---------------------------------------------------------------------------
 
-def _case(m, k, n, group, dtype, scale_dtype=None, seed=0):
-    from octavo.kernels.w4a16_swapab import pack_swapab
-
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (k, n), generator=g)
-    scales = torch.rand(k // group, n, generator=g) * 0.02 + 0.001
-    zeros = torch.randint(0, 17, (k // group, n), generator=g).float()
-    x = torch.randn(m, k, generator=g)
-    xs, ss, zs = x.to(dtype), scales.to(scale_dtype or dtype), zeros.to(scale_dtype or dtype)
-    ref = xs.double() @ ((q.double() - zs.double().repeat_interleave(group, 0))
-                         * ss.double().repeat_interleave(group, 0))
-    return xs.cuda(), pack_swapab(q, 4).cuda(), ss.cuda(), zs.cuda(), ref
-
-
-def _rel(a, b):
-    a, b = a.double().cpu(), b.double().cpu()
-    return ((a - b).norm() / b.norm()).item()
-
-
 gpu = pytest.mark.skipif(not torch.cuda.is_available()
                          or cuda_module.module(swapab_wide.SOURCE, torch.device("cuda")) is None,
                          reason="needs an NVIDIA GPU and nvcc")
@@ -238,7 +219,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available()
 @pytest.mark.parametrize("k,n,group", [(512, 768, 64), (1024, 512, 128), (4096, 4096, 128),
                                        (14336, 1024, 128)])
 def test_matches_the_float64_reference_gpu(dtype, scale_dtype, m, k, n, group):
-    x, qw, s, z, ref = _case(m, k, n, group, dtype, scale_dtype)
+    x, qw, s, z, ref = _case(m, k, n, group, dtype, scale_dtype=scale_dtype)
     out = swapab_wide.swapab_wide(x, qw, s, z, group)
     assert out.dtype == dtype and out.shape == (m, n) and torch.isfinite(out).all()
     assert _rel(out, ref) < (8e-3 if dtype == torch.bfloat16 else 2e-3)
