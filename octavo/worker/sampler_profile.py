@@ -18,6 +18,7 @@ from octavo.kernels.triton_available import HAS_TRITON
 from octavo.sample.logits_processors import RowCache, RowContext
 from octavo.sample.metadata import SamplingMetadata
 from octavo.sample.penalty_rows import PenaltyRows
+from octavo.sample.sampler import stats_kernel
 from octavo.sampling_params import SamplingParams
 
 
@@ -53,7 +54,7 @@ def sample_worst_case(sampler, logits: torch.Tensor, max_logprobs: int) -> None:
             for b in sorted({1, rows}):
                 race_sample(x[:b], full[:b], base)
                 race_sample(x[:b], full[:b], base, seeds[:b])
-    if logits.is_cuda and HAS_TRITON and envs.logprob_kernel():
+    if stats_kernel(logits):
         # The logprob statistics' variants too (the raw logits' dtype and float32; the
         # vocabulary split or not).
         from octavo.kernels.logprob_stats import logprob_stats
