@@ -122,6 +122,21 @@ def swapab_wide_min_m() -> int:
     return _int("OCTAVO_SWAPAB_WIDE_MIN_M", 0, "rows")
 
 
+def swapab_wide_plan() -> tuple[int, bool, int]:
+    """OCTAVO_SWAPAB_WIDE_PLAN ("WARPS,WSMEM,CTAS", default "4,0,2"): the engine's launch plan
+    for the CUDA wide-tile GEMM: warps a CTA (4 or 8), the weights through shared memory
+    too (0 or 1), the CTAs per SM the K split aims at; for measuring plans in the engine."""
+    value = os.environ.get("OCTAVO_SWAPAB_WIDE_PLAN", "").strip() or "4,0,2"
+    try:
+        warps, wsmem, ctas = (int(v) for v in value.split(","))
+    except ValueError:
+        warps = wsmem = ctas = -1
+    if warps not in (4, 8) or wsmem not in (0, 1) or ctas < 1:
+        raise ValueError("OCTAVO_SWAPAB_WIDE_PLAN must be WARPS,WSMEM,CTAS (warps 4 or 8, "
+                         f"WSMEM 0 or 1, CTAS at least 1), got {value!r}")
+    return warps, bool(wsmem), ctas
+
+
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k", "swapab" (every layer the swap-AB kernel can hold) or "rows" (every

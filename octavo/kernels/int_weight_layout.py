@@ -141,7 +141,8 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     wide = envs.swapab_wide_min_m()
     if wide and wide <= m <= swapab_wide.ENGINE_MAX_M and swapab_wide.available(x2.device) and \
             swapab_wide.supports(m, k, n, group_size, bits, x2.dtype):
-        return swapab_wide.swapab_wide(x2, qweight, scales, zeros, group_size, bits)
+        return swapab_wide.swapab_wide(x2, qweight, scales, zeros, group_size, bits,
+                                       **swapab_wide.engine_plan(m, n))
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.

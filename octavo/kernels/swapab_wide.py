@@ -106,6 +106,20 @@ def plan(m: int, k: int, n: int, sms: int, nt: int | None = None,
     return Plan(nt, warps, stages, wsmem, blocks, row_tiles, -(-chunks // per), per * CHUNK)
 
 
+def engine_plan(m: int, n: int) -> dict:
+    """The engine's launch arguments at ``m`` rows and ``n`` columns
+    (``OCTAVO_SWAPAB_WIDE_PLAN``: warps, the weights through shared memory, CTAs per SM);
+    4 warps where ``n`` does not fill 8 warps' tiles; NT from ``batch_tiles``, or 8 where
+    that variant was not built."""
+    warps, wsmem, ctas = envs.swapab_wide_plan()
+    if n % (64 * warps):
+        warps = 4
+    nt = batch_tiles(m)
+    if (nt, warps, 4 if wsmem else 3, wsmem) not in BUILT:
+        nt = 8
+    return {"nt": nt, "warps": warps, "wsmem": wsmem, "ctas_per_sm": ctas}
+
+
 def available(device: torch.device) -> bool:
     """Built (nvcc, an NVIDIA GPU) and not turned off (``OCTAVO_CUDA_KERNELS=0``)."""
     return envs.cuda_kernels() and cuda_module.module(SOURCE, device) is not None

@@ -57,6 +57,22 @@ def test_supports():
     assert not supports(64, 4096, 4096, 128, 4, torch.float32)
 
 
+def test_the_engine_plan_follows_the_switch_and_only_names_built_kernels(monkeypatch):
+    monkeypatch.delenv("OCTAVO_SWAPAB_WIDE_PLAN", raising=False)
+    assert swapab_wide.engine_plan(20, 4096) == {"nt": 4, "warps": 4, "wsmem": False,
+                                                 "ctas_per_sm": 2}
+    monkeypatch.setenv("OCTAVO_SWAPAB_WIDE_PLAN", "8,1,3")
+    for m, n in ((17, 4096), (200, 4096), (200, 768)):
+        p = swapab_wide.engine_plan(m, n)
+        assert p["ctas_per_sm"] == 3 and p["wsmem"]
+        assert (p["nt"], p["warps"], 4, True) in swapab_wide.BUILT  # no (4, 8, 4, True)
+        assert n % (64 * p["warps"]) == 0  # 768 columns: 4 warps
+    for bad in ("8,0", "6,0,2", "4,2,2", "4,0,0", "x"):
+        monkeypatch.setenv("OCTAVO_SWAPAB_WIDE_PLAN", bad)
+        with pytest.raises(ValueError, match="OCTAVO_SWAPAB_WIDE_PLAN"):
+            swapab_wide.engine_plan(64, 4096)
+
+
 def test_available_where_built_unless_turned_off(monkeypatch):
     cuda_checks.check_switch(monkeypatch, swapab_wide, "OCTAVO_CUDA_KERNELS", default=True)
 
