@@ -57,9 +57,7 @@ def main() -> None:
                     help="w4a16_gemm paths to time side by side: default (the dispatch), gemv, "
                          "gemm, dequant, swapab (its own packed layout), swapab_dequant "
                          "(dequantize that layout, then cuBLAS), cuda (the CUDA C++ kernel on "
-                         "that layout, octavo/kernels/swapab_mma.py, M <= 16), wide (the CUDA "
-                         "wide-tile kernel on that layout, octavo/kernels/swapab_wide.py, "
-                         "4-bit, any M), layout "
+                         "that layout, octavo/kernels/swapab_mma.py, M <= 16), layout "
                          "(the engine's dispatch "
                          "for a layer in the swap-AB layout), dequant_only / "
                          "swapab_dequant_only (the dequantization alone: its HBM fraction "
@@ -79,10 +77,6 @@ def main() -> None:
                     help="the CUDA swap-AB kernel (--bits) over launch plans: warps per SM, "
                          "K steps per chunk, warps per CTA (--stages: chunks in flight "
                          "through shared memory instead, 4-step chunks)")
-    ap.add_argument("--wide-sweep", action="store_true",
-                    help="the CUDA wide-tile 4-bit kernel (octavo/kernels/swapab_wide.py) over "
-                         "batch tiles (NT 4 / 8) and CTAs per SM (the K split's aim), against "
-                         "dequantize-then-cuBLAS and bf16")
     ap.add_argument("--stages", type=int, nargs="+", default=None,
                     help="with --cuda-sweep: stages to sweep (0 = the registers' pipeline) "
                          "over warps per SM 4-16 at 4-step chunks and CTAs of up to 8 warps")
@@ -113,11 +107,10 @@ def main() -> None:
         return fp8_cuda_sweep(args, timed, bandwidth, limits)
     if args.dequant_sweep:
         return dequant_sweep(args, timed, bandwidth, limits)
-    if args.cuda_sweep or args.wide_sweep:
+    if args.cuda_sweep:
         from benchmarks import quantized_gemm_cuda
 
-        run = quantized_gemm_cuda.cuda_sweep if args.cuda_sweep else quantized_gemm_cuda.wide_sweep
-        return run(args, timed, bandwidth, limits)
+        return quantized_gemm_cuda.cuda_sweep(args, timed, bandwidth, limits)
 
     rows = []
     for name, (k, n) in SHAPES.items():
@@ -182,8 +175,7 @@ def _weight_bytes(k: int, n: int, bits: int, group: int) -> float:
 
 
 def _layout(path: str) -> str:
-    return ("swapab" if path.startswith("swapab") or path in ("layout", "cuda", "wide")
-            else "along_k")
+    return "swapab" if path.startswith("swapab") or path in ("layout", "cuda") else "along_k"
 
 
 def _run(path: str, x, p, group: int, bits: int, kw: dict):
@@ -196,10 +188,6 @@ def _run(path: str, x, p, group: int, bits: int, kw: dict):
         from octavo.kernels.swapab_mma import swapab_mma
 
         return swapab_mma(x, *p, group, bits)
-    if path == "wide":
-        from octavo.kernels.swapab_wide import swapab_wide
-
-        return swapab_wide(x, *p, group, bits)
     if path == "layout":  # what the engine runs for a layer in the swap-AB layout
         return int_weight_layout.linear(x, *p, group, bits, int_weight_layout.SWAPAB)
     if path == "swapab_dequant":

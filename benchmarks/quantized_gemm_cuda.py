@@ -1,12 +1,11 @@
-"""The CUDA C++ integer kernels' launch-plan sweeps of ``benchmarks/quantized_gemm.py``
-(``--cuda-sweep``: octavo/kernels/swapab_mma.py, 1-16 rows; ``--wide-sweep``:
-octavo/kernels/swapab_wide.py, 17-512 rows), on its Llama-3.1-8B shapes and weight copies:
-run them through that script."""
+"""The CUDA C++ integer kernel's launch-plan sweep of ``benchmarks/quantized_gemm.py``
+(``--cuda-sweep``: octavo/kernels/swapab_mma.py, 1-16 rows), on its Llama-3.1-8B shapes and
+weight copies: run it through that script."""
 
 from __future__ import annotations
 
-from benchmarks.common import device_info, git_commit, print_json_result, time_each
-from benchmarks.quantized_gemm import SHAPES, _bf16_copies, _int_copies, _weight_bytes
+from benchmarks.common import device_info, git_commit, print_json_result
+from benchmarks.quantized_gemm import SHAPES, _int_copies, _weight_bytes
 
 
 def cuda_sweep(args, timed, bandwidth, limits) -> None:
@@ -47,45 +46,4 @@ def cuda_sweep(args, timed, bandwidth, limits) -> None:
             del packs
             torch.cuda.empty_cache()
     print_json_result({"benchmark": "quantized_gemm_cuda_sweep", "device": device_info(),
-                       "limits": limits, "commit": git_commit(), "rows": rows}, args.json)
-
-
-def wide_sweep(args, timed, bandwidth, limits) -> None:
-    """The CUDA wide-tile 4-bit kernel over its launch plans per Llama-8B shape and M, with
-    bf16 cuBLAS and dequantize-then-cuBLAS (the engine's path past 128 rows) beside it."""
-    import torch
-
-    from octavo.kernels.swapab_wide import swapab_wide
-    from octavo.kernels.w4a16_swapab import dequantize_swapab
-
-    dev = torch.device("cuda")
-    from octavo.kernels.swapab_wide import BUILT
-
-    plans = [{"nt": nt, "warps": w, "wsmem": ws, "ctas_per_sm": c}
-             for nt, w, _, ws in sorted(BUILT) for c in (1, 2, 3)]
-    rows = []
-    for name, (k, n) in SHAPES.items():
-        dense = _bf16_copies(k, n, dev)
-        packs = _int_copies(k, n, 4, args.group, dev, "swapab")
-        for m in args.m:
-            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-            t_bf16 = timed([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in dense])
-            t_deq = timed([lambda p=p, x=x: x @ dequantize_swapab(*p, args.group, 4, x.dtype)
-                           for p in packs])
-            results = time_each(timed, plans, lambda cfg, x=x, ps=packs: [
-                lambda p=p: swapab_wide(x, *p, args.group, 4, **cfg) for p in ps])
-            ok = [r for r in results if "us" in r]
-            best = min(ok, key=lambda r: r["us"]) if ok else None
-            default = next((r for r in ok if r["cfg"]["nt"] == (4 if m <= 32 else 8)
-                            and r["cfg"]["ctas_per_sm"] == 2 and r["cfg"]["warps"] == 4
-                            and not r["cfg"]["wsmem"]), None)
-            row = {"shape": name, "K": k, "N": n, "M": m, "bf16_us": round(t_bf16, 1),
-                   "dequant_cublas_us": round(t_deq, 1), "default": default, "best": best,
-                   "all": results}
-            rows.append(row)
-            print(f"{name} M={m}: bf16 {t_bf16:.1f} us, dequantize + cuBLAS {t_deq:.1f}, wide "
-                  f"default {default and default['us']}, best {best}", flush=True)
-        del dense, packs
-        torch.cuda.empty_cache()
-    print_json_result({"benchmark": "quantized_gemm_wide_sweep", "device": device_info(),
                        "limits": limits, "commit": git_commit(), "rows": rows}, args.json)

@@ -113,30 +113,6 @@ def swapab_cuda_chunked_large_max_m() -> int:
     return _int("OCTAVO_SWAPAB_CUDA_CHUNKED_LARGE_MAX_M", 0, "rows")
 
 
-def swapab_wide_min_m() -> int:
-    """OCTAVO_SWAPAB_WIDE_MIN_M (default 0, off): the smallest batch (rows) a 4-bit layer in
-    the swap-AB layout sends to the CUDA wide-tile GEMM (octavo/kernels/swapab_wide.py)
-    instead of the Triton swap-AB GEMM or dequantize-then-cuBLAS, up to its ENGINE_MAX_M
-    (512: prefill chunks keep cuBLAS); batches the CUDA 1-16-row kernel takes stay there.
-    Unmeasured on a GPU when written (session 52): a measurement knob until it is."""
-    return _int("OCTAVO_SWAPAB_WIDE_MIN_M", 0, "rows")
-
-
-def swapab_wide_plan() -> tuple[int, bool, int]:
-    """OCTAVO_SWAPAB_WIDE_PLAN ("WARPS,WSMEM,CTAS", default "4,0,2"): the engine's launch plan
-    for the CUDA wide-tile GEMM: warps a CTA (4 or 8), the weights through shared memory
-    too (0 or 1), the CTAs per SM the K split aims at; for measuring plans in the engine."""
-    value = os.environ.get("OCTAVO_SWAPAB_WIDE_PLAN", "").strip() or "4,0,2"
-    try:
-        warps, wsmem, ctas = (int(v) for v in value.split(","))
-    except ValueError:
-        warps = wsmem = ctas = -1
-    if warps not in (4, 8) or wsmem not in (0, 1) or ctas < 1:
-        raise ValueError("OCTAVO_SWAPAB_WIDE_PLAN must be WARPS,WSMEM,CTAS (warps 4 or 8, "
-                         f"WSMEM 0 or 1, CTAS at least 1), got {value!r}")
-    return warps, bool(wsmem), ctas
-
-
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k", "swapab" (every layer the swap-AB kernel can hold) or "rows" (every

@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch
 
 from octavo import envs
-from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_mma, swapab_wide
+from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_mma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
 
@@ -138,11 +138,12 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # layer's weights read from L2 by the chunks after the first.)
         return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits,
                                      **swapab_mma.engine_plan())
-    wide = envs.swapab_wide_min_m()
-    if wide and wide <= m <= swapab_wide.ENGINE_MAX_M and swapab_wide.available(x2.device) and \
-            swapab_wide.supports(m, k, n, group_size, bits, x2.dtype):
-        return swapab_wide.swapab_wide(x2, qweight, scales, zeros, group_size, bits,
-                                       **swapab_wide.engine_plan(m, n))
+    # A CUDA wide-tile mma.sync kernel with the dequantization in registers (session 52,
+    # removed in session 53) lost on an H100 at every batch: one Llama-8B layer at 64 / 128 /
+    # 256 rows took 492 / 451 / 576 us at its default plan (best plans per layer: gate_up
+    # 77.5 / 106.5 / 209.7 us against the engine's 55.4 / 105.8 / 201.7; down 67.5 / 94.1 /
+    # 133.6 against 39.3 / 59.4 / 113.1), and W2 with it from 129 rows 6,506 against 6,938
+    # tok/s; docs/benchmarks.md session 53.
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.

@@ -161,9 +161,9 @@ def max_rows() -> int:
 
 def stored_operands(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                     zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(qweight, scales, zeros) as the swap-AB CUDA kernels (this one, ``swapab_wide``) read
-    them: contiguous, the scales and zeros 16-bit floats of one dtype as stored (GPTQ's
-    float16 under a bf16 model included); anything else converted, per call."""
+    """(qweight, scales, zeros) as the swap-AB CUDA kernel reads them: contiguous, the
+    scales and zeros 16-bit floats of one dtype as stored (GPTQ's float16 under a bf16
+    model included); anything else converted, per call."""
     if scales.dtype not in _DTYPES:
         scales = scales.to(x2.dtype)
     if zeros.dtype != scales.dtype:

@@ -183,44 +183,6 @@ def test_triton_swapab_tiles_by_batch(monkeypatch):
     assert tiles == [{"block_r": 16, "waves": 8}] * 2 + [{"waves": 2}] * 2
 
 
-def test_the_wide_kernel_takes_the_opted_in_batches_after_the_16_row_kernel(monkeypatch):
-    """OCTAVO_SWAPAB_WIDE_MIN_M=N: 4-bit batches of at least N rows go to the wide-tile CUDA
-    kernel (where built and the shape fits), ahead of the Triton swap-AB GEMM and the
-    dequantization; batches the 1-16-row CUDA kernel takes stay there; unset, none do."""
-    calls = []
-    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
-    monkeypatch.setattr(layout.swapab_mma, "swapab_mma",
-                        lambda x2, *a, **k: calls.append(("cuda", x2.shape[0])))
-    monkeypatch.setattr(layout.swapab_wide, "available", lambda device: True)
-    monkeypatch.setattr(layout.swapab_wide, "swapab_wide",
-                        lambda x2, *a, **k: calls.append(("wide", x2.shape[0])))
-    monkeypatch.setattr(layout.swapab, "w4a16_swapab",
-                        lambda x2, *a, **k: calls.append(("triton", x2.shape[0])))
-    monkeypatch.setattr(layout.swapab, "dequantize_swapab",
-                        lambda *a, **k: calls.append(("dequant", None))
-                        or torch.zeros(256, 256, dtype=torch.bfloat16))
-    q = torch.zeros(64, 256, dtype=torch.int16)  # a small layer: the 16-row kernel to 64 rows
-    s = torch.ones(2, 256, dtype=torch.bfloat16)
-
-    def run(m, group=128):
-        layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, group, 4)
-
-    for m in (16, 65, 129):
-        run(m)
-    assert calls == [("cuda", 16), ("triton", 65), ("dequant", None)]
-    calls.clear()
-    monkeypatch.setenv("OCTAVO_SWAPAB_WIDE_MIN_M", "17")
-    for m in (16, 65, 129, 300, 513):
-        run(m)
-    run(300, group=32)  # a group inside one 64-wide chunk: not the wide kernel's
-    assert calls == [("cuda", 16), ("wide", 65), ("wide", 129), ("wide", 300),
-                     ("dequant", None), ("dequant", None)]  # past ENGINE_MAX_M: a prefill
-    calls.clear()
-    monkeypatch.setattr(layout.swapab_wide, "available", lambda device: False)  # no nvcc
-    run(129)
-    assert calls == [("dequant", None)]
-
-
 def test_env_overrides_the_size_rule_not_the_shape(hopper, monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")

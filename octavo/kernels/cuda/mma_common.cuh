@@ -60,8 +60,8 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// 4-bit weights as 16-bit floats (swapab_mma.cu, swapab_wide.cu): (q | kMagic) is exactly
-// kBias + q, bf16 128 + q and fp16 1024 + q (q < 16); the bias goes into the zero point.
+// 4-bit weights as 16-bit floats (swapab_mma.cu): (q | kMagic) is exactly kBias + q,
+// bf16 128 + q and fp16 1024 + q (q < 16); the bias goes into the zero point.
 template <typename T>
 struct Int4 {
   static constexpr uint32_t kMagic = MmaType<T>::kBf16 ? 0x43004300u : 0x64006400u;
