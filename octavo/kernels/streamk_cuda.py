@@ -33,14 +33,11 @@ SOURCE = "streamk_attention.cu"
 HEAD_DIMS = (128,)
 GROUPS = (1, 2, 4, 8)
 BLOCK_SIZES = (16, 32, 64)
-# (warps, stages) built; registers (ptxas, sm_90): 4 x 2: 160-162, 4 x 3: 162-164, 8 x 2:
-# 185; no spills.
+# (warps, stages) built; registers (ptxas, sm_90): 185 / 162-164 / 160-162, no spills.
 BUILT = frozenset({(4, 2), (4, 3), (8, 2)})
 WARPS = 4
 STAGES = 3
-# The grid's aim, CTAs per SM by warps a CTA: two 4-warp CTAs (164 registers, 102-115 KB of
-# shared memory at 3 stages) fit an SM; one 8-warp CTA (185 registers, up to 164 KB).
-CTAS_PER_SM = {4: 2, 8: 1}
+CTAS_PER_SM = 2  # the grid's aim: 4 warps x 185 registers and 102-115 KB of shared memory
 BLOCK_N = 16 * WARPS  # keys of a work-list tile at the default plan
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
 _LOG2E = 1.4426950408889634
@@ -75,12 +72,10 @@ def shared_bytes(head_dim: int, group: int, warps: int, stages: int) -> int:
     return warps * stages * 2 * 16 * head_dim * 2 + warps * group * (head_dim + 2) * 4
 
 
-def num_programs(device: torch.device, num_kv_heads: int, ctas_per_sm: int | None = None,
-                 warps: int = WARPS) -> int:
-    """P, the grid's first axis: about ``ctas_per_sm`` CTAs per SM over all KV heads (default:
-    as many as fit an SM at once, ``CTAS_PER_SM``: one wave)."""
-    ctas = ctas_per_sm or CTAS_PER_SM[warps]
-    return max(1, ctas * num_compute_units(device) // num_kv_heads)
+def num_programs(device: torch.device, num_kv_heads: int, ctas_per_sm: int = CTAS_PER_SM
+                 ) -> int:
+    """P, the grid's first axis: about ``ctas_per_sm`` CTAs per SM over all KV heads."""
+    return max(1, ctas_per_sm * num_compute_units(device) // num_kv_heads)
 
 
 def streamk_decode_cuda(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -102,15 +97,13 @@ def streamk_decode_cuda(q: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     if tiles.block_n != 16 * warps or tiles.block_size != block_size:
         raise ValueError(f"streamk_decode_cuda: the work list's tiles of {tiles.block_n} keys "
                          f"(blocks of {tiles.block_size}) are not {warps} warps' {16 * warps}")
+    for t in (q, out, key_cache, value_cache):
+        assert t.stride(-1) == 1 and max(t.stride()) < 2**31  # C int strides
+    assert out.shape == q.shape and q.stride(1) % 2 == 0 and q.stride(0) % 2 == 0
     num_seqs = tiles.order.shape[0]
-    _check_operands(q, key_cache, value_cache, out, query_start_loc, tiles, num_seqs,
-                    16 * warps // block_size)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    progs = programs if programs is not None else num_programs(q.device, num_kv_heads,
-                                                               warps=warps)
-    if progs < 1:
-        raise ValueError(f"streamk_decode_cuda: programs must be at least 1, got {progs}")
+    progs = programs or num_programs(q.device, num_kv_heads)
     f32 = dict(dtype=torch.float32, device=q.device)
     part_acc = torch.empty((progs, 2, num_kv_heads, group, head_dim), **f32)
     part_ml = torch.empty((progs, 2, num_kv_heads, group, 2), **f32)
@@ -129,33 +122,3 @@ def streamk_decode_cuda(q: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                shared_bytes=shared_bytes(head_dim, group, warps, stages))
     return out
 
-
-def _check_operands(q, key_cache, value_cache, out, query_start_loc, tiles, num_seqs: int,
-                    bpt: int) -> None:
-    """What the kernel assumes of its operands and does not check: ValueError otherwise."""
-    problems = []
-    if value_cache.shape != key_cache.shape:
-        problems.append(f"V cache {tuple(value_cache.shape)} against K {tuple(key_cache.shape)}")
-    if out.shape != q.shape:
-        problems.append(f"out {tuple(out.shape)} against q {tuple(q.shape)}")
-    for name, t in (("q", q), ("out", out), ("key_cache", key_cache),
-                    ("value_cache", value_cache)):
-        if t.stride(-1) != 1 or max(t.stride()) >= 2**31:  # C int strides
-            problems.append(f"{name} strides {t.stride()}")
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
-        # 16-byte copies of 8 elements: the base and every row on 16 bytes.
-        if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
-            problems.append(f"{name} not in 16-byte rows (strides {t.stride()})")
-    if q.data_ptr() % 4 or q.stride(0) % 2 or q.stride(1) % 2:  # pairs of q read as 32 bits
-        problems.append(f"q not in 4-byte pairs (strides {q.stride()})")
-    if query_start_loc.dtype != torch.int32:
-        problems.append(f"query_start_loc of {query_start_loc.dtype}")
-    for name in ("cu_tiles", "order", "tile_tok", "tile_info", "tile_req", "tile_blocks"):
-        if getattr(tiles, name).dtype != torch.int32:
-            problems.append(f"the work list's {name} of {getattr(tiles, name).dtype}")
-    if tiles.cu_tiles.shape != (num_seqs + 1,) or tiles.tile_blocks.dim() != 2 or \
-            tiles.tile_blocks.shape[1] != bpt:
-        problems.append(f"a work list of {tuple(tiles.cu_tiles.shape)} prefix sums and "
-                        f"{tuple(tiles.tile_blocks.shape)} blocks ({bpt} a tile expected)")
-    if problems:
-        raise ValueError("streamk_decode_cuda: " + "; ".join(problems))

@@ -71,8 +71,7 @@ __device__ __forceinline__ void streamk_attention(
   constexpr int ROW = D / 8;  // 16-byte pieces a key row
   constexpr int KV = 16 * ROW;  // pieces of 16 keys' K (or V)
   constexpr int ND = D / 8;  // n-tiles of P V
-  // D a multiple of 64: the swizzle p ^ (r & 7) stays inside a row of D / 8 pieces.
-  static_assert(D % 64 == 0 && D <= 256 && GROUP >= 1 && GROUP <= 8, "shape");
+  static_assert(D % 16 == 0 && D <= 256 && GROUP >= 1 && GROUP <= 8, "shape");
   extern __shared__ uint4 smem[];
   __shared__ int ticket_s;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
