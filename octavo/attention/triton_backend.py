@@ -33,7 +33,6 @@ from octavo.kernels.triton_utils import HAS_TRITON
 if not HAS_TRITON:  # pragma: no cover - only where triton is absent
     raise ImportError("the triton attention backend needs Triton (pip install triton)")
 
-from octavo.kernels import streamk_cuda  # noqa: E402
 from octavo.kernels.paged_attention import paged_attention  # noqa: E402
 from octavo.kernels.paged_attention_streamk import (  # noqa: E402
     DecodeTiles,
@@ -135,10 +134,7 @@ def _decode_tiles(meta: AttentionMetadata, q: torch.Tensor, key_cache: torch.Ten
     forced = attn_streamk()
     if not (meta.num_reqs >= STREAMK_MIN_REQS if forced is None else forced):
         return None
-    if streamk_cuda.applies(q, key_cache):  # OCTAVO_ATTN_CUDA: its warps' tiles
-        block_n = streamk_cuda.BLOCK_N
-    else:
-        block_n = streamk_config(q.shape[1] // num_kv_heads, q.shape[2], q.dtype, True).block_n
+    block_n = streamk_config(q.shape[1] // num_kv_heads, q.shape[2], q.dtype, True).block_n
     key = ("decode_tiles", block_n, block_size, torch.cuda.is_current_stream_capturing())
     tiles = meta.derived.get(key)
     if tiles is None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from octavo.envs.attention import (
-    attn_cuda,
     attn_decode_splits,
     attn_decode_tile,
     attn_early_kv,
@@ -101,7 +100,7 @@ from octavo.envs.sampling import (
 )
 
 __all__ = [
-    "attn_cuda", "attn_decode_splits", "attn_decode_tile", "attn_early_kv", "attn_longest_first",
+    "attn_decode_splits", "attn_decode_tile", "attn_early_kv", "attn_longest_first",
     "attn_prefill_tile", "attn_split_merge", "attn_streamk", "attn_streamk_tile",
     "attn_streamk_waves", "bnb4_cuda", "bnb4_cuda_ahead", "bnb4_dequant", "bnb4_gemm_max_m",
     "bnb4_cuda_max_m", "bnb4_gemv", "bnb4_table",

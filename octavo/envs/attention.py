@@ -13,13 +13,6 @@ def fused_qk_norm_rope() -> bool:
     return _flag("OCTAVO_FUSED_QK_NORM_ROPE", True)
 
 
-def attn_cuda() -> bool:
-    """OCTAVO_ATTN_CUDA (default off): the decode-only steps that take stream-K run the CUDA
-    kernel (octavo/kernels/streamk_cuda.py) where it holds the shapes, instead of the Triton
-    one. Unmeasured on a GPU when written (session 53): a measurement knob until it is."""
-    return _flag("OCTAVO_ATTN_CUDA", False)
-
-
 def attn_split_merge() -> bool | None:
     """OCTAVO_ATTN_SPLIT_MERGE (unset: by grid size, octavo/kernels/paged_attention_config.py):
     1, a split decode attention launch merges its splits itself (the last program of each

@@ -199,13 +199,11 @@ def loaded(source: str, device: torch.device) -> Module:
 
 def arguments(*values) -> list:
     """A kernel's parameters as ctypes values, in order: a tensor as its data pointer, None as
-    a null pointer, a float as a C float, an int as a C int."""
+    a null pointer, an int as a C int."""
     out = []
     for v in values:
         if v is None or isinstance(v, torch.Tensor):
             out.append(ctypes.c_void_p(None if v is None else v.data_ptr()))
-        elif isinstance(v, float):
-            out.append(ctypes.c_float(v))
         else:
             out.append(ctypes.c_int(int(v)))
     return out

@@ -47,7 +47,6 @@ from typing import NamedTuple
 import torch
 
 from octavo.envs import attn_decode_tile, attn_streamk_tile, attn_streamk_waves
-from octavo.kernels import streamk_cuda
 from octavo.kernels.online_softmax import pv_dot, softmax_step
 from octavo.kernels.paged_attention_config import _Config, _pick_config, with_tile
 from octavo.kernels.pdl import begin as pdl_begin
@@ -517,13 +516,6 @@ def streamk_decode(
     num_seqs = seq_lens.shape[0]
     group = num_heads // num_kv_heads
     on_gpu = q.device.type == "cuda"
-    if config is None and programs is None and streamk_cuda.applies(q, key_cache) and (
-            tiles is None or tiles.block_n == streamk_cuda.BLOCK_N):
-        if tiles is None:
-            tiles = decode_tiles(query_start_loc, seq_lens, block_tables, block_size,
-                                 streamk_cuda.BLOCK_N, order, max_seq_len=max_seq_len)
-        return streamk_cuda.streamk_decode_cuda(q, key_cache, value_cache, query_start_loc,
-                                                tiles, scale, out)
     cfg = config or streamk_config(group, head_dim, q.dtype, on_gpu)
     if tiles is None:
         tiles = decode_tiles(query_start_loc, seq_lens, block_tables, block_size, cfg.block_n,
