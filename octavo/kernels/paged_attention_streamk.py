@@ -38,6 +38,12 @@ Measured on an H200 (session 27, docs/benchmarks.md): W1's decode attention 162.
 (81% of HBM), 128-key contexts at batch 256 51.2 -> 41.0 us, 2,048-key ones even; W1's decode
 steps 3.2% faster, W2's 1.4%. W4's batch 32 (256 programs, short contexts) was slower, so the
 backend takes this launch for grids of two (request, KV head) programs per SM or more.
+
+A CUDA C++ port of this walk (session 53, 31fe1a6 / 0018126, removed): each warp of a CTA took
+16 keys of every 64-key tile through its own ``cp.async`` ring, products on ``mma.sync``.
+Correct, but slower on an H100 at every shape: W1 batch 256 418 against 393 us (81% against
+86.5% of HBM), batch 16 50.7 against 48.7, W4's batch 32 24.4 against 20.7; three stages
+slower than two (not short of copies in flight); W1 18,776 against 19,940 tok/s.
 """
 
 from __future__ import annotations
