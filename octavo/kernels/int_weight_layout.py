@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch
 
 from octavo import envs
-from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_mma
+from octavo.kernels import dequant_overlap, int8_gemv, int8_rows_gemm, swapab_mma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
 
@@ -158,6 +158,12 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # within 2% of it everywhere but qkv at 32 rows, 22.1).
         tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {"waves": 2}
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
+    chunk = envs.int_dequant_chunk_cols()
+    if chunk and x2.device.type == "cuda":
+        # Chunks of columns, each dequantized on a side stream while cuBLAS multiplies the
+        # one before (OCTAVO_INT_DEQUANT_CHUNK_COLS; unmeasured when written, session 53).
+        return dequant_overlap.dequant_gemm(x2, qweight, scales, zeros, group_size, bits,
+                                            chunk)
     return x2 @ swapab.dequantize_swapab(qweight, scales, zeros, group_size, bits, x2.dtype)
 
 
