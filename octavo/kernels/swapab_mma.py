@@ -159,18 +159,6 @@ def max_rows() -> int:
     return min(MAX_M, envs.cuda_kernels_max_m(ENGINE_MAX_M))
 
 
-def stored_operands(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                    zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(qweight, scales, zeros) as the swap-AB CUDA kernel reads them: contiguous, the
-    scales and zeros 16-bit floats of one dtype as stored (GPTQ's float16 under a bf16
-    model included); anything else converted, per call."""
-    if scales.dtype not in _DTYPES:
-        scales = scales.to(x2.dtype)
-    if zeros.dtype != scales.dtype:
-        zeros = zeros.to(scales.dtype)
-    return qweight.contiguous(), scales.contiguous(), zeros.contiguous()
-
-
 def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                warps_per_sm: int = WARPS_PER_SM,
@@ -191,7 +179,13 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"swapab_mma: M={m}, K={k}, N={n}, group {group_size}, {bits}-bit, "
                          f"{x2.dtype} is not a supported shape")
     chunks = -(-m // MAX_M)  # past 16 rows: 16-row chunks, a tile's side by side on grid x
-    qweight, scales, zeros = stored_operands(x2, qweight, scales, zeros)
+    # The kernel reads 16-bit scales and zeros of one dtype as stored (GPTQ's float16 under
+    # a bf16 model included): anything else is converted here, per call.
+    if scales.dtype not in _DTYPES:
+        scales = scales.to(x2.dtype)
+    if zeros.dtype != scales.dtype:
+        zeros = zeros.to(scales.dtype)
+    scales, zeros, qweight = scales.contiguous(), zeros.contiguous(), qweight.contiguous()
     x2 = cuda_module.aligned_rows(x2)
     mod = cuda_module.loaded(SOURCE, x2.device)
     steps = steps or default_steps(group_size)

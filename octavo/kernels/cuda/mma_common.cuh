@@ -60,34 +60,6 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// 4-bit weights as 16-bit floats (swapab_mma.cu): (q | kMagic) is exactly kBias + q,
-// bf16 128 + q and fp16 1024 + q (q < 16); the bias goes into the zero point.
-template <typename T>
-struct Int4 {
-  static constexpr uint32_t kMagic = MmaType<T>::kBf16 ? 0x43004300u : 0x64006400u;
-  static constexpr float kBias = MmaType<T>::kBf16 ? 128.0f : 1024.0f;
-};
-
-// Nibble C of both int16 halves of v as two 16-bit floats bias + q: one shift, one LOP3.
-template <typename T, int C>
-__device__ __forceinline__ uint32_t nibbles(uint32_t v) {
-  uint32_t r;
-  if (C) v >>= 4 * C;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(v), "n"(0x000F000F), "n"(Int4<T>::kMagic));
-  return r;
-}
-
-// A scale or zero point as stored (bf16 or fp16 bits, whichever the checkpoint has: GPTQ
-// keeps float16 scales under a bf16 model) as a float. The dtype is compiled in: a runtime
-// flag raised swapab_mma.cu's 1-8 row kernel from 194 to 227 registers.
-template <typename S>
-__device__ __forceinline__ float stored_float(unsigned short v) {
-  if constexpr (MmaType<S>::kBf16)
-    return __uint_as_float((uint32_t)v << 16);
-  else
-    return __half2float(__ushort_as_half(v));
-}
-
 // Activations for the B operand: row mt * 8 + g's 16 * XV bytes at k + 32 XV i + 8 XV t for
 // each batch tile mt and step i, as XV uint4 (zeros past M), rows stride_x values apart and
 // 16-byte aligned. (XV = 2: the steps of weights of one byte, 64 K values wide.)
