@@ -22,6 +22,8 @@ Unmeasured on a GPU when written (session 53): ``OCTAVO_INT_DEQUANT_CHUNK_COLS=N
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from octavo.kernels import w4a16_swapab as swapab
@@ -71,35 +73,24 @@ def dequant_gemm(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if buffers < 1:
         raise ValueError(f"dequant_gemm: buffers must be at least 1, got {buffers}")
     out = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
-    starts = list(range(0, n, cols))
-    on_cuda = x2.device.type == "cuda"
     ring = _ring(x2.device, x2.dtype, k, cols, buffers)
+    on_cuda = x2.device.type == "cuda"
     if on_cuda:
         main = torch.cuda.current_stream(x2.device)
         side = _side_stream(x2.device)
         side.wait_stream(main)
-    gemm_done: list[torch.cuda.Event | None] = []
-    for i, c0 in enumerate(starts):
+    gemm_done: list[torch.cuda.Event] = []
+    for i, c0 in enumerate(range(0, n, cols)):
         c1 = min(n, c0 + cols)
         buf = ring[i % buffers][: c1 - c0]
-        r0, r1 = c0 // per, c1 // per
+        with torch.cuda.stream(side) if on_cuda else contextlib.nullcontext():
+            if on_cuda and i >= buffers:
+                side.wait_event(gemm_done[i - buffers])  # the GEMM that last read buf
+            swapab.dequantize_swapab(qweight[c0 // per:c1 // per], scales[:, c0:c1],
+                                     zeros[:, c0:c1], group_size, bits, x2.dtype, out=buf)
         if on_cuda:
-            with torch.cuda.stream(side):
-                if i >= buffers:
-                    side.wait_event(gemm_done[i - buffers])
-                swapab.dequantize_swapab(qweight[r0:r1], scales[:, c0:c1], zeros[:, c0:c1],
-                                         group_size, bits, x2.dtype, out=buf)
-                ready = torch.cuda.Event()
-                ready.record(side)
-            main.wait_event(ready)
-        else:
-            swapab.dequantize_swapab(qweight[r0:r1], scales[:, c0:c1], zeros[:, c0:c1],
-                                     group_size, bits, x2.dtype, out=buf)
+            main.wait_event(side.record_event())
         torch.mm(x2, buf.t(), out=out[:, c0:c1])
         if on_cuda:
-            done = torch.cuda.Event()
-            done.record(main)
-            gemm_done.append(done)
-        else:
-            gemm_done.append(None)
+            gemm_done.append(main.record_event())
     return out
