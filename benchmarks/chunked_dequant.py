@@ -10,15 +10,12 @@ reads its packed weights from HBM):
 - ``bf16``: ``F.linear`` on a bf16 [N, K] weight (what a bf16 model runs);
 - ``whole``: the engine's path, the whole weight dequantized then one matmul (along-K layout
   through ``w4a16_gemm.dequantize``, swap-AB through ``w4a16_swapab.dequantize_swapab``);
-- ``chunkC``: C output columns at a time, the chunks' products concatenated;
-- ``overlapC_bB`` (swap-AB only): ``octavo.kernels.dequant_overlap``: C columns at a time into
-  a ring of B buffers, each chunk's dequantization on a side stream while cuBLAS multiplies
-  the one before (``OCTAVO_INT_DEQUANT_CHUNK_COLS`` in the engine).
+- ``chunkC``: C output columns at a time, the chunks' products concatenated.
 
 Each chunked result is checked against the whole one.
 
     python benchmarks/chunked_dequant.py [--m 128 256 512] [--chunks 1024 2048 4096 8192]
-        [--buffers 2 3] [--no-serial] [--json F]
+        [--json F]
 """
 
 from __future__ import annotations
@@ -74,17 +71,12 @@ def main() -> None:
                     choices=list(SHAPES))
     ap.add_argument("--layouts", nargs="+", default=["swapab", "along_k"],
                     choices=["swapab", "along_k"])
-    ap.add_argument("--buffers", type=int, nargs="+", default=[2, 3],
-                    help="ring sizes of the overlapped variant (swap-AB layout)")
-    ap.add_argument("--no-serial", action="store_true",
-                    help="skip the serial chunks (chunkC), time only the overlapped ones")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
 
     from benchmarks.quantized_gemm import int_weights
-    from octavo.kernels.dequant_overlap import dequant_gemm
 
     dev = torch.device("cuda")
     rows = []
@@ -104,28 +96,13 @@ def main() -> None:
                 for chunk in args.chunks:
                     if chunk >= n:
                         continue
-                    if not args.no_serial:
-                        got = chunked(layout, n, chunk, x, *copies[0]).float()
-                        err = ((got - want).norm() / want.norm()).item()
-                        assert err < 1e-2, (name, layout, m, chunk, err)
-                        row[f"chunk{chunk}"] = timed([partial(chunked, layout, n, chunk, x, *c)
-                                                      for c in copies])
-                    if layout != "swapab":
-                        continue
-                    for b in args.buffers:
-                        fn = partial(dequant_gemm, group_size=GROUP, bits=4, chunk=chunk,
-                                     buffers=b)
-                        got = fn(x, *copies[0]).float()
-                        torch.cuda.synchronize()
-                        # The same products in the same order: equal to the whole weight's.
-                        row[f"overlap{chunk}_b{b}_err"] = ((got - want).norm()
-                                                           / want.norm()).item()
-                        assert row[f"overlap{chunk}_b{b}_err"] < 1e-2, (name, m, chunk, b)
-                        row[f"overlap{chunk}_b{b}"] = timed([partial(fn, x, *c)
-                                                             for c in copies])
+                    got = chunked(layout, n, chunk, x, *copies[0]).float()
+                    err = ((got - want).norm() / want.norm()).item()
+                    assert err < 1e-2, (name, layout, m, chunk, err)
+                    row[f"chunk{chunk}"] = timed([partial(chunked, layout, n, chunk, x, *c)
+                                                  for c in copies])
                 print(f"{name:8} {layout:8} m={m:4} " + " ".join(
-                    f"{key} {v:.1f}" for key, v in row.items()
-                    if isinstance(v, float) and not key.endswith("_err")),
+                    f"{key} {v:.1f}" for key, v in row.items() if isinstance(v, float)),
                     flush=True)
                 rows.append(row)
             del copies

@@ -113,15 +113,6 @@ def swapab_cuda_chunked_large_max_m() -> int:
     return _int("OCTAVO_SWAPAB_CUDA_CHUNKED_LARGE_MAX_M", 0, "rows")
 
 
-def int_dequant_chunk_cols() -> int:
-    """OCTAVO_INT_DEQUANT_CHUNK_COLS (default 0, off): on CUDA, a swap-AB layer's batches past
-    the Triton GEMM's rows run dequantize-then-cuBLAS in chunks of about this many output
-    columns, each chunk's dequantization on a side stream while cuBLAS multiplies the one
-    before (octavo/kernels/dequant_overlap.py). Unmeasured on a GPU when written (session
-    53): a measurement knob until it is."""
-    return _int("OCTAVO_INT_DEQUANT_CHUNK_COLS", 0, "columns")
-
-
 def int_weight_layout() -> str:
     """OCTAVO_INT_WEIGHT_LAYOUT: "auto" (default; octavo/kernels/int_weight_layout.py picks per
     layer), "along_k", "swapab" (every layer the swap-AB kernel can hold) or "rows" (every

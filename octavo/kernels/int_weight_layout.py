@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch
 
 from octavo import envs
-from octavo.kernels import dequant_overlap, int8_gemv, int8_rows_gemm, swapab_mma
+from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_mma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
 
@@ -158,12 +158,12 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # within 2% of it everywhere but qkv at 32 rows, 22.1).
         tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {"waves": 2}
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
-    chunk = envs.int_dequant_chunk_cols()
-    if chunk and x2.device.type == "cuda":
-        # Chunks of columns, each dequantized on a side stream while cuBLAS multiplies the
-        # one before (OCTAVO_INT_DEQUANT_CHUNK_COLS; unmeasured when written, session 53).
-        return dequant_overlap.dequant_gemm(x2, qweight, scales, zeros, group_size, bits,
-                                            chunk)
+    # Past SWAPAB_MAX_M rows: the whole weight dequantized, then cuBLAS. Overlapping the two in
+    # column chunks (each chunk dequantized on a side stream while cuBLAS multiplies the one
+    # before; session 53's dequant_overlap, removed in session 54) was no faster on an H100:
+    # one Llama-8B gate_up at 256 rows 223.7-259.0 us against 215.5 whole (bf16 101.8), W4A16
+    # batch 256 18.151-18.481 against 17.861 ms per token, W2 6,912-6,926 against 6,952 tok/s.
+    # git show e9b307c has it back.
     return x2 @ swapab.dequantize_swapab(qweight, scales, zeros, group_size, bits, x2.dtype)
 
 

@@ -453,27 +453,19 @@ def _dequantize_kernel(
 
 def dequantize_swapab(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                       group_size: int, bits: int, dtype: torch.dtype, block_k: int = 128,
-                      num_warps: int = 8, out: torch.Tensor | None = None) -> torch.Tensor:
+                      num_warps: int = 8) -> torch.Tensor:
     """The float weight [K, N] in ``dtype`` from ``pack_swapab``'s layout (computed in float32,
     rounded once, as ``w4a16_gemm.dequantize_ref``), for batches too large for the swap-AB
     GEMM: dequantize, then cuBLAS. Returned as the transpose of a K-contiguous [N, K] tensor
     (the layout of a torch Linear's weight, which cuBLAS reads as fast): the kernel then
     writes along K as it reads (H200, 4-bit gate_up with cuBLAS at 128 rows: 197.6 -> 163.0
     us). Tiles from ``quantized_gemm.py --dequant-sweep``: 8 warps for the 64 x 128 tile was
-    the best or within 4% of it on the Llama-8B shapes (gate_up 90.3 -> 85.3 us). ``out``: a
-    contiguous [N, K] tensor of ``dtype`` to write instead of a new one (a column chunk's
-    buffer: ``qweight`` rows and ``scales`` / ``zeros`` columns of whole 64-row blocks)."""
+    the best or within 4% of it on the Llama-8B shapes (gate_up 90.3 -> 85.3 us)."""
     require_triton("dequantize_swapab")
     per = _per(bits)
     rows, k = qweight.shape
     n = rows * per
-    if out is None:
-        w = torch.empty(n, k, device=qweight.device, dtype=dtype)
-    else:
-        if out.shape != (n, k) or out.dtype != dtype or not out.is_contiguous():
-            raise ValueError(f"dequantize_swapab: out must be a contiguous [{n}, {k}] {dtype} "
-                             f"tensor, got {tuple(out.shape)} {out.dtype}")
-        w = out
+    w = torch.empty(n, k, device=qweight.device, dtype=dtype)
     one_group = group_size % block_k == 0 and k % block_k == 0
     _dequantize_kernel[(rows // ROWS, triton.cdiv(k, block_k))](
         qweight, scales, zeros, w, k, qweight.stride(0), scales.stride(0), scales.stride(1),
