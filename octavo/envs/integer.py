@@ -66,6 +66,33 @@ def int_swapab_max_m(default: int) -> int:
     return _batch_size("OCTAVO_INT_SWAPAB_MAX_M", default)
 
 
+def int_large_max_m(default: int) -> int:
+    """OCTAVO_INT_LARGE_MAX_M: the largest batch a 4- or 8-bit layer in the swap-AB layout runs
+    on the large-batch GEMM with the dequantization in its main loop
+    (octavo/kernels/swapab_large.py) once past the swap-AB GEMM's rows; larger batches (and
+    every batch while it is 0) dequantize the weight into a temporary and use cuBLAS."""
+    return _batch_size("OCTAVO_INT_LARGE_MAX_M", default)
+
+
+def int_large_plan() -> dict:
+    """OCTAVO_INT_LARGE_PLAN="block_m,cols,num_warps,block_k,num_stages": the tile the
+    large-batch integer GEMM (octavo/kernels/swapab_large.py) runs in the engine, so that a
+    device call can run the engine on a sweep's best tile without a commit (default: the
+    kernel's own)."""
+    value = os.environ.get("OCTAVO_INT_LARGE_PLAN", "").strip()
+    if not value:
+        return {}
+    names = ("block_m", "cols", "num_warps", "block_k", "num_stages")
+    try:
+        parts = [int(v) for v in value.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) != len(names):
+        raise ValueError("OCTAVO_INT_LARGE_PLAN must be five integers "
+                         f"(block_m,cols,num_warps,block_k,num_stages), got {value!r}")
+    return dict(zip(names, parts))
+
+
 def int_swapab_8bit() -> bool:
     """OCTAVO_INT_SWAPAB_8BIT (default off): the size rule of octavo/kernels/int_weight_layout.py
     sends large 8-bit weights (Llama-8B's gate_up and down) to the swap-AB layout as it does

@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch
 
 from octavo import envs
-from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_mma
+from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_large, swapab_mma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
 
@@ -73,6 +73,8 @@ SMALL_WEIGHTS = 1 << 25  # K * N under it: a "small" layer (Llama-8B's qkv 25M a
 CHUNKED_MAX_M = 64
 SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout (OCTAVO_INT_SWAPAB_8BIT: +8)
 SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
+# ... unless at most this many rows: swapab_large (0: off until measured on a GPU)
+LARGE_MAX_M = 0
 
 
 def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> str:
@@ -158,6 +160,11 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # within 2% of it everywhere but qkv at 32 rows, 22.1).
         tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {"waves": 2}
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
+    if m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda":
+        # The large-batch GEMM, each weight dequantized once per 256 rows in its main loop
+        # (OCTAVO_INT_LARGE_MAX_M; off until measured, session 54).
+        return swapab_large.swapab_large(x2, qweight, scales, zeros, group_size, bits,
+                                         **envs.int_large_plan())
     # Past SWAPAB_MAX_M rows: the whole weight dequantized, then cuBLAS. Overlapping the two in
     # column chunks (each chunk dequantized on a side stream while cuBLAS multiplies the one
     # before; session 53's dequant_overlap, removed in session 54) was no faster on an H100:
