@@ -36,8 +36,10 @@ def sweep_configs() -> list[dict]:
     """Tiles to try (the kernel's default first): batch rows, 64-column value blocks and warps
     per program, K per step and stages in flight, programs per SM for the K split."""
     out = [{}]
-    for bm, cols, warps in ((256, 2, 8), (128, 4, 8), (128, 2, 4), (256, 1, 4), (128, 2, 8)):
-        for bk, stages in ((32, 3), (32, 4), (64, 2), (64, 3)):
+    # 4-warp tiles leave room for two programs per SM (one's dequantization beside the
+    # other's MMAs: the loop waits for its own MMAs before the next step's dequantization).
+    for bm, cols, warps in ((256, 2, 8), (128, 4, 8), (128, 2, 4), (256, 1, 4), (128, 1, 4)):
+        for bk, stages in ((32, 4), (64, 2), (64, 3), (128, 2)):
             out.append({"block_m": bm, "cols": cols, "num_warps": warps, "block_k": bk,
                         "num_stages": stages})
     out += [{"block_m": bm, "cols": cols, "num_warps": 8, "block_k": 64, "num_stages": 3,

@@ -147,13 +147,15 @@ def test_inside_a_cuda_graph_gpu():
 
 @pytest.mark.gpu
 def test_engine_routing_gpu(monkeypatch):
-    """int_weight_layout sends swap-AB batches past the swap-AB GEMM's rows, up to
-    OCTAVO_INT_LARGE_MAX_M, here; past it (and while it is 0) to dequantize-then-cuBLAS."""
+    """int_weight_layout sends a large layer's swap-AB batches past the swap-AB GEMM's rows,
+    up to OCTAVO_INT_LARGE_MAX_M, here; past it (while it is 0, and on layers of fewer than
+    SMALL_WEIGHTS values) to dequantize-then-cuBLAS."""
     from octavo.kernels import int_weight_layout
     from octavo.kernels import swapab_large as module
 
-    packed, s, z = _weights(4096, 4096, 128, 4, device=torch.device("cuda"),
+    packed, s, z = _weights(4096, 8192, 128, 4, device=torch.device("cuda"),
                             dtype=torch.bfloat16)
+    small = _weights(4096, 4096, 128, 4, device=torch.device("cuda"), dtype=torch.bfloat16)
     calls = []
     real = module.swapab_large
     monkeypatch.setattr(module, "swapab_large",
@@ -165,3 +167,6 @@ def test_engine_routing_gpu(monkeypatch):
         got = int_weight_layout.linear(x, packed, s, z, 128, 4, int_weight_layout.SWAPAB)
         assert rel_err(got, _ref(x, packed, s, z, 128, 4)) < 1e-2
     assert calls == [129, 256]
+    x = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)
+    got = int_weight_layout.linear(x, *small, 128, 4, int_weight_layout.SWAPAB)
+    assert rel_err(got, _ref(x, *small, 128, 4)) < 1e-2 and calls == [129, 256]  # o's size
