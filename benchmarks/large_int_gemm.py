@@ -42,8 +42,6 @@ def sweep_configs() -> list[dict]:
         for bk, stages in ((32, 4), (64, 2), (64, 3), (128, 2)):
             out.append({"block_m": bm, "cols": cols, "num_warps": warps, "block_k": bk,
                         "num_stages": stages})
-    out += [{"block_m": bm, "cols": cols, "num_warps": 8, "block_k": 64, "num_stages": 3,
-             "magic": False} for bm, cols in ((256, 2), (128, 4))]
     out += [{"waves": 2}, {"split_k": 1}]
     return out
 

@@ -49,61 +49,74 @@ def _large_kernel(
     GROUP: tl.constexpr, BITS: tl.constexpr, COLS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, LAYOUT_ROWS: tl.constexpr, MAGIC: tl.constexpr,
 ):  # fmt: skip
-    # Grid (layout blocks * PER / COLS, M tiles, K splits). The program's COLS value blocks
-    # are output columns n0 .. n0 + COLS * LAYOUT_ROWS - 1 (contiguous): tile row i is value
-    # c0 + i // LAYOUT_ROWS of int16 row i % LAYOUT_ROWS, so the packed rows are loaded once
-    # per value (the copies from L1) and the tile is one dot of N = COLS * 64. BLOCK_K
-    # divides GROUP and the split's K, so a step lies in one group.
+    # Grid (layout blocks * PER / COLS, M tiles, K splits); out^T [N, M] = W^T [N, K] @ x^T
+    # [K, M], the weight tile the MMA's A operand. The program's COLS value blocks are output
+    # columns n0 .. n0 + COLS * 64 - 1 (contiguous): tile row i is value c0 + i // 64 of int16
+    # row i % 64 (the packed rows loaded once per value, the copies from L1). BLOCK_K divides
+    # GROUP and the split's K, so a step lies in one group.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
     PER: tl.constexpr = 16 // BITS
     HALVES: tl.constexpr = PER // COLS
     BLOCK_N: tl.constexpr = COLS * LAYOUT_ROWS
+    # MAGIC 1 (bf16, 4-bit): 0x4300 | q is the bf16 128 + q; 2 (fp16): 0x6400 | q is 1024 + q;
+    # the zero points carry the same bias, so (bias + q) - (bias + z) is q - z exactly.
+    BIAS: tl.constexpr = 128.0 if MAGIC == 1 else (1024.0 if MAGIC == 2 else 0.0)
+    dt: tl.constexpr = x_ptr.dtype.element_ty
     t = pid_n // HALVES
     c0 = (pid_n % HALVES) * COLS  # the program's first value of each int16
-    dt: tl.constexpr = x_ptr.dtype.element_ty
     offs_i = tl.arange(0, BLOCK_N)
     offs_r = t * LAYOUT_ROWS + offs_i % LAYOUT_ROWS
-    shift = ((c0 + offs_i // LAYOUT_ROWS) * BITS)[:, None]
+    shift = ((c0 + offs_i // LAYOUT_ROWS) * BITS).to(tl.int16)[:, None]
     offs_n = t * LAYOUT_ROWS * PER + c0 * LAYOUT_ROWS + offs_i
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
     offs_kk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     k_start = pid_k * K_PER_SPLIT
     k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     # Each step's scales and zero points are loaded a step ahead, into registers: 2-byte
     # loads do not go through the cp.async pipeline, and loaded in their step they held every
-    # step for a round trip to L2 (session 54, H100: gate_up at 256 rows 226 us against 214
-    # for dequantize-then-cuBLAS).
-    s = tl.load(s_ptr + (k_start // GROUP) * stride_sg + offs_n * stride_sn).to(tl.float32)
-    z = tl.load(z_ptr + (k_start // GROUP) * stride_zg + offs_n * stride_zn).to(tl.float32)
+    # step for a round trip to L2.
+    g = k_start // GROUP
+    s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn)
+    z = (tl.load(z_ptr + g * stride_zg + offs_n * stride_zn).to(tl.float32) + BIAS).to(dt)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = tl.multiple_of(k0, BLOCK_K) + offs_kk
-        p = tl.load(qw_ptr + offs_r[:, None] * stride_qr + offs_k[None, :]).to(tl.int32)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
-                    mask=m_mask[:, None], other=0.0)
-        # MAGIC: 2**23 + q as a float32 by its mantissa (no int -> float conversion, a
-        # quarter-rate instruction), less 2**23 + z: q - z exactly. Times s, rounded once to
-        # dt: the values dequantize_swapab writes.
-        if MAGIC:
-            q = (((p >> shift) & ((1 << BITS) - 1)) | 0x4B000000).to(tl.float32, bitcast=True)
-            w = ((q - (z + 8388608.0)[:, None]) * s[:, None]).to(dt)
-        else:  # I2F: fewer instructions, a quarter-rate pipe
-            q = ((p >> shift) & ((1 << BITS) - 1)).to(tl.float32)
-            w = ((q - z[:, None]) * s[:, None]).to(dt)
-        # The next step's group (past the split's end the last one again, unused).
-        g_next = tl.minimum(k0 + BLOCK_K, k_end - 1) // GROUP
-        s = tl.load(s_ptr + g_next * stride_sg + offs_n * stride_sn).to(tl.float32)
-        z = tl.load(z_ptr + g_next * stride_zg + offs_n * stride_zn).to(tl.float32)
-        if dt == tl.float32:
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        p = tl.load(qw_ptr + offs_r[:, None] * stride_qr + offs_k[None, :])
+        xt = tl.load(x_ptr + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm,
+                     mask=m_mask[None, :], other=0.0)
+        bits = (p >> shift) & ((1 << BITS) - 1)
+        # Only same-width operations from the load to the MMA (int16 -> 16-bit float by its
+        # mantissa, the bias and scale in the float's own width: the product rounded once, the
+        # values dequantize_swapab writes), so Triton feeds the tile to wgmma from registers
+        # and keeps one MMA in flight while the next step dequantizes.
+        if MAGIC == 1:
+            q = (bits | 0x4300).to(tl.bfloat16, bitcast=True)
+        elif MAGIC == 2:
+            q = (bits | 0x6400).to(tl.float16, bitcast=True)
         else:
-            acc = tl.dot(x, tl.trans(w), acc)
-    store_or_reduce(acc, offs_m, offs_n, m_mask[:, None] & (offs_n >= 0)[None, :], out_ptr,
-                    stride_om, stride_on, part_ptr, stride_ps, stride_pm, stride_pn, cnt_ptr,
+            q = bits.to(dt)
+        w = (q - z[:, None]) * s[:, None]
+        # The next step's group (past the split's end the last one again, unused).
+        g = tl.minimum(k0 + BLOCK_K, k_end - 1) // GROUP
+        s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn)
+        z = (tl.load(z_ptr + g * stride_zg + offs_n * stride_zn).to(tl.float32) + BIAS).to(dt)
+        if dt == tl.float32:
+            acc = tl.dot(w, xt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, xt, acc)
+    # acc is out^T: store_or_reduce with the roles of M and N swapped.
+    store_or_reduce(acc, offs_n, offs_m, (offs_n >= 0)[:, None] & m_mask[None, :], out_ptr,
+                    stride_on, stride_om, part_ptr, stride_ps, stride_pn, stride_pm, cnt_ptr,
                     pid_m * tl.num_programs(0) + pid_n, pid_k, NUM_SPLITS)
+
+
+def _magic(dtype: torch.dtype, bits: int) -> int:
+    if dtype == torch.bfloat16 and bits == 4:
+        return 1
+    return 2 if dtype == torch.float16 else 0
 
 
 def supports(k: int, n: int, group_size: int, bits: int) -> bool:
@@ -116,14 +129,12 @@ def supports(k: int, n: int, group_size: int, bits: int) -> bool:
 def swapab_large(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor, group_size: int, bits: int = 4, block_m: int = 256,
                  block_k: int = 64, cols: int = 2, num_warps: int = 8, num_stages: int = 3,
-                 split_k: int | None = None, waves: int = 1, magic: bool = True
-                 ) -> torch.Tensor:
+                 split_k: int | None = None, waves: int = 1) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` for ``qweight`` in ``pack_swapab``'s layout (int16
     [N / per, K]; ``scales`` / ``zeros`` [K / group, N]), in x2's dtype. ``block_m``: batch
     rows per program; ``block_k``: K per step (a divisor of the group, at least 16);
     ``cols``: 64-column value blocks per program (1, 2 or per = 16 / bits); ``split_k``: K
-    splits (default: enough for about ``waves`` programs per SM); ``magic``: integers to
-    floats through the mantissa (else by conversion)."""
+    splits (default: enough for about ``waves`` programs per SM)."""
     require_triton("swapab_large")
     m, k = x2.shape
     per = 16 // bits
@@ -150,6 +161,6 @@ def swapab_large(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         zeros.stride(0), zeros.stride(1), out.stride(0), out.stride(1),
         partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, BITS=bits, COLS=cols, BLOCK_M=block_m, BLOCK_K=block_k,
-        LAYOUT_ROWS=ROWS, MAGIC=magic, num_warps=num_warps, num_stages=num_stages,
+        LAYOUT_ROWS=ROWS, MAGIC=_magic(x2.dtype, bits), num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

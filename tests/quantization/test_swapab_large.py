@@ -55,15 +55,13 @@ def test_rejects_a_tile_the_group_cannot_hold():
     (3, 64, 16, 8, {"block_m": 16, "block_k": 16, "cols": 1, "split_k": 2}),
     (33, 128, 128, 4, {"block_m": 64, "block_k": 64, "split_k": 2}),  # one group over K
 ])
-@pytest.mark.parametrize("magic", [True, False])
-def test_float32_equals_the_dequantized_product(m, k, group, bits, tuning, magic):
+def test_float32_equals_the_dequantized_product(m, k, group, bits, tuning):
     """In float32 the kernel's products are the dequantized weights' (exact in the tile's
     float32 arithmetic): equal to the reference but for the order of the sums."""
     n = 64 * 16 // bits
     packed, s, z = _weights(k, n, group, bits, dtype=torch.float32)
     x = torch.randn(m, k, device=DEVICE)
-    out = swapab_large(x, packed, s, z, group, bits, num_warps=4, num_stages=2, magic=magic,
-                       **tuning)
+    out = swapab_large(x, packed, s, z, group, bits, num_warps=4, num_stages=2, **tuning)
     assert out.shape == (m, n) and out.dtype == torch.float32
     torch.testing.assert_close(out, _ref(x, packed, s, z, group, bits), rtol=1e-5, atol=1e-5)
 
