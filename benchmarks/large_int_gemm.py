@@ -34,7 +34,7 @@ BITS = 4
 
 def sweep_configs() -> list[dict]:
     """Tiles to try (the kernel's default first): batch rows, 64-column value blocks and warps
-    per program, K per step and stages in flight, programs per SM for the K split."""
+    per program, K per step and stages in flight."""
     out = [{}]
     # 4-warp tiles leave room for two programs per SM (one's dequantization beside the
     # other's MMAs: the loop waits for its own MMAs before the next step's dequantization).
@@ -42,7 +42,6 @@ def sweep_configs() -> list[dict]:
         for bk, stages in ((32, 4), (64, 2), (64, 3), (128, 2)):
             out.append({"block_m": bm, "cols": cols, "num_warps": warps, "block_k": bk,
                         "num_stages": stages})
-    out += [{"waves": 2}, {"split_k": 1}]
     return out
 
 

@@ -160,15 +160,14 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # within 2% of it everywhere but qkv at 32 rows, 22.1).
         tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {"waves": 2}
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
-    if m <= envs.int_large_max_m(LARGE_MAX_M) and k * n >= SMALL_WEIGHTS \
-            and x2.device.type == "cuda":
-        # The large-batch GEMM, each weight dequantized once per 256 rows in its main loop
-        # (OCTAVO_INT_LARGE_MAX_M; off until measured, session 54), on the large layers only:
-        # the small ones (Llama-8B's qkv and o) split K, whose reduction of 256-row partials
-        # cost more than the serial path (session 54, H100: qkv at 256 rows 78-219 us against
-        # 50).
-        return swapab_large.swapab_large(x2, qweight, scales, zeros, group_size, bits,
-                                         **envs.int_large_plan())
+    plan = envs.int_large_plan()
+    if m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda" \
+            and swapab_large.fills(n, bits, x2.device, plan.get("cols", swapab_large.COLS)):
+        # The large-batch GEMM with the dequantization in its main loop
+        # (OCTAVO_INT_LARGE_MAX_M; off: unmeasured in the engine, session 54), on layers whose
+        # tiles fill the SMs (it does not split K): Llama-8B's gate_up, 186.9 us at 256 rows
+        # against 212.0 here (H100).
+        return swapab_large.swapab_large(x2, qweight, scales, zeros, group_size, bits, **plan)
     # Past SWAPAB_MAX_M rows: the whole weight dequantized, then cuBLAS. Overlapping the two in
     # column chunks (each chunk dequantized on a side stream while cuBLAS multiplies the one
     # before; session 53's dequant_overlap, removed in session 54) was no faster on an H100:

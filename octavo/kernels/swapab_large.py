@@ -1,62 +1,65 @@
 """Weight-only integer GEMM for large batches (past ``int_weight_layout.SWAPAB_MAX_M`` rows) on
 the swap-AB packed layout, with the dequantization in the main loop: ``out [M, N] = x [M, K] @
-dequant(W) [K, N]``.
+dequant(W) [K, N]``, computed as ``out^T = W^T x^T`` so the weight tile is the MMA's A operand.
 
 Why: past 128 rows a swap-AB layer dequantizes its whole weight into a bf16 temporary and
 calls cuBLAS. The dequantization writes four times the bytes it reads and cuBLAS reads them
-back, so a Llama-8B layer at 256 rows takes about twice a bf16 GEMM (H100: 415 against 205 us),
-which holds W4A16 W2 at 0.84x bf16 (issue 12's target 0.9x). Session 35's Triton kernel of
+back, so a Llama-8B layer at 256 rows takes about twice a bf16 GEMM (H100: 413 against 204 us),
+which holds W4A16 W2 at 0.83x bf16 (issue 12's target 0.9x). Session 35's Triton kernel of
 this kind took 128-row batch tiles, so at 256 rows each weight tile was dequantized twice
-(gate_up 190 us against 176 for dequantize-then-cuBLAS on an H200). Here one program takes the
-whole batch (``block_m`` 256) against ``cols`` 64-column blocks of one 64-row block of the
-layout, so each weight is read and dequantized once per 256 rows:
+(gate_up 190 us against 176 for dequantize-then-cuBLAS on an H200). Here one program takes up
+to 256 batch rows against ``cols`` 64-column blocks of one 64-row block of the layout:
 
-- program (t, h, m, s): int16 rows ``t * 64 ..`` of the layout, its values ``h * cols ..
-  h * cols + cols - 1`` (output columns ``t * 64 * per + c * 64 + r``), batch rows ``m *
-  block_m ..``, K split ``s``;
-- each K step loads the packed tile [64, block_k] once and the activations [block_m,
-  block_k], then per value ``c`` dequantizes ``(q - z) * s`` in float32, rounds once to the
-  activations' dtype (the values ``dequantize_swapab`` writes, so the same products as the
-  dequantize-then-cuBLAS path) and multiplies on the tensor cores (wgmma on Hopper, the
-  dequantized tile through shared memory);
-- split-K (``split_k.store_or_reduce``: the last program of a tile adds the partials) where
-  the tiles alone leave SMs idle (Llama-8B's down, o and qkv).
+- program (t, h, m): int16 rows ``t * 64 ..`` of the layout, its values ``h * cols .. h * cols
+  + cols - 1`` (output columns ``t * 64 * per + c * 64 + r``, contiguous), batch rows ``m *
+  block_m ..``;
+- each K step loads the packed rows (once per value; the copies come from L1) and x^T
+  [block_k, block_m], dequantizes in the weights' own 16-bit width (the int16 -> float by the
+  mantissa, ``(bias + q) - (bias + z)`` exact, times s rounded once: the values
+  ``dequantize_swapab`` writes) and multiplies. With only same-width operations between the
+  load and the MMA, Triton feeds the tile to wgmma from registers and keeps one MMA in flight
+  while the next step dequantizes (sm_90 SASS: HGMMA 64x256x16 with A in registers, wait
+  depth 1). The first form of this kernel (x @ W^T, the tile through shared memory) waited for
+  every MMA before the next step.
+- no K split: a split version gave wrong sums on an H100 at some tiles (session 54: down and
+  qkv with 8 warps, K steps of 64, 3 stages; the same splits were right at other tiles and in
+  the interpreter; the cause was not found), so only layers whose tiles fill the SMs take this
+  path (``fills``; Llama-8B's gate_up).
 
-``block_m`` 256 keeps 64 float32 accumulators per thread per 64-column block at 8 warps, so
-``cols`` 2 (128 registers) is the widest tile; two programs then read the same packed tile
-for different values (from L2 for the second). Measured: ``benchmarks/large_int_gemm.py``.
+Measured on an H100 (session 54, ``benchmarks/large_int_gemm.py``, 4-bit g128, us at 256 rows
+from HBM): gate_up (K 4,096, N 28,672) 186.9 at the default tile against 212.0 for
+dequantize-then-cuBLAS and 109.7 for bf16; 195.6 at 64-wide K steps. The tensor cores run at
+about 40% of their rate there: the next lever is the loop itself (the int16 tile still goes
+through shared memory once for its operand layout, and 1.7 waves of programs leave SMs idle).
 """
 
 from __future__ import annotations
 
 import torch
 
-from octavo.kernels.split_k import buffers as split_k_buffers
-from octavo.kernels.split_k import counters as split_k_counters
-from octavo.kernels.split_k import plan as split_k_plan
-from octavo.kernels.split_k import store_or_reduce
-from octavo.kernels.split_k import within as split_k_within
-from octavo.kernels.triton_utils import require_triton, tl, triton
+from octavo.kernels.triton_utils import num_compute_units, require_triton, tl, triton
 from octavo.kernels.w4a16_swapab import ROWS, SUPPORTED_BITS
+
+# The default tile: the best of the session-54 sweep on gate_up at 256 rows (H100).
+BLOCK_M = 256
+BLOCK_K = 32
+COLS = 2
+NUM_WARPS = 8
+NUM_STAGES = 4
 
 
 @triton.jit
 def _large_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, cnt_ptr,
-    M, K, K_PER_SPLIT, NUM_SPLITS,
+    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, M, K,
     stride_xm, stride_xk, stride_qr, stride_sg, stride_sn, stride_zg, stride_zn,
-    stride_om, stride_on, stride_ps, stride_pm, stride_pn,
+    stride_om, stride_on,
     GROUP: tl.constexpr, BITS: tl.constexpr, COLS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, LAYOUT_ROWS: tl.constexpr, MAGIC: tl.constexpr,
 ):  # fmt: skip
-    # Grid (layout blocks * PER / COLS, M tiles, K splits); out^T [N, M] = W^T [N, K] @ x^T
-    # [K, M], the weight tile the MMA's A operand. The program's COLS value blocks are output
-    # columns n0 .. n0 + COLS * 64 - 1 (contiguous): tile row i is value c0 + i // 64 of int16
-    # row i % 64 (the packed rows loaded once per value, the copies from L1). BLOCK_K divides
-    # GROUP and the split's K, so a step lies in one group.
+    # Grid (layout blocks * PER / COLS, M tiles). Tile row i is value c0 + i // 64 of int16
+    # row i % 64: output column n0 + i. BLOCK_K divides GROUP, so a step lies in one group.
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    pid_k = tl.program_id(2)
     PER: tl.constexpr = 16 // BITS
     HALVES: tl.constexpr = PER // COLS
     BLOCK_N: tl.constexpr = COLS * LAYOUT_ROWS
@@ -74,24 +77,17 @@ def _large_kernel(
     m_mask = offs_m < M
     offs_kk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    k_start = pid_k * K_PER_SPLIT
-    k_end = tl.minimum(k_start + K_PER_SPLIT, K)
     # Each step's scales and zero points are loaded a step ahead, into registers: 2-byte
     # loads do not go through the cp.async pipeline, and loaded in their step they held every
-    # step for a round trip to L2.
-    g = k_start // GROUP
-    s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn)
-    z = (tl.load(z_ptr + g * stride_zg + offs_n * stride_zn).to(tl.float32) + BIAS).to(dt)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    # step for a round trip to L2 (session 54, H100: gate_up at 256 rows 226 us).
+    s = tl.load(s_ptr + offs_n * stride_sn).to(dt)
+    z = (tl.load(z_ptr + offs_n * stride_zn).to(tl.float32) + BIAS).to(dt)
+    for k0 in range(0, K, BLOCK_K):
         offs_k = tl.multiple_of(k0, BLOCK_K) + offs_kk
         p = tl.load(qw_ptr + offs_r[:, None] * stride_qr + offs_k[None, :])
         xt = tl.load(x_ptr + offs_k[:, None] * stride_xk + offs_m[None, :] * stride_xm,
                      mask=m_mask[None, :], other=0.0)
         bits = (p >> shift) & ((1 << BITS) - 1)
-        # Only same-width operations from the load to the MMA (int16 -> 16-bit float by its
-        # mantissa, the bias and scale in the float's own width: the product rounded once, the
-        # values dequantize_swapab writes), so Triton feeds the tile to wgmma from registers
-        # and keeps one MMA in flight while the next step dequantizes.
         if MAGIC == 1:
             q = (bits | 0x4300).to(tl.bfloat16, bitcast=True)
         elif MAGIC == 2:
@@ -99,18 +95,16 @@ def _large_kernel(
         else:
             q = bits.to(dt)
         w = (q - z[:, None]) * s[:, None]
-        # The next step's group (past the split's end the last one again, unused).
-        g = tl.minimum(k0 + BLOCK_K, k_end - 1) // GROUP
-        s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn)
+        # The next step's group (past the end the last one again, unused).
+        g = tl.minimum(k0 + BLOCK_K, K - 1) // GROUP
+        s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn).to(dt)
         z = (tl.load(z_ptr + g * stride_zg + offs_n * stride_zn).to(tl.float32) + BIAS).to(dt)
         if dt == tl.float32:
             acc = tl.dot(w, xt, acc, input_precision="ieee")
         else:
             acc = tl.dot(w, xt, acc)
-    # acc is out^T: store_or_reduce with the roles of M and N swapped.
-    store_or_reduce(acc, offs_n, offs_m, (offs_n >= 0)[:, None] & m_mask[None, :], out_ptr,
-                    stride_on, stride_om, part_ptr, stride_ps, stride_pn, stride_pm, cnt_ptr,
-                    pid_m * tl.num_programs(0) + pid_n, pid_k, NUM_SPLITS)
+    out = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None] * stride_on
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[None, :])
 
 
 def _magic(dtype: torch.dtype, bits: int) -> int:
@@ -126,15 +120,20 @@ def supports(k: int, n: int, group_size: int, bits: int) -> bool:
         and group_size % 16 == 0 and k % group_size == 0
 
 
+def fills(n: int, bits: int, device: torch.device, cols: int = COLS) -> bool:
+    """Whether a weight of ``n`` output columns makes at least one program per SM at the
+    default tile (one batch tile): the kernel does not split K."""
+    return n // (ROWS * cols) >= num_compute_units(device)
+
+
 def swapab_large(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 zeros: torch.Tensor, group_size: int, bits: int = 4, block_m: int = 256,
-                 block_k: int = 64, cols: int = 2, num_warps: int = 8, num_stages: int = 3,
-                 split_k: int | None = None, waves: int = 1) -> torch.Tensor:
+                 zeros: torch.Tensor, group_size: int, bits: int = 4, block_m: int = BLOCK_M,
+                 block_k: int = BLOCK_K, cols: int = COLS, num_warps: int = NUM_WARPS,
+                 num_stages: int = NUM_STAGES) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` for ``qweight`` in ``pack_swapab``'s layout (int16
-    [N / per, K]; ``scales`` / ``zeros`` [K / group, N]), in x2's dtype. ``block_m``: batch
-    rows per program; ``block_k``: K per step (a divisor of the group, at least 16);
-    ``cols``: 64-column value blocks per program (1, 2 or per = 16 / bits); ``split_k``: K
-    splits (default: enough for about ``waves`` programs per SM)."""
+    [N / per, K]; ``scales`` / ``zeros`` [K / group, N], any float dtype), in x2's dtype.
+    ``block_m``: batch rows per program; ``block_k``: K per step (a divisor of the group, at
+    least 16); ``cols``: 64-column value blocks per program (dividing per = 16 / bits)."""
     require_triton("swapab_large")
     m, k = x2.shape
     per = 16 // bits
@@ -147,20 +146,14 @@ def swapab_large(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if per % cols or block_k % 16 or group_size % block_k:
         raise ValueError(f"swapab_large: cols={cols} must divide {per}, block_k={block_k} "
                          f"divide the group {group_size} in multiples of 16")
-    m_tiles = triton.cdiv(m, block_m)
-    n_progs = qweight.shape[0] // ROWS * (per // cols)
-    tiles = m_tiles * n_progs
-    if split_k is None:
-        split_k = split_k_within(tiles, k // block_k, x2.device, waves)
-    split_k, k_per_split = split_k_plan(k, block_k, split_k)
-    out, partial = split_k_buffers(m, n, split_k, x2)
-    _large_kernel[(n_progs, m_tiles, split_k)](
-        x2, qweight, scales, zeros, out, partial, split_k_counters(x2.device, tiles),
-        m, k, k_per_split, split_k,
+    out = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
+    grid = (qweight.shape[0] // ROWS * (per // cols), triton.cdiv(m, block_m))
+    _large_kernel[grid](
+        x2, qweight, scales, zeros, out, m, k,
         x2.stride(0), x2.stride(1), qweight.stride(0), scales.stride(0), scales.stride(1),
         zeros.stride(0), zeros.stride(1), out.stride(0), out.stride(1),
-        partial.stride(0), partial.stride(1), partial.stride(2),
         GROUP=group_size, BITS=bits, COLS=cols, BLOCK_M=block_m, BLOCK_K=block_k,
-        LAYOUT_ROWS=ROWS, MAGIC=_magic(x2.dtype, bits), num_warps=num_warps, num_stages=num_stages,
+        LAYOUT_ROWS=ROWS, MAGIC=_magic(x2.dtype, bits), num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
     return out

@@ -50,10 +50,10 @@ def test_rejects_a_tile_the_group_cannot_hold():
 @pytest.mark.parametrize("m,k,group,bits,tuning", [
     (5, 64, 32, 4, {"block_m": 16, "block_k": 32}),  # cols 2: two programs per layout block
     (20, 128, 64, 4, {"block_m": 16, "block_k": 32, "cols": 4}),  # two batch tiles
-    (9, 128, 64, 4, {"block_m": 16, "block_k": 16, "cols": 1, "split_k": 3}),
+    (9, 128, 64, 4, {"block_m": 16, "block_k": 16, "cols": 1}),
     (7, 128, 128, 8, {"block_m": 16, "block_k": 64}),  # 8-bit: cols 2 is the whole int16
-    (3, 64, 16, 8, {"block_m": 16, "block_k": 16, "cols": 1, "split_k": 2}),
-    (33, 128, 128, 4, {"block_m": 64, "block_k": 64, "split_k": 2}),  # one group over K
+    (3, 64, 16, 8, {"block_m": 16, "block_k": 16, "cols": 1}),
+    (33, 128, 128, 4, {"block_m": 64, "block_k": 64}),  # one group over K
 ])
 def test_float32_equals_the_dequantized_product(m, k, group, bits, tuning):
     """In float32 the kernel's products are the dequantized weights' (exact in the tile's
@@ -85,6 +85,33 @@ def test_float16_columns_of_every_value(bits, cols):
     torch.testing.assert_close(out.float(), want, rtol=1e-3, atol=1e-3)
 
 
+def test_scales_in_another_dtype_than_the_activations():
+    """Checkpoints keep fp16 scales under bf16 (or float32) activations: the tile takes the
+    activations' dtype. (The interpreter promotes mixed operands where the GPU compiler
+    refused them: the engine's first GPU run, bf16 activations and fp16 scales, failed in
+    tl.dot; test_engine_routing_gpu runs that case.)"""
+    packed, s, z = _weights(128, 256, 64, 4, dtype=torch.bfloat16)
+    x = torch.randn(6, 128, device=DEVICE)
+    out = swapab_large(x, packed, s, z, 64, 4, block_m=16, block_k=32, num_warps=4,
+                       num_stages=2)
+    ref = x @ dequantize_swapab(packed, s.float(), z.float(), 64, 4, torch.float32)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    x16 = x.half()
+    out16 = swapab_large(x16, packed, s, z, 64, 4, block_m=16, block_k=32, num_warps=4,
+                         num_stages=2)
+    assert out16.dtype == torch.float16
+    assert rel_err(out16, _ref(x16, packed, s.half(), z.half(), 64, 4)) < 2e-3
+
+
+def test_fills():
+    from octavo.kernels.swapab_large import fills
+
+    dev = torch.device("cpu")
+    sms = __import__("octavo.kernels.triton_utils", fromlist=["x"]).num_compute_units(dev)
+    assert fills(128 * sms, 4, dev) and not fills(128 * sms - 128, 4, dev)
+    assert fills(64 * sms, 4, dev, cols=1)
+
+
 def test_float16_against_the_reference():
     packed, s, z = _weights(256, 512, 64, 4)
     x = torch.randn(40, 256, device=DEVICE).half()
@@ -112,7 +139,7 @@ GPU_SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)]  # Llama
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tuning", [{}, {"cols": 1}, {"cols": 4, "block_m": 128, "num_warps": 4},
-                                    {"block_k": 32, "num_stages": 4}, {"block_m": 128}],
+                                    {"block_k": 64, "num_stages": 3}, {"block_m": 128}],
                          ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()) or "default")
 @pytest.mark.parametrize("m", [129, 200, 256, 300])
 @pytest.mark.parametrize("k,n", GPU_SHAPES)
@@ -135,25 +162,23 @@ def test_bits_and_dtypes_gpu(bits, dtype):
 
 @pytest.mark.gpu
 def test_inside_a_cuda_graph_gpu():
-    """Split-K (down's shape) inside a graph: the counters come back to zero every replay."""
-    packed, s, z = _weights(14336, 4096, 128, 4, device=torch.device("cuda"),
+    packed, s, z = _weights(4096, 28672, 128, 4, device=torch.device("cuda"),
                             dtype=torch.bfloat16)
-    x = torch.randn(256, 14336, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
     check_graph_replays(lambda x: swapab_large(x, packed, s, z, 128, 4),
                         lambda x: _ref(x, packed, s, z, 128, 4), x)
 
-
 @pytest.mark.gpu
 def test_engine_routing_gpu(monkeypatch):
-    """int_weight_layout sends a large layer's swap-AB batches past the swap-AB GEMM's rows,
-    up to OCTAVO_INT_LARGE_MAX_M, here; past it (while it is 0, and on layers of fewer than
-    SMALL_WEIGHTS values) to dequantize-then-cuBLAS."""
+    """int_weight_layout sends swap-AB batches past the swap-AB GEMM's rows, up to
+    OCTAVO_INT_LARGE_MAX_M, here on layers whose tiles fill the SMs; past it (while it is 0,
+    and on narrower layers) to dequantize-then-cuBLAS."""
     from octavo.kernels import int_weight_layout
     from octavo.kernels import swapab_large as module
 
-    packed, s, z = _weights(4096, 8192, 128, 4, device=torch.device("cuda"),
-                            dtype=torch.bfloat16)
-    small = _weights(4096, 4096, 128, 4, device=torch.device("cuda"), dtype=torch.bfloat16)
+    packed, s, z = _weights(1024, 28672, 128, 4, device=torch.device("cuda"),
+                            dtype=torch.float16)  # fp16 scales under bf16 activations
+    small = _weights(1024, 4096, 128, 4, device=torch.device("cuda"), dtype=torch.bfloat16)
     calls = []
     real = module.swapab_large
     monkeypatch.setattr(module, "swapab_large",
@@ -161,10 +186,10 @@ def test_engine_routing_gpu(monkeypatch):
     monkeypatch.setenv("OCTAVO_INT_LARGE_MAX_M", "256")
     monkeypatch.setenv("OCTAVO_INT_LARGE_PLAN", "128,4,8,64,3")
     for m in (64, 129, 256, 300):
-        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         got = int_weight_layout.linear(x, packed, s, z, 128, 4, int_weight_layout.SWAPAB)
-        assert rel_err(got, _ref(x, packed, s, z, 128, 4)) < 1e-2
+        assert rel_err(got, x @ dequantize_swapab(packed, s, z, 128, 4, x.dtype)) < 1e-2
     assert calls == [129, 256]
-    x = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(200, 1024, device="cuda", dtype=torch.bfloat16)
     got = int_weight_layout.linear(x, *small, 128, 4, int_weight_layout.SWAPAB)
-    assert rel_err(got, _ref(x, *small, 128, 4)) < 1e-2 and calls == [129, 256]  # o's size
+    assert rel_err(got, _ref(x, *small, 128, 4)) < 1e-2 and calls == [129, 256]  # too few tiles
