@@ -74,6 +74,13 @@ def int_large_max_m(default: int) -> int:
     return _batch_size("OCTAVO_INT_LARGE_MAX_M", default)
 
 
+def int_large_cuda() -> bool:
+    """OCTAVO_INT_LARGE_CUDA (default off): within OCTAVO_INT_LARGE_MAX_M, 4-bit layers with
+    bf16 activations run the warp-specialized CUDA kernel (octavo/kernels/swapab_wgmma.py,
+    sm_90 only) instead of the Triton one, where their tiles fill the SMs."""
+    return _flag("OCTAVO_INT_LARGE_CUDA", False)
+
+
 def int_large_plan() -> dict:
     """OCTAVO_INT_LARGE_PLAN="block_m,cols,num_warps,block_k,num_stages": the tile the
     large-batch integer GEMM (octavo/kernels/swapab_large.py) runs in the engine, so that a

@@ -34,6 +34,9 @@ _LOCK = threading.Lock()
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 STATIC_SHARED_LIMIT = 48 * 1024  # dynamic shared memory past this needs the attribute raised
+# Sources with Hopper-only instructions (wgmma, setmaxnreg): built for the arch-specific target
+# (sm_90a), which runs on sm_90 devices only.
+ARCH_SPECIFIC = frozenset({"swapab_wgmma.cu"})
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -124,7 +127,8 @@ class Module:
         index = device.index if device.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
         self.device = torch.device("cuda", index)
-        self.cubin = build(source, f"sm_{major}{minor}")
+        suffix = "a" if source in ARCH_SPECIFIC else ""
+        self.cubin = build(source, f"sm_{major}{minor}{suffix}")
         self._functions: dict[str, ctypes.c_void_p] = {}
         self._shared: dict[str, int] = {}  # the dynamic shared memory each kernel may take
         with torch.cuda.device(index):

@@ -59,7 +59,7 @@ from __future__ import annotations
 import torch
 
 from octavo import envs
-from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_large, swapab_mma
+from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_large, swapab_mma, swapab_wgmma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
 
@@ -160,9 +160,14 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # within 2% of it everywhere but qkv at 32 rows, 22.1).
         tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {"waves": 2}
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
+    large = m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda"
+    if large and envs.int_large_cuda() and swapab_wgmma.available(x2.device) \
+            and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype) \
+            and swapab_wgmma.fills(m, n, x2.device):
+        # The warp-specialized CUDA version (OCTAVO_INT_LARGE_CUDA; unmeasured, session 54).
+        return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
     plan = envs.int_large_plan()
-    if m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda" \
-            and swapab_large.fills(n, bits, x2.device, plan.get("cols", swapab_large.COLS)):
+    if large and swapab_large.fills(n, bits, x2.device, plan.get("cols", swapab_large.COLS)):
         # The large-batch GEMM with the dequantization in its main loop
         # (OCTAVO_INT_LARGE_MAX_M; off: unmeasured in the engine, session 54), on layers whose
         # tiles fill the SMs (it does not split K): Llama-8B's gate_up, 186.9 us at 256 rows

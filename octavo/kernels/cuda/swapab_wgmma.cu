@@ -1,0 +1,304 @@
+// Large-batch 4-bit weight-only GEMM on the swap-AB layout for Hopper (sm_90a): out^T = W^T
+// x^T with the weight tile dequantized into wgmma's A registers and the activations read from
+// shared memory, warp-specialized (octavo/kernels/swapab_wgmma.py has the why and the plan).
+//
+// CTA: 1 producer warpgroup (one warp copies; setmaxnreg gives the registers to the others)
+// + 2 consumer warpgroups (384 threads), one 64-row block t of the int16
+// layout (all 4 values: output columns t * 256 .. t * 256 + 255) against 128 batch rows.
+// Consumer warpgroup g takes values 2g and 2g + 1 (two m64 accumulators of 128 batch columns).
+// The producer copies each 64-wide K step's activations [128 x 64] and packed rows [64 x 64]
+// into a ring of kStages buffers (cp.async, 128-byte rows swizzled in 16-byte pieces: piece j
+// of row r at j ^ (r % 8)), signalling a "full" mbarrier; consumers release a buffer through
+// its "empty" mbarrier once the MMAs reading it are done.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kRows = 64;                      // int16 rows of a layout block: wgmma's M
+constexpr int kBatch = 128;                    // batch rows per CTA: wgmma's N
+constexpr int kStepK = 64;                     // K per buffer: one 128-byte row
+constexpr int kStages = 4;
+constexpr int kConsumerWarps = 8;              // two warpgroups, after the producer's
+constexpr int kThreads = kConsumerWarps * 32 + 128;
+// Registers per thread after setmaxnreg: 128 x 40 + 256 x 232 fit the 64K of an SM.
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kXBytes = kBatch * kStepK * 2;   // 16 KB
+constexpr int kPBytes = kRows * kStepK * 2;    // 8 KB
+constexpr int kStageBytes = kXBytes + kPBytes; // a multiple of 1024: every x tile stays aligned
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  // src_bytes 0: sixteen zero bytes (batch rows past M).
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+
+// The arrival fires when every cp.async this thread issued before it has landed.
+__device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n"
+               :: "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile("{\n .reg .pred p;\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+               " selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  return done != 0;
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// wgmma's shared-memory matrix descriptor of a K-major operand in 128-byte swizzled rows
+// (8 rows = 1024 bytes between row groups; the leading offset is unused in this mode).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  uint64_t desc = static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
+  desc |= static_cast<uint64_t>(1) << 16;
+  desc |= static_cast<uint64_t>(1024 >> 4) << 32;
+  desc |= static_cast<uint64_t>(1) << 62;
+  return desc;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(kPending) : "memory");
+}
+
+// d[64] += A (64 x 16 bf16, this thread's four registers) x B (16 x 128, shared memory).
+__device__ __forceinline__ void wgmma_m64n128(float (&d)[64], const uint32_t (&a)[4],
+                                              uint64_t desc) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{" 
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+template <typename S>
+__device__ __forceinline__ float to_float(S v);
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+
+// Two weights of value c from one 32-bit word (int16 at k: low half, k + 1: high half), as
+// (q - z) * s in float32 rounded once to bf16: the values dequantize_swapab writes. zb is
+// 2^23 + z: 0x4B000000 | q is the float 2^23 + q, so the difference is q - z exactly.
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int shift, float zb, float s) {
+  const float lo = __uint_as_float(((word >> shift) & 0xFu) | 0x4B000000u);
+  const float hi = __uint_as_float(((word >> (16 + shift)) & 0xFu) | 0x4B000000u);
+  __nv_bfloat162 w = __floats2bfloat162_rn((lo - zb) * s, (hi - zb) * s);
+  return *reinterpret_cast<uint32_t*>(&w);
+}
+
+// The scale and 2^23 + zero point of (row, value) pairs for group g: rows r0 / r0 + 8 of the
+// layout block, values v0 / v0 + 1 (columns col0 + 64 v + r).
+template <typename S>
+__device__ __forceinline__ void load_sz(const S* scales, const S* zeros, int g, int n_cols,
+                                        int col0, float (&s)[4], float (&zb)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int col = col0 + (i >> 1) * 64 + (i & 1) * 8;
+    s[i] = to_float(scales[static_cast<size_t>(g) * n_cols + col]);
+    zb[i] = to_float(zeros[static_cast<size_t>(g) * n_cols + col]) + 8388608.0f;
+  }
+}
+
+// One m64 accumulator to out [M, N] (bf16): D register 4 j + e holds block row r0 + 8 (e >> 1)
+// (output column col + 8 (e >> 1)) and batch column 8 j + kq + (e & 1) (row row0 + 8 j + (e & 1)).
+__device__ __forceinline__ void store_tile(const float (&acc)[64], __nv_bfloat16* out, int m,
+                                           int row0, int col, int stride_om) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = row0 + 8 * j + (e & 1);
+      if (row < m) {
+        out[static_cast<size_t>(row) * stride_om + col + 8 * (e >> 1)] =
+            __float2bfloat16_rn(acc[4 * j + e]);
+      }
+    }
+  }
+}
+
+template <typename S>
+__device__ __forceinline__ void swapab_wgmma_body(
+    const __nv_bfloat16* __restrict__ x, const int16_t* __restrict__ qw,
+    const S* __restrict__ scales, const S* __restrict__ zeros, __nv_bfloat16* __restrict__ out,
+    int m, int k, int n, int group, int stride_xm, int stride_om) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The ring 1024-aligned (the swizzle's period), then the barriers.
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  const uint32_t ring = smem_u32(smem);
+  const uint32_t full0 = smem_u32(bars);
+  const uint32_t empty0 = smem_u32(bars + kStages);
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x;             // 64-row block of the layout
+  const int m0 = blockIdx.y * kBatch;   // first batch row
+  const int steps = k / kStepK;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 32);                // the producer's lanes
+      mbar_init(empty0 + 8 * s, kConsumerWarps);   // one lane per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp < 4) {  // the producer warpgroup: its registers to the consumers, warp 0 copies
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
+    if (warp != 0) return;
+    for (int i = 0; i < steps; ++i) {
+      const int st = i % kStages;
+      if (i >= kStages) mbar_wait(empty0 + 8 * st, ((i / kStages) - 1) & 1);
+      const uint32_t xs = ring + st * kStageBytes;
+      const uint32_t ps = xs + kXBytes;
+      const int k0 = i * kStepK;
+#pragma unroll 4
+      for (int c = lane; c < kBatch * 8; c += 32) {
+        const int r = c >> 3, j = c & 7;
+        const int row = m0 + r;
+        const __nv_bfloat16* src = x + static_cast<size_t>(row < m ? row : m - 1) * stride_xm
+                                   + k0 + j * 8;
+        cp_async16(xs + r * 128 + ((j ^ (r & 7)) << 4), src, row < m ? 16 : 0);
+      }
+#pragma unroll 4
+      for (int c = lane; c < kRows * 8; c += 32) {
+        const int r = c >> 3, j = c & 7;
+        const int16_t* src = qw + static_cast<size_t>(t * kRows + r) * k + k0 + j * 8;
+        cp_async16(ps + r * 128 + ((j ^ (r & 7)) << 4), src, 16);
+      }
+      mbar_arrive_copies(full0 + 8 * st);
+    }
+    return;
+  }
+
+  // Consumers: warp w of warpgroup g (values 2g, 2g + 1), rows r0 = 16 w + lane / 4 and
+  // r0 + 8 of the block; A fragment columns kq, kq + 1 and kq + 8, kq + 9 of each K16.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
+  const int g = (warp >> 2) - 1;
+  const int r0 = 16 * (warp & 3) + (lane >> 2);
+  const int kq = (lane & 3) * 2;
+  const int shift0 = 8 * g;  // value 2g: bits 8g .. 8g + 3 of each int16; 2g + 1: + 4
+  const int col0 = t * kRows * 4 + 2 * g * kRows + r0;  // (row r0, value 2g)
+  float acc0[64], acc1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    acc0[i] = 0.0f;
+    acc1[i] = 0.0f;
+  }
+  float s_cur[4], zb_cur[4], s_nxt[4], zb_nxt[4];
+  load_sz(scales, zeros, 0, n, col0, s_cur, zb_cur);
+  uint32_t a[2][2][4];  // [K16 parity][value][register]
+  for (int i = 0; i < steps; ++i) {
+    const int st = i % kStages;
+    const int k0 = i * kStepK;
+    // The next step's group, a step ahead (past the end the last one again, unused).
+    const int k_next = (i + 1 < steps ? k0 + kStepK : k0);
+    load_sz(scales, zeros, k_next / group, n, col0, s_nxt, zb_nxt);
+    mbar_wait(full0 + 8 * st, (i / kStages) & 1);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    const uint32_t xs = ring + st * kStageBytes;
+    const uint32_t ps = xs + kXBytes;
+#pragma unroll
+    for (int kk = 0; kk < kStepK / 16; ++kk) {
+      uint32_t (&ak)[2][4] = a[kk & 1];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // a0: (r0, kq), a1: (r0 + 8, kq), a2: (r0, kq + 8), a3
+        const int r = r0 + (q & 1) * 8;
+        const int kc = kk * 16 + kq + (q >> 1) * 8;  // even: one 32-bit word holds k, k + 1
+        const uint32_t addr = ps + r * 128 + ((((kc >> 3) ^ (r & 7))) << 4) + (kc & 7) * 2;
+        uint32_t word;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(word) : "r"(addr));
+        const int i_row = q & 1;  // s / zb index: (row, value) = i_row + 2 value
+        ak[0][q] = dequant_pair(word, shift0, zb_cur[i_row], s_cur[i_row]);
+        ak[1][q] = dequant_pair(word, shift0 + 4, zb_cur[2 + i_row], s_cur[2 + i_row]);
+      }
+      wgmma_fence();
+      const uint64_t desc = smem_desc(xs + kk * 32);
+      wgmma_m64n128(acc0, ak[0], desc);
+      wgmma_m64n128(acc1, ak[1], desc);
+      wgmma_commit();
+      // At most the group just issued in flight: the other register set is free again, and
+      // at kk = 0 the previous buffer's last MMAs are done.
+      wgmma_wait<1>();
+      if (kk == 0 && i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s_cur[j] = s_nxt[j];
+      zb_cur[j] = zb_nxt[j];
+    }
+  }
+  wgmma_wait<0>();
+
+  store_tile(acc0, out, m, m0 + kq, col0, stride_om);
+  store_tile(acc1, out, m, m0 + kq, col0 + kRows, stride_om);
+}
+
+}  // namespace
+
+// Grid (N / 256 layout blocks, ceil(M / 128)), 384 threads, dynamic shared memory
+// kStages * 24 KB + 1024 (alignment) + the barriers. K a multiple of 64, the group of 64.
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+swapab_wgmma_bf16_scales(const __nv_bfloat16* x, const int16_t* qw, const __nv_bfloat16* scales,
+                         const __nv_bfloat16* zeros, __nv_bfloat16* out, int m, int k, int n,
+                         int group, int stride_xm, int stride_om) {
+  swapab_wgmma_body(x, qw, scales, zeros, out, m, k, n, group, stride_xm, stride_om);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+swapab_wgmma_f16_scales(const __nv_bfloat16* x, const int16_t* qw, const __half* scales,
+                        const __half* zeros, __nv_bfloat16* out, int m, int k, int n, int group,
+                        int stride_xm, int stride_om) {
+  swapab_wgmma_body(x, qw, scales, zeros, out, m, k, n, group, stride_xm, stride_om);
+}

@@ -1,0 +1,95 @@
+"""A warp-specialized CUDA GEMM for large batches of 4-bit weights on the swap-AB layout
+(``cuda/swapab_wgmma.cu``, Hopper only): ``out [M, N] = x [M, K] @ dequant(W) [K, N]`` in bf16.
+
+Why: past 128 rows the engine dequantizes each swap-AB layer's whole weight to bf16 in HBM and
+calls cuBLAS, about twice a bf16 GEMM (H100, one Llama-8B layer at 256 rows: 413 against 204
+us); W4A16 W2 runs at 0.83x bf16 (issue 12: 0.9x). Triton's in-loop version
+(``swapab_large``, session 54) feeds wgmma from registers but keeps every warp in one
+pipeline, so the dequantization, the copies and the MMAs wait on each other at every K step:
+186.9 us on gate_up at 256 rows against 212.0 serial and 109.7 for bf16, the tensor cores at
+about 40%. Here the roles are split, as Hopper GEMMs do it:
+
+- a producer warp copies each 64-wide K step's activations [128 x 64] (the MMA's B operand,
+  128-byte rows swizzled as wgmma's descriptor reads them) and the packed rows [64 x 64] into
+  a ring of 4 buffers (``cp.async``, completion on an mbarrier per buffer);
+- two consumer warpgroups (setmaxnreg moves the producer warpgroup's registers to them) each
+  take two of the four 4-bit values of the block's int16s (128 output columns): per K16 they
+  read their words from shared memory, dequantize into wgmma's A registers ((q - z) * s in
+  float32, rounded once to bf16: the values ``dequantize_swapab`` writes) and issue two
+  m64n128k16 MMAs, keeping one group in flight while the next K16 dequantizes; a buffer goes
+  back to the producer when the MMAs that read it are done.
+
+One CTA covers 256 output columns x 128 batch rows: per 2.1M multiply-adds it reads 24 KB
+(cuBLAS's 128 x 256 bf16 tile reads 48 KB), and the weights are dequantized once per 128 rows.
+K is not split, so the engine sends it only layers whose tiles fill the SMs (``fills``).
+
+Unmeasured on a GPU when written (session 54): ``OCTAVO_INT_LARGE_CUDA=1`` with
+``OCTAVO_INT_LARGE_MAX_M`` turns it on (``int_weight_layout``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from octavo.kernels import cuda_module
+from octavo.kernels.triton_utils import num_compute_units
+
+SOURCE = "swapab_wgmma.cu"
+ROWS = 64  # int16 rows of a layout block (4 values each: 256 output columns)
+BATCH = 128  # batch rows per CTA
+STEP_K = 64
+STAGES = 4
+THREADS = 384
+# The ring (x and packed rows per stage), 1024 bytes to align it, the full / empty barriers.
+SHARED_BYTES = STAGES * (BATCH * STEP_K * 2 + ROWS * STEP_K * 2) + 1024 + 2 * STAGES * 8
+
+
+def available(device: torch.device) -> bool:
+    """Whether the kernel can run on ``device``: an sm_90 GPU (wgmma) where it builds."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    return cuda_module.module(SOURCE, device) is not None
+
+
+def supports(k: int, n: int, group_size: int, bits: int, x_dtype: torch.dtype,
+             scale_dtype: torch.dtype) -> bool:
+    """Shapes and dtypes the kernel holds: 4-bit, bf16 activations, bf16 or fp16 scales, K
+    and the group multiples of 64, N of 256."""
+    return (bits == 4 and x_dtype == torch.bfloat16
+            and scale_dtype in (torch.bfloat16, torch.float16)
+            and k % STEP_K == 0 and group_size % STEP_K == 0 and k % group_size == 0
+            and n % (ROWS * 4) == 0)
+
+
+def fills(m: int, n: int, device: torch.device) -> bool:
+    """Whether an [m, n] output makes at least one CTA per SM (the kernel does not split K)."""
+    return n // (ROWS * 4) * -(-m // BATCH) >= num_compute_units(device)
+
+
+def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``x2 [M, K] @ dequant(W) [K, N]`` (bf16) for 4-bit ``qweight`` in ``pack_swapab``'s
+    layout (int16 [N / 4, K]), ``scales`` / ``zeros`` [K / group, N] in bf16 or fp16."""
+    m, k = x2.shape
+    n = qweight.shape[0] * 4
+    if not supports(k, n, group_size, 4, x2.dtype, scales.dtype):
+        raise ValueError(f"swapab_wgmma cannot run K={k}, N={n}, group {group_size}, "
+                         f"{x2.dtype} activations, {scales.dtype} scales")
+    assert qweight.dtype == torch.int16 and qweight.shape[1] == k, (qweight.shape, k)
+    assert scales.shape == zeros.shape == (k // group_size, n), (scales.shape, zeros.shape)
+    mod = cuda_module.loaded(SOURCE, x2.device)
+    x2 = cuda_module.aligned_rows(x2)
+    qweight, scales = qweight.contiguous(), scales.contiguous()
+    zeros = zeros.to(scales.dtype).contiguous()
+    out = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
+    if m == 0:
+        return out
+    name = "swapab_wgmma_bf16_scales" if scales.dtype == torch.bfloat16 \
+        else "swapab_wgmma_f16_scales"
+    args = cuda_module.arguments(x2, qweight, scales, zeros, out, m, k, n, group_size,
+                                 x2.stride(0), out.stride(0))
+    mod.launch(name, (n // (ROWS * 4), -(-m // BATCH), 1), THREADS, args,
+               shared_bytes=SHARED_BYTES)
+    return out

@@ -1,0 +1,278 @@
+"""The warp-specialized CUDA GEMM for large 4-bit batches (octavo/kernels/swapab_wgmma.py).
+
+On the CPU: the source builds for sm_90a without spills where nvcc is, and an emulation of the
+kernel's index arithmetic (the producer's swizzled copies, the consumers' words and A
+fragments, wgmma's descriptor and fragment layouts as the PTX ISA defines them, the epilogue)
+computes x @ dequant(W). On the GPU: against the dequantize-then-matmul path at Llama-8B
+shapes, in a CUDA graph, and through the engine's routing."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from octavo.kernels import cuda_module, swapab_wgmma
+from octavo.kernels.w4a16_swapab import pack_swapab
+
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+    or cuda_module.nvcc_path() is None, reason="needs an sm_90 GPU and nvcc")
+
+
+def _weights(k, n, group, seed=0, dtype=torch.bfloat16, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (k, n), generator=g)
+    scales = (torch.rand(k // group, n, generator=g) * 0.02 + 0.001).to(dtype)
+    zeros = torch.randint(0, 17, (k // group, n), generator=g).to(dtype)
+    return q, pack_swapab(q, 4).to(device), scales.to(device), zeros.to(device)
+
+
+def _dequant_ref(q, scales, zeros, group):
+    """[K, N] float32 -> (q - z) * s in float32, rounded once to bf16 (dequantize_swapab)."""
+    s = scales.float().repeat_interleave(group, 0)
+    z = zeros.float().repeat_interleave(group, 0)
+    return ((q.float() - z) * s).to(torch.bfloat16)
+
+
+def test_supports_and_fills():
+    assert swapab_wgmma.supports(4096, 28672, 128, 4, torch.bfloat16, torch.float16)
+    assert not swapab_wgmma.supports(4096, 28672, 128, 8, torch.bfloat16, torch.bfloat16)
+    assert not swapab_wgmma.supports(4096, 28672, 128, 4, torch.float16, torch.float16)
+    assert not swapab_wgmma.supports(4096, 28672, 32, 4, torch.bfloat16, torch.bfloat16)
+    assert not swapab_wgmma.supports(4096, 28672 + 128, 128, 4, torch.bfloat16, torch.bfloat16)
+    assert not swapab_wgmma.available(torch.device("cpu"))
+    sms = swapab_wgmma.num_compute_units(torch.device("cpu"))
+    assert swapab_wgmma.fills(129, 256 * sms, torch.device("cpu"))
+    assert swapab_wgmma.fills(256, 128 * sms, torch.device("cpu"))  # two batch tiles
+    assert not swapab_wgmma.fills(128, 128 * sms, torch.device("cpu"))
+
+
+@pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="needs nvcc")
+def test_the_source_builds_for_sm_90a_without_spills_or_serialized_mmas(tmp_path, monkeypatch):
+    monkeypatch.setenv("OCTAVO_CACHE_DIR", str(tmp_path))
+    outputs = []
+    real_run = cuda_module.subprocess.run
+
+    def run(cmd, **kw):
+        proc = real_run(cmd, **kw)
+        outputs.append(proc.stderr or "")
+        return proc
+
+    monkeypatch.setattr(cuda_module.subprocess, "run", run)
+    cubin = cuda_module.build(swapab_wgmma.SOURCE, "sm_90a", extra=("-Xptxas", "-v"))
+    data = cubin.read_bytes()
+    report = "".join(outputs)
+    for name in ("swapab_wgmma_bf16_scales", "swapab_wgmma_f16_scales"):
+        assert name.encode() in data
+    spills = re.findall(r"(\d+) bytes spill stores", report)
+    assert spills and all(s == "0" for s in spills), report[-2000:]
+    assert "serialized" not in report, report[-2000:]
+
+
+# --- An emulation of the kernel's index arithmetic (cuda/swapab_wgmma.cu), on numpy ---------
+
+ROWS, BATCH, STEP_K = swapab_wgmma.ROWS, swapab_wgmma.BATCH, swapab_wgmma.STEP_K
+X_BYTES = BATCH * STEP_K * 2
+
+
+def _swizzled(r, j):
+    """The byte offset of 16-byte piece j of 128-byte row r (piece j ^ (r % 8))."""
+    return r * 128 + ((j ^ (r & 7)) << 4)
+
+
+def _desc_b(smem: np.ndarray, start: int, n_cols: int) -> np.ndarray:
+    """wgmma's B operand [16 x n_cols] (bf16 bits) read through a K-major, 128-byte swizzled
+    descriptor at byte ``start`` (SBO 1024): element (k, n) at start + (n // 8) * 1024 +
+    (n % 8) * 128 + 2 k, with address bits 4-6 XORed with bits 7-9."""
+    out = np.zeros((16, n_cols), dtype=np.uint16)
+    for n in range(n_cols):
+        for k in range(16):
+            addr = start + (n // 8) * 1024 + (n % 8) * 128 + 2 * k
+            addr ^= ((addr >> 7) & 7) << 4
+            out[k, n] = int(smem[addr]) | (int(smem[addr + 1]) << 8)
+    return out
+
+
+def _bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _float_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    return (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16)
+            .view(torch.int16).numpy().view(np.uint16))
+
+
+def _emulate(x, packed, scales, zeros, group):
+    """out [M, N] as the kernel computes it, CTA by CTA, thread by thread (float32 sums)."""
+    m, k = x.shape
+    n = packed.shape[0] * 4
+    x_bits = x.view(torch.int16).numpy().view(np.uint16)
+    p_bits = packed.numpy().view(np.uint16)
+    s_f = scales.float().numpy()
+    z_f = zeros.float().numpy()
+    out = np.full((m, n), np.nan, dtype=np.float32)
+    for t in range(n // (ROWS * 4)):
+        for by in range(-(-m // BATCH)):
+            m0 = by * BATCH
+            acc = np.zeros((2, 2, ROWS, BATCH), dtype=np.float32)  # [warpgroup, value]
+            for i in range(k // STEP_K):
+                k0 = i * STEP_K
+                smem = np.zeros(X_BYTES + ROWS * STEP_K * 2, dtype=np.uint8)
+                for c in range(BATCH * 8):  # the producer's copies
+                    r, j = c >> 3, c & 7
+                    row = m0 + r
+                    piece = x_bits[min(row, m - 1), k0 + 8 * j:k0 + 8 * j + 8] if row < m \
+                        else np.zeros(8, np.uint16)
+                    off = _swizzled(r, j)
+                    smem[off:off + 16] = piece.astype("<u2").view(np.uint8)
+                for c in range(ROWS * 8):
+                    r, j = c >> 3, c & 7
+                    piece = p_bits[t * ROWS + r, k0 + 8 * j:k0 + 8 * j + 8]
+                    off = X_BYTES + _swizzled(r, j)
+                    smem[off:off + 16] = piece.astype("<u2").view(np.uint8)
+                gi = k0 // group
+                for kk in range(STEP_K // 16):
+                    b = _bf16_bits_to_float(_desc_b(smem, kk * 32, BATCH))  # [16, 128]
+                    for wg in range(2):
+                        a = np.zeros((2, ROWS, 16), dtype=np.float32)  # [value, row, k]
+                        for warp in range(4):
+                            for lane in range(32):
+                                r0 = 16 * warp + (lane >> 2)
+                                kq = (lane & 3) * 2
+                                col0 = t * ROWS * 4 + 2 * wg * ROWS + r0
+                                for q in range(4):
+                                    r = r0 + (q & 1) * 8
+                                    kc = kk * 16 + kq + (q >> 1) * 8
+                                    addr = X_BYTES + r * 128 + (((kc >> 3) ^ (r & 7)) << 4) \
+                                        + (kc & 7) * 2
+                                    word = int(smem[addr:addr + 4].view("<u4")[0])
+                                    for v in range(2):
+                                        shift = 8 * wg + 4 * v
+                                        col = col0 + v * ROWS + (q & 1) * 8
+                                        s, zb = s_f[gi, col], z_f[gi, col]
+                                        lo = ((word >> shift) & 15) - zb
+                                        hi = ((word >> (16 + shift)) & 15) - zb
+                                        pair = _bf16_bits_to_float(_float_to_bf16_bits(
+                                            np.array([lo * s, hi * s], np.float32)))
+                                        # A fragment register q: (row 16 w + g + 8 (q & 1),
+                                        # k 2 t + 8 (q >> 1) and + 1)
+                                        ka = 2 * (lane & 3) + 8 * (q >> 1)
+                                        a[v, 16 * warp + (lane >> 2) + 8 * (q & 1),
+                                          ka:ka + 2] = pair
+                        for v in range(2):
+                            acc[wg, v] += a[v] @ b
+            for wg in range(2):  # the epilogue through the D fragment layout
+                for v in range(2):
+                    for warp in range(4):
+                        for lane in range(32):
+                            r0 = 16 * warp + (lane >> 2)
+                            kq = (lane & 3) * 2
+                            col0 = t * ROWS * 4 + 2 * wg * ROWS + r0
+                            for j in range(16):
+                                for e in range(4):
+                                    # D register 4 j + e: (row 16 w + g + 8 (e >> 1), column
+                                    # 8 j + 2 t + (e & 1))
+                                    d = acc[wg, v, 16 * warp + (lane >> 2) + 8 * (e >> 1),
+                                            8 * j + 2 * (lane & 3) + (e & 1)]
+                                    row = m0 + kq + 8 * j + (e & 1)
+                                    if row < m:
+                                        out[row, col0 + v * ROWS + 8 * (e >> 1)] = d
+    return out
+
+
+def test_the_emulated_formulas_are_the_source_s():
+    """The emulation transcribes these lines of the kernel: a change there must change it."""
+    from pathlib import Path
+
+    src = (Path(cuda_module.SOURCE_DIR) / swapab_wgmma.SOURCE).read_text()
+    for line in (
+        "cp_async16(xs + r * 128 + ((j ^ (r & 7)) << 4), src, row < m ? 16 : 0);",
+        "cp_async16(ps + r * 128 + ((j ^ (r & 7)) << 4), src, 16);",
+        "const int r0 = 16 * (warp & 3) + (lane >> 2);",
+        "const int kq = (lane & 3) * 2;",
+        "const int shift0 = 8 * g;",
+        "const int col0 = t * kRows * 4 + 2 * g * kRows + r0;",
+        "const int r = r0 + (q & 1) * 8;",
+        "const int kc = kk * 16 + kq + (q >> 1) * 8;",
+        "const uint32_t addr = ps + r * 128 + ((((kc >> 3) ^ (r & 7))) << 4) + (kc & 7) * 2;",
+        "ak[0][q] = dequant_pair(word, shift0, zb_cur[i_row], s_cur[i_row]);",
+        "ak[1][q] = dequant_pair(word, shift0 + 4, zb_cur[2 + i_row], s_cur[2 + i_row]);",
+        "const uint64_t desc = smem_desc(xs + kk * 32);",
+        "desc |= static_cast<uint64_t>(1024 >> 4) << 32;",
+        "desc |= static_cast<uint64_t>(1) << 62;",
+        "const int col = col0 + (i >> 1) * 64 + (i & 1) * 8;",
+        "const int row = row0 + 8 * j + (e & 1);",
+        "out[static_cast<size_t>(row) * stride_om + col + 8 * (e >> 1)] =",
+        "store_tile(acc1, out, m, m0 + kq, col0 + kRows, stride_om);",
+    ):
+        assert line in src, line
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(scale_dtype):
+    k, n, group, m = 128, 256, 64, 131  # two K steps, two groups, two batch tiles (a tail)
+    q, packed, scales, zeros = _weights(k, n, group, dtype=scale_dtype)
+    x = torch.randn(m, k).to(torch.bfloat16)
+    got = _emulate(x, packed, scales, zeros, group)
+    want = x.float() @ _dequant_ref(q, scales, zeros, group).float()
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+# --- On the GPU ----------------------------------------------------------------------------
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 129, 200, 256, 300])
+@pytest.mark.parametrize("k,n", [(4096, 28672), (14336, 4096), (4096, 6144)])
+def test_llama_shapes_gpu(k, n, m, scale_dtype):
+    q, packed, scales, zeros = _weights(k, n, 128, dtype=scale_dtype, device="cuda")
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128).float()
+    want = x.float() @ _dequant_ref(q.cuda(), scales, zeros, 128).float()
+    assert ((got - want).norm() / want.norm()).item() < 5e-3
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_exact_on_integer_data_gpu():
+    """Small integers everywhere: every product and sum is exact in float32, so any slip in
+    a fragment, a swizzle or a buffer's reuse shows as a nonzero difference."""
+    k, n, m = 1024, 4096, 256
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(0, 16, (k, n), generator=g)
+    scales = torch.ones(k // 64, n, dtype=torch.bfloat16)
+    zeros = torch.full((k // 64, n), 8.0, dtype=torch.bfloat16)
+    x = torch.randint(-2, 3, (m, k), generator=g).to(torch.bfloat16)
+    got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
+                                    zeros.cuda(), 64)
+    want = x.float() @ (q.float() - 8.0)
+    assert torch.equal(got.float().cpu(), want.to(torch.bfloat16).float())
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_graph_replays_and_routing_gpu(monkeypatch):
+    from octavo.kernels import int_weight_layout
+    from tests.quantization.gemm_checks import check_graph_replays
+
+    q, packed, scales, zeros = _weights(4096, 28672, 128, dtype=torch.float16, device="cuda")
+    w = _dequant_ref(q.cuda(), scales, zeros, 128).float()
+    x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
+    check_graph_replays(lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128),
+                        lambda x: (x.float() @ w), x)
+    calls = []
+    real = swapab_wgmma.swapab_wgmma
+    monkeypatch.setattr(swapab_wgmma, "swapab_wgmma",
+                        lambda x, *a, **kw: calls.append(x.shape[0]) or real(x, *a, **kw))
+    monkeypatch.setenv("OCTAVO_INT_LARGE_MAX_M", "256")
+    monkeypatch.setenv("OCTAVO_INT_LARGE_CUDA", "1")
+    for m in (64, 200, 300):
+        xm = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        got = int_weight_layout.linear(xm, packed, scales, zeros, 128, 4,
+                                       int_weight_layout.SWAPAB)
+        assert ((got.float() - xm.float() @ w).norm() / (xm.float() @ w).norm()) < 1e-2
+    assert calls == [200]
