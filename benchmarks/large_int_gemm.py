@@ -1,6 +1,7 @@
-"""Large-batch weight-only integer GEMM on the swap-AB layout (octavo/kernels/swapab_large.py)
-against the engine's path past 128 rows (the whole weight dequantized, then cuBLAS) and a bf16
-GEMM, at the Llama-3.1-8B projections, 4-bit g128, on the GPU, in one call.
+"""Large-batch weight-only integer GEMM on the swap-AB layout (octavo/kernels/swapab_large.py,
+Triton, and swapab_wgmma.py, CUDA, warp-specialized) against the engine's path past 128 rows
+(the whole weight dequantized, then cuBLAS) and a bf16 GEMM, at the Llama-3.1-8B projections,
+4-bit g128, on the GPU, in one call.
 
 Each call reads its weights from HBM (enough copies that a sweep over them is several times
 the L2), a sweep is one CUDA graph, times are CUDA-event means over replays (us per call).
@@ -55,6 +56,7 @@ def main() -> None:
     import torch
 
     from octavo.kernels.swapab_large import swapab_large
+    from octavo.kernels.swapab_wgmma import swapab_wgmma
     from octavo.kernels.w4a16_swapab import dequantize_swapab
 
     dev = torch.device("cuda")
@@ -84,6 +86,13 @@ def main() -> None:
                 except Exception as e:  # noqa: BLE001 - recorded (shared memory, registers)
                     entry["error"] = f"{type(e).__name__}: {e}"[:160]
                 row["large"].append(entry)
+            try:  # the warp-specialized CUDA kernel (swapab_wgmma), where it builds
+                got = swapab_wgmma(x, *packs[0], GROUP).float()
+                row["cuda_rel_err"] = round(((got - want).norm() / want.norm()).item(), 6)
+                row["cuda_us"] = round(timed([lambda p=p, x=x: swapab_wgmma(x, *p, GROUP)
+                                              for p in packs]), 1)
+            except Exception as e:  # noqa: BLE001 - recorded (no sm_90, no nvcc, a fault)
+                row["cuda_error"] = f"{type(e).__name__}: {e}"[:300]
             ok = [e for e in row["large"] if "us" in e and e["rel_err"] < 5e-3]
             best = min(ok, key=lambda e: e["us"], default=None)
             default = row["large"][0]
@@ -93,7 +102,9 @@ def main() -> None:
             print(f"{name:8s} m={m:4d} bf16 {row['bf16_us']:7.1f} whole {row['whole_us']:7.1f} "
                   f"large {default.get('us', default.get('error'))} "
                   f"(err {default.get('rel_err')}) best "
-                  f"{best and best['us']} {best and best['cfg']}", flush=True)
+                  f"{best and best['us']} {best and best['cfg']} cuda "
+                  f"{row.get('cuda_us', row.get('cuda_error'))} (err {row.get('cuda_rel_err')})",
+                  flush=True)
         del dense, packs
         torch.cuda.empty_cache()
     per_layer = {}
@@ -101,7 +112,8 @@ def main() -> None:
         sel = [r for r in rows if r["M"] == m]
         if len(sel) == len(args.shapes) and all(r["default_us"] for r in sel):
             per_layer[m] = {key: round(sum(r[f"{key}_us"] for r in sel), 1)
-                            for key in ("bf16", "whole", "default")}
+                            for key in ("bf16", "whole", "default", "cuda")
+                            if all(r.get(f"{key}_us") for r in sel)}
             print(f"one layer's GEMMs at M={m}: {per_layer[m]}", flush=True)
     print_json_result({"benchmark": "large_int_gemm", "device": device_info(),
                        "commit": git_commit(), "rows": rows, "per_layer": per_layer}, args.json)
