@@ -255,6 +255,29 @@ def test_exact_on_integer_data_gpu():
 
 @needs_gpu
 @pytest.mark.gpu
+def test_one_hot_rows_read_back_the_weight_gpu():
+    """x's row m is one-hot at k = (3 m) % K and q[k, n] = (k + 5 n) % 16 (scale 1, zero 0), so
+    out[m, n] is q[(3 m) % K, n] exactly. A wrong fragment, swizzle or epilogue index shows in
+    the failure message as where the wrong values came from (a value v at (m, n) is some
+    (k, n') with (k + 5 n') % 16 == v)."""
+    k, n, m = 256, 512, 200
+    kk = torch.arange(k)[:, None]
+    q = (kk + 5 * torch.arange(n)[None, :]) % 16
+    x = torch.zeros(m, k, dtype=torch.bfloat16)
+    x[torch.arange(m), (3 * torch.arange(m)) % k] = 1
+    scales = torch.ones(k // 64, n, dtype=torch.bfloat16)
+    zeros = torch.zeros(k // 64, n, dtype=torch.bfloat16)
+    got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
+                                    zeros.cuda(), 64).float().cpu()
+    want = q[(3 * torch.arange(m)) % k].float()
+    bad = (got != want).nonzero()
+    assert len(bad) == 0, (f"{len(bad)} of {got.numel()} wrong; first (m, n, got, want): "
+                           + str([(int(a), int(b), float(got[a, b]), float(want[a, b]))
+                                  for a, b in bad[:12]]))
+
+
+@needs_gpu
+@pytest.mark.gpu
 def test_graph_replays_and_routing_gpu(monkeypatch):
     from octavo.kernels import int_weight_layout
     from tests.quantization.gemm_checks import check_graph_replays
