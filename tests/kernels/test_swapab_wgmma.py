@@ -138,19 +138,19 @@ def _emulate(x, packed, scales, zeros, group):
                     b = _bf16_bits_to_float(_desc_b(smem, kk * 32, BATCH))  # [16, 128]
                     for wg in range(2):
                         a = np.zeros((2, ROWS, 16), dtype=np.float32)  # [value, row, k]
+                        k_shift = 8 * wg  # consume<0> on warps 4-7, consume<8> on 8-11
                         for warp in range(4):
                             for lane in range(32):
                                 r0 = 16 * warp + (lane >> 2)
                                 kq = (lane & 3) * 2
-                                col0 = t * ROWS * 4 + 2 * wg * ROWS + r0
+                                col0 = t * ROWS * 4 + (k_shift // 4) * ROWS + r0
+                                off = [r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2
+                                       for c in range(8)]
                                 for q in range(4):
-                                    r = r0 + (q & 1) * 8
-                                    kc = kk * 16 + kq + (q >> 1) * 8
-                                    addr = X_BYTES + r * 128 + (((kc >> 3) ^ (r & 7)) << 4) \
-                                        + (kc & 7) * 2
+                                    addr = X_BYTES + off[2 * kk + (q >> 1)] + (q & 1) * 1024
                                     word = int(smem[addr:addr + 4].view("<u4")[0])
                                     for v in range(2):
-                                        shift = 8 * wg + 4 * v
+                                        shift = k_shift + 4 * v
                                         col = col0 + v * ROWS + (q & 1) * 8
                                         s, zb = s_f[gi, col], z_f[gi, col]
                                         lo = ((word >> shift) & 15) - zb
@@ -193,13 +193,14 @@ def test_the_emulated_formulas_are_the_source_s():
         "cp_async16(ps + r * 128 + ((j ^ (r & 7)) << 4), src, 16);",
         "const int r0 = 16 * (warp & 3) + (lane >> 2);",
         "const int kq = (lane & 3) * 2;",
-        "const int shift0 = 8 * g;",
-        "const int col0 = t * kRows * 4 + 2 * g * kRows + r0;",
-        "const int r = r0 + (q & 1) * 8;",
-        "const int kc = kk * 16 + kq + (q >> 1) * 8;",
-        "const uint32_t addr = ps + r * 128 + ((((kc >> 3) ^ (r & 7))) << 4) + (kc & 7) * 2;",
-        "ak[0][q] = dequant_pair(word, shift0, zb_cur[i_row], s_cur[i_row]);",
-        "ak[1][q] = dequant_pair(word, shift0 + 4, zb_cur[2 + i_row], s_cur[2 + i_row]);",
+        "consume<0>(", "consume<8>(", "if (warp < 8) {",
+        "const int col0 = t * kRows * 4 + (kShift / 4) * kRows + r0;",
+        "for (int c = 0; c < 8; ++c) off[c] = r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2;",
+        "ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);",
+        "ak[0][q] = dequant_pair<kShift>(word, zb_cur[i_row], s_cur[i_row]);",
+        "ak[1][q] = dequant_pair<kShift + 4>(word, zb_cur[2 + i_row], s_cur[2 + i_row]);",
+        "const float lo = __uint_as_float(((word >> kShift) & 0xFu) | 0x4B000000u);",
+        "const float hi = __uint_as_float(((word >> (16 + kShift)) & 0xFu) | 0x4B000000u);",
         "const uint64_t desc = smem_desc(xs + kk * 32);",
         "desc |= static_cast<uint64_t>(1024 >> 4) << 32;",
         "desc |= static_cast<uint64_t>(1) << 62;",

@@ -125,12 +125,14 @@ __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
 template <>
 __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
 
-// Two weights of value c from one 32-bit word (int16 at k: low half, k + 1: high half), as
-// (q - z) * s in float32 rounded once to bf16: the values dequantize_swapab writes. zb is
-// 2^23 + z: 0x4B000000 | q is the float 2^23 + q, so the difference is q - z exactly.
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int shift, float zb, float s) {
-  const float lo = __uint_as_float(((word >> shift) & 0xFu) | 0x4B000000u);
-  const float hi = __uint_as_float(((word >> (16 + shift)) & 0xFu) | 0x4B000000u);
+// Two weights of the value at bits kShift .. kShift + 3 of each int16 of a 32-bit word (k: low
+// half, k + 1: high half), as (q - z) * s in float32 rounded once to bf16: the values
+// dequantize_swapab writes. zb is 2^23 + z: 0x4B000000 | q is the float 2^23 + q, so the
+// difference is q - z exactly.
+template <int kShift>
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, float zb, float s) {
+  const float lo = __uint_as_float(((word >> kShift) & 0xFu) | 0x4B000000u);
+  const float hi = __uint_as_float(((word >> (16 + kShift)) & 0xFu) | 0x4B000000u);
   __nv_bfloat162 w = __floats2bfloat162_rn((lo - zb) * s, (hi - zb) * s);
   return *reinterpret_cast<uint32_t*>(&w);
 }
@@ -165,6 +167,76 @@ __device__ __forceinline__ void store_tile(const float (&acc)[64], __nv_bfloat16
   }
 }
 
+// A consumer warpgroup's loop: warp w (of its 4) holds rows r0 = 16 w + lane / 4 and r0 + 8
+// of the block and A fragment columns kq, kq + 1 and kq + 8, kq + 9 of each K16; values
+// kShift / 4 and kShift / 4 + 1 (output columns col0 + r and col0 + 64 + r).
+template <int kShift, typename S>
+__device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full0,
+                                        uint32_t empty0, const S* __restrict__ scales,
+                                        const S* __restrict__ zeros,
+                                        __nv_bfloat16* __restrict__ out, int m, int n, int group,
+                                        int steps, int t, int m0, int warp, int lane,
+                                        int stride_om) {
+  const int r0 = 16 * (warp & 3) + (lane >> 2);
+  const int kq = (lane & 3) * 2;
+  const int col0 = t * kRows * 4 + (kShift / 4) * kRows + r0;
+  // Byte offsets of this thread's words in a buffer's packed rows: 16-byte piece c of row r0
+  // (piece c ^ (r0 % 8); row r0 + 8 swizzles alike, 1024 bytes on), kq's int16 in it.
+  uint32_t off[8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) off[c] = r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2;
+  float acc0[64], acc1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    acc0[i] = 0.0f;
+    acc1[i] = 0.0f;
+  }
+  float s_cur[4], zb_cur[4], s_nxt[4], zb_nxt[4];
+  load_sz(scales, zeros, 0, n, col0, s_cur, zb_cur);
+  uint32_t a[2][2][4];  // [K16 parity][value][register]
+  for (int i = 0; i < steps; ++i) {
+    const int st = i % kStages;
+    const int k0 = i * kStepK;
+    // The next step's group, a step ahead (past the end the last one again, unused).
+    const int k_next = (i + 1 < steps ? k0 + kStepK : k0);
+    load_sz(scales, zeros, k_next / group, n, col0, s_nxt, zb_nxt);
+    mbar_wait(full0 + 8 * st, (i / kStages) & 1);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    const uint32_t xs = smem_u32(smem) + st * kStageBytes;
+    const unsigned char* ps = smem + st * kStageBytes + kXBytes;
+#pragma unroll
+    for (int kk = 0; kk < kStepK / 16; ++kk) {
+      uint32_t (&ak)[2][4] = a[kk & 1];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // a0: (r0, kq), a1: (r0 + 8, kq), a2: (r0, kq + 8), a3
+        // Row r0 + 8 (q & 1), K16 column kq + 8 (q >> 1): piece 2 kk + (q >> 1).
+        const uint32_t word = *reinterpret_cast<const uint32_t*>(
+            ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);
+        const int i_row = q & 1;  // s / zb index: (row, value) = i_row + 2 value
+        ak[0][q] = dequant_pair<kShift>(word, zb_cur[i_row], s_cur[i_row]);
+        ak[1][q] = dequant_pair<kShift + 4>(word, zb_cur[2 + i_row], s_cur[2 + i_row]);
+      }
+      wgmma_fence();
+      const uint64_t desc = smem_desc(xs + kk * 32);
+      wgmma_m64n128(acc0, ak[0], desc);
+      wgmma_m64n128(acc1, ak[1], desc);
+      wgmma_commit();
+      // At most the group just issued in flight: the other register set is free again, and
+      // at kk = 0 the previous buffer's last MMAs are done.
+      wgmma_wait<1>();
+      if (kk == 0 && i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s_cur[j] = s_nxt[j];
+      zb_cur[j] = zb_nxt[j];
+    }
+  }
+  wgmma_wait<0>();
+  store_tile(acc0, out, m, m0 + kq, col0, stride_om);
+  store_tile(acc1, out, m, m0 + kq, col0 + kRows, stride_om);
+}
+
 template <typename S>
 __device__ __forceinline__ void swapab_wgmma_body(
     const __nv_bfloat16* __restrict__ x, const int16_t* __restrict__ qw,
@@ -172,8 +244,9 @@ __device__ __forceinline__ void swapab_wgmma_body(
     int m, int k, int n, int group, int stride_xm, int stride_om) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The ring 1024-aligned (the swizzle's period), then the barriers.
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  // (An offset into the shared array, not integer arithmetic on its address, so the compiler
+  // keeps knowing the loads through it are shared-memory loads.)
+  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   const uint32_t ring = smem_u32(smem);
   const uint32_t full0 = smem_u32(bars);
@@ -222,67 +295,15 @@ __device__ __forceinline__ void swapab_wgmma_body(
     return;
   }
 
-  // Consumers: warp w of warpgroup g (values 2g, 2g + 1), rows r0 = 16 w + lane / 4 and
-  // r0 + 8 of the block; A fragment columns kq, kq + 1 and kq + 8, kq + 9 of each K16.
+  // Consumers: warpgroup g takes values 2g and 2g + 1 (bits 8g .. 8g + 7 of each int16).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
-  const int g = (warp >> 2) - 1;
-  const int r0 = 16 * (warp & 3) + (lane >> 2);
-  const int kq = (lane & 3) * 2;
-  const int shift0 = 8 * g;  // value 2g: bits 8g .. 8g + 3 of each int16; 2g + 1: + 4
-  const int col0 = t * kRows * 4 + 2 * g * kRows + r0;  // (row r0, value 2g)
-  float acc0[64], acc1[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    acc0[i] = 0.0f;
-    acc1[i] = 0.0f;
+  if (warp < 8) {
+    consume<0>(smem, full0, empty0, scales, zeros, out, m, n, group, steps, t, m0, warp, lane,
+               stride_om);
+  } else {
+    consume<8>(smem, full0, empty0, scales, zeros, out, m, n, group, steps, t, m0, warp, lane,
+               stride_om);
   }
-  float s_cur[4], zb_cur[4], s_nxt[4], zb_nxt[4];
-  load_sz(scales, zeros, 0, n, col0, s_cur, zb_cur);
-  uint32_t a[2][2][4];  // [K16 parity][value][register]
-  for (int i = 0; i < steps; ++i) {
-    const int st = i % kStages;
-    const int k0 = i * kStepK;
-    // The next step's group, a step ahead (past the end the last one again, unused).
-    const int k_next = (i + 1 < steps ? k0 + kStepK : k0);
-    load_sz(scales, zeros, k_next / group, n, col0, s_nxt, zb_nxt);
-    mbar_wait(full0 + 8 * st, (i / kStages) & 1);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    const uint32_t xs = ring + st * kStageBytes;
-    const uint32_t ps = xs + kXBytes;
-#pragma unroll
-    for (int kk = 0; kk < kStepK / 16; ++kk) {
-      uint32_t (&ak)[2][4] = a[kk & 1];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {  // a0: (r0, kq), a1: (r0 + 8, kq), a2: (r0, kq + 8), a3
-        const int r = r0 + (q & 1) * 8;
-        const int kc = kk * 16 + kq + (q >> 1) * 8;  // even: one 32-bit word holds k, k + 1
-        const uint32_t addr = ps + r * 128 + ((((kc >> 3) ^ (r & 7))) << 4) + (kc & 7) * 2;
-        uint32_t word;
-        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(word) : "r"(addr));
-        const int i_row = q & 1;  // s / zb index: (row, value) = i_row + 2 value
-        ak[0][q] = dequant_pair(word, shift0, zb_cur[i_row], s_cur[i_row]);
-        ak[1][q] = dequant_pair(word, shift0 + 4, zb_cur[2 + i_row], s_cur[2 + i_row]);
-      }
-      wgmma_fence();
-      const uint64_t desc = smem_desc(xs + kk * 32);
-      wgmma_m64n128(acc0, ak[0], desc);
-      wgmma_m64n128(acc1, ak[1], desc);
-      wgmma_commit();
-      // At most the group just issued in flight: the other register set is free again, and
-      // at kk = 0 the previous buffer's last MMAs are done.
-      wgmma_wait<1>();
-      if (kk == 0 && i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      s_cur[j] = s_nxt[j];
-      zb_cur[j] = zb_nxt[j];
-    }
-  }
-  wgmma_wait<0>();
-
-  store_tile(acc0, out, m, m0 + kq, col0, stride_om);
-  store_tile(acc1, out, m, m0 + kq, col0 + kRows, stride_om);
 }
 
 }  // namespace
