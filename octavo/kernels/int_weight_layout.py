@@ -162,8 +162,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
     large = m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda"
     if large and envs.int_large_cuda() and swapab_wgmma.available(x2.device) \
-            and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype) \
-            and swapab_wgmma.fills(m, n, x2.device):
+            and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype):
         # The warp-specialized CUDA version (OCTAVO_INT_LARGE_CUDA; unmeasured, session 54).
         return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
     plan = envs.int_large_plan()

@@ -21,7 +21,9 @@ about 40%. Here the roles are split, as Hopper GEMMs do it:
 
 One CTA covers 256 output columns x 128 batch rows: per 2.1M multiply-adds it reads 24 KB
 (cuBLAS's 128 x 256 bf16 tile reads 48 KB), and the weights are dequantized once per 128 rows.
-K is not split, so the engine sends it only layers whose tiles fill the SMs (``fills``).
+Where the tiles leave SMs idle (Llama-8B's down: 32 tiles at 256 rows) K is split over CTAs
+(``plan``): each writes float32 partials, and the last CTA of a tile (a ticket in
+``split_k.counters``, zeroed again) adds them in split order.
 
 Unmeasured on a GPU when written (session 54): ``OCTAVO_INT_LARGE_CUDA=1`` with
 ``OCTAVO_INT_LARGE_MAX_M`` turns it on (``int_weight_layout``).
@@ -32,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from octavo.kernels import cuda_module
+from octavo.kernels import split_k as split_k_mod
 from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "swapab_wgmma.cu"
@@ -63,15 +66,22 @@ def supports(k: int, n: int, group_size: int, bits: int, x_dtype: torch.dtype,
             and n % (ROWS * 4) == 0)
 
 
-def fills(m: int, n: int, device: torch.device) -> bool:
-    """Whether an [m, n] output makes at least one CTA per SM (the kernel does not split K)."""
-    return n // (ROWS * 4) * -(-m // BATCH) >= num_compute_units(device)
+def plan(m: int, n: int, k: int, device: torch.device, most: int = 16) -> tuple[int, int]:
+    """(K splits, K per split): enough splits that the tiles make about one CTA per SM (at
+    most ``most``, none empty), each a whole number of 64-wide steps."""
+    tiles = n // (ROWS * 4) * -(-m // BATCH)
+    steps = k // STEP_K
+    splits = max(1, min(num_compute_units(device) // tiles, steps, most))
+    per = -(-steps // splits) * STEP_K
+    return -(-k // per), per
 
 
 def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+                 zeros: torch.Tensor, group_size: int, split_k: int | None = None
+                 ) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (bf16) for 4-bit ``qweight`` in ``pack_swapab``'s
-    layout (int16 [N / 4, K]), ``scales`` / ``zeros`` [K / group, N] in bf16 or fp16."""
+    layout (int16 [N / 4, K]), ``scales`` / ``zeros`` [K / group, N] in bf16 or fp16.
+    ``split_k``: K splits (default ``plan``'s)."""
     m, k = x2.shape
     n = qweight.shape[0] * 4
     if not supports(k, n, group_size, 4, x2.dtype, scales.dtype):
@@ -83,13 +93,16 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     x2 = cuda_module.aligned_rows(x2)
     qweight, scales = qweight.contiguous(), scales.contiguous()
     zeros = zeros.to(scales.dtype).contiguous()
-    out = torch.empty(m, n, device=x2.device, dtype=x2.dtype)
     if m == 0:
-        return out
+        return torch.empty(0, n, device=x2.device, dtype=x2.dtype)
+    splits, k_per_split = plan(m, n, k, x2.device) if split_k is None \
+        else split_k_mod.plan(k, STEP_K, split_k)
+    out, partial = split_k_mod.buffers(m, n, splits, x2)
+    grid = (n // (ROWS * 4), -(-m // BATCH), splits)
     name = "swapab_wgmma_bf16_scales" if scales.dtype == torch.bfloat16 \
         else "swapab_wgmma_f16_scales"
-    args = cuda_module.arguments(x2, qweight, scales, zeros, out, m, k, n, group_size,
-                                 x2.stride(0), out.stride(0))
-    mod.launch(name, (n // (ROWS * 4), -(-m // BATCH), 1), THREADS, args,
-               shared_bytes=SHARED_BYTES)
+    args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial,
+                                 split_k_mod.counters(x2.device, grid[0] * grid[1]), m, k, n,
+                                 group_size, x2.stride(0), out.stride(0), splits, k_per_split)
+    mod.launch(name, grid, THREADS, args, shared_bytes=SHARED_BYTES)
     return out

@@ -37,17 +37,21 @@ def _dequant_ref(q, scales, zeros, group):
     return ((q.float() - z) * s).to(torch.bfloat16)
 
 
-def test_supports_and_fills():
+def test_supports_and_plan():
     assert swapab_wgmma.supports(4096, 28672, 128, 4, torch.bfloat16, torch.float16)
     assert not swapab_wgmma.supports(4096, 28672, 128, 8, torch.bfloat16, torch.bfloat16)
     assert not swapab_wgmma.supports(4096, 28672, 128, 4, torch.float16, torch.float16)
     assert not swapab_wgmma.supports(4096, 28672, 32, 4, torch.bfloat16, torch.bfloat16)
     assert not swapab_wgmma.supports(4096, 28672 + 128, 128, 4, torch.bfloat16, torch.bfloat16)
     assert not swapab_wgmma.available(torch.device("cpu"))
-    sms = swapab_wgmma.num_compute_units(torch.device("cpu"))
-    assert swapab_wgmma.fills(129, 256 * sms, torch.device("cpu"))
-    assert swapab_wgmma.fills(256, 128 * sms, torch.device("cpu"))  # two batch tiles
-    assert not swapab_wgmma.fills(128, 128 * sms, torch.device("cpu"))
+    dev = torch.device("cpu")
+    sms = swapab_wgmma.num_compute_units(dev)
+    assert swapab_wgmma.plan(256, 256 * sms, 4096, dev) == (1, 4096)  # the tiles fill the SMs
+    for m, n, k in ((256, 4096, 14336), (129, 6144, 4096), (1, 256, 128), (256, 4096, 4096)):
+        splits, per = swapab_wgmma.plan(m, n, k, dev)
+        tiles = n // 256 * -(-m // 128)
+        assert per % 64 == 0 and (splits - 1) * per < k <= splits * per  # none empty
+        assert splits == min(max(1, sms // tiles), k // 64, 16) or splits < k // 64
 
 
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="needs nvcc")
@@ -105,8 +109,20 @@ def _float_to_bf16_bits(x: np.ndarray) -> np.ndarray:
             .view(torch.int16).numpy().view(np.uint16))
 
 
-def _emulate(x, packed, scales, zeros, group):
-    """out [M, N] as the kernel computes it, CTA by CTA, thread by thread (float32 sums)."""
+def _emulate(x, packed, scales, zeros, group, splits=1):
+    """out [M, N] as the kernel computes it, CTA by CTA, thread by thread (float32 sums); with
+    K splits, each split's partials then their sum in split order."""
+    k = x.shape[1]
+    per = -(-(k // STEP_K) // splits) * STEP_K
+    parts = [_emulate_split(x, packed, scales, zeros, group, z * per, min(k, z * per + per))
+             for z in range(-(-k // per))]
+    out = parts[0]
+    for part in parts[1:]:
+        out = out + part
+    return out
+
+
+def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end):
     m, k = x.shape
     n = packed.shape[0] * 4
     x_bits = x.view(torch.int16).numpy().view(np.uint16)
@@ -118,8 +134,8 @@ def _emulate(x, packed, scales, zeros, group):
         for by in range(-(-m // BATCH)):
             m0 = by * BATCH
             acc = np.zeros((2, 2, ROWS, BATCH), dtype=np.float32)  # [warpgroup, value]
-            for i in range(k // STEP_K):
-                k0 = i * STEP_K
+            for i in range((k_end - k_begin) // STEP_K):
+                k0 = k_begin + i * STEP_K
                 smem = np.zeros(X_BYTES + ROWS * STEP_K * 2, dtype=np.uint8)
                 for c in range(BATCH * 8):  # the producer's copies
                     r, j = c >> 3, c & 7
@@ -189,7 +205,7 @@ def test_the_emulated_formulas_are_the_source_s():
 
     src = (Path(cuda_module.SOURCE_DIR) / swapab_wgmma.SOURCE).read_text()
     for line in (
-        "cp_async16(xs + r * 128 + ((j ^ (r & 7)) << 4), src, row < m ? 16 : 0);",
+        "cp_async16(xs + r * 128 + ((j ^ (r & 7)) << 4), src, row < pb.m ? 16 : 0);",
         "cp_async16(ps + r * 128 + ((j ^ (r & 7)) << 4), src, 16);",
         "const int r0 = 16 * (warp & 3) + (lane >> 2);",
         "const int kq = (lane & 3) * 2;",
@@ -207,17 +223,22 @@ def test_the_emulated_formulas_are_the_source_s():
         "const int col = col0 + (i >> 1) * 64 + (i & 1) * 8;",
         "const int row = row0 + 8 * j + (e & 1);",
         "out[static_cast<size_t>(row) * stride_om + col + 8 * (e >> 1)] =",
-        "store_tile(acc1, out, m, m0 + kq, col0 + kRows, stride_om);",
+        "store_tile<false>(acc1, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0 + kRows, pb.stride_om);",
+        "const int k_begin = blockIdx.z * pb.k_per_split;",
+        "const int k_end = min(pb.k, k_begin + pb.k_per_split);",
+        "const int steps = (k_end - k_begin) / kStepK;",
+        "const int k0 = k_begin + i * kStepK;",
+        "for (int z = 0; z < splits; ++z) sum += __ldcg(partial + z * plane + at);",
     ):
         assert line in src, line
 
 
-@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
-def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(scale_dtype):
+@pytest.mark.parametrize("scale_dtype,splits", [(torch.bfloat16, 1), (torch.float16, 2)])
+def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(scale_dtype, splits):
     k, n, group, m = 128, 256, 64, 131  # two K steps, two groups, two batch tiles (a tail)
     q, packed, scales, zeros = _weights(k, n, group, dtype=scale_dtype)
     x = torch.randn(m, k).to(torch.bfloat16)
-    got = _emulate(x, packed, scales, zeros, group)
+    got = _emulate(x, packed, scales, zeros, group, splits)
     want = x.float() @ _dequant_ref(q, scales, zeros, group).float()
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
 
@@ -228,11 +249,12 @@ def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(scale_dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 129, 200, 256, 300])
-@pytest.mark.parametrize("k,n", [(4096, 28672), (14336, 4096), (4096, 6144)])
-def test_llama_shapes_gpu(k, n, m, scale_dtype):
+@pytest.mark.parametrize("k,n", [(4096, 28672), (14336, 4096), (4096, 6144), (4096, 4096)])
+@pytest.mark.parametrize("split_k", [None, 1, 3])
+def test_llama_shapes_gpu(k, n, m, scale_dtype, split_k):
     q, packed, scales, zeros = _weights(k, n, 128, dtype=scale_dtype, device="cuda")
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128).float()
+    got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k).float()
     want = x.float() @ _dequant_ref(q.cuda(), scales, zeros, 128).float()
     assert ((got - want).norm() / want.norm()).item() < 5e-3
 
@@ -288,6 +310,9 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
     x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
     check_graph_replays(lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128),
                         lambda x: (x.float() @ w), x)
+    check_graph_replays(  # K split in 4: the tickets' counters zeroed again every replay
+        lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=4),
+        lambda x: (x.float() @ w), x)
     calls = []
     real = swapab_wgmma.swapab_wgmma
     monkeypatch.setattr(swapab_wgmma, "swapab_wgmma",

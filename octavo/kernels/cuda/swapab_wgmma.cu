@@ -137,6 +137,21 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t word, float zb, float 
   return *reinterpret_cast<uint32_t*>(&w);
 }
 
+// One launch's operands. K splits (``splits`` > 1): CTA z covers K [z * k_per_split, ..) and
+// writes float32 partials [splits, M, N]; the last CTA of a tile (a ticket in ``counters``,
+// zeroed again after) adds them in split order and writes the output.
+template <typename S>
+struct Problem {
+  const __nv_bfloat16* x;
+  const int16_t* qw;
+  const S* scales;
+  const S* zeros;
+  __nv_bfloat16* out;
+  float* partial;
+  int* counters;
+  int m, k, n, group, stride_xm, stride_om, splits, k_per_split;
+};
+
 // The scale and 2^23 + zero point of (row, value) pairs for group g: rows r0 / r0 + 8 of the
 // layout block, values v0 / v0 + 1 (columns col0 + 64 v + r).
 template <typename S>
@@ -150,18 +165,46 @@ __device__ __forceinline__ void load_sz(const S* scales, const S* zeros, int g, 
   }
 }
 
-// One m64 accumulator to out [M, N] (bf16): D register 4 j + e holds block row r0 + 8 (e >> 1)
-// (output column col + 8 (e >> 1)) and batch column 8 j + kq + (e & 1) (row row0 + 8 j + (e & 1)).
-__device__ __forceinline__ void store_tile(const float (&acc)[64], __nv_bfloat16* out, int m,
-                                           int row0, int col, int stride_om) {
+// One m64 accumulator's elements: D register 4 j + e holds block row r0 + 8 (e >> 1) (output
+// column col + 8 (e >> 1)) and batch column 8 j + kq + (e & 1) (row row0 + 8 j + (e & 1)).
+// kPartial: to float32 partials [M, N] (one split's), else to the bf16 output.
+template <bool kPartial>
+__device__ __forceinline__ void store_tile(const float (&acc)[64], __nv_bfloat16* out,
+                                           float* partial, int m, int n, int row0, int col,
+                                           int stride_om) {
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = row0 + 8 * j + (e & 1);
       if (row < m) {
+        if (kPartial) {
+          partial[static_cast<size_t>(row) * n + col + 8 * (e >> 1)] = acc[4 * j + e];
+        } else {
+          out[static_cast<size_t>(row) * stride_om + col + 8 * (e >> 1)] =
+              __float2bfloat16_rn(acc[4 * j + e]);
+        }
+      }
+    }
+  }
+}
+
+// The last split's CTA: this thread's output elements as the sum of every split's partial, in
+// split order (read from L2: other SMs wrote them).
+__device__ __forceinline__ void reduce_tile(const float* partial, int splits, __nv_bfloat16* out,
+                                            int m, int n, int row0, int col, int stride_om) {
+  const size_t plane = static_cast<size_t>(m) * n;
+#pragma unroll 4
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = row0 + 8 * j + (e & 1);
+      if (row < m) {
+        const size_t at = static_cast<size_t>(row) * n + col + 8 * (e >> 1);
+        float sum = 0.0f;
+        for (int z = 0; z < splits; ++z) sum += __ldcg(partial + z * plane + at);
         out[static_cast<size_t>(row) * stride_om + col + 8 * (e >> 1)] =
-            __float2bfloat16_rn(acc[4 * j + e]);
+            __float2bfloat16_rn(sum);
       }
     }
   }
@@ -172,11 +215,9 @@ __device__ __forceinline__ void store_tile(const float (&acc)[64], __nv_bfloat16
 // kShift / 4 and kShift / 4 + 1 (output columns col0 + r and col0 + 64 + r).
 template <int kShift, typename S>
 __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full0,
-                                        uint32_t empty0, const S* __restrict__ scales,
-                                        const S* __restrict__ zeros,
-                                        __nv_bfloat16* __restrict__ out, int m, int n, int group,
+                                        uint32_t empty0, const Problem<S>& pb, int k_begin,
                                         int steps, int t, int m0, int warp, int lane,
-                                        int stride_om) {
+                                        int* last) {
   const int r0 = 16 * (warp & 3) + (lane >> 2);
   const int kq = (lane & 3) * 2;
   const int col0 = t * kRows * 4 + (kShift / 4) * kRows + r0;
@@ -192,14 +233,14 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
     acc1[i] = 0.0f;
   }
   float s_cur[4], zb_cur[4], s_nxt[4], zb_nxt[4];
-  load_sz(scales, zeros, 0, n, col0, s_cur, zb_cur);
+  load_sz(pb.scales, pb.zeros, k_begin / pb.group, pb.n, col0, s_cur, zb_cur);
   uint32_t a[2][2][4];  // [K16 parity][value][register]
   for (int i = 0; i < steps; ++i) {
     const int st = i % kStages;
-    const int k0 = i * kStepK;
+    const int k0 = k_begin + i * kStepK;
     // The next step's group, a step ahead (past the end the last one again, unused).
     const int k_next = (i + 1 < steps ? k0 + kStepK : k0);
-    load_sz(scales, zeros, k_next / group, n, col0, s_nxt, zb_nxt);
+    load_sz(pb.scales, pb.zeros, k_next / pb.group, pb.n, col0, s_nxt, zb_nxt);
     mbar_wait(full0 + 8 * st, (i / kStages) & 1);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     const uint32_t xs = smem_u32(smem) + st * kStageBytes;
@@ -233,16 +274,32 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
     }
   }
   wgmma_wait<0>();
-  store_tile(acc0, out, m, m0 + kq, col0, stride_om);
-  store_tile(acc1, out, m, m0 + kq, col0 + kRows, stride_om);
+  if (pb.splits == 1) {
+    store_tile<false>(acc0, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0, pb.stride_om);
+    store_tile<false>(acc1, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0 + kRows, pb.stride_om);
+    return;
+  }
+  float* mine = pb.partial + static_cast<size_t>(blockIdx.z) * pb.m * pb.n;
+  store_tile<true>(acc0, nullptr, mine, pb.m, pb.n, m0 + kq, col0, 0);
+  store_tile<true>(acc1, nullptr, mine, pb.m, pb.n, m0 + kq, col0 + kRows, 0);
+  // Every consumer thread's partials are out before the ticket (the producer warpgroup has
+  // left: a named barrier over the 256 consumer threads).
+  __threadfence();
+  asm volatile("bar.sync 1, %0;\n" :: "n"(kConsumerWarps * 32) : "memory");
+  const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+  if (warp == 4 && lane == 0) *last = atomicAdd(pb.counters + tile, 1) == pb.splits - 1;
+  asm volatile("bar.sync 1, %0;\n" :: "n"(kConsumerWarps * 32) : "memory");
+  if (!*last) return;
+  __threadfence();
+  reduce_tile(pb.partial, pb.splits, pb.out, pb.m, pb.n, m0 + kq, col0, pb.stride_om);
+  reduce_tile(pb.partial, pb.splits, pb.out, pb.m, pb.n, m0 + kq, col0 + kRows, pb.stride_om);
+  if (warp == 4 && lane == 0) pb.counters[tile] = 0;  // zeroed for the next call (graphs)
 }
 
 template <typename S>
-__device__ __forceinline__ void swapab_wgmma_body(
-    const __nv_bfloat16* __restrict__ x, const int16_t* __restrict__ qw,
-    const S* __restrict__ scales, const S* __restrict__ zeros, __nv_bfloat16* __restrict__ out,
-    int m, int k, int n, int group, int stride_xm, int stride_om) {
+__device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
+  __shared__ int last;  // K splits: whether this CTA finishes its tile (both warpgroups read it)
   // The ring 1024-aligned (the swizzle's period), then the barriers.
   // (An offset into the shared array, not integer arithmetic on its address, so the compiler
   // keeps knowing the loads through it are shared-memory loads.)
@@ -256,7 +313,9 @@ __device__ __forceinline__ void swapab_wgmma_body(
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x;             // 64-row block of the layout
   const int m0 = blockIdx.y * kBatch;   // first batch row
-  const int steps = k / kStepK;
+  const int k_begin = blockIdx.z * pb.k_per_split;
+  const int k_end = min(pb.k, k_begin + pb.k_per_split);
+  const int steps = (k_end - k_begin) / kStepK;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -275,19 +334,19 @@ __device__ __forceinline__ void swapab_wgmma_body(
       if (i >= kStages) mbar_wait(empty0 + 8 * st, ((i / kStages) - 1) & 1);
       const uint32_t xs = ring + st * kStageBytes;
       const uint32_t ps = xs + kXBytes;
-      const int k0 = i * kStepK;
+      const int k0 = k_begin + i * kStepK;
 #pragma unroll 4
       for (int c = lane; c < kBatch * 8; c += 32) {
         const int r = c >> 3, j = c & 7;
         const int row = m0 + r;
-        const __nv_bfloat16* src = x + static_cast<size_t>(row < m ? row : m - 1) * stride_xm
-                                   + k0 + j * 8;
-        cp_async16(xs + r * 128 + ((j ^ (r & 7)) << 4), src, row < m ? 16 : 0);
+        const __nv_bfloat16* src =
+            pb.x + static_cast<size_t>(row < pb.m ? row : pb.m - 1) * pb.stride_xm + k0 + j * 8;
+        cp_async16(xs + r * 128 + ((j ^ (r & 7)) << 4), src, row < pb.m ? 16 : 0);
       }
 #pragma unroll 4
       for (int c = lane; c < kRows * 8; c += 32) {
         const int r = c >> 3, j = c & 7;
-        const int16_t* src = qw + static_cast<size_t>(t * kRows + r) * k + k0 + j * 8;
+        const int16_t* src = pb.qw + static_cast<size_t>(t * kRows + r) * pb.k + k0 + j * 8;
         cp_async16(ps + r * 128 + ((j ^ (r & 7)) << 4), src, 16);
       }
       mbar_arrive_copies(full0 + 8 * st);
@@ -298,28 +357,27 @@ __device__ __forceinline__ void swapab_wgmma_body(
   // Consumers: warpgroup g takes values 2g and 2g + 1 (bits 8g .. 8g + 7 of each int16).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
   if (warp < 8) {
-    consume<0>(smem, full0, empty0, scales, zeros, out, m, n, group, steps, t, m0, warp, lane,
-               stride_om);
+    consume<0>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
   } else {
-    consume<8>(smem, full0, empty0, scales, zeros, out, m, n, group, steps, t, m0, warp, lane,
-               stride_om);
+    consume<8>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
   }
 }
 
 }  // namespace
 
-// Grid (N / 256 layout blocks, ceil(M / 128)), 384 threads, dynamic shared memory
-// kStages * 24 KB + 1024 (alignment) + the barriers. K a multiple of 64, the group of 64.
-extern "C" __global__ void __launch_bounds__(kThreads, 1)
-swapab_wgmma_bf16_scales(const __nv_bfloat16* x, const int16_t* qw, const __nv_bfloat16* scales,
-                         const __nv_bfloat16* zeros, __nv_bfloat16* out, int m, int k, int n,
-                         int group, int stride_xm, int stride_om) {
-  swapab_wgmma_body(x, qw, scales, zeros, out, m, k, n, group, stride_xm, stride_om);
-}
+// Grid (N / 256 layout blocks, ceil(M / 128), K splits), 384 threads, dynamic shared memory
+// kStages * 24 KB + 1024 (alignment) + the barriers. K, the group and k_per_split multiples of
+// 64; with splits > 1, ``partial`` float32 [splits, M, N] and ``counters`` one zeroed int per
+// (x, y) tile.
+#define SWAPAB_WGMMA_ENTRY(NAME, S)                                                          \
+  extern "C" __global__ void __launch_bounds__(kThreads, 1)                                 \
+  NAME(const __nv_bfloat16* x, const int16_t* qw, const S* scales, const S* zeros,           \
+       __nv_bfloat16* out, float* partial, int* counters, int m, int k, int n, int group,    \
+       int stride_xm, int stride_om, int splits, int k_per_split) {                          \
+    const Problem<S> pb{x,     qw, scales, zeros,     out,       partial,   counters, m,     \
+                        k,     n,  group,  stride_xm, stride_om, splits,    k_per_split};     \
+    swapab_wgmma_body(pb);                                                                   \
+  }
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1)
-swapab_wgmma_f16_scales(const __nv_bfloat16* x, const int16_t* qw, const __half* scales,
-                        const __half* zeros, __nv_bfloat16* out, int m, int k, int n, int group,
-                        int stride_xm, int stride_om) {
-  swapab_wgmma_body(x, qw, scales, zeros, out, m, k, n, group, stride_xm, stride_om);
-}
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales, __nv_bfloat16)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales, __half)
