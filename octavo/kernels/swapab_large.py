@@ -16,7 +16,9 @@ to 256 batch rows against ``cols`` 64-column blocks of one 64-row block of the l
 - each K step loads the packed rows (once per value; the copies come from L1) and x^T
   [block_k, block_m], dequantizes in the weights' own 16-bit width (the int16 -> float by the
   mantissa, ``(bias + q) - (bias + z)`` exact, times s rounded once: the values
-  ``dequantize_swapab`` writes) and multiplies. With only same-width operations between the
+  ``dequantize_swapab`` writes where the scales are in the activations' dtype; fp16 scales
+  under bf16 activations are rounded to bf16 first, a second rounding the serial path does
+  not make) and multiplies. With only same-width operations between the
   load and the MMA, Triton feeds the tile to wgmma from registers and keeps one MMA in flight
   while the next step dequantizes (sm_90 SASS: HGMMA 64x256x16 with A in registers, wait
   depth 1). The first form of this kernel (x @ W^T, the tile through shared memory) waited for
