@@ -77,6 +77,24 @@ def test_the_source_builds_for_sm_90a_without_spills_or_serialized_mmas(tmp_path
     assert "serialized" not in report, report[-2000:]
 
 
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_the_one_ffma_dequantization_is_exact(scale_dtype):
+    """0x41800000 | q << 19 is the float 16 + q, c = -(16 + z) s is exact in float32, and the
+    fused fma(16 + q, s, c) (exact product, one rounding) equals (q - z) s computed in float32:
+    the kernel's one instruction a weight gives the serial path's values."""
+    q = np.arange(16, dtype=np.uint32)
+    assert np.array_equal(((q << 19) | 0x41800000).view(np.float32), 16.0 + q)
+    g = torch.Generator().manual_seed(0)
+    s = torch.cat([torch.rand(4000, generator=g) * 0.05, torch.rand(1000, generator=g) * 40])
+    s = s.to(scale_dtype).float().numpy()
+    z = np.arange(17, dtype=np.float32)
+    qs, zs, ss = np.meshgrid(q.astype(np.float32), z, s, indexing="ij")
+    c = (-(zs + 16) * ss).astype(np.float32)
+    assert np.array_equal(c.astype(np.float64), -(zs.astype(np.float64) + 16) * ss)  # exact
+    fused = ((qs.astype(np.float64) + 16) * ss + c).astype(np.float32)
+    assert np.array_equal(fused, ((qs - zs) * ss).astype(np.float32))
+
+
 # --- An emulation of the kernel's index arithmetic (cuda/swapab_wgmma.cu), on numpy ---------
 
 ROWS, BATCH, STEP_K = swapab_wgmma.ROWS, swapab_wgmma.BATCH, swapab_wgmma.STEP_K
@@ -169,11 +187,14 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end):
                                     for v in range(2):
                                         shift = k_shift + 4 * v
                                         col = col0 + v * ROWS + (q & 1) * 8
-                                        s, zb = s_f[gi, col], z_f[gi, col]
-                                        lo = ((word >> shift) & 15) - zb
-                                        hi = ((word >> (16 + shift)) & 15) - zb
+                                        s = np.float32(s_f[gi, col])
+                                        c = np.float32(-(np.float32(z_f[gi, col]) + 16) * s)
+                                        lo = 16 + ((word >> shift) & 15)
+                                        hi = 16 + ((word >> (16 + shift)) & 15)
+                                        # fma: the products exact in float64, one rounding
                                         pair = _bf16_bits_to_float(_float_to_bf16_bits(
-                                            np.array([lo * s, hi * s], np.float32)))
+                                            np.array([np.float64(lo) * s + c,
+                                                      np.float64(hi) * s + c], np.float32)))
                                         # A fragment register q: (row 16 w + g + 8 (q & 1),
                                         # k 2 t + 8 (q >> 1) and + 1)
                                         ka = 2 * (lane & 3) + 8 * (q >> 1)
@@ -214,10 +235,14 @@ def test_the_emulated_formulas_are_the_source_s():
         "const int col0 = t * kRows * 4 + (kShift / 4) * kRows + r0;",
         "for (int c = 0; c < 8; ++c) off[c] = r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2;",
         "ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);",
-        "ak[0][q] = dequant_pair<kShift>(word, zb_cur[i_row], s_cur[i_row]);",
-        "ak[1][q] = dequant_pair<kShift + 4>(word, zb_cur[2 + i_row], s_cur[2 + i_row]);",
-        "const float lo = __uint_as_float(((word >> kShift) & 0xFu) | 0x4B000000u);",
-        "const float hi = __uint_as_float(((word >> (16 + kShift)) & 0xFu) | 0x4B000000u);",
+        "ak[0][q] = dequant_pair<kShift>(word, c_cur[i_row], s_cur[i_row], sixteen);",
+        "ak[1][q] = dequant_pair<kShift + 4>(word, c_cur[2 + i_row], s_cur[2 + i_row], sixteen);",
+        "const float lo = with_16(nibble_at_19<kShift>(word), sixteen);",
+        "const float hi = with_16(nibble_at_19<16 + kShift>(word), sixteen);",
+        'asm("lop3.b32 %0, %1, 0x00780000, %2, 0xea;\\n" : "=r"(out) : "r"(moved), "r"(sixteen));',
+        "const uint32_t sixteen = 0x41800000u;  // 16.0f",
+        "__nv_bfloat162 w = __floats2bfloat162_rn(fmaf(lo, s, c), fmaf(hi, s, c));",
+        "c[i] = -(to_float(zeros[static_cast<size_t>(g) * n_cols + col]) + 16.0f) * s[i];",
         "const uint64_t desc = smem_desc(xs + kk * 32);",
         "desc |= static_cast<uint64_t>(1024 >> 4) << 32;",
         "desc |= static_cast<uint64_t>(1) << 62;",

@@ -125,15 +125,37 @@ __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
 template <>
 __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
 
+// The 4 bits at bits kFrom .. kFrom + 3 of a word moved to bits 19 .. 22 (a float's mantissa
+// bits of weight 1 above 16.0).
+// (Unmasked: with_16 masks.)
+template <int kFrom>
+__device__ __forceinline__ uint32_t nibble_at_19(uint32_t word) {
+  if constexpr (kFrom <= 19) {
+    return word << (19 - kFrom);
+  } else {
+    return word >> (kFrom - 19);
+  }
+}
+
 // Two weights of the value at bits kShift .. kShift + 3 of each int16 of a 32-bit word (k: low
 // half, k + 1: high half), as (q - z) * s in float32 rounded once to bf16: the values
-// dequantize_swapab writes. zb is 2^23 + z: 0x4B000000 | q is the float 2^23 + q, so the
-// difference is q - z exactly.
+// dequantize_swapab writes. 0x41800000 | q << 19 is the float 16 + q, and c = -(16 + z) s is
+// exact in float32 (6 by 11 significant bits), so fma(16 + q, s, c) is (q - z) s exactly: one
+// FFMA a weight.
+// (moved & 0x00780000) | 16.0f's bits in one LOP3: the compiler splits it in two, the mask and
+// the float both being immediates; here the float's bits come in a register.
+__device__ __forceinline__ float with_16(uint32_t moved, uint32_t sixteen) {
+  uint32_t out;
+  asm("lop3.b32 %0, %1, 0x00780000, %2, 0xea;\n" : "=r"(out) : "r"(moved), "r"(sixteen));
+  return __uint_as_float(out);
+}
+
 template <int kShift>
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, float zb, float s) {
-  const float lo = __uint_as_float(((word >> kShift) & 0xFu) | 0x4B000000u);
-  const float hi = __uint_as_float(((word >> (16 + kShift)) & 0xFu) | 0x4B000000u);
-  __nv_bfloat162 w = __floats2bfloat162_rn((lo - zb) * s, (hi - zb) * s);
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, float c, float s,
+                                                 uint32_t sixteen) {
+  const float lo = with_16(nibble_at_19<kShift>(word), sixteen);
+  const float hi = with_16(nibble_at_19<16 + kShift>(word), sixteen);
+  __nv_bfloat162 w = __floats2bfloat162_rn(fmaf(lo, s, c), fmaf(hi, s, c));
   return *reinterpret_cast<uint32_t*>(&w);
 }
 
@@ -152,16 +174,16 @@ struct Problem {
   int m, k, n, group, stride_xm, stride_om, splits, k_per_split;
 };
 
-// The scale and 2^23 + zero point of (row, value) pairs for group g: rows r0 / r0 + 8 of the
+// The scale s and c = -(16 + z) s of (row, value) pairs for group g: rows r0 / r0 + 8 of the
 // layout block, values v0 / v0 + 1 (columns col0 + 64 v + r).
 template <typename S>
 __device__ __forceinline__ void load_sz(const S* scales, const S* zeros, int g, int n_cols,
-                                        int col0, float (&s)[4], float (&zb)[4]) {
+                                        int col0, float (&s)[4], float (&c)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int col = col0 + (i >> 1) * 64 + (i & 1) * 8;
     s[i] = to_float(scales[static_cast<size_t>(g) * n_cols + col]);
-    zb[i] = to_float(zeros[static_cast<size_t>(g) * n_cols + col]) + 8388608.0f;
+    c[i] = -(to_float(zeros[static_cast<size_t>(g) * n_cols + col]) + 16.0f) * s[i];
   }
 }
 
@@ -232,15 +254,16 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
     acc0[i] = 0.0f;
     acc1[i] = 0.0f;
   }
-  float s_cur[4], zb_cur[4], s_nxt[4], zb_nxt[4];
-  load_sz(pb.scales, pb.zeros, k_begin / pb.group, pb.n, col0, s_cur, zb_cur);
+  float s_cur[4], c_cur[4], s_nxt[4], c_nxt[4];
+  load_sz(pb.scales, pb.zeros, k_begin / pb.group, pb.n, col0, s_cur, c_cur);
   uint32_t a[2][2][4];  // [K16 parity][value][register]
+  const uint32_t sixteen = 0x41800000u;  // 16.0f
   for (int i = 0; i < steps; ++i) {
     const int st = i % kStages;
     const int k0 = k_begin + i * kStepK;
     // The next step's group, a step ahead (past the end the last one again, unused).
     const int k_next = (i + 1 < steps ? k0 + kStepK : k0);
-    load_sz(pb.scales, pb.zeros, k_next / pb.group, pb.n, col0, s_nxt, zb_nxt);
+    load_sz(pb.scales, pb.zeros, k_next / pb.group, pb.n, col0, s_nxt, c_nxt);
     mbar_wait(full0 + 8 * st, (i / kStages) & 1);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     const uint32_t xs = smem_u32(smem) + st * kStageBytes;
@@ -253,9 +276,9 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
         // Row r0 + 8 (q & 1), K16 column kq + 8 (q >> 1): piece 2 kk + (q >> 1).
         const uint32_t word = *reinterpret_cast<const uint32_t*>(
             ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);
-        const int i_row = q & 1;  // s / zb index: (row, value) = i_row + 2 value
-        ak[0][q] = dequant_pair<kShift>(word, zb_cur[i_row], s_cur[i_row]);
-        ak[1][q] = dequant_pair<kShift + 4>(word, zb_cur[2 + i_row], s_cur[2 + i_row]);
+        const int i_row = q & 1;  // s / c index: (row, value) = i_row + 2 value
+        ak[0][q] = dequant_pair<kShift>(word, c_cur[i_row], s_cur[i_row], sixteen);
+        ak[1][q] = dequant_pair<kShift + 4>(word, c_cur[2 + i_row], s_cur[2 + i_row], sixteen);
       }
       wgmma_fence();
       const uint64_t desc = smem_desc(xs + kk * 32);
@@ -270,7 +293,7 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       s_cur[j] = s_nxt[j];
-      zb_cur[j] = zb_nxt[j];
+      c_cur[j] = c_nxt[j];
     }
   }
   wgmma_wait<0>();
