@@ -62,8 +62,11 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   return done != 0;
 }
 
+// A wait that cannot end (a phase never completed: a fault in this kernel) traps after about
+// four million polls, so the launch fails with an error instead of holding the GPU.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  while (!mbar_try_wait(bar, parity)) {
+  for (uint32_t polls = 0; !mbar_try_wait(bar, parity);) {
+    if (++polls == (1u << 22)) __trap();
   }
 }
 
