@@ -62,9 +62,17 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   return done != 0;
 }
 
-// A wait that cannot end (a phase never completed: a fault in this kernel) traps after about
-// four million polls, so the launch fails with an error instead of holding the GPU.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// The producer's wait for an empty buffer: one that cannot end (a fault in this kernel) traps
+// after about four million polls, so the launch fails with an error instead of holding the
+// GPU. (The consumers' waits have no room for the counter: with it they need more than their
+// 232 registers. A fault that stalls them stalls the producer too wherever K has more steps
+// than the ring has buffers.)
+__device__ __forceinline__ void mbar_wait_or_trap(uint32_t bar, uint32_t parity) {
   for (uint32_t polls = 0; !mbar_try_wait(bar, parity);) {
     if (++polls == (1u << 22)) __trap();
   }
@@ -357,7 +365,7 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
     if (warp != 0) return;
     for (int i = 0; i < steps; ++i) {
       const int st = i % kStages;
-      if (i >= kStages) mbar_wait(empty0 + 8 * st, ((i / kStages) - 1) & 1);
+      if (i >= kStages) mbar_wait_or_trap(empty0 + 8 * st, ((i / kStages) - 1) & 1);
       const uint32_t xs = ring + st * kStageBytes;
       const uint32_t ps = xs + kXBytes;
       const int k0 = k_begin + i * kStepK;
