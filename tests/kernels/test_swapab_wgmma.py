@@ -269,43 +269,7 @@ def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(scale_dtype, s
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
 
 
-# --- On the GPU ----------------------------------------------------------------------------
-
-@needs_gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("k,n", [(4096, 28672), (14336, 4096), (4096, 6144), (4096, 4096)])
-def test_llama_shapes_gpu(k, n, scale_dtype):
-    """Every batch size and K split on one weight (made once: the shapes are large)."""
-    q, packed, scales, zeros = _weights(k, n, 128, dtype=scale_dtype, device="cuda")
-    w = _dequant_ref(q, scales, zeros, 128).float()
-    errors = {}
-    for m in (1, 129, 200, 256, 300):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        want = x.float() @ w
-        for split_k in (None, 1, 3):
-            got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128,
-                                            split_k=split_k).float()
-            errors[m, split_k] = ((got - want).norm() / want.norm()).item()
-    assert all(e < 5e-3 for e in errors.values()), errors
-
-
-@needs_gpu
-@pytest.mark.gpu
-def test_exact_on_integer_data_gpu():
-    """Small integers everywhere: every product and sum is exact in float32, so any slip in
-    a fragment, a swizzle or a buffer's reuse shows as a nonzero difference."""
-    k, n, m = 1024, 4096, 256
-    g = torch.Generator().manual_seed(1)
-    q = torch.randint(0, 16, (k, n), generator=g)
-    scales = torch.ones(k // 64, n, dtype=torch.bfloat16)
-    zeros = torch.full((k // 64, n), 8.0, dtype=torch.bfloat16)
-    x = torch.randint(-2, 3, (m, k), generator=g).to(torch.bfloat16)
-    got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
-                                    zeros.cuda(), 64)
-    want = x.float() @ (q.float() - 8.0)
-    assert torch.equal(got.float().cpu(), want.to(torch.bfloat16).float())
-
+# --- On the GPU (the most telling first: a failure's message locates it) ---------------
 
 @needs_gpu
 @pytest.mark.gpu
@@ -328,6 +292,42 @@ def test_one_hot_rows_read_back_the_weight_gpu():
     assert len(bad) == 0, (f"{len(bad)} of {got.numel()} wrong; first (m, n, got, want): "
                            + str([(int(a), int(b), float(got[a, b]), float(want[a, b]))
                                   for a, b in bad[:12]]))
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_exact_on_integer_data_gpu():
+    """Small integers everywhere: every product and sum is exact in float32, so any slip in
+    a fragment, a swizzle or a buffer's reuse shows as a nonzero difference."""
+    k, n, m = 1024, 4096, 256
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(0, 16, (k, n), generator=g)
+    scales = torch.ones(k // 64, n, dtype=torch.bfloat16)
+    zeros = torch.full((k // 64, n), 8.0, dtype=torch.bfloat16)
+    x = torch.randint(-2, 3, (m, k), generator=g).to(torch.bfloat16)
+    got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
+                                    zeros.cuda(), 64)
+    want = x.float() @ (q.float() - 8.0)
+    assert torch.equal(got.float().cpu(), want.to(torch.bfloat16).float())
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,n", [(4096, 28672), (14336, 4096), (4096, 6144), (4096, 4096)])
+def test_llama_shapes_gpu(k, n, scale_dtype):
+    """Every batch size and K split on one weight (made once: the shapes are large)."""
+    q, packed, scales, zeros = _weights(k, n, 128, dtype=scale_dtype, device="cuda")
+    w = _dequant_ref(q, scales, zeros, 128).float()
+    errors = {}
+    for m in (1, 129, 200, 256, 300):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        want = x.float() @ w
+        for split_k in (None, 1, 3):
+            got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128,
+                                            split_k=split_k).float()
+            errors[m, split_k] = ((got - want).norm() / want.norm()).item()
+    assert all(e < 5e-3 for e in errors.values()), errors
 
 
 @needs_gpu
