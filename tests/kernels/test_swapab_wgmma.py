@@ -334,7 +334,7 @@ def test_llama_shapes_gpu(k, n, scale_dtype):
 @pytest.mark.gpu
 def test_graph_replays_and_routing_gpu(monkeypatch):
     from octavo.kernels import int_weight_layout
-    from tests.quantization.gemm_checks import check_graph_replays
+    from tests.quantization.gemm_checks import check_graph_replays, record_rows
 
     q, packed, scales, zeros = _weights(4096, 28672, 128, dtype=torch.float16, device="cuda")
     w = _dequant_ref(q, scales, zeros, 128).float()
@@ -344,10 +344,7 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
     check_graph_replays(  # K split in 4: the tickets' counters zeroed again every replay
         lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=4),
         lambda x: (x.float() @ w), x)
-    calls = []
-    real = swapab_wgmma.swapab_wgmma
-    monkeypatch.setattr(swapab_wgmma, "swapab_wgmma",
-                        lambda x, *a, **kw: calls.append(x.shape[0]) or real(x, *a, **kw))
+    calls = record_rows(monkeypatch, swapab_wgmma, "swapab_wgmma")
     monkeypatch.setenv("OCTAVO_INT_LARGE_MAX_M", "256")
     monkeypatch.setenv("OCTAVO_INT_LARGE_CUDA", "1")
     for m in (64, 200, 300):

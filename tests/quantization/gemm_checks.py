@@ -26,3 +26,13 @@ def check_graph_replays(run, ref, x: torch.Tensor, tol: float = 1e-2) -> None:
         torch.cuda.synchronize()
         assert rel_err(out, ref(x)) < tol
         assert not split_k.counters(x.device, 1).any()
+
+
+def record_rows(monkeypatch, module, name: str) -> list[int]:
+    """Wrap ``module.name`` (a GEMM taking x first) so that every call appends x's row count to
+    the returned list: which batches a routing sent there."""
+    calls: list[int] = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name,
+                        lambda x, *a, **kw: calls.append(x.shape[0]) or real(x, *a, **kw))
+    return calls

@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 from octavo.kernels.swapab_large import supports, swapab_large  # noqa: E402
 from octavo.kernels.w4a16_swapab import dequantize_swapab, pack_swapab  # noqa: E402
-from tests.quantization.gemm_checks import check_graph_replays, rel_err  # noqa: E402
+from tests.quantization.gemm_checks import check_graph_replays, record_rows, rel_err  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -179,10 +179,7 @@ def test_engine_routing_gpu(monkeypatch):
     packed, s, z = _weights(1024, 28672, 128, 4, device=torch.device("cuda"),
                             dtype=torch.float16)  # fp16 scales under bf16 activations
     small = _weights(1024, 4096, 128, 4, device=torch.device("cuda"), dtype=torch.bfloat16)
-    calls = []
-    real = module.swapab_large
-    monkeypatch.setattr(module, "swapab_large",
-                        lambda x, *a, **kw: calls.append(x.shape[0]) or real(x, *a, **kw))
+    calls = record_rows(monkeypatch, module, "swapab_large")
     monkeypatch.setenv("OCTAVO_INT_LARGE_MAX_M", "256")
     monkeypatch.setenv("OCTAVO_INT_LARGE_PLAN", "128,4,8,64,3")
     for m in (64, 129, 256, 300):
