@@ -89,12 +89,16 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                          f"{x2.dtype} activations, {scales.dtype} scales")
     assert qweight.dtype == torch.int16 and qweight.shape[1] == k, (qweight.shape, k)
     assert scales.shape == zeros.shape == (k // group_size, n), (scales.shape, zeros.shape)
+    if m == 0 or k == 0 or n == 0:
+        return torch.zeros(m, n, device=x2.device, dtype=x2.dtype)
     mod = cuda_module.loaded(SOURCE, x2.device)
     x2 = cuda_module.aligned_rows(x2)
-    qweight, scales = qweight.contiguous(), scales.contiguous()
+    # 16-byte copies of the packed rows: a view at an odd offset goes through a copy.
+    qweight = qweight.contiguous()
+    if qweight.data_ptr() % 16:
+        qweight = qweight.clone()
+    scales = scales.contiguous()
     zeros = zeros.to(scales.dtype).contiguous()
-    if m == 0:
-        return torch.empty(0, n, device=x2.device, dtype=x2.dtype)
     splits, k_per_split = plan(m, n, k, x2.device) if split_k is None \
         else split_k_mod.plan(k, STEP_K, split_k)
     out, partial = split_k_mod.buffers(m, n, splits, x2)

@@ -96,6 +96,14 @@ __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
+// Ties each register to this point: the compiler may not move its reads above it (the
+// accumulators are written by wgmma asynchronously, until the wait before it).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(kPending) : "memory");
@@ -274,9 +282,10 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
     const int k0 = k_begin + i * kStepK;
     // The next step's group, a step ahead (past the end the last one again, unused).
     const int k_next = (i + 1 < steps ? k0 + kStepK : k0);
-    load_sz(pb.scales, pb.zeros, k_next / pb.group, pb.n, col0, s_nxt, c_nxt);
     mbar_wait(full0 + 8 * st, (i / kStages) & 1);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    // After the fence: it compiles to a MEMBAR, which would wait for these loads too.
+    load_sz(pb.scales, pb.zeros, k_next / pb.group, pb.n, col0, s_nxt, c_nxt);
     const uint32_t xs = smem_u32(smem) + st * kStageBytes;
     const unsigned char* ps = smem + st * kStageBytes + kXBytes;
 #pragma unroll
@@ -308,6 +317,8 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
     }
   }
   wgmma_wait<0>();
+  fence_regs(acc0);  // no read of an accumulator may move above the wait
+  fence_regs(acc1);
   if (pb.splits == 1) {
     store_tile<false>(acc0, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0, pb.stride_om);
     store_tile<false>(acc1, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0 + kRows, pb.stride_om);
@@ -385,6 +396,9 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
       }
       mbar_arrive_copies(full0 + 8 * st);
     }
+    // Its copies land (and their arrivals fire) before the thread exits: what becomes of an
+    // exited thread's pending cp.async is not defined.
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
   }
 
