@@ -8,7 +8,8 @@ the L2), a sweep is one CUDA graph, times are CUDA-event means over replays (us 
 Every configuration's output is checked against the dequantize-then-cuBLAS one (relative
 error) before it is timed.
 
-    python benchmarks/large_int_gemm.py [--m 129 192 256 384 512] [--sweep] [--json F]
+    python benchmarks/large_int_gemm.py [--m 129 192 256 384 512] [--sweep] [--no-cuda]
+        [--json F]
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="+", default=[129, 192, 256, 384, 512])
     ap.add_argument("--sweep", action="store_true", help="every tile of sweep_configs()")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    ap.add_argument("--no-cuda", action="store_true",
+                    help="leave out the CUDA kernel (a fault there can leave the process's "
+                         "CUDA context unusable for what follows)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
@@ -87,6 +91,8 @@ def main() -> None:
                     entry["error"] = f"{type(e).__name__}: {e}"[:160]
                 row["large"].append(entry)
             try:  # the warp-specialized CUDA kernel (swapab_wgmma), where it builds
+                if args.no_cuda:
+                    raise RuntimeError("left out (--no-cuda)")
                 got = swapab_wgmma(x, *packs[0], GROUP).float()
                 row["cuda_rel_err"] = round(((got - want).norm() / want.norm()).item(), 6)
                 row["cuda_us"] = round(timed([lambda p=p, x=x: swapab_wgmma(x, *p, GROUP)
