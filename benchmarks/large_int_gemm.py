@@ -37,13 +37,17 @@ BITS = 4
 def sweep_configs() -> list[dict]:
     """Tiles to try (the kernel's default first): batch rows, 64-column value blocks and warps
     per program, K per step and stages in flight."""
+    from octavo.kernels import swapab_large as kernel
+
+    default = (kernel.BLOCK_M, kernel.COLS, kernel.NUM_WARPS, kernel.BLOCK_K, kernel.NUM_STAGES)
     out = [{}]
     # 4-warp tiles leave room for two programs per SM (one's dequantization beside the
     # other's MMAs: the loop waits for its own MMAs before the next step's dequantization).
     for bm, cols, warps in ((256, 2, 8), (128, 4, 8), (128, 2, 4), (256, 1, 4), (128, 1, 4)):
         for bk, stages in ((32, 4), (64, 2), (64, 3), (128, 2)):
-            out.append({"block_m": bm, "cols": cols, "num_warps": warps, "block_k": bk,
-                        "num_stages": stages})
+            if (bm, cols, warps, bk, stages) != default:  # the first entry already
+                    out.append({"block_m": bm, "cols": cols, "num_warps": warps,
+                            "block_k": bk, "num_stages": stages})
     return out
 
 

@@ -77,7 +77,7 @@ def int_large_max_m(default: int) -> int:
 def int_large_cuda() -> bool:
     """OCTAVO_INT_LARGE_CUDA (default off): within OCTAVO_INT_LARGE_MAX_M, 4-bit layers with
     bf16 activations run the warp-specialized CUDA kernel (octavo/kernels/swapab_wgmma.py,
-    sm_90 only) instead of the Triton one, where their tiles fill the SMs."""
+    sm_90 only; it splits K where its tiles leave SMs idle) instead of the Triton one."""
     return _flag("OCTAVO_INT_LARGE_CUDA", False)
 
 

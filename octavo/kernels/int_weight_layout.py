@@ -160,18 +160,19 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # within 2% of it everywhere but qkv at 32 rows, 22.1).
         tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {"waves": 2}
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
-    large = m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda"
-    if large and envs.int_large_cuda() and swapab_wgmma.available(x2.device) \
-            and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype):
-        # The warp-specialized CUDA version (OCTAVO_INT_LARGE_CUDA; unmeasured, session 54).
-        return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
-    plan = envs.int_large_plan()
-    if large and swapab_large.fills(n, bits, x2.device, plan.get("cols", swapab_large.COLS)):
-        # The large-batch GEMM with the dequantization in its main loop
-        # (OCTAVO_INT_LARGE_MAX_M; off: unmeasured in the engine, session 54), on layers whose
-        # tiles fill the SMs (it does not split K): Llama-8B's gate_up, 186.9 us at 256 rows
-        # against 212.0 here (H100).
-        return swapab_large.swapab_large(x2, qweight, scales, zeros, group_size, bits, **plan)
+    if m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda":
+        if envs.int_large_cuda() and swapab_wgmma.available(x2.device) \
+                and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype):
+            # The warp-specialized CUDA version (OCTAVO_INT_LARGE_CUDA; unmeasured, session 54).
+            return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
+        plan = envs.int_large_plan()
+        if swapab_large.fills(n, bits, x2.device, plan.get("cols", swapab_large.COLS)):
+            # The large-batch GEMM with the dequantization in its main loop
+            # (OCTAVO_INT_LARGE_MAX_M; off: unmeasured in the engine, session 54), on layers
+            # whose tiles fill the SMs (it does not split K): Llama-8B's gate_up, 186.9 us at
+            # 256 rows against 212.0 here (H100).
+            return swapab_large.swapab_large(x2, qweight, scales, zeros, group_size, bits,
+                                             **plan)
     # Past SWAPAB_MAX_M rows: the whole weight dequantized, then cuBLAS. Overlapping the two in
     # column chunks (each chunk dequantized on a side stream while cuBLAS multiplies the one
     # before; session 53's dequant_overlap, removed in session 54) was no faster on an H100:

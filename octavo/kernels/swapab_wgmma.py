@@ -35,7 +35,6 @@ import torch
 
 from octavo.kernels import cuda_module
 from octavo.kernels import split_k as split_k_mod
-from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "swapab_wgmma.cu"
 ROWS = 64  # int16 rows of a layout block (4 values each: 256 output columns)
@@ -66,14 +65,11 @@ def supports(k: int, n: int, group_size: int, bits: int, x_dtype: torch.dtype,
             and n % (ROWS * 4) == 0)
 
 
-def plan(m: int, n: int, k: int, device: torch.device, most: int = 16) -> tuple[int, int]:
-    """(K splits, K per split): enough splits that the tiles make about one CTA per SM (at
-    most ``most``, none empty), each a whole number of 64-wide steps."""
+def plan(m: int, n: int, k: int, device: torch.device) -> tuple[int, int]:
+    """(K splits, K per split): enough splits that the tiles make about one CTA per SM
+    (``split_k.within``, at most 16), none empty, each a whole number of 64-wide steps."""
     tiles = n // (ROWS * 4) * -(-m // BATCH)
-    steps = k // STEP_K
-    splits = max(1, min(num_compute_units(device) // tiles, steps, most))
-    per = -(-steps // splits) * STEP_K
-    return -(-k // per), per
+    return split_k_mod.plan(k, STEP_K, split_k_mod.within(tiles, k // STEP_K, device, 1))
 
 
 def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from octavo.kernels import cuda_module, swapab_wgmma
+from octavo.kernels.triton_utils import num_compute_units
 from octavo.kernels.w4a16_swapab import pack_swapab
 
 needs_gpu = pytest.mark.skipif(
@@ -46,7 +47,7 @@ def test_supports_and_plan():
     assert not swapab_wgmma.supports(4096, 28672 + 128, 128, 4, torch.bfloat16, torch.bfloat16)
     assert not swapab_wgmma.available(torch.device("cpu"))
     dev = torch.device("cpu")
-    sms = swapab_wgmma.num_compute_units(dev)
+    sms = num_compute_units(dev)
     assert swapab_wgmma.plan(256, 256 * sms, 4096, dev) == (1, 4096)  # the tiles fill the SMs
     for m, n, k in ((256, 4096, 14336), (129, 6144, 4096), (1, 256, 128), (256, 4096, 4096)):
         splits, per = swapab_wgmma.plan(m, n, k, dev)
