@@ -42,8 +42,10 @@ BATCH = 128  # batch rows per CTA
 STEP_K = 64
 STAGES = 4
 THREADS = 384
-# The ring (x and packed rows per stage), 1024 bytes to align it, the full / empty barriers.
-SHARED_BYTES = STAGES * (BATCH * STEP_K * 2 + ROWS * STEP_K * 2) + 1024 + 2 * STAGES * 8
+# The ring (x, packed rows, a group's scales and zeros per stage), 1024 bytes to align it, the
+# full / empty barriers.
+SHARED_BYTES = (STAGES * (BATCH * STEP_K * 2 + ROWS * STEP_K * 2 + 2 * ROWS * 4 * 2) + 1024
+                + 2 * STAGES * 8)
 
 
 def available(device: torch.device) -> bool:
@@ -93,8 +95,13 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     qweight = qweight.contiguous()
     if qweight.data_ptr() % 16:
         qweight = qweight.clone()
+    # 16-byte copies of the scales and zeros too.
     scales = scales.contiguous()
+    if scales.data_ptr() % 16:
+        scales = scales.clone()
     zeros = zeros.to(scales.dtype).contiguous()
+    if zeros.data_ptr() % 16:
+        zeros = zeros.clone()
     splits, k_per_split = plan(m, n, k, x2.device) if split_k is None \
         else split_k_mod.plan(k, STEP_K, split_k)
     out, partial = split_k_mod.buffers(m, n, splits, x2)

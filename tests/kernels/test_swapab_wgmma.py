@@ -100,6 +100,8 @@ def test_the_one_ffma_dequantization_is_exact(scale_dtype):
 
 ROWS, BATCH, STEP_K = swapab_wgmma.ROWS, swapab_wgmma.BATCH, swapab_wgmma.STEP_K
 X_BYTES = BATCH * STEP_K * 2
+P_BYTES = ROWS * STEP_K * 2
+S_BYTES = ROWS * 4 * 2
 
 
 def _swizzled(r, j):
@@ -147,8 +149,10 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end):
     n = packed.shape[0] * 4
     x_bits = x.view(torch.int16).numpy().view(np.uint16)
     p_bits = packed.numpy().view(np.uint16)
-    s_f = scales.float().numpy()
-    z_f = zeros.float().numpy()
+    s_bits = scales.view(torch.int16).numpy().view(np.uint16)
+    z_bits = zeros.to(scales.dtype).view(torch.int16).numpy().view(np.uint16)
+    to_float = (_bf16_bits_to_float if scales.dtype == torch.bfloat16
+                else lambda b: b.view(np.float16).astype(np.float32))
     out = np.full((m, n), np.nan, dtype=np.float32)
     for t in range(n // (ROWS * 4)):
         for by in range(-(-m // BATCH)):
@@ -156,20 +160,30 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end):
             acc = np.zeros((2, 2, ROWS, BATCH), dtype=np.float32)  # [warpgroup, value]
             for i in range((k_end - k_begin) // STEP_K):
                 k0 = k_begin + i * STEP_K
-                smem = np.zeros(X_BYTES + ROWS * STEP_K * 2, dtype=np.uint8)
-                for c in range(BATCH * 8):  # the producer's copies
-                    r, j = c >> 3, c & 7
-                    row = m0 + r
-                    piece = x_bits[min(row, m - 1), k0 + 8 * j:k0 + 8 * j + 8] if row < m \
-                        else np.zeros(8, np.uint16)
-                    off = _swizzled(r, j)
-                    smem[off:off + 16] = piece.astype("<u2").view(np.uint8)
-                for c in range(ROWS * 8):
-                    r, j = c >> 3, c & 7
-                    piece = p_bits[t * ROWS + r, k0 + 8 * j:k0 + 8 * j + 8]
-                    off = X_BYTES + _swizzled(r, j)
-                    smem[off:off + 16] = piece.astype("<u2").view(np.uint8)
+                smem = np.full(X_BYTES + P_BYTES + 2 * S_BYTES, 0xAB, dtype=np.uint8)
                 gi = k0 // group
+                for p in range(128):  # the producer's copies, thread by thread
+                    pr, pj = p >> 3, p & 7
+                    dst = pr * 128 + ((pj ^ (pr & 7)) << 4)
+                    x_rows = max(0, min(8, (m - m0 - pr + 15) // 16 if m - m0 - pr > -15
+                                        else 0))
+                    for u in range(8):
+                        row = m0 + pr + 16 * u
+                        piece = (x_bits[row, k0 + 8 * pj:k0 + 8 * pj + 8] if u < x_rows
+                                 else np.zeros(8, np.uint16))
+                        off = dst + u * 2048
+                        assert off == _swizzled(pr + 16 * u, pj)
+                        smem[off:off + 16] = piece.astype("<u2").view(np.uint8)
+                    for u in range(4):
+                        piece = p_bits[t * ROWS + pr + 16 * u, k0 + 8 * pj:k0 + 8 * pj + 8]
+                        off = X_BYTES + dst + u * 2048
+                        smem[off:off + 16] = piece.astype("<u2").view(np.uint8)
+                    if p < 64:
+                        src = s_bits if p < 32 else z_bits
+                        c0 = t * ROWS * 4 + (p & 31) * 8
+                        off = X_BYTES + P_BYTES + (p >> 5) * S_BYTES + (p & 31) * 16
+                        smem[off:off + 16] = src[gi, c0:c0 + 8].astype("<u2").view(np.uint8)
+                sz = smem[X_BYTES + P_BYTES:].view("<u2")
                 for kk in range(STEP_K // 16):
                     b = _bf16_bits_to_float(_desc_b(smem, kk * 32, BATCH))  # [16, 128]
                     for wg in range(2):
@@ -179,7 +193,7 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end):
                             for lane in range(32):
                                 r0 = 16 * warp + (lane >> 2)
                                 kq = (lane & 3) * 2
-                                col0 = t * ROWS * 4 + (k_shift // 4) * ROWS + r0
+                                lcol0 = (k_shift // 4) * ROWS + r0
                                 off = [r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2
                                        for c in range(8)]
                                 for q in range(4):
@@ -187,9 +201,10 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end):
                                     word = int(smem[addr:addr + 4].view("<u4")[0])
                                     for v in range(2):
                                         shift = k_shift + 4 * v
-                                        col = col0 + v * ROWS + (q & 1) * 8
-                                        s = np.float32(s_f[gi, col])
-                                        c = np.float32(-(np.float32(z_f[gi, col]) + 16) * s)
+                                        col = lcol0 + v * ROWS + (q & 1) * 8
+                                        s = np.float32(to_float(sz[col:col + 1])[0])
+                                        z = np.float32(to_float(sz[256 + col:257 + col])[0])
+                                        c = np.float32(-(z + 16) * s)
                                         lo = 16 + ((word >> shift) & 15)
                                         hi = 16 + ((word >> (16 + shift)) & 15)
                                         # fma: the products exact in float64, one rounding
@@ -228,12 +243,22 @@ def test_the_emulated_formulas_are_the_source_s():
 
     src = (Path(cuda_module.SOURCE_DIR) / swapab_wgmma.SOURCE).read_text()
     for line in (
-        "cp_async16(xs + r * 128 + ((j ^ (r & 7)) << 4), src, row < pb.m ? 16 : 0);",
-        "cp_async16(ps + r * 128 + ((j ^ (r & 7)) << 4), src, 16);",
+        "const int pr = p >> 3, pj = p & 7;",
+        "const uint32_t dst = pr * 128 + ((pj ^ (pr & 7)) << 4);",
+        "const int x_rows = max(0, min(8, (pb.m - m0 - pr + 15) / 16));",
+        "cp_async16(xs + dst + u * 2048, (in ? x_src + u * x_step : x_last) + koff, in ? 16 : 0);",
+        "cp_async16(xs + kXBytes + dst + u * 2048, q_src + u * q_step + koff, 16);",
+        "const S* sz_src = (p < 32 ? pb.scales : pb.zeros) + t * kRows * 4 + (p & 31) * 8;",
+        "cp_async16(xs + kXBytes + kPBytes + (p >> 5) * kSBytes + (p & 31) * 16,",
+        "sz_src + static_cast<size_t>(g) * pb.n, 16);",
+        "const int g = (k_begin + koff) / pb.group;",
+        "const int lcol0 = (kShift / 4) * kRows + r0;",
+        "load_sz<S>(ps + kPBytes, lcol0, s_cur, c_cur);",
+        "const S* zeros = reinterpret_cast<const S*>(sz + kSBytes);",
         "const int r0 = 16 * (warp & 3) + (lane >> 2);",
         "const int kq = (lane & 3) * 2;",
         "consume<0>(", "consume<8>(", "if (warp < 8) {",
-        "const int col0 = t * kRows * 4 + (kShift / 4) * kRows + r0;",
+        "const int col0 = t * kRows * 4 + lcol0;",
         "for (int c = 0; c < 8; ++c) off[c] = r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2;",
         "ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);",
         "ak[0][q] = dequant_pair<kShift>(word, c_cur[i_row], s_cur[i_row], sixteen);",
@@ -243,19 +268,20 @@ def test_the_emulated_formulas_are_the_source_s():
         'asm("lop3.b32 %0, %1, 0x00780000, %2, 0xea;\\n" : "=r"(out) : "r"(moved), "r"(sixteen));',
         "const uint32_t sixteen = 0x41800000u;  // 16.0f",
         "__nv_bfloat162 w = __floats2bfloat162_rn(fmaf(lo, s, c), fmaf(hi, s, c));",
-        "c[i] = -(to_float(zeros[static_cast<size_t>(g) * n_cols + col]) + 16.0f) * s[i];",
+        "c[i] = -(to_float(zeros[col]) + 16.0f) * s[i];",
         "const uint64_t desc = smem_desc(xs + kk * 32);",
         "desc |= static_cast<uint64_t>(1024 >> 4) << 32;",
         "desc |= static_cast<uint64_t>(1) << 62;",
-        "const int col = col0 + (i >> 1) * 64 + (i & 1) * 8;",
+        "const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;",
         "const int row = row0 + 8 * j + (e & 1);",
         "out[static_cast<size_t>(row) * stride_om + col + 8 * (e >> 1)] =",
         "store_tile<false>(acc1, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0 + kRows, pb.stride_om);",
         "const int k_begin = blockIdx.z * pb.k_per_split;",
         "const int k_end = min(pb.k, k_begin + pb.k_per_split);",
         "const int steps = (k_end - k_begin) / kStepK;",
-        "const int k0 = k_begin + i * kStepK;",
-        "for (int z = 0; z < splits; ++z) sum += __ldcg(partial + z * plane + at);",
+        "const int koff = i * kStepK;",
+        "for (int z = 0; z < splits; ++z) {",
+        "if (row0 + 8 * j + (e & 1) < m) sum[4 * j + e] += __ldcg(p + (e & 1) * n + 8 * (e >> 1));",
     ):
         assert line in src, line
 

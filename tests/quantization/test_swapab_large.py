@@ -180,8 +180,7 @@ def test_engine_routing_gpu(monkeypatch):
                             dtype=torch.float16)  # fp16 scales under bf16 activations
     small = _weights(1024, 4096, 128, 4, device=torch.device("cuda"), dtype=torch.bfloat16)
     calls = record_rows(monkeypatch, module, "swapab_large")
-    monkeypatch.setenv("OCTAVO_INT_LARGE_MAX_M", "256")
-    monkeypatch.setenv("OCTAVO_INT_LARGE_PLAN", "128,4,8,64,3")
+    monkeypatch.setenv("OCTAVO_INT_LARGE_MAX_M", "256")  # the default tile (2 value blocks)
     for m in (64, 129, 256, 300):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         got = int_weight_layout.linear(x, packed, s, z, 128, 4, int_weight_layout.SWAPAB)

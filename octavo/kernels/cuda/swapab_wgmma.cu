@@ -2,14 +2,15 @@
 // x^T with the weight tile dequantized into wgmma's A registers and the activations read from
 // shared memory, warp-specialized (octavo/kernels/swapab_wgmma.py has the why and the plan).
 //
-// CTA: 1 producer warpgroup (one warp copies; setmaxnreg gives the registers to the others)
+// CTA: 1 producer warpgroup (its 128 threads copy; setmaxnreg gives registers to the others)
 // + 2 consumer warpgroups (384 threads), one 64-row block t of the int16
 // layout (all 4 values: output columns t * 256 .. t * 256 + 255) against 128 batch rows.
 // Consumer warpgroup g takes values 2g and 2g + 1 (two m64 accumulators of 128 batch columns).
-// The producer copies each 64-wide K step's activations [128 x 64] and packed rows [64 x 64]
-// into a ring of kStages buffers (cp.async, 128-byte rows swizzled in 16-byte pieces: piece j
-// of row r at j ^ (r % 8)), signalling a "full" mbarrier; consumers release a buffer through
-// its "empty" mbarrier once the MMAs reading it are done.
+// The producer copies each 64-wide K step's activations [128 x 64], packed rows [64 x 64] and
+// the step's group of scales and zeros [256 each] into a ring of kStages buffers (cp.async,
+// 128-byte rows swizzled in 16-byte pieces: piece j of row r at j ^ (r % 8)), signalling a
+// "full" mbarrier; consumers release a buffer through its "empty" mbarrier once the MMAs
+// reading it are done.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -27,7 +28,10 @@ constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 constexpr int kXBytes = kBatch * kStepK * 2;   // 16 KB
 constexpr int kPBytes = kRows * kStepK * 2;    // 8 KB
-constexpr int kStageBytes = kXBytes + kPBytes; // a multiple of 1024: every x tile stays aligned
+constexpr int kSBytes = kRows * 4 * 2;         // a group's 256 scales (and as many zeros)
+constexpr int kStageBytes = kXBytes + kPBytes + 2 * kSBytes;
+static_assert(kStageBytes % 1024 == 0, "every x tile 1024-aligned (the swizzle's period)");
+constexpr int kProducerThreads = 128;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -193,16 +197,19 @@ struct Problem {
   int m, k, n, group, stride_xm, stride_om, splits, k_per_split;
 };
 
-// The scale s and c = -(16 + z) s of (row, value) pairs for group g: rows r0 / r0 + 8 of the
-// layout block, values v0 / v0 + 1 (columns col0 + 64 v + r).
+// The scale s and c = -(16 + z) s of (row, value) pairs from a buffer's group of scales and
+// zeros (``sz``: 256 scales, then 256 zeros, the tile's columns): rows r0 / r0 + 8 of the
+// layout block, values v0 / v0 + 1 (tile columns lcol0 + 64 v + r).
 template <typename S>
-__device__ __forceinline__ void load_sz(const S* scales, const S* zeros, int g, int n_cols,
-                                        int col0, float (&s)[4], float (&c)[4]) {
+__device__ __forceinline__ void load_sz(const unsigned char* sz, int lcol0, float (&s)[4],
+                                        float (&c)[4]) {
+  const S* scales = reinterpret_cast<const S*>(sz);
+  const S* zeros = reinterpret_cast<const S*>(sz + kSBytes);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int col = col0 + (i >> 1) * 64 + (i & 1) * 8;
-    s[i] = to_float(scales[static_cast<size_t>(g) * n_cols + col]);
-    c[i] = -(to_float(zeros[static_cast<size_t>(g) * n_cols + col]) + 16.0f) * s[i];
+    const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;
+    s[i] = to_float(scales[col]);
+    c[i] = -(to_float(zeros[col]) + 16.0f) * s[i];
   }
 }
 
@@ -230,25 +237,28 @@ __device__ __forceinline__ void store_tile(const float (&acc)[64], __nv_bfloat16
   }
 }
 
-// The last split's CTA: this thread's output elements as the sum of every split's partial, in
-// split order (read from L2: other SMs wrote them).
-__device__ __forceinline__ void reduce_tile(const float* partial, int splits, __nv_bfloat16* out,
-                                            int m, int n, int row0, int col, int stride_om) {
+// The last split's CTA: this thread's output elements of one accumulator (columns col ..) as
+// the sum of every split's partial, in split order, read from L2 (other SMs wrote them) a
+// split at a time, its 64 loads at once; ``sum``: the accumulator, free again once its partials
+// are out.
+__device__ __forceinline__ void reduce_tile(float (&sum)[64], const float* partial, int splits,
+                                            __nv_bfloat16* out, int m, int n, int row0, int col,
+                                            int stride_om) {
   const size_t plane = static_cast<size_t>(m) * n;
-#pragma unroll 4
-  for (int j = 0; j < 16; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = row0 + 8 * j + (e & 1);
-      if (row < m) {
-        const size_t at = static_cast<size_t>(row) * n + col + 8 * (e >> 1);
-        float sum = 0.0f;
-        for (int z = 0; z < splits; ++z) sum += __ldcg(partial + z * plane + at);
-        out[static_cast<size_t>(row) * stride_om + col + 8 * (e >> 1)] =
-            __float2bfloat16_rn(sum);
+  for (int i = 0; i < 64; ++i) sum[i] = 0.0f;
+  for (int z = 0; z < splits; ++z) {
+    // A pointer walked down the rows (8 n a j), not 64 addresses kept across splits.
+    const float* p = partial + z * plane + static_cast<size_t>(row0) * n + col;
+#pragma unroll
+    for (int j = 0; j < 16; ++j, p += 8 * static_cast<size_t>(n)) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (row0 + 8 * j + (e & 1) < m) sum[4 * j + e] += __ldcg(p + (e & 1) * n + 8 * (e >> 1));
       }
     }
   }
+  store_tile<false>(sum, out, nullptr, m, n, row0, col, stride_om);
 }
 
 // A consumer warpgroup's loop: warp w (of its 4) holds rows r0 = 16 w + lane / 4 and r0 + 8
@@ -261,7 +271,8 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
                                         int* last) {
   const int r0 = 16 * (warp & 3) + (lane >> 2);
   const int kq = (lane & 3) * 2;
-  const int col0 = t * kRows * 4 + (kShift / 4) * kRows + r0;
+  const int lcol0 = (kShift / 4) * kRows + r0;  // in the tile's 256 columns
+  const int col0 = t * kRows * 4 + lcol0;
   // Byte offsets of this thread's words in a buffer's packed rows: 16-byte piece c of row r0
   // (piece c ^ (r0 % 8); row r0 + 8 swizzles alike, 1024 bytes on), kq's int16 in it.
   uint32_t off[8];
@@ -273,21 +284,16 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
     acc0[i] = 0.0f;
     acc1[i] = 0.0f;
   }
-  float s_cur[4], c_cur[4], s_nxt[4], c_nxt[4];
-  load_sz(pb.scales, pb.zeros, k_begin / pb.group, pb.n, col0, s_cur, c_cur);
+  float s_cur[4], c_cur[4];
   uint32_t a[2][2][4];  // [K16 parity][value][register]
   const uint32_t sixteen = 0x41800000u;  // 16.0f
   for (int i = 0; i < steps; ++i) {
     const int st = i % kStages;
-    const int k0 = k_begin + i * kStepK;
-    // The next step's group, a step ahead (past the end the last one again, unused).
-    const int k_next = (i + 1 < steps ? k0 + kStepK : k0);
     mbar_wait(full0 + 8 * st, (i / kStages) & 1);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    // After the fence: it compiles to a MEMBAR, which would wait for these loads too.
-    load_sz(pb.scales, pb.zeros, k_next / pb.group, pb.n, col0, s_nxt, c_nxt);
     const uint32_t xs = smem_u32(smem) + st * kStageBytes;
     const unsigned char* ps = smem + st * kStageBytes + kXBytes;
+    load_sz<S>(ps + kPBytes, lcol0, s_cur, c_cur);
 #pragma unroll
     for (int kk = 0; kk < kStepK / 16; ++kk) {
       uint32_t (&ak)[2][4] = a[kk & 1];
@@ -310,11 +316,6 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
       wgmma_wait<1>();
       if (kk == 0 && i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      s_cur[j] = s_nxt[j];
-      c_cur[j] = c_nxt[j];
-    }
   }
   wgmma_wait<0>();
   fence_regs(acc0);  // no read of an accumulator may move above the wait
@@ -336,8 +337,9 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   asm volatile("bar.sync 1, %0;\n" :: "n"(kConsumerWarps * 32) : "memory");
   if (!*last) return;
   __threadfence();
-  reduce_tile(pb.partial, pb.splits, pb.out, pb.m, pb.n, m0 + kq, col0, pb.stride_om);
-  reduce_tile(pb.partial, pb.splits, pb.out, pb.m, pb.n, m0 + kq, col0 + kRows, pb.stride_om);
+  reduce_tile(acc0, pb.partial, pb.splits, pb.out, pb.m, pb.n, m0 + kq, col0, pb.stride_om);
+  reduce_tile(acc1, pb.partial, pb.splits, pb.out, pb.m, pb.n, m0 + kq, col0 + kRows,
+              pb.stride_om);
   if (warp == 4 && lane == 0) pb.counters[tile] = 0;  // zeroed for the next call (graphs)
 }
 
@@ -364,35 +366,51 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full0 + 8 * s, 32);                // the producer's lanes
+      mbar_init(full0 + 8 * s, kProducerThreads);  // the producer's threads
       mbar_init(empty0 + 8 * s, kConsumerWarps);   // one lane per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
-  if (warp < 4) {  // the producer warpgroup: its registers to the consumers, warp 0 copies
+  if (warp < 4) {  // the producer warpgroup: its registers to the consumers
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
-    if (warp != 0) return;
+    // Thread p copies piece pj = p % 8 of rows pr + 16 u (pr = p / 8) of the activations (u <
+    // 8) and of the packed rows (u < 4): every row's piece j lands at j ^ (pr % 8), 2048 bytes
+    // a u apart. Addresses are set up once; a step adds its K offset. (One warp computing
+    // every copy's address, session 54's first form, took ~4x the MMAs' time a step.)
+    const int p = threadIdx.x;
+    const int pr = p >> 3, pj = p & 7;
+    const uint32_t dst = pr * 128 + ((pj ^ (pr & 7)) << 4);
+    // Batch rows m0 + pr + 16 u past M read zeros (from row M - 1's address).
+    const int x_rows = max(0, min(8, (pb.m - m0 - pr + 15) / 16));
+    const __nv_bfloat16* x_src =
+        pb.x + static_cast<size_t>(min(m0 + pr, pb.m - 1)) * pb.stride_xm + k_begin + pj * 8;
+    const __nv_bfloat16* x_last =
+        pb.x + static_cast<size_t>(pb.m - 1) * pb.stride_xm + k_begin + pj * 8;
+    const size_t x_step = static_cast<size_t>(16) * pb.stride_xm;
+    const int16_t* q_src = pb.qw + static_cast<size_t>(t * kRows + pr) * pb.k + k_begin + pj * 8;
+    const size_t q_step = static_cast<size_t>(16) * pb.k;
+    // Threads 0-31 copy the step's group of scales (32 pieces of the tile's 256), 32-63 zeros.
+    const S* sz_src = (p < 32 ? pb.scales : pb.zeros) + t * kRows * 4 + (p & 31) * 8;
     for (int i = 0; i < steps; ++i) {
       const int st = i % kStages;
       if (i >= kStages) mbar_wait_or_trap(empty0 + 8 * st, ((i / kStages) - 1) & 1);
       const uint32_t xs = ring + st * kStageBytes;
-      const uint32_t ps = xs + kXBytes;
-      const int k0 = k_begin + i * kStepK;
-#pragma unroll 4
-      for (int c = lane; c < kBatch * 8; c += 32) {
-        const int r = c >> 3, j = c & 7;
-        const int row = m0 + r;
-        const __nv_bfloat16* src =
-            pb.x + static_cast<size_t>(row < pb.m ? row : pb.m - 1) * pb.stride_xm + k0 + j * 8;
-        cp_async16(xs + r * 128 + ((j ^ (r & 7)) << 4), src, row < pb.m ? 16 : 0);
+      const int koff = i * kStepK;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const bool in = u < x_rows;
+        cp_async16(xs + dst + u * 2048, (in ? x_src + u * x_step : x_last) + koff, in ? 16 : 0);
       }
-#pragma unroll 4
-      for (int c = lane; c < kRows * 8; c += 32) {
-        const int r = c >> 3, j = c & 7;
-        const int16_t* src = pb.qw + static_cast<size_t>(t * kRows + r) * pb.k + k0 + j * 8;
-        cp_async16(ps + r * 128 + ((j ^ (r & 7)) << 4), src, 16);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        cp_async16(xs + kXBytes + dst + u * 2048, q_src + u * q_step + koff, 16);
+      }
+      if (p < 64) {
+        const int g = (k_begin + koff) / pb.group;
+        cp_async16(xs + kXBytes + kPBytes + (p >> 5) * kSBytes + (p & 31) * 16,
+                   sz_src + static_cast<size_t>(g) * pb.n, 16);
       }
       mbar_arrive_copies(full0 + 8 * st);
     }
@@ -414,7 +432,7 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
 }  // namespace
 
 // Grid (N / 256 layout blocks, ceil(M / 128), K splits), 384 threads, dynamic shared memory
-// kStages * 24 KB + 1024 (alignment) + the barriers. K, the group and k_per_split multiples of
+// kStages * 25 KB + 1024 (alignment) + the barriers; x, qw, scales and zeros 16-byte aligned. K, the group and k_per_split multiples of
 // 64; with splits > 1, ``partial`` float32 [splits, M, N] and ``counters`` one zeroed int per
 // (x, y) tile.
 #define SWAPAB_WGMMA_ENTRY(NAME, S)                                                          \
