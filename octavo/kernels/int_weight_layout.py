@@ -162,8 +162,11 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
     if m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda":
         if envs.int_large_cuda() and swapab_wgmma.available(x2.device) \
-                and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype):
-            # The warp-specialized CUDA version (OCTAVO_INT_LARGE_CUDA; unmeasured, session 54).
+                and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype) \
+                and swapab_wgmma.worth(m, n, k, x2.device):
+            # The warp-specialized CUDA version (OCTAVO_INT_LARGE_CUDA), on layers where it
+            # pays (``worth``): Llama-8B's gate_up at 256 rows 145.2 us against 212.2 here,
+            # down 102.1 against 115.5 (H100, session 55).
             return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
         plan = envs.int_large_plan()
         if swapab_large.fills(n, bits, x2.device, plan.get("cols", swapab_large.COLS)):

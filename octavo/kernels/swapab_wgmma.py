@@ -35,6 +35,7 @@ import torch
 
 from octavo.kernels import cuda_module
 from octavo.kernels import split_k as split_k_mod
+from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "swapab_wgmma.cu"
 ROWS = 64  # int16 rows of a layout block (4 values each: 256 output columns)
@@ -72,6 +73,26 @@ def plan(m: int, n: int, k: int, device: torch.device) -> tuple[int, int]:
     (``split_k.within``, at most 16), none empty, each a whole number of 64-wide steps."""
     tiles = n // (ROWS * 4) * -(-m // BATCH)
     return split_k_mod.plan(k, STEP_K, split_k_mod.within(tiles, k // STEP_K, device, 1))
+
+
+# Fewest 64-wide K steps a CTA takes for the kernel to pay where it splits K: its partials
+# and the last CTA's sum cost about what a split's share of the MMAs saves on short splits.
+# Measured on an H100 (session 55, call 2; large_int_gemm.py, Llama-8B layers at 256 rows, us,
+# this kernel against the whole weight dequantized then cuBLAS): gate_up (no split, 64 steps)
+# 145.2 / 212.2, down (4 splits of 56) 102.1 / 115.5, qkv (2 of 32) 67.7 / 50.3, o (4 of 16)
+# 57.1 / 33.4.
+MIN_STEPS_SPLIT = 48
+
+
+def worth(m: int, n: int, k: int, device: torch.device) -> bool:
+    """Whether the kernel beats dequantize-then-cuBLAS on this layer (up to 256 rows, where it
+    was measured): where its tiles fill the SMs, or it splits K and each split takes at least
+    MIN_STEPS_SPLIT steps. (Tiles that leave SMs idle unsplit lose: qkv at 384 rows, 72
+    tiles, 69.1 against 54.7 us.)"""
+    splits, per = plan(m, n, k, device)
+    if splits == 1:
+        return n // (ROWS * 4) * -(-m // BATCH) >= num_compute_units(device)
+    return per // STEP_K >= MIN_STEPS_SPLIT
 
 
 def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

@@ -56,6 +56,24 @@ def test_supports_and_plan():
         assert splits == min(max(1, sms // tiles), k // 64, 16) or splits < k // 64
 
 
+def test_worth_takes_the_layers_it_was_measured_faster_on(monkeypatch):
+    """On 132 SMs (an H100) at 129-256 rows: Llama-8B's gate_up (its tiles fill the SMs) and
+    down (4 splits of 56 steps), not qkv / o (splits of 16-32 steps) nor unsplit tiles that
+    leave SMs idle."""
+    from octavo.kernels import split_k
+
+    monkeypatch.setattr(split_k, "num_compute_units", lambda device: 132)
+    monkeypatch.setattr(swapab_wgmma, "num_compute_units", lambda device: 132)
+    dev = torch.device("cpu")
+    for m in (129, 256):
+        assert swapab_wgmma.worth(m, 28672, 4096, dev)
+        assert swapab_wgmma.worth(m, 4096, 14336, dev)
+        assert not swapab_wgmma.worth(m, 6144, 4096, dev)
+        assert not swapab_wgmma.worth(m, 4096, 4096, dev)
+    assert swapab_wgmma.plan(384, 6144, 4096, dev)[0] == 1
+    assert not swapab_wgmma.worth(384, 6144, 4096, dev)  # 72 tiles, unsplit
+
+
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="needs nvcc")
 def test_the_source_builds_for_sm_90a_without_spills_or_serialized_mmas(tmp_path, monkeypatch):
     monkeypatch.setenv("OCTAVO_CACHE_DIR", str(tmp_path))
