@@ -81,6 +81,13 @@ def int_large_cuda() -> bool:
     return _flag("OCTAVO_INT_LARGE_CUDA", False)
 
 
+def int_large_bf16_math() -> bool:
+    """OCTAVO_INT_LARGE_BF16_MATH (default off): the CUDA large-batch kernel dequantizes in
+    bf16x2 (octavo/kernels/swapab_wgmma.py: about half the instructions; the same values for bf16
+    scales, fp16 scales rounded to bf16 first) instead of float32."""
+    return _flag("OCTAVO_INT_LARGE_BF16_MATH", False)
+
+
 def int_large_plan() -> dict:
     """OCTAVO_INT_LARGE_PLAN="block_m,cols,num_warps,block_k,num_stages": the tile the
     large-batch integer GEMM (octavo/kernels/swapab_large.py) runs in the engine, so that a

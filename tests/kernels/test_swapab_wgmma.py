@@ -149,12 +149,13 @@ def _float_to_bf16_bits(x: np.ndarray) -> np.ndarray:
             .view(torch.int16).numpy().view(np.uint16))
 
 
-def _emulate(x, packed, scales, zeros, group, splits=1):
+def _emulate(x, packed, scales, zeros, group, splits=1, bf16_math=False):
     """out [M, N] as the kernel computes it, CTA by CTA, thread by thread (float32 sums); with
     K splits, each split's partials then their sum in split order."""
     k = x.shape[1]
     per = -(-(k // STEP_K) // splits) * STEP_K
-    parts = [_emulate_split(x, packed, scales, zeros, group, z * per, min(k, z * per + per))
+    parts = [_emulate_split(x, packed, scales, zeros, group, z * per, min(k, z * per + per),
+                            bf16_math)
              for z in range(-(-k // per))]
     out = parts[0]
     for part in parts[1:]:
@@ -162,7 +163,7 @@ def _emulate(x, packed, scales, zeros, group, splits=1):
     return out
 
 
-def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end):
+def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=False):
     m, k = x.shape
     n = packed.shape[0] * 4
     x_bits = x.view(torch.int16).numpy().view(np.uint16)
@@ -225,10 +226,18 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end):
                                         c = np.float32(-(z + 16) * s)
                                         lo = 16 + ((word >> shift) & 15)
                                         hi = 16 + ((word >> (16 + shift)) & 15)
-                                        # fma: the products exact in float64, one rounding
-                                        pair = _bf16_bits_to_float(_float_to_bf16_bits(
-                                            np.array([np.float64(lo) * s + c,
-                                                      np.float64(hi) * s + c], np.float32)))
+                                        if bf16_math:  # (q - z) exact, times bf16(s) rounded
+                                            sb = _bf16_bits_to_float(_float_to_bf16_bits(
+                                                np.array([s], np.float32)))[0]
+                                            zb = -(z + 128)
+                                            pair = _bf16_bits_to_float(_float_to_bf16_bits(
+                                                np.array([(np.float64(lo + 112) + zb) * sb,
+                                                          (np.float64(hi + 112) + zb) * sb],
+                                                         np.float32)))
+                                        else:  # fma: the products exact in float64, rounded once
+                                            pair = _bf16_bits_to_float(_float_to_bf16_bits(
+                                                np.array([np.float64(lo) * s + c,
+                                                          np.float64(hi) * s + c], np.float32)))
                                         # A fragment register q: (row 16 w + g + 8 (q & 1),
                                         # k 2 t + 8 (q >> 1) and + 1)
                                         ka = 2 * (lane & 3) + 8 * (q >> 1)
@@ -275,7 +284,7 @@ def test_the_emulated_formulas_are_the_source_s():
         "const S* zeros = reinterpret_cast<const S*>(sz + kSBytes);",
         "const int r0 = 16 * (warp & 3) + (lane >> 2);",
         "const int kq = (lane & 3) * 2;",
-        "consume<0>(", "consume<8>(", "if (warp < 8) {",
+        "consume<0, kBf16Math>(", "consume<8, kBf16Math>(", "if (warp < 8) {",
         "const int col0 = t * kRows * 4 + lcol0;",
         "for (int c = 0; c < 8; ++c) off[c] = r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2;",
         "ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);",
@@ -288,6 +297,13 @@ def test_the_emulated_formulas_are_the_source_s():
         "__nv_bfloat162 w = __floats2bfloat162_rn(fmaf(lo, s, c), fmaf(hi, s, c));",
         "c[i] = -(to_float(zeros[col]) + 16.0f) * s[i];",
         "const uint64_t desc = smem_desc(xs + kk * 32);",
+        "const uint32_t moved = kShift == 0 ? word : word >> kShift;",
+        'asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\\n" : "=r"(t) : "r"(moved), "r"(bias));',
+        "__nv_bfloat162 v = __hmul2(__hadd2(*reinterpret_cast<__nv_bfloat162*>(&t),",
+        "const uint32_t bias = 0x43004300u;     // bf16x2 128.0",
+        "__nv_bfloat162 sv = __bfloat162bfloat162(to_bf16(scales[col]));",
+        "ak[0][q] = dequant_pair_bf16<kShift>(word, zb_cur[i_row], sb_cur[i_row], bias);",
+        "ak[1][q] = dequant_pair_bf16<kShift + 4>(word, zb_cur[2 + i_row], sb_cur[2 + i_row],",
         "desc |= static_cast<uint64_t>(1024 >> 4) << 32;",
         "desc |= static_cast<uint64_t>(1) << 62;",
         "const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;",
@@ -304,13 +320,18 @@ def test_the_emulated_formulas_are_the_source_s():
         assert line in src, line
 
 
+@pytest.mark.parametrize("bf16_math", [False, True])
 @pytest.mark.parametrize("scale_dtype,splits", [(torch.bfloat16, 1), (torch.float16, 2)])
-def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(scale_dtype, splits):
+def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(scale_dtype, splits,
+                                                                  bf16_math):
+    """The float form takes the scales as they are; the bf16 form rounds fp16 ones to bf16
+    first (bf16 scales: the same values both ways)."""
     k, n, group, m = 128, 256, 64, 131  # two K steps, two groups, two batch tiles (a tail)
     q, packed, scales, zeros = _weights(k, n, group, dtype=scale_dtype)
     x = torch.randn(m, k).to(torch.bfloat16)
-    got = _emulate(x, packed, scales, zeros, group, splits)
-    want = x.float() @ _dequant_ref(q, scales, zeros, group).float()
+    got = _emulate(x, packed, scales, zeros, group, splits, bf16_math)
+    used = scales.to(torch.bfloat16) if bf16_math else scales
+    want = x.float() @ _dequant_ref(q, used, zeros, group).float()
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
 
 
@@ -318,7 +339,8 @@ def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(scale_dtype, s
 
 @needs_gpu
 @pytest.mark.gpu
-def test_one_hot_rows_read_back_the_weight_gpu():
+@pytest.mark.parametrize("bf16_math", [False, True])
+def test_one_hot_rows_read_back_the_weight_gpu(bf16_math):
     """x's row m is one-hot at k = (3 m) % K and q[k, n] = (k + 5 n) % 16 (scale 1, zero 0), so
     out[m, n] is q[(3 m) % K, n] exactly. A wrong fragment, swizzle or epilogue index shows in
     the failure message as where the wrong values came from (a value v at (m, n) is some
@@ -331,7 +353,7 @@ def test_one_hot_rows_read_back_the_weight_gpu():
     scales = torch.ones(k // 64, n, dtype=torch.bfloat16)
     zeros = torch.zeros(k // 64, n, dtype=torch.bfloat16)
     got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
-                                    zeros.cuda(), 64).float().cpu()
+                                    zeros.cuda(), 64, bf16_math=bf16_math).float().cpu()
     want = q[(3 * torch.arange(m)) % k].float()
     bad = (got != want).nonzero()
     assert len(bad) == 0, (f"{len(bad)} of {got.numel()} wrong; first (m, n, got, want): "
@@ -341,7 +363,8 @@ def test_one_hot_rows_read_back_the_weight_gpu():
 
 @needs_gpu
 @pytest.mark.gpu
-def test_exact_on_integer_data_gpu():
+@pytest.mark.parametrize("bf16_math", [False, True])
+def test_exact_on_integer_data_gpu(bf16_math):
     """Small integers everywhere: every product and sum is exact in float32, so any slip in
     a fragment, a swizzle or a buffer's reuse shows as a nonzero difference."""
     k, n, m = 1024, 4096, 256
@@ -351,7 +374,7 @@ def test_exact_on_integer_data_gpu():
     zeros = torch.full((k // 64, n), 8.0, dtype=torch.bfloat16)
     x = torch.randint(-2, 3, (m, k), generator=g).to(torch.bfloat16)
     got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
-                                    zeros.cuda(), 64)
+                                    zeros.cuda(), 64, bf16_math=bf16_math)
     want = x.float() @ (q.float() - 8.0)
     assert torch.equal(got.float().cpu(), want.to(torch.bfloat16).float())
 
@@ -360,7 +383,8 @@ def test_exact_on_integer_data_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k,n", [(4096, 28672), (14336, 4096), (4096, 6144), (4096, 4096)])
-def test_llama_shapes_gpu(k, n, scale_dtype):
+@pytest.mark.parametrize("bf16_math", [False, True])
+def test_llama_shapes_gpu(k, n, scale_dtype, bf16_math):
     """Every batch size and K split on one weight (made once: the shapes are large)."""
     q, packed, scales, zeros = _weights(k, n, 128, dtype=scale_dtype, device="cuda")
     w = _dequant_ref(q, scales, zeros, 128).float()
@@ -370,7 +394,7 @@ def test_llama_shapes_gpu(k, n, scale_dtype):
         want = x.float() @ w
         for split_k in (None, 1, 3):
             got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128,
-                                            split_k=split_k).float()
+                                            split_k=split_k, bf16_math=bf16_math).float()
             errors[m, split_k] = ((got - want).norm() / want.norm()).item()
     assert all(e < 5e-3 for e in errors.values()), errors
 

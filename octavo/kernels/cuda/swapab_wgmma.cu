@@ -182,6 +182,33 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t word, float c, float s
   return *reinterpret_cast<uint32_t*>(&w);
 }
 
+// The bf16 form (kBf16Math): two weights of the value at bits kShift .. kShift + 3 of each
+// int16 as one bf16x2 op chain. 0x43004300 | (nibbles at bits 0-3 of each half) is bf16 128 + q
+// (bf16 keeps 7 fraction bits: 128 .. 255 step 1); adding -(128 + z) is exact (small
+// integers), and the multiply by the scale rounds once: the float form's value wherever the
+// scale is a bf16 (fp16 scales are rounded to bf16 first, as Marlin-class kernels take them).
+// Three or four instructions a pair against seven.
+template <int kShift>
+__device__ __forceinline__ uint32_t dequant_pair_bf16(uint32_t word, uint32_t zb, uint32_t sb,
+                                                      uint32_t bias) {
+  const uint32_t moved = kShift == 0 ? word : word >> kShift;
+  uint32_t t;
+  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\n" : "=r"(t) : "r"(moved), "r"(bias));
+  __nv_bfloat162 v = __hmul2(__hadd2(*reinterpret_cast<__nv_bfloat162*>(&t),
+                                     *reinterpret_cast<__nv_bfloat162*>(&zb)),
+                             *reinterpret_cast<__nv_bfloat162*>(&sb));
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename S>
+__device__ __forceinline__ __nv_bfloat16 to_bf16(S v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_bf16<__nv_bfloat16>(__nv_bfloat16 v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_bf16<__half>(__half v) {
+  return __float2bfloat16_rn(__half2float(v));
+}
+
 // One launch's operands. K splits (``splits`` > 1): CTA z covers K [z * k_per_split, ..) and
 // writes float32 partials [splits, M, N]; the last CTA of a tile (a ticket in ``counters``,
 // zeroed again after) adds them in split order and writes the output.
@@ -210,6 +237,22 @@ __device__ __forceinline__ void load_sz(const unsigned char* sz, int lcol0, floa
     const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;
     s[i] = to_float(scales[col]);
     c[i] = -(to_float(zeros[col]) + 16.0f) * s[i];
+  }
+}
+
+// load_sz's bf16 form: the scale (rounded to bf16) and -(128 + z), each in both halves.
+template <typename S>
+__device__ __forceinline__ void load_sz_bf16(const unsigned char* sz, int lcol0,
+                                             uint32_t (&s)[4], uint32_t (&z)[4]) {
+  const S* scales = reinterpret_cast<const S*>(sz);
+  const S* zeros = reinterpret_cast<const S*>(sz + kSBytes);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;
+    __nv_bfloat162 sv = __bfloat162bfloat162(to_bf16(scales[col]));
+    __nv_bfloat162 zv = __bfloat162bfloat162(__float2bfloat16_rn(-(to_float(zeros[col]) + 128.0f)));
+    s[i] = *reinterpret_cast<uint32_t*>(&sv);
+    z[i] = *reinterpret_cast<uint32_t*>(&zv);
   }
 }
 
@@ -264,7 +307,7 @@ __device__ __forceinline__ void reduce_tile(float (&sum)[64], const float* parti
 // A consumer warpgroup's loop: warp w (of its 4) holds rows r0 = 16 w + lane / 4 and r0 + 8
 // of the block and A fragment columns kq, kq + 1 and kq + 8, kq + 9 of each K16; values
 // kShift / 4 and kShift / 4 + 1 (output columns col0 + r and col0 + 64 + r).
-template <int kShift, typename S>
+template <int kShift, bool kBf16Math, typename S>
 __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full0,
                                         uint32_t empty0, const Problem<S>& pb, int k_begin,
                                         int steps, int t, int m0, int warp, int lane,
@@ -285,15 +328,21 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
     acc1[i] = 0.0f;
   }
   float s_cur[4], c_cur[4];
+  uint32_t sb_cur[4], zb_cur[4];  // the bf16 form's
   uint32_t a[2][2][4];  // [K16 parity][value][register]
   const uint32_t sixteen = 0x41800000u;  // 16.0f
+  const uint32_t bias = 0x43004300u;     // bf16x2 128.0
   for (int i = 0; i < steps; ++i) {
     const int st = i % kStages;
     mbar_wait(full0 + 8 * st, (i / kStages) & 1);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     const uint32_t xs = smem_u32(smem) + st * kStageBytes;
     const unsigned char* ps = smem + st * kStageBytes + kXBytes;
-    load_sz<S>(ps + kPBytes, lcol0, s_cur, c_cur);
+    if constexpr (kBf16Math) {
+      load_sz_bf16<S>(ps + kPBytes, lcol0, sb_cur, zb_cur);
+    } else {
+      load_sz<S>(ps + kPBytes, lcol0, s_cur, c_cur);
+    }
 #pragma unroll
     for (int kk = 0; kk < kStepK / 16; ++kk) {
       uint32_t (&ak)[2][4] = a[kk & 1];
@@ -303,8 +352,14 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
         const uint32_t word = *reinterpret_cast<const uint32_t*>(
             ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);
         const int i_row = q & 1;  // s / c index: (row, value) = i_row + 2 value
-        ak[0][q] = dequant_pair<kShift>(word, c_cur[i_row], s_cur[i_row], sixteen);
-        ak[1][q] = dequant_pair<kShift + 4>(word, c_cur[2 + i_row], s_cur[2 + i_row], sixteen);
+        if constexpr (kBf16Math) {
+          ak[0][q] = dequant_pair_bf16<kShift>(word, zb_cur[i_row], sb_cur[i_row], bias);
+          ak[1][q] = dequant_pair_bf16<kShift + 4>(word, zb_cur[2 + i_row], sb_cur[2 + i_row],
+                                                   bias);
+        } else {
+          ak[0][q] = dequant_pair<kShift>(word, c_cur[i_row], s_cur[i_row], sixteen);
+          ak[1][q] = dequant_pair<kShift + 4>(word, c_cur[2 + i_row], s_cur[2 + i_row], sixteen);
+        }
       }
       wgmma_fence();
       const uint64_t desc = smem_desc(xs + kk * 32);
@@ -343,7 +398,7 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   if (warp == 4 && lane == 0) pb.counters[tile] = 0;  // zeroed for the next call (graphs)
 }
 
-template <typename S>
+template <bool kBf16Math, typename S>
 __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ int last;  // K splits: whether this CTA finishes its tile (both warpgroups read it)
@@ -423,9 +478,9 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
   // Consumers: warpgroup g takes values 2g and 2g + 1 (bits 8g .. 8g + 7 of each int16).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
   if (warp < 8) {
-    consume<0>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
+    consume<0, kBf16Math>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
   } else {
-    consume<8>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
+    consume<8, kBf16Math>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
   }
 }
 
@@ -435,15 +490,17 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
 // kStages * 25 KB + 1024 (alignment) + the barriers; x, qw, scales and zeros 16-byte aligned. K, the group and k_per_split multiples of
 // 64; with splits > 1, ``partial`` float32 [splits, M, N] and ``counters`` one zeroed int per
 // (x, y) tile.
-#define SWAPAB_WGMMA_ENTRY(NAME, S)                                                          \
+#define SWAPAB_WGMMA_ENTRY(NAME, S, BF16_MATH)                                               \
   extern "C" __global__ void __launch_bounds__(kThreads, 1)                                 \
   NAME(const __nv_bfloat16* x, const int16_t* qw, const S* scales, const S* zeros,           \
        __nv_bfloat16* out, float* partial, int* counters, int m, int k, int n, int group,    \
        int stride_xm, int stride_om, int splits, int k_per_split) {                          \
     const Problem<S> pb{x,     qw, scales, zeros,     out,       partial,   counters, m,     \
                         k,     n,  group,  stride_xm, stride_om, splits,    k_per_split};     \
-    swapab_wgmma_body(pb);                                                                   \
+    swapab_wgmma_body<BF16_MATH>(pb);                                                        \
   }
 
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales, __nv_bfloat16)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales, __half)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales, __nv_bfloat16, false)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales, __half, false)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_bf16_math, __nv_bfloat16, true)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_bf16_math, __half, true)
