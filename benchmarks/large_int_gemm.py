@@ -94,15 +94,19 @@ def main() -> None:
                 except Exception as e:  # noqa: BLE001 - recorded (shared memory, registers)
                     entry["error"] = f"{type(e).__name__}: {e}"[:160]
                 row["large"].append(entry)
-            try:  # the warp-specialized CUDA kernel (swapab_wgmma), where it builds
-                if args.no_cuda:
-                    raise RuntimeError("left out (--no-cuda)")
-                got = swapab_wgmma(x, *packs[0], GROUP).float()
-                row["cuda_rel_err"] = round(((got - want).norm() / want.norm()).item(), 6)
-                row["cuda_us"] = round(timed([lambda p=p, x=x: swapab_wgmma(x, *p, GROUP)
-                                              for p in packs]), 1)
-            except Exception as e:  # noqa: BLE001 - recorded (no sm_90, no nvcc, a fault)
-                row["cuda_error"] = f"{type(e).__name__}: {e}"[:300]
+            # The warp-specialized CUDA kernel (swapab_wgmma), where it builds: its float and
+            # its bf16x2 dequantization ("cuda_bf16").
+            for key, bf16_math in (("cuda", False), ("cuda_bf16", True)):
+                try:
+                    if args.no_cuda:
+                        raise RuntimeError("left out (--no-cuda)")
+                    got = swapab_wgmma(x, *packs[0], GROUP, bf16_math=bf16_math).float()
+                    row[f"{key}_rel_err"] = round(((got - want).norm() / want.norm()).item(), 6)
+                    row[f"{key}_us"] = round(timed([
+                        lambda p=p, x=x, b=bf16_math: swapab_wgmma(x, *p, GROUP, bf16_math=b)
+                        for p in packs]), 1)
+                except Exception as e:  # noqa: BLE001 - recorded (no sm_90, no nvcc, a fault)
+                    row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
             ok = [e for e in row["large"] if "us" in e and e["rel_err"] < 5e-3]
             best = min(ok, key=lambda e: e["us"], default=None)
             default = row["large"][0]
@@ -113,8 +117,9 @@ def main() -> None:
                   f"large {default.get('us', default.get('error'))} "
                   f"(err {default.get('rel_err')}) best "
                   f"{best and best['us']} {best and best['cfg']} cuda "
-                  f"{row.get('cuda_us', row.get('cuda_error'))} (err {row.get('cuda_rel_err')})",
-                  flush=True)
+                  f"{row.get('cuda_us', row.get('cuda_error'))} (err {row.get('cuda_rel_err')}) "
+                  f"cuda_bf16 {row.get('cuda_bf16_us', row.get('cuda_bf16_error'))} "
+                  f"(err {row.get('cuda_bf16_rel_err')})", flush=True)
         del dense, packs
         torch.cuda.empty_cache()
     per_layer = {}
@@ -122,7 +127,7 @@ def main() -> None:
         sel = [r for r in rows if r["M"] == m]
         if len(sel) == len(args.shapes) and all(r["default_us"] for r in sel):
             per_layer[m] = {key: round(sum(r[f"{key}_us"] for r in sel), 1)
-                            for key in ("bf16", "whole", "default", "cuda")
+                            for key in ("bf16", "whole", "default", "cuda", "cuda_bf16")
                             if all(r.get(f"{key}_us") for r in sel)}
             print(f"one layer's GEMMs at M={m}: {per_layer[m]}", flush=True)
     print_json_result({"benchmark": "large_int_gemm", "device": device_info(),

@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 TAILN=10 item t_wgmma timeout 150 python -m pytest -m gpu -q -rf -x tests/kernels/test_swapab_wgmma.py
 CUDA_OK=0; grep -q " passed" /tmp/res/t_wgmma.log && ! grep -q "failed\|error" /tmp/res/t_wgmma.log && CUDA_OK=1
 echo "cuda kernel ok: $CUDA_OK"
-if [ "$CUDA_OK" = 0 ]; then TAILN=3 item diag timeout 60 python .snap/diag_wgmma.py; fi
+# (Where the tests failed, a script dumped the one-hot outputs; they passed, it never ran.)
 NO_CUDA=$([ "$CUDA_OK" = 1 ] || echo --no-cuda)
 TAILN=6 item t_large python -m pytest -m gpu -q -rf -x tests/quantization/test_swapab_large.py -k "default or bits or graph or routing"
 TAILN=6 item g_large timeout 150 python benchmarks/large_int_gemm.py --shapes gate_up down qkv o --m 129 192 256 384 $NO_CUDA --json /tmp/res/g_large.json
