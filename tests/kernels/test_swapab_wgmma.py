@@ -422,3 +422,8 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
                                        int_weight_layout.SWAPAB)
         assert ((got.float() - xm.float() @ w).norm() / (xm.float() @ w).norm()) < 1e-2
     assert calls == [200]
+    if swapab_wgmma.num_compute_units(torch.device("cuda")) >= 96:  # qkv-shaped: K split
+        _, small, s_small, z_small = _weights(4096, 6144, 128, device="cuda")  # in 32-step
+        xm = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)  # parts: not worth
+        int_weight_layout.linear(xm, small, s_small, z_small, 128, 4, int_weight_layout.SWAPAB)
+        assert calls == [200]
