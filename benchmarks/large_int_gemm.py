@@ -34,6 +34,11 @@ GROUP = 128
 BITS = 4
 
 
+# (column, bf16_math, deep) of the CUDA kernel's forms.
+CUDA_FORMS = (("cuda", False, False), ("cuda_bf16", True, False), ("cuda_deep", False, True),
+              ("cuda_bf16_deep", True, True))
+
+
 def sweep_configs() -> list[dict]:
     """Tiles to try (the kernel's default first): batch rows, 64-column value blocks and warps
     per program, K per step and stages in flight."""
@@ -95,16 +100,18 @@ def main() -> None:
                     entry["error"] = f"{type(e).__name__}: {e}"[:160]
                 row["large"].append(entry)
             # The warp-specialized CUDA kernel (swapab_wgmma), where it builds: its float and
-            # its bf16x2 dequantization ("cuda_bf16").
-            for key, bf16_math in (("cuda", False), ("cuda_bf16", True)):
+            # its bf16x2 dequantization ("_bf16"), with one or two MMA groups in flight
+            # ("_deep").
+            for key, bf16_math, deep in CUDA_FORMS:
                 try:
                     if args.no_cuda:
                         raise RuntimeError("left out (--no-cuda)")
-                    got = swapab_wgmma(x, *packs[0], GROUP, bf16_math=bf16_math).float()
+                    got = swapab_wgmma(x, *packs[0], GROUP, bf16_math=bf16_math,
+                                       deep=deep).float()
                     row[f"{key}_rel_err"] = round(((got - want).norm() / want.norm()).item(), 6)
                     row[f"{key}_us"] = round(timed([
-                        lambda p=p, x=x, b=bf16_math: swapab_wgmma(x, *p, GROUP, bf16_math=b)
-                        for p in packs]), 1)
+                        lambda p=p, x=x, b=bf16_math, d=deep: swapab_wgmma(
+                            x, *p, GROUP, bf16_math=b, deep=d) for p in packs]), 1)
                 except Exception as e:  # noqa: BLE001 - recorded (no sm_90, no nvcc, a fault)
                     row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
             ok = [e for e in row["large"] if "us" in e and e["rel_err"] < 5e-3]
@@ -117,9 +124,10 @@ def main() -> None:
                   f"large {default.get('us', default.get('error'))} "
                   f"(err {default.get('rel_err')}) best "
                   f"{best and best['us']} {best and best['cfg']} cuda "
-                  f"{row.get('cuda_us', row.get('cuda_error'))} (err {row.get('cuda_rel_err')}) "
-                  f"cuda_bf16 {row.get('cuda_bf16_us', row.get('cuda_bf16_error'))} "
-                  f"(err {row.get('cuda_bf16_rel_err')})", flush=True)
+                  f"{row.get('cuda_us', row.get('cuda_error'))} (err {row.get('cuda_rel_err')})"
+                  + "".join(f" {key} {row.get(f'{key}_us', row.get(f'{key}_error'))} "
+                            f"(err {row.get(f'{key}_rel_err')})" for key, *_ in CUDA_FORMS[1:]),
+                  flush=True)
         del dense, packs
         torch.cuda.empty_cache()
     per_layer = {}
@@ -127,7 +135,8 @@ def main() -> None:
         sel = [r for r in rows if r["M"] == m]
         if len(sel) == len(args.shapes) and all(r["default_us"] for r in sel):
             per_layer[m] = {key: round(sum(r[f"{key}_us"] for r in sel), 1)
-                            for key in ("bf16", "whole", "default", "cuda", "cuda_bf16")
+                            for key in ("bf16", "whole", "default",
+                                        *(form[0] for form in CUDA_FORMS))
                             if all(r.get(f"{key}_us") for r in sel)}
             print(f"one layer's GEMMs at M={m}: {per_layer[m]}", flush=True)
     print_json_result({"benchmark": "large_int_gemm", "device": device_info(),

@@ -88,6 +88,12 @@ def int_large_bf16_math() -> bool:
     return _flag("OCTAVO_INT_LARGE_BF16_MATH", False)
 
 
+def int_large_deep() -> bool:
+    """OCTAVO_INT_LARGE_DEEP (default off): the CUDA large-batch kernel keeps two MMA groups in
+    flight (four A register sets) instead of one while it dequantizes the next K16."""
+    return _flag("OCTAVO_INT_LARGE_DEEP", False)
+
+
 def int_large_plan() -> dict:
     """OCTAVO_INT_LARGE_PLAN="block_m,cols,num_warps,block_k,num_stages": the tile the
     large-batch integer GEMM (octavo/kernels/swapab_large.py) runs in the engine, so that a

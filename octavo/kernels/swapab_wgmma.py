@@ -98,11 +98,11 @@ def worth(m: int, n: int, k: int, device: torch.device) -> bool:
 
 def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor, group_size: int, split_k: int | None = None,
-                 bf16_math: bool | None = None) -> torch.Tensor:
+                 bf16_math: bool | None = None, deep: bool | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (bf16) for 4-bit ``qweight`` in ``pack_swapab``'s
     layout (int16 [N / 4, K]), ``scales`` / ``zeros`` [K / group, N] in bf16 or fp16.
     ``split_k``: K splits (default ``plan``'s); ``bf16_math``: dequantize in bf16x2 (default
-    OCTAVO_INT_LARGE_BF16_MATH)."""
+    OCTAVO_INT_LARGE_BF16_MATH); ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP)."""
     m, k = x2.shape
     n = qweight.shape[0] * 4
     if not supports(k, n, group_size, 4, x2.dtype, scales.dtype):
@@ -133,6 +133,8 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         else "swapab_wgmma_f16_scales"
     if envs.int_large_bf16_math() if bf16_math is None else bf16_math:
         name += "_bf16_math"
+    if envs.int_large_deep() if deep is None else deep:
+        name += "_deep"
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial,
                                  split_k_mod.counters(x2.device, grid[0] * grid[1]), m, k, n,
                                  group_size, x2.stride(0), out.stride(0), splits, k_per_split)

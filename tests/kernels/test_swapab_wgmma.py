@@ -284,7 +284,8 @@ def test_the_emulated_formulas_are_the_source_s():
         "const S* zeros = reinterpret_cast<const S*>(sz + kSBytes);",
         "const int r0 = 16 * (warp & 3) + (lane >> 2);",
         "const int kq = (lane & 3) * 2;",
-        "consume<0, kBf16Math>(", "consume<8, kBf16Math>(", "if (warp < 8) {",
+        "consume<0, kBf16Math, kInFlight>(", "consume<8, kBf16Math, kInFlight>(",
+        "if (warp < 8) {",
         "const int col0 = t * kRows * 4 + lcol0;",
         "for (int c = 0; c < 8; ++c) off[c] = r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2;",
         "ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);",
@@ -337,10 +338,14 @@ def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(scale_dtype, s
 
 # --- On the GPU (the most telling first: a failure's message locates it) ---------------
 
+# The kernel's forms: float or bf16x2 dequantization, one or two MMA groups in flight.
+FORMS = pytest.mark.parametrize("bf16_math,deep", [(False, False), (True, False),
+                                                     (False, True), (True, True)])
+
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("bf16_math", [False, True])
-def test_one_hot_rows_read_back_the_weight_gpu(bf16_math):
+@FORMS
+def test_one_hot_rows_read_back_the_weight_gpu(bf16_math, deep):
     """x's row m is one-hot at k = (3 m) % K and q[k, n] = (k + 5 n) % 16 (scale 1, zero 0), so
     out[m, n] is q[(3 m) % K, n] exactly. A wrong fragment, swizzle or epilogue index shows in
     the failure message as where the wrong values came from (a value v at (m, n) is some
@@ -353,7 +358,7 @@ def test_one_hot_rows_read_back_the_weight_gpu(bf16_math):
     scales = torch.ones(k // 64, n, dtype=torch.bfloat16)
     zeros = torch.zeros(k // 64, n, dtype=torch.bfloat16)
     got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
-                                    zeros.cuda(), 64, bf16_math=bf16_math).float().cpu()
+                                    zeros.cuda(), 64, bf16_math=bf16_math, deep=deep).float().cpu()
     want = q[(3 * torch.arange(m)) % k].float()
     bad = (got != want).nonzero()
     assert len(bad) == 0, (f"{len(bad)} of {got.numel()} wrong; first (m, n, got, want): "
@@ -363,8 +368,8 @@ def test_one_hot_rows_read_back_the_weight_gpu(bf16_math):
 
 @needs_gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("bf16_math", [False, True])
-def test_exact_on_integer_data_gpu(bf16_math):
+@FORMS
+def test_exact_on_integer_data_gpu(bf16_math, deep):
     """Small integers everywhere: every product and sum is exact in float32, so any slip in
     a fragment, a swizzle or a buffer's reuse shows as a nonzero difference."""
     k, n, m = 1024, 4096, 256
@@ -374,7 +379,7 @@ def test_exact_on_integer_data_gpu(bf16_math):
     zeros = torch.full((k // 64, n), 8.0, dtype=torch.bfloat16)
     x = torch.randint(-2, 3, (m, k), generator=g).to(torch.bfloat16)
     got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
-                                    zeros.cuda(), 64, bf16_math=bf16_math)
+                                    zeros.cuda(), 64, bf16_math=bf16_math, deep=deep)
     want = x.float() @ (q.float() - 8.0)
     assert torch.equal(got.float().cpu(), want.to(torch.bfloat16).float())
 
@@ -383,8 +388,8 @@ def test_exact_on_integer_data_gpu(bf16_math):
 @pytest.mark.gpu
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("k,n", [(4096, 28672), (14336, 4096), (4096, 6144), (4096, 4096)])
-@pytest.mark.parametrize("bf16_math", [False, True])
-def test_llama_shapes_gpu(k, n, scale_dtype, bf16_math):
+@FORMS
+def test_llama_shapes_gpu(k, n, scale_dtype, bf16_math, deep):
     """Every batch size and K split on one weight (made once: the shapes are large)."""
     q, packed, scales, zeros = _weights(k, n, 128, dtype=scale_dtype, device="cuda")
     w = _dequant_ref(q, scales, zeros, 128).float()
@@ -394,7 +399,8 @@ def test_llama_shapes_gpu(k, n, scale_dtype, bf16_math):
         want = x.float() @ w
         for split_k in (None, 1, 3):
             got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128,
-                                            split_k=split_k, bf16_math=bf16_math).float()
+                                            split_k=split_k, bf16_math=bf16_math,
+                                            deep=deep).float()
             errors[m, split_k] = ((got - want).norm() / want.norm()).item()
     assert all(e < 5e-3 for e in errors.values()), errors
 

@@ -307,7 +307,9 @@ __device__ __forceinline__ void reduce_tile(float (&sum)[64], const float* parti
 // A consumer warpgroup's loop: warp w (of its 4) holds rows r0 = 16 w + lane / 4 and r0 + 8
 // of the block and A fragment columns kq, kq + 1 and kq + 8, kq + 9 of each K16; values
 // kShift / 4 and kShift / 4 + 1 (output columns col0 + r and col0 + 64 + r).
-template <int kShift, bool kBf16Math, typename S>
+// kInFlight: MMA groups left in flight while the next K16 dequantizes (1: two A register sets;
+// 2: four, so a warpgroup's dequantization does not wait on its MMA of two K16s before).
+template <int kShift, bool kBf16Math, int kInFlight, typename S>
 __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full0,
                                         uint32_t empty0, const Problem<S>& pb, int k_begin,
                                         int steps, int t, int m0, int warp, int lane,
@@ -329,7 +331,9 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   }
   float s_cur[4], c_cur[4];
   uint32_t sb_cur[4], zb_cur[4];  // the bf16 form's
-  uint32_t a[2][2][4];  // [K16 parity][value][register]
+  constexpr int kSets = kInFlight == 1 ? 2 : 4;
+  static_assert(kInFlight == 1 || kInFlight == 2, "one or two MMA groups in flight");
+  uint32_t a[kSets][2][4];  // [K16 % kSets][value][register]
   const uint32_t sixteen = 0x41800000u;  // 16.0f
   const uint32_t bias = 0x43004300u;     // bf16x2 128.0
   for (int i = 0; i < steps; ++i) {
@@ -345,7 +349,7 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
     }
 #pragma unroll
     for (int kk = 0; kk < kStepK / 16; ++kk) {
-      uint32_t (&ak)[2][4] = a[kk & 1];
+      uint32_t (&ak)[2][4] = a[kk % kSets];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {  // a0: (r0, kq), a1: (r0 + 8, kq), a2: (r0, kq + 8), a3
         // Row r0 + 8 (q & 1), K16 column kq + 8 (q >> 1): piece 2 kk + (q >> 1).
@@ -366,10 +370,13 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
       wgmma_m64n128(acc0, ak[0], desc);
       wgmma_m64n128(acc1, ak[1], desc);
       wgmma_commit();
-      // At most the group just issued in flight: the other register set is free again, and
-      // at kk = 0 the previous buffer's last MMAs are done.
-      wgmma_wait<1>();
-      if (kk == 0 && i > 0 && lane == 0) mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
+      // At most kInFlight groups in flight: the set the next K16 writes is free again (its
+      // MMA was kSets K16s back), and at kk = kInFlight - 1 the previous buffer's last MMAs
+      // are done.
+      wgmma_wait<kInFlight>();
+      if (kk == kInFlight - 1 && i > 0 && lane == 0) {
+        mbar_arrive(empty0 + 8 * ((i - 1) % kStages));
+      }
     }
   }
   wgmma_wait<0>();
@@ -398,7 +405,7 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   if (warp == 4 && lane == 0) pb.counters[tile] = 0;  // zeroed for the next call (graphs)
 }
 
-template <bool kBf16Math, typename S>
+template <bool kBf16Math, int kInFlight, typename S>
 __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ int last;  // K splits: whether this CTA finishes its tile (both warpgroups read it)
@@ -478,9 +485,9 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
   // Consumers: warpgroup g takes values 2g and 2g + 1 (bits 8g .. 8g + 7 of each int16).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
   if (warp < 8) {
-    consume<0, kBf16Math>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
+    consume<0, kBf16Math, kInFlight>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
   } else {
-    consume<8, kBf16Math>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
+    consume<8, kBf16Math, kInFlight>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
   }
 }
 
@@ -490,17 +497,21 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
 // kStages * 25 KB + 1024 (alignment) + the barriers; x, qw, scales and zeros 16-byte aligned. K, the group and k_per_split multiples of
 // 64; with splits > 1, ``partial`` float32 [splits, M, N] and ``counters`` one zeroed int per
 // (x, y) tile.
-#define SWAPAB_WGMMA_ENTRY(NAME, S, BF16_MATH)                                               \
+#define SWAPAB_WGMMA_ENTRY(NAME, S, BF16_MATH, IN_FLIGHT)                                    \
   extern "C" __global__ void __launch_bounds__(kThreads, 1)                                 \
   NAME(const __nv_bfloat16* x, const int16_t* qw, const S* scales, const S* zeros,           \
        __nv_bfloat16* out, float* partial, int* counters, int m, int k, int n, int group,    \
        int stride_xm, int stride_om, int splits, int k_per_split) {                          \
     const Problem<S> pb{x,     qw, scales, zeros,     out,       partial,   counters, m,     \
                         k,     n,  group,  stride_xm, stride_om, splits,    k_per_split};     \
-    swapab_wgmma_body<BF16_MATH>(pb);                                                        \
+    swapab_wgmma_body<BF16_MATH, IN_FLIGHT>(pb);                                             \
   }
 
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales, __nv_bfloat16, false)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales, __half, false)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_bf16_math, __nv_bfloat16, true)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_bf16_math, __half, true)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales, __nv_bfloat16, false, 1)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales, __half, false, 1)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_bf16_math, __nv_bfloat16, true, 1)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_bf16_math, __half, true, 1)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_deep, __nv_bfloat16, false, 2)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_deep, __half, false, 2)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_bf16_math_deep, __nv_bfloat16, true, 2)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_bf16_math_deep, __half, true, 2)
