@@ -68,6 +68,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
+    from octavo.kernels import int_weight_layout
     from octavo.kernels.swapab_large import swapab_large
     from octavo.kernels.swapab_wgmma import swapab_wgmma
     from octavo.kernels.w4a16_swapab import dequantize_swapab
@@ -87,7 +88,12 @@ def main() -> None:
                    "bf16_us": round(timed([lambda w=w, x=x: torch.nn.functional.linear(x, w)
                                            for w in dense]), 1),
                    "whole_us": round(timed([lambda p=p, x=x: x @ dequantize_swapab(
-                       *p, GROUP, BITS, x.dtype) for p in packs]), 1), "large": []}
+                       *p, GROUP, BITS, x.dtype) for p in packs]), 1),
+                   # What the engine runs at these rows under this environment (to 128 rows
+                   # the swap-AB GEMMs; past them dequantize-then-cuBLAS by default).
+                   "engine_us": round(timed([lambda p=p, x=x: int_weight_layout.linear(
+                       x, *p, GROUP, BITS, int_weight_layout.SWAPAB) for p in packs]), 1),
+                   "large": []}
             want = (x @ dequantize_swapab(*packs[0], GROUP, BITS, x.dtype)).float()
             for cfg in configs:
                 entry = {"cfg": cfg}
@@ -121,6 +127,7 @@ def main() -> None:
             row["best"] = best
             rows.append(row)
             print(f"{name:8s} m={m:4d} bf16 {row['bf16_us']:7.1f} whole {row['whole_us']:7.1f} "
+                  f"engine {row['engine_us']:7.1f} "
                   f"large {default.get('us', default.get('error'))} "
                   f"(err {default.get('rel_err')}) best "
                   f"{best and best['us']} {best and best['cfg']} cuda "
@@ -135,7 +142,7 @@ def main() -> None:
         sel = [r for r in rows if r["M"] == m]
         if len(sel) == len(args.shapes) and all(r["default_us"] for r in sel):
             per_layer[m] = {key: round(sum(r[f"{key}_us"] for r in sel), 1)
-                            for key in ("bf16", "whole", "default",
+                            for key in ("bf16", "whole", "engine", "default",
                                         *(form[0] for form in CUDA_FORMS))
                             if all(r.get(f"{key}_us") for r in sel)}
             print(f"one layer's GEMMs at M={m}: {per_layer[m]}", flush=True)

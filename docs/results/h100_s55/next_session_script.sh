@@ -3,14 +3,16 @@
 # routed it to the layers it wins on (worth: Llama-8B gate_up / down), then ran out of device
 # time before the engine ran it so routed, and before two new forms ran on a GPU: a bf16x2
 # dequantization (OCTAVO_INT_LARGE_BF16_MATH) and two MMA groups in flight
-# (OCTAVO_INT_LARGE_DEEP). In order: the GPU tests of all four forms, the layers with each
+# (OCTAVO_INT_LARGE_DEEP). The per-layer run also times 96 and 128 rows against the engine's
+# swap-AB GEMMs there ("engine"): one 128-row tile of gate_up may beat them (about 72 us
+# expected against 105 at 128 rows, session 51). In order: the GPU tests of all four forms, the layers with each
 # form, the serial baseline, the engine with the float form, then with the fastest correct
 # form on gate_up + down at 256 rows (scripts/pick_wgmma_form.py) where that is another.
 export BUDGET=470
 . scripts/device_items.sh
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
 TAILN=10 item t_wgmma timeout 120 python -m pytest -m gpu -q -rf tests/kernels/test_swapab_wgmma.py
-TAILN=16 item g_cuda timeout 150 python benchmarks/large_int_gemm.py --shapes gate_up down qkv o --m 129 192 256 --json /tmp/res/g_cuda.json
+TAILN=16 item g_cuda timeout 150 python benchmarks/large_int_gemm.py --shapes gate_up down qkv o --m 96 128 129 192 256 --json /tmp/res/g_cuda.json
 FORM=$(python scripts/pick_wgmma_form.py /tmp/res/g_cuda.json --m 256 2>/dev/null || echo "OCTAVO_INT_LARGE_BF16_MATH=0 OCTAVO_INT_LARGE_DEEP=0")
 echo "fastest correct form: $FORM"
 TAILN=4 item q_base python benchmarks/quantized.py --methods bf16,w4a16 --batches 256 --json /tmp/res/q_base.json
