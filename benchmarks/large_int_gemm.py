@@ -61,6 +61,10 @@ def main() -> None:
     ap.add_argument("--m", type=int, nargs="+", default=[129, 192, 256, 384, 512])
     ap.add_argument("--sweep", action="store_true", help="every tile of sweep_configs()")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    ap.add_argument("--forms", nargs="+", default=[f[0] for f in CUDA_FORMS],
+                    choices=[f[0] for f in CUDA_FORMS],
+                    help="the CUDA kernel's forms to time (a fault in one spoils the process "
+                         "for the rest: leave out those whose tests failed)")
     ap.add_argument("--no-cuda", action="store_true",
                     help="leave out the CUDA kernel (a fault there can leave the process's "
                          "CUDA context unusable for what follows)")
@@ -109,6 +113,8 @@ def main() -> None:
             # its bf16x2 dequantization ("_bf16"), with one or two MMA groups in flight
             # ("_deep").
             for key, bf16_math, deep in CUDA_FORMS:
+                if key not in args.forms:
+                    continue
                 try:
                     if args.no_cuda:
                         raise RuntimeError("left out (--no-cuda)")

@@ -9,6 +9,8 @@ shapes, in a CUDA graph, and through the engine's routing."""
 from __future__ import annotations
 
 import re
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,11 +91,39 @@ def test_the_source_builds_for_sm_90a_without_spills_or_serialized_mmas(tmp_path
     cubin = cuda_module.build(swapab_wgmma.SOURCE, "sm_90a", extra=("-Xptxas", "-v"))
     data = cubin.read_bytes()
     report = "".join(outputs)
-    for name in ("swapab_wgmma_bf16_scales", "swapab_wgmma_f16_scales"):
-        assert name.encode() in data
+    names = [f"swapab_wgmma_{scales}_scales{math}{deep}" for scales in ("bf16", "f16")
+             for math in ("", "_bf16_math") for deep in ("", "_deep")]
+    for name in names:  # every form the wrapper can name
+        assert name.encode() in data, name
     spills = re.findall(r"(\d+) bytes spill stores", report)
-    assert spills and all(s == "0" for s in spills), report[-2000:]
+    assert len(spills) == len(names) and all(s == "0" for s in spills), report[-2000:]
     assert "serialized" not in report, report[-2000:]
+    # Each form waits as deep as it claims (a compiler that serialized the MMAs would not).
+    cuobjdump = _cuobjdump()
+    if cuobjdump is None:
+        return
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
+    for function in sass.split("Function : ")[1:]:
+        name = function.split()[0]
+        depth = 2 if name.endswith("_deep") else 1
+        waits = set(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", function))
+        assert waits == {hex(depth), "0x0"}, (name, waits)
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump from the CUDA toolkit or the one Triton ships, if either is here."""
+    import shutil
+
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+    except ImportError:
+        return None
+    path = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    return str(path) if path.exists() else None
 
 
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
