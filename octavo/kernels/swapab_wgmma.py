@@ -9,15 +9,17 @@ pipeline, so the dequantization, the copies and the MMAs wait on each other at e
 186.9 us on gate_up at 256 rows against 212.0 serial and 109.7 for bf16, the tensor cores at
 about 40%. Here the roles are split, as Hopper GEMMs do it:
 
-- a producer warp copies each 64-wide K step's activations [128 x 64] (the MMA's B operand,
-  128-byte rows swizzled as wgmma's descriptor reads them) and the packed rows [64 x 64] into
-  a ring of 4 buffers (``cp.async``, completion on an mbarrier per buffer);
+- the producer warpgroup's 128 threads copy each 64-wide K step's activations [128 x 64] (the
+  MMA's B operand, 128-byte rows swizzled as wgmma's descriptor reads them), the packed rows
+  [64 x 64] and the step's group of scales and zeros into a ring of 4 buffers (``cp.async``,
+  completion on an mbarrier per buffer), their addresses set up once;
 - two consumer warpgroups (setmaxnreg moves the producer warpgroup's registers to them) each
   take two of the four 4-bit values of the block's int16s (128 output columns): per K16 they
   read their words from shared memory, dequantize into wgmma's A registers ((q - z) * s in
-  float32, rounded once to bf16: the values ``dequantize_swapab`` writes) and issue two
-  m64n128k16 MMAs, keeping one group in flight while the next K16 dequantizes; a buffer goes
-  back to the producer when the MMAs that read it are done.
+  float32, rounded once to bf16: the values ``dequantize_swapab`` writes; or, ``bf16_math``,
+  in bf16x2 ops: the same values for bf16 scales) and issue two m64n128k16 MMAs, keeping one
+  group (``deep``: two) in flight while the next K16 dequantizes; a buffer goes back to the
+  producer when the MMAs that read it are done.
 
 One CTA covers 256 output columns x 128 batch rows: per 2.1M multiply-adds it reads 24 KB
 (cuBLAS's 128 x 256 bf16 tile reads 48 KB), and the weights are dequantized once per 128 rows.
@@ -25,8 +27,12 @@ Where the tiles leave SMs idle (Llama-8B's down: 32 tiles at 256 rows) K is spli
 (``plan``): each writes float32 partials, and the last CTA of a tile (a ticket in
 ``split_k.counters``, zeroed again) adds them in split order.
 
-Unmeasured on a GPU when written (session 54): ``OCTAVO_INT_LARGE_CUDA=1`` with
-``OCTAVO_INT_LARGE_MAX_M`` turns it on (``int_weight_layout``).
+Measured (H100, session 55, the float form, one group in flight): correct on every GPU test;
+at 256 rows gate_up 145.2 us and down 102.1 against 212.2 / 115.5 for dequantize-then-cuBLAS
+(bf16 101.2 / 60.1), but qkv 67.7 / o 57.1 against 50.3 / 33.4 (short splits): ``worth``
+keeps it to the first kind. Off until measured in the engine: ``OCTAVO_INT_LARGE_CUDA=1``
+with ``OCTAVO_INT_LARGE_MAX_M`` turns it on (``int_weight_layout``); the bf16 and deep forms
+(``OCTAVO_INT_LARGE_BF16_MATH``, ``OCTAVO_INT_LARGE_DEEP``) have not run on a GPU.
 """
 
 from __future__ import annotations
