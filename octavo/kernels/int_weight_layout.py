@@ -73,7 +73,9 @@ SMALL_WEIGHTS = 1 << 25  # K * N under it: a "small" layer (Llama-8B's qkv 25M a
 CHUNKED_MAX_M = 64
 SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout (OCTAVO_INT_SWAPAB_8BIT: +8)
 SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
-# ... unless at most this many rows: swapab_large (0: off until measured on a GPU)
+# ... unless at most this many rows: the large-batch GEMMs with the dequantization in their
+# loop, swapab_wgmma (CUDA) or swapab_large (Triton) (0: off until the CUDA one, routed by
+# ``swapab_wgmma.worth``, is measured in the engine)
 LARGE_MAX_M = 0
 
 
@@ -170,10 +172,10 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
         plan = envs.int_large_plan()
         if swapab_large.fills(n, bits, x2.device, plan.get("cols", swapab_large.COLS)):
-            # The large-batch GEMM with the dequantization in its main loop
-            # (OCTAVO_INT_LARGE_MAX_M; off: unmeasured in the engine, session 54), on layers
+            # The Triton large-batch GEMM with the dequantization in its main loop, on layers
             # whose tiles fill the SMs (it does not split K): Llama-8B's gate_up, 186.9 us at
-            # 256 rows against 212.0 here (H100).
+            # 256 rows against 212.0 here; in the engine (H100, session 55) W4A16 batch 256
+            # 16.722 against 17.647 ms, W2 7,149 against 7,024 tok/s.
             return swapab_large.swapab_large(x2, qweight, scales, zeros, group_size, bits,
                                              **plan)
     # Past SWAPAB_MAX_M rows: the whole weight dequantized, then cuBLAS. Overlapping the two in
