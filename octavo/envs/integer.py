@@ -67,10 +67,11 @@ def int_swapab_max_m(default: int) -> int:
 
 
 def int_large_max_m(default: int) -> int:
-    """OCTAVO_INT_LARGE_MAX_M: the largest batch a 4- or 8-bit layer in the swap-AB layout runs
-    on the large-batch GEMM with the dequantization in its main loop
-    (octavo/kernels/swapab_large.py) once past the swap-AB GEMM's rows; larger batches (and
-    every batch while it is 0) dequantize the weight into a temporary and use cuBLAS."""
+    """OCTAVO_INT_LARGE_MAX_M (default 256): the largest batch a 4- or 8-bit layer in the
+    swap-AB layout runs on a large-batch GEMM with the dequantization in its main loop
+    (octavo/kernels/swapab_large.py, or swapab_wgmma.py with OCTAVO_INT_LARGE_CUDA) once past
+    the swap-AB GEMM's rows, on the layers those take; larger batches (and every batch while
+    it is 0) dequantize the weight into a temporary and use cuBLAS."""
     return _batch_size("OCTAVO_INT_LARGE_MAX_M", default)
 
 

@@ -74,9 +74,10 @@ CHUNKED_MAX_M = 64
 SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout (OCTAVO_INT_SWAPAB_8BIT: +8)
 SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 # ... unless at most this many rows: the large-batch GEMMs with the dequantization in their
-# loop, swapab_wgmma (CUDA) or swapab_large (Triton) (0: off until the CUDA one, routed by
-# ``swapab_wgmma.worth``, is measured in the engine)
-LARGE_MAX_M = 0
+# loop, on Hopper: swapab_wgmma (CUDA, OCTAVO_INT_LARGE_CUDA=1: off until measured in the
+# engine routed by ``swapab_wgmma.worth``) or swapab_large (Triton, on by default: measured
+# in the engine, H100, session 55)
+LARGE_MAX_M = 256
 
 
 def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> str:
@@ -171,11 +172,13 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             # down 102.1 against 115.5 (H100, session 55).
             return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
         plan = envs.int_large_plan()
-        if swapab_large.fills(n, bits, x2.device, plan.get("cols", swapab_large.COLS)):
+        if torch.cuda.get_device_capability(x2.device)[0] == 9 \
+                and swapab_large.fills(n, bits, x2.device, plan.get("cols", swapab_large.COLS)):
             # The Triton large-batch GEMM with the dequantization in its main loop, on layers
             # whose tiles fill the SMs (it does not split K): Llama-8B's gate_up, 186.9 us at
             # 256 rows against 212.0 here; in the engine (H100, session 55) W4A16 batch 256
-            # 16.722 against 17.647 ms, W2 7,149 against 7,024 tok/s.
+            # 16.722 against 17.647 ms, W2 7,149 against 7,024 tok/s. Hopper only: where it
+            # was measured (wgmma with A in registers).
             return swapab_large.swapab_large(x2, qweight, scales, zeros, group_size, bits,
                                              **plan)
     # Past SWAPAB_MAX_M rows: the whole weight dequantized, then cuBLAS. Overlapping the two in

@@ -180,7 +180,9 @@ def test_engine_routing_gpu(monkeypatch):
                             dtype=torch.float16)  # fp16 scales under bf16 activations
     small = _weights(1024, 4096, 128, 4, device=torch.device("cuda"), dtype=torch.bfloat16)
     calls = record_rows(monkeypatch, module, "swapab_large")
-    monkeypatch.setenv("OCTAVO_INT_LARGE_MAX_M", "256")  # the default tile (2 value blocks)
+    monkeypatch.delenv("OCTAVO_INT_LARGE_MAX_M", raising=False)  # the default: 256 rows
+    monkeypatch.delenv("OCTAVO_INT_LARGE_CUDA", raising=False)
+    monkeypatch.delenv("OCTAVO_INT_LARGE_PLAN", raising=False)  # the default tile
     for m in (64, 129, 256, 300):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         got = int_weight_layout.linear(x, packed, s, z, 128, 4, int_weight_layout.SWAPAB)
@@ -189,3 +191,6 @@ def test_engine_routing_gpu(monkeypatch):
     x = torch.randn(200, 1024, device="cuda", dtype=torch.bfloat16)
     got = int_weight_layout.linear(x, *small, 128, 4, int_weight_layout.SWAPAB)
     assert rel_err(got, _ref(x, *small, 128, 4)) < 1e-2 and calls == [129, 256]  # too few tiles
+    monkeypatch.setenv("OCTAVO_INT_LARGE_MAX_M", "0")  # off
+    int_weight_layout.linear(x, packed, s, z, 128, 4, int_weight_layout.SWAPAB)
+    assert calls == [129, 256]
