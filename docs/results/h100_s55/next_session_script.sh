@@ -8,7 +8,7 @@
 # expected against 105 at 128 rows, session 51). In order: the GPU tests of all four forms, the layers with each
 # form, the serial baseline, the engine with the float form, then with the fastest correct
 # form on gate_up + down at 256 rows (scripts/pick_wgmma_form.py) where that is another.
-# The baseline (q_base) is the default since 1f0c... of session 55: the Triton swapab_large on
+# The baseline (q_base) is the default since f03da5f (session 55): the Triton swapab_large on
 # gate_up at 129-256 rows (OCTAVO_INT_LARGE_MAX_M=256 by default), the rest dequantize-then-
 # cuBLAS.
 export BUDGET=470
