@@ -187,9 +187,17 @@ def shared_optin(device: torch.device) -> int:
 def aligned_rows(x2: torch.Tensor) -> torch.Tensor:
     """``x2`` [M, K] as the mma kernels read activations (cuda/mma_common.cuh ``load_x``):
     16-byte pieces of contiguous rows; a copy where its rows are not so."""
-    if x2.stride(1) != 1 or x2.stride(0) % 8 or x2.data_ptr() % 16:
+    if x2.stride(1) != 1 or x2.stride(0) % 8:
         return x2.contiguous()
-    return x2
+    # A view from an odd offset: ``contiguous`` would hand it back as it is.
+    return x2.clone() if x2.data_ptr() % 16 else x2
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous from a 16-byte boundary, as the kernels' 16-byte copies read it (a
+    packed weight, its scales); a copy where it is not."""
+    t = t.contiguous()
+    return t.clone() if t.data_ptr() % 16 else t
 
 
 def loaded(source: str, device: torch.device) -> Module:

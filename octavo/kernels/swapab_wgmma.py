@@ -75,11 +75,16 @@ def supports(k: int, n: int, group_size: int, bits: int, x_dtype: torch.dtype,
             and n % (ROWS * 4) == 0)
 
 
+def _tiles(m: int, n: int) -> int:
+    """Output tiles (256 columns x 128 batch rows), one CTA each before K splits."""
+    return n // (ROWS * 4) * -(-m // BATCH)
+
+
 def plan(m: int, n: int, k: int, device: torch.device) -> tuple[int, int]:
     """(K splits, K per split): enough splits that the tiles make about one CTA per SM
     (``split_k.within``, at most 16), none empty, each a whole number of 64-wide steps."""
-    tiles = n // (ROWS * 4) * -(-m // BATCH)
-    return split_k_mod.plan(k, STEP_K, split_k_mod.within(tiles, k // STEP_K, device, 1))
+    return split_k_mod.plan(k, STEP_K,
+                            split_k_mod.within(_tiles(m, n), k // STEP_K, device, 1))
 
 
 # Fewest 64-wide K steps a CTA takes for the kernel to pay where it splits K: its partials
@@ -98,7 +103,7 @@ def worth(m: int, n: int, k: int, device: torch.device) -> bool:
     tiles, 69.1 against 54.7 us.)"""
     splits, per = plan(m, n, k, device)
     if splits == 1:
-        return n // (ROWS * 4) * -(-m // BATCH) >= num_compute_units(device)
+        return _tiles(m, n) >= num_compute_units(device)
     return per // STEP_K >= MIN_STEPS_SPLIT
 
 
@@ -120,17 +125,9 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         return torch.zeros(m, n, device=x2.device, dtype=x2.dtype)
     mod = cuda_module.loaded(SOURCE, x2.device)
     x2 = cuda_module.aligned_rows(x2)
-    # 16-byte copies of the packed rows: a view at an odd offset goes through a copy.
-    qweight = qweight.contiguous()
-    if qweight.data_ptr() % 16:
-        qweight = qweight.clone()
-    # 16-byte copies of the scales and zeros too.
-    scales = scales.contiguous()
-    if scales.data_ptr() % 16:
-        scales = scales.clone()
-    zeros = zeros.to(scales.dtype).contiguous()
-    if zeros.data_ptr() % 16:
-        zeros = zeros.clone()
+    # 16-byte copies of the packed rows, the scales and the zeros.
+    qweight, scales = cuda_module.aligned(qweight), cuda_module.aligned(scales)
+    zeros = cuda_module.aligned(zeros.to(scales.dtype))
     splits, k_per_split = plan(m, n, k, x2.device) if split_k is None \
         else split_k_mod.plan(k, STEP_K, split_k)
     out, partial = split_k_mod.buffers(m, n, splits, x2)
