@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
-FORMS = {"cuda": (0, 0), "cuda_bf16": (1, 0), "cuda_deep": (0, 1), "cuda_bf16_deep": (1, 1)}
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.large_int_gemm import CUDA_FORMS  # noqa: E402  (the benchmark's columns)
+
+# Column -> (bf16_math, deep).
+FORMS = {key: (bf16_math, deep) for key, bf16_math, deep in CUDA_FORMS}
 LAYERS = ("gate_up", "down")
 
 
@@ -27,7 +34,7 @@ def pick(result: dict, m: int, max_err: float = 5e-3) -> str:
             if us < best_us:
                 best, best_us = key, us
     bf16, deep = FORMS[best]
-    return f"OCTAVO_INT_LARGE_BF16_MATH={bf16} OCTAVO_INT_LARGE_DEEP={deep}"
+    return f"OCTAVO_INT_LARGE_BF16_MATH={int(bf16)} OCTAVO_INT_LARGE_DEEP={int(deep)}"
 
 
 def main() -> None:
