@@ -173,7 +173,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
             return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
         plan = envs.int_large_plan()
         if torch.cuda.get_device_capability(x2.device)[0] == 9 \
-                and swapab_large.fills(n, bits, x2.device, plan.get("cols", swapab_large.COLS)):
+                and swapab_large.fills(n, x2.device, plan.get("cols", swapab_large.COLS)):
             # The Triton large-batch GEMM with the dequantization in its main loop, on layers
             # whose tiles fill the SMs (it does not split K): Llama-8B's gate_up, 186.9 us at
             # 256 rows against 212.0 here; in the engine (H100, session 55) W4A16 batch 256

@@ -122,7 +122,7 @@ def supports(k: int, n: int, group_size: int, bits: int) -> bool:
         and group_size % 16 == 0 and k % group_size == 0
 
 
-def fills(n: int, bits: int, device: torch.device, cols: int = COLS) -> bool:
+def fills(n: int, device: torch.device, cols: int = COLS) -> bool:
     """Whether a weight of ``n`` output columns makes at least one program per SM at the
     default tile (one batch tile): the kernel does not split K."""
     return n // (ROWS * cols) >= num_compute_units(device)

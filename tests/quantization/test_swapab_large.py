@@ -108,8 +108,8 @@ def test_fills():
 
     dev = torch.device("cpu")
     sms = __import__("octavo.kernels.triton_utils", fromlist=["x"]).num_compute_units(dev)
-    assert fills(128 * sms, 4, dev) and not fills(128 * sms - 128, 4, dev)
-    assert fills(64 * sms, 4, dev, cols=1)
+    assert fills(128 * sms, dev) and not fills(128 * sms - 128, dev)
+    assert fills(64 * sms, dev, cols=1)
 
 
 def test_float16_against_the_reference():
