@@ -74,6 +74,7 @@ def main() -> None:
 
     from octavo.kernels import int_weight_layout
     from octavo.kernels.swapab_large import swapab_large
+    from octavo.kernels.swapab_wgmma import plan as swapab_wgmma_plan
     from octavo.kernels.swapab_wgmma import swapab_wgmma
     from octavo.kernels.w4a16_swapab import dequantize_swapab
 
@@ -126,6 +127,17 @@ def main() -> None:
                             x, *p, GROUP, bf16_math=b, deep=d) for p in packs]), 1)
                 except Exception as e:  # noqa: BLE001 - recorded (no sm_90, no nvcc, a fault)
                     row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
+            # The float form with K unsplit where ``plan`` splits it: whether a layer whose
+            # tiles nearly fill the SMs (gate_up at 128 rows: 112 tiles) pays without the
+            # partials and their sum.
+            if "cuda" in args.forms and not args.no_cuda and "cuda_us" in row \
+                    and swapab_wgmma_plan(m, n, k, dev)[0] > 1:
+                try:
+                    row["cuda_unsplit_us"] = round(timed([
+                        lambda p=p, x=x: swapab_wgmma(x, *p, GROUP, split_k=1)
+                        for p in packs]), 1)
+                except Exception as e:  # noqa: BLE001 - recorded
+                    row["cuda_unsplit_error"] = f"{type(e).__name__}: {e}"[:300]
             ok = [e for e in row["large"] if "us" in e and e["rel_err"] < 5e-3]
             best = min(ok, key=lambda e: e["us"], default=None)
             default = row["large"][0]
@@ -139,7 +151,9 @@ def main() -> None:
                   f"{best and best['us']} {best and best['cfg']} cuda "
                   f"{row.get('cuda_us', row.get('cuda_error'))} (err {row.get('cuda_rel_err')})"
                   + "".join(f" {key} {row.get(f'{key}_us', row.get(f'{key}_error'))} "
-                            f"(err {row.get(f'{key}_rel_err')})" for key, *_ in CUDA_FORMS[1:]),
+                            f"(err {row.get(f'{key}_rel_err')})" for key, *_ in CUDA_FORMS[1:])
+                  + (f" cuda_unsplit {row.get('cuda_unsplit_us', row.get('cuda_unsplit_error'))}"
+                     if "cuda_unsplit_us" in row or "cuda_unsplit_error" in row else ""),
                   flush=True)
         del dense, packs
         torch.cuda.empty_cache()
