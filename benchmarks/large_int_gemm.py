@@ -68,13 +68,14 @@ def main() -> None:
     ap.add_argument("--no-cuda", action="store_true",
                     help="leave out the CUDA kernel (a fault there can leave the process's "
                          "CUDA context unusable for what follows)")
+    ap.add_argument("--splits", type=int, nargs="*", default=[],
+                    help="K splits to time the CUDA kernel's float form at, beside its own plan")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
 
     from octavo.kernels import int_weight_layout
     from octavo.kernels.swapab_large import swapab_large
-    from octavo.kernels.swapab_wgmma import plan as swapab_wgmma_plan
     from octavo.kernels.swapab_wgmma import swapab_wgmma
     from octavo.kernels.w4a16_swapab import dequantize_swapab
 
@@ -127,17 +128,17 @@ def main() -> None:
                             x, *p, GROUP, bf16_math=b, deep=d) for p in packs]), 1)
                 except Exception as e:  # noqa: BLE001 - recorded (no sm_90, no nvcc, a fault)
                     row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
-            # The float form with K unsplit where ``plan`` splits it: whether a layer whose
-            # tiles nearly fill the SMs (gate_up at 128 rows: 112 tiles) pays without the
-            # partials and their sum.
-            if "cuda" in args.forms and not args.no_cuda and "cuda_us" in row \
-                    and swapab_wgmma_plan(m, n, k, dev)[0] > 1:
+            # The float form at given K splits (``--splits``): what the partials and the last
+            # CTA's sum cost against the MMAs they spread (qkv / o / down split at 256 rows), and
+            # whether a layer whose tiles nearly fill the SMs pays unsplit (gate_up at 128 rows:
+            # 112 tiles).
+            for splits in args.splits if "cuda_us" in row else ():
                 try:
-                    row["cuda_unsplit_us"] = round(timed([
-                        lambda p=p, x=x: swapab_wgmma(x, *p, GROUP, split_k=1)
+                    row[f"cuda_split{splits}_us"] = round(timed([
+                        lambda p=p, x=x, s=splits: swapab_wgmma(x, *p, GROUP, split_k=s)
                         for p in packs]), 1)
                 except Exception as e:  # noqa: BLE001 - recorded
-                    row["cuda_unsplit_error"] = f"{type(e).__name__}: {e}"[:300]
+                    row[f"cuda_split{splits}_error"] = f"{type(e).__name__}: {e}"[:300]
             ok = [e for e in row["large"] if "us" in e and e["rel_err"] < 5e-3]
             best = min(ok, key=lambda e: e["us"], default=None)
             default = row["large"][0]
@@ -152,8 +153,8 @@ def main() -> None:
                   f"{row.get('cuda_us', row.get('cuda_error'))} (err {row.get('cuda_rel_err')})"
                   + "".join(f" {key} {row.get(f'{key}_us', row.get(f'{key}_error'))} "
                             f"(err {row.get(f'{key}_rel_err')})" for key, *_ in CUDA_FORMS[1:])
-                  + (f" cuda_unsplit {row.get('cuda_unsplit_us', row.get('cuda_unsplit_error'))}"
-                     if "cuda_unsplit_us" in row or "cuda_unsplit_error" in row else ""),
+                  + "".join(f" split{z} {row.get(f'cuda_split{z}_us', row.get(f'cuda_split{z}_error'))}"
+                            for z in args.splits),
                   flush=True)
         del dense, packs
         torch.cuda.empty_cache()
