@@ -76,6 +76,7 @@ def main() -> None:
 
     from octavo.kernels import int_weight_layout
     from octavo.kernels.swapab_large import swapab_large
+    from octavo.kernels.swapab_wgmma import plan as swapab_wgmma_plan
     from octavo.kernels.swapab_wgmma import swapab_wgmma
     from octavo.kernels.w4a16_swapab import dequantize_swapab
 
@@ -132,13 +133,19 @@ def main() -> None:
             # CTA's sum cost against the MMAs they spread (qkv / o / down split at 256 rows), and
             # whether a layer whose tiles nearly fill the SMs pays unsplit (gate_up at 128 rows:
             # 112 tiles).
-            for splits in args.splits if "cuda_us" in row else ():
+            # "_launch": the partials summed by a second launch over every SM (split_sum)
+            # instead of by each tile's last CTA; "cuda_launch": at the plan's splits.
+            runs = [(f"cuda_split{z}", z, False) for z in args.splits]
+            runs += [(f"cuda_split{z}_launch", z, True) for z in args.splits if z > 1]
+            if swapab_wgmma_plan(m, n, k, dev)[0] > 1:
+                runs.append(("cuda_launch", None, True))
+            for key, splits, launch in runs if "cuda_us" in row else ():
                 try:
-                    row[f"cuda_split{splits}_us"] = round(timed([
-                        lambda p=p, x=x, s=splits: swapab_wgmma(x, *p, GROUP, split_k=s)
-                        for p in packs]), 1)
+                    row[f"{key}_us"] = round(timed([
+                        lambda p=p, x=x, s=splits, u=launch: swapab_wgmma(
+                            x, *p, GROUP, split_k=s, sum_launch=u) for p in packs]), 1)
                 except Exception as e:  # noqa: BLE001 - recorded
-                    row[f"cuda_split{splits}_error"] = f"{type(e).__name__}: {e}"[:300]
+                    row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
             ok = [e for e in row["large"] if "us" in e and e["rel_err"] < 5e-3]
             best = min(ok, key=lambda e: e["us"], default=None)
             default = row["large"][0]
@@ -153,8 +160,8 @@ def main() -> None:
                   f"{row.get('cuda_us', row.get('cuda_error'))} (err {row.get('cuda_rel_err')})"
                   + "".join(f" {key} {row.get(f'{key}_us', row.get(f'{key}_error'))} "
                             f"(err {row.get(f'{key}_rel_err')})" for key, *_ in CUDA_FORMS[1:])
-                  + "".join(f" split{z} {row.get(f'cuda_split{z}_us', row.get(f'cuda_split{z}_error'))}"
-                            for z in args.splits),
+                  + "".join(f" {key[5:].rsplit('_', 1)[0]} {value}" for key, value in row.items()
+                            if key.startswith(("cuda_split", "cuda_launch"))),
                   flush=True)
         del dense, packs
         torch.cuda.empty_cache()

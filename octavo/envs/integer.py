@@ -95,6 +95,13 @@ def int_large_deep() -> bool:
     return _flag("OCTAVO_INT_LARGE_DEEP", False)
 
 
+def int_large_sum_launch() -> bool:
+    """OCTAVO_INT_LARGE_SUM_LAUNCH (default off): where the CUDA large-batch kernel splits K
+    (octavo/kernels/swapab_wgmma.py), a second launch sums the float32 partials over every SM
+    (octavo/kernels/split_sum.py) instead of each tile's last CTA alone; the same bits."""
+    return _flag("OCTAVO_INT_LARGE_SUM_LAUNCH", False)
+
+
 def int_large_plan() -> dict:
     """OCTAVO_INT_LARGE_PLAN="block_m,cols,num_warps,block_k,num_stages": the tile the
     large-batch integer GEMM (octavo/kernels/swapab_large.py) runs in the engine, so that a

@@ -42,6 +42,7 @@ import torch
 from octavo import envs
 from octavo.kernels import cuda_module
 from octavo.kernels import split_k as split_k_mod
+from octavo.kernels.split_sum import sum_splits
 from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "swapab_wgmma.cu"
@@ -109,11 +110,15 @@ def worth(m: int, n: int, k: int, device: torch.device) -> bool:
 
 def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor, group_size: int, split_k: int | None = None,
-                 bf16_math: bool | None = None, deep: bool | None = None) -> torch.Tensor:
+                 bf16_math: bool | None = None, deep: bool | None = None,
+                 sum_launch: bool | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (bf16) for 4-bit ``qweight`` in ``pack_swapab``'s
     layout (int16 [N / 4, K]), ``scales`` / ``zeros`` [K / group, N] in bf16 or fp16.
     ``split_k``: K splits (default ``plan``'s); ``bf16_math``: dequantize in bf16x2 (default
-    OCTAVO_INT_LARGE_BF16_MATH); ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP)."""
+    OCTAVO_INT_LARGE_BF16_MATH); ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP);
+    ``sum_launch``: where K is split, the partials summed by a second launch over every SM
+    (``split_sum``) instead of by each tile's last CTA (OCTAVO_INT_LARGE_SUM_LAUNCH): the same
+    bits."""
     m, k = x2.shape
     n = qweight.shape[0] * 4
     if not supports(k, n, group_size, 4, x2.dtype, scales.dtype):
@@ -138,8 +143,11 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         name += "_bf16_math"
     if envs.int_large_deep() if deep is None else deep:
         name += "_deep"
-    args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial,
-                                 split_k_mod.counters(x2.device, grid[0] * grid[1]), m, k, n,
+    if sum_launch is None:
+        sum_launch = envs.int_large_sum_launch()
+    sum_launch = sum_launch and splits > 1
+    counters = None if sum_launch else split_k_mod.counters(x2.device, grid[0] * grid[1])
+    args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, counters, m, k, n,
                                  group_size, x2.stride(0), out.stride(0), splits, k_per_split)
     mod.launch(name, grid, THREADS, args, shared_bytes=SHARED_BYTES)
-    return out
+    return sum_splits(partial, out) if sum_launch else out

@@ -437,6 +437,29 @@ def test_llama_shapes_gpu(k, n, scale_dtype, bf16_math, deep):
 
 @needs_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("k,n,m", [(14336, 4096, 256), (4096, 6144, 129), (4096, 4096, 200)])
+def test_partials_summed_by_a_second_launch_are_the_same_bits_gpu(k, n, m, monkeypatch):
+    """OCTAVO_INT_LARGE_SUM_LAUNCH: the partials left to split_sum give the output the last
+    CTA's sum gives, at every split (also under graph replays, where the counters go unused)."""
+    from tests.quantization.gemm_checks import check_graph_replays
+
+    q, packed, scales, zeros = _weights(k, n, 128, device="cuda")
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    for split_k in (None, 2, 3, 4):
+        want = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k,
+                                         sum_launch=False)
+        got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k,
+                                        sum_launch=True)
+        assert torch.equal(got, want), split_k
+    monkeypatch.setenv("OCTAVO_INT_LARGE_SUM_LAUNCH", "1")
+    w = _dequant_ref(q, scales, zeros, 128).float()
+    check_graph_replays(
+        lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=4),
+        lambda x: (x.float() @ w), x)
+
+
+@needs_gpu
+@pytest.mark.gpu
 def test_graph_replays_and_routing_gpu(monkeypatch):
     from octavo.kernels import int_weight_layout
     from tests.quantization.gemm_checks import check_graph_replays, record_rows

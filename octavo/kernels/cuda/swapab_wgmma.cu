@@ -390,6 +390,8 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   float* mine = pb.partial + static_cast<size_t>(blockIdx.z) * pb.m * pb.n;
   store_tile<true>(acc0, nullptr, mine, pb.m, pb.n, m0 + kq, col0, 0);
   store_tile<true>(acc1, nullptr, mine, pb.m, pb.n, m0 + kq, col0 + kRows, 0);
+  // No counters: a second launch sums the partials over every SM (split_k.sum_splits).
+  if (pb.counters == nullptr) return;
   // Every consumer thread's partials are out before the ticket (the producer warpgroup has
   // left: a named barrier over the 256 consumer threads).
   __threadfence();
@@ -496,7 +498,7 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
 // Grid (N / 256 layout blocks, ceil(M / 128), K splits), 384 threads, dynamic shared memory
 // kStages * 25 KB + 1024 (alignment) + the barriers; x, qw, scales and zeros 16-byte aligned. K, the group and k_per_split multiples of
 // 64; with splits > 1, ``partial`` float32 [splits, M, N] and ``counters`` one zeroed int per
-// (x, y) tile.
+// (x, y) tile, or null: the partials only, for a second launch to sum.
 #define SWAPAB_WGMMA_ENTRY(NAME, S, BF16_MATH, IN_FLIGHT)                                    \
   extern "C" __global__ void __launch_bounds__(kThreads, 1)                                 \
   NAME(const __nv_bfloat16* x, const int16_t* qw, const S* scales, const S* zeros,           \
