@@ -102,6 +102,15 @@ def int_large_sum_launch() -> bool:
     return _flag("OCTAVO_INT_LARGE_SUM_LAUNCH", False)
 
 
+def int_large_min_split_steps(default: int) -> int:
+    """OCTAVO_INT_LARGE_MIN_SPLIT_STEPS: the fewest 64-wide K steps a CTA of the CUDA
+    large-batch kernel must take where it splits K for ``swapab_wgmma.worth`` to route a layer
+    to it (default its MIN_STEPS_SPLIT, 48: Llama-8B's down; qkv / o split into 16-32 steps), so
+    that a device call can route those too without a commit (with OCTAVO_INT_LARGE_SUM_LAUNCH,
+    whose cheaper sum may move the line)."""
+    return _int("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", default, "K steps")
+
+
 def int_large_plan() -> dict:
     """OCTAVO_INT_LARGE_PLAN="block_m,cols,num_warps,block_k,num_stages": the tile the
     large-batch integer GEMM (octavo/kernels/swapab_large.py) runs in the engine, so that a

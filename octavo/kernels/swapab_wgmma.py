@@ -100,12 +100,12 @@ MIN_STEPS_SPLIT = 48
 def worth(m: int, n: int, k: int, device: torch.device) -> bool:
     """Whether the kernel beats dequantize-then-cuBLAS on this layer (up to 256 rows, where it
     was measured): where its tiles fill the SMs, or it splits K and each split takes at least
-    MIN_STEPS_SPLIT steps. (Tiles that leave SMs idle unsplit lose: qkv at 384 rows, 72
-    tiles, 69.1 against 54.7 us.)"""
+    MIN_STEPS_SPLIT steps (OCTAVO_INT_LARGE_MIN_SPLIT_STEPS). (Tiles that leave SMs idle
+    unsplit lose: qkv at 384 rows, 72 tiles, 69.1 against 54.7 us.)"""
     splits, per = plan(m, n, k, device)
     if splits == 1:
         return _tiles(m, n) >= num_compute_units(device)
-    return per // STEP_K >= MIN_STEPS_SPLIT
+    return per // STEP_K >= envs.int_large_min_split_steps(MIN_STEPS_SPLIT)
 
 
 def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

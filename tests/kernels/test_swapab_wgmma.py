@@ -74,6 +74,17 @@ def test_worth_takes_the_layers_it_was_measured_faster_on(monkeypatch):
         assert not swapab_wgmma.worth(m, 4096, 4096, dev)
     assert swapab_wgmma.plan(384, 6144, 4096, dev)[0] == 1
     assert not swapab_wgmma.worth(384, 6144, 4096, dev)  # 72 tiles, unsplit
+    # OCTAVO_INT_LARGE_MIN_SPLIT_STEPS moves the split line (qkv: 2 splits of 32 steps, o: 4
+    # of 16), never the unsplit rule.
+    monkeypatch.setenv("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", "32")
+    assert swapab_wgmma.worth(256, 6144, 4096, dev)
+    assert not swapab_wgmma.worth(256, 4096, 4096, dev)
+    monkeypatch.setenv("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", "16")
+    assert swapab_wgmma.worth(256, 4096, 4096, dev)
+    assert not swapab_wgmma.worth(384, 6144, 4096, dev)
+    monkeypatch.setenv("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", "-3")
+    with pytest.raises(ValueError, match="OCTAVO_INT_LARGE_MIN_SPLIT_STEPS"):
+        swapab_wgmma.worth(256, 4096, 4096, dev)
 
 
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="needs nvcc")
