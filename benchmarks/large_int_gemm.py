@@ -9,7 +9,10 @@ Every configuration's output is checked against the dequantize-then-cuBLAS one (
 error) before it is timed.
 
     python benchmarks/large_int_gemm.py [--m 129 192 256 384 512] [--sweep] [--no-cuda]
-        [--json F]
+        [--forms cuda ...] [--splits 1 2 4] [--json F]
+
+Where the CUDA kernel splits K, ``cuda_launch`` times it with the partials summed by a second
+launch (``split_sum``) instead of by each tile's last CTA.
 """
 
 from __future__ import annotations
