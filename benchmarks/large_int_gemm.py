@@ -12,7 +12,7 @@ error) before it is timed.
         [--forms cuda ...] [--splits 1 2 4] [--json F]
 
 Where the CUDA kernel splits K, ``cuda_launch`` times it with the partials summed by a second
-launch (``split_sum``) instead of by each tile's last CTA.
+launch (``split_sum``) instead of by each tile's last CTA, and ``sum_only`` that launch alone.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def main() -> None:
     import torch
 
     from octavo.kernels import int_weight_layout
+    from octavo.kernels.split_sum import sum_splits
     from octavo.kernels.swapab_large import swapab_large
     from octavo.kernels.swapab_wgmma import plan as swapab_wgmma_plan
     from octavo.kernels.swapab_wgmma import swapab_wgmma
@@ -140,8 +141,14 @@ def main() -> None:
             # instead of by each tile's last CTA; "cuda_launch": at the plan's splits.
             runs = [(f"cuda_split{z}", z, False) for z in args.splits]
             runs += [(f"cuda_split{z}_launch", z, True) for z in args.splits if z > 1]
-            if swapab_wgmma_plan(m, n, k, dev)[0] > 1:
+            plan_splits = swapab_wgmma_plan(m, n, k, dev)[0]
+            if plan_splits > 1:
                 runs.append(("cuda_launch", None, True))
+                # The second launch alone (its partials made once): cuda_launch less this is
+                # the GEMM with its partial stores, without any sum.
+                parts = torch.randn(plan_splits, m, n, device=dev)
+                outs = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+                row["sum_only_us"] = round(timed([lambda a=parts, b=outs: sum_splits(a, b)]), 1)
             for key, splits, launch in runs if "cuda_us" in row else ():
                 try:
                     row[f"{key}_us"] = round(timed([
@@ -163,8 +170,9 @@ def main() -> None:
                   f"{row.get('cuda_us', row.get('cuda_error'))} (err {row.get('cuda_rel_err')})"
                   + "".join(f" {key} {row.get(f'{key}_us', row.get(f'{key}_error'))} "
                             f"(err {row.get(f'{key}_rel_err')})" for key, *_ in CUDA_FORMS[1:])
-                  + "".join(f" {key[5:].rsplit('_', 1)[0]} {value}" for key, value in row.items()
-                            if key.startswith(("cuda_split", "cuda_launch"))),
+                  + "".join(f" {key.removeprefix('cuda_').rsplit('_', 1)[0]} {value}"
+                            for key, value in row.items()
+                            if key.startswith(("cuda_split", "cuda_launch", "sum_only"))),
                   flush=True)
         del dense, packs
         torch.cuda.empty_cache()
