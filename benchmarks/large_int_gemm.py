@@ -12,7 +12,8 @@ error) before it is timed.
         [--forms cuda ...] [--splits 1 2 4] [--json F]
 
 Where the CUDA kernel splits K, ``cuda_launch`` times it with the partials summed by a second
-launch (``split_sum``) instead of by each tile's last CTA, and ``sum_only`` that launch alone.
+launch (``split_sum``) instead of by each tile's last CTA, ``sum_only`` that launch alone, and
+``cuda_cluster`` with the tile's split CTAs summing in a cluster (no partials in memory).
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def main() -> None:
                          "CUDA context unusable for what follows)")
     ap.add_argument("--splits", type=int, nargs="*", default=[],
                     help="K splits to time the CUDA kernel's float form at, beside its own plan")
+    ap.add_argument("--split-sums", nargs="*", default=["launch", "cluster"],
+                    choices=["launch", "cluster"],
+                    help="the CUDA kernel's K-split sums to time beside its last-CTA one (a "
+                         "fault in a cluster launch spoils the process for the rest)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
@@ -138,22 +143,26 @@ def main() -> None:
             # whether a layer whose tiles nearly fill the SMs pays unsplit (gate_up at 128 rows:
             # 112 tiles).
             # "_launch": the partials summed by a second launch over every SM (split_sum)
-            # instead of by each tile's last CTA; "cuda_launch": at the plan's splits.
-            runs = [(f"cuda_split{z}", z, False) for z in args.splits]
-            runs += [(f"cuda_split{z}_launch", z, True) for z in args.splits if z > 1]
+            # instead of by each tile's last CTA; "_cluster": by the tile's split CTAs as one
+            # cluster, through distributed shared memory; "cuda_launch" / "cuda_cluster": at
+            # the plan's splits.
+            runs = [(f"cuda_split{z}", z, "cta") for z in args.splits]
+            runs += [(f"cuda_split{z}_{mode}", z, mode) for z in args.splits if z > 1
+                     for mode in args.split_sums]
             plan_splits = swapab_wgmma_plan(m, n, k, dev)[0]
             if plan_splits > 1:
-                runs.append(("cuda_launch", None, True))
+                runs += [(f"cuda_{mode}", None, mode) for mode in args.split_sums]
+            if plan_splits > 1 and "launch" in args.split_sums:
                 # The second launch alone (its partials made once): cuda_launch less this is
                 # the GEMM with its partial stores, without any sum.
                 parts = torch.randn(plan_splits, m, n, device=dev)
                 outs = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
                 row["sum_only_us"] = round(timed([lambda a=parts, b=outs: sum_splits(a, b)]), 1)
-            for key, splits, launch in runs if "cuda_us" in row else ():
+            for key, splits, mode in runs if "cuda_us" in row else ():
                 try:
                     row[f"{key}_us"] = round(timed([
-                        lambda p=p, x=x, s=splits, u=launch: swapab_wgmma(
-                            x, *p, GROUP, split_k=s, sum_launch=u) for p in packs]), 1)
+                        lambda p=p, x=x, s=splits, u=mode: swapab_wgmma(
+                            x, *p, GROUP, split_k=s, split_sum=u) for p in packs]), 1)
                 except Exception as e:  # noqa: BLE001 - recorded
                     row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
             ok = [e for e in row["large"] if "us" in e and e["rel_err"] < 5e-3]
@@ -172,7 +181,8 @@ def main() -> None:
                             f"(err {row.get(f'{key}_rel_err')})" for key, *_ in CUDA_FORMS[1:])
                   + "".join(f" {key.removeprefix('cuda_').rsplit('_', 1)[0]} {value}"
                             for key, value in row.items()
-                            if key.startswith(("cuda_split", "cuda_launch", "sum_only"))),
+                            if key.startswith(("cuda_split", "cuda_launch", "cuda_cluster",
+                                               "sum_only"))),
                   flush=True)
         del dense, packs
         torch.cuda.empty_cache()

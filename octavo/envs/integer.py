@@ -95,19 +95,26 @@ def int_large_deep() -> bool:
     return _flag("OCTAVO_INT_LARGE_DEEP", False)
 
 
-def int_large_sum_launch() -> bool:
-    """OCTAVO_INT_LARGE_SUM_LAUNCH (default off): where the CUDA large-batch kernel splits K
-    (octavo/kernels/swapab_wgmma.py), a second launch sums the float32 partials over every SM
-    (octavo/kernels/split_sum.py) instead of each tile's last CTA alone; the same bits."""
-    return _flag("OCTAVO_INT_LARGE_SUM_LAUNCH", False)
+def int_large_split_sum() -> str:
+    """OCTAVO_INT_LARGE_SPLIT_SUM (cta, launch or cluster; default cta): where the CUDA
+    large-batch kernel splits K (octavo/kernels/swapab_wgmma.py), who sums the float32
+    partials: each tile's last CTA (``cta``), a second launch over every SM
+    (``launch``, octavo/kernels/split_sum.py), or the tile's split CTAs launched as a cluster
+    through distributed shared memory, with no partials in global memory (``cluster``, up to
+    8 splits). The same bits every way."""
+    value = os.environ.get("OCTAVO_INT_LARGE_SPLIT_SUM", "").strip().lower() or "cta"
+    if value not in ("cta", "launch", "cluster"):
+        raise ValueError(f"OCTAVO_INT_LARGE_SPLIT_SUM must be cta, launch or cluster, got "
+                         f"{value!r}")
+    return value
 
 
 def int_large_min_split_steps(default: int) -> int:
     """OCTAVO_INT_LARGE_MIN_SPLIT_STEPS: the fewest 64-wide K steps a CTA of the CUDA
     large-batch kernel must take where it splits K for ``swapab_wgmma.worth`` to route a layer
     to it (default its MIN_STEPS_SPLIT, 48: Llama-8B's down; qkv / o split into 16-32 steps), so
-    that a device call can route those too without a commit (with OCTAVO_INT_LARGE_SUM_LAUNCH,
-    whose cheaper sum may move the line)."""
+    that a device call can route those too without a commit (with OCTAVO_INT_LARGE_SPLIT_SUM,
+    whose cheaper sums may move the line)."""
     return _int("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", default, "K steps")
 
 

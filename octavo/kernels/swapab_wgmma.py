@@ -53,6 +53,10 @@ STAGES = 4
 THREADS = 384
 # The ring (x, packed rows, a group's scales and zeros per stage), 1024 bytes to align it, the
 # full / empty barriers.
+# Who sums the partials where K is split (``swapab_wgmma``'s ``split_sum``), and the most
+# splits a cluster takes (the portable cluster size).
+SPLIT_SUMS = ("cta", "launch", "cluster")
+CLUSTER_MOST = 8
 SHARED_BYTES = (STAGES * (BATCH * STEP_K * 2 + ROWS * STEP_K * 2 + 2 * ROWS * 4 * 2) + 1024
                 + 2 * STAGES * 8)
 
@@ -111,19 +115,24 @@ def worth(m: int, n: int, k: int, device: torch.device) -> bool:
 def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor, group_size: int, split_k: int | None = None,
                  bf16_math: bool | None = None, deep: bool | None = None,
-                 sum_launch: bool | None = None) -> torch.Tensor:
+                 split_sum: str | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (bf16) for 4-bit ``qweight`` in ``pack_swapab``'s
     layout (int16 [N / 4, K]), ``scales`` / ``zeros`` [K / group, N] in bf16 or fp16.
     ``split_k``: K splits (default ``plan``'s); ``bf16_math``: dequantize in bf16x2 (default
     OCTAVO_INT_LARGE_BF16_MATH); ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP);
-    ``sum_launch``: where K is split, the partials summed by a second launch over every SM
-    (``split_sum``) instead of by each tile's last CTA (OCTAVO_INT_LARGE_SUM_LAUNCH): the same
-    bits."""
+    ``split_sum``: where K is split, who sums the partials (OCTAVO_INT_LARGE_SPLIT_SUM):
+    ``"cta"`` each tile's last CTA, ``"launch"`` a second launch over every SM
+    (``split_sum.sum_splits``), ``"cluster"`` the tile's split CTAs launched as one cluster,
+    through distributed shared memory (up to CLUSTER_MOST splits; more take ``"cta"``). The
+    same bits every way."""
     m, k = x2.shape
     n = qweight.shape[0] * 4
     if not supports(k, n, group_size, 4, x2.dtype, scales.dtype):
         raise ValueError(f"swapab_wgmma cannot run K={k}, N={n}, group {group_size}, "
                          f"{x2.dtype} activations, {scales.dtype} scales")
+    mode = envs.int_large_split_sum() if split_sum is None else split_sum
+    if mode not in SPLIT_SUMS:
+        raise ValueError(f"split_sum must be one of {SPLIT_SUMS}, got {mode!r}")
     assert qweight.dtype == torch.int16 and qweight.shape[1] == k, (qweight.shape, k)
     assert scales.shape == zeros.shape == (k // group_size, n), (scales.shape, zeros.shape)
     if m == 0 or k == 0 or n == 0:
@@ -135,7 +144,10 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     zeros = cuda_module.aligned(zeros.to(scales.dtype))
     splits, k_per_split = plan(m, n, k, x2.device) if split_k is None \
         else split_k_mod.plan(k, STEP_K, split_k)
-    out, partial = split_k_mod.buffers(m, n, splits, x2)
+    if splits == 1 or (mode == "cluster" and splits > CLUSTER_MOST):
+        mode = "cta"
+    # A cluster's sum needs no partials in global memory.
+    out, partial = split_k_mod.buffers(m, n, 1 if mode == "cluster" else splits, x2)
     grid = (n // (ROWS * 4), -(-m // BATCH), splits)
     name = "swapab_wgmma_bf16_scales" if scales.dtype == torch.bfloat16 \
         else "swapab_wgmma_f16_scales"
@@ -143,11 +155,9 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         name += "_bf16_math"
     if envs.int_large_deep() if deep is None else deep:
         name += "_deep"
-    if sum_launch is None:
-        sum_launch = envs.int_large_sum_launch()
-    sum_launch = sum_launch and splits > 1
-    counters = None if sum_launch else split_k_mod.counters(x2.device, grid[0] * grid[1])
+    counters = split_k_mod.counters(x2.device, grid[0] * grid[1]) if mode == "cta" else None
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, counters, m, k, n,
                                  group_size, x2.stride(0), out.stride(0), splits, k_per_split)
-    mod.launch(name, grid, THREADS, args, shared_bytes=SHARED_BYTES)
-    return sum_splits(partial, out) if sum_launch else out
+    mod.launch(name, grid, THREADS, args, shared_bytes=SHARED_BYTES,
+               cluster=(1, 1, splits) if mode == "cluster" else None)
+    return sum_splits(partial, out) if mode == "launch" else out

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from octavo import envs
 from octavo.kernels import cuda_module, swapab_wgmma
 from octavo.kernels.triton_utils import num_compute_units
 from octavo.kernels.w4a16_swapab import pack_swapab
@@ -448,25 +449,44 @@ def test_llama_shapes_gpu(k, n, scale_dtype, bf16_math, deep):
 
 @needs_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["launch", "cluster"])
 @pytest.mark.parametrize("k,n,m", [(14336, 4096, 256), (4096, 6144, 129), (4096, 4096, 200)])
-def test_partials_summed_by_a_second_launch_are_the_same_bits_gpu(k, n, m, monkeypatch):
-    """OCTAVO_INT_LARGE_SUM_LAUNCH: the partials left to split_sum give the output the last
-    CTA's sum gives, at every split (also under graph replays, where the counters go unused)."""
+def test_every_split_sum_gives_the_last_cta_s_bits_gpu(k, n, m, mode, monkeypatch):
+    """OCTAVO_INT_LARGE_SPLIT_SUM: the partials summed by a second launch (split_sum) or inside
+    a cluster of the tile's split CTAs give the output the last CTA's sum gives, at every split
+    (past CLUSTER_MOST a cluster falls back to the last CTA), also under graph replays, where
+    the counters go unused."""
     from tests.quantization.gemm_checks import check_graph_replays
 
     q, packed, scales, zeros = _weights(k, n, 128, device="cuda")
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    for split_k in (None, 2, 3, 4):
+    for split_k in (None, 2, 3, 4, 5, 8, 9):
         want = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k,
-                                         sum_launch=False)
+                                         split_sum="cta")
         got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k,
-                                        sum_launch=True)
+                                        split_sum=mode)
         assert torch.equal(got, want), split_k
-    monkeypatch.setenv("OCTAVO_INT_LARGE_SUM_LAUNCH", "1")
+    monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", mode)
     w = _dequant_ref(q, scales, zeros, 128).float()
     check_graph_replays(
         lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=4),
         lambda x: (x.float() @ w), x)
+
+
+def test_split_sum_names_are_checked(monkeypatch):
+    monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", "atomic")
+    with pytest.raises(ValueError, match="OCTAVO_INT_LARGE_SPLIT_SUM"):
+        envs.int_large_split_sum()
+    monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", " Cluster ")
+    assert envs.int_large_split_sum() == "cluster"
+    monkeypatch.delenv("OCTAVO_INT_LARGE_SPLIT_SUM")
+    assert envs.int_large_split_sum() == "cta"
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="split_sum"):  # before any device work
+        swapab_wgmma.swapab_wgmma(x, torch.zeros(64, 64, dtype=torch.int16),
+                                  torch.ones(1, 256, dtype=torch.bfloat16),
+                                  torch.zeros(1, 256, dtype=torch.bfloat16), 64,
+                                  split_sum="atomic")
 
 
 @needs_gpu
@@ -497,3 +517,35 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
         xm = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)  # parts: not worth
         int_weight_layout.linear(xm, small, s_small, z_small, 128, 4, int_weight_layout.SWAPAB)
         assert calls == [200]
+
+
+def test_the_cluster_sum_writes_every_element_once_in_store_tile_s_place():
+    """cluster_sum_tile (transcribed): the CTAs of a cluster of 2-8 split the 64 elements of
+    every consumer thread into disjoint ranges that cover them, each element written where
+    store_tile writes it, and the split order is the rank order."""
+    src = (Path(cuda_module.SOURCE_DIR) / swapab_wgmma.SOURCE).read_text()
+    for line in (
+        "const int hi = (z + 1) * 64 / splits;",
+        "for (int i = z * 64 / splits; i < hi; ++i) {",
+        "v[r] = r < splits ? ld_cluster(mine + i * 1024, r) : 0.0f;",
+        "if (r < splits) sum += v[r];",
+        "const int row = row0 + 8 * (i >> 2) + (i & 1);",
+        "out[static_cast<size_t>(row) * stride_om + col + 8 * ((i >> 1) & 1)] =",
+        "for (int i = 0; i < 64; ++i) buf[i * 256 + ct] = acc[i];",
+        "const int row = row0 + 8 * j + (e & 1);",
+        "out[static_cast<size_t>(row) * stride_om + col + 8 * (e >> 1)] =",
+        "const int z = static_cast<int>(cluster_rank());",
+        "cluster=(1, 1, splits) if mode == \"cluster\" else None",
+    ):
+        assert line in src or line in Path(swapab_wgmma.__file__).read_text(), line
+    assert src.count("cluster_sync();") == 3  # two per accumulator, and the producer's loop
+    assert "for (int r = 0; r < kClusterRounds; ++r) cluster_sync();" in src
+    assert "constexpr int kClusterRounds = 4;" in src
+    for splits in range(2, swapab_wgmma.CLUSTER_MOST + 1):
+        seen = []
+        for z in range(splits):
+            seen += range(z * 64 // splits, (z + 1) * 64 // splits)
+        assert sorted(seen) == list(range(64))
+    for i in range(64):  # cluster_sum_tile's element i is store_tile's (j, e) = (i / 4, i % 4)
+        j, e = divmod(i, 4)
+        assert (8 * (i >> 2) + (i & 1), 8 * ((i >> 1) & 1)) == (8 * j + (e & 1), 8 * (e >> 1))
