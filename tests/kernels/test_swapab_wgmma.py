@@ -306,11 +306,13 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=Fa
     return out
 
 
+def _kernel_source() -> str:
+    return (Path(cuda_module.SOURCE_DIR) / swapab_wgmma.SOURCE).read_text()
+
+
 def test_the_emulated_formulas_are_the_source_s():
     """The emulation transcribes these lines of the kernel: a change there must change it."""
-    from pathlib import Path
-
-    src = (Path(cuda_module.SOURCE_DIR) / swapab_wgmma.SOURCE).read_text()
+    src = _kernel_source()
     for line in (
         "const int pr = p >> 3, pj = p & 7;",
         "const uint32_t dst = pr * 128 + ((pj ^ (pr & 7)) << 4);",
@@ -523,7 +525,7 @@ def test_the_cluster_sum_writes_every_element_once_in_store_tile_s_place():
     """cluster_sum_tile (transcribed): the CTAs of a cluster of 2-8 split the 64 elements of
     every consumer thread into disjoint ranges that cover them, each element written where
     store_tile writes it, and the split order is the rank order."""
-    src = (Path(cuda_module.SOURCE_DIR) / swapab_wgmma.SOURCE).read_text()
+    src = _kernel_source() + Path(swapab_wgmma.__file__).read_text()
     for line in (
         "const int hi = (z + 1) * 64 / splits;",
         "for (int i = z * 64 / splits; i < hi; ++i) {",
@@ -537,7 +539,7 @@ def test_the_cluster_sum_writes_every_element_once_in_store_tile_s_place():
         "const int z = static_cast<int>(cluster_rank());",
         "cluster=(1, 1, splits) if mode == \"cluster\" else None",
     ):
-        assert line in src or line in Path(swapab_wgmma.__file__).read_text(), line
+        assert line in src, line
     assert src.count("cluster_sync();") == 3  # two per accumulator, and the producer's loop
     assert "for (int r = 0; r < kClusterRounds; ++r) cluster_sync();" in src
     assert "constexpr int kClusterRounds = 4;" in src
