@@ -152,12 +152,13 @@ def main() -> None:
             plan_splits = swapab_wgmma_plan(m, n, k, dev)[0]
             if plan_splits > 1:
                 runs += [(f"cuda_{mode}", None, mode) for mode in args.split_sums]
-            if plan_splits > 1 and "launch" in args.split_sums:
-                # The second launch alone (its partials made once): cuda_launch less this is
-                # the GEMM with its partial stores, without any sum.
-                parts = torch.randn(plan_splits, m, n, device=dev)
-                outs = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-                row["sum_only_us"] = round(timed([lambda a=parts, b=outs: sum_splits(a, b)]), 1)
+                if "launch" in args.split_sums:
+                    # The second launch alone (its partials made once): cuda_launch less this
+                    # is the GEMM with its partial stores, without any sum.
+                    parts = torch.randn(plan_splits, m, n, device=dev)
+                    outs = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+                    row["sum_only_us"] = round(
+                        timed([lambda a=parts, b=outs: sum_splits(a, b)]), 1)
             for key, splits, mode in runs if "cuda_us" in row else ():
                 try:
                     row[f"{key}_us"] = round(timed([

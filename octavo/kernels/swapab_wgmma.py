@@ -51,12 +51,12 @@ BATCH = 128  # batch rows per CTA
 STEP_K = 64
 STAGES = 4
 THREADS = 384
-# The ring (x, packed rows, a group's scales and zeros per stage), 1024 bytes to align it, the
-# full / empty barriers.
 # Who sums the partials where K is split (``swapab_wgmma``'s ``split_sum``), and the most
 # splits a cluster takes (the portable cluster size).
 SPLIT_SUMS = ("cta", "launch", "cluster")
 CLUSTER_MOST = 8
+# The ring (x, packed rows, a group's scales and zeros per stage), 1024 bytes to align it, the
+# full / empty barriers.
 SHARED_BYTES = (STAGES * (BATCH * STEP_K * 2 + ROWS * STEP_K * 2 + 2 * ROWS * 4 * 2) + 1024
                 + 2 * STAGES * 8)
 

@@ -470,7 +470,7 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   float* mine = pb.partial + static_cast<size_t>(blockIdx.z) * pb.m * pb.n;
   store_tile<true>(acc0, nullptr, mine, pb.m, pb.n, m0 + kq, col0, 0);
   store_tile<true>(acc1, nullptr, mine, pb.m, pb.n, m0 + kq, col0 + kRows, 0);
-  // No counters: a second launch sums the partials over every SM (split_k.sum_splits).
+  // No counters: a second launch sums the partials over every SM (split_sum.sum_splits).
   if (pb.counters == nullptr) return;
   // Every consumer thread's partials are out before the ticket (the producer warpgroup has
   // left: a named barrier over the 256 consumer threads).
