@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from octavo.envs._parse import _batch_size, _flag, _int
+from octavo.envs._parse import _batch_size, _flag, _forced, _int
 
 
 def swapab_warps_per_sm(default: int) -> int:
@@ -76,33 +76,47 @@ def int_large_max_m(default: int) -> int:
 
 
 def int_large_cuda() -> bool:
-    """OCTAVO_INT_LARGE_CUDA (default off): within OCTAVO_INT_LARGE_MAX_M, 4-bit layers with
-    bf16 activations run the warp-specialized CUDA kernel (octavo/kernels/swapab_wgmma.py,
-    sm_90 only; it splits K where its tiles leave SMs idle) instead of the Triton one."""
-    return _flag("OCTAVO_INT_LARGE_CUDA", False)
+    """OCTAVO_INT_LARGE_CUDA (default on; 0 turns it off): from OCTAVO_INT_LARGE_MIN_M to
+    OCTAVO_INT_LARGE_MAX_M rows, 4-bit layers with bf16 activations run the warp-specialized
+    CUDA kernel (octavo/kernels/swapab_wgmma.py, sm_90 only; it splits K where its tiles leave
+    SMs idle) where ``swapab_wgmma.worth`` says it pays, instead of the Triton ones. H100,
+    Llama-8B W4A16 (session 57): batch 256 16.743 -> 14.347 ms, W2 7,161 -> 7,577 tok/s."""
+    return _flag("OCTAVO_INT_LARGE_CUDA", True)
 
 
-def int_large_bf16_math() -> bool:
-    """OCTAVO_INT_LARGE_BF16_MATH (default off): the CUDA large-batch kernel dequantizes in
-    bf16x2 (octavo/kernels/swapab_wgmma.py: about half the instructions; the same values for bf16
-    scales, fp16 scales rounded to bf16 first) instead of float32."""
-    return _flag("OCTAVO_INT_LARGE_BF16_MATH", False)
+def int_large_min_m(default: int) -> int:
+    """OCTAVO_INT_LARGE_MIN_M: the fewest batch rows a 4-bit layer in the swap-AB layout runs
+    the CUDA large-batch kernel (OCTAVO_INT_LARGE_CUDA) at; below it, the swap-AB GEMMs. The
+    kernel's time hardly depends on the rows up to its 128-row tile (its dequantization is per
+    weight), while the swap-AB GEMM's grows with them."""
+    return _batch_size("OCTAVO_INT_LARGE_MIN_M", default)
+
+
+def int_large_bf16_math() -> bool | None:
+    """OCTAVO_INT_LARGE_BF16_MATH (unset: on where the scales are bf16): the CUDA large-batch
+    kernel dequantizes in bf16x2 (octavo/kernels/swapab_wgmma.py: about half the instructions;
+    the same values for bf16 scales) instead of float32; 1 forces it for fp16 scales too (they
+    are rounded to bf16 first), 0 turns it off."""
+    return _forced("OCTAVO_INT_LARGE_BF16_MATH")
 
 
 def int_large_deep() -> bool:
-    """OCTAVO_INT_LARGE_DEEP (default off): the CUDA large-batch kernel keeps two MMA groups in
-    flight (four A register sets) instead of one while it dequantizes the next K16."""
-    return _flag("OCTAVO_INT_LARGE_DEEP", False)
+    """OCTAVO_INT_LARGE_DEEP (default on; 0 turns it off): the CUDA large-batch kernel keeps two
+    MMA groups in flight (four A register sets) instead of one while it dequantizes the next
+    K16."""
+    return _flag("OCTAVO_INT_LARGE_DEEP", True)
 
 
 def int_large_split_sum() -> str:
-    """OCTAVO_INT_LARGE_SPLIT_SUM (cta, launch or cluster; default cta): where the CUDA
+    """OCTAVO_INT_LARGE_SPLIT_SUM (cta, launch or cluster; default launch): where the CUDA
     large-batch kernel splits K (octavo/kernels/swapab_wgmma.py), who sums the float32
     partials: each tile's last CTA (``cta``), a second launch over every SM
     (``launch``, octavo/kernels/split_sum.py), or the tile's split CTAs launched as a cluster
     through distributed shared memory, with no partials in global memory (``cluster``, up to
-    8 splits). The same bits every way."""
-    value = os.environ.get("OCTAVO_INT_LARGE_SPLIT_SUM", "").strip().lower() or "cta"
+    8 splits). The same bits every way. H100, Llama-8B layers at 256 rows (session 57), us
+    with the last CTA's sum / a second launch / a cluster: down 102.0 / 68.2 / 133.8, qkv
+    61.2 / 43.3 / 51.0, o 53.6 / 29.0 / 56.1."""
+    value = os.environ.get("OCTAVO_INT_LARGE_SPLIT_SUM", "").strip().lower() or "launch"
     if value not in ("cta", "launch", "cluster"):
         raise ValueError(f"OCTAVO_INT_LARGE_SPLIT_SUM must be cta, launch or cluster, got "
                          f"{value!r}")
@@ -112,9 +126,8 @@ def int_large_split_sum() -> str:
 def int_large_min_split_steps(default: int) -> int:
     """OCTAVO_INT_LARGE_MIN_SPLIT_STEPS: the fewest 64-wide K steps a CTA of the CUDA
     large-batch kernel must take where it splits K for ``swapab_wgmma.worth`` to route a layer
-    to it (default its MIN_STEPS_SPLIT, 48: Llama-8B's down; qkv / o split into 16-32 steps), so
-    that a device call can route those too without a commit (with OCTAVO_INT_LARGE_SPLIT_SUM,
-    whose cheaper sums may move the line)."""
+    to it (default ``swapab_wgmma.MIN_STEPS_SPLIT`` for the split sum in use: 48 for the last
+    CTA's, Llama-8B's down; none for a second launch's, which qkv / o pay in 16-32 steps)."""
     return _int("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", default, "K steps")
 
 

@@ -149,6 +149,16 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     # 77.5 / 106.5 / 209.7 us against the engine's 55.4 / 105.8 / 201.7; down 67.5 / 94.1 /
     # 133.6 against 39.3 / 59.4 / 113.1), and W2 with it from 129 rows 6,506 against 6,938
     # tok/s; docs/benchmarks.md session 53.
+    if envs.int_large_min_m(SWAPAB_MAX_M + 1) <= m <= envs.int_large_max_m(LARGE_MAX_M) \
+            and envs.int_large_cuda() and x2.device.type == "cuda" \
+            and swapab_wgmma.available(x2.device) \
+            and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype) \
+            and swapab_wgmma.worth(m, n, k, x2.device):
+        # The warp-specialized CUDA kernel, on layers where it pays (``worth``), H100,
+        # Llama-8B, us: at 256 rows (session 55) gate_up 145.2 against 212.2 for
+        # dequantize-then-cuBLAS; with its partials summed by a second launch (session 57)
+        # down 68.2 against 115.3, qkv 43.3 / 49.9, o 29.0 / 33.1.
+        return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.
@@ -164,13 +174,6 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {"waves": 2}
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
     if m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda":
-        if envs.int_large_cuda() and swapab_wgmma.available(x2.device) \
-                and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype) \
-                and swapab_wgmma.worth(m, n, k, x2.device):
-            # The warp-specialized CUDA version (OCTAVO_INT_LARGE_CUDA), on layers where it
-            # pays (``worth``): Llama-8B's gate_up at 256 rows 145.2 us against 212.2 here,
-            # down 102.1 against 115.5 (H100, session 55).
-            return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
         plan = envs.int_large_plan()
         if torch.cuda.get_device_capability(x2.device)[0] == 9 \
                 and swapab_large.fills(n, x2.device, plan.get("cols", swapab_large.COLS)):

@@ -92,24 +92,31 @@ def plan(m: int, n: int, k: int, device: torch.device) -> tuple[int, int]:
                             split_k_mod.within(_tiles(m, n), k // STEP_K, device, 1))
 
 
-# Fewest 64-wide K steps a CTA takes for the kernel to pay where it splits K: its partials
-# and the last CTA's sum cost about what a split's share of the MMAs saves on short splits.
-# Measured on an H100 (session 55, call 2; large_int_gemm.py, Llama-8B layers at 256 rows, us,
-# this kernel against the whole weight dequantized then cuBLAS): gate_up (no split, 64 steps)
+# Fewest 64-wide K steps a CTA takes for the kernel to pay where it splits K, by who sums the
+# partials (OCTAVO_INT_LARGE_SPLIT_SUM). Each tile's last CTA summing its 256-512 KB of
+# partials alone cost about what a split's share of the MMAs saves on short splits: measured
+# on an H100 (session 55, call 2; large_int_gemm.py, Llama-8B layers at 256 rows, us, this
+# kernel against the whole weight dequantized then cuBLAS) gate_up (no split, 64 steps)
 # 145.2 / 212.2, down (4 splits of 56) 102.1 / 115.5, qkv (2 of 32) 67.7 / 50.3, o (4 of 16)
-# 57.1 / 33.4.
-MIN_STEPS_SPLIT = 48
+# 57.1 / 33.4. A second launch over every SM sums them in 8-10 us, and every split layer
+# pays (session 57, same shapes): down 68.2 / 115.3, qkv 43.3 / 49.9, o 29.0 / 33.1; at 128
+# rows against the swap-AB GEMM down 41.1 / 60.2, qkv 26.2 / 39.7, o 21.8 / 27.2.
+MIN_STEPS_SPLIT = {"cta": 48, "launch": 1, "cluster": 48}
 
 
 def worth(m: int, n: int, k: int, device: torch.device) -> bool:
-    """Whether the kernel beats dequantize-then-cuBLAS on this layer (up to 256 rows, where it
-    was measured): where its tiles fill the SMs, or it splits K and each split takes at least
-    MIN_STEPS_SPLIT steps (OCTAVO_INT_LARGE_MIN_SPLIT_STEPS). (Tiles that leave SMs idle
-    unsplit lose: qkv at 384 rows, 72 tiles, 69.1 against 54.7 us.)"""
+    """Whether the kernel beats the engine's other path on this layer (up to 256 rows, where
+    it was measured): where its tiles fill the SMs or the batch fits one row of tiles (the
+    swap-AB GEMM's time grows with the rows, this kernel's hardly: gate_up at 128 rows, 112
+    tiles, 75.3 against 107.0 us), or it splits K and each split takes at least
+    MIN_STEPS_SPLIT steps for the split sum in use (OCTAVO_INT_LARGE_MIN_SPLIT_STEPS).
+    (Tiles that leave SMs idle unsplit past one row of tiles lose to dequantize-then-cuBLAS:
+    qkv at 384 rows, 72 tiles, 69.1 against 54.7 us.)"""
     splits, per = plan(m, n, k, device)
     if splits == 1:
-        return _tiles(m, n) >= num_compute_units(device)
-    return per // STEP_K >= envs.int_large_min_split_steps(MIN_STEPS_SPLIT)
+        return m <= BATCH or _tiles(m, n) >= num_compute_units(device)
+    line = MIN_STEPS_SPLIT[envs.int_large_split_sum()]
+    return per // STEP_K >= envs.int_large_min_split_steps(line)
 
 
 def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -119,7 +126,7 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     """``x2 [M, K] @ dequant(W) [K, N]`` (bf16) for 4-bit ``qweight`` in ``pack_swapab``'s
     layout (int16 [N / 4, K]), ``scales`` / ``zeros`` [K / group, N] in bf16 or fp16.
     ``split_k``: K splits (default ``plan``'s); ``bf16_math``: dequantize in bf16x2 (default
-    OCTAVO_INT_LARGE_BF16_MATH); ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP);
+    OCTAVO_INT_LARGE_BF16_MATH, unset: where the scales are bf16); ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP);
     ``split_sum``: where K is split, who sums the partials (OCTAVO_INT_LARGE_SPLIT_SUM):
     ``"cta"`` each tile's last CTA, ``"launch"`` a second launch over every SM
     (``split_sum.sum_splits``), ``"cluster"`` the tile's split CTAs launched as one cluster,
@@ -151,7 +158,11 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     grid = (n // (ROWS * 4), -(-m // BATCH), splits)
     name = "swapab_wgmma_bf16_scales" if scales.dtype == torch.bfloat16 \
         else "swapab_wgmma_f16_scales"
-    if envs.int_large_bf16_math() if bf16_math is None else bf16_math:
+    if bf16_math is None:
+        bf16_math = envs.int_large_bf16_math()
+    if bf16_math is None:  # exact only where the scales are bf16 already
+        bf16_math = scales.dtype == torch.bfloat16
+    if bf16_math:
         name += "_bf16_math"
     if envs.int_large_deep() if deep is None else deep:
         name += "_deep"

@@ -60,14 +60,22 @@ def test_supports_and_plan():
 
 
 def test_worth_takes_the_layers_it_was_measured_faster_on(monkeypatch):
-    """On 132 SMs (an H100) at 129-256 rows: Llama-8B's gate_up (its tiles fill the SMs) and
-    down (4 splits of 56 steps), not qkv / o (splits of 16-32 steps) nor unsplit tiles that
-    leave SMs idle."""
+    """On 132 SMs (an H100) at 129-256 rows: with the partials summed by a second launch (the
+    default) every Llama-8B layer: gate_up (its tiles fill the SMs), down (4 splits of 56
+    steps), qkv / o (splits of 16-32 steps); with the last CTA's sum gate_up and down only.
+    Never unsplit tiles that leave SMs idle past one row of tiles; always one row of tiles
+    (gate_up at 128 rows: 112 tiles)."""
     from octavo.kernels import split_k
 
     monkeypatch.setattr(split_k, "num_compute_units", lambda device: 132)
     monkeypatch.setattr(swapab_wgmma, "num_compute_units", lambda device: 132)
+    monkeypatch.delenv("OCTAVO_INT_LARGE_SPLIT_SUM", raising=False)
+    monkeypatch.delenv("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", raising=False)
     dev = torch.device("cpu")
+    for m in (129, 256):
+        for n, k in ((28672, 4096), (4096, 14336), (6144, 4096), (4096, 4096)):
+            assert swapab_wgmma.worth(m, n, k, dev), (m, n, k)
+    monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", "cta")
     for m in (129, 256):
         assert swapab_wgmma.worth(m, 28672, 4096, dev)
         assert swapab_wgmma.worth(m, 4096, 14336, dev)
@@ -75,6 +83,9 @@ def test_worth_takes_the_layers_it_was_measured_faster_on(monkeypatch):
         assert not swapab_wgmma.worth(m, 4096, 4096, dev)
     assert swapab_wgmma.plan(384, 6144, 4096, dev)[0] == 1
     assert not swapab_wgmma.worth(384, 6144, 4096, dev)  # 72 tiles, unsplit
+    assert swapab_wgmma.plan(128, 28672, 4096, dev)[0] == 1
+    assert swapab_wgmma.worth(128, 28672, 4096, dev)  # 112 tiles, but one row of them
+    assert swapab_wgmma.worth(64, 28672, 4096, dev)
     # OCTAVO_INT_LARGE_MIN_SPLIT_STEPS moves the split line (qkv: 2 splits of 32 steps, o: 4
     # of 16), never the unsplit rule.
     monkeypatch.setenv("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", "32")
@@ -83,6 +94,9 @@ def test_worth_takes_the_layers_it_was_measured_faster_on(monkeypatch):
     monkeypatch.setenv("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", "16")
     assert swapab_wgmma.worth(256, 4096, 4096, dev)
     assert not swapab_wgmma.worth(384, 6144, 4096, dev)
+    monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", "launch")
+    monkeypatch.setenv("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", "48")
+    assert not swapab_wgmma.worth(256, 4096, 4096, dev)
     monkeypatch.setenv("OCTAVO_INT_LARGE_MIN_SPLIT_STEPS", "-3")
     with pytest.raises(ValueError, match="OCTAVO_INT_LARGE_MIN_SPLIT_STEPS"):
         swapab_wgmma.worth(256, 4096, 4096, dev)
@@ -482,7 +496,7 @@ def test_split_sum_names_are_checked(monkeypatch):
     monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", " Cluster ")
     assert envs.int_large_split_sum() == "cluster"
     monkeypatch.delenv("OCTAVO_INT_LARGE_SPLIT_SUM")
-    assert envs.int_large_split_sum() == "cta"
+    assert envs.int_large_split_sum() == "launch"
     x = torch.zeros(2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="split_sum"):  # before any device work
         swapab_wgmma.swapab_wgmma(x, torch.zeros(64, 64, dtype=torch.int16),
@@ -506,8 +520,10 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
         lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=4),
         lambda x: (x.float() @ w), x)
     calls = record_rows(monkeypatch, swapab_wgmma, "swapab_wgmma")
-    monkeypatch.setenv("OCTAVO_INT_LARGE_MAX_M", "256")
-    monkeypatch.setenv("OCTAVO_INT_LARGE_CUDA", "1")
+    monkeypatch.delenv("OCTAVO_INT_LARGE_MAX_M", raising=False)  # the defaults: on, to 256
+    monkeypatch.delenv("OCTAVO_INT_LARGE_MIN_M", raising=False)
+    monkeypatch.delenv("OCTAVO_INT_LARGE_CUDA", raising=False)
+    monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", "cta")
     for m in (64, 200, 300):
         xm = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         got = int_weight_layout.linear(xm, packed, scales, zeros, 128, 4,
@@ -515,10 +531,21 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
         assert ((got.float() - xm.float() @ w).norm() / (xm.float() @ w).norm()) < 1e-2
     assert calls == [200]
     if swapab_wgmma.num_compute_units(torch.device("cuda")) >= 96:  # qkv-shaped: K split
-        _, small, s_small, z_small = _weights(4096, 6144, 128, device="cuda")  # in 32-step
+        q_small, small, s_small, z_small = _weights(4096, 6144, 128, device="cuda")  # in 32-step
         xm = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)  # parts: not worth
         int_weight_layout.linear(xm, small, s_small, z_small, 128, 4, int_weight_layout.SWAPAB)
         assert calls == [200]
+        monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", "launch")  # the default: worth it
+        got = int_weight_layout.linear(xm, small, s_small, z_small, 128, 4,
+                                       int_weight_layout.SWAPAB)
+        assert calls == [200, 200]
+        want = xm.float() @ _dequant_ref(q_small, s_small, z_small, 128).float()
+        assert ((got.float() - want).norm() / want.norm()) < 1e-2
+    monkeypatch.setenv("OCTAVO_INT_LARGE_MIN_M", "64")  # the kernel from 64 rows
+    xm = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    got = int_weight_layout.linear(xm, packed, scales, zeros, 128, 4, int_weight_layout.SWAPAB)
+    assert ((got.float() - xm.float() @ w).norm() / (xm.float() @ w).norm()) < 1e-2
+    assert calls[-1] == 64
 
 
 def test_the_cluster_sum_writes_every_element_once_in_store_tile_s_place():

@@ -181,7 +181,7 @@ def test_engine_routing_gpu(monkeypatch):
     small = _weights(1024, 4096, 128, 4, device=torch.device("cuda"), dtype=torch.bfloat16)
     calls = record_rows(monkeypatch, module, "swapab_large")
     monkeypatch.delenv("OCTAVO_INT_LARGE_MAX_M", raising=False)  # the default: 256 rows
-    monkeypatch.delenv("OCTAVO_INT_LARGE_CUDA", raising=False)
+    monkeypatch.setenv("OCTAVO_INT_LARGE_CUDA", "0")  # the Triton kernel, not the CUDA one
     monkeypatch.delenv("OCTAVO_INT_LARGE_PLAN", raising=False)  # the default tile
     for m in (64, 129, 256, 300):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
