@@ -85,10 +85,11 @@ def int_large_cuda() -> bool:
 
 
 def int_large_min_m(default: int) -> int:
-    """OCTAVO_INT_LARGE_MIN_M: the fewest batch rows a 4-bit layer in the swap-AB layout runs
-    the CUDA large-batch kernel (OCTAVO_INT_LARGE_CUDA) at; below it, the swap-AB GEMMs. The
-    kernel's time hardly depends on the rows up to its 128-row tile (its dequantization is per
-    weight), while the swap-AB GEMM's grows with them."""
+    """OCTAVO_INT_LARGE_MIN_M (default 65, ``int_weight_layout.LARGE_MIN_M``): the fewest
+    batch rows a 4-bit layer in the swap-AB layout runs the CUDA large-batch kernel
+    (OCTAVO_INT_LARGE_CUDA) at; below it, the swap-AB GEMMs. The kernel's time hardly depends
+    on the rows up to its 128-row tile (its dequantization is per weight), while the swap-AB
+    GEMM's grows with them."""
     return _batch_size("OCTAVO_INT_LARGE_MIN_M", default)
 
 

@@ -77,6 +77,13 @@ SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 # loop, on Hopper: swapab_wgmma (CUDA, OCTAVO_INT_LARGE_CUDA=1: off until measured in the
 # engine routed by ``swapab_wgmma.worth``) or swapab_large (Triton, on by default: measured
 # in the engine, H100, session 55)
+# The fewest rows the CUDA large-batch kernel takes (OCTAVO_INT_LARGE_MIN_M). Its time hardly
+# depends on the rows under its 128-row tile; the swap-AB GEMM's grows with its 32-row tiles.
+# One Llama-8B layer's four GEMMs on an H100 (session 57, call 2; us, swap-AB / this kernel
+# in bf16x2 with the launch sum): 64 rows (2 tiles) 138.1 / 139.4, 80 and 96 (3) 202.9 /
+# 141.4 and 203.3 / 141.6, 112 and 128 (4) 229.5 / 145.7 and 231.3 / 149.9; W4A16 batch
+# 128 10.347 -> 8.819 ms, W2 7,567 -> 7,644 tok/s from 80 rows.
+LARGE_MIN_M = 65
 LARGE_MAX_M = 256
 
 
@@ -149,7 +156,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     # 77.5 / 106.5 / 209.7 us against the engine's 55.4 / 105.8 / 201.7; down 67.5 / 94.1 /
     # 133.6 against 39.3 / 59.4 / 113.1), and W2 with it from 129 rows 6,506 against 6,938
     # tok/s; docs/benchmarks.md session 53.
-    if envs.int_large_min_m(SWAPAB_MAX_M + 1) <= m <= envs.int_large_max_m(LARGE_MAX_M) \
+    if envs.int_large_min_m(LARGE_MIN_M) <= m <= envs.int_large_max_m(LARGE_MAX_M) \
             and envs.int_large_cuda() and x2.device.type == "cuda" \
             and swapab_wgmma.available(x2.device) \
             and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype) \
@@ -157,7 +164,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # The warp-specialized CUDA kernel, on layers where it pays (``worth``), H100,
         # Llama-8B, us: at 256 rows (session 55) gate_up 145.2 against 212.2 for
         # dequantize-then-cuBLAS; with its partials summed by a second launch (session 57)
-        # down 68.2 against 115.3, qkv 43.3 / 49.9, o 29.0 / 33.1.
+        # down 68.2 against 115.3, qkv 43.3 / 49.9, o 29.0 / 33.1. From LARGE_MIN_M rows.
         return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
