@@ -11,9 +11,10 @@ error) before it is timed.
     python benchmarks/large_int_gemm.py [--m 129 192 256 384 512] [--sweep] [--no-cuda]
         [--forms cuda ...] [--splits 1 2 4] [--json F]
 
-Where the CUDA kernel splits K, ``cuda_launch`` times it with the partials summed by a second
-launch (``split_sum``) instead of by each tile's last CTA, ``sum_only`` that launch alone, and
-``cuda_cluster`` with the tile's split CTAs summing in a cluster (no partials in memory).
+Where the CUDA kernel splits K, its forms' columns sum the partials as the engine does
+(OCTAVO_INT_LARGE_SPLIT_SUM, default a second launch, ``split_sum``); ``cuda_cta`` /
+``cuda_launch`` time the float form with each tile's last CTA / a second launch summing
+(``--split-sums``), and ``sum_only`` the second launch alone.
 """
 
 from __future__ import annotations
@@ -74,10 +75,9 @@ def main() -> None:
                          "CUDA context unusable for what follows)")
     ap.add_argument("--splits", type=int, nargs="*", default=[],
                     help="K splits to time the CUDA kernel's float form at, beside its own plan")
-    ap.add_argument("--split-sums", nargs="*", default=["launch", "cluster"],
-                    choices=["launch", "cluster"],
-                    help="the CUDA kernel's K-split sums to time beside its last-CTA one (a "
-                         "fault in a cluster launch spoils the process for the rest)")
+    ap.add_argument("--split-sums", nargs="*", default=["cta", "launch"],
+                    choices=["cta", "launch"],
+                    help="the CUDA kernel's K-split sums to time the float form with")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
@@ -138,15 +138,14 @@ def main() -> None:
                             x, *p, GROUP, bf16_math=b, deep=d) for p in packs]), 1)
                 except Exception as e:  # noqa: BLE001 - recorded (no sm_90, no nvcc, a fault)
                     row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
-            # The float form at given K splits (``--splits``): what the partials and the last
-            # CTA's sum cost against the MMAs they spread (qkv / o / down split at 256 rows), and
-            # whether a layer whose tiles nearly fill the SMs pays unsplit (gate_up at 128 rows:
-            # 112 tiles).
-            # "_launch": the partials summed by a second launch over every SM (split_sum)
-            # instead of by each tile's last CTA; "_cluster": by the tile's split CTAs as one
-            # cluster, through distributed shared memory; "cuda_launch" / "cuda_cluster": at
-            # the plan's splits.
-            runs = [(f"cuda_split{z}", z, "cta") for z in args.splits]
+            # The float form at given K splits (``--splits``, summed as the engine sums): what the
+            # partials and their sum cost against the MMAs they spread (qkv / o / down split at
+            # 256 rows), and whether a layer whose tiles nearly fill the SMs pays unsplit
+            # (gate_up at 128 rows: 112 tiles).
+            # "_launch" / "_cta": the partials summed by a second launch over every SM
+            # (split_sum) / by each tile's last CTA; "cuda_launch" / "cuda_cta": at the plan's
+            # splits.
+            runs = [(f"cuda_split{z}", z, None) for z in args.splits]
             runs += [(f"cuda_split{z}_{mode}", z, mode) for z in args.splits if z > 1
                      for mode in args.split_sums]
             plan_splits = swapab_wgmma_plan(m, n, k, dev)[0]
@@ -182,7 +181,7 @@ def main() -> None:
                             f"(err {row.get(f'{key}_rel_err')})" for key, *_ in CUDA_FORMS[1:])
                   + "".join(f" {key.removeprefix('cuda_').rsplit('_', 1)[0]} {value}"
                             for key, value in row.items()
-                            if key.startswith(("cuda_split", "cuda_launch", "cuda_cluster",
+                            if key.startswith(("cuda_split", "cuda_launch", "cuda_cta",
                                                "sum_only"))),
                   flush=True)
         del dense, packs

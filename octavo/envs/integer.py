@@ -109,18 +109,15 @@ def int_large_deep() -> bool:
 
 
 def int_large_split_sum() -> str:
-    """OCTAVO_INT_LARGE_SPLIT_SUM (cta, launch or cluster; default launch): where the CUDA
-    large-batch kernel splits K (octavo/kernels/swapab_wgmma.py), who sums the float32
-    partials: each tile's last CTA (``cta``), a second launch over every SM
-    (``launch``, octavo/kernels/split_sum.py), or the tile's split CTAs launched as a cluster
-    through distributed shared memory, with no partials in global memory (``cluster``, up to
-    8 splits). The same bits every way. H100, Llama-8B layers at 256 rows (session 57), us
-    with the last CTA's sum / a second launch / a cluster: down 102.0 / 68.2 / 133.8, qkv
-    61.2 / 43.3 / 51.0, o 53.6 / 29.0 / 56.1."""
+    """OCTAVO_INT_LARGE_SPLIT_SUM (cta or launch; default launch): where the CUDA large-batch
+    kernel splits K (octavo/kernels/swapab_wgmma.py), who sums the float32 partials: each
+    tile's last CTA (``cta``) or a second launch over every SM (``launch``,
+    octavo/kernels/split_sum.py). The same bits either way. H100, Llama-8B layers at 256 rows
+    (session 57), us with the last CTA's sum / a second launch: down 102.0 / 68.2, qkv 61.2 /
+    43.3, o 53.6 / 29.0."""
     value = os.environ.get("OCTAVO_INT_LARGE_SPLIT_SUM", "").strip().lower() or "launch"
-    if value not in ("cta", "launch", "cluster"):
-        raise ValueError(f"OCTAVO_INT_LARGE_SPLIT_SUM must be cta, launch or cluster, got "
-                         f"{value!r}")
+    if value not in ("cta", "launch"):
+        raise ValueError(f"OCTAVO_INT_LARGE_SPLIT_SUM must be cta or launch, got {value!r}")
     return value
 
 

@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).parent / "cuda"
 _LOCK = threading.Lock()
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 STATIC_SHARED_LIMIT = 48 * 1024  # dynamic shared memory past this needs the attribute raised
 # Sources with Hopper-only instructions (wgmma, setmaxnreg): built for the arch-specific target
@@ -41,10 +40,9 @@ ARCH_SPECIFIC = frozenset({"swapab_wgmma.cu"})
 
 
 class _LaunchAttribute(ctypes.Structure):
-    # CUlaunchAttribute: a 4-byte id, padding to 8, a 64-byte value union (an int, or the
-    # cluster dims' three unsigned ints, here).
-    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4),
-                ("values", ctypes.c_uint * 16)]
+    # CUlaunchAttribute: a 4-byte id, padding to 8, a 64-byte value union (an int here).
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("rest", ctypes.c_char * 60)]
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -150,12 +148,10 @@ class Module:
         return fn
 
     def launch(self, name: str, grid: tuple[int, int, int], block: int, args: list,
-               pdl: bool = False, shared_bytes: int = 0,
-               cluster: tuple[int, int, int] | None = None) -> None:
+               pdl: bool = False, shared_bytes: int = 0) -> None:
         """Launch kernel ``name`` on the current stream; ``args``: ctypes values in the
         kernel's parameter order; ``shared_bytes``: its dynamic shared memory (past 48 KiB
-        the kernel's limit is raised first, once); ``cluster``: thread block cluster dims
-        (sm_90; each divides the grid's, at most 8 CTAs)."""
+        the kernel's limit is raised first, once)."""
         fn = self.function(name)
         if shared_bytes > max(STATIC_SHARED_LIMIT, self._shared.get(name, 0)):
             _check(_driver().cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared_bytes),
@@ -163,20 +159,14 @@ class Module:
             self._shared[name] = shared_bytes
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        attrs = (_LaunchAttribute * 2)()
+        attr = _LaunchAttribute()
         nattr = 0
         if pdl:
-            attrs[nattr].id = _PROGRAMMATIC_STREAM_SERIALIZATION
-            attrs[nattr].values[0] = 1
-            nattr += 1
-        if cluster is not None:
-            assert all(g % c == 0 for g, c in zip(grid, cluster)), (grid, cluster)
-            assert 1 <= cluster[0] * cluster[1] * cluster[2] <= 8, cluster
-            attrs[nattr].id = _CLUSTER_DIMENSION
-            attrs[nattr].values[0], attrs[nattr].values[1], attrs[nattr].values[2] = cluster
-            nattr += 1
+            attr.id = _PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value = 1
+            nattr = 1
         config = _LaunchConfig(grid[0], grid[1], grid[2], block, 1, 1, shared_bytes, stream,
-                               attrs, nattr)
+                               ctypes.pointer(attr), nattr)
         _check(_driver().cuLaunchKernelEx(ctypes.byref(config), fn, params, None),
                f"launching {name}")
 

@@ -51,10 +51,12 @@ BATCH = 128  # batch rows per CTA
 STEP_K = 64
 STAGES = 4
 THREADS = 384
-# Who sums the partials where K is split (``swapab_wgmma``'s ``split_sum``), and the most
-# splits a cluster takes (the portable cluster size).
-SPLIT_SUMS = ("cta", "launch", "cluster")
-CLUSTER_MOST = 8
+# Who sums the partials where K is split (``swapab_wgmma``'s ``split_sum``). A third way, the
+# tile's split CTAs as a thread block cluster summing through distributed shared memory (no
+# partials in global memory), was slower than both (H100, session 57, us at 256 rows, last
+# CTA / launch / cluster: down 100.9 / 68.2 / 133.8, qkv 67.7 / 43.3 / 51.0, o 56.9 / 29.0 /
+# 56.1) and was removed; git show d5ae5db has it.
+SPLIT_SUMS = ("cta", "launch")
 # The ring (x, packed rows, a group's scales and zeros per stage), 1024 bytes to align it, the
 # full / empty barriers.
 SHARED_BYTES = (STAGES * (BATCH * STEP_K * 2 + ROWS * STEP_K * 2 + 2 * ROWS * 4 * 2) + 1024
@@ -101,7 +103,7 @@ def plan(m: int, n: int, k: int, device: torch.device) -> tuple[int, int]:
 # 57.1 / 33.4. A second launch over every SM sums them in 8-10 us, and every split layer
 # pays (session 57, same shapes): down 68.2 / 115.3, qkv 43.3 / 49.9, o 29.0 / 33.1; at 128
 # rows against the swap-AB GEMM down 41.1 / 60.2, qkv 26.2 / 39.7, o 21.8 / 27.2.
-MIN_STEPS_SPLIT = {"cta": 48, "launch": 1, "cluster": 48}
+MIN_STEPS_SPLIT = {"cta": 48, "launch": 1}
 
 
 def worth(m: int, n: int, k: int, device: torch.device) -> bool:
@@ -129,9 +131,7 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     OCTAVO_INT_LARGE_BF16_MATH, unset: where the scales are bf16); ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP);
     ``split_sum``: where K is split, who sums the partials (OCTAVO_INT_LARGE_SPLIT_SUM):
     ``"cta"`` each tile's last CTA, ``"launch"`` a second launch over every SM
-    (``split_sum.sum_splits``), ``"cluster"`` the tile's split CTAs launched as one cluster,
-    through distributed shared memory (up to CLUSTER_MOST splits; more take ``"cta"``). The
-    same bits every way."""
+    (``split_sum.sum_splits``). The same bits either way."""
     m, k = x2.shape
     n = qweight.shape[0] * 4
     if not supports(k, n, group_size, 4, x2.dtype, scales.dtype):
@@ -151,10 +151,7 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     zeros = cuda_module.aligned(zeros.to(scales.dtype))
     splits, k_per_split = plan(m, n, k, x2.device) if split_k is None \
         else split_k_mod.plan(k, STEP_K, split_k)
-    if splits == 1 or (mode == "cluster" and splits > CLUSTER_MOST):
-        mode = "cta"
-    # A cluster's sum needs no partials in global memory.
-    out, partial = split_k_mod.buffers(m, n, 1 if mode == "cluster" else splits, x2)
+    out, partial = split_k_mod.buffers(m, n, splits, x2)
     grid = (n // (ROWS * 4), -(-m // BATCH), splits)
     name = "swapab_wgmma_bf16_scales" if scales.dtype == torch.bfloat16 \
         else "swapab_wgmma_f16_scales"
@@ -166,9 +163,9 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         name += "_bf16_math"
     if envs.int_large_deep() if deep is None else deep:
         name += "_deep"
-    counters = split_k_mod.counters(x2.device, grid[0] * grid[1]) if mode == "cta" else None
+    counters = split_k_mod.counters(x2.device, grid[0] * grid[1]) \
+        if mode == "cta" and splits > 1 else None
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, counters, m, k, n,
                                  group_size, x2.stride(0), out.stride(0), splits, k_per_split)
-    mod.launch(name, grid, THREADS, args, shared_bytes=SHARED_BYTES,
-               cluster=(1, 1, splits) if mode == "cluster" else None)
-    return sum_splits(partial, out) if mode == "launch" else out
+    mod.launch(name, grid, THREADS, args, shared_bytes=SHARED_BYTES)
+    return sum_splits(partial, out) if mode == "launch" and splits > 1 else out

@@ -304,75 +304,6 @@ __device__ __forceinline__ void reduce_tile(float (&sum)[64], const float* parti
   store_tile<false>(sum, out, nullptr, m, n, row0, col, stride_om);
 }
 
-// K splits summed in a cluster (launched with cluster dims (1, 1, splits): a tile's split CTAs
-// side by side) instead of through global memory: each CTA puts one accumulator's partials in
-// its ring (free once every MMA is done), and after a cluster barrier CTA z sums its share of
-// every thread's 64 elements over the cluster's CTAs, in split order from zero (the bits of
-// reduce_tile), reading the others' rings through distributed shared memory, and writes them.
-// Two cluster barriers per accumulator (partials out, then read), for every thread of the
-// cluster, the producer warpgroup's too.
-constexpr int kClusterRounds = 4;
-constexpr int kClusterMost = 8;  // the portable cluster size
-
-__device__ __forceinline__ uint32_t cluster_ctas() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
-  return r;
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// The float at shared address ``local`` (this CTA's) in cluster CTA ``rank``'s shared memory.
-__device__ __forceinline__ float ld_cluster(uint32_t local, uint32_t rank) {
-  uint32_t remote;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
-
-// Consumer thread ``ct`` (0-255): its accumulator ``acc`` (elements as store_tile's) summed
-// over the cluster; this CTA (rank z of ``splits``) writes elements [z 64 / splits, (z + 1) 64
-// / splits) of every consumer thread's. ``buf``: the ring, 64 KB of it (element i of thread ct
-// at i * 256 + ct: a warp's stores and loads are 32 consecutive floats).
-__device__ __forceinline__ void cluster_sum_tile(const float (&acc)[64], float* buf, int ct,
-                                                 int splits, int z, __nv_bfloat16* out, int m,
-                                                 int row0, int col, int stride_om) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) buf[i * 256 + ct] = acc[i];
-  cluster_sync();
-  const uint32_t mine = smem_u32(buf + ct);
-  const int hi = (z + 1) * 64 / splits;
-  for (int i = z * 64 / splits; i < hi; ++i) {
-    float v[kClusterMost];
-#pragma unroll
-    for (int r = 0; r < kClusterMost; ++r) {
-      v[r] = r < splits ? ld_cluster(mine + i * 1024, r) : 0.0f;
-    }
-    float sum = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kClusterMost; ++r) {
-      if (r < splits) sum += v[r];
-    }
-    const int row = row0 + 8 * (i >> 2) + (i & 1);
-    if (row < m) {
-      out[static_cast<size_t>(row) * stride_om + col + 8 * ((i >> 1) & 1)] =
-          __float2bfloat16_rn(sum);
-    }
-  }
-  __syncwarp();    // converged again after the row guard: the barrier is .aligned
-  cluster_sync();  // every CTA done reading this one's ring before it is written again
-}
-
 // A consumer warpgroup's loop: warp w (of its 4) holds rows r0 = 16 w + lane / 4 and r0 + 8
 // of the block and A fragment columns kq, kq + 1 and kq + 8, kq + 9 of each K16; values
 // kShift / 4 and kShift / 4 + 1 (output columns col0 + r and col0 + 64 + r).
@@ -454,17 +385,6 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   if (pb.splits == 1) {
     store_tile<false>(acc0, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0, pb.stride_om);
     store_tile<false>(acc1, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0 + kRows, pb.stride_om);
-    return;
-  }
-  if (cluster_ctas() > 1) {  // the split CTAs of this tile are a cluster
-    // Both warpgroups' MMAs (which read the ring) done before either writes its partials there.
-    asm volatile("bar.sync 1, %0;\n" :: "n"(kConsumerWarps * 32) : "memory");
-    float* buf = reinterpret_cast<float*>(const_cast<unsigned char*>(smem));
-    const int ct = static_cast<int>(threadIdx.x) - kProducerThreads;
-    const int z = static_cast<int>(cluster_rank());
-    cluster_sum_tile(acc0, buf, ct, pb.splits, z, pb.out, pb.m, m0 + kq, col0, pb.stride_om);
-    cluster_sum_tile(acc1, buf, ct, pb.splits, z, pb.out, pb.m, m0 + kq, col0 + kRows,
-                     pb.stride_om);
     return;
   }
   float* mine = pb.partial + static_cast<size_t>(blockIdx.z) * pb.m * pb.n;
@@ -561,9 +481,6 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
     // Its copies land (and their arrivals fire) before the thread exits: what becomes of an
     // exited thread's pending cp.async is not defined.
     asm volatile("cp.async.wait_all;\n" ::: "memory");
-    if (pb.splits > 1 && cluster_ctas() > 1) {  // the consumers' cluster barriers
-      for (int r = 0; r < kClusterRounds; ++r) cluster_sync();
-    }
     return;
   }
 
