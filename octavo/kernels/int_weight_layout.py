@@ -73,10 +73,10 @@ SMALL_WEIGHTS = 1 << 25  # K * N under it: a "small" layer (Llama-8B's qkv 25M a
 CHUNKED_MAX_M = 64
 SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout (OCTAVO_INT_SWAPAB_8BIT: +8)
 SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
-# ... unless at most this many rows: the large-batch GEMMs with the dequantization in their
-# loop, on Hopper: swapab_wgmma (CUDA, OCTAVO_INT_LARGE_CUDA=1: off until measured in the
-# engine routed by ``swapab_wgmma.worth``) or swapab_large (Triton, on by default: measured
-# in the engine, H100, session 55)
+# ... unless at most LARGE_MAX_M rows: the large-batch GEMMs with the dequantization in their
+# loop, on Hopper: swapab_wgmma (CUDA, OCTAVO_INT_LARGE_CUDA, from LARGE_MIN_M rows on the
+# layers ``swapab_wgmma.worth`` takes; measured in the engine, H100, session 57), else
+# swapab_large (Triton, on the layers whose tiles fill the SMs; session 55).
 # The fewest rows the CUDA large-batch kernel takes (OCTAVO_INT_LARGE_MIN_M). Its time hardly
 # depends on the rows under its 128-row tile; the swap-AB GEMM's grows with its 32-row tiles.
 # One Llama-8B layer's four GEMMs on an H100 (session 57, call 2; us, swap-AB / this kernel

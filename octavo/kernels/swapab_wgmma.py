@@ -24,15 +24,15 @@ about 40%. Here the roles are split, as Hopper GEMMs do it:
 One CTA covers 256 output columns x 128 batch rows: per 2.1M multiply-adds it reads 24 KB
 (cuBLAS's 128 x 256 bf16 tile reads 48 KB), and the weights are dequantized once per 128 rows.
 Where the tiles leave SMs idle (Llama-8B's down: 32 tiles at 256 rows) K is split over CTAs
-(``plan``): each writes float32 partials, and the last CTA of a tile (a ticket in
-``split_k.counters``, zeroed again) adds them in split order.
+(``plan``): each writes float32 partials, and a second launch over every SM adds them in
+split order (``split_sum``; or, ``split_sum="cta"``, the last CTA of a tile, a ticket in
+``split_k.counters``, zeroed again).
 
-Measured (H100, session 55, the float form, one group in flight): correct on every GPU test;
-at 256 rows gate_up 145.2 us and down 102.1 against 212.2 / 115.5 for dequantize-then-cuBLAS
-(bf16 101.2 / 60.1), but qkv 67.7 / o 57.1 against 50.3 / 33.4 (short splits): ``worth``
-keeps it to the first kind. Off until measured in the engine: ``OCTAVO_INT_LARGE_CUDA=1``
-with ``OCTAVO_INT_LARGE_MAX_M`` turns it on (``int_weight_layout``); the bf16 and deep forms
-(``OCTAVO_INT_LARGE_BF16_MATH``, ``OCTAVO_INT_LARGE_DEEP``) have not run on a GPU.
+Measured (H100, session 57; bf16x2, two groups in flight, the launch sum): at 256 rows
+gate_up 124.1 us, down / qkv / o 68.2 / 43.3 / 29.0 (float form) against 212.0 / 115.3 /
+49.9 / 33.1 for dequantize-then-cuBLAS (bf16 100.0 / 56.2 / 23.4 / 17.8); at 80-128 rows a
+layer's four 141-150 us against the swap-AB GEMM's 203-231. On by default from 65 rows
+(``int_weight_layout``): Llama-8B W4A16 W2 0.85x -> 0.93x bf16, batch 128 0.82x -> 0.96x.
 """
 
 from __future__ import annotations
