@@ -78,9 +78,14 @@ def main() -> None:
     ap.add_argument("--split-sums", nargs="*", default=["cta", "launch"],
                     choices=["cta", "launch"],
                     help="the CUDA kernel's K-split sums to time the float form with")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                    help="the activations' (and the scales') dtype: float16 times the kernel's "
+                         "fp16 form, as float16 checkpoints (AutoAWQ, AutoGPTQ) run")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import torch
+
+    act = getattr(torch, args.dtype)
 
     from octavo.kernels import int_weight_layout
     from octavo.kernels.split_sum import sum_splits
@@ -94,12 +99,13 @@ def main() -> None:
     rows = []
     for name in args.shapes:
         k, n = SHAPES[name]
-        dense = [torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        dense = [torch.randn(n, k, device=dev, dtype=act)
                  for _ in range(flush_copies(k * n * 2))]
-        packs = [int_weights(k, n, BITS, GROUP, dev, "swapab")
+        packs = [tuple(t.to(act) if t.is_floating_point() else t
+                       for t in int_weights(k, n, BITS, GROUP, dev, "swapab"))
                  for _ in range(flush_copies(k * n * BITS // 8))]
         for m in args.m:
-            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            x = torch.randn(m, k, device=dev, dtype=act)
             row = {"shape": name, "K": k, "N": n, "M": m,
                    "bf16_us": round(timed([lambda w=w, x=x: torch.nn.functional.linear(x, w)
                                            for w in dense]), 1),
@@ -155,7 +161,7 @@ def main() -> None:
                     # The second launch alone (its partials made once): cuda_launch less this
                     # is the GEMM with its partial stores, without any sum.
                     parts = torch.randn(plan_splits, m, n, device=dev)
-                    outs = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+                    outs = torch.empty(m, n, device=dev, dtype=act)
                     row["sum_only_us"] = round(
                         timed([lambda a=parts, b=outs: sum_splits(a, b)]), 1)
             for key, splits, mode in runs if "cuda_us" in row else ():
@@ -195,7 +201,7 @@ def main() -> None:
                                         *(form[0] for form in CUDA_FORMS))
                             if all(r.get(f"{key}_us") for r in sel)}
             print(f"one layer's GEMMs at M={m}: {per_layer[m]}", flush=True)
-    print_json_result({"benchmark": "large_int_gemm", "device": device_info(),
+    print_json_result({"benchmark": "large_int_gemm", "dtype": args.dtype, "device": device_info(),
                        "commit": git_commit(), "rows": rows, "per_layer": per_layer}, args.json)
 
 

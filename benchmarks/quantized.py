@@ -84,7 +84,7 @@ def run_method(method: str, args) -> dict:
     from octavo import LLM, SamplingParams
 
     llm = LLM(model=model_folder(method, args.shape), quantization=METHODS[method][1],
-              load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True, max_model_len=2048,
+              load_format="dummy", dtype=args.dtype, skip_tokenizer_init=True, max_model_len=2048,
               max_num_seqs=256, gpu_memory_utilization=0.9)
     model = llm.llm_engine.executor.worker.runner.model
     out = {"method": method, "weight_bytes": weight_bytes(model), "batches": []}
@@ -125,6 +125,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--skip-w2", action="store_true")
     ap.add_argument("--shape", default=SHAPE)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                    help="the model's dtype (float16: as AutoAWQ / AutoGPTQ checkpoints run; "
+                         "the \"bf16\" method is then the unquantized model in float16)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from octavo.quantization.registry import known_methods
@@ -156,7 +159,7 @@ def main() -> None:
                   for row in r["batches"])
               + (f"; W2 {r['w2']['output_tok_s']} tok/s x{r['w2'].get('vs_bf16', '-')}"
                  if "w2" in r else ""))
-    print_json_result({"benchmark": "quantized (W8)", "shape": args.shape,
+    print_json_result({"benchmark": "quantized (W8)", "shape": args.shape, "dtype": args.dtype,
                        "device": device_info(), "commit": git_commit(), "results": results},
                       args.json)
 

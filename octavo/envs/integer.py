@@ -93,11 +93,19 @@ def int_large_min_m(default: int) -> int:
     return _batch_size("OCTAVO_INT_LARGE_MIN_M", default)
 
 
+def int_large_f16() -> bool:
+    """OCTAVO_INT_LARGE_F16 (default off until run on a GPU): float16 models (AutoAWQ's and
+    AutoGPTQ's checkpoints) take the CUDA large-batch kernel too, in its fp16 form (fp16
+    activations and scales; octavo/kernels/swapab_wgmma.py), where bf16 models take it."""
+    return _flag("OCTAVO_INT_LARGE_F16", False)
+
+
 def int_large_bf16_math() -> bool | None:
-    """OCTAVO_INT_LARGE_BF16_MATH (unset: on where the scales are bf16): the CUDA large-batch
-    kernel dequantizes in bf16x2 (octavo/kernels/swapab_wgmma.py: about half the instructions;
-    the same values for bf16 scales) instead of float32; 1 forces it for fp16 scales too (they
-    are rounded to bf16 first), 0 turns it off."""
+    """OCTAVO_INT_LARGE_BF16_MATH (unset: on where the scales are of the activations' dtype):
+    the CUDA large-batch kernel dequantizes in packed pairs of the activations' dtype, bf16x2
+    or half2 (octavo/kernels/swapab_wgmma.py: about half the instructions; the same values
+    where the scales are of that dtype) instead of float32; 1 forces it for fp16 scales under
+    bf16 activations too (they are rounded to bf16 first), 0 turns it off."""
     return _forced("OCTAVO_INT_LARGE_BF16_MATH")
 
 

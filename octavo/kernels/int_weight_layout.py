@@ -158,6 +158,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     # tok/s; docs/benchmarks.md session 53.
     if envs.int_large_min_m(LARGE_MIN_M) <= m <= envs.int_large_max_m(LARGE_MAX_M) \
             and envs.int_large_cuda() and x2.device.type == "cuda" \
+            and (x2.dtype == torch.bfloat16 or envs.int_large_f16()) \
             and swapab_wgmma.available(x2.device) \
             and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype) \
             and swapab_wgmma.worth(m, n, k, x2.device):

@@ -74,10 +74,11 @@ def available(device: torch.device) -> bool:
 
 def supports(k: int, n: int, group_size: int, bits: int, x_dtype: torch.dtype,
              scale_dtype: torch.dtype) -> bool:
-    """Shapes and dtypes the kernel holds: 4-bit, bf16 activations, bf16 or fp16 scales, K
-    and the group multiples of 64, N of 256."""
-    return (bits == 4 and x_dtype == torch.bfloat16
-            and scale_dtype in (torch.bfloat16, torch.float16)
+    """Shapes and dtypes the kernel holds: 4-bit; bf16 activations with bf16 or fp16 scales,
+    or fp16 activations with fp16 scales; K and the group multiples of 64, N of 256."""
+    dtypes = ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16),
+              (torch.float16, torch.float16))
+    return (bits == 4 and (x_dtype, scale_dtype) in dtypes
             and k % STEP_K == 0 and group_size % STEP_K == 0 and k % group_size == 0
             and n % (ROWS * 4) == 0)
 
@@ -125,10 +126,12 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                  zeros: torch.Tensor, group_size: int, split_k: int | None = None,
                  bf16_math: bool | None = None, deep: bool | None = None,
                  split_sum: str | None = None) -> torch.Tensor:
-    """``x2 [M, K] @ dequant(W) [K, N]`` (bf16) for 4-bit ``qweight`` in ``pack_swapab``'s
-    layout (int16 [N / 4, K]), ``scales`` / ``zeros`` [K / group, N] in bf16 or fp16.
-    ``split_k``: K splits (default ``plan``'s); ``bf16_math``: dequantize in bf16x2 (default
-    OCTAVO_INT_LARGE_BF16_MATH, unset: where the scales are bf16); ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP);
+    """``x2 [M, K] @ dequant(W) [K, N]`` (in x2's dtype: bf16, or fp16 with fp16 scales) for
+    4-bit ``qweight`` in ``pack_swapab``'s layout (int16 [N / 4, K]), ``scales`` / ``zeros``
+    [K / group, N] in bf16 or fp16. ``split_k``: K splits (default ``plan``'s);
+    ``bf16_math``: dequantize in packed pairs of x2's dtype, bf16x2 or half2 (default
+    OCTAVO_INT_LARGE_BF16_MATH, unset: where the scales are of x2's dtype, so the values are
+    the float form's); ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP);
     ``split_sum``: where K is split, who sums the partials (OCTAVO_INT_LARGE_SPLIT_SUM):
     ``"cta"`` each tile's last CTA, ``"launch"`` a second launch over every SM
     (``split_sum.sum_splits``). The same bits either way."""
@@ -153,14 +156,18 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         else split_k_mod.plan(k, STEP_K, split_k)
     out, partial = split_k_mod.buffers(m, n, splits, x2)
     grid = (n // (ROWS * 4), -(-m // BATCH), splits)
-    name = "swapab_wgmma_bf16_scales" if scales.dtype == torch.bfloat16 \
-        else "swapab_wgmma_f16_scales"
+    if x2.dtype == torch.float16:
+        name, packed = "swapab_wgmma_f16_act", "_half_math"
+    else:
+        name = "swapab_wgmma_bf16_scales" if scales.dtype == torch.bfloat16 \
+            else "swapab_wgmma_f16_scales"
+        packed = "_bf16_math"
     if bf16_math is None:
         bf16_math = envs.int_large_bf16_math()
-    if bf16_math is None:  # exact only where the scales are bf16 already
-        bf16_math = scales.dtype == torch.bfloat16
+    if bf16_math is None:  # exact only where the scales are of x2's dtype already
+        bf16_math = scales.dtype == x2.dtype
     if bf16_math:
-        name += "_bf16_math"
+        name += packed
     if envs.int_large_deep() if deep is None else deep:
         name += "_deep"
     counters = split_k_mod.counters(x2.device, grid[0] * grid[1]) \

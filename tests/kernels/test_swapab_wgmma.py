@@ -35,17 +35,20 @@ def _weights(k, n, group, seed=0, dtype=torch.bfloat16, device="cpu"):
     return q, pack_swapab(q, 4), scales, zeros
 
 
-def _dequant_ref(q, scales, zeros, group):
-    """[K, N] float32 -> (q - z) * s in float32, rounded once to bf16 (dequantize_swapab)."""
+def _dequant_ref(q, scales, zeros, group, dtype=torch.bfloat16):
+    """[K, N] float32 -> (q - z) * s in float32, rounded once to ``dtype``
+    (dequantize_swapab)."""
     s = scales.float().repeat_interleave(group, 0)
     z = zeros.float().repeat_interleave(group, 0)
-    return ((q.float() - z) * s).to(torch.bfloat16)
+    return ((q.float() - z) * s).to(dtype)
 
 
 def test_supports_and_plan():
     assert swapab_wgmma.supports(4096, 28672, 128, 4, torch.bfloat16, torch.float16)
     assert not swapab_wgmma.supports(4096, 28672, 128, 8, torch.bfloat16, torch.bfloat16)
-    assert not swapab_wgmma.supports(4096, 28672, 128, 4, torch.float16, torch.float16)
+    assert swapab_wgmma.supports(4096, 28672, 128, 4, torch.float16, torch.float16)
+    assert not swapab_wgmma.supports(4096, 28672, 128, 4, torch.float16, torch.bfloat16)
+    assert not swapab_wgmma.supports(4096, 28672, 128, 4, torch.float32, torch.float32)
     assert not swapab_wgmma.supports(4096, 28672, 32, 4, torch.bfloat16, torch.bfloat16)
     assert not swapab_wgmma.supports(4096, 28672 + 128, 128, 4, torch.bfloat16, torch.bfloat16)
     assert not swapab_wgmma.available(torch.device("cpu"))
@@ -119,6 +122,8 @@ def test_the_source_builds_for_sm_90a_without_spills_or_serialized_mmas(tmp_path
     report = "".join(outputs)
     names = [f"swapab_wgmma_{scales}_scales{math}{deep}" for scales in ("bf16", "f16")
              for math in ("", "_bf16_math") for deep in ("", "_deep")]
+    names += [f"swapab_wgmma_f16_act{math}{deep}" for math in ("", "_half_math")
+              for deep in ("", "_deep")]  # fp16 activations
     for name in names:  # every form the wrapper can name
         assert name.encode() in data, name
     spills = re.findall(r"(\d+) bytes spill stores", report)
@@ -222,6 +227,16 @@ def _emulate(x, packed, scales, zeros, group, splits=1, bf16_math=False):
 def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=False):
     m, k = x.shape
     n = packed.shape[0] * 4
+    act = x.dtype  # the activations' type T: the MMA's inputs and the A pairs' rounding
+
+    def rnd(values):  # float32 values rounded to T, back as float32
+        return torch.from_numpy(np.asarray(values, np.float32)).to(act).float().numpy()
+
+    def act_bits(bits):
+        return (_bf16_bits_to_float(bits) if act == torch.bfloat16
+                else bits.view(np.float16).astype(np.float32))
+
+    bias = 128.0 if act == torch.bfloat16 else 1024.0  # Act<T>::kBiasValue
     x_bits = x.view(torch.int16).numpy().view(np.uint16)
     p_bits = packed.numpy().view(np.uint16)
     s_bits = scales.view(torch.int16).numpy().view(np.uint16)
@@ -260,7 +275,7 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=Fa
                         smem[off:off + 16] = src[gi, c0:c0 + 8].astype("<u2").view(np.uint8)
                 sz = smem[X_BYTES + P_BYTES:].view("<u2")
                 for kk in range(STEP_K // 16):
-                    b = _bf16_bits_to_float(_desc_b(smem, kk * 32, BATCH))  # [16, 128]
+                    b = act_bits(_desc_b(smem, kk * 32, BATCH))  # [16, 128]
                     for wg in range(2):
                         a = np.zeros((2, ROWS, 16), dtype=np.float32)  # [value, row, k]
                         k_shift = 8 * wg  # consume<0> on warps 4-7, consume<8> on 8-11
@@ -282,18 +297,14 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=Fa
                                         c = np.float32(-(z + 16) * s)
                                         lo = 16 + ((word >> shift) & 15)
                                         hi = 16 + ((word >> (16 + shift)) & 15)
-                                        if bf16_math:  # (q - z) exact, times bf16(s) rounded
-                                            sb = _bf16_bits_to_float(_float_to_bf16_bits(
-                                                np.array([s], np.float32)))[0]
-                                            zb = -(z + 128)
-                                            pair = _bf16_bits_to_float(_float_to_bf16_bits(
-                                                np.array([(np.float64(lo + 112) + zb) * sb,
-                                                          (np.float64(hi + 112) + zb) * sb],
-                                                         np.float32)))
+                                        if bf16_math:  # (q - z) exact, times T(s) rounded
+                                            sb = rnd([s])[0]
+                                            zb = -(z + bias)
+                                            pair = rnd([(np.float64(lo - 16 + bias) + zb) * sb,
+                                                        (np.float64(hi - 16 + bias) + zb) * sb])
                                         else:  # fma: the products exact in float64, rounded once
-                                            pair = _bf16_bits_to_float(_float_to_bf16_bits(
-                                                np.array([np.float64(lo) * s + c,
-                                                          np.float64(hi) * s + c], np.float32)))
+                                            pair = rnd([np.float64(lo) * s + c,
+                                                        np.float64(hi) * s + c])
                                         # A fragment register q: (row 16 w + g + 8 (q & 1),
                                         # k 2 t + 8 (q >> 1) and + 1)
                                         ka = 2 * (lane & 3) + 8 * (q >> 1)
@@ -342,33 +353,38 @@ def test_the_emulated_formulas_are_the_source_s():
         "const S* zeros = reinterpret_cast<const S*>(sz + kSBytes);",
         "const int r0 = 16 * (warp & 3) + (lane >> 2);",
         "const int kq = (lane & 3) * 2;",
-        "consume<0, kBf16Math, kInFlight>(", "consume<8, kBf16Math, kInFlight>(",
+        "consume<0, kBf16Math, kInFlight, T, S>(", "consume<8, kBf16Math, kInFlight, T, S>(",
         "if (warp < 8) {",
         "const int col0 = t * kRows * 4 + lcol0;",
         "for (int c = 0; c < 8; ++c) off[c] = r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2;",
         "ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);",
-        "ak[0][q] = dequant_pair<kShift>(word, c_cur[i_row], s_cur[i_row], sixteen);",
-        "ak[1][q] = dequant_pair<kShift + 4>(word, c_cur[2 + i_row], s_cur[2 + i_row], sixteen);",
+        "ak[0][q] = dequant_pair<kShift, T>(word, c_cur[i_row], s_cur[i_row], sixteen);",
+        "ak[1][q] = dequant_pair<kShift + 4, T>(word, c_cur[2 + i_row], s_cur[2 + i_row],",
         "const float lo = with_16(nibble_at_19<kShift>(word), sixteen);",
         "const float hi = with_16(nibble_at_19<16 + kShift>(word), sixteen);",
         'asm("lop3.b32 %0, %1, 0x00780000, %2, 0xea;\\n" : "=r"(out) : "r"(moved), "r"(sixteen));',
         "const uint32_t sixteen = 0x41800000u;  // 16.0f",
-        "__nv_bfloat162 w = __floats2bfloat162_rn(fmaf(lo, s, c), fmaf(hi, s, c));",
+        "typename Act<T>::T2 w = Act<T>::pair(fmaf(lo, s, c), fmaf(hi, s, c));",
+        "return __floats2bfloat162_rn(lo, hi);", "return __floats2half2_rn(lo, hi);",
         "c[i] = -(to_float(zeros[col]) + 16.0f) * s[i];",
         "const uint64_t desc = smem_desc(xs + kk * 32);",
         "const uint32_t moved = kShift == 0 ? word : word >> kShift;",
-        'asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\\n" : "=r"(t) : "r"(moved), "r"(bias));',
-        "__nv_bfloat162 v = __hmul2(__hadd2(*reinterpret_cast<__nv_bfloat162*>(&t),",
-        "const uint32_t bias = 0x43004300u;     // bf16x2 128.0",
-        "__nv_bfloat162 sv = __bfloat162bfloat162(to_bf16(scales[col]));",
-        "ak[0][q] = dequant_pair_bf16<kShift>(word, zb_cur[i_row], sb_cur[i_row], bias);",
-        "ak[1][q] = dequant_pair_bf16<kShift + 4>(word, zb_cur[2 + i_row], sb_cur[2 + i_row],",
+        'asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\\n" : "=r"(t) : "r"(moved), "r"(Act<T>::kBias));',
+        "T2 v = __hmul2(__hadd2(*reinterpret_cast<T2*>(&t), *reinterpret_cast<T2*>(&zb)),",
+        "static constexpr uint32_t kBias = 0x43004300u;",
+        "static constexpr float kBiasValue = 128.0f;",
+        "static constexpr uint32_t kBias = 0x64006400u;",
+        "static constexpr float kBiasValue = 1024.0f;",
+        "typename Act<T>::T2 sv = Act<T>::both(to_act<T>(scales[col]));",
+        "Act<T>::both(Act<T>::round(-(to_float(zeros[col]) + Act<T>::kBiasValue)));",
+        "ak[0][q] = dequant_pair_packed<kShift, T>(word, zb_cur[i_row], sb_cur[i_row]);",
+        "ak[1][q] = dequant_pair_packed<kShift + 4, T>(word, zb_cur[2 + i_row],",
         "desc |= static_cast<uint64_t>(1024 >> 4) << 32;",
         "desc |= static_cast<uint64_t>(1) << 62;",
         "const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;",
         "const int row = row0 + 8 * j + (e & 1);",
         "out[static_cast<size_t>(row) * stride_om + col + 8 * (e >> 1)] =",
-        "store_tile<false>(acc1, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0 + kRows, pb.stride_om);",
+        "store_tile<false, T>(acc1, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0 + kRows,",
         "const int k_begin = blockIdx.z * pb.k_per_split;",
         "const int k_end = min(pb.k, k_begin + pb.k_per_split);",
         "const int steps = (k_end - k_begin) / kStepK;",
@@ -380,18 +396,37 @@ def test_the_emulated_formulas_are_the_source_s():
 
 
 @pytest.mark.parametrize("bf16_math", [False, True])
-@pytest.mark.parametrize("scale_dtype,splits", [(torch.bfloat16, 1), (torch.float16, 2)])
-def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(scale_dtype, splits,
+@pytest.mark.parametrize("act,scale_dtype,splits", [
+    (torch.bfloat16, torch.bfloat16, 1), (torch.bfloat16, torch.float16, 2),
+    (torch.float16, torch.float16, 1), (torch.float16, torch.float16, 2)])
+def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(act, scale_dtype, splits,
                                                                   bf16_math):
-    """The float form takes the scales as they are; the bf16 form rounds fp16 ones to bf16
-    first (bf16 scales: the same values both ways)."""
+    """The float form takes the scales as they are; the packed form rounds scales of another
+    type to the activations' first (scales of their type: the same values both ways). fp16
+    activations: the weights rounded to fp16, the packed pairs from 1024 + q."""
     k, n, group, m = 128, 256, 64, 131  # two K steps, two groups, two batch tiles (a tail)
     q, packed, scales, zeros = _weights(k, n, group, dtype=scale_dtype)
-    x = torch.randn(m, k).to(torch.bfloat16)
+    x = torch.randn(m, k).to(act)
     got = _emulate(x, packed, scales, zeros, group, splits, bf16_math)
-    used = scales.to(torch.bfloat16) if bf16_math else scales
-    want = x.float() @ _dequant_ref(q, used, zeros, group).float()
+    used = scales.to(act) if bf16_math else scales
+    want = x.float() @ _dequant_ref(q, used, zeros, group, act).float()
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_packed_fp16_dequantization_is_the_float_form_s():
+    """Half2: 0x6400 | q is fp16 1024 + q, adding -(1024 + z) is exact, and the product with an
+    fp16 scale rounds once, to the float form's (q - z) * s rounded to fp16, for every q, z
+    and a spread of scales."""
+    q = np.arange(16, dtype=np.uint16)
+    assert np.array_equal((q | 0x6400).view(np.float16).astype(np.float32), 1024.0 + q)
+    g = torch.Generator().manual_seed(0)
+    s = torch.cat([torch.rand(2000, generator=g) * 0.05, torch.rand(500, generator=g) * 40])
+    s = s.to(torch.float16)
+    qs = torch.arange(16, dtype=torch.float16)[:, None, None]
+    zs = torch.arange(17, dtype=torch.float16)[None, :, None]
+    packed = ((qs + 1024) + (-(zs + 1024))) * s[None, None, :]  # fp16 ops, as __hadd2 / __hmul2
+    want = ((qs.float() - zs.float()) * s.float()[None, None, :]).to(torch.float16)
+    assert torch.equal(packed, want)
 
 
 # --- On the GPU (the most telling first: a failure's message locates it) ---------------
@@ -549,3 +584,50 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
     got = int_weight_layout.linear(xm, packed, scales, zeros, 128, 4, int_weight_layout.SWAPAB)
     assert ((got.float() - xm.float() @ w).norm() / (xm.float() @ w).norm()) < 1e-2
     assert calls[-1] == 64
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("k,n", [(4096, 28672), (14336, 4096), (4096, 6144)])
+@pytest.mark.parametrize("deep", [False, True])
+def test_fp16_activations_gpu(k, n, deep):
+    """float16 models (fp16 activations and scales): the float and the half2 forms give the
+    same bits (the same weights into the same MMAs), close to x at the weight rounded to
+    fp16, at every batch size and K split, with either split sum."""
+    q, packed, scales, zeros = _weights(k, n, 128, dtype=torch.float16, device="cuda")
+    w = _dequant_ref(q, scales, zeros, 128, torch.float16).float()
+    errors = {}
+    for m in (1, 65, 129, 256):
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        want = x.float() @ w
+        for split_k in (None, 1, 3):
+            forms = [swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k,
+                                               bf16_math=b, deep=deep, split_sum=u)
+                     for b, u in ((False, "launch"), (True, "launch"), (True, "cta"))]
+            assert all(f.dtype == torch.float16 for f in forms)
+            assert torch.equal(forms[0], forms[1]) and torch.equal(forms[1], forms[2]), \
+                (m, split_k)
+            errors[m, split_k] = ((forms[0].float() - want).norm() / want.norm()).item()
+    assert all(e < 5e-3 for e in errors.values()), errors
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_fp16_routing_waits_for_its_switch_gpu(monkeypatch):
+    """OCTAVO_INT_LARGE_F16: float16 batches take the kernel only with it on; graph replays."""
+    from octavo.kernels import int_weight_layout
+    from tests.quantization.gemm_checks import check_graph_replays, record_rows
+
+    q, packed, scales, zeros = _weights(4096, 28672, 128, dtype=torch.float16, device="cuda")
+    w = _dequant_ref(q, scales, zeros, 128, torch.float16).float()
+    x = torch.randn(200, 4096, device="cuda", dtype=torch.float16)
+    check_graph_replays(lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128),
+                        lambda x: (x.float() @ w), x)
+    calls = record_rows(monkeypatch, swapab_wgmma, "swapab_wgmma")
+    monkeypatch.delenv("OCTAVO_INT_LARGE_F16", raising=False)
+    int_weight_layout.linear(x, packed, scales, zeros, 128, 4, int_weight_layout.SWAPAB)
+    assert calls == []
+    monkeypatch.setenv("OCTAVO_INT_LARGE_F16", "1")
+    got = int_weight_layout.linear(x, packed, scales, zeros, 128, 4, int_weight_layout.SWAPAB)
+    assert calls == [200]
+    assert ((got.float() - x.float() @ w).norm() / (x.float() @ w).norm()) < 5e-3

@@ -113,30 +113,73 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(kPending) : "memory");
 }
 
-// d[64] += A (64 x 16 bf16, this thread's four registers) x B (16 x 128, shared memory).
+// d[64] += A (64 x 16 bf16 or fp16, this thread's four registers) x B (16 x 128, shared
+// memory, the same type).
+#define WGMMA_M64N128(TYPE)                                                                    \
+  asm volatile(                                                                               \
+      "{\n"                                                                                   \
+      ".reg .pred p;\n"                                                                       \
+      "setp.ne.b32 p, 1, 0;\n"                                                                \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                        \
+      "{"                                                                                     \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                 \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"       \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"       \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "     \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"                                              \
+      "}\n"                                                                                   \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),     \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),             \
+        "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),          \
+        "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),          \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),          \
+        "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),          \
+        "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),          \
+        "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),          \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),          \
+        "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),          \
+        "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                  \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc))
+
+// The activations' element type T (bf16 or fp16): its pair type, its rounding from float32,
+// and the packed dequantization's bias (Bias | q is T's 2^e + q, exact for q < 16: bf16 128
+// (7 fraction bits), fp16 1024 (10)).
+template <typename T>
+struct Act;
+template <>
+struct Act<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kBias = 0x43004300u;
+  static constexpr float kBiasValue = 128.0f;
+  static __device__ __forceinline__ T2 pair(float lo, float hi) {
+    return __floats2bfloat162_rn(lo, hi);
+  }
+  static __device__ __forceinline__ __nv_bfloat16 round(float v) { return __float2bfloat16_rn(v); }
+  static __device__ __forceinline__ T2 both(__nv_bfloat16 v) { return __bfloat162bfloat162(v); }
+};
+template <>
+struct Act<__half> {
+  using T2 = __half2;
+  static constexpr uint32_t kBias = 0x64006400u;
+  static constexpr float kBiasValue = 1024.0f;
+  static __device__ __forceinline__ T2 pair(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+  static __device__ __forceinline__ __half round(float v) { return __float2half_rn(v); }
+  static __device__ __forceinline__ T2 both(__half v) { return __half2half2(v); }
+};
+
+template <typename T>
 __device__ __forceinline__ void wgmma_m64n128(float (&d)[64], const uint32_t (&a)[4],
-                                              uint64_t desc) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{" 
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+                                              uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_m64n128<__nv_bfloat16>(float (&d)[64],
+                                                             const uint32_t (&a)[4],
+                                                             uint64_t desc) {
+  WGMMA_M64N128("bf16");
+}
+template <>
+__device__ __forceinline__ void wgmma_m64n128<__half>(float (&d)[64], const uint32_t (&a)[4],
+                                                      uint64_t desc) {
+  WGMMA_M64N128("f16");
 }
 
 template <typename S>
@@ -161,8 +204,8 @@ __device__ __forceinline__ uint32_t nibble_at_19(uint32_t word) {
 }
 
 // Two weights of the value at bits kShift .. kShift + 3 of each int16 of a 32-bit word (k: low
-// half, k + 1: high half), as (q - z) * s in float32 rounded once to bf16: the values
-// dequantize_swapab writes. 0x41800000 | q << 19 is the float 16 + q, and c = -(16 + z) s is
+// half, k + 1: high half), as (q - z) * s in float32 rounded once to T (bf16 or fp16): the
+// values dequantize_swapab writes. 0x41800000 | q << 19 is the float 16 + q, and c = -(16 + z) s is
 // exact in float32 (6 by 11 significant bits), so fma(16 + q, s, c) is (q - z) s exactly: one
 // FFMA a weight.
 // (moved & 0x00780000) | 16.0f's bits in one LOP3: the compiler splits it in two, the mask and
@@ -173,52 +216,43 @@ __device__ __forceinline__ float with_16(uint32_t moved, uint32_t sixteen) {
   return __uint_as_float(out);
 }
 
-template <int kShift>
+template <int kShift, typename T>
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t word, float c, float s,
                                                  uint32_t sixteen) {
   const float lo = with_16(nibble_at_19<kShift>(word), sixteen);
   const float hi = with_16(nibble_at_19<16 + kShift>(word), sixteen);
-  __nv_bfloat162 w = __floats2bfloat162_rn(fmaf(lo, s, c), fmaf(hi, s, c));
+  typename Act<T>::T2 w = Act<T>::pair(fmaf(lo, s, c), fmaf(hi, s, c));
   return *reinterpret_cast<uint32_t*>(&w);
 }
 
-// The bf16 form (kBf16Math): two weights of the value at bits kShift .. kShift + 3 of each
-// int16 as one bf16x2 op chain. 0x43004300 | (nibbles at bits 0-3 of each half) is bf16 128 + q
-// (bf16 keeps 7 fraction bits: 128 .. 255 step 1); adding -(128 + z) is exact (small
-// integers), and the multiply by the scale rounds once: the float form's value wherever the
-// scale is a bf16 (fp16 scales are rounded to bf16 first, as Marlin-class kernels take them).
-// Three or four instructions a pair against seven.
-template <int kShift>
-__device__ __forceinline__ uint32_t dequant_pair_bf16(uint32_t word, uint32_t zb, uint32_t sb,
-                                                      uint32_t bias) {
+// The packed form (kBf16Math; bf16x2 for bf16 activations, half2 for fp16): two weights of
+// the value at bits kShift .. kShift + 3 of each int16 as one T2 op chain. Bias | (nibbles at
+// bits 0-3 of each half) is T's 2^e + q (Act<T>::kBias: bf16 128 .. 143, fp16 1024 .. 1039,
+// step 1); adding -(2^e + z) is exact (small integers), and the multiply by the scale rounds
+// once: the float form's value wherever the scale is a T (other scales are rounded to T
+// first, as Marlin-class kernels take them). Three or four instructions a pair against seven.
+template <int kShift, typename T>
+__device__ __forceinline__ uint32_t dequant_pair_packed(uint32_t word, uint32_t zb,
+                                                        uint32_t sb) {
+  using T2 = typename Act<T>::T2;
   const uint32_t moved = kShift == 0 ? word : word >> kShift;
   uint32_t t;
-  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\n" : "=r"(t) : "r"(moved), "r"(bias));
-  __nv_bfloat162 v = __hmul2(__hadd2(*reinterpret_cast<__nv_bfloat162*>(&t),
-                                     *reinterpret_cast<__nv_bfloat162*>(&zb)),
-                             *reinterpret_cast<__nv_bfloat162*>(&sb));
+  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\n" : "=r"(t) : "r"(moved), "r"(Act<T>::kBias));
+  T2 v = __hmul2(__hadd2(*reinterpret_cast<T2*>(&t), *reinterpret_cast<T2*>(&zb)),
+                 *reinterpret_cast<T2*>(&sb));
   return *reinterpret_cast<uint32_t*>(&v);
-}
-
-template <typename S>
-__device__ __forceinline__ __nv_bfloat16 to_bf16(S v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 to_bf16<__nv_bfloat16>(__nv_bfloat16 v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 to_bf16<__half>(__half v) {
-  return __float2bfloat16_rn(__half2float(v));
 }
 
 // One launch's operands. K splits (``splits`` > 1): CTA z covers K [z * k_per_split, ..) and
 // writes float32 partials [splits, M, N]; the last CTA of a tile (a ticket in ``counters``,
 // zeroed again after) adds them in split order and writes the output.
-template <typename S>
+template <typename T, typename S>
 struct Problem {
-  const __nv_bfloat16* x;
+  const T* x;
   const int16_t* qw;
   const S* scales;
   const S* zeros;
-  __nv_bfloat16* out;
+  T* out;
   float* partial;
   int* counters;
   int m, k, n, group, stride_xm, stride_om, splits, k_per_split;
@@ -240,17 +274,32 @@ __device__ __forceinline__ void load_sz(const unsigned char* sz, int lcol0, floa
   }
 }
 
-// load_sz's bf16 form: the scale (rounded to bf16) and -(128 + z), each in both halves.
-template <typename S>
-__device__ __forceinline__ void load_sz_bf16(const unsigned char* sz, int lcol0,
-                                             uint32_t (&s)[4], uint32_t (&z)[4]) {
+// A scale as T: itself where it is one, else rounded from float32.
+template <typename T, typename S>
+__device__ __forceinline__ T to_act(S v) {
+  return Act<T>::round(to_float(v));
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_act<__nv_bfloat16, __nv_bfloat16>(__nv_bfloat16 v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half to_act<__half, __half>(__half v) {
+  return v;
+}
+
+// load_sz's packed form: the scale (rounded to T) and -(2^e + z), each in both halves.
+template <typename T, typename S>
+__device__ __forceinline__ void load_sz_packed(const unsigned char* sz, int lcol0,
+                                               uint32_t (&s)[4], uint32_t (&z)[4]) {
   const S* scales = reinterpret_cast<const S*>(sz);
   const S* zeros = reinterpret_cast<const S*>(sz + kSBytes);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;
-    __nv_bfloat162 sv = __bfloat162bfloat162(to_bf16(scales[col]));
-    __nv_bfloat162 zv = __bfloat162bfloat162(__float2bfloat16_rn(-(to_float(zeros[col]) + 128.0f)));
+    typename Act<T>::T2 sv = Act<T>::both(to_act<T>(scales[col]));
+    typename Act<T>::T2 zv =
+        Act<T>::both(Act<T>::round(-(to_float(zeros[col]) + Act<T>::kBiasValue)));
     s[i] = *reinterpret_cast<uint32_t*>(&sv);
     z[i] = *reinterpret_cast<uint32_t*>(&zv);
   }
@@ -258,9 +307,9 @@ __device__ __forceinline__ void load_sz_bf16(const unsigned char* sz, int lcol0,
 
 // One m64 accumulator's elements: D register 4 j + e holds block row r0 + 8 (e >> 1) (output
 // column col + 8 (e >> 1)) and batch column 8 j + kq + (e & 1) (row row0 + 8 j + (e & 1)).
-// kPartial: to float32 partials [M, N] (one split's), else to the bf16 output.
-template <bool kPartial>
-__device__ __forceinline__ void store_tile(const float (&acc)[64], __nv_bfloat16* out,
+// kPartial: to float32 partials [M, N] (one split's), else to the T output.
+template <bool kPartial, typename T>
+__device__ __forceinline__ void store_tile(const float (&acc)[64], T* out,
                                            float* partial, int m, int n, int row0, int col,
                                            int stride_om) {
 #pragma unroll
@@ -273,7 +322,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[64], __nv_bfloat16
           partial[static_cast<size_t>(row) * n + col + 8 * (e >> 1)] = acc[4 * j + e];
         } else {
           out[static_cast<size_t>(row) * stride_om + col + 8 * (e >> 1)] =
-              __float2bfloat16_rn(acc[4 * j + e]);
+              Act<T>::round(acc[4 * j + e]);
         }
       }
     }
@@ -284,8 +333,9 @@ __device__ __forceinline__ void store_tile(const float (&acc)[64], __nv_bfloat16
 // the sum of every split's partial, in split order, read from L2 (other SMs wrote them) a
 // split at a time, its 64 loads at once; ``sum``: the accumulator, free again once its partials
 // are out.
+template <typename T>
 __device__ __forceinline__ void reduce_tile(float (&sum)[64], const float* partial, int splits,
-                                            __nv_bfloat16* out, int m, int n, int row0, int col,
+                                            T* out, int m, int n, int row0, int col,
                                             int stride_om) {
   const size_t plane = static_cast<size_t>(m) * n;
 #pragma unroll
@@ -301,7 +351,7 @@ __device__ __forceinline__ void reduce_tile(float (&sum)[64], const float* parti
       }
     }
   }
-  store_tile<false>(sum, out, nullptr, m, n, row0, col, stride_om);
+  store_tile<false, T>(sum, out, nullptr, m, n, row0, col, stride_om);
 }
 
 // A consumer warpgroup's loop: warp w (of its 4) holds rows r0 = 16 w + lane / 4 and r0 + 8
@@ -309,9 +359,9 @@ __device__ __forceinline__ void reduce_tile(float (&sum)[64], const float* parti
 // kShift / 4 and kShift / 4 + 1 (output columns col0 + r and col0 + 64 + r).
 // kInFlight: MMA groups left in flight while the next K16 dequantizes (1: two A register sets;
 // 2: four, so a warpgroup's dequantization does not wait on its MMA of two K16s before).
-template <int kShift, bool kBf16Math, int kInFlight, typename S>
+template <int kShift, bool kBf16Math, int kInFlight, typename T, typename S>
 __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full0,
-                                        uint32_t empty0, const Problem<S>& pb, int k_begin,
+                                        uint32_t empty0, const Problem<T, S>& pb, int k_begin,
                                         int steps, int t, int m0, int warp, int lane,
                                         int* last) {
   const int r0 = 16 * (warp & 3) + (lane >> 2);
@@ -330,12 +380,11 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
     acc1[i] = 0.0f;
   }
   float s_cur[4], c_cur[4];
-  uint32_t sb_cur[4], zb_cur[4];  // the bf16 form's
+  uint32_t sb_cur[4], zb_cur[4];  // the packed form's
   constexpr int kSets = kInFlight == 1 ? 2 : 4;
   static_assert(kInFlight == 1 || kInFlight == 2, "one or two MMA groups in flight");
   uint32_t a[kSets][2][4];  // [K16 % kSets][value][register]
   const uint32_t sixteen = 0x41800000u;  // 16.0f
-  const uint32_t bias = 0x43004300u;     // bf16x2 128.0
   for (int i = 0; i < steps; ++i) {
     const int st = i % kStages;
     mbar_wait(full0 + 8 * st, (i / kStages) & 1);
@@ -343,7 +392,7 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
     const uint32_t xs = smem_u32(smem) + st * kStageBytes;
     const unsigned char* ps = smem + st * kStageBytes + kXBytes;
     if constexpr (kBf16Math) {
-      load_sz_bf16<S>(ps + kPBytes, lcol0, sb_cur, zb_cur);
+      load_sz_packed<T, S>(ps + kPBytes, lcol0, sb_cur, zb_cur);
     } else {
       load_sz<S>(ps + kPBytes, lcol0, s_cur, c_cur);
     }
@@ -357,18 +406,19 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
             ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);
         const int i_row = q & 1;  // s / c index: (row, value) = i_row + 2 value
         if constexpr (kBf16Math) {
-          ak[0][q] = dequant_pair_bf16<kShift>(word, zb_cur[i_row], sb_cur[i_row], bias);
-          ak[1][q] = dequant_pair_bf16<kShift + 4>(word, zb_cur[2 + i_row], sb_cur[2 + i_row],
-                                                   bias);
+          ak[0][q] = dequant_pair_packed<kShift, T>(word, zb_cur[i_row], sb_cur[i_row]);
+          ak[1][q] = dequant_pair_packed<kShift + 4, T>(word, zb_cur[2 + i_row],
+                                                        sb_cur[2 + i_row]);
         } else {
-          ak[0][q] = dequant_pair<kShift>(word, c_cur[i_row], s_cur[i_row], sixteen);
-          ak[1][q] = dequant_pair<kShift + 4>(word, c_cur[2 + i_row], s_cur[2 + i_row], sixteen);
+          ak[0][q] = dequant_pair<kShift, T>(word, c_cur[i_row], s_cur[i_row], sixteen);
+          ak[1][q] = dequant_pair<kShift + 4, T>(word, c_cur[2 + i_row], s_cur[2 + i_row],
+                                                 sixteen);
         }
       }
       wgmma_fence();
       const uint64_t desc = smem_desc(xs + kk * 32);
-      wgmma_m64n128(acc0, ak[0], desc);
-      wgmma_m64n128(acc1, ak[1], desc);
+      wgmma_m64n128<T>(acc0, ak[0], desc);
+      wgmma_m64n128<T>(acc1, ak[1], desc);
       wgmma_commit();
       // At most kInFlight groups in flight: the set the next K16 writes is free again (its
       // MMA was kSets K16s back), and at kk = kInFlight - 1 the previous buffer's last MMAs
@@ -383,13 +433,14 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   fence_regs(acc0);  // no read of an accumulator may move above the wait
   fence_regs(acc1);
   if (pb.splits == 1) {
-    store_tile<false>(acc0, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0, pb.stride_om);
-    store_tile<false>(acc1, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0 + kRows, pb.stride_om);
+    store_tile<false, T>(acc0, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0, pb.stride_om);
+    store_tile<false, T>(acc1, pb.out, nullptr, pb.m, pb.n, m0 + kq, col0 + kRows,
+                         pb.stride_om);
     return;
   }
   float* mine = pb.partial + static_cast<size_t>(blockIdx.z) * pb.m * pb.n;
-  store_tile<true>(acc0, nullptr, mine, pb.m, pb.n, m0 + kq, col0, 0);
-  store_tile<true>(acc1, nullptr, mine, pb.m, pb.n, m0 + kq, col0 + kRows, 0);
+  store_tile<true, T>(acc0, nullptr, mine, pb.m, pb.n, m0 + kq, col0, 0);
+  store_tile<true, T>(acc1, nullptr, mine, pb.m, pb.n, m0 + kq, col0 + kRows, 0);
   // No counters: a second launch sums the partials over every SM (split_sum.sum_splits).
   if (pb.counters == nullptr) return;
   // Every consumer thread's partials are out before the ticket (the producer warpgroup has
@@ -407,8 +458,8 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   if (warp == 4 && lane == 0) pb.counters[tile] = 0;  // zeroed for the next call (graphs)
 }
 
-template <bool kBf16Math, int kInFlight, typename S>
-__device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
+template <bool kBf16Math, int kInFlight, typename T, typename S>
+__device__ __forceinline__ void swapab_wgmma_body(const Problem<T, S>& pb) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ int last;  // K splits: whether this CTA finishes its tile (both warpgroups read it)
   // The ring 1024-aligned (the swizzle's period), then the barriers.
@@ -448,9 +499,9 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
     const uint32_t dst = pr * 128 + ((pj ^ (pr & 7)) << 4);
     // Batch rows m0 + pr + 16 u past M read zeros (from row M - 1's address).
     const int x_rows = max(0, min(8, (pb.m - m0 - pr + 15) / 16));
-    const __nv_bfloat16* x_src =
+    const T* x_src =
         pb.x + static_cast<size_t>(min(m0 + pr, pb.m - 1)) * pb.stride_xm + k_begin + pj * 8;
-    const __nv_bfloat16* x_last =
+    const T* x_last =
         pb.x + static_cast<size_t>(pb.m - 1) * pb.stride_xm + k_begin + pj * 8;
     const size_t x_step = static_cast<size_t>(16) * pb.stride_xm;
     const int16_t* q_src = pb.qw + static_cast<size_t>(t * kRows + pr) * pb.k + k_begin + pj * 8;
@@ -487,33 +538,39 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<S>& pb) {
   // Consumers: warpgroup g takes values 2g and 2g + 1 (bits 8g .. 8g + 7 of each int16).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
   if (warp < 8) {
-    consume<0, kBf16Math, kInFlight>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
+    consume<0, kBf16Math, kInFlight, T, S>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
   } else {
-    consume<8, kBf16Math, kInFlight>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
+    consume<8, kBf16Math, kInFlight, T, S>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
   }
 }
 
 }  // namespace
 
 // Grid (N / 256 layout blocks, ceil(M / 128), K splits), 384 threads, dynamic shared memory
-// kStages * 25 KB + 1024 (alignment) + the barriers; x, qw, scales and zeros 16-byte aligned. K, the group and k_per_split multiples of
-// 64; with splits > 1, ``partial`` float32 [splits, M, N] and ``counters`` one zeroed int per
-// (x, y) tile, or null: the partials only, for a second launch to sum.
-#define SWAPAB_WGMMA_ENTRY(NAME, S, BF16_MATH, IN_FLIGHT)                                    \
+// kStages * 25 KB + 1024 (alignment) + the barriers; x, qw, scales and zeros 16-byte aligned.
+// K, the group and k_per_split multiples of 64; with splits > 1, ``partial`` float32 [splits,
+// M, N] and ``counters`` one zeroed int per (x, y) tile, or null: the partials only, for a
+// second launch to sum. T: the activations' and the output's type; S: the scales' and zeros'.
+#define SWAPAB_WGMMA_ENTRY(NAME, T, S, BF16_MATH, IN_FLIGHT)                                 \
   extern "C" __global__ void __launch_bounds__(kThreads, 1)                                 \
-  NAME(const __nv_bfloat16* x, const int16_t* qw, const S* scales, const S* zeros,           \
-       __nv_bfloat16* out, float* partial, int* counters, int m, int k, int n, int group,    \
-       int stride_xm, int stride_om, int splits, int k_per_split) {                          \
-    const Problem<S> pb{x,     qw, scales, zeros,     out,       partial,   counters, m,     \
-                        k,     n,  group,  stride_xm, stride_om, splits,    k_per_split};     \
+  NAME(const T* x, const int16_t* qw, const S* scales, const S* zeros, T* out,             \
+       float* partial, int* counters, int m, int k, int n, int group, int stride_xm,        \
+       int stride_om, int splits, int k_per_split) {                                         \
+    const Problem<T, S> pb{x,     qw, scales, zeros,     out,       partial,   counters, m,  \
+                           k,     n,  group,  stride_xm, stride_om, splits,    k_per_split};  \
     swapab_wgmma_body<BF16_MATH, IN_FLIGHT>(pb);                                             \
   }
 
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales, __nv_bfloat16, false, 1)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales, __half, false, 1)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_bf16_math, __nv_bfloat16, true, 1)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_bf16_math, __half, true, 1)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_deep, __nv_bfloat16, false, 2)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_deep, __half, false, 2)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_bf16_math_deep, __nv_bfloat16, true, 2)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_bf16_math_deep, __half, true, 2)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales, __nv_bfloat16, __nv_bfloat16, false, 1)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales, __nv_bfloat16, __half, false, 1)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_bf16_math, __nv_bfloat16, __nv_bfloat16, true, 1)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_bf16_math, __nv_bfloat16, __half, true, 1)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_deep, __nv_bfloat16, __nv_bfloat16, false, 2)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_deep, __nv_bfloat16, __half, false, 2)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_bf16_math_deep, __nv_bfloat16, __nv_bfloat16, true, 2)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_bf16_math_deep, __nv_bfloat16, __half, true, 2)
+// fp16 activations (float16 checkpoints: AutoAWQ's and AutoGPTQ's), with fp16 scales.
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_act, __half, __half, false, 1)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_act_half_math, __half, __half, true, 1)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_act_deep, __half, __half, false, 2)
+SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_act_half_math_deep, __half, __half, true, 2)
