@@ -13,6 +13,11 @@
 #    float16 models run today).
 # 3. The engine against bf16 at batch 1 / 16 / 128 / 256 and W2 (session 57, H100: W4A16
 #    2.12x / 1.96x / 0.96x / 0.78x, W2 0.91-0.93x).
+# 3b. The same with OCTAVO_INT_LARGE_BF16_MATH=1: GPTQ / AWQ scales are fp16, so by default
+#    bf16 models run the kernel's float form; forcing the bf16x2 form rounds each scale to
+#    bf16 first (as Marlin-class kernels take them under bf16). Session 57, call 1: 14.347
+#    ms (forced, last-CTA sum) against 14.419 (float, launch sum) at batch 256; the two
+#    together were never run. If it wins clearly, weigh the default (scales rounded to bf16).
 # 4. float16 models: bf16-method (unquantized fp16) and W4A16 without and with
 #    OCTAVO_INT_LARGE_F16=1, batch 128 / 256 and W2. If the switch wins, turn it on.
 # On an H200 (issue 15's figures were last read there in session 52), W1 and W4 too.
@@ -29,6 +34,7 @@ if [ $F16 = 1 ]; then
   TAILN=10 item g_f16 timeout 90 python benchmarks/large_int_gemm.py --dtype float16 --shapes gate_up down qkv o --m 128 256 --forms cuda cuda_bf16_deep --split-sums --json /tmp/res/g_f16.json
 fi
 TAILN=8 item q python benchmarks/quantized.py --methods bf16,w4a16 --batches 1 16 128 256 --json /tmp/res/q.json
+OCTAVO_INT_LARGE_BF16_MATH=1 TAILN=4 item q_bf16x2 python benchmarks/quantized.py --methods w4a16 --batches 128 256 --json /tmp/res/q_bf16x2.json
 TAILN=6 item q_f16 python benchmarks/quantized.py --dtype float16 --methods bf16,w4a16 --batches 128 256 --json /tmp/res/q_f16.json
 if [ $F16 = 1 ]; then
   OCTAVO_INT_LARGE_F16=1 TAILN=4 item q_f16_on python benchmarks/quantized.py --dtype float16 --methods w4a16 --batches 128 256 --json /tmp/res/q_f16_on.json
