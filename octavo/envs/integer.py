@@ -80,7 +80,7 @@ def int_large_cuda() -> bool:
     OCTAVO_INT_LARGE_MAX_M rows, 4-bit layers with bf16 activations run the warp-specialized
     CUDA kernel (octavo/kernels/swapab_wgmma.py, sm_90 only; it splits K where its tiles leave
     SMs idle) where ``swapab_wgmma.worth`` says it pays, instead of the Triton ones. H100,
-    Llama-8B W4A16 (session 57): batch 256 16.743 -> 14.347 ms, W2 7,161 -> 7,577 tok/s."""
+    Llama-8B W4A16 (session 57): batch 256 16.743 -> 14.485 ms, W2 7,161 -> 7,567 tok/s."""
     return _flag("OCTAVO_INT_LARGE_CUDA", True)
 
 
