@@ -561,16 +561,15 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<T, S>& pb) {
     swapab_wgmma_body<BF16_MATH, IN_FLIGHT>(pb);                                             \
   }
 
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales, __nv_bfloat16, __nv_bfloat16, false, 1)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales, __nv_bfloat16, __half, false, 1)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_bf16_math, __nv_bfloat16, __nv_bfloat16, true, 1)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_bf16_math, __nv_bfloat16, __half, true, 1)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_deep, __nv_bfloat16, __nv_bfloat16, false, 2)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_deep, __nv_bfloat16, __half, false, 2)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_bf16_scales_bf16_math_deep, __nv_bfloat16, __nv_bfloat16, true, 2)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_scales_bf16_math_deep, __nv_bfloat16, __half, true, 2)
+// Every form of one (activations, scales) pair: float or packed (PACKED: the name's suffix)
+// dequantization, one or two MMA groups in flight ("_deep").
+#define SWAPAB_WGMMA_FORMS(PREFIX, PACKED, T, S)           \
+  SWAPAB_WGMMA_ENTRY(PREFIX, T, S, false, 1)               \
+  SWAPAB_WGMMA_ENTRY(PREFIX##PACKED, T, S, true, 1)        \
+  SWAPAB_WGMMA_ENTRY(PREFIX##_deep, T, S, false, 2)        \
+  SWAPAB_WGMMA_ENTRY(PREFIX##PACKED##_deep, T, S, true, 2)
+
+SWAPAB_WGMMA_FORMS(swapab_wgmma_bf16_scales, _bf16_math, __nv_bfloat16, __nv_bfloat16)
+SWAPAB_WGMMA_FORMS(swapab_wgmma_f16_scales, _bf16_math, __nv_bfloat16, __half)
 // fp16 activations (float16 checkpoints: AutoAWQ's and AutoGPTQ's), with fp16 scales.
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_act, __half, __half, false, 1)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_act_half_math, __half, __half, true, 1)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_act_deep, __half, __half, false, 2)
-SWAPAB_WGMMA_ENTRY(swapab_wgmma_f16_act_half_math_deep, __half, __half, true, 2)
+SWAPAB_WGMMA_FORMS(swapab_wgmma_f16_act, _half_math, __half, __half)
