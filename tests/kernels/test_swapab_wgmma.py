@@ -205,11 +205,6 @@ def _bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def _float_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    return (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16)
-            .view(torch.int16).numpy().view(np.uint16))
-
-
 def _emulate(x, packed, scales, zeros, group, splits=1, bf16_math=False):
     """out [M, N] as the kernel computes it, CTA by CTA, thread by thread (float32 sums); with
     K splits, each split's partials then their sum in split order."""
@@ -505,7 +500,6 @@ def test_the_launch_sum_gives_the_last_cta_s_bits_gpu(k, n, m, monkeypatch):
     """OCTAVO_INT_LARGE_SPLIT_SUM: the partials summed by a second launch (split_sum) give the
     output the last CTA's sum gives, at every split, also under graph replays, where the
     counters go unused."""
-    mode = "launch"
     from tests.quantization.gemm_checks import check_graph_replays
 
     q, packed, scales, zeros = _weights(k, n, 128, device="cuda")
@@ -514,9 +508,9 @@ def test_the_launch_sum_gives_the_last_cta_s_bits_gpu(k, n, m, monkeypatch):
         want = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k,
                                          split_sum="cta")
         got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k,
-                                        split_sum=mode)
+                                        split_sum="launch")
         assert torch.equal(got, want), split_k
-    monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", mode)
+    monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", "launch")
     w = _dequant_ref(q, scales, zeros, 128).float()
     check_graph_replays(
         lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=4),
