@@ -18,11 +18,15 @@ BLOCK = 1024
 
 
 @triton.jit
-def _sum_splits_kernel(part_ptr, out_ptr, total, splits, BLOCK: tl.constexpr):
+def _sum_splits_kernel(part_ptr, out_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < total
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for z in range(splits):  # in split order, as the in-kernel sum
+    # Unrolled (SPLITS is a constant): every split's loads in flight at once, then the adds in
+    # split order, as the in-kernel sum. (A loop over a runtime count waited a load's latency
+    # per split: 8-10 us for two to four splits of Llama-8B's qkv / o / down at 128-256 rows,
+    # H100, session 57.)
+    for z in tl.static_range(SPLITS):
         acc += tl.load(part_ptr + z * total + offs, mask=mask, other=0.0, cache_modifier=".cg")
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -36,6 +40,6 @@ def sum_splits(partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     total = m * n
     assert splits * total < 2 ** 31, (splits, m, n)  # the kernel's int32 offsets
     if total:
-        _sum_splits_kernel[(triton.cdiv(total, BLOCK),)](partial, out, total, splits,
+        _sum_splits_kernel[(triton.cdiv(total, BLOCK),)](partial, out, total, SPLITS=splits,
                                                           BLOCK=BLOCK)
     return out
