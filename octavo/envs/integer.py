@@ -283,3 +283,11 @@ def bnb4_cuda_ahead(default: int) -> int:
     if out not in (1, 8):
         raise ValueError(f"OCTAVO_BNB4_CUDA_AHEAD must be 1 or 8, got {out}")
     return out
+
+
+def swapab_glu() -> bool:
+    """OCTAVO_SWAPAB_GLU (default off until run on a GPU): a 4-bit MLP [gate | up] weight in
+    the swap-AB layout is stored with gate and up in turn (``w4a16_swapab.glu_blocked``), so
+    the CUDA decode kernel writes silu(gate) * up at 1-16 rows and the activation's own launch
+    goes; larger batches run the activation over the blocked columns."""
+    return _flag("OCTAVO_SWAPAB_GLU", False)

@@ -266,3 +266,43 @@ def qkv_rope(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                                      group_size, positions.reshape(-1), cos_sin_cache,
                                      num_heads, num_kv_heads, head_dim, kv_store)
     return None if q is None else q.view(*x.shape[:-1], q.shape[-1])
+
+
+# --- an MLP's [gate | up] weight with gate and up in turn (OCTAVO_SWAPAB_GLU) -------------
+
+glu_blocked = swapab.glu_blocked
+
+
+def glu_block(n: int, group_size: int, bits: int) -> int | None:
+    """The ``glu_blocked`` block of a swap-AB [gate | up] weight of N = 2I columns whose
+    batches of 1-16 rows the CUDA kernel's gated store can take (4-bit, groups of 128 and
+    their multiples, I a multiple of the block); None where it cannot."""
+    block = swapab_mma.GLU_BLOCK
+    if bits != 4 or group_size % (32 * swapab_mma.GLU_STEPS) or n % (2 * block):
+        return None
+    return block
+
+
+def glu_unblocked(y: torch.Tensor, block: int) -> torch.Tensor:
+    """``y [..., N]`` in ``glu_blocked`` order back to [gate | up] (a copy)."""
+    n = y.shape[-1]
+    return y.unflatten(-1, (n // (2 * block), 2, block)).transpose(-3, -2).reshape(y.shape)
+
+
+def gated_blocked(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                  zeros: torch.Tensor, group_size: int, bits: int, block: int) -> torch.Tensor:
+    """``silu(gate) * up`` [..., N / 2] of a swap-AB weight in ``glu_blocked`` order: at
+    1-16 rows in the CUDA kernel's store (no launch of its own), else the projection as
+    ``linear`` runs it, then the activation over the blocked columns."""
+    from octavo.kernels.activation import silu_and_mul
+
+    x2 = x.reshape(-1, x.shape[-1])
+    m, k = x2.shape
+    n = qweight.shape[0] * (16 // bits)
+    if m <= swapab_mma.max_rows() and swapab_mma.available(x2.device) and \
+            swapab_mma.supports_glu(m, k, n, group_size, bits, x2.dtype):
+        y = swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits, glu=True,
+                                  **swapab_mma.engine_plan())
+    else:
+        y = silu_and_mul(linear(x2, qweight, scales, zeros, group_size, bits, SWAPAB), block)
+    return y.view(*x.shape[:-1], n // 2)

@@ -96,6 +96,25 @@ def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PE
     return whole
 
 
+# The gated store (``glu``): 4-bit, chunks of 4 K steps (groups of 128 and their multiples),
+# the registers' pipeline, up to MAX_M rows a launch: Llama-8B's gate_up at 1-16 rows, whose
+# activation then needs no launch of its own.
+GLU_STEPS = 4
+
+
+def supports_glu(m: int, k: int, n: int, group_size: int, bits: int,
+                 dtype: torch.dtype) -> bool:
+    """Whether ``swapab_mma(glu=True)`` takes this call: an [gate | up] weight in
+    ``w4a16_swapab.glu_blocked`` order of 4-bit values."""
+    return (bits == 4 and 1 <= m <= MAX_M and supports(m, k, n, group_size, bits, dtype)
+            and group_size % (32 * GLU_STEPS) == 0 and n % (2 * GLU_BLOCK) == 0)
+
+
+# Columns of gate, then as many of up, in turn along the [gate | up] weight's N (glu_blocked):
+# the kernel's 256-column blocks of 4-bit values hold gate in values 0-1, up in values 2-3.
+GLU_BLOCK = 128
+
+
 def available(device: torch.device) -> bool:
     """Whether the engine's integer layers use this kernel on ``device``: built (nvcc, an
     NVIDIA GPU) and not turned off (``OCTAVO_CUDA_KERNELS=0``)."""
@@ -164,7 +183,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                warps_per_sm: int = WARPS_PER_SM,
                steps: int | None = None, most_warps: int = MAX_WARPS,
                split_ctas: bool | None = None, stages: int | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16; up to ``MAX_ROWS`` in 16-row chunks of
     one launch) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout, scales and (float) zeros
@@ -172,12 +191,16 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     flight per warp through shared memory (3 or 4, with 4-step chunks; 0 the registers'
     pipeline; None ``default_stages``). ``out``: an [M, N] tensor of contiguous rows to write
     (rows of a larger batch's output), else a new one. The tuning arguments exist for the
-    benchmarks."""
+    benchmarks. ``glu``: the weight is an MLP's [gate | up] in ``glu_blocked`` order and the
+    output is silu(gate) * up, [M, N / 2] (``supports_glu``)."""
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
     if not (m <= MAX_ROWS and supports(min(m, MAX_M), k, n, group_size, bits, x2.dtype)):
         raise ValueError(f"swapab_mma: M={m}, K={k}, N={n}, group {group_size}, {bits}-bit, "
                          f"{x2.dtype} is not a supported shape")
+    if glu and not supports_glu(m, k, n, group_size, bits, x2.dtype):
+        raise ValueError(f"swapab_mma: no gated store for M={m}, K={k}, N={n}, group "
+                         f"{group_size}, {bits}-bit")
     chunks = -(-m // MAX_M)  # past 16 rows: 16-row chunks, a tile's side by side on grid x
     # The kernel reads 16-bit scales and zeros of one dtype as stored (GPTQ's float16 under
     # a bf16 model included): anything else is converted here, per call.
@@ -195,19 +218,23 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"swapab_mma: stages must be one of {STAGE_CHOICES}, got {stages}")
     if steps != STAGED_STEPS or any(t.data_ptr() % 16 for t in (scales, zeros, qweight)):
         stages = 0  # the copies take 16-byte pieces of the tile's scales and zeros
+    if glu:
+        steps, stages = GLU_STEPS, 0  # the gated store's kernels
     name = (f"swapab_mma_{_DTYPES[x2.dtype]}_{_DTYPES[scales.dtype]}_w{bits}"
-            f"_m{8 if m <= 8 else 16}_s{steps}" + (f"_p{stages}" if stages else ""))
+            f"_m{8 if m <= 8 else 16}_s{steps}" + (f"_p{stages}" if stages else "")
+            + ("_glu" if glu else ""))
     if stages:
         most_warps = staged_warps(m, steps, bits, stages, most_warps,
                                   _shared_limit(x2.device))
     p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps,
              bits, split_ctas)
     tiles = qweight.shape[0] // ROWS
+    out_n = n // 2 if glu else n
     if out is None:
-        out, partial = split_k_buffers(m, n, p.splits, x2)
+        out, partial = split_k_buffers(m, n, p.splits, x2, out_n)
     else:
-        assert out.shape == (m, n) and out.dtype == x2.dtype and out.stride() == (n, 1), (
-            out.shape, out.stride())
+        assert out.shape == (m, out_n) and out.dtype == x2.dtype and out.stride() == (
+            out_n, 1), (out.shape, out.stride())
         partial = out.unsqueeze(0) if p.splits == 1 else split_k_buffers(m, n, p.splits, x2)[1]
     cnt = split_k_counters(x2.device, tiles * chunks)
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, cnt, m, n, k,

@@ -86,6 +86,20 @@ def pack_swapab(q: torch.Tensor, bits: int) -> torch.Tensor:
     return packed.reshape(n // per, k).contiguous()
 
 
+def glu_blocked(n: int, block: int, device: torch.device | None = None) -> torch.Tensor:
+    """The column order of an MLP's [gate | up] weight (N = 2I) with gate and up in turn,
+    ``block`` columns each: new column 2 b block + r is gate column b block + r, and
+    2 b block + block + r is up's (``weight[:, glu_blocked(n, block)]``). I must be a multiple
+    of ``block``."""
+    inter = n // 2
+    if n % 2 or inter % block:
+        raise ValueError(f"glu_blocked: N={n} is not [gate | up] in blocks of {block}")
+    b = torch.arange(inter // block, device=device).view(-1, 1, 1) * block
+    r = torch.arange(block, device=device).view(1, 1, -1)
+    half = torch.tensor([0, inter], device=device).view(1, 2, 1)
+    return (b + half + r).reshape(-1)
+
+
 def unpack_swapab(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """``pack_swapab``'s int16 [N / per, K] -> integer values [K, N] (int32)."""
     per = _per(bits)

@@ -102,7 +102,13 @@ class IntWeightLinearMethod(LinearMethod):
             # Only the rows layout's GEMV has a rotating store (``apply_qkv_rope``).
             self.has_qkv_rope = int_weight_layout.has_qkv_rope(layer.kernel_layout, k,
                                                                q.shape[1], group)
-            kernel = self._kernel_layout(q, zeros, scales, g_idx, group, layer.kernel_layout)
+            layer.glu_block = self._glu_block(layer, q.shape[1], group)
+            qk, zk, sk = q, zeros, scales
+            if layer.glu_block:
+                # gate and up in turn (the CUDA kernel's gated store: apply_gated).
+                cols = int_weight_layout.glu_blocked(q.shape[1], layer.glu_block, q.device)
+                qk, zk, sk = q[:, cols], zeros[:, cols], scales[:, cols]
+            kernel = self._kernel_layout(qk, zk, sk, g_idx, group, layer.kernel_layout)
             if kernel is not None:
                 for name, t in zip(("qweight_kernel", "scales_kernel", "zeros_kernel",
                                     "act_perm"), kernel):
@@ -114,6 +120,7 @@ class IntWeightLinearMethod(LinearMethod):
                 layer.kernel_zero = (float(z.reshape(-1)[0]) if z.numel()
                                      and bool((z == z.reshape(-1)[0]).all()) else None)
                 return
+            layer.glu_block = None
             logger.warning("layer %r: act-order groups are not contiguous blocks of %d rows "
                            "after sorting; it runs on a dequantized float weight", layer.prefix,
                            group)
@@ -123,6 +130,18 @@ class IntWeightLinearMethod(LinearMethod):
             scales.to(torch.float32)[g_idx]
         layer.register_buffer("dequantized_weight", w.t().contiguous().to(self.params_dtype),
                               persistent=False)
+
+    def _glu_block(self, layer: nn.Module, n: int, group: int) -> int | None:
+        """The block of ``glu_blocked`` columns this layer's weight takes: an MLP's
+        [gate | up] without bias, in the swap-AB layout, whose gated store the CUDA kernel
+        has (``OCTAVO_SWAPAB_GLU``); else None."""
+        sizes = getattr(layer, "output_partition_sizes", ())
+        if not (envs.swapab_glu() and envs.fused_glu() and len(sizes) == 2
+                and sizes[0] == sizes[1] and getattr(layer, "bias", None) is None
+                and getattr(layer, "int_layout", None) is None
+                and layer.kernel_layout == int_weight_layout.SWAPAB):
+            return None
+        return int_weight_layout.glu_block(n, group, self.bits)
 
     def _kernel_layout(self, q, zeros, scales, g_idx, group, layout):
         """(qweight, scales, zeros, act permutation or None) in the packed ``layout``, or None
@@ -155,9 +174,17 @@ class IntWeightLinearMethod(LinearMethod):
         y = int_weight_layout.linear(x, layer.qweight_kernel, layer.scales_kernel,
                                      layer.zeros_kernel, layer.kernel_group, self.bits,
                                      layer.kernel_layout, layer.kernel_zero)
+        if getattr(layer, "glu_block", None):  # back to [gate | up] (apply_gated is the path)
+            y = int_weight_layout.glu_unblocked(y, layer.glu_block)
         return y if bias is None else y + bias
 
     def apply_gated(self, layer, x, bias):
+        if getattr(layer, "glu_block", None) and x.is_cuda:
+            if layer.act_perm is not None:
+                x = x.index_select(-1, layer.act_perm)
+            return int_weight_layout.gated_blocked(
+                x, layer.qweight_kernel, layer.scales_kernel, layer.zeros_kernel,
+                layer.kernel_group, self.bits, layer.glu_block)
         sizes = layer.output_partition_sizes
         if not (layer.kernel_group is not None and x.is_cuda and bias is None
                 and len(sizes) == 2 and sizes[0] == sizes[1] and envs.fused_glu()):

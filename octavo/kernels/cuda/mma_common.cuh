@@ -42,6 +42,8 @@ struct MmaType {
     else
       return __half2float(v);
   }
+  // v rounded to T (nearest even), as a float.
+  static __device__ __forceinline__ float round(float v) { return to_float(from_float(v)); }
 };
 
 constexpr int kMaxWarps = 8;  // per CTA: cta_sum's shared buffer
@@ -141,6 +143,12 @@ __device__ __forceinline__ void each_row(int t, int M, F&& fn) {
       if (m < M) fn(mt, i, m);
     }
   }
+}
+
+// silu(gate) * up in float32, as activation.py's silu_mul (the gated MLP's activation in a
+// GEMM's store).
+__device__ __forceinline__ float silu_mul(float gate, float up) {
+  return gate / (1.0f + __expf(-gate)) * up;
 }
 
 // Split over CTAs, called by the warp that stored this CTA's partials: whether it took the

@@ -87,7 +87,7 @@ __device__ __forceinline__ int column(int row) {  // of value 0; value v is 64 v
   return BITS == 4 ? (row >> 6) * 256 + (row & 63) : (row >> 6) * 128 + (row & 63);
 }
 
-template <typename T, typename S, int BITS, int MT, int STEPS, int STAGES>
+template <typename T, typename S, int BITS, int MT, int STEPS, int STAGES, bool GLU>
 __device__ __forceinline__ void swapab_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const unsigned short* __restrict__ s,
     const unsigned short* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
@@ -334,14 +334,34 @@ __device__ __forceinline__ void swapab_mma(
       for (int c = 0; c < VALUES; ++c) fn(acc[mt][c][i], (size_t)m * N + nb0 + 64 * c);
     });
   };
+  // The outputs as the caller sees them. GLU: the weight's columns are [gate | up] in blocks
+  // of 32 VALUES (value c < VALUES / 2 gate, c + VALUES / 2 the same column of up: the
+  // loader's ``glu_blocked`` order), and the lane writes silu(gate) * up from its float
+  // accumulators into an [M, N / 2] output in the MLP's own column order, gate and up each
+  // rounded to T first: the bits of the GEMM's output through activation.py's kernel.
+  auto store = [&]() {
+    if constexpr (GLU) {
+      constexpr int HALF = VALUES / 2;
+      const int half_n = N / 2;
+      octavo::each_row<MT>(t, M, [&](int mt, int i, int m) {
+        const int nb = (i < 2 ? n0 : n1);
+        const int col = (nb / (64 * VALUES)) * (32 * VALUES) + nb % (64 * VALUES);
+#pragma unroll
+        for (int c = 0; c < HALF; ++c)
+          out[(size_t)m * half_n + col + 64 * c] =
+              Type<T>::from_float(octavo::silu_mul(Type<T>::round(acc[mt][c][i]),
+                                                   Type<T>::round(acc[mt][c + HALF][i])));
+      });
+    } else {
+      each_output([&](float a, size_t o) { out[o] = Type<T>::from_float(a); });
+    }
+  };
   const int splits = gridDim.y;
-  each_output([&](float a, size_t o) {
-    if (splits == 1)
-      out[o] = Type<T>::from_float(a);
-    else
-      part[(size_t)blockIdx.y * M_all * N + o] = a;
-  });
-  if (splits == 1) return;
+  if (splits == 1) {
+    store();
+    return;
+  }
+  each_output([&](float a, size_t o) { part[(size_t)blockIdx.y * M_all * N + o] = a; });
   // Split over CTAs: the CTA that takes the tile's last ticket adds the partials in split
   // order (deterministic), writes the output and leaves the counter zeroed for the next call.
   if (!octavo::last_ticket(cnt + tile, splits, lane)) return;
@@ -354,7 +374,7 @@ __device__ __forceinline__ void swapab_mma(
     const float* ps = part + (size_t)sp * M_all * N;
     each_output([&](float& a, size_t o) { a += __ldcg(ps + o); });
   }
-  each_output([&](float& a, size_t o) { out[o] = Type<T>::from_float(a); });
+  store();
   octavo::release_tile(cnt + tile, lane);
 }
 
@@ -365,15 +385,16 @@ __device__ __forceinline__ void swapab_mma(
 // its outputs, partials and tickets its own. A tile's chunks are neighbours in launch order,
 // so they run together and all but one read its weights from L2 (a layer larger than the L2
 // too: chunks on the grid's slowest axis re-read it from HBM).
-#define OCTAVO_SWAPAB_MMA(NAME, T, S, BITS, MT, STEPS, STAGES)                             \
+#define OCTAVO_SWAPAB_MMA(NAME, T, S, BITS, MT, STEPS, STAGES, GLU)                        \
   extern "C" __global__ void __launch_bounds__(256) NAME(                                     \
       const T* x, const uint4* w, const unsigned short* s, const unsigned short* z, T* out,   \
       float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_warp, int group) {  \
     const int chunks = (M + 15) / 16;                                                         \
     const int chunk = blockIdx.x % chunks;                                                    \
     const int m0 = chunk * 16;                                                                \
-    swapab_mma<T, S, BITS, MT, STEPS, STAGES>(                                                \
-        x + (size_t)m0 * stride_x, w, s, z, out + (size_t)m0 * N, part + (size_t)m0 * N,     \
+    swapab_mma<T, S, BITS, MT, STEPS, STAGES, GLU>(                                           \
+        x + (size_t)m0 * stride_x, w, s, z, out + (size_t)m0 * (GLU ? N / 2 : N),            \
+        part + (size_t)m0 * N,                                                                \
         cnt + chunk * (gridDim.x / chunks), min(M - m0, 16), M, N, K, stride_x, k_per_warp,  \
         group, blockIdx.x / chunks);                                                          \
   }
@@ -381,20 +402,31 @@ __device__ __forceinline__ void swapab_mma(
 // swapab_mma_{activations}_{scales}_w{bits}_m{8,16}_s{steps}[_p{stages}]: without _p the
 // registers' one-chunk pipeline, with it STAGES chunks in flight through shared memory.
 #define OCTAVO_SWAPAB_MMA_ALL(TN, T, SN, S, BITS)                                        \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s1, T, S, BITS, 1, 1, 0)       \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s2, T, S, BITS, 1, 2, 0)       \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4, T, S, BITS, 1, 4, 0)       \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s1, T, S, BITS, 2, 1, 0)      \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s2, T, S, BITS, 2, 2, 0)      \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4, T, S, BITS, 2, 4, 0)      \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4_p3, T, S, BITS, 1, 4, 3)    \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4_p4, T, S, BITS, 1, 4, 4)    \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4_p3, T, S, BITS, 2, 4, 3)   \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4_p4, T, S, BITS, 2, 4, 4)
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s1, T, S, BITS, 1, 1, 0, false)       \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s2, T, S, BITS, 1, 2, 0, false)       \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4, T, S, BITS, 1, 4, 0, false)       \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s1, T, S, BITS, 2, 1, 0, false)      \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s2, T, S, BITS, 2, 2, 0, false)      \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4, T, S, BITS, 2, 4, 0, false)      \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4_p3, T, S, BITS, 1, 4, 3, false)    \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4_p4, T, S, BITS, 1, 4, 4, false)    \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4_p3, T, S, BITS, 2, 4, 3, false)   \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4_p4, T, S, BITS, 2, 4, 4, false)
 
 #define OCTAVO_SWAPAB_MMA_SCALES(TN, T, BITS)                  \
   OCTAVO_SWAPAB_MMA_ALL(TN, T, bf16, __nv_bfloat16, BITS)      \
   OCTAVO_SWAPAB_MMA_ALL(TN, T, f16, __half, BITS)
+
+// _glu: the MLP's [gate | up] weight in glu_blocked order, silu(gate) * up written (4-bit,
+// groups of 128 and their multiples, the registers' pipeline: Llama-8B's gate_up at 1-16 rows).
+#define OCTAVO_SWAPAB_MMA_GLU(TN, T, SN, S)                                               \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w4_m8_s4_glu, T, S, 4, 1, 4, 0, true)        \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w4_m16_s4_glu, T, S, 4, 2, 4, 0, true)
+
+OCTAVO_SWAPAB_MMA_GLU(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
+OCTAVO_SWAPAB_MMA_GLU(bf16, __nv_bfloat16, f16, __half)
+OCTAVO_SWAPAB_MMA_GLU(f16, __half, bf16, __nv_bfloat16)
+OCTAVO_SWAPAB_MMA_GLU(f16, __half, f16, __half)
 
 OCTAVO_SWAPAB_MMA_SCALES(bf16, __nv_bfloat16, 4)
 OCTAVO_SWAPAB_MMA_SCALES(bf16, __nv_bfloat16, 8)

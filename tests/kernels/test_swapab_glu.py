@@ -1,0 +1,226 @@
+"""The MLP's activation in the CUDA 4-bit decode kernel's store (``swapab_mma(glu=True)``,
+``OCTAVO_SWAPAB_GLU``): the [gate | up] weight's columns in ``glu_blocked`` order, the
+kernel's gated store mapping, the blocked activation of larger batches, and on the GPU the
+same outputs as the plain store followed by ``silu_and_mul``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from octavo.kernels import cuda_module, int_weight_layout, swapab_mma
+from octavo.kernels.activation import silu_and_mul_ref
+from octavo.kernels.w4a16_swapab import glu_blocked
+from tests.kernels import cuda_checks
+
+SOURCE = Path(swapab_mma.__file__).parent / "cuda" / swapab_mma.SOURCE
+
+
+@pytest.mark.parametrize("n,block", [(256, 128), (1024, 128), (28672, 128), (96, 16)])
+def test_blocked_order_is_gate_then_up_in_turn_and_undone(n, block):
+    cols = glu_blocked(n, block)
+    inter = n // 2
+    assert sorted(cols.tolist()) == list(range(n))
+    for b in range(inter // block):
+        assert cols[2 * b * block:(2 * b + 1) * block].tolist() == list(
+            range(b * block, (b + 1) * block))
+        assert cols[(2 * b + 1) * block:(2 * b + 2) * block].tolist() == list(
+            range(inter + b * block, inter + (b + 1) * block))
+    y = torch.randn(3, n)
+    assert torch.equal(int_weight_layout.glu_unblocked(y[:, cols], block), y)
+    assert torch.equal(silu_and_mul_ref(y[:, cols], block), silu_and_mul_ref(y))
+
+
+@pytest.mark.parametrize("n,block", [(255, 128), (384, 128), (100, 64)])
+def test_a_weight_not_in_whole_blocks_is_refused(n, block):
+    with pytest.raises(ValueError, match=f"N={n}"):
+        glu_blocked(n, block)
+
+
+def _column4(row: int) -> int:
+    """swapab_mma.cu's column<4>: int16 row R's value 0 (value v is 64 v further)."""
+    m = re.search(r"return BITS == 4 \? \(row >> 6\) \* (\d+) \+ \(row & (\d+)\)",
+                  SOURCE.read_text())
+    assert m, "column<4> changed: update this transcription"
+    return (row >> 6) * int(m.group(1)) + (row & int(m.group(2)))
+
+
+def test_the_gated_store_writes_every_output_once_from_its_gate_and_up():
+    """The store's columns, transcribed from the source: each lane's gate value c < 2 and up
+    value c + 2 of its two int16 rows are the same MLP column under ``glu_blocked``, written
+    at that column; every column of [M, N / 2] is written exactly once."""
+    text = SOURCE.read_text()
+    assert "const int col = (nb / (64 * VALUES)) * (32 * VALUES) + nb % (64 * VALUES);" in text
+    assert "out[(size_t)m * half_n + col + 64 * c]" in text
+    n, values = 2048, 4
+    inter = n // 2
+    cols = glu_blocked(n, swapab_mma.GLU_BLOCK)  # stored column j holds MLP column cols[j]
+    written = []
+    for tile in range(n // 64):
+        for g in range(8):
+            for row in (tile * 16 + g, tile * 16 + g + 8):
+                nb = _column4(row)
+                col = (nb // (64 * values)) * (32 * values) + nb % (64 * values)
+                for c in range(values // 2):
+                    gate, up = nb + 64 * c, nb + 64 * (c + values // 2)
+                    assert cols[gate] == col + 64 * c
+                    assert cols[up] == inter + col + 64 * c
+                    written.append(col + 64 * c)
+    assert sorted(written) == list(range(inter))
+
+
+def test_supports_glu():
+    ok = dict(m=1, k=4096, n=28672, group_size=128, bits=4, dtype=torch.bfloat16)
+    assert swapab_mma.supports_glu(**ok)
+    assert swapab_mma.supports_glu(**{**ok, "m": 16, "dtype": torch.float16})
+    assert swapab_mma.supports_glu(**{**ok, "group_size": 4096})
+    for bad in ({"m": 17}, {"m": 0}, {"bits": 8}, {"group_size": 64}, {"n": 28672 + 128},
+                {"dtype": torch.float32}):
+        assert not swapab_mma.supports_glu(**{**ok, **bad}), bad
+    assert int_weight_layout.glu_block(28672, 128, 4) == swapab_mma.GLU_BLOCK
+    assert int_weight_layout.glu_block(28672, 64, 4) is None
+    assert int_weight_layout.glu_block(28672, 128, 8) is None
+    assert int_weight_layout.glu_block(28672 + 128, 128, 4) is None
+
+
+def test_the_switch_is_off_by_default(monkeypatch):
+    from octavo import envs
+
+    monkeypatch.delenv("OCTAVO_SWAPAB_GLU", raising=False)
+    assert envs.swapab_glu() is False
+    monkeypatch.setenv("OCTAVO_SWAPAB_GLU", "1")
+    assert envs.swapab_glu() is True
+
+
+def test_silu_and_mul_over_blocked_columns(device):
+    pytest.importorskip("triton")
+    from octavo.kernels.activation import silu_and_mul
+
+    x = (torch.randn(3, 2 * 512, device=device) * 3).to(torch.bfloat16)
+    out = silu_and_mul(x, 128)
+    assert out.shape == (3, 512)
+    torch.testing.assert_close(out, silu_and_mul_ref(x, 128), atol=2e-2, rtol=2e-2)
+    assert torch.equal(silu_and_mul(x, 512), silu_and_mul(x))  # one block: the halves
+
+
+# --- on the GPU ---------------------------------------------------------------------------
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available()
+                         or cuda_module.module(swapab_mma.SOURCE, torch.device("cuda")) is None,
+                         reason="needs an NVIDIA GPU and nvcc")
+
+
+def _blocked_case(m, k, n, dtype, scale_dtype, seed=0):
+    from octavo.kernels.w4a16_swapab import pack_swapab
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (k, n), generator=g)
+    scales = (torch.rand(k // 128, n, generator=g) * 0.02 + 0.001).to(scale_dtype)
+    zeros = torch.randint(0, 17, (k // 128, n), generator=g).to(scale_dtype)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    cols = glu_blocked(n, swapab_mma.GLU_BLOCK)
+    plain = (pack_swapab(q, 4).cuda(), scales.cuda(), zeros.cuda())
+    blocked = (pack_swapab(q[:, cols], 4).cuda(), scales[:, cols].cuda(),
+               zeros[:, cols].cuda())
+    return x.cuda(), plain, blocked
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype,scale_dtype", [(torch.bfloat16, torch.bfloat16),
+                                               (torch.bfloat16, torch.float16),
+                                               (torch.float16, torch.float16)])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("per_sm", [6, 200, 1])
+def test_the_gated_store_is_the_plain_store_s_activation_gpu(dtype, scale_dtype, m, per_sm):
+    """Against the plain kernel on the unblocked weight, then ``silu_and_mul``: gate and up
+    are rounded to the dtype in both, so only the exponential's and the division's last bits
+    may differ; every ticket counter back at zero (K split over CTAs at per_sm 200)."""
+    from octavo.kernels import split_k
+    from octavo.kernels.activation import silu_and_mul
+
+    x, plain, blocked = _blocked_case(m, 2048, 2048, dtype, scale_dtype, seed=m)
+    ref = silu_and_mul(swapab_mma.swapab_mma(x, *plain, 128, 4, warps_per_sm=per_sm))
+    out = swapab_mma.swapab_mma(x, *blocked, 128, 4, warps_per_sm=per_sm, glu=True)
+    assert out.shape == (m, 1024) and out.dtype == dtype
+    torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-2)
+    assert (out != ref).float().mean().item() < 0.02  # a last-bit difference here and there
+    torch.cuda.synchronize()
+    assert not split_k.counters(x.device, 1).any()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 16, 17, 64, 200])
+def test_gated_blocked_at_every_batch_gpu(m):
+    """The engine's entry: the kernel's store to 16 rows, the blocked activation above it, both
+    the activation of the plain projection; graph replays give the same bits."""
+    from octavo.kernels.activation import silu_and_mul
+
+    x, plain, blocked = _blocked_case(m, 4096, 4096, torch.bfloat16, torch.float16, seed=7)
+    ref = silu_and_mul(int_weight_layout.linear(x, *plain, 128, 4, int_weight_layout.SWAPAB))
+    out = int_weight_layout.gated_blocked(x, *blocked, 128, 4, swapab_mma.GLU_BLOCK)
+    assert out.shape == (m, 2048)
+    torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-2)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = int_weight_layout.gated_blocked(x, *blocked, 128, 4, swapab_mma.GLU_BLOCK)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, out)
+
+
+def _liven_blocked(model) -> None:
+    """Like test_swapab_mma's ``_liven``, but the seeded scales are drawn in the MLP's own
+    column order and stored in the layer's (so both engines hold the same model)."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for _name, mod in sorted(model.named_modules(), key=lambda nm: nm[0]):
+        s = getattr(mod, "scales_kernel", None)
+        if s is None:
+            continue
+        fresh = torch.empty_like(s).uniform_(0.01, 0.03, generator=g)
+        block = getattr(mod, "glu_block", None)
+        s.copy_(fresh[:, glu_blocked(s.shape[1], block, s.device)] if block else fresh)
+    for name, p in sorted(model.named_parameters()):
+        if "embed_tokens" in name:
+            p.data.normal_(0.0, 1.0, generator=g)
+        elif "lm_head" in name:
+            p.data.normal_(0.0, 0.05, generator=g)
+
+
+@pytest.mark.gpu
+@gpu
+def test_engine_decode_with_the_gated_store_matches_it_off_gpu(tmp_path, monkeypatch):
+    """A bf16 GPTQ 4-bit Llama decodes through the gated store (calls counted) with the
+    logprobs of the engine without it. Dummy weights: the packed values are seeded per
+    checkpoint parameter, so both engines hold the same integers before the reordering."""
+    import json
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+              "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512,
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+              "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
+                                      "desc_act": False, "sym": True}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
+    glu_calls = []
+    real = swapab_mma.swapab_mma
+    monkeypatch.setattr(swapab_mma, "swapab_mma", lambda x, *a, **kw: glu_calls.append(
+        kw.get("glu", False)) or real(x, *a, **kw))
+
+    def run(on: bool):
+        monkeypatch.setenv("OCTAVO_SWAPAB_GLU", "1" if on else "0")
+        return cuda_checks.greedy_decode(tmp_path, _liven_blocked)
+
+    off = run(False)
+    assert glu_calls and not any(glu_calls)
+    glu_calls.clear()
+    on = run(True)
+    assert any(glu_calls)
+    for (a, _), (b, _) in zip(off, on):
+        assert a[0] == b[0]
+    assert cuda_checks.compare_decodes(off, on, first=1) >= 3 * len(cuda_checks.PROMPTS)
