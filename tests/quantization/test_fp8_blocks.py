@@ -48,6 +48,9 @@ def _count(monkeypatch, module, name: str) -> list:
     return calls
 
 
+# About a minute on CI's 2 cores under the Triton interpreter (session 58: 58-67 s, the
+# slowest test of the suite); the GPU test below runs the same path on the device.
+@pytest.mark.slow
 def test_kept_blocks_give_the_twins_tokens(pair, monkeypatch):
     from octavo.kernels import fp8_block_gemm
 
