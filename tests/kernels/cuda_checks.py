@@ -131,3 +131,39 @@ def mma16816(d, a, b):
     d[:, 1] += D[G, 2 * T + 1]
     d[:, 2] += D[G + 8, 2 * T]
     d[:, 3] += D[G + 8, 2 * T + 1]
+
+
+def gptq_llama(model_dir, group_size: int) -> None:
+    """A two-layer bf16 GPTQ 4-bit Llama config in ``model_dir`` (dummy weights; hidden 512,
+    intermediate 1024: every projection 256-column aligned)."""
+    import json
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+              "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512,
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+              "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": group_size,
+                                      "desc_act": False, "sym": True}}
+    (model_dir / "config.json").write_text(json.dumps(config))
+
+
+def liven_int(model) -> None:
+    """Dummy weights (+-1e-3) give near-uniform logits, under which any kernel passes: the
+    same seeded, larger scales, embeddings and LM head in every engine of a test. The scales
+    are drawn in the layer's own column order and stored in its kernel's (an MLP weight in
+    ``glu_blocked`` order included), so engines with other layouts hold the same model."""
+    from octavo.kernels.w4a16_swapab import glu_blocked
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for _name, mod in sorted(model.named_modules(), key=lambda nm: nm[0]):
+        s = getattr(mod, "scales_kernel", None)
+        if s is None:
+            continue
+        fresh = torch.empty_like(s).uniform_(0.01, 0.03, generator=g)
+        block = getattr(mod, "glu_block", None)
+        s.copy_(fresh[:, glu_blocked(s.shape[1], block, s.device)] if block else fresh)
+    for name, p in sorted(model.named_parameters()):
+        if "embed_tokens" in name:
+            p.data.normal_(0.0, 1.0, generator=g)
+        elif "lm_head" in name:
+            p.data.normal_(0.0, 0.05, generator=g)

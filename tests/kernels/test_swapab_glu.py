@@ -173,39 +173,13 @@ def test_gated_blocked_at_every_batch_gpu(m):
     assert torch.equal(captured, out)
 
 
-def _liven_blocked(model) -> None:
-    """Like test_swapab_mma's ``_liven``, but the seeded scales are drawn in the MLP's own
-    column order and stored in the layer's (so both engines hold the same model)."""
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for _name, mod in sorted(model.named_modules(), key=lambda nm: nm[0]):
-        s = getattr(mod, "scales_kernel", None)
-        if s is None:
-            continue
-        fresh = torch.empty_like(s).uniform_(0.01, 0.03, generator=g)
-        block = getattr(mod, "glu_block", None)
-        s.copy_(fresh[:, glu_blocked(s.shape[1], block, s.device)] if block else fresh)
-    for name, p in sorted(model.named_parameters()):
-        if "embed_tokens" in name:
-            p.data.normal_(0.0, 1.0, generator=g)
-        elif "lm_head" in name:
-            p.data.normal_(0.0, 0.05, generator=g)
-
-
 @pytest.mark.gpu
 @gpu
 def test_engine_decode_with_the_gated_store_matches_it_off_gpu(tmp_path, monkeypatch):
     """A bf16 GPTQ 4-bit Llama decodes through the gated store (calls counted) with the
     logprobs of the engine without it. Dummy weights: the packed values are seeded per
     checkpoint parameter, so both engines hold the same integers before the reordering."""
-    import json
-
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-              "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
-              "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512,
-              "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-              "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128,
-                                      "desc_act": False, "sym": True}}
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    cuda_checks.gptq_llama(tmp_path, group_size=128)
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
     glu_calls = []
     real = swapab_mma.swapab_mma
@@ -214,7 +188,7 @@ def test_engine_decode_with_the_gated_store_matches_it_off_gpu(tmp_path, monkeyp
 
     def run(on: bool):
         monkeypatch.setenv("OCTAVO_SWAPAB_GLU", "1" if on else "0")
-        return cuda_checks.greedy_decode(tmp_path, _liven_blocked)
+        return cuda_checks.greedy_decode(tmp_path, cuda_checks.liven_int)
 
     off = run(False)
     assert glu_calls and not any(glu_calls)

@@ -565,43 +565,20 @@ def test_strided_rows_and_graph_replays_gpu():
     check_graph_replays(lambda xx: swapab_mma.swapab_mma(xx, qw, s, z, 128), ref, x)
 
 
-def _liven(model) -> None:
-    """Dummy weights (+-1e-3) give near-uniform logits, under which any kernel passes: the
-    same seeded, larger scales, embeddings and LM head in both engines (the layouts differ,
-    the [K / group, N] scales do not)."""
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for _name, mod in sorted(model.named_modules(), key=lambda nm: nm[0]):
-        if getattr(mod, "scales_kernel", None) is not None:
-            mod.scales_kernel.uniform_(0.01, 0.03, generator=g)
-    for name, p in sorted(model.named_parameters()):
-        if "embed_tokens" in name:
-            p.data.normal_(0.0, 1.0, generator=g)
-        elif "lm_head" in name:
-            p.data.normal_(0.0, 0.05, generator=g)
-
-
 @pytest.mark.gpu
 @gpu
 def test_engine_decode_through_the_kernel_matches_the_triton_kernels_gpu(tmp_path, monkeypatch):
     """A bf16 GPTQ 4-bit Llama (dummy weights, every projection 256-column aligned) decodes
     through the CUDA kernel (calls counted) with the logprobs of the Triton kernels' engine
     (OCTAVO_CUDA_KERNELS=0), step by step while the two agree on the token."""
-    import json
-
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-              "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
-              "num_key_value_heads": 4, "vocab_size": 2048, "max_position_embeddings": 512,
-              "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-              "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64,
-                                      "desc_act": False, "sym": True}}
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    cuda_checks.gptq_llama(tmp_path, group_size=64)
     calls = cuda_checks.count_rows(monkeypatch, swapab_mma, "swapab_mma")
 
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")  # layers below the size rule's
 
     def run(cuda: bool):
         monkeypatch.setenv("OCTAVO_CUDA_KERNELS", "1" if cuda else "0")
-        return cuda_checks.greedy_decode(tmp_path, _liven)
+        return cuda_checks.greedy_decode(tmp_path, cuda_checks.liven_int)
 
     triton_out = run(False)
     assert not calls
