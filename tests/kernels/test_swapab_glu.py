@@ -106,6 +106,53 @@ def test_silu_and_mul_over_blocked_columns(device):
     assert torch.equal(silu_and_mul(x, 512), silu_and_mul(x))  # one block: the halves
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_a_gptq_gate_up_layer_loads_blocked_and_still_computes_gate_then_up(on, monkeypatch):
+    """The loader's side on CPU tensors (the CUDA path forced, as test_int_weight_layout
+    does): with the switch on, a 4-bit g128 [gate | up] layer in the swap-AB layout keeps its
+    packed values, scales and zeros in ``glu_blocked`` order; its plain forward still gives
+    [gate | up], and the engine's gated entry the activation of it. A down projection (one
+    part) and the switch off are left alone."""
+    pytest.importorskip("triton")
+    from octavo.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+    from octavo.quantization import int_weight
+    from octavo.quantization.gptq import GPTQConfig
+    from tests.quantization.packers import gptq_tensors, quantize
+
+    monkeypatch.setenv("OCTAVO_SWAPAB_GLU", "1" if on else "0")
+    monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, b: True)
+    monkeypatch.setattr(int_weight_layout, "choose", lambda k, n, g, b, d: "swapab")
+    cfg = GPTQConfig(bits=4, group_size=128, desc_act=False, sym=False)
+    torch.manual_seed(0)
+    layer = MergedColumnParallelLinear(256, [256, 256], quant_config=cfg,
+                                       prefix="model.layers.0.mlp.gate_up_proj")
+    parts = {i: quantize(torch.randn(256, 256), 4, 128, False, seed=i) for i in (0, 1)}
+    for sid, qz in parts.items():
+        for name, t in gptq_tensors(qz, 4).items():
+            getattr(layer, name).weight_loader(getattr(layer, name), t, sid)
+    layer.process_weights_after_loading()
+    assert layer.glu_block == (swapab_mma.GLU_BLOCK if on else None)
+    dense = torch.cat([parts[0].dequantize(), parts[1].dequantize()])  # [512, 256]
+    stored = dense if not on else dense[glu_blocked(512, 128)]
+    from octavo.kernels.w4a16_swapab import dequantize_swapab
+
+    got = dequantize_swapab(layer.qweight_kernel, layer.scales_kernel, layer.zeros_kernel, 128,
+                            4, torch.float32)  # [K, N] as stored
+    torch.testing.assert_close(got.t(), stored, atol=1e-6, rtol=1e-6)
+    x = torch.randn(3, 256)
+    ref = torch.nn.functional.linear(x, dense)
+    torch.testing.assert_close(layer(x), ref, atol=1e-4, rtol=1e-4)
+    if on:
+        h = int_weight_layout.gated_blocked(x, layer.qweight_kernel, layer.scales_kernel,
+                                            layer.zeros_kernel, 128, 4, layer.glu_block)
+        torch.testing.assert_close(h, silu_and_mul_ref(ref), atol=1e-4, rtol=1e-4)
+    down = RowParallelLinear(256, 256, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+    for name, t in gptq_tensors(parts[0], 4).items():
+        getattr(down, name).weight_loader(getattr(down, name), t)
+    down.process_weights_after_loading()
+    assert down.glu_block is None
+
+
 # --- on the GPU ---------------------------------------------------------------------------
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available()
