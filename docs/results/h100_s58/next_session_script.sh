@@ -42,6 +42,9 @@ fi
 if [ $F16 = 1 ]; then
   TAILN=10 item g_f16 timeout 90 python benchmarks/large_int_gemm.py --dtype float16 --shapes gate_up down qkv o --m 128 256 --forms cuda cuda_bf16_deep --split-sums --json /tmp/res/g_f16.json
 fi
+if [ $GLU = 1 ]; then  # the batch-1 step's kernels with the gated store (session 51's table)
+  OCTAVO_SWAPAB_GLU=1 OCTAVO_PDL=0 TAILN=14 item p_glu python benchmarks/profile_step.py --shape llama-3.1-8b --quantization w4a16 --batch 1 --context 256 --json /tmp/res/p_glu.json
+fi
 case "$GPU" in *H200*)
   TAILN=4 item w1 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
   TAILN=4 item w4 python benchmarks/latency.py --batch-sizes 1,32 --repeat 3 --json-out /tmp/res/w4.json ;;
