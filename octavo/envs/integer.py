@@ -291,3 +291,10 @@ def swapab_glu() -> bool:
     the CUDA decode kernel writes silu(gate) * up at 1-16 rows and the activation's own launch
     goes; larger batches run the activation over the blocked columns."""
     return _flag("OCTAVO_SWAPAB_GLU", False)
+
+
+def swapab_rope() -> bool:
+    """OCTAVO_SWAPAB_ROPE (default off until run on a GPU): a 4-bit qkv projection of
+    head_dim 128 in the swap-AB layout rotates q and k in the CUDA decode kernel's store and
+    writes k and v into the paged cache at 1-16 rows, so the rotary launch goes."""
+    return _flag("OCTAVO_SWAPAB_ROPE", False)

@@ -101,7 +101,7 @@ class IntWeightLinearMethod(LinearMethod):
                                                                q.device))
             # Only the rows layout's GEMV has a rotating store (``apply_qkv_rope``).
             self.has_qkv_rope = int_weight_layout.has_qkv_rope(layer.kernel_layout, k,
-                                                               q.shape[1], group)
+                                                               q.shape[1], group, self.bits)
             layer.glu_block = self._glu_block(layer, q.shape[1], group)
             qk, zk, sk = q, zeros, scales
             if layer.glu_block:
