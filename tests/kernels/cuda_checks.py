@@ -167,3 +167,40 @@ def liven_int(model) -> None:
             p.data.normal_(0.0, 1.0, generator=g)
         elif "lm_head" in name:
             p.data.normal_(0.0, 0.05, generator=g)
+
+
+def check_switch_decodes(model_dir, monkeypatch, module, name: str, switch: str, used) -> None:
+    """Greedy decodes of ``model_dir`` (``liven_int``) with the environment ``switch`` off,
+    then on: no call of ``module.name`` takes the switched path off (``used(kwargs)``), some
+    do on, and the two agree on the prefill's token and, step by step, on the logprobs."""
+    calls = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda x, *a, **kw: calls.append(used(kw)) or
+                        real(x, *a, **kw))
+
+    def run(on: bool):
+        monkeypatch.setenv(switch, "1" if on else "0")
+        return greedy_decode(model_dir, liven_int)
+
+    off = run(False)
+    assert calls and not any(calls)
+    calls.clear()
+    on = run(True)
+    assert any(calls)
+    for (a, _), (b, _) in zip(off, on):
+        assert a[0] == b[0]
+    assert compare_decodes(off, on, first=1) >= 3 * len(PROMPTS)
+
+
+def swapab_column4(row: int) -> int:
+    """swapab_mma.cu's column<4>, read from the source: int16 row R's value 0 (value v is 64 v
+    further)."""
+    import re
+    from pathlib import Path
+
+    from octavo.kernels import swapab_mma
+
+    text = (Path(swapab_mma.__file__).parent / "cuda" / swapab_mma.SOURCE).read_text()
+    m = re.search(r"return BITS == 4 \? \(row >> 6\) \* (\d+) \+ \(row & (\d+)\)", text)
+    assert m, "column<4> changed: update this transcription"
+    return (row >> 6) * int(m.group(1)) + (row & int(m.group(2)))

@@ -5,7 +5,6 @@ same outputs as the plain store followed by ``silu_and_mul``."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -40,14 +39,6 @@ def test_a_weight_not_in_whole_blocks_is_refused(n, block):
         glu_blocked(n, block)
 
 
-def _column4(row: int) -> int:
-    """swapab_mma.cu's column<4>: int16 row R's value 0 (value v is 64 v further)."""
-    m = re.search(r"return BITS == 4 \? \(row >> 6\) \* (\d+) \+ \(row & (\d+)\)",
-                  SOURCE.read_text())
-    assert m, "column<4> changed: update this transcription"
-    return (row >> 6) * int(m.group(1)) + (row & int(m.group(2)))
-
-
 def test_the_gated_store_writes_every_output_once_from_its_gate_and_up():
     """The store's columns, transcribed from the source: each lane's gate value c < 2 and up
     value c + 2 of its two int16 rows are the same MLP column under ``glu_blocked``, written
@@ -62,7 +53,7 @@ def test_the_gated_store_writes_every_output_once_from_its_gate_and_up():
     for tile in range(n // 64):
         for g in range(8):
             for row in (tile * 16 + g, tile * 16 + g + 8):
-                nb = _column4(row)
+                nb = cuda_checks.swapab_column4(row)
                 col = (nb // (64 * values)) * (32 * values) + nb % (64 * values)
                 for c in range(values // 2):
                     gate, up = nb + 64 * c, nb + 64 * (c + values // 2)
@@ -228,20 +219,5 @@ def test_engine_decode_with_the_gated_store_matches_it_off_gpu(tmp_path, monkeyp
     checkpoint parameter, so both engines hold the same integers before the reordering."""
     cuda_checks.gptq_llama(tmp_path, group_size=128)
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
-    glu_calls = []
-    real = swapab_mma.swapab_mma
-    monkeypatch.setattr(swapab_mma, "swapab_mma", lambda x, *a, **kw: glu_calls.append(
-        kw.get("glu", False)) or real(x, *a, **kw))
-
-    def run(on: bool):
-        monkeypatch.setenv("OCTAVO_SWAPAB_GLU", "1" if on else "0")
-        return cuda_checks.greedy_decode(tmp_path, cuda_checks.liven_int)
-
-    off = run(False)
-    assert glu_calls and not any(glu_calls)
-    glu_calls.clear()
-    on = run(True)
-    assert any(glu_calls)
-    for (a, _), (b, _) in zip(off, on):
-        assert a[0] == b[0]
-    assert cuda_checks.compare_decodes(off, on, first=1) >= 3 * len(cuda_checks.PROMPTS)
+    cuda_checks.check_switch_decodes(tmp_path, monkeypatch, swapab_mma, "swapab_mma",
+                                     "OCTAVO_SWAPAB_GLU", lambda kw: kw.get("glu", False))

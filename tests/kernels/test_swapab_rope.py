@@ -4,7 +4,6 @@ on the GPU the same q and cache contents as the plain kernel followed by the rot
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -14,13 +13,6 @@ from octavo.kernels import cuda_module, int_weight_layout, swapab_mma
 from tests.kernels import cuda_checks
 
 SOURCE = Path(swapab_mma.__file__).parent / "cuda" / swapab_mma.SOURCE
-
-
-def _column4(row: int) -> int:
-    m = re.search(r"return BITS == 4 \? \(row >> 6\) \* (\d+) \+ \(row & (\d+)\)",
-                  SOURCE.read_text())
-    assert m, "column<4> changed: update this transcription"
-    return (row >> 6) * int(m.group(1)) + (row & int(m.group(2)))
 
 
 def test_a_lane_holds_each_of_its_heads_rotary_pairs():
@@ -36,7 +28,7 @@ def test_a_lane_holds_each_of_its_heads_rotary_pairs():
     for tile in range(n // 64):
         for g in range(8):
             for row in (tile * 16 + g, tile * 16 + g + 8):
-                nb = _column4(row)
+                nb = cuda_checks.swapab_column4(row)
                 r = nb & 63
                 for h in range(2):
                     col = nb + 128 * h
@@ -142,20 +134,5 @@ def test_engine_decode_with_the_rotary_store_matches_it_off_gpu(tmp_path, monkey
     cfg.update(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2)  # head_dim 128
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
-    ropes = []
-    real = swapab_mma.swapab_mma
-    monkeypatch.setattr(swapab_mma, "swapab_mma", lambda x, *a, **kw: ropes.append(
-        kw.get("rope") is not None) or real(x, *a, **kw))
-
-    def run(on: bool):
-        monkeypatch.setenv("OCTAVO_SWAPAB_ROPE", "1" if on else "0")
-        return cuda_checks.greedy_decode(tmp_path, cuda_checks.liven_int)
-
-    off = run(False)
-    assert ropes and not any(ropes)
-    ropes.clear()
-    on = run(True)
-    assert any(ropes)
-    for (a, _), (b, _) in zip(off, on):
-        assert a[0] == b[0]
-    assert cuda_checks.compare_decodes(off, on, first=1) >= 3 * len(cuda_checks.PROMPTS)
+    cuda_checks.check_switch_decodes(tmp_path, monkeypatch, swapab_mma, "swapab_mma",
+                                     "OCTAVO_SWAPAB_ROPE", lambda kw: kw.get("rope") is not None)
