@@ -34,6 +34,7 @@ import torch
 from octavo.envs import fp8_gemv_stages
 from octavo.kernels.pdl import begin as pdl_begin
 from octavo.kernels.pdl import launch_args as pdl_args
+from octavo.kernels.qkv_rope_store import inputs_supported as rope_inputs_supported
 from octavo.kernels.qkv_rope_store import rope_rows, rope_store
 from octavo.kernels.split_k import buffers as split_k_buffers
 from octavo.kernels.split_k import counters as split_k_counters
@@ -434,19 +435,10 @@ def qkv_rope_supported(x2: torch.Tensor, weight: torch.Tensor, positions: torch.
     one slot per row, caches [num_blocks, block_size, Hkv, D] (one layout, the last dim
     contiguous) in x2's dtype or float8 e4m3 (``kv_cache_dtype="fp8"``)."""
     m = x2.shape[0]
-    kc, vc, slots = kv_store.key_cache, kv_store.value_cache, kv_store.slots
     return (1 <= m <= MAX_M and head_dim % 2 == 0 and head_dim > 0
             and _weight_rows(weight) == (num_heads + 2 * num_kv_heads) * head_dim
-            and cos_sin_cache.dim() == 2 and cos_sin_cache.shape[-1] == head_dim
-            and cos_sin_cache.stride(-1) == 1 and cos_sin_cache.dtype == torch.float32
-            and positions.dim() == 1 and positions.shape[0] == m and positions.stride(0) == 1
-            and not positions.is_floating_point()
-            and slots.dim() == 1 and slots.shape[0] == m and slots.stride(0) == 1
-            and not slots.is_floating_point()
-            and kc.dim() == 4 and kc.shape == vc.shape and kc.stride() == vc.stride()
-            and tuple(kc.shape[2:]) == (num_kv_heads, head_dim) and kc.stride(-1) == 1
-            and kc.dtype == vc.dtype and kc.dtype in (x2.dtype, torch.float8_e4m3fn)
-            and all(t.device == x2.device for t in (positions, cos_sin_cache, kc, vc, slots)))
+            and rope_inputs_supported(m, x2.device, positions, cos_sin_cache, num_kv_heads,
+                                      head_dim, kv_store, (x2.dtype, torch.float8_e4m3fn)))
 
 
 def fp8_gemv_qkv_rope(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,

@@ -62,6 +62,7 @@ from octavo import envs
 from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_large, swapab_mma, swapab_wgmma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
+from octavo.kernels.qkv_rope_store import inputs_supported as rope_inputs_supported
 
 ALONG_K = "along_k"
 SWAPAB = "swapab"
@@ -281,14 +282,12 @@ def qkv_rope(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 glu_blocked = swapab.glu_blocked
 
 
-def glu_block(n: int, group_size: int, bits: int) -> int | None:
-    """The ``glu_blocked`` block of a swap-AB [gate | up] weight of N = 2I columns whose
-    batches of 1-16 rows the CUDA kernel's gated store can take (4-bit, groups of 128 and
-    their multiples, I a multiple of the block); None where it cannot."""
-    block = swapab_mma.GLU_BLOCK
-    if bits != 4 or group_size % (32 * swapab_mma.GLU_STEPS) or n % (2 * block):
-        return None
-    return block
+def glu_block(k: int, n: int, group_size: int, bits: int) -> int | None:
+    """The ``glu_blocked`` block of a swap-AB [gate | up] weight [K, N = 2I] whose batches of
+    1-16 rows the CUDA kernel's gated store can take (``swapab_mma.supports_glu``); None
+    where it cannot."""
+    ok = swapab_mma.supports_glu(1, k, n, group_size, bits, torch.bfloat16)
+    return swapab_mma.GLU_BLOCK if ok else None
 
 
 def glu_unblocked(y: torch.Tensor, block: int) -> torch.Tensor:
@@ -332,13 +331,9 @@ def _swapab_qkv_rope(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     if not (envs.swapab_rope() and m <= swapab_mma.max_rows()
             and swapab_mma.supports_rope(m, k, n, group_size, 4, x2.dtype, head_dim)
             and n == (num_heads + 2 * num_kv_heads) * head_dim
-            and pos.shape == (m,) and pos.dtype == torch.int64 and pos.stride(0) == 1
-            and slots.shape == (m,) and slots.dtype == torch.int64 and slots.stride(0) == 1
-            and cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == head_dim
-            and cos_sin_cache.dtype == torch.float32 and cos_sin_cache.stride(1) == 1
-            and kc.dim() == 4 and kc.shape == vc.shape and kc.stride() == vc.stride()
-            and tuple(kc.shape[2:]) == (num_kv_heads, head_dim) and kc.stride(3) == 1
-            and kc.dtype == vc.dtype == x2.dtype
+            and rope_inputs_supported(m, x2.device, pos, cos_sin_cache, num_kv_heads,
+                                      head_dim, kv_store, (x2.dtype,))
+            and pos.dtype == torch.int64 and slots.dtype == torch.int64  # the kernel's reads
             and swapab_mma.available(x2.device)):
         return None
     if act_perm is not None:

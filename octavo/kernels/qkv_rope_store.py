@@ -6,8 +6,30 @@ pairs, writes q and puts the rotated k and the v into the paged KV cache
 
 from __future__ import annotations
 
+import torch
+
 from octavo.kernels.rotary import rotate_halves
 from octavo.kernels.triton_utils import tl, triton
+
+
+def inputs_supported(m: int, device: torch.device, positions: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, num_kv_heads: int, head_dim: int, kv_store,
+                     cache_dtypes: tuple) -> bool:
+    """Whether a rotating store (this module's, or ``swapab_mma``'s) takes these inputs for
+    ``m`` rows: the whole head rotated (a [max_pos, head_dim] float32 table, cos then sin),
+    one integer position and slot per row, caches [num_blocks, block_size, Hkv, D] (one
+    layout, the last dim contiguous) of one of ``cache_dtypes``, all on ``device``."""
+    kc, vc, slots = kv_store.key_cache, kv_store.value_cache, kv_store.slots
+    return (cos_sin_cache.dim() == 2 and cos_sin_cache.shape[-1] == head_dim
+            and cos_sin_cache.stride(-1) == 1 and cos_sin_cache.dtype == torch.float32
+            and positions.dim() == 1 and positions.shape[0] == m and positions.stride(0) == 1
+            and not positions.is_floating_point()
+            and slots.dim() == 1 and slots.shape[0] == m and slots.stride(0) == 1
+            and not slots.is_floating_point()
+            and kc.dim() == 4 and kc.shape == vc.shape and kc.stride() == vc.stride()
+            and tuple(kc.shape[2:]) == (num_kv_heads, head_dim) and kc.stride(-1) == 1
+            and kc.dtype == vc.dtype and kc.dtype in cache_dtypes
+            and all(t.device == device for t in (positions, cos_sin_cache, kc, vc, slots)))
 
 
 @triton.jit

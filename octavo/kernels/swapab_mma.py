@@ -96,10 +96,10 @@ def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PE
     return whole
 
 
-# The gated store (``glu``): 4-bit, chunks of 4 K steps (groups of 128 and their multiples),
-# the registers' pipeline, up to MAX_M rows a launch: Llama-8B's gate_up at 1-16 rows, whose
-# activation then needs no launch of its own.
-GLU_STEPS = 4
+# The fused stores' kernels (``glu``, ``rope``) run chunks of 4 K steps (groups of 128 and
+# their multiples). The gated store: 4-bit, the registers' pipeline, up to MAX_M rows a
+# launch: Llama-8B's gate_up at 1-16 rows, whose activation then needs no launch of its own.
+FUSED_STEPS = 4
 
 
 def supports_glu(m: int, k: int, n: int, group_size: int, bits: int,
@@ -107,11 +107,11 @@ def supports_glu(m: int, k: int, n: int, group_size: int, bits: int,
     """Whether ``swapab_mma(glu=True)`` takes this call: an [gate | up] weight in
     ``w4a16_swapab.glu_blocked`` order of 4-bit values."""
     return (bits == 4 and 1 <= m <= MAX_M and supports(m, k, n, group_size, bits, dtype)
-            and group_size % (32 * GLU_STEPS) == 0 and n % (2 * GLU_BLOCK) == 0)
+            and group_size % (32 * FUSED_STEPS) == 0 and n % (2 * GLU_BLOCK) == 0)
 
 
 # The rotary store (``rope``): 4-bit, head_dim 128 (a lane holds columns d and d + 64 of a
-# head, the rotary's pair), chunks of 4 K steps, up to MAX_M rows.
+# head, the rotary's pair), up to MAX_M rows.
 ROPE_HEAD_DIM = 128
 
 
@@ -120,7 +120,7 @@ def supports_rope(m: int, k: int, n: int, group_size: int, bits: int, dtype: tor
     """Whether ``swapab_mma(rope=...)`` takes this call (the kernel's side; the cache's and
     the table's are ``int_weight_layout.qkv_rope``'s)."""
     return (bits == 4 and head_dim == ROPE_HEAD_DIM and 1 <= m <= MAX_M
-            and supports(m, k, n, group_size, bits, dtype) and group_size % (32 * GLU_STEPS) == 0)
+            and supports(m, k, n, group_size, bits, dtype) and group_size % (32 * FUSED_STEPS) == 0)
 
 
 # Columns of gate, then as many of up, in turn along the [gate | up] weight's N (glu_blocked):
@@ -237,12 +237,12 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if steps != STAGED_STEPS or any(t.data_ptr() % 16 for t in (scales, zeros, qweight)):
         stages = 0  # the copies take 16-byte pieces of the tile's scales and zeros
     if glu:
-        steps, stages = GLU_STEPS, 0  # the gated store's kernels
+        steps, stages = FUSED_STEPS, 0  # the gated store's kernels
     if rope is not None:
         if not supports_rope(m, k, n, group_size, bits, x2.dtype, ROPE_HEAD_DIM):
             raise ValueError(f"swapab_mma: no rotary store for M={m}, K={k}, N={n}, group "
                              f"{group_size}, {bits}-bit")
-        steps = GLU_STEPS
+        steps = FUSED_STEPS
         stages = 3 if m <= 8 and stages == 3 else 0  # the rotary store's kernels
     name = (f"swapab_mma_{_DTYPES[x2.dtype]}_{_DTYPES[scales.dtype]}_w{bits}"
             f"_m{8 if m <= 8 else 16}_s{steps}" + (f"_p{stages}" if stages else "")

@@ -102,7 +102,7 @@ class IntWeightLinearMethod(LinearMethod):
             # Only the rows layout's GEMV has a rotating store (``apply_qkv_rope``).
             self.has_qkv_rope = int_weight_layout.has_qkv_rope(layer.kernel_layout, k,
                                                                q.shape[1], group, self.bits)
-            layer.glu_block = self._glu_block(layer, q.shape[1], group)
+            layer.glu_block = self._glu_block(layer, k, q.shape[1], group)
             qk, zk, sk = q, zeros, scales
             if layer.glu_block:
                 # gate and up in turn (the CUDA kernel's gated store: apply_gated).
@@ -131,7 +131,7 @@ class IntWeightLinearMethod(LinearMethod):
         layer.register_buffer("dequantized_weight", w.t().contiguous().to(self.params_dtype),
                               persistent=False)
 
-    def _glu_block(self, layer: nn.Module, n: int, group: int) -> int | None:
+    def _glu_block(self, layer: nn.Module, k: int, n: int, group: int) -> int | None:
         """The block of ``glu_blocked`` columns this layer's weight takes: an MLP's
         [gate | up] without bias, in the swap-AB layout, whose gated store the CUDA kernel
         has (``OCTAVO_SWAPAB_GLU``); else None."""
@@ -141,7 +141,7 @@ class IntWeightLinearMethod(LinearMethod):
                 and getattr(layer, "int_layout", None) is None
                 and layer.kernel_layout == int_weight_layout.SWAPAB):
             return None
-        return int_weight_layout.glu_block(n, group, self.bits)
+        return int_weight_layout.glu_block(k, n, group, self.bits)
 
     def _kernel_layout(self, q, zeros, scales, g_idx, group, layout):
         """(qweight, scales, zeros, act permutation or None) in the packed ``layout``, or None

@@ -71,10 +71,10 @@ def test_supports_glu():
     for bad in ({"m": 17}, {"m": 0}, {"bits": 8}, {"group_size": 64}, {"n": 28672 + 128},
                 {"dtype": torch.float32}):
         assert not swapab_mma.supports_glu(**{**ok, **bad}), bad
-    assert int_weight_layout.glu_block(28672, 128, 4) == swapab_mma.GLU_BLOCK
-    assert int_weight_layout.glu_block(28672, 64, 4) is None
-    assert int_weight_layout.glu_block(28672, 128, 8) is None
-    assert int_weight_layout.glu_block(28672 + 128, 128, 4) is None
+    assert int_weight_layout.glu_block(4096, 28672, 128, 4) == swapab_mma.GLU_BLOCK
+    assert int_weight_layout.glu_block(4096, 28672, 64, 4) is None
+    assert int_weight_layout.glu_block(4096, 28672, 128, 8) is None
+    assert int_weight_layout.glu_block(4096, 28672 + 128, 128, 4) is None
 
 
 def test_the_switch_is_off_by_default(monkeypatch):
