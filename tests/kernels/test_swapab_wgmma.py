@@ -105,6 +105,9 @@ def test_worth_takes_the_layers_it_was_measured_faster_on(monkeypatch):
         swapab_wgmma.worth(256, 4096, 4096, dev)
 
 
+# Slow (47 s on CI's 2 cores, the suite's second slowest): this source has not changed since
+# session 57 and its GPU tests build it; run this with OCTAVO_SKIP_SLOW=0 after touching it.
+@pytest.mark.slow
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="needs nvcc")
 def test_the_source_builds_for_sm_90a_without_spills_or_serialized_mmas(tmp_path, monkeypatch):
     monkeypatch.setenv("OCTAVO_CACHE_DIR", str(tmp_path))
