@@ -246,7 +246,7 @@ def gated(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: t
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def has_qkv_rope(layout: str, k: int, n: int, group_size: int, bits: int = 8) -> bool:
+def has_qkv_rope(layout: str, k: int, n: int, group_size: int, bits: int) -> bool:
     """Whether a [K, N] weight in ``layout`` has :func:`qkv_rope`'s rotating store: rows, on
     the FP8 GEMV's own K steps (``int8_gemv.int8_gemv_qkv_rope``); swap-AB 4-bit under
     OCTAVO_SWAPAB_ROPE (the CUDA decode kernel's store, ``swapab_mma(rope=...)``)."""

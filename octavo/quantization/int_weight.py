@@ -99,7 +99,8 @@ class IntWeightLinearMethod(LinearMethod):
             layer.kernel_layout = (getattr(layer, "int_layout", None)
                                    or int_weight_layout.choose(k, q.shape[1], group, self.bits,
                                                                q.device))
-            # Only the rows layout's GEMV has a rotating store (``apply_qkv_rope``).
+            # The rows layout's GEMV, and under OCTAVO_SWAPAB_ROPE the swap-AB CUDA kernel,
+            # have a rotating store (``apply_qkv_rope``).
             self.has_qkv_rope = int_weight_layout.has_qkv_rope(layer.kernel_layout, k,
                                                                q.shape[1], group, self.bits)
             layer.glu_block = self._glu_block(layer, k, q.shape[1], group)

@@ -1,16 +1,31 @@
-"""Shared checks of the CUDA C++ kernels' tests (test_swapab_mma.py, test_dense_mma.py): the
-opt-in switch, one nvcc build with ptxas's spill report, and an engine's greedy decode compared
-step by step with another's."""
+"""Shared checks of the CUDA C++ kernels' tests (test_swapab_mma.py, test_dense_mma.py, the
+swap-AB stores'): a source's text and the GPU tests' skip without a build, the opt-in switch,
+one nvcc build with ptxas's spill report, and an engine's greedy decode compared step by step
+with another's."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from octavo.kernels import cuda_module
+
+
+def source_text(source: str) -> str:
+    """The text of a CUDA source of ``octavo/kernels/cuda`` (``cuda_module.SOURCE_DIR``)."""
+    return (Path(cuda_module.SOURCE_DIR) / source).read_text()
+
+
+def needs_build(source: str):
+    """Skips a test without a CUDA device or without ``source`` built for it (nvcc)."""
+    return pytest.mark.skipif(not torch.cuda.is_available()
+                              or cuda_module.module(source, torch.device("cuda")) is None,
+                              reason="needs an NVIDIA GPU and nvcc")
 
 
 def check_switch(monkeypatch, kernel, env: str, default: bool) -> None:
@@ -195,12 +210,9 @@ def check_switch_decodes(model_dir, monkeypatch, module, name: str, switch: str,
 def swapab_column4(row: int) -> int:
     """swapab_mma.cu's column<4>, read from the source: int16 row R's value 0 (value v is 64 v
     further)."""
-    import re
-    from pathlib import Path
-
     from octavo.kernels import swapab_mma
 
-    text = (Path(swapab_mma.__file__).parent / "cuda" / swapab_mma.SOURCE).read_text()
+    text = source_text(swapab_mma.SOURCE)
     m = re.search(r"return BITS == 4 \? \(row >> 6\) \* (\d+) \+ \(row & (\d+)\)", text)
     assert m, "column<4> changed: update this transcription"
     return (row >> 6) * int(m.group(1)) + (row & int(m.group(2)))

@@ -197,9 +197,7 @@ def _weights(n, k, dtype):
     return w, bias
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available()
-                         or cuda_module.module(dense_mma.SOURCE, torch.device("cuda")) is None,
-                         reason="needs an NVIDIA GPU and nvcc")
+gpu = cuda_checks.needs_build(dense_mma.SOURCE)
 
 
 @pytest.mark.gpu

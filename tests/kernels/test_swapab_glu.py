@@ -5,17 +5,13 @@ same outputs as the plain store followed by ``silu_and_mul``."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from octavo.kernels import cuda_module, int_weight_layout, swapab_mma
+from octavo.kernels import int_weight_layout, swapab_mma
 from octavo.kernels.activation import silu_and_mul_ref
 from octavo.kernels.w4a16_swapab import glu_blocked
 from tests.kernels import cuda_checks
-
-SOURCE = Path(swapab_mma.__file__).parent / "cuda" / swapab_mma.SOURCE
 
 
 @pytest.mark.parametrize("n,block", [(256, 128), (1024, 128), (28672, 128), (96, 16)])
@@ -43,7 +39,7 @@ def test_the_gated_store_writes_every_output_once_from_its_gate_and_up():
     """The store's columns, transcribed from the source: each lane's gate value c < 2 and up
     value c + 2 of its two int16 rows are the same MLP column under ``glu_blocked``, written
     at that column; every column of [M, N / 2] is written exactly once."""
-    text = SOURCE.read_text()
+    text = cuda_checks.source_text(swapab_mma.SOURCE)
     assert "const int col = (nb / (64 * VALUES)) * (32 * VALUES) + nb % (64 * VALUES);" in text
     assert "out[(size_t)m * half_n + col + 64 * c]" in text
     n, values = 2048, 4
@@ -146,9 +142,7 @@ def test_a_gptq_gate_up_layer_loads_blocked_and_still_computes_gate_then_up(on, 
 
 # --- on the GPU ---------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available()
-                         or cuda_module.module(swapab_mma.SOURCE, torch.device("cuda")) is None,
-                         reason="needs an NVIDIA GPU and nvcc")
+gpu = cuda_checks.needs_build(swapab_mma.SOURCE)
 
 
 def _blocked_case(m, k, n, dtype, scale_dtype, seed=0):

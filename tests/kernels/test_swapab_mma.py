@@ -7,7 +7,6 @@ graph replays)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,7 +122,7 @@ def test_a_stage_s_scale_segments_hold_every_lane_s_columns(bits):
             n0, n1 = _column(bits, tile * 16 + g), _column(bits, tile * 16 + g + 8)
             for c in range(values):
                 assert col0 + 64 * c + g == n0 + 64 * c and col0 + 64 * c + g + 8 == n1 + 64 * c
-    src = (Path(cuda_module.SOURCE_DIR) / swapab_mma.SOURCE).read_text()
+    src = cuda_checks.source_text(swapab_mma.SOURCE)
     assert "col0 + 64 * ((lane >> 1) % VALUES) + 8 * (lane & 1)" in src
     assert "sv[c][0] = sz[16 * c + g]; sv[c][1] = sz[16 * c + g + 8];" in src
 
@@ -384,7 +383,7 @@ def test_a_wrong_8_bit_conversion_or_mapping_fails(wrong):
 def test_the_emulated_constants_are_the_source_s():
     """The emulation's operations are the kernel's: its selectors, masks, magics, LOP3
     tables, the fma's -1 and the biases, read from swapab_mma.cu."""
-    src = (Path(cuda_module.SOURCE_DIR) / swapab_mma.SOURCE).read_text()
+    src = cuda_checks.source_text(swapab_mma.SOURCE)
     body = src[src.index("__device__ __forceinline__ uint32_t bytes("):]
     body = body[:body.index("\n}\n")]
     assert f'"n"(C ? {BYTE_SEL[1]:#06x} : {BYTE_SEL[0]:#06x})' in body
@@ -422,9 +421,7 @@ def _rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available()
-                         or cuda_module.module(swapab_mma.SOURCE, torch.device("cuda")) is None,
-                         reason="needs an NVIDIA GPU and nvcc")
+gpu = cuda_checks.needs_build(swapab_mma.SOURCE)
 
 
 @pytest.mark.gpu

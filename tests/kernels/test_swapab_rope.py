@@ -4,22 +4,18 @@ on the GPU the same q and cache contents as the plain kernel followed by the rot
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from octavo.kernels import cuda_module, int_weight_layout, swapab_mma
+from octavo.kernels import int_weight_layout, swapab_mma
 from tests.kernels import cuda_checks
-
-SOURCE = Path(swapab_mma.__file__).parent / "cuda" / swapab_mma.SOURCE
 
 
 def test_a_lane_holds_each_of_its_heads_rotary_pairs():
     """Transcribed from the source: values 2h and 2h + 1 of a lane's int16 row are columns d
     and d + 64 of one head of 128 (the rotary's pair), and over the tiles every column of
     [q | k | v] is stored exactly once."""
-    text = SOURCE.read_text()
+    text = cuda_checks.source_text(swapab_mma.SOURCE)
     assert "const int col = nb + 128 * h;  // d = r of head col / 128" in text
     assert "acc[mt][2 * h][i]" in text and "acc[mt][2 * h + 1][i]" in text
     assert "q[64] = " in text and "k[64] = " in text and "v[64] = " in text
@@ -58,9 +54,7 @@ def test_supports_rope_and_the_switch(monkeypatch):
 
 # --- on the GPU ---------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available()
-                         or cuda_module.module(swapab_mma.SOURCE, torch.device("cuda")) is None,
-                         reason="needs an NVIDIA GPU and nvcc")
+gpu = cuda_checks.needs_build(swapab_mma.SOURCE)
 
 
 class _Store:
