@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from octavo.envs._parse import _batch_size, _flag, _forced, _int
+from octavo.envs._parse import _batch_size, _flag, _int
 
 
 def swapab_warps_per_sm(default: int) -> int:
@@ -94,19 +94,22 @@ def int_large_min_m(default: int) -> int:
 
 
 def int_large_f16() -> bool:
-    """OCTAVO_INT_LARGE_F16 (default off until run on a GPU): float16 models (AutoAWQ's and
+    """OCTAVO_INT_LARGE_F16 (default on; 0 turns it off): float16 models (AutoAWQ's and
     AutoGPTQ's checkpoints) take the CUDA large-batch kernel too, in its fp16 form (fp16
-    activations and scales; octavo/kernels/swapab_wgmma.py), where bf16 models take it."""
-    return _flag("OCTAVO_INT_LARGE_F16", False)
+    activations and scales; octavo/kernels/swapab_wgmma.py), where bf16 models take it. H100,
+    Llama-8B W4A16 float16 (session 60): batch 128 / 256 10.496 / 16.882 -> 8.213 / 13.472 ms,
+    W2 7,084 -> 7,953 tok/s (0.85x -> 0.95x bf16)."""
+    return _flag("OCTAVO_INT_LARGE_F16", True)
 
 
-def int_large_bf16_math() -> bool | None:
-    """OCTAVO_INT_LARGE_BF16_MATH (unset: on where the scales are of the activations' dtype):
-    the CUDA large-batch kernel dequantizes in packed pairs of the activations' dtype, bf16x2
-    or half2 (octavo/kernels/swapab_wgmma.py: about half the instructions; the same values
-    where the scales are of that dtype) instead of float32; 1 forces it for fp16 scales under
-    bf16 activations too (they are rounded to bf16 first), 0 turns it off."""
-    return _forced("OCTAVO_INT_LARGE_BF16_MATH")
+def int_large_bf16_math() -> bool:
+    """OCTAVO_INT_LARGE_BF16_MATH (default on; 0 turns it off): the CUDA large-batch kernel
+    dequantizes in packed pairs of the activations' dtype, bf16x2 or half2
+    (octavo/kernels/swapab_wgmma.py: about half the instructions) instead of float32. GPTQ's
+    and AWQ's fp16 scales under bf16 activations are rounded to bf16 first, as vLLM's Marlin
+    path holds them in the model's dtype. H100, Llama-8B W4A16 (session 60), float math ->
+    bf16x2: batch 128 / 256 8.751 / 14.274 -> 8.280 / 13.360 ms, W2 7,810 -> 8,016 tok/s."""
+    return _flag("OCTAVO_INT_LARGE_BF16_MATH", True)
 
 
 def int_large_deep() -> bool:
@@ -291,6 +294,13 @@ def swapab_glu() -> bool:
     the CUDA decode kernel writes silu(gate) * up at 1-16 rows and the activation's own launch
     goes; larger batches run the activation over the blocked columns."""
     return _flag("OCTAVO_SWAPAB_GLU", False)
+
+
+def swapab_glu_max_m(default: int) -> int:
+    """OCTAVO_SWAPAB_GLU_MAX_M (default ``swapab_mma.MAX_M``, 16): under OCTAVO_SWAPAB_GLU, the
+    most rows the CUDA decode kernel writes silu(gate) * up from its store at; larger batches
+    run the projection, then the activation over the blocked columns."""
+    return _batch_size("OCTAVO_SWAPAB_GLU_MAX_M", default)
 
 
 def swapab_rope() -> bool:

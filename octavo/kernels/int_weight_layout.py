@@ -299,14 +299,15 @@ def glu_unblocked(y: torch.Tensor, block: int) -> torch.Tensor:
 def gated_blocked(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                   zeros: torch.Tensor, group_size: int, bits: int, block: int) -> torch.Tensor:
     """``silu(gate) * up`` [..., N / 2] of a swap-AB weight in ``glu_blocked`` order: at
-    1-16 rows in the CUDA kernel's store (no launch of its own), else the projection as
+    1-16 rows (OCTAVO_SWAPAB_GLU_MAX_M) in the CUDA kernel's store (no launch of its own), else the projection as
     ``linear`` runs it, then the activation over the blocked columns."""
     from octavo.kernels.activation import silu_and_mul
 
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
-    if m <= swapab_mma.max_rows() and swapab_mma.available(x2.device) and \
+    most = min(swapab_mma.max_rows(), envs.swapab_glu_max_m(swapab_mma.MAX_M))
+    if m <= most and swapab_mma.available(x2.device) and \
             swapab_mma.supports_glu(m, k, n, group_size, bits, x2.dtype):
         y = swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits, glu=True,
                                   **swapab_mma.engine_plan())

@@ -130,8 +130,8 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     4-bit ``qweight`` in ``pack_swapab``'s layout (int16 [N / 4, K]), ``scales`` / ``zeros``
     [K / group, N] in bf16 or fp16. ``split_k``: K splits (default ``plan``'s);
     ``bf16_math``: dequantize in packed pairs of x2's dtype, bf16x2 or half2 (default
-    OCTAVO_INT_LARGE_BF16_MATH, unset: where the scales are of x2's dtype, so the values are
-    the float form's); ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP);
+    OCTAVO_INT_LARGE_BF16_MATH, on: scales of another dtype are rounded to x2's first);
+    ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP);
     ``split_sum``: where K is split, who sums the partials (OCTAVO_INT_LARGE_SPLIT_SUM):
     ``"cta"`` each tile's last CTA, ``"launch"`` a second launch over every SM
     (``split_sum.sum_splits``). The same bits either way."""
@@ -164,8 +164,6 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         packed = "_bf16_math"
     if bf16_math is None:
         bf16_math = envs.int_large_bf16_math()
-    if bf16_math is None:  # exact only where the scales are of x2's dtype already
-        bf16_math = scales.dtype == x2.dtype
     if bf16_math:
         name += packed
     if envs.int_large_deep() if deep is None else deep:

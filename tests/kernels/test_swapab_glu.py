@@ -215,3 +215,23 @@ def test_engine_decode_with_the_gated_store_matches_it_off_gpu(tmp_path, monkeyp
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
     cuda_checks.check_switch_decodes(tmp_path, monkeypatch, swapab_mma, "swapab_mma",
                                      "OCTAVO_SWAPAB_GLU", lambda kw: kw.get("glu", False))
+
+
+@pytest.mark.gpu
+@gpu
+def test_the_gated_store_stops_at_its_row_cap_gpu(monkeypatch):
+    """OCTAVO_SWAPAB_GLU_MAX_M: past it, the plain store and the blocked activation (the
+    kernel is called without ``glu``), with the same values."""
+    from octavo.kernels.activation import silu_and_mul
+
+    monkeypatch.setenv("OCTAVO_SWAPAB_GLU_MAX_M", "8")
+    real, glus = swapab_mma.swapab_mma, []
+    monkeypatch.setattr(swapab_mma, "swapab_mma",
+                        lambda *a, **kw: glus.append(kw.get("glu", False)) or real(*a, **kw))
+    for m, fused in ((8, True), (9, False), (16, False)):
+        x, plain, blocked = _blocked_case(m, 4096, 4096, torch.bfloat16, torch.float16, seed=m)
+        ref = silu_and_mul(int_weight_layout.linear(x, *plain, 128, 4, int_weight_layout.SWAPAB))
+        glus.clear()
+        out = int_weight_layout.gated_blocked(x, *blocked, 128, 4, swapab_mma.GLU_BLOCK)
+        assert glus and glus[-1] is fused, (m, glus)
+        torch.testing.assert_close(out, ref, atol=1e-3, rtol=1e-2)

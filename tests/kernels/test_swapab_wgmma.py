@@ -611,7 +611,7 @@ def test_fp16_activations_gpu(k, n, deep):
 @needs_gpu
 @pytest.mark.gpu
 def test_fp16_routing_waits_for_its_switch_gpu(monkeypatch):
-    """OCTAVO_INT_LARGE_F16: float16 batches take the kernel only with it on; graph replays."""
+    """OCTAVO_INT_LARGE_F16: float16 batches take the kernel unless it is 0; graph replays."""
     from octavo.kernels import int_weight_layout
     from tests.quantization.gemm_checks import check_graph_replays, record_rows
 
@@ -621,10 +621,10 @@ def test_fp16_routing_waits_for_its_switch_gpu(monkeypatch):
     check_graph_replays(lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128),
                         lambda x: (x.float() @ w), x)
     calls = record_rows(monkeypatch, swapab_wgmma, "swapab_wgmma")
-    monkeypatch.delenv("OCTAVO_INT_LARGE_F16", raising=False)
+    monkeypatch.setenv("OCTAVO_INT_LARGE_F16", "0")
     int_weight_layout.linear(x, packed, scales, zeros, 128, 4, int_weight_layout.SWAPAB)
     assert calls == []
-    monkeypatch.setenv("OCTAVO_INT_LARGE_F16", "1")
+    monkeypatch.delenv("OCTAVO_INT_LARGE_F16", raising=False)
     got = int_weight_layout.linear(x, packed, scales, zeros, 128, 4, int_weight_layout.SWAPAB)
     assert calls == [200]
     assert ((got.float() - x.float() @ w).norm() / (x.float() @ w).norm()) < 5e-3
