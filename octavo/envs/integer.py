@@ -289,22 +289,28 @@ def bnb4_cuda_ahead(default: int) -> int:
 
 
 def swapab_glu() -> bool:
-    """OCTAVO_SWAPAB_GLU (default off until run on a GPU): a 4-bit MLP [gate | up] weight in
-    the swap-AB layout is stored with gate and up in turn (``w4a16_swapab.glu_blocked``), so
-    the CUDA decode kernel writes silu(gate) * up at 1-16 rows and the activation's own launch
-    goes; larger batches run the activation over the blocked columns."""
-    return _flag("OCTAVO_SWAPAB_GLU", False)
+    """OCTAVO_SWAPAB_GLU (default on; 0 turns it off): a 4-bit MLP [gate | up] weight in the
+    swap-AB layout is stored with gate and up in turn (``w4a16_swapab.glu_blocked``), so the
+    CUDA decode kernel writes silu(gate) * up at 1-8 rows (OCTAVO_SWAPAB_GLU_MAX_M) and the
+    activation's own launch goes; larger batches run the activation over the blocked columns.
+    H100, Llama-8B W4A16 (session 60, two runs each), ms per token off / on: batch 1
+    2.488-2.500 / 2.440-2.453, batch 8 2.924-2.931 / 2.871-2.895."""
+    return _flag("OCTAVO_SWAPAB_GLU", True)
 
 
 def swapab_glu_max_m(default: int) -> int:
-    """OCTAVO_SWAPAB_GLU_MAX_M (default ``swapab_mma.MAX_M``, 16): under OCTAVO_SWAPAB_GLU, the
-    most rows the CUDA decode kernel writes silu(gate) * up from its store at; larger batches
-    run the projection, then the activation over the blocked columns."""
+    """OCTAVO_SWAPAB_GLU_MAX_M (default ``int_weight_layout.GLU_MAX_M``, 8): under
+    OCTAVO_SWAPAB_GLU, the most rows (at most 16) the CUDA decode kernel writes silu(gate) * up
+    from its store at; larger batches run the projection, then the activation over the blocked
+    columns. The store lost at 16 rows (H100, session 60: batch 16 3.392-3.395 ms against
+    3.358-3.361 off and 3.347 capped at 8)."""
     return _batch_size("OCTAVO_SWAPAB_GLU_MAX_M", default)
 
 
 def swapab_rope() -> bool:
-    """OCTAVO_SWAPAB_ROPE (default off until run on a GPU): a 4-bit qkv projection of
-    head_dim 128 in the swap-AB layout rotates q and k in the CUDA decode kernel's store and
-    writes k and v into the paged cache at 1-16 rows, so the rotary launch goes."""
+    """OCTAVO_SWAPAB_ROPE (default off): a 4-bit qkv projection of head_dim 128 in the
+    swap-AB layout rotates q and k in the CUDA decode kernel's store and writes k and v into
+    the paged cache at 1-16 rows, so the rotary launch goes. It lost on an H100 (session 60,
+    Llama-8B W4A16: batch 1 2.504 -> 2.519 ms, batch 16 3.348 -> 3.565; the rotating qkv took
+    10.0 us a layer at one row against the plain store's 7.2 in session 50)."""
     return _flag("OCTAVO_SWAPAB_ROPE", False)

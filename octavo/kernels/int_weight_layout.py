@@ -281,6 +281,11 @@ def qkv_rope(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
 
 glu_blocked = swapab.glu_blocked
 
+# The most rows the gated store takes by default (OCTAVO_SWAPAB_GLU_MAX_M): on an H100 it won
+# at 1-8 rows and lost at 16 (session 60, Llama-8B W4A16, ms per token off / on: batch 1
+# 2.494 / 2.442, batch 8 2.928 / 2.895, batch 16 3.360 / 3.394).
+GLU_MAX_M = 8
+
 
 def glu_block(k: int, n: int, group_size: int, bits: int) -> int | None:
     """The ``glu_blocked`` block of a swap-AB [gate | up] weight [K, N = 2I] whose batches of
@@ -299,14 +304,14 @@ def glu_unblocked(y: torch.Tensor, block: int) -> torch.Tensor:
 def gated_blocked(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                   zeros: torch.Tensor, group_size: int, bits: int, block: int) -> torch.Tensor:
     """``silu(gate) * up`` [..., N / 2] of a swap-AB weight in ``glu_blocked`` order: at
-    1-16 rows (OCTAVO_SWAPAB_GLU_MAX_M) in the CUDA kernel's store (no launch of its own), else the projection as
+    1-8 rows (OCTAVO_SWAPAB_GLU_MAX_M) in the CUDA kernel's store (no launch of its own), else the projection as
     ``linear`` runs it, then the activation over the blocked columns."""
     from octavo.kernels.activation import silu_and_mul
 
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
-    most = min(swapab_mma.max_rows(), envs.swapab_glu_max_m(swapab_mma.MAX_M))
+    most = min(swapab_mma.max_rows(), envs.swapab_glu_max_m(GLU_MAX_M))
     if m <= most and swapab_mma.available(x2.device) and \
             swapab_mma.supports_glu(m, k, n, group_size, bits, x2.dtype):
         y = swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits, glu=True,

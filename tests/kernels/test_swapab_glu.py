@@ -73,13 +73,15 @@ def test_supports_glu():
     assert int_weight_layout.glu_block(4096, 28672 + 128, 128, 4) is None
 
 
-def test_the_switch_is_off_by_default(monkeypatch):
+def test_the_switch_is_on_by_default_to_8_rows(monkeypatch):
     from octavo import envs
 
     monkeypatch.delenv("OCTAVO_SWAPAB_GLU", raising=False)
-    assert envs.swapab_glu() is False
-    monkeypatch.setenv("OCTAVO_SWAPAB_GLU", "1")
+    monkeypatch.delenv("OCTAVO_SWAPAB_GLU_MAX_M", raising=False)
     assert envs.swapab_glu() is True
+    assert envs.swapab_glu_max_m(int_weight_layout.GLU_MAX_M) == 8
+    monkeypatch.setenv("OCTAVO_SWAPAB_GLU", "0")
+    assert envs.swapab_glu() is False
 
 
 def test_silu_and_mul_over_blocked_columns(device):
@@ -188,7 +190,7 @@ def test_the_gated_store_is_the_plain_store_s_activation_gpu(dtype, scale_dtype,
 @gpu
 @pytest.mark.parametrize("m", [1, 16, 17, 64, 200])
 def test_gated_blocked_at_every_batch_gpu(m):
-    """The engine's entry: the kernel's store to 16 rows, the blocked activation above it, both
+    """The engine's entry: the kernel's store to 8 rows, the blocked activation above it, both
     the activation of the plain projection; graph replays give the same bits."""
     from octavo.kernels.activation import silu_and_mul
 
