@@ -305,12 +305,3 @@ def swapab_glu_max_m(default: int) -> int:
     columns. The store lost at 16 rows (H100, session 60: batch 16 3.392-3.395 ms against
     3.358-3.361 off and 3.347 capped at 8)."""
     return _batch_size("OCTAVO_SWAPAB_GLU_MAX_M", default)
-
-
-def swapab_rope() -> bool:
-    """OCTAVO_SWAPAB_ROPE (default off): a 4-bit qkv projection of head_dim 128 in the
-    swap-AB layout rotates q and k in the CUDA decode kernel's store and writes k and v into
-    the paged cache at 1-16 rows, so the rotary launch goes. It lost on an H100 (session 60,
-    Llama-8B W4A16: batch 1 2.504 -> 2.519 ms, batch 16 3.348 -> 3.565; the rotating qkv took
-    10.0 us a layer at one row against the plain store's 7.2 in session 50)."""
-    return _flag("OCTAVO_SWAPAB_ROPE", False)

@@ -62,7 +62,6 @@ from octavo import envs
 from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_large, swapab_mma, swapab_wgmma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
-from octavo.kernels.qkv_rope_store import inputs_supported as rope_inputs_supported
 
 ALONG_K = "along_k"
 SWAPAB = "swapab"
@@ -246,13 +245,9 @@ def gated(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: t
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def has_qkv_rope(layout: str, k: int, n: int, group_size: int, bits: int) -> bool:
+def has_qkv_rope(layout: str, k: int, n: int, group_size: int) -> bool:
     """Whether a [K, N] weight in ``layout`` has :func:`qkv_rope`'s rotating store: rows, on
-    the FP8 GEMV's own K steps (``int8_gemv.int8_gemv_qkv_rope``); swap-AB 4-bit under
-    OCTAVO_SWAPAB_ROPE (the CUDA decode kernel's store, ``swapab_mma(rope=...)``)."""
-    if layout == SWAPAB:
-        return envs.swapab_rope() and swapab_mma.supports_rope(
-            1, k, n, group_size, bits, torch.bfloat16, swapab_mma.ROPE_HEAD_DIM)
+    the FP8 GEMV's own K steps (``int8_gemv.int8_gemv_qkv_rope``)."""
     return layout == ROWS and int8_gemv.runs_full_steps(n, k, group_size)
 
 
@@ -263,11 +258,7 @@ def qkv_rope(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
              kv_store) -> torch.Tensor | None:
     """A qkv projection's rotated q with k and v written into the paged cache, from the
     GEMV's store (``int8_gemv.int8_gemv_qkv_rope``), for a ``rows`` weight and a batch the
-    GEMV takes; for a 4-bit ``swapab`` weight, from the CUDA decode kernel's store
-    (``_swapab_qkv_rope``); None, with nothing done, otherwise."""
-    if layout == SWAPAB:
-        return _swapab_qkv_rope(x, qweight, scales, zeros, group_size, act_perm, positions,
-                                cos_sin_cache, num_heads, num_kv_heads, head_dim, kv_store)
+    GEMV takes; None, with nothing done, otherwise."""
     x2 = _rows_input(x, group_size, layout, act_perm)
     if x2 is None:
         return None
@@ -319,35 +310,3 @@ def gated_blocked(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     else:
         y = silu_and_mul(linear(x2, qweight, scales, zeros, group_size, bits, SWAPAB), block)
     return y.view(*x.shape[:-1], n // 2)
-
-
-def _swapab_qkv_rope(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                     zeros: torch.Tensor, group_size: int, act_perm: torch.Tensor | None,
-                     positions: torch.Tensor, cos_sin_cache: torch.Tensor, num_heads: int,
-                     num_kv_heads: int, head_dim: int, kv_store) -> torch.Tensor | None:
-    """:func:`qkv_rope` on the swap-AB layout: 1-16 rows of a 4-bit [q | k | v] of head_dim
-    128 (OCTAVO_SWAPAB_ROPE), int64 positions and slots, a float32 [max_pos, 128] table, caches
-    [blocks, block_size, Hkv, 128] of the activations' dtype; None, with nothing done,
-    elsewhere (the projection and the rotary's own launch then run)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    m, k = x2.shape
-    n = qweight.shape[0] * 4
-    kc, vc, slots = kv_store.key_cache, kv_store.value_cache, kv_store.slots
-    pos = positions.reshape(-1)
-    if not (envs.swapab_rope() and m <= swapab_mma.max_rows()
-            and swapab_mma.supports_rope(m, k, n, group_size, 4, x2.dtype, head_dim)
-            and n == (num_heads + 2 * num_kv_heads) * head_dim
-            and rope_inputs_supported(m, x2.device, pos, cos_sin_cache, num_kv_heads,
-                                      head_dim, kv_store, (x2.dtype,))
-            and pos.dtype == torch.int64 and slots.dtype == torch.int64  # the kernel's reads
-            and swapab_mma.available(x2.device)):
-        return None
-    if act_perm is not None:
-        x2 = x2.index_select(-1, act_perm)
-    q_cols = num_heads * head_dim
-    q = swapab_mma.swapab_mma(
-        x2, qweight, scales, zeros, group_size, 4, **swapab_mma.engine_plan(),
-        rope={"positions": pos, "cos_sin_cache": cos_sin_cache, "key_cache": kc,
-              "value_cache": vc, "slots": slots, "q_cols": q_cols,
-              "kv_cols": q_cols + num_kv_heads * head_dim})
-    return q.view(*x.shape[:-1], q_cols)

@@ -96,9 +96,12 @@ def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PE
     return whole
 
 
-# The fused stores' kernels (``glu``, ``rope``) run chunks of 4 K steps (groups of 128 and
-# their multiples). The gated store: 4-bit, the registers' pipeline, up to MAX_M rows a
-# launch: Llama-8B's gate_up at 1-16 rows, whose activation then needs no launch of its own.
+# The gated store's kernels (``glu``) run chunks of 4 K steps (groups of 128 and their
+# multiples): 4-bit, the registers' pipeline, up to MAX_M rows a launch: Llama-8B's gate_up
+# at 1-8 rows (``int_weight_layout.GLU_MAX_M``), whose activation then needs no launch of its
+# own. A rotary store for the qkv projection (session 58, dfd6f0d) lost on an H100 and was
+# removed in session 60: its qkv took 10.0 us a layer at one row against the plain store's
+# 7.2, W4A16 batch 1 / 16 2.504 / 3.348 -> 2.519 / 3.565 ms.
 FUSED_STEPS = 4
 
 
@@ -108,19 +111,6 @@ def supports_glu(m: int, k: int, n: int, group_size: int, bits: int,
     ``w4a16_swapab.glu_blocked`` order of 4-bit values."""
     return (bits == 4 and 1 <= m <= MAX_M and supports(m, k, n, group_size, bits, dtype)
             and group_size % (32 * FUSED_STEPS) == 0 and n % (2 * GLU_BLOCK) == 0)
-
-
-# The rotary store (``rope``): 4-bit, head_dim 128 (a lane holds columns d and d + 64 of a
-# head, the rotary's pair), up to MAX_M rows.
-ROPE_HEAD_DIM = 128
-
-
-def supports_rope(m: int, k: int, n: int, group_size: int, bits: int, dtype: torch.dtype,
-                  head_dim: int) -> bool:
-    """Whether ``swapab_mma(rope=...)`` takes this call (the kernel's side; the cache's and
-    the table's are ``int_weight_layout.qkv_rope``'s)."""
-    return (bits == 4 and head_dim == ROPE_HEAD_DIM and 1 <= m <= MAX_M
-            and supports(m, k, n, group_size, bits, dtype) and group_size % (32 * FUSED_STEPS) == 0)
 
 
 # Columns of gate, then as many of up, in turn along the [gate | up] weight's N (glu_blocked):
@@ -196,8 +186,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                warps_per_sm: int = WARPS_PER_SM,
                steps: int | None = None, most_warps: int = MAX_WARPS,
                split_ctas: bool | None = None, stages: int | None = None,
-               out: torch.Tensor | None = None, glu: bool = False,
-               rope: dict | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (M <= 16; up to ``MAX_ROWS`` in 16-row chunks of
     one launch) for ``qweight`` in ``pack_swapab``'s
     4- or 8-bit layout, scales and (float) zeros
@@ -206,11 +195,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     pipeline; None ``default_stages``). ``out``: an [M, N] tensor of contiguous rows to write
     (rows of a larger batch's output), else a new one. The tuning arguments exist for the
     benchmarks. ``glu``: the weight is an MLP's [gate | up] in ``glu_blocked`` order and the
-    output is silu(gate) * up, [M, N / 2] (``supports_glu``). ``rope``: the weight is a qkv
-    projection [q | k | v] of head_dim 128; the output is the rotated q [M, q_cols], and the
-    rotated k and the v go into the paged cache (``supports_rope``; keys positions, slots
-    (int64), cos_sin_cache (float32 [max_pos, 128]), key_cache, value_cache
-    ([blocks, block_size, Hkv, 128], x2's dtype), q_cols, kv_cols: where k and v begin)."""
+    output is silu(gate) * up, [M, N / 2] (``supports_glu``)."""
     m, k = x2.shape
     n = qweight.shape[0] * (16 // bits)
     if not (m <= MAX_ROWS and supports(min(m, MAX_M), k, n, group_size, bits, x2.dtype)):
@@ -238,22 +223,16 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         stages = 0  # the copies take 16-byte pieces of the tile's scales and zeros
     if glu:
         steps, stages = FUSED_STEPS, 0  # the gated store's kernels
-    if rope is not None:
-        if not supports_rope(m, k, n, group_size, bits, x2.dtype, ROPE_HEAD_DIM):
-            raise ValueError(f"swapab_mma: no rotary store for M={m}, K={k}, N={n}, group "
-                             f"{group_size}, {bits}-bit")
-        steps = FUSED_STEPS
-        stages = 3 if m <= 8 and stages == 3 else 0  # the rotary store's kernels
     name = (f"swapab_mma_{_DTYPES[x2.dtype]}_{_DTYPES[scales.dtype]}_w{bits}"
             f"_m{8 if m <= 8 else 16}_s{steps}" + (f"_p{stages}" if stages else "")
-            + ("_glu" if glu else "") + ("_rope" if rope is not None else ""))
+            + ("_glu" if glu else ""))
     if stages:
         most_warps = staged_warps(m, steps, bits, stages, most_warps,
                                   _shared_limit(x2.device))
     p = plan(k, n, group_size, num_compute_units(x2.device), warps_per_sm, steps, most_warps,
              bits, split_ctas)
     tiles = qweight.shape[0] // ROWS
-    out_n = n // 2 if glu else (rope["q_cols"] if rope is not None else n)
+    out_n = n // 2 if glu else n
     if out is None:
         out, partial = split_k_buffers(m, n, p.splits, x2, out_n)
     else:
@@ -263,12 +242,6 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     cnt = split_k_counters(x2.device, tiles * chunks)
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, cnt, m, n, k,
                                  x2.stride(0), p.k_per_warp, group_size)
-    if rope is not None:
-        kc = rope["key_cache"]
-        args += cuda_module.arguments(
-            rope["positions"], rope["cos_sin_cache"], kc, rope["value_cache"], rope["slots"],
-            rope["cos_sin_cache"].stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
-            kc.shape[1], rope["q_cols"], rope["kv_cols"])
     shared = p.warps * stages * stage_bytes(m, steps, bits)
     mod.launch(name, (tiles * chunks, p.splits, 1), 32 * p.warps, args,
                pdl=pdl_mod.enabled(x2.device), shared_bytes=shared)

@@ -99,10 +99,9 @@ class IntWeightLinearMethod(LinearMethod):
             layer.kernel_layout = (getattr(layer, "int_layout", None)
                                    or int_weight_layout.choose(k, q.shape[1], group, self.bits,
                                                                q.device))
-            # The rows layout's GEMV, and under OCTAVO_SWAPAB_ROPE the swap-AB CUDA kernel,
-            # have a rotating store (``apply_qkv_rope``).
+            # Only the rows layout's GEMV has a rotating store (``apply_qkv_rope``).
             self.has_qkv_rope = int_weight_layout.has_qkv_rope(layer.kernel_layout, k,
-                                                               q.shape[1], group, self.bits)
+                                                               q.shape[1], group)
             layer.glu_block = self._glu_block(layer, k, q.shape[1], group)
             qk, zk, sk = q, zeros, scales
             if layer.glu_block:

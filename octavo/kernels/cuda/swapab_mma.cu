@@ -87,29 +87,12 @@ __device__ __forceinline__ int column(int row) {  // of value 0; value v is 64 v
   return BITS == 4 ? (row >> 6) * 256 + (row & 63) : (row >> 6) * 128 + (row & 63);
 }
 
-// What the store writes (EPI): the product (kPlain), silu(gate) * up of an MLP's [gate | up]
-// weight in glu_blocked order (kGlu), or a qkv projection's rotated q, with the rotated k and
-// the v written into the paged cache (kRope).
-constexpr int kPlain = 0, kGlu = 1, kRope = 2;
-
-// kRope's arguments: the rows' positions and cache slots (int64; slot < 0: not stored), the
-// [max_pos, 128] float32 cos | sin table, the caches [blocks, block_size, Hkv, 128] (the
-// activations' dtype) and their strides, and where k and v begin along N.
-struct Rope {
-  const long long* pos;
-  const float* cs;
-  void* kc;
-  void* vc;
-  const long long* slots;
-  int cs_stride, kc_s0, kc_s1, kc_s2, block_size, q_cols, kv_cols;
-};
-
-template <typename T, typename S, int BITS, int MT, int STEPS, int STAGES, int EPI>
+template <typename T, typename S, int BITS, int MT, int STEPS, int STAGES, bool GLU>
 __device__ __forceinline__ void swapab_mma(
     const T* __restrict__ x, const uint4* __restrict__ w, const unsigned short* __restrict__ s,
     const unsigned short* __restrict__ z, T* __restrict__ out, float* __restrict__ part,
     int* __restrict__ cnt, int M, int M_all, int N, int K, int stride_x, int k_per_warp,
-    int group, int tile, const Rope& rope) {
+    int group, int tile) {
   // M: this CTA's rows (at most 16); M_all: the output's (the split partials' row count);
   // tile: its 16 int16 rows of the layout.
   constexpr int CHUNK = 32 * STEPS;
@@ -351,72 +334,29 @@ __device__ __forceinline__ void swapab_mma(
       for (int c = 0; c < VALUES; ++c) fn(acc[mt][c][i], (size_t)m * N + nb0 + 64 * c);
     });
   };
-  // kGlu: the weight's columns are [gate | up] in blocks of 32 VALUES (value c < VALUES / 2
+  // GLU: the weight's columns are [gate | up] in blocks of 32 VALUES (value c < VALUES / 2
   // gate, c + VALUES / 2 the same column of up: the loader's ``glu_blocked`` order), and the
   // lane writes silu(gate) * up from its float accumulators into an [M, N / 2] output in the
   // MLP's own column order, gate and up each rounded to T first: the bits of the GEMM's
-  // output through activation.py's kernel.
-  // kRope (4-bit, head_dim 128): values 2h and 2h + 1 of the lane's column nb = 256 b + r
-  // (r < 64) are d = r and r + 64 of head 2b + h, the rotary's pair. Each is rounded to T
-  // first (the plain store's bits), q and k rotated in float32 as rotary.py does, q written
-  // into an [M, q_cols] output, k and v into the caches.
-  // (The plain store, EPI == kPlain, is the code as it was measured, instruction for
-  // instruction.)
-  auto store_epi = [&]() {
-    if constexpr (EPI == kGlu) {
-      constexpr int HALF = VALUES / 2;
-      const int half_n = N / 2;
-      octavo::each_row<MT>(t, M, [&](int mt, int i, int m) {
-        const int nb = (i < 2 ? n0 : n1);
-        const int col = (nb / (64 * VALUES)) * (32 * VALUES) + nb % (64 * VALUES);
+  // output through activation.py's kernel. (Without GLU the code below is the plain store's
+  // as it was measured, instruction for instruction.)
+  auto store_glu = [&]() {
+    constexpr int HALF = VALUES / 2;
+    const int half_n = N / 2;
+    octavo::each_row<MT>(t, M, [&](int mt, int i, int m) {
+      const int nb = (i < 2 ? n0 : n1);
+      const int col = (nb / (64 * VALUES)) * (32 * VALUES) + nb % (64 * VALUES);
 #pragma unroll
-        for (int c = 0; c < HALF; ++c)
-          out[(size_t)m * half_n + col + 64 * c] =
-              Type<T>::from_float(octavo::silu_mul(Type<T>::round(acc[mt][c][i]),
-                                                   Type<T>::round(acc[mt][c + HALF][i])));
-      });
-    } else if constexpr (EPI == kRope) {
-      static_assert(BITS == 4, "the rotary store pairs 4-bit values 2h and 2h + 1");
-      octavo::each_row<MT>(t, M, [&](int mt, int i, int m) {
-        const int nb = (i < 2 ? n0 : n1);
-        const int r = nb & 63;
-        const long long slot = rope.slots[m];
-        const float* row = rope.cs + (size_t)rope.pos[m] * rope.cs_stride;
-        const float co = row[r], si = row[64 + r];
-        const size_t at = slot < 0 ? 0
-                                   : (size_t)(slot / rope.block_size) * rope.kc_s0 +
-                                         (size_t)(slot % rope.block_size) * rope.kc_s1 + r;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int col = nb + 128 * h;  // d = r of head col / 128
-          const float x1 = Type<T>::round(acc[mt][2 * h][i]);
-          const float x2 = Type<T>::round(acc[mt][2 * h + 1][i]);
-          if (col < rope.kv_cols) {
-            const float y1 = x1 * co - x2 * si;
-            const float y2 = x2 * co + x1 * si;
-            if (col < rope.q_cols) {
-              T* q = out + (size_t)m * rope.q_cols + col;
-              q[0] = Type<T>::from_float(y1);
-              q[64] = Type<T>::from_float(y2);
-            } else if (slot >= 0) {
-              T* k = static_cast<T*>(rope.kc) + at +
-                     (size_t)((col - rope.q_cols) >> 7) * rope.kc_s2;
-              k[0] = Type<T>::from_float(y1);
-              k[64] = Type<T>::from_float(y2);
-            }
-          } else if (slot >= 0) {
-            T* v = static_cast<T*>(rope.vc) + at + (size_t)((col - rope.kv_cols) >> 7) * rope.kc_s2;
-            v[0] = Type<T>::from_float(x1);
-            v[64] = Type<T>::from_float(x2);
-          }
-        }
-      });
-    }
+      for (int c = 0; c < HALF; ++c)
+        out[(size_t)m * half_n + col + 64 * c] =
+            Type<T>::from_float(octavo::silu_mul(Type<T>::round(acc[mt][c][i]),
+                                                 Type<T>::round(acc[mt][c + HALF][i])));
+    });
   };
   const int splits = gridDim.y;
-  if constexpr (EPI != kPlain) {
+  if constexpr (GLU) {
     if (splits == 1) {
-      store_epi();
+      store_glu();
       return;
     }
     each_output([&](float a, size_t o) { part[(size_t)blockIdx.y * M_all * N + o] = a; });
@@ -441,8 +381,8 @@ __device__ __forceinline__ void swapab_mma(
     const float* ps = part + (size_t)sp * M_all * N;
     each_output([&](float& a, size_t o) { a += __ldcg(ps + o); });
   }
-  if constexpr (EPI != kPlain)
-    store_epi();
+  if constexpr (GLU)
+    store_glu();
   else
     each_output([&](float& a, size_t o) { out[o] = Type<T>::from_float(a); });
   octavo::release_tile(cnt + tile, lane);
@@ -455,48 +395,33 @@ __device__ __forceinline__ void swapab_mma(
 // its outputs, partials and tickets its own. A tile's chunks are neighbours in launch order,
 // so they run together and all but one read its weights from L2 (a layer larger than the L2
 // too: chunks on the grid's slowest axis re-read it from HBM).
-#define OCTAVO_SWAPAB_MMA(NAME, T, S, BITS, MT, STEPS, STAGES, EPI)                        \
+#define OCTAVO_SWAPAB_MMA(NAME, T, S, BITS, MT, STEPS, STAGES, GLU)                        \
   extern "C" __global__ void __launch_bounds__(256) NAME(                                     \
       const T* x, const uint4* w, const unsigned short* s, const unsigned short* z, T* out,   \
       float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_warp, int group) {  \
     const int chunks = (M + 15) / 16;                                                         \
     const int chunk = blockIdx.x % chunks;                                                    \
     const int m0 = chunk * 16;                                                                \
-    swapab_mma<T, S, BITS, MT, STEPS, STAGES, EPI>(                                           \
-        x + (size_t)m0 * stride_x, w, s, z, out + (size_t)m0 * (EPI == kGlu ? N / 2 : N),    \
+    swapab_mma<T, S, BITS, MT, STEPS, STAGES, GLU>(                                           \
+        x + (size_t)m0 * stride_x, w, s, z, out + (size_t)m0 * (GLU ? N / 2 : N),            \
         part + (size_t)m0 * N,                                                                \
         cnt + chunk * (gridDim.x / chunks), min(M - m0, 16), M, N, K, stride_x, k_per_warp,  \
-        group, blockIdx.x / chunks, Rope{});                                                  \
-  }
-
-// The rotary store's entry points (one chunk: M <= 16), with kRope's arguments after the
-// common ones.
-#define OCTAVO_SWAPAB_MMA_ROPE(NAME, T, S, MT, STAGES)                                      \
-  extern "C" __global__ void __launch_bounds__(256) NAME(                                     \
-      const T* x, const uint4* w, const unsigned short* s, const unsigned short* z, T* out,   \
-      float* part, int* cnt, int M, int N, int K, int stride_x, int k_per_warp, int group,    \
-      const long long* pos, const float* cs, T* kc, T* vc, const long long* slots,           \
-      int cs_stride, int kc_s0, int kc_s1, int kc_s2, int block_size, int q_cols,            \
-      int kv_cols) {                                                                          \
-    swapab_mma<T, S, 4, MT, 4, STAGES, kRope>(                                                \
-        x, w, s, z, out, part, cnt, M, M, N, K, stride_x, k_per_warp, group, blockIdx.x,     \
-        Rope{pos, cs, kc, vc, slots, cs_stride, kc_s0, kc_s1, kc_s2, block_size, q_cols,     \
-             kv_cols});                                                                       \
+        group, blockIdx.x / chunks);                                                          \
   }
 
 // swapab_mma_{activations}_{scales}_w{bits}_m{8,16}_s{steps}[_p{stages}]: without _p the
 // registers' one-chunk pipeline, with it STAGES chunks in flight through shared memory.
 #define OCTAVO_SWAPAB_MMA_ALL(TN, T, SN, S, BITS)                                        \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s1, T, S, BITS, 1, 1, 0, kPlain)       \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s2, T, S, BITS, 1, 2, 0, kPlain)       \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4, T, S, BITS, 1, 4, 0, kPlain)       \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s1, T, S, BITS, 2, 1, 0, kPlain)      \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s2, T, S, BITS, 2, 2, 0, kPlain)      \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4, T, S, BITS, 2, 4, 0, kPlain)      \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4_p3, T, S, BITS, 1, 4, 3, kPlain)    \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4_p4, T, S, BITS, 1, 4, 4, kPlain)    \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4_p3, T, S, BITS, 2, 4, 3, kPlain)   \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4_p4, T, S, BITS, 2, 4, 4, kPlain)
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s1, T, S, BITS, 1, 1, 0, false)       \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s2, T, S, BITS, 1, 2, 0, false)       \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4, T, S, BITS, 1, 4, 0, false)       \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s1, T, S, BITS, 2, 1, 0, false)      \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s2, T, S, BITS, 2, 2, 0, false)      \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4, T, S, BITS, 2, 4, 0, false)      \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4_p3, T, S, BITS, 1, 4, 3, false)    \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m8_s4_p4, T, S, BITS, 1, 4, 4, false)    \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4_p3, T, S, BITS, 2, 4, 3, false)   \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w##BITS##_m16_s4_p4, T, S, BITS, 2, 4, 4, false)
 
 #define OCTAVO_SWAPAB_MMA_SCALES(TN, T, BITS)                  \
   OCTAVO_SWAPAB_MMA_ALL(TN, T, bf16, __nv_bfloat16, BITS)      \
@@ -505,8 +430,8 @@ __device__ __forceinline__ void swapab_mma(
 // _glu: the MLP's [gate | up] weight in glu_blocked order, silu(gate) * up written (4-bit,
 // groups of 128 and their multiples, the registers' pipeline: Llama-8B's gate_up at 1-16 rows).
 #define OCTAVO_SWAPAB_MMA_GLU(TN, T, SN, S)                                               \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w4_m8_s4_glu, T, S, 4, 1, 4, 0, kGlu)        \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w4_m16_s4_glu, T, S, 4, 2, 4, 0, kGlu)
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w4_m8_s4_glu, T, S, 4, 1, 4, 0, true)        \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w4_m16_s4_glu, T, S, 4, 2, 4, 0, true)
 
 OCTAVO_SWAPAB_MMA_GLU(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
 OCTAVO_SWAPAB_MMA_GLU(bf16, __nv_bfloat16, f16, __half)
@@ -517,17 +442,3 @@ OCTAVO_SWAPAB_MMA_SCALES(bf16, __nv_bfloat16, 4)
 OCTAVO_SWAPAB_MMA_SCALES(bf16, __nv_bfloat16, 8)
 OCTAVO_SWAPAB_MMA_SCALES(f16, __half, 4)
 OCTAVO_SWAPAB_MMA_SCALES(f16, __half, 8)
-
-// _rope: a qkv projection's [q | k | v] of head_dim 128 (4-bit, groups of 128 and their
-// multiples): q rotated into the output, k rotated and v into the paged cache. 1-8 rows with
-// 3 chunks in flight (the default there for a small layer; the registers' pipeline where the
-// tensors are not 16-byte aligned), 9-16 rows the registers' pipeline.
-#define OCTAVO_SWAPAB_MMA_ROPES(TN, T, SN, S)                                             \
-  OCTAVO_SWAPAB_MMA_ROPE(swapab_mma_##TN##_##SN##_w4_m8_s4_p3_rope, T, S, 1, 3)             \
-  OCTAVO_SWAPAB_MMA_ROPE(swapab_mma_##TN##_##SN##_w4_m8_s4_rope, T, S, 1, 0)                \
-  OCTAVO_SWAPAB_MMA_ROPE(swapab_mma_##TN##_##SN##_w4_m16_s4_rope, T, S, 2, 0)
-
-OCTAVO_SWAPAB_MMA_ROPES(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
-OCTAVO_SWAPAB_MMA_ROPES(bf16, __nv_bfloat16, f16, __half)
-OCTAVO_SWAPAB_MMA_ROPES(f16, __half, bf16, __nv_bfloat16)
-OCTAVO_SWAPAB_MMA_ROPES(f16, __half, f16, __half)
