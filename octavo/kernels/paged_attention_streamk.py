@@ -68,6 +68,12 @@ _FP8_KV = (torch.float8_e4m3fn,)
 # in one wave, each program's share of the tiles equal.
 DEFAULT_WAVES = 2
 STAGES = 3  # software-pipeline stages on the GPU (streamk_config)
+# Keys per tile of a launch with at most one (request, KV head) pair per SM (``small_grid``):
+# shorter tiles, more of them to share. H100 (session 60, one run each, ms per token, 128 /
+# 64 keys): Llama-8B W4A16 batch 16 3.347 / 3.231 (GQA 4; batch 32, 256 pairs, 4.747 /
+# 4.733), Qwen3-0.6B batch 8 / 16 1.152 / 1.133 and 1.406 / 1.399 (GQA 2). The split launch
+# takes 64 for the same grids (paged_attention_config._SPLIT_DECODE_BLOCK_N, H200).
+SMALL_GRID_BLOCK_N = 64
 
 
 class DecodeTiles(NamedTuple):
@@ -126,10 +132,19 @@ def tile_capacity(num_seqs: int, block_tables: torch.Tensor, block_size: int, bl
     return max(1, num_seqs * -(-kv_upper // block_n))
 
 
-def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool) -> _Config:
+def small_grid(num_seqs: int, num_kv_heads: int, units: int) -> bool:
+    """Whether a stream-K launch over ``num_seqs`` requests has at most one (request, KV
+    head) pair per SM of the device's ``units``, where its tiles are ``SMALL_GRID_BLOCK_N``
+    keys long."""
+    return num_seqs * num_kv_heads <= units
+
+
+def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool,
+                   small: bool = False) -> _Config:
     """The stream-K launch's tile: the decode launch's with three stages on the GPU (on an
     H200, W1's attention 161.6 us at two stages, 154.7 at three; the per-request launch
-    keeps two); OCTAVO_ATTN_STREAMK_TILE, else OCTAVO_ATTN_DECODE_TILE, overrides both."""
+    keeps two), at most ``SMALL_GRID_BLOCK_N`` keys where ``small`` (:func:`small_grid`);
+    OCTAVO_ATTN_STREAMK_TILE, else OCTAVO_ATTN_DECODE_TILE, overrides all of it."""
     head_dim_p = max(16, next_power_of_2(head_dim))
     elem = torch.empty((), dtype=dtype).element_size()
     cfg = _pick_config(True, group, head_dim_p, elem, on_gpu)
@@ -137,7 +152,8 @@ def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool) 
     if tile is not None:
         return with_tile(cfg, tile)
     if on_gpu:
-        cfg = _Config(cfg.block_q, cfg.block_m, cfg.block_n, cfg.num_warps, STAGES)
+        block_n = min(cfg.block_n, SMALL_GRID_BLOCK_N) if small else cfg.block_n
+        cfg = _Config(cfg.block_q, cfg.block_m, block_n, cfg.num_warps, STAGES)
     return cfg
 
 
@@ -511,8 +527,8 @@ def streamk_decode(
     (same layout as :func:`octavo.kernels.paged_attention.paged_attention`), in one stream-K
     launch. ``tiles``: the step's work list (default: computed here from ``order``, a
     permutation of the requests, or the batch order); ``programs``: P (default:
-    :func:`num_programs`); ``config``: the tile (default: :func:`streamk_config`; its BLOCK_N
-    must be ``tiles.block_n``); ``max_seq_len``: a bound on ``seq_lens`` sizing a work list
+    :func:`num_programs`); ``config``: the tile (default: :func:`streamk_config` for this
+    batch's grid, :func:`small_grid`; its BLOCK_N must be ``tiles.block_n``); ``max_seq_len``: a bound on ``seq_lens`` sizing a work list
     built here (:func:`tile_capacity`)."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -522,7 +538,9 @@ def streamk_decode(
     num_seqs = seq_lens.shape[0]
     group = num_heads // num_kv_heads
     on_gpu = q.device.type == "cuda"
-    cfg = config or streamk_config(group, head_dim, q.dtype, on_gpu)
+    cfg = config or streamk_config(
+        group, head_dim, q.dtype, on_gpu,
+        on_gpu and small_grid(num_seqs, num_kv_heads, num_compute_units(q.device)))
     if tiles is None:
         tiles = decode_tiles(query_start_loc, seq_lens, block_tables, block_size, cfg.block_n,
                              order, max_seq_len=max_seq_len)

@@ -360,8 +360,11 @@ def test_backend_work_list_once_per_step(monkeypatch):
     seen.clear()
     monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)
     tiles = tb._decode_tiles(meta, FakeQ(), FakeCache(), None)
-    assert tiles.block_n == 128 and tiles.block_size == 16
+    # 5 requests x 8 KV heads: at most one pair per SM of 132, the small grid's 64-key tiles
+    assert tiles.block_n == 64 and tiles.block_size == 16
     assert seen == [(meta.block_tables, 16, meta.max_seq_len)]
+    assert tb._decode_tiles(_decode_meta(16), FakeQ(), FakeCache(), None).block_n == 64
+    assert tb._decode_tiles(_decode_meta(17), FakeQ(), FakeCache(), None).block_n == 128
     assert tb._decode_tiles(meta, FakeQ(), FakeCache(), None) is tiles
     capturing[0] = True
     assert tb._decode_tiles(meta, FakeQ(), FakeCache(), None) is not tiles
@@ -389,6 +392,27 @@ def test_streamk_tile_knob_wins_over_the_decode_tile_knob(monkeypatch):
     assert cfg.block_m == _pick_config(True, 2, 128, 2, True).block_m
     # the interpreter's tiles ignore both knobs
     assert streamk_config(2, 128, torch.bfloat16, on_gpu=False).block_n == 16
+
+
+def test_small_grids_take_64_key_tiles(monkeypatch):
+    """At most one (request, KV head) pair per SM: 64-key stream-K tiles (bf16, head_dim
+    128), the rest of the tile kept; a tile knob still wins; the interpreter keeps its own."""
+    from octavo.kernels.paged_attention_streamk import SMALL_GRID_BLOCK_N, small_grid
+
+    monkeypatch.delenv("OCTAVO_ATTN_STREAMK_TILE", raising=False)
+    monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)
+    assert small_grid(16, 8, 132) and small_grid(1, 8, 8) and not small_grid(17, 8, 132)
+    whole = streamk_config(4, 128, torch.bfloat16, on_gpu=True)
+    small = streamk_config(4, 128, torch.bfloat16, on_gpu=True, small=True)
+    assert (whole.block_n, small.block_n) == (128, SMALL_GRID_BLOCK_N) == (128, 64)
+    assert (small.block_m, small.num_warps, small.num_stages) == \
+        (whole.block_m, whole.num_warps, whole.num_stages)
+    # float32 rows already step fewer keys: kept
+    assert streamk_config(4, 128, torch.float32, on_gpu=True, small=True).block_n == 64
+    assert streamk_config(4, 256, torch.float32, on_gpu=True, small=True).block_n == 32
+    monkeypatch.setenv("OCTAVO_ATTN_STREAMK_TILE", "128,4,3")
+    assert streamk_config(4, 128, torch.bfloat16, on_gpu=True, small=True).block_n == 128
+    assert streamk_config(4, 128, torch.bfloat16, on_gpu=False, small=True).block_n == 16
 
 
 def test_split_launches_take_the_shorter_tile():
@@ -431,6 +455,32 @@ def test_w1_shape(waves, longest_first, monkeypatch):
     monkeypatch.setenv("OCTAVO_ATTN_STREAMK_WAVES", str(waves))
     out = torch.full_like(q, float("nan"))
     streamk_decode(q, kc, vc, qsl, sl, bt, scale, out, order=order)
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.bfloat16])
+    torch.testing.assert_close(out.float(), base.float(), **TOL[torch.bfloat16])
+    assert int(counters(q.device, 1).abs().sum()) == 0
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("batch,heads", [(16, 32), (8, 16), (2, 32)])
+def test_small_grid_shape(batch, heads, monkeypatch):
+    """Batches of at most one (request, KV head) pair per SM (Llama-8B's and Qwen3-0.6B's
+    heads over 8, contexts 100-400, bf16) on their default 64-key tiles: equal to the
+    reference and close to the per-request launch; counters left zeroed."""
+    from octavo.kernels.paged_attention_streamk import small_grid
+    from octavo.kernels.triton_utils import num_compute_units
+
+    monkeypatch.delenv("OCTAVO_ATTN_STREAMK", raising=False)
+    monkeypatch.delenv("OCTAVO_ATTN_STREAMK_TILE", raising=False)
+    monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)
+    assert small_grid(batch, 8, num_compute_units(torch.device("cuda")))
+    lens, (q, kc, vc, qsl, sl, bt) = _w1_batch(batch=batch, ctx=(100, 400), heads=heads,
+                                               seed=batch)
+    scale = 128**-0.5
+    ref = paged_attention_ref(q, kc, vc, qsl, sl, bt, scale)
+    base = paged_attention(q, kc, vc, qsl, sl, bt, scale, max_query_len=1, num_splits=1)
+    out = torch.full_like(q, float("nan"))
+    streamk_decode(q, kc, vc, qsl, sl, bt, scale, out)
     torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.bfloat16])
     torch.testing.assert_close(out.float(), base.float(), **TOL[torch.bfloat16])
     assert int(counters(q.device, 1).abs().sum()) == 0
