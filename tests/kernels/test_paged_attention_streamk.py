@@ -229,11 +229,13 @@ def test_programs(programs, device):
     run([1] * 6, [45, 7, 64, 1, 30, 100], programs=programs, device=device)
 
 
-@pytest.mark.parametrize("block_size,block_n", [(16, 16), (16, 32), (32, 16), (3, 16)])
+@pytest.mark.parametrize("block_size,block_n", [(16, 16), (16, 32), (32, 16), (3, 16),
+                                                (16, 64)])
 @pytest.mark.parametrize("programs", [1, 4])
 def test_block_size_and_tile(block_size, block_n, programs, device):
-    """Tiles of one block, of two (16/16, 16/32), a tile inside a block (32/16: read at its
-    offset) and a block size dividing no tile (3/16); last tiles partial or full."""
+    """Tiles of one block, of two (16/16, 16/32), of four (16/64: a small grid's tile on the
+    GPU), a tile inside a block (32/16: read at its offset) and a block size dividing no tile
+    (3/16); last tiles partial or full."""
     run([1] * 5, [2 * block_n, 70, block_n + 1, 1, 33], block_size=block_size,
         block_n=block_n, programs=programs, device=device)
 
