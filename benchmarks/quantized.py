@@ -5,8 +5,10 @@ group per output channel (neither in the default list).
 
 For each method: the weight memory, then for batch 1, 16, 64 and 256 (prompt 128, output 256)
 the time per output token (decode only: a run to 257 tokens minus a run to 1 token, over the
-256 steps between) and output tok/s; then W2's 256-request workload. Speedups are against
-bf16 measured in the same call. ``--shape qwen3-30b-a3b`` runs the mixture-of-experts shape
+256 steps between) and output tok/s, with the share of that time the step's weights alone
+take to read at the device's published HBM bandwidth (``weight_read_fraction``: the KV cache
+and activations not counted, so 1.0 is out of reach); then W2's 256-request workload.
+Speedups are against bf16 measured in the same call. ``--shape qwen3-30b-a3b`` runs the mixture-of-experts shape
 (its integer experts on the grouped kernel, ``octavo/kernels/fused_moe_int.py``).
 
     python benchmarks/quantized.py [--methods bf16,w8a16,w4a16,fp8] [--shape S] [--json out.json]
@@ -29,6 +31,7 @@ from benchmarks.common import (  # noqa: E402
     device_info,
     git_commit,
     print_json_result,
+    published_hbm_tbps,
     timed_generate,
 )
 from benchmarks.workloads import w1_requests, write_config  # noqa: E402
@@ -80,6 +83,14 @@ def weight_bytes(model, per_step: bool = False) -> int:
     return total
 
 
+def weight_read_fraction(step_bytes: int, tpot_ms: float, hbm_tbps: float | None) -> float | None:
+    """The share of a decode step's ``tpot_ms`` that reading ``step_bytes`` of weights takes
+    at ``hbm_tbps`` (None where the bandwidth is unknown)."""
+    if not hbm_tbps or tpot_ms <= 0:
+        return None
+    return round(step_bytes / (hbm_tbps * 1e12) * 1e3 / tpot_ms, 3)
+
+
 def run_method(method: str, args) -> dict:
     from octavo import LLM, SamplingParams
 
@@ -87,7 +98,11 @@ def run_method(method: str, args) -> dict:
               load_format="dummy", dtype=args.dtype, skip_tokenizer_init=True, max_model_len=2048,
               max_num_seqs=256, gpu_memory_utilization=0.9)
     model = llm.llm_engine.executor.worker.runner.model
-    out = {"method": method, "weight_bytes": weight_bytes(model), "batches": []}
+    out = {"method": method, "weight_bytes": weight_bytes(model),
+           "step_weight_bytes": weight_bytes(model, per_step=True), "batches": []}
+    import torch
+
+    hbm = published_hbm_tbps(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
     rng = random.Random(0)
 
     def timed(prompts, max_tokens):
@@ -101,10 +116,13 @@ def run_method(method: str, args) -> dict:
         t_first = min(timed(prompts, 1) for _ in range(2))
         t_all = timed(prompts, args.output_len + 1)
         tpot = (t_all - t_first) / args.output_len
+        read = weight_read_fraction(out["step_weight_bytes"], tpot * 1e3, hbm)
         out["batches"].append({"batch": bs, "tpot_ms": round(tpot * 1e3, 3),
-                               "output_tok_s": round(bs / tpot, 1)})
+                               "output_tok_s": round(bs / tpot, 1),
+                               "weight_read_fraction": read})
         print(f"{method} batch {bs}: {tpot * 1e3:.3f} ms per output token, "
-              f"{bs / tpot:,.0f} tok/s", flush=True)
+              f"{bs / tpot:,.0f} tok/s" + (f", weights read at {read:.0%} of HBM" if read
+                                           else ""), flush=True)
     if not args.skip_w2:
         prompts, max_tokens = w1_requests()
         params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=m)
