@@ -8,8 +8,9 @@ the time per output token (decode only: a run to 257 tokens minus a run to 1 tok
 256 steps between) and output tok/s, with the share of that time the step's weights alone
 take to read at the device's published HBM bandwidth (``weight_read_fraction``: the KV cache
 and activations not counted, so 1.0 is out of reach); then W2's 256-request workload.
-Speedups are against bf16 measured in the same call. ``--shape qwen3-30b-a3b`` runs the mixture-of-experts shape
-(its integer experts on the grouped kernel, ``octavo/kernels/fused_moe_int.py``).
+Speedups are against bf16 measured in the same call. ``--shape qwen3-30b-a3b`` runs the
+mixture-of-experts shape (its integer experts on the grouped kernel,
+``octavo/kernels/fused_moe_int.py``).
 
     python benchmarks/quantized.py [--methods bf16,w8a16,w4a16,fp8] [--shape S] [--json out.json]
 """

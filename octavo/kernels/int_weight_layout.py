@@ -295,8 +295,9 @@ def glu_unblocked(y: torch.Tensor, block: int) -> torch.Tensor:
 def gated_blocked(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                   zeros: torch.Tensor, group_size: int, bits: int, block: int) -> torch.Tensor:
     """``silu(gate) * up`` [..., N / 2] of a swap-AB weight in ``glu_blocked`` order: at
-    1-8 rows (OCTAVO_SWAPAB_GLU_MAX_M) in the CUDA kernel's store (no launch of its own), else the projection as
-    ``linear`` runs it, then the activation over the blocked columns."""
+    1-8 rows (OCTAVO_SWAPAB_GLU_MAX_M) in the CUDA kernel's store (no launch of its own),
+    else the projection as ``linear`` runs it, then the activation over the blocked
+    columns."""
     from octavo.kernels.activation import silu_and_mul
 
     x2 = x.reshape(-1, x.shape[-1])

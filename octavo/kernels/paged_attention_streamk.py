@@ -528,8 +528,9 @@ def streamk_decode(
     launch. ``tiles``: the step's work list (default: computed here from ``order``, a
     permutation of the requests, or the batch order); ``programs``: P (default:
     :func:`num_programs`); ``config``: the tile (default: :func:`streamk_config` for this
-    batch's grid, :func:`small_grid`; its BLOCK_N must be ``tiles.block_n``); ``max_seq_len``: a bound on ``seq_lens`` sizing a work list
-    built here (:func:`tile_capacity`)."""
+    batch's grid, :func:`small_grid`; its BLOCK_N must be ``tiles.block_n``);
+    ``max_seq_len``: a bound on ``seq_lens`` sizing a work list built here
+    (:func:`tile_capacity`)."""
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     assert key_cache.dtype in (q.dtype, *_FP8_KV) and value_cache.dtype == key_cache.dtype

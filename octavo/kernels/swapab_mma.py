@@ -102,7 +102,7 @@ def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PE
 # own. A rotary store for the qkv projection (session 58, dfd6f0d) lost on an H100 and was
 # removed in session 60: its qkv took 10.0 us a layer at one row against the plain store's
 # 7.2, W4A16 batch 1 / 16 2.504 / 3.348 -> 2.519 / 3.565 ms.
-FUSED_STEPS = 4
+GLU_STEPS = 4
 
 
 def supports_glu(m: int, k: int, n: int, group_size: int, bits: int,
@@ -110,7 +110,7 @@ def supports_glu(m: int, k: int, n: int, group_size: int, bits: int,
     """Whether ``swapab_mma(glu=True)`` takes this call: an [gate | up] weight in
     ``w4a16_swapab.glu_blocked`` order of 4-bit values."""
     return (bits == 4 and 1 <= m <= MAX_M and supports(m, k, n, group_size, bits, dtype)
-            and group_size % (32 * FUSED_STEPS) == 0 and n % (2 * GLU_BLOCK) == 0)
+            and group_size % (32 * GLU_STEPS) == 0 and n % (2 * GLU_BLOCK) == 0)
 
 
 # Columns of gate, then as many of up, in turn along the [gate | up] weight's N (glu_blocked):
@@ -222,7 +222,7 @@ def swapab_mma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if steps != STAGED_STEPS or any(t.data_ptr() % 16 for t in (scales, zeros, qweight)):
         stages = 0  # the copies take 16-byte pieces of the tile's scales and zeros
     if glu:
-        steps, stages = FUSED_STEPS, 0  # the gated store's kernels
+        steps, stages = GLU_STEPS, 0  # the gated store's kernels
     name = (f"swapab_mma_{_DTYPES[x2.dtype]}_{_DTYPES[scales.dtype]}_w{bits}"
             f"_m{8 if m <= 8 else 16}_s{steps}" + (f"_p{stages}" if stages else "")
             + ("_glu" if glu else ""))
