@@ -72,8 +72,12 @@ STAGES = 3  # software-pipeline stages on the GPU (streamk_config)
 # shorter tiles, more of them to share. H100 (session 60, one run each, ms per token, 128 /
 # 64 keys): Llama-8B W4A16 batch 16 3.347 / 3.231 (GQA 4; batch 32, 256 pairs, 4.747 /
 # 4.733), Qwen3-0.6B batch 8 / 16 1.152 / 1.133 and 1.406 / 1.399 (GQA 2). The split launch
-# takes 64 for the same grids (paged_attention_config._SPLIT_DECODE_BLOCK_N, H200).
+# takes 64 for the same grids (paged_attention_config._SPLIT_DECODE_BLOCK_N, H200). Two
+# stages there, not three (H100, session 61, one run each, ms per token, 64 keys at 3 / 2
+# stages): Llama-8B W4A16 batch 16 3.225 / 3.193, Qwen3-0.6B batch 16 1.407 / 1.381 (128
+# keys: 3.342, 1.414; 32 keys: 3.250, 1.434; 64 keys on 8 warps: 3.207, 1.401).
 SMALL_GRID_BLOCK_N = 64
+SMALL_GRID_STAGES = 2
 
 
 class DecodeTiles(NamedTuple):
@@ -143,7 +147,8 @@ def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool,
                    small: bool = False) -> _Config:
     """The stream-K launch's tile: the decode launch's with three stages on the GPU (on an
     H200, W1's attention 161.6 us at two stages, 154.7 at three; the per-request launch
-    keeps two), at most ``SMALL_GRID_BLOCK_N`` keys where ``small`` (:func:`small_grid`);
+    keeps two), at most ``SMALL_GRID_BLOCK_N`` keys in ``SMALL_GRID_STAGES`` stages where
+    ``small`` (:func:`small_grid`);
     OCTAVO_ATTN_STREAMK_TILE, else OCTAVO_ATTN_DECODE_TILE, overrides all of it."""
     head_dim_p = max(16, next_power_of_2(head_dim))
     elem = torch.empty((), dtype=dtype).element_size()
@@ -152,8 +157,11 @@ def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool,
     if tile is not None:
         return with_tile(cfg, tile)
     if on_gpu:
-        block_n = min(cfg.block_n, SMALL_GRID_BLOCK_N) if small else cfg.block_n
-        cfg = _Config(cfg.block_q, cfg.block_m, block_n, cfg.num_warps, STAGES)
+        if small:
+            cfg = _Config(cfg.block_q, cfg.block_m, min(cfg.block_n, SMALL_GRID_BLOCK_N),
+                          cfg.num_warps, SMALL_GRID_STAGES)
+        else:
+            cfg = _Config(cfg.block_q, cfg.block_m, cfg.block_n, cfg.num_warps, STAGES)
     return cfg
 
 
