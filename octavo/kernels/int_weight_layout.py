@@ -283,7 +283,7 @@ def glu_block(k: int, n: int, group_size: int, bits: int) -> int | None:
     1-16 rows the CUDA kernel's gated store can take (``swapab_mma.supports_glu``); None
     where it cannot."""
     ok = swapab_mma.supports_glu(1, k, n, group_size, bits, torch.bfloat16)
-    return swapab_mma.GLU_BLOCK if ok else None
+    return swapab_mma.GLU_BLOCKS[bits] if ok else None
 
 
 def glu_unblocked(y: torch.Tensor, block: int) -> torch.Tensor:

@@ -97,7 +97,7 @@ def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PE
 
 
 # The gated store's kernels (``glu``) run chunks of 4 K steps (groups of 128 and their
-# multiples): 4-bit, the registers' pipeline, up to MAX_M rows a launch: Llama-8B's gate_up
+# multiples): 4- and 8-bit, the registers' pipeline, up to MAX_M rows a launch: Llama-8B's gate_up
 # at 1-8 rows (``int_weight_layout.GLU_MAX_M``), whose activation then needs no launch of its
 # own. A rotary store for the qkv projection (session 58, dfd6f0d) lost on an H100 and was
 # removed in session 60: its qkv took 10.0 us a layer at one row against the plain store's
@@ -108,14 +108,17 @@ GLU_STEPS = 4
 def supports_glu(m: int, k: int, n: int, group_size: int, bits: int,
                  dtype: torch.dtype) -> bool:
     """Whether ``swapab_mma(glu=True)`` takes this call: an [gate | up] weight in
-    ``w4a16_swapab.glu_blocked`` order of 4-bit values."""
-    return (bits == 4 and 1 <= m <= MAX_M and supports(m, k, n, group_size, bits, dtype)
-            and group_size % (32 * GLU_STEPS) == 0 and n % (2 * GLU_BLOCK) == 0)
+    ``w4a16_swapab.glu_blocked`` order (blocks of ``GLU_BLOCKS[bits]``) of 4- or 8-bit
+    values."""
+    return (bits in GLU_BLOCKS and 1 <= m <= MAX_M
+            and supports(m, k, n, group_size, bits, dtype)
+            and group_size % (32 * GLU_STEPS) == 0 and n % (2 * GLU_BLOCKS[bits]) == 0)
 
 
-# Columns of gate, then as many of up, in turn along the [gate | up] weight's N (glu_blocked):
-# the kernel's 256-column blocks of 4-bit values hold gate in values 0-1, up in values 2-3.
-GLU_BLOCK = 128
+# Columns of gate, then as many of up, in turn along the [gate | up] weight's N (glu_blocked),
+# per bits: the kernel's 256-column blocks of 4-bit values hold gate in values 0-1, up in
+# values 2-3; its 128-column blocks of 8-bit values gate in value 0, up in value 1.
+GLU_BLOCKS = {4: 128, 8: 64}
 
 
 def available(device: torch.device) -> bool:

@@ -210,9 +210,17 @@ def check_switch_decodes(model_dir, monkeypatch, module, name: str, switch: str,
 def swapab_column4(row: int) -> int:
     """swapab_mma.cu's column<4>, read from the source: int16 row R's value 0 (value v is 64 v
     further)."""
+    return swapab_column(row, 4)
+
+
+def swapab_column(row: int, bits: int) -> int:
+    """swapab_mma.cu's column<BITS> (4 or 8), read from the source: int16 row R's value 0
+    (value v is 64 v further)."""
     from octavo.kernels import swapab_mma
 
     text = source_text(swapab_mma.SOURCE)
-    m = re.search(r"return BITS == 4 \? \(row >> 6\) \* (\d+) \+ \(row & (\d+)\)", text)
-    assert m, "column<4> changed: update this transcription"
-    return (row >> 6) * int(m.group(1)) + (row & int(m.group(2)))
+    m = re.search(r"return BITS == 4 \? \(row >> 6\) \* (\d+) \+ \(row & (\d+)\) : "
+                  r"\(row >> 6\) \* (\d+) \+ \(row & (\d+)\)", text)
+    assert m, "column<BITS> changed: update this transcription"
+    mul, mask = (m.group(1), m.group(2)) if bits == 4 else (m.group(3), m.group(4))
+    return (row >> 6) * int(mul) + (row & int(mask))

@@ -401,7 +401,10 @@ def test_small_grids_take_64_key_tiles(monkeypatch):
     (bf16, head_dim 128), the rest of the tile kept; a tile knob still wins; the interpreter
     keeps its own."""
     from octavo.kernels.paged_attention_streamk import (
-        SMALL_GRID_BLOCK_N, SMALL_GRID_STAGES, small_grid)
+        SMALL_GRID_BLOCK_N,
+        SMALL_GRID_STAGES,
+        small_grid,
+    )
 
     monkeypatch.delenv("OCTAVO_ATTN_STREAMK_TILE", raising=False)
     monkeypatch.delenv("OCTAVO_ATTN_DECODE_TILE", raising=False)

@@ -427,11 +427,14 @@ __device__ __forceinline__ void swapab_mma(
   OCTAVO_SWAPAB_MMA_ALL(TN, T, bf16, __nv_bfloat16, BITS)      \
   OCTAVO_SWAPAB_MMA_ALL(TN, T, f16, __half, BITS)
 
-// _glu: the MLP's [gate | up] weight in glu_blocked order, silu(gate) * up written (4-bit,
-// groups of 128 and their multiples, the registers' pipeline: Llama-8B's gate_up at 1-16 rows).
+// _glu: the MLP's [gate | up] weight in glu_blocked order, silu(gate) * up written (4- and
+// 8-bit, groups of 128 and their multiples, the registers' pipeline: Llama-8B's gate_up at
+// 1-16 rows).
 #define OCTAVO_SWAPAB_MMA_GLU(TN, T, SN, S)                                               \
   OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w4_m8_s4_glu, T, S, 4, 1, 4, 0, true)        \
-  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w4_m16_s4_glu, T, S, 4, 2, 4, 0, true)
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w4_m16_s4_glu, T, S, 4, 2, 4, 0, true)       \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w8_m8_s4_glu, T, S, 8, 1, 4, 0, true)        \
+  OCTAVO_SWAPAB_MMA(swapab_mma_##TN##_##SN##_w8_m16_s4_glu, T, S, 8, 2, 4, 0, true)
 
 OCTAVO_SWAPAB_MMA_GLU(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
 OCTAVO_SWAPAB_MMA_GLU(bf16, __nv_bfloat16, f16, __half)
