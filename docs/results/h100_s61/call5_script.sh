@@ -1,0 +1,1 @@
+export BUDGET=200; . scripts/device_items.sh; TAILN=8 item w4 python benchmarks/latency.py --json-out /tmp/res/w4.json; TAILN=4 item w1 timeout 120 python benchmarks/throughput.py --workload W1 --json-out /tmp/res/w1.json
