@@ -20,8 +20,9 @@ instead (one STS + LDS per weight). So:
   column-sum dot per 16 rows of K (SASS, plain Triton ops: 7.2 instructions per weight
   against 4.1 here);
 - the int -> float step is a same-width bitcast through the mantissa (0x4300 | q is bf16
-  128 + q for 4-bit; 0x6400 | q is fp16 1024 + q for 4- and 8-bit) or a widening int -> float
-  (bf16 8-bit, float32): exact either way;
+  128 + q for 4-bit; 0x6400 | q is fp16 1024 + q for 4- and 8-bit), for bf16 8-bit
+  (0x4300 | q & 127) - (0x4380 ^ q & 128) = q - 128 (two LOP3 and one bf16x2 FMA a pair, as
+  ``cuda/swapab_mma.cu``'s bytes()), or a widening int -> float (float32): exact every way;
 - zero points and scales stay out of the chain: per group, ``tmp = q @ x^T`` and
   ``xs = ones @ x^T`` (the column sums of x, a second dot on a constant A), then
   ``acc += s * (tmp - z * xs)`` on the [64, BLOCK_M] accumulators only, once per group (or
@@ -137,15 +138,32 @@ def _pair_asm(shift: int, mask: int, magic: int, ty: str | None) -> str:
             f"mov.b32 b, {magic:#010x}; sub.rn.{ty}x2 $0, t, b; }}")
 
 
+def _byte_bf16_asm(shift: int) -> str:
+    """PTX for two int16 containers in one register -> their byte at ``shift`` as two bf16
+    q - 128: lo = 0x4300 | (q & 127) is 128 + (q & 127), y = 0x4380 ^ (q & 128) is 256 for
+    q < 128 and 128 above, and lo - y (one bf16x2 FMA, exact: integers of at most 8
+    significant bits) is q - 128 either way."""
+    src = "$1"
+    shr = ""
+    if shift:
+        shr, src = f"shr.b32 t, $1, {shift}; ", "t"
+    return (f"{{ .reg .b32 t, l, y, m; {shr}lop3.b32 l, {src}, 0x007f007f, 0x43004300, 0xea; "
+            f"lop3.b32 y, {src}, 0x00800080, 0x43804380, 0x6a; mov.b32 m, 0xbf80bf80; "
+            f"fma.rn.bf16x2 $0, y, m, l; }}")
+
+
 # Kernels read module globals only as constexpr (plain strings where Triton is absent).
 _constexpr = tl.constexpr if tl is not None else (lambda v: v)
 # bf16 4-bit: 0x4300 | q = 128 + q (bias kept); fp16 4- and 8-bit: 0x6400 | q = 1024 + q.
 BF16_4 = [_constexpr(_pair_asm(c * 4, 0x000F000F, 0x43004300, None)) for c in range(4)]
 F16_4 = [_constexpr(_pair_asm(c * 4, 0x000F000F, 0x64006400, "f16")) for c in range(4)]
 F16_8 = [_constexpr(_pair_asm(c * 8, 0x00FF00FF, 0x64006400, "f16")) for c in range(2)]
+# bf16 8-bit: q - 128 (the bias goes into the zero point, ZBIAS).
+BF16_8 = [_constexpr(_byte_bf16_asm(c * 8)) for c in range(2)]
 BF16_4_0, BF16_4_1, BF16_4_2, BF16_4_3 = BF16_4
 F16_4_0, F16_4_1, F16_4_2, F16_4_3 = F16_4
 F16_8_0, F16_8_1 = F16_8
+BF16_8_0, BF16_8_1 = BF16_8
 
 
 @triton.jit
@@ -187,12 +205,19 @@ def _dequant(p, c: tl.constexpr, BITS: tl.constexpr, MAGIC: tl.constexpr, ASM: t
             w = _asm_f16(p, F16_8_0)
         else:
             w = _asm_f16(p, F16_8_1)
+    elif ASM and MAGIC == 3:
+        if c == 0:
+            w = _asm_bf16(p, BF16_8_0)
+        else:
+            w = _asm_bf16(p, BF16_8_1)
     else:
         bits = (p >> (c * BITS)) & ((1 << BITS) - 1)
         if MAGIC == 1:
             w = (bits | 0x4300).to(tl.bfloat16, bitcast=True)  # 128 + q, see ZBIAS
         elif MAGIC == 2:
             w = (bits | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+        elif MAGIC == 3:
+            w = (bits - 128).to(dt)  # q - 128, see ZBIAS
         else:
             w = bits.to(dt)
     return w
@@ -294,9 +319,10 @@ def _swapab_kernel(
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
     PER: tl.constexpr = 16 // BITS
-    # bf16 4-bit operands hold 128 + q (the bias is folded with the zero point: one instruction
-    # per weight less); fp16 ones subtract 1024 exactly in the chain.
-    ZBIAS: tl.constexpr = 128.0 if MAGIC == 1 else 0.0
+    # bf16 4-bit operands hold 128 + q, bf16 8-bit ones q - 128 (the bias is folded with the
+    # zero point: one instruction per weight less); fp16 ones subtract 1024 exactly in the
+    # chain.
+    ZBIAS: tl.constexpr = 128.0 if MAGIC == 1 else (-128.0 if MAGIC == 3 else 0.0)
     dt: tl.constexpr = x_ptr.dtype.element_ty
     offs_r = pid_t * BLOCK_R + tl.arange(0, BLOCK_R)  # int16 rows
     # A tile of BLOCK_R int16 rows lies inside one LAYOUT_ROWS block of the packed layout
@@ -368,8 +394,10 @@ def _swapab_kernel(
 
 
 def _magic(dtype: torch.dtype, bits: int) -> int:
-    if dtype == torch.bfloat16 and bits == 4:
-        return 1
+    """The operand form: 1 bf16 4-bit (128 + q), 2 fp16 (q), 3 bf16 8-bit (q - 128; before
+    session 61 a widening int16 -> bf16 conversion per weight), 0 float32 (q)."""
+    if dtype == torch.bfloat16:
+        return 1 if bits == 4 else 3
     if dtype == torch.float16:
         return 2
     return 0

@@ -83,6 +83,23 @@ def test_float32_and_split_k(split_k):
     assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, 64, 4)) < 1e-5
 
 
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_the_q_minus_128_operands_of_bf16_8_bit(split_k, monkeypatch):
+    """bf16 8-bit weights take the operand q - 128 (MAGIC 3, the zero points biased by -128
+    to match). The interpreter's bf16 dot is wrong, so the form runs here on float32
+    activations, where its non-PTX operand (bits - 128) is exact as well; the PTX is
+    test_inline_ptx_dequantizes_every_value's."""
+    from octavo.kernels import w4a16_swapab
+
+    assert w4a16_swapab._magic(torch.bfloat16, 8) == 3
+    monkeypatch.setattr(w4a16_swapab, "_magic", lambda dtype, bits: 3)
+    q, qweight, scales, zeros = _weights(256, 128, 64, 8)
+    x = torch.randn(5, 256, device=DEVICE)
+    out = w4a16_gemm(x, pack_swapab(q, 8).to(DEVICE), scales, zeros, 64, 8, path="swapab",
+                     split_k=split_k)
+    assert _rel_err(out, w4a16_gemm_ref(x, qweight, scales, zeros, 64, 8)) < 1e-5
+
+
 @pytest.mark.parametrize("m,k,group,bits,tuning", [
     (3, 1024, 1024, 4, {}),  # one group over K: folds every 512 rows, a K step of 128
     (5, 256, 128, 4, {"block_k": 64, "split_k": 2}),  # a fold every other step
@@ -178,12 +195,18 @@ def _run_pair_ptx(code: str, pairs: torch.Tensor) -> torch.Tensor:
         elif op == "shr.b32":
             regs[dst] = val(src[0]) >> int(src[1])
         elif op == "lop3.b32":
-            assert int(src[3], 0) == 0xEA  # (a & b) | c
-            regs[dst] = (val(src[0]) & val(src[1])) | val(src[2])
+            lut = int(src[3], 0)
+            assert lut in (0xEA, 0x6A)  # (a & b) | c, (a & b) ^ c
+            ab = val(src[0]) & val(src[1])
+            regs[dst] = ab | val(src[2]) if lut == 0xEA else ab ^ val(src[2])
         elif (m := re.fullmatch(r"sub\.rn\.(bf16|f16)x2", op)):
             dtype = torch.bfloat16 if m.group(1) == "bf16" else torch.float16
             a, b = halves(val(src[0]), dtype), halves(val(src[1]), dtype)
             regs[dst] = pack(a[0] - b[0], a[1] - b[1], dtype)  # exact: small integers
+        elif op == "fma.rn.bf16x2":
+            a, b, c = (halves(val(t), torch.bfloat16) for t in src)
+            # exact here (integers of at most 8 significant bits): no rounding to model
+            regs[dst] = pack(a[0] * b[0] + c[0], a[1] * b[1] + c[1], torch.bfloat16)
         else:
             raise AssertionError(f"unexpected PTX {ins!r}")
     return regs["$0"]
@@ -191,7 +214,7 @@ def _run_pair_ptx(code: str, pairs: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("table,bits,dtype,bias", [
     ("BF16_4", 4, torch.bfloat16, 128.0), ("F16_4", 4, torch.float16, 0.0),
-    ("F16_8", 8, torch.float16, 0.0)])
+    ("F16_8", 8, torch.float16, 0.0), ("BF16_8", 8, torch.bfloat16, -128.0)])
 def test_inline_ptx_dequantizes_every_value(table, bits, dtype, bias):
     from octavo.kernels import w4a16_swapab
 
