@@ -97,9 +97,10 @@ def plan(k: int, n: int, group_size: int, sms: int, warps_per_sm: int = WARPS_PE
 
 
 # The gated store's kernels (``glu``) run chunks of 4 K steps (groups of 128 and their
-# multiples): 4- and 8-bit, the registers' pipeline, up to MAX_M rows a launch: Llama-8B's gate_up
-# at 1-8 rows (``int_weight_layout.GLU_MAX_M``), whose activation then needs no launch of its
-# own. A rotary store for the qkv projection (session 58, dfd6f0d) lost on an H100 and was
+# multiples): 4- and 8-bit, the registers' pipeline, up to MAX_M rows a launch: Llama-8B's
+# gate_up at 1-8 rows (``int_weight_layout.GLU_MAX_M``), whose activation then needs no
+# launch of its own (8-bit, H100, session 61: W8A16 batch 1 in the swap-AB layout 3.643 ->
+# 3.618 ms). A rotary store for the qkv projection (session 58, dfd6f0d) lost on an H100 and was
 # removed in session 60: its qkv took 10.0 us a layer at one row against the plain store's
 # 7.2, W4A16 batch 1 / 16 2.504 / 3.348 -> 2.519 / 3.565 ms.
 GLU_STEPS = 4
