@@ -17,7 +17,11 @@ cuBLAS from the swap-AB layout: 153.7 and 198.4). So on Hopper the large 4-bit p
 least ``SWAPAB_MIN_WEIGHTS`` values) take the swap-AB layout: a few microseconds per layer lost
 at batch 1, tens won from batch 3 to 128; the small ones keep the GEMV's layout. 8-bit weights
 keep it too: the swap-AB GEMM at one row took 1.7x the 8-bit GEMV's time per layer (W8A16
-batch 1 in the engine 6.7 ms against 3.9).
+batch 1 in the engine 6.7 ms against 3.9). With the CUDA kernel (H100, session 61, Llama-8B
+W8A16 g128, every layer swap-AB against this rule, ms per token) batch 1 3.618 / 3.734 and 16
+4.457 / 6.052 won, but batch 64 10.191 / 6.935 and W2 6,395 / 6,541 tok/s lost: the Triton
+swap-AB GEMM past 16 rows converted each bf16 8-bit weight by a quarter-rate I2F (now the
+LOP3 form, unmeasured).
 
 - ``rows`` (``octavo.kernels.int8_gemv``, 8-bit only): uint8 [N, K], the float8 weights'
   layout. One or two rows run the FP8 GEMV's kernel in its 8-bit integer mode (with its fused
