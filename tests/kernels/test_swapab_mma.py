@@ -20,8 +20,8 @@ NAMES = [f"swapab_mma_{t}_{sc}_w{b}_m{m}_s{s}" for t in ("bf16", "f16")
          for sc in ("bf16", "f16") for b in (4, 8) for m in (8, 16) for s in (1, 2, 4)] + [
     f"swapab_mma_{t}_{sc}_w{b}_m{m}_s4_p{p}" for t in ("bf16", "f16")
     for sc in ("bf16", "f16") for b in (4, 8) for m in (8, 16) for p in (3, 4)] + [
-    f"swapab_mma_{t}_{sc}_w4_m{m}_s4_glu" for t in ("bf16", "f16") for sc in ("bf16", "f16")
-    for m in (8, 16)]
+    f"swapab_mma_{t}_{sc}_w{b}_m{m}_s4_glu" for t in ("bf16", "f16") for sc in ("bf16", "f16")
+    for b in (4, 8) for m in (8, 16)]
 
 
 @pytest.mark.parametrize("k,n,group", [(4096, 28672, 128), (4096, 4096, 128),
