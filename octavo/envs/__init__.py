@@ -79,6 +79,7 @@ from octavo.envs.integer import (
     swapab_cuda_chunked_max_m,
     swapab_glu,
     swapab_glu_max_m,
+    swapab_layer_plans,
     swapab_split_ctas,
     swapab_stages,
     swapab_warps_per_sm,
@@ -131,5 +132,5 @@ __all__ = [
     "int_weight_layout", "l2_prefetch", "l2_prefetch_max_tokens",
     "l2_prefetch_mb", "log_step_timings", "moe_int_gemv_max_pairs", "moe_route", "packed_inputs",
     "pdl", "profile_dir", "profile_steps", "replica_direct_send", "logprob_kernel", "sample_kernel", "skinny_gemm",
-    "skinny_gemm_all", "swapab_cuda_chunked_large_max_m", "swapab_cuda_chunked_max_m", "swapab_glu", "swapab_glu_max_m", "swapab_split_ctas", "swapab_stages", "swapab_warps_per_sm", "tokenizer_cache",
+    "skinny_gemm_all", "swapab_cuda_chunked_large_max_m", "swapab_cuda_chunked_max_m", "swapab_glu", "swapab_glu_max_m", "swapab_layer_plans", "swapab_split_ctas", "swapab_stages", "swapab_warps_per_sm", "tokenizer_cache",
 ]

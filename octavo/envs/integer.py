@@ -26,6 +26,29 @@ def swapab_stages() -> int | None:
     return out
 
 
+def swapab_layer_plans() -> dict[tuple[int, int, int], tuple[int, int | None]]:
+    """OCTAVO_SWAPAB_LAYER_PLAN="K,N,BITS=WARPS[/STAGES];...": per weight shape (K, N, bits),
+    the warps per SM and, optionally, the chunks in flight (0, 3 or 4) of the CUDA integer
+    kernel's launches, over OCTAVO_SWAPAB_WARPS_PER_SM / OCTAVO_SWAPAB_STAGES; for measuring
+    per-layer plans in the engine (octavo/kernels/swapab_mma.py). Unset: {}."""
+    text = os.environ.get("OCTAVO_SWAPAB_LAYER_PLAN", "").strip()
+    plans: dict[tuple[int, int, int], tuple[int, int | None]] = {}
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        try:
+            shape, plan = entry.split("=")
+            k, n, bits = (int(v) for v in shape.split(","))
+            warps, _, stages = plan.partition("/")
+            warps_i, stages_i = int(warps), (int(stages) if stages.strip() else None)
+        except ValueError:
+            raise ValueError(f"OCTAVO_SWAPAB_LAYER_PLAN: {entry!r} is not K,N,BITS=WARPS[/STAGES]"
+                             ) from None
+        if warps_i < 1 or stages_i not in (None, 0, 3, 4) or bits not in (4, 8):
+            raise ValueError(f"OCTAVO_SWAPAB_LAYER_PLAN: {entry!r} needs WARPS >= 1, STAGES "
+                             f"0, 3 or 4 and BITS 4 or 8")
+        plans[(k, n, bits)] = (warps_i, stages_i)
+    return plans
+
+
 def swapab_split_ctas() -> bool | None:
     """OCTAVO_SWAPAB_SPLIT_CTAS: 1, the CUDA integer kernel splits a tile's K over CTAs
     wherever its plan asks; 0, never where the tiles fill the SMs; unset (None), the plan's

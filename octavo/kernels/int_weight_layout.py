@@ -153,7 +153,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # (Past 16 rows, OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M: one launch of 16-row chunks, the
         # layer's weights read from L2 by the chunks after the first.)
         return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits,
-                                     **swapab_mma.engine_plan())
+                                     **swapab_mma.engine_plan(k, n, bits))
     # A CUDA wide-tile mma.sync kernel with the dequantization in registers (session 52,
     # removed in session 53) lost on an H100 at every batch: one Llama-8B layer at 64 / 128 /
     # 256 rows took 492 / 451 / 576 us at its default plan (best plans per layer: gate_up
@@ -311,7 +311,7 @@ def gated_blocked(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if m <= most and swapab_mma.available(x2.device) and \
             swapab_mma.supports_glu(m, k, n, group_size, bits, x2.dtype):
         y = swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits, glu=True,
-                                  **swapab_mma.engine_plan())
+                                  **swapab_mma.engine_plan(k, n, bits))
     else:
         y = silu_and_mul(linear(x2, qweight, scales, zeros, group_size, bits, SWAPAB), block)
     return y.view(*x.shape[:-1], n // 2)

@@ -156,13 +156,21 @@ def default_stages(m: int, n: int, bits: int) -> int:
     return 3 if m <= STAGED_MAX_M and tiles <= STAGED_MAX_TILES else 0
 
 
-def engine_plan() -> dict:
+def engine_plan(k: int | None = None, n: int | None = None, bits: int | None = None) -> dict:
     """The engine's launch arguments: the plan's warps per SM
     (``OCTAVO_SWAPAB_WARPS_PER_SM``), whether it splits tiles over CTAs
     (``OCTAVO_SWAPAB_SPLIT_CTAS``: 1 where the plan asks, 0 never where the tiles fill the
-    SMs; unset: ``plan``'s rule) and the chunks in flight (``OCTAVO_SWAPAB_STAGES``)."""
-    return {"warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM),
-            "split_ctas": envs.swapab_split_ctas(), "stages": envs.swapab_stages()}
+    SMs; unset: ``plan``'s rule) and the chunks in flight (``OCTAVO_SWAPAB_STAGES``); for a
+    [K, N] weight of ``bits`` named in ``OCTAVO_SWAPAB_LAYER_PLAN``, that entry's warps per
+    SM and stages instead."""
+    out = {"warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM),
+           "split_ctas": envs.swapab_split_ctas(), "stages": envs.swapab_stages()}
+    layer = envs.swapab_layer_plans().get((k, n, bits)) if k is not None else None
+    if layer is not None:
+        out["warps_per_sm"] = layer[0]
+        if layer[1] is not None:
+            out["stages"] = layer[1]
+    return out
 
 
 def stage_bytes(m: int, steps: int, bits: int) -> int:

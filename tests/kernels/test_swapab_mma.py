@@ -83,6 +83,25 @@ def test_the_engine_plan_follows_its_switches(monkeypatch):
         swapab_mma.engine_plan()
 
 
+def test_a_layer_plan_overrides_one_shape(monkeypatch):
+    """OCTAVO_SWAPAB_LAYER_PLAN: the named shapes' warps per SM (and stages where given)
+    over the global switches; other shapes, bits and calls without a shape keep those."""
+    monkeypatch.setenv("OCTAVO_SWAPAB_WARPS_PER_SM", "6")
+    monkeypatch.setenv("OCTAVO_SWAPAB_LAYER_PLAN", " 4096,6144,4=16/3; 4096,4096,4=4 ;")
+    assert swapab_mma.engine_plan(4096, 6144, 4) == {"warps_per_sm": 16, "split_ctas": None,
+                                                    "stages": 3}
+    assert swapab_mma.engine_plan(4096, 4096, 4) == {"warps_per_sm": 4, "split_ctas": None,
+                                                    "stages": None}
+    for other in ((4096, 6144, 8), (14336, 4096, 4)):
+        assert swapab_mma.engine_plan(*other)["warps_per_sm"] == 6
+    assert swapab_mma.engine_plan()["warps_per_sm"] == 6
+    for bad in ("4096,6144=16", "4096,6144,4=0", "4096,6144,4=8/2", "4096,6144,3=8",
+                "4096,6144,4=eight", "4096,6144,4"):
+        monkeypatch.setenv("OCTAVO_SWAPAB_LAYER_PLAN", bad)
+        with pytest.raises(ValueError, match="OCTAVO_SWAPAB_LAYER_PLAN"):
+            swapab_mma.engine_plan(4096, 6144, 4)
+
+
 def test_supports():
     assert supports(1, 4096, 4096, 128, 4, torch.bfloat16)
     assert supports(16, 4096, 6144, 32, 4, torch.float16)
