@@ -102,6 +102,33 @@ def test_a_layer_plan_overrides_one_shape(monkeypatch):
             swapab_mma.engine_plan(4096, 6144, 4)
 
 
+@pytest.mark.parametrize("glu", [False, True])
+def test_the_engine_s_calls_carry_their_layer_plan(glu, monkeypatch):
+    """int_weight_layout's plain and gated entries hand the kernel the plan of their own
+    weight shape (the kernel recorded, the CUDA path forced on CPU tensors)."""
+    from octavo.kernels import int_weight_layout
+
+    calls = []
+    monkeypatch.setattr(swapab_mma, "available", lambda device: True)
+    monkeypatch.setattr(swapab_mma, "swapab_mma", lambda x2, qw, *a, **kw: calls.append(
+        (qw.shape[0], kw)) or torch.zeros(x2.shape[0], qw.shape[0] * 2 // (2 if kw.get(
+            "glu") else 1)))
+    monkeypatch.setenv("OCTAVO_SWAPAB_LAYER_PLAN", "256,512,8=12/3")
+    k, n, bits = 256, 512, 8
+    qw = torch.zeros(n // 2, k, dtype=torch.int16)
+    sz = torch.ones(k // 128, n)
+    x = torch.randn(1, k).to(torch.bfloat16)
+    if glu:
+        int_weight_layout.gated_blocked(x, qw, sz, sz, 128, bits, swapab_mma.GLU_BLOCKS[8])
+    else:
+        int_weight_layout.linear(x, qw, sz, sz, 128, bits, int_weight_layout.SWAPAB)
+    assert len(calls) == 1 and calls[0][1]["warps_per_sm"] == 12 and calls[0][1]["stages"] == 3
+    assert calls[0][1].get("glu", False) is glu
+    monkeypatch.setenv("OCTAVO_SWAPAB_LAYER_PLAN", "256,512,4=12/3")  # another bits: not ours
+    int_weight_layout.linear(x, qw, sz, sz, 128, bits, int_weight_layout.SWAPAB)
+    assert calls[-1][1]["warps_per_sm"] == swapab_mma.WARPS_PER_SM
+
+
 def test_supports():
     assert supports(1, 4096, 4096, 128, 4, torch.bfloat16)
     assert supports(16, 4096, 6144, 32, 4, torch.float16)
