@@ -207,12 +207,6 @@ def check_switch_decodes(model_dir, monkeypatch, module, name: str, switch: str,
     assert compare_decodes(off, on, first=1) >= 3 * len(PROMPTS)
 
 
-def swapab_column4(row: int) -> int:
-    """swapab_mma.cu's column<4>, read from the source: int16 row R's value 0 (value v is 64 v
-    further)."""
-    return swapab_column(row, 4)
-
-
 def swapab_column(row: int, bits: int) -> int:
     """swapab_mma.cu's column<BITS> (4 or 8), read from the source: int16 row R's value 0
     (value v is 64 v further)."""
