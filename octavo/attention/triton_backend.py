@@ -36,9 +36,8 @@ if not HAS_TRITON:  # pragma: no cover - only where triton is absent
 from octavo.kernels.paged_attention import paged_attention  # noqa: E402
 from octavo.kernels.paged_attention_streamk import (  # noqa: E402
     DecodeTiles,
+    batch_config,
     decode_tiles,
-    small_grid,
-    streamk_config,
 )
 from octavo.kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 from octavo.kernels.triton_utils import num_compute_units  # noqa: E402
@@ -135,9 +134,8 @@ def _decode_tiles(meta: AttentionMetadata, q: torch.Tensor, key_cache: torch.Ten
     forced = attn_streamk()
     if not (meta.num_reqs >= STREAMK_MIN_REQS if forced is None else forced):
         return None
-    small = small_grid(meta.seq_lens.shape[0], num_kv_heads, num_compute_units(q.device))
-    block_n = streamk_config(q.shape[1] // num_kv_heads, q.shape[2], q.dtype, True,
-                             small).block_n
+    block_n = batch_config(meta.seq_lens.shape[0], q.shape[1], num_kv_heads, q.shape[2],
+                           q.dtype, q.device).block_n
     key = ("decode_tiles", block_n, block_size, torch.cuda.is_current_stream_capturing())
     tiles = meta.derived.get(key)
     if tiles is None:

@@ -165,6 +165,16 @@ def streamk_config(group: int, head_dim: int, dtype: torch.dtype, on_gpu: bool,
     return cfg
 
 
+def batch_config(num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> _Config:
+    """:func:`streamk_config` for a launch over ``num_seqs`` requests on ``device``, with
+    the small-grid tile where :func:`small_grid` holds on the GPU: the one derivation the
+    attention backend (its work list's BLOCK_N) and :func:`streamk_decode` share."""
+    on_gpu = device.type == "cuda"
+    small = on_gpu and small_grid(num_seqs, num_kv_heads, num_compute_units(device))
+    return streamk_config(num_heads // num_kv_heads, head_dim, dtype, on_gpu, small)
+
+
 def decode_tiles(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                  block_tables: torch.Tensor, block_size: int, block_n: int,
                  order: torch.Tensor | None = None, *,
@@ -535,8 +545,8 @@ def streamk_decode(
     (same layout as :func:`octavo.kernels.paged_attention.paged_attention`), in one stream-K
     launch. ``tiles``: the step's work list (default: computed here from ``order``, a
     permutation of the requests, or the batch order); ``programs``: P (default:
-    :func:`num_programs`); ``config``: the tile (default: :func:`streamk_config` for this
-    batch's grid, :func:`small_grid`; its BLOCK_N must be ``tiles.block_n``);
+    :func:`num_programs`); ``config``: the tile (default: :func:`batch_config`; its BLOCK_N
+    must be ``tiles.block_n``);
     ``max_seq_len``: a bound on ``seq_lens`` sizing a work list built here
     (:func:`tile_capacity`)."""
     num_tokens, num_heads, head_dim = q.shape
@@ -547,9 +557,7 @@ def streamk_decode(
     num_seqs = seq_lens.shape[0]
     group = num_heads // num_kv_heads
     on_gpu = q.device.type == "cuda"
-    cfg = config or streamk_config(
-        group, head_dim, q.dtype, on_gpu,
-        on_gpu and small_grid(num_seqs, num_kv_heads, num_compute_units(q.device)))
+    cfg = config or batch_config(num_seqs, num_heads, num_kv_heads, head_dim, q.dtype, q.device)
     if tiles is None:
         tiles = decode_tiles(query_start_loc, seq_lens, block_tables, block_size, cfg.block_n,
                              order, max_seq_len=max_seq_len)

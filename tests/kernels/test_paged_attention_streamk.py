@@ -347,7 +347,10 @@ def test_backend_work_list_once_per_step(monkeypatch):
         return DecodeTiles(qsl, sl, n, None, None, None, None, block_size)
 
     monkeypatch.setattr(tb, "decode_tiles", fake_decode_tiles)
-    monkeypatch.setattr(tb, "num_compute_units", lambda device: 132)
+    from octavo.kernels import paged_attention_streamk as streamk_mod
+
+    # the grid's SM count, where batch_config reads it
+    monkeypatch.setattr(streamk_mod, "num_compute_units", lambda device: 132)
     meta = _decode_meta(5)
     monkeypatch.delenv("OCTAVO_ATTN_STREAMK", raising=False)
     one = _decode_meta(1)  # one request: the split parts and their merge launch
