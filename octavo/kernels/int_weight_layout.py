@@ -21,7 +21,10 @@ batch 1 in the engine 6.7 ms against 3.9). With the CUDA kernel (H100, session 6
 W8A16 g128, every layer swap-AB against this rule, ms per token) batch 1 3.618 / 3.734 and 16
 4.457 / 6.052 won, but batch 64 10.191 / 6.935 and W2 6,395 / 6,541 tok/s lost: the Triton
 swap-AB GEMM past 16 rows converted each bf16 8-bit weight by a quarter-rate I2F (now the
-LOP3 form, unmeasured).
+LOP3 form, unmeasured). So 8-bit layers of at least ``SWAPAB_MIN_WEIGHTS`` values take the
+swap-AB layout only in a deployment whose max_num_seqs is at most the CUDA kernel's rows
+(``swapab_mma.max_rows``, 16; ``choose``'s ``max_rows``, from the loader): there every decode
+batch runs that kernel, and only prefill chunks of 17-128 tokens meet the Triton GEMM.
 
 - ``rows`` (``octavo.kernels.int8_gemv``, 8-bit only): uint8 [N, K], the float8 weights'
   layout. One or two rows run the FP8 GEMV's kernel in its 8-bit integer mode (with its fused
@@ -91,9 +94,11 @@ LARGE_MIN_M = 65
 LARGE_MAX_M = 256
 
 
-def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> str:
+def choose(k: int, n: int, group_size: int, bits: int, device: torch.device,
+           max_rows: int | None = None) -> str:
     """The layout for a [K, N] integer weight on ``device`` (``OCTAVO_INT_WEIGHT_LAYOUT``
-    overrides the size and bits rule, not what the kernel can hold)."""
+    overrides the size and bits rule, not what the kernel can hold). ``max_rows``: the most
+    rows a decode step sends the layer (the deployment's max_num_seqs; None: any batch)."""
     if device.type != "cuda":
         return ALONG_K
     mode = envs.int_weight_layout()
@@ -108,12 +113,20 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> 
     if mode != "auto":
         return ALONG_K if mode == ROWS else mode
     hopper = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
-    bits_ok = bits == SWAPAB_BITS or (bits == 8 and envs.int_swapab_8bit())
-    # A small layer gains from the layout only through the CUDA kernel (at one row the
-    # Triton swap-AB GEMM lost to the GEMV: qkv 15.3 against 11.1 us on an H200).
-    large = k * n >= SMALL_WEIGHTS or (k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
-                                       and swapab_mma.available(device))
-    return SWAPAB if hopper and large and bits_ok else ALONG_K
+    if not hopper:
+        return ALONG_K
+    if bits == SWAPAB_BITS or (bits == 8 and envs.int_swapab_8bit()):
+        # A small layer gains from the layout only through the CUDA kernel (at one row the
+        # Triton swap-AB GEMM lost to the GEMV: qkv 15.3 against 11.1 us on an H200).
+        if k * n >= SMALL_WEIGHTS or (k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
+                                      and swapab_mma.available(device)):
+            return SWAPAB
+    # 8-bit weights where every decode batch runs the CUDA kernel: a deployment whose
+    # max_num_seqs is at most its rows (the module docstring).
+    if (bits == 8 and max_rows is not None and max_rows <= swapab_mma.max_rows()
+            and k * n >= SWAPAB_MIN_WEIGHTS and swapab_mma.available(device)):
+        return SWAPAB
+    return ALONG_K
 
 
 def pack(q: torch.Tensor, bits: int, layout: str) -> torch.Tensor:

@@ -114,7 +114,8 @@ class ModelRunner:
     # ------------------------------------------------------------------ setup
     def load_model(self) -> None:
         self.model = load_model(self.config.model_config, self.device, self.backend,
-                                self.config.quantization)
+                                self.config.quantization,
+                                max_num_seqs=self.config.scheduler_config.max_num_seqs)
         from octavo.attention.layer import Attention
 
         heads = {m.num_kv_heads for m in self.model.modules() if isinstance(m, Attention)}

@@ -5,6 +5,8 @@ the CPU (float32: the interpreter's bf16 dot is wrong), at real shapes on the GP
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,7 @@ from octavo.kernels import int_weight_layout as layout  # noqa: E402
 from octavo.kernels.w4a16_gemm import dequantize_ref, pack_along_k, w4a16_gemm_ref  # noqa: E402
 from octavo.kernels.w4a16_swapab import dequantize_swapab, pack_swapab  # noqa: E402
 from tests.quantization.gemm_checks import rel_err  # noqa: E402
+from tests.quantization.tool_fixtures import FIXTURES_ROOT  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -112,6 +115,62 @@ def test_8_bit_weights_take_the_size_rule_on_request(hopper, monkeypatch):
     assert layout.choose(4096, 28672, 4096, 8, cuda) == layout.SWAPAB  # not rows
     monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "0")
     assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K
+
+
+def test_8_bit_weights_take_the_swapab_layout_where_decode_batches_fit_the_cuda_kernel(
+        hopper, monkeypatch):
+    """A deployment whose max_num_seqs is at most the CUDA kernel's 16 rows puts 8-bit
+    layers of at least 2**24 weights in the swap-AB layout (H100, session 61: W8A16 batch 1
+    3.618 against 3.734 ms, batch 16 4.457 against 6.052); larger limits, unknown ones, small
+    layers, per-channel weights (rows), and GPUs without the kernel keep theirs."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
+    for rows in (1, 8, 16):
+        assert layout.choose(4096, 28672, 128, 8, cuda, rows) == layout.SWAPAB  # gate_up
+        assert layout.choose(14336, 4096, 128, 8, cuda, rows) == layout.SWAPAB  # down
+        assert layout.choose(4096, 6144, 128, 8, cuda, rows) == layout.SWAPAB  # qkv
+        assert layout.choose(4096, 4096, 128, 8, cuda, rows) == layout.SWAPAB  # o: 2**24
+        assert layout.choose(4096, 4096 - 256, 128, 8, cuda, rows) == layout.ALONG_K
+        assert layout.choose(1024, 2048, 128, 8, cuda, rows) == layout.ALONG_K  # small
+        assert layout.choose(4096, 28672, 4096, 8, cuda, rows) == layout.ROWS  # per channel
+    for rows in (17, 256, None):
+        assert layout.choose(4096, 28672, 128, 8, cuda, rows) == layout.ALONG_K
+        assert layout.choose(4096, 6144, 128, 8, cuda, rows) == layout.ALONG_K
+    # 4-bit keeps its size rule whatever the limit.
+    assert layout.choose(4096, 6144, 128, 4, cuda, 256) == layout.SWAPAB
+    assert layout.choose(1024, 2048, 128, 4, cuda, 1) == layout.ALONG_K
+    # OCTAVO_CUDA_KERNELS_MAX_M lowers the kernel's rows, and the limit with them.
+    monkeypatch.setenv("OCTAVO_CUDA_KERNELS_MAX_M", "8")
+    assert layout.choose(4096, 28672, 128, 8, cuda, 8) == layout.SWAPAB
+    assert layout.choose(4096, 28672, 128, 8, cuda, 16) == layout.ALONG_K
+    monkeypatch.delenv("OCTAVO_CUDA_KERNELS_MAX_M")
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: False)
+    assert layout.choose(4096, 28672, 128, 8, cuda, 1) == layout.ALONG_K
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
+    assert layout.choose(4096, 28672, 128, 8, cuda, 1) == layout.ALONG_K
+
+
+def test_the_engine_passes_max_num_seqs_to_each_integer_layer_choice(monkeypatch):
+    """The scheduler's max_num_seqs reaches ``choose`` for every integer layer through the
+    loader (QuantizationConfig.max_decode_rows -> each method), the LM head and ignored
+    layers excepted (they choose no integer layout)."""
+    from octavo.entrypoints.llm import LLM
+    from octavo.quantization import int_weight
+
+    seen = []
+
+    def choose(k, n, group, bits, device, max_rows=None):
+        seen.append(max_rows)
+        return layout.ALONG_K
+
+    monkeypatch.setattr(int_weight, "use_kernel", lambda *a: True)
+    monkeypatch.setattr(int_weight.int_weight_layout, "choose", choose)
+    monkeypatch.setattr(int_weight.IntWeightLinearMethod, "_kernel_layout",
+                        lambda self, *a: None)  # then the float fallback, as on the CPU
+    LLM(model=os.path.join(FIXTURES_ROOT, "gptq_awq", "llama-gptq8-g32"), max_num_seqs=12,
+        max_model_len=64)
+    assert seen and set(seen) == {12}, seen
 
 
 def _routed_rows(monkeypatch):
@@ -215,7 +274,7 @@ def test_gptq_layer_in_the_chosen_layout(bits, desc_act, chosen, monkeypatch):
 
     if DEVICE.type == "cpu":  # the CUDA path forced onto CPU tensors (the interpreter runs it)
         monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, b: True)
-    monkeypatch.setattr(layout, "choose", lambda k, n, g, b, device: chosen)
+    monkeypatch.setattr(layout, "choose", lambda k, n, g, b, device, max_rows=None: chosen)
     torch.manual_seed(0)
     w = torch.randn(256, 128)
     qz = quantize(w, bits, 32, False, act_order=desc_act)
