@@ -18,6 +18,7 @@ mixture-of-experts shape (its integer experts on the grouped kernel,
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import os
 import random
@@ -97,10 +98,13 @@ def run_method(method: str, args) -> dict:
 
     llm = LLM(model=model_folder(method, args.shape), quantization=METHODS[method][1],
               load_format="dummy", dtype=args.dtype, skip_tokenizer_init=True, max_model_len=2048,
-              max_num_seqs=256, gpu_memory_utilization=0.9)
+              max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.9)
     model = llm.llm_engine.executor.worker.runner.model
+    layouts = collections.Counter(m.kernel_layout for m in model.modules()
+                                  if getattr(m, "kernel_layout", None))
     out = {"method": method, "weight_bytes": weight_bytes(model),
-           "step_weight_bytes": weight_bytes(model, per_step=True), "batches": []}
+           "step_weight_bytes": weight_bytes(model, per_step=True),
+           "max_num_seqs": args.max_num_seqs, "layouts": dict(layouts), "batches": []}
     import torch
 
     hbm = published_hbm_tbps(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
@@ -143,12 +147,18 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--skip-w2", action="store_true")
+    # The engine's limit (W2 runs 256 requests: a lower limit queues them); integer layers
+    # may choose their layout for it (int_weight_layout.choose's max_rows).
+    ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--shape", default=SHAPE)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
                     help="the model's dtype (float16: as AutoAWQ / AutoGPTQ checkpoints run; "
                          "the \"bf16\" method is then the unquantized model in float16)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if max(args.batches) > args.max_num_seqs:
+        ap.error(f"--batches {max(args.batches)} exceeds --max-num-seqs {args.max_num_seqs}: "
+                 "the batch would queue, not decode together")
     from octavo.quantization.registry import known_methods
 
     results = []
