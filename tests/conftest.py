@@ -50,7 +50,80 @@ if not _cuda_available():
 _ENGINES: weakref.WeakSet = weakref.WeakSet()
 
 
+def _lighten_triton_interpreter() -> None:
+    """Two pieces of Triton's CPU interpreter that cost the kernel tests time and check
+    nothing, turned off for this process (the kernels compute the same values; with
+    OCTAVO_TEST_PLAIN_INTERPRETER=1 the interpreter runs as shipped):
+
+    * Integer overflow sanitizing: every integer add / sub / mul also computed the result in
+      int64 and compared it with the type's range, for a ``device_assert`` that returns at
+      once unless the interpreter's options have ``debug`` (they never do: the interpreter
+      builds them without it). About a third of a GPTQ MoE model's interpreted steps.
+    * Re-patching ``triton.language`` at each call of a ``@triton.jit`` helper from inside a
+      kernel: the launch already patched the modules the kernel sees, and the helper's patch
+      (``inspect.getmembers`` over the language, never restored) redoes the same work; a
+      helper that sees a module not yet patched in the launch (``triton.language.core``
+      from the language's own helpers) still gets its patch, once a launch.
+
+    Both reach into the interpreter's internals, so each applies only where they look as
+    expected (Triton 3.x); otherwise the interpreter is left alone."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or \
+            os.environ.get("OCTAVO_TEST_PLAIN_INTERPRETER") == "1":
+        return
+    try:
+        import dataclasses
+
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if dataclasses.is_dataclass(options) and not getattr(options, "debug", True) and \
+            getattr(options, "sanitize_overflow", False):
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+    patch_lang = getattr(interpreter, "_patch_lang", None)
+    grid_type = getattr(interpreter, "GridExecutor", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    tl = getattr(interpreter, "tl", None)
+    if None in (patch_lang, grid_type, scope_type, tl) or \
+            getattr(patch_lang, "_octavo_light", False):
+        return
+    state = {"entering": False, "patched": None}  # langs the running launch patched
+
+    def langs_of(fn) -> set[int]:
+        return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+
+    def light_patch_lang(fn):
+        if state["entering"]:  # the launch's own patch, restored when it ends
+            state["entering"] = False
+            scope = patch_lang(fn)
+            state["patched"] = langs_of(fn)
+            return scope
+        langs, patched = langs_of(fn), state["patched"]
+        if patched is not None and langs <= patched:
+            return scope_type()  # a helper inside the launch: already patched
+        scope = patch_lang(fn)  # never restored (the interpreter drops a helper's scope)
+        if patched is not None:
+            patched |= langs  # so patched for the rest of the launch
+        return scope
+
+    grid_call = grid_type.__call__
+
+    def light_grid_call(self, *args, **kwargs):
+        state["entering"] = True
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            state["entering"], state["patched"] = False, None
+
+    light_patch_lang._octavo_light = True
+    interpreter._patch_lang = light_patch_lang
+    grid_type.__call__ = light_grid_call
+
+
 def pytest_configure(config):
+    _lighten_triton_interpreter()
     # Register engines as they are built, without touching torch when a test never needs it.
     try:
         from octavo.engine import llm_engine
