@@ -156,14 +156,31 @@ def default_stages(m: int, n: int, bits: int) -> int:
     return 3 if m <= STAGED_MAX_M and tiles <= STAGED_MAX_TILES else 0
 
 
-def engine_plan(k: int | None = None, n: int | None = None, bits: int | None = None) -> dict:
-    """The engine's launch arguments: the plan's warps per SM
-    (``OCTAVO_SWAPAB_WARPS_PER_SM``), whether it splits tiles over CTAs
+# 8-bit gated launches (the MLP's gate_up, 1-8 rows) aim at GLU8_WARPS_PER_SM warps per SM:
+# the registers' pipeline keeps one 4 KB chunk in flight per warp, and a 28,672-column 8-bit
+# layer gets more bytes in flight from more warps. H100, session 62 (Llama-8B W8A16 g128 in
+# the swap-AB layout, ms per token at batch 1 / 8, in one call): 3.608 / 3.886 at 6 warps,
+# 3.434 / 3.743 at 16 (3.605 / 3.887 against 3.437 / 3.741 in another). With qkv at 16 as
+# well (3.481 / 3.822) or down at 12 (3.568 / 3.874) it gained less; the plain store at 16
+# rows lost at 16 warps (4.446 -> 4.781 ms at batch 16, with o at 12 warps); 4-bit gate_up's
+# sweep found 6 best (session 61).
+GLU8_WARPS_PER_SM = 16
+GLU8_MAX_M = 8
+
+
+def engine_plan(k: int | None = None, n: int | None = None, bits: int | None = None,
+                m: int | None = None, glu: bool = False) -> dict:
+    """The engine's launch arguments for ``m`` rows (``glu``: the gated store): the plan's
+    warps per SM (``OCTAVO_SWAPAB_WARPS_PER_SM``, else ``WARPS_PER_SM``, or
+    ``GLU8_WARPS_PER_SM`` for an 8-bit gated launch of at most ``GLU8_MAX_M`` rows), whether
+    it splits tiles over CTAs
     (``OCTAVO_SWAPAB_SPLIT_CTAS``: 1 where the plan asks, 0 never where the tiles fill the
     SMs; unset: ``plan``'s rule) and the chunks in flight (``OCTAVO_SWAPAB_STAGES``); for a
     [K, N] weight of ``bits`` named in ``OCTAVO_SWAPAB_LAYER_PLAN``, that entry's warps per
     SM and stages instead."""
-    out = {"warps_per_sm": envs.swapab_warps_per_sm(WARPS_PER_SM),
+    gated8 = glu and bits == 8 and m is not None and m <= GLU8_MAX_M
+    out = {"warps_per_sm": envs.swapab_warps_per_sm(GLU8_WARPS_PER_SM if gated8
+                                                    else WARPS_PER_SM),
            "split_ctas": envs.swapab_split_ctas(), "stages": envs.swapab_stages()}
     layer = envs.swapab_layer_plans().get((k, n, bits)) if k is not None else None
     if layer is not None:

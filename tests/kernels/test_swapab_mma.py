@@ -102,6 +102,24 @@ def test_a_layer_plan_overrides_one_shape(monkeypatch):
             swapab_mma.engine_plan(4096, 6144, 4)
 
 
+def test_8_bit_gated_launches_of_few_rows_aim_at_more_warps(monkeypatch):
+    """An 8-bit gated launch (gate_up) of 1-8 rows aims at GLU8_WARPS_PER_SM warps per SM
+    (session 62); plain launches, 4-bit ones and more rows keep WARPS_PER_SM; the global
+    switch and a layer plan still override it."""
+    monkeypatch.delenv("OCTAVO_SWAPAB_WARPS_PER_SM", raising=False)
+    monkeypatch.delenv("OCTAVO_SWAPAB_LAYER_PLAN", raising=False)
+    gate_up = (4096, 28672)
+    for m in (1, 8):
+        assert swapab_mma.engine_plan(*gate_up, 8, m, glu=True)["warps_per_sm"] == 16
+    for args, glu in (((8, 9), True), ((8, 1), False), ((4, 1), True), ((8, None), True)):
+        assert swapab_mma.engine_plan(*gate_up, *args, glu=glu)["warps_per_sm"] == 6
+    monkeypatch.setenv("OCTAVO_SWAPAB_LAYER_PLAN", "4096,28672,8=12")
+    assert swapab_mma.engine_plan(*gate_up, 8, 1, glu=True)["warps_per_sm"] == 12
+    monkeypatch.delenv("OCTAVO_SWAPAB_LAYER_PLAN")
+    monkeypatch.setenv("OCTAVO_SWAPAB_WARPS_PER_SM", "6")
+    assert swapab_mma.engine_plan(*gate_up, 8, 1, glu=True)["warps_per_sm"] == 6
+
+
 @pytest.mark.parametrize("glu", [False, True])
 def test_the_engine_s_calls_carry_their_layer_plan(glu, monkeypatch):
     """int_weight_layout's plain and gated entries hand the kernel the plan of their own
@@ -127,6 +145,11 @@ def test_the_engine_s_calls_carry_their_layer_plan(glu, monkeypatch):
     monkeypatch.setenv("OCTAVO_SWAPAB_LAYER_PLAN", "256,512,4=12/3")  # another bits: not ours
     int_weight_layout.linear(x, qw, sz, sz, 128, bits, int_weight_layout.SWAPAB)
     assert calls[-1][1]["warps_per_sm"] == swapab_mma.WARPS_PER_SM
+    # Without a plan for the shape: the plain call keeps the default, the gated one of one
+    # row (8-bit) aims at GLU8_WARPS_PER_SM.
+    if glu:
+        int_weight_layout.gated_blocked(x, qw, sz, sz, 128, bits, swapab_mma.GLU_BLOCKS[8])
+        assert calls[-1][1]["warps_per_sm"] == swapab_mma.GLU8_WARPS_PER_SM
 
 
 def test_supports():
