@@ -21,10 +21,13 @@ batch 1 in the engine 6.7 ms against 3.9). With the CUDA kernel (H100, session 6
 W8A16 g128, every layer swap-AB against this rule, ms per token) batch 1 3.618 / 3.734 and 16
 4.457 / 6.052 won, but batch 64 10.191 / 6.935 and W2 6,395 / 6,541 tok/s lost: the Triton
 swap-AB GEMM past 16 rows converted each bf16 8-bit weight by a quarter-rate I2F (now the
-LOP3 form, unmeasured). So 8-bit layers of at least ``SWAPAB_MIN_WEIGHTS`` values take the
-swap-AB layout only in a deployment whose max_num_seqs is at most the CUDA kernel's rows
-(``swapab_mma.max_rows``, 16; ``choose``'s ``max_rows``, from the loader): there every decode
-batch runs that kernel, and only prefill chunks of 17-128 tokens meet the Triton GEMM.
+LOP3 form since b2f1243: H100, session 62, every layer swap-AB against the GEMV layout, batch
+24 / 32 5.178 / 5.267 against 6.026 / 6.123 ms, but 48 / 64 / 128 7.888 / 8.636 / 12.695
+against 6.607 / 6.934 / 11.328). So 8-bit layers of at least ``SWAPAB_MIN_WEIGHTS`` values
+take the swap-AB layout only in a deployment whose max_num_seqs is at most
+``SWAPAB_8BIT_MAX_ROWS`` (``choose``'s ``max_rows``, from the loader), where the CUDA kernel
+runs (1-16 rows) and no decode batch reaches the rows the layout loses at (session 62, with
+max_num_seqs 16 and no switch: batch 1 3.618, batch 16 4.446 ms, 1.48x / 1.46x bf16).
 
 - ``rows`` (``octavo.kernels.int8_gemv``, 8-bit only): uint8 [N, K], the float8 weights'
   layout. One or two rows run the FP8 GEMV's kernel in its 8-bit integer mode (with its fused
@@ -91,6 +94,8 @@ SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 # 141.4 and 203.3 / 141.6, 112 and 128 (4) 229.5 / 145.7 and 231.3 / 149.9; W4A16 batch
 # 128 10.347 -> 8.819 ms, W2 7,567 -> 7,644 tok/s from 80 rows.
 LARGE_MIN_M = 65
+# The largest max_num_seqs for which 8-bit layers take the swap-AB layout (module docstring).
+SWAPAB_8BIT_MAX_ROWS = 32
 LARGE_MAX_M = 256
 
 
@@ -121,9 +126,9 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device,
         if k * n >= SMALL_WEIGHTS or (k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
                                       and swapab_mma.available(device)):
             return SWAPAB
-    # 8-bit weights where every decode batch runs the CUDA kernel: a deployment whose
-    # max_num_seqs is at most its rows (the module docstring).
-    if (bits == 8 and max_rows is not None and max_rows <= swapab_mma.max_rows()
+    # 8-bit weights in a deployment that never decodes more than SWAPAB_8BIT_MAX_ROWS rows,
+    # where the CUDA kernel runs (the module docstring).
+    if (bits == 8 and max_rows is not None and max_rows <= SWAPAB_8BIT_MAX_ROWS
             and k * n >= SWAPAB_MIN_WEIGHTS and swapab_mma.available(device)):
         return SWAPAB
     return ALONG_K
@@ -166,7 +171,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # (Past 16 rows, OCTAVO_SWAPAB_CUDA_CHUNKED_MAX_M: one launch of 16-row chunks, the
         # layer's weights read from L2 by the chunks after the first.)
         return swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits,
-                                     **swapab_mma.engine_plan(k, n, bits))
+                                     **swapab_mma.engine_plan(k, n, bits, m))
     # A CUDA wide-tile mma.sync kernel with the dequantization in registers (session 52,
     # removed in session 53) lost on an H100 at every batch: one Llama-8B layer at 64 / 128 /
     # 256 rows took 492 / 451 / 576 us at its default plan (best plans per layer: gate_up
@@ -324,7 +329,7 @@ def gated_blocked(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if m <= most and swapab_mma.available(x2.device) and \
             swapab_mma.supports_glu(m, k, n, group_size, bits, x2.dtype):
         y = swapab_mma.swapab_mma(x2, qweight, scales, zeros, group_size, bits, glu=True,
-                                  **swapab_mma.engine_plan(k, n, bits))
+                                  **swapab_mma.engine_plan(k, n, bits, m, glu=True))
     else:
         y = silu_and_mul(linear(x2, qweight, scales, zeros, group_size, bits, SWAPAB), block)
     return y.view(*x.shape[:-1], n // 2)
