@@ -1,0 +1,2 @@
+# Session 62, call 4 (warm machine): gate_up at 16 warps with qkv at 16, or down at 12.
+export BUDGET=200; . scripts/device_items.sh; OCTAVO_SWAPAB_LAYER_PLAN="4096,28672,8=16;4096,6144,8=16" TAILN=1 item e python benchmarks/quantized.py --methods w8a16 --batches 1 8 --skip-w2 --max-num-seqs 16 --json /tmp/res/w8_gu16_qkv16.json; OCTAVO_SWAPAB_LAYER_PLAN="4096,28672,8=16;14336,4096,8=12" TAILN=1 item f python benchmarks/quantized.py --methods w8a16 --batches 1 8 --skip-w2 --max-num-seqs 16 --json /tmp/res/w8_gu16_down12.json

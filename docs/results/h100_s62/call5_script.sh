@@ -1,0 +1,2 @@
+# Session 62, call 5 (warm machine): the default against gate_up at 16 warps per SM, again, in one call.
+export BUDGET=150; . scripts/device_items.sh; TAILN=1 item g python benchmarks/quantized.py --methods w8a16 --batches 1 8 --skip-w2 --max-num-seqs 16 --json /tmp/res/w8_def_again.json; OCTAVO_SWAPAB_LAYER_PLAN="4096,28672,8=16" TAILN=1 item h python benchmarks/quantized.py --methods w8a16 --batches 1 8 --skip-w2 --max-num-seqs 16 --json /tmp/res/w8_gu16_again.json
