@@ -27,7 +27,10 @@ against 6.607 / 6.934 / 11.328). So 8-bit layers of at least ``SWAPAB_MIN_WEIGHT
 take the swap-AB layout only in a deployment whose max_num_seqs is at most
 ``SWAPAB_8BIT_MAX_ROWS`` (``choose``'s ``max_rows``, from the loader), where the CUDA kernel
 runs (1-16 rows) and no decode batch reaches the rows the layout loses at (session 62, with
-max_num_seqs 16 and no switch: batch 1 3.618, batch 16 4.446 ms, 1.48x / 1.46x bf16).
+max_num_seqs 16 and no switch: batch 1 3.618, batch 16 4.446 ms, 1.48x / 1.46x bf16). A step
+that carries a prefill chunk beside its decodes may still send 33-128 rows, which then run
+the Triton swap-AB GEMM, slower there than the GEMV layout's tensor-core kernel: a cost of
+the prefill steps, traded for every decode step's.
 
 - ``rows`` (``octavo.kernels.int8_gemv``, 8-bit only): uint8 [N, K], the float8 weights'
   layout. One or two rows run the FP8 GEMV's kernel in its 8-bit integer mode (with its fused
