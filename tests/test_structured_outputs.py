@@ -358,59 +358,69 @@ def test_preemption_and_async_scheduling_keep_guided_outputs(mixed):
             _check(kind, comp.text)
 
 
-def test_async_scheduling_overlaps_guided_steps(llm, mixed):
+@pytest.fixture(scope="module")
+def async_llm():
+    """An engine with asynchronous scheduling, shared by the tests that compare its guided
+    steps with the synchronous ``llm``'s (one engine build instead of three). A small KV
+    pool: this machine's memory is shared with the module's other engines. Each test resets
+    its prefix cache first, so a run computes what a fresh engine would."""
+    from octavo import LLM
+
+    return LLM(max_model_len=512, dtype="float32", async_scheduling=True, max_num_seqs=8,
+               num_gpu_blocks_override=128)
+
+
+def test_async_scheduling_overlaps_guided_steps(async_llm, mixed):
     """With asynchronous scheduling a guided step's forward pass is launched while the step
     before is still in flight (its tokens fed to the model on the device); only the sampling
     waits for the bitmask, filled once that step's tokens have advanced the matchers. The
     greedy outputs are the synchronous engine's."""
-    from octavo import LLM
-
     prompts, params, kinds, outs = mixed
     guided = [i for i, k in enumerate(kinds) if k is not None]
-    # A small KV pool: this machine's memory is shared with the module's other engines.
-    asyn = LLM(max_model_len=512, dtype="float32", async_scheduling=True, max_num_seqs=8,
-               num_gpu_blocks_override=128)
-    got = asyn.generate([prompts[i] for i in guided], [params[i] for i in guided],
-                        use_tqdm=False)
-    fed = asyn.llm_engine.executor.worker.runner.num_tokens_fed_on_device
-    del asyn
+    assert async_llm.reset_prefix_cache()
+    runner = async_llm.llm_engine.executor.worker.runner
+    assert not runner.defer_guided_sampling  # the CPU's order (restored by the test below)
+    fed = runner.num_tokens_fed_on_device
+    got = async_llm.generate([prompts[i] for i in guided], [params[i] for i in guided],
+                             use_tqdm=False)
+    fed = runner.num_tokens_fed_on_device - fed
     assert [o.outputs[0].token_ids for o in got] == [outs[i].outputs[0].token_ids
                                                      for i in guided]
     assert fed > 0
 
 
-def test_guided_sampling_enqueued_after_the_next_steps_preparation(mixed):
+def test_guided_sampling_enqueued_after_the_next_steps_preparation(async_llm, mixed):
     """The CUDA ordering, forced on the CPU: a guided step's sampling is held until the next
     step's host preparation (or until its tokens are asked for), with seeded random rows and
     free neighbours in the batch. Every token equals sampling at once."""
-    from octavo import LLM
-
     prompts, params, kinds, _ = mixed
     seeded = [p.clone() for p in params]
     for i, p in enumerate(seeded):
         if i % 2:
             p.temperature, p.seed = 0.8, 100 + i
+    runner = async_llm.llm_engine.executor.worker.runner
+    default, inner = runner.defer_guided_sampling, runner.flush_pending_sample
     runs = []
-    for deferred in (False, True):
-        llm = LLM(max_model_len=512, dtype="float32", async_scheduling=True, max_num_seqs=8,
-                  num_gpu_blocks_override=128)
-        runner = llm.llm_engine.executor.worker.runner
-        runner.defer_guided_sampling = deferred
-        flushes = []
-        inner = runner.flush_pending_sample
+    try:
+        for deferred in (False, True):
+            assert async_llm.reset_prefix_cache()
+            runner.defer_guided_sampling = deferred
+            flushes = []
 
-        def counting_flush(inner=inner, runner=runner, flushes=flushes):
-            flushes.append(runner._pending is not None)
-            inner()
+            def counting_flush(flushes=flushes):
+                flushes.append(runner._pending is not None)
+                inner()
 
-        runner.flush_pending_sample = counting_flush
-        outs = llm.generate(prompts, seeded, use_tqdm=False)
-        runs.append([o.outputs[0].token_ids for o in outs])
-        if deferred:  # held, then enqueued by the next step's preparation
-            assert sum(flushes) > 10
-        else:
-            assert not any(flushes)
-        del llm
+            runner.flush_pending_sample = counting_flush
+            outs = async_llm.generate(prompts, seeded, use_tqdm=False)
+            runs.append([o.outputs[0].token_ids for o in outs])
+            if deferred:  # held, then enqueued by the next step's preparation
+                assert sum(flushes) > 10
+            else:
+                assert not any(flushes)
+    finally:
+        runner.defer_guided_sampling = default
+        del runner.flush_pending_sample  # the method again
     assert runs[0] == runs[1]
     greedy = [o.outputs[0].token_ids for o in mixed[3]]
     assert any(runs[1][i] != greedy[i] for i in range(1, len(greedy), 2))  # really sampled
