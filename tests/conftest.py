@@ -122,7 +122,30 @@ def _lighten_triton_interpreter() -> None:
     grid_type.__call__ = light_grid_call
 
 
+# The packages of the plugins pyproject.toml's addopts turns off (-p no:...). pytest marks
+# every module of a pytest11 plugin's distribution for assert rewriting whether or not the
+# plugin loads, so importing them (test_fuzz_server does, at collection) rewrote 207 modules
+# in each xdist worker, ~7 s of its collection, for asserts no test of ours reaches.
+_UNUSED_PLUGIN_PACKAGES = ("schemathesis", "hypothesis", "_hypothesis_pytestplugin",
+                           "_hypothesis_globals", "_hypothesis_ftz_detector", "anyio")
+
+
+def _unmark_unused_plugins_for_rewrite(config) -> None:
+    hook = getattr(config.pluginmanager, "rewrite_hook", None)
+    marked = getattr(hook, "_must_rewrite", None)  # pytest's own set (no public way out)
+    if not isinstance(marked, set):
+        return
+    unused = {name for name in marked if name.split(".")[0] in _UNUSED_PLUGIN_PACKAGES}
+    marked -= unused
+    cache = getattr(hook, "_marked_for_rewrite_cache", None)
+    if unused and isinstance(cache, dict):
+        cache.clear()
+
+
 def pytest_configure(config):
+    _unmark_unused_plugins_for_rewrite(config)
+    if getattr(config.option, "dist", "no") == "loadfile":  # xdist: see _LONG_FILES
+        config.option.loadscopereorder = False  # its --no-loadscope-reorder
     _lighten_triton_interpreter()
     # Register engines as they are built, without touching torch when a test never needs it.
     try:
@@ -167,6 +190,39 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "slow" in item.keywords:
                 item.add_marker(skip)
+    _long_files_first(config, items)
+
+
+# Files that take long for their number of tests (CI's 2-core run, the longest first: about
+# 110 s down to 10 s), for pytest-xdist's --dist loadfile. It hands a worker the next file
+# whenever one runs low, in the order of the collection, and by default sorts the files by
+# their number of tests: a long file of few tests came last and ran alone at the end (the
+# one-test fuzz file: the other worker idled its last 35 s). These are handed out first,
+# then the rest by their number of tests, as before. A stale entry only costs balance.
+_LONG_FILES = (
+    "tests/test_replicas.py", "tests/test_tensor_parallel.py", "tests/test_fuzz_server.py",
+    "tests/test_serving_peers.py", "tests/test_server_shutdown.py", "tests/test_executor_mp.py",
+    "tests/kernels/test_fused_moe_fp8.py", "tests/kernels/test_sample_race.py",
+    "tests/test_correctness.py", "tests/test_gguf_moe.py", "tests/test_engine_process.py",
+    "tests/test_server.py", "tests/test_server_beam_search.py", "tests/test_gguf_quantized.py",
+    "tests/test_startup_heap.py", "tests/test_ab_latency.py", "tests/test_gguf_e2e.py",
+)
+
+
+def _long_files_first(config, items) -> None:
+    """An xdist worker's collection ordered by file as above (each file's tests in their own
+    order): the controller hands out the workers' collection, and under --dist loadfile keeps
+    its order (pytest_configure). (A worker's own options no longer say the mode.)"""
+    if not hasattr(config, "workerinput"):
+        return
+    files: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        files[path] = files.get(path, 0) + 1
+    rank = {path: i for i, path in enumerate(_LONG_FILES)}
+    order = {path: (rank.get(path, len(rank)), -count, i)
+             for i, (path, count) in enumerate(files.items())}
+    items.sort(key=lambda item: order[item.nodeid.split("::", 1)[0]])
 
 
 def _first_leak() -> str | None:
