@@ -75,6 +75,7 @@ from octavo import envs
 from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_large, swapab_mma, swapab_wgmma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
+from octavo.kernels.triton_utils import num_compute_units
 
 ALONG_K = "along_k"
 SWAPAB = "swapab"
@@ -99,6 +100,24 @@ SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 LARGE_MIN_M = 65
 # The largest max_num_seqs for which 8-bit layers take the swap-AB layout (module docstring).
 SWAPAB_8BIT_MAX_ROWS = 32
+# 8-bit small layers (qkv, o) run the CUDA kernel's 16-row chunks to this many rows only, then
+# the Triton swap-AB GEMM. H100, session 63 (quantized_gemm.py --bits 8 --paths swapab layout,
+# Llama-8B g128, us, chunks / Triton): qkv at 48 / 64 rows 44.1 / 26.0 and 52.7 / 27.3, o
+# 24.0 / 20.7 and 31.6 / 21.7; at 32 rows qkv 27.3 / 25.3, o 16.4 / 22.3. (4-bit chunks win
+# to 64: CHUNKED_MAX_M.)
+CHUNKED_8BIT_MAX_M = 32
+# Past this many rows, an 8-bit layer whose 128-column tiles fill the SMs (gate_up) runs the
+# Triton swap-AB GEMM in 64-row batch tiles with 3 stages: one weight tile dequantized for
+# twice the rows. H100, session 63 (quantized_gemm.py --sweep --swapab-only --bits 8, Llama-8B
+# gate_up g128, us): 75.3 at 48 rows and 110.4 at 128 against 87.5 / 167.7 at the 32-row
+# tiles (the GEMV layout's kernel: 65.5 / 125.1); down (32 tiles) kept its tiles, best there.
+SWAPAB_8BIT_WIDE_MIN_M = 32
+WIDE_8BIT_TILES = {"block_m": 64, "num_stages": 3}
+
+
+def _fills(n: int, bits: int, device: torch.device) -> bool:
+    """Whether a swap-AB weight of ``n`` columns has a 64-row tile per SM at least."""
+    return n // (swapab.ROWS * (16 // bits)) >= num_compute_units(device)
 LARGE_MAX_M = 256
 
 
@@ -168,6 +187,8 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     else:
         chunked = envs.swapab_cuda_chunked_large_max_m()
     chunked = min(chunked, swapab_mma.MAX_ROWS) if most == swapab_mma.MAX_M else 0
+    if bits == 8:
+        chunked = min(chunked, CHUNKED_8BIT_MAX_M)
     rows = min(m, swapab_mma.MAX_M)
     if (m <= most or m <= chunked) and swapab_mma.available(x2.device) and \
             swapab_mma.supports(rows, k, n, group_size, bits, x2.dtype):
@@ -205,6 +226,8 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # down 31.2 -> 31.0 / 52.0 -> 39.4 / 69.3 -> 60.1 (the best tile of the sweep or
         # within 2% of it everywhere but qkv at 32 rows, 22.1).
         tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {"waves": 2}
+        if bits == 8 and m > SWAPAB_8BIT_WIDE_MIN_M and _fills(n, bits, x2.device):
+            tiles = dict(WIDE_8BIT_TILES)
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
     if m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda":
         plan = envs.int_large_plan()

@@ -238,6 +238,43 @@ def test_triton_swapab_tiles_by_batch(monkeypatch):
     assert tiles == [{"block_r": 16, "waves": 8}] * 2 + [{"waves": 2}] * 2
 
 
+def test_8_bit_triton_swapab_tiles_where_the_tiles_fill_the_sms(monkeypatch):
+    """8-bit layers past 32 rows whose 128-column tiles fill the SMs (gate_up) take 64-row
+    batch tiles with 3 stages; fewer tiles (down), fewer rows, or 4 bits keep the rule."""
+    tiles = []
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: False)
+    monkeypatch.setattr(layout, "num_compute_units", lambda device: 4)
+    monkeypatch.setattr(layout.swapab, "w4a16_swapab", lambda x2, *a, **k: tiles.append(k))
+    s = torch.ones(2, 512, dtype=torch.bfloat16)
+    wide = torch.zeros(256, 256, dtype=torch.int16)  # 8-bit, N = 512: 4 tiles of 128
+    narrow = torch.zeros(192, 256, dtype=torch.int16)  # N = 384: 3 tiles
+    for m in (32, 33, 128):
+        layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), wide, s, s, 128, 8)
+    layout._swapab_rows(torch.zeros(33, 256, dtype=torch.bfloat16), narrow, s[:, :384],
+                        s[:, :384], 128, 8)
+    four = torch.zeros(128, 256, dtype=torch.int16)  # 4-bit, N = 512: 2 tiles of 256
+    monkeypatch.setattr(layout, "num_compute_units", lambda device: 2)
+    layout._swapab_rows(torch.zeros(33, 256, dtype=torch.bfloat16), four, s, s, 128, 4)
+    wide_tiles = {"block_m": 64, "num_stages": 3}
+    assert tiles == [{"waves": 2}, wide_tiles, wide_tiles, {"waves": 2}, {"waves": 2}]
+
+
+def test_8_bit_small_layers_chunk_to_32_rows_only(monkeypatch):
+    """8-bit small layers (qkv, o) run the CUDA kernel's 16-row chunks to 32 rows, then the
+    Triton GEMM (4-bit ones to 64: test_small_layers_run_the_cuda_kernel_in_16_row_chunks)."""
+    calls = []
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
+    monkeypatch.setattr(layout.swapab_mma, "swapab_mma",
+                        lambda x2, *a, **k: calls.append(("cuda", x2.shape[0])))
+    monkeypatch.setattr(layout.swapab, "w4a16_swapab",
+                        lambda x2, *a, **k: calls.append(("triton", x2.shape[0])))
+    q = torch.zeros(128, 256, dtype=torch.int16)  # 8-bit, N = 256
+    s = torch.ones(2, 256, dtype=torch.bfloat16)
+    for m in (16, 32, 33, 64):
+        layout._swapab_rows(torch.zeros(m, 256, dtype=torch.bfloat16), q, s, s, 128, 8)
+    assert calls == [("cuda", 16), ("cuda", 32), ("triton", 33), ("triton", 64)]
+
+
 def test_env_overrides_the_size_rule_not_the_shape(hopper, monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setenv("OCTAVO_INT_WEIGHT_LAYOUT", "swapab")
@@ -304,6 +341,21 @@ def test_real_shape_every_batch_size_gpu(m, bits):
                         bits, layout.SWAPAB)
     ref = w4a16_gemm_ref(x, pack_along_k(q, bits).cuda(), scales, zeros, group, bits)
     assert rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [33, 48, 128])
+def test_8_bit_wide_tiles_real_shape_gpu(m):
+    """gate_up's shape at 8 bits past 32 rows (64-row batch tiles, 3 stages) against the
+    reference."""
+    k, n, group = 4096, 28672, 128
+    q, scales, zeros = _weights(k, n, group, 8, device=torch.device("cuda"))
+    scales, zeros = scales.bfloat16(), zeros.bfloat16()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = layout.linear(x, layout.pack(q, 8, layout.SWAPAB).cuda(), scales, zeros, group, 8,
+                        layout.SWAPAB)
+    ref = w4a16_gemm_ref(x, pack_along_k(q, 8).cuda(), scales, zeros, group, 8)
+    assert out.shape == (m, n) and rel_err(out, ref) < 1e-2
 
 
 @pytest.mark.gpu
