@@ -147,8 +147,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--skip-w2", action="store_true")
-    # The engine's limit (W2 runs 256 requests: a lower limit queues them); integer layers
-    # may choose their layout for it (int_weight_layout.choose's max_rows).
+    # The engine's limit (W2 runs 256 requests: a lower limit queues them).
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--shape", default=SHAPE)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],

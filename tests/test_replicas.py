@@ -310,10 +310,27 @@ def _kill_mid_load(router, server, sig: int, n: int = 40) -> tuple[list, float]:
     return asyncio.run(run())
 
 
+def _complete_at_once(server, prompts) -> list[str]:
+    """Each prompt's LOAD_TOKENS-token greedy text, the requests sent together (one batch
+    of 480 steps rather than one per prompt; test_outputs_equal_one_engine_and_load_is_balanced
+    checks a replica's sequential outputs against one engine's batched ones). A fresh client
+    each time: pooled connections left idle through a restart, past the server's keep-alive,
+    once read "connection reset by peer" as the server closed them (a CI run)."""
+    async def run():
+        aclient = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x",
+                                     max_retries=0, timeout=BOUND_S)
+        try:
+            outs = await asyncio.gather(*(aclient.completions.create(
+                prompt=p, **_greedy(LOAD_TOKENS)) for p in prompts))
+        finally:
+            await aclient.close()
+        return [o.choices[0].text for o in outs]
+
+    return asyncio.run(run())
+
+
 def test_a_replica_killed_mid_load_is_replaced_and_nothing_hangs(router, server):
-    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-    want = {p: client.completions.create(prompt=p, **_greedy(LOAD_TOKENS)).choices[0].text
-            for p in PROMPTS}
+    want = dict(zip(PROMPTS, _complete_at_once(server, PROMPTS)))
     old_pid, restarts = router.slots[0].pid, router.slots[0].num_restarts
     results, took = _kill_mid_load(router, server, signal.SIGKILL)
     failed = [r for r in results if isinstance(r, BaseException)]
@@ -329,12 +346,9 @@ def test_a_replica_killed_mid_load_is_replaced_and_nothing_hangs(router, server)
     assert slot.pid != old_pid and slot.num_restarts == restarts + 1
     health = httpx.get(server.base_url + "/health").json()
     assert "killed by signal 9" in health["replicas"][0]["last_error"]
-    # The endpoint keeps serving, on both replicas. A fresh client: the first one's pooled
-    # connections sat idle through the restart, longer than the server's keep-alive, and one
-    # reused as the server closed it read "connection reset by peer" (once, in a CI run).
-    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-    outs = [client.completions.create(prompt=p, **_greedy(LOAD_TOKENS)).choices[0].text
-            for p in PROMPTS]
+    # The endpoint keeps serving, on both replicas (four requests at once to two idle
+    # replicas: two each, the least loaded first).
+    outs = _complete_at_once(server, PROMPTS)
     assert outs == [want[p] for p in PROMPTS]
 
 

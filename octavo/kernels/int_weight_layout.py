@@ -23,14 +23,13 @@ W8A16 g128, every layer swap-AB against this rule, ms per token) batch 1 3.618 /
 swap-AB GEMM past 16 rows converted each bf16 8-bit weight by a quarter-rate I2F (now the
 LOP3 form since b2f1243: H100, session 62, every layer swap-AB against the GEMV layout, batch
 24 / 32 5.178 / 5.267 against 6.026 / 6.123 ms, but 48 / 64 / 128 7.888 / 8.636 / 12.695
-against 6.607 / 6.934 / 11.328). So 8-bit layers of at least ``SWAPAB_MIN_WEIGHTS`` values
-take the swap-AB layout only in a deployment whose max_num_seqs is at most
-``SWAPAB_8BIT_MAX_ROWS`` (``choose``'s ``max_rows``, from the loader), where the CUDA kernel
-runs (1-16 rows) and no decode batch reaches the rows the layout loses at (session 62, with
-max_num_seqs 16 and no switch: batch 1 3.618, batch 16 4.446 ms, 1.48x / 1.46x bf16). A step
-that carries a prefill chunk beside its decodes may still send 33-128 rows, which then run
-the Triton swap-AB GEMM, slower there than the GEMV layout's tensor-core kernel: a cost of
-the prefill steps, traded for every decode step's.
+against 6.607 / 6.934 / 11.328). With 8-bit batches past 32 rows routed per layer
+(``CHUNKED_8BIT_MAX_M``, ``WIDE_8BIT_TILES``) the layout wins or ties at every batch (H100,
+session 63, Llama-8B W8A16 g128 at max_num_seqs 256, every layer swap-AB against the GEMV
+layout, one call, ms per token): batch 1 3.509 / 3.807, 16 4.542 / 6.044, 48 6.711 / 6.645,
+64 6.970 / 6.972, 128 10.770 / 11.364, 256 17.378 / 18.826, W2 6,851 / 6,503 tok/s. So on
+Hopper 8-bit layers of at least ``SWAPAB_MIN_WEIGHTS`` values take the swap-AB layout where
+the CUDA kernel runs (per-channel ones keep ``rows``, below).
 
 - ``rows`` (``octavo.kernels.int8_gemv``, 8-bit only): uint8 [N, K], the float8 weights'
   layout. One or two rows run the FP8 GEMV's kernel in its 8-bit integer mode (with its fused
@@ -98,8 +97,6 @@ SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 # 141.4 and 203.3 / 141.6, 112 and 128 (4) 229.5 / 145.7 and 231.3 / 149.9; W4A16 batch
 # 128 10.347 -> 8.819 ms, W2 7,567 -> 7,644 tok/s from 80 rows.
 LARGE_MIN_M = 65
-# The largest max_num_seqs for which 8-bit layers take the swap-AB layout (module docstring).
-SWAPAB_8BIT_MAX_ROWS = 32
 # 8-bit small layers (qkv, o) run the CUDA kernel's 16-row chunks to this many rows only, then
 # the Triton swap-AB GEMM. H100, session 63 (quantized_gemm.py --bits 8 --paths swapab layout,
 # Llama-8B g128, us, chunks / Triton): qkv at 48 / 64 rows 44.1 / 26.0 and 52.7 / 27.3, o
@@ -121,11 +118,9 @@ def _fills(n: int, bits: int, device: torch.device) -> bool:
 LARGE_MAX_M = 256
 
 
-def choose(k: int, n: int, group_size: int, bits: int, device: torch.device,
-           max_rows: int | None = None) -> str:
+def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> str:
     """The layout for a [K, N] integer weight on ``device`` (``OCTAVO_INT_WEIGHT_LAYOUT``
-    overrides the size and bits rule, not what the kernel can hold). ``max_rows``: the most
-    rows a decode step sends the layer (the deployment's max_num_seqs; None: any batch)."""
+    overrides the size and bits rule, not what the kernel can hold)."""
     if device.type != "cuda":
         return ALONG_K
     mode = envs.int_weight_layout()
@@ -148,10 +143,9 @@ def choose(k: int, n: int, group_size: int, bits: int, device: torch.device,
         if k * n >= SMALL_WEIGHTS or (k * n >= SWAPAB_MIN_WEIGHTS and bits == SWAPAB_BITS
                                       and swapab_mma.available(device)):
             return SWAPAB
-    # 8-bit weights in a deployment that never decodes more than SWAPAB_8BIT_MAX_ROWS rows,
-    # where the CUDA kernel runs (the module docstring).
-    if (bits == 8 and max_rows is not None and max_rows <= SWAPAB_8BIT_MAX_ROWS
-            and k * n >= SWAPAB_MIN_WEIGHTS and swapab_mma.available(device)):
+    # 8-bit weights of at least SWAPAB_MIN_WEIGHTS values where the CUDA kernel runs (the
+    # module docstring: session 63).
+    if bits == 8 and k * n >= SWAPAB_MIN_WEIGHTS and swapab_mma.available(device):
         return SWAPAB
     return ALONG_K
 

@@ -19,16 +19,13 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 
 
 def load_model(model_config: ModelConfig, device: torch.device, backend,
-               quantization: str | None = None, max_num_seqs: int | None = None) -> nn.Module:
-    """``quantization``: the scheme asked for (None: whatever the checkpoint declares).
-    ``max_num_seqs``: the most requests a decode step holds (the scheduler's limit), which a
-    quantized layer may choose its packed layout for; None: any batch."""
+               quantization: str | None = None) -> nn.Module:
+    """``quantization``: the scheme asked for (None: whatever the checkpoint declares)."""
     dtype = TORCH_DTYPES[model_config.dtype]
     cls = get_model_class(model_config.architecture)
     quant_config = build_quant_config(quantization, model_config.hf_config,
                                       None if model_config.is_gguf else model_config.model)
     quant_config.packed_modules_mapping = getattr(cls, "packed_modules_mapping", {})
-    quant_config.max_decode_rows = max_num_seqs
     quant_config.bind_checkpoint_names(
         None if model_config.is_gguf or model_config.load_format == "dummy"
         else checkpoint_names(model_config.model))

@@ -21,10 +21,6 @@ class LinearMethod:
     # Whether ``apply_qkv_rope`` can ever take a call (a kernel with a rotating store), so a
     # caller builds its KV store only for methods that might use it.
     has_qkv_rope: ClassVar[bool] = False
-    # The most rows a decode step sends the layer (the scheduler's max_num_seqs), set by the
-    # config that chose the method (``QuantizationConfig.max_decode_rows``) for a method whose
-    # packed layout is chosen for its batches; None: not known, any batch.
-    max_decode_rows: int | None = None
 
     def create_weights(self, layer: nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], params_dtype: torch.dtype) -> None:
@@ -105,9 +101,6 @@ class QuantizationConfig:
     # AutoAWQ leave them. Set by schemes whose checkpoints say exactly what they quantized
     # (compressed-tensors' targets and ignore list; a bitsandbytes checkpoint's names).
     quantizes_routers: bool = False
-    # The most rows a decode step sends a layer (the scheduler's max_num_seqs), set by the
-    # loader before the model is built and handed to every method chosen; None: not known.
-    max_decode_rows: int | None = None
 
     def __init__(self, ignore: Iterable[str] = ()) -> None:
         self.ignore = tuple(ignore)
@@ -151,10 +144,7 @@ class QuantizationConfig:
             return None
         if is_ignored(prefix, self.ignore, self.packed_modules_mapping):
             return None
-        method = self.get_linear_method(layer, prefix)
-        if method is not None and self.max_decode_rows is not None:
-            method.max_decode_rows = self.max_decode_rows
-        return method
+        return self.get_linear_method(layer, prefix)
 
     def get_linear_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
         """The scheme's method for a layer it quantizes."""

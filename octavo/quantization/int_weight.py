@@ -98,7 +98,7 @@ class IntWeightLinearMethod(LinearMethod):
             # which its grouped kernel stacks); else the size and bits rule.
             layer.kernel_layout = (getattr(layer, "int_layout", None)
                                    or int_weight_layout.choose(k, q.shape[1], group, self.bits,
-                                                               q.device, self.max_decode_rows))
+                                                               q.device))
             # Only the rows layout's GEMV has a rotating store (``apply_qkv_rope``).
             self.has_qkv_rope = int_weight_layout.has_qkv_rope(layer.kernel_layout, k,
                                                                q.shape[1], group)

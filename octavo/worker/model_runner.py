@@ -114,8 +114,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ setup
     def load_model(self) -> None:
         self.model = load_model(self.config.model_config, self.device, self.backend,
-                                self.config.quantization,
-                                max_num_seqs=self.config.scheduler_config.max_num_seqs)
+                                self.config.quantization)
         from octavo.attention.layer import Attention
 
         heads = {m.num_kv_heads for m in self.model.modules() if isinstance(m, Attention)}

@@ -118,7 +118,7 @@ def test_a_gptq_gate_up_layer_loads_blocked_and_still_computes_gate_then_up(on, 
 
     monkeypatch.setenv("OCTAVO_SWAPAB_GLU", "1" if on else "0")
     monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, b: True)
-    monkeypatch.setattr(int_weight_layout, "choose", lambda k, n, g, b, d, rows=None: "swapab")
+    monkeypatch.setattr(int_weight_layout, "choose", lambda k, n, g, b, d: "swapab")
     cfg = GPTQConfig(bits=bits, group_size=128, desc_act=False, sym=False)
     torch.manual_seed(0)
     layer = MergedColumnParallelLinear(256, [256, 256], quant_config=cfg,

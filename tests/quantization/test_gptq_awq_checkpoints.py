@@ -161,7 +161,7 @@ def test_gpu_layout_through_the_interpreter_matches(pair, layout, monkeypatch):
     expect = _greedy(_llm(dense), INTERPRETER_PROMPTS, INTERPRETER_GREEDY)
     monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, bits: True)
     if layout == "swapab":
-        monkeypatch.setattr(int_weight_layout, "choose", lambda k, n, g, bits, device, rows=None: (
+        monkeypatch.setattr(int_weight_layout, "choose", lambda k, n, g, bits, device: (
             "swapab" if w4a16_swapab.supports(k, n, g, bits) else "along_k"))
     llm = _llm(quant)
     model = llm.llm_engine.executor.worker.runner.model

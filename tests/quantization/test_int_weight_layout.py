@@ -5,8 +5,6 @@ the CPU (float32: the interpreter's bf16 dot is wrong), at real shapes on the GP
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +15,6 @@ from octavo.kernels import int_weight_layout as layout  # noqa: E402
 from octavo.kernels.w4a16_gemm import dequantize_ref, pack_along_k, w4a16_gemm_ref  # noqa: E402
 from octavo.kernels.w4a16_swapab import dequantize_swapab, pack_swapab  # noqa: E402
 from tests.quantization.gemm_checks import rel_err  # noqa: E402
-from tests.quantization.tool_fixtures import FIXTURES_ROOT  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -91,7 +88,7 @@ def test_small_4_bit_layers_take_the_swapab_layout_where_the_cuda_kernel_runs(ho
     assert layout.choose(4096, 4096, 128, 4, cuda) == layout.SWAPAB  # o: 2**24
     assert layout.choose(4096, 4096 - 256, 128, 4, cuda) == layout.ALONG_K
     assert layout.choose(1024, 4096, 128, 4, cuda) == layout.ALONG_K  # Qwen3-0.6B's qkv
-    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.ALONG_K  # 8-bit g128
+    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.SWAPAB  # 8-bit g128 (session 63)
     assert layout.choose(4096, 4096, 4096, 8, cuda) == layout.ROWS  # 8-bit per channel
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB  # gate_up
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: False)
@@ -101,72 +98,44 @@ def test_small_4_bit_layers_take_the_swapab_layout_where_the_cuda_kernel_runs(ho
 
 
 def test_8_bit_weights_take_the_size_rule_on_request(hopper, monkeypatch):
-    """OCTAVO_INT_SWAPAB_8BIT=1: large 8-bit weights go to the swap-AB layout (the CUDA
-    kernel's), small ones stay in the GEMV's (per channel too, not rows); 4-bit is
+    """OCTAVO_INT_SWAPAB_8BIT=1: large 8-bit weights go to the swap-AB layout without the
+    CUDA kernel too, small ones stay in the GEMV's (per channel too, not rows); 4-bit is
     unaffected."""
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
+    monkeypatch.setattr(layout.swapab_mma, "available", lambda device: False)
     monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "1")
     assert layout.choose(4096, 28672, 128, 8, cuda) == layout.SWAPAB  # gate_up
     assert layout.choose(14336, 4096, 128, 8, cuda) == layout.SWAPAB  # down
     assert layout.choose(4096, 6144, 128, 8, cuda) == layout.ALONG_K  # qkv
-    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB  # 4-bit qkv: the kernel's
+    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.ALONG_K  # 4-bit qkv: no kernel
     assert layout.choose(4096, 28672, 128, 4, cuda) == layout.SWAPAB
     assert layout.choose(4096, 28672, 4096, 8, cuda) == layout.SWAPAB  # not rows
     monkeypatch.setenv("OCTAVO_INT_SWAPAB_8BIT", "0")
     assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K
 
 
-def test_8_bit_weights_take_the_swapab_layout_where_decode_batches_fit_the_cuda_kernel(
-        hopper, monkeypatch):
-    """A deployment whose max_num_seqs is at most 32 puts 8-bit layers of at least 2**24
-    weights in the swap-AB layout (H100, sessions 61-62, W8A16 against the GEMV layout:
-    batch 1 3.618 against 3.734 ms, 16 4.457 against 6.052, 32 5.267 against 6.123, but 48
-    7.888 against 6.607); larger limits, unknown ones, small layers, per-channel weights
-    (rows), and GPUs without the CUDA kernel keep theirs."""
+def test_8_bit_weights_take_the_swapab_layout_where_the_cuda_kernel_runs(hopper, monkeypatch):
+    """8-bit layers of at least 2**24 weights take the swap-AB layout on Hopper where the CUDA
+    kernel runs (H100, session 63, W8A16 every layer swap-AB against the GEMV layout, ms per
+    token: batch 1 3.509 / 3.807, 48 6.711 / 6.645, 128 10.770 / 11.364, W2 6,851 / 6,503
+    tok/s); small layers, per-channel weights (rows), and GPUs without the kernel or not
+    Hopper keep theirs; 4-bit keeps its size rule."""
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
-    for rows in (1, 8, 16, 32):
-        assert layout.choose(4096, 28672, 128, 8, cuda, rows) == layout.SWAPAB  # gate_up
-        assert layout.choose(14336, 4096, 128, 8, cuda, rows) == layout.SWAPAB  # down
-        assert layout.choose(4096, 6144, 128, 8, cuda, rows) == layout.SWAPAB  # qkv
-        assert layout.choose(4096, 4096, 128, 8, cuda, rows) == layout.SWAPAB  # o: 2**24
-        assert layout.choose(4096, 4096 - 256, 128, 8, cuda, rows) == layout.ALONG_K
-        assert layout.choose(1024, 2048, 128, 8, cuda, rows) == layout.ALONG_K  # small
-        assert layout.choose(4096, 28672, 4096, 8, cuda, rows) == layout.ROWS  # per channel
-    for rows in (33, 48, 256, None):
-        assert layout.choose(4096, 28672, 128, 8, cuda, rows) == layout.ALONG_K
-        assert layout.choose(4096, 6144, 128, 8, cuda, rows) == layout.ALONG_K
-    # 4-bit keeps its size rule whatever the limit.
-    assert layout.choose(4096, 6144, 128, 4, cuda, 256) == layout.SWAPAB
-    assert layout.choose(1024, 2048, 128, 4, cuda, 1) == layout.ALONG_K
+    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.SWAPAB  # gate_up
+    assert layout.choose(14336, 4096, 128, 8, cuda) == layout.SWAPAB  # down
+    assert layout.choose(4096, 6144, 128, 8, cuda) == layout.SWAPAB  # qkv
+    assert layout.choose(4096, 4096, 128, 8, cuda) == layout.SWAPAB  # o: 2**24
+    assert layout.choose(4096, 4096 - 256, 128, 8, cuda) == layout.ALONG_K
+    assert layout.choose(1024, 2048, 128, 8, cuda) == layout.ALONG_K  # small
+    assert layout.choose(4096, 28672, 4096, 8, cuda) == layout.ROWS  # per channel
+    assert layout.choose(4096, 6144, 128, 4, cuda) == layout.SWAPAB
+    assert layout.choose(1024, 2048, 128, 4, cuda) == layout.ALONG_K
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: False)
-    assert layout.choose(4096, 28672, 128, 8, cuda, 1) == layout.ALONG_K
+    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: True)
-    assert layout.choose(4096, 28672, 128, 8, cuda, 1) == layout.ALONG_K
-
-
-def test_the_engine_passes_max_num_seqs_to_each_integer_layer_choice(monkeypatch):
-    """The scheduler's max_num_seqs reaches ``choose`` for every integer layer through the
-    loader (QuantizationConfig.max_decode_rows -> each method), the LM head and ignored
-    layers excepted (they choose no integer layout)."""
-    from octavo.entrypoints.llm import LLM
-    from octavo.quantization import int_weight
-
-    seen = []
-
-    def choose(k, n, group, bits, device, max_rows=None):
-        seen.append(max_rows)
-        return layout.ALONG_K
-
-    monkeypatch.setattr(int_weight, "use_kernel", lambda *a: True)
-    monkeypatch.setattr(int_weight.int_weight_layout, "choose", choose)
-    monkeypatch.setattr(int_weight.IntWeightLinearMethod, "_kernel_layout",
-                        lambda self, *a: None)  # then the float fallback, as on the CPU
-    LLM(model=os.path.join(FIXTURES_ROOT, "gptq_awq", "llama-gptq8-g32"), max_num_seqs=12,
-        max_model_len=64)
-    assert seen and set(seen) == {12}, seen
+    assert layout.choose(4096, 28672, 128, 8, cuda) == layout.ALONG_K
 
 
 def _routed_rows(monkeypatch):
@@ -307,7 +276,7 @@ def test_gptq_layer_in_the_chosen_layout(bits, desc_act, chosen, monkeypatch):
 
     if DEVICE.type == "cpu":  # the CUDA path forced onto CPU tensors (the interpreter runs it)
         monkeypatch.setattr(int_weight, "use_kernel", lambda device, k, g, b: True)
-    monkeypatch.setattr(layout, "choose", lambda k, n, g, b, device, max_rows=None: chosen)
+    monkeypatch.setattr(layout, "choose", lambda k, n, g, b, device: chosen)
     torch.manual_seed(0)
     w = torch.randn(256, 128)
     qz = quantize(w, bits, 32, False, act_order=desc_act)
