@@ -109,14 +109,15 @@ def test_unpicklable_logits_processor_is_refused_clearly(mp_llm):
     assert _tokens(mp_llm, PROMPTS[:1])  # still serving
 
 
-def test_dead_worker_is_an_error_not_a_hang(tiny):
-    llm = _llm(tiny, "mp")
-    executor = llm.llm_engine.executor
+def test_dead_worker_is_an_error_not_a_hang(mp_llm):
+    """The module's engine, killed here: the last test that takes ``mp_llm`` (its fixture's
+    shutdown then stops a dead worker, as the engine's own shutdown after this error would;
+    a worker start fewer, ~5 s of CPU on CI)."""
+    executor = mp_llm.llm_engine.executor
     os.kill(executor._procs[0].pid, signal.SIGKILL)
     executor._procs[0].join(10)
     with pytest.raises(Exception, match="worker process of rank 0 died"):
-        llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
-    llm.llm_engine.shutdown()
+        mp_llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
 
 
 def test_outputs_are_plain_picklable_messages():
