@@ -298,45 +298,34 @@ def test_gptq_layer_in_the_chosen_layout(bits, desc_act, chosen, monkeypatch):
                                    atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 3, 16, 32, 33, 128, 256])
-@pytest.mark.parametrize("bits", [4, 8])
-def test_real_shape_every_batch_size_gpu(m, bits):
-    k, n, group = 14336, 4096, 128
+def _check_real_shape_gpu(k: int, n: int, bits: int, m: int, group: int = 128) -> None:
+    """``linear`` on a [K, N] weight in the swap-AB layout against the reference, M rows."""
     q, scales, zeros = _weights(k, n, group, bits, device=torch.device("cuda"))
     scales, zeros = scales.bfloat16(), zeros.bfloat16()
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = layout.linear(x, layout.pack(q, bits, layout.SWAPAB).cuda(), scales, zeros, group,
                         bits, layout.SWAPAB)
     ref = w4a16_gemm_ref(x, pack_along_k(q, bits).cuda(), scales, zeros, group, bits)
-    assert rel_err(out, ref) < 1e-2
+    assert out.shape == (m, n) and rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 16, 32, 33, 128, 256])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_real_shape_every_batch_size_gpu(m, bits):
+    _check_real_shape_gpu(14336, 4096, bits, m)  # down's shape
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [33, 48, 128])
 def test_8_bit_wide_tiles_real_shape_gpu(m):
-    """gate_up's shape at 8 bits past 32 rows (64-row batch tiles, 3 stages) against the
-    reference."""
-    k, n, group = 4096, 28672, 128
-    q, scales, zeros = _weights(k, n, group, 8, device=torch.device("cuda"))
-    scales, zeros = scales.bfloat16(), zeros.bfloat16()
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    out = layout.linear(x, layout.pack(q, 8, layout.SWAPAB).cuda(), scales, zeros, group, 8,
-                        layout.SWAPAB)
-    ref = w4a16_gemm_ref(x, pack_along_k(q, 8).cuda(), scales, zeros, group, 8)
-    assert out.shape == (m, n) and rel_err(out, ref) < 1e-2
+    """gate_up's shape at 8 bits past 32 rows (64-row batch tiles, 3 stages)."""
+    _check_real_shape_gpu(4096, 28672, 8, m)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [17, 40, 64, 65])
-def test_small_layer_in_16_row_launches_gpu(m, monkeypatch):
+def test_small_layer_in_16_row_launches_gpu(m):
     """The default chunks (to 64 rows) with the kernel at 16 rows on small layers: qkv's
-    shape in the swap-AB layout, against the reference, past and within the chunked rows."""
-    k, n, group = 4096, 6144, 128
-    q, scales, zeros = _weights(k, n, group, 4, device=torch.device("cuda"))
-    scales, zeros = scales.bfloat16(), zeros.bfloat16()
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    out = layout.linear(x, layout.pack(q, 4, layout.SWAPAB).cuda(), scales, zeros, group, 4,
-                        layout.SWAPAB)
-    ref = w4a16_gemm_ref(x, pack_along_k(q, 4).cuda(), scales, zeros, group, 4)
-    assert out.shape == (m, n) and rel_err(out, ref) < 1e-2
+    shape in the swap-AB layout, past and within the chunked rows."""
+    _check_real_shape_gpu(4096, 6144, 4, m)
