@@ -97,6 +97,7 @@ SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 # 141.4 and 203.3 / 141.6, 112 and 128 (4) 229.5 / 145.7 and 231.3 / 149.9; W4A16 batch
 # 128 10.347 -> 8.819 ms, W2 7,567 -> 7,644 tok/s from 80 rows.
 LARGE_MIN_M = 65
+LARGE_MAX_M = 256
 # 8-bit small layers (qkv, o) run the CUDA kernel's 16-row chunks to this many rows only, then
 # the Triton swap-AB GEMM. H100, session 63 (quantized_gemm.py --bits 8 --paths swapab layout,
 # Llama-8B g128, us, chunks / Triton): qkv at 48 / 64 rows 44.1 / 26.0 and 52.7 / 27.3, o
@@ -115,7 +116,6 @@ WIDE_8BIT_TILES = {"block_m": 64, "num_stages": 3}
 def _fills(n: int, bits: int, device: torch.device) -> bool:
     """Whether a swap-AB weight of ``n`` columns has a 64-row tile per SM at least."""
     return n // (swapab.ROWS * (16 // bits)) >= num_compute_units(device)
-LARGE_MAX_M = 256
 
 
 def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> str:
