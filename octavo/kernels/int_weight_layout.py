@@ -74,7 +74,6 @@ from octavo import envs
 from octavo.kernels import int8_gemv, int8_rows_gemm, swapab_large, swapab_mma, swapab_wgmma
 from octavo.kernels import w4a16_gemm as along_k
 from octavo.kernels import w4a16_swapab as swapab
-from octavo.kernels.triton_utils import num_compute_units
 
 ALONG_K = "along_k"
 SWAPAB = "swapab"
@@ -111,11 +110,6 @@ CHUNKED_8BIT_MAX_M = 32
 # tiles (the GEMV layout's kernel: 65.5 / 125.1); down (32 tiles) kept its tiles, best there.
 SWAPAB_8BIT_WIDE_MIN_M = 32
 WIDE_8BIT_TILES = {"block_m": 64, "num_stages": 3}
-
-
-def _fills(n: int, bits: int, device: torch.device) -> bool:
-    """Whether a swap-AB weight of ``n`` columns has a 64-row tile per SM at least."""
-    return n // (swapab.ROWS * (16 // bits)) >= num_compute_units(device)
 
 
 def choose(k: int, n: int, group_size: int, bits: int, device: torch.device) -> str:
@@ -220,7 +214,9 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # down 31.2 -> 31.0 / 52.0 -> 39.4 / 69.3 -> 60.1 (the best tile of the sweep or
         # within 2% of it everywhere but qkv at 32 rows, 22.1).
         tiles = {"block_r": 16, "waves": 8} if x2.shape[0] <= 16 else {"waves": 2}
-        if bits == 8 and m > SWAPAB_8BIT_WIDE_MIN_M and _fills(n, bits, x2.device):
+        # (A 64-row int16 tile per SM: swapab_large's rule at one 64-column block per value.)
+        if bits == 8 and m > SWAPAB_8BIT_WIDE_MIN_M and swapab_large.fills(n, x2.device,
+                                                                           16 // bits):
             tiles = dict(WIDE_8BIT_TILES)
         return swapab.w4a16_swapab(x2, qweight, scales, zeros, group_size, bits, **tiles)
     if m <= envs.int_large_max_m(LARGE_MAX_M) and x2.device.type == "cuda":

@@ -212,7 +212,7 @@ def test_8_bit_triton_swapab_tiles_where_the_tiles_fill_the_sms(monkeypatch):
     batch tiles with 3 stages; fewer tiles (down), fewer rows, or 4 bits keep the rule."""
     tiles = []
     monkeypatch.setattr(layout.swapab_mma, "available", lambda device: False)
-    monkeypatch.setattr(layout, "num_compute_units", lambda device: 4)
+    monkeypatch.setattr(layout.swapab_large, "num_compute_units", lambda device: 4)
     monkeypatch.setattr(layout.swapab, "w4a16_swapab", lambda x2, *a, **k: tiles.append(k))
     s = torch.ones(2, 512, dtype=torch.bfloat16)
     wide = torch.zeros(256, 256, dtype=torch.int16)  # 8-bit, N = 512: 4 tiles of 128
@@ -222,7 +222,7 @@ def test_8_bit_triton_swapab_tiles_where_the_tiles_fill_the_sms(monkeypatch):
     layout._swapab_rows(torch.zeros(33, 256, dtype=torch.bfloat16), narrow, s[:, :384],
                         s[:, :384], 128, 8)
     four = torch.zeros(128, 256, dtype=torch.int16)  # 4-bit, N = 512: 2 tiles of 256
-    monkeypatch.setattr(layout, "num_compute_units", lambda device: 2)
+    monkeypatch.setattr(layout.swapab_large, "num_compute_units", lambda device: 2)
     layout._swapab_rows(torch.zeros(33, 256, dtype=torch.bfloat16), four, s, s, 128, 4)
     wide_tiles = {"block_m": 64, "num_stages": 3}
     assert tiles == [{"waves": 2}, wide_tiles, wide_tiles, {"waves": 2}, {"waves": 2}]
