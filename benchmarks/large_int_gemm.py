@@ -1,7 +1,7 @@
 """Large-batch weight-only integer GEMM on the swap-AB layout (octavo/kernels/swapab_large.py,
 Triton, and swapab_wgmma.py, CUDA, warp-specialized) against the engine's path past 128 rows
 (the whole weight dequantized, then cuBLAS) and a bf16 GEMM, at the Llama-3.1-8B projections,
-4-bit g128, on the GPU, in one call.
+4-bit (``--bits 8``: 8-bit) g128, on the GPU, in one call.
 
 Each call reads its weights from HBM (enough copies that a sweep over them is several times
 the L2), a sweep is one CUDA graph, times are CUDA-event means over replays (us per call).
@@ -9,7 +9,7 @@ Every configuration's output is checked against the dequantize-then-cuBLAS one (
 error) before it is timed.
 
     python benchmarks/large_int_gemm.py [--m 129 192 256 384 512] [--sweep] [--no-cuda]
-        [--forms cuda ...] [--splits 1 2 4] [--json F]
+        [--forms cuda ...] [--splits 1 2 4] [--bits 8] [--json F]
 
 Where the CUDA kernel splits K, its forms' columns sum the partials as the engine does
 (OCTAVO_INT_LARGE_SPLIT_SUM, default a second launch, ``split_sum``); ``cuda_cta`` /
@@ -36,7 +36,6 @@ from benchmarks.common import graph_timed as timed  # noqa: E402
 from benchmarks.quantized_gemm import SHAPES, int_weights  # noqa: E402
 
 GROUP = 128
-BITS = 4
 
 
 # (column, bf16_math, deep) of the CUDA kernel's forms.
@@ -81,8 +80,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
                     help="the activations' (and the scales') dtype: float16 times the kernel's "
                          "fp16 form, as float16 checkpoints (AutoAWQ, AutoGPTQ) run")
+    ap.add_argument("--bits", type=int, default=4, choices=[4, 8])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    bits = args.bits
     import torch
 
     act = getattr(torch, args.dtype)
@@ -102,28 +103,28 @@ def main() -> None:
         dense = [torch.randn(n, k, device=dev, dtype=act)
                  for _ in range(flush_copies(k * n * 2))]
         packs = [tuple(t.to(act) if t.is_floating_point() else t
-                       for t in int_weights(k, n, BITS, GROUP, dev, "swapab"))
-                 for _ in range(flush_copies(k * n * BITS // 8))]
+                       for t in int_weights(k, n, bits, GROUP, dev, "swapab"))
+                 for _ in range(flush_copies(k * n * bits // 8))]
         for m in args.m:
             x = torch.randn(m, k, device=dev, dtype=act)
             row = {"shape": name, "K": k, "N": n, "M": m,
                    "bf16_us": round(timed([lambda w=w, x=x: torch.nn.functional.linear(x, w)
                                            for w in dense]), 1),
                    "whole_us": round(timed([lambda p=p, x=x: x @ dequantize_swapab(
-                       *p, GROUP, BITS, x.dtype) for p in packs]), 1),
+                       *p, GROUP, bits, x.dtype) for p in packs]), 1),
                    # What the engine runs at these rows under this environment (to 128 rows
                    # the swap-AB GEMMs; past them dequantize-then-cuBLAS by default).
                    "engine_us": round(timed([lambda p=p, x=x: int_weight_layout.linear(
-                       x, *p, GROUP, BITS, int_weight_layout.SWAPAB) for p in packs]), 1),
+                       x, *p, GROUP, bits, int_weight_layout.SWAPAB) for p in packs]), 1),
                    "large": []}
-            want = (x @ dequantize_swapab(*packs[0], GROUP, BITS, x.dtype)).float()
+            want = (x @ dequantize_swapab(*packs[0], GROUP, bits, x.dtype)).float()
             for cfg in configs:
                 entry = {"cfg": cfg}
                 try:
-                    got = swapab_large(x, *packs[0], GROUP, BITS, **cfg).float()
+                    got = swapab_large(x, *packs[0], GROUP, bits, **cfg).float()
                     entry["rel_err"] = round(((got - want).norm() / want.norm()).item(), 6)
                     entry["us"] = round(timed([lambda p=p, cfg=cfg, x=x: swapab_large(
-                        x, *p, GROUP, BITS, **cfg) for p in packs]), 1)
+                        x, *p, GROUP, bits, **cfg) for p in packs]), 1)
                 except Exception as e:  # noqa: BLE001 - recorded (shared memory, registers)
                     entry["error"] = f"{type(e).__name__}: {e}"[:160]
                 row["large"].append(entry)
@@ -136,12 +137,12 @@ def main() -> None:
                 try:
                     if args.no_cuda:
                         raise RuntimeError("left out (--no-cuda)")
-                    got = swapab_wgmma(x, *packs[0], GROUP, bf16_math=bf16_math,
+                    got = swapab_wgmma(x, *packs[0], GROUP, bits, bf16_math=bf16_math,
                                        deep=deep).float()
                     row[f"{key}_rel_err"] = round(((got - want).norm() / want.norm()).item(), 6)
                     row[f"{key}_us"] = round(timed([
                         lambda p=p, x=x, b=bf16_math, d=deep: swapab_wgmma(
-                            x, *p, GROUP, bf16_math=b, deep=d) for p in packs]), 1)
+                            x, *p, GROUP, bits, bf16_math=b, deep=d) for p in packs]), 1)
                 except Exception as e:  # noqa: BLE001 - recorded (no sm_90, no nvcc, a fault)
                     row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
             # The float form at given K splits (``--splits``, summed as the engine sums): what the
@@ -168,7 +169,7 @@ def main() -> None:
                 try:
                     row[f"{key}_us"] = round(timed([
                         lambda p=p, x=x, s=splits, u=mode: swapab_wgmma(
-                            x, *p, GROUP, split_k=s, split_sum=u) for p in packs]), 1)
+                            x, *p, GROUP, bits, split_k=s, split_sum=u) for p in packs]), 1)
                 except Exception as e:  # noqa: BLE001 - recorded
                     row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
             ok = [e for e in row["large"] if "us" in e and e["rel_err"] < 5e-3]
@@ -201,7 +202,8 @@ def main() -> None:
                                         *(form[0] for form in CUDA_FORMS))
                             if all(r.get(f"{key}_us") for r in sel)}
             print(f"one layer's GEMMs at M={m}: {per_layer[m]}", flush=True)
-    print_json_result({"benchmark": "large_int_gemm", "dtype": args.dtype, "device": device_info(),
+    print_json_result({"benchmark": "large_int_gemm", "bits": bits, "dtype": args.dtype,
+                       "device": device_info(),
                        "commit": git_commit(), "rows": rows, "per_layer": per_layer}, args.json)
 
 

@@ -107,6 +107,15 @@ def int_large_cuda() -> bool:
     return _flag("OCTAVO_INT_LARGE_CUDA", True)
 
 
+def int_large_cuda_8bit() -> bool:
+    """OCTAVO_INT_LARGE_CUDA_8BIT (default off until measured on a GPU; 1 turns it on): 8-bit
+    layers in the swap-AB layout take the CUDA large-batch kernel too (its 8-bit form,
+    octavo/kernels/swapab_wgmma.py) where OCTAVO_INT_LARGE_CUDA sends 4-bit ones; off, they
+    keep the Triton large-batch GEMM on the layers whose tiles fill the SMs and
+    dequantize-then-cuBLAS on the others past 128 rows."""
+    return _flag("OCTAVO_INT_LARGE_CUDA_8BIT", False)
+
+
 def int_large_min_m(default: int) -> int:
     """OCTAVO_INT_LARGE_MIN_M (default 65, ``int_weight_layout.LARGE_MIN_M``): the fewest
     batch rows a 4-bit layer in the swap-AB layout runs the CUDA large-batch kernel

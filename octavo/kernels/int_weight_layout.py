@@ -192,6 +192,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     # tok/s; docs/benchmarks.md session 53.
     if envs.int_large_min_m(LARGE_MIN_M) <= m <= envs.int_large_max_m(LARGE_MAX_M) \
             and envs.int_large_cuda() and x2.device.type == "cuda" \
+            and (bits == 4 or envs.int_large_cuda_8bit()) \
             and (x2.dtype == torch.bfloat16 or envs.int_large_f16()) \
             and swapab_wgmma.available(x2.device) \
             and swapab_wgmma.supports(k, n, group_size, bits, x2.dtype, scales.dtype) \
@@ -200,7 +201,7 @@ def _swapab_rows(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         # Llama-8B, us: at 256 rows (session 55) gate_up 145.2 against 212.2 for
         # dequantize-then-cuBLAS; with its partials summed by a second launch (session 57)
         # down 68.2 against 115.3, qkv 43.3 / 49.9, o 29.0 / 33.1. From LARGE_MIN_M rows.
-        return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size)
+        return swapab_wgmma.swapab_wgmma(x2, qweight, scales, zeros, group_size, bits)
     if m <= envs.int_swapab_max_m(SWAPAB_MAX_M):
         # Up to 16 rows: 16-row tiles on mma.sync with 8 programs' worth per SM (the sweep's
         # best on gate_up and down at 1 and 16 rows); more rows: one warpgroup's wgmma.

@@ -1,4 +1,4 @@
-"""A warp-specialized CUDA GEMM for large batches of 4-bit weights on the swap-AB layout
+"""A warp-specialized CUDA GEMM for large batches of 4- and 8-bit weights on the swap-AB layout
 (``cuda/swapab_wgmma.cu``, Hopper only): ``out [M, N] = x [M, K] @ dequant(W) [K, N]`` in bf16.
 
 Why: past 128 rows the engine dequantizes each swap-AB layer's whole weight to bf16 in HBM and
@@ -33,6 +33,15 @@ gate_up 124.1 us, down / qkv / o 68.2 / 43.3 / 29.0 (float form) against 212.0 /
 49.9 / 33.1 for dequantize-then-cuBLAS (bf16 100.0 / 56.2 / 23.4 / 17.8); at 80-128 rows a
 layer's four 141-150 us against the swap-AB GEMM's 203-231. On by default from 65 rows
 (``int_weight_layout``): Llama-8B W4A16 W2 0.85x -> 0.93x bf16, batch 128 0.82x -> 0.96x.
+
+8-bit weights (session 64) take the same tiles: a CTA reads two 64-row blocks of the 8-bit
+layout (two values an int16, 128 columns a block), so its 256 output columns, its MMAs and its
+consumers' accumulators are the 4-bit kernel's; the producer copies twice the packed bytes a
+step (33 KB stages), and warpgroup g dequantizes both bytes of block 2t + g: in float32,
+``fma(256 + q, s, -(256 + z) s)`` (0x43800000 | q << 15 is the float 256 + q), or packed,
+``(bias + q) + -(bias + z)`` exact in the activations' dtype (fp16: one PRMT gives 1024 + q;
+bf16: two LOP3 and one bf16x2 FMA give q - 128, as ``swapab_mma``'s decode kernel does) times
+the scale, rounded once.
 """
 
 from __future__ import annotations
@@ -46,7 +55,8 @@ from octavo.kernels.split_sum import sum_splits
 from octavo.kernels.triton_utils import num_compute_units
 
 SOURCE = "swapab_wgmma.cu"
-ROWS = 64  # int16 rows of a layout block (4 values each: 256 output columns)
+ROWS = 64  # int16 rows of a layout block (4-bit: 4 values each, 256 output columns; 8-bit: 2)
+COLUMNS = 256  # output columns per CTA (one 4-bit block, two 8-bit ones)
 BATCH = 128  # batch rows per CTA
 STEP_K = 64
 STAGES = 4
@@ -57,10 +67,15 @@ THREADS = 384
 # CTA / launch / cluster: down 100.9 / 68.2 / 133.8, qkv 67.7 / 43.3 / 51.0, o 56.9 / 29.0 /
 # 56.1) and was removed; git show d5ae5db has it.
 SPLIT_SUMS = ("cta", "launch")
-# The ring (x, packed rows, a group's scales and zeros per stage), 1024 bytes to align it, the
-# full / empty barriers.
-SHARED_BYTES = (STAGES * (BATCH * STEP_K * 2 + ROWS * STEP_K * 2 + 2 * ROWS * 4 * 2) + 1024
-                + 2 * STAGES * 8)
+
+
+def shared_bytes(bits: int) -> int:
+    """The ring (x, the CTA's packed rows, a group's scales and zeros per stage), 1024 bytes to
+    align it, the full / empty barriers."""
+    packed_rows = COLUMNS * bits // 16
+    return (STAGES * (BATCH * STEP_K * 2 + packed_rows * STEP_K * 2 + 2 * COLUMNS * 2) + 1024
+            + 2 * STAGES * 8)
+
 
 
 def available(device: torch.device) -> bool:
@@ -74,18 +89,18 @@ def available(device: torch.device) -> bool:
 
 def supports(k: int, n: int, group_size: int, bits: int, x_dtype: torch.dtype,
              scale_dtype: torch.dtype) -> bool:
-    """Shapes and dtypes the kernel holds: 4-bit; bf16 activations with bf16 or fp16 scales,
-    or fp16 activations with fp16 scales; K and the group multiples of 64, N of 256."""
+    """Shapes and dtypes the kernel holds: 4- or 8-bit; bf16 activations with bf16 or fp16
+    scales, or fp16 activations with fp16 scales; K and the group multiples of 64, N of 256."""
     dtypes = ((torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float16),
               (torch.float16, torch.float16))
-    return (bits == 4 and (x_dtype, scale_dtype) in dtypes
+    return (bits in (4, 8) and (x_dtype, scale_dtype) in dtypes
             and k % STEP_K == 0 and group_size % STEP_K == 0 and k % group_size == 0
-            and n % (ROWS * 4) == 0)
+            and n % COLUMNS == 0)
 
 
 def _tiles(m: int, n: int) -> int:
     """Output tiles (256 columns x 128 batch rows), one CTA each before K splits."""
-    return n // (ROWS * 4) * -(-m // BATCH)
+    return n // COLUMNS * -(-m // BATCH)
 
 
 def plan(m: int, n: int, k: int, device: torch.device) -> tuple[int, int]:
@@ -123,12 +138,12 @@ def worth(m: int, n: int, k: int, device: torch.device) -> bool:
 
 
 def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                 zeros: torch.Tensor, group_size: int, split_k: int | None = None,
+                 zeros: torch.Tensor, group_size: int, bits: int, split_k: int | None = None,
                  bf16_math: bool | None = None, deep: bool | None = None,
                  split_sum: str | None = None) -> torch.Tensor:
     """``x2 [M, K] @ dequant(W) [K, N]`` (in x2's dtype: bf16, or fp16 with fp16 scales) for
-    4-bit ``qweight`` in ``pack_swapab``'s layout (int16 [N / 4, K]), ``scales`` / ``zeros``
-    [K / group, N] in bf16 or fp16. ``split_k``: K splits (default ``plan``'s);
+    ``bits``-bit ``qweight`` (4 or 8) in ``pack_swapab``'s layout (int16 [N / (16 / bits), K]),
+    ``scales`` / ``zeros`` [K / group, N] in bf16 or fp16. ``split_k``: K splits (default ``plan``'s);
     ``bf16_math``: dequantize in packed pairs of x2's dtype, bf16x2 or half2 (default
     OCTAVO_INT_LARGE_BF16_MATH, on: scales of another dtype are rounded to x2's first);
     ``deep``: two MMA groups in flight (OCTAVO_INT_LARGE_DEEP);
@@ -136,10 +151,10 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     ``"cta"`` each tile's last CTA, ``"launch"`` a second launch over every SM
     (``split_sum.sum_splits``). The same bits either way."""
     m, k = x2.shape
-    n = qweight.shape[0] * 4
-    if not supports(k, n, group_size, 4, x2.dtype, scales.dtype):
-        raise ValueError(f"swapab_wgmma cannot run K={k}, N={n}, group {group_size}, "
-                         f"{x2.dtype} activations, {scales.dtype} scales")
+    n = qweight.shape[0] * (16 // bits) if bits in (4, 8) else 0
+    if not supports(k, n, group_size, bits, x2.dtype, scales.dtype):
+        raise ValueError(f"swapab_wgmma cannot run {bits}-bit K={k}, N={n}, group "
+                         f"{group_size}, {x2.dtype} activations, {scales.dtype} scales")
     mode = envs.int_large_split_sum() if split_sum is None else split_sum
     if mode not in SPLIT_SUMS:
         raise ValueError(f"split_sum must be one of {SPLIT_SUMS}, got {mode!r}")
@@ -155,12 +170,13 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     splits, k_per_split = plan(m, n, k, x2.device) if split_k is None \
         else split_k_mod.plan(k, STEP_K, split_k)
     out, partial = split_k_mod.buffers(m, n, splits, x2)
-    grid = (n // (ROWS * 4), -(-m // BATCH), splits)
+    grid = (n // COLUMNS, -(-m // BATCH), splits)
+    prefix = "swapab_wgmma" if bits == 4 else "swapab_wgmma8"
     if x2.dtype == torch.float16:
-        name, packed = "swapab_wgmma_f16_act", "_half_math"
+        name, packed = f"{prefix}_f16_act", "_half_math"
     else:
-        name = "swapab_wgmma_bf16_scales" if scales.dtype == torch.bfloat16 \
-            else "swapab_wgmma_f16_scales"
+        name = f"{prefix}_bf16_scales" if scales.dtype == torch.bfloat16 \
+            else f"{prefix}_f16_scales"
         packed = "_bf16_math"
     if bf16_math is None:
         bf16_math = envs.int_large_bf16_math()
@@ -172,5 +188,5 @@ def swapab_wgmma(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         if mode == "cta" and splits > 1 else None
     args = cuda_module.arguments(x2, qweight, scales, zeros, out, partial, counters, m, k, n,
                                  group_size, x2.stride(0), out.stride(0), splits, k_per_split)
-    mod.launch(name, grid, THREADS, args, shared_bytes=SHARED_BYTES)
+    mod.launch(name, grid, THREADS, args, shared_bytes=shared_bytes(bits))
     return sum_splits(partial, out) if mode == "launch" and splits > 1 else out

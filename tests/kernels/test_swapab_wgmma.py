@@ -26,13 +26,15 @@ needs_gpu = pytest.mark.skipif(
     or cuda_module.nvcc_path() is None, reason="needs an sm_90 GPU and nvcc")
 
 
-def _weights(k, n, group, seed=0, dtype=torch.bfloat16, device="cpu"):
-    """(q [K, N], packed, scales, zeros), made on ``device`` (Llama-sized ones in seconds)."""
+def _weights(k, n, group, seed=0, dtype=torch.bfloat16, device="cpu", bits=4):
+    """(q [K, N], packed, scales, zeros), made on ``device`` (Llama-sized ones in seconds);
+    zero points to 2^bits (GPTQ's stored zeros plus one reach it)."""
     g = torch.Generator(device).manual_seed(seed)
-    q = torch.randint(0, 16, (k, n), generator=g, device=device)
+    q = torch.randint(0, 2**bits, (k, n), generator=g, device=device)
     scales = (torch.rand(k // group, n, generator=g, device=device) * 0.02 + 0.001).to(dtype)
-    zeros = torch.randint(0, 17, (k // group, n), generator=g, device=device).to(dtype)
-    return q, pack_swapab(q, 4), scales, zeros
+    zeros = torch.randint(0, 2**bits + 1, (k // group, n), generator=g,
+                          device=device).to(dtype)
+    return q, pack_swapab(q, bits), scales, zeros
 
 
 def _dequant_ref(q, scales, zeros, group, dtype=torch.bfloat16):
@@ -45,7 +47,13 @@ def _dequant_ref(q, scales, zeros, group, dtype=torch.bfloat16):
 
 def test_supports_and_plan():
     assert swapab_wgmma.supports(4096, 28672, 128, 4, torch.bfloat16, torch.float16)
-    assert not swapab_wgmma.supports(4096, 28672, 128, 8, torch.bfloat16, torch.bfloat16)
+    assert swapab_wgmma.supports(4096, 28672, 128, 8, torch.bfloat16, torch.bfloat16)
+    assert not swapab_wgmma.supports(4096, 28672, 128, 3, torch.bfloat16, torch.bfloat16)
+    assert not swapab_wgmma.supports(4096, 28672 + 128, 128, 8, torch.bfloat16, torch.bfloat16)
+    # The ring: 4 stages of x [128 x 64], the packed rows (4-bit 64, 8-bit 128 of 64 int16s)
+    # and a group's 256 scales and zeros, within the 227 KB an H100 CTA may have.
+    assert swapab_wgmma.shared_bytes(4) == 4 * (16384 + 8192 + 1024) + 1024 + 64
+    assert swapab_wgmma.shared_bytes(8) == 4 * (16384 + 16384 + 1024) + 1024 + 64 <= 227 * 1024
     assert swapab_wgmma.supports(4096, 28672, 128, 4, torch.float16, torch.float16)
     assert not swapab_wgmma.supports(4096, 28672, 128, 4, torch.float16, torch.bfloat16)
     assert not swapab_wgmma.supports(4096, 28672, 128, 4, torch.float32, torch.float32)
@@ -105,8 +113,8 @@ def test_worth_takes_the_layers_it_was_measured_faster_on(monkeypatch):
         swapab_wgmma.worth(256, 4096, 4096, dev)
 
 
-# Slow (47 s on CI's 2 cores, the suite's second slowest): this source has not changed since
-# session 57 and its GPU tests build it; run this with OCTAVO_SKIP_SLOW=0 after touching it.
+# Slow (47 s on CI's 2 cores for the 4-bit forms alone; 80 s here with the 8-bit ones of
+# session 64): its GPU tests build it; run this with OCTAVO_SKIP_SLOW=0 after touching it.
 @pytest.mark.slow
 @pytest.mark.skipif(cuda_module.nvcc_path() is None, reason="needs nvcc")
 def test_the_source_builds_for_sm_90a_without_spills_or_serialized_mmas(tmp_path, monkeypatch):
@@ -123,10 +131,10 @@ def test_the_source_builds_for_sm_90a_without_spills_or_serialized_mmas(tmp_path
     cubin = cuda_module.build(swapab_wgmma.SOURCE, "sm_90a", extra=("-Xptxas", "-v"))
     data = cubin.read_bytes()
     report = "".join(outputs)
-    names = [f"swapab_wgmma_{scales}_scales{math}{deep}" for scales in ("bf16", "f16")
-             for math in ("", "_bf16_math") for deep in ("", "_deep")]
-    names += [f"swapab_wgmma_f16_act{math}{deep}" for math in ("", "_half_math")
-              for deep in ("", "_deep")]  # fp16 activations
+    names = [f"swapab_wgmma{bits}_{scales}_scales{math}{deep}" for bits in ("", "8")
+             for scales in ("bf16", "f16") for math in ("", "_bf16_math") for deep in ("", "_deep")]
+    names += [f"swapab_wgmma{bits}_f16_act{math}{deep}" for bits in ("", "8")
+              for math in ("", "_half_math") for deep in ("", "_deep")]  # fp16 activations
     for name in names:  # every form the wrapper can name
         assert name.encode() in data, name
     spills = re.findall(r"(\d+) bytes spill stores", report)
@@ -182,8 +190,12 @@ def test_the_one_ffma_dequantization_is_exact(scale_dtype):
 
 ROWS, BATCH, STEP_K = swapab_wgmma.ROWS, swapab_wgmma.BATCH, swapab_wgmma.STEP_K
 X_BYTES = BATCH * STEP_K * 2
-P_BYTES = ROWS * STEP_K * 2
 S_BYTES = ROWS * 4 * 2
+
+
+def _packed_rows(bits):
+    """int16 rows of the layout a CTA reads: one 64-row block of 4-bit rows, two of 8-bit."""
+    return ROWS if bits == 4 else 2 * ROWS
 
 
 def _swizzled(r, j):
@@ -208,13 +220,13 @@ def _bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def _emulate(x, packed, scales, zeros, group, splits=1, bf16_math=False):
+def _emulate(x, packed, scales, zeros, group, splits=1, bf16_math=False, bits=4):
     """out [M, N] as the kernel computes it, CTA by CTA, thread by thread (float32 sums); with
     K splits, each split's partials then their sum in split order."""
     k = x.shape[1]
     per = -(-(k // STEP_K) // splits) * STEP_K
     parts = [_emulate_split(x, packed, scales, zeros, group, z * per, min(k, z * per + per),
-                            bf16_math)
+                            bf16_math, bits)
              for z in range(-(-k // per))]
     out = parts[0]
     for part in parts[1:]:
@@ -222,9 +234,11 @@ def _emulate(x, packed, scales, zeros, group, splits=1, bf16_math=False):
     return out
 
 
-def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=False):
+def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=False, bits=4):
     m, k = x.shape
-    n = packed.shape[0] * 4
+    n = packed.shape[0] * (16 // bits)
+    rows = _packed_rows(bits)
+    p_bytes = rows * STEP_K * 2
     act = x.dtype  # the activations' type T: the MMA's inputs and the A pairs' rounding
 
     def rnd(values):  # float32 values rounded to T, back as float32
@@ -234,7 +248,14 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=Fa
         return (_bf16_bits_to_float(bits) if act == torch.bfloat16
                 else bits.view(np.float16).astype(np.float32))
 
-    bias = 128.0 if act == torch.bfloat16 else 1024.0  # Act<T>::kBiasValue
+    # The packed forms' bias (kPackedBias): 4-bit Act<T>::kBiasValue, 8-bit Act<T>::kByteBias;
+    # the float forms' (kFloatBias): 16 + q, 256 + q.
+    if bits == 4:
+        bias = 128.0 if act == torch.bfloat16 else 1024.0
+    else:
+        bias = -128.0 if act == torch.bfloat16 else 1024.0
+    float_bias = 16.0 if bits == 4 else 256.0
+    mask = (1 << bits) - 1
     x_bits = x.view(torch.int16).numpy().view(np.uint16)
     p_bits = packed.numpy().view(np.uint16)
     s_bits = scales.view(torch.int16).numpy().view(np.uint16)
@@ -248,7 +269,7 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=Fa
             acc = np.zeros((2, 2, ROWS, BATCH), dtype=np.float32)  # [warpgroup, value]
             for i in range((k_end - k_begin) // STEP_K):
                 k0 = k_begin + i * STEP_K
-                smem = np.full(X_BYTES + P_BYTES + 2 * S_BYTES, 0xAB, dtype=np.uint8)
+                smem = np.full(X_BYTES + p_bytes + 2 * S_BYTES, 0xAB, dtype=np.uint8)
                 gi = k0 // group
                 for p in range(128):  # the producer's copies, thread by thread
                     pr, pj = p >> 3, p & 7
@@ -262,44 +283,51 @@ def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=Fa
                         off = dst + u * 2048
                         assert off == _swizzled(pr + 16 * u, pj)
                         smem[off:off + 16] = piece.astype("<u2").view(np.uint8)
-                    for u in range(4):
-                        piece = p_bits[t * ROWS + pr + 16 * u, k0 + 8 * pj:k0 + 8 * pj + 8]
+                    for u in range(rows // 16):
+                        piece = p_bits[t * rows + pr + 16 * u, k0 + 8 * pj:k0 + 8 * pj + 8]
                         off = X_BYTES + dst + u * 2048
                         smem[off:off + 16] = piece.astype("<u2").view(np.uint8)
                     if p < 64:
                         src = s_bits if p < 32 else z_bits
                         c0 = t * ROWS * 4 + (p & 31) * 8
-                        off = X_BYTES + P_BYTES + (p >> 5) * S_BYTES + (p & 31) * 16
+                        off = X_BYTES + p_bytes + (p >> 5) * S_BYTES + (p & 31) * 16
                         smem[off:off + 16] = src[gi, c0:c0 + 8].astype("<u2").view(np.uint8)
-                sz = smem[X_BYTES + P_BYTES:].view("<u2")
+                sz = smem[X_BYTES + p_bytes:].view("<u2")
                 for kk in range(STEP_K // 16):
                     b = act_bits(_desc_b(smem, kk * 32, BATCH))  # [16, 128]
                     for wg in range(2):
                         a = np.zeros((2, ROWS, 16), dtype=np.float32)  # [value, row, k]
-                        k_shift = 8 * wg  # consume<0> on warps 4-7, consume<8> on 8-11
+                        # consume<kBits, 0> on warps 4-7, consume<kBits, 1> on 8-11: 4-bit
+                        # values 2 wg, 2 wg + 1 (kShift 8 wg); 8-bit both bytes of the
+                        # CTA's block wg (kRowBase).
+                        k_shift = 8 * wg if bits == 4 else 0
+                        value_bits = 4 if bits == 4 else 8
+                        row_base = 0 if bits == 4 else wg * ROWS * 128
                         for warp in range(4):
                             for lane in range(32):
                                 r0 = 16 * warp + (lane >> 2)
                                 kq = (lane & 3) * 2
-                                lcol0 = (k_shift // 4) * ROWS + r0
+                                lcol0 = 2 * wg * ROWS + r0
                                 off = [r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2
                                        for c in range(8)]
                                 for q in range(4):
-                                    addr = X_BYTES + off[2 * kk + (q >> 1)] + (q & 1) * 1024
+                                    addr = (X_BYTES + row_base + off[2 * kk + (q >> 1)]
+                                            + (q & 1) * 1024)
                                     word = int(smem[addr:addr + 4].view("<u4")[0])
                                     for v in range(2):
-                                        shift = k_shift + 4 * v
+                                        shift = k_shift + value_bits * v
                                         col = lcol0 + v * ROWS + (q & 1) * 8
                                         s = np.float32(to_float(sz[col:col + 1])[0])
                                         z = np.float32(to_float(sz[256 + col:257 + col])[0])
-                                        c = np.float32(-(z + 16) * s)
-                                        lo = 16 + ((word >> shift) & 15)
-                                        hi = 16 + ((word >> (16 + shift)) & 15)
+                                        c = np.float32(-(z + float_bias) * s)
+                                        lo = float_bias + ((word >> shift) & mask)
+                                        hi = float_bias + ((word >> (16 + shift)) & mask)
                                         if bf16_math:  # (q - z) exact, times T(s) rounded
                                             sb = rnd([s])[0]
-                                            zb = -(z + bias)
-                                            pair = rnd([(np.float64(lo - 16 + bias) + zb) * sb,
-                                                        (np.float64(hi - 16 + bias) + zb) * sb])
+                                            zb = rnd([-(z + bias)])[0]
+                                            pair = rnd([
+                                                (np.float64(lo - float_bias + bias) + zb) * sb,
+                                                (np.float64(hi - float_bias + bias) + zb) * sb])
                                         else:  # fma: the products exact in float64, rounded once
                                             pair = rnd([np.float64(lo) * s + c,
                                                         np.float64(hi) * s + c])
@@ -342,29 +370,48 @@ def test_the_emulated_formulas_are_the_source_s():
         "const int x_rows = max(0, min(8, (pb.m - m0 - pr + 15) / 16));",
         "cp_async16(xs + dst + u * 2048, (in ? x_src + u * x_step : x_last) + koff, in ? 16 : 0);",
         "cp_async16(xs + kXBytes + dst + u * 2048, q_src + u * q_step + koff, 16);",
+        "for (int u = 0; u < kPackedRows<kBits> / 16; ++u) {",
+        "pb.qw + static_cast<size_t>(t * kPackedRows<kBits> + pr) * pb.k + k_begin + pj * 8;",
+        "constexpr int kPackedRows = kBits == 4 ? kRows : 2 * kRows;",
+        "constexpr int kShift = kBits == 4 ? 8 * kWg : 0;",
+        "constexpr int kValueBits = kBits == 4 ? 4 : 8;",
+        "constexpr int kRowBase = kBits == 4 ? 0 : kWg * kRows * 128;",
+        "constexpr float kFloatBias = kBits == 4 ? 16.0f : 256.0f;",
+        "constexpr float kPackedBias = kBits == 4 ? Act<T>::kBiasValue : Act<T>::kByteBias;",
+        "static constexpr float kByteBias = -128.0f;", "static constexpr float kByteBias = 1024.0f;",
+        'asm("lop3.b32 %0, %1, 0x007F8000, %2, 0xea;\\n" : "=r"(out) : "r"(moved), "r"(two_56));',
+        "const uint32_t two_56 = 0x43800000u;   // 256.0f",
+        "const float lo = with_256(byte_at_15<kShift>(word), two_56);",
+        "const float hi = with_256(byte_at_15<16 + kShift>(word), two_56);",
+        "return word << (15 - kFrom);", "return word >> (kFrom - 15);",
+        "ak[0][q] = dequant_byte_pair<0, T>(word, c_cur[i_row], s_cur[i_row], two_56);",
+        "ak[1][q] = dequant_byte_pair<8, T>(word, c_cur[2 + i_row], s_cur[2 + i_row],",
+        "ak[0][q] = dequant_byte_pair_packed<0, T>(word, zb_cur[i_row], sb_cur[i_row]);",
+        "ak[1][q] = dequant_byte_pair_packed<8, T>(word, zb_cur[2 + i_row],",
+        "uint32_t t = byte_pair<kShift, T>(word);",
         "const S* sz_src = (p < 32 ? pb.scales : pb.zeros) + t * kRows * 4 + (p & 31) * 8;",
-        "cp_async16(xs + kXBytes + kPBytes + (p >> 5) * kSBytes + (p & 31) * 16,",
+        "cp_async16(xs + kXBytes + kPBytes<kBits> + (p >> 5) * kSBytes + (p & 31) * 16,",
         "sz_src + static_cast<size_t>(g) * pb.n, 16);",
         "const int g = (k_begin + koff) / pb.group;",
-        "const int lcol0 = (kShift / 4) * kRows + r0;",
-        "load_sz<S>(ps + kPBytes, lcol0, s_cur, c_cur);",
+        "const int lcol0 = 2 * kWg * kRows + r0;",
+        "load_sz<kBits, S>(ps + kPBytes<kBits>, lcol0, s_cur, c_cur);",
         "const S* zeros = reinterpret_cast<const S*>(sz + kSBytes);",
         "const int r0 = 16 * (warp & 3) + (lane >> 2);",
         "const int kq = (lane & 3) * 2;",
-        "consume<0, kBf16Math, kInFlight, T, S>(", "consume<8, kBf16Math, kInFlight, T, S>(",
+        "consume<kBits, 0, kBf16Math, kInFlight, T, S>(", "consume<kBits, 1, kBf16Math, kInFlight, T, S>(",
         "if (warp < 8) {",
         "const int col0 = t * kRows * 4 + lcol0;",
         "for (int c = 0; c < 8; ++c) off[c] = r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2;",
-        "ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);",
+        "ps + kRowBase + off[2 * kk + (q >> 1)] + (q & 1) * 1024);",
         "ak[0][q] = dequant_pair<kShift, T>(word, c_cur[i_row], s_cur[i_row], sixteen);",
-        "ak[1][q] = dequant_pair<kShift + 4, T>(word, c_cur[2 + i_row], s_cur[2 + i_row],",
+        "ak[1][q] = dequant_pair<kShift + kValueBits, T>(word, c_cur[2 + i_row],",
         "const float lo = with_16(nibble_at_19<kShift>(word), sixteen);",
         "const float hi = with_16(nibble_at_19<16 + kShift>(word), sixteen);",
         'asm("lop3.b32 %0, %1, 0x00780000, %2, 0xea;\\n" : "=r"(out) : "r"(moved), "r"(sixteen));',
         "const uint32_t sixteen = 0x41800000u;  // 16.0f",
         "typename Act<T>::T2 w = Act<T>::pair(fmaf(lo, s, c), fmaf(hi, s, c));",
         "return __floats2bfloat162_rn(lo, hi);", "return __floats2half2_rn(lo, hi);",
-        "c[i] = -(to_float(zeros[col]) + 16.0f) * s[i];",
+        "c[i] = -(to_float(zeros[col]) + kFloatBias<kBits>) * s[i];",
         "const uint64_t desc = smem_desc(xs + kk * 32);",
         "const uint32_t moved = kShift == 0 ? word : word >> kShift;",
         'asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\\n" : "=r"(t) : "r"(moved), "r"(Act<T>::kBias));',
@@ -374,9 +421,9 @@ def test_the_emulated_formulas_are_the_source_s():
         "static constexpr uint32_t kBias = 0x64006400u;",
         "static constexpr float kBiasValue = 1024.0f;",
         "typename Act<T>::T2 sv = Act<T>::both(to_act<T>(scales[col]));",
-        "Act<T>::both(Act<T>::round(-(to_float(zeros[col]) + Act<T>::kBiasValue)));",
+        "Act<T>::both(Act<T>::round(-(to_float(zeros[col]) + kPackedBias<kBits, T>)));",
         "ak[0][q] = dequant_pair_packed<kShift, T>(word, zb_cur[i_row], sb_cur[i_row]);",
-        "ak[1][q] = dequant_pair_packed<kShift + 4, T>(word, zb_cur[2 + i_row],",
+        "ak[1][q] = dequant_pair_packed<kShift + kValueBits, T>(word, zb_cur[2 + i_row],",
         "desc |= static_cast<uint64_t>(1024 >> 4) << 32;",
         "desc |= static_cast<uint64_t>(1) << 62;",
         "const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;",
@@ -393,22 +440,60 @@ def test_the_emulated_formulas_are_the_source_s():
         assert line in src, line
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("bf16_math", [False, True])
 @pytest.mark.parametrize("act,scale_dtype,splits", [
     (torch.bfloat16, torch.bfloat16, 1), (torch.bfloat16, torch.float16, 2),
     (torch.float16, torch.float16, 1), (torch.float16, torch.float16, 2)])
 def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(act, scale_dtype, splits,
-                                                                  bf16_math):
+                                                                  bf16_math, bits):
     """The float form takes the scales as they are; the packed form rounds scales of another
     type to the activations' first (scales of their type: the same values both ways). fp16
-    activations: the weights rounded to fp16, the packed pairs from 1024 + q."""
+    activations: the weights rounded to fp16, the packed pairs from 1024 + q. 8-bit: the
+    CTA's two layout blocks, one a warpgroup."""
     k, n, group, m = 128, 256, 64, 131  # two K steps, two groups, two batch tiles (a tail)
-    q, packed, scales, zeros = _weights(k, n, group, dtype=scale_dtype)
+    q, packed, scales, zeros = _weights(k, n, group, dtype=scale_dtype, bits=bits)
     x = torch.randn(m, k).to(act)
-    got = _emulate(x, packed, scales, zeros, group, splits, bf16_math)
+    got = _emulate(x, packed, scales, zeros, group, splits, bf16_math, bits)
     used = scales.to(act) if bf16_math else scales
     want = x.float() @ _dequant_ref(q, used, zeros, group, act).float()
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_8_bit_dequantizations_are_exact():
+    """8-bit weights: 0x43800000 | q << 15 is the float 256 + q and fma(256 + q, s, -(256 + z)
+    s) is (q - z) s (c exact in float32); byte_pair's bits are kByteBias + q (fp16: PRMT's
+    0x64qq = 1024 + q; bf16: (0x4300 | q & 127) - (0x4380 ^ q & 128) = q - 128, both operands
+    and the difference exact); adding -(bias + z) is exact in the type, and the product with a
+    scale of the type rounds once, to the float form's value rounded to the type: for every
+    q < 256, z <= 256 and a spread of scales."""
+    q = np.arange(256, dtype=np.uint32)
+    assert np.array_equal(((q << 15) | 0x43800000).view(np.float32), 256.0 + q)
+    # byte_pair, fp16: PRMT selector 0x4240 takes byte 0 of each half under 0x64.
+    word = q | (q[::-1] << 16)
+    lo16 = ((word & 0xFF) | 0x6400).astype(np.uint16).view(np.float16).astype(np.float32)
+    assert np.array_equal(lo16, 1024.0 + q)
+    # byte_pair, bf16: the two LOP3s and lo - y in bf16 (exact: every value an integer of at
+    # most 8 significant bits).
+    lo = ((q & 0x7F) | 0x4300).astype(np.uint32) << 16
+    y = ((q & 0x80) ^ 0x4380).astype(np.uint32) << 16
+    diff = torch.from_numpy(lo.view(np.float32) - y.view(np.float32)).to(torch.bfloat16)
+    assert torch.equal(diff.float(), torch.from_numpy(q.astype(np.float32) - 128))
+    g = torch.Generator().manual_seed(0)
+    for dtype, bias in ((torch.bfloat16, -128.0), (torch.float16, 1024.0)):
+        s = torch.cat([torch.rand(300, generator=g) * 0.05, torch.rand(100, generator=g) * 40])
+        s = s.to(dtype)
+        qs = torch.arange(256, dtype=torch.float32)[:, None, None]
+        zs = torch.arange(257, dtype=torch.float32)[None, :, None]
+        zb = (-(zs + bias)).to(dtype)
+        assert torch.equal(zb.float(), -(zs + bias))  # the packed zero, exact
+        packed = ((qs + bias).to(dtype) + zb) * s[None, None, :]  # as __hadd2 / __hmul2
+        want = ((qs - zs) * s.float()[None, None, :]).to(dtype)
+        assert torch.equal(packed, want), dtype
+        c = (-(zs + 256) * s.float()[None, None, :])  # float32, exact
+        assert torch.equal(c.double(), -(zs.double() + 256) * s.double()[None, None, :])
+        fused = ((qs.double() + 256) * s.double()[None, None, :] + c.double()).float()
+        assert torch.equal(fused.to(dtype), want)
 
 
 def test_the_packed_fp16_dequantization_is_the_float_form_s():
@@ -449,7 +534,7 @@ def test_one_hot_rows_read_back_the_weight_gpu(bf16_math, deep):
     scales = torch.ones(k // 64, n, dtype=torch.bfloat16)
     zeros = torch.zeros(k // 64, n, dtype=torch.bfloat16)
     got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
-                                    zeros.cuda(), 64, bf16_math=bf16_math, deep=deep).float().cpu()
+                                    zeros.cuda(), 64, 4, bf16_math=bf16_math, deep=deep).float().cpu()
     want = q[(3 * torch.arange(m)) % k].float()
     bad = (got != want).nonzero()
     assert len(bad) == 0, (f"{len(bad)} of {got.numel()} wrong; first (m, n, got, want): "
@@ -470,7 +555,7 @@ def test_exact_on_integer_data_gpu(bf16_math, deep):
     zeros = torch.full((k // 64, n), 8.0, dtype=torch.bfloat16)
     x = torch.randint(-2, 3, (m, k), generator=g).to(torch.bfloat16)
     got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
-                                    zeros.cuda(), 64, bf16_math=bf16_math, deep=deep)
+                                    zeros.cuda(), 64, 4, bf16_math=bf16_math, deep=deep)
     want = x.float() @ (q.float() - 8.0)
     assert torch.equal(got.float().cpu(), want.to(torch.bfloat16).float())
 
@@ -489,7 +574,7 @@ def test_llama_shapes_gpu(k, n, scale_dtype, bf16_math, deep):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         want = x.float() @ w
         for split_k in (None, 1, 3):
-            got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128,
+            got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4,
                                             split_k=split_k, bf16_math=bf16_math,
                                             deep=deep).float()
             errors[m, split_k] = ((got - want).norm() / want.norm()).item()
@@ -508,15 +593,15 @@ def test_the_launch_sum_gives_the_last_cta_s_bits_gpu(k, n, m, monkeypatch):
     q, packed, scales, zeros = _weights(k, n, 128, device="cuda")
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     for split_k in (None, 2, 3, 4, 5, 8, 9):
-        want = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k,
+        want = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4, split_k=split_k,
                                          split_sum="cta")
-        got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k,
+        got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4, split_k=split_k,
                                         split_sum="launch")
         assert torch.equal(got, want), split_k
     monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", "launch")
     w = _dequant_ref(q, scales, zeros, 128).float()
     check_graph_replays(
-        lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=4),
+        lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4, split_k=4),
         lambda x: (x.float() @ w), x)
 
 
@@ -535,7 +620,7 @@ def test_split_sum_names_are_checked(monkeypatch):
     with pytest.raises(ValueError, match="split_sum"):  # before any device work
         swapab_wgmma.swapab_wgmma(x, torch.zeros(64, 64, dtype=torch.int16),
                                   torch.ones(1, 256, dtype=torch.bfloat16),
-                                  torch.zeros(1, 256, dtype=torch.bfloat16), 64,
+                                  torch.zeros(1, 256, dtype=torch.bfloat16), 64, 4,
                                   split_sum="atomic")
 
 
@@ -548,10 +633,10 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
     q, packed, scales, zeros = _weights(4096, 28672, 128, dtype=torch.float16, device="cuda")
     w = _dequant_ref(q, scales, zeros, 128).float()
     x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
-    check_graph_replays(lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128),
+    check_graph_replays(lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4),
                         lambda x: (x.float() @ w), x)
     check_graph_replays(  # K split in 4: the tickets' counters zeroed again every replay
-        lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=4),
+        lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4, split_k=4),
         lambda x: (x.float() @ w), x)
     calls = record_rows(monkeypatch, swapab_wgmma, "swapab_wgmma")
     monkeypatch.delenv("OCTAVO_INT_LARGE_MAX_M", raising=False)  # the defaults: on, to 256
@@ -598,7 +683,7 @@ def test_fp16_activations_gpu(k, n, deep):
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
         want = x.float() @ w
         for split_k in (None, 1, 3):
-            forms = [swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, split_k=split_k,
+            forms = [swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4, split_k=split_k,
                                                bf16_math=b, deep=deep, split_sum=u)
                      for b, u in ((False, "launch"), (True, "launch"), (True, "cta"))]
             assert all(f.dtype == torch.float16 for f in forms)
@@ -618,7 +703,7 @@ def test_fp16_routing_waits_for_its_switch_gpu(monkeypatch):
     q, packed, scales, zeros = _weights(4096, 28672, 128, dtype=torch.float16, device="cuda")
     w = _dequant_ref(q, scales, zeros, 128, torch.float16).float()
     x = torch.randn(200, 4096, device="cuda", dtype=torch.float16)
-    check_graph_replays(lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128),
+    check_graph_replays(lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4),
                         lambda x: (x.float() @ w), x)
     calls = record_rows(monkeypatch, swapab_wgmma, "swapab_wgmma")
     monkeypatch.setenv("OCTAVO_INT_LARGE_F16", "0")
@@ -628,3 +713,126 @@ def test_fp16_routing_waits_for_its_switch_gpu(monkeypatch):
     got = int_weight_layout.linear(x, packed, scales, zeros, 128, 4, int_weight_layout.SWAPAB)
     assert calls == [200]
     assert ((got.float() - x.float() @ w).norm() / (x.float() @ w).norm()) < 5e-3
+
+
+# --- 8-bit weights on the GPU (session 64): the same checks on the 8-bit form --------------
+
+@needs_gpu
+@pytest.mark.gpu
+@FORMS
+def test_one_hot_rows_read_back_8_bit_weights_gpu(bf16_math, deep):
+    """As the 4-bit one-hot test, with q[k, n] = (k + 5 n) % 256: every byte value, in both
+    bytes of an int16 and both 64-row blocks of a CTA; a wrong block, byte or row base shows
+    as where the wrong values came from."""
+    k, n, m = 256, 512, 200
+    q = (torch.arange(k)[:, None] + 5 * torch.arange(n)[None, :]) % 256
+    x = torch.zeros(m, k, dtype=torch.bfloat16)
+    x[torch.arange(m), (3 * torch.arange(m)) % k] = 1
+    scales = torch.ones(k // 64, n, dtype=torch.bfloat16)
+    zeros = torch.zeros(k // 64, n, dtype=torch.bfloat16)
+    got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 8).cuda(), scales.cuda(),
+                                    zeros.cuda(), 64, 8, bf16_math=bf16_math,
+                                    deep=deep).float().cpu()
+    want = q[(3 * torch.arange(m)) % k].float()
+    bad = (got != want).nonzero()
+    assert len(bad) == 0, (f"{len(bad)} of {got.numel()} wrong; first (m, n, got, want): "
+                           + str([(int(a), int(b), float(got[a, b]), float(want[a, b]))
+                                  for a, b in bad[:12]]))
+
+
+@needs_gpu
+@pytest.mark.gpu
+@FORMS
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
+def test_exact_on_integer_8_bit_data_gpu(bf16_math, deep, act):
+    """Small activations, every byte value, zero point 128 and unit scales: every product and
+    sum is exact in float32 (|sum| < 2^24), so the output is the exact result rounded once."""
+    k, n, m = 1024, 4096, 256
+    g = torch.Generator().manual_seed(2)
+    q = torch.randint(0, 256, (k, n), generator=g)
+    scales = torch.ones(k // 64, n, dtype=act)
+    zeros = torch.full((k // 64, n), 128.0, dtype=act)
+    x = torch.randint(-2, 3, (m, k), generator=g).to(act)
+    got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 8).cuda(), scales.cuda(),
+                                    zeros.cuda(), 64, 8, bf16_math=bf16_math, deep=deep)
+    want = x.float() @ (q.float() - 128.0)
+    assert torch.equal(got.float().cpu(), want.to(act).float())
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("k,n", [(4096, 28672), (14336, 4096), (4096, 6144), (4096, 4096)])
+@pytest.mark.parametrize("bf16_math", [False, True])
+def test_llama_shapes_8_bit_gpu(k, n, scale_dtype, bf16_math):
+    """Every batch size and K split (either split sum) on one 8-bit weight per shape, against
+    x at the dequantized weight; the float and packed forms agree where the scales are the
+    activations' type."""
+    q, packed, scales, zeros = _weights(k, n, 128, dtype=scale_dtype, device="cuda", bits=8)
+    used = scales.to(torch.bfloat16) if bf16_math else scales
+    w = _dequant_ref(q, used, zeros, 128).float()
+    errors = {}
+    for m in (1, 65, 129, 200, 256, 300):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        want = x.float() @ w
+        for split_k, split_sum in ((None, None), (1, None), (3, "cta"), (3, "launch")):
+            got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 8,
+                                            split_k=split_k, bf16_math=bf16_math,
+                                            split_sum=split_sum).float()
+            errors[m, split_k, split_sum] = ((got - want).norm() / want.norm()).item()
+        if scale_dtype == torch.bfloat16:  # the same weights into the same MMAs
+            forms = [swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 8, bf16_math=b)
+                     for b in (False, True)]
+            assert torch.equal(forms[0], forms[1]), m
+    assert all(e < 5e-3 for e in errors.values()), errors
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("deep", [False, True])
+def test_fp16_activations_8_bit_gpu(deep):
+    """float16 models at 8 bits: float and half2 forms give the same bits, under graph
+    replays too, close to x at the weight rounded to fp16."""
+    from tests.quantization.gemm_checks import check_graph_replays
+
+    k, n = 14336, 4096
+    q, packed, scales, zeros = _weights(k, n, 128, dtype=torch.float16, device="cuda", bits=8)
+    w = _dequant_ref(q, scales, zeros, 128, torch.float16).float()
+    for m in (65, 256):
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        forms = [swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 8, bf16_math=b,
+                                           deep=deep) for b in (False, True)]
+        assert torch.equal(forms[0], forms[1]), m
+        want = x.float() @ w
+        assert ((forms[0].float() - want).norm() / want.norm()) < 5e-3
+    check_graph_replays(
+        lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 8, split_k=4),
+        lambda x: (x.float() @ w), x)
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_8_bit_routing_waits_for_its_switch_gpu(monkeypatch):
+    """OCTAVO_INT_LARGE_CUDA_8BIT: 8-bit swap-AB batches of LARGE_MIN_M to LARGE_MAX_M rows
+    take the kernel only where it is on (and ``worth`` says so), with the engine's output."""
+    from octavo.kernels import int_weight_layout
+    from tests.quantization.gemm_checks import record_rows
+
+    q, packed, scales, zeros = _weights(4096, 28672, 128, device="cuda", bits=8)
+    w = _dequant_ref(q, scales.to(torch.bfloat16), zeros, 128).float()
+    calls = record_rows(monkeypatch, swapab_wgmma, "swapab_wgmma")
+    for var in ("OCTAVO_INT_LARGE_MAX_M", "OCTAVO_INT_LARGE_MIN_M", "OCTAVO_INT_LARGE_CUDA"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OCTAVO_INT_LARGE_CUDA_8BIT", "0")
+    x = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)
+    off = int_weight_layout.linear(x, packed, scales, zeros, 128, 8, int_weight_layout.SWAPAB)
+    assert calls == []
+    monkeypatch.setenv("OCTAVO_INT_LARGE_CUDA_8BIT", "1")
+    for m in (64, 65, 200, 300):
+        xm = x if m == 200 else torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        got = int_weight_layout.linear(xm, packed, scales, zeros, 128, 8,
+                                       int_weight_layout.SWAPAB)
+        want = xm.float() @ w
+        assert ((got.float() - want).norm() / want.norm()) < 5e-3, m
+    assert calls == [65, 200]
+    assert ((off.float() - x.float() @ w).norm() / (x.float() @ w).norm()) < 5e-3

@@ -1,12 +1,15 @@
-// Large-batch 4-bit weight-only GEMM on the swap-AB layout for Hopper (sm_90a): out^T = W^T
-// x^T with the weight tile dequantized into wgmma's A registers and the activations read from
-// shared memory, warp-specialized (octavo/kernels/swapab_wgmma.py has the why and the plan).
+// Large-batch 4- and 8-bit weight-only GEMM on the swap-AB layout for Hopper (sm_90a): out^T =
+// W^T x^T with the weight tile dequantized into wgmma's A registers and the activations read
+// from shared memory, warp-specialized (octavo/kernels/swapab_wgmma.py has the why and the plan).
 //
 // CTA: 1 producer warpgroup (its 128 threads copy; setmaxnreg gives registers to the others)
-// + 2 consumer warpgroups (384 threads), one 64-row block t of the int16
-// layout (all 4 values: output columns t * 256 .. t * 256 + 255) against 128 batch rows.
-// Consumer warpgroup g takes values 2g and 2g + 1 (two m64 accumulators of 128 batch columns).
-// The producer copies each 64-wide K step's activations [128 x 64], packed rows [64 x 64] and
+// + 2 consumer warpgroups (384 threads), output columns t * 256 .. t * 256 + 255 against 128
+// batch rows. 4-bit: one 64-row block t of the int16 layout (4 values a row); consumer
+// warpgroup g takes values 2g and 2g + 1. 8-bit: the 64-row blocks 2t and 2t + 1 (2 values a
+// row, 128 columns a block); warpgroup g takes block 2t + g, both values. Either way
+// warpgroup g's outputs are columns t * 256 + 128 g + [0, 128): two m64 accumulators of 128
+// batch columns. The producer copies each 64-wide K step's activations [128 x 64], packed rows
+// [64 x 64] (8-bit: [128 x 64]) and
 // the step's group of scales and zeros [256 each] into a ring of kStages buffers (cp.async,
 // 128-byte rows swizzled in 16-byte pieces: piece j of row r at j ^ (r % 8)), signalling a
 // "full" mbarrier; consumers release a buffer through its "empty" mbarrier once the MMAs
@@ -27,10 +30,16 @@ constexpr int kThreads = kConsumerWarps * 32 + 128;
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 constexpr int kXBytes = kBatch * kStepK * 2;   // 16 KB
-constexpr int kPBytes = kRows * kStepK * 2;    // 8 KB
+// int16 rows of the layout a CTA reads: one block of 4-bit rows, two of 8-bit rows.
+template <int kBits>
+constexpr int kPackedRows = kBits == 4 ? kRows : 2 * kRows;
+template <int kBits>
+constexpr int kPBytes = kPackedRows<kBits> * kStepK * 2;  // 8 KB (4-bit), 16 KB (8-bit)
 constexpr int kSBytes = kRows * 4 * 2;         // a group's 256 scales (and as many zeros)
-constexpr int kStageBytes = kXBytes + kPBytes + 2 * kSBytes;
-static_assert(kStageBytes % 1024 == 0, "every x tile 1024-aligned (the swizzle's period)");
+template <int kBits>
+constexpr int kStageBytes = kXBytes + kPBytes<kBits> + 2 * kSBytes;
+static_assert(kStageBytes<4> % 1024 == 0 && kStageBytes<8> % 1024 == 0,
+              "every x tile 1024-aligned (the swizzle's period)");
 constexpr int kProducerThreads = 128;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -143,7 +152,7 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // The activations' element type T (bf16 or fp16): its pair type, its rounding from float32,
 // and the packed dequantization's bias (Bias | q is T's 2^e + q, exact for q < 16: bf16 128
-// (7 fraction bits), fp16 1024 (10)).
+// (7 fraction bits), fp16 1024 (10)); kByteBias: what byte_pair's values carry beside q.
 template <typename T>
 struct Act;
 template <>
@@ -151,6 +160,8 @@ struct Act<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   static constexpr uint32_t kBias = 0x43004300u;
   static constexpr float kBiasValue = 128.0f;
+  static constexpr float kByteBias = -128.0f;
+  static constexpr bool kBf16 = true;
   static __device__ __forceinline__ T2 pair(float lo, float hi) {
     return __floats2bfloat162_rn(lo, hi);
   }
@@ -162,6 +173,8 @@ struct Act<__half> {
   using T2 = __half2;
   static constexpr uint32_t kBias = 0x64006400u;
   static constexpr float kBiasValue = 1024.0f;
+  static constexpr float kByteBias = 1024.0f;
+  static constexpr bool kBf16 = false;
   static __device__ __forceinline__ T2 pair(float lo, float hi) { return __floats2half2_rn(lo, hi); }
   static __device__ __forceinline__ __half round(float v) { return __float2half_rn(v); }
   static __device__ __forceinline__ T2 both(__half v) { return __half2half2(v); }
@@ -243,6 +256,67 @@ __device__ __forceinline__ uint32_t dequant_pair_packed(uint32_t word, uint32_t 
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// 8-bit weights. The float form: the byte at bits kFrom .. kFrom + 7 of a word moved to bits
+// 15 .. 22 (a float's mantissa bits of weight 1 above 256.0; unmasked: with_256 masks), and
+// 0x43800000 | q << 15, the float 256 + q. c = -(256 + z) s is exact in float32 (9 by 11
+// significant bits), so fma(256 + q, s, c) is (q - z) s exactly: again one FFMA a weight.
+template <int kFrom>
+__device__ __forceinline__ uint32_t byte_at_15(uint32_t word) {
+  if constexpr (kFrom <= 15) {
+    return word << (15 - kFrom);
+  } else {
+    return word >> (kFrom - 15);
+  }
+}
+
+__device__ __forceinline__ float with_256(uint32_t moved, uint32_t two_56) {
+  uint32_t out;
+  asm("lop3.b32 %0, %1, 0x007F8000, %2, 0xea;\n" : "=r"(out) : "r"(moved), "r"(two_56));
+  return __uint_as_float(out);
+}
+
+template <int kShift, typename T>
+__device__ __forceinline__ uint32_t dequant_byte_pair(uint32_t word, float c, float s,
+                                                      uint32_t two_56) {
+  const float lo = with_256(byte_at_15<kShift>(word), two_56);
+  const float hi = with_256(byte_at_15<16 + kShift>(word), two_56);
+  typename Act<T>::T2 w = Act<T>::pair(fmaf(lo, s, c), fmaf(hi, s, c));
+  return *reinterpret_cast<uint32_t*>(&w);
+}
+
+// Byte kShift / 8 of both int16 halves of a word as a T2 pair kByteBias + q, exact. fp16: one
+// PRMT puts 0x64 above each byte, 0x64qq = 1024 + q (10 fraction bits). bf16 (8 significant
+// bits: no bit pattern alone is 2^e + q for every byte): lo = 0x4300 | (q & 127) = 128 +
+// (q & 127) and y = 0x4380 ^ (q & 128), 256 for q < 128 and 128 for q >= 128 (one LOP3 each),
+// then lo - y = q - 128 (one bf16x2 FMA, exact: integers of at most 8 significant bits).
+template <int kShift, typename T>
+__device__ __forceinline__ uint32_t byte_pair(uint32_t word) {
+  uint32_t r;
+  if constexpr (!Act<T>::kBf16) {
+    asm("prmt.b32 %0, %1, %2, %3;\n"
+        : "=r"(r) : "r"(word), "r"(0x64646464u), "n"(kShift ? 0x4341 : 0x4240));
+  } else {
+    const uint32_t v = kShift == 0 ? word : word >> kShift;
+    uint32_t lo, y;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(lo) : "r"(v), "n"(0x007F007F), "n"(0x43004300));
+    asm("lop3.b32 %0, %1, %2, %3, 0x6a;\n" : "=r"(y) : "r"(v), "n"(0x00800080), "n"(0x43804380));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(y), "r"(0xBF80BF80u), "r"(lo));  // lo - y
+  }
+  return r;
+}
+
+// The packed form of an 8-bit pair: (kByteBias + q) + -(kByteBias + z) = q - z, exact in T
+// (|q - z| < 256), times the scale rounded once: the float form's value for scales of T.
+template <int kShift, typename T>
+__device__ __forceinline__ uint32_t dequant_byte_pair_packed(uint32_t word, uint32_t zb,
+                                                             uint32_t sb) {
+  using T2 = typename Act<T>::T2;
+  uint32_t t = byte_pair<kShift, T>(word);
+  T2 v = __hmul2(__hadd2(*reinterpret_cast<T2*>(&t), *reinterpret_cast<T2*>(&zb)),
+                 *reinterpret_cast<T2*>(&sb));
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
 // One launch's operands. K splits (``splits`` > 1): CTA z covers K [z * k_per_split, ..) and
 // writes float32 partials [splits, M, N]; the last CTA of a tile (a ticket in ``counters``,
 // zeroed again after) adds them in split order and writes the output.
@@ -258,10 +332,14 @@ struct Problem {
   int m, k, n, group, stride_xm, stride_om, splits, k_per_split;
 };
 
-// The scale s and c = -(16 + z) s of (row, value) pairs from a buffer's group of scales and
+// The float forms' bias: 16 + q (4-bit, with_16) or 256 + q (8-bit, with_256).
+template <int kBits>
+constexpr float kFloatBias = kBits == 4 ? 16.0f : 256.0f;
+
+// The scale s and c = -(bias + z) s of (row, value) pairs from a buffer's group of scales and
 // zeros (``sz``: 256 scales, then 256 zeros, the tile's columns): rows r0 / r0 + 8 of the
 // layout block, values v0 / v0 + 1 (tile columns lcol0 + 64 v + r).
-template <typename S>
+template <int kBits, typename S>
 __device__ __forceinline__ void load_sz(const unsigned char* sz, int lcol0, float (&s)[4],
                                         float (&c)[4]) {
   const S* scales = reinterpret_cast<const S*>(sz);
@@ -270,7 +348,7 @@ __device__ __forceinline__ void load_sz(const unsigned char* sz, int lcol0, floa
   for (int i = 0; i < 4; ++i) {
     const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;
     s[i] = to_float(scales[col]);
-    c[i] = -(to_float(zeros[col]) + 16.0f) * s[i];
+    c[i] = -(to_float(zeros[col]) + kFloatBias<kBits>) * s[i];
   }
 }
 
@@ -288,8 +366,12 @@ __device__ __forceinline__ __half to_act<__half, __half>(__half v) {
   return v;
 }
 
-// load_sz's packed form: the scale (rounded to T) and -(2^e + z), each in both halves.
-template <typename T, typename S>
+// The packed forms' bias: 2^e + q (4-bit, kBiasValue) or kByteBias + q (8-bit, byte_pair).
+template <int kBits, typename T>
+constexpr float kPackedBias = kBits == 4 ? Act<T>::kBiasValue : Act<T>::kByteBias;
+
+// load_sz's packed form: the scale (rounded to T) and -(bias + z), each in both halves.
+template <int kBits, typename T, typename S>
 __device__ __forceinline__ void load_sz_packed(const unsigned char* sz, int lcol0,
                                                uint32_t (&s)[4], uint32_t (&z)[4]) {
   const S* scales = reinterpret_cast<const S*>(sz);
@@ -299,7 +381,7 @@ __device__ __forceinline__ void load_sz_packed(const unsigned char* sz, int lcol
     const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;
     typename Act<T>::T2 sv = Act<T>::both(to_act<T>(scales[col]));
     typename Act<T>::T2 zv =
-        Act<T>::both(Act<T>::round(-(to_float(zeros[col]) + Act<T>::kBiasValue)));
+        Act<T>::both(Act<T>::round(-(to_float(zeros[col]) + kPackedBias<kBits, T>)));
     s[i] = *reinterpret_cast<uint32_t*>(&sv);
     z[i] = *reinterpret_cast<uint32_t*>(&zv);
   }
@@ -355,18 +437,24 @@ __device__ __forceinline__ void reduce_tile(float (&sum)[64], const float* parti
 }
 
 // A consumer warpgroup's loop: warp w (of its 4) holds rows r0 = 16 w + lane / 4 and r0 + 8
-// of the block and A fragment columns kq, kq + 1 and kq + 8, kq + 9 of each K16; values
-// kShift / 4 and kShift / 4 + 1 (output columns col0 + r and col0 + 64 + r).
+// of its block and A fragment columns kq, kq + 1 and kq + 8, kq + 9 of each K16; its two values
+// are output columns col0 + r and col0 + 64 + r. Warpgroup kWg: 4-bit, values 2 kWg and
+// 2 kWg + 1 of the CTA's block (bits kShift = 8 kWg .. kShift + 7 of each int16); 8-bit,
+// both values of the CTA's block kWg (its packed rows kRows kWg on).
 // kInFlight: MMA groups left in flight while the next K16 dequantizes (1: two A register sets;
 // 2: four, so a warpgroup's dequantization does not wait on its MMA of two K16s before).
-template <int kShift, bool kBf16Math, int kInFlight, typename T, typename S>
+template <int kBits, int kWg, bool kBf16Math, int kInFlight, typename T, typename S>
 __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full0,
                                         uint32_t empty0, const Problem<T, S>& pb, int k_begin,
                                         int steps, int t, int m0, int warp, int lane,
                                         int* last) {
+  constexpr int kShift = kBits == 4 ? 8 * kWg : 0;  // the first value's bits in an int16
+  constexpr int kValueBits = kBits == 4 ? 4 : 8;     // the second value's, kValueBits on
+  // Where the warpgroup's packed rows start in a buffer's: 128-byte rows.
+  constexpr int kRowBase = kBits == 4 ? 0 : kWg * kRows * 128;
   const int r0 = 16 * (warp & 3) + (lane >> 2);
   const int kq = (lane & 3) * 2;
-  const int lcol0 = (kShift / 4) * kRows + r0;  // in the tile's 256 columns
+  const int lcol0 = 2 * kWg * kRows + r0;  // in the tile's 256 columns
   const int col0 = t * kRows * 4 + lcol0;
   // Byte offsets of this thread's words in a buffer's packed rows: 16-byte piece c of row r0
   // (piece c ^ (r0 % 8); row r0 + 8 swizzles alike, 1024 bytes on), kq's int16 in it.
@@ -385,16 +473,17 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   static_assert(kInFlight == 1 || kInFlight == 2, "one or two MMA groups in flight");
   uint32_t a[kSets][2][4];  // [K16 % kSets][value][register]
   const uint32_t sixteen = 0x41800000u;  // 16.0f
+  const uint32_t two_56 = 0x43800000u;   // 256.0f
   for (int i = 0; i < steps; ++i) {
     const int st = i % kStages;
     mbar_wait(full0 + 8 * st, (i / kStages) & 1);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    const uint32_t xs = smem_u32(smem) + st * kStageBytes;
-    const unsigned char* ps = smem + st * kStageBytes + kXBytes;
+    const uint32_t xs = smem_u32(smem) + st * kStageBytes<kBits>;
+    const unsigned char* ps = smem + st * kStageBytes<kBits> + kXBytes;
     if constexpr (kBf16Math) {
-      load_sz_packed<T, S>(ps + kPBytes, lcol0, sb_cur, zb_cur);
+      load_sz_packed<kBits, T, S>(ps + kPBytes<kBits>, lcol0, sb_cur, zb_cur);
     } else {
-      load_sz<S>(ps + kPBytes, lcol0, s_cur, c_cur);
+      load_sz<kBits, S>(ps + kPBytes<kBits>, lcol0, s_cur, c_cur);
     }
 #pragma unroll
     for (int kk = 0; kk < kStepK / 16; ++kk) {
@@ -403,16 +492,24 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
       for (int q = 0; q < 4; ++q) {  // a0: (r0, kq), a1: (r0 + 8, kq), a2: (r0, kq + 8), a3
         // Row r0 + 8 (q & 1), K16 column kq + 8 (q >> 1): piece 2 kk + (q >> 1).
         const uint32_t word = *reinterpret_cast<const uint32_t*>(
-            ps + off[2 * kk + (q >> 1)] + (q & 1) * 1024);
+            ps + kRowBase + off[2 * kk + (q >> 1)] + (q & 1) * 1024);
         const int i_row = q & 1;  // s / c index: (row, value) = i_row + 2 value
-        if constexpr (kBf16Math) {
+        if constexpr (kBits == 8 && kBf16Math) {
+          ak[0][q] = dequant_byte_pair_packed<0, T>(word, zb_cur[i_row], sb_cur[i_row]);
+          ak[1][q] = dequant_byte_pair_packed<8, T>(word, zb_cur[2 + i_row],
+                                                    sb_cur[2 + i_row]);
+        } else if constexpr (kBits == 8) {
+          ak[0][q] = dequant_byte_pair<0, T>(word, c_cur[i_row], s_cur[i_row], two_56);
+          ak[1][q] = dequant_byte_pair<8, T>(word, c_cur[2 + i_row], s_cur[2 + i_row],
+                                             two_56);
+        } else if constexpr (kBf16Math) {
           ak[0][q] = dequant_pair_packed<kShift, T>(word, zb_cur[i_row], sb_cur[i_row]);
-          ak[1][q] = dequant_pair_packed<kShift + 4, T>(word, zb_cur[2 + i_row],
-                                                        sb_cur[2 + i_row]);
+          ak[1][q] = dequant_pair_packed<kShift + kValueBits, T>(word, zb_cur[2 + i_row],
+                                                                 sb_cur[2 + i_row]);
         } else {
           ak[0][q] = dequant_pair<kShift, T>(word, c_cur[i_row], s_cur[i_row], sixteen);
-          ak[1][q] = dequant_pair<kShift + 4, T>(word, c_cur[2 + i_row], s_cur[2 + i_row],
-                                                 sixteen);
+          ak[1][q] = dequant_pair<kShift + kValueBits, T>(word, c_cur[2 + i_row],
+                                                          s_cur[2 + i_row], sixteen);
         }
       }
       wgmma_fence();
@@ -458,7 +555,7 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   if (warp == 4 && lane == 0) pb.counters[tile] = 0;  // zeroed for the next call (graphs)
 }
 
-template <bool kBf16Math, int kInFlight, typename T, typename S>
+template <int kBits, bool kBf16Math, int kInFlight, typename T, typename S>
 __device__ __forceinline__ void swapab_wgmma_body(const Problem<T, S>& pb) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ int last;  // K splits: whether this CTA finishes its tile (both warpgroups read it)
@@ -466,14 +563,14 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<T, S>& pb) {
   // (An offset into the shared array, not integer arithmetic on its address, so the compiler
   // keeps knowing the loads through it are shared-memory loads.)
   unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes<kBits>);
   const uint32_t ring = smem_u32(smem);
   const uint32_t full0 = smem_u32(bars);
   const uint32_t empty0 = smem_u32(bars + kStages);
 
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  const int t = blockIdx.x;             // 64-row block of the layout
+  const int t = blockIdx.x;             // 256 output columns: kPackedRows rows of the layout
   const int m0 = blockIdx.y * kBatch;   // first batch row
   const int k_begin = blockIdx.z * pb.k_per_split;
   const int k_end = min(pb.k, k_begin + pb.k_per_split);
@@ -491,8 +588,8 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<T, S>& pb) {
   if (warp < 4) {  // the producer warpgroup: its registers to the consumers
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
     // Thread p copies piece pj = p % 8 of rows pr + 16 u (pr = p / 8) of the activations (u <
-    // 8) and of the packed rows (u < 4): every row's piece j lands at j ^ (pr % 8), 2048 bytes
-    // a u apart. Addresses are set up once; a step adds its K offset. (One warp computing
+    // 8) and of the packed rows (u < kPackedRows / 16: 4, or 8 at 8 bits): every row's piece j
+    // lands at j ^ (pr % 8), 2048 bytes a u apart. Addresses are set up once; a step adds its K offset. (One warp computing
     // every copy's address, session 54's first form, took ~4x the MMAs' time a step.)
     const int p = threadIdx.x;
     const int pr = p >> 3, pj = p & 7;
@@ -504,14 +601,15 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<T, S>& pb) {
     const T* x_last =
         pb.x + static_cast<size_t>(pb.m - 1) * pb.stride_xm + k_begin + pj * 8;
     const size_t x_step = static_cast<size_t>(16) * pb.stride_xm;
-    const int16_t* q_src = pb.qw + static_cast<size_t>(t * kRows + pr) * pb.k + k_begin + pj * 8;
+    const int16_t* q_src =
+        pb.qw + static_cast<size_t>(t * kPackedRows<kBits> + pr) * pb.k + k_begin + pj * 8;
     const size_t q_step = static_cast<size_t>(16) * pb.k;
     // Threads 0-31 copy the step's group of scales (32 pieces of the tile's 256), 32-63 zeros.
     const S* sz_src = (p < 32 ? pb.scales : pb.zeros) + t * kRows * 4 + (p & 31) * 8;
     for (int i = 0; i < steps; ++i) {
       const int st = i % kStages;
       if (i >= kStages) mbar_wait_or_trap(empty0 + 8 * st, ((i / kStages) - 1) & 1);
-      const uint32_t xs = ring + st * kStageBytes;
+      const uint32_t xs = ring + st * kStageBytes<kBits>;
       const int koff = i * kStepK;
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
@@ -519,12 +617,12 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<T, S>& pb) {
         cp_async16(xs + dst + u * 2048, (in ? x_src + u * x_step : x_last) + koff, in ? 16 : 0);
       }
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
+      for (int u = 0; u < kPackedRows<kBits> / 16; ++u) {
         cp_async16(xs + kXBytes + dst + u * 2048, q_src + u * q_step + koff, 16);
       }
       if (p < 64) {
         const int g = (k_begin + koff) / pb.group;
-        cp_async16(xs + kXBytes + kPBytes + (p >> 5) * kSBytes + (p & 31) * 16,
+        cp_async16(xs + kXBytes + kPBytes<kBits> + (p >> 5) * kSBytes + (p & 31) * 16,
                    sz_src + static_cast<size_t>(g) * pb.n, 16);
       }
       mbar_arrive_copies(full0 + 8 * st);
@@ -535,41 +633,47 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<T, S>& pb) {
     return;
   }
 
-  // Consumers: warpgroup g takes values 2g and 2g + 1 (bits 8g .. 8g + 7 of each int16).
+  // Consumers: warpgroup g takes output columns t * 256 + 128 g + [0, 128) (4-bit: values 2g
+  // and 2g + 1, bits 8g .. 8g + 7 of each int16; 8-bit: block 2t + g).
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(kConsumerRegs));
   if (warp < 8) {
-    consume<0, kBf16Math, kInFlight, T, S>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
+    consume<kBits, 0, kBf16Math, kInFlight, T, S>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
   } else {
-    consume<8, kBf16Math, kInFlight, T, S>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
+    consume<kBits, 1, kBf16Math, kInFlight, T, S>(smem, full0, empty0, pb, k_begin, steps, t, m0, warp, lane, &last);
   }
 }
 
 }  // namespace
 
-// Grid (N / 256 layout blocks, ceil(M / 128), K splits), 384 threads, dynamic shared memory
-// kStages * 25 KB + 1024 (alignment) + the barriers; x, qw, scales and zeros 16-byte aligned.
-// K, the group and k_per_split multiples of 64; with splits > 1, ``partial`` float32 [splits,
-// M, N] and ``counters`` one zeroed int per (x, y) tile, or null: the partials only, for a
-// second launch to sum. T: the activations' and the output's type; S: the scales' and zeros'.
-#define SWAPAB_WGMMA_ENTRY(NAME, T, S, BF16_MATH, IN_FLIGHT)                                 \
+// Grid (N / 256 output columns, ceil(M / 128), K splits), 384 threads, dynamic shared memory
+// kStages * 25 KB (8-bit: 33 KB) + 1024 (alignment) + the barriers; x, qw, scales and zeros
+// 16-byte aligned. K, the group and k_per_split multiples of 64; with splits > 1, ``partial``
+// float32 [splits, M, N] and ``counters`` one zeroed int per (x, y) tile, or null: the
+// partials only, for a second launch to sum. T: the activations' and the output's type; S: the
+// scales' and zeros'.
+#define SWAPAB_WGMMA_ENTRY(NAME, BITS, T, S, BF16_MATH, IN_FLIGHT)                           \
   extern "C" __global__ void __launch_bounds__(kThreads, 1)                                 \
   NAME(const T* x, const int16_t* qw, const S* scales, const S* zeros, T* out,             \
        float* partial, int* counters, int m, int k, int n, int group, int stride_xm,        \
        int stride_om, int splits, int k_per_split) {                                         \
     const Problem<T, S> pb{x,     qw, scales, zeros,     out,       partial,   counters, m,  \
                            k,     n,  group,  stride_xm, stride_om, splits,    k_per_split};  \
-    swapab_wgmma_body<BF16_MATH, IN_FLIGHT>(pb);                                             \
+    swapab_wgmma_body<BITS, BF16_MATH, IN_FLIGHT>(pb);                                       \
   }
 
-// Every form of one (activations, scales) pair: float or packed (PACKED: the name's suffix)
-// dequantization, one or two MMA groups in flight ("_deep").
-#define SWAPAB_WGMMA_FORMS(PREFIX, PACKED, T, S)           \
-  SWAPAB_WGMMA_ENTRY(PREFIX, T, S, false, 1)               \
-  SWAPAB_WGMMA_ENTRY(PREFIX##PACKED, T, S, true, 1)        \
-  SWAPAB_WGMMA_ENTRY(PREFIX##_deep, T, S, false, 2)        \
-  SWAPAB_WGMMA_ENTRY(PREFIX##PACKED##_deep, T, S, true, 2)
+// Every form of one (bits, activations, scales) triple: float or packed (PACKED: the name's
+// suffix) dequantization, one or two MMA groups in flight ("_deep").
+#define SWAPAB_WGMMA_FORMS(PREFIX, PACKED, BITS, T, S)           \
+  SWAPAB_WGMMA_ENTRY(PREFIX, BITS, T, S, false, 1)               \
+  SWAPAB_WGMMA_ENTRY(PREFIX##PACKED, BITS, T, S, true, 1)        \
+  SWAPAB_WGMMA_ENTRY(PREFIX##_deep, BITS, T, S, false, 2)        \
+  SWAPAB_WGMMA_ENTRY(PREFIX##PACKED##_deep, BITS, T, S, true, 2)
 
-SWAPAB_WGMMA_FORMS(swapab_wgmma_bf16_scales, _bf16_math, __nv_bfloat16, __nv_bfloat16)
-SWAPAB_WGMMA_FORMS(swapab_wgmma_f16_scales, _bf16_math, __nv_bfloat16, __half)
+SWAPAB_WGMMA_FORMS(swapab_wgmma_bf16_scales, _bf16_math, 4, __nv_bfloat16, __nv_bfloat16)
+SWAPAB_WGMMA_FORMS(swapab_wgmma_f16_scales, _bf16_math, 4, __nv_bfloat16, __half)
 // fp16 activations (float16 checkpoints: AutoAWQ's and AutoGPTQ's), with fp16 scales.
-SWAPAB_WGMMA_FORMS(swapab_wgmma_f16_act, _half_math, __half, __half)
+SWAPAB_WGMMA_FORMS(swapab_wgmma_f16_act, _half_math, 4, __half, __half)
+// 8-bit weights (GPTQ 8-bit, compressed-tensors W8A16), the same forms.
+SWAPAB_WGMMA_FORMS(swapab_wgmma8_bf16_scales, _bf16_math, 8, __nv_bfloat16, __nv_bfloat16)
+SWAPAB_WGMMA_FORMS(swapab_wgmma8_f16_scales, _bf16_math, 8, __nv_bfloat16, __half)
+SWAPAB_WGMMA_FORMS(swapab_wgmma8_f16_act, _half_math, 8, __half, __half)
