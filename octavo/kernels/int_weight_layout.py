@@ -87,8 +87,10 @@ SWAPAB_BITS = 4  # the bits the size rule sends to the swap-AB layout (OCTAVO_IN
 SWAPAB_MAX_M = 128  # larger batches dequantize into a temporary and use cuBLAS
 # ... unless at most LARGE_MAX_M rows: the large-batch GEMMs with the dequantization in their
 # loop, on Hopper: swapab_wgmma (CUDA, OCTAVO_INT_LARGE_CUDA, from LARGE_MIN_M rows on the
-# layers ``swapab_wgmma.worth`` takes; measured in the engine, H100, session 57), else
-# swapab_large (Triton, on the layers whose tiles fill the SMs; session 55).
+# layers ``swapab_wgmma.worth`` takes; measured in the engine, H100, session 57; 8-bit layers
+# since session 64, OCTAVO_INT_LARGE_CUDA_8BIT: at 48 / 64 rows it ties the 8-bit swap-AB
+# GEMMs, one Llama-8B layer 153.9 / 156.3 against 154.1 / 157.3 us), else swapab_large
+# (Triton, on the layers whose tiles fill the SMs; session 55).
 # The fewest rows the CUDA large-batch kernel takes (OCTAVO_INT_LARGE_MIN_M). Its time hardly
 # depends on the rows under its 128-row tile; the swap-AB GEMM's grows with its 32-row tiles.
 # One Llama-8B layer's four GEMMs on an H100 (session 57, call 2; us, swap-AB / this kernel

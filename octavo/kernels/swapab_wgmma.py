@@ -41,7 +41,12 @@ step (33 KB stages), and warpgroup g dequantizes both bytes of block 2t + g: in 
 ``fma(256 + q, s, -(256 + z) s)`` (0x43800000 | q << 15 is the float 256 + q), or packed,
 ``(bias + q) + -(bias + z)`` exact in the activations' dtype (fp16: one PRMT gives 1024 + q;
 bf16: two LOP3 and one bf16x2 FMA give q - 128, as ``swapab_mma``'s decode kernel does) times
-the scale, rounded once.
+the scale, rounded once. Measured (H100, session 64, ``benchmarks/large_int_gemm.py --bits 8``,
+one Llama-8B layer's four GEMMs, us, the engine's 8-bit paths until then / this kernel in
+bf16x2 with two groups in flight / bf16): 48 rows 154.1 / 153.9 / 184.8, 64 157.3 / 156.3 /
+166.6, 128 239.4 / 169.1 / 173.8, 256 397.3 / 278.0 / 200.9; in the engine W8A16 batch 128
+10.739 -> 8.938 ms (0.92x bf16), 256 17.243 -> 14.483 (0.77x), W2 6,915 -> 7,651 tok/s
+(0.90x). On by default from 65 rows for 8-bit layers too (``OCTAVO_INT_LARGE_CUDA_8BIT``).
 """
 
 from __future__ import annotations

@@ -605,6 +605,18 @@ def test_the_launch_sum_gives_the_last_cta_s_bits_gpu(k, n, m, monkeypatch):
         lambda x: (x.float() @ w), x)
 
 
+def test_the_8_bit_switch_is_on_by_default(monkeypatch):
+    monkeypatch.delenv("OCTAVO_INT_LARGE_CUDA_8BIT", raising=False)
+    assert envs.int_large_cuda_8bit()
+    monkeypatch.setenv("OCTAVO_INT_LARGE_CUDA_8BIT", "0")
+    assert not envs.int_large_cuda_8bit()
+    with pytest.raises(ValueError, match="swapab_wgmma cannot run 3-bit"):
+        swapab_wgmma.swapab_wgmma(torch.zeros(2, 64, dtype=torch.bfloat16),
+                                  torch.zeros(64, 64, dtype=torch.int16),
+                                  torch.ones(1, 256, dtype=torch.bfloat16),
+                                  torch.zeros(1, 256, dtype=torch.bfloat16), 64, 3)
+
+
 def test_split_sum_names_are_checked(monkeypatch):
     monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", "atomic")
     with pytest.raises(ValueError, match="OCTAVO_INT_LARGE_SPLIT_SUM"):
@@ -813,8 +825,9 @@ def test_fp16_activations_8_bit_gpu(deep):
 @needs_gpu
 @pytest.mark.gpu
 def test_8_bit_routing_waits_for_its_switch_gpu(monkeypatch):
-    """OCTAVO_INT_LARGE_CUDA_8BIT: 8-bit swap-AB batches of LARGE_MIN_M to LARGE_MAX_M rows
-    take the kernel only where it is on (and ``worth`` says so), with the engine's output."""
+    """OCTAVO_INT_LARGE_CUDA_8BIT (default on): 8-bit swap-AB batches of LARGE_MIN_M to
+    LARGE_MAX_M rows take the kernel only where it is on (and ``worth`` says so), with the
+    engine's output."""
     from octavo.kernels import int_weight_layout
     from tests.quantization.gemm_checks import record_rows
 
@@ -827,7 +840,7 @@ def test_8_bit_routing_waits_for_its_switch_gpu(monkeypatch):
     x = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)
     off = int_weight_layout.linear(x, packed, scales, zeros, 128, 8, int_weight_layout.SWAPAB)
     assert calls == []
-    monkeypatch.setenv("OCTAVO_INT_LARGE_CUDA_8BIT", "1")
+    monkeypatch.delenv("OCTAVO_INT_LARGE_CUDA_8BIT")
     for m in (64, 65, 200, 300):
         xm = x if m == 200 else torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         got = int_weight_layout.linear(xm, packed, scales, zeros, 128, 8,
