@@ -379,16 +379,14 @@ def test_the_emulated_formulas_are_the_source_s():
         "constexpr float kFloatBias = kBits == 4 ? 16.0f : 256.0f;",
         "constexpr float kPackedBias = kBits == 4 ? Act<T>::kBiasValue : Act<T>::kByteBias;",
         "static constexpr float kByteBias = -128.0f;", "static constexpr float kByteBias = 1024.0f;",
-        'asm("lop3.b32 %0, %1, 0x007F8000, %2, 0xea;\\n" : "=r"(out) : "r"(moved), "r"(two_56));',
-        "const uint32_t two_56 = 0x43800000u;   // 256.0f",
-        "const float lo = with_256(byte_at_15<kShift>(word), two_56);",
-        "const float hi = with_256(byte_at_15<16 + kShift>(word), two_56);",
-        "return word << (15 - kFrom);", "return word >> (kFrom - 15);",
-        "ak[0][q] = dequant_byte_pair<0, T>(word, c_cur[i_row], s_cur[i_row], two_56);",
-        "ak[1][q] = dequant_byte_pair<8, T>(word, c_cur[2 + i_row], s_cur[2 + i_row],",
-        "ak[0][q] = dequant_byte_pair_packed<0, T>(word, zb_cur[i_row], sb_cur[i_row]);",
-        "ak[1][q] = dequant_byte_pair_packed<8, T>(word, zb_cur[2 + i_row],",
-        "uint32_t t = byte_pair<kShift, T>(word);",
+        "constexpr int kTo = 23 - kBits;",
+        "return word << (kTo - kFrom);", "return word >> (kFrom - kTo);",
+        "uint32_t t = packed_values<kBits, kShift, T>(word);",
+        'asm("prmt.b32 %0, %1, %2, %3;\\n"',
+        ': "=r"(r) : "r"(word), "r"(0x64646464u), "n"(kShift ? 0x4341 : 0x4240));',
+        'asm("lop3.b32 %0, %1, %2, %3, 0xea;\\n" : "=r"(lo) : "r"(v), "n"(0x007F007F), "n"(0x43004300));',
+        'asm("lop3.b32 %0, %1, %2, %3, 0x6a;\\n" : "=r"(y) : "r"(v), "n"(0x00800080), "n"(0x43804380));',
+        'asm("fma.rn.bf16x2 %0, %1, %2, %3;\\n" : "=r"(r) : "r"(y), "r"(0xBF80BF80u), "r"(lo));',
         "const S* sz_src = (p < 32 ? pb.scales : pb.zeros) + t * kRows * 4 + (p & 31) * 8;",
         "cp_async16(xs + kXBytes + kPBytes<kBits> + (p >> 5) * kSBytes + (p & 31) * 16,",
         "sz_src + static_cast<size_t>(g) * pb.n, 16);",
@@ -403,18 +401,19 @@ def test_the_emulated_formulas_are_the_source_s():
         "const int col0 = t * kRows * 4 + lcol0;",
         "for (int c = 0; c < 8; ++c) off[c] = r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2;",
         "ps + kRowBase + off[2 * kk + (q >> 1)] + (q & 1) * 1024);",
-        "ak[0][q] = dequant_pair<kShift, T>(word, c_cur[i_row], s_cur[i_row], sixteen);",
-        "ak[1][q] = dequant_pair<kShift + kValueBits, T>(word, c_cur[2 + i_row],",
-        "const float lo = with_16(nibble_at_19<kShift>(word), sixteen);",
-        "const float hi = with_16(nibble_at_19<16 + kShift>(word), sixteen);",
-        'asm("lop3.b32 %0, %1, 0x00780000, %2, 0xea;\\n" : "=r"(out) : "r"(moved), "r"(sixteen));',
-        "const uint32_t sixteen = 0x41800000u;  // 16.0f",
+        "ak[0][q] = dequant_pair<kBits, kShift, T>(word, c_cur[i_row], s_cur[i_row], bias);",
+        "ak[1][q] = dequant_pair<kBits, kShift + kValueBits, T>(word, c_cur[2 + i_row],",
+        "const float lo = with_bias<kBits>(value_at<kBits, kShift>(word), bias);",
+        "const float hi = with_bias<kBits>(value_at<kBits, 16 + kShift>(word), bias);",
+        'asm("lop3.b32 %0, %1, %2, %3, 0xea;\\n" : "=r"(out) : "r"(moved), "n"(kMask), "r"(bias));',
+        "constexpr uint32_t kMask = ((1u << kBits) - 1) << (23 - kBits);  // 0x00780000, 0x007F8000",
+        "const uint32_t bias = kBits == 4 ? 0x41800000u : 0x43800000u;  // 2^kBits as a float",
         "typename Act<T>::T2 w = Act<T>::pair(fmaf(lo, s, c), fmaf(hi, s, c));",
         "return __floats2bfloat162_rn(lo, hi);", "return __floats2half2_rn(lo, hi);",
         "c[i] = -(to_float(zeros[col]) + kFloatBias<kBits>) * s[i];",
         "const uint64_t desc = smem_desc(xs + kk * 32);",
         "const uint32_t moved = kShift == 0 ? word : word >> kShift;",
-        'asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\\n" : "=r"(t) : "r"(moved), "r"(Act<T>::kBias));',
+        'asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\\n" : "=r"(r) : "r"(moved), "r"(Act<T>::kBias));',
         "T2 v = __hmul2(__hadd2(*reinterpret_cast<T2*>(&t), *reinterpret_cast<T2*>(&zb)),",
         "static constexpr uint32_t kBias = 0x43004300u;",
         "static constexpr float kBiasValue = 128.0f;",
@@ -422,8 +421,9 @@ def test_the_emulated_formulas_are_the_source_s():
         "static constexpr float kBiasValue = 1024.0f;",
         "typename Act<T>::T2 sv = Act<T>::both(to_act<T>(scales[col]));",
         "Act<T>::both(Act<T>::round(-(to_float(zeros[col]) + kPackedBias<kBits, T>)));",
-        "ak[0][q] = dequant_pair_packed<kShift, T>(word, zb_cur[i_row], sb_cur[i_row]);",
-        "ak[1][q] = dequant_pair_packed<kShift + kValueBits, T>(word, zb_cur[2 + i_row],",
+        "ak[0][q] = dequant_pair_packed<kBits, kShift, T>(word, zb_cur[i_row], sb_cur[i_row]);",
+        "ak[1][q] = dequant_pair_packed<kBits, kShift + kValueBits, T>(",
+        "word, zb_cur[2 + i_row], sb_cur[2 + i_row]);",
         "desc |= static_cast<uint64_t>(1024 >> 4) << 32;",
         "desc |= static_cast<uint64_t>(1) << 62;",
         "const int col = lcol0 + (i >> 1) * 64 + (i & 1) * 8;",
@@ -521,20 +521,22 @@ FORMS = pytest.mark.parametrize("bf16_math,deep", [(False, False), (True, False)
 @needs_gpu
 @pytest.mark.gpu
 @FORMS
-def test_one_hot_rows_read_back_the_weight_gpu(bf16_math, deep):
-    """x's row m is one-hot at k = (3 m) % K and q[k, n] = (k + 5 n) % 16 (scale 1, zero 0), so
-    out[m, n] is q[(3 m) % K, n] exactly. A wrong fragment, swizzle or epilogue index shows in
-    the failure message as where the wrong values came from (a value v at (m, n) is some
-    (k, n') with (k + 5 n') % 16 == v)."""
+@pytest.mark.parametrize("bits", [4, 8])
+def test_one_hot_rows_read_back_the_weight_gpu(bf16_math, deep, bits):
+    """x's row m is one-hot at k = (3 m) % K and q[k, n] = (k + 5 n) % 2^bits (scale 1, zero
+    0), so out[m, n] is q[(3 m) % K, n] exactly. A wrong fragment, swizzle, epilogue index or
+    (8-bit) block, byte or row base shows in the failure message as where the wrong values
+    came from (a value v at (m, n) is some (k, n') with (k + 5 n') % 2^bits == v)."""
     k, n, m = 256, 512, 200
     kk = torch.arange(k)[:, None]
-    q = (kk + 5 * torch.arange(n)[None, :]) % 16
+    q = (kk + 5 * torch.arange(n)[None, :]) % 2**bits
     x = torch.zeros(m, k, dtype=torch.bfloat16)
     x[torch.arange(m), (3 * torch.arange(m)) % k] = 1
     scales = torch.ones(k // 64, n, dtype=torch.bfloat16)
     zeros = torch.zeros(k // 64, n, dtype=torch.bfloat16)
-    got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 4).cuda(), scales.cuda(),
-                                    zeros.cuda(), 64, 4, bf16_math=bf16_math, deep=deep).float().cpu()
+    got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, bits).cuda(), scales.cuda(),
+                                    zeros.cuda(), 64, bits, bf16_math=bf16_math,
+                                    deep=deep).float().cpu()
     want = q[(3 * torch.arange(m)) % k].float()
     bad = (got != want).nonzero()
     assert len(bad) == 0, (f"{len(bad)} of {got.numel()} wrong; first (m, n, got, want): "
@@ -728,29 +730,6 @@ def test_fp16_routing_waits_for_its_switch_gpu(monkeypatch):
 
 
 # --- 8-bit weights on the GPU (session 64): the same checks on the 8-bit form --------------
-
-@needs_gpu
-@pytest.mark.gpu
-@FORMS
-def test_one_hot_rows_read_back_8_bit_weights_gpu(bf16_math, deep):
-    """As the 4-bit one-hot test, with q[k, n] = (k + 5 n) % 256: every byte value, in both
-    bytes of an int16 and both 64-row blocks of a CTA; a wrong block, byte or row base shows
-    as where the wrong values came from."""
-    k, n, m = 256, 512, 200
-    q = (torch.arange(k)[:, None] + 5 * torch.arange(n)[None, :]) % 256
-    x = torch.zeros(m, k, dtype=torch.bfloat16)
-    x[torch.arange(m), (3 * torch.arange(m)) % k] = 1
-    scales = torch.ones(k // 64, n, dtype=torch.bfloat16)
-    zeros = torch.zeros(k // 64, n, dtype=torch.bfloat16)
-    got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 8).cuda(), scales.cuda(),
-                                    zeros.cuda(), 64, 8, bf16_math=bf16_math,
-                                    deep=deep).float().cpu()
-    want = q[(3 * torch.arange(m)) % k].float()
-    bad = (got != want).nonzero()
-    assert len(bad) == 0, (f"{len(bad)} of {got.numel()} wrong; first (m, n, got, want): "
-                           + str([(int(a), int(b), float(got[a, b]), float(want[a, b]))
-                                  for a, b in bad[:12]]))
-
 
 @needs_gpu
 @pytest.mark.gpu

@@ -204,95 +204,59 @@ __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
 template <>
 __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
 
-// The 4 bits at bits kFrom .. kFrom + 3 of a word moved to bits 19 .. 22 (a float's mantissa
-// bits of weight 1 above 16.0).
-// (Unmasked: with_16 masks.)
-template <int kFrom>
-__device__ __forceinline__ uint32_t nibble_at_19(uint32_t word) {
-  if constexpr (kFrom <= 19) {
-    return word << (19 - kFrom);
+// The float form. The kBits bits at bits kFrom .. of a word moved to bits 23 - kBits .. 22 (a
+// float's mantissa bits of weight 1 above 2^kBits: 19 .. 22 for a nibble, 15 .. 22 for a
+// byte). (Unmasked: with_bias masks.)
+template <int kBits, int kFrom>
+__device__ __forceinline__ uint32_t value_at(uint32_t word) {
+  constexpr int kTo = 23 - kBits;
+  if constexpr (kFrom <= kTo) {
+    return word << (kTo - kFrom);
   } else {
-    return word >> (kFrom - 19);
+    return word >> (kFrom - kTo);
   }
 }
 
-// Two weights of the value at bits kShift .. kShift + 3 of each int16 of a 32-bit word (k: low
-// half, k + 1: high half), as (q - z) * s in float32 rounded once to T (bf16 or fp16): the
-// values dequantize_swapab writes. 0x41800000 | q << 19 is the float 16 + q, and c = -(16 + z) s is
-// exact in float32 (6 by 11 significant bits), so fma(16 + q, s, c) is (q - z) s exactly: one
-// FFMA a weight.
-// (moved & 0x00780000) | 16.0f's bits in one LOP3: the compiler splits it in two, the mask and
-// the float both being immediates; here the float's bits come in a register.
-__device__ __forceinline__ float with_16(uint32_t moved, uint32_t sixteen) {
+// (moved & mask) | 2^kBits's float bits in one LOP3: 0x41800000 | q << 19 is the float 16 + q,
+// 0x43800000 | q << 15 the float 256 + q. The compiler splits it in two, the mask and the
+// float both being immediates; here the float's bits come in a register.
+template <int kBits>
+__device__ __forceinline__ float with_bias(uint32_t moved, uint32_t bias) {
+  constexpr uint32_t kMask = ((1u << kBits) - 1) << (23 - kBits);  // 0x00780000, 0x007F8000
   uint32_t out;
-  asm("lop3.b32 %0, %1, 0x00780000, %2, 0xea;\n" : "=r"(out) : "r"(moved), "r"(sixteen));
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(out) : "r"(moved), "n"(kMask), "r"(bias));
   return __uint_as_float(out);
 }
 
-template <int kShift, typename T>
+// Two weights of the value at bits kShift .. kShift + kBits - 1 of each int16 of a 32-bit word
+// (k: low half, k + 1: high half), as (q - z) * s in float32 rounded once to T (bf16 or fp16):
+// the values dequantize_swapab writes. c = -(2^kBits + z) s is exact in float32 (at most 9 by
+// 11 significant bits), so fma(2^kBits + q, s, c) is (q - z) s exactly: one FFMA a weight.
+template <int kBits, int kShift, typename T>
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t word, float c, float s,
-                                                 uint32_t sixteen) {
-  const float lo = with_16(nibble_at_19<kShift>(word), sixteen);
-  const float hi = with_16(nibble_at_19<16 + kShift>(word), sixteen);
+                                                 uint32_t bias) {
+  const float lo = with_bias<kBits>(value_at<kBits, kShift>(word), bias);
+  const float hi = with_bias<kBits>(value_at<kBits, 16 + kShift>(word), bias);
   typename Act<T>::T2 w = Act<T>::pair(fmaf(lo, s, c), fmaf(hi, s, c));
   return *reinterpret_cast<uint32_t*>(&w);
 }
 
-// The packed form (kBf16Math; bf16x2 for bf16 activations, half2 for fp16): two weights of
-// the value at bits kShift .. kShift + 3 of each int16 as one T2 op chain. Bias | (nibbles at
-// bits 0-3 of each half) is T's 2^e + q (Act<T>::kBias: bf16 128 .. 143, fp16 1024 .. 1039,
-// step 1); adding -(2^e + z) is exact (small integers), and the multiply by the scale rounds
-// once: the float form's value wherever the scale is a T (other scales are rounded to T
-// first, as Marlin-class kernels take them). Three or four instructions a pair against seven.
-template <int kShift, typename T>
-__device__ __forceinline__ uint32_t dequant_pair_packed(uint32_t word, uint32_t zb,
-                                                        uint32_t sb) {
-  using T2 = typename Act<T>::T2;
-  const uint32_t moved = kShift == 0 ? word : word >> kShift;
-  uint32_t t;
-  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\n" : "=r"(t) : "r"(moved), "r"(Act<T>::kBias));
-  T2 v = __hmul2(__hadd2(*reinterpret_cast<T2*>(&t), *reinterpret_cast<T2*>(&zb)),
-                 *reinterpret_cast<T2*>(&sb));
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// 8-bit weights. The float form: the byte at bits kFrom .. kFrom + 7 of a word moved to bits
-// 15 .. 22 (a float's mantissa bits of weight 1 above 256.0; unmasked: with_256 masks), and
-// 0x43800000 | q << 15, the float 256 + q. c = -(256 + z) s is exact in float32 (9 by 11
-// significant bits), so fma(256 + q, s, c) is (q - z) s exactly: again one FFMA a weight.
-template <int kFrom>
-__device__ __forceinline__ uint32_t byte_at_15(uint32_t word) {
-  if constexpr (kFrom <= 15) {
-    return word << (15 - kFrom);
-  } else {
-    return word >> (kFrom - 15);
-  }
-}
-
-__device__ __forceinline__ float with_256(uint32_t moved, uint32_t two_56) {
-  uint32_t out;
-  asm("lop3.b32 %0, %1, 0x007F8000, %2, 0xea;\n" : "=r"(out) : "r"(moved), "r"(two_56));
-  return __uint_as_float(out);
-}
-
-template <int kShift, typename T>
-__device__ __forceinline__ uint32_t dequant_byte_pair(uint32_t word, float c, float s,
-                                                      uint32_t two_56) {
-  const float lo = with_256(byte_at_15<kShift>(word), two_56);
-  const float hi = with_256(byte_at_15<16 + kShift>(word), two_56);
-  typename Act<T>::T2 w = Act<T>::pair(fmaf(lo, s, c), fmaf(hi, s, c));
-  return *reinterpret_cast<uint32_t*>(&w);
-}
-
-// Byte kShift / 8 of both int16 halves of a word as a T2 pair kByteBias + q, exact. fp16: one
-// PRMT puts 0x64 above each byte, 0x64qq = 1024 + q (10 fraction bits). bf16 (8 significant
-// bits: no bit pattern alone is 2^e + q for every byte): lo = 0x4300 | (q & 127) = 128 +
-// (q & 127) and y = 0x4380 ^ (q & 128), 256 for q < 128 and 128 for q >= 128 (one LOP3 each),
-// then lo - y = q - 128 (one bf16x2 FMA, exact: integers of at most 8 significant bits).
-template <int kShift, typename T>
-__device__ __forceinline__ uint32_t byte_pair(uint32_t word) {
+// The packed form's values: the value at bits kShift .. of both int16 halves of a word as a
+// T2 pair bias + q, exact (kPackedBias below).
+// 4-bit: Bias | (the nibbles at bits 0-3 of each half) is T's 2^e + q (Act<T>::kBias: bf16 128
+// .. 143, fp16 1024 .. 1039, step 1), one LOP3.
+// 8-bit: fp16, one PRMT puts 0x64 above each byte, 0x64qq = 1024 + q (10 fraction bits). bf16
+// (8 significant bits: no bit pattern alone is 2^e + q for every byte): lo = 0x4300 | (q & 127)
+// = 128 + (q & 127) and y = 0x4380 ^ (q & 128), 256 for q < 128 and 128 for q >= 128 (one LOP3
+// each), then lo - y = q - 128 (one bf16x2 FMA, exact: integers of at most 8 significant
+// bits).
+template <int kBits, int kShift, typename T>
+__device__ __forceinline__ uint32_t packed_values(uint32_t word) {
   uint32_t r;
-  if constexpr (!Act<T>::kBf16) {
+  if constexpr (kBits == 4) {
+    const uint32_t moved = kShift == 0 ? word : word >> kShift;
+    asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xea;\n" : "=r"(r) : "r"(moved), "r"(Act<T>::kBias));
+  } else if constexpr (!Act<T>::kBf16) {
     asm("prmt.b32 %0, %1, %2, %3;\n"
         : "=r"(r) : "r"(word), "r"(0x64646464u), "n"(kShift ? 0x4341 : 0x4240));
   } else {
@@ -305,13 +269,16 @@ __device__ __forceinline__ uint32_t byte_pair(uint32_t word) {
   return r;
 }
 
-// The packed form of an 8-bit pair: (kByteBias + q) + -(kByteBias + z) = q - z, exact in T
-// (|q - z| < 256), times the scale rounded once: the float form's value for scales of T.
-template <int kShift, typename T>
-__device__ __forceinline__ uint32_t dequant_byte_pair_packed(uint32_t word, uint32_t zb,
-                                                             uint32_t sb) {
+// The packed form (kBf16Math; bf16x2 for bf16 activations, half2 for fp16): two weights as one
+// T2 op chain. (bias + q) + -(bias + z) = q - z is exact in T (|q - z| <= 256), and the
+// multiply by the scale rounds once: the float form's value wherever the scale is a T (other
+// scales are rounded to T first, as Marlin-class kernels take them). 4-bit: three or four
+// instructions a pair against seven.
+template <int kBits, int kShift, typename T>
+__device__ __forceinline__ uint32_t dequant_pair_packed(uint32_t word, uint32_t zb,
+                                                        uint32_t sb) {
   using T2 = typename Act<T>::T2;
-  uint32_t t = byte_pair<kShift, T>(word);
+  uint32_t t = packed_values<kBits, kShift, T>(word);
   T2 v = __hmul2(__hadd2(*reinterpret_cast<T2*>(&t), *reinterpret_cast<T2*>(&zb)),
                  *reinterpret_cast<T2*>(&sb));
   return *reinterpret_cast<uint32_t*>(&v);
@@ -472,8 +439,7 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
   constexpr int kSets = kInFlight == 1 ? 2 : 4;
   static_assert(kInFlight == 1 || kInFlight == 2, "one or two MMA groups in flight");
   uint32_t a[kSets][2][4];  // [K16 % kSets][value][register]
-  const uint32_t sixteen = 0x41800000u;  // 16.0f
-  const uint32_t two_56 = 0x43800000u;   // 256.0f
+  const uint32_t bias = kBits == 4 ? 0x41800000u : 0x43800000u;  // 2^kBits as a float
   for (int i = 0; i < steps; ++i) {
     const int st = i % kStages;
     mbar_wait(full0 + 8 * st, (i / kStages) & 1);
@@ -494,22 +460,14 @@ __device__ __forceinline__ void consume(const unsigned char* smem, uint32_t full
         const uint32_t word = *reinterpret_cast<const uint32_t*>(
             ps + kRowBase + off[2 * kk + (q >> 1)] + (q & 1) * 1024);
         const int i_row = q & 1;  // s / c index: (row, value) = i_row + 2 value
-        if constexpr (kBits == 8 && kBf16Math) {
-          ak[0][q] = dequant_byte_pair_packed<0, T>(word, zb_cur[i_row], sb_cur[i_row]);
-          ak[1][q] = dequant_byte_pair_packed<8, T>(word, zb_cur[2 + i_row],
-                                                    sb_cur[2 + i_row]);
-        } else if constexpr (kBits == 8) {
-          ak[0][q] = dequant_byte_pair<0, T>(word, c_cur[i_row], s_cur[i_row], two_56);
-          ak[1][q] = dequant_byte_pair<8, T>(word, c_cur[2 + i_row], s_cur[2 + i_row],
-                                             two_56);
-        } else if constexpr (kBf16Math) {
-          ak[0][q] = dequant_pair_packed<kShift, T>(word, zb_cur[i_row], sb_cur[i_row]);
-          ak[1][q] = dequant_pair_packed<kShift + kValueBits, T>(word, zb_cur[2 + i_row],
-                                                                 sb_cur[2 + i_row]);
+        if constexpr (kBf16Math) {
+          ak[0][q] = dequant_pair_packed<kBits, kShift, T>(word, zb_cur[i_row], sb_cur[i_row]);
+          ak[1][q] = dequant_pair_packed<kBits, kShift + kValueBits, T>(
+              word, zb_cur[2 + i_row], sb_cur[2 + i_row]);
         } else {
-          ak[0][q] = dequant_pair<kShift, T>(word, c_cur[i_row], s_cur[i_row], sixteen);
-          ak[1][q] = dequant_pair<kShift + kValueBits, T>(word, c_cur[2 + i_row],
-                                                          s_cur[2 + i_row], sixteen);
+          ak[0][q] = dequant_pair<kBits, kShift, T>(word, c_cur[i_row], s_cur[i_row], bias);
+          ak[1][q] = dequant_pair<kBits, kShift + kValueBits, T>(word, c_cur[2 + i_row],
+                                                                 s_cur[2 + i_row], bias);
         }
       }
       wgmma_fence();
