@@ -1,4 +1,6 @@
-"""The warp-specialized CUDA GEMM for large 4-bit batches (octavo/kernels/swapab_wgmma.py).
+"""The warp-specialized CUDA GEMM for large 4- and 8-bit batches (octavo/kernels/swapab_wgmma.py):
+its plan, build and emulation at both widths, its 4-bit GPU checks (8-bit ones:
+test_swapab_wgmma_8bit.py).
 
 On the CPU: the source builds for sm_90a without spills where nvcc is, and an emulation of the
 kernel's index arithmetic (the producer's swizzled copies, the consumers' words and A
@@ -20,29 +22,13 @@ from octavo import envs
 from octavo.kernels import cuda_module, swapab_wgmma
 from octavo.kernels.triton_utils import num_compute_units
 from octavo.kernels.w4a16_swapab import pack_swapab
-
-needs_gpu = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
-    or cuda_module.nvcc_path() is None, reason="needs an sm_90 GPU and nvcc")
-
-
-def _weights(k, n, group, seed=0, dtype=torch.bfloat16, device="cpu", bits=4):
-    """(q [K, N], packed, scales, zeros), made on ``device`` (Llama-sized ones in seconds);
-    zero points to 2^bits (GPTQ's stored zeros plus one reach it)."""
-    g = torch.Generator(device).manual_seed(seed)
-    q = torch.randint(0, 2**bits, (k, n), generator=g, device=device)
-    scales = (torch.rand(k // group, n, generator=g, device=device) * 0.02 + 0.001).to(dtype)
-    zeros = torch.randint(0, 2**bits + 1, (k // group, n), generator=g,
-                          device=device).to(dtype)
-    return q, pack_swapab(q, bits), scales, zeros
-
-
-def _dequant_ref(q, scales, zeros, group, dtype=torch.bfloat16):
-    """[K, N] float32 -> (q - z) * s in float32, rounded once to ``dtype``
-    (dequantize_swapab)."""
-    s = scales.float().repeat_interleave(group, 0)
-    z = zeros.float().repeat_interleave(group, 0)
-    return ((q.float() - z) * s).to(dtype)
+from tests.kernels.swapab_wgmma_emulation import (
+    FORMS,
+    dequant_ref,
+    emulate,
+    needs_gpu,
+    weights,
+)
 
 
 def test_supports_and_plan():
@@ -186,177 +172,6 @@ def test_the_one_ffma_dequantization_is_exact(scale_dtype):
     assert np.array_equal(fused, ((qs - zs) * ss).astype(np.float32))
 
 
-# --- An emulation of the kernel's index arithmetic (cuda/swapab_wgmma.cu), on numpy ---------
-
-ROWS, BATCH, STEP_K = swapab_wgmma.ROWS, swapab_wgmma.BATCH, swapab_wgmma.STEP_K
-X_BYTES = BATCH * STEP_K * 2
-S_BYTES = ROWS * 4 * 2
-
-
-def _packed_rows(bits):
-    """int16 rows of the layout a CTA reads: one 64-row block of 4-bit rows, two of 8-bit."""
-    return ROWS if bits == 4 else 2 * ROWS
-
-
-def _swizzled(r, j):
-    """The byte offset of 16-byte piece j of 128-byte row r (piece j ^ (r % 8))."""
-    return r * 128 + ((j ^ (r & 7)) << 4)
-
-
-def _desc_b(smem: np.ndarray, start: int, n_cols: int) -> np.ndarray:
-    """wgmma's B operand [16 x n_cols] (bf16 bits) read through a K-major, 128-byte swizzled
-    descriptor at byte ``start`` (SBO 1024): element (k, n) at start + (n // 8) * 1024 +
-    (n % 8) * 128 + 2 k, with address bits 4-6 XORed with bits 7-9."""
-    out = np.zeros((16, n_cols), dtype=np.uint16)
-    for n in range(n_cols):
-        for k in range(16):
-            addr = start + (n // 8) * 1024 + (n % 8) * 128 + 2 * k
-            addr ^= ((addr >> 7) & 7) << 4
-            out[k, n] = int(smem[addr]) | (int(smem[addr + 1]) << 8)
-    return out
-
-
-def _bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def _emulate(x, packed, scales, zeros, group, splits=1, bf16_math=False, bits=4):
-    """out [M, N] as the kernel computes it, CTA by CTA, thread by thread (float32 sums); with
-    K splits, each split's partials then their sum in split order."""
-    k = x.shape[1]
-    per = -(-(k // STEP_K) // splits) * STEP_K
-    parts = [_emulate_split(x, packed, scales, zeros, group, z * per, min(k, z * per + per),
-                            bf16_math, bits)
-             for z in range(-(-k // per))]
-    out = parts[0]
-    for part in parts[1:]:
-        out = out + part
-    return out
-
-
-def _emulate_split(x, packed, scales, zeros, group, k_begin, k_end, bf16_math=False, bits=4):
-    m, k = x.shape
-    n = packed.shape[0] * (16 // bits)
-    rows = _packed_rows(bits)
-    p_bytes = rows * STEP_K * 2
-    act = x.dtype  # the activations' type T: the MMA's inputs and the A pairs' rounding
-
-    def rnd(values):  # float32 values rounded to T, back as float32
-        return torch.from_numpy(np.asarray(values, np.float32)).to(act).float().numpy()
-
-    def act_bits(bits):
-        return (_bf16_bits_to_float(bits) if act == torch.bfloat16
-                else bits.view(np.float16).astype(np.float32))
-
-    # The packed forms' bias (kPackedBias): 4-bit Act<T>::kBiasValue, 8-bit Act<T>::kByteBias;
-    # the float forms' (kFloatBias): 16 + q, 256 + q.
-    if bits == 4:
-        bias = 128.0 if act == torch.bfloat16 else 1024.0
-    else:
-        bias = -128.0 if act == torch.bfloat16 else 1024.0
-    float_bias = 16.0 if bits == 4 else 256.0
-    mask = (1 << bits) - 1
-    x_bits = x.view(torch.int16).numpy().view(np.uint16)
-    p_bits = packed.numpy().view(np.uint16)
-    s_bits = scales.view(torch.int16).numpy().view(np.uint16)
-    z_bits = zeros.to(scales.dtype).view(torch.int16).numpy().view(np.uint16)
-    to_float = (_bf16_bits_to_float if scales.dtype == torch.bfloat16
-                else lambda b: b.view(np.float16).astype(np.float32))
-    out = np.full((m, n), np.nan, dtype=np.float32)
-    for t in range(n // (ROWS * 4)):
-        for by in range(-(-m // BATCH)):
-            m0 = by * BATCH
-            acc = np.zeros((2, 2, ROWS, BATCH), dtype=np.float32)  # [warpgroup, value]
-            for i in range((k_end - k_begin) // STEP_K):
-                k0 = k_begin + i * STEP_K
-                smem = np.full(X_BYTES + p_bytes + 2 * S_BYTES, 0xAB, dtype=np.uint8)
-                gi = k0 // group
-                for p in range(128):  # the producer's copies, thread by thread
-                    pr, pj = p >> 3, p & 7
-                    dst = pr * 128 + ((pj ^ (pr & 7)) << 4)
-                    x_rows = max(0, min(8, (m - m0 - pr + 15) // 16 if m - m0 - pr > -15
-                                        else 0))
-                    for u in range(8):
-                        row = m0 + pr + 16 * u
-                        piece = (x_bits[row, k0 + 8 * pj:k0 + 8 * pj + 8] if u < x_rows
-                                 else np.zeros(8, np.uint16))
-                        off = dst + u * 2048
-                        assert off == _swizzled(pr + 16 * u, pj)
-                        smem[off:off + 16] = piece.astype("<u2").view(np.uint8)
-                    for u in range(rows // 16):
-                        piece = p_bits[t * rows + pr + 16 * u, k0 + 8 * pj:k0 + 8 * pj + 8]
-                        off = X_BYTES + dst + u * 2048
-                        smem[off:off + 16] = piece.astype("<u2").view(np.uint8)
-                    if p < 64:
-                        src = s_bits if p < 32 else z_bits
-                        c0 = t * ROWS * 4 + (p & 31) * 8
-                        off = X_BYTES + p_bytes + (p >> 5) * S_BYTES + (p & 31) * 16
-                        smem[off:off + 16] = src[gi, c0:c0 + 8].astype("<u2").view(np.uint8)
-                sz = smem[X_BYTES + p_bytes:].view("<u2")
-                for kk in range(STEP_K // 16):
-                    b = act_bits(_desc_b(smem, kk * 32, BATCH))  # [16, 128]
-                    for wg in range(2):
-                        a = np.zeros((2, ROWS, 16), dtype=np.float32)  # [value, row, k]
-                        # consume<kBits, 0> on warps 4-7, consume<kBits, 1> on 8-11: 4-bit
-                        # values 2 wg, 2 wg + 1 (kShift 8 wg); 8-bit both bytes of the
-                        # CTA's block wg (kRowBase).
-                        k_shift = 8 * wg if bits == 4 else 0
-                        value_bits = 4 if bits == 4 else 8
-                        row_base = 0 if bits == 4 else wg * ROWS * 128
-                        for warp in range(4):
-                            for lane in range(32):
-                                r0 = 16 * warp + (lane >> 2)
-                                kq = (lane & 3) * 2
-                                lcol0 = 2 * wg * ROWS + r0
-                                off = [r0 * 128 + ((c ^ (r0 & 7)) << 4) + kq * 2
-                                       for c in range(8)]
-                                for q in range(4):
-                                    addr = (X_BYTES + row_base + off[2 * kk + (q >> 1)]
-                                            + (q & 1) * 1024)
-                                    word = int(smem[addr:addr + 4].view("<u4")[0])
-                                    for v in range(2):
-                                        shift = k_shift + value_bits * v
-                                        col = lcol0 + v * ROWS + (q & 1) * 8
-                                        s = np.float32(to_float(sz[col:col + 1])[0])
-                                        z = np.float32(to_float(sz[256 + col:257 + col])[0])
-                                        c = np.float32(-(z + float_bias) * s)
-                                        lo = float_bias + ((word >> shift) & mask)
-                                        hi = float_bias + ((word >> (16 + shift)) & mask)
-                                        if bf16_math:  # (q - z) exact, times T(s) rounded
-                                            sb = rnd([s])[0]
-                                            zb = rnd([-(z + bias)])[0]
-                                            pair = rnd([
-                                                (np.float64(lo - float_bias + bias) + zb) * sb,
-                                                (np.float64(hi - float_bias + bias) + zb) * sb])
-                                        else:  # fma: the products exact in float64, rounded once
-                                            pair = rnd([np.float64(lo) * s + c,
-                                                        np.float64(hi) * s + c])
-                                        # A fragment register q: (row 16 w + g + 8 (q & 1),
-                                        # k 2 t + 8 (q >> 1) and + 1)
-                                        ka = 2 * (lane & 3) + 8 * (q >> 1)
-                                        a[v, 16 * warp + (lane >> 2) + 8 * (q & 1),
-                                          ka:ka + 2] = pair
-                        for v in range(2):
-                            acc[wg, v] += a[v] @ b
-            for wg in range(2):  # the epilogue through the D fragment layout
-                for v in range(2):
-                    for warp in range(4):
-                        for lane in range(32):
-                            r0 = 16 * warp + (lane >> 2)
-                            kq = (lane & 3) * 2
-                            col0 = t * ROWS * 4 + 2 * wg * ROWS + r0
-                            for j in range(16):
-                                for e in range(4):
-                                    # D register 4 j + e: (row 16 w + g + 8 (e >> 1), column
-                                    # 8 j + 2 t + (e & 1))
-                                    d = acc[wg, v, 16 * warp + (lane >> 2) + 8 * (e >> 1),
-                                            8 * j + 2 * (lane & 3) + (e & 1)]
-                                    row = m0 + kq + 8 * j + (e & 1)
-                                    if row < m:
-                                        out[row, col0 + v * ROWS + 8 * (e >> 1)] = d
-    return out
-
-
 def _kernel_source() -> str:
     return (Path(cuda_module.SOURCE_DIR) / swapab_wgmma.SOURCE).read_text()
 
@@ -452,48 +267,12 @@ def test_the_emulated_kernel_computes_x_at_the_dequantized_weight(act, scale_dty
     activations: the weights rounded to fp16, the packed pairs from 1024 + q. 8-bit: the
     CTA's two layout blocks, one a warpgroup."""
     k, n, group, m = 128, 256, 64, 131  # two K steps, two groups, two batch tiles (a tail)
-    q, packed, scales, zeros = _weights(k, n, group, dtype=scale_dtype, bits=bits)
+    q, packed, scales, zeros = weights(k, n, group, dtype=scale_dtype, bits=bits)
     x = torch.randn(m, k).to(act)
-    got = _emulate(x, packed, scales, zeros, group, splits, bf16_math, bits)
+    got = emulate(x, packed, scales, zeros, group, splits, bf16_math, bits)
     used = scales.to(act) if bf16_math else scales
-    want = x.float() @ _dequant_ref(q, used, zeros, group, act).float()
+    want = x.float() @ dequant_ref(q, used, zeros, group, act).float()
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
-
-
-def test_the_8_bit_dequantizations_are_exact():
-    """8-bit weights: 0x43800000 | q << 15 is the float 256 + q and fma(256 + q, s, -(256 + z)
-    s) is (q - z) s (c exact in float32); byte_pair's bits are kByteBias + q (fp16: PRMT's
-    0x64qq = 1024 + q; bf16: (0x4300 | q & 127) - (0x4380 ^ q & 128) = q - 128, both operands
-    and the difference exact); adding -(bias + z) is exact in the type, and the product with a
-    scale of the type rounds once, to the float form's value rounded to the type: for every
-    q < 256, z <= 256 and a spread of scales."""
-    q = np.arange(256, dtype=np.uint32)
-    assert np.array_equal(((q << 15) | 0x43800000).view(np.float32), 256.0 + q)
-    # byte_pair, fp16: PRMT selector 0x4240 takes byte 0 of each half under 0x64.
-    word = q | (q[::-1] << 16)
-    lo16 = ((word & 0xFF) | 0x6400).astype(np.uint16).view(np.float16).astype(np.float32)
-    assert np.array_equal(lo16, 1024.0 + q)
-    # byte_pair, bf16: the two LOP3s and lo - y in bf16 (exact: every value an integer of at
-    # most 8 significant bits).
-    lo = ((q & 0x7F) | 0x4300).astype(np.uint32) << 16
-    y = ((q & 0x80) ^ 0x4380).astype(np.uint32) << 16
-    diff = torch.from_numpy(lo.view(np.float32) - y.view(np.float32)).to(torch.bfloat16)
-    assert torch.equal(diff.float(), torch.from_numpy(q.astype(np.float32) - 128))
-    g = torch.Generator().manual_seed(0)
-    for dtype, bias in ((torch.bfloat16, -128.0), (torch.float16, 1024.0)):
-        s = torch.cat([torch.rand(300, generator=g) * 0.05, torch.rand(100, generator=g) * 40])
-        s = s.to(dtype)
-        qs = torch.arange(256, dtype=torch.float32)[:, None, None]
-        zs = torch.arange(257, dtype=torch.float32)[None, :, None]
-        zb = (-(zs + bias)).to(dtype)
-        assert torch.equal(zb.float(), -(zs + bias))  # the packed zero, exact
-        packed = ((qs + bias).to(dtype) + zb) * s[None, None, :]  # as __hadd2 / __hmul2
-        want = ((qs - zs) * s.float()[None, None, :]).to(dtype)
-        assert torch.equal(packed, want), dtype
-        c = (-(zs + 256) * s.float()[None, None, :])  # float32, exact
-        assert torch.equal(c.double(), -(zs.double() + 256) * s.double()[None, None, :])
-        fused = ((qs.double() + 256) * s.double()[None, None, :] + c.double()).float()
-        assert torch.equal(fused.to(dtype), want)
 
 
 def test_the_packed_fp16_dequantization_is_the_float_form_s():
@@ -513,10 +292,6 @@ def test_the_packed_fp16_dequantization_is_the_float_form_s():
 
 
 # --- On the GPU (the most telling first: a failure's message locates it) ---------------
-
-# The kernel's forms: float or bf16x2 dequantization, one or two MMA groups in flight.
-FORMS = pytest.mark.parametrize("bf16_math,deep", [(False, False), (True, False),
-                                                     (False, True), (True, True)])
 
 @needs_gpu
 @pytest.mark.gpu
@@ -569,8 +344,8 @@ def test_exact_on_integer_data_gpu(bf16_math, deep):
 @FORMS
 def test_llama_shapes_gpu(k, n, scale_dtype, bf16_math, deep):
     """Every batch size and K split on one weight (made once: the shapes are large)."""
-    q, packed, scales, zeros = _weights(k, n, 128, dtype=scale_dtype, device="cuda")
-    w = _dequant_ref(q, scales, zeros, 128).float()
+    q, packed, scales, zeros = weights(k, n, 128, dtype=scale_dtype, device="cuda")
+    w = dequant_ref(q, scales, zeros, 128).float()
     errors = {}
     for m in (1, 129, 200, 256, 300):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -592,7 +367,7 @@ def test_the_launch_sum_gives_the_last_cta_s_bits_gpu(k, n, m, monkeypatch):
     counters go unused."""
     from tests.quantization.gemm_checks import check_graph_replays
 
-    q, packed, scales, zeros = _weights(k, n, 128, device="cuda")
+    q, packed, scales, zeros = weights(k, n, 128, device="cuda")
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     for split_k in (None, 2, 3, 4, 5, 8, 9):
         want = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4, split_k=split_k,
@@ -601,22 +376,10 @@ def test_the_launch_sum_gives_the_last_cta_s_bits_gpu(k, n, m, monkeypatch):
                                         split_sum="launch")
         assert torch.equal(got, want), split_k
     monkeypatch.setenv("OCTAVO_INT_LARGE_SPLIT_SUM", "launch")
-    w = _dequant_ref(q, scales, zeros, 128).float()
+    w = dequant_ref(q, scales, zeros, 128).float()
     check_graph_replays(
         lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4, split_k=4),
         lambda x: (x.float() @ w), x)
-
-
-def test_the_8_bit_switch_is_on_by_default(monkeypatch):
-    monkeypatch.delenv("OCTAVO_INT_LARGE_CUDA_8BIT", raising=False)
-    assert envs.int_large_cuda_8bit()
-    monkeypatch.setenv("OCTAVO_INT_LARGE_CUDA_8BIT", "0")
-    assert not envs.int_large_cuda_8bit()
-    with pytest.raises(ValueError, match="swapab_wgmma cannot run 3-bit"):
-        swapab_wgmma.swapab_wgmma(torch.zeros(2, 64, dtype=torch.bfloat16),
-                                  torch.zeros(64, 64, dtype=torch.int16),
-                                  torch.ones(1, 256, dtype=torch.bfloat16),
-                                  torch.zeros(1, 256, dtype=torch.bfloat16), 64, 3)
 
 
 def test_split_sum_names_are_checked(monkeypatch):
@@ -644,8 +407,8 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
     from octavo.kernels import int_weight_layout
     from tests.quantization.gemm_checks import check_graph_replays, record_rows
 
-    q, packed, scales, zeros = _weights(4096, 28672, 128, dtype=torch.float16, device="cuda")
-    w = _dequant_ref(q, scales, zeros, 128).float()
+    q, packed, scales, zeros = weights(4096, 28672, 128, dtype=torch.float16, device="cuda")
+    w = dequant_ref(q, scales, zeros, 128).float()
     x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
     check_graph_replays(lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4),
                         lambda x: (x.float() @ w), x)
@@ -665,7 +428,7 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
     assert calls == [65, 200]
     del calls[0]
     if swapab_wgmma.num_compute_units(torch.device("cuda")) >= 96:  # qkv-shaped: K split
-        q_small, small, s_small, z_small = _weights(4096, 6144, 128, device="cuda")  # in 32-step
+        q_small, small, s_small, z_small = weights(4096, 6144, 128, device="cuda")  # in 32-step
         xm = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)  # parts: not worth
         int_weight_layout.linear(xm, small, s_small, z_small, 128, 4, int_weight_layout.SWAPAB)
         assert calls == [200]
@@ -673,7 +436,7 @@ def test_graph_replays_and_routing_gpu(monkeypatch):
         got = int_weight_layout.linear(xm, small, s_small, z_small, 128, 4,
                                        int_weight_layout.SWAPAB)
         assert calls == [200, 200]
-        want = xm.float() @ _dequant_ref(q_small, s_small, z_small, 128).float()
+        want = xm.float() @ dequant_ref(q_small, s_small, z_small, 128).float()
         assert ((got.float() - want).norm() / want.norm()) < 1e-2
     monkeypatch.setenv("OCTAVO_INT_LARGE_MIN_M", "64")  # the kernel from 64 rows too
     xm = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
@@ -690,8 +453,8 @@ def test_fp16_activations_gpu(k, n, deep):
     """float16 models (fp16 activations and scales): the float and the half2 forms give the
     same bits (the same weights into the same MMAs), close to x at the weight rounded to
     fp16, at every batch size and K split, with either split sum."""
-    q, packed, scales, zeros = _weights(k, n, 128, dtype=torch.float16, device="cuda")
-    w = _dequant_ref(q, scales, zeros, 128, torch.float16).float()
+    q, packed, scales, zeros = weights(k, n, 128, dtype=torch.float16, device="cuda")
+    w = dequant_ref(q, scales, zeros, 128, torch.float16).float()
     errors = {}
     for m in (1, 65, 129, 256):
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -714,8 +477,8 @@ def test_fp16_routing_waits_for_its_switch_gpu(monkeypatch):
     from octavo.kernels import int_weight_layout
     from tests.quantization.gemm_checks import check_graph_replays, record_rows
 
-    q, packed, scales, zeros = _weights(4096, 28672, 128, dtype=torch.float16, device="cuda")
-    w = _dequant_ref(q, scales, zeros, 128, torch.float16).float()
+    q, packed, scales, zeros = weights(4096, 28672, 128, dtype=torch.float16, device="cuda")
+    w = dequant_ref(q, scales, zeros, 128, torch.float16).float()
     x = torch.randn(200, 4096, device="cuda", dtype=torch.float16)
     check_graph_replays(lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 4),
                         lambda x: (x.float() @ w), x)
@@ -729,102 +492,3 @@ def test_fp16_routing_waits_for_its_switch_gpu(monkeypatch):
     assert ((got.float() - x.float() @ w).norm() / (x.float() @ w).norm()) < 5e-3
 
 
-# --- 8-bit weights on the GPU (session 64): the same checks on the 8-bit form --------------
-
-@needs_gpu
-@pytest.mark.gpu
-@FORMS
-@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
-def test_exact_on_integer_8_bit_data_gpu(bf16_math, deep, act):
-    """Small activations, every byte value, zero point 128 and unit scales: every product and
-    sum is exact in float32 (|sum| < 2^24), so the output is the exact result rounded once."""
-    k, n, m = 1024, 4096, 256
-    g = torch.Generator().manual_seed(2)
-    q = torch.randint(0, 256, (k, n), generator=g)
-    scales = torch.ones(k // 64, n, dtype=act)
-    zeros = torch.full((k // 64, n), 128.0, dtype=act)
-    x = torch.randint(-2, 3, (m, k), generator=g).to(act)
-    got = swapab_wgmma.swapab_wgmma(x.cuda(), pack_swapab(q, 8).cuda(), scales.cuda(),
-                                    zeros.cuda(), 64, 8, bf16_math=bf16_math, deep=deep)
-    want = x.float() @ (q.float() - 128.0)
-    assert torch.equal(got.float().cpu(), want.to(act).float())
-
-
-@needs_gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("k,n", [(4096, 28672), (14336, 4096), (4096, 6144), (4096, 4096)])
-@pytest.mark.parametrize("bf16_math", [False, True])
-def test_llama_shapes_8_bit_gpu(k, n, scale_dtype, bf16_math):
-    """Every batch size and K split (either split sum) on one 8-bit weight per shape, against
-    x at the dequantized weight; the float and packed forms agree where the scales are the
-    activations' type."""
-    q, packed, scales, zeros = _weights(k, n, 128, dtype=scale_dtype, device="cuda", bits=8)
-    used = scales.to(torch.bfloat16) if bf16_math else scales
-    w = _dequant_ref(q, used, zeros, 128).float()
-    errors = {}
-    for m in (1, 65, 129, 200, 256, 300):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        want = x.float() @ w
-        for split_k, split_sum in ((None, None), (1, None), (3, "cta"), (3, "launch")):
-            got = swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 8,
-                                            split_k=split_k, bf16_math=bf16_math,
-                                            split_sum=split_sum).float()
-            errors[m, split_k, split_sum] = ((got - want).norm() / want.norm()).item()
-        if scale_dtype == torch.bfloat16:  # the same weights into the same MMAs
-            forms = [swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 8, bf16_math=b)
-                     for b in (False, True)]
-            assert torch.equal(forms[0], forms[1]), m
-    assert all(e < 5e-3 for e in errors.values()), errors
-
-
-@needs_gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("deep", [False, True])
-def test_fp16_activations_8_bit_gpu(deep):
-    """float16 models at 8 bits: float and half2 forms give the same bits, under graph
-    replays too, close to x at the weight rounded to fp16."""
-    from tests.quantization.gemm_checks import check_graph_replays
-
-    k, n = 14336, 4096
-    q, packed, scales, zeros = _weights(k, n, 128, dtype=torch.float16, device="cuda", bits=8)
-    w = _dequant_ref(q, scales, zeros, 128, torch.float16).float()
-    for m in (65, 256):
-        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-        forms = [swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 8, bf16_math=b,
-                                           deep=deep) for b in (False, True)]
-        assert torch.equal(forms[0], forms[1]), m
-        want = x.float() @ w
-        assert ((forms[0].float() - want).norm() / want.norm()) < 5e-3
-    check_graph_replays(
-        lambda x: swapab_wgmma.swapab_wgmma(x, packed, scales, zeros, 128, 8, split_k=4),
-        lambda x: (x.float() @ w), x)
-
-
-@needs_gpu
-@pytest.mark.gpu
-def test_8_bit_routing_waits_for_its_switch_gpu(monkeypatch):
-    """OCTAVO_INT_LARGE_CUDA_8BIT (default on): 8-bit swap-AB batches of LARGE_MIN_M to
-    LARGE_MAX_M rows take the kernel only where it is on (and ``worth`` says so), with the
-    engine's output."""
-    from octavo.kernels import int_weight_layout
-    from tests.quantization.gemm_checks import record_rows
-
-    q, packed, scales, zeros = _weights(4096, 28672, 128, device="cuda", bits=8)
-    w = _dequant_ref(q, scales.to(torch.bfloat16), zeros, 128).float()
-    calls = record_rows(monkeypatch, swapab_wgmma, "swapab_wgmma")
-    for var in ("OCTAVO_INT_LARGE_MAX_M", "OCTAVO_INT_LARGE_MIN_M", "OCTAVO_INT_LARGE_CUDA"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("OCTAVO_INT_LARGE_CUDA_8BIT", "0")
-    x = torch.randn(200, 4096, device="cuda", dtype=torch.bfloat16)
-    off = int_weight_layout.linear(x, packed, scales, zeros, 128, 8, int_weight_layout.SWAPAB)
-    assert calls == []
-    monkeypatch.delenv("OCTAVO_INT_LARGE_CUDA_8BIT")
-    for m in (64, 65, 200, 300):
-        xm = x if m == 200 else torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
-        got = int_weight_layout.linear(xm, packed, scales, zeros, 128, 8,
-                                       int_weight_layout.SWAPAB)
-        want = xm.float() @ w
-        assert ((got.float() - want).norm() / want.norm()) < 5e-3, m
-    assert calls == [65, 200]
-    assert ((off.float() - x.float() @ w).norm() / (x.float() @ w).norm()) < 5e-3
