@@ -60,8 +60,8 @@ def main() -> None:
         parts = _split(stack)
         # --subprocesses nests a child's "process" element under its parent's: the last one
         # is the sampled process.
-        last = max(i for i, part in enumerate(parts) if part.startswith("process ")) \
-            if any(part.startswith("process ") for part in parts) else -1
+        last = next((i for i in range(len(parts) - 1, -1, -1)
+                     if parts[i].startswith("process ")), -1)
         proc = parts[last].split(":", 1)[0] if last >= 0 else "process ?"
         rest = parts[last + 1:]
         thread = "all"

@@ -82,7 +82,6 @@ def shared_bytes(bits: int) -> int:
             + 2 * STAGES * 8)
 
 
-
 def available(device: torch.device) -> bool:
     """Whether the kernel can run on ``device``: an sm_90 GPU (wgmma) where it builds."""
     if device.type != "cuda" or torch.version.hip is not None:

@@ -152,7 +152,7 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // The activations' element type T (bf16 or fp16): its pair type, its rounding from float32,
 // and the packed dequantization's bias (Bias | q is T's 2^e + q, exact for q < 16: bf16 128
-// (7 fraction bits), fp16 1024 (10)); kByteBias: what byte_pair's values carry beside q.
+// (7 fraction bits), fp16 1024 (10)); kByteBias: what packed_values' 8-bit pairs carry beside q.
 template <typename T>
 struct Act;
 template <>
@@ -299,7 +299,7 @@ struct Problem {
   int m, k, n, group, stride_xm, stride_om, splits, k_per_split;
 };
 
-// The float forms' bias: 16 + q (4-bit, with_16) or 256 + q (8-bit, with_256).
+// The float forms' bias (with_bias): 16 + q (4-bit) or 256 + q (8-bit).
 template <int kBits>
 constexpr float kFloatBias = kBits == 4 ? 16.0f : 256.0f;
 
@@ -333,7 +333,7 @@ __device__ __forceinline__ __half to_act<__half, __half>(__half v) {
   return v;
 }
 
-// The packed forms' bias: 2^e + q (4-bit, kBiasValue) or kByteBias + q (8-bit, byte_pair).
+// The packed forms' bias (packed_values): 2^e + q (4-bit, kBiasValue) or kByteBias + q (8-bit).
 template <int kBits, typename T>
 constexpr float kPackedBias = kBits == 4 ? Act<T>::kBiasValue : Act<T>::kByteBias;
 
@@ -547,8 +547,9 @@ __device__ __forceinline__ void swapab_wgmma_body(const Problem<T, S>& pb) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(kProducerRegs));
     // Thread p copies piece pj = p % 8 of rows pr + 16 u (pr = p / 8) of the activations (u <
     // 8) and of the packed rows (u < kPackedRows / 16: 4, or 8 at 8 bits): every row's piece j
-    // lands at j ^ (pr % 8), 2048 bytes a u apart. Addresses are set up once; a step adds its K offset. (One warp computing
-    // every copy's address, session 54's first form, took ~4x the MMAs' time a step.)
+    // lands at j ^ (pr % 8), 2048 bytes a u apart. Addresses are set up once; a step adds its
+    // K offset. (One warp computing every copy's address, session 54's first form, took ~4x
+    // the MMAs' time a step.)
     const int p = threadIdx.x;
     const int pr = p >> 3, pj = p & 7;
     const uint32_t dst = pr * 128 + ((pj ^ (pr & 7)) << 4);
