@@ -16,18 +16,18 @@ from tests.kernels.swapab_wgmma_emulation import FORMS, dequant_ref, needs_gpu, 
 
 def test_the_8_bit_dequantizations_are_exact():
     """8-bit weights: 0x43800000 | q << 15 is the float 256 + q and fma(256 + q, s, -(256 + z)
-    s) is (q - z) s (c exact in float32); byte_pair's bits are kByteBias + q (fp16: PRMT's
+    s) is (q - z) s (c exact in float32); packed_values' 8-bit pairs are kByteBias + q (fp16: PRMT's
     0x64qq = 1024 + q; bf16: (0x4300 | q & 127) - (0x4380 ^ q & 128) = q - 128, both operands
     and the difference exact); adding -(bias + z) is exact in the type, and the product with a
     scale of the type rounds once, to the float form's value rounded to the type: for every
     q < 256, z <= 256 and a spread of scales."""
     q = np.arange(256, dtype=np.uint32)
     assert np.array_equal(((q << 15) | 0x43800000).view(np.float32), 256.0 + q)
-    # byte_pair, fp16: PRMT selector 0x4240 takes byte 0 of each half under 0x64.
+    # packed_values, fp16: PRMT selector 0x4240 takes byte 0 of each half under 0x64.
     word = q | (q[::-1] << 16)
     lo16 = ((word & 0xFF) | 0x6400).astype(np.uint16).view(np.float16).astype(np.float32)
     assert np.array_equal(lo16, 1024.0 + q)
-    # byte_pair, bf16: the two LOP3s and lo - y in bf16 (exact: every value an integer of at
+    # packed_values, bf16: the two LOP3s and lo - y in bf16 (exact: every value an integer of at
     # most 8 significant bits).
     lo = ((q & 0x7F) | 0x4300).astype(np.uint32) << 16
     y = ((q & 0x80) ^ 0x4380).astype(np.uint32) << 16
