@@ -49,6 +49,7 @@ class RequestResult:
     output_tokens: int = 0
     prompt_tokens: int = 0
     itl: list[float] = field(default_factory=list)
+    sent: float = 0.0  # time.monotonic() when the request went out
 
 
 def make_prompts(num: int, input_len: int, vocab: int, seed: int) -> list[list[int]]:
@@ -68,7 +69,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str,
     body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
             **(IGNORE_EOS if extra_body is None else extra_body),
             "stream": True, "stream_options": {"include_usage": True}}
-    res = RequestResult()
+    res = RequestResult(sent=time.monotonic())
     start = time.perf_counter()
     last = start
     try:
@@ -231,7 +232,20 @@ def run_rate(base_url: str, model: str, prompts: list[list[int]] | list[str],
         "tpot_ms": _stats(tpots),
         "itl_ms": _stats([x for r in done for x in r.itl]),
         "e2el_ms": _stats([r.latency for r in done]),
+        # When, from the run's start, the requests went out and their first tokens came
+        # back (a burst's ramp: how long the server took to take every request in).
+        "timeline_s": _timeline(results, done, start),
     }
+
+
+def _timeline(results: list[RequestResult], done: list[RequestResult], start: float
+              ) -> dict[str, float]:
+    sent = [r.sent - start for r in results if r.sent]
+    first = sorted(r.sent + r.ttft - start for r in done)
+    if not sent or not first:
+        return {}
+    return {"last_sent": max(sent), "first_token": first[0],
+            "first_token_p50": first[len(first) // 2], "first_token_last": first[-1]}
 
 
 def print_table(r: dict[str, Any]) -> None:
@@ -248,6 +262,11 @@ def print_table(r: dict[str, Any]) -> None:
         s = r[key]
         print(f"{name:5s} ms  mean {s['mean']:9.2f}  median {s['median']:9.2f}  "
               f"p99 {s['p99']:9.2f}")
+    t = r.get("timeline_s")
+    if t:
+        print(f"from the start, s: last request sent {t['last_sent']:.2f}; first tokens: first "
+              f"{t['first_token']:.2f}, median {t['first_token_p50']:.2f}, "
+              f"last {t['first_token_last']:.2f}")
     sys.stdout.flush()
 
 

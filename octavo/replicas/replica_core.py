@@ -75,6 +75,7 @@ class ReplicaCore:
         self.direct_send: Callable[[list], None] | None = None
         self.pipe_writer = None  # a process replica's PipeWriter (its counts are logged)
         self._started = time.monotonic()
+        self._period = [self._started, self._started, 0, 0.0]
         from octavo import envs
         from octavo.startup_heap import freeze_startup_heap
 
@@ -106,8 +107,14 @@ class ReplicaCore:
                 self.outbox.put(("fail", request_id, "invalid",
                                  f"request_id {request_id!r} is already in use", None))
                 return
+            now = time.monotonic()
             if not self._live:  # busy from now: the step clock runs from here
-                self._clock.last = time.monotonic()
+                self._clock.last = now
+                # [first add, last add, adds, the engine's step seconds then]: the busy
+                # period's arrivals, logged with the step timings.
+                self._period = [now, now, 0, self.llm.engine.timings.wall_s]
+            self._period[1] = now
+            self._period[2] += 1
             self._live[request_id] = False
             # Queued under the lock: an abort from another thread comes after it.
             try:
@@ -211,6 +218,13 @@ class ReplicaCore:
             summary = self.llm.engine.timings.summary()
             summary["alive_s"] = time.monotonic() - self._started
             summary["in_steps_s"] = self.llm.engine.timings.wall_s
+            # The last busy period (from an add to an idle engine): how long its requests
+            # took to arrive, and how much of it the engine spent outside its steps.
+            first, last, adds, steps0 = self._period
+            summary["last_period"] = {
+                "adds": adds, "add_span_s": last - first,
+                "to_last_step_s": self._clock.last - first,
+                "in_steps_s": self.llm.engine.timings.wall_s - steps0}
             if self._gc is not None:
                 self._gc.stop()
                 summary.update(self._gc.summary())
