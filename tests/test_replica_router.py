@@ -170,6 +170,70 @@ def test_least_loaded_routing_outputs_and_aborts(make_router, fleet):
     assert [s.in_flight for s in router.slots] == [0, 0]
 
 
+def test_start_request_sends_at_once_and_aborts_what_nobody_reads(make_router, fleet):
+    # A server handler's start_request() reaches the replica before anything iterates (a burst on a
+    # busy event loop would otherwise hold it back); outputs that arrive first wait in the
+    # stream. Closing an unread iterator, or dropping it, aborts its request; one that
+    # finished aborts nothing.
+    import gc
+
+    router = make_router(1)
+    f0 = fleet.live(0)
+    prompt = {"prompt_token_ids": [3, 4]}
+
+    async def run():
+        read = router.start_request(prompt, PARAMS, "read")
+        assert f0.adds() == ["read"]  # sent, not yet iterated
+        f0.on_batch([("out", "read", output("read", [5], False))])
+        f0.on_batch([("out", "read", output("read", [6], True))])
+        outs = [o async for o in read]
+        assert [o.outputs[0].token_ids for o in outs] == [[5, 6]] and outs[-1].finished
+        closed = router.start_request(prompt, PARAMS, "closed")
+        await closed.aclose()  # an unstarted generator's aclose runs nothing ...
+        del closed  # ... so the finalizer aborts it, on the event loop
+        gc.collect()
+        await until(lambda: ("abort", "closed") in f0.received)
+        router.start_request(prompt, PARAMS, "dropped")  # never kept: collected at once
+        await until(lambda: ("abort", "dropped") in f0.received)
+        done = router.start_request(prompt, PARAMS, "done")
+        f0.on_batch([("out", "done", output("done", [7], True))])
+        assert [o.finished async for o in done] == [True]
+        del done
+        gc.collect()
+        await asyncio.sleep(0.05)
+        # A dead router refuses at the call.
+        router._dead = RuntimeError("gone")
+        with pytest.raises(EngineDeadError):
+            router.start_request(prompt, PARAMS, "late")
+        router._dead = None
+
+    asyncio.run(run())
+    assert ("abort", "read") not in f0.received and ("abort", "done") not in f0.received
+    assert router.slots[0].in_flight == 0
+
+
+def test_start_request_with_no_replica_ready_sends_at_the_first_iteration(make_router, fleet):
+    fleet.auto_finish = True
+    router = make_router(1, ready_wait_s=5.0)
+    slot = router.slots[0]
+
+    async def run():
+        slot.state = "starting"  # none ready: start_request() leaves the send to the iteration
+        outputs = router.start_request({"prompt_token_ids": [3, 4]}, PARAMS, "waits")
+        assert fleet.live(0).adds() == []
+        task = asyncio.ensure_future(_drain(outputs))
+        await asyncio.sleep(0.1)
+        slot.state = "ready"
+        assert [o.finished for o in await task] == [True]
+
+    asyncio.run(run())
+    assert fleet.live(0).adds() == ["waits"]
+
+
+async def _drain(it) -> list[RequestOutput]:
+    return [o async for o in it]
+
+
 def test_prompts_sharing_a_first_block_stick_to_one_replica(make_router, fleet):
     fleet.auto_finish = True
     router = make_router(2)

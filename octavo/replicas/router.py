@@ -172,20 +172,51 @@ class ReplicaRouter:
             report = [s.report() for s in self.slots]
         return any(r["state"] == "ready" for r in report) and self._dead is None, report
 
-    async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
-                       request_id: str, priority: int = 0,
-                       group_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    def generate(self, prompt: PromptType, sampling_params: SamplingParams,
+                 request_id: str, priority: int = 0,
+                 group_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """As ``AsyncLLM.generate``, on one replica (see the module's docstring for what
-        happens when it dies)."""
+        happens when it dies): the request goes out at the first iteration."""
+        return self._outputs(prompt, sampling_params, request_id, priority, group_id, None)
+
+    def start_request(self, prompt: PromptType, sampling_params: SamplingParams,
+                      request_id: str, priority: int = 0,
+                      group_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """``generate`` with the request sent to a ready replica now, before its first output
+        is awaited (with none ready, the first iteration waits for one, as ``generate``).
+
+        A server handler hands its request to the engine at once: a lazy generator sends it
+        only when the response starts iterating, and on an event loop busy with a burst
+        that is after every request queued meanwhile has been parsed (W3 on an H100: the
+        first of 1,000 requests reached the engine ~0.9 s after the client sent it, 10% of
+        the run). Closing the iterator aborts the request, as with ``generate``; so does
+        dropping it without ever iterating it (a response that never started)."""
         if self._dead is not None:
             raise EngineDeadError(f"the engine is dead: {self._dead!r}")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        msg = ("add", request_id, prompt, sampling_params, priority, group_id)
+        if not self._try_send(stream, request_id, msg, prefix_key(prompt, self._block_size)):
+            stream = None  # no replica ready: the first iteration waits for one
+        outputs = self._outputs(prompt, sampling_params, request_id, priority, group_id,
+                                stream)
+        if stream is not None:
+            weakref.finalize(outputs, _abort_on_loop, self, request_id, stream)
+        return outputs
+
+    async def _outputs(self, prompt: PromptType, sampling_params: SamplingParams,
+                       request_id: str, priority: int, group_id: str | None,
+                       sent: _Stream | None) -> AsyncIterator[RequestOutput]:
+        """The request's outputs; ``sent``: its stream when ``start`` sent it already."""
+        if sent is None and self._dead is not None:
+            raise EngineDeadError(f"the engine is dead: {self._dead!r}")
+        stream = sent or _Stream(asyncio.get_running_loop(), asyncio.Queue())
         delta = sampling_params.output_kind == RequestOutputKind.DELTA
         msg = ("add", request_id, prompt, sampling_params, priority, group_id)
         key = prefix_key(prompt, self._block_size)
         finished = False
         try:
-            await self._send(stream, request_id, msg, key)
+            if sent is None:
+                await self._send(stream, request_id, msg, key)
             while True:
                 item = await stream.queue.get()
                 while isinstance(item, RequestOutput) and not stream.queue.empty():
@@ -219,24 +250,7 @@ class ReplicaRouter:
         ``ready_wait_s`` for a replica when none is ready."""
         deadline = time.monotonic() + self.ready_wait_s
         while True:
-            with self._lock:
-                if self._dead is not None:
-                    raise EngineDeadError(f"the engine is dead: {self._dead!r}")
-                if request_id in self._streams:
-                    raise ValueError(f"request_id {request_id!r} is already in use")
-                loads = {s.index: s.in_flight for s in self.slots if s.state == "ready"}
-                index = self._policy.pick(loads, key)
-                if index is not None:
-                    slot = self.slots[index]
-                    stream.slot, stream.handle = slot, slot.handle
-                    stream.attempts += 1
-                    slot.in_flight += 1
-                    self._streams[request_id] = stream
-                    handle = slot.handle
-            if index is not None:
-                # Outside the lock; a replica dead meanwhile is seen by its reader, which
-                # retries or fails this stream (it is registered).
-                handle.send(msg)
+            if self._try_send(stream, request_id, msg, key):
                 return
             if time.monotonic() > deadline:
                 with self._lock:
@@ -244,6 +258,29 @@ class ReplicaRouter:
                 raise RequestFailedError(request_id, f"no replica was ready within "
                                          f"{self.ready_wait_s:.0f} s (replicas: {states})")
             await asyncio.sleep(0.05)
+
+    def _try_send(self, stream: _Stream, request_id: str, msg: tuple, key: int | None) -> bool:
+        """Register the stream with a ready replica and send it the request; False when no
+        replica is ready. Raises EngineDeadError, or ValueError for an id in use."""
+        with self._lock:
+            if self._dead is not None:
+                raise EngineDeadError(f"the engine is dead: {self._dead!r}")
+            if request_id in self._streams:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            loads = {s.index: s.in_flight for s in self.slots if s.state == "ready"}
+            index = self._policy.pick(loads, key)
+            if index is None:
+                return False
+            slot = self.slots[index]
+            stream.slot, stream.handle = slot, slot.handle
+            stream.attempts += 1
+            slot.in_flight += 1
+            self._streams[request_id] = stream
+            handle = slot.handle
+        # Outside the lock; a replica dead meanwhile is seen by its reader, which retries or
+        # fails this stream (it is registered).
+        handle.send(msg)
+        return True
 
     def abort(self, request_id: str) -> None:
         """Abort a request on its replica. Idempotent; safe from any thread."""
@@ -396,3 +433,13 @@ def _deliver_all(deliveries: list[tuple[_Stream, Any]]) -> None:
 def _deliver(items: list) -> None:
     for queue_, item in items:
         queue_.put_nowait(item)
+
+
+def _abort_on_loop(router: ReplicaRouter, request_id: str, stream: _Stream) -> None:
+    """A started request's output iterator was collected: abort the request unless it ended
+    (``_abort`` then finds no stream of it), on its event loop's thread (a finalizer may run
+    on any thread, inside any lock)."""
+    try:
+        stream.loop.call_soon_threadsafe(router._abort, request_id, stream)
+    except RuntimeError:  # that event loop is closed: the server is gone with its streams
+        pass

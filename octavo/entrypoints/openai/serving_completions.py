@@ -32,7 +32,7 @@ def _prompts(prompt: Any) -> list[PromptType]:
         return [prompt]
     if not prompt:
         raise APIError(400, "prompt is empty", param="prompt")
-    if all(isinstance(p, int) for p in prompt):
+    if isinstance(prompt[0], int):  # token ids (validated: all of them, one prompt)
         return [list(prompt)]
     return [p if isinstance(p, str) else list(p) for p in prompt]
 
