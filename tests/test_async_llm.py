@@ -93,6 +93,58 @@ def test_early_exit_aborts_and_frees_blocks(allm):
     assert pool.num_free_blocks == pool.num_blocks
 
 
+def test_start_request_queues_at_once_and_aborts_what_nobody_reads(allm):
+    # A server handler's start_request reaches the engine before anything iterates; its
+    # outputs wait in the stream. Dropped unread, the request is aborted and its blocks
+    # come back; a second start under an id in use fails at its first iteration without
+    # aborting the request that holds the id.
+    import gc
+
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
+                            output_kind=RequestOutputKind.DELTA)
+    long = SamplingParams(max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    pool = allm.engine.scheduler.kv.pool
+
+    async def main():
+        read = allm.start_request(PROMPT, params, "read")
+        await until(lambda: pool.num_free_blocks < pool.num_blocks)  # running, unread
+        ids = [t async for o in read for t in o.outputs[0].token_ids]
+        expect = [t async for o in allm.generate(PROMPT, params, "lazy")
+                  for t in o.outputs[0].token_ids]
+        assert ids == expect and len(ids) == 8
+        holder = allm.start_request(PROMPT, long, "held")
+        first = await holder.__anext__()
+        dup = allm.start_request(PROMPT, long, "held")
+        with pytest.raises(ValueError, match="already in use"):
+            await dup.__anext__()
+        del dup
+        gc.collect()
+        more = await holder.__anext__()  # the holder goes on
+        assert first.outputs[0].token_ids and more.outputs[0].token_ids
+        await holder.aclose()
+        allm.start_request(PROMPT, long, "dropped")  # never kept: collected at once
+        await until(lambda: "dropped" in aborted)
+        await until(lambda: not allm.engine.has_unfinished_requests())
+
+    aborted: list[str] = []
+    real = allm.engine.abort_request
+    allm.engine.abort_request = lambda rid, *a, **k: aborted.append(rid) or real(rid, *a, **k)
+    try:
+        asyncio.run(main())
+    finally:
+        del allm.engine.abort_request
+    assert "held" in aborted and "read" not in aborted
+    _wait_idle(allm)
+    assert pool.num_free_blocks == pool.num_blocks
+
+
+async def until(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.002)
+
+
 def test_invalid_request_and_duplicate_id(allm):
     async def main():
         with pytest.raises(ValueError, match="max_model_len"):

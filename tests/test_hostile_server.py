@@ -322,6 +322,7 @@ def test_request_failed_in_engine(engine, apps, monkeypatch, app_name, path, bod
         yield  # an async generator, as AsyncLLM.generate
 
     monkeypatch.setattr(engine, "generate", failing)
+    monkeypatch.setattr(engine, "start_request", failing)  # what the servers call
 
     async def main():
         async with _client(apps[app_name]) as c:

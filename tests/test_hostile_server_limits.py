@@ -65,9 +65,10 @@ def engine():
 
 @pytest.fixture
 def generate_calls(engine, monkeypatch) -> list[str]:
-    """The request ids the servers hand the engine (AsyncLLM.generate), in order."""
+    """The request ids the servers hand the engine (AsyncLLM.start_request, or generate),
+    in order."""
     calls: list[str] = []
-    real = engine.generate
+    real = engine.start_request
 
     async def counting(prompt, params, request_id, **kw):
         calls.append(request_id)
@@ -79,6 +80,7 @@ def generate_calls(engine, monkeypatch) -> list[str]:
             await stream.aclose()
 
     monkeypatch.setattr(engine, "generate", counting)
+    monkeypatch.setattr(engine, "start_request", counting)
     return calls
 
 

@@ -333,6 +333,8 @@ class _Stubbed:
         else:
             yield out(self.text, True)
 
+    start_request = generate  # what the servers call (sending at once): the same canned text
+
 
 @pytest.fixture
 def auto_client(engine):

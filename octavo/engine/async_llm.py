@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -168,9 +169,9 @@ class AsyncLLM:
             self.engine.abort_request(request_id)
 
     # ------------------------------------------------------------------ requests
-    async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
-                       request_id: str, priority: int = 0,
-                       group_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    def generate(self, prompt: PromptType, sampling_params: SamplingParams,
+                 request_id: str, priority: int = 0,
+                 group_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream the outputs of one request (DELTA or CUMULATIVE per ``output_kind``).
 
         Invalid prompts or parameters raise ValueError before anything is yielded. If the
@@ -182,12 +183,39 @@ class AsyncLLM:
         output is the final RequestOutput with the ``n`` best beams, best first, whatever
         the ``output_kind``.
         """
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        return self._outputs(prompt, sampling_params, request_id, priority, group_id, None)
+
+    def start_request(self, prompt: PromptType, sampling_params: SamplingParams,
+                      request_id: str, priority: int = 0,
+                      group_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """``generate`` with the request queued for the engine thread now, not at the first
+        iteration (``ReplicaRouter.start_request`` says why servers want that). Closing the
+        iterator aborts the request, as with ``generate``; so does dropping it without ever
+        iterating it. Errors of the add (ValueError) come at the first iteration."""
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(),
+                         delta=sampling_params.output_kind == RequestOutputKind.DELTA)
+        added = self._submit(self._adder(stream, request_id, prompt, sampling_params,
+                                         priority, group_id))
+        outputs = self._outputs(prompt, sampling_params, request_id, priority, group_id,
+                                (stream, added))
+        weakref.finalize(outputs, _abort_on_loop, self, request_id, stream)
+        return outputs
+
+    async def _outputs(self, prompt: PromptType, sampling_params: SamplingParams,
+                       request_id: str, priority: int, group_id: str | None,
+                       started: tuple[_Stream, concurrent.futures.Future] | None
+                       ) -> AsyncIterator[RequestOutput]:
+        """The request's outputs; ``started``: its stream and add when ``start_request``
+        queued it already."""
         delta = sampling_params.output_kind == RequestOutputKind.DELTA
-        stream.delta = delta
-        add = self._adder(stream, request_id, prompt, sampling_params, priority, group_id)
+        if started is None:
+            stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), delta=delta)
+            added = self._submit(self._adder(stream, request_id, prompt, sampling_params,
+                                             priority, group_id))
+        else:
+            stream, added = started
         try:
-            await self.run_in_engine(add)
+            await asyncio.wrap_future(added)
         except asyncio.CancelledError:
             self.abort(request_id)  # queued after the add: it cannot be orphaned
             raise
@@ -211,6 +239,14 @@ class AsyncLLM:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    def _abort_stream(self, request_id: str, stream: _Stream) -> None:
+        """Abort ``request_id`` while ``stream`` is its stream (an add refused for an id in
+        use must not abort the request holding it; a finished one is gone already)."""
+        if self._dead is not None or self._thread is None:
+            return
+        self._submit(lambda engine: self._streams.get(request_id) is stream
+                     and self._abort_now(request_id))
 
     def add_request_to_sink(self, request_id: str, prompt: PromptType,
                             sampling_params: SamplingParams, sink: Sink, priority: int = 0,
@@ -493,3 +529,12 @@ def _deliver(items: list) -> None:
     """On the event loop: hand a step's outputs to their streams' queues."""
     for queue_, item in items:
         queue_.put_nowait(item)
+
+
+def _abort_on_loop(llm: AsyncLLM, request_id: str, stream: _Stream) -> None:
+    """A started request's output iterator was collected: abort the request unless it ended,
+    from its event loop's thread (a finalizer may run on any thread, inside any lock)."""
+    try:
+        stream.loop.call_soon_threadsafe(llm._abort_stream, request_id, stream)
+    except RuntimeError:  # that event loop is closed: nobody is left to serve
+        pass
