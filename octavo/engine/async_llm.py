@@ -78,6 +78,8 @@ class _Stream:
     tokens: dict = field(default_factory=dict)  # completion index -> tokens so far
     request_id: str = ""
     sink: Sink | None = None  # instead of loop and queue
+    # start_request's abort of an iterator dropped unread; detached once it is read.
+    unread: weakref.finalize | None = None
 
 
 class AsyncLLM:
@@ -198,7 +200,7 @@ class AsyncLLM:
                                          priority, group_id))
         outputs = self._outputs(prompt, sampling_params, request_id, priority, group_id,
                                 (stream, added))
-        weakref.finalize(outputs, _abort_on_loop, self, request_id, stream)
+        stream.unread = weakref.finalize(outputs, _abort_on_loop, self, request_id, stream)
         return outputs
 
     async def _outputs(self, prompt: PromptType, sampling_params: SamplingParams,
@@ -214,6 +216,8 @@ class AsyncLLM:
                                              priority, group_id))
         else:
             stream, added = started
+            if stream.unread is not None:  # read: this generator aborts from here
+                stream.unread.detach()
         try:
             await asyncio.wrap_future(added)
         except asyncio.CancelledError:

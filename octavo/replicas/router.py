@@ -70,6 +70,8 @@ class _Stream:
     first: RequestOutput | None = None  # its prompt fields complete "more" outputs
     attempts: int = 0
     reasons: list[str] = field(default_factory=list)
+    # start_request's abort of an iterator dropped unread; detached once it is read.
+    unread: weakref.finalize | None = None
 
 
 class ReplicaRouter:
@@ -200,21 +202,23 @@ class ReplicaRouter:
         outputs = self._outputs(prompt, sampling_params, request_id, priority, group_id,
                                 stream)
         if stream is not None:
-            weakref.finalize(outputs, _abort_on_loop, self, request_id, stream)
+            stream.unread = weakref.finalize(outputs, _abort_on_loop, self, request_id, stream)
         return outputs
 
     async def _outputs(self, prompt: PromptType, sampling_params: SamplingParams,
                        request_id: str, priority: int, group_id: str | None,
                        sent: _Stream | None) -> AsyncIterator[RequestOutput]:
-        """The request's outputs; ``sent``: its stream when ``start`` sent it already."""
+        """The request's outputs; ``sent``: its stream when ``start_request`` sent it."""
         if sent is None and self._dead is not None:
             raise EngineDeadError(f"the engine is dead: {self._dead!r}")
         stream = sent or _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        delta = sampling_params.output_kind == RequestOutputKind.DELTA
-        msg = ("add", request_id, prompt, sampling_params, priority, group_id)
-        key = prefix_key(prompt, self._block_size)
         finished = False
         try:
+            if stream.unread is not None:  # read: this generator's finally aborts from here
+                stream.unread.detach()
+            delta = sampling_params.output_kind == RequestOutputKind.DELTA
+            msg = ("add", request_id, prompt, sampling_params, priority, group_id)
+            key = prefix_key(prompt, self._block_size)
             if sent is None:
                 await self._send(stream, request_id, msg, key)
             while True:
