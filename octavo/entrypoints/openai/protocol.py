@@ -319,7 +319,8 @@ class _SamplingRequest(BaseModel):
 def _prompt_form(value: Any) -> str:
     """Which form of ``prompt`` a value is, from its first item: only that form is validated.
     (An undiscriminated union tried every form, and a list of 1,024 token ids failed as a list
-    of strings item by item first: 173 against ~20 us a request, on the event loop.)"""
+    of strings item by item first: the request validated in 171 us against 57 now, on the
+    event loop.)"""
     if isinstance(value, list) and value:
         first = value[0]
         return "texts" if isinstance(first, str) else "id_lists" if isinstance(first, list) \
