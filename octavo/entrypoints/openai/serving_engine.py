@@ -32,8 +32,8 @@ T = TypeVar("T")
 # the GIL while it works, so the event loop keeps answering (/health) meanwhile.
 CPU_WORKERS = 4
 # Token-id prompts of at most this many ids in all are checked on the event loop (no
-# tokenizer runs; ~0.15 ms for 1,024 ids): the round trip through the pool would put the
-# handler behind every request a burst queued meanwhile, before its request reaches the
+# tokenizer runs; ~0.15 ms for 1,024 ids): the round trip through the pool would make the
+# handler wait for the requests a burst queued meanwhile before its request reaches the
 # engine. Text, and more ids, go to the pool.
 INLINE_MAX_IDS = 4096
 # Chat templates rendering at once, process-wide. A render past its time bound cannot be
