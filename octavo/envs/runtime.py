@@ -81,6 +81,15 @@ def profile_dir() -> str:
     return os.environ.get("OCTAVO_PROFILE_DIR", ".")
 
 
+def server_eager_send() -> bool:
+    """OCTAVO_SERVER_EAGER_SEND (default off): the servers send each request to the engine
+    from its handler (``start_request``) instead of at the response's first iteration. Off
+    until its cleanup is sure: a streamed request whose client left before the response
+    started was not aborted when the check ran after tests/test_server.py (it passes alone;
+    docs/results/h100_s65/disconnect_before_stream_repro.py)."""
+    return _flag("OCTAVO_SERVER_EAGER_SEND", False)
+
+
 def log_step_timings() -> bool:
     """OCTAVO_LOG_STEP_TIMINGS (default off): an engine process logs where its steps' time
     went (scheduling, input preparation, execution, output processing) when it stops, with

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from fastapi.responses import Response
 
+from octavo import envs
 from octavo.engine.async_llm import AsyncLLM, EngineDeadError
 from octavo.engine.processor import PromptType, check_context_length
 from octavo.entrypoints.openai.errors import APIError, error_body, error_param, failed_error
@@ -268,9 +269,11 @@ class OpenAIServing:
         """Outputs of every prompt, tagged with the prompt index, as they come. The prompts
         of one HTTP request form one group: together they hold at most the scheduler's share
         of the batch while other requests wait."""
-        # An engine that can send at once (the router over engine processes) gets each
-        # request now, not when the response first iterates (ReplicaRouter.start_request).
-        start = getattr(self.engine, "start_request", None) or self.engine.generate
+        # With OCTAVO_SERVER_EAGER_SEND, an engine that can send at once gets each request
+        # now, not when the response first iterates (ReplicaRouter.start_request).
+        start = self.engine.generate
+        if envs.server_eager_send():
+            start = getattr(self.engine, "start_request", None) or start
         gens: list[AsyncIterator[RequestOutput]] = []
         try:
             for i, p in enumerate(prompts):

@@ -20,7 +20,8 @@ from octavo.entrypoints.openai.api_server import ServerSettings, build_app  # no
 from tests.tiny_models import make_word_llama  # noqa: E402
 
 
-def test_a_client_gone_before_the_stream_starts_aborts_its_request(tmp_path):
+def test_a_client_gone_before_the_stream_starts_aborts_its_request(tmp_path, monkeypatch):
+    monkeypatch.setenv("OCTAVO_SERVER_EAGER_SEND", "1")
     llm = AsyncLLM.from_engine_args(EngineArgs(
         model=make_word_llama(str(tmp_path / "llama")), dtype="float32", max_model_len=512))
     app = build_app(llm, ServerSettings(served_model_names=["tiny"], shutdown_engine=False))
