@@ -4,8 +4,9 @@
 # 0.55.0, annotated-types, annotated-doc, opentelemetry-api 1.45.3, httptools), downloaded as
 # the device README says.
 # Session 65 measured W3's burst losing ~0.9 s before its first request reached the engine
-# process (the handler yielded twice before sending: 250baaf, 3203fb1 send it from the
-# handler) but had no device time left to run W3 on that code. Two W3 runs at HEAD, h11 as
+# process (the handler yielded twice before sending: 250baaf, 3203fb1 can send it from the
+# handler, behind OCTAVO_SERVER_EAGER_SEND, off) but had no device time left to run W3 on
+# that code. Four W3 runs at HEAD, alternating the knob (~100 s each), h11 as
 # session 65's calls 1 and 3 ran it (92.2%, 90.3% of offline, and 88.2%, 83.3% with
 # httptools): the ratio, and "from the start, s: ... first tokens: first" (1.04 / 1.37 s
 # before) with the engine's last busy period. Then, on an H200, issue 12's table, W1, W2.
@@ -16,8 +17,10 @@ echo "$GPU"
 rm -rf /tmp/res; mkdir -p /tmp/res
 mkdir -p /tmp/w_h11; cp .whl/*.whl /tmp/w_h11/; rm -f /tmp/w_h11/httptools*
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/w_h11/*.whl > /tmp/res/pip.log 2>&1; echo "pip rc=$?"
-for r in a b; do
-  OCTAVO_LOG_STEP_TIMINGS=1 PYTHONPATH=/tmp/site:. TAILN=9 item w3$r python benchmarks/serving_vs_offline.py --rates inf --json /tmp/res/w3$r.json
+# a, c: the default (lazy send); b, d: OCTAVO_SERVER_EAGER_SEND=1 (sent from the handler).
+for r in a b c d; do
+  case $r in b|d) E=1 ;; *) E=0 ;; esac
+  OCTAVO_SERVER_EAGER_SEND=$E OCTAVO_LOG_STEP_TIMINGS=1 PYTHONPATH=/tmp/site:. TAILN=9 item w3$r python benchmarks/serving_vs_offline.py --rates inf --json /tmp/res/w3$r.json
   grep -h "step timings" /tmp/res/w3$r.log | tail -1 | grep -o '"last_period": {[^}]*}'
 done
 case "$GPU" in *H200*)
