@@ -200,7 +200,7 @@ class AsyncLLM:
                                          priority, group_id))
         outputs = self._outputs(prompt, sampling_params, request_id, priority, group_id,
                                 (stream, added))
-        stream.unread = weakref.finalize(outputs, _abort_on_loop, self, request_id, stream)
+        stream.unread = abort_if_dropped(outputs, self._abort_stream, request_id, stream)
         return outputs
 
     async def _outputs(self, prompt: PromptType, sampling_params: SamplingParams,
@@ -535,10 +535,18 @@ def _deliver(items: list) -> None:
         queue_.put_nowait(item)
 
 
-def _abort_on_loop(llm: AsyncLLM, request_id: str, stream: _Stream) -> None:
-    """A started request's output iterator was collected: abort the request unless it ended,
-    from its event loop's thread (a finalizer may run on any thread, inside any lock)."""
+def abort_if_dropped(outputs: AsyncIterator, abort: Callable[[str, Any], None],
+                     request_id: str, stream: Any) -> weakref.finalize:
+    """A finalizer calling ``abort(request_id, stream)`` on ``stream.loop``'s thread once
+    ``outputs`` (a started request's output iterator) is collected; ``abort`` acts only while
+    the request is still that stream's. The iterator detaches it once it is read (its own
+    finally aborts from then on). Shared by ``AsyncLLM`` and ``ReplicaRouter.start_request``."""
+    return weakref.finalize(outputs, _call_on_loop, stream.loop, abort, request_id, stream)
+
+
+def _call_on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    # A finalizer may run on any thread, inside any lock: the call goes to the loop's thread.
     try:
-        stream.loop.call_soon_threadsafe(llm._abort_stream, request_id, stream)
+        loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:  # that event loop is closed: nobody is left to serve
         pass

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from octavo.engine.arg_utils import EngineArgs
-from octavo.engine.async_llm import EngineDeadError
+from octavo.engine.async_llm import EngineDeadError, abort_if_dropped
 from octavo.engine.processor import PromptType
 from octavo.errors import RequestFailedError
 from octavo.outputs import CompletionOutput, RequestOutput
@@ -202,7 +202,7 @@ class ReplicaRouter:
         outputs = self._outputs(prompt, sampling_params, request_id, priority, group_id,
                                 stream)
         if stream is not None:
-            stream.unread = weakref.finalize(outputs, _abort_on_loop, self, request_id, stream)
+            stream.unread = abort_if_dropped(outputs, self._abort, request_id, stream)
         return outputs
 
     async def _outputs(self, prompt: PromptType, sampling_params: SamplingParams,
@@ -437,13 +437,3 @@ def _deliver_all(deliveries: list[tuple[_Stream, Any]]) -> None:
 def _deliver(items: list) -> None:
     for queue_, item in items:
         queue_.put_nowait(item)
-
-
-def _abort_on_loop(router: ReplicaRouter, request_id: str, stream: _Stream) -> None:
-    """A started request's output iterator was collected: abort the request unless it ended
-    (``_abort`` then finds no stream of it), on its event loop's thread (a finalizer may run
-    on any thread, inside any lock)."""
-    try:
-        stream.loop.call_soon_threadsafe(router._abort, request_id, stream)
-    except RuntimeError:  # that event loop is closed: the server is gone with its streams
-        pass
