@@ -124,15 +124,22 @@ CUT = "cut at the time limit"
 
 async def _send_all(base_url: str, model: str, prompts: list[list[int]] | list[str],
                     output_len: int, rate: float, max_concurrency: int | None, seed: int,
-                    extra_body: dict | None = None, time_limit_s: float | None = None
+                    extra_body: dict | None = None, time_limit_s: float | None = None,
+                    preconnect: int = 0, start_at: float | None = None
                     ) -> tuple[list[RequestResult], float, float]:
     """(results, first send, last answer) in time.monotonic() seconds. Past ``time_limit_s``
-    no request is sent and those in flight are dropped: their results say ``CUT``."""
+    no request is sent and those in flight are dropped: their results say ``CUT``.
+    ``preconnect``: open that many keep-alive connections before the clock starts (see
+    ``open_connections``); ``start_at``: the time.monotonic() the clock starts at."""
     url = base_url.rstrip("/") + "/v1/completions"
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     rng = random.Random(seed)
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        if preconnect:
+            await open_connections(client, base_url, preconnect)
+        if start_at is not None:
+            await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         async def limited(prompt: list[int] | str) -> RequestResult:
             if sem is None:
                 return await one_request(client, url, model, prompt, output_len, extra_body)
@@ -164,6 +171,21 @@ async def _send_all(base_url: str, model: str, prompts: list[list[int]] | list[s
     return results, start, end
 
 
+async def open_connections(client: httpx.AsyncClient, base_url: str, n: int) -> None:
+    """Open ``n`` connections to the server and leave them in ``client``'s keep-alive pool:
+    ``n`` concurrent GET /v1/models. A burst from a client that opens its connections inside
+    the burst measures its own connects, and at rate inf it writes every request's head
+    before any body (each task yields at its connect), so the server sees no complete
+    request for a while; a client that keeps connections open (an SDK, a load balancer)
+    does not. The servers' keep-alive timeout (uvicorn's default 5 s) must outlast the wait
+    for the start."""
+    url = base_url.rstrip("/") + "/v1/models"
+    resps = await asyncio.gather(*(client.get(url) for _ in range(n)))
+    bad = [r.status_code for r in resps if r.status_code != 200]
+    if bad:
+        raise RuntimeError(f"opening connections: GET /v1/models gave {bad[:5]}")
+
+
 def _client_process(args: tuple) -> tuple[list[RequestResult], float, float, float]:
     """One of several client processes: its share of the requests; also its CPU seconds."""
     import resource
@@ -173,35 +195,40 @@ def _client_process(args: tuple) -> tuple[list[RequestResult], float, float, flo
         return r.ru_utime + r.ru_stime
 
     start_at, *rest = args
-    time.sleep(max(0.0, start_at - time.monotonic()))  # every process starts together
     cpu0 = cpu()  # not the imports
-    results, start, end = asyncio.run(_send_all(*rest))
+    # Every process starts together (after opening its connections, with --preconnect).
+    results, start, end = asyncio.run(_send_all(*rest, start_at=start_at))
     return results, start, end, cpu() - cpu0
 
 
 def run_rate(base_url: str, model: str, prompts: list[list[int]] | list[str],
              output_len: int, rate: float, max_concurrency: int | None, seed: int,
              client_processes: int = 1, extra_body: dict | None = None,
-             time_limit_s: float | None = None) -> dict[str, Any]:
+             time_limit_s: float | None = None, preconnect: bool = False) -> dict[str, Any]:
     """One run at ``rate``. ``client_processes`` > 1 splits the requests over that many
     processes (each a share of the rate and of the concurrency, ``prompts[i::n]``): one
     Python client parsing every streamed event of a fast server can use a whole core and
     become the limit it measures. ``prompts``: token ids or text; ``extra_body``: see
     ``one_request``; ``time_limit_s``: a cap on the run, the requests it cuts are counted
-    apart (``cut``), not as failures."""
+    apart (``cut``), not as failures; ``preconnect``: each client process opens as many
+    connections as it may have requests in flight before the clock starts
+    (``open_connections``)."""
     n = max(1, min(client_processes, len(prompts)))
     client_cpu = None
     if n == 1:
+        conns = min(len(prompts), max_concurrency or len(prompts)) if preconnect else 0
         results, start, end = asyncio.run(_send_all(base_url, model, prompts, output_len, rate,
                                                     max_concurrency, seed, extra_body,
-                                                    time_limit_s))
+                                                    time_limit_s, conns))
     else:
         import multiprocessing
 
         share = None if max_concurrency is None else max(1, max_concurrency // n)
-        start_at = time.monotonic() + 1.0
+        start_at = time.monotonic() + (3.0 if preconnect else 1.0)
         jobs = [(start_at, base_url, model, prompts[i::n], output_len, rate / n, share,
-                 seed + i, extra_body, time_limit_s) for i in range(n)]
+                 seed + i, extra_body, time_limit_s,
+                 min(len(prompts[i::n]), share or len(prompts)) if preconnect else 0)
+                for i in range(n)]
         with multiprocessing.get_context("spawn").Pool(n) as pool:
             parts = pool.map(_client_process, jobs)
         by_proc = [p[0] for p in parts]
@@ -217,6 +244,7 @@ def run_rate(base_url: str, model: str, prompts: list[list[int]] | list[str],
         "request_rate": "inf" if math.isinf(rate) else rate,
         "max_concurrency": max_concurrency,
         "client_processes": n,
+        "preconnect": preconnect,
         # CPU seconds of the client processes (None: the client is the calling process).
         "client_cpu_s": client_cpu,
         "completed": len(done), "failed": len(results) - len(done) - cut, "cut": cut,
@@ -287,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client-processes", type=int, default=1,
                    help="split the requests over this many client processes, so that the "
                    "client's own parsing of every streamed event is not the limit")
+    p.add_argument("--preconnect", action="store_true",
+                   help="open the connections before the clock starts, as a client that "
+                   "keeps them alive would have them (see open_connections)")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
@@ -299,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"W3 serving: {args.base_url} model={model} input_len={args.input_len} "
           f"output_len={args.output_len} num_prompts={args.num_prompts} "
           f"rates={args.request_rate} max_concurrency={args.max_concurrency} "
-          f"client_processes={args.client_processes} commit={git_commit()}")
+          f"client_processes={args.client_processes} preconnect={args.preconnect} "
+          f"commit={git_commit()}")
     if not args.no_warmup:
         warm = run_rate(args.base_url, model, prompts[:1], 4, math.inf, None, args.seed)
         if warm["failed"]:
@@ -308,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for rate in args.request_rate:
         r = run_rate(args.base_url, model, prompts, args.output_len, rate,
-                     args.max_concurrency, args.seed, args.client_processes)
+                     args.max_concurrency, args.seed, args.client_processes,
+                     preconnect=args.preconnect)
         print_table(r)
         runs.append(r)
     print_json_result({"workload": "W3", "base_url": args.base_url, "model": model,

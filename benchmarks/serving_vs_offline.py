@@ -80,6 +80,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--server-args", default="",
                     help="more flags for the server, one string (e.g. \"--engine-process\")")
+    ap.add_argument("--preconnect", action="store_true",
+                    help="the client opens its connections before the clock starts "
+                    "(benchmarks/serving.py --preconnect)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from benchmarks import serving
@@ -104,7 +107,8 @@ def main() -> None:
                           str(args.input_len), "--output-len", str(args.output_len),
                           "--num-prompts", str(args.num_prompts), "--request-rate",
                           "inf" if math.isinf(rate) else str(rate), "--output-json", out_json,
-                          "--client-processes", str(args.client_processes)])
+                          "--client-processes", str(args.client_processes),
+                          *(["--preconnect"] if args.preconnect else [])])
             server1, client_s = _tree_cpu(proc.pid), _self_cpu_s() - client0
             # The API server's own process, and its children (an engine process, workers).
             api_s, engine_s = server1[0] - server0[0], server1[1] - server0[1]
