@@ -474,6 +474,37 @@ def test_a_replica_stopped_before_it_started_never_starts():
     assert handle.pid is None and handle._proc.pid is None
 
 
+def test_sends_to_a_replica_never_block_on_a_full_pipe():
+    """The server's event loop sends every add and abort: with the engine process not
+    reading (between steps, or slow), a burst of adds fills the pipe, and a blocking send
+    would stall the loop and every client with it. Sends return at once; the messages reach
+    the replica in order once it reads."""
+    import threading
+
+    from octavo.replicas.messages import ReplicaSpec
+    from octavo.replicas.replica_process import ProcessReplica
+
+    handle = ProcessReplica(ReplicaSpec(EngineArgs(model="unused"), 0, "m"))
+    prompt = list(range(100_000, 101_024))  # ~5 KB pickled, as a 1,024-id prompt
+    n = 400  # ~2 MB: many times what a socket pair buffers
+    sender = threading.Thread(target=lambda: [handle.send(("add", f"r{i}", prompt))
+                                              for i in range(n)], daemon=True)
+    sender.start()
+    sender.join(10)
+    assert not sender.is_alive(), "a send blocked on the full pipe"
+    assert handle._writer.num_queued > 0  # the pipe did fill
+
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.extend(
+        handle._child.recv()[1] for _ in range(n)), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert got == [f"r{i}" for i in range(n)]
+    handle.stop(timeout=1)
+    handle._writer._thread.join(5)
+    assert not handle._writer._thread.is_alive()
+
+
 def test_a_restart_racing_shutdown_leaves_nothing_running():
     """The supervisor loop may be making a dead replica's successor (slow: a process spawn)
     when shutdown collects the handles to stop; the successor must never be started, even

@@ -1,5 +1,8 @@
-"""PipeWriter: a replica process's sending end of its pipe to the router, in order, without
-blocking the engine thread while the pipe has room.
+"""PipeWriter: a sending end of the pipe between the router and a replica process, in order,
+without blocking the sender while the pipe has room. Both ends use one: the replica's engine
+thread sends step outputs, the server's event loop sends requests and aborts (a burst of adds
+fills the pipe while the engine process reads between steps; a blocking send there stalled
+every HTTP client of the server).
 
 The engine thread sends each step's outputs itself (handing them to another thread cost a
 GIL hand-off every step, and pickling holds the GIL wherever it runs). But a plain
@@ -67,15 +70,24 @@ class PipeWriter:
                 return
         self._on_closed()
 
+    def close(self) -> None:
+        """Stop: what is still queued is dropped, and the writer thread ends."""
+        with self._lock:
+            self._closed = True
+            self._queue.clear()
+            self._cond.notify()
+
     def _writable(self) -> bool:
         return any(ev & select.POLLOUT for _, ev in self._poll.poll(0))
 
     def _write_loop(self) -> None:
         while True:
             with self._lock:
-                while not self._queue:
+                while not self._queue and not self._closed:
                     self._busy = False
                     self._cond.wait()
+                if self._closed:
+                    return
                 batches, self._queue = self._queue, []
                 self._busy = True
             try:

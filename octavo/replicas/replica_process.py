@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable
 
 from octavo.replicas.messages import ReplicaSpec
+from octavo.replicas.pipe_writer import PipeWriter
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,6 @@ def replica_process_main(conn, spec: ReplicaSpec) -> None:
         return
     stop = threading.Event()
     from octavo import envs
-    from octavo.replicas.pipe_writer import PipeWriter
 
     # In order, from any thread; a full pipe (the router's process behind) queues the batch
     # for the writer's own thread rather than blocking the engine's. The router gone: exit.
@@ -83,9 +83,13 @@ class ProcessReplica:
     def __init__(self, spec: ReplicaSpec) -> None:
         self.spec = spec
         self.pid: int | None = None
-        self._send_lock = threading.Lock()
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
+        # Requests and aborts go out from the server's event loop: a full pipe (the engine
+        # process reading between its steps, a burst of adds) queues them for the writer's
+        # thread instead of blocking the loop, and with it every HTTP client. A dead
+        # replica's pipe refuses quietly: its reader reports the death.
+        self._writer = PipeWriter(self._conn, on_closed=lambda: None)
         # A daemon ends with this process; one with TP workers of its own cannot be one.
         daemon = spec.engine_args.tensor_parallel_size == 1
         self._proc = ctx.Process(target=replica_process_main, args=(child, spec),
@@ -127,12 +131,9 @@ class ProcessReplica:
                          daemon=True).start()
 
     def send(self, msg: tuple) -> None:
-        """Best effort: a dead replica's pipe refuses, and its reader reports the death."""
-        with self._send_lock:
-            try:
-                self._conn.send(msg)
-            except (BrokenPipeError, OSError):
-                pass
+        """Best effort, in order, from any thread, never blocking on a full pipe: a dead
+        replica's pipe refuses, and its reader reports the death."""
+        self._writer.send(msg)
 
     def kill(self) -> None:
         if self._proc.pid is not None and self._proc.is_alive():
@@ -144,8 +145,11 @@ class ProcessReplica:
             started = self._proc.pid is not None
         self.send(("shutdown",))
         if not started:
+            self._writer.close()
+            self._child.close()  # a write still blocked on the pipe fails and ends
             return
         self._proc.join(timeout)
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+        self._writer.close()
