@@ -46,6 +46,8 @@ def check_context_length(num_prompt_tokens: int, max_tokens: int | None,
             "reduce the length of the prompt or of max_tokens.")
 
 
+_ONLY_INT = {int}
+
 class Processor:
     """Checks a request against the model before it is queued, so that nothing reaching the
     scheduler can make a step raise. Stateless apart from warn-once bookkeeping: servers may
@@ -221,6 +223,12 @@ class Processor:
         ids = list(ids)
         if not ids:
             raise InvalidRequestError("prompt_token_ids", "prompt_token_ids is empty")
+        # The common case in C loops (types, then the range): a Python loop over 1,024 ids
+        # took ~0.5 ms, once in the server's process and again on the engine thread, where
+        # a burst of 1,000 adds held the steps back by as much. Anything else, or an id out
+        # of range, takes the loop below, which names the first bad one.
+        if set(map(type, ids)) == _ONLY_INT and min(ids) >= 0 and max(ids) < self.vocab_size:
+            return text, ids
         for t in ids:
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size:
                 shown = repr(t) if len(repr(t)) <= 40 else repr(t)[:40] + "..."
