@@ -8,6 +8,11 @@ one such pass took 200-300 ms of an engine process's thread, a stall of every st
 every few hundred steps (offline generation allocates little per step and rarely meets
 one). ``gc.freeze`` after startup moves those objects to a permanent generation that
 collections skip; what is garbage at that point is collected first. vLLM does the same.
+
+The OpenAI server's process also collects its young generation less often
+(``tune_collector_for_serving``): each request there holds its prompt's id list for the
+request's life, and Python's default threshold (700 allocations, a handler's worth) made
+the older generations' passes walk every in-flight prompt again and again during a burst.
 """
 
 from __future__ import annotations
@@ -35,6 +40,18 @@ def freeze_startup_heap() -> None:
     _serving_frozen = True
     logger.debug("froze %d startup objects in %.0f ms", gc.get_freeze_count(),
                  1e3 * (time.perf_counter() - t0))
+
+
+def tune_collector_for_serving() -> None:
+    """Young collections every OCTAVO_SERVER_GC_GEN0 allocations (the other thresholds as
+    Python has them); 0 leaves Python's. For the API server's process, after
+    ``freeze_startup_heap``."""
+    from octavo import envs
+
+    gen0 = envs.server_gc_gen0()
+    if gen0:
+        _, gen1, gen2 = gc.get_threshold()
+        gc.set_threshold(gen0, gen1, gen2)
 
 
 _serving_frozen = False  # freeze_startup_heap ran in this process: it stays frozen

@@ -107,3 +107,34 @@ def test_serving_and_nested_runs_leave_the_heap_alone(monkeypatch):
     monkeypatch.setattr(startup_heap, "_serving_frozen", True)
     with startup_heap.heap_frozen_while_running():
         assert gc.get_freeze_count() == 0
+
+
+TUNE_CHILD = """
+import gc
+from octavo.startup_heap import tune_collector_for_serving
+before = gc.get_threshold()
+tune_collector_for_serving()
+print(*before, *gc.get_threshold())
+"""
+
+
+@pytest.mark.parametrize("flag, gen0", [(None, 50_000), ("0", None), ("2000", 2000)])
+def test_the_servers_young_collections_are_spaced_out(flag, gen0):
+    """OCTAVO_SERVER_GC_GEN0 (default 50,000) sets the young generation's threshold of the
+    OpenAI server's process; 0 leaves Python's own; the older generations keep theirs."""
+    env = dict(os.environ)
+    env.pop("OCTAVO_SERVER_GC_GEN0", None)
+    if flag is not None:
+        env["OCTAVO_SERVER_GC_GEN0"] = flag
+    out = subprocess.run([sys.executable, "-c", TUNE_CHILD], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    before, after = tuple(map(int, out[:3])), tuple(map(int, out[3:]))
+    assert after == (before if gen0 is None else (gen0, *before[1:]))
+
+
+def test_a_bad_gc_threshold_is_refused_by_name(monkeypatch):
+    from octavo.startup_heap import tune_collector_for_serving
+
+    monkeypatch.setenv("OCTAVO_SERVER_GC_GEN0", "lots")
+    with pytest.raises(ValueError, match="OCTAVO_SERVER_GC_GEN0"):
+        tune_collector_for_serving()

@@ -104,6 +104,7 @@ from octavo.envs.runtime import (
     profile_steps,
     replica_direct_send,
     server_eager_send,
+    server_gc_gen0,
     tokenizer_cache,
 )
 from octavo.envs.sampling import (
@@ -132,7 +133,8 @@ __all__ = [
     "int_large_min_m", "int_large_min_split_steps", "int_large_plan", "int_large_split_sum",
     "int_swapab_max_m",
     "int_weight_layout", "l2_prefetch", "l2_prefetch_max_tokens",
-    "l2_prefetch_mb", "log_step_timings", "server_eager_send", "moe_int_gemv_max_pairs", "moe_route", "packed_inputs",
+    "l2_prefetch_mb", "log_step_timings", "server_eager_send", "server_gc_gen0",
+    "moe_int_gemv_max_pairs", "moe_route", "packed_inputs",
     "pdl", "profile_dir", "profile_steps", "replica_direct_send", "logprob_kernel", "sample_kernel", "skinny_gemm",
     "skinny_gemm_all", "swapab_cuda_chunked_large_max_m", "swapab_cuda_chunked_max_m", "swapab_glu", "swapab_glu_max_m", "swapab_layer_plans", "swapab_split_ctas", "swapab_stages", "swapab_warps_per_sm", "tokenizer_cache",
 ]

@@ -452,9 +452,10 @@ def run_server(args: argparse.Namespace) -> int:
         tool_call_parser=getattr(args, "tool_call_parser", None),
         trust_request_chat_template=getattr(args, "trust_request_chat_template", False))
     app = build_app(engine, settings)
-    from octavo.startup_heap import freeze_startup_heap
+    from octavo.startup_heap import freeze_startup_heap, tune_collector_for_serving
 
     freeze_startup_heap()  # this process serves from here on
+    tune_collector_for_serving()
     metrics_server = None
     if args.metrics_port is not None:
         try:
