@@ -1,6 +1,6 @@
 """A streamed completion whose client is gone before its response starts, with the servers
-sending from the handler (``OCTAVO_SERVER_EAGER_SEND=1``): the request must not decode to
-max_tokens for nobody, and its KV blocks must come back.
+sending from the handler (``OCTAVO_SERVER_EAGER_SEND``, on by default): the request must
+not decode to max_tokens for nobody, and its KV blocks must come back.
 
 Two orders are both right, and which one happens is a race with the engine thread: the add
 runs before the disconnect cancels the response (then the request is aborted), or the cancel

@@ -269,8 +269,8 @@ class OpenAIServing:
         """Outputs of every prompt, tagged with the prompt index, as they come. The prompts
         of one HTTP request form one group: together they hold at most the scheduler's share
         of the batch while other requests wait."""
-        # With OCTAVO_SERVER_EAGER_SEND, an engine that can send at once gets each request
-        # now, not when the response first iterates (ReplicaRouter.start_request).
+        # An engine that can send at once gets each request now, not when the response
+        # first iterates (ReplicaRouter.start_request; OCTAVO_SERVER_EAGER_SEND=0: lazily).
         start = self.engine.generate
         if envs.server_eager_send():
             start = getattr(self.engine, "start_request", None) or start
