@@ -46,7 +46,8 @@ def check_context_length(num_prompt_tokens: int, max_tokens: int | None,
             "reduce the length of the prompt or of max_tokens.")
 
 
-_ONLY_INT = {int}
+_ONLY_INT = {int}  # the ids' types, all plain ints (a bool is not one)
+
 
 class Processor:
     """Checks a request against the model before it is queued, so that nothing reaching the
