@@ -12,7 +12,6 @@ must be encodable as UTF-8: a lone surrogate such as ``"\\ud800"`` is refused by
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Annotated, Any, Literal
 
@@ -247,12 +246,15 @@ class _SamplingRequest(BaseModel):
             raise APIError(400, str(e), param=param) from None
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                         stream: bool) -> SamplingParams:
+                         stream: bool, **extra: Any) -> SamplingParams:
+        """``extra``: a subclass's own SamplingParams fields (they override the sampling
+        knobs), validated in the one construction."""
         kwargs: dict[str, Any] = {}
         for name in ("temperature", "top_p", "top_k", "min_p"):
             value = getattr(self, name)
             if value is not None:
                 kwargs[name] = value
+        kwargs.update(extra)
         return SamplingParams(
             **kwargs, n=self.n, best_of=self.best_of, max_tokens=max_tokens, seed=self.seed,
             stop=self.stop, stop_token_ids=self.stop_token_ids,
@@ -359,13 +361,14 @@ class CompletionRequest(_SamplingRequest):
         return value
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                         stream: bool) -> SamplingParams:
-        params = super()._sampling_params(max_tokens, logprobs, stream)
+                         stream: bool, **extra: Any) -> SamplingParams:
         beam: dict[str, Any] = {"temperature": 0.0} if self.use_beam_search else {}
-        # replace() validates again, with the beam fields this time.
-        return dataclasses.replace(params, **beam, use_beam_search=self.use_beam_search,
-                                   length_penalty=self.length_penalty,
-                                   early_stopping=self.early_stopping)
+        # In the one construction: a dataclasses.replace after it validated everything
+        # twice (24.0 -> 11.5 us a request here).
+        return super()._sampling_params(max_tokens, logprobs, stream, **{
+            **beam, "use_beam_search": self.use_beam_search,
+            "length_penalty": self.length_penalty, "early_stopping": self.early_stopping,
+            **extra})
 
 
 class ChatMessage(BaseModel):
