@@ -44,32 +44,6 @@ def _scope(body: bytes) -> dict:
             "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000)}
 
 
-class _GcClock:
-    """The loop thread's collections: time and count by generation, the longest pause."""
-
-    def __init__(self) -> None:
-        self.ms = [0.0, 0.0, 0.0]
-        self.count = [0, 0, 0]
-        self.longest_ms = 0.0
-        self._t0 = 0.0
-        self._thread = threading.get_ident()
-        gc.callbacks.append(self._callback)
-
-    def reset(self) -> None:
-        self.ms, self.count, self.longest_ms = [0.0, 0.0, 0.0], [0, 0, 0], 0.0
-
-    def _callback(self, phase: str, info: dict) -> None:
-        if threading.get_ident() != self._thread:
-            return
-        if phase == "start":
-            self._t0 = time.perf_counter()
-            return
-        ms = 1e3 * (time.perf_counter() - self._t0)
-        self.ms[info["generation"]] += ms
-        self.count[info["generation"]] += 1
-        self.longest_ms = max(self.longest_ms, ms)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-requests", type=int, default=1000)
@@ -88,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from octavo.entrypoints.launcher import DrainGate
     from octavo.entrypoints.openai.api_server import ServerSettings, build_app
     from octavo.entrypoints.openai.middleware import ForwardedForMiddleware
+    from octavo.metrics.gc_timer import GcTimer
     from octavo.startup_heap import freeze_startup_heap, tune_collector_for_serving
 
     llm = AsyncLLM.from_engine_args(EngineArgs(
@@ -113,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     tune_collector_for_serving()
     if args.gc_gen0 is not None:
         gc.set_threshold(args.gc_gen0, *gc.get_threshold()[1:])
-    clock = _GcClock()
+    clock = GcTimer(thread=threading.get_ident())  # the event loop's collections
     chunks = 0
 
     async def one(body: bytes) -> None:
@@ -167,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
                 "eager_send": envs.server_eager_send(), "gc_threshold": gc.get_threshold(),
                 "wall_s": wall, "loop_cpu_s": cpu, "loop_cpu_ms_per_request":
                 1e3 * cpu / args.num_requests, "chunks": chunks,
-                "gc_ms": [round(x, 1) for x in clock.ms], "gc_collections": clock.count,
-                "gc_longest_ms": round(clock.longest_ms, 1),
+                **clock.summary(),
                 "reached_engine_s": {"first": nth(1), "10th": nth(10), "256th": nth(256),
                                      "last": nth(len(reached))}}
 
     try:
         r = asyncio.run(run())
     finally:
+        clock.stop()
         llm.shutdown()
     s = r["reached_engine_s"]
 

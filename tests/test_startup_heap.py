@@ -47,6 +47,24 @@ def test_gc_timer_counts_collections_by_generation():
     assert s["gc_longest_ms"] >= 0 and timer._callback not in gc.callbacks
 
 
+def test_gc_timer_counts_one_threads_collections_when_asked():
+    import gc
+    import threading
+
+    from octavo.metrics.gc_timer import GcTimer
+
+    mine, other = GcTimer(thread=threading.get_ident()), GcTimer(thread=-1)
+    try:
+        gc.collect()
+    finally:
+        mine.stop()
+        other.stop()
+    assert mine.collections[2] >= 1 and other.collections == [0, 0, 0]
+    mine.reset()
+    assert mine.summary() == {"gc_collections": [0, 0, 0], "gc_ms": [0.0, 0.0, 0.0],
+                              "gc_longest_ms": 0.0}
+
+
 RUN_CHILD = """
 import gc
 gc.freeze()  # as a library might: what is alive at its import

@@ -4,18 +4,27 @@ full collection in a serving process stalls every stream)."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 
 class GcTimer:
-    def __init__(self) -> None:
-        self.collections = [0, 0, 0]
-        self.seconds = [0.0, 0.0, 0.0]
-        self.longest_s = 0.0
+    def __init__(self, thread: int | None = None) -> None:
+        """``thread``: count only the collections run on that thread
+        (``threading.get_ident()``), e.g. an event loop's; None: every thread's."""
+        self._thread = thread
+        self.reset()
         self._start: float | None = None
         gc.callbacks.append(self._callback)
 
+    def reset(self) -> None:
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest_s = 0.0
+
     def _callback(self, phase: str, info: dict) -> None:
+        if self._thread is not None and threading.get_ident() != self._thread:
+            return
         if phase == "start":
             self._start = time.perf_counter()
         elif self._start is not None:
