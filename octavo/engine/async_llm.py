@@ -194,14 +194,21 @@ class AsyncLLM:
         iteration (``ReplicaRouter.start_request`` says why servers want that). Closing the
         iterator aborts the request, as with ``generate``; so does dropping it without ever
         iterating it. Errors of the add (ValueError) come at the first iteration."""
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(),
-                         delta=sampling_params.output_kind == RequestOutputKind.DELTA)
-        added = self._submit(self._adder(stream, request_id, prompt, sampling_params,
-                                         priority, group_id))
+        started = self._queue_add(prompt, sampling_params, request_id, priority, group_id)
         outputs = self._outputs(prompt, sampling_params, request_id, priority, group_id,
-                                (stream, added))
+                                started)
+        stream = started[0]
         stream.unread = abort_if_dropped(outputs, self._abort_stream, request_id, stream)
         return outputs
+
+    def _queue_add(self, prompt: PromptType, sampling_params: SamplingParams,
+                   request_id: str, priority: int, group_id: str | None
+                   ) -> tuple[_Stream, concurrent.futures.Future]:
+        """A new stream for the request, and its add queued for the engine thread."""
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(),
+                         delta=sampling_params.output_kind == RequestOutputKind.DELTA)
+        return stream, self._submit(self._adder(stream, request_id, prompt, sampling_params,
+                                                priority, group_id))
 
     async def _outputs(self, prompt: PromptType, sampling_params: SamplingParams,
                        request_id: str, priority: int, group_id: str | None,
@@ -209,15 +216,13 @@ class AsyncLLM:
                        ) -> AsyncIterator[RequestOutput]:
         """The request's outputs; ``started``: its stream and add when ``start_request``
         queued it already."""
-        delta = sampling_params.output_kind == RequestOutputKind.DELTA
         if started is None:
-            stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), delta=delta)
-            added = self._submit(self._adder(stream, request_id, prompt, sampling_params,
-                                             priority, group_id))
-        else:
-            stream, added = started
-            if stream.unread is not None:  # read: this generator aborts from here
-                stream.unread.detach()
+            started = self._queue_add(prompt, sampling_params, request_id, priority,
+                                      group_id)
+        stream, added = started
+        if stream.unread is not None:  # read: this generator aborts from here
+            stream.unread.detach()
+        delta = stream.delta
         try:
             await asyncio.wrap_future(added)
         except asyncio.CancelledError:
