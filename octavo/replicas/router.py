@@ -197,28 +197,35 @@ class ReplicaRouter:
             raise EngineDeadError(f"the engine is dead: {self._dead!r}")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         msg = ("add", request_id, prompt, sampling_params, priority, group_id)
-        if not self._try_send(stream, request_id, msg, prefix_key(prompt, self._block_size)):
-            stream = None  # no replica ready: the first iteration waits for one
+        key = prefix_key(prompt, self._block_size)
+        if not self._try_send(stream, request_id, msg, key):
+            # No replica ready: the first iteration waits for one.
+            return self._outputs(prompt, sampling_params, request_id, priority, group_id,
+                                 None)
         outputs = self._outputs(prompt, sampling_params, request_id, priority, group_id,
-                                stream)
-        if stream is not None:
-            stream.unread = abort_if_dropped(outputs, self._abort, request_id, stream)
+                                (stream, msg, key))
+        stream.unread = abort_if_dropped(outputs, self._abort, request_id, stream)
         return outputs
 
     async def _outputs(self, prompt: PromptType, sampling_params: SamplingParams,
                        request_id: str, priority: int, group_id: str | None,
-                       sent: _Stream | None) -> AsyncIterator[RequestOutput]:
-        """The request's outputs; ``sent``: its stream when ``start_request`` sent it."""
-        if sent is None and self._dead is not None:
-            raise EngineDeadError(f"the engine is dead: {self._dead!r}")
-        stream = sent or _Stream(asyncio.get_running_loop(), asyncio.Queue())
+                       sent: tuple[_Stream, tuple, int | None] | None
+                       ) -> AsyncIterator[RequestOutput]:
+        """The request's outputs; ``sent``: its stream, add message and prefix key when
+        ``start_request`` sent it."""
+        if sent is None:
+            if self._dead is not None:
+                raise EngineDeadError(f"the engine is dead: {self._dead!r}")
+            stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+            msg = ("add", request_id, prompt, sampling_params, priority, group_id)
+            key = prefix_key(prompt, self._block_size)
+        else:
+            stream, msg, key = sent
         finished = False
         try:
             if stream.unread is not None:  # read: this generator's finally aborts from here
                 stream.unread.detach()
             delta = sampling_params.output_kind == RequestOutputKind.DELTA
-            msg = ("add", request_id, prompt, sampling_params, priority, group_id)
-            key = prefix_key(prompt, self._block_size)
             if sent is None:
                 await self._send(stream, request_id, msg, key)
             while True:
