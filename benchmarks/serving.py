@@ -125,19 +125,21 @@ CUT = "cut at the time limit"
 async def _send_all(base_url: str, model: str, prompts: list[list[int]] | list[str],
                     output_len: int, rate: float, max_concurrency: int | None, seed: int,
                     extra_body: dict | None = None, time_limit_s: float | None = None,
-                    preconnect: int = 0, start_at: float | None = None
+                    preconnect: bool = False, start_at: float | None = None
                     ) -> tuple[list[RequestResult], float, float]:
     """(results, first send, last answer) in time.monotonic() seconds. Past ``time_limit_s``
     no request is sent and those in flight are dropped: their results say ``CUT``.
-    ``preconnect``: open that many keep-alive connections before the clock starts (see
-    ``open_connections``); ``start_at``: the time.monotonic() the clock starts at."""
+    ``preconnect``: open as many keep-alive connections as requests may be in flight before
+    the clock starts (see ``open_connections``); ``start_at``: the time.monotonic() the clock
+    starts at."""
     url = base_url.rstrip("/") + "/v1/completions"
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     rng = random.Random(seed)
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
         if preconnect:
-            await open_connections(client, base_url, preconnect)
+            await open_connections(client, base_url,
+                                   min(len(prompts), max_concurrency or len(prompts)))
         if start_at is not None:
             await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         async def limited(prompt: list[int] | str) -> RequestResult:
@@ -216,19 +218,16 @@ def run_rate(base_url: str, model: str, prompts: list[list[int]] | list[str],
     n = max(1, min(client_processes, len(prompts)))
     client_cpu = None
     if n == 1:
-        conns = min(len(prompts), max_concurrency or len(prompts)) if preconnect else 0
         results, start, end = asyncio.run(_send_all(base_url, model, prompts, output_len, rate,
                                                     max_concurrency, seed, extra_body,
-                                                    time_limit_s, conns))
+                                                    time_limit_s, preconnect))
     else:
         import multiprocessing
 
         share = None if max_concurrency is None else max(1, max_concurrency // n)
         start_at = time.monotonic() + (3.0 if preconnect else 1.0)
         jobs = [(start_at, base_url, model, prompts[i::n], output_len, rate / n, share,
-                 seed + i, extra_body, time_limit_s,
-                 min(len(prompts[i::n]), share or len(prompts)) if preconnect else 0)
-                for i in range(n)]
+                 seed + i, extra_body, time_limit_s, preconnect) for i in range(n)]
         with multiprocessing.get_context("spawn").Pool(n) as pool:
             parts = pool.map(_client_process, jobs)
         by_proc = [p[0] for p in parts]
