@@ -20,3 +20,12 @@ item() {
     grep -v "^RESULT_JSON" /tmp/res/$name.log | grep -v Warning | tail -${TAILN:-6}
     tar czf $OUT/res.tgz -C /tmp res
 }
+# ``install_wheels DEST WHEEL...``: carried wheels (no index, no dependencies) into DEST, for
+# PYTHONPATH; pip's output goes to /tmp/res/pip.log, its exit status is printed.
+install_wheels() {
+    local dest=$1
+    shift
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$dest" "$@" >> /tmp/res/pip.log 2>&1
+    echo "pip into $dest: rc=$?"
+}

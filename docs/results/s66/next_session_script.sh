@@ -20,8 +20,8 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$GPU"
 rm -rf /tmp/res; mkdir -p /tmp/res
 mkdir -p /tmp/w_h11; cp .whl/*.whl /tmp/w_h11/; rm -f /tmp/w_h11/httptools*
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/w_h11/*.whl > /tmp/res/pip.log 2>&1; echo "pip rc=$?"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_uvloop .whl/uvloop/*.whl >> /tmp/res/pip.log 2>&1; echo "pip uvloop rc=$?"
+install_wheels /tmp/site /tmp/w_h11/*.whl
+install_wheels /tmp/site_uvloop .whl/uvloop/*.whl
 for r in a b c d; do
   case $r in b) E=0 ;; *) E=1 ;; esac
   case $r in c|d) P=--preconnect ;; *) P= ;; esac
